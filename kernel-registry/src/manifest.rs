@@ -1,0 +1,658 @@
+//! The kernel manifest (`kernel.toml`): what an author declares, parsed and checked field by field.
+//!
+//! The format is documented in `docs/manifest.md`; every rule below names the field it checks.
+
+use crate::domain::{Arch, DType, Digest, Op, Semantics};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Largest source file accepted (CUDA source, bytes).
+pub const MAX_SOURCE_BYTES: usize = 1 << 20;
+/// Largest manifest accepted (bytes).
+pub const MAX_MANIFEST_BYTES: usize = 64 << 10;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ManifestError {
+    /// Not TOML, a field of the wrong type, an unknown or a missing field.
+    #[error("kernel.toml: {0}")]
+    Syntax(String),
+    /// A field parsed but its value is not allowed.
+    #[error("kernel.toml: field `{field}`: {message}")]
+    Field { field: String, message: String },
+    /// The kernel's folder or files could not be read.
+    #[error("{0}")]
+    Io(String),
+}
+
+impl ManifestError {
+    fn field(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ManifestError::Field {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+    /// The field a `Field` error names (for field-level API messages).
+    pub fn field_name(&self) -> Option<&str> {
+        match self {
+            ManifestError::Field { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+}
+
+/// How the grid is sized from the problem (SPEC: launch rule).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Grid {
+    /// `ceil(rows / rows_per_block)` blocks.
+    PerRow { rows_per_block: u32 },
+    /// `ceil(n / (threads_per_block * elements_per_thread))` blocks, n = output elements.
+    PerElement { elements_per_thread: u32 },
+    /// `blocks_per_sm * SM count` blocks; the kernel loops over its work.
+    Persistent { blocks_per_sm: u32 },
+}
+
+/// One launch configuration; `cols_max` picks it for problems with at most that many columns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchRule {
+    pub cols_max: Option<u64>,
+    pub block: [u32; 3],
+    pub grid: Grid,
+    pub smem_bytes: u32,
+    pub smem_bytes_per_col: u32,
+}
+
+/// Concrete launch dimensions for one problem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchDims {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem_bytes: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Constraints {
+    pub cols_min: u64,
+    pub cols_max: Option<u64>,
+    pub cols_multiple_of: u64,
+    /// Empty: any architecture.
+    pub archs: Vec<Arch>,
+}
+
+/// A checked manifest. Its serde form is the canonical encoding hashed into the digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub name: String,
+    pub version: semver::Version,
+    pub op: Op,
+    pub semantics: Semantics,
+    pub description: String,
+    pub authors: Vec<String>,
+    pub license: String,
+    pub source: String,
+    pub entries: BTreeMap<DType, String>,
+    pub launch: Vec<LaunchRule>,
+    pub constraints: Constraints,
+    pub nvrtc_options: Vec<String>,
+}
+
+// ---- what the author writes -------------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawManifest {
+    name: String,
+    version: String,
+    op: String,
+    semantics: Option<String>,
+    description: String,
+    authors: Vec<String>,
+    license: String,
+    source: String,
+    entry: BTreeMap<String, String>,
+    launch: toml::Value,
+    #[serde(default)]
+    constraints: RawConstraints,
+    #[serde(default)]
+    nvrtc_options: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLaunch {
+    cols_max: Option<u64>,
+    block: toml::Value,
+    grid: String,
+    rows_per_block: Option<u32>,
+    elements_per_thread: Option<u32>,
+    blocks_per_sm: Option<u32>,
+    #[serde(default)]
+    smem_bytes: u32,
+    #[serde(default)]
+    smem_bytes_per_col: u32,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConstraints {
+    cols_min: Option<u64>,
+    cols_max: Option<u64>,
+    cols_multiple_of: Option<u64>,
+    #[serde(default)]
+    archs: Vec<String>,
+}
+
+/// NVRTC options an author may set. The verifier owns the target architecture and include
+/// paths, so `-arch`, `-I`, `--include-path` and anything unknown are refused.
+const ALLOWED_OPTION_PREFIXES: &[&str] = &[
+    "--use_fast_math",
+    "-use_fast_math",
+    "--fmad=",
+    "-fmad=",
+    "--ftz=",
+    "-ftz=",
+    "--prec-div=",
+    "-prec-div=",
+    "--prec-sqrt=",
+    "-prec-sqrt=",
+    "--maxrregcount=",
+    "-maxrregcount=",
+    "--std=c++",
+    "-std=c++",
+    "--define-macro=",
+    "-D",
+    "-lineinfo",
+    "--generate-line-info",
+    "--extra-device-vectorization",
+    "-default-device",
+];
+
+fn fe(field: impl Into<String>, message: impl Into<String>) -> ManifestError {
+    ManifestError::field(field, message)
+}
+
+fn is_identifier(s: &str) -> bool {
+    let mut b = s.bytes();
+    matches!(b.next(), Some(c) if c == b'_' || c.is_ascii_alphabetic())
+        && b.all(|c| c == b'_' || c.is_ascii_alphanumeric())
+}
+
+impl Manifest {
+    /// Parse and check a `kernel.toml`.
+    pub fn parse(text: &str) -> Result<Manifest, ManifestError> {
+        if text.len() > MAX_MANIFEST_BYTES {
+            return Err(ManifestError::Syntax(format!(
+                "manifest is {} bytes; at most {MAX_MANIFEST_BYTES} are accepted",
+                text.len()
+            )));
+        }
+        let raw: RawManifest = toml::from_str(text).map_err(|e| {
+            let msg = e.message().trim().to_string();
+            let at = e
+                .span()
+                .map(|s| {
+                    let start = s.start.min(text.len());
+                    let line_no = text[..start].matches('\n').count() + 1;
+                    let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
+                    format!(" (line {line_no}: `{line}`)")
+                })
+                .unwrap_or_default();
+            ManifestError::Syntax(format!("{msg}{at}"))
+        })?;
+        Self::check(raw)
+    }
+
+    fn check(raw: RawManifest) -> Result<Manifest, ManifestError> {
+        let name_ok = !raw.name.is_empty()
+            && raw.name.len() <= 64
+            && raw.name.bytes().enumerate().all(|(i, c)| {
+                c.is_ascii_lowercase()
+                    || c.is_ascii_digit()
+                    || c == b'_'
+                    || (i > 0 && (c == b'-' || c == b'.'))
+            });
+        if !name_ok {
+            return Err(fe(
+                "name",
+                format!(
+                    "`{}` is not allowed: use 1-64 characters of a-z, 0-9 and _ (and - or . after the first), e.g. `rms_norm_llama_fast`",
+                    raw.name
+                ),
+            ));
+        }
+        let version = semver::Version::parse(&raw.version).map_err(|e| {
+            fe(
+                "version",
+                format!(
+                    "`{}` is not a semantic version ({e}); write e.g. `1.0.0`",
+                    raw.version
+                ),
+            )
+        })?;
+        let op: Op = raw.op.parse().map_err(|e| fe("op", format!("{e}")))?;
+        let semantics = match &raw.semantics {
+            None => op.default_semantics(),
+            Some(s) => {
+                let s: Semantics = s.parse().map_err(|e| fe("semantics", format!("{e}")))?;
+                op.check_semantics(s)
+                    .map_err(|e| fe("semantics", format!("{e}")))?
+            }
+        };
+        if raw.description.trim().is_empty() {
+            return Err(fe(
+                "description",
+                "must say what the kernel computes and how it differs from eager, if it does",
+            ));
+        }
+        if raw.authors.is_empty() || raw.authors.iter().any(|a| a.trim().is_empty()) {
+            return Err(fe("authors", "list at least one author, none empty"));
+        }
+        if raw.license.trim().is_empty() {
+            return Err(fe(
+                "license",
+                "give an SPDX license expression, e.g. `Apache-2.0` or `MIT`",
+            ));
+        }
+        let src_ok = raw.source.ends_with(".cu")
+            && !raw.source.contains('/')
+            && !raw.source.contains('\\')
+            && !raw.source.starts_with('.');
+        if !src_ok {
+            return Err(fe(
+                "source",
+                format!(
+                    "`{}` must be a `.cu` file name in the kernel's folder (no path), e.g. `kernel.cu`",
+                    raw.source
+                ),
+            ));
+        }
+
+        if raw.entry.is_empty() {
+            return Err(fe(
+                "entry",
+                "declare one entry symbol per supported dtype, e.g. `[entry]\\nbf16 = \"my_kernel_bf16\"`",
+            ));
+        }
+        let mut entries = BTreeMap::new();
+        for (k, v) in &raw.entry {
+            let dt: DType = k
+                .parse()
+                .map_err(|e| fe(format!("entry.{k}"), format!("{e}")))?;
+            if !is_identifier(v) {
+                return Err(fe(
+                    format!("entry.{k}"),
+                    format!(
+                        "`{v}` is not a C identifier; name the `extern \"C\" __global__` function"
+                    ),
+                ));
+            }
+            entries.insert(dt, v.clone());
+        }
+
+        // `[launch]` (one rule) or `[[launch]]` (several); parsed by hand so that an error
+        // names the rule and field rather than "no variant matched".
+        let parse_rule = |v: toml::Value, at: String| -> Result<RawLaunch, ManifestError> {
+            serde_path_to_error::deserialize::<_, RawLaunch>(v).map_err(|e| {
+                let path = e.path().to_string();
+                let field = if path == "." {
+                    at.clone()
+                } else {
+                    format!("{at}.{path}")
+                };
+                ManifestError::Syntax(format!("`{field}`: {}", e.inner().message().trim()))
+            })
+        };
+        let raws = match raw.launch {
+            toml::Value::Table(t) => vec![parse_rule(toml::Value::Table(t), "launch".into())?],
+            toml::Value::Array(a) => a
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| parse_rule(v, format!("launch[{i}]")))
+                .collect::<Result<_, _>>()?,
+            _ => {
+                return Err(fe(
+                    "launch",
+                    "must be a table `[launch]` or tables `[[launch]]`",
+                ))
+            }
+        };
+        if raws.is_empty() {
+            return Err(fe("launch", "give at least one launch rule"));
+        }
+        let n = raws.len();
+        let mut launch = Vec::with_capacity(n);
+        let mut prev_max = 0u64;
+        for (i, l) in raws.into_iter().enumerate() {
+            let at = |k: &str| {
+                if n == 1 {
+                    format!("launch.{k}")
+                } else {
+                    format!("launch[{i}].{k}")
+                }
+            };
+            let bad_block = || {
+                fe(
+                    at("block"),
+                    "give 1 to 3 block dimensions, e.g. `256` or `[32, 8]`",
+                )
+            };
+            let dim = |v: &toml::Value| {
+                v.as_integer()
+                    .and_then(|x| u32::try_from(x).ok())
+                    .ok_or_else(bad_block)
+            };
+            let block = match &l.block {
+                toml::Value::Integer(_) => [dim(&l.block)?, 1, 1],
+                toml::Value::Array(v) if (1..=3).contains(&v.len()) => {
+                    let mut b = [1u32; 3];
+                    for (slot, x) in b.iter_mut().zip(v) {
+                        *slot = dim(x)?;
+                    }
+                    b
+                }
+                _ => return Err(bad_block()),
+            };
+            let threads: u64 = block.iter().map(|&d| d as u64).product();
+            if block.contains(&0) || threads > 1024 || block[2] > 64 {
+                return Err(fe(
+                    at("block"),
+                    format!("{block:?} is not a valid CUDA block: every dimension >= 1, z <= 64, at most 1024 threads in all"),
+                ));
+            }
+            let extra = |k: &str, name: &str| {
+                fe(
+                    at(k),
+                    format!("is not used with grid = \"{name}\"; remove it"),
+                )
+            };
+            let positive = |k: &str, v: Option<u32>| -> Result<u32, ManifestError> {
+                match v {
+                    Some(x) if x >= 1 => Ok(x),
+                    Some(_) => Err(fe(at(k), "must be at least 1")),
+                    None => Err(fe(at(k), "is required for this grid")),
+                }
+            };
+            let grid = match l.grid.as_str() {
+                "per_row" => {
+                    if l.elements_per_thread.is_some() {
+                        return Err(extra("elements_per_thread", "per_row"));
+                    }
+                    if l.blocks_per_sm.is_some() {
+                        return Err(extra("blocks_per_sm", "per_row"));
+                    }
+                    Grid::PerRow {
+                        rows_per_block: positive("rows_per_block", l.rows_per_block.or(Some(1)))?,
+                    }
+                }
+                "per_element" => {
+                    if l.rows_per_block.is_some() {
+                        return Err(extra("rows_per_block", "per_element"));
+                    }
+                    if l.blocks_per_sm.is_some() {
+                        return Err(extra("blocks_per_sm", "per_element"));
+                    }
+                    Grid::PerElement {
+                        elements_per_thread: positive(
+                            "elements_per_thread",
+                            l.elements_per_thread.or(Some(1)),
+                        )?,
+                    }
+                }
+                "persistent" => {
+                    if l.rows_per_block.is_some() {
+                        return Err(extra("rows_per_block", "persistent"));
+                    }
+                    if l.elements_per_thread.is_some() {
+                        return Err(extra("elements_per_thread", "persistent"));
+                    }
+                    Grid::Persistent {
+                        blocks_per_sm: positive("blocks_per_sm", l.blocks_per_sm)?,
+                    }
+                }
+                other => {
+                    return Err(fe(
+                        at("grid"),
+                        format!("`{other}` is not valid: one of per_row, per_element, persistent"),
+                    ))
+                }
+            };
+            match (l.cols_max, i + 1 == n) {
+                (Some(_), true) if n > 1 => return Err(fe(
+                    at("cols_max"),
+                    "the last launch rule must cover all larger problems: leave out its cols_max",
+                )),
+                (None, false) => return Err(fe(
+                    at("cols_max"),
+                    "every launch rule but the last needs cols_max (the rules are tried in order)",
+                )),
+                (Some(m), _) if m <= prev_max => {
+                    return Err(fe(
+                        at("cols_max"),
+                        "must be larger than the previous rule's cols_max",
+                    ))
+                }
+                (Some(m), _) => prev_max = m,
+                _ => {}
+            }
+            if l.smem_bytes as u64 + l.smem_bytes_per_col as u64 * 65536 > (227 << 10) * 4 {
+                return Err(fe(
+                    at("smem_bytes"),
+                    "asks for far more shared memory than any GPU has",
+                ));
+            }
+            launch.push(LaunchRule {
+                cols_max: l.cols_max,
+                block,
+                grid,
+                smem_bytes: l.smem_bytes,
+                smem_bytes_per_col: l.smem_bytes_per_col,
+            });
+        }
+
+        let c = raw.constraints;
+        let cols_min = c.cols_min.unwrap_or(1);
+        let cols_multiple_of = c.cols_multiple_of.unwrap_or(1);
+        if cols_min == 0 {
+            return Err(fe("constraints.cols_min", "must be at least 1"));
+        }
+        if cols_multiple_of == 0 {
+            return Err(fe("constraints.cols_multiple_of", "must be at least 1"));
+        }
+        if let Some(max) = c.cols_max {
+            if max < cols_min {
+                return Err(fe(
+                    "constraints.cols_max",
+                    format!("{max} is below cols_min {cols_min}"),
+                ));
+            }
+        }
+        let mut archs = Vec::new();
+        for (i, a) in c.archs.iter().enumerate() {
+            archs.push(
+                a.parse::<Arch>()
+                    .map_err(|e| fe(format!("constraints.archs[{i}]"), format!("{e}")))?,
+            );
+        }
+        archs.sort();
+        archs.dedup();
+
+        for (i, o) in raw.nvrtc_options.iter().enumerate() {
+            if !ALLOWED_OPTION_PREFIXES.iter().any(|p| o.starts_with(p)) {
+                return Err(fe(
+                    format!("nvrtc_options[{i}]"),
+                    format!(
+                        "`{o}` is not allowed; the verifier sets the architecture and include paths. Allowed: {}",
+                        ALLOWED_OPTION_PREFIXES.join(" ")
+                    ),
+                ));
+            }
+        }
+
+        Ok(Manifest {
+            name: raw.name,
+            version,
+            op,
+            semantics,
+            description: raw.description.trim().to_string(),
+            authors: raw.authors,
+            license: raw.license.trim().to_string(),
+            source: raw.source,
+            entries,
+            launch,
+            constraints: Constraints {
+                cols_min,
+                cols_max: c.cols_max,
+                cols_multiple_of,
+                archs,
+            },
+            nvrtc_options: raw.nvrtc_options,
+        })
+    }
+
+    pub fn dtypes(&self) -> Vec<DType> {
+        self.entries.keys().copied().collect()
+    }
+
+    /// Why a problem with `cols` columns (elements, for elementwise ops) on `arch` is outside
+    /// this kernel's declared constraints; `None` when it is inside.
+    pub fn not_applicable(&self, cols: u64, arch: Option<Arch>) -> Option<String> {
+        let c = &self.constraints;
+        if cols < c.cols_min {
+            return Some(format!("cols {cols} < cols_min {}", c.cols_min));
+        }
+        if let Some(max) = c.cols_max {
+            if cols > max {
+                return Some(format!("cols {cols} > cols_max {max}"));
+            }
+        }
+        if cols % c.cols_multiple_of != 0 {
+            return Some(format!(
+                "cols {cols} is not a multiple of {}",
+                c.cols_multiple_of
+            ));
+        }
+        if let Some(a) = arch {
+            if !c.archs.is_empty() && !c.archs.contains(&a) {
+                return Some(format!("arch {a} is not among the declared archs"));
+            }
+        }
+        None
+    }
+
+    /// The launch rule for a problem with `cols` columns.
+    pub fn launch_rule(&self, cols: u64) -> &LaunchRule {
+        self.launch
+            .iter()
+            .find(|r| r.cols_max.is_none_or(|m| cols <= m))
+            .unwrap_or_else(|| self.launch.last().expect("checked: at least one rule"))
+    }
+
+    /// Grid, block and dynamic shared memory for `rows` x `cols` (for elementwise ops the
+    /// element count is `rows * cols`). Fails when the grid would exceed CUDA's limits.
+    pub fn launch_dims(&self, rows: u64, cols: u64, sm_count: u32) -> Result<LaunchDims, String> {
+        let rule = self.launch_rule(cols);
+        let threads = rule.block.iter().map(|&d| d as u64).product::<u64>();
+        let blocks = match rule.grid {
+            Grid::PerRow { rows_per_block } => rows.div_ceil(rows_per_block as u64),
+            Grid::PerElement {
+                elements_per_thread,
+            } => (rows * cols).div_ceil(threads * elements_per_thread as u64),
+            Grid::Persistent { blocks_per_sm } => blocks_per_sm as u64 * sm_count as u64,
+        }
+        .max(1);
+        if blocks > i32::MAX as u64 {
+            return Err(format!(
+                "grid of {blocks} blocks exceeds CUDA's limit of 2^31-1"
+            ));
+        }
+        let smem = rule.smem_bytes as u64 + rule.smem_bytes_per_col as u64 * cols;
+        let shared_mem_bytes =
+            u32::try_from(smem).map_err(|_| format!("{smem} bytes of shared memory"))?;
+        Ok(LaunchDims {
+            grid: [blocks as u32, 1, 1],
+            block: rule.block,
+            shared_mem_bytes,
+        })
+    }
+}
+
+/// A kernel as stored and verified: its manifest (checked and as written) and its source.
+#[derive(Debug, Clone)]
+pub struct KernelBundle {
+    pub manifest: Manifest,
+    pub manifest_toml: String,
+    pub source: String,
+}
+
+impl KernelBundle {
+    pub fn from_parts(manifest_toml: &str, source: &str) -> Result<Self, ManifestError> {
+        let manifest = Manifest::parse(manifest_toml)?;
+        if source.len() > MAX_SOURCE_BYTES {
+            return Err(ManifestError::field(
+                "source",
+                format!(
+                    "the source is {} bytes; at most {MAX_SOURCE_BYTES} are accepted",
+                    source.len()
+                ),
+            ));
+        }
+        if source.trim().is_empty() {
+            return Err(ManifestError::field("source", "the source file is empty"));
+        }
+        for (dt, sym) in &manifest.entries {
+            if !source.contains(sym.as_str()) {
+                return Err(ManifestError::field(
+                    format!("entry.{dt}"),
+                    format!("symbol `{sym}` does not appear in {}", manifest.source),
+                ));
+            }
+        }
+        Ok(KernelBundle {
+            manifest,
+            manifest_toml: manifest_toml.to_string(),
+            source: source.to_string(),
+        })
+    }
+
+    /// Read `DIR/kernel.toml` and the source file it names.
+    pub fn load_dir(dir: &Path) -> Result<Self, ManifestError> {
+        let mpath = dir.join("kernel.toml");
+        let text = std::fs::read_to_string(&mpath).map_err(|e| {
+            ManifestError::Io(format!(
+                "cannot read {}: {e} (a kernel folder holds kernel.toml and its .cu source)",
+                mpath.display()
+            ))
+        })?;
+        let manifest = Manifest::parse(&text).map_err(|e| match e {
+            ManifestError::Syntax(m) => ManifestError::Syntax(format!("{}: {m}", mpath.display())),
+            other => other,
+        })?;
+        let spath = dir.join(&manifest.source);
+        let source = std::fs::read_to_string(&spath).map_err(|e| {
+            ManifestError::field("source", format!("cannot read {}: {e}", spath.display()))
+        })?;
+        Self::from_parts(&text, &source)
+    }
+
+    /// The content digest: sha256 over the canonical manifest encoding and the source bytes.
+    /// Comments and layout of kernel.toml do not change it; any value or source byte does.
+    pub fn digest(&self) -> Digest {
+        digest_of(&self.manifest, &self.source)
+    }
+}
+
+/// The canonical encoding hashed for a digest.
+pub fn digest_of(manifest: &Manifest, source: &str) -> Digest {
+    let m = serde_json::to_vec(manifest).expect("manifest serialises");
+    let mut buf = Vec::with_capacity(m.len() + source.len() + 40);
+    buf.extend_from_slice(b"kernelize-kernel-v1\0");
+    buf.extend_from_slice(&(m.len() as u64).to_le_bytes());
+    buf.extend_from_slice(&m);
+    buf.extend_from_slice(&(source.len() as u64).to_le_bytes());
+    buf.extend_from_slice(source.as_bytes());
+    Digest::of_bytes(&buf)
+}
+
+#[cfg(test)]
+mod tests;

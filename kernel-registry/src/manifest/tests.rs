@@ -1,0 +1,258 @@
+use super::*;
+
+pub(crate) const GOOD: &str = r#"
+name = "rms_norm_demo"
+version = "1.0.0"
+op = "rms_norm"
+semantics = "llama"
+description = "demo"
+authors = ["someone"]
+license = "MIT"
+source = "k.cu"
+
+[entry]
+bf16 = "k_bf16"
+f32 = "k_f32"
+
+[[launch]]
+cols_max = 1024
+block = [32, 8]
+grid = "per_row"
+rows_per_block = 8
+
+[[launch]]
+block = 1024
+grid = "per_row"
+smem_bytes_per_col = 4
+
+[constraints]
+cols_max = 65536
+archs = ["sm_90", "sm_80"]
+"#;
+
+const SRC: &str =
+    "extern \"C\" __global__ void k_bf16() {}\nextern \"C\" __global__ void k_f32() {}\n";
+
+fn with(from: &str, to: &str) -> String {
+    assert!(GOOD.contains(from), "fixture lacks {from}");
+    GOOD.replacen(from, to, 1)
+}
+
+#[test]
+fn good_manifest_parses() {
+    let m = Manifest::parse(GOOD).unwrap();
+    assert_eq!(m.op, Op::RmsNorm);
+    assert_eq!(m.semantics, Semantics::Llama);
+    assert_eq!(m.dtypes(), vec![DType::Bf16, DType::F32]);
+    assert_eq!(m.constraints.archs, vec![Arch::new(8, 0), Arch::new(9, 0)]);
+    assert_eq!(m.launch_rule(1024).block, [32, 8, 1]);
+    assert_eq!(m.launch_rule(1025).block, [1024, 1, 1]);
+    let d = m.launch_dims(100, 512, 132).unwrap();
+    assert_eq!(d.grid, [13, 1, 1]);
+    let d = m.launch_dims(100, 4096, 132).unwrap();
+    assert_eq!((d.grid[0], d.shared_mem_bytes), (100, 16384));
+}
+
+#[test]
+fn semantics_defaults_for_single_semantics_ops() {
+    let t = with("op = \"rms_norm\"\nsemantics = \"llama\"", "op = \"silu\"");
+    assert_eq!(Manifest::parse(&t).unwrap().semantics, Semantics::Default);
+}
+
+#[test]
+fn bad_manifests_name_the_field() {
+    let cases: Vec<(String, &str, &str)> = vec![
+        (
+            with("op = \"rms_norm\"", "op = \"rmsnorm\""),
+            "`op`",
+            "one of rms_norm",
+        ),
+        (
+            with("semantics = \"llama\"", "semantics = \"mistral\""),
+            "`semantics`",
+            "one of llama",
+        ),
+        (
+            with(
+                "op = \"rms_norm\"\nsemantics = \"llama\"",
+                "op = \"silu\"\nsemantics = \"llama\"",
+            ),
+            "`semantics`",
+            "for op silu",
+        ),
+        (
+            with("version = \"1.0.0\"", "version = \"1.0\""),
+            "`version`",
+            "semantic version",
+        ),
+        (
+            with("name = \"rms_norm_demo\"", "name = \"Bad Name\""),
+            "`name`",
+            "a-z",
+        ),
+        (
+            with("source = \"k.cu\"", "source = \"../k.cu\""),
+            "`source`",
+            ".cu",
+        ),
+        (
+            with("license = \"MIT\"", "license = \" \""),
+            "`license`",
+            "SPDX",
+        ),
+        (
+            with("bf16 = \"k_bf16\"", "bf8 = \"k_bf16\""),
+            "`entry.bf8`",
+            "one of bf16",
+        ),
+        (
+            with("bf16 = \"k_bf16\"", "bf16 = \"k-bf16\""),
+            "`entry.bf16`",
+            "C identifier",
+        ),
+        (
+            with(
+                "grid = \"per_row\"\nrows_per_block = 8",
+                "grid = \"per_rows\"",
+            ),
+            "`launch[0].grid`",
+            "per_row, per_element, persistent",
+        ),
+        (
+            with("block = [32, 8]", "block = [64, 32]"),
+            "`launch[0].block`",
+            "1024 threads",
+        ),
+        (
+            with(
+                "rows_per_block = 8",
+                "rows_per_block = 8\nblocks_per_sm = 2",
+            ),
+            "`launch[0].blocks_per_sm`",
+            "not used",
+        ),
+        (
+            with("cols_max = 1024\nblock", "block"),
+            "`launch[0].cols_max`",
+            "needs cols_max",
+        ),
+        (
+            with("block = 1024\n", "cols_max = 2048\nblock = 1024\n"),
+            "`launch[1].cols_max`",
+            "last launch rule",
+        ),
+        (
+            with("archs = [\"sm_90\", \"sm_80\"]", "archs = [\"hopper\"]"),
+            "`constraints.archs[0]`",
+            "sm_",
+        ),
+        (
+            with("cols_max = 65536", "cols_max = 65536\ncols_multiple_of = 0"),
+            "`constraints.cols_multiple_of`",
+            "at least 1",
+        ),
+        (
+            with(
+                "source = \"k.cu\"",
+                "source = \"k.cu\"\nnvrtc_options = [\"--include-path=/etc\"]",
+            ),
+            "`nvrtc_options[0]`",
+            "not allowed",
+        ),
+        (
+            with("description = \"demo\"", "description = \"\""),
+            "`description`",
+            "must say",
+        ),
+        (
+            with("authors = [\"someone\"]", "authors = []"),
+            "`authors`",
+            "at least one",
+        ),
+        // Syntax-level problems: the TOML library names the field.
+        (
+            with("name = \"rms_norm_demo\"", "nme = \"rms_norm_demo\""),
+            "unknown field `nme`",
+            "expected",
+        ),
+        (
+            with("license = \"MIT\"\n", ""),
+            "missing field `license`",
+            "",
+        ),
+        (
+            with("version = \"1.0.0\"", "version = 1"),
+            "version",
+            "string",
+        ),
+        ("name = [".to_string(), "kernel.toml", "line"),
+        (
+            with("rows_per_block = 8", "rows_per_block = \"8\""),
+            "launch[0]",
+            "rows_per_block",
+        ),
+        (
+            with("block = [32, 8]", "block = \"big\""),
+            "`launch[0].block`",
+            "e.g. `256`",
+        ),
+        (
+            with("block = [32, 8]", "block = [32, 8]\nthreads = 3"),
+            "launch[0]",
+            "unknown field `threads`",
+        ),
+    ];
+    for (text, must1, must2) in cases {
+        let e = Manifest::parse(&text).expect_err(&text).to_string();
+        assert!(
+            e.contains(must1) && e.contains(must2),
+            "message `{e}` lacks `{must1}`/`{must2}`"
+        );
+    }
+}
+
+#[test]
+fn bundle_checks_symbols_and_digest_is_stable() {
+    let b = KernelBundle::from_parts(GOOD, SRC).unwrap();
+    let again = KernelBundle::from_parts(GOOD, SRC).unwrap();
+    assert_eq!(b.digest(), again.digest());
+    // Comments and layout do not change the digest...
+    let relaid = format!(
+        "# a comment\n{}",
+        GOOD.replace("op = \"rms_norm\"", "op   =   \"rms_norm\"")
+    );
+    assert_eq!(
+        KernelBundle::from_parts(&relaid, SRC).unwrap().digest(),
+        b.digest()
+    );
+    // ...every source byte and every manifest value does.
+    for i in 0..SRC.len() {
+        let mut bytes = SRC.as_bytes().to_vec();
+        bytes[i] ^= 0x01;
+        let Ok(src) = String::from_utf8(bytes) else {
+            continue;
+        };
+        if let Ok(k) = KernelBundle::from_parts(GOOD, &src) {
+            assert_ne!(k.digest(), b.digest(), "byte {i}");
+        }
+    }
+    let bumped = with("version = \"1.0.0\"", "version = \"1.0.1\"");
+    assert_ne!(
+        KernelBundle::from_parts(&bumped, SRC).unwrap().digest(),
+        b.digest()
+    );
+
+    let e = KernelBundle::from_parts(GOOD, "extern \"C\" __global__ void k_bf16() {}").unwrap_err();
+    assert!(e.to_string().contains("entry.f32"), "{e}");
+}
+
+#[test]
+fn applicability() {
+    let m = Manifest::parse(GOOD).unwrap();
+    assert!(m.not_applicable(4096, Some(Arch::new(9, 0))).is_none());
+    assert!(m.not_applicable(131072, None).unwrap().contains("cols_max"));
+    assert!(m
+        .not_applicable(4096, Some(Arch::new(8, 9)))
+        .unwrap()
+        .contains("sm_89"));
+}

@@ -1,0 +1,290 @@
+//! Exactness policies (SPEC section 4), parsed from strings such as `bit_exact`,
+//! `ulp:2,deterministic` or `tolerance,max_abs_diff=0.01`, and evaluated on reports.
+//! This is the one implementation: the CLI, the worker and the resolver all call it.
+
+use crate::domain::DType;
+use crate::report::{percent, Verdict, VerificationReport, ULP_INFINITE};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Requirement {
+    BitExact,
+    Ulp(u64),
+    Tolerance,
+    Argmax,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Policy {
+    pub requirement: Requirement,
+    pub deterministic: bool,
+    pub batch_invariant: bool,
+    pub max_abs_diff: Option<f64>,
+    pub max_mismatch_fraction: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("policy `{input}`: {message}. Write one of bit_exact, ulp:N, tolerance, argmax, optionally followed by ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X (e.g. `ulp:2,deterministic`)")]
+pub struct PolicyError {
+    pub input: String,
+    pub message: String,
+}
+
+impl FromStr for Policy {
+    type Err = PolicyError;
+    fn from_str(s: &str) -> Result<Self, PolicyError> {
+        let err = |m: String| PolicyError {
+            input: s.to_string(),
+            message: m,
+        };
+        let mut parts = s.split(',').map(str::trim);
+        let base = parts.next().unwrap_or("");
+        let requirement = match base {
+            "bit_exact" => Requirement::BitExact,
+            "tolerance" => Requirement::Tolerance,
+            "argmax" => Requirement::Argmax,
+            "" => return Err(err("it is empty".into())),
+            b => match b.strip_prefix("ulp:") {
+                Some(n) => Requirement::Ulp(
+                    n.parse()
+                        .map_err(|_| err(format!("`{n}` after ulp: is not a whole number")))?,
+                ),
+                None => return Err(err(format!("`{b}` is not a requirement"))),
+            },
+        };
+        let mut p = Policy {
+            requirement,
+            deterministic: false,
+            batch_invariant: false,
+            max_abs_diff: None,
+            max_mismatch_fraction: None,
+        };
+        for m in parts {
+            let number = |v: &str| -> Result<f64, PolicyError> {
+                v.parse::<f64>()
+                    .ok()
+                    .filter(|x| x.is_finite() && *x >= 0.0)
+                    .ok_or_else(|| err(format!("`{v}` is not a non-negative number")))
+            };
+            match m.split_once('=') {
+                None if m == "deterministic" => p.deterministic = true,
+                None if m == "batch_invariant" => p.batch_invariant = true,
+                Some(("max_abs_diff", v)) => p.max_abs_diff = Some(number(v)?),
+                Some(("max_mismatch_fraction", v)) => {
+                    let x = number(v)?;
+                    if x > 1.0 {
+                        return Err(err(format!("max_mismatch_fraction {x} is above 1")));
+                    }
+                    p.max_mismatch_fraction = Some(x)
+                }
+                _ => return Err(err(format!("`{m}` is not a modifier"))),
+            }
+        }
+        Ok(p)
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.requirement {
+            Requirement::BitExact => f.write_str("bit_exact")?,
+            Requirement::Ulp(n) => write!(f, "ulp:{n}")?,
+            Requirement::Tolerance => f.write_str("tolerance")?,
+            Requirement::Argmax => f.write_str("argmax")?,
+        }
+        if self.deterministic {
+            f.write_str(",deterministic")?;
+        }
+        if self.batch_invariant {
+            f.write_str(",batch_invariant")?;
+        }
+        if let Some(x) = self.max_abs_diff {
+            write!(f, ",max_abs_diff={x}")?;
+        }
+        if let Some(x) = self.max_mismatch_fraction {
+            write!(f, ",max_mismatch_fraction={x}")?;
+        }
+        Ok(())
+    }
+}
+impl TryFrom<String> for Policy {
+    type Error = PolicyError;
+    fn try_from(s: String) -> Result<Self, PolicyError> {
+        s.parse()
+    }
+}
+impl From<Policy> for String {
+    fn from(p: Policy) -> String {
+        p.to_string()
+    }
+}
+
+impl Policy {
+    /// Does the verdict for `dtype` in this report meet the policy? `Err` holds every reason
+    /// it does not, each a sentence a person can act on.
+    pub fn evaluate(&self, report: &VerificationReport, dtype: DType) -> Result<(), Vec<String>> {
+        let Some(v) = report.summary.per_dtype.get(&dtype) else {
+            return Err(vec![format!("not verified for {dtype}")]);
+        };
+        let mut why = self.evaluate_verdict(v);
+        if self.requirement == Requirement::Argmax {
+            let models: Vec<_> = report.model.iter().filter(|m| m.dtype == dtype).collect();
+            if models.is_empty() {
+                why.push(format!("no model-level (argmax) measurement for {dtype}"));
+            }
+            for m in models {
+                if m.argmax_match_fraction < 1.0 {
+                    why.push(format!(
+                        "argmax agrees on {} of {} tokens of {} (max logit diff {:.3}); fails argmax",
+                        percent(m.argmax_match_fraction),
+                        m.tokens,
+                        m.model_name,
+                        m.max_logit_abs_diff
+                    ));
+                }
+            }
+        }
+        if why.is_empty() {
+            Ok(())
+        } else {
+            Err(why)
+        }
+    }
+
+    /// The per-case part of the evaluation (everything but the model-level check).
+    pub fn evaluate_verdict(&self, v: &Verdict) -> Vec<String> {
+        let mut why = Vec::new();
+        if v.cases_run == 0 {
+            why.push("no applicable case ran".to_string());
+            return why;
+        }
+        if !v.integrity_ok {
+            why.push(format!("integrity fails ({})", v.problems.join("; ")));
+        }
+        let differ = || v.describe();
+        match self.requirement {
+            Requirement::BitExact => {
+                if v.mismatches > 0 || !v.nonfinite_parity {
+                    why.push(format!("{}; fails bit_exact", differ()));
+                }
+                if !v.deterministic {
+                    why.push("not deterministic; fails bit_exact".into());
+                }
+            }
+            Requirement::Ulp(n) => {
+                if !v.nonfinite_parity {
+                    why.push(format!("NaN/Inf positions differ; fails ulp:{n}"));
+                } else if v.max_ulp > n {
+                    let u = if v.max_ulp == ULP_INFINITE {
+                        "infinite".to_string()
+                    } else {
+                        v.max_ulp.to_string()
+                    };
+                    why.push(format!("max ulp distance {u} > {n}; fails ulp:{n}"));
+                }
+            }
+            Requirement::Tolerance => {
+                if !v.within_tolerance {
+                    why.push(format!(
+                        "{}; outside assert_close tolerance; fails tolerance",
+                        differ()
+                    ));
+                }
+            }
+            Requirement::Argmax => {}
+        }
+        if self.deterministic && !v.deterministic {
+            why.push("repeated launches gave different bits; fails deterministic".into());
+        }
+        if self.batch_invariant && !v.batch_invariant {
+            why.push("a row's output depends on the batch; fails batch_invariant".into());
+        }
+        if let Some(x) = self.max_abs_diff {
+            if !(v.max_abs_diff <= x) {
+                why.push(format!(
+                    "max abs diff {:.3e} > {x}; fails max_abs_diff",
+                    v.max_abs_diff
+                ));
+            }
+        }
+        if let Some(x) = self.max_mismatch_fraction {
+            if v.max_mismatch_fraction > x {
+                why.push(format!(
+                    "{} of elements differ > {}; fails max_mismatch_fraction",
+                    percent(v.max_mismatch_fraction),
+                    percent(x)
+                ));
+            }
+        }
+        why
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{tests_support::report_with, ExactnessClass};
+
+    #[test]
+    fn parses_and_prints() {
+        for s in [
+            "bit_exact",
+            "ulp:2",
+            "tolerance,deterministic",
+            "argmax,batch_invariant",
+            "ulp:0,max_abs_diff=0.01,max_mismatch_fraction=0.001",
+        ] {
+            assert_eq!(s.parse::<Policy>().unwrap().to_string(), s);
+        }
+        for (bad, says) in [
+            ("", "empty"),
+            ("exact", "`exact` is not a requirement"),
+            ("ulp:x", "whole number"),
+            ("bit_exact,fast", "`fast` is not a modifier"),
+            ("tolerance,max_abs_diff=-1", "non-negative"),
+            ("tolerance,max_mismatch_fraction=2", "above 1"),
+        ] {
+            let e = bad.parse::<Policy>().unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains("ulp:N"), "{e}");
+        }
+    }
+
+    #[test]
+    fn evaluation_gates_on_the_measured_verdict() {
+        let exact = report_with(0, 0);
+        let off_by_one = report_with(249, 1);
+        let bit: Policy = "bit_exact".parse().unwrap();
+        assert_eq!(exact.summary.overall.class, ExactnessClass::BitExact);
+        assert!(bit.evaluate(&exact, DType::Bf16).is_ok());
+        let why = bit.evaluate(&off_by_one, DType::Bf16).unwrap_err();
+        assert!(
+            why[0].contains("24.9% of elements differ") && why[0].contains("fails bit_exact"),
+            "{why:?}"
+        );
+        assert!("ulp:1"
+            .parse::<Policy>()
+            .unwrap()
+            .evaluate(&off_by_one, DType::Bf16)
+            .is_ok());
+        assert!("ulp:0"
+            .parse::<Policy>()
+            .unwrap()
+            .evaluate(&off_by_one, DType::Bf16)
+            .is_err());
+        assert!("tolerance"
+            .parse::<Policy>()
+            .unwrap()
+            .evaluate(&off_by_one, DType::Bf16)
+            .is_ok());
+        let frac: Policy = "tolerance,max_mismatch_fraction=0.1".parse().unwrap();
+        assert!(frac.evaluate(&off_by_one, DType::Bf16).is_err());
+        // Not verified for f16: never satisfies anything.
+        assert!(bit.evaluate(&exact, DType::F16).unwrap_err()[0].contains("not verified for f16"));
+        // argmax needs a model-level measurement.
+        let am: Policy = "argmax".parse().unwrap();
+        assert!(am.evaluate(&exact, DType::Bf16).unwrap_err()[0].contains("no model-level"));
+    }
+}

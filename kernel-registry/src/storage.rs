@@ -1,0 +1,1 @@
+//! Storage: SQLite (embedded default) or PostgreSQL, chosen by URL.

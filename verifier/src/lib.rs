@@ -1,0 +1,1 @@
+//! The GPU verifier.
