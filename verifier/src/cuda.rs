@@ -1,0 +1,556 @@
+//! The CUDA driver layer (cudarc 0.19, loaded at run time): device queries, NVRTC compilation
+//! with a module cache, guarded device buffers, launches with a time limit, event timing.
+//! Only the in-process executor (`crate::gpu`) uses this module.
+
+use cudarc::driver::{result, sys, CudaContext, DriverError};
+use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+use kernel_registry::report::DeviceInfo;
+use kernel_registry::Arch;
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use crate::exec::ExecError;
+
+/// Bytes of guard region before and after every device buffer (keeps 16-byte alignment).
+pub const GUARD_BYTES: usize = 4096;
+/// The byte every guard region is filled with.
+pub const GUARD_BYTE: u8 = 0xA5;
+
+fn describe(e: &DriverError) -> String {
+    let name = e.error_name().map(|s| s.to_string_lossy().into_owned());
+    let text = e.error_string().map(|s| s.to_string_lossy().into_owned());
+    let pretty = match e.0 {
+        sys::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS => "illegal address",
+        sys::CUresult::CUDA_ERROR_MISALIGNED_ADDRESS => "misaligned address",
+        sys::CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION => "illegal instruction",
+        sys::CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES => "launch out of resources",
+        sys::CUresult::CUDA_ERROR_INVALID_VALUE => "invalid launch configuration",
+        _ => "",
+    };
+    match (name, text) {
+        (Ok(n), Ok(t)) if !pretty.is_empty() => format!("{pretty}: {n} ({t})"),
+        (Ok(n), Ok(t)) => format!("{n} ({t})"),
+        _ => format!("{:?}", e.0),
+    }
+}
+
+pub(crate) fn drv(what: &str) -> impl Fn(DriverError) -> ExecError + '_ {
+    move |e| ExecError::Driver {
+        what: what.to_string(),
+        message: describe(&e),
+    }
+}
+
+/// Is a CUDA driver with at least one device present? Never panics.
+pub fn gpu_available() -> bool {
+    std::panic::catch_unwind(|| {
+        // SAFETY: only probes whether the library loads.
+        if !unsafe { sys::is_culib_present() } {
+            return false;
+        }
+        result::init().is_ok() && result::device::get_count().map(|n| n > 0).unwrap_or(false)
+    })
+    .unwrap_or(false)
+}
+
+/// A device buffer with guard regions of `GUARD_BYTES` before and after its payload.
+pub struct DevBuf {
+    base: sys::CUdeviceptr,
+    pub bytes: usize,
+}
+
+impl DevBuf {
+    /// The payload's device address (what a kernel gets).
+    pub fn ptr(&self) -> u64 {
+        self.base + GUARD_BYTES as u64
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `Gpu::alloc`; errors (a broken context) are ignored on drop.
+        unsafe {
+            let _ = result::free_sync(self.base);
+        }
+    }
+}
+
+/// One kernel argument, as the ABI tables of SPEC section 2 name them.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg {
+    Ptr(u64),
+    I64(i64),
+    F32(f32),
+}
+
+struct Module {
+    module: sys::CUmodule,
+}
+
+/// The process's CUDA device: context, caches, scratch for L2 flushes.
+pub struct Gpu {
+    _ctx: Arc<CudaContext>,
+    pub info: DeviceInfo,
+    pub l2_bytes: usize,
+    modules: HashMap<(String, Arch, Vec<String>), Module>,
+    functions: HashMap<(String, String), sys::CUfunction>,
+    flush: Option<DevBuf>,
+    start: sys::CUevent,
+    stop: sys::CUevent,
+}
+
+/// NVRTC's include path: `$CUDA_HOME/include`, `$CUDA_PATH/include`, else /usr/local/cuda.
+pub fn cuda_include_dir() -> String {
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Ok(v) = std::env::var(var) {
+            if !v.is_empty() {
+                return format!("{}/include", v.trim_end_matches('/'));
+            }
+        }
+    }
+    "/usr/local/cuda/include".to_string()
+}
+
+fn driver_version_string() -> String {
+    if let Ok(s) = std::fs::read_to_string("/proc/driver/nvidia/version") {
+        // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  ..."
+        if let Some(v) = s.split_whitespace().find(|w| {
+            w.chars().filter(|&c| c == '.').count() >= 1
+                && w.chars().next().is_some_and(|c| c.is_ascii_digit())
+        }) {
+            return v.to_string();
+        }
+    }
+    if let Ok(o) = std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=driver_version", "--format=csv,noheader"])
+        .output()
+    {
+        let s = String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_string();
+        if !s.is_empty() {
+            return s;
+        }
+    }
+    "unknown".to_string()
+}
+
+impl Gpu {
+    /// Open device 0. Measures the copy bandwidth (a few hundred ms).
+    pub fn open() -> Result<Gpu, ExecError> {
+        if !gpu_available() {
+            return Err(ExecError::Unavailable(
+                "the CUDA driver (libcuda.so.1) did not load or reports no device; run on a machine with an NVIDIA GPU and driver".into(),
+            ));
+        }
+        let ctx = std::panic::catch_unwind(|| CudaContext::new(0))
+            .map_err(|_| ExecError::Unavailable("the CUDA driver library failed to load".into()))?
+            .map_err(|e| ExecError::Unavailable(describe(&e)))?;
+        let (maj, min) = ctx.compute_capability().map_err(drv("device query"))?;
+        let attr = |a| ctx.attribute(a).map_err(drv("device query"));
+        let sm_count =
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let l2_bytes = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
+        let mut cuda_v = 0i32;
+        // SAFETY: plain out-parameter query.
+        unsafe { sys::cuDriverGetVersion(&mut cuda_v) }
+            .result()
+            .map_err(drv("driver version"))?;
+        let start =
+            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(drv("event"))?;
+        let stop =
+            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(drv("event"))?;
+        let mut gpu = Gpu {
+            info: DeviceInfo {
+                name: ctx.name().map_err(drv("device name"))?,
+                arch: Arch::new(maj as u32, min as u32),
+                sm_count,
+                driver_version: driver_version_string(),
+                cuda_version: format!("{}.{}", cuda_v / 1000, (cuda_v % 1000) / 10),
+                copy_gbps: 0.0,
+            },
+            _ctx: ctx,
+            l2_bytes,
+            modules: HashMap::new(),
+            functions: HashMap::new(),
+            flush: None,
+            start,
+            stop,
+        };
+        gpu.flush = Some(gpu.alloc((2 * l2_bytes).max(64 << 20))?);
+        gpu.info.copy_gbps = gpu.measure_copy_gbps()?;
+        Ok(gpu)
+    }
+
+    /// NVRTC's version, e.g. "13.0".
+    pub fn nvrtc_version() -> String {
+        let (mut a, mut b) = (0, 0);
+        std::panic::catch_unwind(move || {
+            // SAFETY: out-parameter query.
+            unsafe { nvrtc_sys::nvrtcVersion(&mut a, &mut b) };
+            format!("{a}.{b}")
+        })
+        .unwrap_or_else(|_| "unavailable".into())
+    }
+
+    /// Compile `source` (cached by digest, arch and options) and return the module key.
+    pub fn compile(
+        &mut self,
+        digest: &str,
+        what: &str,
+        source: &str,
+        extra_options: &[String],
+    ) -> Result<(), ExecError> {
+        let key = (digest.to_string(), self.info.arch, extra_options.to_vec());
+        if self.modules.contains_key(&key) {
+            return Ok(());
+        }
+        let mut opts = vec![
+            format!(
+                "--gpu-architecture=sm_{}{}",
+                self.info.arch.major, self.info.arch.minor
+            ),
+            format!("--include-path={}", cuda_include_dir()),
+        ];
+        opts.extend(extra_options.iter().cloned());
+        let cerr = |log: String| ExecError::Compile {
+            what: what.to_string(),
+            log,
+        };
+        let src =
+            CString::new(source).map_err(|_| cerr("the source contains a NUL byte".into()))?;
+        let name = CString::new(format!("{what}.cu")).unwrap_or_default();
+        let ptx = std::panic::catch_unwind(|| -> Result<Vec<std::ffi::c_char>, String> {
+            let prog = nvrtc::create_program(&src, Some(&name)).map_err(|e| format!("{e:?}"))?;
+            // SAFETY: prog is live until destroyed below.
+            unsafe {
+                let res = nvrtc::compile_program(prog, &opts);
+                let log = nvrtc::get_program_log(prog)
+                    .map(|l| {
+                        let bytes: Vec<u8> = l
+                            .iter()
+                            .take_while(|&&c| c != 0)
+                            .map(|&c| c as u8)
+                            .collect();
+                        String::from_utf8_lossy(&bytes).into_owned()
+                    })
+                    .unwrap_or_default();
+                let out = match res {
+                    Ok(()) => nvrtc::get_ptx(prog).map_err(|e| format!("{e:?}")),
+                    Err(e) => Err(format!("{e:?}\n{log}")),
+                };
+                let _ = nvrtc::destroy_program(prog);
+                out
+            }
+        })
+        .map_err(|_| {
+            cerr(format!(
+                "NVRTC (libnvrtc.so) did not load; include path {}",
+                cuda_include_dir()
+            ))
+        })?
+        .map_err(cerr)?;
+        // SAFETY: ptx is NUL-terminated PTX text produced by NVRTC.
+        let module =
+            unsafe { result::module::load_data(ptx.as_ptr() as *const c_void) }.map_err(|e| {
+                cerr(format!(
+                    "the driver could not load the PTX: {}",
+                    describe(&e)
+                ))
+            })?;
+        self.modules.insert(key, Module { module });
+        Ok(())
+    }
+
+    /// Look up `symbol` in the module compiled for `digest` with `options`.
+    pub fn function(
+        &mut self,
+        digest: &str,
+        options: &[String],
+        symbol: &str,
+    ) -> Result<sys::CUfunction, ExecError> {
+        let fkey = (
+            format!("{digest}|{}", options.join(" ")),
+            symbol.to_string(),
+        );
+        if let Some(f) = self.functions.get(&fkey) {
+            return Ok(*f);
+        }
+        let key = (digest.to_string(), self.info.arch, options.to_vec());
+        let m = self.modules.get(&key).ok_or_else(|| ExecError::Driver {
+            what: format!("looking up {symbol}"),
+            message: "module not compiled".into(),
+        })?;
+        let cname = CString::new(symbol).unwrap_or_default();
+        // SAFETY: module is loaded and alive for the process.
+        let f = unsafe { result::module::get_function(m.module, cname) }.map_err(|e| {
+            ExecError::Compile {
+                what: symbol.to_string(),
+                log: format!(
+                    "entry `{symbol}` is not in the compiled module ({}); declare it `extern \"C\" __global__`",
+                    describe(&e)
+                ),
+            }
+        })?;
+        self.functions.insert(fkey, f);
+        Ok(f)
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<DevBuf, ExecError> {
+        let total = bytes + 2 * GUARD_BYTES;
+        // SAFETY: plain allocation; freed by DevBuf's Drop.
+        let base =
+            unsafe { result::malloc_sync(total) }.map_err(drv("allocating device memory"))?;
+        let b = DevBuf { base, bytes };
+        // SAFETY: the range is inside the allocation.
+        unsafe { result::memset_d8_sync(base, GUARD_BYTE, total) }
+            .map_err(drv("filling guards"))?;
+        Ok(b)
+    }
+
+    pub fn upload(&self, buf: &DevBuf, data: &[u8]) -> Result<(), ExecError> {
+        assert!(data.len() <= buf.bytes);
+        // SAFETY: destination range is inside the allocation.
+        unsafe { result::memcpy_htod_sync(buf.ptr(), data) }.map_err(drv("copying to the device"))
+    }
+
+    pub fn download(&self, buf: &DevBuf, out: &mut [u8]) -> Result<(), ExecError> {
+        assert!(out.len() <= buf.bytes);
+        // SAFETY: source range is inside the allocation.
+        unsafe { result::memcpy_dtoh_sync(out, buf.ptr()) }.map_err(drv("copying from the device"))
+    }
+
+    pub fn download_vec(&self, buf: &DevBuf) -> Result<Vec<u8>, ExecError> {
+        let mut v = vec![0u8; buf.bytes];
+        self.download(buf, &mut v)?;
+        Ok(v)
+    }
+
+    pub fn copy(&self, dst: &DevBuf, src: &DevBuf) -> Result<(), ExecError> {
+        assert_eq!(dst.bytes, src.bytes);
+        // SAFETY: both ranges inside their allocations.
+        unsafe { result::memcpy_dtod_sync(dst.ptr(), src.ptr(), src.bytes) }
+            .map_err(drv("device copy"))
+    }
+
+    /// Fill the payload with a repeated byte (the output poison).
+    pub fn fill(&self, buf: &DevBuf, byte: u8) -> Result<(), ExecError> {
+        // SAFETY: payload range.
+        unsafe { result::memset_d8_sync(buf.ptr(), byte, buf.bytes) }.map_err(drv("poisoning"))
+    }
+
+    /// Which guard regions were written: "before" / "after" with the count of changed bytes.
+    pub fn check_guards(&self, buf: &DevBuf) -> Result<Vec<String>, ExecError> {
+        let mut bad = Vec::new();
+        for (side, addr) in [
+            ("before", buf.base),
+            ("after", buf.ptr() + buf.bytes as u64),
+        ] {
+            let mut g = vec![0u8; GUARD_BYTES];
+            // SAFETY: guard ranges are inside the allocation.
+            unsafe { result::memcpy_dtoh_sync(&mut g, addr) }.map_err(drv("reading guards"))?;
+            let changed = g.iter().filter(|&&b| b != GUARD_BYTE).count();
+            if changed > 0 {
+                let first = if side == "before" {
+                    g.iter()
+                        .rposition(|&b| b != GUARD_BYTE)
+                        .map(|p| GUARD_BYTES - p)
+                } else {
+                    g.iter().position(|&b| b != GUARD_BYTE).map(|p| p + 1)
+                };
+                bad.push(format!(
+                    "{changed} byte(s) changed {side} the buffer (nearest {} byte(s) {side} it)",
+                    first.unwrap_or(0)
+                ));
+            }
+        }
+        Ok(bad)
+    }
+
+    /// Launch and wait at most `limit`; `what` names the kernel in errors. A launch error or
+    /// timeout leaves the context unusable (the caller must replace the process).
+    pub fn launch(
+        &self,
+        what: &str,
+        f: sys::CUfunction,
+        grid: [u32; 3],
+        block: [u32; 3],
+        smem: u32,
+        args: &[Arg],
+        limit: Duration,
+    ) -> Result<(), ExecError> {
+        self.launch_async(what, f, grid, block, smem, args)?;
+        self.wait(what, limit)
+    }
+
+    fn launch_async(
+        &self,
+        what: &str,
+        f: sys::CUfunction,
+        grid: [u32; 3],
+        block: [u32; 3],
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<(), ExecError> {
+        let mut store: Vec<[u8; 8]> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::Ptr(p) => p.to_ne_bytes(),
+                Arg::I64(v) => v.to_ne_bytes(),
+                Arg::F32(v) => {
+                    let mut b = [0u8; 8];
+                    b[..4].copy_from_slice(&v.to_ne_bytes());
+                    b
+                }
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = store
+            .iter_mut()
+            .map(|b| b.as_mut_ptr() as *mut c_void)
+            .collect();
+        if smem > 48 << 10 {
+            // SAFETY: f is a live function handle.
+            unsafe {
+                let _ = result::function::set_function_attribute(
+                    f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                );
+            }
+        }
+        // SAFETY: argument storage outlives the call (the driver copies parameters at launch).
+        unsafe {
+            result::launch_kernel(
+                f,
+                (grid[0], grid[1], grid[2]),
+                (block[0], block[1], block[2]),
+                smem,
+                std::ptr::null_mut(),
+                &mut params,
+            )
+        }
+        .map_err(|e| ExecError::Launch {
+            what: format!("launching {what} (grid {grid:?}, block {block:?}, {smem} B shared)"),
+            message: describe(&e),
+        })
+    }
+
+    fn wait(&self, what: &str, limit: Duration) -> Result<(), ExecError> {
+        // SAFETY: events are live; legacy default stream.
+        unsafe { result::event::record(self.stop, std::ptr::null_mut()) }.map_err(|e| {
+            ExecError::Launch {
+                what: what.into(),
+                message: describe(&e),
+            }
+        })?;
+        let t0 = Instant::now();
+        loop {
+            // SAFETY: live event.
+            match unsafe { result::event::query(self.stop) } {
+                Ok(()) => return Ok(()),
+                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                Err(e) => {
+                    return Err(ExecError::Launch {
+                        what: what.into(),
+                        message: describe(&e),
+                    })
+                }
+            }
+            if t0.elapsed() > limit {
+                return Err(ExecError::Timeout {
+                    what: what.into(),
+                    limit_s: limit.as_secs_f64(),
+                });
+            }
+            std::thread::sleep(Duration::from_micros(
+                if t0.elapsed() < Duration::from_millis(5) {
+                    20
+                } else {
+                    500
+                },
+            ));
+        }
+    }
+
+    /// Write the L2-flush buffer (more than twice the L2 size) so the next launch starts cold.
+    pub fn flush_l2(&self) -> Result<(), ExecError> {
+        if let Some(f) = &self.flush {
+            // SAFETY: payload range, default stream.
+            unsafe { result::memset_d8_async(f.ptr(), 0, f.bytes, std::ptr::null_mut()) }
+                .map_err(drv("flushing L2"))?;
+        }
+        Ok(())
+    }
+
+    /// Median time in microseconds of `reps` launches, each after an L2 flush, each timed with
+    /// events around the launch alone.
+    #[allow(clippy::too_many_arguments)]
+    pub fn time_launches(
+        &self,
+        what: &str,
+        f: sys::CUfunction,
+        grid: [u32; 3],
+        block: [u32; 3],
+        smem: u32,
+        args: &[Arg],
+        reps: usize,
+        limit: Duration,
+    ) -> Result<f64, ExecError> {
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            self.flush_l2()?;
+            // SAFETY: live events, default stream.
+            unsafe { result::event::record(self.start, std::ptr::null_mut()) }
+                .map_err(drv("timing"))?;
+            self.launch_async(what, f, grid, block, smem, args)?;
+            self.wait(what, limit)?;
+            // SAFETY: both events recorded and complete.
+            let ms =
+                unsafe { result::event::elapsed(self.start, self.stop) }.map_err(drv("timing"))?;
+            times.push(ms as f64 * 1e3);
+        }
+        Ok(median(&mut times))
+    }
+
+    /// Device-to-device copy bandwidth, read + write, GB/s (median of 10 copies of 512 MiB).
+    pub fn measure_copy_gbps(&self) -> Result<f64, ExecError> {
+        let bytes = 512usize << 20;
+        let a = self.alloc(bytes)?;
+        let b = self.alloc(bytes)?;
+        let mut times = Vec::new();
+        for i in 0..12 {
+            // SAFETY: live events and buffers of `bytes`.
+            unsafe {
+                result::event::record(self.start, std::ptr::null_mut()).map_err(drv("timing"))?;
+                result::memcpy_dtod_async(b.ptr(), a.ptr(), bytes, std::ptr::null_mut())
+                    .map_err(drv("copy"))?;
+                result::event::record(self.stop, std::ptr::null_mut()).map_err(drv("timing"))?;
+                result::event::synchronize(self.stop).map_err(drv("copy"))?;
+                let ms = result::event::elapsed(self.start, self.stop).map_err(drv("timing"))?;
+                if i >= 2 {
+                    times.push(ms as f64);
+                }
+            }
+        }
+        let ms = median(&mut times);
+        Ok(2.0 * bytes as f64 / (ms * 1e-3) / 1e9)
+    }
+}
+
+pub fn median(xs: &mut [f64]) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        0.5 * (xs[n / 2 - 1] + xs[n / 2])
+    }
+}

@@ -1,0 +1,79 @@
+//! The execution boundary: everything that needs a GPU sits behind `Executor`, so the suite,
+//! the metrics, the report and the policy checks build and are tested without one.
+
+use crate::cases::CaseSpec;
+use kernel_registry::report::{CaseReport, DeviceInfo};
+use kernel_registry::KernelBundle;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// What went wrong while running a kernel, said so a kernel author can act on it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error, Serialize, Deserialize)]
+pub enum ExecError {
+    #[error("no usable CUDA GPU: {0}")]
+    Unavailable(String),
+    #[error("NVRTC could not compile {what}:\n{log}")]
+    Compile { what: String, log: String },
+    #[error("{what}: did not finish within {limit_s} s")]
+    Timeout { what: String, limit_s: f64 },
+    /// An error raised by a launch; the CUDA context is unusable afterwards (sticky errors).
+    #[error("{what}: {message}")]
+    Launch { what: String, message: String },
+    #[error("CUDA error during {what}: {message}")]
+    Driver { what: String, message: String },
+    /// The isolated process running the kernel died or misbehaved.
+    #[error("sandbox: {0}")]
+    Sandbox(String),
+}
+
+impl ExecError {
+    /// Whether the process's CUDA context can still be used after this error.
+    pub fn context_broken(&self) -> bool {
+        matches!(
+            self,
+            ExecError::Timeout { .. }
+                | ExecError::Launch { .. }
+                | ExecError::Driver { .. }
+                | ExecError::Sandbox(_)
+        )
+    }
+}
+
+/// Limits for one case.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    /// A single launch of the candidate must finish within this.
+    pub launch_s: f64,
+    /// Launches per speed measurement (the median is reported).
+    pub speed_reps: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            launch_s: 5.0,
+            speed_reps: 25,
+        }
+    }
+}
+
+impl Limits {
+    pub fn launch(&self) -> Duration {
+        Duration::from_secs_f64(self.launch_s)
+    }
+}
+
+/// Runs applicable cases of a kernel on a device.
+pub trait Executor {
+    /// The device, with its copy bandwidth measured in the executing process.
+    fn device_info(&mut self) -> Result<DeviceInfo, ExecError>;
+    /// Run one case (inside the kernel's constraints) and measure it. `Err` means the case
+    /// could not be measured (compile error, timeout, CUDA error); the verifier records it.
+    fn run_case(
+        &mut self,
+        bundle: &KernelBundle,
+        spec: &CaseSpec,
+        limits: &Limits,
+        copy_gbps: f64,
+    ) -> Result<CaseReport, ExecError>;
+}

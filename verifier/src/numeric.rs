@@ -1,0 +1,431 @@
+//! Bit-level arithmetic on stored values of dtype T: widening, rounding, ulp distance, and the
+//! bitwise comparison of a candidate output with a reference output (exactness metrics).
+
+use half::{bf16, f16};
+use kernel_registry::report::{Exactness, ULP_BUCKETS, ULP_INFINITE};
+use kernel_registry::DType;
+use rayon::prelude::*;
+
+/// Raw bits of element `i` of a little-endian buffer of `dt` values (zero-extended).
+#[inline]
+pub fn bits_at(dt: DType, buf: &[u8], i: usize) -> u32 {
+    match dt {
+        DType::F32 => u32::from_le_bytes(buf[4 * i..4 * i + 4].try_into().unwrap()),
+        DType::Bf16 | DType::F16 => u16::from_le_bytes([buf[2 * i], buf[2 * i + 1]]) as u32,
+    }
+}
+
+/// Store `bits` as element `i`.
+#[inline]
+pub fn set_bits(dt: DType, buf: &mut [u8], i: usize, bits: u32) {
+    match dt {
+        DType::F32 => buf[4 * i..4 * i + 4].copy_from_slice(&bits.to_le_bytes()),
+        DType::Bf16 | DType::F16 => {
+            buf[2 * i..2 * i + 2].copy_from_slice(&(bits as u16).to_le_bytes())
+        }
+    }
+}
+
+/// Number of elements of `dt` in `buf`.
+pub fn len(dt: DType, buf: &[u8]) -> usize {
+    buf.len() / dt.size_bytes()
+}
+
+/// `f32(.)`: exact widening.
+#[inline]
+pub fn to_f32(dt: DType, bits: u32) -> f32 {
+    match dt {
+        DType::F32 => f32::from_bits(bits),
+        DType::Bf16 => bf16::from_bits(bits as u16).to_f32(),
+        DType::F16 => f16::from_bits(bits as u16).to_f32(),
+    }
+}
+
+/// `round(.)`: round-to-nearest-even from f32 to `dt`.
+#[inline]
+pub fn from_f32(dt: DType, v: f32) -> u32 {
+    match dt {
+        DType::F32 => v.to_bits(),
+        DType::Bf16 => bf16::from_f32(v).to_bits() as u32,
+        DType::F16 => f16::from_f32(v).to_bits() as u32,
+    }
+}
+
+/// Round an f64 to `dt` and widen it back (the value a dtype can hold nearest to `v`).
+pub fn round_f64(dt: DType, v: f64) -> f32 {
+    match dt {
+        DType::F32 => v as f32,
+        DType::Bf16 => bf16::from_f64(v).to_f32(),
+        DType::F16 => f16::from_f64(v).to_f32(),
+    }
+}
+
+fn sign_mask(dt: DType) -> u32 {
+    match dt {
+        DType::F32 => 0x8000_0000,
+        _ => 0x8000,
+    }
+}
+
+fn exp_mask(dt: DType) -> u32 {
+    match dt {
+        DType::F32 => 0x7f80_0000,
+        DType::Bf16 => 0x7f80,
+        DType::F16 => 0x7c00,
+    }
+}
+
+#[inline]
+pub fn is_nan(dt: DType, bits: u32) -> bool {
+    let m = bits & !sign_mask(dt);
+    m > exp_mask(dt)
+}
+
+#[inline]
+pub fn is_inf(dt: DType, bits: u32) -> bool {
+    bits & !sign_mask(dt) == exp_mask(dt)
+}
+
+/// The ordered-integer image of a value: monotone in the value, +0 and -0 both map to 0,
+/// neighbouring representable values differ by 1.
+#[inline]
+pub fn ordered(dt: DType, bits: u32) -> i64 {
+    let s = sign_mask(dt);
+    let mag = (bits & !s) as i64;
+    if bits & s != 0 {
+        -mag
+    } else {
+        mag
+    }
+}
+
+/// Ulp distance in `dt`: 0 for equal values (+0 == -0, NaN == NaN); `ULP_INFINITE` for NaN
+/// against a number and for an infinity against anything but the same infinity.
+#[inline]
+pub fn ulp_distance(dt: DType, a: u32, b: u32) -> u64 {
+    let (na, nb) = (is_nan(dt, a), is_nan(dt, b));
+    if na || nb {
+        return if na && nb { 0 } else { ULP_INFINITE };
+    }
+    if is_inf(dt, a) || is_inf(dt, b) {
+        return if a == b { 0 } else { ULP_INFINITE };
+    }
+    ordered(dt, a).abs_diff(ordered(dt, b))
+}
+
+/// `torch.testing.assert_close` default (rtol, atol) for `dt`.
+pub fn tolerance(dt: DType) -> (f64, f64) {
+    match dt {
+        DType::Bf16 => (1.6e-2, 1e-5),
+        DType::F16 => (1e-3, 1e-5),
+        DType::F32 => (1.3e-6, 1e-5),
+    }
+}
+
+/// Index of the `ULP_BUCKETS` histogram slot for a distance.
+pub fn ulp_bucket(d: u64) -> usize {
+    ULP_BUCKETS
+        .iter()
+        .position(|&ub| d <= ub)
+        .unwrap_or(ULP_BUCKETS.len())
+}
+
+#[derive(Debug, Clone)]
+struct Acc {
+    elements: u64,
+    mismatches: u64,
+    max_abs: f64,
+    max_rel: f64,
+    max_ulp: u64,
+    parity: bool,
+    close: bool,
+    hist: [u64; ULP_BUCKETS.len() + 1],
+}
+
+impl Acc {
+    fn new() -> Self {
+        Acc {
+            elements: 0,
+            mismatches: 0,
+            max_abs: 0.0,
+            max_rel: 0.0,
+            max_ulp: 0,
+            parity: true,
+            close: true,
+            hist: [0; ULP_BUCKETS.len() + 1],
+        }
+    }
+    fn merge(mut self, o: Acc) -> Acc {
+        self.elements += o.elements;
+        self.mismatches += o.mismatches;
+        self.max_abs = self.max_abs.max(o.max_abs);
+        self.max_rel = self.max_rel.max(o.max_rel);
+        self.max_ulp = self.max_ulp.max(o.max_ulp);
+        self.parity &= o.parity;
+        self.close &= o.close;
+        for (a, b) in self.hist.iter_mut().zip(o.hist) {
+            *a += b;
+        }
+        self
+    }
+    #[inline]
+    fn push(&mut self, dt: DType, c: u32, r: u32, rtol: f64, atol: f64) {
+        self.elements += 1;
+        if c == r {
+            self.hist[0] += 1;
+            return;
+        }
+        let (cn, rn) = (is_nan(dt, c), is_nan(dt, r));
+        if cn && rn {
+            self.hist[0] += 1;
+            return;
+        }
+        self.mismatches += 1;
+        let d = ulp_distance(dt, c, r);
+        self.hist[ulp_bucket(d)] += 1;
+        self.max_ulp = self.max_ulp.max(d);
+        let (ci, ri) = (is_inf(dt, c), is_inf(dt, r));
+        if cn || rn || ci || ri {
+            // +-Inf against anything else, or NaN against a number.
+            self.parity = false;
+            self.close = false;
+            return;
+        }
+        let (cv, rv) = (to_f32(dt, c) as f64, to_f32(dt, r) as f64);
+        let abs = (cv - rv).abs();
+        self.max_abs = self.max_abs.max(abs);
+        if rv != 0.0 {
+            self.max_rel = self.max_rel.max(abs / rv.abs());
+        }
+        if abs > atol + rtol * rv.abs() {
+            self.close = false;
+        }
+    }
+    fn finish(self) -> Exactness {
+        Exactness {
+            elements: self.elements,
+            mismatches: self.mismatches,
+            mismatch_fraction: if self.elements == 0 {
+                0.0
+            } else {
+                self.mismatches as f64 / self.elements as f64
+            },
+            max_abs_diff: self.max_abs,
+            max_rel_diff: self.max_rel,
+            max_ulp: self.max_ulp,
+            nonfinite_parity: self.parity,
+            within_tolerance: self.close,
+            ulp_histogram: self.hist.to_vec(),
+        }
+    }
+}
+
+/// Compare candidate against reference, pairwise over each (candidate, reference) buffer pair
+/// (several pairs for ops with several outputs, e.g. fused_add_rms_norm's out and residual).
+///
+/// Bitwise mismatch counts NaN == NaN as equal and +0 / -0 as different bits (0 ulp). Absolute
+/// and relative differences are over pairs where both values are finite (relative: reference
+/// non-zero); a NaN or Inf that is not matched breaks `nonfinite_parity` instead. Tolerance is
+/// `assert_close`'s default rtol/atol for the dtype with `equal_nan=True`.
+pub fn compare(dt: DType, pairs: &[(&[u8], &[u8])]) -> Exactness {
+    let (rtol, atol) = tolerance(dt);
+    let mut total = Acc::new();
+    for (cand, refr) in pairs {
+        assert_eq!(
+            cand.len(),
+            refr.len(),
+            "compare: buffers of different sizes"
+        );
+        let n = len(dt, cand);
+        const CHUNK: usize = 1 << 16;
+        let acc = (0..n.div_ceil(CHUNK))
+            .into_par_iter()
+            .map(|k| {
+                let mut a = Acc::new();
+                let (lo, hi) = (k * CHUNK, ((k + 1) * CHUNK).min(n));
+                let es = dt.size_bytes();
+                let (cs, rs) = (&cand[lo * es..hi * es], &refr[lo * es..hi * es]);
+                if cs == rs {
+                    a.elements = (hi - lo) as u64;
+                    a.hist[0] = a.elements;
+                    return a;
+                }
+                for i in 0..hi - lo {
+                    a.push(dt, bits_at(dt, cs, i), bits_at(dt, rs, i), rtol, atol);
+                }
+                a
+            })
+            .reduce(Acc::new, Acc::merge);
+        total = total.merge(acc);
+    }
+    total.finish()
+}
+
+/// Merge exactness of several launches into the worst case (used when launches differ).
+pub fn worst(a: Exactness, b: Exactness) -> Exactness {
+    if (b.mismatches, b.max_ulp) > (a.mismatches, a.max_ulp) || !b.nonfinite_parity {
+        Exactness {
+            nonfinite_parity: a.nonfinite_parity && b.nonfinite_parity,
+            within_tolerance: a.within_tolerance && b.within_tolerance,
+            ..b
+        }
+    } else {
+        Exactness {
+            nonfinite_parity: a.nonfinite_parity && b.nonfinite_parity,
+            within_tolerance: a.within_tolerance && b.within_tolerance,
+            ..a
+        }
+    }
+}
+
+/// Count of elements whose bits differ (NaN == NaN); cheap determinism check.
+pub fn count_bit_differences(dt: DType, a: &[u8], b: &[u8]) -> u64 {
+    if a == b {
+        return 0;
+    }
+    let es = dt.size_bytes();
+    a.par_chunks(es << 14)
+        .zip(b.par_chunks(es << 14))
+        .map(|(x, y)| {
+            if x == y {
+                return 0;
+            }
+            (0..x.len() / es)
+                .filter(|&i| {
+                    let (p, q) = (bits_at(dt, x, i), bits_at(dt, y, i));
+                    p != q && !(is_nan(dt, p) && is_nan(dt, q))
+                })
+                .count() as u64
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn b16(v: f32) -> u32 {
+        from_f32(DType::Bf16, v)
+    }
+
+    #[test]
+    fn ulp_special_values() {
+        let dt = DType::Bf16;
+        assert_eq!(ulp_distance(dt, b16(0.0), b16(-0.0)), 0);
+        assert_eq!(ulp_distance(dt, 0x7fc0, 0xffc1), 0, "NaN == NaN");
+        assert_eq!(ulp_distance(dt, 0x7fc0, b16(1.0)), ULP_INFINITE);
+        assert_eq!(
+            ulp_distance(dt, b16(f32::INFINITY), b16(3.0e38)),
+            ULP_INFINITE
+        );
+        assert_eq!(
+            ulp_distance(dt, b16(f32::INFINITY), b16(f32::NEG_INFINITY)),
+            ULP_INFINITE
+        );
+        assert_eq!(ulp_distance(dt, b16(f32::INFINITY), b16(f32::INFINITY)), 0);
+        // Smallest subnormals on either side of zero are 2 ulp apart.
+        assert_eq!(ulp_distance(dt, 0x0001, 0x8001), 2);
+        assert_eq!(ulp_distance(dt, b16(1.0), b16(1.0078125)), 1);
+        assert_eq!(ulp_distance(DType::F16, 0x3c00, 0x3c02), 2);
+        assert_eq!(
+            ulp_distance(DType::F32, 1.0f32.to_bits(), (-1.0f32).to_bits()),
+            2 * 0x3f80_0000
+        );
+    }
+
+    #[test]
+    fn rounding_is_nearest_even() {
+        // 1 + 2^-8 lies halfway between bf16 1.0 and 1.0078125: ties to even (1.0).
+        assert_eq!(b16(1.0 + 1.0 / 256.0), b16(1.0));
+        // 1 + 3*2^-8 is halfway between 1.0078125 (odd) and 1.015625 (even).
+        assert_eq!(to_f32(DType::Bf16, b16(1.0 + 3.0 / 256.0)), 1.015625);
+        assert_eq!(
+            to_f32(DType::F16, from_f32(DType::F16, 65520.0)),
+            f32::INFINITY
+        );
+    }
+
+    #[test]
+    fn compare_counts_and_classifies() {
+        let dt = DType::Bf16;
+        let mk = |vals: &[u32]| -> Vec<u8> {
+            let mut v = vec![0u8; vals.len() * 2];
+            for (i, &b) in vals.iter().enumerate() {
+                set_bits(dt, &mut v, i, b);
+            }
+            v
+        };
+        let r = mk(&[b16(1.0), b16(2.0), 0x7fc0, b16(0.0), b16(4.0)]);
+        let c = mk(&[b16(1.0), b16(2.015625), 0x7fc1, b16(-0.0), b16(4.0)]);
+        let e = compare(dt, &[(&c, &r)]);
+        assert_eq!(e.elements, 5);
+        assert_eq!(e.mismatches, 2, "2.0 vs next, and +0 vs -0 (bitwise)");
+        assert_eq!(e.max_ulp, 1);
+        assert!(e.nonfinite_parity);
+        assert!((e.max_abs_diff - 0.015625).abs() < 1e-12);
+        assert!(e.within_tolerance);
+        assert_eq!(e.ulp_histogram[0], 4);
+        assert_eq!(e.ulp_histogram[1], 1);
+        let c2 = mk(&[b16(1.0), b16(2.0), b16(5.0), b16(0.0), b16(f32::INFINITY)]);
+        let e2 = compare(dt, &[(&c2, &r)]);
+        assert_eq!(e2.max_ulp, ULP_INFINITE);
+        assert!(!e2.nonfinite_parity && !e2.within_tolerance);
+        assert_eq!(*e2.ulp_histogram.last().unwrap(), 2);
+        assert_eq!(count_bit_differences(dt, &c, &r), 2);
+    }
+
+    fn dtype() -> impl Strategy<Value = DType> {
+        prop_oneof![Just(DType::Bf16), Just(DType::F16), Just(DType::F32)]
+    }
+
+    fn finite_bits(dt: DType) -> impl Strategy<Value = u32> {
+        let max = match dt {
+            DType::F32 => u32::MAX,
+            _ => 0xffff,
+        };
+        (0..=max).prop_filter("finite", move |b| !is_nan(dt, *b) && !is_inf(dt, *b))
+    }
+
+    proptest! {
+        #[test]
+        fn ulp_is_a_metric_on_finite_values(
+            (dt, a, b, c) in dtype().prop_flat_map(|dt| (Just(dt), finite_bits(dt), finite_bits(dt), finite_bits(dt)))
+        ) {
+            prop_assert_eq!(ulp_distance(dt, a, a), 0);
+            prop_assert_eq!(ulp_distance(dt, a, b), ulp_distance(dt, b, a));
+            prop_assert!(ulp_distance(dt, a, c) <= ulp_distance(dt, a, b) + ulp_distance(dt, b, c));
+            // Zero distance means the same value (only +0/-0 differ in bits).
+            if ulp_distance(dt, a, b) == 0 {
+                prop_assert_eq!(to_f32(dt, a), to_f32(dt, b));
+            }
+            // Ordering agrees with the values.
+            let (x, y) = (to_f32(dt, a), to_f32(dt, b));
+            if x < y { prop_assert!(ordered(dt, a) < ordered(dt, b)); }
+        }
+
+        #[test]
+        fn next_representable_is_one_ulp((dt, a) in dtype().prop_flat_map(|dt| (Just(dt), finite_bits(dt)))) {
+            let x = to_f32(dt, a);
+            prop_assume!(x > 0.0);
+            let next = a + 1;
+            prop_assume!(!is_inf(dt, next));
+            prop_assert_eq!(ulp_distance(dt, a, next), 1);
+        }
+
+        #[test]
+        fn rounding_picks_a_nearest_neighbour((dt, v) in (dtype(), -1.0e4f32..1.0e4f32)) {
+            let r = from_f32(dt, v);
+            let rv = to_f32(dt, r) as f64;
+            // No representable value is strictly closer than the rounded one.
+            let err = (rv - v as f64).abs();
+            for nb in [r.wrapping_add(1), r.wrapping_sub(1)] {
+                if !is_nan(dt, nb) && !is_inf(dt, nb) {
+                    prop_assert!(err <= (to_f32(dt, nb) as f64 - v as f64).abs());
+                }
+            }
+            // Round trip of a representable value is exact.
+            prop_assert_eq!(from_f32(dt, to_f32(dt, r)), r);
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! The f64 oracle: every op of SPEC section 2 computed in f64 with no intermediate rounding
+//! (the "truth" both the candidate and the reference are measured against), on a sample of
+//! output elements, and the accuracy metrics against it.
+
+use crate::cases::{eps, CaseInputs, CaseSpec};
+use crate::numeric::{bits_at, to_f32};
+use kernel_registry::report::Accuracy;
+use kernel_registry::{DType, Op, Semantics};
+use rayon::prelude::*;
+
+/// At most this many output elements are checked against the oracle per case.
+pub const MAX_ORACLE_ELEMENTS: u64 = 1 << 20;
+
+/// Output element ranges `(start, len)` the oracle is computed on: whole rows for row-wise
+/// ops (evenly spaced, always the first and last), evenly spaced runs for elementwise ops.
+pub fn sample(spec: &CaseSpec) -> Vec<(usize, usize)> {
+    let (rows, cols) = (spec.rows, spec.cols);
+    if spec.op.is_rowwise() {
+        let max_rows = (MAX_ORACLE_ELEMENTS / cols).clamp(1, 256);
+        let picks: Vec<u64> = if rows <= max_rows {
+            (0..rows).collect()
+        } else {
+            let mut v: Vec<u64> = (0..max_rows - 1)
+                .map(|k| k * (rows - 1) / (max_rows - 1))
+                .collect();
+            v.push(rows - 1);
+            v.dedup();
+            v
+        };
+        picks
+            .into_iter()
+            .map(|r| ((r * cols) as usize, cols as usize))
+            .collect()
+    } else {
+        let n = rows * cols;
+        if n <= MAX_ORACLE_ELEMENTS {
+            return vec![(0, n as usize)];
+        }
+        let run = 4096u64;
+        let runs = MAX_ORACLE_ELEMENTS / run;
+        let mut v: Vec<(usize, usize)> = (0..runs)
+            .map(|k| ((k * ((n - run) / (runs - 1))) as usize, run as usize))
+            .collect();
+        v.dedup();
+        v
+    }
+}
+
+fn f(t: &crate::cases::HostTensor, i: usize) -> f64 {
+    to_f32(t.dtype, bits_at(t.dtype, &t.bytes, i)) as f64
+}
+
+fn erf(x: f64) -> f64 {
+    libm::erf(x)
+}
+
+/// Oracle values of one op for a single element value (elementwise ops).
+pub fn elementwise(op: Op, h: f64) -> f64 {
+    match op {
+        Op::Silu => silu(h),
+        Op::Gelu => 0.5 * h * (1.0 + erf(h / std::f64::consts::SQRT_2)),
+        Op::GeluTanh => {
+            let k = (2.0 / std::f64::consts::PI).sqrt();
+            0.5 * h * (1.0 + (k * (h + 0.044715 * h * h * h)).tanh())
+        }
+        _ => unreachable!("{op} is not elementwise"),
+    }
+}
+
+fn silu(h: f64) -> f64 {
+    if h == f64::NEG_INFINITY {
+        return -0.0;
+    }
+    h / (1.0 + (-h).exp())
+}
+
+/// Round an f64 sum `a + b` as T would store it (fused_add's stored residual).
+fn stored(dt: DType, v: f64) -> f64 {
+    crate::numeric::round_f64(dt, v) as f64
+}
+
+/// Oracle outputs for the elements of `ranges` (concatenated, in order).
+pub fn oracle(spec: &CaseSpec, inp: &CaseInputs, ranges: &[(usize, usize)]) -> Vec<f64> {
+    let cols = spec.cols as usize;
+    let dt = spec.dtype;
+    let per_range = |&(start, len): &(usize, usize)| -> Vec<f64> {
+        match spec.op {
+            Op::RmsNorm | Op::FusedAddRmsNorm => {
+                let xs: Vec<f64> = (start..start + len)
+                    .map(|i| match &inp.residual {
+                        // The normalised value is the residual as stored in T.
+                        Some(r) => stored(dt, f(&inp.x, i) + f(r, i)),
+                        None => f(&inp.x, i),
+                    })
+                    .collect();
+                let w = inp.weight.as_ref().expect("norm has weight");
+                let var = xs.iter().map(|v| v * v).sum::<f64>() / cols as f64;
+                let r = 1.0 / (var + eps(spec.op) as f64).sqrt();
+                xs.iter()
+                    .enumerate()
+                    .map(|(j, &h)| {
+                        let wv = f(w, j);
+                        match (spec.op, spec.semantics) {
+                            (Op::RmsNorm, Semantics::Gemma) => h * r * (1.0 + wv),
+                            _ => h * r * wv,
+                        }
+                    })
+                    .collect()
+            }
+            Op::LayerNorm => {
+                let xs: Vec<f64> = (start..start + len).map(|i| f(&inp.x, i)).collect();
+                let (w, b) = (inp.weight.as_ref().unwrap(), inp.bias.as_ref().unwrap());
+                let mean = xs.iter().sum::<f64>() / cols as f64;
+                let var = xs.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;
+                let rstd = 1.0 / (var + eps(spec.op) as f64).sqrt();
+                xs.iter()
+                    .enumerate()
+                    .map(|(j, &h)| (h - mean) * rstd * f(w, j) + f(b, j))
+                    .collect()
+            }
+            Op::SiluAndMul => {
+                let row = start / cols;
+                (0..len)
+                    .map(|c| {
+                        let g = f(&inp.x, row * 2 * cols + c);
+                        let u = f(&inp.x, row * 2 * cols + cols + c);
+                        silu(g) * u
+                    })
+                    .collect()
+            }
+            Op::Silu | Op::Gelu | Op::GeluTanh => (start..start + len)
+                .map(|i| elementwise(spec.op, f(&inp.x, i)))
+                .collect(),
+        }
+    };
+    ranges.par_iter().flat_map_iter(per_range).collect()
+}
+
+/// Max abs and RMS error of `out` (dtype values) against the oracle, over the sampled
+/// elements where the oracle is finite. A non-finite output where the oracle is finite counts
+/// as an error of `f64::MAX` (kept finite so reports stay valid JSON).
+pub fn errors(dt: DType, out: &[u8], ranges: &[(usize, usize)], truth: &[f64]) -> (f64, f64) {
+    let mut k = 0;
+    let (mut max, mut sq, mut n) = (0.0f64, 0.0f64, 0u64);
+    for &(start, len) in ranges {
+        for i in start..start + len {
+            let t = truth[k];
+            k += 1;
+            if !t.is_finite() {
+                continue;
+            }
+            let v = to_f32(dt, bits_at(dt, out, i)) as f64;
+            let e = if v.is_finite() {
+                (v - t).abs()
+            } else {
+                f64::MAX
+            };
+            max = max.max(e);
+            sq += if e == f64::MAX { 0.0 } else { e * e };
+            n += 1;
+        }
+    }
+    let rms = if n == 0 { 0.0 } else { (sq / n as f64).sqrt() };
+    (max, rms)
+}
+
+/// Candidate and reference accuracy against the oracle.
+pub fn accuracy(spec: &CaseSpec, inp: &CaseInputs, candidate: &[u8], reference: &[u8]) -> Accuracy {
+    let ranges = sample(spec);
+    let truth = oracle(spec, inp, &ranges);
+    let (cm, cr) = errors(spec.dtype, candidate, &ranges, &truth);
+    let (rm, rr) = errors(spec.dtype, reference, &ranges, &truth);
+    Accuracy {
+        candidate_max_abs: cm,
+        candidate_rms: cr,
+        reference_max_abs: rm,
+        reference_rms: rr,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cases::{suite, HostTensor};
+    use crate::numeric::{from_f32, set_bits};
+
+    fn tensor(dt: DType, vals: &[f32]) -> HostTensor {
+        let mut b = vec![0u8; vals.len() * dt.size_bytes()];
+        for (i, &v) in vals.iter().enumerate() {
+            set_bits(dt, &mut b, i, from_f32(dt, v));
+        }
+        HostTensor {
+            name: "t",
+            dtype: dt,
+            bytes: b,
+        }
+    }
+
+    fn spec(op: Op, sem: Semantics, rows: u64, cols: u64) -> CaseSpec {
+        let mut s = suite(op, sem, &[DType::F32], true, 0)[0].clone();
+        s.rows = rows;
+        s.cols = cols;
+        s
+    }
+
+    fn close(a: f64, b: f64) {
+        assert!((a - b).abs() <= 1e-12 * b.abs().max(1.0), "{a} vs {b}");
+    }
+
+    #[test]
+    fn rms_norm_by_hand() {
+        // x = [3, 4]: mean square 12.5; eps 1e-6.
+        let dt = DType::F32;
+        let inp = CaseInputs {
+            x: tensor(dt, &[3.0, 4.0]),
+            residual: None,
+            weight: Some(tensor(dt, &[1.0, 0.5])),
+            bias: None,
+        };
+        let r = 1.0 / (12.5f64 + 1e-6f32 as f64).sqrt();
+        let s = spec(Op::RmsNorm, Semantics::Llama, 1, 2);
+        let o = oracle(&s, &inp, &sample(&s));
+        close(o[0], 3.0 * r);
+        close(o[1], 4.0 * r * 0.5);
+        let s = spec(Op::RmsNorm, Semantics::Gemma, 1, 2);
+        let o = oracle(&s, &inp, &sample(&s));
+        close(o[1], 4.0 * r * 1.5);
+    }
+
+    #[test]
+    fn layer_norm_by_hand() {
+        // x = [1, 2, 3, 6]: mean 3, biased var (4+1+0+9)/4 = 3.5.
+        let dt = DType::F32;
+        let inp = CaseInputs {
+            x: tensor(dt, &[1.0, 2.0, 3.0, 6.0]),
+            residual: None,
+            weight: Some(tensor(dt, &[1.0, 1.0, 2.0, 1.0])),
+            bias: Some(tensor(dt, &[0.0, 0.5, 0.0, 0.0])),
+        };
+        let s = spec(Op::LayerNorm, Semantics::Default, 1, 4);
+        let o = oracle(&s, &inp, &sample(&s));
+        let rstd = 1.0 / (3.5f64 + 1e-5f32 as f64).sqrt();
+        close(o[0], -2.0 * rstd);
+        close(o[1], -rstd + 0.5);
+        close(o[2], 0.0);
+        close(o[3], 3.0 * rstd);
+    }
+
+    #[test]
+    fn activations_by_hand() {
+        close(elementwise(Op::Silu, 0.0), 0.0);
+        close(elementwise(Op::Silu, 1.0), 1.0 / (1.0 + (-1.0f64).exp()));
+        close(elementwise(Op::Gelu, 1.0), 0.841_344_746_068_542_9);
+        close(elementwise(Op::Gelu, -1.0), -0.158_655_253_931_457_05);
+        close(elementwise(Op::GeluTanh, 1.0), 0.841_191_990_607_893_2);
+        assert_eq!(elementwise(Op::Silu, f64::NEG_INFINITY), 0.0);
+        assert!(elementwise(Op::Silu, f64::NAN).is_nan());
+        // silu_and_mul: rows of [g | u].
+        let dt = DType::F32;
+        let inp = CaseInputs {
+            x: tensor(dt, &[1.0, 0.0, 2.0, 5.0]),
+            residual: None,
+            weight: None,
+            bias: None,
+        };
+        let s = spec(Op::SiluAndMul, Semantics::Default, 1, 2);
+        let o = oracle(&s, &inp, &sample(&s));
+        close(o[0], elementwise(Op::Silu, 1.0) * 2.0);
+        close(o[1], 0.0);
+    }
+
+    #[test]
+    fn fused_add_normalises_the_stored_residual() {
+        let dt = DType::Bf16;
+        // 1 + 2^-9 is not representable in bf16: the stored residual is 1.0.
+        let inp = CaseInputs {
+            x: tensor(dt, &[1.0, 1.0]),
+            residual: Some(tensor(DType::F32, &[0.001953125, 0.0]).clone()),
+            weight: Some(tensor(dt, &[1.0, 1.0])),
+            bias: None,
+        };
+        let mut inp = inp;
+        inp.residual = Some(tensor(dt, &[0.001953125, 0.0]));
+        let mut s = spec(Op::FusedAddRmsNorm, Semantics::Llama, 1, 2);
+        s.dtype = dt;
+        let o = oracle(&s, &inp, &sample(&s));
+        close(o[0], o[1]);
+    }
+
+    #[test]
+    fn errors_skip_nonfinite_truth() {
+        let dt = DType::F32;
+        let out = tensor(dt, &[1.0, f32::NAN, 3.0]);
+        let (m, r) = errors(dt, &out.bytes, &[(0, 3)], &[1.5, f64::NAN, 3.0]);
+        close(m, 0.5);
+        close(r, (0.25f64 / 2.0).sqrt());
+        let (m, _) = errors(dt, &out.bytes, &[(0, 3)], &[1.0, 2.0, 3.0]);
+        assert_eq!(m, f64::MAX);
+    }
+
+    #[test]
+    fn sample_is_bounded_and_keeps_ends() {
+        let s = spec(Op::RmsNorm, Semantics::Llama, 32768, 4096);
+        let r = sample(&s);
+        assert!(r.iter().map(|x| x.1 as u64).sum::<u64>() <= MAX_ORACLE_ELEMENTS);
+        assert_eq!(r[0].0, 0);
+        assert_eq!(r.last().unwrap().0, 32767 * 4096);
+        let s = spec(Op::Silu, Semantics::Default, 32768, 4096);
+        assert!(sample(&s).iter().map(|x| x.1 as u64).sum::<u64>() <= MAX_ORACLE_ELEMENTS);
+    }
+}

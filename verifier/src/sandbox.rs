@@ -1,0 +1,288 @@
+//! Isolation for untrusted kernels. The verifier runs each case in a child process
+//! (`<this executable> __sandbox`) that talks JSON lines over stdin/stdout. A kernel that hangs,
+//! writes to an illegal address or corrupts its CUDA context takes only that child down: the
+//! parent records the case as an error, starts a fresh child and goes on.
+
+use crate::cases::CaseSpec;
+use crate::exec::{ExecError, Executor, Limits};
+use crate::gpu::CudaExecutor;
+use kernel_registry::report::{CaseReport, DeviceInfo};
+use kernel_registry::KernelBundle;
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Request {
+    Device,
+    Case {
+        manifest_toml: String,
+        source: String,
+        spec: CaseSpec,
+        limits: Limits,
+        copy_gbps: f64,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Response {
+    Device(DeviceInfo),
+    Case(Box<CaseReport>),
+    Error(ExecError),
+}
+
+/// The child side: serve requests from stdin until it closes. After an error that broke the
+/// CUDA context, answer and exit (the parent starts a fresh child).
+pub fn serve() -> anyhow::Result<()> {
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout().lock();
+    let mut exec = CudaExecutor::new();
+    for line in stdin.lock().lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let req: Request = serde_json::from_str(&line)?;
+        let resp = match req {
+            Request::Device => match exec.device_info() {
+                Ok(d) => Response::Device(d),
+                Err(e) => Response::Error(e),
+            },
+            Request::Case {
+                manifest_toml,
+                source,
+                spec,
+                limits,
+                copy_gbps,
+            } => match KernelBundle::from_parts(&manifest_toml, &source) {
+                Err(e) => Response::Error(ExecError::Compile {
+                    what: "kernel.toml".into(),
+                    log: e.to_string(),
+                }),
+                Ok(b) => {
+                    // A panic inside the run (a bug of ours) must not look like a kernel fault.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        exec.run_case(&b, &spec, &limits, copy_gbps)
+                    }));
+                    match r {
+                        Ok(Ok(c)) => Response::Case(Box::new(c)),
+                        Ok(Err(e)) => Response::Error(e),
+                        Err(p) => Response::Error(ExecError::Sandbox(format!(
+                            "verifier panic: {}",
+                            p.downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_default()
+                        ))),
+                    }
+                }
+            },
+        };
+        let fatal = matches!(&resp, Response::Error(e) if e.context_broken());
+        serde_json::to_writer(&mut out, &resp)?;
+        out.write_all(b"\n")?;
+        out.flush()?;
+        if fatal {
+            // The context is gone; a hung kernel may still occupy the GPU. Leave now.
+            std::process::exit(3);
+        }
+    }
+    Ok(())
+}
+
+struct ChildProc {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    stderr_tail: Arc<Mutex<String>>,
+}
+
+impl ChildProc {
+    fn kill(mut self) -> String {
+        let _ = self.child.kill();
+        let status = self.child.wait().ok();
+        let tail = self
+            .stderr_tail
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        let mut why = match status {
+            Some(s) => format!("sandbox process ended ({s})"),
+            None => "sandbox process ended".into(),
+        };
+        if !tail.trim().is_empty() {
+            why.push_str(&format!("; its stderr ends: {}", tail.trim()));
+        }
+        why
+    }
+}
+
+/// The parent side: an `Executor` whose cases run in a child process.
+pub struct SandboxExecutor {
+    exe: PathBuf,
+    child: Option<ChildProc>,
+    /// Backstop for a whole case (generation, all launches, comparisons).
+    pub case_limit: Duration,
+    /// Children started so far (the first, and one after each broken context).
+    pub children_started: u32,
+}
+
+impl SandboxExecutor {
+    /// `exe` must answer `exe __sandbox` with `serve()`; `None`: this executable.
+    pub fn new(exe: Option<PathBuf>) -> Result<Self, ExecError> {
+        let exe = match exe {
+            Some(e) => e,
+            None => std::env::current_exe()
+                .map_err(|e| ExecError::Sandbox(format!("cannot find this executable: {e}")))?,
+        };
+        Ok(SandboxExecutor {
+            exe,
+            child: None,
+            case_limit: Duration::from_secs(180),
+            children_started: 0,
+        })
+    }
+
+    fn spawn(&mut self) -> Result<&mut ChildProc, ExecError> {
+        if self.child.is_none() {
+            let mut child = Command::new(&self.exe)
+                .arg("__sandbox")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| {
+                    ExecError::Sandbox(format!(
+                        "cannot start {} __sandbox: {e}",
+                        self.exe.display()
+                    ))
+                })?;
+            self.children_started += 1;
+            let stdin = child.stdin.take().expect("piped");
+            let stdout = child.stdout.take().expect("piped");
+            let mut stderr = child.stderr.take().expect("piped");
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    match line {
+                        Ok(l) => {
+                            if tx.send(l).is_err() {
+                                break;
+                            }
+                        }
+                        Err(_) => break,
+                    }
+                }
+            });
+            let tail = Arc::new(Mutex::new(String::new()));
+            let t2 = tail.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = stderr.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if let Ok(mut t) = t2.lock() {
+                        t.push_str(&String::from_utf8_lossy(&buf[..n]));
+                        if t.len() > 2000 {
+                            let cut = t.len() - 2000;
+                            let cut = (cut..t.len()).find(|&i| t.is_char_boundary(i)).unwrap_or(0);
+                            t.drain(..cut);
+                        }
+                    }
+                }
+            });
+            self.child = Some(ChildProc {
+                child,
+                stdin,
+                lines: rx,
+                stderr_tail: tail,
+            });
+        }
+        Ok(self.child.as_mut().expect("spawned"))
+    }
+
+    fn call(&mut self, req: &Request, what: &str) -> Result<Response, ExecError> {
+        let limit = self.case_limit;
+        let child = self.spawn()?;
+        let line = serde_json::to_string(req).expect("request serialises");
+        let sent = writeln!(child.stdin, "{line}").and_then(|_| child.stdin.flush());
+        let got = match sent {
+            Ok(()) => child.lines.recv_timeout(limit),
+            Err(_) => Err(RecvTimeoutError::Disconnected),
+        };
+        match got {
+            Ok(l) => {
+                let resp: Response = serde_json::from_str(&l).map_err(|e| {
+                    ExecError::Sandbox(format!("unreadable answer from the sandbox ({e}): {l}"))
+                })?;
+                if let Response::Error(e) = &resp {
+                    if e.context_broken() {
+                        // The child exits by itself; do not wait for a hung GPU to let go.
+                        if let Some(c) = self.child.take() {
+                            c.kill();
+                        }
+                    }
+                }
+                Ok(resp)
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                let c = self.child.take().expect("child");
+                c.kill();
+                Err(ExecError::Timeout {
+                    what: what.to_string(),
+                    limit_s: limit.as_secs_f64(),
+                })
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let c = self.child.take().expect("child");
+                Err(ExecError::Sandbox(format!("{what}: {}", c.kill())))
+            }
+        }
+    }
+}
+
+impl Drop for SandboxExecutor {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.take() {
+            c.kill();
+        }
+    }
+}
+
+impl Executor for SandboxExecutor {
+    fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
+        match self.call(&Request::Device, "device query")? {
+            Response::Device(d) => Ok(d),
+            Response::Error(e) => Err(e),
+            Response::Case(_) => Err(ExecError::Sandbox("unexpected answer".into())),
+        }
+    }
+
+    fn run_case(
+        &mut self,
+        bundle: &KernelBundle,
+        spec: &CaseSpec,
+        limits: &Limits,
+        copy_gbps: f64,
+    ) -> Result<CaseReport, ExecError> {
+        let req = Request::Case {
+            manifest_toml: bundle.manifest_toml.clone(),
+            source: bundle.source.clone(),
+            spec: spec.clone(),
+            limits: *limits,
+            copy_gbps,
+        };
+        match self.call(&req, &spec.id)? {
+            Response::Case(c) => Ok(*c),
+            Response::Error(e) => Err(e),
+            Response::Device(_) => Err(ExecError::Sandbox("unexpected answer".into())),
+        }
+    }
+}

@@ -1,0 +1,409 @@
+//! One verification: the suite of cases for a kernel, run through an `Executor`, turned into a
+//! `VerificationReport` (summary by `Summary::from_cases`).
+
+use crate::cases::{self, CaseSpec, SUITE_VERSION};
+use crate::exec::{ExecError, Executor, Limits};
+use crate::sandbox::SandboxExecutor;
+use kernel_registry::report::{
+    CaseReport, CaseStatus, KernelRef, Summary, VerificationReport, REPORT_SCHEMA_VERSION,
+};
+use kernel_registry::{DType, KernelBundle};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// After this many consecutive cases fail to run (timeouts, crashes), the rest of the suite
+/// is recorded as not run rather than spending a time limit on each.
+pub const MAX_CONSECUTIVE_ERRORS: usize = 3;
+
+#[derive(Debug, Clone, Default)]
+pub struct VerifyOptions {
+    /// Only these dtypes (default: every dtype the manifest has an entry for).
+    pub dtypes: Option<Vec<DType>>,
+    /// The smaller suite.
+    pub quick: bool,
+    /// Replay a run (default: a fresh seed).
+    pub seed: Option<u64>,
+    pub limits: Limits,
+    /// Executable that serves `__sandbox` (default: this one).
+    pub sandbox_exe: Option<PathBuf>,
+}
+
+/// Where a verification stands, for progress bars.
+#[derive(Debug, Clone)]
+pub struct Progress {
+    pub done: usize,
+    pub total: usize,
+    pub case_id: String,
+    /// `None` when the case starts; a short outcome when it ends.
+    pub outcome: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error("no usable CUDA GPU: {0}")]
+    NoGpu(String),
+    #[error("the kernel does not compile: {0}")]
+    Compile(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Exec(ExecError),
+}
+
+/// Verify `bundle` on this machine's GPU, each case in an isolated child process.
+pub fn verify_bundle(
+    bundle: &KernelBundle,
+    opts: &VerifyOptions,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<VerificationReport, VerifyError> {
+    if !crate::cuda::gpu_available() {
+        return Err(VerifyError::NoGpu(
+            "the CUDA driver (libcuda.so.1) did not load or reports no device".into(),
+        ));
+    }
+    let mut exec = SandboxExecutor::new(opts.sandbox_exe.clone()).map_err(VerifyError::Exec)?;
+    verify_with(&mut exec, bundle, opts, progress)
+}
+
+/// The dtypes a run covers: the filter (each must have an entry) or all entries.
+pub fn dtypes_for(bundle: &KernelBundle, opts: &VerifyOptions) -> Result<Vec<DType>, VerifyError> {
+    let have = bundle.manifest.dtypes();
+    match &opts.dtypes {
+        None => Ok(have),
+        Some(want) => {
+            for d in want {
+                if !have.contains(d) {
+                    return Err(VerifyError::BadRequest(format!(
+                        "{} has no entry for {d} (it has {})",
+                        bundle.manifest.name,
+                        have.iter()
+                            .map(|d| d.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
+            }
+            Ok(want.clone())
+        }
+    }
+}
+
+fn case_skeleton(spec: &CaseSpec, status: CaseStatus, note: String) -> CaseReport {
+    CaseReport {
+        id: spec.id.clone(),
+        dtype: spec.dtype,
+        rows: spec.rows,
+        cols: spec.cols,
+        distribution: spec.dist.to_string(),
+        status,
+        note: Some(note),
+        exactness: None,
+        accuracy: None,
+        deterministic: None,
+        batch_invariant: None,
+        integrity_failures: vec![],
+        speed: None,
+    }
+}
+
+/// A short outcome line of a case for progress displays.
+pub fn outcome(c: &CaseReport) -> String {
+    match c.status {
+        CaseStatus::NotApplicable => "n/a".into(),
+        CaseStatus::Error => format!("ERROR {}", c.note.as_deref().unwrap_or("")),
+        CaseStatus::Ran if !c.integrity_failures.is_empty() => {
+            format!("INTEGRITY {}", c.integrity_failures[0])
+        }
+        CaseStatus::Ran => match &c.exactness {
+            Some(e) if e.mismatches == 0 && e.nonfinite_parity => "exact".into(),
+            Some(e) => format!("{} mismatches", e.mismatches),
+            None => "ran".into(),
+        },
+    }
+}
+
+/// Verify through any executor (tests use a fake one).
+pub fn verify_with(
+    exec: &mut dyn Executor,
+    bundle: &KernelBundle,
+    opts: &VerifyOptions,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<VerificationReport, VerifyError> {
+    let t0 = Instant::now();
+    let started_at = time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default();
+    let m = &bundle.manifest;
+    let dtypes = dtypes_for(bundle, opts)?;
+    let seed = opts.seed.unwrap_or_else(cases::fresh_seed);
+    let device = exec.device_info().map_err(|e| match e {
+        ExecError::Unavailable(s) => VerifyError::NoGpu(s),
+        e => VerifyError::Exec(e),
+    })?;
+    let specs = cases::suite(m.op, m.semantics, &dtypes, opts.quick, seed);
+    let total = specs.len();
+    let mut reports = Vec::with_capacity(total);
+    let mut consecutive_errors = 0usize;
+    let mut last_error = String::new();
+    for (i, spec) in specs.iter().enumerate() {
+        progress(&Progress {
+            done: i,
+            total,
+            case_id: spec.id.clone(),
+            outcome: None,
+        });
+        let report = if let Some(why) = m.not_applicable(spec.constraint_size(), Some(device.arch))
+        {
+            case_skeleton(spec, CaseStatus::NotApplicable, why)
+        } else if let Err(why) = m.launch_dims(spec.rows, spec.cols, device.sm_count) {
+            case_skeleton(spec, CaseStatus::Error, format!("launch rule: {why}"))
+        } else if consecutive_errors >= MAX_CONSECUTIVE_ERRORS {
+            case_skeleton(
+                spec,
+                CaseStatus::Error,
+                format!(
+                    "not run: the previous {MAX_CONSECUTIVE_ERRORS} cases failed to run (last: {last_error})"
+                ),
+            )
+        } else {
+            match exec.run_case(bundle, spec, &opts.limits, device.copy_gbps) {
+                Ok(c) => {
+                    consecutive_errors = 0;
+                    c
+                }
+                Err(ExecError::Compile { what, log }) => {
+                    return Err(VerifyError::Compile(format!("{what}:\n{log}")))
+                }
+                Err(ExecError::Unavailable(s)) => return Err(VerifyError::NoGpu(s)),
+                Err(e) => {
+                    consecutive_errors += 1;
+                    last_error = e.to_string();
+                    case_skeleton(spec, CaseStatus::Error, e.to_string())
+                }
+            }
+        };
+        progress(&Progress {
+            done: i + 1,
+            total,
+            case_id: spec.id.clone(),
+            outcome: Some(outcome(&report)),
+        });
+        reports.push(report);
+    }
+    let summary = Summary::from_cases(&reports);
+    Ok(VerificationReport {
+        schema_version: REPORT_SCHEMA_VERSION,
+        kernel: KernelRef {
+            name: m.name.clone(),
+            version: m.version.to_string(),
+            digest: bundle.digest(),
+            op: m.op,
+            semantics: m.semantics,
+        },
+        device,
+        verifier_version: env!("CARGO_PKG_VERSION").to_string(),
+        suite_version: SUITE_VERSION.to_string(),
+        seed,
+        quick: opts.quick,
+        reference: format!(
+            "kernelize built-in {}/{} (docs/reference-semantics.md)",
+            m.op, m.semantics
+        ),
+        started_at,
+        duration_s: t0.elapsed().as_secs_f64(),
+        cases: reports,
+        summary,
+        model: vec![],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kernel_registry::report::{tests_support, DeviceInfo, ExactnessClass};
+    use kernel_registry::{Arch, Policy};
+
+    const TOML: &str = r#"
+name = "fake_rms"
+version = "0.1.0"
+op = "rms_norm"
+semantics = "llama"
+description = "test"
+authors = ["t"]
+license = "MIT"
+source = "k.cu"
+
+[entry]
+bf16 = "k_bf16"
+f32 = "k_f32"
+
+[launch]
+block = 256
+grid = "per_row"
+
+[constraints]
+cols_max = 16384
+"#;
+
+    fn bundle() -> KernelBundle {
+        KernelBundle::from_parts(
+            TOML,
+            "extern \"C\" __global__ void k_bf16() {}\nextern \"C\" __global__ void k_f32() {}",
+        )
+        .unwrap()
+    }
+
+    /// Answers every case like an exact kernel, except ids containing `fail_on` (a timeout)
+    /// and f32 cases (one ulp off).
+    struct Fake {
+        fail_on: Option<&'static str>,
+        calls: usize,
+    }
+
+    impl Executor for Fake {
+        fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
+            Ok(DeviceInfo {
+                name: "Fake GPU".into(),
+                arch: Arch::new(9, 0),
+                sm_count: 132,
+                driver_version: "0".into(),
+                cuda_version: "13.0".into(),
+                copy_gbps: 3000.0,
+            })
+        }
+        fn run_case(
+            &mut self,
+            _b: &KernelBundle,
+            spec: &CaseSpec,
+            _l: &Limits,
+            _c: f64,
+        ) -> Result<CaseReport, ExecError> {
+            self.calls += 1;
+            if self.fail_on.is_some_and(|f| spec.id.contains(f)) {
+                return Err(ExecError::Timeout {
+                    what: spec.id.clone(),
+                    limit_s: 5.0,
+                });
+            }
+            let (m, u) = if spec.dtype == DType::F32 {
+                (10, 1)
+            } else {
+                (0, 0)
+            };
+            let mut c = tests_support::case(&spec.id, spec.dtype, m, u);
+            c.rows = spec.rows;
+            c.cols = spec.cols;
+            Ok(c)
+        }
+    }
+
+    #[test]
+    fn not_applicable_cases_are_not_run_and_summary_is_derived() {
+        let mut fake = Fake {
+            fail_on: None,
+            calls: 0,
+        };
+        let opts = VerifyOptions {
+            seed: Some(5),
+            ..Default::default()
+        };
+        let r = verify_with(&mut fake, &bundle(), &opts, &mut |_| {}).unwrap();
+        let na: Vec<_> = r
+            .cases
+            .iter()
+            .filter(|c| c.status == CaseStatus::NotApplicable)
+            .collect();
+        assert!(!na.is_empty() && na.iter().all(|c| c.cols > 16384));
+        assert_eq!(fake.calls, r.cases.len() - na.len());
+        assert_eq!(r.seed, 5);
+        assert_eq!(r.summary, Summary::from_cases(&r.cases));
+        assert_eq!(
+            r.summary.per_dtype[&DType::Bf16].class,
+            ExactnessClass::BitExact
+        );
+        assert_eq!(
+            r.summary.per_dtype[&DType::F32].class,
+            ExactnessClass::MaxUlp(1)
+        );
+        // The report round-trips through JSON.
+        let j = serde_json::to_string(&r).unwrap();
+        let back: VerificationReport = serde_json::from_str(&j).unwrap();
+        assert_eq!(back, r);
+        // Policies evaluate on it.
+        let bit: Policy = "bit_exact".parse().unwrap();
+        assert!(bit.evaluate(&r, DType::Bf16).is_ok());
+        assert!(bit.evaluate(&r, DType::F32).is_err());
+        assert!("ulp:1"
+            .parse::<Policy>()
+            .unwrap()
+            .evaluate(&r, DType::F32)
+            .is_ok());
+    }
+
+    #[test]
+    fn a_failing_case_is_an_error_and_the_run_goes_on() {
+        let mut fake = Fake {
+            fail_on: Some("/1024x4096/"),
+            calls: 0,
+        };
+        let opts = VerifyOptions {
+            dtypes: Some(vec![DType::Bf16]),
+            quick: true,
+            seed: Some(1),
+            ..Default::default()
+        };
+        let r = verify_with(&mut fake, &bundle(), &opts, &mut |_| {}).unwrap();
+        let bad = r.cases.iter().find(|c| c.id.contains("1024x4096")).unwrap();
+        assert_eq!(bad.status, CaseStatus::Error);
+        assert!(bad
+            .note
+            .as_deref()
+            .unwrap()
+            .contains("did not finish within 5 s"));
+        let after = r
+            .cases
+            .iter()
+            .skip_while(|c| c.id != bad.id)
+            .nth(1)
+            .unwrap();
+        assert_eq!(after.status, CaseStatus::Ran);
+        assert!(!r.summary.overall.integrity_ok);
+        assert_eq!(r.summary.overall.class, ExactnessClass::Fails);
+    }
+
+    #[test]
+    fn repeated_failures_stop_the_run_and_same_seed_replays() {
+        let mut fake = Fake {
+            fail_on: Some("bf16"),
+            calls: 0,
+        };
+        let opts = VerifyOptions {
+            dtypes: Some(vec![DType::Bf16]),
+            quick: true,
+            seed: Some(9),
+            ..Default::default()
+        };
+        let r = verify_with(&mut fake, &bundle(), &opts, &mut |_| {}).unwrap();
+        assert_eq!(fake.calls, MAX_CONSECUTIVE_ERRORS);
+        assert!(r
+            .cases
+            .iter()
+            .filter(|c| c.status == CaseStatus::Error)
+            .skip(MAX_CONSECUTIVE_ERRORS)
+            .all(|c| c.note.as_deref().unwrap().starts_with("not run")));
+        assert_eq!(r.summary.overall.cases_run, 0);
+        let r2 = verify_with(&mut fake, &bundle(), &opts, &mut |_| {}).unwrap();
+        let ids = |r: &VerificationReport| r.cases.iter().map(|c| c.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&r), ids(&r2));
+    }
+
+    #[test]
+    fn unknown_dtype_filter_is_refused() {
+        let opts = VerifyOptions {
+            dtypes: Some(vec![DType::F16]),
+            ..Default::default()
+        };
+        let e = dtypes_for(&bundle(), &opts).unwrap_err().to_string();
+        assert!(e.contains("no entry for f16"), "{e}");
+    }
+}
