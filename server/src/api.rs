@@ -1,0 +1,70 @@
+//! HTTP handlers of the REST API (`/v1/...`).
+
+pub mod jobs;
+pub mod kernels;
+pub mod openapi;
+pub mod resolve;
+
+use crate::app::{AppState, Caller};
+use crate::error::AppError;
+use axum::extract::State;
+use axum::Json;
+use std::collections::HashMap;
+use std::str::FromStr;
+
+/// Liveness and a count of what is stored.
+#[utoipa::path(get, path = "/healthz", tag = "meta", responses((status = 200, description = "The server and its database answer")))]
+pub async fn healthz(
+    State(st): State<AppState>,
+    _c: Caller,
+) -> Result<Json<serde_json::Value>, AppError> {
+    let (_, kernels) = st
+        .store
+        .list_kernels(&kernel_registry::storage::KernelQuery {
+            limit: 1,
+            ..Default::default()
+        })
+        .await?;
+    Ok(Json(serde_json::json!({
+        "status": "ok",
+        "database": format!("{:?}", st.store.backend()).to_lowercase(),
+        "kernels": kernels,
+        "version": env!("CARGO_PKG_VERSION"),
+    })))
+}
+
+/// A typed query parameter, with a message naming the parameter when it does not parse.
+pub fn param<T: FromStr>(q: &HashMap<String, String>, key: &str) -> Result<Option<T>, AppError>
+where
+    T::Err: std::fmt::Display,
+{
+    match q.get(key).map(|v| v.trim()).filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) => v.parse().map(Some).map_err(|e| {
+            AppError::bad_request(format!("query parameter `{key}`: {e}")).with("field", key)
+        }),
+    }
+}
+
+pub fn required<T: FromStr>(q: &HashMap<String, String>, key: &str) -> Result<T, AppError>
+where
+    T::Err: std::fmt::Display,
+{
+    param(q, key)?.ok_or_else(|| {
+        AppError::bad_request(format!("query parameter `{key}` is required")).with("field", key)
+    })
+}
+
+/// Refuse query parameters this route does not know (a typo would silently widen a query).
+pub fn known_params(q: &HashMap<String, String>, allowed: &[&str]) -> Result<(), AppError> {
+    for k in q.keys() {
+        if !allowed.contains(&k.as_str()) {
+            return Err(AppError::bad_request(format!(
+                "unknown query parameter `{k}`; this route takes: {}",
+                allowed.join(", ")
+            ))
+            .with("field", k.as_str()));
+        }
+    }
+    Ok(())
+}

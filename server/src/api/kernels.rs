@@ -1,0 +1,311 @@
+//! Kernels: list, show, download sources, and submit new ones.
+
+use super::{known_params, param};
+use crate::app::{AppState, Caller, Scope};
+use crate::error::{rejection, AppError};
+use axum::extract::{FromRequest, Multipart, Path, Query, Request, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use kernel_registry::storage::{Inserted, KernelQuery, KernelRow};
+use kernel_registry::{Arch, DType, Digest, KernelBundle, Policy};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+
+const MAX_PAGE: i64 = 500;
+
+fn kernel_json(k: &KernelRow) -> Value {
+    let mut v = serde_json::to_value(k).expect("kernel serialises");
+    v["source_url"] = json!(format!("/v1/sources/{}", k.digest));
+    v["url"] = json!(format!("/v1/kernels/{}/{}", k.name, k.version));
+    v
+}
+
+/// List kernels, filtered by op, semantics, dtype and arch; with `policy`, only kernels whose
+/// newest verification (on `arch`, if given) meets it for `dtype` (or for one of its dtypes).
+#[utoipa::path(get, path = "/v1/kernels", tag = "kernels",
+    params(
+        ("op" = Option<String>, Query, description = "filter by op"),
+        ("semantics" = Option<String>, Query, description = "filter by semantics"),
+        ("dtype" = Option<String>, Query, description = "filter by supported dtype"),
+        ("arch" = Option<String>, Query, description = "filter by declared arch (kernels declaring none match any)"),
+        ("policy" = Option<String>, Query, description = "only approved kernels: verified and meeting this policy"),
+        ("limit" = Option<i64>, Query, description = "page size, default 50, at most 500"),
+        ("offset" = Option<i64>, Query, description = "items to skip"),
+    ),
+    responses((status = 200, description = "A page of kernels"), (status = 400, description = "A bad filter")))]
+pub async fn list(
+    State(st): State<AppState>,
+    _c: Caller,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, AppError> {
+    known_params(
+        &q,
+        &[
+            "op",
+            "semantics",
+            "dtype",
+            "arch",
+            "policy",
+            "limit",
+            "offset",
+        ],
+    )?;
+    let limit: i64 = param(&q, "limit")?.unwrap_or(50);
+    let offset: i64 = param(&q, "offset")?.unwrap_or(0);
+    if !(1..=MAX_PAGE).contains(&limit) || offset < 0 {
+        return Err(AppError::bad_request(format!(
+            "`limit` must be 1..={MAX_PAGE} and `offset` >= 0"
+        )));
+    }
+    let dtype: Option<DType> = param(&q, "dtype")?;
+    let arch: Option<Arch> = param(&q, "arch")?;
+    let policy: Option<Policy> = param(&q, "policy")?;
+    let query = KernelQuery {
+        op: param(&q, "op")?,
+        semantics: param(&q, "semantics")?,
+        dtype,
+        arch,
+        limit,
+        offset,
+    };
+    let (kernels, total) = match &policy {
+        None => st.store.list_kernels(&query).await?,
+        Some(p) => {
+            // Approval needs each kernel's verdict: filter the whole set, then page.
+            let all = st
+                .store
+                .list_kernels(&KernelQuery {
+                    limit: i64::MAX,
+                    offset: 0,
+                    ..query.clone()
+                })
+                .await?
+                .0;
+            let mut approved = Vec::new();
+            for k in all {
+                let vs = st.store.verifications_for_kernel(&k.digest).await?;
+                let newest = vs
+                    .iter()
+                    .filter(|v| arch.is_none_or(|a| v.arch == a))
+                    .max_by_key(|v| v.id);
+                let ok = newest.is_some_and(|v| {
+                    let dts = dtype.map(|d| vec![d]).unwrap_or_else(|| k.dtypes.clone());
+                    dts.iter().any(|d| p.evaluate(&v.report, *d).is_ok())
+                });
+                if ok {
+                    approved.push(k);
+                }
+            }
+            let total = approved.len() as i64;
+            let page = approved
+                .into_iter()
+                .skip(offset as usize)
+                .take(limit as usize)
+                .collect();
+            (page, total)
+        }
+    };
+    let next = (offset + limit < total).then(|| offset + limit);
+    Ok(Json(json!({
+        "kernels": kernels.iter().map(kernel_json).collect::<Vec<_>>(),
+        "total": total,
+        "limit": limit,
+        "offset": offset,
+        "next_offset": next,
+        "policy": policy.map(|p| p.to_string()),
+    })))
+}
+
+async fn find(st: &AppState, name: &str, version: &str) -> Result<KernelRow, AppError> {
+    st.store.kernel(name, version).await?.ok_or_else(|| {
+        AppError::not_found(format!(
+            "no kernel {name} {version}; list kernels with GET /v1/kernels"
+        ))
+    })
+}
+
+/// One kernel: its manifest, verification jobs and verifications (summaries).
+#[utoipa::path(get, path = "/v1/kernels/{name}/{version}", tag = "kernels",
+    params(("name" = String, Path), ("version" = String, Path)),
+    responses((status = 200, description = "The kernel"), (status = 404, description = "No such kernel")))]
+pub async fn get_one(
+    State(st): State<AppState>,
+    _c: Caller,
+    Path((name, version)): Path<(String, String)>,
+) -> Result<Json<Value>, AppError> {
+    let k = find(&st, &name, &version).await?;
+    let src = st
+        .store
+        .source(&k.digest)
+        .await?
+        .ok_or_else(|| AppError::not_found("source missing"))?;
+    let jobs = st.store.jobs_for_kernel(&k.digest).await?;
+    let verifications: Vec<Value> = st
+        .store
+        .verifications_for_kernel(&k.digest)
+        .await?
+        .iter()
+        .map(|v| {
+            json!({
+                "id": v.id, "url": format!("/v1/verifications/{}", v.id), "arch": v.arch,
+                "device": v.device_name, "class": v.exactness_class, "created_at": v.created_at,
+                "summary": v.report.summary,
+            })
+        })
+        .collect();
+    let mut v = kernel_json(&k);
+    v["manifest"] = serde_json::to_value(&src.manifest).expect("manifest serialises");
+    v["jobs"] = serde_json::to_value(&jobs).expect("jobs serialise");
+    v["verifications"] = json!(verifications);
+    Ok(Json(v))
+}
+
+/// Every verification of one kernel, newest first, with full reports.
+#[utoipa::path(get, path = "/v1/kernels/{name}/{version}/verifications", tag = "verifications",
+    params(("name" = String, Path), ("version" = String, Path)),
+    responses((status = 200, description = "Verification records"), (status = 404, description = "No such kernel")))]
+pub async fn verifications(
+    State(st): State<AppState>,
+    _c: Caller,
+    Path((name, version)): Path<(String, String)>,
+) -> Result<Json<Value>, AppError> {
+    let k = find(&st, &name, &version).await?;
+    let vs = st.store.verifications_for_kernel(&k.digest).await?;
+    Ok(Json(
+        json!({ "kernel": kernel_json(&k), "verifications": vs }),
+    ))
+}
+
+/// A kernel's manifest and CUDA source by content digest (re-checked on read).
+/// `Accept: text/plain` returns the source alone.
+#[utoipa::path(get, path = "/v1/sources/{digest}", tag = "kernels",
+    params(("digest" = String, Path, description = "sha256:<hex> or the hex alone")),
+    responses((status = 200, description = "manifest_toml and source"), (status = 400, description = "Not a digest"), (status = 404, description = "Unknown digest")))]
+pub async fn source(
+    State(st): State<AppState>,
+    _c: Caller,
+    headers: axum::http::HeaderMap,
+    Path(digest): Path<String>,
+) -> Result<Response, AppError> {
+    let digest: Digest = digest
+        .parse()
+        .map_err(|e| AppError::bad_request(format!("{e}")))?;
+    let src = st
+        .store
+        .source(&digest)
+        .await?
+        .ok_or_else(|| AppError::not_found(format!("no kernel source with digest {digest}")))?;
+    let wants_text = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/plain"));
+    if wants_text {
+        return Ok((
+            [
+                (
+                    header::CONTENT_TYPE,
+                    "text/plain; charset=utf-8".to_string(),
+                ),
+                (header::ETAG, format!("\"{digest}\"")),
+            ],
+            src.source,
+        )
+            .into_response());
+    }
+    Ok((
+        [(header::ETAG, format!("\"{digest}\""))],
+        Json(json!({
+            "digest": digest,
+            "manifest_toml": src.manifest_toml,
+            "manifest": src.manifest,
+            "source": src.source,
+        })),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitBody {
+    /// The kernel.toml text.
+    pub manifest: String,
+    /// The CUDA source text.
+    pub source: String,
+}
+
+/// Submit a kernel (token scope `submit`): JSON `{manifest, source}` or multipart with parts
+/// `manifest` and `source`. 201 with the digest and its verification job; 200 when exactly
+/// this content is already stored; 409 when the name and version hold other content.
+#[utoipa::path(post, path = "/v1/kernels", tag = "kernels", request_body = SubmitBody,
+    responses((status = 201, description = "Stored; verification queued"), (status = 200, description = "Already stored"),
+        (status = 401, description = "No token"), (status = 403, description = "Token lacks scope submit"),
+        (status = 409, description = "Same name and version, other content"), (status = 413, description = "Body too large"),
+        (status = 422, description = "The manifest or source is invalid; `field` names the field")),
+    security(("token" = [])))]
+pub async fn submit(
+    State(st): State<AppState>,
+    caller: Caller,
+    req: Request,
+) -> Result<Response, AppError> {
+    let actor = caller.require(Scope::Submit)?.to_string();
+    let is_multipart = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("multipart/form-data"));
+    let body = if is_multipart {
+        let mut mp = Multipart::from_request(req, &st).await.map_err(rejection)?;
+        let (mut manifest, mut source) = (None, None);
+        while let Some(field) = mp.next_field().await.map_err(rejection)? {
+            let name = field.name().unwrap_or("").to_string();
+            let text = field.text().await.map_err(rejection)?;
+            match name.as_str() {
+                "manifest" => manifest = Some(text),
+                "source" => source = Some(text),
+                other => {
+                    return Err(AppError::unprocessable(format!(
+                        "unknown multipart part `{other}`; send `manifest` (kernel.toml) and `source` (.cu)"
+                    )))
+                }
+            }
+        }
+        SubmitBody {
+            manifest: manifest.ok_or_else(|| {
+                AppError::unprocessable("the `manifest` part (kernel.toml) is missing")
+                    .with("field", "manifest")
+            })?,
+            source: source.ok_or_else(|| {
+                AppError::unprocessable("the `source` part (the .cu file) is missing")
+                    .with("field", "source")
+            })?,
+        }
+    } else {
+        Json::<SubmitBody>::from_request(req, &st)
+            .await
+            .map_err(rejection)?
+            .0
+    };
+    let bundle = KernelBundle::from_parts(&body.manifest, &body.source)?;
+    let inserted = st.store.insert_kernel(&bundle, "submitted", &actor).await?;
+    let (status, job_id) = match &inserted {
+        Inserted::New { job_id, .. } => (StatusCode::CREATED, Some(*job_id)),
+        Inserted::Existing(_) => (StatusCode::OK, None),
+    };
+    let k = inserted.kernel();
+    let jobs = st.store.jobs_for_kernel(&k.digest).await?;
+    let job = job_id
+        .and_then(|id| jobs.iter().find(|j| j.id == id))
+        .or_else(|| jobs.last());
+    Ok((
+        status,
+        Json(json!({
+            "created": status == StatusCode::CREATED,
+            "digest": k.digest,
+            "kernel": kernel_json(k),
+            "job": job.map(|j| json!({"id": j.id, "state": j.state, "url": format!("/v1/jobs/{}", j.id)})),
+        })),
+    )
+        .into_response())
+}

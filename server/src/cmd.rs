@@ -1,0 +1,3 @@
+//! The CLI's subcommands beyond `serve`.
+
+pub mod verify;

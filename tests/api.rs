@@ -1,0 +1,664 @@
+//! End-to-end tests: the real `kernelize` binary serving on an ephemeral port, driven over
+//! HTTP, on SQLite and on PostgreSQL.
+
+mod support;
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use support::{bundle_files, kernels_dir, Backend, TestServer};
+
+both_backends!(
+    lists_the_bundled_kernels,
+    sources_come_back_digest_checked,
+    immutability_over_http,
+    bad_input_gets_a_problem_naming_it,
+    acknowledged_writes_survive_sigkill,
+    submit_claim_report_resolve,
+    policy_gating_and_arch,
+    leases_expire_and_no_job_completes_twice,
+    many_submissions_with_four_workers,
+    openapi_covers_every_route,
+);
+
+async fn lists_the_bundled_kernels(b: Backend) {
+    let srv = TestServer::start(&b, &[]).await;
+    let expected = std::fs::read_dir(kernels_dir())
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().join("kernel.toml").is_file())
+        .count() as u64;
+    assert!(
+        expected >= 7,
+        "at least one bundled kernel per op, found {expected}"
+    );
+    let all: Value = srv.get_json("/v1/kernels?limit=500").await;
+    assert_eq!(all["total"].as_u64(), Some(expected));
+    let ops: std::collections::BTreeSet<String> = all["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["op"].as_str().unwrap().to_string())
+        .collect();
+    for op in [
+        "rms_norm",
+        "fused_add_rms_norm",
+        "layer_norm",
+        "silu",
+        "silu_and_mul",
+        "gelu",
+        "gelu_tanh",
+    ] {
+        assert!(ops.contains(op), "no bundled {op} kernel");
+    }
+    // Paging walks the whole list once.
+    let mut seen = Vec::new();
+    let mut offset = 0;
+    loop {
+        let page: Value = srv
+            .get_json(&format!("/v1/kernels?limit=3&offset={offset}"))
+            .await;
+        for k in page["kernels"].as_array().unwrap() {
+            seen.push(k["digest"].as_str().unwrap().to_string());
+        }
+        match page["next_offset"].as_u64() {
+            Some(n) => offset = n,
+            None => break,
+        }
+    }
+    let n = seen.len();
+    seen.sort();
+    seen.dedup();
+    assert_eq!((n as u64, seen.len() as u64), (expected, expected));
+    // Filters.
+    let rms: Value = srv
+        .get_json("/v1/kernels?op=rms_norm&dtype=bf16&arch=sm_90")
+        .await;
+    assert!(rms["total"].as_u64().unwrap() >= 1);
+    assert!(rms["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|k| k["op"] == "rms_norm"));
+    let first = &all["kernels"][0];
+    let one: Value = srv
+        .get_json(&format!(
+            "/v1/kernels/{}/{}",
+            first["name"].as_str().unwrap(),
+            first["version"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(one["digest"], first["digest"]);
+    assert!(one["manifest"]["entries"].is_object());
+    assert_eq!(
+        one["jobs"][0]["state"], "queued",
+        "a bundled kernel is queued for verification"
+    );
+    // Restarting on the same database loads nothing twice.
+    let url = srv.db_url.clone();
+    drop(srv);
+    let again = TestServer::start_on(&b, &url, &[]).await;
+    let all2: Value = again.get_json("/v1/kernels?limit=500").await;
+    assert_eq!(all2["total"].as_u64(), Some(expected));
+}
+
+async fn sources_come_back_digest_checked(b: Backend) {
+    let srv = TestServer::start(&b, &[]).await;
+    let all: Value = srv.get_json("/v1/kernels?limit=500").await;
+    for k in all["kernels"].as_array().unwrap() {
+        let digest = k["digest"].as_str().unwrap();
+        let src: Value = srv.get_json(&format!("/v1/sources/{digest}")).await;
+        // Recompute the digest from what came back: the client can trust nothing else.
+        let bundle = kernel_registry::KernelBundle::from_parts(
+            src["manifest_toml"].as_str().unwrap(),
+            src["source"].as_str().unwrap(),
+        )
+        .unwrap();
+        assert_eq!(bundle.digest().as_str(), digest);
+    }
+    let (status, p) = srv.get("/v1/sources/sha256:abc").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        p["detail"].as_str().unwrap().contains("64 lowercase hex"),
+        "{p}"
+    );
+    let missing = kernel_registry::Digest::of_bytes(b"nothing");
+    let (status, p) = srv.get(&format!("/v1/sources/{}", missing.hex())).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{p}");
+}
+
+async fn immutability_over_http(b: Backend) {
+    let srv = TestServer::start(&b, &[]).await;
+    let token = srv.token("submit");
+    let (m, s) = bundle_files("imm_test", "1.0.0", "");
+    let (st, first) = srv
+        .post("/v1/kernels", &token, &json!({"manifest": m, "source": s}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{first}");
+    assert!(first["job"]["id"].as_i64().is_some());
+    let (st, again) = srv
+        .post("/v1/kernels", &token, &json!({"manifest": m, "source": s}))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{again}");
+    assert_eq!(again["digest"], first["digest"]);
+    assert_eq!(again["created"], false);
+    let (_, s2) = bundle_files("imm_test", "1.0.0", "/* other */");
+    let (st, p) = srv
+        .post("/v1/kernels", &token, &json!({"manifest": m, "source": s2}))
+        .await;
+    assert_eq!(st, StatusCode::CONFLICT, "{p}");
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("publish a new version"),
+        "{p}"
+    );
+    // Multipart works the same.
+    let (m3, s3) = bundle_files("imm_multipart", "1.0.0", "");
+    let form = reqwest::multipart::Form::new()
+        .text("manifest", m3)
+        .text("source", s3);
+    let r = srv
+        .client
+        .post(srv.url("/v1/kernels"))
+        .bearer_auth(&token)
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+}
+
+async fn bad_input_gets_a_problem_naming_it(b: Backend) {
+    let srv = TestServer::start(&b, &[]).await;
+    let submit = srv.token("submit");
+    let worker = srv.token("worker");
+    let (m, s) = bundle_files("bad_input", "1.0.0", "");
+    let big = "x".repeat((2 << 20) + 4096);
+    let cases: Vec<(&str, Option<&str>, Value, StatusCode, &str)> = vec![
+        (
+            "malformed TOML",
+            Some(&submit),
+            json!({"manifest": "name = [", "source": s}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "line 1",
+        ),
+        (
+            "unknown op",
+            Some(&submit),
+            json!({"manifest": m.replace("op = \"silu\"", "op = \"softmax\""), "source": s}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "`op`",
+        ),
+        (
+            "missing source",
+            Some(&submit),
+            json!({"manifest": m}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "source",
+        ),
+        (
+            "empty source",
+            Some(&submit),
+            json!({"manifest": m, "source": ""}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "empty",
+        ),
+        (
+            "symbol not in source",
+            Some(&submit),
+            json!({"manifest": m, "source": "int x;"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "entry.bf16",
+        ),
+        (
+            "oversized body",
+            Some(&submit),
+            json!({"manifest": m, "source": big}),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "larger than",
+        ),
+        (
+            "no token",
+            None,
+            json!({"manifest": m, "source": s}),
+            StatusCode::UNAUTHORIZED,
+            "token create",
+        ),
+        (
+            "bad token",
+            Some("kz_not_a_token"),
+            json!({"manifest": m, "source": s}),
+            StatusCode::UNAUTHORIZED,
+            "not valid",
+        ),
+        (
+            "wrong scope",
+            Some(&worker),
+            json!({"manifest": m, "source": s}),
+            StatusCode::FORBIDDEN,
+            "needs `submit`",
+        ),
+    ];
+    for (what, token, body, want, says) in cases {
+        let (st, p, ctype) = srv.post_raw("/v1/kernels", token, &body).await;
+        assert_eq!(st, want, "{what}: {p}");
+        assert_eq!(ctype, "application/problem+json", "{what}");
+        let detail = p["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains(says),
+            "{what}: detail `{detail}` lacks `{says}`"
+        );
+    }
+    let gets = [
+        (
+            "/v1/kernels?op=softmax",
+            StatusCode::BAD_REQUEST,
+            "query parameter `op`",
+        ),
+        (
+            "/v1/kernels?dtype=fp8",
+            StatusCode::BAD_REQUEST,
+            "query parameter `dtype`",
+        ),
+        (
+            "/v1/kernels?colour=red",
+            StatusCode::BAD_REQUEST,
+            "unknown query parameter `colour`",
+        ),
+        ("/v1/kernels?policy=exact", StatusCode::BAD_REQUEST, "ulp:N"),
+        (
+            "/v1/resolve?op=rms_norm&dtype=bf16&arch=sm_90&cols=4096&policy=ulp:x",
+            StatusCode::BAD_REQUEST,
+            "whole number",
+        ),
+        (
+            "/v1/resolve?op=rms_norm&dtype=bf16&arch=sm_90",
+            StatusCode::BAD_REQUEST,
+            "`cols` is required",
+        ),
+        (
+            "/v1/resolve?op=silu&semantics=llama&dtype=bf16&arch=sm_90&cols=8",
+            StatusCode::BAD_REQUEST,
+            "for op silu",
+        ),
+        (
+            "/v1/resolve?op=rms_norm&dtype=bf16&arch=hopper&cols=8",
+            StatusCode::BAD_REQUEST,
+            "sm_",
+        ),
+        ("/v1/sources/zz", StatusCode::BAD_REQUEST, "digest"),
+        (
+            "/v1/kernels/none/1.0.0",
+            StatusCode::NOT_FOUND,
+            "no kernel none 1.0.0",
+        ),
+        (
+            "/v1/verifications/999999",
+            StatusCode::NOT_FOUND,
+            "no verification",
+        ),
+        (
+            "/v1/jobs/999999",
+            StatusCode::NOT_FOUND,
+            "no verification job",
+        ),
+        ("/v2/nothing", StatusCode::NOT_FOUND, "openapi"),
+    ];
+    for (path, want, says) in gets {
+        let (st, p) = srv.get(path).await;
+        assert_eq!(st, want, "{path}: {p}");
+        assert!(
+            p["detail"].as_str().unwrap_or_default().contains(says),
+            "{path}: {p}"
+        );
+    }
+}
+
+async fn acknowledged_writes_survive_sigkill(b: Backend) {
+    let mut srv = TestServer::start(&b, &["--no-bundled"]).await;
+    let token = srv.token("submit");
+    let mut digests = Vec::new();
+    for i in 0..20 {
+        let (m, s) = bundle_files(&format!("durable_{i}"), "1.0.0", "");
+        let (st, r) = srv
+            .post("/v1/kernels", &token, &json!({"manifest": m, "source": s}))
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "{r}");
+        digests.push(r["digest"].as_str().unwrap().to_string());
+    }
+    // Acknowledged; now the process dies without any chance to flush.
+    srv.sigkill();
+    let url = srv.db_url.clone();
+    let again = TestServer::start_on(&b, &url, &["--no-bundled"]).await;
+    for d in &digests {
+        let (st, p) = again.get(&format!("/v1/sources/{d}")).await;
+        assert_eq!(st, StatusCode::OK, "acknowledged kernel {d} lost: {p}");
+    }
+    let all: Value = again.get_json("/v1/kernels?limit=500").await;
+    assert_eq!(all["total"].as_u64(), Some(digests.len() as u64));
+}
+
+/// Claim the next job and post a recorded verifier report (re-targeted at the job's kernel).
+async fn verify_next(
+    srv: &TestServer,
+    worker: &str,
+    report_fixture: &str,
+    arch: &str,
+) -> (i64, Value) {
+    let (st, claim) = srv
+        .post("/v1/jobs/claim", worker, &json!({"worker": "test-worker"}))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{claim}");
+    let job = claim["job"]["id"].as_i64().unwrap();
+    let report = support::recorded_report(report_fixture, &claim, arch);
+    let (st, r) = srv
+        .post(
+            &format!("/v1/jobs/{job}/report"),
+            worker,
+            &json!({"lease_id": claim["lease_id"], "report": report}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{r}");
+    (job, r)
+}
+
+async fn submit_claim_report_resolve(b: Backend) {
+    let srv = TestServer::start(&b, &["--no-bundled"]).await;
+    let submit = srv.token("submit");
+    let worker = srv.token("worker");
+    let (m, s) = bundle_files("e2e_exact", "1.0.0", "");
+    let (st, sub) = srv
+        .post("/v1/kernels", &submit, &json!({"manifest": m, "source": s}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED);
+    // Not verified yet: never handed out.
+    let q = "/v1/resolve?op=silu&dtype=bf16&arch=sm_90&cols=4096&rows=4096&policy=bit_exact";
+    let (st, p) = srv.get(q).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{p}");
+    assert!(
+        p["excluded"][0]
+            .as_str()
+            .unwrap()
+            .contains("never verified"),
+        "{p}"
+    );
+
+    let (job, rec) = verify_next(&srv, &worker, "exact", "sm_90").await;
+    assert_eq!(sub["job"]["id"].as_i64(), Some(job));
+    assert_eq!(rec["class"], "bit_exact");
+    let j: Value = srv.get_json(&format!("/v1/jobs/{job}")).await;
+    assert_eq!(j["state"], "done");
+
+    let (st, r) = srv.get(q).await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(r["kernel"]["name"], "e2e_exact");
+    assert_eq!(r["digest"], sub["digest"]);
+    assert_eq!(r["class"], "bit_exact");
+    assert!(r["speed"]["gbps"].as_f64().unwrap() > 0.0);
+    let v: Value = srv.get_json(r["verification_url"].as_str().unwrap()).await;
+    assert_eq!(v["report"]["kernel"]["digest"], sub["digest"]);
+    let vs: Value = srv
+        .get_json("/v1/kernels/e2e_exact/1.0.0/verifications")
+        .await;
+    assert_eq!(vs["verifications"].as_array().unwrap().len(), 1);
+    let approved: Value = srv
+        .get_json("/v1/kernels?policy=bit_exact&dtype=bf16&arch=sm_90")
+        .await;
+    assert_eq!(approved["total"], 1);
+    let audit = support::audit_actions(&b, &srv.db_url).await;
+    for a in ["kernel.created", "job.claimed", "verification.recorded"] {
+        assert!(audit.iter().any(|x| x == a), "audit lacks {a}: {audit:?}");
+    }
+}
+
+async fn policy_gating_and_arch(b: Backend) {
+    let srv = TestServer::start(&b, &["--no-bundled"]).await;
+    let submit = srv.token("submit");
+    let worker = srv.token("worker");
+    // Three kernels of one op: exact-but-slower, 1-ulp-off-but-faster, and exact verified only on sm_80.
+    for (name, fixture, arch) in [
+        ("g_exact", "exact", "sm_90"),
+        ("g_off", "one_ulp_fast", "sm_90"),
+        ("g_old", "exact_fast", "sm_80"),
+    ] {
+        let (m, s) = bundle_files(name, "1.0.0", "");
+        let m = m.replace("archs = [\"sm_90\"]", "archs = []");
+        let (st, _) = srv
+            .post("/v1/kernels", &submit, &json!({"manifest": m, "source": s}))
+            .await;
+        assert_eq!(st, StatusCode::CREATED);
+        verify_next(&srv, &worker, fixture, arch).await;
+    }
+    let q = |policy: &str| {
+        format!("/v1/resolve?op=silu&dtype=bf16&arch=sm_90&cols=8192&rows=4096&policy={policy}")
+    };
+    let (st, r) = srv.get(&q("bit_exact")).await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(
+        r["kernel"]["name"], "g_exact",
+        "the 1-ulp kernel must never resolve for bit_exact"
+    );
+    let excluded = r["excluded"].to_string();
+    assert!(
+        excluded.contains("g_off 1.0.0") && excluded.contains("fails bit_exact"),
+        "{excluded}"
+    );
+    assert!(
+        excluded.contains("g_old 1.0.0: not verified on sm_90 (only on sm_80)"),
+        "{excluded}"
+    );
+    // Tolerance admits both; the fastest wins.
+    let (_, r) = srv.get(&q("tolerance")).await;
+    assert_eq!(r["kernel"]["name"], "g_off", "{r}");
+    assert!(r["also_qualifying"][0]
+        .as_str()
+        .unwrap()
+        .contains("g_exact"));
+    // On sm_80 only the old one was measured.
+    let (_, r) = srv
+        .get("/v1/resolve?op=silu&dtype=bf16&arch=sm_80&cols=8192&policy=bit_exact")
+        .await;
+    assert_eq!(r["kernel"]["name"], "g_old", "{r}");
+    // Nothing verified for f16: a 404 that says why for each.
+    let (st, p) = srv
+        .get("/v1/resolve?op=silu&dtype=f16&arch=sm_90&cols=8192&policy=tolerance")
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("keep your reference layer"),
+        "{p}"
+    );
+    assert_eq!(p["excluded"].as_array().unwrap().len(), 3, "{p}");
+}
+
+async fn leases_expire_and_no_job_completes_twice(b: Backend) {
+    let srv = TestServer::start(&b, &["--no-bundled", "--lease-seconds", "1"]).await;
+    let submit = srv.token("submit");
+    let worker = srv.token("worker");
+    let (m, s) = bundle_files("lease_k", "1.0.0", "");
+    srv.post("/v1/kernels", &submit, &json!({"manifest": m, "source": s}))
+        .await;
+    let (_, a) = srv
+        .post("/v1/jobs/claim", &worker, &json!({"worker": "a"}))
+        .await;
+    let (st, _) = srv
+        .post("/v1/jobs/claim", &worker, &json!({"worker": "b"}))
+        .await;
+    assert_eq!(
+        st,
+        StatusCode::NO_CONTENT,
+        "a leased job was handed out twice"
+    );
+    let job = a["job"]["id"].as_i64().unwrap();
+    let (st, _) = srv
+        .post(
+            &format!("/v1/jobs/{job}/heartbeat"),
+            &worker,
+            &json!({"lease_id": a["lease_id"]}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    // Worker a goes silent; b takes the job over.
+    tokio::time::sleep(std::time::Duration::from_millis(1300)).await;
+    let (st, bb) = srv
+        .post("/v1/jobs/claim", &worker, &json!({"worker": "b"}))
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(bb["job"]["id"].as_i64(), Some(job));
+    assert_eq!(bb["job"]["attempts"], 2);
+    let (st, p) = srv
+        .post(
+            &format!("/v1/jobs/{job}/heartbeat"),
+            &worker,
+            &json!({"lease_id": a["lease_id"]}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CONFLICT, "{p}");
+    let report_a = support::recorded_report("exact", &a, "sm_90");
+    let (st, _) = srv
+        .post(
+            &format!("/v1/jobs/{job}/report"),
+            &worker,
+            &json!({"lease_id": a["lease_id"], "report": report_a}),
+        )
+        .await;
+    assert_eq!(
+        st,
+        StatusCode::CONFLICT,
+        "the lost lease's report must be refused"
+    );
+    let report_b = support::recorded_report("exact", &bb, "sm_90");
+    let body = json!({"lease_id": bb["lease_id"], "report": report_b});
+    let (st, _) = srv
+        .post(&format!("/v1/jobs/{job}/report"), &worker, &body)
+        .await;
+    assert_eq!(st, StatusCode::CREATED);
+    let (st, p) = srv
+        .post(&format!("/v1/jobs/{job}/report"), &worker, &body)
+        .await;
+    assert_eq!(st, StatusCode::CONFLICT, "{p}");
+    assert!(p["detail"].as_str().unwrap().contains("already complete"));
+    // A report for another kernel is refused.
+    let (m2, s2) = bundle_files("lease_k2", "1.0.0", "");
+    srv.post(
+        "/v1/kernels",
+        &submit,
+        &json!({"manifest": m2, "source": s2}),
+    )
+    .await;
+    let (_, c) = srv
+        .post("/v1/jobs/claim", &worker, &json!({"worker": "c"}))
+        .await;
+    let wrong = support::recorded_report("exact", &bb, "sm_90");
+    let job2 = c["job"]["id"].as_i64().unwrap();
+    let (st, p) = srv
+        .post(
+            &format!("/v1/jobs/{job2}/report"),
+            &worker,
+            &json!({"lease_id": c["lease_id"], "report": wrong}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+}
+
+async fn many_submissions_with_four_workers(b: Backend) {
+    let srv = std::sync::Arc::new(TestServer::start(&b, &["--no-bundled"]).await);
+    let submit = srv.token("submit");
+    let worker = srv.token("worker");
+    let n = 200;
+    let mut subs = Vec::new();
+    for i in 0..n {
+        let srv = srv.clone();
+        let token = submit.clone();
+        subs.push(tokio::spawn(async move {
+            let (m, s) = bundle_files(&format!("load_{i}"), "1.0.0", "");
+            let (st, r) = srv
+                .post("/v1/kernels", &token, &json!({"manifest": m, "source": s}))
+                .await;
+            assert_eq!(st, StatusCode::CREATED, "{r}");
+            r["job"]["id"].as_i64().unwrap()
+        }));
+    }
+    let mut workers = Vec::new();
+    for w in 0..4 {
+        let srv = srv.clone();
+        let token = worker.clone();
+        workers.push(tokio::spawn(async move {
+            let mut done = Vec::new();
+            let mut idle = 0;
+            while idle < 20 {
+                let (st, claim) = srv
+                    .post(
+                        "/v1/jobs/claim",
+                        &token,
+                        &json!({"worker": format!("w{w}")}),
+                    )
+                    .await;
+                if st == StatusCode::NO_CONTENT {
+                    idle += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+                idle = 0;
+                let job = claim["job"]["id"].as_i64().unwrap();
+                let report = support::recorded_report("exact", &claim, "sm_90");
+                let (st, r) = srv
+                    .post(
+                        &format!("/v1/jobs/{job}/report"),
+                        &token,
+                        &json!({"lease_id": claim["lease_id"], "report": report}),
+                    )
+                    .await;
+                assert_eq!(st, StatusCode::CREATED, "{r}");
+                done.push(job);
+            }
+            done
+        }));
+    }
+    let mut submitted = Vec::new();
+    for s in subs {
+        submitted.push(s.await.unwrap());
+    }
+    let mut done = Vec::new();
+    for w in workers {
+        done.extend(w.await.unwrap());
+    }
+    submitted.sort();
+    done.sort();
+    assert_eq!(submitted.len(), n);
+    assert_eq!(done, submitted, "every job done exactly once, nothing lost");
+    let all: Value = srv.get_json("/v1/kernels?limit=500").await;
+    assert_eq!(all["total"].as_u64(), Some(n as u64));
+}
+
+async fn openapi_covers_every_route(b: Backend) {
+    let srv = TestServer::start(&b, &["--no-bundled"]).await;
+    let doc: Value = srv.get_json("/openapi.json").await;
+    let paths = doc["paths"].as_object().unwrap();
+    for (path, method) in [
+        ("/healthz", "get"),
+        ("/openapi.json", "get"),
+        ("/v1/kernels", "get"),
+        ("/v1/kernels", "post"),
+        ("/v1/kernels/{name}/{version}", "get"),
+        ("/v1/kernels/{name}/{version}/verifications", "get"),
+        ("/v1/sources/{digest}", "get"),
+        ("/v1/verifications/{id}", "get"),
+        ("/v1/jobs/claim", "post"),
+        ("/v1/jobs/{id}", "get"),
+        ("/v1/jobs/{id}/heartbeat", "post"),
+        ("/v1/jobs/{id}/report", "post"),
+        ("/v1/jobs/{id}/fail", "post"),
+        ("/v1/resolve", "get"),
+    ] {
+        assert!(
+            paths.get(path).and_then(|p| p.get(method)).is_some(),
+            "{method} {path} missing from /openapi.json"
+        );
+    }
+    let h: Value = srv.get_json("/healthz").await;
+    assert_eq!(h["status"], "ok");
+}
