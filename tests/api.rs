@@ -18,6 +18,7 @@ both_backends!(
     leases_expire_and_no_job_completes_twice,
     many_submissions_with_four_workers,
     openapi_covers_every_route,
+    submit_cli_waits_and_gates_on_policy,
 );
 
 async fn lists_the_bundled_kernels(b: Backend) {
@@ -661,4 +662,108 @@ async fn openapi_covers_every_route(b: Backend) {
     }
     let h: Value = srv.get_json("/healthz").await;
     assert_eq!(h["status"], "ok");
+}
+
+/// `kernelize submit DIR --wait --policy P` as a kernel author's CI runs it: exit 0 when the
+/// verdict meets the policy, non-zero naming the reason when it does not.
+async fn submit_cli_waits_and_gates_on_policy(b: Backend) {
+    let srv = TestServer::start(&b, &["--no-bundled"]).await;
+    let submit = srv.token("submit");
+    let worker = srv.token("worker");
+    for (name, fixture, policy, should_pass) in [
+        ("cli_exact", "exact", "bit_exact", true),
+        ("cli_off", "one_ulp_fast", "bit_exact", false),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (m, s) = bundle_files(name, "1.0.0", "");
+        std::fs::write(dir.path().join("kernel.toml"), m).unwrap();
+        std::fs::write(dir.path().join("k.cu"), s).unwrap();
+        let child = tokio::process::Command::new(support::bin())
+            .args([
+                "submit",
+                dir.path().to_str().unwrap(),
+                "--server",
+                &srv.base,
+                "--token",
+                &submit,
+                "--wait",
+                "--policy",
+                policy,
+                "--timeout",
+                "60",
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Act as the GPU worker once the submission is queued.
+        let mut claimed = None;
+        for _ in 0..100 {
+            let (st, c) = srv
+                .post("/v1/jobs/claim", &worker, &json!({"worker": "cli-test"}))
+                .await;
+            if st == StatusCode::OK {
+                claimed = Some(c);
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let claim = claimed.expect("the submission never queued a job");
+        let job = claim["job"]["id"].as_i64().unwrap();
+        let report = support::recorded_report(fixture, &claim, "sm_90");
+        let (st, _) = srv
+            .post(
+                &format!("/v1/jobs/{job}/report"),
+                &worker,
+                &json!({"lease_id": claim["lease_id"], "report": report}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED);
+        let out = child.wait_with_output().await.unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.success(),
+            should_pass,
+            "{name}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("digest sha256:"), "{stdout}");
+        if should_pass {
+            assert!(
+                stdout.contains("policy bit_exact holds for bf16"),
+                "{stdout}"
+            );
+        } else {
+            assert!(
+                stdout.contains("FAILS for bf16") && stdout.contains("fails bit_exact"),
+                "{stdout}"
+            );
+        }
+    }
+}
+
+#[test]
+fn worker_without_a_gpu_says_so() {
+    if verifier::gpu_available() {
+        eprintln!("this host has a GPU: the no-GPU message is not tested here");
+        return;
+    }
+    let out = std::process::Command::new(support::bin())
+        .args([
+            "worker",
+            "--server",
+            "http://127.0.0.1:9",
+            "--token",
+            "kz_x",
+            "--drain",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no usable CUDA GPU"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -1,3 +1,6 @@
 //! The CLI's subcommands beyond `serve`.
 
+pub mod client;
+pub mod submit;
 pub mod verify;
+pub mod worker;

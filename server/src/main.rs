@@ -41,6 +41,10 @@ enum Command {
     Verify(cmd::verify::VerifyArgs),
     /// Print this machine's GPU, driver, CUDA version and measured copy bandwidth.
     Device(cmd::verify::DeviceArgs),
+    /// Upload a kernel folder to a hub (for a kernel author's CI); --wait gates on the verdict.
+    Submit(cmd::submit::SubmitArgs),
+    /// Verify queued kernels on this host's GPU for a hub (one worker per GPU).
+    Worker(cmd::worker::WorkerArgs),
     #[command(name = "__sandbox", hide = true)]
     Sandbox(cmd::verify::SandboxArgs),
 }
@@ -71,6 +75,12 @@ struct ServeArgs {
     /// How long a worker's claim on a job lasts without a heartbeat, in seconds.
     #[arg(long, default_value_t = 120)]
     lease_seconds: u64,
+    /// Also run an embedded GPU worker in this process (when the host has a GPU).
+    #[arg(long)]
+    worker: bool,
+    /// With --worker: which GPU of this host to use.
+    #[arg(long, requires = "worker")]
+    gpu: Option<u32>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -111,9 +121,18 @@ fn main() -> ExitCode {
         Command::Verify(a) => cmd::verify::verify(a),
         Command::Device(a) => cmd::verify::device(a),
         Command::Sandbox(a) => cmd::verify::sandbox(a),
-        other => tokio::runtime::Runtime::new()
-            .context("starting the async runtime")
-            .and_then(|rt| rt.block_on(run_async(other))),
+        other => {
+            // The verifier's sandbox processes inherit the GPU choice: set it before any
+            // thread starts.
+            match &other {
+                Command::Worker(w) => cmd::worker::select_gpu(w.gpu),
+                Command::Serve(s) if s.worker => cmd::worker::select_gpu(s.gpu),
+                _ => {}
+            }
+            tokio::runtime::Runtime::new()
+                .context("starting the async runtime")
+                .and_then(|rt| rt.block_on(run_async(other)))
+        }
     };
     match result {
         Ok(code) => code,
@@ -146,6 +165,8 @@ async fn run_async(command: Command) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::Submit(a) => cmd::submit::run(a).await,
+        Command::Worker(a) => cmd::worker::run(a).await,
         Command::Verify(_) | Command::Device(_) | Command::Sandbox(_) => {
             unreachable!("run synchronously")
         }
@@ -184,11 +205,43 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
     // A plain line on stdout, for scripts and tests that start the server on port 0.
     println!("kernelize listening on http://{addr}");
     std::io::stdout().flush().ok();
+    if a.worker {
+        start_embedded_worker(&store, addr, a.gpu).await?;
+    }
     axum::serve(listener, app(state))
         .with_graceful_shutdown(shutdown_signal())
         .await?;
     store.close().await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `serve --worker`: a worker in this process, talking to this server over HTTP like any other.
+async fn start_embedded_worker(
+    store: &Store,
+    addr: std::net::SocketAddr,
+    gpu: Option<u32>,
+) -> anyhow::Result<()> {
+    if !verifier::gpu_available() {
+        tracing::warn!("--worker: no usable CUDA GPU on this host; jobs wait for an external `kernelize worker`");
+        return Ok(());
+    }
+    let token = store
+        .create_token("embedded-worker", &["worker".to_string()])
+        .await?;
+    let args = cmd::worker::WorkerArgs {
+        server: format!("http://{addr}"),
+        token,
+        gpu,
+        drain: false,
+        quick: false,
+        poll_seconds: 2,
+    };
+    tokio::spawn(async move {
+        if let Err(e) = cmd::worker::run(args).await {
+            tracing::error!("embedded worker stopped: {e:#}");
+        }
+    });
+    Ok(())
 }
 
 async fn shutdown_signal() {
