@@ -326,27 +326,39 @@ KZ_DEV void row_stream(const P& p, i64 row, int g, float* red) {
 
 // Launch shapes: blockDim = (32, R): one warp per row, R rows per block;
 //                blockDim = (256, 1): one block per row. Any grid size works (rows loop).
-template <typename T, int NV, class P>
-KZ_DEV void row_dispatch(const P& p, i64 rows) {
+// Each (group size, registers-or-streamed) path is its own non-inlined function with its own
+// row loop: register allocation is then per path (inlined together, ptxas spilled heavily),
+// and the call overhead is paid once per thread, not per row.
+template <typename T, int G, int NV, bool STREAM, class P>
+__device__ __noinline__ void row_loop(const P p, i64 rows) {
   __shared__ float red[768];
-  const i64 nvec = (p.cols + 7) / 8;
   const int g = threadIdx.x;
-  // One register path per group size, NV = KZ_NV vectors of 8 per thread (guarded), so the
-  // row stays in registers up to 32*8*KZ_NV (one warp) / 256*8*KZ_NV (one block) columns and is
-  // streamed (read twice) beyond. KZ_NV and the register budget (__launch_bounds__) are set
-  // per entry point.
-  if (blockDim.x == 32) {
+  if constexpr (G == 32) {
     for (i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y; row < rows;
          row += (i64)gridDim.x * blockDim.y) {
-      if (nvec <= 32 * NV) row_reg<T, 32, NV>(p, row, g, red);
-      else row_stream<T, 32>(p, row, g, red);
+      if constexpr (STREAM) row_stream<T, 32>(p, row, g, red);
+      else row_reg<T, 32, NV>(p, row, g, red);
     }
-  } else if (blockDim.x == 256 && blockDim.y == 1 && blockDim.z == 1) {
+  } else {
     for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
-      if (nvec <= 256 * NV) row_reg<T, 256, NV>(p, row, g, red);
-      else row_stream<T, 256>(p, row, g, red);
+      if constexpr (STREAM) row_stream<T, 256>(p, row, g, red);
+      else row_reg<T, 256, NV>(p, row, g, red);
       __syncthreads();  // red is reused by the next row
     }
+  }
+}
+
+// NV vectors of 8 per thread are kept in registers: the row stays in registers up to
+// 32*8*NV (one warp) / 256*8*NV (one block) columns and is streamed (read twice) beyond.
+template <typename T, int NV, class P>
+KZ_DEV void row_dispatch(const P& p, i64 rows) {
+  const i64 nvec = (p.cols + 7) / 8;
+  if (blockDim.x == 32) {
+    if (nvec <= 32 * NV) row_loop<T, 32, NV, false>(p, rows);
+    else row_loop<T, 32, NV, true>(p, rows);
+  } else if (blockDim.x == 256 && blockDim.y == 1 && blockDim.z == 1) {
+    if (nvec <= 256 * NV) row_loop<T, 256, NV, false>(p, rows);
+    else row_loop<T, 256, NV, true>(p, rows);
   } else {
     __trap();  // unsupported block shape: the manifest's launch rules never produce it
   }
