@@ -126,7 +126,7 @@ pub fn fresh_seed() -> u64 {
 }
 
 /// The (rows, cols, distribution, speed) list of the suite. Shapes: rows 1..32768, cols 64,
-/// 127, 1000, 768, 2048, 4096, 5120, 8192, 16384, 65536.
+/// 127, 1000, 1001 (1000 is a multiple of 8; 127 and 1001 are not), 768, 2048, 4096, 5120, 8192, 16384, 65536.
 fn shapes(quick: bool) -> Vec<(u64, u64, Dist, bool)> {
     use Dist::*;
     let mut v: Vec<(u64, u64, Dist, bool)> = if quick {
@@ -134,6 +134,7 @@ fn shapes(quick: bool) -> Vec<(u64, u64, Dist, bool)> {
             (1, 64, Normal, false),
             (7, 127, Normal, false),
             (33, 1000, Normal, false),
+            (3, 1001, Normal, false),
             (1024, 4096, Normal, false),
             (4096, 8192, Normal, true),
             (4, 65536, Normal, false),
@@ -143,6 +144,7 @@ fn shapes(quick: bool) -> Vec<(u64, u64, Dist, bool)> {
             (1, 64, Normal, false),
             (7, 127, Normal, false),
             (33, 1000, Normal, false),
+            (3, 1001, Normal, false),
             (256, 768, Normal, false),
             (64, 2048, Normal, false),
             (1024, 4096, Normal, false),
@@ -331,7 +333,7 @@ fn gen_row(dt: DType, row: &mut [u8], r: u64, cols: u64, dist: Dist, rng: &mut C
         Dist::ZeroRows => {
             // Every other row all zero (rows = 1: the only row); the rest normal.
             for i in 0..n {
-                put(row, i, if r % 2 == 0 { 0.0 } else { normal(rng) });
+                put(row, i, if r & 1 == 0 { 0.0 } else { normal(rng) });
             }
         }
         Dist::Subnormal => {

@@ -374,6 +374,7 @@ impl Gpu {
 
     /// Launch and wait at most `limit`; `what` names the kernel in errors. A launch error or
     /// timeout leaves the context unusable (the caller must replace the process).
+    #[allow(clippy::too_many_arguments)]
     pub fn launch(
         &self,
         what: &str,

@@ -1,0 +1,300 @@
+//! `kernelize verify`, `kernelize device`, the hidden `kernelize __sandbox` (the isolated child
+//! that runs untrusted kernels) and `kernelize __conformance` (built-in references against
+//! PyTorch eager outputs).
+
+use anyhow::Context as _;
+use kernel_registry::report::{percent, CaseStatus, VerificationReport, ULP_INFINITE};
+use kernel_registry::{DType, KernelBundle, Policy};
+use std::process::ExitCode;
+use std::time::Duration;
+use verifier::indicatif::{ProgressBar, ProgressStyle};
+use verifier::{Limits, VerifyOptions};
+
+/// Verify a kernel folder on this machine's GPU.
+#[derive(clap::Args, Debug)]
+pub struct VerifyArgs {
+    /// The kernel's folder (holding kernel.toml and its .cu source).
+    pub path: std::path::PathBuf,
+    /// Exit non-zero unless the report meets this policy for every verified dtype
+    /// (e.g. `bit_exact`, `ulp:2,deterministic`, `tolerance`).
+    #[arg(long)]
+    pub policy: Option<Policy>,
+    /// Only this dtype (bf16, f16, f32); repeat for several. Default: every entry.
+    #[arg(long = "dtype")]
+    pub dtypes: Vec<DType>,
+    /// The smaller suite (fewer shapes and distributions).
+    #[arg(long)]
+    pub quick: bool,
+    /// Replay a run: the seed printed by an earlier run.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Write the full VerificationReport as JSON here.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+    /// Time limit of one kernel launch, seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub launch_limit_s: f64,
+}
+
+/// Print the GPU, driver, CUDA and measured copy bandwidth.
+#[derive(clap::Args, Debug)]
+pub struct DeviceArgs {}
+
+/// Internal: the isolated child process that runs untrusted kernels.
+#[derive(clap::Args, Debug)]
+pub struct SandboxArgs {}
+
+/// Internal: compare the built-in references with PyTorch eager outputs written by
+/// scripts/conformance.py, and write a markdown table.
+#[derive(clap::Args, Debug)]
+pub struct ConformanceArgs {
+    /// Folder with the safetensors files and manifest.json written by conformance.py.
+    pub dir: std::path::PathBuf,
+    /// Write the markdown table here (default: print it).
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
+}
+
+fn ulp_str(u: u64) -> String {
+    if u == ULP_INFINITE {
+        "inf".into()
+    } else {
+        u.to_string()
+    }
+}
+
+/// The readable table printed at the end of a verification.
+pub fn render_report(r: &VerificationReport) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "{} {} ({}/{})  digest {}\n{} ({}), driver {}, CUDA {}, copy {:.0} GB/s\nseed {}  suite {}  {:.1} s\n\n",
+        r.kernel.name,
+        r.kernel.version,
+        r.kernel.op,
+        r.kernel.semantics,
+        r.kernel.digest,
+        r.device.name,
+        r.device.arch,
+        r.device.driver_version,
+        r.device.cuda_version,
+        r.device.copy_gbps,
+        r.seed,
+        r.suite_version,
+        r.duration_s
+    ));
+    s.push_str(&format!(
+        "{:<32} {:>10} {:>9} {:>6} {:>9} {:>6} {:>6} {:>10} {:>7}  note\n",
+        "case", "status", "mismatch", "ulp", "max_abs", "det", "batch", "GB/s", "x ref"
+    ));
+    for c in &r.cases {
+        let status = match c.status {
+            CaseStatus::Ran if !c.integrity_failures.is_empty() => "INTEGRITY",
+            CaseStatus::Ran => "ran",
+            CaseStatus::NotApplicable => "n/a",
+            CaseStatus::Error => "ERROR",
+        };
+        let (mism, ulp, abs) = match &c.exactness {
+            Some(e) => (
+                percent(e.mismatch_fraction),
+                ulp_str(e.max_ulp),
+                format!("{:.2e}", e.max_abs_diff),
+            ),
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        let yn = |b: Option<bool>| match b {
+            Some(true) => "yes",
+            Some(false) => "NO",
+            None => "-",
+        };
+        let (gbps, sp) = match &c.speed {
+            Some(sp) => (
+                format!("{:.0} ({:.0}%)", sp.gbps, sp.copy_fraction * 100.0),
+                format!("{:.2}", sp.speedup),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        let mut note = c.integrity_failures.join("; ");
+        if let Some(n) = &c.note {
+            if !note.is_empty() {
+                note.push_str("; ");
+            }
+            note.push_str(n);
+        }
+        let note: String = note
+            .lines()
+            .next()
+            .unwrap_or("")
+            .chars()
+            .take(140)
+            .collect();
+        s.push_str(&format!(
+            "{:<32} {:>10} {:>9} {:>6} {:>9} {:>6} {:>6} {:>10} {:>7}  {}\n",
+            c.id,
+            status,
+            mism,
+            ulp,
+            abs,
+            yn(c.deterministic),
+            yn(c.batch_invariant),
+            gbps,
+            sp,
+            note
+        ));
+    }
+    s.push('\n');
+    for (dt, v) in &r.summary.per_dtype {
+        s.push_str(&format!(
+            "{dt:<5} {:<12} ran {:>3}, n/a {:>3}, errors {:>3}; deterministic {}, batch invariant {}, integrity {}; {}\n",
+            v.class.to_string(),
+            v.cases_run,
+            v.cases_not_applicable,
+            v.cases_error,
+            v.deterministic,
+            v.batch_invariant,
+            if v.integrity_ok { "ok" } else { "FAILS" },
+            v.describe()
+        ));
+        if let Some(g) = v.gbps_4096x8192 {
+            s.push_str(&format!(
+                "      4096x8192: {g:.0} GB/s ({:.0}% of copy), {:.2}x the reference\n",
+                v.copy_fraction_4096x8192.unwrap_or(0.0) * 100.0,
+                v.speedup_4096x8192.unwrap_or(0.0)
+            ));
+        }
+        if let Some(g) = v.gbps_32768x4096 {
+            s.push_str(&format!(
+                "      32768x4096: {g:.0} GB/s ({:.0}% of copy)\n",
+                v.copy_fraction_32768x4096.unwrap_or(0.0) * 100.0
+            ));
+        }
+    }
+    s.push_str(&format!(
+        "overall: {}  (replay: --seed {})\n",
+        r.summary.overall.class, r.seed
+    ));
+    s
+}
+
+pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
+    let bundle = KernelBundle::load_dir(&args.path)
+        .with_context(|| format!("loading the kernel in {}", args.path.display()))?;
+    let opts = VerifyOptions {
+        dtypes: (!args.dtypes.is_empty()).then(|| args.dtypes.clone()),
+        quick: args.quick,
+        seed: args.seed,
+        limits: Limits {
+            launch_s: args.launch_limit_s,
+            ..Limits::default()
+        },
+        sandbox_exe: None,
+    };
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let report = verifier::verify_bundle(&bundle, &opts, &mut |p| {
+        bar.set_length(p.total as u64);
+        bar.set_position(p.done as u64);
+        match &p.outcome {
+            None => bar.set_message(p.case_id.clone()),
+            Some(o) if o.starts_with("ERROR") || o.starts_with("INTEGRITY") => {
+                let line: String = o.lines().next().unwrap_or("").chars().take(160).collect();
+                bar.println(format!("{}: {line}", p.case_id));
+            }
+            Some(_) => {}
+        }
+    });
+    bar.finish_and_clear();
+    let report = report?;
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    print!("{}", render_report(&report));
+
+    let mut failing = Vec::new();
+    let overall = &report.summary.overall;
+    if overall.cases_run == 0 {
+        failing
+            .push("rejected: no case ran (every case errored or was not applicable)".to_string());
+    }
+    if !overall.integrity_ok {
+        for c in &report.cases {
+            if c.status == CaseStatus::Error || !c.integrity_failures.is_empty() {
+                let why = c
+                    .integrity_failures
+                    .first()
+                    .cloned()
+                    .or_else(|| c.note.clone())
+                    .unwrap_or_default();
+                failing.push(format!(
+                    "{}: {}",
+                    c.id,
+                    why.lines()
+                        .next()
+                        .unwrap_or("")
+                        .chars()
+                        .take(200)
+                        .collect::<String>()
+                ));
+            }
+        }
+    }
+    if let Some(policy) = &args.policy {
+        for dt in report.summary.per_dtype.keys() {
+            if let Err(why) = policy.evaluate(&report, *dt) {
+                failing.push(format!("{dt}: fails policy {policy}: {}", why.join("; ")));
+            }
+        }
+    }
+    if failing.is_empty() {
+        if let Some(p) = &args.policy {
+            println!("policy {p}: met");
+        }
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("\nFAILED:");
+        for f in &failing {
+            println!("  {f}");
+        }
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+pub fn device(_args: DeviceArgs) -> anyhow::Result<ExitCode> {
+    if !verifier::gpu_available() {
+        anyhow::bail!(
+            "no CUDA GPU here: the CUDA driver (libcuda.so.1) did not load or reports no device"
+        );
+    }
+    let d = verifier::device_info()?;
+    println!("GPU        {} ({}, {} SMs)", d.name, d.arch, d.sm_count);
+    println!("driver     {}", d.driver_version);
+    println!(
+        "CUDA       {} (driver API), NVRTC {}",
+        d.cuda_version,
+        verifier::nvrtc_version()
+    );
+    println!("NVRTC -I   {}", verifier::cuda::cuda_include_dir());
+    println!(
+        "copy       {:.0} GB/s device-to-device (read + write, measured now)",
+        d.copy_gbps
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn sandbox(_args: SandboxArgs) -> anyhow::Result<ExitCode> {
+    verifier::sandbox::serve()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn conformance(args: ConformanceArgs) -> anyhow::Result<ExitCode> {
+    let table = verifier::conformance::run(&args.dir)?;
+    match &args.out {
+        Some(p) => std::fs::write(p, &table).with_context(|| format!("writing {}", p.display()))?,
+        None => print!("{table}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}

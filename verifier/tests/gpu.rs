@@ -1,0 +1,225 @@
+//! GPU tests: the verifier catches each deliberately broken kernel with a clear reason, and
+//! classifies an exact kernel as bit_exact. Without a GPU they are skipped with a loud banner,
+//! unless KERNELIZE_REQUIRE_GPU=1, when they fail.
+//!
+//! A custom harness (no libtest): this binary also serves `__sandbox`, so the verifier's child
+//! processes are this same executable.
+
+use kernel_registry::report::{CaseStatus, ExactnessClass, VerificationReport};
+use kernel_registry::{DType, KernelBundle};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+use verifier::{verify_bundle, Limits, VerifyOptions};
+
+fn fixtures() -> PathBuf {
+    match std::env::var("KERNELIZE_FIXTURES") {
+        Ok(p) if !p.is_empty() => PathBuf::from(p),
+        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"),
+    }
+}
+
+fn run(rel: &str) -> Result<VerificationReport, String> {
+    let dir = fixtures().join(rel);
+    let b = KernelBundle::load_dir(&dir).map_err(|e| e.to_string())?;
+    let opts = VerifyOptions {
+        dtypes: Some(vec![DType::Bf16]),
+        quick: true,
+        seed: None,
+        limits: Limits {
+            launch_s: 3.0,
+            ..Limits::default()
+        },
+        sandbox_exe: None,
+    };
+    verify_bundle(&b, &opts, &mut |_| {}).map_err(|e| e.to_string())
+}
+
+fn notes(r: &VerificationReport) -> String {
+    r.cases
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {:?} {:?} {:?}",
+                c.id, c.status, c.note, c.integrity_failures
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n    ")
+}
+
+type Check = fn(&VerificationReport) -> Result<String, String>;
+
+fn any_integrity(r: &VerificationReport, needle: &str) -> Result<String, String> {
+    r.cases
+        .iter()
+        .flat_map(|c| {
+            c.integrity_failures
+                .iter()
+                .map(move |f| format!("{}: {f}", c.id))
+        })
+        .find(|f| f.contains(needle))
+        .ok_or_else(|| format!("no integrity failure mentions `{needle}`"))
+}
+
+fn error_then_goes_on(r: &VerificationReport, needle: &str) -> Result<String, String> {
+    let i = r
+        .cases
+        .iter()
+        .position(|c| {
+            c.status == CaseStatus::Error && c.note.as_deref().unwrap_or("").contains(needle)
+        })
+        .ok_or_else(|| format!("no case errored with `{needle}`"))?;
+    if !r.cases[i + 1..].iter().any(|c| c.status == CaseStatus::Ran) {
+        return Err("no case ran after the failing one: the run did not go on".into());
+    }
+    if r.summary.overall.class != ExactnessClass::Fails {
+        return Err("a kernel with a failing case must be classified fails".into());
+    }
+    Ok(format!(
+        "{}: {}",
+        r.cases[i].id,
+        r.cases[i]
+            .note
+            .as_deref()
+            .unwrap_or("")
+            .lines()
+            .next()
+            .unwrap_or("")
+    ))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("__sandbox") {
+        return match verifier::sandbox::serve() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sandbox: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    if args.get(1).map(String::as_str) == Some("__conformance") {
+        // `gpu __conformance DIR OUT.md`: the same as `kernelize __conformance`, for a staged
+        // folder that has no kernelize binary wired for it.
+        let (Some(dir), Some(out)) = (args.get(2), args.get(3)) else {
+            eprintln!("usage: gpu __conformance DIR OUT.md");
+            return ExitCode::from(2);
+        };
+        return match verifier::conformance::run(std::path::Path::new(dir)) {
+            Ok(t) => {
+                print!("{t}");
+                if let Err(e) = std::fs::write(out, t) {
+                    eprintln!("writing {out}: {e}");
+                    return ExitCode::FAILURE;
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("conformance: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if !verifier::gpu_available() {
+        let require = std::env::var("KERNELIZE_REQUIRE_GPU").as_deref() == Ok("1");
+        eprintln!("\n{}", "#".repeat(78));
+        eprintln!("#  GPU TESTS SKIPPED: no CUDA GPU on this machine (libcuda did not load).");
+        eprintln!("#  They ran NOTHING. Run them on a GPU machine: scripts/gpu-stage, then");
+        eprintln!("#  scripts/gpu-check there. KERNELIZE_REQUIRE_GPU=1 turns this into a failure.");
+        eprintln!("{}\n", "#".repeat(78));
+        return if require {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
+
+    let checks: Vec<(&str, Check)> = vec![
+        ("good/rms_norm_exact", |r| {
+            let v = &r.summary.overall;
+            if v.class == ExactnessClass::BitExact
+                && v.deterministic
+                && v.batch_invariant
+                && v.integrity_ok
+            {
+                Ok(format!("bit_exact over {} cases", v.cases_run))
+            } else {
+                Err(format!(
+                    "expected bit_exact, got {} ({})",
+                    v.class,
+                    v.describe()
+                ))
+            }
+        }),
+        ("broken/last_row_unwritten", |r| {
+            any_integrity(r, "never written")
+        }),
+        ("broken/writes_past_end", |r| {
+            any_integrity(r, "after the buffer")
+        }),
+        ("broken/modifies_input", |r| {
+            any_integrity(r, "input x was modified")
+        }),
+        ("broken/first_launch_only", |r| {
+            if r.summary.overall.deterministic {
+                return Err("not flagged non-deterministic".into());
+            }
+            if r.summary.overall.class == ExactnessClass::BitExact {
+                return Err("classified bit_exact".into());
+            }
+            Ok(format!(
+                "non-deterministic, class {}",
+                r.summary.overall.class
+            ))
+        }),
+        ("broken/cols_multiple_of_8_only", |r| {
+            let bad: Vec<_> = r
+                .cases
+                .iter()
+                .filter(|c| c.exactness.as_ref().is_some_and(|e| e.mismatches > 0))
+                .collect();
+            if bad.is_empty() {
+                return Err("no case mismatched".into());
+            }
+            if let Some(c) = bad.iter().find(|c| c.cols % 8 == 0) {
+                return Err(format!("{} (cols % 8 == 0) mismatched too", c.id));
+            }
+            Ok(format!(
+                "mismatches only where cols % 8 != 0: {}",
+                bad.iter()
+                    .map(|c| c.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        }),
+        ("broken/never_finishes", |r| {
+            error_then_goes_on(r, "did not finish within")
+        }),
+        ("broken/illegal_address", |r| {
+            error_then_goes_on(r, "illegal address")
+        }),
+    ];
+
+    let mut failed = 0;
+    for (rel, check) in checks {
+        let t0 = Instant::now();
+        let res = run(rel).and_then(|r| check(&r).map_err(|e| format!("{e}\n    {}", notes(&r))));
+        let secs = t0.elapsed().as_secs_f64();
+        match res {
+            Ok(why) => println!("ok    {rel:<36} {secs:6.1} s  {why}"),
+            Err(e) => {
+                failed += 1;
+                println!("FAIL  {rel:<36} {secs:6.1} s  {e}");
+            }
+        }
+    }
+    if failed > 0 {
+        println!("{failed} GPU check(s) failed");
+        ExitCode::FAILURE
+    } else {
+        println!("all GPU checks passed");
+        ExitCode::SUCCESS
+    }
+}
