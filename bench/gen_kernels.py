@@ -31,6 +31,14 @@ grid = "per_row"
 rows_per_block = 1
 """
 
+WARP_LAUNCH = """
+# one warp per row at every size, 4 rows per 128-thread block.
+[launch]
+block = [32, 4]
+grid = "per_row"
+rows_per_block = 4
+"""
+
 EW_LAUNCH = """
 # 16 elements per thread (16-byte loads), 256 threads per block, grid-stride loop.
 [launch]
@@ -89,6 +97,17 @@ KERNELS = [
      """Fast exact silu(g) * u as eager computes it: s = round(silu(g)) (intermediate rounding
      to T), y = round(s * u). x = [rows, 2*cols], gate first. 16-byte loads when cols is a
      multiple of 16/sizeof(T), scalar otherwise.""", DTYPES),
+    # ---- the same exact code, launched one warp per row at every size (8 canonical lanes per
+    # thread = 8 independent accumulation chains; rows over 2048 columns are read twice) ----
+    ("layer_norm_warp", "layer_norm", None, "kz_layer_norm<T, 0>",
+     """Fast exact nn.LayerNorm, same code and bits as layer_norm but launched one warp per row
+     at every size: each thread carries 8 of the 256 canonical Welford lanes (8 independent
+     division chains instead of 1); rows longer than 2048 columns are read twice (statistics,
+     then outputs; the second read mostly hits L2).""", DTYPES, "warp"),
+    ("rms_norm_llama_warp", "rms_norm", "llama", "kz_rms_norm<T, KZ_LLAMA>",
+     """Fast exact HF LlamaRMSNorm, same code and bits as rms_norm_llama but launched one warp per
+     row at every size; rows longer than 2048 columns are read twice (sum of squares, then
+     outputs; the second read mostly hits L2).""", DTYPES, "warp"),
     # ---- known-different variants ----
     ("rms_norm_llama_wbr", "rms_norm", "llama", "kz_rms_norm<T, KZ_WBR>",
      """KNOWN-DIFFERENT variant (liger-style 'weight before rounding'), declared as llama
@@ -124,7 +143,7 @@ def read(name):
 def main():
     common = read("common.cuh") + read("rows.cuh") + read("elementwise.cuh")
     names = set()
-    for name, op, sem, call, desc, dts in KERNELS:
+    for name, op, sem, call, desc, dts, *launch in KERNELS:
         assert name not in names
         names.add(name)
         sig, args = SIGS[op]
@@ -143,7 +162,7 @@ def main():
         toml += [f'description = """{desc}"""', 'authors = ["kernelize"]', 'license = "Apache-2.0"',
                  'source = "kernel.cu"', "", "[entry]"]
         toml += [f'{dt} = "{name}_{dt}"' for dt in dts]
-        toml.append(ROW_LAUNCH if op in ROWWISE else EW_LAUNCH)
+        toml.append(WARP_LAUNCH if launch == ["warp"] else ROW_LAUNCH if op in ROWWISE else EW_LAUNCH)
         d = os.path.join(OUT, name)
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "kernel.toml"), "w") as f:

@@ -27,7 +27,6 @@ import ctypes
 import datetime
 import glob
 import json
-import math
 import os
 import platform
 import subprocess
@@ -497,7 +496,6 @@ def copy_bandwidth(timer):
     a = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
     b = torch.empty_like(a)
     us = timer(lambda: b.copy_(a), reps=20)
-    del a, b
     return 2 * n / (us * 1e-6) / 1e9, us
 
 
@@ -653,8 +651,8 @@ def main():
     compiled_cache = {}
     cdts = set(args.compile_dtypes.split(","))
     try:
-        import torch._dynamo
-        torch._dynamo.config.cache_size_limit = 256
+        import importlib
+        importlib.import_module("torch._dynamo").config.cache_size_limit = 256
     except Exception:  # noqa
         pass
     for dt, shapes in sweep.items():
@@ -672,14 +670,14 @@ def main():
                 _, bls = baselines_for(key)
                 cands = []
                 for name, fn in bls:
-                    cands.append((name, "baseline", baseline_fn(op, fn, inp), lambda fn=fn: eager_out_with(op, fn, inp)))
+                    cands.append((name, "baseline", baseline_fn(op, fn, inp), lambda fn=fn, inp=inp: eager_out_with(op, fn, inp)))
                     if dt in cdts and not args.no_compile_baselines:
                         ck = (name, key)
                         if ck not in compiled_cache:
                             compiled_cache[ck] = torch.compile(fn)
                         cf = compiled_cache[ck]
                         cands.append((f"torch.compile({name})", "baseline", baseline_fn(op, cf, inp),
-                                      lambda cf=cf: eager_out_with(op, cf, inp)))
+                                      lambda cf=cf, inp=inp: eager_out_with(op, cf, inp)))
                 for k in ks:
                     if k.error or dt not in k.entries:
                         continue
