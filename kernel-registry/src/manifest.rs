@@ -526,7 +526,7 @@ impl Manifest {
                 return Some(format!("cols {cols} > cols_max {max}"));
             }
         }
-        if cols % c.cols_multiple_of != 0 {
+        if !cols.is_multiple_of(c.cols_multiple_of) {
             return Some(format!(
                 "cols {cols} is not a multiple of {}",
                 c.cols_multiple_of

@@ -203,7 +203,8 @@ impl Policy {
             why.push("a row's output depends on the batch; fails batch_invariant".into());
         }
         if let Some(x) = self.max_abs_diff {
-            if !(v.max_abs_diff <= x) {
+            // NaN (an unmeasurable difference) fails too.
+            if v.max_abs_diff.is_nan() || v.max_abs_diff > x {
                 why.push(format!(
                     "max abs diff {:.3e} > {x}; fails max_abs_diff",
                     v.max_abs_diff

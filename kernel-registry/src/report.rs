@@ -275,7 +275,9 @@ impl Verdict {
                 v.problems.push(s);
             }
         };
-        let mut headline: BTreeMap<(u64, u64), (Vec<f64>, Vec<f64>, Vec<f64>)> = BTreeMap::new();
+        // (rows, cols) -> GB/s, copy fractions and speedups measured there.
+        type Samples = (Vec<f64>, Vec<f64>, Vec<f64>);
+        let mut headline: BTreeMap<(u64, u64), Samples> = BTreeMap::new();
         for c in cases {
             match c.status {
                 CaseStatus::NotApplicable => {

@@ -145,7 +145,7 @@ async fn run_job(client: &Client, claim: &Value, quick: bool) -> anyhow::Result<
     };
     let result = tokio::task::spawn_blocking(move || {
         verifier::verify_bundle(&bundle, &opts, &mut |p: &verifier::Progress| {
-            if p.outcome.is_some() && (p.done % 10 == 0 || p.done == p.total) {
+            if p.outcome.is_some() && (p.done.is_multiple_of(10) || p.done == p.total) {
                 tracing::info!(job = id, done = p.done, total = p.total, case = %p.case_id, "progress");
             }
         })
