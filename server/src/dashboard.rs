@@ -1,10 +1,213 @@
-//! The verification dashboard (server-rendered HTML).
+//! The verification dashboard: server-rendered HTML (maud, which escapes every interpolated
+//! value) with plots as SVG drawn on the server, so it needs no network and no JavaScript.
+
+mod kernel;
+mod overview;
+mod plot;
+mod policy;
 
 use crate::app::AppState;
-use axum::response::Redirect;
+use crate::error::AppError;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use kernel_registry::report::{percent, ExactnessClass, ULP_INFINITE};
+use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 pub fn routes() -> Router<AppState> {
-    Router::new().route("/", get(|| async { Redirect::temporary("/v1/kernels") }))
+    Router::new()
+        .route("/", get(overview::page))
+        .route("/kernels/{name}/{version}", get(kernel::page))
+        .route("/policy", get(policy::page))
+}
+
+/// An error shown as an HTML page with the API's status and detail (pages are read by people).
+pub struct PageError(AppError);
+
+impl From<AppError> for PageError {
+    fn from(e: AppError) -> Self {
+        PageError(e)
+    }
+}
+
+impl From<kernel_registry::storage::StoreError> for PageError {
+    fn from(e: kernel_registry::storage::StoreError) -> Self {
+        PageError(e.into())
+    }
+}
+
+impl IntoResponse for PageError {
+    fn into_response(self) -> Response {
+        let status = self.0.status;
+        // 5xx details were logged by AppError; show its generic text.
+        let title = status.canonical_reason().unwrap_or("Error");
+        let body = layout(
+            title,
+            Nav::None,
+            html! {
+                h1 { (status.as_u16()) " " (title) }
+                p.error { (self.0.detail) }
+                p { a href="/" { "Back to the overview" } }
+            },
+        );
+        (status, body).into_response()
+    }
+}
+
+/// Which tab of the navigation is current.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Nav {
+    Overview,
+    Kernel,
+    Policy,
+    None,
+}
+
+const CSS: &str = r#"
+:root{--fg:#1b1f24;--muted:#5b6570;--line:#d8dde3;--bg:#fff;--head:#f3f5f7;--ok:#1a7f37;--ulp:#9a6700;--tol:#bc4c00;--bad:#cf222e;--acc:#0a58ca}
+*{box-sizing:border-box}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;color:var(--fg);background:var(--bg);margin:0}
+header{background:#14181d;color:#fff;padding:10px 24px;display:flex;gap:24px;align-items:baseline}
+header .brand{font-weight:700;font-size:17px;color:#fff;text-decoration:none}
+header nav a{color:#c9d1d9;text-decoration:none;margin-right:16px}
+header nav a.current{color:#fff;border-bottom:2px solid #58a6ff}
+main{padding:16px 24px;max-width:1600px}
+h1{font-size:22px;margin:8px 0 4px}h2{font-size:18px;margin:24px 0 8px}h3{font-size:15px;margin:16px 0 6px}
+p.lead{color:var(--muted);margin:0 0 12px}
+a{color:var(--acc)}
+table{border-collapse:collapse;margin:6px 0 12px}
+th,td{border-bottom:1px solid var(--line);padding:3px 8px;text-align:left;vertical-align:top;white-space:nowrap}
+th{background:var(--head);position:sticky;top:0;font-weight:600;z-index:1}
+td.wrap{white-space:normal;min-width:260px}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+tr.group td{background:#e9eef4;font-weight:600}
+.scroll{overflow:auto;max-height:75vh;border:1px solid var(--line)}
+.scroll table{margin:0}
+.badge{display:inline-block;padding:0 7px;border-radius:10px;font-size:12px;font-weight:600;color:#fff}
+.c-bit_exact{background:var(--ok)}.c-ulp{background:var(--ulp)}.c-tolerance{background:var(--tol)}.c-fails{background:var(--bad)}.c-none{background:#8c959f}
+.bar{display:inline-block;width:60px;height:8px;background:#e6e9ed;margin-left:6px;vertical-align:middle}
+.bar i{display:block;height:8px;background:#3b82f6}
+form.filters{display:flex;gap:12px;align-items:end;flex-wrap:wrap;margin:8px 0 12px}
+form.filters label{display:flex;flex-direction:column;font-size:12px;color:var(--muted)}
+select,input{font:inherit;padding:3px 6px}
+button{font:inherit;padding:4px 14px}
+.note{background:#fff8c5;border:1px solid #d4a72c;padding:10px 14px;border-radius:6px;max-width:900px}
+.error{background:#ffebe9;border:1px solid #ff8182;padding:10px 14px;border-radius:6px;max-width:900px}
+pre{background:#f6f8fa;border:1px solid var(--line);padding:10px;overflow:auto;max-height:480px;font-size:12px}
+code{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:12px}
+.plots{display:flex;flex-wrap:wrap;gap:16px}
+.plots figure{margin:0;border:1px solid var(--line);padding:6px}
+.plots figcaption{font-size:12px;color:var(--muted);max-width:420px}
+dl.meta{display:grid;grid-template-columns:max-content auto;gap:2px 14px;margin:6px 0}
+dl.meta dt{color:var(--muted)}dl.meta dd{margin:0}
+ul.why{margin:4px 0;padding-left:18px}ul.why li{white-space:normal}
+.muted{color:var(--muted)}
+section.verification{border-top:2px solid var(--line);margin-top:18px}
+"#;
+
+fn layout(title: &str, nav: Nav, body: Markup) -> Markup {
+    let tab = |n: Nav| if n == nav { "current" } else { "" };
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                // An empty icon: the browser asks for no /favicon.ico.
+                link rel="icon" href="data:,";
+                title { (title) " · kernelize" }
+                style { (PreEscaped(CSS)) }
+            }
+            body {
+                header {
+                    a.brand href="/" { "kernelize" }
+                    nav {
+                        a class=(tab(Nav::Overview)) href="/" { "Verification matrix" }
+                        @if nav == Nav::Kernel { a.current { "Kernel" } }
+                        a class=(tab(Nav::Policy)) href="/policy" { "Policy explorer" }
+                        a href="/openapi.json" { "API" }
+                    }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+/// The exactness class as a coloured badge, in words a person reads.
+fn class_badge(class: ExactnessClass) -> Markup {
+    let (css, text) = match class {
+        ExactnessClass::BitExact => ("c-bit_exact", "bit-exact".to_string()),
+        ExactnessClass::MaxUlp(n) => ("c-ulp", format!("max {} ulp", ulp(n))),
+        ExactnessClass::Tolerance => ("c-tolerance", "tolerance".to_string()),
+        ExactnessClass::Fails => ("c-fails", "fails".to_string()),
+    };
+    html! { span class={"badge " (css)} title=(class.to_string()) { (text) } }
+}
+
+fn ulp(n: u64) -> String {
+    if n == ULP_INFINITE {
+        "∞".into()
+    } else {
+        n.to_string()
+    }
+}
+
+fn frac(x: f64) -> String {
+    percent(x)
+}
+
+fn sci(x: f64) -> String {
+    if x == 0.0 {
+        "0".into()
+    } else if x.is_nan() {
+        "NaN".into()
+    } else {
+        format!("{x:.2e}")
+    }
+}
+
+fn gbps(x: f64) -> String {
+    format!("{x:.0}")
+}
+
+/// An RFC 3339 timestamp as `YYYY-MM-DD HH:MM` (UTC), the full text kept in a tooltip.
+fn date(ts: &str) -> Markup {
+    let short = if ts.len() >= 16 && ts.as_bytes().get(10) == Some(&b'T') {
+        format!("{} {}", &ts[..10], &ts[11..16])
+    } else {
+        ts.to_string()
+    };
+    html! { time datetime=(ts) title=(ts) { (short) } }
+}
+
+/// The fraction of the copy-bandwidth roofline as a number and a small bar.
+fn roofline(fraction: f64) -> Markup {
+    let width = (fraction.clamp(0.0, 1.0) * 100.0).round();
+    html! {
+        (format!("{:.0}%", fraction * 100.0))
+        span.bar title="fraction of this device's measured copy bandwidth" { i style={"width:" (width) "%"} {} }
+    }
+}
+
+fn kernel_href(name: &str, version: &str) -> String {
+    // Names and versions are restricted to URL-safe characters by the manifest parser.
+    format!("/kernels/{name}/{version}")
+}
+
+/// Parse an optional query parameter with the domain's parser; a bad one is a 400 naming it.
+fn opt_param<T: std::str::FromStr>(
+    q: &std::collections::HashMap<String, String>,
+    key: &str,
+) -> Result<Option<T>, AppError>
+where
+    T::Err: std::fmt::Display,
+{
+    match q.get(key).map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        None => Ok(None),
+        Some(s) => s
+            .parse()
+            .map(Some)
+            .map_err(|e| AppError::bad_request(format!("query parameter `{key}`: {e}"))),
+    }
 }

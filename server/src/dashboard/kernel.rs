@@ -1,0 +1,268 @@
+//! `/kernels/{name}/{version}`: one kernel's manifest, source and every verification with
+//! its per-case table and plots.
+
+use super::plot::{self, Point};
+use super::{class_badge, date, frac, gbps, layout, roofline, sci, ulp, Nav, PageError};
+use crate::app::{AppState, Caller};
+use crate::error::AppError;
+use axum::extract::{Path, State};
+use kernel_registry::report::{CaseStatus, ULP_BUCKETS};
+use kernel_registry::storage::VerificationRow;
+use kernel_registry::DType;
+use maud::{html, Markup};
+
+pub async fn page(
+    State(st): State<AppState>,
+    _caller: Caller,
+    Path((name, version)): Path<(String, String)>,
+) -> Result<Markup, PageError> {
+    let k = st.store.kernel(&name, &version).await?.ok_or_else(|| {
+        AppError::not_found(format!(
+            "no kernel `{name}` version `{version}`; the overview lists every kernel"
+        ))
+    })?;
+    let src = st.store.source(&k.digest).await?;
+    let verifications = st.store.verifications_for_kernel(&k.digest).await?;
+    let jobs = st.store.jobs_for_kernel(&k.digest).await?;
+    let title = format!("{} {}", k.name, k.version);
+    let body = html! {
+        h1 { (k.name) " " span.muted { (k.version) } }
+        p.lead { (k.description) }
+        dl.meta #manifest {
+            dt { "op" } dd { (k.op) " (" (k.semantics) ")" }
+            dt { "dtypes" } dd { (k.dtypes.iter().map(|d| d.as_str()).collect::<Vec<_>>().join(", ")) }
+            dt { "archs" } dd { @if k.archs.is_empty() { "any" } @else { (k.archs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", ")) } }
+            dt { "cols" } dd {
+                ">= " (k.cols_min)
+                @if let Some(m) = k.cols_max { ", <= " (m) }
+                @if k.cols_multiple_of > 1 { ", multiple of " (k.cols_multiple_of) }
+            }
+            dt { "authors" } dd { (k.authors.join(", ")) }
+            dt { "license" } dd { (k.license) }
+            dt { "origin" } dd { (k.origin) }
+            dt { "registered" } dd { (date(&k.created_at)) }
+            dt { "digest" } dd { code #digest { (k.digest) } " " a href={"/v1/sources/" (k.digest)} { "(JSON, digest re-checked)" } }
+            dt { "jobs" } dd {
+                @if jobs.is_empty() { "none" }
+                @for j in &jobs {
+                    "#" (j.id) " " (j.state)
+                    @if let Some(e) = &j.last_error { span.muted { " (" (e) ")" } }
+                    "; "
+                }
+            }
+        }
+        h2 { "Verifications " span.muted { "(" (verifications.len()) ")" } }
+        @if verifications.is_empty() {
+            div.note #no-verifications {
+                p { "This kernel has not been verified yet, so it is never handed out. A GPU worker verifies queued kernels: "
+                    code { "kernelize worker --server http://HUB:8080 --token TOKEN" } " on a GPU host, or " code { "kernelize serve --worker" } "." }
+            }
+        }
+        @for v in &verifications { (verification(v)) }
+        h2 { "Source" }
+        @match &src {
+            Some(s) => {
+                p { "Digest " code { (s.digest) } " covers the manifest and this source." }
+                h3 { "kernel.toml" }
+                pre #manifest-toml { code { (s.manifest_toml) } }
+                h3 { (s.manifest.source) }
+                pre #source { code { (s.source) } }
+            },
+            None => p.error { "The source of this kernel is missing from the store." },
+        }
+    };
+    Ok(layout(&title, Nav::Kernel, body))
+}
+
+fn verification(v: &VerificationRow) -> Markup {
+    let r = &v.report;
+    let dtypes: Vec<DType> = r.summary.per_dtype.keys().copied().collect();
+    let series: Vec<String> = dtypes.iter().map(|d| d.to_string()).collect();
+    let series_of = |d: DType| dtypes.iter().position(|x| *x == d).unwrap_or(0);
+
+    // Histogram of ulp distances over every case that ran.
+    let mut hist = vec![0u64; ULP_BUCKETS.len() + 1];
+    for c in &r.cases {
+        if let Some(e) = &c.exactness {
+            for (i, n) in e.ulp_histogram.iter().enumerate() {
+                hist[i.min(ULP_BUCKETS.len())] += n;
+            }
+        }
+    }
+    let mut labels = Vec::new();
+    let mut prev: Option<u64> = None;
+    for b in ULP_BUCKETS {
+        labels.push(match prev {
+            Some(p) if b > p + 1 => format!("{}-{b}", p + 1),
+            _ => b.to_string(),
+        });
+        prev = Some(b);
+    }
+    labels.push(format!(">{}", ULP_BUCKETS[ULP_BUCKETS.len() - 1]));
+
+    let accuracy: Vec<Point> = r
+        .cases
+        .iter()
+        .filter_map(|c| {
+            c.accuracy.as_ref().map(|a| Point {
+                x: a.reference_max_abs,
+                y: a.candidate_max_abs,
+                series: series_of(c.dtype),
+                label: format!(
+                    "{}: candidate {} vs reference {}",
+                    c.id,
+                    sci(a.candidate_max_abs),
+                    sci(a.reference_max_abs)
+                ),
+            })
+        })
+        .collect();
+    let speed: Vec<Point> = r
+        .cases
+        .iter()
+        .filter_map(|c| {
+            c.speed.as_ref().map(|s| Point {
+                x: c.cols as f64,
+                y: s.gbps,
+                series: series_of(c.dtype),
+                label: format!("{}: {} GB/s", c.id, gbps(s.gbps)),
+            })
+        })
+        .collect();
+
+    html! {
+        section.verification id={"v" (v.id)} {
+            h3 { "On " (r.device.name) " (" (v.arch) ") · " (date(&v.created_at)) }
+            dl.meta {
+                dt { "device" } dd { (r.device.name) ", " (r.device.sm_count) " SMs, copy bandwidth " (gbps(r.device.copy_gbps)) " GB/s" }
+                dt { "driver / CUDA" } dd { (r.device.driver_version) " / " (r.device.cuda_version) }
+                dt { "seed" } dd { code { (r.seed) } " (replay: " code { "kernelize verify DIR --seed " (r.seed) } ")" }
+                dt { "verifier / suite" } dd { (r.verifier_version) " / " (r.suite_version) @if r.quick { " (quick)" } }
+                dt { "reference" } dd { (r.reference) }
+                dt { "started" } dd { (date(&r.started_at)) ", took " (format!("{:.1}", r.duration_s)) " s" }
+                dt { "record" } dd { a href={"/v1/verifications/" (v.id)} { "JSON" } }
+            }
+            table.verdicts {
+                thead { tr {
+                    th { "dtype" } th { "exactness" } th { "verdict" } th.num { "cases" }
+                    th { "deterministic" } th { "batch-invariant" } th { "integrity" }
+                    th.num { "GB/s 4096x8192" } th { "of roofline" } th.num { "speedup" }
+                } }
+                tbody {
+                    @for (d, vd) in &r.summary.per_dtype {
+                        tr {
+                            td { (d) }
+                            td { (class_badge(vd.class)) }
+                            td.wrap { (vd.describe()) }
+                            td.num { (vd.cases_run) @if vd.cases_not_applicable > 0 { " (+" (vd.cases_not_applicable) " n/a)" } }
+                            td { (yes_no(vd.deterministic)) }
+                            td { (yes_no(vd.batch_invariant)) }
+                            td { @if vd.integrity_ok { "ok" } @else { span.badge.c-fails { "fails" } } }
+                            td.num { (vd.gbps_4096x8192.map(gbps).unwrap_or_else(|| "—".into())) }
+                            td { @if let Some(f) = vd.copy_fraction_4096x8192 { (roofline(f)) } }
+                            td.num { (vd.speedup_4096x8192.map(|s| format!("{s:.2}x")).unwrap_or_else(|| "—".into())) }
+                        }
+                    }
+                }
+            }
+            @if !r.summary.overall.problems.is_empty() {
+                ul.why.error { @for p in &r.summary.overall.problems { li { (p) } } }
+            }
+            div.plots {
+                figure.ulp-histogram {
+                    (plot::histogram("ulp distance histogram", &labels, &hist))
+                    figcaption { "Elements per ulp distance from the reference layer, all cases." }
+                }
+                figure.accuracy {
+                    @if accuracy.is_empty() {
+                        p.muted { "No accuracy (f64 oracle) measurement in this report." }
+                    } @else {
+                        (plot::error_scatter("error against the f64 oracle", &accuracy, &series))
+                    }
+                    figcaption { "Per case: candidate vs reference max abs error against the f64 oracle. Below the dashed line the candidate is closer to the truth than the reference." }
+                }
+                figure.speed {
+                    @if speed.is_empty() {
+                        p.muted { "No speed measurement in this report." }
+                    } @else {
+                        (plot::speed_vs_cols("GB/s against cols", &speed, &series, r.device.copy_gbps))
+                    }
+                    figcaption { "Per case: GB/s (bytes that must move over median time, L2 flushed) against cols; dashed: this device's copy bandwidth." }
+                }
+            }
+            details open[r.cases.len() <= 40] {
+                summary { "Per-case results (" (r.cases.len()) " cases)" }
+                div.scroll {
+                    table.cases {
+                        thead { tr {
+                            th { "case" } th { "status" } th.num { "mismatches" } th.num { "fraction" } th.num { "max ulp" }
+                            th.num { "max abs" } th.num { "max rel" } th { "NaN/Inf parity" }
+                            th.num { "cand. err max" } th.num { "ref. err max" } th.num { "cand. RMS" } th.num { "ref. RMS" }
+                            th { "det." } th { "batch-inv." } th { "integrity" }
+                            th.num { "median µs" } th.num { "GB/s" } th { "of roofline" } th.num { "speedup" }
+                        } }
+                        tbody {
+                            @for c in &r.cases {
+                                tr {
+                                    td { code { (c.id) } }
+                                    td {
+                                        @match c.status {
+                                            CaseStatus::Ran => "ran",
+                                            CaseStatus::NotApplicable => span.muted { "n/a" },
+                                            CaseStatus::Error => span.badge.c-fails { "error" },
+                                        }
+                                        @if let Some(n) = &c.note { " " span.muted { (n) } }
+                                    }
+                                    @match &c.exactness {
+                                        Some(e) => {
+                                            td.num { (e.mismatches) " / " (e.elements) }
+                                            td.num { (frac(e.mismatch_fraction)) }
+                                            td.num { (ulp(e.max_ulp)) }
+                                            td.num { (sci(e.max_abs_diff)) }
+                                            td.num { (sci(e.max_rel_diff)) }
+                                            td { (yes_no(e.nonfinite_parity)) }
+                                        },
+                                        None => { td {} td {} td {} td {} td {} td {} },
+                                    }
+                                    @match &c.accuracy {
+                                        Some(a) => {
+                                            td.num { (sci(a.candidate_max_abs)) }
+                                            td.num { (sci(a.reference_max_abs)) }
+                                            td.num { (sci(a.candidate_rms)) }
+                                            td.num { (sci(a.reference_rms)) }
+                                        },
+                                        None => { td {} td {} td {} td {} },
+                                    }
+                                    td { (opt_yes_no(c.deterministic)) }
+                                    td { (opt_yes_no(c.batch_invariant)) }
+                                    td { @if c.integrity_failures.is_empty() { "ok" } @else { span.error { (c.integrity_failures.join("; ")) } } }
+                                    @match &c.speed {
+                                        Some(s) => {
+                                            td.num { (format!("{:.1}", s.median_us)) }
+                                            td.num { (gbps(s.gbps)) }
+                                            td { (roofline(s.copy_fraction)) }
+                                            td.num { (format!("{:.2}x", s.speedup)) }
+                                        },
+                                        None => { td {} td {} td {} td {} },
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "NO"
+    }
+}
+
+fn opt_yes_no(b: Option<bool>) -> &'static str {
+    b.map(yes_no).unwrap_or("—")
+}

@@ -1,0 +1,543 @@
+//! The dashboard: HTML snapshots of every page on recorded reports (ids and times redacted),
+//! the empty and the private cases, and each page loaded in a real headless Chromium.
+
+mod support;
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use support::{bundle_files, Backend, TestServer};
+
+/// Recorded reports have one case; the kernel page's plots need a sweep over cols, so each
+/// case is repeated at other widths with the same exactness and a speed that rises with cols.
+fn swept_report(fixture: &str, claim: &Value, arch: &str) -> Value {
+    let mut r = support::recorded_report(fixture, claim, arch);
+    let template = r["cases"][0].clone();
+    let base_gbps = template["speed"]["gbps"].as_f64().unwrap();
+    let copy_gbps = r["device"]["copy_gbps"].as_f64().unwrap();
+    let mut cases = Vec::new();
+    for (i, cols) in [64u64, 127, 1000, 4096, 8192, 65536]
+        .into_iter()
+        .enumerate()
+    {
+        let mut c = template.clone();
+        let rows = 4096u64;
+        let scale = (rows * cols) as f64 / template["exactness"]["elements"].as_f64().unwrap();
+        c["id"] = json!(format!("bf16/{rows}x{cols}/normal"));
+        c["cols"] = json!(cols);
+        let e = &mut c["exactness"];
+        e["elements"] = json!(rows * cols);
+        e["mismatches"] = json!((e["mismatches"].as_f64().unwrap() * scale).round() as u64);
+        let hist: Vec<u64> = e["ulp_histogram"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| (n.as_f64().unwrap() * scale).round() as u64)
+            .collect();
+        e["ulp_histogram"] = json!(hist);
+        let a = &mut c["accuracy"];
+        a["candidate_max_abs"] =
+            json!(a["candidate_max_abs"].as_f64().unwrap() * (1.0 + 0.2 * i as f64));
+        a["reference_max_abs"] =
+            json!(a["reference_max_abs"].as_f64().unwrap() * (1.0 + 0.25 * i as f64));
+        let gbps = if cols == 8192 {
+            base_gbps
+        } else {
+            base_gbps * cols as f64 / (cols as f64 + 512.0) * 1.06
+        };
+        c["speed"]["gbps"] = json!(gbps);
+        c["speed"]["copy_fraction"] = json!(gbps / copy_gbps);
+        cases.push(c);
+    }
+    r["cases"] = json!(cases);
+    r
+}
+
+async fn submit(srv: &TestServer, token: &str, name: &str, description: &str, body: &str) {
+    let (m, s) = bundle_files(name, "1.0.0", body);
+    let m = m
+        .replace(
+            "description = \"test kernel\"",
+            &format!("description = {description:?}"),
+        )
+        .replace("archs = [\"sm_90\"]", "archs = []");
+    let (st, v) = srv
+        .post("/v1/kernels", token, &json!({"manifest": m, "source": s}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+}
+
+async fn verify_next(srv: &TestServer, worker: &str, fixture: &str, arch: &str) {
+    let (st, claim) = srv
+        .post("/v1/jobs/claim", worker, &json!({"worker": "test-worker"}))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{claim}");
+    let job = claim["job"]["id"].as_i64().unwrap();
+    let report = swept_report(fixture, &claim, arch);
+    let (st, r) = srv
+        .post(
+            &format!("/v1/jobs/{job}/report"),
+            worker,
+            &json!({"lease_id": claim["lease_id"], "report": report}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{r}");
+}
+
+const HOSTILE: &str = "<script>alert('owned')</script> & \"quoted\" <b>bold</b>";
+
+/// Four silu kernels: exact (sm_90), 1 ulp off but faster (sm_90, with a hostile
+/// description), exact and fastest but verified only on sm_80, and one never verified.
+async fn populated(extra: &[&str]) -> (Backend, TestServer) {
+    let b = Backend::sqlite();
+    let srv = TestServer::start(&b, &[&["--no-bundled"], extra].concat()).await;
+    let submit_t = srv.token("submit");
+    let worker = srv.token("worker");
+    for (name, desc, fixture, arch) in [
+        ("silu_exact", "eager-exact SiLU", Some("exact"), "sm_90"),
+        ("silu_off", HOSTILE, Some("one_ulp_fast"), "sm_90"),
+        (
+            "silu_old",
+            "exact, verified on A100 only",
+            Some("exact_fast"),
+            "sm_80",
+        ),
+        ("silu_pending", "not verified yet", None, ""),
+    ] {
+        // The source carries markup too: it must be shown as text.
+        submit(
+            &srv,
+            &submit_t,
+            name,
+            desc,
+            "/* </pre><script>x()</script> */",
+        )
+        .await;
+        if let Some(f) = fixture {
+            verify_next(&srv, &worker, f, arch).await;
+        }
+    }
+    (b, srv)
+}
+
+async fn page(srv: &TestServer, path: &str) -> (StatusCode, String) {
+    let r = srv.client.get(srv.url(path)).send().await.unwrap();
+    let st = r.status();
+    let ctype = r
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let body = r.text().await.unwrap();
+    if st == StatusCode::OK {
+        assert!(ctype.starts_with("text/html"), "{path}: {ctype}");
+    }
+    (st, body)
+}
+
+async fn html_ok(srv: &TestServer, path: &str) -> String {
+    let (st, body) = page(srv, path).await;
+    assert_eq!(st, StatusCode::OK, "GET {path}: {body}");
+    body
+}
+
+/// One element per line, the stylesheet elided, ids and times redacted.
+fn snapshot(name: &str, html: &str) {
+    let css_start = html.find("<style>").unwrap();
+    let css_end = html.find("</style>").unwrap();
+    let html = format!("{}<style>[css]{}", &html[..css_start], &html[css_end..]);
+    let pretty = html.replace("><", ">\n<");
+    insta::with_settings!({filters => vec![
+        (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)", "[time]"),
+        (r"\d{4}-\d\d-\d\d \d\d:\d\d", "[time]"),
+        (r"/v1/verifications/\d+", "/v1/verifications/[id]"),
+        (r#"id="v\d+""#, r#"id="v[id]""#),
+        (r"#\d+ (queued|running|done|failed)", "#[id] $1"),
+    ]}, {
+        insta::assert_snapshot!(name, pretty);
+    });
+}
+
+fn assert_escaped(html: &str) {
+    assert!(
+        !html.contains("<script>"),
+        "untrusted text reached the page as markup"
+    );
+    assert!(
+        !html.contains("<b>bold"),
+        "untrusted markup was not escaped"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overview_kernel_and_policy_pages() {
+    let (_b, srv) = populated(&[]).await;
+
+    let home = html_ok(&srv, "/").await;
+    assert_escaped(&home);
+    assert!(
+        home.contains("&lt;script&gt;alert"),
+        "the hostile text is shown as text"
+    );
+    for needle in [
+        "silu_exact 1.0.0",
+        "silu_off 1.0.0",
+        "bit-exact",
+        "max 1 ulp",
+        "25.0%",
+        "3000",  // GB/s of silu_off at 4096x8192
+        "72%",   // of the 4190 GB/s copy roofline
+        "2.00x", // speedup over the reference
+        "NVIDIA H200",
+        "sm_80",
+        "Awaiting verification",
+        "silu_pending",
+    ] {
+        assert!(home.contains(needle), "overview lacks `{needle}`");
+    }
+    snapshot("overview", &home);
+
+    // Filters: the arch filter leaves sm_80's kernel as "not verified on sm_90".
+    let sm90 = html_ok(&srv, "/?arch=sm_90&dtype=bf16&op=silu").await;
+    assert!(sm90.contains("silu_exact") && sm90.contains("silu_off"));
+    assert!(
+        sm90.contains("not verified on sm_90 (only on sm_80)"),
+        "{sm90}"
+    );
+    let none = html_ok(&srv, "/?op=layer_norm").await;
+    assert!(none.contains("No verification matches these filters"));
+    let (st, bad) = page(&srv, "/?dtype=f8").await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert!(bad.contains("query parameter `dtype`"), "{bad}");
+
+    let k = html_ok(&srv, "/kernels/silu_off/1.0.0").await;
+    assert_escaped(&k);
+    for needle in [
+        "&lt;/pre&gt;&lt;script&gt;x()", // the source, as text
+        "580.159.04",                    // driver
+        "13.0",                          // CUDA
+        "kernelize verify DIR --seed 1",
+        "bf16/4096x65536/normal",
+        "25.0% of elements differ",
+        "copy bandwidth (roofline) 4190 GB/s",
+    ] {
+        assert!(k.contains(needle), "kernel page lacks `{needle}`");
+    }
+    assert_eq!(k.matches("<svg").count(), 3, "three plots per verification");
+    snapshot("kernel", &k);
+    let (st, missing) = page(&srv, "/kernels/nope/1.0.0").await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    assert!(missing.contains("no kernel `nope`"));
+
+    // The explorer gives /v1/resolve's answer.
+    let p = html_ok(
+        &srv,
+        "/policy?policy=bit_exact&dtype=bf16&arch=sm_90&cols=8192&rows=4096",
+    )
+    .await;
+    snapshot("policy", &p);
+    let api = srv
+        .get_json("/v1/resolve?op=silu&dtype=bf16&arch=sm_90&cols=8192&rows=4096&policy=bit_exact")
+        .await;
+    assert_eq!(api["kernel"]["name"], "silu_exact");
+    let silu_row = row_of(&p, "silu");
+    assert!(silu_row.contains("silu_exact 1.0.0"), "{silu_row}");
+    for line in api["excluded"].as_array().unwrap() {
+        let line = line.as_str().unwrap();
+        assert!(
+            silu_row.contains(&escape(line)),
+            "the explorer lacks `{line}`"
+        );
+    }
+    let tol = html_ok(
+        &srv,
+        "/policy?policy=tolerance&dtype=bf16&arch=sm_90&cols=8192&op=silu",
+    )
+    .await;
+    let api = srv
+        .get_json("/v1/resolve?op=silu&dtype=bf16&arch=sm_90&cols=8192&policy=tolerance")
+        .await;
+    assert_eq!(api["kernel"]["name"], "silu_off");
+    assert!(row_of(&tol, "silu").contains("silu_off 1.0.0"));
+    assert!(!tol.contains("data-op=\"rms_norm\""), "op filter");
+    let on_sm80 = html_ok(&srv, "/policy?dtype=bf16&arch=sm_80&cols=8192&op=silu").await;
+    assert!(row_of(&on_sm80, "silu").contains("silu_old 1.0.0"));
+    let (st, bad) = page(&srv, "/policy?policy=ulp:x&dtype=bf16&arch=sm_90&cols=8192").await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert!(
+        bad.contains("`x` after ulp: is not a whole number"),
+        "{bad}"
+    );
+}
+
+/// Kernel rows of the overview's matrix table.
+fn matrix_rows(html: &str) -> usize {
+    let start = html.find("id=\"matrix\"").expect("a matrix table");
+    let end = html[start..].find("</table>").unwrap() + start;
+    html[start..end].matches("<a href=\"/kernels/").count()
+}
+
+/// The `<tr>` of the explorer's table for `op`.
+fn row_of(html: &str, op: &str) -> String {
+    let start = html
+        .find(&format!("data-op=\"{op}\""))
+        .unwrap_or_else(|| panic!("no row for {op}"));
+    let end = html[start..].find("</tr>").unwrap() + start;
+    html[start..end].to_string()
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_hub_says_how_to_get_verifications() {
+    let b = Backend::sqlite();
+    let srv = TestServer::start(&b, &[]).await; // bundled kernels, all queued
+    let home = html_ok(&srv, "/").await;
+    assert!(home.contains("No verifications yet."), "{home}");
+    assert!(home.contains("kernelize worker --server"));
+    assert!(home.contains("kernelize serve --worker"));
+    assert!(home.contains("rms_norm_llama"), "queued kernels are listed");
+    let p = html_ok(&srv, "/policy").await;
+    assert!(p.contains("never verified"), "defaults resolve at once");
+    let k = html_ok(&srv, "/kernels/silu/1.0.0").await;
+    assert!(k.contains("has not been verified yet"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_reads_cover_the_pages() {
+    let (_b, srv) = populated(&["--private-reads"]).await;
+    let reader = srv.token("submit");
+    for path in ["/", "/kernels/silu_exact/1.0.0", "/policy"] {
+        let (st, _) = page(&srv, path).await;
+        assert_eq!(st, StatusCode::UNAUTHORIZED, "{path} without a token");
+        let r = srv
+            .client
+            .get(srv.url(path))
+            .bearer_auth(&reader)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{path} with a token");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundreds_of_verdicts_stay_one_table() {
+    let b = Backend::sqlite();
+    let srv = TestServer::start(&b, &["--no-bundled"]).await;
+    let submit_t = srv.token("submit");
+    let worker = srv.token("worker");
+    let n = 120;
+    for i in 0..n {
+        submit(
+            &srv,
+            &submit_t,
+            &format!("silu_{i:03}"),
+            "bulk",
+            &format!("/* {i} */"),
+        )
+        .await;
+        let fixture = ["exact", "one_ulp_fast", "exact_fast"][i % 3];
+        verify_next(
+            &srv,
+            &worker,
+            fixture,
+            if i % 2 == 0 { "sm_90" } else { "sm_80" },
+        )
+        .await;
+    }
+    let t = std::time::Instant::now();
+    let home = html_ok(&srv, "/").await;
+    assert!(
+        t.elapsed().as_secs_f64() < 5.0,
+        "overview took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(matrix_rows(&home), n, "one row per kernel x arch x dtype");
+    assert!(home.contains(&format!("({n} rows)")));
+    let sm80 = html_ok(&srv, "/?arch=sm_80").await;
+    assert_eq!(matrix_rows(&sm80), n / 2);
+    assert!(sm80.contains("Awaiting verification </h2>") || sm80.contains("not verified on sm_80"));
+}
+
+// ---- a real browser -------------------------------------------------------------------------
+
+const CHROMIUM_FLAGS: [&str; 9] = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1400,1000",
+];
+
+fn on_path(bin: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(bin))
+            .find(|f| f.is_file())
+    })
+}
+
+/// Debian's chromium, installed with apt-get when missing and running as root. `None` (and a
+/// loud note) when there is none, unless KERNELIZE_REQUIRE_BROWSER=1, which makes it a failure.
+fn chromium() -> Option<PathBuf> {
+    let find = || on_path("chromium").or_else(|| on_path("chromium-browser"));
+    if let Some(p) = find() {
+        return Some(p);
+    }
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false);
+    let mut why =
+        "chromium is not on PATH and this is not root, so it was not installed".to_string();
+    if root {
+        eprintln!("*** chromium missing: apt-get install -y chromium");
+        let install = || {
+            Command::new("apt-get")
+                .args(["install", "-y", "-q", "chromium"])
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false)
+        };
+        if !install() {
+            let _ = Command::new("apt-get").args(["update", "-q"]).status();
+            install();
+        }
+        match find() {
+            Some(p) => return Some(p),
+            None => why = "`apt-get install -y chromium` did not install it".into(),
+        }
+    }
+    if std::env::var("KERNELIZE_REQUIRE_BROWSER").as_deref() == Ok("1") {
+        panic!("a headless browser is required (KERNELIZE_REQUIRE_BROWSER=1) but {why}");
+    }
+    eprintln!("\n*** SKIPPING the browser test: {why}\n*** set KERNELIZE_REQUIRE_BROWSER=1 to make this a failure\n");
+    None
+}
+
+/// Run chromium on `url` with `mode` (`--dump-dom` or `--screenshot=FILE`): (stdout, console
+/// lines). Chromium logs every console message as a `CONSOLE` line on stderr.
+fn browse(chromium: &Path, profile: &Path, mode: &str, url: &str) -> (String, Vec<String>) {
+    let out = Command::new(chromium)
+        .args(CHROMIUM_FLAGS)
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(["--enable-logging=stderr", "--v=0", mode, url])
+        .output()
+        .expect("running chromium");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "chromium {mode} {url} failed: {stderr}"
+    );
+    let console = stderr
+        .lines()
+        .filter(|l| l.contains(":CONSOLE"))
+        .map(str::to_string)
+        .collect();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), console)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_in_headless_chromium() {
+    let Some(chromium) = chromium() else { return };
+    let profile = tempfile::tempdir().unwrap();
+    let shots = tempfile::tempdir().unwrap();
+
+    // The console check can fail: a page that logs an error is caught.
+    let bad = profile.path().join("bad.html");
+    std::fs::write(&bad, "<p>x</p><script>console.error('deliberate')</script>").unwrap();
+    let (_, console) = browse(
+        &chromium,
+        profile.path(),
+        "--dump-dom",
+        &format!("file://{}", bad.display()),
+    );
+    assert!(
+        console.iter().any(|l| l.contains("deliberate")),
+        "the console check sees nothing: {console:?}"
+    );
+
+    let (_b, srv) = populated(&[]).await;
+    let pages = [
+        (
+            "overview",
+            "/".to_string(),
+            vec![
+                "Verification matrix",
+                "silu_off 1.0.0",
+                "max 1 ulp",
+                "3000",
+                "72%",
+            ],
+            0,
+        ),
+        (
+            "kernel",
+            "/kernels/silu_off/1.0.0".to_string(),
+            vec![
+                "NVIDIA H200",
+                "580.159.04",
+                "copy bandwidth (roofline) 4190 GB/s",
+                "25.0% of elements differ",
+            ],
+            3,
+        ),
+        (
+            "policy",
+            "/policy?policy=bit_exact&dtype=bf16&arch=sm_90&cols=8192&rows=4096".to_string(),
+            vec![
+                "Policy explorer",
+                "silu_exact 1.0.0",
+                "fails bit_exact",
+                "not verified on sm_90 (only on sm_80)",
+            ],
+            0,
+        ),
+    ];
+    let update = std::env::var("KERNELIZE_UPDATE_SCREENSHOTS").as_deref() == Ok("1");
+    for (name, path, needles, svgs) in pages {
+        let url = srv.url(&path);
+        let (dom, console) = browse(&chromium, profile.path(), "--dump-dom", &url);
+        assert!(console.is_empty(), "{name}: console messages: {console:?}");
+        for n in needles {
+            assert!(dom.contains(n), "{name}: the rendered page lacks `{n}`");
+        }
+        assert!(
+            !dom.contains("alert('owned')</script>"),
+            "{name}: a script from a kernel got in"
+        );
+        assert_eq!(dom.matches("<svg").count(), svgs, "{name}: plots");
+        let png = shots.path().join(format!("{name}.png"));
+        let (_, console) = browse(
+            &chromium,
+            profile.path(),
+            &format!("--screenshot={}", png.display()),
+            &url,
+        );
+        assert!(console.is_empty(), "{name}: console messages: {console:?}");
+        let bytes = std::fs::read(&png).unwrap_or_else(|e| panic!("{name}: no screenshot: {e}"));
+        assert!(
+            bytes.starts_with(b"\x89PNG") && bytes.len() > 10_000,
+            "{name}: screenshot too small"
+        );
+        if update {
+            let dest = support::repo_root().join(format!("docs/screenshots/{name}.png"));
+            std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+            std::fs::write(&dest, &bytes).unwrap();
+            eprintln!("wrote {}", dest.display());
+        }
+    }
+}
