@@ -316,3 +316,63 @@ fn legend(series: &[String]) -> Markup {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(x: f64, y: f64) -> Point {
+        Point {
+            x,
+            y,
+            series: 0,
+            label: format!("{x} {y}"),
+        }
+    }
+
+    /// The y pixel of the roofline's `<line>` in an SVG.
+    fn roofline_y(svg: &str) -> f64 {
+        let at = svg.find("class=\"roofline\"").expect("a roofline");
+        let y1 = svg[at..].find("y1=\"").unwrap() + at + 4;
+        svg[y1..y1 + svg[y1..].find('"').unwrap()].parse().unwrap()
+    }
+
+    #[test]
+    fn roofline_sits_above_slower_points_and_scales_with_bandwidth() {
+        let pts = [point(64.0, 500.0), point(8192.0, 3000.0)];
+        let svg = speed_vs_cols("t", &pts, &["bf16".into()], 4000.0).into_string();
+        let cys = |svg: &str| -> Vec<f64> {
+            svg.match_indices("cy=\"")
+                .map(|(i, _)| {
+                    let s = &svg[i + 4..];
+                    s[..s.find('"').unwrap()].parse().unwrap()
+                })
+                .collect()
+        };
+        let cy = cys(&svg);
+        assert_eq!(cy.len(), 2);
+        let roof = roofline_y(&svg);
+        // SVG y grows downwards: faster is higher, the roofline highest.
+        assert!(roof < cy[1] && cy[1] < cy[0], "{roof} {cy:?}");
+        let higher = speed_vs_cols("t", &pts, &["bf16".into()], 8000.0).into_string();
+        // Against a roofline twice as high, the same speed sits lower.
+        assert!(cys(&higher)[1] > cy[1]);
+        assert!(roofline_y(&higher) < cys(&higher)[1]);
+        assert!(svg.contains("copy bandwidth (roofline) 4000 GB/s"));
+    }
+
+    #[test]
+    fn histogram_draws_only_non_empty_buckets_and_escapes_labels() {
+        let labels: Vec<String> = ["0", "1", "<2>"].iter().map(|s| s.to_string()).collect();
+        let svg = histogram("h", &labels, &[1_000_000, 3, 0]).into_string();
+        assert_eq!(svg.matches("<rect").count(), 1 + 2, "frame + two bars");
+        assert!(svg.contains("1.0e6") && svg.contains(">3<"));
+        assert!(svg.contains("&lt;2&gt;") && !svg.contains("<2>"));
+    }
+
+    #[test]
+    fn zero_errors_are_drawn_on_the_axis_not_dropped() {
+        let svg = error_scatter("e", &[point(0.0, 0.0), point(1e-3, 2e-3)], &[]).into_string();
+        assert_eq!(svg.matches("<circle").count(), 2);
+    }
+}
