@@ -31,6 +31,8 @@ struct Unverified {
     job: Option<JobRow>,
     /// Verified elsewhere but not on the filtered arch.
     only_on: Vec<Arch>,
+    /// Why a verified kernel still has no row (its reports hold no dtype verdict).
+    note: Option<&'static str>,
 }
 
 pub async fn page(
@@ -79,9 +81,11 @@ pub async fn page(
                     .collect(),
                 kernel: k,
                 job,
+                note: None,
             });
             continue;
         }
+        let before = rows.len();
         for (a, v) in newest {
             for (dt, verdict) in &v.report.summary.per_dtype {
                 if dtype.is_some_and(|want| want != *dt) {
@@ -97,6 +101,14 @@ pub async fn page(
                     verified_at: v.created_at.clone(),
                 });
             }
+        }
+        if rows.len() == before && dtype.is_none() {
+            unverified.push(Unverified {
+                kernel: k,
+                job: None,
+                only_on: vec![],
+                note: Some("verified, but no case of any dtype ran: see the kernel page"),
+            });
         }
     }
     rows.sort_by(|a, b| {
@@ -310,7 +322,9 @@ fn unverified_table(items: &[Unverified], arch: Option<Arch>) -> Markup {
                             td { (u.kernel.op) " (" (u.kernel.semantics) ")" }
                             td { (u.kernel.dtypes.iter().map(|d| d.as_str()).collect::<Vec<_>>().join(", ")) }
                             td {
-                                @if let (Some(a), false) = (arch, u.only_on.is_empty()) {
+                                @if let Some(n) = u.note {
+                                    (n)
+                                } @else if let (Some(a), false) = (arch, u.only_on.is_empty()) {
                                     "not verified on " (a) " (only on " (u.only_on.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", ")) ")"
                                 } @else {
                                     @match &u.job {
