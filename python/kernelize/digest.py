@@ -1,0 +1,332 @@
+"""Kernel digests and the checked manifest, exactly as the Rust registry computes them.
+
+The digest (kernel-registry/src/manifest.rs `digest_of`) is
+
+    sha256( b"kernelize-kernel-v1\\0"
+            + u64le(len(M)) + M
+            + u64le(len(S)) + S )
+
+where M is serde_json's compact serialisation of the checked `Manifest` struct (fields in
+declaration order, `entries` a BTreeMap ordered bf16 < f16 < f32, the launch grid an
+internally tagged enum `{"kind": ...}`) and S the UTF-8 source bytes.
+`json.dumps(separators=(",", ":"), ensure_ascii=False)` writes the same bytes as serde_json
+for these values (strings, integers, null, lists, objects): both escape only `"`, `\\` and
+control characters, with the same short forms and lowercase `\\u00XX`.
+
+`parse_manifest_toml` reproduces `Manifest::parse` (the checks and the defaults that change
+the canonical form), so a local kernel folder gets the same digest as the hub gives it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import struct
+from typing import Any
+
+DIGEST_PREFIX = "sha256:"
+_DOMAIN = b"kernelize-kernel-v1\0"
+
+OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "silu", "silu_and_mul", "gelu", "gelu_tanh")
+SEMANTICS = {"rms_norm": ("llama", "gemma", "torch")}
+DTYPES = ("bf16", "f16", "f32")  # BTreeMap<DType, _> order (enum declaration order)
+ROWWISE_OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "silu_and_mul")
+
+MANIFEST_FIELDS = (
+    "name", "version", "op", "semantics", "description", "authors", "license", "source",
+    "entries", "launch", "constraints", "nvrtc_options",
+)
+_ALLOWED_OPTION_PREFIXES = (
+    "--use_fast_math", "-use_fast_math", "--fmad=", "-fmad=", "--ftz=", "-ftz=",
+    "--prec-div=", "-prec-div=", "--prec-sqrt=", "-prec-sqrt=", "--maxrregcount=",
+    "-maxrregcount=", "--std=c++", "-std=c++", "--define-macro=", "-D", "-lineinfo",
+    "--generate-line-info", "--extra-device-vectorization", "-default-device",
+)
+
+
+class DigestMismatch(Exception):
+    """A downloaded or pinned kernel whose content does not hash to its digest."""
+
+
+class ManifestError(ValueError):
+    """A kernel.toml the registry would refuse; the message names the field."""
+
+
+def canonical_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest with its keys in the Rust struct's order (what serde writes)."""
+    missing = [f for f in MANIFEST_FIELDS if f not in manifest]
+    extra = [f for f in manifest if f not in MANIFEST_FIELDS]
+    if missing or extra:
+        raise ManifestError(f"manifest fields: missing {missing}, unknown {extra}")
+    m = {f: manifest[f] for f in MANIFEST_FIELDS}
+    m["entries"] = {d: manifest["entries"][d] for d in DTYPES if d in manifest["entries"]}
+    if len(m["entries"]) != len(manifest["entries"]):
+        raise ManifestError(f"entries: unknown dtype in {sorted(manifest['entries'])}")
+    m["launch"] = [_canonical_rule(r) for r in manifest["launch"]]
+    c = manifest["constraints"]
+    m["constraints"] = {k: c[k] for k in ("cols_min", "cols_max", "cols_multiple_of", "archs")}
+    return m
+
+
+def _canonical_rule(r: dict[str, Any]) -> dict[str, Any]:
+    g = r["grid"]
+    kind = g["kind"]
+    key = {"per_row": "rows_per_block", "per_element": "elements_per_thread",
+           "persistent": "blocks_per_sm"}[kind]
+    return {
+        "cols_max": r["cols_max"],
+        "block": list(r["block"]),
+        "grid": {"kind": kind, key: g[key]},
+        "smem_bytes": r["smem_bytes"],
+        "smem_bytes_per_col": r["smem_bytes_per_col"],
+    }
+
+
+def manifest_json_bytes(manifest: dict[str, Any]) -> bytes:
+    """serde_json::to_vec(&manifest) for a checked manifest."""
+    return json.dumps(canonical_manifest(manifest), separators=(",", ":"),
+                      ensure_ascii=False).encode("utf-8")
+
+
+def digest_of(manifest: dict[str, Any], source: str) -> str:
+    """`sha256:<hex>` over the canonical encoding (kernel-registry `digest_of`)."""
+    m = manifest_json_bytes(manifest)
+    s = source.encode("utf-8")
+    h = hashlib.sha256()
+    h.update(_DOMAIN)
+    h.update(struct.pack("<Q", len(m)))
+    h.update(m)
+    h.update(struct.pack("<Q", len(s)))
+    h.update(s)
+    return DIGEST_PREFIX + h.hexdigest()
+
+
+def normalize_digest(d: str) -> str:
+    hexpart = d[len(DIGEST_PREFIX):] if d.startswith(DIGEST_PREFIX) else d
+    if not re.fullmatch(r"[0-9a-f]{64}", hexpart):
+        raise ValueError(f"`{d}` is not a digest: sha256:<64 lowercase hex digits>")
+    return DIGEST_PREFIX + hexpart
+
+
+def check_digest(manifest: dict[str, Any], source: str, expected: str, what: str = "kernel") -> str:
+    """Recompute the digest; raise DigestMismatch when the content is not what was pinned."""
+    expected = normalize_digest(expected)
+    actual = digest_of(manifest, source)
+    if actual != expected:
+        raise DigestMismatch(
+            f"{what}: content hashes to {actual}, not the expected {expected}; "
+            "refusing it (tampered or corrupted download, or a stale lock)")
+    return actual
+
+
+# ---- kernel.toml -> checked manifest (Manifest::parse) ------------------------------------
+
+# Rust's str::trim strips Unicode White_Space; Python's str.strip also strips U+001C..U+001F.
+_RUST_WS = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007" \
+           "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+
+
+def _rust_trim(s: str) -> str:
+    return s.strip(_RUST_WS)
+
+
+def _fe(field: str, msg: str) -> ManifestError:
+    return ManifestError(f"kernel.toml: field `{field}`: {msg}")
+
+
+_SEMVER = re.compile(
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)(?:\.(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*))*))?"
+    r"(?:\+([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?")
+_ARCH = re.compile(r"sm_(\d+)(\d)")
+
+
+def _arch_key(a: str) -> tuple[int, int]:
+    m = _ARCH.fullmatch(a)
+    if not m or not (3 <= int(m.group(1)) <= 20):
+        raise ValueError(a)
+    return int(m.group(1)), int(m.group(2))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def parse_manifest_toml(text: str) -> dict[str, Any]:
+    """Parse and check a kernel.toml as the registry does; returns the canonical manifest."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python < 3.11
+        import tomli as tomllib  # type: ignore
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ManifestError(f"kernel.toml: {e}") from None
+    known = {"name", "version", "op", "semantics", "description", "authors", "license",
+             "source", "entry", "launch", "constraints", "nvrtc_options"}
+    for k in raw:
+        if k not in known:
+            raise ManifestError(f"kernel.toml: unknown field `{k}`")
+    for k in ("name", "version", "op", "description", "authors", "license", "source", "entry", "launch"):
+        if k not in raw:
+            raise ManifestError(f"kernel.toml: missing field `{k}`")
+    name = raw["name"]
+    if not (isinstance(name, str) and 1 <= len(name) <= 64 and all(
+            c.isascii() and (c.islower() or c.isdigit() or c == "_" or (i > 0 and c in "-."))
+            for i, c in enumerate(name))):
+        raise _fe("name", f"`{name}` is not allowed")
+    version = raw["version"]
+    if not isinstance(version, str) or not _SEMVER.fullmatch(version):
+        raise _fe("version", f"`{version}` is not a semantic version")
+    op = raw["op"]
+    if op not in OPS:
+        raise _fe("op", f"op `{op}` is not valid: one of {', '.join(OPS)}")
+    allowed_sem = SEMANTICS.get(op, ("default",))
+    semantics = raw.get("semantics", allowed_sem[0])
+    if semantics not in allowed_sem:
+        raise _fe("semantics", f"for op {op}: one of {', '.join(allowed_sem)}")
+    description = raw["description"]
+    if not isinstance(description, str) or not _rust_trim(description):
+        raise _fe("description", "must say what the kernel computes")
+    authors = raw["authors"]
+    if not isinstance(authors, list) or not authors or any(
+            not isinstance(a, str) or not _rust_trim(a) for a in authors):
+        raise _fe("authors", "list at least one author, none empty")
+    lic = raw["license"]
+    if not isinstance(lic, str) or not _rust_trim(lic):
+        raise _fe("license", "give an SPDX license expression")
+    source = raw["source"]
+    if not (isinstance(source, str) and source.endswith(".cu") and "/" not in source
+            and "\\" not in source and not source.startswith(".")):
+        raise _fe("source", f"`{source}` must be a `.cu` file name in the kernel's folder")
+    entry = raw["entry"]
+    if not isinstance(entry, dict) or not entry:
+        raise _fe("entry", "declare one entry symbol per supported dtype")
+    entries = {}
+    for k, v in entry.items():
+        if k not in DTYPES:
+            raise _fe(f"entry.{k}", f"dtype `{k}` is not valid")
+        if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise _fe(f"entry.{k}", f"`{v}` is not a C identifier")
+        entries[k] = v
+    launch_raw = raw["launch"]
+    rules = [launch_raw] if isinstance(launch_raw, dict) else launch_raw
+    if not isinstance(rules, list) or not rules:
+        raise _fe("launch", "give at least one launch rule")
+    n = len(rules)
+    launch = []
+    prev_max = 0
+    for i, r in enumerate(rules):
+        at = (lambda k: f"launch.{k}") if n == 1 else (lambda k, i=i: f"launch[{i}].{k}")
+        if not isinstance(r, dict):
+            raise _fe("launch", "must be a table `[launch]` or tables `[[launch]]`")
+        for k in r:
+            if k not in ("cols_max", "block", "grid", "rows_per_block", "elements_per_thread",
+                         "blocks_per_sm", "smem_bytes", "smem_bytes_per_col"):
+                raise ManifestError(f"kernel.toml: `{at(k)}`: unknown field")
+        b = r.get("block")
+        if _is_int(b):
+            block = [b, 1, 1]
+        elif isinstance(b, list) and 1 <= len(b) <= 3 and all(_is_int(x) for x in b):
+            block = list(b) + [1] * (3 - len(b))
+        else:
+            raise _fe(at("block"), "give 1 to 3 block dimensions")
+        threads = block[0] * block[1] * block[2]
+        if any(d <= 0 or d >= 2**32 for d in block) or threads > 1024 or block[2] > 64:
+            raise _fe(at("block"), f"{block} is not a valid CUDA block")
+        grid = r.get("grid")
+        keys = {"per_row": "rows_per_block", "per_element": "elements_per_thread",
+                "persistent": "blocks_per_sm"}
+        if grid not in keys:
+            raise _fe(at("grid"), f"`{grid}` is not valid: one of per_row, per_element, persistent")
+        for other in keys.values():
+            if other != keys[grid] and other in r:
+                raise _fe(at(other), f'is not used with grid = "{grid}"; remove it')
+        val = r.get(keys[grid], None if grid == "persistent" else 1)
+        if val is None:
+            raise _fe(at(keys[grid]), "is required for this grid")
+        if not _is_int(val) or val < 1:
+            raise _fe(at(keys[grid]), "must be at least 1")
+        cm = r.get("cols_max")
+        last = i + 1 == n
+        if cm is not None and last and n > 1:
+            raise _fe(at("cols_max"), "the last launch rule must cover all larger problems")
+        if cm is None and not last:
+            raise _fe(at("cols_max"), "every launch rule but the last needs cols_max")
+        if cm is not None:
+            if cm <= prev_max:
+                raise _fe(at("cols_max"), "must be larger than the previous rule's cols_max")
+            prev_max = cm
+        smem = r.get("smem_bytes", 0)
+        smem_col = r.get("smem_bytes_per_col", 0)
+        if smem + smem_col * 65536 > (227 << 10) * 4:
+            raise _fe(at("smem_bytes"), "asks for far more shared memory than any GPU has")
+        launch.append({"cols_max": cm, "block": block, "grid": {"kind": grid, keys[grid]: val},
+                       "smem_bytes": smem, "smem_bytes_per_col": smem_col})
+    c = raw.get("constraints", {})
+    for k in c:
+        if k not in ("cols_min", "cols_max", "cols_multiple_of", "archs"):
+            raise ManifestError(f"kernel.toml: `constraints.{k}`: unknown field")
+    cols_min = c.get("cols_min", 1)
+    cols_multiple_of = c.get("cols_multiple_of", 1)
+    if cols_min == 0:
+        raise _fe("constraints.cols_min", "must be at least 1")
+    if cols_multiple_of == 0:
+        raise _fe("constraints.cols_multiple_of", "must be at least 1")
+    cols_max = c.get("cols_max")
+    if cols_max is not None and cols_max < cols_min:
+        raise _fe("constraints.cols_max", f"{cols_max} is below cols_min {cols_min}")
+    archs = []
+    for i, a in enumerate(c.get("archs", [])):
+        try:
+            archs.append((_arch_key(a), a))
+        except ValueError:
+            raise _fe(f"constraints.archs[{i}]", f"arch `{a}` is not valid") from None
+    archs = [f"sm_{maj}{mi}" for (maj, mi) in sorted({k for k, _ in archs})]
+    opts = raw.get("nvrtc_options", [])
+    for i, o in enumerate(opts):
+        if not any(o.startswith(p) for p in _ALLOWED_OPTION_PREFIXES):
+            raise _fe(f"nvrtc_options[{i}]", f"`{o}` is not allowed")
+    return canonical_manifest({
+        "name": name, "version": version, "op": op, "semantics": semantics,
+        "description": _rust_trim(description), "authors": authors, "license": _rust_trim(lic),
+        "source": source, "entries": entries, "launch": launch,
+        "constraints": {"cols_min": cols_min, "cols_max": cols_max,
+                        "cols_multiple_of": cols_multiple_of, "archs": archs},
+        "nvrtc_options": opts,
+    })
+
+
+def not_applicable(manifest: dict[str, Any], cols: int, arch: str | None) -> str | None:
+    """Manifest::not_applicable: why `cols` (elements for elementwise ops) is outside."""
+    c = manifest["constraints"]
+    if cols < c["cols_min"]:
+        return f"cols {cols} < cols_min {c['cols_min']}"
+    if c["cols_max"] is not None and cols > c["cols_max"]:
+        return f"cols {cols} > cols_max {c['cols_max']}"
+    if cols % c["cols_multiple_of"]:
+        return f"cols {cols} is not a multiple of {c['cols_multiple_of']}"
+    if arch and c["archs"] and arch not in c["archs"]:
+        return f"arch {arch} is not among the declared archs"
+    return None
+
+
+def launch_dims(manifest: dict[str, Any], rows: int, cols: int, sm_count: int) -> tuple[tuple, tuple, int]:
+    """Manifest::launch_dims: (grid, block, dynamic shared memory) for rows x cols."""
+    rule = next((r for r in manifest["launch"] if r["cols_max"] is None or cols <= r["cols_max"]),
+                manifest["launch"][-1])
+    block = tuple(rule["block"])
+    threads = block[0] * block[1] * block[2]
+    g = rule["grid"]
+    if g["kind"] == "per_row":
+        blocks = -(-rows // g["rows_per_block"])
+    elif g["kind"] == "per_element":
+        blocks = -(-(rows * cols) // (threads * g["elements_per_thread"]))
+    else:
+        blocks = g["blocks_per_sm"] * sm_count
+    blocks = max(blocks, 1)
+    if blocks > 2**31 - 1:
+        raise ValueError(f"grid of {blocks} blocks exceeds CUDA's limit of 2^31-1")
+    smem = rule["smem_bytes"] + rule["smem_bytes_per_col"] * cols
+    return (blocks, 1, 1), block, smem

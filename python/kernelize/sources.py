@@ -1,0 +1,242 @@
+"""Where kernels come from: a hub (REST), a lock file (pinned digests, offline) or a local
+kernel folder. Every kernel handed to the patcher has had its digest recomputed here."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .digest import (
+    DigestMismatch, canonical_manifest, check_digest, digest_of, normalize_digest,
+    not_applicable, parse_manifest_toml,
+)
+
+
+@dataclass(frozen=True)
+class Key:
+    """What is asked for one layer: the hub's resolve query."""
+    op: str
+    semantics: str
+    dtype: str
+    arch: str
+    cols: int
+    policy: str
+
+    def query(self) -> dict[str, Any]:
+        return {"op": self.op, "semantics": self.semantics, "dtype": self.dtype,
+                "arch": self.arch, "cols": self.cols, "policy": self.policy}
+
+
+@dataclass
+class Resolved:
+    """A kernel chosen for a key, its content checked against its digest."""
+    name: str
+    version: str
+    digest: str
+    manifest: dict[str, Any]
+    source: str
+    origin: str                      # "hub URL", "lock PATH", "dir PATH"
+    evidence: dict[str, Any] = field(default_factory=dict)  # class, device, verification_id, speed
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.version}"
+
+
+@dataclass
+class Resolution:
+    kernel: Resolved | None
+    excluded: list[str]
+
+
+class HubError(RuntimeError):
+    """The hub answered with an error other than "no kernel qualifies" (404)."""
+
+
+def _check_matches(key: Key, manifest: dict[str, Any], what: str) -> None:
+    if manifest["op"] != key.op or manifest["semantics"] != key.semantics:
+        raise DigestMismatch(f"{what}: is {manifest['op']} ({manifest['semantics']}), "
+                             f"asked for {key.op} ({key.semantics}); refusing it")
+    if key.dtype not in manifest["entries"]:
+        raise DigestMismatch(f"{what}: has no {key.dtype} entry; refusing it")
+
+
+class HubSource:
+    def __init__(self, url: str, timeout: float = 30.0, token: str | None = None):
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.token = token or os.environ.get("KERNELIZE_TOKEN")
+        self._sources: dict[str, tuple[dict, str]] = {}
+
+    def _get(self, path: str) -> tuple[int, Any]:
+        req = urllib.request.Request(self.url + path, headers={"Accept": "application/json"})
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                return r.status, json.loads(r.read().decode("utf-8"))
+        except urllib.error.HTTPError as e:
+            body = e.read().decode("utf-8", "replace")
+            try:
+                return e.code, json.loads(body)
+            except ValueError:
+                return e.code, {"detail": body}
+        except urllib.error.URLError as e:
+            raise HubError(f"cannot reach the hub at {self.url}: {e.reason}") from None
+
+    def source(self, digest: str) -> tuple[dict[str, Any], str]:
+        """GET /v1/sources/{digest}; the content is re-hashed and must give that digest."""
+        digest = normalize_digest(digest)
+        if digest not in self._sources:
+            status, body = self._get("/v1/sources/" + urllib.parse.quote(digest))
+            if status != 200:
+                raise HubError(f"GET /v1/sources/{digest}: {status} {body.get('detail', body)}")
+            manifest = canonical_manifest(body["manifest"])
+            check_digest(manifest, body["source"], digest, f"hub source {digest}")
+            self._sources[digest] = (manifest, body["source"])
+        return self._sources[digest]
+
+    def resolve(self, key: Key) -> Resolution:
+        status, body = self._get("/v1/resolve?" + urllib.parse.urlencode(key.query()))
+        if status == 404:
+            excluded = body.get("excluded") or [body.get("detail", "no kernel qualifies")]
+            return Resolution(None, list(excluded))
+        if status != 200:
+            raise HubError(f"GET /v1/resolve {key.query()}: {status} {body.get('detail', body)}")
+        digest = normalize_digest(body["digest"])
+        k = body["kernel"]
+        manifest, source = self.source(digest)
+        label = f"{k['name']} {k['version']} ({digest})"
+        if (manifest["name"], manifest["version"]) != (k["name"], k["version"]):
+            raise DigestMismatch(f"{label}: the source is {manifest['name']} {manifest['version']}")
+        _check_matches(key, manifest, label)
+        evidence = {e: body.get(e) for e in ("policy", "class", "device", "verified_at",
+                                             "verification_id", "verification_url", "speed")}
+        return Resolution(Resolved(k["name"], k["version"], digest, manifest, source,
+                                   f"hub {self.url}", evidence),
+                          list(body.get("excluded") or []))
+
+
+LOCK_FORMAT = 1
+
+
+class LockSource:
+    """A lock file: resolutions pinned by digest, with the kernels' content, for offline use.
+    Every kernel's digest is recomputed on load; one that does not match refuses the lock."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"lock file {self.path} not found; write one with "
+                                    "kernelize.lock(model, hub=URL, path=...)") from None
+        if data.get("kernelize_lock") != LOCK_FORMAT:
+            raise ValueError(f"{self.path}: not a kernelize lock (format {LOCK_FORMAT})")
+        self.data = data
+        self.kernels: dict[str, tuple[dict, str, dict]] = {}
+        for digest, k in data["kernels"].items():
+            manifest = canonical_manifest(k["manifest"])
+            check_digest(manifest, k["source"], digest, f"{self.path}: kernel {k.get('name')}")
+            self.kernels[normalize_digest(digest)] = (manifest, k["source"], k)
+        self.entries: dict[Key, dict] = {}
+        for e in data["resolutions"]:
+            key = Key(e["op"], e["semantics"], e["dtype"], e["arch"], int(e["cols"]), e["policy"])
+            if e.get("digest") and normalize_digest(e["digest"]) not in self.kernels:
+                raise ValueError(f"{self.path}: resolution {key} pins {e['digest']}, "
+                                 "which the lock does not hold")
+            self.entries[key] = e
+
+    def resolve(self, key: Key) -> Resolution:
+        e = self.entries.get(key)
+        if e is None:
+            return Resolution(None, [f"not in lock {self.path} (locked for: "
+                                     f"{sorted({(k.op, k.semantics, k.dtype, k.arch, k.cols, k.policy) for k in self.entries})}); "
+                                     "re-run kernelize.lock with the hub"])
+        if not e.get("digest"):
+            return Resolution(None, list(e.get("excluded") or ["no kernel qualified when locked"]))
+        digest = normalize_digest(e["digest"])
+        manifest, source, k = self.kernels[digest]
+        _check_matches(key, manifest, f"{self.path}: {digest}")
+        return Resolution(Resolved(manifest["name"], manifest["version"], digest, manifest, source,
+                                   f"lock {self.path}", dict(e.get("evidence") or {})),
+                          list(e.get("excluded") or []))
+
+
+def write_lock(path: str | os.PathLike, hub: str, resolutions: dict[Key, Resolution]) -> dict:
+    kernels: dict[str, Any] = {}
+    entries = []
+    for key, r in sorted(resolutions.items(), key=lambda kv: tuple(str(x) for x in kv[0].query().values())):
+        e: dict[str, Any] = dict(key.query())
+        e["digest"] = r.kernel.digest if r.kernel else None
+        e["excluded"] = r.excluded
+        if r.kernel:
+            e["kernel"] = r.kernel.label
+            e["evidence"] = r.kernel.evidence
+            kernels[r.kernel.digest] = {"name": r.kernel.name, "version": r.kernel.version,
+                                        "manifest": r.kernel.manifest, "source": r.kernel.source}
+        entries.append(e)
+    data = {"kernelize_lock": LOCK_FORMAT, "hub": hub, "resolutions": entries, "kernels": kernels}
+    Path(path).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return data
+
+
+class DirSource:
+    """A local folder of kernel folders (kernel.toml + .cu), read without a hub. These
+    kernels carry no verification: the policy cannot be checked, and the report says so.
+    When several match a layer, `names` picks which (otherwise the layer is left alone)."""
+
+    def __init__(self, path: str | os.PathLike, names: list[str] | None = None):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise FileNotFoundError(f"kernel folder {self.path} not found")
+        self.names = set(names) if names is not None else None
+        self.kernels: list[tuple[dict, str, str]] = []
+        self.errors: list[str] = []
+        for d in sorted(p for p in self.path.iterdir() if (p / "kernel.toml").is_file()):
+            try:
+                text = (d / "kernel.toml").read_text(encoding="utf-8")
+                manifest = parse_manifest_toml(text)
+                source = (d / manifest["source"]).read_text(encoding="utf-8")
+                for dt, sym in manifest["entries"].items():
+                    if sym not in source:
+                        raise ValueError(f"entry.{dt}: symbol `{sym}` not in {manifest['source']}")
+            except Exception as e:  # a broken folder is reported, not fatal
+                self.errors.append(f"{d.name}: {e}")
+                continue
+            if self.names is None or manifest["name"] in self.names:
+                self.kernels.append((manifest, source, digest_of(manifest, source)))
+        if self.names is not None:
+            missing = self.names - {m["name"] for m, _, _ in self.kernels}
+            if missing:
+                raise ValueError(f"{self.path}: no kernel named {sorted(missing)} "
+                                 f"(errors: {self.errors})")
+
+    def resolve(self, key: Key) -> Resolution:
+        excluded, ok = [], []
+        for m, src, dg in self.kernels:
+            if m["op"] != key.op or m["semantics"] != key.semantics:
+                continue
+            label = f"{m['name']} {m['version']}"
+            if key.dtype not in m["entries"]:
+                excluded.append(f"{label}: has no {key.dtype} entry")
+            elif (why := not_applicable(m, key.cols, key.arch)):
+                excluded.append(f"{label}: {why}")
+            else:
+                ok.append((m, src, dg))
+        if len(ok) > 1:
+            names = ", ".join(m["name"] for m, _, _ in ok)
+            return Resolution(None, excluded + [
+                f"{len(ok)} local kernels match ({names}); choose with names=[...]"])
+        if not ok:
+            return Resolution(None, excluded or [f"no kernel for {key.op} ({key.semantics}) in {self.path}"])
+        m, src, dg = ok[0]
+        return Resolution(Resolved(m["name"], m["version"], dg, m, src, f"dir {self.path}",
+                                   {"class": "unverified local kernel (policy not checked)"}),
+                          excluded)
