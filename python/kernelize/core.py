@@ -203,7 +203,8 @@ def _patch(site: Site, k: Resolved, device: torch.device) -> None:
         def fwd(self, x, *a, **kw):
             if a or kw or not usable(x, self.weight) or x.shape[-1] != site.cols:
                 return orig_forward(x, *a, **kw)
-            eps = site.eps if site.eps is not None else torch.finfo(x.dtype).eps
+            # nn.RMSNorm(eps=None): F.rms_norm takes the opmath type's epsilon (f32)
+            eps = site.eps if site.eps is not None else torch.finfo(torch.float32).eps
             return L.run_rms_norm(compiled, x, self.weight, eps)
     elif site.op == "layer_norm":
         def fwd(self, x, *a, **kw):

@@ -96,7 +96,7 @@ def classify_rmsnorm(m: nn.Module) -> tuple[str | None, float | None, str]:
     if not isinstance(w, torch.Tensor) or w.dim() != 1:
         return None, None, "no 1-D weight (an RMSNorm without a learned weight is not replaced)"
     if isinstance(m, getattr(nn, "RMSNorm", ())) and m.eps is None:
-        eps = None  # F.rms_norm uses finfo(dtype).eps: fixed per call
+        eps = None  # F.rms_norm: eps of the compute (opmath) type, f32 for bf16/f16/f32
     else:
         eps = _rms_eps(m)
         if eps is None:
@@ -113,7 +113,7 @@ def classify_rmsnorm(m: nn.Module) -> tuple[str | None, float | None, str]:
             y = probe(x)
         except Exception as e:  # noqa: BLE001 - any failure means: do not touch it
             return None, eps, f"probe forward failed: {e}"
-        e = torch.finfo(torch.bfloat16).eps if eps is None else eps
+        e = torch.finfo(torch.float32).eps if eps is None else eps
         refs = _rms_refs(x, probe.weight, e)
     diffs = {s: _bits_equal(y, r) for s, r in refs.items()}
     exact = [s for s, d in diffs.items() if d == 0]

@@ -1,0 +1,83 @@
+"""The Python digest against digests computed by the Rust hub (fixture recorded from it)."""
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from kernelize.digest import (DigestMismatch, ManifestError, canonical_manifest, check_digest,
+                              digest_of, launch_dims, not_applicable, parse_manifest_toml)
+
+CASES = json.loads((Path(__file__).parent / "fixtures" / "digests.json").read_text(encoding="utf-8"))["cases"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_digest_matches_rust(case):
+    assert digest_of(case["manifest"], case["source"]) == case["digest"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_toml_parses_to_the_same_canonical_manifest(case):
+    m = parse_manifest_toml(case["manifest_toml"])
+    assert m == canonical_manifest(case["manifest"])
+    assert digest_of(m, case["source"]) == case["digest"]
+
+
+def test_key_order_of_the_json_does_not_matter():
+    case = CASES[0]
+    items = list(case["manifest"].items())
+    random.Random(0).shuffle(items)
+    assert digest_of(dict(items), case["source"]) == case["digest"]
+
+
+def test_odd_fixture_covers_escapes_and_defaults():
+    odd = next(c for c in CASES if c["name"] == "odd-chars.kernel")
+    m = odd["manifest"]
+    assert "\t" in m["description"] and "\u0001" in m["description"] and "😀" in m["description"]
+    assert m["constraints"]["archs"] == ["sm_80", "sm_90", "sm_100"]  # sorted, deduplicated
+    assert m["license"] == "MIT"  # trimmed
+
+
+@pytest.mark.parametrize("mutate", ["source", "description", "launch", "entries"])
+def test_any_change_is_refused(mutate):
+    case = CASES[1]
+    m = json.loads(json.dumps(case["manifest"]))
+    src = case["source"]
+    if mutate == "source":
+        src = src.replace("rsqrtf", "rsqrtf ", 1)
+    elif mutate == "description":
+        m["description"] += "."
+    elif mutate == "launch":
+        m["launch"][0]["block"][0] += 32
+    else:
+        m["entries"]["bf16"] = "evil"
+    with pytest.raises(DigestMismatch, match="refusing"):
+        check_digest(m, src, case["digest"])
+
+
+def test_manifest_errors_name_the_field():
+    base = next(c for c in CASES if c["name"] == "silu")["manifest_toml"]
+    with pytest.raises(ManifestError, match="op"):
+        parse_manifest_toml(base.replace('op = "silu"', 'op = "silly"'))
+    with pytest.raises(ManifestError, match="unknown field"):
+        parse_manifest_toml(base + "\nextra = 1\n")
+    with pytest.raises(ManifestError, match="nvrtc_options"):
+        parse_manifest_toml(base.replace('source = "kernel.cu"', 'source = "kernel.cu"\nnvrtc_options = ["-arch=sm_90"]'))
+
+
+def test_launch_dims_and_constraints_follow_the_rules():
+    llama = next(c for c in CASES if c["name"] == "rms_norm_llama")["manifest"]
+    m = canonical_manifest(llama)
+    # first rule whose cols_max >= cols; per_row: ceil(rows / rows_per_block)
+    grid, block, smem = launch_dims(m, rows=10, cols=64, sm_count=132)
+    rule = m["launch"][0]
+    assert block == tuple(rule["block"])
+    assert grid[0] == -(-10 // rule["grid"]["rows_per_block"])
+    grid, block, _ = launch_dims(m, rows=10, cols=10**6, sm_count=132)
+    assert block == tuple(m["launch"][-1]["block"])
+    odd = canonical_manifest(next(c for c in CASES if c["name"] == "odd-chars.kernel")["manifest"])
+    assert launch_dims(odd, 5, 1000, 132) == ((264, 1, 1), (128, 1, 1), 16 + 4 * 1000)
+    assert not_applicable(odd, 12, None) == "cols 12 is not a multiple of 8"
+    assert "sm_89" in not_applicable(odd, 16, "sm_89")
+    assert not_applicable(odd, 16, "sm_90") is None

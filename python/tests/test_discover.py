@@ -1,0 +1,96 @@
+"""Layer discovery and semantics matching on transformers classes built on the CPU."""
+
+import pytest
+import torch
+from torch import nn
+
+from kernelize.discover import classify_activation, classify_rmsnorm, discover
+
+transformers = pytest.importorskip("transformers")
+
+
+def sites(model):
+    d = discover(model)
+    return {(s.path, s.op, s.semantics, s.cols, s.dtype) for s in d.sites}, d
+
+
+def test_llama_norms_and_gated_mlp(tiny_llama):
+    found, d = sites(tiny_llama)
+    norms = {p for p, op, sem, cols, dt in found if op == "rms_norm"}
+    assert len(norms) == 5 and all(sem == "llama" and cols == 64 and dt == "bf16"
+                                   for p, op, sem, cols, dt in found if op == "rms_norm")
+    mlps = {p for p, op, *_ in found if op == "silu_and_mul"}
+    assert mlps == {"model.layers.0.mlp", "model.layers.1.mlp"}
+    assert all(cols == 160 for p, op, sem, cols, dt in found if op == "silu_and_mul")
+    # the act_fn inside a fused MLP is not a separate silu site
+    assert not any(op == "silu" for _, op, *_ in found)
+
+
+def test_gemma_semantics_and_gelu_tanh():
+    if not hasattr(transformers, "GemmaForCausalLM"):
+        pytest.skip("this transformers has no Gemma")
+    cfg = transformers.GemmaConfig(vocab_size=128, hidden_size=64, intermediate_size=96,
+                                   num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=1, head_dim=16)
+    found, d = sites(transformers.GemmaForCausalLM(cfg).to(torch.bfloat16))
+    assert {sem for _, op, sem, *_ in found if op == "rms_norm"} == {"gemma"}
+    assert ("model.layers.0.mlp.act_fn", "gelu_tanh", "default", 96, "bf16") in found
+    assert any(s.path == "model.layers.0.mlp" and "not SiLU" in s.reason for s in d.skipped)
+
+
+@pytest.mark.parametrize("act,expect", [("gelu", "gelu"), ("gelu_pytorch_tanh", "gelu_tanh"),
+                                        ("gelu_new", None)])
+def test_gpt2_layernorm_and_gelu(act, expect):
+    cfg = transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                  activation_function=act)
+    found, d = sites(transformers.GPT2LMHeadModel(cfg).to(torch.bfloat16))
+    lns = [x for x in found if x[1] == "layer_norm"]
+    assert len(lns) == 5 and all(x[3] == 64 for x in lns)
+    acts = [x for x in found if x[0].endswith("mlp.act")]
+    if expect is None:
+        # NewGELUActivation computes tanh-GELU with its own formula: not eager F.gelu
+        assert not acts
+        assert any(s.path.endswith("mlp.act") and "own formula" in s.reason for s in d.skipped)
+    else:
+        assert {x[1] for x in acts} == {expect} and all(x[3] == 256 for x in acts)
+
+
+class RenamedLlamaRMSNorm(nn.Module):  # an unknown class with llama casting
+    def __init__(self, n, eps=1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.variance_epsilon = eps
+
+    def forward(self, x):
+        dt = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * x.to(dt)
+
+
+class WeightFirstRMSNorm(RenamedLlamaRMSNorm):  # liger-style: weight before the rounding
+    def forward(self, x):
+        dt = x.dtype
+        xf = x.float()
+        r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (xf * r * self.weight.float() + 1e-3).to(dt)
+
+
+def test_rmsnorm_semantics_by_probe():
+    assert classify_rmsnorm(RenamedLlamaRMSNorm(128))[0] == "llama"
+    assert classify_rmsnorm(nn.RMSNorm(128, eps=1e-6))[0] == "torch"
+    sem, eps, _ = classify_rmsnorm(nn.RMSNorm(128))
+    assert sem == "torch" and eps is None  # eps=None: F.rms_norm's own default
+    sem, _, why = classify_rmsnorm(WeightFirstRMSNorm(128))
+    assert sem is None and "none of the known RMSNorm semantics" in why
+
+
+def test_activations_and_layernorm_without_affine():
+    model = nn.Sequential(nn.Linear(32, 32), nn.SiLU(), nn.GELU(), nn.GELU(approximate="tanh"),
+                          nn.LayerNorm(32), nn.LayerNorm(32, elementwise_affine=False),
+                          nn.ReLU())
+    found, d = sites(model)
+    ops = {p: op for p, op, *_ in found}
+    assert ops == {"1": "silu", "2": "gelu", "3": "gelu_tanh", "4": "layer_norm"}
+    assert any(s.path == "5" and "affine" in s.reason for s in d.skipped)
+    assert classify_activation(nn.ReLU())[0] is None

@@ -1,0 +1,133 @@
+"""The client against a real `kernelize serve` (the repo's binary), lock files and local
+kernel folders. No GPU: kernelize reports what it would replace and swaps nothing."""
+
+import json
+import urllib.request
+
+import pytest
+import torch
+
+import kernelize
+from kernelize import DigestMismatch, HubSource
+from kernelize.digest import digest_of
+from conftest import REPO
+
+transformers = pytest.importorskip("transformers")
+
+
+def by_path(report):
+    return {e.path: e for e in report.entries}
+
+
+def test_unverified_bundled_kernels_are_never_handed_out(hub, tiny_llama, capsys):
+    rep = kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90")
+    assert rep.replaced == [] and not rep.swapped
+    e = by_path(rep)["model.norm"]
+    assert e.status == "kept" and e.op == "rms_norm" and e.semantics == "llama"
+    assert any(r.startswith("rms_norm_llama 1.0.0: never verified") for r in e.reasons)
+    mlp = by_path(rep)["model.layers.0.mlp"]
+    assert any(r.startswith("silu_and_mul 1.0.0: never verified") for r in mlp.reasons)
+    out = capsys.readouterr().out
+    assert "0 of 7 layers would be replaced" in out and "never verified" in out
+    # nothing was touched
+    assert "forward" not in tiny_llama.model.norm.__dict__
+
+
+def test_verified_kernels_resolve_on_their_arch_only(hub, tiny_llama):
+    digests = hub.verify_as_worker({"rms_norm_llama", "silu_and_mul"}, arch="sm_90")
+    rep = kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False)
+    entries = by_path(rep)
+    norm, mlp = entries["model.layers.1.post_attention_layernorm"], entries["model.layers.1.mlp"]
+    assert norm.status == "would replace" and norm.kernel.name == "rms_norm_llama"
+    assert norm.kernel.digest == digests["rms_norm_llama"]
+    assert digest_of(norm.kernel.manifest, norm.kernel.source) == norm.kernel.digest
+    assert norm.kernel.evidence["class"] and norm.kernel.evidence["verification_id"]
+    assert mlp.status == "would replace" and mlp.kernel.digest == digests["silu_and_mul"]
+    assert len(rep.replaced) == 7
+    # another architecture: the sm_90 evidence does not count
+    rep80 = kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_80", verbose=False)
+    assert rep80.replaced == []
+    assert any("not verified on sm_80 (only on sm_90)" in r for r in by_path(rep80)["model.norm"].reasons)
+    # a model in f16: the recorded report has bf16 cases only, so bit_exact is not shown for f16
+    rep16 = kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", dtype="f16", verbose=False)
+    assert rep16.replaced == []
+
+
+def test_policy_picks_between_exact_and_faster_inexact(hub, tiny_llama):
+    hub.verify_as_worker({"rms_norm_llama"}, report="exact")
+    hub.verify_as_worker({"rms_norm_llama_wbr"}, report="one_ulp_fast")
+    exact = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False))
+    assert exact["model.norm"].kernel.name == "rms_norm_llama"
+    assert any(r.startswith("rms_norm_llama_wbr 1.0.0:") for r in exact["model.norm"].reasons)
+    loose = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", policy="ulp:1",
+                                        verbose=False))
+    assert loose["model.norm"].kernel.name == "rms_norm_llama_wbr"  # faster, within 1 ulp
+
+
+def test_a_tampered_hub_source_is_refused(hub, tiny_llama, monkeypatch):
+    hub.verify_as_worker({"rms_norm_llama"})
+    real_get = HubSource._get
+
+    def evil_get(self, path):
+        status, body = real_get(self, path)
+        if path.startswith("/v1/sources/"):
+            body["source"] = body["source"].replace("rsqrtf(", "rsqrtf(0.5f + ", 1)
+        return status, body
+
+    monkeypatch.setattr(HubSource, "_get", evil_get)
+    with pytest.raises(DigestMismatch, match="refusing"):
+        kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False)
+
+
+def test_bad_query_and_swap_without_cuda_are_clear_errors(hub, tiny_llama):
+    with pytest.raises(kernelize.HubError, match="400"):
+        kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_9x", verbose=False)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA"):
+            kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", swap=True)
+        with pytest.raises(ValueError, match="arch"):
+            kernelize.kernelize(tiny_llama, hub=hub.url)
+    with pytest.raises(ValueError, match="exactly one"):
+        kernelize.kernelize(tiny_llama, hub=hub.url, lock="x.json")
+
+
+def test_lock_round_trip_offline(hub, tiny_llama, tmp_path):
+    hub.verify_as_worker({"rms_norm_llama"})
+    path = tmp_path / "kernelize.lock.json"
+    kernelize.lock(tiny_llama, hub=hub.url, path=path, arch="sm_90")
+    online = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False))
+    hub.proc.terminate()
+    hub.proc.wait(10)  # offline from here on
+    offline = by_path(kernelize.kernelize(tiny_llama, lock=path, arch="sm_90", verbose=False))
+    assert {p: (e.status, e.kernel and e.kernel.digest) for p, e in offline.items()} == \
+           {p: (e.status, e.kernel and e.kernel.digest) for p, e in online.items()}
+    assert offline["model.norm"].status == "would replace"
+    # the unverified MLP kernel's reasons were locked too
+    assert any("never verified" in r for r in offline["model.layers.0.mlp"].reasons)
+    # asking the lock for something it was not locked for: kept, with the reason
+    other = by_path(kernelize.kernelize(tiny_llama, lock=path, arch="sm_80", verbose=False))
+    assert other["model.norm"].status == "kept" and "not in lock" in other["model.norm"].reasons[0]
+
+    data = json.loads(path.read_text())
+    (digest, k), = data["kernels"].items()
+    k["source"] = k["source"].replace("rsqrtf(", "rsqrtf(2.0f * ", 1)
+    path.write_text(json.dumps(data))
+    with pytest.raises(DigestMismatch, match="refusing"):
+        kernelize.kernelize(tiny_llama, lock=path, arch="sm_90", verbose=False)
+
+
+def test_local_kernel_folder_gives_the_hubs_digests(hub, tiny_llama):
+    listed = json.load(urllib.request.urlopen(hub.url + "/v1/kernels?limit=500"))["kernels"]
+    hub_digest = {k["name"]: k["digest"] for k in listed}
+    rep = kernelize.kernelize(tiny_llama, kernels_dir=REPO / "kernels",
+                              names=["rms_norm_llama", "silu_and_mul"], arch="sm_90", verbose=False)
+    e = by_path(rep)
+    assert e["model.norm"].status == "would replace"
+    assert e["model.norm"].kernel.digest == hub_digest["rms_norm_llama"]
+    assert e["model.layers.0.mlp"].kernel.digest == hub_digest["silu_and_mul"]
+    assert "unverified" in e["model.norm"].kernel.evidence["class"]
+    # without names, several llama RMSNorm kernels match: ambiguous, left alone
+    amb = by_path(kernelize.kernelize(tiny_llama, kernels_dir=REPO / "kernels", arch="sm_90",
+                                      verbose=False))
+    assert amb["model.norm"].status == "kept"
+    assert "choose with names" in amb["model.norm"].reasons[-1]
