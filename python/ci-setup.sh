@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install what the Python tests need into python/.venv (idempotent; reused when complete).
+# torch comes from PyPI (the only index reachable here): the Linux x86_64 wheel pulls the
+# CUDA runtime packages too (about 5.6 GB installed, ~5 minutes on the build machine); the
+# tests themselves only use the CPU.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+if .venv/bin/python -c "import torch, transformers, pytest" 2>/dev/null; then
+  echo "python/.venv: torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'), transformers present"
+else
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q "torch>=2.8" "transformers>=4.45" pytest
+fi
