@@ -55,6 +55,15 @@ pub fn gpu_available() -> bool {
     .unwrap_or(false)
 }
 
+/// Set once a launch failed or timed out: the context is unusable and a kernel may still be
+/// running, so buffers are no longer freed (cuMemFree would wait for that kernel forever).
+static CONTEXT_BROKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn mark_broken(e: ExecError) -> ExecError {
+    CONTEXT_BROKEN.store(true, std::sync::atomic::Ordering::SeqCst);
+    e
+}
+
 /// A device buffer with guard regions of `GUARD_BYTES` before and after its payload.
 pub struct DevBuf {
     base: sys::CUdeviceptr,
@@ -70,7 +79,10 @@ impl DevBuf {
 
 impl Drop for DevBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated by `Gpu::alloc`; errors (a broken context) are ignored on drop.
+        if CONTEXT_BROKEN.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        // SAFETY: allocated by `Gpu::alloc`; errors are ignored on drop.
         unsafe {
             let _ = result::free_sync(self.base);
         }
@@ -435,19 +447,21 @@ impl Gpu {
                 &mut params,
             )
         }
-        .map_err(|e| ExecError::Launch {
-            what: format!("launching {what} (grid {grid:?}, block {block:?}, {smem} B shared)"),
-            message: describe(&e),
+        .map_err(|e| {
+            mark_broken(ExecError::Launch {
+                what: format!("launching {what} (grid {grid:?}, block {block:?}, {smem} B shared)"),
+                message: describe(&e),
+            })
         })
     }
 
     fn wait(&self, what: &str, limit: Duration) -> Result<(), ExecError> {
         // SAFETY: events are live; legacy default stream.
         unsafe { result::event::record(self.stop, std::ptr::null_mut()) }.map_err(|e| {
-            ExecError::Launch {
+            mark_broken(ExecError::Launch {
                 what: what.into(),
                 message: describe(&e),
-            }
+            })
         })?;
         let t0 = Instant::now();
         loop {
@@ -456,17 +470,17 @@ impl Gpu {
                 Ok(()) => return Ok(()),
                 Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => {}
                 Err(e) => {
-                    return Err(ExecError::Launch {
+                    return Err(mark_broken(ExecError::Launch {
                         what: what.into(),
                         message: describe(&e),
-                    })
+                    }))
                 }
             }
             if t0.elapsed() > limit {
-                return Err(ExecError::Timeout {
+                return Err(mark_broken(ExecError::Timeout {
                     what: what.into(),
                     limit_s: limit.as_secs_f64(),
-                });
+                }));
             }
             std::thread::sleep(Duration::from_micros(
                 if t0.elapsed() < Duration::from_millis(5) {

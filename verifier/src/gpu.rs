@@ -242,7 +242,22 @@ impl Executor for CudaExecutor {
             )
         };
 
+        let trace = std::env::var_os("KERNELIZE_TRACE").is_some();
+        let t_case = std::time::Instant::now();
+        let mut t_last = t_case;
+        let mut phase = |name: &str| {
+            if trace {
+                let now = std::time::Instant::now();
+                eprintln!(
+                    "trace {} {name}: {:.3} s",
+                    spec.id,
+                    (now - t_last).as_secs_f64()
+                );
+                t_last = now;
+            }
+        };
         let inp = cases::generate(spec);
+        phase("generate");
         let bufs = Bufs::upload(gpu, &inp)?;
         let out_bytes = (rows * cols) as usize * dt.size_bytes();
         let is_fused = op == Op::FusedAddRmsNorm;
@@ -263,6 +278,7 @@ impl Executor for CudaExecutor {
         let ref_res_host = ref_res.as_ref().map(|r| gpu.download_vec(r)).transpose()?;
         drop(ref_out);
         drop(ref_res);
+        phase("upload+reference");
 
         // Candidate: three launches, output poisoned with a different pattern each time.
         let out = gpu.alloc(out_bytes)?;
@@ -285,6 +301,7 @@ impl Executor for CudaExecutor {
             }
         }
 
+        phase("3 candidate launches+downloads");
         let mut integrity = Vec::new();
         let mut notes = Vec::new();
         let es = dt.size_bytes();
@@ -341,6 +358,7 @@ impl Executor for CudaExecutor {
             }
         }
 
+        phase("integrity");
         // Determinism.
         let mut differ = 0;
         for k in 1..outs.len() {
@@ -370,7 +388,9 @@ impl Executor for CudaExecutor {
                 exactness = worst(exactness, exact_of(k));
             }
         }
+        phase("exactness");
         let accuracy = oracle::accuracy(spec, &inp, &outs[0], &ref_host);
+        phase("oracle");
 
         // Batch invariance: sampled rows alone and at several positions in other batches.
         let batch_invariant = if spec.check_batch {
@@ -424,6 +444,7 @@ impl Executor for CudaExecutor {
             None
         };
 
+        phase("batch invariance");
         // Speed.
         let speed = if spec.measure_speed {
             let reps = limits.speed_reps.max(3) as usize;
@@ -464,6 +485,7 @@ impl Executor for CudaExecutor {
             None
         };
 
+        phase("speed");
         Ok(CaseReport {
             id: spec.id.clone(),
             dtype: dt,

@@ -122,6 +122,54 @@ fn main() -> ExitCode {
             }
         };
     }
+    if args.get(1).map(String::as_str) == Some("__verify") {
+        // `gpu __verify DIR OUT.json [--quick]`: a verification without the kernelize binary
+        // (for staging when only the verifier builds); prints one summary line.
+        let (Some(dir), Some(out)) = (args.get(2), args.get(3)) else {
+            eprintln!("usage: gpu __verify DIR OUT.json [--quick]");
+            return ExitCode::from(2);
+        };
+        let quick = args.iter().any(|a| a == "--quick");
+        let t0 = Instant::now();
+        let res = KernelBundle::load_dir(std::path::Path::new(dir))
+            .map_err(|e| e.to_string())
+            .and_then(|b| {
+                let opts = VerifyOptions {
+                    quick,
+                    ..Default::default()
+                };
+                if args.iter().any(|a| a == "--inproc") {
+                    // In this process (no isolation), for profiling with KERNELIZE_TRACE=1.
+                    let mut ex = verifier::gpu::CudaExecutor::new();
+                    verifier::verify_with(&mut ex, &b, &opts, &mut |_| {})
+                        .map_err(|e| e.to_string())
+                } else {
+                    verify_bundle(&b, &opts, &mut |_| {}).map_err(|e| e.to_string())
+                }
+            });
+        return match res {
+            Ok(r) => {
+                let _ = std::fs::write(out, serde_json::to_vec_pretty(&r).unwrap_or_default());
+                let per: Vec<String> = r
+                    .summary
+                    .per_dtype
+                    .iter()
+                    .map(|(d, v)| format!("{d}:{} {}", v.class, v.describe()))
+                    .collect();
+                println!(
+                    "{} {:.1} s: {}",
+                    r.kernel.name,
+                    t0.elapsed().as_secs_f64(),
+                    per.join(" | ")
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                println!("{dir}: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if !verifier::gpu_available() {
         let require = std::env::var("KERNELIZE_REQUIRE_GPU").as_deref() == Ok("1");
         eprintln!("\n{}", "#".repeat(78));
