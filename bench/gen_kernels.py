@@ -14,7 +14,65 @@ OUT = os.path.join(ROOT, "kernels")
 CT = {"bf16": "__nv_bfloat16", "f16": "__half", "f32": "float"}
 DTYPES = ["bf16", "f16", "f32"]
 
+# Row kernels: a group of G threads per row (blockDim.x = G), 256 threads per block. The
+# group emulates the 256 canonical lanes, 256/G per thread; each thread holds up to 8
+# vectors of 8 elements (128 bytes bf16/f16, 256 f32) in registers, loaded before use.
 ROW_LAUNCH = """
+# cols <= 256: one warp per row, 8 rows per warp at once (1 vector each per thread),
+# 8 warps per block: 64 rows per block.
+[[launch]]
+cols_max = 256
+block = [32, 8]
+grid = "per_row"
+rows_per_block = 64
+
+# cols <= 512: one warp per row, 4 rows per warp at once.
+[[launch]]
+cols_max = 512
+block = [32, 8]
+grid = "per_row"
+rows_per_block = 32
+
+# cols <= 1024: one warp per row, 2 rows per warp at once.
+[[launch]]
+cols_max = 1024
+block = [32, 8]
+grid = "per_row"
+rows_per_block = 16
+
+# cols <= 2048: one warp per row (8 canonical lanes per thread), 8 rows per block.
+[[launch]]
+cols_max = 2048
+block = [32, 8]
+grid = "per_row"
+rows_per_block = 8
+
+# cols <= 4096: 64 threads per row (4 canonical lanes per thread), 4 rows per block.
+[[launch]]
+cols_max = 4096
+block = [64, 4]
+grid = "per_row"
+rows_per_block = 4
+
+# cols <= 8192: 128 threads per row (2 canonical lanes per thread), 2 rows per block.
+[[launch]]
+cols_max = 8192
+block = [128, 2]
+grid = "per_row"
+rows_per_block = 2
+
+# larger rows: one 256-thread block per row (thread t = canonical lane t), the row in
+# registers up to 16384 columns, streamed twice (statistics, then outputs) beyond that.
+[[launch]]
+block = 256
+grid = "per_row"
+rows_per_block = 1
+"""
+
+# Engine v1 (bench/kernel_src/v1/, the sources of commit f77ce87, kept byte for byte): one warp
+# per row up to 2048 columns, one 256-thread block per row above. Still used by the kernels in
+# V1 below, which the v2 row engine made slower on the H200 (bench/RESULTS.md).
+ROW_LAUNCH_V1 = """
 # cols <= 2048: one warp per row (the warp emulates the 256 canonical lanes, 8 per thread),
 # 4 rows per 128-thread block, the row in registers.
 [[launch]]
@@ -31,20 +89,15 @@ grid = "per_row"
 rows_per_block = 1
 """
 
-WARP_LAUNCH = """
-# one warp per row at every size, 4 rows per 128-thread block.
-[launch]
-block = [32, 4]
-grid = "per_row"
-rows_per_block = 4
-"""
+V1 = {"fused_add_rms_norm", "layer_norm", "layer_norm_twopass", "layer_norm_onepass"}
 
 EW_LAUNCH = """
-# 16 elements per thread (16-byte loads), 256 threads per block, grid-stride loop.
+# 64 bytes per thread (4 x 16-byte loads: 32 elements of bf16/f16; f32 blocks loop twice),
+# 256 threads per block, grid-stride loop.
 [launch]
 block = 256
 grid = "per_element"
-elements_per_thread = 16
+elements_per_thread = 32
 """
 
 SIGS = {
@@ -59,14 +112,17 @@ SIGS = {
     "silu_and_mul": ("T* out, const T* x, long long rows, long long cols", "out, x, rows, cols"),
 }
 ROWWISE = {"rms_norm", "fused_add_rms_norm", "layer_norm"}
+# row kernels with more live state per element (x and residual; two passes): up to 128 registers
+TWO_STATE = {"kz_fused_add_rms_norm<T>", "kz_layer_norm<T, 1>"}
 
 # name, op, semantics (None = default), call template (T = C type), description, dtypes
 KERNELS = [
     ("rms_norm_llama", "rms_norm", "llama", "kz_rms_norm<T, KZ_LLAMA>",
      """Fast exact HF LlamaRMSNorm: var = mean(x^2) by the canonical 256-lane row reduction,
      r = rsqrtf(var + eps), n = round(x * r), y = round(w * n) (two roundings, as eager).
-     16-byte loads, one warp per row up to 2048 columns, one 256-thread block per row above,
-     the row kept in registers (streamed twice from memory beyond 32768/16384 columns).
+     16-byte loads; 32/64/128/256 threads per row as cols grows (several rows per warp below
+     1024 columns), up to 8 vectors of 8 per thread loaded before use, the row kept in
+     registers (streamed twice from memory beyond 16384 columns).
      Bit-exact with docs/reference-semantics.md by construction.""", DTYPES),
     ("rms_norm_gemma", "rms_norm", "gemma", "kz_rms_norm<T, KZ_GEMMA>",
      """Fast exact Gemma RMSNorm: y = round(x * r * (1 + w)), r = rsqrtf(mean(x^2) + eps) by the
@@ -85,29 +141,18 @@ KERNELS = [
      y = round(fma((x - mean) * rstd, w, b)). Row kept in registers, read once.""", DTYPES),
     ("silu", "silu", None, "kz_unary<T, KZ_SILU>",
      """Fast exact SiLU: y = round(h / (1 + expf(-h))) with accurate expf and IEEE division,
-     16 elements per thread with 16-byte loads.""", DTYPES),
+     32 elements (bf16/f16) per thread in 4 16-byte loads issued before use.""", DTYPES),
     ("gelu", "gelu", None, "kz_unary<T, KZ_GELU>",
      """Fast exact erf GELU (F.gelu): y = round(h*0.5 * (1 + erff(h*0.70710678))),
-     16 elements per thread with 16-byte loads.""", DTYPES),
+     32 elements (bf16/f16) per thread in 4 16-byte loads issued before use.""", DTYPES),
     ("gelu_tanh", "gelu_tanh", None, "kz_unary<T, KZ_GELU_TANH>",
      """Fast exact tanh GELU (F.gelu(approximate='tanh')):
      y = round(0.5h * (1 + tanhf(0.79788456 * fma(0.044715, h^3, h)))),
-     16 elements per thread with 16-byte loads.""", DTYPES),
+     32 elements (bf16/f16) per thread in 4 16-byte loads issued before use.""", DTYPES),
     ("silu_and_mul", "silu_and_mul", None, "kz_silu_and_mul<T, true>",
      """Fast exact silu(g) * u as eager computes it: s = round(silu(g)) (intermediate rounding
      to T), y = round(s * u). x = [rows, 2*cols], gate first. 16-byte loads when cols is a
      multiple of 16/sizeof(T), scalar otherwise.""", DTYPES),
-    # ---- the same exact code, launched one warp per row at every size (8 canonical lanes per
-    # thread = 8 independent accumulation chains; rows over 2048 columns are read twice) ----
-    ("layer_norm_warp", "layer_norm", None, "kz_layer_norm<T, 0>",
-     """Fast exact nn.LayerNorm, same code and bits as layer_norm but launched one warp per row
-     at every size: each thread carries 8 of the 256 canonical Welford lanes (8 independent
-     division chains instead of 1); rows longer than 2048 columns are read twice (statistics,
-     then outputs; the second read mostly hits L2).""", DTYPES, "warp"),
-    ("rms_norm_llama_warp", "rms_norm", "llama", "kz_rms_norm<T, KZ_LLAMA>",
-     """Fast exact HF LlamaRMSNorm, same code and bits as rms_norm_llama but launched one warp per
-     row at every size; rows longer than 2048 columns are read twice (sum of squares, then
-     outputs; the second read mostly hits L2).""", DTYPES, "warp"),
     # ---- known-different variants ----
     ("rms_norm_llama_wbr", "rms_norm", "llama", "kz_rms_norm<T, KZ_WBR>",
      """KNOWN-DIFFERENT variant (liger-style 'weight before rounding'), declared as llama
@@ -135,26 +180,30 @@ KERNELS = [
 ]
 
 
-def read(name):
-    with open(os.path.join(SRC, name)) as f:
+def read(name, sub=""):
+    with open(os.path.join(SRC, sub, name)) as f:
         return f.read()
 
 
 def main():
     common = read("common.cuh") + read("rows.cuh") + read("elementwise.cuh")
+    common_v1 = read("common.cuh", "v1") + read("rows.cuh", "v1") + read("elementwise.cuh", "v1")
     names = set()
-    for name, op, sem, call, desc, dts, *launch in KERNELS:
+    for name, op, sem, call, desc, dts in KERNELS:
         assert name not in names
         names.add(name)
         sig, args = SIGS[op]
         entries = []
         for dt in dts:
             T = CT[dt]
-            mb = 4 if op not in ROWWISE else (2 if dt == "f32" else (3 if op == "layer_norm" else 4))
+            if name in V1:  # as in commit f77ce87
+                mb = 2 if dt == "f32" else (3 if op == "layer_norm" else 4)
+            else:
+                mb = 3 if op not in ROWWISE else (2 if dt == "f32" or call in TWO_STATE else 3)
             entries.append(
                 f'extern "C" __global__ void __launch_bounds__(256, {mb}) {name}_{dt}({sig.replace("T*", T + "*")}) {{\n'
                 f'  {call.replace("<T", "<" + T)}({args});\n}}\n')
-        src = common + "\n// ---- entry points -----------------------------------------------------------------\n" + "\n".join(entries)
+        src = (common_v1 if name in V1 else common) + "\n// ---- entry points -----------------------------------------------------------------\n" + "\n".join(entries)
         desc = " ".join(textwrap.dedent(desc).split())
         toml = [f'name = "{name}"', 'version = "1.0.0"', f'op = "{op}"']
         if sem:
@@ -162,7 +211,7 @@ def main():
         toml += [f'description = """{desc}"""', 'authors = ["kernelize"]', 'license = "Apache-2.0"',
                  'source = "kernel.cu"', "", "[entry]"]
         toml += [f'{dt} = "{name}_{dt}"' for dt in dts]
-        toml.append(WARP_LAUNCH if launch == ["warp"] else ROW_LAUNCH if op in ROWWISE else EW_LAUNCH)
+        toml.append(ROW_LAUNCH_V1 if name in V1 else ROW_LAUNCH if op in ROWWISE else EW_LAUNCH)
         d = os.path.join(OUT, name)
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "kernel.toml"), "w") as f:

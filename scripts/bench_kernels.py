@@ -534,6 +534,8 @@ def main():
     ap.add_argument("--no-compile-baselines", action="store_true")
     ap.add_argument("--compile-dtypes", default="bf16", help="dtypes for torch.compile baselines")
     ap.add_argument("--only", default="", help="comma list of kernel names")
+    ap.add_argument("--full-checks", action="store_true", help="with --quick: the full set of bitwise check shapes")
+    ap.add_argument("--shapes", default="", help="with --quick: bf16 timing shapes, e.g. 4096x8192,32768x4096")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t_start = time.time()
@@ -586,11 +588,11 @@ def main():
     records = {"env": info, "checks": [], "timings": [], "errors": []}
 
     # ---- 1. bitwise checks on odd shapes (incl. NaN/Inf injected) --------------------------
-    row_shapes = [(7, 1), (33, 127), (64, 1000), (17, 2048), (9, 2049), (6, 5120), (4, 8200),
+    row_shapes = [(7, 1), (33, 127), (11, 300), (64, 1000), (17, 2048), (9, 2049), (13, 4000), (6, 5120), (4, 8200),
                   (3, 16384), (3, 20000), (2, 40000), (1, 65536)]
     ew_shapes = [(1, 1), (1, 1000), (1, 12291), (3, 4097), (1, (1 << 20) + 5)]
     sam_shapes = [(1, 1), (7, 127), (64, 1000), (33, 4096), (5, 11008)]
-    if args.quick:
+    if args.quick and not args.full_checks:
         row_shapes = [(33, 127), (64, 1000), (9, 2049), (3, 20000)]
         ew_shapes = [(1, 1000), (3, 4097)]
         sam_shapes = [(7, 127), (33, 4096)]
@@ -639,6 +641,8 @@ def main():
     # ---- 2. timings ------------------------------------------------------------------------
     if args.quick:
         sweep = {"bf16": [(1024, 4096), (4096, 8192), (32768, 4096)]}
+        if args.shapes:
+            sweep = {"bf16": [tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")]}
     else:
         sweep = {"bf16": [(1, 4096), (128, 4096), (1024, 4096), (4096, 8192), (32768, 4096),
                           (32768, 128), (16384, 768), (8192, 2048), (8192, 5120), (2048, 16384),
@@ -705,7 +709,12 @@ def main():
                         rec["error"] = str(e)[:500]
                         records["errors"].append(f"time {name} {dt} {rows}x{cols}: {e}\n{traceback.format_exc()[-1500:]}")
                     records["timings"].append(rec)
-                print(f"[{time.time() - t_start:.0f}s] timed {dt} {rows}x{cols} {op}/{sem}")
+                done = [r for r in records["timings"] if r["dtype"] == dt and r["rows"] == rows
+                        and r["cols"] == cols and r["op"] == op and r["semantics"] == sem and "us" in r]
+                bb = _best_baseline(done)
+                brief = " ".join(f"{r['impl']}={r['us']:.1f}" for r in done if r["kind"] != "baseline")
+                print(f"[{time.time() - t_start:.0f}s] timed {dt} {rows}x{cols} {op}/{sem}: {brief} | best baseline "
+                      f"{(bb['impl'] + '=' + format(bb['us'], '.1f')) if bb else '-'} | copy {bw:.0f} GB/s")
                 del inp, eag
             torch.cuda.empty_cache()
 

@@ -32,26 +32,26 @@ template <typename T, int MODE>
 struct RmsP {
   T* out; const T* x; const T* w; i64 cols; float eps; bool vec, wvec;
   typedef float Params;
-  KZ_DEV void load(V8<T>& v, i64 row, i64 e0) const { ld8(v, x + row * cols, e0, cols, vec); }
-  KZ_DEV void reload(V8<T>& v, i64 row, i64 e0) const { load(v, row, e0); }
+  KZ_DEV void load(V8<T>& v, i64 row, i64 e0) const { ld8s(v, x + row * cols, e0, cols, vec); }
+  KZ_DEV void reload(V8<T>& v, i64 row, i64 e0) const { ld8(v, x + row * cols, e0, cols, vec); }
   template <int G, int NV>
-  KZ_DEV float stats(const V8<T>* xv, i64, int g, float* red) const {
-    return kz_rms_r(reduce_regs<SumS, G, NV, T>(xv, cols, g, red, KzIdent()).a, cols, eps);
+  KZ_DEV float stats(const V8<T>* xv, int g, int y, float* red, int& par) const {
+    return kz_rms_r(reduce_regs<SumS, G, NV, T>(xv, cols, g, y, red, par, KzIdent()).a, cols, eps);
   }
   template <int G>
-  KZ_DEV float stats_stream(i64 row, int g, float* red) const {
-    auto ld = [&](V8<T>& v, i64 e0) { load(v, row, e0); };
-    return kz_rms_r(reduce_stream<SumS, G, T>(cols, g, red, ld, KzIdent()).a, cols, eps);
+  KZ_DEV float stats_stream(i64 row, int g, int y, float* red, int& par) const {
+    auto ld = [&](V8<T>& v, i64 e0) { reload(v, row, e0); };
+    return kz_rms_r(reduce_stream<SumS, G, T>(cols, g, y, red, par, ld, KzIdent()).a, cols, eps);
   }
   KZ_DEV void store(const V8<T>& xv, i64 row, i64 e0, float r) const {
     kz_rms_out<T, MODE>(out, w, xv, row, e0, cols, r, vec, wvec);
   }
 };
 
-template <typename T, int MODE, int NV = 8>
+template <typename T, int MODE>
 KZ_DEV void kz_rms_norm(T* out, const T* x, const T* w, i64 rows, i64 cols, float eps) {
   RmsP<T, MODE> p{out, x, w, cols, eps, kz_rowvec<T>(cols, out, x), kz_al16(w)};
-  row_dispatch<T, NV>(p, rows);
+  row_dispatch<T>(p, rows);
 }
 
 // fused_add_rms_norm: s = round(x + residual); residual := s; out = rms_norm_llama(s)
@@ -61,7 +61,7 @@ struct FaddP {
   typedef float Params;
   KZ_DEV void load(V8<T>& v, i64 row, i64 e0) const {
     V8<T> xa, ra;
-    ld8(xa, x + row * cols, e0, cols, vec);
+    ld8s(xa, x + row * cols, e0, cols, vec);
     ld8_rw(ra, res + row * cols, e0, cols, vec);
 #pragma unroll
     for (int i = 0; i < 8; ++i) v.set(i, __fadd_rn(xa.f(i), ra.f(i)));
@@ -69,24 +69,24 @@ struct FaddP {
   }
   KZ_DEV void reload(V8<T>& v, i64 row, i64 e0) const { ld8_rw(v, res + row * cols, e0, cols, vec); }
   template <int G, int NV>
-  KZ_DEV float stats(const V8<T>* xv, i64, int g, float* red) const {
-    return kz_rms_r(reduce_regs<SumS, G, NV, T>(xv, cols, g, red, KzIdent()).a, cols, eps);
+  KZ_DEV float stats(const V8<T>* xv, int g, int y, float* red, int& par) const {
+    return kz_rms_r(reduce_regs<SumS, G, NV, T>(xv, cols, g, y, red, par, KzIdent()).a, cols, eps);
   }
   template <int G>
-  KZ_DEV float stats_stream(i64 row, int g, float* red) const {
+  KZ_DEV float stats_stream(i64 row, int g, int y, float* red, int& par) const {
     auto ld = [&](V8<T>& v, i64 e0) { load(v, row, e0); };
-    return kz_rms_r(reduce_stream<SumS, G, T>(cols, g, red, ld, KzIdent()).a, cols, eps);
+    return kz_rms_r(reduce_stream<SumS, G, T>(cols, g, y, red, par, ld, KzIdent()).a, cols, eps);
   }
   KZ_DEV void store(const V8<T>& xv, i64 row, i64 e0, float r) const {
     kz_rms_out<T, KZ_LLAMA>(out, w, xv, row, e0, cols, r, vec, wvec);
   }
 };
 
-template <typename T, int NV = 8>
+template <typename T>
 KZ_DEV void kz_fused_add_rms_norm(T* out, T* res, const T* x, const T* w, i64 rows, i64 cols, float eps) {
   FaddP<T> p{out, res, x, w, cols, eps,
              kz_rowvec<T>(cols, out, x) && kz_al16(res), kz_al16(w)};
-  row_dispatch<T, NV>(p, rows);
+  row_dispatch<T>(p, rows);
 }
 
 // layer_norm. STAT: 0 = canonical Welford (exact), 1 = two-pass mean then mean((x-mean)^2),
@@ -97,8 +97,8 @@ template <typename T, int STAT>
 struct LnP {
   T* out; const T* x; const T* w; const T* b; i64 cols; float eps; bool vec, wvec;
   typedef LnPrm Params;
-  KZ_DEV void load(V8<T>& v, i64 row, i64 e0) const { ld8(v, x + row * cols, e0, cols, vec); }
-  KZ_DEV void reload(V8<T>& v, i64 row, i64 e0) const { load(v, row, e0); }
+  KZ_DEV void load(V8<T>& v, i64 row, i64 e0) const { ld8s(v, x + row * cols, e0, cols, vec); }
+  KZ_DEV void reload(V8<T>& v, i64 row, i64 e0) const { ld8(v, x + row * cols, e0, cols, vec); }
   KZ_DEV LnPrm from_welford(WelS s) const {
     LnPrm q;
     q.mean = s.mean;
@@ -114,38 +114,36 @@ struct LnP {
     return q;
   }
   template <int G, int NV>
-  KZ_DEV LnPrm stats(const V8<T>* xv, i64, int g, float* red) const {
+  KZ_DEV LnPrm stats(const V8<T>* xv, int g, int y, float* red, int& par) const {
     if constexpr (STAT == 0) {
-      return from_welford(reduce_regs<WelS, G, NV, T>(xv, cols, g, red, KzIdent()));
+      return from_welford(reduce_regs<WelS, G, NV, T>(xv, cols, g, y, red, par, KzIdent()));
     } else if constexpr (STAT == 2) {
-      return from_onepass(reduce_regs<Sum2S, G, NV, T>(xv, cols, g, red, KzIdent()));
+      return from_onepass(reduce_regs<Sum2S, G, NV, T>(xv, cols, g, y, red, par, KzIdent()));
     } else {
       LnPrm q;
       const float fc = (float)cols;
-      q.mean = __fdiv_rn(reduce_regs<Sum1S, G, NV, T>(xv, cols, g, red, KzIdent()).a, fc);
-      if constexpr (G == 256) __syncthreads();
+      q.mean = __fdiv_rn(reduce_regs<Sum1S, G, NV, T>(xv, cols, g, y, red, par, KzIdent()).a, fc);
       const float m = q.mean;
       auto sq = [m](float h) { const float d = __fsub_rn(h, m); return __fmul_rn(d, d); };
-      const float var = __fdiv_rn(reduce_regs<Sum1S, G, NV, T>(xv, cols, g, red, sq).a, fc);
+      const float var = __fdiv_rn(reduce_regs<Sum1S, G, NV, T>(xv, cols, g, y, red, par, sq).a, fc);
       q.rstd = rsqrtf(__fadd_rn(var, eps));
       return q;
     }
   }
   template <int G>
-  KZ_DEV LnPrm stats_stream(i64 row, int g, float* red) const {
-    auto ld = [&](V8<T>& v, i64 e0) { load(v, row, e0); };
+  KZ_DEV LnPrm stats_stream(i64 row, int g, int y, float* red, int& par) const {
+    auto ld = [&](V8<T>& v, i64 e0) { reload(v, row, e0); };
     if constexpr (STAT == 0) {
-      return from_welford(reduce_stream<WelS, G, T>(cols, g, red, ld, KzIdent()));
+      return from_welford(reduce_stream<WelS, G, T>(cols, g, y, red, par, ld, KzIdent()));
     } else if constexpr (STAT == 2) {
-      return from_onepass(reduce_stream<Sum2S, G, T>(cols, g, red, ld, KzIdent()));
+      return from_onepass(reduce_stream<Sum2S, G, T>(cols, g, y, red, par, ld, KzIdent()));
     } else {
       LnPrm q;
       const float fc = (float)cols;
-      q.mean = __fdiv_rn(reduce_stream<Sum1S, G, T>(cols, g, red, ld, KzIdent()).a, fc);
-      if constexpr (G == 256) __syncthreads();
+      q.mean = __fdiv_rn(reduce_stream<Sum1S, G, T>(cols, g, y, red, par, ld, KzIdent()).a, fc);
       const float m = q.mean;
       auto sq = [m](float h) { const float d = __fsub_rn(h, m); return __fmul_rn(d, d); };
-      const float var = __fdiv_rn(reduce_stream<Sum1S, G, T>(cols, g, red, ld, sq).a, fc);
+      const float var = __fdiv_rn(reduce_stream<Sum1S, G, T>(cols, g, y, red, par, ld, sq).a, fc);
       q.rstd = rsqrtf(__fadd_rn(var, eps));
       return q;
     }
@@ -163,8 +161,8 @@ struct LnP {
   }
 };
 
-template <typename T, int STAT, int NV = 8>
+template <typename T, int STAT>
 KZ_DEV void kz_layer_norm(T* out, const T* x, const T* w, const T* b, i64 rows, i64 cols, float eps) {
   LnP<T, STAT> p{out, x, w, b, cols, eps, kz_rowvec<T>(cols, out, x), kz_al16(w) && kz_al16(b)};
-  row_dispatch<T, NV>(p, rows);
+  row_dispatch<T>(p, rows);
 }

@@ -98,6 +98,16 @@ KZ_DEV void ld8(V8<T>& v, const T* p, i64 e0, i64 cols, bool vec) {
       if (e0 + i < cols) v.setbits(i, kz_ldbits<T>(p + e0 + i));
   }
 }
+// Same with the streaming (evict-first) hint, for row inputs read once.
+template <typename T>
+KZ_DEV void ld8s(V8<T>& v, const T* p, i64 e0, i64 cols, bool vec) {
+  if (vec && e0 + 8 <= cols) {
+#pragma unroll
+    for (int k = 0; k < V8<T>::NQ; ++k) v.q[k] = __ldcs(reinterpret_cast<const uint4*>(p + e0) + k);
+  } else {
+    ld8(v, p, e0, cols, false);
+  }
+}
 // Same without the non-coherent path (for buffers this kernel also writes: residual).
 template <typename T>
 KZ_DEV void ld8_rw(V8<T>& v, const T* p, i64 e0, i64 cols, bool vec) {
@@ -194,17 +204,24 @@ struct Sum1S {
   KZ_DEV void bcast0() { a = __shfl_sync(0xffffffffu, a, 0); }
 };
 
-// Finish the CRR butterfly. st[j] holds lane (lane_id + 32*j) for j = 0..7 of the 256 lanes.
-// Result broadcast to all 32 threads of the warp.
+// ---- CRR butterfly pieces --------------------------------------------------------------------
+// st[j] (j < N) holds lane base + stride*j. Levels s = stride*N/2 .. stride, each
+// state[t] = combine(state[t], state[t + s]) with the lower lane as the A side; st[0] ends
+// holding lane `base` after all these levels.
+template <typename S, int N>
+KZ_DEV void crr_tree(S* st) {
+#pragma unroll
+  for (int h = N / 2; h >= 1; h /= 2) {
+#pragma unroll
+    for (int j = 0; j < h; ++j) st[j] = S::comb(st[j], st[j + h]);
+  }
+}
+// a = lane l (l = lane id < 32) after levels 128..32; levels 16..1 by shuffles, then the row
+// result (lane 0) broadcast to the warp.
 template <typename S>
-KZ_DEV S crr_finish_warp(S st[8]) {
+KZ_DEV S crr_warp_tail(S a) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j) st[j] = S::comb(st[j], st[j + 4]);  // s = 128
-#pragma unroll
-  for (int j = 0; j < 2; ++j) st[j] = S::comb(st[j], st[j + 2]);  // s = 64
-  S a = S::comb(st[0], st[1]);                                      // s = 32
-#pragma unroll
-  for (int s = 16; s >= 1; s >>= 1) {                               // s = 16..1
+  for (int s = 16; s >= 1; s >>= 1) {
     S b = a;
     b.shfl_down(s);
     a = S::comb(a, b);  // lanes l < s: combine(state[l], state[l+s]); others unused
@@ -213,29 +230,47 @@ KZ_DEV S crr_finish_warp(S st[8]) {
   return a;
 }
 
-// Reduce per-thread lane states to the row result. G = 32: st[0..7] are this thread's lanes
-// l + 32j. G = 256: st[0] is lane threadIdx.x; goes through shared memory `red` (one
-// __syncthreads; the caller syncs again before reusing red).
+KZ_DEV void kz_bar(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+
+// A row is handled by a group of G threads (G = blockDim.x in {32, 64, 128, 256}); thread g
+// carries the L = 256/G canonical lanes g + G*j (j < L) in st[0..L). Levels 128..G are
+// combined inside the thread; for G > 32 the G lane states go through shared memory (one
+// named barrier over the group's G threads) and every warp of the group finishes levels
+// G/2..32 in registers (lanes l + 32j) and 16..1 by shuffles: all threads get the result.
+// red: 2 x 768 floats per block, used alternately (`par`): a group's next reduction writes
+// the other half, so one barrier per reduction suffices (a warp can only write half p again
+// after passing the next barrier, which every reader of half p reaches after reading).
 template <typename S, int G>
-KZ_DEV S crr_reduce(S st[(G == 32) ? 8 : 1], float* red, int g) {
-  if (G == 32) {
-    return crr_finish_warp<S>(st);
+KZ_DEV S crr_group(S* st, float* red, int& par, int y, int g) {
+  constexpr int L = 256 / G;
+  crr_tree<S, L>(st);
+  if constexpr (G == 32) {
+    return crr_warp_tail<S>(st[0]);
   } else {
-    st[0].put(red, g);
-    __syncthreads();
-    S w[8];
+    constexpr int M = G / 32;
+    float* rb = red + 768 * par;
+    par ^= 1;
+    st[0].put(rb, y * G + g);
+    kz_bar(1 + y, G);
+    S w[M];
     const int l = g & 31;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) w[j].get(red, l + 32 * j);
-    return crr_finish_warp<S>(w);
+    for (int j = 0; j < M; ++j) w[j].get(rb, y * G + l + 32 * j);
+    crr_tree<S, M>(w);
+    return crr_warp_tail<S>(w[0]);
   }
 }
 
+// Reduction scratch shared by all row paths of a kernel (one static allocation per block).
+__shared__ float kz_red[2 * 768];
+
 // ---- row engine ---------------------------------------------------------------------------
-// Reduce the row held in registers: thread g of the group holds vector v = G*k + g in xv[k].
+// Reduce the row held in registers: thread g holds vector v = G*k + g (elements 8v..8v+7) in
+// xv[k]; v % 256 = g + G*(k % L) is its canonical lane, so it feeds state k % L; within a
+// state the vectors come in increasing k, i.e. increasing element order.
 template <typename S, int G, int NV, typename T, typename F>
-KZ_DEV S reduce_regs(const V8<T>* xv, i64 cols, int g, float* red, F fn) {
-  constexpr int L = (G == 32) ? 8 : 1;
+KZ_DEV S reduce_regs(const V8<T>* xv, i64 cols, int g, int y, float* red, int& par, F fn) {
+  constexpr int L = 256 / G;
   S st[L];
 #pragma unroll
   for (int j = 0; j < L; ++j) st[j].init();
@@ -251,14 +286,14 @@ KZ_DEV S reduce_regs(const V8<T>* xv, i64 cols, int g, float* red, F fn) {
         if (e0 + i < cols) st[k % L].add(fn(xv[k].f(i)));
     }
   }
-  return crr_reduce<S, G>(st, red, g);
+  return crr_group<S, G>(st, red, par, y, g);
 }
 
 // Reduce a row streamed from memory; ld(V8&, e0) loads the 8 elements at e0. Loads go in
-// batches of 4 vectors before use (for G = 32 two batches per group of 8 lane states).
+// batches of B vectors before use.
 template <typename S, int G, typename T, typename LD, typename F>
-KZ_DEV S reduce_stream(i64 cols, int g, float* red, LD ld, F fn) {
-  constexpr int L = (G == 32) ? 8 : 1;
+KZ_DEV S reduce_stream(i64 cols, int g, int y, float* red, int& par, LD ld, F fn) {
+  constexpr int L = 256 / G;
   constexpr int B = 4;
   constexpr int STEP = (L > B) ? L : B;
   S st[L];
@@ -288,77 +323,91 @@ KZ_DEV S reduce_stream(i64 cols, int g, float* red, LD ld, F fn) {
       }
     }
   }
-  return crr_reduce<S, G>(st, red, g);
+  return crr_group<S, G>(st, red, par, y, g);
 }
 
 struct KzIdent { KZ_DEV float operator()(float h) const { return h; } };
 
-// Row kept in registers: load once, statistics, outputs.
-template <typename T, int G, int NV, class P>
-KZ_DEV void row_reg(const P& p, i64 row, int g, float* red) {
+// Row kept in registers. Each group handles RB consecutive rows at once (all RB*NV vectors
+// are loaded before any is used: RB*NV*16 (32 for f32) bytes in flight per thread), then the
+// statistics of each row, then its outputs. Group (blockIdx.x, y) takes row blocks
+// (blockIdx.x*R + y)*RB, stepping by gridDim.x*R*RB: any grid size works.
+template <typename T, int G, int NV, int RB, class P>
+__device__ __noinline__ void rows_reg(const P p, i64 rows) {
+  float* red = kz_red;
+  const int g = threadIdx.x, y = threadIdx.y;
   const i64 cols = p.cols;
-  V8<T> xv[NV];
+  const i64 R = blockDim.y;
+  int par = 0;
+  for (i64 row0 = ((i64)blockIdx.x * R + y) * RB; row0 < rows; row0 += (i64)gridDim.x * R * RB) {
+    V8<T> xv[RB][NV];
 #pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    const i64 e0 = 8LL * ((i64)G * k + g);
-    if (e0 < cols) p.load(xv[k], row, e0);
-  }
-  const typename P::Params prm = p.template stats<G, NV>(xv, row, g, red);
+    for (int rb = 0; rb < RB; ++rb) {
 #pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    const i64 e0 = 8LL * ((i64)G * k + g);
-    if (e0 < cols) p.store(xv[k], row, e0, prm);
+      for (int k = 0; k < NV; ++k) {
+        const i64 e0 = 8LL * ((i64)G * k + g);
+        if (row0 + rb < rows && e0 < cols) p.load(xv[rb][k], row0 + rb, e0);
+      }
+    }
+#pragma unroll
+    for (int rb = 0; rb < RB; ++rb) {
+      if (row0 + rb < rows) {  // uniform over the group
+        const typename P::Params prm = p.template stats<G, NV>(xv[rb], g, y, red, par);
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+          const i64 e0 = 8LL * ((i64)G * k + g);
+          if (e0 < cols) p.store(xv[rb][k], row0 + rb, e0, prm);
+        }
+      }
+    }
   }
 }
 
-// Row too long for registers: statistics from one (or two) streamed passes, then outputs.
+// Row too long for registers: statistics from one (or two) streamed passes, then outputs
+// (the second read mostly hits L2).
 template <typename T, int G, class P>
-KZ_DEV void row_stream(const P& p, i64 row, int g, float* red) {
+__device__ __noinline__ void rows_stream(const P p, i64 rows) {
+  float* red = kz_red;
+  const int g = threadIdx.x, y = threadIdx.y;
   const i64 cols = p.cols;
-  const typename P::Params prm = p.template stats_stream<G>(row, g, red);
+  const i64 R = blockDim.y;
+  int par = 0;
   const i64 nvec = (cols + 7) / 8;
-  for (i64 v = g; v < nvec; v += G) {
-    V8<T> x;
-    p.reload(x, row, 8 * v);
-    p.store(x, row, 8 * v, prm);
-  }
-}
-
-// Launch shapes: blockDim = (32, R): one warp per row, R rows per block;
-//                blockDim = (256, 1): one block per row. Any grid size works (rows loop).
-// Each (group size, registers-or-streamed) path is its own non-inlined function with its own
-// row loop: register allocation is then per path (inlined together, ptxas spilled heavily),
-// and the call overhead is paid once per thread, not per row.
-template <typename T, int G, int NV, bool STREAM, class P>
-__device__ __noinline__ void row_loop(const P p, i64 rows) {
-  __shared__ float red[768];
-  const int g = threadIdx.x;
-  if constexpr (G == 32) {
-    for (i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y; row < rows;
-         row += (i64)gridDim.x * blockDim.y) {
-      if constexpr (STREAM) row_stream<T, 32>(p, row, g, red);
-      else row_reg<T, 32, NV>(p, row, g, red);
-    }
-  } else {
-    for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
-      if constexpr (STREAM) row_stream<T, 256>(p, row, g, red);
-      else row_reg<T, 256, NV>(p, row, g, red);
-      __syncthreads();  // red is reused by the next row
+  for (i64 row = (i64)blockIdx.x * R + y; row < rows; row += (i64)gridDim.x * R) {
+    const typename P::Params prm = p.template stats_stream<G>(row, g, y, red, par);
+    for (i64 v = g; v < nvec; v += G) {
+      V8<T> x;
+      p.reload(x, row, 8 * v);
+      p.store(x, row, 8 * v, prm);
     }
   }
 }
 
-// NV vectors of 8 per thread are kept in registers: the row stays in registers up to
-// 32*8*NV (one warp) / 256*8*NV (one block) columns and is streamed (read twice) beyond.
-template <typename T, int NV, class P>
+// Launch shapes (blockDim.x = G threads per row, blockDim.y = R row groups, G*R <= 256):
+//   G = 32:  rows in registers up to 2048 columns; RB = 8/NV rows per warp at once
+//            (NV = 1, 2, 4, 8 vectors per row per thread); streamed beyond 2048.
+//   G = 64/128/256: the row in registers up to 8*8*G columns (NV = 8), streamed beyond
+//            (instantiated for G = 256 only: the manifests give 64/128 only to short rows).
+// Each path is its own non-inlined function with its own row loop (register allocation per
+// path; the call is paid once per thread).
+template <typename T, class P>
 KZ_DEV void row_dispatch(const P& p, i64 rows) {
   const i64 nvec = (p.cols + 7) / 8;
-  if (blockDim.x == 32) {
-    if (nvec <= 32 * NV) row_loop<T, 32, NV, false>(p, rows);
-    else row_loop<T, 32, NV, true>(p, rows);
-  } else if (blockDim.x == 256 && blockDim.y == 1 && blockDim.z == 1) {
-    if (nvec <= 256 * NV) row_loop<T, 256, NV, false>(p, rows);
-    else row_loop<T, 256, NV, true>(p, rows);
+  const int G = blockDim.x;
+  if (blockDim.z != 1 || G * blockDim.y > 256) __trap();
+  if (G == 32) {
+    if (nvec <= 32) rows_reg<T, 32, 1, 8>(p, rows);
+    else if (nvec <= 64) rows_reg<T, 32, 2, 4>(p, rows);
+    else if (nvec <= 128) rows_reg<T, 32, 4, 2>(p, rows);
+    else if (nvec <= 256) rows_reg<T, 32, 8, 1>(p, rows);
+    else rows_stream<T, 32>(p, rows);
+  } else if (G == 64 && nvec <= 8 * 64) {
+    rows_reg<T, 64, 8, 1>(p, rows);
+  } else if (G == 128 && nvec <= 8 * 128) {
+    rows_reg<T, 128, 8, 1>(p, rows);
+  } else if (G == 256) {
+    if (nvec <= 8 * 256) rows_reg<T, 256, 8, 1>(p, rows);
+    else rows_stream<T, 256>(p, rows);
   } else {
     __trap();  // unsupported block shape: the manifest's launch rules never produce it
   }
@@ -401,26 +450,26 @@ template <typename T, int MODE>
 struct RmsP {
   T* out; const T* x; const T* w; i64 cols; float eps; bool vec, wvec;
   typedef float Params;
-  KZ_DEV void load(V8<T>& v, i64 row, i64 e0) const { ld8(v, x + row * cols, e0, cols, vec); }
-  KZ_DEV void reload(V8<T>& v, i64 row, i64 e0) const { load(v, row, e0); }
+  KZ_DEV void load(V8<T>& v, i64 row, i64 e0) const { ld8s(v, x + row * cols, e0, cols, vec); }
+  KZ_DEV void reload(V8<T>& v, i64 row, i64 e0) const { ld8(v, x + row * cols, e0, cols, vec); }
   template <int G, int NV>
-  KZ_DEV float stats(const V8<T>* xv, i64, int g, float* red) const {
-    return kz_rms_r(reduce_regs<SumS, G, NV, T>(xv, cols, g, red, KzIdent()).a, cols, eps);
+  KZ_DEV float stats(const V8<T>* xv, int g, int y, float* red, int& par) const {
+    return kz_rms_r(reduce_regs<SumS, G, NV, T>(xv, cols, g, y, red, par, KzIdent()).a, cols, eps);
   }
   template <int G>
-  KZ_DEV float stats_stream(i64 row, int g, float* red) const {
-    auto ld = [&](V8<T>& v, i64 e0) { load(v, row, e0); };
-    return kz_rms_r(reduce_stream<SumS, G, T>(cols, g, red, ld, KzIdent()).a, cols, eps);
+  KZ_DEV float stats_stream(i64 row, int g, int y, float* red, int& par) const {
+    auto ld = [&](V8<T>& v, i64 e0) { reload(v, row, e0); };
+    return kz_rms_r(reduce_stream<SumS, G, T>(cols, g, y, red, par, ld, KzIdent()).a, cols, eps);
   }
   KZ_DEV void store(const V8<T>& xv, i64 row, i64 e0, float r) const {
     kz_rms_out<T, MODE>(out, w, xv, row, e0, cols, r, vec, wvec);
   }
 };
 
-template <typename T, int MODE, int NV = 8>
+template <typename T, int MODE>
 KZ_DEV void kz_rms_norm(T* out, const T* x, const T* w, i64 rows, i64 cols, float eps) {
   RmsP<T, MODE> p{out, x, w, cols, eps, kz_rowvec<T>(cols, out, x), kz_al16(w)};
-  row_dispatch<T, NV>(p, rows);
+  row_dispatch<T>(p, rows);
 }
 
 // fused_add_rms_norm: s = round(x + residual); residual := s; out = rms_norm_llama(s)
@@ -430,7 +479,7 @@ struct FaddP {
   typedef float Params;
   KZ_DEV void load(V8<T>& v, i64 row, i64 e0) const {
     V8<T> xa, ra;
-    ld8(xa, x + row * cols, e0, cols, vec);
+    ld8s(xa, x + row * cols, e0, cols, vec);
     ld8_rw(ra, res + row * cols, e0, cols, vec);
 #pragma unroll
     for (int i = 0; i < 8; ++i) v.set(i, __fadd_rn(xa.f(i), ra.f(i)));
@@ -438,24 +487,24 @@ struct FaddP {
   }
   KZ_DEV void reload(V8<T>& v, i64 row, i64 e0) const { ld8_rw(v, res + row * cols, e0, cols, vec); }
   template <int G, int NV>
-  KZ_DEV float stats(const V8<T>* xv, i64, int g, float* red) const {
-    return kz_rms_r(reduce_regs<SumS, G, NV, T>(xv, cols, g, red, KzIdent()).a, cols, eps);
+  KZ_DEV float stats(const V8<T>* xv, int g, int y, float* red, int& par) const {
+    return kz_rms_r(reduce_regs<SumS, G, NV, T>(xv, cols, g, y, red, par, KzIdent()).a, cols, eps);
   }
   template <int G>
-  KZ_DEV float stats_stream(i64 row, int g, float* red) const {
+  KZ_DEV float stats_stream(i64 row, int g, int y, float* red, int& par) const {
     auto ld = [&](V8<T>& v, i64 e0) { load(v, row, e0); };
-    return kz_rms_r(reduce_stream<SumS, G, T>(cols, g, red, ld, KzIdent()).a, cols, eps);
+    return kz_rms_r(reduce_stream<SumS, G, T>(cols, g, y, red, par, ld, KzIdent()).a, cols, eps);
   }
   KZ_DEV void store(const V8<T>& xv, i64 row, i64 e0, float r) const {
     kz_rms_out<T, KZ_LLAMA>(out, w, xv, row, e0, cols, r, vec, wvec);
   }
 };
 
-template <typename T, int NV = 8>
+template <typename T>
 KZ_DEV void kz_fused_add_rms_norm(T* out, T* res, const T* x, const T* w, i64 rows, i64 cols, float eps) {
   FaddP<T> p{out, res, x, w, cols, eps,
              kz_rowvec<T>(cols, out, x) && kz_al16(res), kz_al16(w)};
-  row_dispatch<T, NV>(p, rows);
+  row_dispatch<T>(p, rows);
 }
 
 // layer_norm. STAT: 0 = canonical Welford (exact), 1 = two-pass mean then mean((x-mean)^2),
@@ -466,8 +515,8 @@ template <typename T, int STAT>
 struct LnP {
   T* out; const T* x; const T* w; const T* b; i64 cols; float eps; bool vec, wvec;
   typedef LnPrm Params;
-  KZ_DEV void load(V8<T>& v, i64 row, i64 e0) const { ld8(v, x + row * cols, e0, cols, vec); }
-  KZ_DEV void reload(V8<T>& v, i64 row, i64 e0) const { load(v, row, e0); }
+  KZ_DEV void load(V8<T>& v, i64 row, i64 e0) const { ld8s(v, x + row * cols, e0, cols, vec); }
+  KZ_DEV void reload(V8<T>& v, i64 row, i64 e0) const { ld8(v, x + row * cols, e0, cols, vec); }
   KZ_DEV LnPrm from_welford(WelS s) const {
     LnPrm q;
     q.mean = s.mean;
@@ -483,38 +532,36 @@ struct LnP {
     return q;
   }
   template <int G, int NV>
-  KZ_DEV LnPrm stats(const V8<T>* xv, i64, int g, float* red) const {
+  KZ_DEV LnPrm stats(const V8<T>* xv, int g, int y, float* red, int& par) const {
     if constexpr (STAT == 0) {
-      return from_welford(reduce_regs<WelS, G, NV, T>(xv, cols, g, red, KzIdent()));
+      return from_welford(reduce_regs<WelS, G, NV, T>(xv, cols, g, y, red, par, KzIdent()));
     } else if constexpr (STAT == 2) {
-      return from_onepass(reduce_regs<Sum2S, G, NV, T>(xv, cols, g, red, KzIdent()));
+      return from_onepass(reduce_regs<Sum2S, G, NV, T>(xv, cols, g, y, red, par, KzIdent()));
     } else {
       LnPrm q;
       const float fc = (float)cols;
-      q.mean = __fdiv_rn(reduce_regs<Sum1S, G, NV, T>(xv, cols, g, red, KzIdent()).a, fc);
-      if constexpr (G == 256) __syncthreads();
+      q.mean = __fdiv_rn(reduce_regs<Sum1S, G, NV, T>(xv, cols, g, y, red, par, KzIdent()).a, fc);
       const float m = q.mean;
       auto sq = [m](float h) { const float d = __fsub_rn(h, m); return __fmul_rn(d, d); };
-      const float var = __fdiv_rn(reduce_regs<Sum1S, G, NV, T>(xv, cols, g, red, sq).a, fc);
+      const float var = __fdiv_rn(reduce_regs<Sum1S, G, NV, T>(xv, cols, g, y, red, par, sq).a, fc);
       q.rstd = rsqrtf(__fadd_rn(var, eps));
       return q;
     }
   }
   template <int G>
-  KZ_DEV LnPrm stats_stream(i64 row, int g, float* red) const {
-    auto ld = [&](V8<T>& v, i64 e0) { load(v, row, e0); };
+  KZ_DEV LnPrm stats_stream(i64 row, int g, int y, float* red, int& par) const {
+    auto ld = [&](V8<T>& v, i64 e0) { reload(v, row, e0); };
     if constexpr (STAT == 0) {
-      return from_welford(reduce_stream<WelS, G, T>(cols, g, red, ld, KzIdent()));
+      return from_welford(reduce_stream<WelS, G, T>(cols, g, y, red, par, ld, KzIdent()));
     } else if constexpr (STAT == 2) {
-      return from_onepass(reduce_stream<Sum2S, G, T>(cols, g, red, ld, KzIdent()));
+      return from_onepass(reduce_stream<Sum2S, G, T>(cols, g, y, red, par, ld, KzIdent()));
     } else {
       LnPrm q;
       const float fc = (float)cols;
-      q.mean = __fdiv_rn(reduce_stream<Sum1S, G, T>(cols, g, red, ld, KzIdent()).a, fc);
-      if constexpr (G == 256) __syncthreads();
+      q.mean = __fdiv_rn(reduce_stream<Sum1S, G, T>(cols, g, y, red, par, ld, KzIdent()).a, fc);
       const float m = q.mean;
       auto sq = [m](float h) { const float d = __fsub_rn(h, m); return __fmul_rn(d, d); };
-      const float var = __fdiv_rn(reduce_stream<Sum1S, G, T>(cols, g, red, ld, sq).a, fc);
+      const float var = __fdiv_rn(reduce_stream<Sum1S, G, T>(cols, g, y, red, par, ld, sq).a, fc);
       q.rstd = rsqrtf(__fadd_rn(var, eps));
       return q;
     }
@@ -532,10 +579,10 @@ struct LnP {
   }
 };
 
-template <typename T, int STAT, int NV = 8>
+template <typename T, int STAT>
 KZ_DEV void kz_layer_norm(T* out, const T* x, const T* w, const T* b, i64 rows, i64 cols, float eps) {
   LnP<T, STAT> p{out, x, w, b, cols, eps, kz_rowvec<T>(cols, out, x), kz_al16(w) && kz_al16(b)};
-  row_dispatch<T, NV>(p, rows);
+  row_dispatch<T>(p, rows);
 }
 
 // ---- elementwise ops --------------------------------------------------------------------------
@@ -558,32 +605,52 @@ KZ_DEV float kz_act(float h) {
   }
 }
 
-// 16 elements per thread per step: a block covers blockDim.x*16 contiguous elements with
-// 16-byte accesses (16/sizeof(T) elements each), coalesced; grid-stride over such tiles.
+// 64 bytes per thread per step (4 x 16-byte vectors: 32 elements of bf16/f16, 16 of f32), all
+// four loaded before any is used; a block covers blockDim.x*64 contiguous bytes, coalesced;
+// grid-stride over such tiles (the manifest's grid covers n in one step for 2-byte types).
+// Only the last, partial tile takes the scalar path.
 template <typename T, int F>
 KZ_DEV void kz_unary(T* out, const T* x, i64 n) {
   constexpr int W = 16 / sizeof(T);
-  constexpr int NVEC = 16 / W;
-  const i64 tile = (i64)blockDim.x * 16;
+  constexpr int NVEC = 4;
+  const i64 tile = (i64)blockDim.x * (W * NVEC);
   const bool al = kz_al16(out) && kz_al16(x);
-  for (i64 base = (i64)blockIdx.x * tile; base < n; base += (i64)gridDim.x * tile) {
-    if (al && base + tile <= n) {
-      uint4 v[NVEC];
+  const i64 nfull = al ? (n / tile) * tile : 0;
+  i64 base = (i64)blockIdx.x * tile;
+  for (; base < nfull; base += (i64)gridDim.x * tile) {
+    uint4 v[NVEC];
+    const uint4* xs = reinterpret_cast<const uint4*>(x + base) + threadIdx.x;
+    uint4* os = reinterpret_cast<uint4*>(out + base) + threadIdx.x;
 #pragma unroll
-      for (int j = 0; j < NVEC; ++j)
-        v[j] = __ldg(reinterpret_cast<const uint4*>(x + base) + (i64)j * blockDim.x + threadIdx.x);
+    for (int j = 0; j < NVEC; ++j) v[j] = __ldcs(xs + j * blockDim.x);
 #pragma unroll
-      for (int j = 0; j < NVEC; ++j) {
+    for (int j = 0; j < NVEC; ++j) {
+      T* e = reinterpret_cast<T*>(&v[j]);
+#pragma unroll
+      for (int i = 0; i < W; ++i) e[i] = KT<T>::from(kz_act<F>(KT<T>::f(e[i])));
+      __stcs(os + j * blockDim.x, v[j]);
+    }
+  }
+  // partial tile (or unaligned): whole 16-byte vectors where possible (all loads issued
+  // before use), single elements only for the last few past the final whole vector
+  for (; base < n; base += (i64)gridDim.x * tile) {
+    uint4 v[NVEC];
+    i64 e0[NVEC];
+#pragma unroll
+    for (int j = 0; j < NVEC; ++j) {
+      e0[j] = base + ((i64)j * blockDim.x + threadIdx.x) * W;
+      if (al && e0[j] + W <= n) v[j] = __ldcs(reinterpret_cast<const uint4*>(x + e0[j]));
+    }
+#pragma unroll
+    for (int j = 0; j < NVEC; ++j) {
+      if (al && e0[j] + W <= n) {
         T* e = reinterpret_cast<T*>(&v[j]);
 #pragma unroll
         for (int i = 0; i < W; ++i) e[i] = KT<T>::from(kz_act<F>(KT<T>::f(e[i])));
-        reinterpret_cast<uint4*>(out + base)[(i64)j * blockDim.x + threadIdx.x] = v[j];
-      }
-    } else {
-#pragma unroll 4
-      for (int j = 0; j < 16; ++j) {
-        const i64 i = base + (i64)j * blockDim.x + threadIdx.x;
-        if (i < n) out[i] = KT<T>::from(kz_act<F>(KT<T>::f(x[i])));
+        __stcs(reinterpret_cast<uint4*>(out + e0[j]), v[j]);
+      } else {
+        for (int i = 0; i < W; ++i)
+          if (e0[j] + i < n) out[e0[j] + i] = KT<T>::from(kz_act<F>(KT<T>::f(x[e0[j] + i])));
       }
     }
   }
@@ -598,43 +665,61 @@ KZ_DEV float kz_sam(float g, float u) {
   else return __fmul_rn(s, u);
 }
 
+// Row/column of vector index j (W elements each, cvec vectors per row): 32-bit division when
+// the indices fit (a 64-bit division is ~10x the instructions), once per 16-byte vector.
+KZ_DEV void kz_rc(i64 j, i64 cvec, bool small, i64& r, i64& c) {
+  if (small) {
+    const unsigned uj = (unsigned)j, uc = (unsigned)cvec, q = uj / uc;
+    r = q; c = uj - q * uc;
+  } else {
+    r = j / cvec; c = j - r * cvec;
+  }
+}
+
+// 4 output vectors of 16 bytes per thread per step (8 16-byte loads in flight: gate and up).
 template <typename T, bool ROUND2>
 KZ_DEV void kz_silu_and_mul(T* out, const T* x, i64 rows, i64 cols) {
   constexpr int W = 16 / sizeof(T);
-  constexpr int NVEC = 16 / W;
+  constexpr int NVEC = 4;
   const i64 n = rows * cols;
-  const i64 tile = (i64)blockDim.x * 16;
+  const i64 tile = (i64)blockDim.x * (W * NVEC);
   const bool al = kz_al16(out) && kz_al16(x) && (cols % W == 0);
-  for (i64 base = (i64)blockIdx.x * tile; base < n; base += (i64)gridDim.x * tile) {
-    if (al) {
+  i64 base = (i64)blockIdx.x * tile;
+  if (al) {
+    const i64 cvec = cols / W, nv = n / W;
+    const bool small = nv < (1LL << 32);
+    for (; base < n; base += (i64)gridDim.x * tile) {
       uint4 gv[NVEC], uv[NVEC];
-      i64 oi[NVEC];
+      const i64 j0 = base / W + threadIdx.x;
 #pragma unroll
       for (int j = 0; j < NVEC; ++j) {
-        const i64 e = base + ((i64)j * blockDim.x + threadIdx.x) * W;  // first output element
-        oi[j] = e;
-        if (e < n) {
-          const i64 r = e / cols, c = e - r * cols;
-          const T* gp = x + r * 2 * cols + c;
-          gv[j] = __ldg(reinterpret_cast<const uint4*>(gp));
-          uv[j] = __ldg(reinterpret_cast<const uint4*>(gp + cols));
+        const i64 vj = j0 + (i64)j * blockDim.x;  // output vector index
+        if (vj < nv) {
+          i64 r, c;
+          kz_rc(vj, cvec, small, r, c);
+          const uint4* gp = reinterpret_cast<const uint4*>(x) + r * 2 * cvec + c;
+          gv[j] = __ldcs(gp);
+          uv[j] = __ldcs(gp + cvec);
         }
       }
 #pragma unroll
       for (int j = 0; j < NVEC; ++j) {
-        if (oi[j] < n) {
+        const i64 vj = j0 + (i64)j * blockDim.x;
+        if (vj < nv) {
           const T* ge = reinterpret_cast<const T*>(&gv[j]);
           const T* ue = reinterpret_cast<const T*>(&uv[j]);
           uint4 o;
           T* oe = reinterpret_cast<T*>(&o);
 #pragma unroll
           for (int i = 0; i < W; ++i) oe[i] = KT<T>::from(kz_sam<T, ROUND2>(KT<T>::f(ge[i]), KT<T>::f(ue[i])));
-          *reinterpret_cast<uint4*>(out + oi[j]) = o;
+          __stcs(reinterpret_cast<uint4*>(out) + vj, o);
         }
       }
-    } else {
+    }
+  } else {
+    for (; base < n; base += (i64)gridDim.x * tile) {
 #pragma unroll 4
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < W * NVEC; ++j) {
         const i64 e = base + (i64)j * blockDim.x + threadIdx.x;
         if (e < n) {
           const i64 r = e / cols, c = e - r * cols;
@@ -647,11 +732,11 @@ KZ_DEV void kz_silu_and_mul(T* out, const T* x, i64 rows, i64 cols) {
 }
 
 // ---- entry points -----------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(256, 4) rms_norm_llama_wbr_bf16(__nv_bfloat16* out, const __nv_bfloat16* x, const __nv_bfloat16* w, long long rows, long long cols, float eps) {
+extern "C" __global__ void __launch_bounds__(256, 3) rms_norm_llama_wbr_bf16(__nv_bfloat16* out, const __nv_bfloat16* x, const __nv_bfloat16* w, long long rows, long long cols, float eps) {
   kz_rms_norm<__nv_bfloat16, KZ_WBR>(out, x, w, rows, cols, eps);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) rms_norm_llama_wbr_f16(__half* out, const __half* x, const __half* w, long long rows, long long cols, float eps) {
+extern "C" __global__ void __launch_bounds__(256, 3) rms_norm_llama_wbr_f16(__half* out, const __half* x, const __half* w, long long rows, long long cols, float eps) {
   kz_rms_norm<__half, KZ_WBR>(out, x, w, rows, cols, eps);
 }
 
