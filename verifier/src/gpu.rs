@@ -204,9 +204,19 @@ impl Executor for CudaExecutor {
             what: m.name.clone(),
             log: format!("no entry for {dt} in kernel.toml [entry]"),
         })?;
+        let t_open = std::time::Instant::now();
         let gpu = self.gpu()?;
         let digest = bundle.digest().to_string();
+        let t_compile = std::time::Instant::now();
         gpu.compile(&digest, &m.name, &bundle.source, &m.nvrtc_options)?;
+        if std::env::var_os("KERNELIZE_TRACE").is_some() {
+            eprintln!(
+                "trace {} open+compile (cached after the first case): {:.3} s + {:.3} s",
+                spec.id,
+                (t_compile - t_open).as_secs_f64(),
+                t_compile.elapsed().as_secs_f64()
+            );
+        }
         let cand_f = gpu.function(&digest, &m.nvrtc_options, sym)?;
         let rd = reference_digest();
         gpu.compile(&rd, "reference layers", REFERENCE_SOURCE, &[])?;
