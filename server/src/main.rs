@@ -47,6 +47,9 @@ enum Command {
     Worker(cmd::worker::WorkerArgs),
     #[command(name = "__sandbox", hide = true)]
     Sandbox(cmd::verify::SandboxArgs),
+    /// Internal: compare the built-in reference layers with PyTorch eager outputs.
+    #[command(name = "__conformance", hide = true)]
+    Conformance(cmd::verify::ConformanceArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -114,13 +117,14 @@ fn init_logging(json: bool) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The sandbox speaks JSON on stdout/stdin only; it logs nothing.
-    if !matches!(cli.command, Command::Sandbox(_)) {
+    if !matches!(cli.command, Command::Sandbox(_) | Command::Conformance(_)) {
         init_logging(cli.log_json);
     }
     let result = match cli.command {
         Command::Verify(a) => cmd::verify::verify(a),
         Command::Device(a) => cmd::verify::device(a),
         Command::Sandbox(a) => cmd::verify::sandbox(a),
+        Command::Conformance(a) => cmd::verify::conformance(a),
         other => {
             // The verifier's sandbox processes inherit the GPU choice: set it before any
             // thread starts.
@@ -167,7 +171,7 @@ async fn run_async(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Submit(a) => cmd::submit::run(a).await,
         Command::Worker(a) => cmd::worker::run(a).await,
-        Command::Verify(_) | Command::Device(_) | Command::Sandbox(_) => {
+        Command::Verify(_) | Command::Device(_) | Command::Sandbox(_) | Command::Conformance(_) => {
             unreachable!("run synchronously")
         }
     }
