@@ -419,17 +419,7 @@ impl Store {
             };
         };
         let kernel = kernel_row(&row)?;
-        let job_id: i64 = sqlx::query(
-            "INSERT INTO verification_jobs (kernel_digest, state, attempts, max_attempts, created_at, updated_at) \
-             VALUES ($1, 'queued', 0, $2, $3, $4) RETURNING id",
-        )
-        .bind(digest.as_str())
-        .bind(DEFAULT_MAX_ATTEMPTS)
-        .bind(&now)
-        .bind(&now)
-        .fetch_one(&mut *tx)
-        .await?
-        .try_get("id")?;
+        let job_id = queue_job_in(&mut tx, &digest, &now).await?;
         audit_in(
             &mut tx,
             actor,
@@ -571,33 +561,6 @@ impl Store {
         .iter()
         .map(job_row)
         .collect()
-    }
-
-    /// Queue another verification of a stored kernel (e.g. on a new GPU architecture).
-    pub async fn enqueue_job(&self, digest: &Digest, actor: &str) -> Result<i64> {
-        let now = now_rfc3339();
-        let mut tx = self.pool.begin().await?;
-        let id: i64 = sqlx::query(
-            "INSERT INTO verification_jobs (kernel_digest, state, attempts, max_attempts, created_at, updated_at) \
-             VALUES ($1, 'queued', 0, $2, $3, $4) RETURNING id",
-        )
-        .bind(digest.as_str())
-        .bind(DEFAULT_MAX_ATTEMPTS)
-        .bind(&now)
-        .bind(&now)
-        .fetch_one(&mut *tx)
-        .await?
-        .try_get("id")?;
-        audit_in(
-            &mut tx,
-            actor,
-            "job.queued",
-            digest.as_str(),
-            serde_json::json!({"job_id": id}),
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(id)
     }
 
     /// Atomically claim the oldest claimable job for `worker` with a lease of `lease_ms`.
@@ -966,6 +929,25 @@ fn finite_or(x: f64, or: f64) -> f64 {
     } else {
         or
     }
+}
+
+/// Queue a verification job for a stored kernel, inside the caller's transaction.
+async fn queue_job_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    digest: &Digest,
+    now: &str,
+) -> Result<i64> {
+    Ok(sqlx::query(
+        "INSERT INTO verification_jobs (kernel_digest, state, attempts, max_attempts, created_at, updated_at) \
+         VALUES ($1, 'queued', 0, $2, $3, $4) RETURNING id",
+    )
+    .bind(digest.as_str())
+    .bind(DEFAULT_MAX_ATTEMPTS)
+    .bind(now)
+    .bind(now)
+    .fetch_one(&mut **tx)
+    .await?
+    .try_get("id")?)
 }
 
 async fn audit_in(
