@@ -80,6 +80,34 @@ pub struct Constraints {
     pub archs: Vec<Arch>,
 }
 
+impl Constraints {
+    /// Why a problem with `cols` columns (elements, for elementwise ops) on `arch` is outside
+    /// these constraints; `None` when it is inside. The one rule used by the verifier (cases
+    /// "not applicable"), the resolver and the dashboard.
+    pub fn not_applicable(&self, cols: u64, arch: Option<Arch>) -> Option<String> {
+        if cols < self.cols_min {
+            return Some(format!("cols {cols} < cols_min {}", self.cols_min));
+        }
+        if let Some(max) = self.cols_max {
+            if cols > max {
+                return Some(format!("cols {cols} > cols_max {max}"));
+            }
+        }
+        if !cols.is_multiple_of(self.cols_multiple_of) {
+            return Some(format!(
+                "cols {cols} is not a multiple of {}",
+                self.cols_multiple_of
+            ));
+        }
+        if let Some(a) = arch {
+            if !self.archs.is_empty() && !self.archs.contains(&a) {
+                return Some(format!("arch {a} is not among the declared archs"));
+            }
+        }
+        None
+    }
+}
+
 /// A checked manifest. Its serde form is the canonical encoding hashed into the digest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -517,27 +545,7 @@ impl Manifest {
     /// Why a problem with `cols` columns (elements, for elementwise ops) on `arch` is outside
     /// this kernel's declared constraints; `None` when it is inside.
     pub fn not_applicable(&self, cols: u64, arch: Option<Arch>) -> Option<String> {
-        let c = &self.constraints;
-        if cols < c.cols_min {
-            return Some(format!("cols {cols} < cols_min {}", c.cols_min));
-        }
-        if let Some(max) = c.cols_max {
-            if cols > max {
-                return Some(format!("cols {cols} > cols_max {max}"));
-            }
-        }
-        if !cols.is_multiple_of(c.cols_multiple_of) {
-            return Some(format!(
-                "cols {cols} is not a multiple of {}",
-                c.cols_multiple_of
-            ));
-        }
-        if let Some(a) = arch {
-            if !c.archs.is_empty() && !c.archs.contains(&a) {
-                return Some(format!("arch {a} is not among the declared archs"));
-            }
-        }
-        None
+        self.constraints.not_applicable(cols, arch)
     }
 
     /// The launch rule for a problem with `cols` columns.

@@ -5,7 +5,7 @@
 //! updates); jobs are rows claimed with a lease; the audit log is append-only.
 
 use crate::domain::{Arch, DType, Digest, Op, Semantics};
-use crate::manifest::{digest_of, KernelBundle, Manifest};
+use crate::manifest::{digest_of, Constraints, KernelBundle, Manifest};
 use crate::report::VerificationReport;
 use rand::RngCore;
 use serde::Serialize;
@@ -69,6 +69,18 @@ pub struct KernelRow {
     pub authors: Vec<String>,
     pub origin: String,
     pub created_at: String,
+}
+
+impl KernelRow {
+    /// The manifest's constraints, as stored in the row's indexed columns.
+    pub fn constraints(&self) -> Constraints {
+        Constraints {
+            cols_min: self.cols_min as u64,
+            cols_max: self.cols_max.map(|c| c as u64),
+            cols_multiple_of: self.cols_multiple_of as u64,
+            archs: self.archs.clone(),
+        }
+    }
 }
 
 /// The result of storing a kernel.

@@ -104,6 +104,8 @@ async fn kernels_are_immutable_and_idempotent(s: Store) {
     assert_eq!(kernel.digest, k.digest());
     assert_eq!(kernel.op, Op::Silu);
     assert_eq!(kernel.dtypes, vec![DType::Bf16]);
+    // The resolver decides applicability from the row alone: it must equal the manifest's.
+    assert_eq!(kernel.constraints(), k.manifest.constraints);
     let job = s.job(*job_id).await.unwrap().unwrap();
     assert_eq!((job.state.as_str(), job.attempts), ("queued", 0));
 

@@ -4,7 +4,7 @@
 
 use kernel_registry::report::{CaseReport, VerificationReport};
 use kernel_registry::storage::{KernelRow, Store, StoreError, VerificationRow};
-use kernel_registry::{Arch, DType, Manifest, Op, Policy, Semantics};
+use kernel_registry::{Arch, DType, Op, Policy, Semantics};
 use serde::Serialize;
 
 #[derive(Debug, Clone)]
@@ -83,11 +83,12 @@ pub fn speed_at(
 }
 
 /// Why `k` cannot serve the query at all (wrong dtype, shape or arch), before any verdict.
-fn shape_exclusion(k: &KernelRow, manifest: &Manifest, q: &Query) -> Option<String> {
+/// Decided from the stored row: no source is read for it.
+fn shape_exclusion(k: &KernelRow, q: &Query) -> Option<String> {
     if !k.dtypes.contains(&q.dtype) {
         return Some(format!("has no {} entry", q.dtype));
     }
-    manifest.not_applicable(q.cols, Some(q.arch))
+    k.constraints().not_applicable(q.cols, Some(q.arch))
 }
 
 pub async fn resolve(store: &Store, q: &Query) -> Result<Resolution, StoreError> {
@@ -103,11 +104,7 @@ pub async fn resolve(store: &Store, q: &Query) -> Result<Resolution, StoreError>
     let mut excluded = Vec::new();
     for k in kernels {
         let label = format!("{} {}", k.name, k.version);
-        let Some(src) = store.source(&k.digest).await? else {
-            excluded.push(format!("{label}: source missing"));
-            continue;
-        };
-        if let Some(why) = shape_exclusion(&k, &src.manifest, q) {
+        if let Some(why) = shape_exclusion(&k, q) {
             excluded.push(format!("{label}: {why}"));
             continue;
         }
