@@ -355,21 +355,10 @@ async fn verify_next(
     report_fixture: &str,
     arch: &str,
 ) -> (i64, Value) {
-    let (st, claim) = srv
-        .post("/v1/jobs/claim", worker, &json!({"worker": "test-worker"}))
-        .await;
-    assert_eq!(st, StatusCode::OK, "{claim}");
-    let job = claim["job"]["id"].as_i64().unwrap();
-    let report = support::recorded_report(report_fixture, &claim, arch);
-    let (st, r) = srv
-        .post(
-            &format!("/v1/jobs/{job}/report"),
-            worker,
-            &json!({"lease_id": claim["lease_id"], "report": report}),
-        )
-        .await;
-    assert_eq!(st, StatusCode::CREATED, "{r}");
-    (job, r)
+    support::claim_and_report(srv, worker, |claim| {
+        support::recorded_report(report_fixture, claim, arch)
+    })
+    .await
 }
 
 async fn submit_claim_report_resolve(b: Backend) {

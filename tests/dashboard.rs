@@ -69,20 +69,7 @@ async fn submit(srv: &TestServer, token: &str, name: &str, description: &str, bo
 }
 
 async fn verify_next(srv: &TestServer, worker: &str, fixture: &str, arch: &str) {
-    let (st, claim) = srv
-        .post("/v1/jobs/claim", worker, &json!({"worker": "test-worker"}))
-        .await;
-    assert_eq!(st, StatusCode::OK, "{claim}");
-    let job = claim["job"]["id"].as_i64().unwrap();
-    let report = swept_report(fixture, &claim, arch);
-    let (st, r) = srv
-        .post(
-            &format!("/v1/jobs/{job}/report"),
-            worker,
-            &json!({"lease_id": claim["lease_id"], "report": report}),
-        )
-        .await;
-    assert_eq!(st, StatusCode::CREATED, "{r}");
+    support::claim_and_report(srv, worker, |claim| swept_report(fixture, claim, arch)).await;
 }
 
 const HOSTILE: &str = "<script>alert('owned')</script> & \"quoted\" <b>bold</b>";

@@ -39,36 +39,10 @@ async fn sqlite() -> (Store, tempfile::TempDir) {
     (Store::open(&url).await.unwrap(), dir)
 }
 
-/// A fresh PostgreSQL database, or `None` (with a loud message) when there is no server.
+/// A fresh PostgreSQL database, or `None` (loudly) when there is no server.
 async fn postgres() -> Option<Store> {
-    let admin = std::env::var("KERNELIZE_TEST_POSTGRES")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let required = std::env::var("KERNELIZE_REQUIRE_POSTGRES").as_deref() == Ok("1");
-    let store = match Store::connect(&admin).await {
-        Ok(s) => s,
-        Err(e) if !required => {
-            eprintln!("\n*** SKIPPING PostgreSQL storage test: {e}\n*** set KERNELIZE_REQUIRE_POSTGRES=1 to make this a failure\n");
-            return None;
-        }
-        Err(e) => panic!("PostgreSQL is required (KERNELIZE_REQUIRE_POSTGRES=1) but: {e}"),
-    };
-    let db = format!("kz_test_{}", rand_suffix());
-    store
-        .execute_raw(&format!("CREATE DATABASE {db}"))
-        .await
-        .unwrap();
-    store.close().await;
-    let base = admin.rsplit_once('/').unwrap().0;
-    Some(Store::open(&format!("{base}/{db}")).await.unwrap())
-}
-
-fn rand_suffix() -> String {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    let t = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{:x}{:x}", t, std::process::id())
+    let url = kernel_registry::storage::testing::fresh_postgres_url("storage test").await?;
+    Some(Store::open(&url).await.unwrap())
 }
 
 macro_rules! both_backends {

@@ -38,31 +38,9 @@ impl Backend {
     /// A fresh PostgreSQL database; `None` (loudly) when there is no server, unless
     /// `KERNELIZE_REQUIRE_POSTGRES=1`.
     pub async fn postgres() -> Option<Backend> {
-        let admin = std::env::var("KERNELIZE_TEST_POSTGRES")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-        let required = std::env::var("KERNELIZE_REQUIRE_POSTGRES").as_deref() == Ok("1");
-        let store = match kernel_registry::storage::Store::connect(&admin).await {
-            Ok(s) => s,
-            Err(e) if !required => {
-                eprintln!("\n*** SKIPPING PostgreSQL API test: {e}\n*** set KERNELIZE_REQUIRE_POSTGRES=1 to make this a failure\n");
-                return None;
-            }
-            Err(e) => panic!("PostgreSQL is required (KERNELIZE_REQUIRE_POSTGRES=1) but: {e}"),
-        };
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let db = format!("kz_api_{nanos:x}_{}", std::process::id());
-        store
-            .execute_raw(&format!("CREATE DATABASE {db}"))
+        kernel_registry::storage::testing::fresh_postgres_url("API test")
             .await
-            .unwrap();
-        store.close().await;
-        Some(Backend::Postgres(format!(
-            "{}/{db}",
-            admin.rsplit_once('/').unwrap().0
-        )))
+            .map(Backend::Postgres)
     }
 
     pub fn url(&self) -> String {
@@ -265,4 +243,28 @@ pub async fn audit_actions(b: &Backend, db_url: &str) -> Vec<String> {
     let entries = store.audit_entries(10_000).await.unwrap();
     store.close().await;
     entries.into_iter().map(|e| e.action).collect()
+}
+
+/// Act as a GPU worker for one job: claim it, build the report from the claim with
+/// `report`, post it, and return the job id and the server's answer.
+pub async fn claim_and_report(
+    srv: &TestServer,
+    worker: &str,
+    report: impl FnOnce(&Value) -> Value,
+) -> (i64, Value) {
+    let (st, claim) = srv
+        .post(
+            "/v1/jobs/claim",
+            worker,
+            &serde_json::json!({"worker": "test-worker"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{claim}");
+    let job = claim["job"]["id"].as_i64().unwrap();
+    let body = serde_json::json!({"lease_id": claim["lease_id"], "report": report(&claim)});
+    let (st, r) = srv
+        .post(&format!("/v1/jobs/{job}/report"), worker, &body)
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{r}");
+    (job, r)
 }
