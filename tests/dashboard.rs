@@ -1,4 +1,5 @@
-//! The dashboard: HTML snapshots of every page on recorded reports (ids and times redacted),
+//! The dashboard: HTML snapshots of every page on the hand-written fixture reports of
+//! tests/fixtures/reports (not measurements; ids and times redacted),
 //! the empty and the private cases, and each page loaded in a real headless Chromium.
 
 mod support;
@@ -9,8 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use support::{bundle_files, Backend, TestServer};
 
-/// Recorded reports have one case; the kernel page's plots need a sweep over cols, so each
-/// case is repeated at other widths with the same exactness and a speed that rises with cols.
+/// The hand-written fixture reports have one case; the kernel page's plots need a sweep over
+/// cols, so each case is repeated at other widths with the same exactness and a made-up speed
+/// that rises with cols (test data only).
 fn swept_report(fixture: &str, claim: &Value, arch: &str) -> Value {
     let mut r = support::recorded_report(fixture, claim, arch);
     let template = r["cases"][0].clone();
