@@ -36,6 +36,10 @@ pub struct VerificationReport {
     /// Model-level measurements (argmax agreement), when they were run.
     #[serde(default)]
     pub model: Vec<ModelReport>,
+    /// What the model-level run said besides its measurements: models skipped (no matching
+    /// layer), a harness failure, its duration.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub model_notes: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -148,6 +152,14 @@ pub struct ModelReport {
     pub argmax_match_fraction: f64,
     pub top5_overlap: f64,
     pub mean_kl: f64,
+    /// Mean probability of the eager model's top-1 prediction over the evaluation text: argmax
+    /// agreement means little on a model that predicts nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eager_mean_top1_prob: Option<f64>,
+    /// How the model was adapted so its layers have the kernel's semantics (e.g. LlamaRMSNorm
+    /// turned into nn.RMSNorm with the same weights), when it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptation: Option<String>,
 }
 
 /// How close a kernel is to its reference over a set of cases, strongest claim first.
@@ -463,6 +475,7 @@ pub mod tests_support {
             summary: Summary::from_cases(&cases),
             cases,
             model: vec![],
+            model_notes: vec![],
         }
     }
 }

@@ -84,6 +84,9 @@ struct ServeArgs {
     /// With --worker: which GPU of this host to use.
     #[arg(long, requires = "worker")]
     gpu: Option<u32>,
+    /// With --worker: model-level verification options (e.g. `--model models`).
+    #[command(flatten)]
+    model: cmd::verify::ModelArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -210,7 +213,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
     println!("kernelize listening on http://{addr}");
     std::io::stdout().flush().ok();
     if a.worker {
-        start_embedded_worker(&store, addr, a.gpu).await?;
+        start_embedded_worker(&store, addr, a.gpu, a.model.clone()).await?;
     }
     axum::serve(listener, app(state))
         .with_graceful_shutdown(shutdown_signal())
@@ -224,6 +227,7 @@ async fn start_embedded_worker(
     store: &Store,
     addr: std::net::SocketAddr,
     gpu: Option<u32>,
+    model: cmd::verify::ModelArgs,
 ) -> anyhow::Result<()> {
     if !verifier::gpu_available() {
         tracing::warn!("--worker: no usable CUDA GPU on this host; jobs wait for an external `kernelize worker`");
@@ -239,6 +243,7 @@ async fn start_embedded_worker(
         drain: false,
         quick: false,
         poll_seconds: 2,
+        model,
     };
     tokio::spawn(async move {
         if let Err(e) = cmd::worker::run(args).await {

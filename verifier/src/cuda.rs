@@ -160,6 +160,7 @@ impl Gpu {
                 "the CUDA driver (libcuda.so.1) did not load or reports no device; run on a machine with an NVIDIA GPU and driver".into(),
             ));
         }
+        let t_open = Instant::now();
         let ctx = std::panic::catch_unwind(|| CudaContext::new(0))
             .map_err(|_| ExecError::Unavailable("the CUDA driver library failed to load".into()))?
             .map_err(|e| ExecError::Unavailable(describe(&e)))?;
@@ -194,8 +195,16 @@ impl Gpu {
             start,
             stop,
         };
+        crate::trace(|| format!("Gpu::open: context {:.3} s", t_open.elapsed().as_secs_f64()));
+        let t_copy = Instant::now();
         gpu.flush = Some(gpu.alloc((2 * l2_bytes).max(64 << 20))?);
         gpu.info.copy_gbps = gpu.measure_copy_gbps()?;
+        crate::trace(|| {
+            format!(
+                "Gpu::open: copy bandwidth {:.3} s",
+                t_copy.elapsed().as_secs_f64()
+            )
+        });
         Ok(gpu)
     }
 
@@ -237,6 +246,7 @@ impl Gpu {
         let src =
             CString::new(source).map_err(|_| cerr("the source contains a NUL byte".into()))?;
         let name = CString::new(format!("{what}.cu")).unwrap_or_default();
+        let t_nvrtc = Instant::now();
         let ptx = std::panic::catch_unwind(|| -> Result<Vec<std::ffi::c_char>, String> {
             let prog = nvrtc::create_program(&src, Some(&name)).map_err(|e| format!("{e:?}"))?;
             // SAFETY: prog is live until destroyed below.
@@ -267,6 +277,7 @@ impl Gpu {
             ))
         })?
         .map_err(cerr)?;
+        let t_load = Instant::now();
         // SAFETY: ptx is NUL-terminated PTX text produced by NVRTC.
         let module =
             unsafe { result::module::load_data(ptx.as_ptr() as *const c_void) }.map_err(|e| {
@@ -275,6 +286,14 @@ impl Gpu {
                     describe(&e)
                 ))
             })?;
+        crate::trace(|| {
+            format!(
+                "compile {what}: NVRTC {:.3} s, PTX {} KiB, driver load (JIT) {:.3} s",
+                (t_load - t_nvrtc).as_secs_f64(),
+                ptx.len() / 1024,
+                t_load.elapsed().as_secs_f64()
+            )
+        });
         self.modules.insert(key, Module { module });
         Ok(())
     }

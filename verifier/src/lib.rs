@@ -12,6 +12,7 @@ pub mod conformance;
 pub mod cuda;
 pub mod exec;
 pub mod gpu;
+pub mod model;
 pub mod numeric;
 pub mod oracle;
 pub mod sandbox;
@@ -20,6 +21,21 @@ pub mod verify;
 pub use exec::{ExecError, Executor, Limits};
 pub use kernel_registry::report::DeviceInfo;
 pub use verify::{verify_bundle, verify_with, Progress, VerifyError, VerifyOptions};
+
+/// With `KERNELIZE_TRACE` set, print `msg` with the seconds since this process first traced
+/// (phase timing of a verification, on stderr; the sandbox child's stderr reaches the parent's).
+pub fn trace(msg: impl FnOnce() -> String) {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    if std::env::var_os("KERNELIZE_TRACE").is_some() {
+        let t = START.get_or_init(std::time::Instant::now);
+        eprintln!(
+            "trace [pid {} +{:.3} s] {}",
+            std::process::id(),
+            t.elapsed().as_secs_f64(),
+            msg()
+        );
+    }
+}
 
 /// Re-exported for the CLI's progress bar.
 pub use indicatif;

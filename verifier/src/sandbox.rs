@@ -182,11 +182,16 @@ impl SandboxExecutor {
             });
             let tail = Arc::new(Mutex::new(String::new()));
             let t2 = tail.clone();
+            // With KERNELIZE_TRACE the child's phase timings pass through to our stderr.
+            let pass = std::env::var_os("KERNELIZE_TRACE").is_some();
             std::thread::spawn(move || {
                 let mut buf = [0u8; 4096];
                 while let Ok(n) = stderr.read(&mut buf) {
                     if n == 0 {
                         break;
+                    }
+                    if pass {
+                        let _ = std::io::stderr().write_all(&buf[..n]);
                     }
                     if let Ok(mut t) = t2.lock() {
                         t.push_str(&String::from_utf8_lossy(&buf[..n]));

@@ -136,10 +136,12 @@ pub fn verify_with(
     let m = &bundle.manifest;
     let dtypes = dtypes_for(bundle, opts)?;
     let seed = opts.seed.unwrap_or_else(cases::fresh_seed);
+    crate::trace(|| format!("verify {}: start", m.name));
     let device = exec.device_info().map_err(|e| match e {
         ExecError::Unavailable(s) => VerifyError::NoGpu(s),
         e => VerifyError::Exec(e),
     })?;
+    crate::trace(|| "device info (child start, context, copy bandwidth) done".to_string());
     let specs = cases::suite(m.op, m.semantics, &dtypes, opts.quick, seed);
     let total = specs.len();
     let mut reports = Vec::with_capacity(total);
@@ -166,7 +168,16 @@ pub fn verify_with(
                 ),
             )
         } else {
-            match exec.run_case(bundle, spec, &opts.limits, device.copy_gbps) {
+            let t_case = Instant::now();
+            let r = exec.run_case(bundle, spec, &opts.limits, device.copy_gbps);
+            crate::trace(|| {
+                format!(
+                    "case {} round trip {:.3} s",
+                    spec.id,
+                    t_case.elapsed().as_secs_f64()
+                )
+            });
+            match r {
                 Ok(c) => {
                     consecutive_errors = 0;
                     c
@@ -190,6 +201,7 @@ pub fn verify_with(
         });
         reports.push(report);
     }
+    crate::trace(|| format!("verify {}: {} cases done", m.name, reports.len()));
     let summary = Summary::from_cases(&reports);
     Ok(VerificationReport {
         schema_version: REPORT_SCHEMA_VERSION,
@@ -214,6 +226,7 @@ pub fn verify_with(
         cases: reports,
         summary,
         model: vec![],
+        model_notes: vec![],
     })
 }
 

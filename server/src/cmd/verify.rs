@@ -34,6 +34,86 @@ pub struct VerifyArgs {
     /// Time limit of one kernel launch, seconds.
     #[arg(long, default_value_t = 5.0)]
     pub launch_limit_s: f64,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+/// Model-level verification (argmax agreement): the candidate substituted for every matching
+/// layer of real small models, run through PyTorch.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ModelArgs {
+    /// Also measure the kernel inside these models: a Hugging Face model folder (config.json +
+    /// model.safetensors), or a folder of them such as the shipped `models`. Repeatable. Needs a
+    /// Python with torch (CUDA) and transformers.
+    #[arg(long = "model", value_name = "DIR")]
+    pub models: Vec<std::path::PathBuf>,
+    /// The evaluation text run through each model (default: eval.txt beside the model folders,
+    /// e.g. models/eval.txt).
+    #[arg(long, value_name = "FILE")]
+    pub eval_text: Option<std::path::PathBuf>,
+    /// Python interpreter with torch and transformers for the model-level harness.
+    #[arg(long, env = "KERNELIZE_PYTHON", default_value = "python3")]
+    pub python: String,
+    /// Folder holding the `kernelize` Python package (default: `KERNELIZE_PYTHONPATH`, else a
+    /// `python/` folder found from the current directory or the executable's).
+    #[arg(long, value_name = "DIR")]
+    pub python_path: Option<std::path::PathBuf>,
+    /// Tokens of the evaluation text to run.
+    #[arg(long, default_value_t = 512)]
+    pub max_tokens: u32,
+    /// Time limit of the whole model-level run, seconds.
+    #[arg(long, default_value_t = 600)]
+    pub model_timeout_s: u64,
+}
+
+impl ModelArgs {
+    /// `None` when no model was asked for; an error says what is missing and how to fix it.
+    pub fn options(&self) -> anyhow::Result<Option<verifier::model::ModelOptions>> {
+        if self.models.is_empty() {
+            return Ok(None);
+        }
+        let mut models = Vec::new();
+        for m in &self.models {
+            models.extend(
+                verifier::model::model_dirs(m).map_err(|e| anyhow::anyhow!("--model: {e}"))?,
+            );
+        }
+        let text = match &self.eval_text {
+            Some(t) => t.clone(),
+            None => {
+                let first = &self.models[0];
+                let base = if first.join("config.json").is_file() {
+                    first.parent().map(|p| p.to_path_buf()).unwrap_or_default()
+                } else {
+                    first.clone()
+                };
+                base.join("eval.txt")
+            }
+        };
+        if !text.is_file() {
+            anyhow::bail!(
+                "evaluation text {} not found: give one with --eval-text FILE",
+                text.display()
+            );
+        }
+        let python_path = match &self.python_path {
+            Some(p) => p.clone(),
+            None => verifier::model::find_python_path().ok_or_else(|| {
+                anyhow::anyhow!(
+                    "the kernelize Python package (python/kernelize/harness.py) was not found from \
+                     here; give its folder with --python-path DIR or KERNELIZE_PYTHONPATH"
+                )
+            })?,
+        };
+        Ok(Some(verifier::model::ModelOptions {
+            models,
+            text,
+            python: self.python.clone(),
+            python_path,
+            max_tokens: self.max_tokens,
+            timeout: Duration::from_secs(self.model_timeout_s),
+        }))
+    }
 }
 
 /// Print the GPU, driver, CUDA and measured copy bandwidth.
@@ -168,6 +248,40 @@ pub fn render_report(r: &VerificationReport) -> String {
             ));
         }
     }
+    if !r.model.is_empty() || !r.model_notes.is_empty() {
+        s.push_str("\nmodel level (candidate in every matching layer vs eager):\n");
+        s.push_str(&format!(
+            "{:<14} {:>5} {:>6} {:>7} {:>12} {:>8} {:>8} {:>10} {:>8}\n",
+            "model",
+            "dtype",
+            "tokens",
+            "layers",
+            "max_logit",
+            "argmax",
+            "top5",
+            "mean_kl",
+            "top1_p"
+        ));
+        for m in &r.model {
+            s.push_str(&format!(
+                "{:<14} {:>5} {:>6} {:>7} {:>12.3e} {:>8} {:>8} {:>10.2e} {:>8}\n",
+                m.model_name,
+                m.dtype.as_str(),
+                m.tokens,
+                m.layers_replaced,
+                m.max_logit_abs_diff,
+                percent(m.argmax_match_fraction),
+                percent(m.top5_overlap),
+                m.mean_kl,
+                m.eager_mean_top1_prob
+                    .map(|p| format!("{p:.3}"))
+                    .unwrap_or_else(|| "-".into())
+            ));
+        }
+        for n in &r.model_notes {
+            s.push_str(&format!("  {n}\n"));
+        }
+    }
     s.push_str(&format!(
         "overall: {}  (replay: --seed {})\n",
         r.summary.overall.class, r.seed
@@ -178,6 +292,8 @@ pub fn render_report(r: &VerificationReport) -> String {
 pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let bundle = KernelBundle::load_dir(&args.path)
         .with_context(|| format!("loading the kernel in {}", args.path.display()))?;
+    // Checked before the GPU work so that a typo does not cost a whole run.
+    let model_opts = args.model.options()?;
     let opts = VerifyOptions {
         dtypes: (!args.dtypes.is_empty()).then(|| args.dtypes.clone()),
         quick: args.quick,
@@ -207,14 +323,25 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         }
     });
     bar.finish_and_clear();
-    let report = report?;
+    let mut report = report?;
+    let mut failing = Vec::new();
+    if let Some(mo) = &model_opts {
+        eprintln!(
+            "cases done in {:.1} s; model-level run on {} model(s)",
+            report.duration_s,
+            mo.models.len()
+        );
+        if let Err(e) = verifier::model::attach(&mut report, &bundle, mo, &mut |l| eprintln!("{l}"))
+        {
+            failing.push(e.to_string());
+        }
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     print!("{}", render_report(&report));
 
-    let mut failing = Vec::new();
     let overall = &report.summary.overall;
     if overall.cases_run == 0 {
         failing

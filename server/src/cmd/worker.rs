@@ -33,6 +33,8 @@ pub struct WorkerArgs {
     /// Seconds between polls when no job is waiting.
     #[arg(long, default_value_t = 5)]
     pub poll_seconds: u64,
+    #[command(flatten)]
+    pub model: super::verify::ModelArgs,
 }
 
 /// Call before any thread starts: the verifier's sandbox processes inherit it.
@@ -48,6 +50,8 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
             "no usable CUDA GPU on this host: a worker needs one (libcuda.so.1 and a device)"
         );
     }
+    // Checked once at start: a bad --model or a missing harness is the operator's to fix.
+    let model = a.model.options()?;
     let client = Client::new(&a.server, Some(a.token.clone()))?;
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "host".into());
     let name = format!("{host}/gpu{}/pid{}", a.gpu.unwrap_or(0), std::process::id());
@@ -69,12 +73,17 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
             StatusCode::OK => {}
             _ => return Err(problem(st, &claim)),
         }
-        run_job(&client, &claim, a.quick).await?;
+        run_job(&client, &claim, a.quick, model.as_ref()).await?;
         done += 1;
     }
 }
 
-async fn run_job(client: &Client, claim: &Value, quick: bool) -> anyhow::Result<()> {
+async fn run_job(
+    client: &Client,
+    claim: &Value,
+    quick: bool,
+    model: Option<&verifier::model::ModelOptions>,
+) -> anyhow::Result<()> {
     let id = claim["job"]["id"]
         .as_i64()
         .context("claim without job id")?;
@@ -143,12 +152,24 @@ async fn run_job(client: &Client, claim: &Value, quick: bool) -> anyhow::Result<
         quick,
         ..Default::default()
     };
+    let model = model.cloned();
     let result = tokio::task::spawn_blocking(move || {
-        verifier::verify_bundle(&bundle, &opts, &mut |p: &verifier::Progress| {
-            if p.outcome.is_some() && (p.done.is_multiple_of(10) || p.done == p.total) {
-                tracing::info!(job = id, done = p.done, total = p.total, case = %p.case_id, "progress");
+        let mut report =
+            verifier::verify_bundle(&bundle, &opts, &mut |p: &verifier::Progress| {
+                if p.outcome.is_some() && (p.done.is_multiple_of(10) || p.done == p.total) {
+                    tracing::info!(job = id, done = p.done, total = p.total, case = %p.case_id, "progress");
+                }
+            })?;
+        if let Some(mo) = &model {
+            // A harness failure is recorded in the report's model notes; the case results
+            // still stand and are posted.
+            if let Err(e) = verifier::model::attach(&mut report, &bundle, mo, &mut |l| {
+                tracing::info!(job = id, "{l}")
+            }) {
+                tracing::warn!(job = id, "model-level run failed: {e}");
             }
-        })
+        }
+        Ok::<_, verifier::VerifyError>(report)
     })
     .await?;
     hb.abort();

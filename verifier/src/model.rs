@@ -1,0 +1,768 @@
+//! Model-level verification: the candidate substituted for every matching layer of a real small
+//! model, and what that does to the logits.
+//!
+//! The PyTorch side runs in a subprocess, `python3 -m kernelize.harness` (python/kernelize/
+//! harness.py): it loads each model with transformers, runs the evaluation text through it
+//! with its eager layers and again with the candidate swapped in, and writes both logit tensors
+//! as safetensors plus a `summary.json`. The metrics (max logit abs diff, argmax match, top-5
+//! overlap, mean KL) are computed here, in f64, by one function (`logit_metrics`).
+
+use kernel_registry::report::ModelReport;
+use kernel_registry::{DType, KernelBundle};
+use safetensors::{Dtype as StDtype, SafeTensors};
+use serde::Deserialize;
+use sha2::{Digest as _, Sha256};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How to run the model-level measurement.
+#[derive(Debug, Clone)]
+pub struct ModelOptions {
+    /// Model folders (HF format: config.json + *.safetensors).
+    pub models: Vec<PathBuf>,
+    /// The evaluation text run through every model.
+    pub text: PathBuf,
+    /// Python interpreter with torch (CUDA) and transformers.
+    pub python: String,
+    /// Folder holding the `kernelize` Python package (put on PYTHONPATH).
+    pub python_path: PathBuf,
+    /// Tokens of the evaluation text to use (the rest is cut).
+    pub max_tokens: u32,
+    /// The whole harness run (all models and dtypes) must end within this.
+    pub timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("model-level verification: {0}")]
+    Setup(String),
+    #[error("model-level harness failed ({status}): {stderr}")]
+    Harness { status: String, stderr: String },
+    #[error("model-level harness output: {0}")]
+    Output(String),
+}
+
+/// A model that could not be measured for this kernel, and why (e.g. no matching layer).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Skipped {
+    pub model_name: String,
+    pub dtype: Option<DType>,
+    pub reason: String,
+}
+
+#[derive(Debug, Default)]
+pub struct ModelOutcome {
+    pub reports: Vec<ModelReport>,
+    pub skipped: Vec<Skipped>,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Deserialize)]
+struct Summary {
+    #[serde(default)]
+    runs: Vec<Run>,
+    #[serde(default)]
+    skipped: Vec<SkipEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Run {
+    model_name: String,
+    model_dir: PathBuf,
+    dtype: DType,
+    file: String,
+    layers_replaced: u32,
+    #[serde(default)]
+    adaptation: Option<String>,
+    #[serde(default)]
+    eager_mean_top1_prob: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SkipEntry {
+    model_name: String,
+    #[serde(default)]
+    dtype: Option<DType>,
+    reason: String,
+}
+
+/// What the logits of the candidate model did, against the eager model's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LogitMetrics {
+    pub tokens: u64,
+    /// Over positions where both are finite; infinite when finiteness differs anywhere.
+    pub max_abs_diff: f64,
+    pub argmax_match_fraction: f64,
+    /// Mean over positions of |top5(eager) ∩ top5(candidate)| / 5.
+    pub top5_overlap: f64,
+    /// Mean over positions of KL(softmax(eager) || softmax(candidate)), in nats.
+    pub mean_kl: f64,
+}
+
+/// Index of the largest value; the first one on ties; NaN never wins.
+fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] || v[best].is_nan() && !x.is_nan() {
+            best = i;
+        }
+    }
+    best
+}
+
+/// The k largest (ties: lower index first).
+fn top_k(v: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by(|&a, &b| {
+        v[b].partial_cmp(&v[a])
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.cmp(&b))
+    });
+    idx.truncate(k);
+    idx
+}
+
+fn log_softmax(v: &[f32]) -> Vec<f64> {
+    let m = v
+        .iter()
+        .map(|&x| x as f64)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let lse = m + v.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
+    v.iter().map(|&x| x as f64 - lse).collect()
+}
+
+/// Compare two `[tokens, vocab]` logit tensors (row-major).
+pub fn logit_metrics(eager: &[f32], cand: &[f32], vocab: usize) -> Result<LogitMetrics, String> {
+    if vocab == 0
+        || eager.len() != cand.len()
+        || eager.is_empty()
+        || !eager.len().is_multiple_of(vocab)
+    {
+        return Err(format!(
+            "logits of different or empty shapes: {} and {} values, vocab {vocab}",
+            eager.len(),
+            cand.len()
+        ));
+    }
+    let t = eager.len() / vocab;
+    let (mut max_abs, mut argmax_hits, mut top5, mut kl) = (0.0f64, 0usize, 0.0f64, 0.0f64);
+    for (e, c) in eager.chunks_exact(vocab).zip(cand.chunks_exact(vocab)) {
+        for (&a, &b) in e.iter().zip(c) {
+            let d = if a.is_finite() && b.is_finite() {
+                (a as f64 - b as f64).abs()
+            } else if a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) {
+                0.0
+            } else {
+                f64::INFINITY
+            };
+            max_abs = max_abs.max(d);
+        }
+        argmax_hits += usize::from(argmax(e) == argmax(c));
+        let k = 5.min(vocab);
+        let te = top_k(e, k);
+        let tc = top_k(c, k);
+        top5 += te.iter().filter(|i| tc.contains(i)).count() as f64 / k as f64;
+        let (le, lc) = (log_softmax(e), log_softmax(c));
+        let row_kl: f64 = le
+            .iter()
+            .zip(&lc)
+            .map(|(&p, &q)| {
+                if p.exp() > 0.0 {
+                    p.exp() * (p - q)
+                } else {
+                    0.0
+                }
+            })
+            .sum();
+        kl += row_kl.max(0.0);
+    }
+    Ok(LogitMetrics {
+        tokens: t as u64,
+        max_abs_diff: max_abs,
+        argmax_match_fraction: argmax_hits as f64 / t as f64,
+        top5_overlap: top5 / t as f64,
+        mean_kl: kl / t as f64,
+    })
+}
+
+/// `sha256:<hex>` over the model's config.json and weight files (names sorted), each preceded
+/// by its name and length: any change of weights or config gives another digest.
+pub fn model_digest(dir: &Path) -> Result<String, ModelError> {
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| ModelError::Setup(format!("reading model folder {}: {e}", dir.display())))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            n == "config.json" || n.ends_with(".safetensors") || n.ends_with(".bin")
+        })
+        .collect();
+    names.sort();
+    if !names.iter().any(|p| p.ends_with("config.json")) {
+        return Err(ModelError::Setup(format!(
+            "{} has no config.json: give a Hugging Face model folder (config.json + model.safetensors)",
+            dir.display()
+        )));
+    }
+    let mut h = Sha256::new();
+    for p in &names {
+        let bytes = std::fs::read(p)
+            .map_err(|e| ModelError::Setup(format!("reading {}: {e}", p.display())))?;
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        h.update(format!("{name}\n{}\n", bytes.len()).as_bytes());
+        h.update(&bytes);
+    }
+    Ok(format!("sha256:{}", hex::encode(h.finalize())))
+}
+
+fn f32_tensor(st: &SafeTensors, name: &str) -> Result<(Vec<f32>, Vec<usize>), ModelError> {
+    let t = st
+        .tensor(name)
+        .map_err(|e| ModelError::Output(format!("tensor `{name}`: {e}")))?;
+    if t.dtype() != StDtype::F32 {
+        return Err(ModelError::Output(format!(
+            "tensor `{name}` is {:?}, expected F32",
+            t.dtype()
+        )));
+    }
+    let v = t
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    Ok((v, t.shape().to_vec()))
+}
+
+/// Read one run's safetensors file and compute its metrics.
+pub fn metrics_of_file(path: &Path) -> Result<LogitMetrics, ModelError> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| ModelError::Output(format!("reading {}: {e}", path.display())))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| ModelError::Output(format!("{}: {e}", path.display())))?;
+    let (e, es) = f32_tensor(&st, "eager_logits")?;
+    let (c, cs) = f32_tensor(&st, "candidate_logits")?;
+    if es != cs || es.len() != 2 {
+        return Err(ModelError::Output(format!(
+            "{}: eager_logits {es:?} and candidate_logits {cs:?} must be the same [tokens, vocab]",
+            path.display()
+        )));
+    }
+    logit_metrics(&e, &c, es[1]).map_err(ModelError::Output)
+}
+
+/// Write `bundle` as a kernel folder (kernel.toml + its source) for the harness.
+fn write_bundle(bundle: &KernelBundle, dir: &Path) -> Result<(), ModelError> {
+    let io = |e: std::io::Error| ModelError::Setup(format!("writing the kernel folder: {e}"));
+    std::fs::write(dir.join("kernel.toml"), &bundle.manifest_toml).map_err(io)?;
+    std::fs::write(dir.join(&bundle.manifest.source), &bundle.source).map_err(io)?;
+    Ok(())
+}
+
+/// Where the `kernelize` Python package is: `KERNELIZE_PYTHONPATH`, else a `python/` folder
+/// holding `kernelize/harness.py` in the current directory, beside the executable, or in one
+/// of their parents.
+pub fn find_python_path() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("KERNELIZE_PYTHONPATH") {
+        return Some(PathBuf::from(p));
+    }
+    let mut starts = vec![];
+    if let Ok(d) = std::env::current_dir() {
+        starts.push(d);
+    }
+    if let Some(d) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
+        starts.push(d);
+    }
+    for s in starts {
+        for a in s.ancestors() {
+            let p = a.join("python");
+            if p.join("kernelize").join("harness.py").is_file() {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
+
+/// Run the harness for `bundle` on every model and dtype, and turn its output into
+/// `ModelReport`s. `progress` gets one line per event.
+pub fn run_models(
+    bundle: &KernelBundle,
+    dtypes: &[DType],
+    opts: &ModelOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<ModelOutcome, ModelError> {
+    let t0 = Instant::now();
+    if !opts.text.is_file() {
+        return Err(ModelError::Setup(format!(
+            "evaluation text {} not found (give one with --eval-text)",
+            opts.text.display()
+        )));
+    }
+    let mut digests = Vec::new();
+    for m in &opts.models {
+        digests.push((m.clone(), model_digest(m)?));
+    }
+    let work = tempfile::tempdir()
+        .map_err(|e| ModelError::Setup(format!("creating a temporary folder: {e}")))?;
+    let kdir = work.path().join("kernel");
+    let odir = work.path().join("out");
+    for d in [&kdir, &odir] {
+        std::fs::create_dir_all(d)
+            .map_err(|e| ModelError::Setup(format!("creating {}: {e}", d.display())))?;
+    }
+    write_bundle(bundle, &kdir)?;
+    let dts: Vec<&str> = dtypes.iter().map(|d| d.as_str()).collect();
+    let mut cmd = Command::new(&opts.python);
+    cmd.arg("-m")
+        .arg("kernelize.harness")
+        .arg("--kernel")
+        .arg(&kdir)
+        .arg("--dtype")
+        .arg(dts.join(","))
+        .arg("--text")
+        .arg(&opts.text)
+        .arg("--out-dir")
+        .arg(&odir)
+        .arg("--max-tokens")
+        .arg(opts.max_tokens.to_string());
+    for m in &opts.models {
+        cmd.arg("--model").arg(m);
+    }
+    let pp = match std::env::var_os("PYTHONPATH") {
+        Some(old) if !old.is_empty() => {
+            let mut v = opts.python_path.clone().into_os_string();
+            v.push(":");
+            v.push(old);
+            v
+        }
+        _ => opts.python_path.clone().into_os_string(),
+    };
+    cmd.env("PYTHONPATH", pp)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    progress(&format!(
+        "model level: {} model(s) x {} with {} -m kernelize.harness",
+        opts.models.len(),
+        dts.join(","),
+        opts.python
+    ));
+    let mut child = cmd.spawn().map_err(|e| {
+        ModelError::Setup(format!(
+            "could not start `{}` ({e}); give a Python with torch and transformers with --python",
+            opts.python
+        ))
+    })?;
+    // Stream the harness's progress lines while keeping its tail for errors.
+    let mut stderr = child.stderr.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = stderr.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            while let Some(i) = buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=i).collect();
+                let _ = tx.send(String::from_utf8_lossy(&line).trim_end().to_string());
+            }
+        }
+        if !buf.is_empty() {
+            let _ = tx.send(String::from_utf8_lossy(&buf).trim_end().to_string());
+        }
+    });
+    let mut tail: Vec<String> = Vec::new();
+    let status = loop {
+        while let Ok(l) = rx.try_recv() {
+            progress(&format!("  harness: {l}"));
+            tail.push(l);
+            if tail.len() > 40 {
+                tail.remove(0);
+            }
+        }
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if t0.elapsed() > opts.timeout => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(ModelError::Harness {
+                    status: format!("killed after {:.0} s", opts.timeout.as_secs_f64()),
+                    stderr: tail.join("\n"),
+                });
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => return Err(ModelError::Setup(format!("waiting for the harness: {e}"))),
+        }
+    };
+    let _ = reader.join();
+    while let Ok(l) = rx.try_recv() {
+        progress(&format!("  harness: {l}"));
+        tail.push(l);
+    }
+    if !status.success() {
+        let keep = tail.len().saturating_sub(15);
+        return Err(ModelError::Harness {
+            status: status.to_string(),
+            stderr: tail[keep..].join("\n"),
+        });
+    }
+    let summary_path = odir.join("summary.json");
+    let summary: Summary = serde_json::from_slice(
+        &std::fs::read(&summary_path)
+            .map_err(|e| ModelError::Output(format!("{}: {e}", summary_path.display())))?,
+    )
+    .map_err(|e| ModelError::Output(format!("summary.json: {e}")))?;
+    let mut out = ModelOutcome::default();
+    for r in summary.runs {
+        let digest = digests
+            .iter()
+            .find(|(p, _)| same_dir(p, &r.model_dir))
+            .map(|(_, d)| d.clone())
+            .ok_or_else(|| {
+                ModelError::Output(format!(
+                    "summary.json names model folder {} that was not asked for",
+                    r.model_dir.display()
+                ))
+            })?;
+        let m = metrics_of_file(&odir.join(&r.file))?;
+        out.reports.push(ModelReport {
+            model_name: r.model_name,
+            model_digest: digest,
+            dtype: r.dtype,
+            tokens: m.tokens,
+            layers_replaced: r.layers_replaced,
+            max_logit_abs_diff: m.max_abs_diff,
+            argmax_match_fraction: m.argmax_match_fraction,
+            top5_overlap: m.top5_overlap,
+            mean_kl: m.mean_kl,
+            eager_mean_top1_prob: r.eager_mean_top1_prob,
+            adaptation: r.adaptation.filter(|a| !a.is_empty()),
+        });
+    }
+    out.skipped = summary
+        .skipped
+        .into_iter()
+        .map(|s| Skipped {
+            model_name: s.model_name,
+            dtype: s.dtype,
+            reason: s.reason,
+        })
+        .collect();
+    out.seconds = t0.elapsed().as_secs_f64();
+    Ok(out)
+}
+
+/// Run the model-level measurement for `report`'s kernel and attach it: the measurements to
+/// `report.model`, skipped models and the duration to `report.model_notes`. On a harness
+/// failure the note says so and the error is returned (the case results stay valid).
+pub fn attach(
+    report: &mut kernel_registry::report::VerificationReport,
+    bundle: &KernelBundle,
+    opts: &ModelOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(), ModelError> {
+    let dtypes: Vec<DType> = report.summary.per_dtype.keys().copied().collect();
+    match run_models(bundle, &dtypes, opts, progress) {
+        Ok(o) => {
+            for s in &o.skipped {
+                report.model_notes.push(format!(
+                    "{}{}: not measured: {}",
+                    s.model_name,
+                    s.dtype.map(|d| format!(" {d}")).unwrap_or_default(),
+                    s.reason
+                ));
+            }
+            report.model_notes.push(format!(
+                "model level: {} measurement(s) in {:.1} s",
+                o.reports.len(),
+                o.seconds
+            ));
+            report.model.extend(o.reports);
+            Ok(())
+        }
+        Err(e) => {
+            report.model_notes.push(e.to_string());
+            Err(e)
+        }
+    }
+}
+
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// The model folders under `dir`: itself when it holds config.json, else its sub-folders that
+/// do (sorted).
+pub fn model_dirs(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    if dir.join("config.json").is_file() {
+        return Ok(vec![dir.to_path_buf()]);
+    }
+    let rd = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut v: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("config.json").is_file())
+        .collect();
+    v.sort();
+    if v.is_empty() {
+        return Err(format!(
+            "{} holds no model folder (a folder with config.json and weights)",
+            dir.display()
+        ));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identical_logits_agree_fully() {
+        let e = vec![1.0, 2.0, 3.0, 0.5, 0.0, -1.0, 4.0, 4.5, 1.0, 1.0, 0.0, 0.0];
+        let m = logit_metrics(&e, &e, 6).unwrap();
+        assert_eq!(m.tokens, 2);
+        assert_eq!(m.max_abs_diff, 0.0);
+        assert_eq!(m.argmax_match_fraction, 1.0);
+        assert_eq!(m.top5_overlap, 1.0);
+        assert_eq!(m.mean_kl, 0.0);
+    }
+
+    #[test]
+    fn metrics_match_hand_computed_values() {
+        // Token 0: argmax moves from index 1 to 0; token 1 unchanged.
+        let e = vec![1.0f32, 2.0, 0.0, 0.0, 1.0, 0.0];
+        let c = vec![2.5f32, 2.0, 0.0, 0.0, 1.0, 0.0];
+        let m = logit_metrics(&e, &c, 3).unwrap();
+        assert_eq!(m.max_abs_diff, 1.5);
+        assert_eq!(m.argmax_match_fraction, 0.5);
+        // vocab 3 < 5: top-k is the whole vocabulary, overlap 1.
+        assert_eq!(m.top5_overlap, 1.0);
+        // KL of token 0 by hand: p = softmax(1,2,0), q = softmax(2.5,2,0).
+        let sm = |v: [f64; 3]| {
+            let z: f64 = v.iter().map(|x| x.exp()).sum();
+            v.map(|x| x.exp() / z)
+        };
+        let (p, q) = (sm([1.0, 2.0, 0.0]), sm([2.5, 2.0, 0.0]));
+        let kl0: f64 = (0..3).map(|i| p[i] * (p[i] / q[i]).ln()).sum();
+        assert!(
+            (m.mean_kl - kl0 / 2.0).abs() < 1e-12,
+            "{} vs {}",
+            m.mean_kl,
+            kl0 / 2.0
+        );
+    }
+
+    #[test]
+    fn top5_overlap_counts_shared_indices() {
+        let e: Vec<f32> = (0..10).map(|i| i as f32).collect(); // top5: 9 8 7 6 5
+        let mut c = e.clone();
+        c[0] = 100.0; // top5: 0 9 8 7 6
+        let m = logit_metrics(&e, &c, 10).unwrap();
+        assert!((m.top5_overlap - 0.8).abs() < 1e-12);
+        assert_eq!(m.argmax_match_fraction, 0.0);
+    }
+
+    #[test]
+    fn nonfinite_differences_are_infinite_and_shapes_checked() {
+        let e = vec![1.0f32, f32::NAN];
+        let c = vec![1.0f32, 0.0];
+        assert_eq!(
+            logit_metrics(&e, &c, 2).unwrap().max_abs_diff,
+            f64::INFINITY
+        );
+        assert_eq!(logit_metrics(&e, &e, 2).unwrap().max_abs_diff, 0.0);
+        assert!(logit_metrics(&e, &c[..1], 2).is_err());
+        assert!(logit_metrics(&[], &[], 2).is_err());
+    }
+
+    #[test]
+    fn model_digest_covers_weights_and_config() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(model_digest(d.path()).is_err(), "no config.json");
+        std::fs::write(d.path().join("config.json"), "{}").unwrap();
+        std::fs::write(d.path().join("model.safetensors"), b"abc").unwrap();
+        std::fs::write(d.path().join("README.md"), "not hashed").unwrap();
+        let a = model_digest(d.path()).unwrap();
+        std::fs::write(d.path().join("README.md"), "changed").unwrap();
+        assert_eq!(model_digest(d.path()).unwrap(), a);
+        std::fs::write(d.path().join("model.safetensors"), b"abd").unwrap();
+        assert_ne!(model_digest(d.path()).unwrap(), a);
+        assert!(a.starts_with("sha256:") && a.len() == 7 + 64);
+    }
+
+    /// A stand-in for `python3 -m kernelize.harness`: copies prepared outputs into --out-dir
+    /// (or fails, or hangs), so the subprocess plumbing is tested without torch.
+    #[cfg(unix)]
+    fn fake_python(dir: &Path, body: &str) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join("fake-python");
+        std::fs::write(
+            &p,
+            format!(
+                "#!/bin/sh\nwhile [ $# -gt 0 ]; do case \"$1\" in --out-dir) out=\"$2\"; shift;; esac; shift; done\n{body}\n"
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p.display().to_string()
+    }
+
+    #[cfg(unix)]
+    fn setup() -> (tempfile::TempDir, ModelOptions, KernelBundle) {
+        let d = tempfile::tempdir().unwrap();
+        let model = d.path().join("tiny");
+        std::fs::create_dir_all(&model).unwrap();
+        std::fs::write(model.join("config.json"), "{}").unwrap();
+        std::fs::write(model.join("model.safetensors"), b"w").unwrap();
+        std::fs::write(d.path().join("eval.txt"), "hello").unwrap();
+        // Prepared harness output: 2 tokens x vocab 3, the candidate flips one argmax.
+        let prep = d.path().join("prep");
+        std::fs::create_dir_all(&prep).unwrap();
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let e = bytes(&[1.0, 2.0, 0.0, 0.0, 1.0, 0.0]);
+        let c = bytes(&[2.5, 2.0, 0.0, 0.0, 1.0, 0.0]);
+        let ids = [104i64, 101]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect::<Vec<u8>>();
+        let views = vec![
+            (
+                "input_ids",
+                safetensors::tensor::TensorView::new(StDtype::I64, vec![2], &ids).unwrap(),
+            ),
+            (
+                "eager_logits",
+                safetensors::tensor::TensorView::new(StDtype::F32, vec![2, 3], &e).unwrap(),
+            ),
+            (
+                "candidate_logits",
+                safetensors::tensor::TensorView::new(StDtype::F32, vec![2, 3], &c).unwrap(),
+            ),
+        ];
+        safetensors::serialize_to_file(views, &None, &prep.join("tiny.bf16.safetensors")).unwrap();
+        let summary = serde_json::json!({
+            "harness_version": 1,
+            "runs": [{"model_name": "tiny", "model_dir": model, "dtype": "bf16",
+                      "file": "tiny.bf16.safetensors", "tokens": 2, "layers_replaced": 3,
+                      "replaced": ["a", "b", "c"], "adaptation": "",
+                      "eager_mean_top1_prob": 0.75, "seconds": 0.1}],
+            "skipped": [{"model_name": "other", "dtype": "f32", "reason": "no layer matches"}]
+        });
+        std::fs::write(prep.join("summary.json"), summary.to_string()).unwrap();
+        let opts = ModelOptions {
+            models: vec![model],
+            text: d.path().join("eval.txt"),
+            python: String::new(),
+            python_path: d.path().to_path_buf(),
+            max_tokens: 16,
+            timeout: Duration::from_secs(20),
+        };
+        let bundle = KernelBundle::from_parts(
+            r#"
+name = "k"
+version = "0.1.0"
+op = "silu"
+description = "t"
+authors = ["t"]
+license = "MIT"
+source = "k.cu"
+[entry]
+bf16 = "k_bf16"
+[launch]
+block = 256
+grid = "per_element"
+"#,
+            "extern \"C\" __global__ void k_bf16() {}",
+        )
+        .unwrap();
+        (d, opts, bundle)
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn harness_output_becomes_model_reports() {
+        let (d, mut opts, bundle) = setup();
+        let prep = d.path().join("prep");
+        opts.python = fake_python(
+            d.path(),
+            &format!(
+                "echo 'tiny bf16: 3 layers' >&2\ncp {}/* \"$out\"/",
+                prep.display()
+            ),
+        );
+        let mut lines = vec![];
+        let o = run_models(&bundle, &[DType::Bf16], &opts, &mut |l| {
+            lines.push(l.to_string())
+        })
+        .unwrap();
+        assert_eq!(o.reports.len(), 1);
+        let r = &o.reports[0];
+        assert_eq!(
+            (r.model_name.as_str(), r.dtype, r.tokens, r.layers_replaced),
+            ("tiny", DType::Bf16, 2, 3)
+        );
+        assert_eq!(r.argmax_match_fraction, 0.5);
+        assert_eq!(r.max_logit_abs_diff, 1.5);
+        assert_eq!(r.model_digest, model_digest(&opts.models[0]).unwrap());
+        assert_eq!(r.eager_mean_top1_prob, Some(0.75));
+        assert_eq!(r.adaptation, None, "an empty adaptation is none");
+        assert_eq!(
+            o.skipped,
+            vec![Skipped {
+                model_name: "other".into(),
+                dtype: Some(DType::F32),
+                reason: "no layer matches".into()
+            }]
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("harness: tiny bf16: 3 layers")),
+            "{lines:?}"
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn harness_failure_and_hang_are_reported_with_their_stderr() {
+        let (d, mut opts, bundle) = setup();
+        opts.python = fake_python(
+            d.path(),
+            "echo 'torch.cuda is not available: run on a GPU machine' >&2\nexit 1",
+        );
+        let e = run_models(&bundle, &[DType::Bf16], &opts, &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("harness failed") && e.contains("torch.cuda is not available"),
+            "{e}"
+        );
+
+        opts.python = fake_python(d.path(), "sleep 30");
+        opts.timeout = Duration::from_millis(300);
+        let t = Instant::now();
+        let e = run_models(&bundle, &[DType::Bf16], &opts, &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("killed after"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(10));
+
+        opts.python = "/nonexistent/python".into();
+        let e = run_models(&bundle, &[DType::Bf16], &opts, &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("could not start") && e.contains("--python"),
+            "{e}"
+        );
+    }
+}
