@@ -6,7 +6,7 @@ use super::{class_badge, date, frac, gbps, layout, roofline, sci, ulp, Nav, Page
 use crate::app::{AppState, Caller};
 use crate::error::AppError;
 use axum::extract::{Path, State};
-use kernel_registry::report::{CaseStatus, ULP_BUCKETS};
+use kernel_registry::report::{percent, CaseStatus, ULP_BUCKETS};
 use kernel_registry::storage::VerificationRow;
 use kernel_registry::DType;
 use maud::{html, Markup};
@@ -168,6 +168,7 @@ fn verification(v: &VerificationRow) -> Markup {
             @if !r.summary.overall.problems.is_empty() {
                 ul.why.error { @for p in &r.summary.overall.problems { li { (p) } } }
             }
+            (model_level(r))
             div.plots {
                 figure.ulp-histogram {
                     (plot::histogram("ulp distance histogram", &labels, &hist))
@@ -250,6 +251,49 @@ fn verification(v: &VerificationRow) -> Markup {
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+/// The model-level (argmax) measurements: the candidate in every matching layer of a real
+/// model, against the same model with its eager layers.
+fn model_level(r: &kernel_registry::report::VerificationReport) -> Markup {
+    html! {
+        section.model-level {
+            h4 { "Inside a model (argmax agreement)" }
+            @if r.model.is_empty() {
+                p.muted { "No model-level measurement in this report (the worker ran without --model); policy argmax cannot be met." }
+            } @else {
+                table.models {
+                    thead { tr {
+                        th { "model" } th { "dtype" } th.num { "tokens" } th.num { "layers replaced" }
+                        th.num { "max logit diff" } th.num { "argmax match" } th.num { "top-5 overlap" }
+                        th.num { "mean KL" } th.num { "eager top-1 prob." } th { "adaptation" }
+                    } }
+                    tbody {
+                        @for m in &r.model {
+                            tr {
+                                td { (m.model_name) br; code.muted title=(m.model_digest) { (m.model_digest.get(..19).unwrap_or(&m.model_digest)) "…" } }
+                                td { (m.dtype) }
+                                td.num { (m.tokens) }
+                                td.num { (m.layers_replaced) }
+                                td.num { (sci(m.max_logit_abs_diff)) }
+                                td.num {
+                                    @if m.argmax_match_fraction >= 1.0 { (percent(m.argmax_match_fraction)) }
+                                    @else { span.badge.c-fails { (percent(m.argmax_match_fraction)) } }
+                                }
+                                td.num { (percent(m.top5_overlap)) }
+                                td.num { (sci(m.mean_kl)) }
+                                td.num { (m.eager_mean_top1_prob.map(|p| format!("{p:.3}")).unwrap_or_else(|| "—".into())) }
+                                td.wrap { (m.adaptation.as_deref().unwrap_or("none")) }
+                            }
+                        }
+                    }
+                }
+            }
+            @if !r.model_notes.is_empty() {
+                ul.muted { @for n in &r.model_notes { li { (n) } } }
             }
         }
     }
