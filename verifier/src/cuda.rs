@@ -101,6 +101,22 @@ struct Module {
     module: sys::CUmodule,
 }
 
+/// NVRTC's CUBIN of a compiled program, when it made one (a real `sm_XY` target).
+///
+/// # Safety
+/// `prog` must be a live, successfully compiled NVRTC program.
+unsafe fn get_cubin(prog: nvrtc_sys::nvrtcProgram) -> Option<Vec<std::ffi::c_char>> {
+    let mut size = 0usize;
+    if nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size) != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS
+        || size == 0
+    {
+        return None;
+    }
+    let mut v = vec![0 as std::ffi::c_char; size];
+    (nvrtc_sys::nvrtcGetCUBIN(prog, v.as_mut_ptr()) == nvrtc_sys::nvrtcResult::NVRTC_SUCCESS)
+        .then_some(v)
+}
+
 /// The process's CUDA device: context, caches, scratch for L2 flushes.
 pub struct Gpu {
     _ctx: Arc<CudaContext>,
@@ -247,40 +263,49 @@ impl Gpu {
             CString::new(source).map_err(|_| cerr("the source contains a NUL byte".into()))?;
         let name = CString::new(format!("{what}.cu")).unwrap_or_default();
         let t_nvrtc = Instant::now();
-        let ptx = std::panic::catch_unwind(|| -> Result<Vec<std::ffi::c_char>, String> {
-            let prog = nvrtc::create_program(&src, Some(&name)).map_err(|e| format!("{e:?}"))?;
-            // SAFETY: prog is live until destroyed below.
-            unsafe {
-                let res = nvrtc::compile_program(prog, &opts);
-                let log = nvrtc::get_program_log(prog)
-                    .map(|l| {
-                        let bytes: Vec<u8> = l
-                            .iter()
-                            .take_while(|&&c| c != 0)
-                            .map(|&c| c as u8)
-                            .collect();
-                        String::from_utf8_lossy(&bytes).into_owned()
-                    })
-                    .unwrap_or_default();
-                let out = match res {
-                    Ok(()) => nvrtc::get_ptx(prog).map_err(|e| format!("{e:?}")),
-                    Err(e) => Err(format!("{e:?}\n{log}")),
-                };
-                let _ = nvrtc::destroy_program(prog);
-                out
-            }
-        })
-        .map_err(|_| {
-            cerr(format!(
-                "NVRTC (libnvrtc.so) did not load; include path {}",
-                cuda_include_dir()
-            ))
-        })?
-        .map_err(cerr)?;
+        let (image, is_cubin) =
+            std::panic::catch_unwind(|| -> Result<(Vec<std::ffi::c_char>, bool), String> {
+                let prog =
+                    nvrtc::create_program(&src, Some(&name)).map_err(|e| format!("{e:?}"))?;
+                // SAFETY: prog is live until destroyed below.
+                unsafe {
+                    let res = nvrtc::compile_program(prog, &opts);
+                    let log = nvrtc::get_program_log(prog)
+                        .map(|l| {
+                            let bytes: Vec<u8> = l
+                                .iter()
+                                .take_while(|&&c| c != 0)
+                                .map(|&c| c as u8)
+                                .collect();
+                            String::from_utf8_lossy(&bytes).into_owned()
+                        })
+                        .unwrap_or_default();
+                    // The CUBIN NVRTC made for this real architecture (no driver JIT at load);
+                    // the PTX where NVRTC made none.
+                    let out = match res {
+                        Ok(()) => match get_cubin(prog) {
+                            Some(c) => Ok((c, true)),
+                            None => nvrtc::get_ptx(prog)
+                                .map(|p| (p, false))
+                                .map_err(|e| format!("{e:?}")),
+                        },
+                        Err(e) => Err(format!("{e:?}\n{log}")),
+                    };
+                    let _ = nvrtc::destroy_program(prog);
+                    out
+                }
+            })
+            .map_err(|_| {
+                cerr(format!(
+                    "NVRTC (libnvrtc.so) did not load; include path {}",
+                    cuda_include_dir()
+                ))
+            })?
+            .map_err(cerr)?;
         let t_load = Instant::now();
-        // SAFETY: ptx is NUL-terminated PTX text produced by NVRTC.
-        let module =
-            unsafe { result::module::load_data(ptx.as_ptr() as *const c_void) }.map_err(|e| {
+        // SAFETY: `image` is a CUBIN or NUL-terminated PTX text produced by NVRTC.
+        let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+            .map_err(|e| {
                 cerr(format!(
                     "the driver could not load the PTX: {}",
                     describe(&e)
@@ -288,9 +313,10 @@ impl Gpu {
             })?;
         crate::trace(|| {
             format!(
-                "compile {what}: NVRTC {:.3} s, PTX {} KiB, driver load (JIT) {:.3} s",
+                "compile {what}: NVRTC {:.3} s, {} {} KiB, driver load {:.3} s",
                 (t_load - t_nvrtc).as_secs_f64(),
-                ptx.len() / 1024,
+                if is_cubin { "CUBIN" } else { "PTX (JIT)" },
+                image.len() / 1024,
                 t_load.elapsed().as_secs_f64()
             )
         });
