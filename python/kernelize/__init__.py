@@ -1,10 +1,34 @@
-"""kernelize: put verified hub kernels into a PyTorch model (see docs/python.md)."""
+"""kernelize: put verified hub kernels into a PyTorch model (see docs/python.md).
 
-from .core import Entry, Report, kernelize, lock, unkernelize
-from .digest import DigestMismatch, ManifestError, digest_of, parse_manifest_toml
-from .sources import DirSource, HubError, HubSource, Key, LockSource
+The names below are imported on first use, so that `python3 -m kernelize.harness` can start,
+and say clearly what is missing, on a Python without PyTorch.
+"""
 
-__all__ = ["kernelize", "unkernelize", "lock", "Report", "Entry", "digest_of",
-           "parse_manifest_toml", "DigestMismatch", "ManifestError", "HubSource",
-           "LockSource", "DirSource", "Key", "HubError"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "kernelize": "core", "unkernelize": "core", "lock": "core", "launch_counts": "core",
+    "Report": "core", "Entry": "core",
+    "digest_of": "digest", "parse_manifest_toml": "digest", "DigestMismatch": "digest",
+    "ManifestError": "digest",
+    "HubSource": "sources", "LockSource": "sources", "DirSource": "sources", "Key": "sources",
+    "HubError": "sources",
+}
+__all__ = list(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'kernelize' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -16,6 +16,7 @@ from .discover import TORCH_DTYPES, Discovery, Site, discover
 from .sources import DirSource, HubSource, Key, LockSource, Resolution, Resolved, write_lock
 
 _ORIG = "_kernelize_original_forward"
+_LAUNCHES = "_kernelize_launches"  # how many calls of a swapped layer ran the kernel
 _NO_INSTANCE_FORWARD = object()
 
 
@@ -96,8 +97,9 @@ def _arch_of(device: torch.device | None, arch: str | None) -> str:
     raise ValueError("arch is needed to resolve kernels without a CUDA device: pass e.g. arch=\"sm_90\"")
 
 
-def _resolve_all(model, source, policy, arch, dtype) -> tuple[Discovery, dict[Key, Resolution], list]:
-    found = discover(model, dtype)
+def _resolve_all(model, source, policy, arch, dtype,
+                 fuse_gated_mlp: bool = True) -> tuple[Discovery, dict[Key, Resolution], list]:
+    found = discover(model, dtype, fuse_gated_mlp=fuse_gated_mlp)
     cache: dict[Key, Resolution] = {}
     plan = []
     for s in found.sites:
@@ -114,7 +116,8 @@ def _resolve_all(model, source, policy, arch, dtype) -> tuple[Discovery, dict[Ke
 def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLike | None = None,
               kernels_dir: str | os.PathLike | None = None, names: list[str] | None = None,
               policy: str = "bit_exact", device=None, arch: str | None = None,
-              dtype: str | None = None, swap: bool | None = None, verbose: bool = True) -> Report:
+              dtype: str | None = None, swap: bool | None = None, verbose: bool = True,
+              fuse_gated_mlp: bool = True) -> Report:
     """Replace every layer of `model` that has an approved kernel; return (and print) a report.
 
     One source: `hub=URL` (the resolve API), `lock=PATH` (a lock written by `kernelize.lock`,
@@ -122,7 +125,10 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     `swap=None` swaps when the model is on a CUDA device and reports "would replace" otherwise;
     `swap=True` without CUDA raises. `dtype` overrides the dtype asked for (default: the
     layers' parameter dtype). Calls whose input does not fit the kernel (other dtype or
-    device, autograd, sizes outside its constraints) run the original forward.
+    device, autograd, sizes outside its constraints) run the original forward;
+    `launch_counts(model)` tells how many calls of each swapped layer ran the kernel.
+    `fuse_gated_mlp=False` leaves gated SiLU MLPs unfused: their `act_fn` is then a `silu`
+    site instead of the MLP being a `silu_and_mul` site.
     """
     src = _source(hub, lock, kernels_dir, names)
     dev = _cuda_device(model, device)
@@ -134,7 +140,7 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     arch = _arch_of(dev, arch)
     src_label = f"hub {src.url}" if isinstance(src, HubSource) else (
         f"lock {src.path}" if isinstance(src, LockSource) else f"dir {src.path}")
-    found, _, plan = _resolve_all(model, src, policy, arch, dtype)
+    found, _, plan = _resolve_all(model, src, policy, arch, dtype, fuse_gated_mlp)
     rep = Report(src_label, policy, arch, swap)
     for s, key, res in plan:
         e = Entry(s.path, type(s.module).__name__, s.op, s.semantics, s.dtype, s.cols,
@@ -157,12 +163,12 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
 
 def lock(model: nn.Module, hub: str, path: str | os.PathLike = "kernelize.lock.json", *,
          policy: str = "bit_exact", arch: str | None = None, device=None,
-         dtype: str | None = None) -> dict:
+         dtype: str | None = None, fuse_gated_mlp: bool = True) -> dict:
     """Resolve every replaceable layer against the hub and pin the answers (digests, with the
     kernels' content and evidence) in a lock file for `kernelize(model, lock=path)`."""
     src = HubSource(hub) if isinstance(hub, str) else hub
     arch = _arch_of(_cuda_device(model, device), arch)
-    _, cache, _ = _resolve_all(model, src, policy, arch, dtype)
+    _, cache, _ = _resolve_all(model, src, policy, arch, dtype, fuse_gated_mlp)
     return write_lock(path, src.url, cache)
 
 
@@ -179,11 +185,24 @@ def unkernelize(model: nn.Module) -> int:
             m.__dict__["forward"] = orig
         del m.__dict__[_ORIG]
         m.__dict__.pop("_kernelize_kernel", None)
+        m.__dict__.pop(_LAUNCHES, None)
         n += 1
     return n
 
 
+def launch_counts(model: nn.Module) -> dict[str, int]:
+    """For every swapped layer of `model` (by path): how many of its calls so far launched the
+    kernel. A layer at 0 has always fallen back to its original forward (the input's dtype,
+    device, shape or element count did not fit), so the kernel has not been exercised."""
+    return {path or "<root>": m.__dict__.get(_LAUNCHES, 0)
+            for path, m in model.named_modules() if m.__dict__.get(_ORIG) is not None}
+
+
 # ---- swapping ------------------------------------------------------------------------------
+
+def _counted(m: nn.Module) -> None:
+    m.__dict__[_LAUNCHES] = m.__dict__.get(_LAUNCHES, 0) + 1
+
 
 def _patch(site: Site, k: Resolved, device: torch.device) -> None:
     m = site.module
@@ -205,16 +224,19 @@ def _patch(site: Site, k: Resolved, device: torch.device) -> None:
                 return orig_forward(x, *a, **kw)
             # nn.RMSNorm(eps=None): F.rms_norm takes the opmath type's epsilon (f32)
             eps = site.eps if site.eps is not None else torch.finfo(torch.float32).eps
+            _counted(self)
             return L.run_rms_norm(compiled, x, self.weight, eps)
     elif site.op == "layer_norm":
         def fwd(self, x, *a, **kw):
             if a or kw or not usable(x, self.weight, self.bias) or x.shape[-1] != site.cols:
                 return orig_forward(x, *a, **kw)
+            _counted(self)
             return L.run_layer_norm(compiled, x, self.weight, self.bias, float(self.eps))
     elif site.op in ("silu", "gelu", "gelu_tanh"):
         def fwd(self, x, *a, **kw):
             if a or kw or not usable(x) or not_applicable(man, x.numel(), None):
                 return orig_forward(x, *a, **kw)
+            _counted(self)
             return L.run_elementwise(compiled, x)
     elif site.op == "silu_and_mul":
         def fwd(self, x, *a, **kw):
@@ -224,9 +246,11 @@ def _patch(site: Site, k: Resolved, device: torch.device) -> None:
             u = self.up_proj(x)
             if g.dtype != want or g.shape != u.shape:
                 return self.down_proj(self.act_fn(g) * u)
+            _counted(self)
             return self.down_proj(L.run_silu_and_mul(compiled, g, u))
     else:  # pragma: no cover
         raise ValueError(site.op)
     m.__dict__[_ORIG] = m.__dict__.get("forward", _NO_INSTANCE_FORWARD)
     m.__dict__["_kernelize_kernel"] = k
+    m.__dict__[_LAUNCHES] = 0
     m.__dict__["forward"] = types.MethodType(fwd, m)

@@ -205,8 +205,13 @@ def _dtype_of(*tensors) -> str | None:
     return None
 
 
-def discover(model: nn.Module, dtype: str | None = None) -> Discovery:
-    """Every replaceable layer of `model`, and every candidate layer left alone (with why)."""
+def discover(model: nn.Module, dtype: str | None = None, *,
+             fuse_gated_mlp: bool = True) -> Discovery:
+    """Every replaceable layer of `model`, and every candidate layer left alone (with why).
+
+    A gated SiLU MLP (LlamaMLP-like) is one `silu_and_mul` site that covers its `act_fn`.
+    With `fuse_gated_mlp=False` the MLP is not a site and its `act_fn` is found as a plain
+    `silu` site instead (the model harness measures a lone SiLU kernel that way)."""
     out = Discovery()
     model_dtype = dtype or _dtype_of(*(p for p in model.parameters() if p.is_floating_point()))
     covered: set[int] = set()  # act_fn modules covered by their gated MLP
@@ -214,7 +219,7 @@ def discover(model: nn.Module, dtype: str | None = None) -> Discovery:
         if id(m) in covered:
             continue
         path = path or "<root>"
-        ok, why = _is_gated_silu_mlp(m)
+        ok, why = _is_gated_silu_mlp(m) if fuse_gated_mlp else (False, "")
         if ok:
             covered.add(id(m.act_fn))
             out.sites.append(Site(path, m, "silu_and_mul", "default", m.gate_proj.out_features,

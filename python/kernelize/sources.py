@@ -188,9 +188,11 @@ def write_lock(path: str | os.PathLike, hub: str, resolutions: dict[Key, Resolut
 
 
 class DirSource:
-    """A local folder of kernel folders (kernel.toml + .cu), read without a hub. These
-    kernels carry no verification: the policy cannot be checked, and the report says so.
-    When several match a layer, `names` picks which (otherwise the layer is left alone)."""
+    """A local folder of kernel folders (kernel.toml + .cu), read without a hub, or one kernel
+    folder (a `path` that holds a kernel.toml itself). These kernels carry no verification:
+    the policy cannot be checked, and the report says so. When several match a layer,
+    `names` picks which (otherwise the layer is left alone). A broken kernel among many is
+    reported in `errors` and skipped; a single kernel folder that is broken raises."""
 
     def __init__(self, path: str | os.PathLike, names: list[str] | None = None):
         self.path = Path(path)
@@ -199,7 +201,10 @@ class DirSource:
         self.names = set(names) if names is not None else None
         self.kernels: list[tuple[dict, str, str]] = []
         self.errors: list[str] = []
-        for d in sorted(p for p in self.path.iterdir() if (p / "kernel.toml").is_file()):
+        single = (self.path / "kernel.toml").is_file()
+        folders = [self.path] if single else sorted(
+            p for p in self.path.iterdir() if (p / "kernel.toml").is_file())
+        for d in folders:
             try:
                 text = (d / "kernel.toml").read_text(encoding="utf-8")
                 manifest = parse_manifest_toml(text)
@@ -208,6 +213,8 @@ class DirSource:
                     if sym not in source:
                         raise ValueError(f"entry.{dt}: symbol `{sym}` not in {manifest['source']}")
             except Exception as e:  # a broken folder is reported, not fatal
+                if single:
+                    raise ValueError(f"kernel folder {d}: {e}") from None
                 self.errors.append(f"{d.name}: {e}")
                 continue
             if self.names is None or manifest["name"] in self.names:

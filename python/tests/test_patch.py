@@ -30,6 +30,9 @@ def test_patch_then_unkernelize_restores(tiny_llama, monkeypatch):
     with torch.no_grad():  # CPU inputs: every swapped forward falls back to the original
         after = tiny_llama(x).logits
     assert torch.equal(before, after)
+    # no call launched a kernel, and launch_counts says so for every swapped layer
+    assert kernelize.launch_counts(tiny_llama) == {s.path: 0 for s in sites}
     assert kernelize.unkernelize(tiny_llama) == len(sites) == 7
+    assert kernelize.launch_counts(tiny_llama) == {}
     assert not any("forward" in s.module.__dict__ for s in sites)
     assert kernelize.unkernelize(tiny_llama) == 0

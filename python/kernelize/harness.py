@@ -1,0 +1,600 @@
+"""Model-level measurement of one kernel: the logits of small real models, eager and with the
+kernel substituted for every matching layer (SPEC section 3, "model level").
+
+The Rust verifier (`kernelize verify KERNEL_DIR --model DIR ...`) runs this as a child process
+and computes the metrics (max logit abs diff, argmax match, top-5 overlap, KL) from the files
+it writes:
+
+    python3 -m kernelize.harness --kernel KERNEL_DIR --model MODEL_DIR [--model MODEL_DIR2 ...]
+        --dtype bf16[,f16,f32] --text EVAL_TEXT_FILE --out-dir OUT_DIR
+        [--device cuda] [--max-tokens 512] [--arch sm_90] [--dry-run]
+
+For each model x dtype: load the model (transformers `AutoModelForCausalLM`) in that dtype,
+adapt it so that its layers compute the kernel's op and semantics where a clean equivalent
+exists (`adapt_model`), run one forward with the eager layers, kernelize it with only this
+kernel, run the same forward again, unkernelize, and run eager once more (which checks that
+eager is deterministic and that unkernelize restored it). The baseline is the *adapted* model,
+so the two runs differ only by the substituted kernel.
+
+OUT_DIR/<model_name>.<dtype>.safetensors holds `input_ids` (int64 [T]), `eager_logits` and
+`candidate_logits` (float32 [T, V], widened exactly from the model dtype); OUT_DIR/summary.json
+says what ran, what was replaced, how the model was adapted, and which models were skipped
+(no layer matching the kernel; never an error). Exit status: 0 when summary.json was written,
+2 for bad arguments, 1 for any other failure (one paragraph on stderr: what failed, how to fix
+it). Progress goes to stderr; stdout stays empty.
+
+`--dry-run` does everything but the launch (no CUDA needed with `--device cpu --arch sm_90`):
+it loads, adapts, runs the eager forward and reports what would be replaced, writing
+summary.json without logits. The CPU tests use it; the product path always launches.
+
+Tokenizer convention: a config.json with `"kernelize_tokenizer": "bytes"` (the models in
+models/) means token ids are the UTF-8 bytes of the text (vocab 256); otherwise the model
+folder's own tokenizer (`AutoTokenizer`) is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HARNESS_VERSION = 1
+DTYPES = ("bf16", "f16", "f32")
+MEASURABLE_OPS = ("rms_norm", "layer_norm", "silu", "silu_and_mul", "gelu", "gelu_tanh")
+FUSED_ADD_REASON = (
+    "fused_add_rms_norm is not applicable to model-level measurement yet: the residual add "
+    "that the kernel fuses happens inside the decoder layer's forward (HF Llama), not in a "
+    "module that kernelize can swap, so no layer of any model matches this op")
+
+
+class HarnessError(Exception):
+    """A failure with a message that says what failed and how to fix it (exit status 1)."""
+
+
+def log(msg: str) -> None:
+    print(f"harness: {msg}", file=sys.stderr, flush=True)
+
+
+# ---- tokens ---------------------------------------------------------------------------------
+
+def byte_ids(text: str) -> list[int]:
+    """The byte-level convention of the shipped models: one token per UTF-8 byte."""
+    return list(text.encode("utf-8"))
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    if not model_dir.is_dir():
+        raise HarnessError(f"model folder {model_dir} not found. Give a folder written by "
+                           "transformers' save_pretrained (config.json + weights); the shipped "
+                           "models are trained into models/ with `python3 models/train.py --out "
+                           "models` on a GPU machine.")
+    cfg = model_dir / "config.json"
+    if not cfg.is_file():
+        raise HarnessError(f"model folder {model_dir} has no config.json, so it is not a "
+                           "transformers checkpoint. Save the model with "
+                           "model.save_pretrained(DIR) (or train the shipped ones with "
+                           "`python3 models/train.py --out models`).")
+    try:
+        return json.loads(cfg.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise HarnessError(f"{cfg} is not valid JSON ({e}); re-save the model.") from None
+
+
+def tokenize(model_dir: Path, config: dict[str, Any], text: str) -> tuple[list[int], str]:
+    """(token ids, what tokenised them)."""
+    conv = config.get("kernelize_tokenizer")
+    if conv == "bytes":
+        vocab = int(config.get("vocab_size", 0))
+        if vocab < 256:
+            raise HarnessError(f"{model_dir}/config.json says kernelize_tokenizer=bytes but "
+                               f"vocab_size is {vocab}; byte tokens need at least 256.")
+        return byte_ids(text), "bytes (UTF-8, kernelize_tokenizer)"
+    if conv is not None:
+        raise HarnessError(f"{model_dir}/config.json: kernelize_tokenizer={conv!r} is not "
+                           "known; the only convention is \"bytes\" (or leave it out to use the "
+                           "folder's own tokenizer).")
+    from transformers import AutoTokenizer
+    try:
+        tok = AutoTokenizer.from_pretrained(str(model_dir))
+    except Exception as e:  # noqa: BLE001 - transformers raises several types here
+        raise HarnessError(
+            f"model folder {model_dir} has no usable tokenizer ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}). Save one next to the weights "
+            "(tokenizer.save_pretrained(DIR)), or, for a byte-level model with vocab_size >= "
+            "256, add \"kernelize_tokenizer\": \"bytes\" to its config.json.") from None
+    return list(tok(text)["input_ids"]), f"AutoTokenizer ({type(tok).__name__})"
+
+
+def max_positions(config: dict[str, Any]) -> int | None:
+    for k in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        v = config.get(k)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+# ---- loading --------------------------------------------------------------------------------
+
+def torch_dtype(name: str):
+    import torch
+    return {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[name]
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split(".")[:3]:
+        digits = "".join(c for c in part if c.isdigit())
+        out.append(int(digits) if digits else 0)
+    return tuple(out)
+
+
+def load_model(model_dir: Path, dtype: str, device):
+    """`AutoModelForCausalLM.from_pretrained` in `dtype` on `device`, in eval mode.
+    transformers >= 4.56 names the argument `dtype` (`torch_dtype` before)."""
+    import transformers
+    dt = torch_dtype(dtype)
+    kw = ({"dtype": dt} if _version_tuple(transformers.__version__) >= (4, 56)
+          else {"torch_dtype": dt})
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), **kw)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise HarnessError(
+            f"cannot load {model_dir} with AutoModelForCausalLM: {first}. If its weights are "
+            "missing (the shipped models' weights come from a GPU run), train them with "
+            "`python3 models/train.py --out models` on a GPU machine.") from None
+    return model.to(device=device, dtype=dt).eval()
+
+
+# ---- adapting a model to the kernel's semantics ---------------------------------------------
+
+def _set_submodule(model, path: str, new) -> None:
+    parent_path, _, name = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    setattr(parent, name, new)
+
+
+def _llama_rmsnorm_cls():
+    try:
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+        return LlamaRMSNorm
+    except ImportError:
+        return _fallback_classes()[0]
+
+
+def _gemma_rmsnorm_cls():
+    try:
+        from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+        return GemmaRMSNorm
+    except ImportError:
+        return _fallback_classes()[1]
+
+
+_FALLBACKS: tuple | None = None
+
+
+def _fallback_classes():
+    """Stand-ins with HF's formulas, for a transformers without these classes."""
+    global _FALLBACKS
+    if _FALLBACKS is None:
+        import torch
+        from torch import nn
+
+        class KernelizeLlamaRMSNorm(nn.Module):
+            def __init__(self, hidden_size: int, eps: float = 1e-6):
+                super().__init__()
+                self.weight = nn.Parameter(torch.ones(hidden_size))
+                self.variance_epsilon = eps
+
+            def forward(self, x):
+                dt = x.dtype
+                xf = x.float()
+                xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+                return self.weight * xf.to(dt)
+
+        class KernelizeGemmaRMSNorm(nn.Module):
+            def __init__(self, dim: int, eps: float = 1e-6):
+                super().__init__()
+                self.eps = eps
+                self.weight = nn.Parameter(torch.zeros(dim))
+
+            def forward(self, x):
+                xf = x.float()
+                out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+                return (out * (1.0 + self.weight.float())).type_as(x)
+
+        _FALLBACKS = (KernelizeLlamaRMSNorm, KernelizeGemmaRMSNorm)
+    return _FALLBACKS
+
+
+def _rmsnorm_like(semantics: str, cols: int, eps: float | None, scale, like):
+    """A fresh RMSNorm of `semantics` whose effective scale (w, or 1 + w for gemma) is `scale`
+    (f32), with `like`'s dtype and device. For bf16/f16 weights in [0.5, 2] (trained norms)
+    w - 1 is exact, so only the rounding points of the formula change."""
+    import torch
+    from torch import nn
+    e = eps if eps is not None else torch.finfo(torch.float32).eps
+    if semantics == "llama":
+        m, w, label = _llama_rmsnorm_cls()(cols, eps=e), scale, None
+    elif semantics == "gemma":
+        m, w, label = _gemma_rmsnorm_cls()(cols, eps=e), scale - 1.0, "weight w - 1"
+    elif semantics == "torch":
+        m, w, label = nn.RMSNorm(cols, eps=eps, elementwise_affine=True), scale, None
+    else:  # pragma: no cover - semantics come from the checked manifest
+        raise ValueError(semantics)
+    m = m.to(device=like.device, dtype=like.dtype)
+    with torch.no_grad():
+        m.weight.copy_(w.to(like.dtype))
+    return m, label
+
+
+@dataclass
+class Adaptation:
+    """How the model was changed before measuring (the eager baseline is this model)."""
+    notes: list[str] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    fuse_gated_mlp: bool = True
+
+    def describe(self) -> str:
+        return "; ".join(self.notes) if self.notes else "none (the model as saved)"
+
+
+def adapt_model(model, op: str, semantics: str) -> Adaptation:
+    """Change `model` in place so that its layers compute `op` (`semantics`) where a clean
+    equivalent exists:
+
+    - rms_norm: every RMSNorm of another semantics becomes an equivalent RMSNorm of this one
+      with the same effective scale (llama: HF LlamaRMSNorm; gemma: HF GemmaRMSNorm with
+      weight w - 1, i.e. x * rsqrt(..) * (1 + (w - 1)); torch: nn.RMSNorm with weight w) and
+      the same eps: the same function up to the formula's rounding points.
+    - gelu / gelu_tanh: every GELU-family activation (GELUActivation, GELUTanh, GPT-2's
+      NewGELUActivation, ...) that does not already compute eager F.gelu with this
+      approximation becomes nn.GELU(approximate="none" / "tanh").
+    - silu: gated MLPs are left unfused, so that the silu kernel replaces each MLP's act_fn
+      (kernelize would otherwise see a silu_and_mul site there and no silu site).
+    - layer_norm, silu_and_mul: nothing to change.
+    """
+    from torch import nn
+
+    from .discover import discover
+    ad = Adaptation(fuse_gated_mlp=(op != "silu"))
+    if op == "silu":
+        gated = [s.path for s in discover(model).sites if s.op == "silu_and_mul"]
+        if gated:
+            ad.notes.append(f"{len(gated)} gated MLP(s) not fused: the silu kernel replaces "
+                            "each MLP's act_fn")
+    found = discover(model, fuse_gated_mlp=ad.fuse_gated_mlp)
+    converted: dict[str, list[str]] = {}
+    if op == "rms_norm":
+        for s in found.sites:
+            if s.op != "rms_norm" or s.semantics == semantics:
+                continue
+            w = s.module.weight.detach().float()
+            scale = w + 1.0 if s.semantics == "gemma" else w
+            new, how = _rmsnorm_like(semantics, s.cols, s.eps, scale, s.module.weight)
+            _set_submodule(model, s.path, new)
+            key = (f"{_cls_label(s.module)} -> {_cls_label(new)} ({how or 'same weights'}, "
+                   f"eps {s.eps}; the same function up to rounding)")
+            converted.setdefault(key, []).append(s.path)
+    elif op in ("gelu", "gelu_tanh"):
+        approx = "tanh" if op == "gelu_tanh" else "none"
+        targets = [(s.path, type(s.module).__name__) for s in found.sites
+                   if s.op in ("gelu", "gelu_tanh") and s.op != op]
+        targets += [(sk.path, sk.cls) for sk in found.skipped if "gelu" in sk.cls.lower()]
+        for path, cls in targets:
+            _set_submodule(model, path, nn.GELU(approximate=approx))
+            key = f"{cls} -> nn.GELU(approximate='{approx}')"
+            converted.setdefault(key, []).append(path)
+    for key, paths in converted.items():
+        ad.notes.append(f"{len(paths)} x {key}")
+        ad.paths.extend(paths)
+    return ad
+
+
+def _cls_label(m) -> str:
+    return ("nn." if type(m).__module__.startswith("torch.nn") else "") + type(m).__name__
+
+
+def _site_summary(found) -> str:
+    counts: dict[str, int] = {}
+    for s in found.sites:
+        k = s.op + (f" ({s.semantics})" if s.semantics != "default" else "")
+        counts[k] = counts.get(k, 0) + 1
+    return ", ".join(f"{k} x{n}" for k, n in sorted(counts.items())) or "nothing kernelize recognises"
+
+
+# ---- one model x dtype ----------------------------------------------------------------------
+
+@dataclass
+class Kernel:
+    dir: Path
+    manifest: dict[str, Any]
+    digest: str
+
+    @property
+    def op(self) -> str:
+        return self.manifest["op"]
+
+    @property
+    def semantics(self) -> str:
+        return self.manifest["semantics"]
+
+    @property
+    def label(self) -> str:
+        sem = f" ({self.semantics})" if self.semantics != "default" else ""
+        return f"{self.manifest['name']} {self.manifest['version']}: {self.op}{sem}"
+
+
+def load_kernel(path: Path) -> Kernel:
+    from .sources import DirSource
+    if not (path / "kernel.toml").is_file():
+        raise HarnessError(f"--kernel {path}: no kernel.toml there. Give one kernel folder "
+                           "(kernel.toml + its .cu source), e.g. kernels/rms_norm_llama.")
+    try:
+        src = DirSource(path)
+    except (ValueError, OSError) as e:
+        raise HarnessError(f"--kernel {path}: {e}. Fix the manifest or source (`kernelize "
+                           "verify` reports the same problems).") from None
+    manifest, _, digest = src.kernels[0]
+    return Kernel(path, manifest, digest)
+
+
+def _forward_logits(model, ids):
+    import torch
+    with torch.no_grad():
+        out = model(input_ids=ids[None], use_cache=False)
+    return out.logits[0].float().cpu()
+
+
+def measure(kernel: Kernel, model_dir: Path, dtype: str, text: str, args, device,
+            arch: str) -> tuple[dict | None, dict | None]:
+    """(run entry, None) or (None, skipped entry) for one model x dtype."""
+    import torch
+
+    from . import core
+    from .discover import discover
+    t0 = time.perf_counter()
+    name = model_dir.name
+    skip = lambda reason: (None, {"model_name": name, "model_dir": str(model_dir),  # noqa: E731
+                                  "dtype": dtype, "reason": reason})
+    config = read_config(model_dir)
+    if kernel.op == "fused_add_rms_norm":
+        return skip(FUSED_ADD_REASON)
+    ids_list, tok_label = tokenize(model_dir, config, text)
+    limit = args.max_tokens
+    if (mp := max_positions(config)) is not None:
+        limit = min(limit, mp)
+    ids_list = ids_list[:limit]
+    if len(ids_list) < 2:
+        raise HarnessError(f"the text gives {len(ids_list)} token(s) for {name}; at least 2 "
+                           "are needed (give a longer --text).")
+    model = load_model(model_dir, dtype, device)
+    ad = adapt_model(model, kernel.op, kernel.semantics)
+    found = discover(model, fuse_gated_mlp=ad.fuse_gated_mlp)
+    matching = [s for s in found.sites if s.op == kernel.op and s.semantics == kernel.semantics]
+    if not matching:
+        return skip(f"no layer of {name} computes {kernel.op}"
+                    + (f" ({kernel.semantics})" if kernel.semantics != "default" else "")
+                    + f" (it has: {_site_summary(found)}; adaptation: {ad.describe()})")
+    ids = torch.tensor(ids_list, dtype=torch.long, device=device)
+    eager = _forward_logits(model, ids)
+    rep = core.kernelize(model, kernels_dir=kernel.dir, swap=not args.dry_run,
+                         device=device if device.type == "cuda" else None, arch=arch,
+                         verbose=False, fuse_gated_mlp=ad.fuse_gated_mlp)
+    ours = [e for e in rep.entries if e.op == kernel.op and e.semantics == kernel.semantics]
+    replaced = [e.path for e in ours if e.status in ("replaced", "would replace")]
+    not_replaced = [{"path": e.path, "reason": "; ".join(e.reasons)} for e in ours
+                    if e.status == "kept"]
+    if not replaced:
+        core.unkernelize(model)
+        reasons = sorted({r for e in ours for r in e.reasons}) or ["kernelize replaced nothing"]
+        return skip(f"{len(matching)} layer(s) of {name} compute {kernel.op}, but kernelize "
+                    f"replaced none: {'; '.join(reasons)}")
+    run: dict[str, Any] = {
+        "model_name": name, "model_dir": str(model_dir), "dtype": dtype, "file": None,
+        "tokens": len(ids_list), "tokenizer": tok_label,
+        "layers_replaced": len(replaced), "replaced": replaced, "not_replaced": not_replaced,
+        "adaptation": ad.describe(), "adapted": ad.paths,
+    }
+    if args.dry_run:
+        core.unkernelize(model)
+        run["dry_run"] = True
+    else:
+        cand = _forward_logits(model, ids)
+        counts = core.launch_counts(model)
+        core.unkernelize(model)
+        launches = sum(counts.get(p, 0) for p in replaced)
+        idle = [p for p in replaced if counts.get(p, 0) == 0]
+        if launches == 0:
+            return skip(f"the kernel was swapped into {len(replaced)} layer(s) of {name} but "
+                        "never launched: every call fell back to the original forward (input "
+                        "dtype, shape or element count outside what the kernel takes)")
+        again = _forward_logits(model, ids)
+        file = f"{name}.{dtype}.safetensors"
+        _save(Path(args.out_dir) / file, ids.cpu(), eager, cand, {
+            "harness_version": str(HARNESS_VERSION), "model_name": name, "dtype": dtype,
+            "kernel": kernel.manifest["name"], "kernel_digest": kernel.digest})
+        run.update({
+            "file": file, "kernel_launches": launches, "replaced_never_launched": idle,
+            "bit_identical": bool(torch.equal(eager, cand)),
+            "eager_repeat_identical": bool(torch.equal(eager, again)),
+        })
+    probs = torch.softmax(eager, dim=-1)
+    run["eager_mean_top1_prob"] = round(float(probs.max(dim=-1).values.mean()), 6)
+    run["eager_top1_accuracy"] = round(
+        float((eager[:-1].argmax(dim=-1) == ids[1:].cpu()).float().mean()), 6)
+    run["seconds"] = round(time.perf_counter() - t0, 3)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return run, None
+
+
+def _save(path: Path, ids, eager, cand, metadata: dict[str, str]) -> None:
+    import torch
+    from safetensors.torch import save_file
+    save_file({"input_ids": ids.to(torch.int64).contiguous(),
+               "eager_logits": eager.contiguous(),
+               "candidate_logits": cand.contiguous()}, str(path), metadata=metadata)
+
+
+# ---- command line ---------------------------------------------------------------------------
+
+def _dtype_list(s: str) -> list[str]:
+    out = [d.strip() for d in s.split(",") if d.strip()]
+    bad = [d for d in out if d not in DTYPES]
+    if not out or bad:
+        raise argparse.ArgumentTypeError(f"{s!r}: give one or more of {', '.join(DTYPES)}, "
+                                         "comma-separated")
+    return out
+
+
+def _positive(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        v = 0
+    if v < 2:
+        raise argparse.ArgumentTypeError(f"{s!r}: give a whole number >= 2")
+    return v
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python3 -m kernelize.harness",
+        description="Measure one kernel inside small real models: eager vs candidate logits.")
+    p.add_argument("--kernel", required=True, type=Path, help="one kernel folder (kernel.toml + .cu)")
+    p.add_argument("--model", required=True, action="append", type=Path,
+                   help="a transformers checkpoint folder; repeat for several")
+    p.add_argument("--dtype", required=True, type=_dtype_list, action="append",
+                   help="bf16, f16, f32, comma-separated")
+    p.add_argument("--text", required=True, type=Path, help="UTF-8 text to run the models on")
+    p.add_argument("--out-dir", required=True, type=Path)
+    p.add_argument("--device", default="cuda", help="default: cuda")
+    p.add_argument("--max-tokens", type=_positive, default=512,
+                   help="truncate the text's tokens (also to the model's max positions)")
+    p.add_argument("--arch", help="sm_XY for the kernel's constraints (default: the device's)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="no launch: report what would be replaced (works on the CPU)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    args.dtypes = list(dict.fromkeys(d for ds in args.dtype for d in ds))
+    names = [m.resolve().name for m in args.model]
+    if len(set(names)) != len(names):
+        p.error(f"--model folders must have distinct names (outputs are named after them): {names}")
+    if not args.device.startswith("cuda") and not args.dry_run:
+        p.error(f"--device {args.device}: the kernel launches on a CUDA device; use --device "
+                "cuda, or --dry-run to check models and matching without a GPU")
+    if not args.device.startswith("cuda") and args.dry_run and not args.arch:
+        p.error("--dry-run without CUDA needs --arch (e.g. sm_90) for the kernel's constraints")
+    with contextlib.redirect_stdout(sys.stderr):  # libraries that print must not use stdout
+        return _run(args)
+
+
+def _run(args) -> int:
+    stage = "starting"
+    try:
+        stage = "importing torch and transformers"
+        try:
+            import torch
+        except ModuleNotFoundError:
+            raise HarnessError(f"PyTorch is not installed for {sys.executable}. Install it "
+                               "(pip install torch; a CUDA build on the GPU machine) or run the "
+                               "harness with the python3 that has it.") from None
+        try:
+            import safetensors  # noqa: F401
+            import transformers
+        except ModuleNotFoundError as e:
+            raise HarnessError(f"{e.name} is not installed for {sys.executable}; the harness "
+                               "loads models with transformers and writes logits with "
+                               "safetensors: pip install transformers safetensors.") from None
+        with contextlib.suppress(Exception):  # progress bars are noise in a child's stderr
+            transformers.utils.logging.disable_progress_bar()
+        stage = "choosing the device"
+        device = torch.device(args.device)
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise HarnessError(
+                    f"torch {torch.__version__} sees no CUDA device (torch.version.cuda = "
+                    f"{torch.version.cuda}; a CPU-only build or no GPU/driver here). Run the "
+                    "harness on the GPU machine with a CUDA build of PyTorch, or use --dry-run "
+                    "--device cpu --arch sm_90 to check models and matching only.")
+            if device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+            major, minor = torch.cuda.get_device_capability(device)
+            arch = args.arch or f"sm_{major}{minor}"
+            device_name = torch.cuda.get_device_name(device)
+        else:
+            arch, device_name = args.arch, str(device)
+        stage = "reading the kernel"
+        kernel = load_kernel(args.kernel)
+        stage = "reading the text"
+        try:
+            text = args.text.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise HarnessError(f"--text {args.text}: cannot read it as UTF-8 ({e}).") from None
+        if not text:
+            raise HarnessError(f"--text {args.text} is empty; give the evaluation text.")
+        out_dir: Path = args.out_dir
+        out_dir.mkdir(parents=True, exist_ok=True)
+        summary_path = out_dir / "summary.json"
+        summary_path.unlink(missing_ok=True)  # never leave a stale summary behind a failure
+        log(f"kernel {kernel.label} ({kernel.digest[:19]}...) on {device_name} ({arch})"
+            + (" [dry run]" if args.dry_run else ""))
+        runs, skipped = [], []
+        for model_dir in args.model:
+            for dtype in args.dtypes:
+                stage = f"measuring {model_dir.name} in {dtype}"
+                run, skip = measure(kernel, model_dir.resolve(), dtype, text, args, device, arch)
+                if run is not None:
+                    runs.append(run)
+                    what = ("would replace" if args.dry_run else "replaced")
+                    log(f"{model_dir.name} {dtype}: {run['tokens']} tokens, {what} "
+                        f"{run['layers_replaced']} layer(s)"
+                        + ("" if args.dry_run else f", {run['kernel_launches']} launches, "
+                           f"{'bit-identical' if run['bit_identical'] else 'logits differ'}")
+                        + f", eager mean top-1 prob {run['eager_mean_top1_prob']:.3f}"
+                        + f" ({run['seconds']:.1f} s)")
+                else:
+                    skipped.append(skip)
+                    log(f"{model_dir.name} {dtype}: skipped: {skip['reason']}")
+        stage = "writing summary.json"
+        summary = {
+            "harness_version": HARNESS_VERSION, "torch": torch.__version__,
+            "transformers": transformers.__version__, "device": device_name, "arch": arch,
+            "dry_run": bool(args.dry_run),
+            "kernel": {"name": kernel.manifest["name"], "version": kernel.manifest["version"],
+                       "op": kernel.op, "semantics": kernel.semantics, "digest": kernel.digest,
+                       "dir": str(args.kernel.resolve())},
+            "text": str(args.text.resolve()), "max_tokens": args.max_tokens,
+            "runs": runs, "skipped": skipped,
+        }
+        tmp = summary_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, summary_path)
+        log(f"wrote {summary_path}: {len(runs)} run(s), {len(skipped)} skipped")
+        return 0
+    except HarnessError as e:
+        log(f"failed while {stage}: {e}")
+        return 1
+    except Exception as e:  # noqa: BLE001 - the exit status and message are the contract
+        traceback.print_exc(file=sys.stderr)
+        log(f"failed while {stage}: {type(e).__name__}: {e}. This is unexpected (the traceback "
+            "above says where); check the model and kernel folders, and that PyTorch sees the "
+            "GPU, then report it with the command line.")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""The model-level harness (`python3 -m kernelize.harness`) on the CPU: tokenisation, loading,
+semantics adaptation, matching, the summary contract (through --dry-run, which does all but
+the launch) and exit statuses. The launch itself is covered by test_gpu.py on a GPU."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO
+from kernelize import DirSource, core, harness
+from kernelize.discover import discover
+
+transformers = pytest.importorskip("transformers")
+KERNELS = REPO / "kernels"
+EVAL = REPO / "models" / "eval.txt"
+
+
+# ---- fixtures: tiny random models saved as checkpoint folders -------------------------------
+
+def _save(model, folder, tokenizer="bytes"):
+    if tokenizer:
+        model.config.kernelize_tokenizer = tokenizer
+    model.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=160,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=96,
+                                   rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None)
+    llama = transformers.LlamaForCausalLM(cfg)
+    with torch.no_grad():  # trained-looking norm weights, inside [0.5, 2]
+        for m in llama.modules():
+            if "RMSNorm" in type(m).__name__:
+                m.weight.copy_((1 + 0.2 * torch.randn_like(m.weight)).clamp(0.5, 2))
+    out = {"llama": _save(llama, root / "tiny-llama")}
+    for act in ("gelu", "gelu_new"):
+        cfg = transformers.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4,
+                                      n_positions=96, activation_function=act,
+                                      bos_token_id=None, eos_token_id=None)
+        out[f"gpt2-{act}"] = _save(transformers.GPT2LMHeadModel(cfg), root / f"tiny-gpt2-{act}")
+    return out
+
+
+def _ids(n=40):
+    return torch.tensor(harness.byte_ids(EVAL.read_text(encoding="utf-8"))[:n])
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids[None], use_cache=False).logits[0].float()
+
+
+# ---- tokens ---------------------------------------------------------------------------------
+
+def test_byte_tokenisation(tmp_path, models):
+    assert harness.byte_ids("aé\n") == [97, 0xC3, 0xA9, 10]
+    ids, how = harness.tokenize(models["llama"], {"kernelize_tokenizer": "bytes", "vocab_size": 256},
+                                "kernelize")
+    assert ids == list(b"kernelize") and how.startswith("bytes")
+    with pytest.raises(harness.HarnessError, match="vocab_size is 128"):
+        harness.tokenize(tmp_path, {"kernelize_tokenizer": "bytes", "vocab_size": 128}, "x")
+    with pytest.raises(harness.HarnessError, match="not known"):
+        harness.tokenize(tmp_path, {"kernelize_tokenizer": "words"}, "x")
+    with pytest.raises(harness.HarnessError, match="no usable tokenizer"):
+        harness.tokenize(tmp_path, {"vocab_size": 256}, "x")  # no key, no tokenizer files
+
+
+def test_eval_text_is_in_the_corpus():
+    corpus = (REPO / "models" / "corpus.txt").read_bytes()
+    text = EVAL.read_bytes()
+    assert 1000 < len(text) < 2000 and text in corpus
+
+
+# ---- adaptation -----------------------------------------------------------------------------
+
+def _norm_paths(model, semantics):
+    return {s.path for s in discover(model).sites if s.op == "rms_norm" and s.semantics == semantics}
+
+
+@pytest.mark.parametrize("semantics", ["llama", "gemma", "torch"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_rmsnorm_adaptation_same_function(models, semantics, dtype):
+    model = harness.load_model(models["llama"], dtype, torch.device("cpu"))
+    norms = _norm_paths(model, "llama")
+    assert len(norms) == 5
+    before = {p: model.get_submodule(p) for p in norms}
+    ids = _ids()
+    eager = _logits(model, ids)
+    ad = harness.adapt_model(model, "rms_norm", semantics)
+    # discovery sees the intended semantics on every converted layer, and nothing else
+    assert _norm_paths(model, semantics) == norms
+    if semantics == "llama":
+        assert ad.paths == [] and ad.describe().startswith("none")
+    else:
+        assert sorted(ad.paths) == sorted(norms) and "5 x LlamaRMSNorm -> " in ad.describe()
+    # each layer computes the same function up to the formula's rounding points
+    x = torch.randn(7, 64).to(harness.torch_dtype(dtype)) * 3
+    with torch.no_grad():
+        for p, old in before.items():
+            torch.testing.assert_close(model.get_submodule(p)(x), old(x))
+    # and so does the model
+    tol = {"f32": dict(rtol=1e-4, atol=1e-5), "bf16": dict(rtol=0.05, atol=0.02)}[dtype]
+    torch.testing.assert_close(_logits(model, ids), eager, **tol)
+
+
+@pytest.mark.parametrize("src,op,approx", [("gpt2-gelu", "gelu_tanh", "tanh"),
+                                           ("gpt2-gelu_new", "gelu", "none"),
+                                           ("gpt2-gelu", "gelu", None)])
+def test_gelu_adaptation(models, src, op, approx):
+    model = harness.load_model(models[src], "f32", torch.device("cpu"))
+    ids = _ids()
+    eager = _logits(model, ids)
+    ad = harness.adapt_model(model, op, "default")
+    acts = {s.path for s in discover(model).sites if s.op == op}
+    assert acts == {"transformer.h.0.mlp.act", "transformer.h.1.mlp.act"}
+    if approx is None:  # already eager F.gelu: left as is
+        assert ad.paths == []
+    else:
+        assert sorted(ad.paths) == sorted(acts)
+        assert f"nn.GELU(approximate='{approx}')" in ad.describe()
+        # the tanh approximation is within ~1e-3 of exact GELU: the same model, closely
+        torch.testing.assert_close(_logits(model, ids), eager, rtol=1e-2, atol=1e-2)
+
+
+def test_silu_goes_into_act_fn_of_gated_mlp(models):
+    model = harness.load_model(models["llama"], "bf16", torch.device("cpu"))
+    assert {s.op for s in discover(model).sites} == {"rms_norm", "silu_and_mul"}
+    ad = harness.adapt_model(model, "silu", "default")
+    assert not ad.fuse_gated_mlp and "2 gated MLP(s) not fused" in ad.describe()
+    sites = [s for s in discover(model, fuse_gated_mlp=False).sites if s.op == "silu"]
+    assert {(s.path, s.cols) for s in sites} == {("model.layers.0.mlp.act_fn", 160),
+                                                 ("model.layers.1.mlp.act_fn", 160)}
+    rep = core.kernelize(model, kernels_dir=KERNELS / "silu", arch="sm_90", verbose=False,
+                         fuse_gated_mlp=False)
+    assert {e.path for e in rep.replaced} == {s.path for s in sites}
+    assert all(e.status == "would replace" for e in rep.replaced)
+
+
+# ---- single kernel folders ------------------------------------------------------------------
+
+def test_dir_source_single_kernel_folder(tmp_path):
+    one = DirSource(KERNELS / "rms_norm_llama")
+    many = DirSource(KERNELS, names=["rms_norm_llama"])
+    assert [d for _, _, d in one.kernels] == [d for _, _, d in many.kernels]
+    broken = tmp_path / "broken"
+    shutil.copytree(KERNELS / "silu", broken)
+    (broken / "kernel.toml").write_text("name = 'x'\n")
+    with pytest.raises(ValueError, match="missing field"):
+        DirSource(broken)
+
+
+# ---- the command line (in process: main(argv) is what `-m kernelize.harness` runs) ----------
+
+def _run(tmp_path, kernel, model_dirs, *extra, dtype="bf16", dry=True):
+    out = tmp_path / "out"
+    argv = ["--kernel", str(kernel), "--dtype", dtype, "--text", str(EVAL), "--out-dir", str(out)]
+    for m in model_dirs:
+        argv += ["--model", str(m)]
+    if dry:
+        argv += ["--dry-run", "--device", "cpu", "--arch", "sm_90"]
+    rc = harness.main(argv + list(extra))
+    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
+    return rc, summary, out
+
+
+def test_dry_run_summary_contract(tmp_path, models, capsys):
+    rc, s, out = _run(tmp_path, KERNELS / "rms_norm_torch", [models["llama"], models["gpt2-gelu"]],
+                      dtype="bf16,f32")
+    cap = capsys.readouterr()
+    assert rc == 0 and cap.out == ""  # stdout stays empty
+    assert "tiny-llama bf16: 96 tokens, would replace 5 layer(s)" in cap.err
+    assert s["harness_version"] == 1 and s["dry_run"] is True and s["device"] == "cpu"
+    assert s["torch"] == torch.__version__ and s["transformers"] == transformers.__version__
+    assert s["kernel"]["name"] == "rms_norm_torch" and s["kernel"]["digest"].startswith("sha256:")
+    assert [(r["model_name"], r["dtype"]) for r in s["runs"]] == [("tiny-llama", "bf16"),
+                                                                   ("tiny-llama", "f32")]
+    r = s["runs"][0]
+    assert r["tokens"] == 96  # the model's max positions cap --max-tokens 512
+    assert r["layers_replaced"] == 5 and len(r["replaced"]) == 5 and r["file"] is None
+    assert r["adaptation"].startswith("5 x LlamaRMSNorm -> nn.RMSNorm (same weights, eps 1e-06")
+    assert 0 < r["eager_mean_top1_prob"] <= 1 and r["seconds"] > 0
+    assert [(k["model_name"], k["dtype"]) for k in s["skipped"]] == [("tiny-gpt2-gelu", "bf16"),
+                                                                      ("tiny-gpt2-gelu", "f32")]
+    assert "no layer of tiny-gpt2-gelu computes rms_norm (torch)" in s["skipped"][0]["reason"]
+    assert list(out.glob("*.safetensors")) == []
+
+
+def test_max_tokens_and_layer_norm_on_gpt2(tmp_path, models):
+    rc, s, _ = _run(tmp_path, KERNELS / "layer_norm", [models["gpt2-gelu"]], "--max-tokens", "17")
+    assert rc == 0 and s["runs"][0]["tokens"] == 17 and s["runs"][0]["layers_replaced"] == 5
+
+
+@pytest.mark.parametrize("kernel,expect", [("layer_norm", "no layer of tiny-llama computes layer_norm"),
+                                           ("fused_add_rms_norm", "not applicable")])
+def test_no_matching_layer_is_skipped_not_an_error(tmp_path, models, kernel, expect):
+    rc, s, _ = _run(tmp_path, KERNELS / kernel, [models["llama"]])
+    assert rc == 0 and s["runs"] == [] and len(s["skipped"]) == 1
+    assert expect in s["skipped"][0]["reason"]
+
+
+def test_constraints_or_dtype_excluding_every_layer_is_skipped(tmp_path, models):
+    k = tmp_path / "narrow"
+    shutil.copytree(KERNELS / "rms_norm_llama", k)
+    toml = (k / "kernel.toml").read_text().replace('f32 = "rms_norm_llama_f32"\n', "")
+    (k / "kernel.toml").write_text(toml + "\n[constraints]\ncols_min = 4096\n")
+    rc, s, _ = _run(tmp_path, k, [models["llama"]], dtype="bf16,f32")
+    assert rc == 0 and s["runs"] == []
+    reasons = [x["reason"] for x in s["skipped"]]
+    assert "kernelize replaced none" in reasons[0] and "cols 64 < cols_min 4096" in reasons[0]
+    assert "has no f32 entry" in reasons[1]
+
+
+def test_bad_arguments_exit_2(tmp_path, models, capsys):
+    base = ["--kernel", str(KERNELS / "silu"), "--model", str(models["llama"]),
+            "--text", str(EVAL), "--out-dir", str(tmp_path)]
+    for argv in ([], base, base + ["--dtype", "bf8"], base + ["--dtype", "bf16", "--device", "cpu"],
+                 base + ["--dtype", "bf16", "--max-tokens", "1"],
+                 base + ["--dtype", "bf16", "--dry-run", "--device", "cpu"],
+                 base + ["--dtype", "bf16", "--model", str(models["llama"])]):
+        with pytest.raises(SystemExit) as e:
+            harness.main(argv)
+        assert e.value.code == 2, argv
+    assert capsys.readouterr().out == ""
+
+
+def test_missing_model_folder_exits_1_with_a_clear_message(tmp_path, capsys):
+    rc, s, _ = _run(tmp_path, KERNELS / "silu", [tmp_path / "nope"])
+    err = capsys.readouterr().err
+    assert rc == 1 and s is None
+    assert "model folder" in err and "not found" in err and "models/train.py" in err
+    (tmp_path / "empty").mkdir()
+    rc, _, _ = _run(tmp_path, KERNELS / "silu", [tmp_path / "empty"])
+    assert rc == 1 and "has no config.json" in capsys.readouterr().err
+
+
+def test_missing_weights_and_bad_kernel_exit_1(tmp_path, models, capsys):
+    bare = tmp_path / "tiny-llama"
+    bare.mkdir()
+    shutil.copy(models["llama"] / "config.json", bare / "config.json")
+    rc, _, _ = _run(tmp_path, KERNELS / "silu", [bare])
+    assert rc == 1 and "cannot load" in capsys.readouterr().err
+    rc, _, _ = _run(tmp_path, KERNELS, [models["llama"]])  # the parent folder, not one kernel
+    assert rc == 1 and "no kernel.toml" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
+def test_module_entry_point_without_cuda(tmp_path, models):
+    """`python3 -m kernelize.harness` as the verifier runs it: no CUDA here -> exit 1 with a
+    message that says so; stdout empty."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    p = subprocess.run([sys.executable, "-m", "kernelize.harness", "--kernel", str(KERNELS / "silu"),
+                        "--model", str(models["llama"]), "--dtype", "bf16", "--text", str(EVAL),
+                        "--out-dir", str(tmp_path / "o")], capture_output=True, text=True, env=env)
+    assert p.returncode == 1 and p.stdout == ""
+    assert "sees no CUDA device" in p.stderr and "--dry-run" in p.stderr
+
+
+def test_safetensors_layout(tmp_path):
+    from safetensors.torch import load_file
+    ids = torch.tensor([1, 2, 3])
+    e = torch.randn(3, 256).to(torch.bfloat16).float()
+    harness._save(tmp_path / "m.bf16.safetensors", ids, e, e + 1, {"model_name": "m"})
+    t = load_file(str(tmp_path / "m.bf16.safetensors"))
+    assert t["input_ids"].dtype == torch.int64 and t["input_ids"].shape == (3,)
+    assert t["eager_logits"].dtype == torch.float32 and t["candidate_logits"].shape == (3, 256)
+    assert torch.equal(t["eager_logits"], e)
