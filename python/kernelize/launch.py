@@ -61,20 +61,11 @@ class CompiledKernel:
         self.device = device
         major, minor = torch.cuda.get_device_capability(device)
         self.sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-        def compile_with(extra: list[str]):
-            with torch.cuda.device(device):
-                return torch.cuda._compile_kernel(
-                    source, self.entry, compute_capability=f"{major}{minor}",
-                    cuda_include_dirs=cuda_include_dirs(),
-                    nvcc_options=list(manifest["nvrtc_options"]) + extra)
-        # NVRTC's optimisation passes on all cores: the same code, several times faster for
-        # the large row kernels (as the verifier compiles them); without it where unknown.
-        try:
-            k = compile_with(["--split-compile=0"])
-        except RuntimeError as e:
-            if "split-compile" not in str(e) and "option" not in str(e).lower():
-                raise
-            k = compile_with([])
+        with torch.cuda.device(device):
+            k = torch.cuda._compile_kernel(
+                source, self.entry, compute_capability=f"{major}{minor}",
+                cuda_include_dirs=cuda_include_dirs(),
+                nvcc_options=list(manifest["nvrtc_options"]))
         self._k = k            # keeps the module loaded
         self.func = k.func
         self.lib = _libcuda()

@@ -265,23 +265,11 @@ impl Gpu {
         let t_nvrtc = Instant::now();
         let (image, is_cubin) =
             std::panic::catch_unwind(|| -> Result<(Vec<std::ffi::c_char>, bool), String> {
-                // Optimisation passes on all cores (`--split-compile=0`): same CUBIN, a
-                // fraction of the time for large kernels. An NVRTC that does not know the
-                // option gets a fresh program compiled without it.
-                let mut with_split = opts.clone();
-                with_split.push("--split-compile=0".to_string());
-                let mut prog =
+                let prog =
                     nvrtc::create_program(&src, Some(&name)).map_err(|e| format!("{e:?}"))?;
                 // SAFETY: prog is live until destroyed below.
                 unsafe {
-                    let mut res = nvrtc::compile_program(prog, &with_split);
-                    if matches!(&res, Err(e) if e.0 == nvrtc_sys::nvrtcResult::NVRTC_ERROR_INVALID_OPTION)
-                    {
-                        let _ = nvrtc::destroy_program(prog);
-                        prog = nvrtc::create_program(&src, Some(&name))
-                            .map_err(|e| format!("{e:?}"))?;
-                        res = nvrtc::compile_program(prog, &opts);
-                    }
+                    let res = nvrtc::compile_program(prog, &opts);
                     let log = nvrtc::get_program_log(prog)
                         .map(|l| {
                             let bytes: Vec<u8> = l
