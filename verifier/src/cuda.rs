@@ -255,6 +255,17 @@ impl Gpu {
             format!("--include-path={}", cuda_include_dir()),
         ];
         opts.extend(extra_options.iter().cloned());
+        let cached = crate::compile_cache::path(source, &opts, &Self::nvrtc_version());
+        if let Some(image) = cached.as_deref().and_then(crate::compile_cache::load) {
+            // SAFETY: a CUBIN that NVRTC made for this source, options, arch and NVRTC.
+            if let Ok(module) =
+                unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+            {
+                crate::trace(|| format!("compile {what}: CUBIN from the compile cache"));
+                self.modules.insert(key, Module { module });
+                return Ok(());
+            }
+        }
         let cerr = |log: String| ExecError::Compile {
             what: what.to_string(),
             log,
@@ -320,6 +331,12 @@ impl Gpu {
                 t_load.elapsed().as_secs_f64()
             )
         });
+        if let (true, Some(p)) = (is_cubin, &cached) {
+            // SAFETY: c_char and u8 have the same size and layout.
+            let bytes =
+                unsafe { std::slice::from_raw_parts(image.as_ptr() as *const u8, image.len()) };
+            crate::compile_cache::store(p, bytes);
+        }
         self.modules.insert(key, Module { module });
         Ok(())
     }

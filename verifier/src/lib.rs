@@ -8,6 +8,7 @@
 //! `conformance` (built-in references against PyTorch eager outputs).
 
 pub mod cases;
+pub mod compile_cache;
 pub mod conformance;
 pub mod cuda;
 pub mod exec;
