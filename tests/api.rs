@@ -15,6 +15,9 @@ const EXACT: &str = "recorded/silu_and_mul";
 const ONE_ULP_FASTER: &str = "recorded/silu_and_mul_fused";
 /// silu_fastmath: bit-exact in bf16, 3564 GB/s.
 const EXACT_FASTEST: &str = "recorded/silu_fastmath";
+/// silu, verified by a real worker with `--model` (quick suite, bf16/f16/f32): bit-exact, and
+/// inside the shipped tiny-llama the argmax held at every token.
+const EXACT_WITH_MODEL: &str = "recorded/with_model/silu";
 
 both_backends!(
     lists_the_bundled_kernels,
@@ -24,6 +27,7 @@ both_backends!(
     acknowledged_writes_survive_sigkill,
     submit_claim_report_resolve,
     policy_gating_and_arch,
+    argmax_policy_needs_a_model_level_measurement,
     leases_expire_and_no_job_completes_twice,
     many_submissions_with_four_workers,
     openapi_covers_every_route,
@@ -471,6 +475,47 @@ async fn policy_gating_and_arch(b: Backend) {
         "{p}"
     );
     assert_eq!(p["excluded"].as_array().unwrap().len(), 3, "{p}");
+}
+
+async fn argmax_policy_needs_a_model_level_measurement(b: Backend) {
+    let srv = TestServer::start(&b, &["--no-bundled"]).await;
+    let submit = srv.token("submit");
+    let worker = srv.token("worker");
+    // Faster but measured per layer only, and slower with its argmax measured in a model.
+    for (name, fixture) in [
+        ("m_layer_only", EXACT_FASTEST),
+        ("m_in_model", EXACT_WITH_MODEL),
+    ] {
+        let (m, s) = bundle_files(name, "1.0.0", "");
+        let (st, _) = srv
+            .post("/v1/kernels", &submit, &json!({"manifest": m, "source": s}))
+            .await;
+        assert_eq!(st, StatusCode::CREATED);
+        verify_next(&srv, &worker, fixture, "sm_90").await;
+    }
+    let (st, r) = srv
+        .get("/v1/resolve?op=silu&dtype=bf16&arch=sm_90&cols=8192&policy=argmax")
+        .await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(r["kernel"]["name"], "m_in_model", "{r}");
+    let excluded = r["excluded"].to_string();
+    assert!(
+        excluded.contains("m_layer_only 1.0.0")
+            && excluded.contains("no model-level (argmax) measurement for bf16"),
+        "{excluded}"
+    );
+    // bit_exact does not look at the model: the faster one wins there.
+    let (_, r) = srv
+        .get("/v1/resolve?op=silu&dtype=bf16&arch=sm_90&cols=8192&policy=bit_exact")
+        .await;
+    assert_eq!(r["kernel"]["name"], "m_layer_only", "{r}");
+    // The model-level figures are served with the verification.
+    let (st, v) = srv.get("/v1/kernels/m_in_model/1.0.0/verifications").await;
+    assert_eq!(st, StatusCode::OK);
+    let model = &v["verifications"][0]["report"]["model"];
+    assert_eq!(model.as_array().map(Vec::len), Some(3), "{model}");
+    assert_eq!(model[0]["model_name"], "tiny-llama");
+    assert_eq!(model[0]["argmax_match_fraction"], 1.0);
 }
 
 async fn leases_expire_and_no_job_completes_twice(b: Backend) {

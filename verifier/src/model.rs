@@ -380,7 +380,7 @@ pub fn run_models(
     let mut tail: Vec<String> = Vec::new();
     let status = loop {
         while let Ok(l) = rx.try_recv() {
-            progress(&format!("  harness: {l}"));
+            progress(&harness_line(&l));
             tail.push(l);
             if tail.len() > 40 {
                 tail.remove(0);
@@ -402,7 +402,7 @@ pub fn run_models(
     };
     let _ = reader.join();
     while let Ok(l) = rx.try_recv() {
-        progress(&format!("  harness: {l}"));
+        progress(&harness_line(&l));
         tail.push(l);
     }
     if !status.success() {
@@ -470,13 +470,28 @@ pub fn attach(
     let dtypes: Vec<DType> = report.summary.per_dtype.keys().copied().collect();
     match run_models(bundle, &dtypes, opts, progress) {
         Ok(o) => {
+            // One note per model and reason, with the dtypes it holds for.
+            let mut grouped: Vec<(&str, &str, Vec<String>)> = Vec::new();
             for s in &o.skipped {
-                report.model_notes.push(format!(
-                    "{}{}: not measured: {}",
-                    s.model_name,
-                    s.dtype.map(|d| format!(" {d}")).unwrap_or_default(),
-                    s.reason
-                ));
+                let dt = s.dtype.map(|d| d.to_string()).unwrap_or_default();
+                match grouped
+                    .iter_mut()
+                    .find(|(m, r, _)| *m == s.model_name && *r == s.reason)
+                {
+                    Some((_, _, dts)) => dts.push(dt),
+                    None => grouped.push((&s.model_name, &s.reason, vec![dt])),
+                }
+            }
+            for (m, r, dts) in grouped {
+                let dts: Vec<String> = dts.into_iter().filter(|d| !d.is_empty()).collect();
+                let dts = if dts.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", dts.join(", "))
+                };
+                report
+                    .model_notes
+                    .push(format!("{m}{dts}: not measured: {r}"));
             }
             report.model_notes.push(format!(
                 "model level: {} measurement(s) in {:.1} s",
@@ -490,6 +505,15 @@ pub fn attach(
             report.model_notes.push(e.to_string());
             Err(e)
         }
+    }
+}
+
+/// A progress line from the harness's stderr, marked as its own once.
+fn harness_line(l: &str) -> String {
+    if l.starts_with("harness") {
+        format!("  {l}")
+    } else {
+        format!("  harness: {l}")
     }
 }
 
@@ -763,6 +787,51 @@ grid = "per_element"
         assert!(
             e.contains("could not start") && e.contains("--python"),
             "{e}"
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn attach_adds_measurements_and_one_note_per_skipped_model() {
+        let (d, mut opts, bundle) = setup();
+        let prep = d.path().join("prep");
+        // The same model skipped for two dtypes gives one note.
+        let mut summary: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(prep.join("summary.json")).unwrap()).unwrap();
+        summary["skipped"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({"model_name": "other", "dtype": "bf16", "reason": "no layer matches"}));
+        std::fs::write(prep.join("summary.json"), summary.to_string()).unwrap();
+        opts.python = fake_python(d.path(), &format!("cp {}/* \"$out\"/", prep.display()));
+        let mut report = kernel_registry::report::tests_support::report_with(0, 0);
+        attach(&mut report, &bundle, &opts, &mut |_| {}).unwrap();
+        assert_eq!(report.model.len(), 1);
+        let skipped: Vec<_> = report
+            .model_notes
+            .iter()
+            .filter(|n| n.contains("not measured"))
+            .collect();
+        assert_eq!(
+            skipped,
+            vec!["other (f32, bf16): not measured: no layer matches"]
+        );
+        assert!(report
+            .model_notes
+            .iter()
+            .any(|n| n.starts_with("model level: 1 measurement(s)")));
+
+        // A failing harness leaves the cases alone and says why in the notes.
+        opts.python = fake_python(d.path(), "echo boom >&2; exit 1");
+        let mut report = kernel_registry::report::tests_support::report_with(0, 0);
+        let cases = report.cases.clone();
+        assert!(attach(&mut report, &bundle, &opts, &mut |_| {}).is_err());
+        assert_eq!(report.cases, cases);
+        assert!(report.model.is_empty());
+        assert!(
+            report.model_notes[0].contains("boom"),
+            "{:?}",
+            report.model_notes
         );
     }
 }
