@@ -56,6 +56,8 @@ pub struct Skipped {
 pub struct ModelOutcome {
     pub reports: Vec<ModelReport>,
     pub skipped: Vec<Skipped>,
+    /// Things a reader of the measurements must know (e.g. a non-deterministic eager model).
+    pub warnings: Vec<String>,
     pub seconds: f64,
 }
 
@@ -78,6 +80,9 @@ struct Run {
     adaptation: Option<String>,
     #[serde(default)]
     eager_mean_top1_prob: Option<f64>,
+    /// Whether two eager runs gave identical logits (if not, differences include that noise).
+    #[serde(default)]
+    eager_repeat_identical: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -431,6 +436,13 @@ pub fn run_models(
                 ))
             })?;
         let m = metrics_of_file(&odir.join(&r.file))?;
+        if r.eager_repeat_identical == Some(false) {
+            out.warnings.push(format!(
+                "{} {}: two eager runs of the model gave different logits on this device, so \
+                 the differences measured include that run-to-run noise",
+                r.model_name, r.dtype
+            ));
+        }
         out.reports.push(ModelReport {
             model_name: r.model_name,
             model_digest: digest,
@@ -493,6 +505,7 @@ pub fn attach(
                     .model_notes
                     .push(format!("{m}{dts}: not measured: {r}"));
             }
+            report.model_notes.extend(o.warnings.iter().cloned());
             report.model_notes.push(format!(
                 "model level: {} measurement(s) in {:.1} s",
                 o.reports.len(),
@@ -798,6 +811,7 @@ grid = "per_element"
         // The same model skipped for two dtypes gives one note.
         let mut summary: serde_json::Value =
             serde_json::from_slice(&std::fs::read(prep.join("summary.json")).unwrap()).unwrap();
+        summary["runs"][0]["eager_repeat_identical"] = serde_json::json!(false);
         summary["skipped"]
             .as_array_mut()
             .unwrap()
@@ -820,6 +834,14 @@ grid = "per_element"
             .model_notes
             .iter()
             .any(|n| n.starts_with("model level: 1 measurement(s)")));
+        assert!(
+            report
+                .model_notes
+                .iter()
+                .any(|n| n.contains("run-to-run noise")),
+            "{:?}",
+            report.model_notes
+        );
 
         // A failing harness leaves the cases alone and says why in the notes.
         opts.python = fake_python(d.path(), "echo boom >&2; exit 1");
