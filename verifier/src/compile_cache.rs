@@ -36,9 +36,9 @@ pub fn path(source: &str, options: &[String], nvrtc_version: &str) -> Option<Pat
     dir().map(|d| d.join(key(source, options, nvrtc_version)))
 }
 
-pub fn load(p: &Path) -> Option<Vec<std::ffi::c_char>> {
-    let b = std::fs::read(p).ok()?;
-    (!b.is_empty()).then(|| b.into_iter().map(|x| x as std::ffi::c_char).collect())
+/// The cached image, when there is a non-empty one.
+pub fn load(p: &Path) -> Option<Vec<u8>> {
+    std::fs::read(p).ok().filter(|b| !b.is_empty())
 }
 
 /// Best effort: a cache that cannot be written only costs time.

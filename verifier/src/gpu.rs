@@ -204,19 +204,10 @@ impl Executor for CudaExecutor {
             what: m.name.clone(),
             log: format!("no entry for {dt} in kernel.toml [entry]"),
         })?;
-        let t_open = std::time::Instant::now();
         let gpu = self.gpu()?;
         let digest = bundle.digest().to_string();
-        let t_compile = std::time::Instant::now();
+        // Compile time is traced by `Gpu::compile` (only when it compiles).
         gpu.compile(&digest, &m.name, &bundle.source, &m.nvrtc_options)?;
-        if std::env::var_os("KERNELIZE_TRACE").is_some() {
-            eprintln!(
-                "trace {} open+compile (cached after the first case): {:.3} s + {:.3} s",
-                spec.id,
-                (t_compile - t_open).as_secs_f64(),
-                t_compile.elapsed().as_secs_f64()
-            );
-        }
         let cand_f = gpu.function(&digest, &m.nvrtc_options, sym)?;
         let rd = reference_digest();
         gpu.compile(&rd, "reference layers", REFERENCE_SOURCE, &[])?;
@@ -252,19 +243,12 @@ impl Executor for CudaExecutor {
             )
         };
 
-        let trace = std::env::var_os("KERNELIZE_TRACE").is_some();
-        let t_case = std::time::Instant::now();
-        let mut t_last = t_case;
+        let mut t_last = std::time::Instant::now();
         let mut phase = |name: &str| {
-            if trace {
-                let now = std::time::Instant::now();
-                eprintln!(
-                    "trace {} {name}: {:.3} s",
-                    spec.id,
-                    (now - t_last).as_secs_f64()
-                );
-                t_last = now;
-            }
+            let now = std::time::Instant::now();
+            let dt = (now - t_last).as_secs_f64();
+            crate::trace(|| format!("{} {name}: {dt:.3} s", spec.id));
+            t_last = now;
         };
         let inp = cases::generate(spec);
         phase("generate");
