@@ -196,6 +196,20 @@ const ALLOWED_OPTION_PREFIXES: &[&str] = &[
     "-default-device",
 ];
 
+/// The macro defined when one dtype's entry is compiled as its own module, as the verifier and
+/// the clients do: `-DKERNELIZE_DTYPE_BF16`, `_F16` or `_F32`. A kernel may leave the other
+/// dtypes' entries out under it (docs/manifest.md); one that ignores it compiles them all.
+pub fn dtype_macro(dt: DType) -> String {
+    format!("-DKERNELIZE_DTYPE_{}", dt.as_str().to_uppercase())
+}
+
+/// NVRTC options of the module holding `dt`'s entry: the author's, then the dtype macro.
+pub fn entry_options(author_options: &[String], dt: DType) -> Vec<String> {
+    let mut o = author_options.to_vec();
+    o.push(dtype_macro(dt));
+    o
+}
+
 fn fe(field: impl Into<String>, message: impl Into<String>) -> ManifestError {
     ManifestError::field(field, message)
 }
@@ -506,6 +520,18 @@ impl Manifest {
         archs.dedup();
 
         for (i, o) in raw.nvrtc_options.iter().enumerate() {
+            let defined = o
+                .strip_prefix("--define-macro=")
+                .or_else(|| o.strip_prefix("-D"))
+                .unwrap_or("");
+            if defined.starts_with("KERNELIZE_") {
+                return Err(fe(
+                    format!("nvrtc_options[{i}]"),
+                    format!(
+                        "`{o}`: macros named KERNELIZE_* are the verifier's; it defines KERNELIZE_DTYPE_<DTYPE> for each entry's module itself (docs/manifest.md)"
+                    ),
+                ));
+            }
             if !ALLOWED_OPTION_PREFIXES.iter().any(|p| o.starts_with(p)) {
                 return Err(fe(
                     format!("nvrtc_options[{i}]"),

@@ -647,14 +647,20 @@ KZ_DEV void kz_silu_and_mul(T* out, const T* x, i64 rows, i64 cols) {
 }
 
 // ---- entry points -----------------------------------------------------------------
+#if !defined(KERNELIZE_DTYPE_F16) && !defined(KERNELIZE_DTYPE_F32)
 extern "C" __global__ void __launch_bounds__(256, 4) fused_add_rms_norm_bf16(__nv_bfloat16* out, __nv_bfloat16* residual, const __nv_bfloat16* x, const __nv_bfloat16* w, long long rows, long long cols, float eps) {
   kz_fused_add_rms_norm<__nv_bfloat16>(out, residual, x, w, rows, cols, eps);
 }
+#endif
 
+#if !defined(KERNELIZE_DTYPE_BF16) && !defined(KERNELIZE_DTYPE_F32)
 extern "C" __global__ void __launch_bounds__(256, 4) fused_add_rms_norm_f16(__half* out, __half* residual, const __half* x, const __half* w, long long rows, long long cols, float eps) {
   kz_fused_add_rms_norm<__half>(out, residual, x, w, rows, cols, eps);
 }
+#endif
 
+#if !defined(KERNELIZE_DTYPE_BF16) && !defined(KERNELIZE_DTYPE_F16)
 extern "C" __global__ void __launch_bounds__(256, 2) fused_add_rms_norm_f32(float* out, float* residual, const float* x, const float* w, long long rows, long long cols, float eps) {
   kz_fused_add_rms_norm<float>(out, residual, x, w, rows, cols, eps);
 }
+#endif

@@ -647,14 +647,20 @@ KZ_DEV void kz_silu_and_mul(T* out, const T* x, i64 rows, i64 cols) {
 }
 
 // ---- entry points -----------------------------------------------------------------
+#if !defined(KERNELIZE_DTYPE_F16) && !defined(KERNELIZE_DTYPE_F32)
 extern "C" __global__ void __launch_bounds__(256, 3) layer_norm_bf16(__nv_bfloat16* out, const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* b, long long rows, long long cols, float eps) {
   kz_layer_norm<__nv_bfloat16, 0>(out, x, w, b, rows, cols, eps);
 }
+#endif
 
+#if !defined(KERNELIZE_DTYPE_BF16) && !defined(KERNELIZE_DTYPE_F32)
 extern "C" __global__ void __launch_bounds__(256, 3) layer_norm_f16(__half* out, const __half* x, const __half* w, const __half* b, long long rows, long long cols, float eps) {
   kz_layer_norm<__half, 0>(out, x, w, b, rows, cols, eps);
 }
+#endif
 
+#if !defined(KERNELIZE_DTYPE_BF16) && !defined(KERNELIZE_DTYPE_F16)
 extern "C" __global__ void __launch_bounds__(256, 2) layer_norm_f32(float* out, const float* x, const float* w, const float* b, long long rows, long long cols, float eps) {
   kz_layer_norm<float, 0>(out, x, w, b, rows, cols, eps);
 }
+#endif

@@ -732,14 +732,20 @@ KZ_DEV void kz_silu_and_mul(T* out, const T* x, i64 rows, i64 cols) {
 }
 
 // ---- entry points -----------------------------------------------------------------
+#if !defined(KERNELIZE_DTYPE_F16) && !defined(KERNELIZE_DTYPE_F32)
 extern "C" __global__ void __launch_bounds__(256, 3) rms_norm_gemma_bf16(__nv_bfloat16* out, const __nv_bfloat16* x, const __nv_bfloat16* w, long long rows, long long cols, float eps) {
   kz_rms_norm<__nv_bfloat16, KZ_GEMMA>(out, x, w, rows, cols, eps);
 }
+#endif
 
+#if !defined(KERNELIZE_DTYPE_BF16) && !defined(KERNELIZE_DTYPE_F32)
 extern "C" __global__ void __launch_bounds__(256, 3) rms_norm_gemma_f16(__half* out, const __half* x, const __half* w, long long rows, long long cols, float eps) {
   kz_rms_norm<__half, KZ_GEMMA>(out, x, w, rows, cols, eps);
 }
+#endif
 
+#if !defined(KERNELIZE_DTYPE_BF16) && !defined(KERNELIZE_DTYPE_F16)
 extern "C" __global__ void __launch_bounds__(256, 2) rms_norm_gemma_f32(float* out, const float* x, const float* w, long long rows, long long cols, float eps) {
   kz_rms_norm<float, KZ_GEMMA>(out, x, w, rows, cols, eps);
 }
+#endif

@@ -286,6 +286,9 @@ def parse_manifest_toml(text: str) -> dict[str, Any]:
     archs = [f"sm_{maj}{mi}" for (maj, mi) in sorted({k for k, _ in archs})]
     opts = raw.get("nvrtc_options", [])
     for i, o in enumerate(opts):
+        defined = o[len("--define-macro="):] if o.startswith("--define-macro=") else (o[2:] if o.startswith("-D") else "")
+        if defined.startswith("KERNELIZE_"):
+            raise _fe(f"nvrtc_options[{i}]", f"`{o}`: macros named KERNELIZE_* are the verifier's")
         if not any(o.startswith(p) for p in _ALLOWED_OPTION_PREFIXES):
             raise _fe(f"nvrtc_options[{i}]", f"`{o}` is not allowed")
     return canonical_manifest({

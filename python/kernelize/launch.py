@@ -49,6 +49,12 @@ def _check(lib: ctypes.CDLL, res: int, what: str) -> None:
         raise RuntimeError(f"{what}: CUDA error {res}: {s.value.decode() if s.value else '?'}")
 
 
+def entry_options(author_options: list[str], dtype: str) -> list[str]:
+    """NVRTC options of the module holding `dtype`'s entry, as the verifier compiles it
+    (kernel_registry::manifest::entry_options): the author's, then -DKERNELIZE_DTYPE_<DTYPE>."""
+    return list(author_options) + [f"-DKERNELIZE_DTYPE_{dtype.upper()}"]
+
+
 class CompiledKernel:
     """One entry symbol of one kernel, compiled for one device."""
 
@@ -65,7 +71,7 @@ class CompiledKernel:
             k = torch.cuda._compile_kernel(
                 source, self.entry, compute_capability=f"{major}{minor}",
                 cuda_include_dirs=cuda_include_dirs(),
-                nvcc_options=list(manifest["nvrtc_options"]))
+                nvcc_options=entry_options(manifest["nvrtc_options"], dtype))
         self._k = k            # keeps the module loaded
         self.func = k.func
         self.lib = _libcuda()

@@ -64,6 +64,14 @@ def test_manifest_errors_name_the_field():
         parse_manifest_toml(base + "\nextra = 1\n")
     with pytest.raises(ManifestError, match="nvrtc_options"):
         parse_manifest_toml(base.replace('source = "kernel.cu"', 'source = "kernel.cu"\nnvrtc_options = ["-arch=sm_90"]'))
+    with pytest.raises(ManifestError, match="verifier's"):
+        parse_manifest_toml(base.replace('source = "kernel.cu"', 'source = "kernel.cu"\nnvrtc_options = ["-DKERNELIZE_DTYPE_F16"]'))
+
+
+def test_entry_options_match_the_verifier():
+    from kernelize.launch import entry_options
+    assert entry_options(["--fmad=false"], "bf16") == ["--fmad=false", "-DKERNELIZE_DTYPE_BF16"]
+    assert entry_options([], "f32") == ["-DKERNELIZE_DTYPE_F32"]
 
 
 def test_launch_dims_and_constraints_follow_the_rules():

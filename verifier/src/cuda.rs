@@ -117,6 +117,61 @@ unsafe fn get_cubin(prog: nvrtc_sys::nvrtcProgram) -> Option<Vec<std::ffi::c_cha
         .then_some(v)
 }
 
+/// A CUBIN or NUL-terminated PTX text from NVRTC.
+type Image = Vec<std::ffi::c_char>;
+
+/// One module to compile: `options` are the author's NVRTC options plus any the verifier adds
+/// for this module (the dtype macro); they key the module.
+pub struct CompileJob<'a> {
+    pub digest: &'a str,
+    pub what: String,
+    pub source: &'a str,
+    pub options: Vec<String>,
+}
+
+/// NVRTC: `source` to a CUBIN for the architecture in `opts` (or PTX where NVRTC made no
+/// CUBIN); the error carries NVRTC's log. Needs no CUDA context, so it runs on any thread.
+fn nvrtc_image(source: &str, what: &str, opts: &[String]) -> Result<(Image, bool), String> {
+    let src = CString::new(source).map_err(|_| "the source contains a NUL byte".to_string())?;
+    let name = CString::new(format!("{what}.cu")).unwrap_or_default();
+    std::panic::catch_unwind(|| -> Result<(Image, bool), String> {
+        let prog = nvrtc::create_program(&src, Some(&name)).map_err(|e| format!("{e:?}"))?;
+        // SAFETY: prog is live until destroyed below.
+        unsafe {
+            let res = nvrtc::compile_program(prog, opts);
+            let log = nvrtc::get_program_log(prog)
+                .map(|l| {
+                    let bytes: Vec<u8> = l
+                        .iter()
+                        .take_while(|&&c| c != 0)
+                        .map(|&c| c as u8)
+                        .collect();
+                    String::from_utf8_lossy(&bytes).into_owned()
+                })
+                .unwrap_or_default();
+            // The CUBIN NVRTC made for this real architecture (no driver JIT at load); the PTX
+            // where NVRTC made none.
+            let out = match res {
+                Ok(()) => match get_cubin(prog) {
+                    Some(c) => Ok((c, true)),
+                    None => nvrtc::get_ptx(prog)
+                        .map(|p| (p, false))
+                        .map_err(|e| format!("{e:?}")),
+                },
+                Err(e) => Err(format!("{e:?}\n{log}")),
+            };
+            let _ = nvrtc::destroy_program(prog);
+            out
+        }
+    })
+    .map_err(|_| {
+        format!(
+            "NVRTC (libnvrtc.so) did not load; include path {}",
+            cuda_include_dir()
+        )
+    })?
+}
+
 /// The process's CUDA device: context, caches, scratch for L2 flushes.
 pub struct Gpu {
     _ctx: Arc<CudaContext>,
@@ -235,7 +290,7 @@ impl Gpu {
         .unwrap_or_else(|_| "unavailable".into())
     }
 
-    /// Compile `source` (cached by digest, arch and options) and return the module key.
+    /// Compile `source` (cached by digest, arch and options) into a loaded module.
     pub fn compile(
         &mut self,
         digest: &str,
@@ -243,102 +298,114 @@ impl Gpu {
         source: &str,
         extra_options: &[String],
     ) -> Result<(), ExecError> {
-        let key = (digest.to_string(), self.info.arch, extra_options.to_vec());
-        if self.modules.contains_key(&key) {
+        self.compile_all(&[CompileJob {
+            digest,
+            what: what.to_string(),
+            source,
+            options: extra_options.to_vec(),
+        }])
+    }
+
+    /// Compile several modules, NVRTC running on one thread per module not already loaded or
+    /// in the CUBIN cache (NVRTC is thread-safe for distinct programs; each compile is single
+    /// threaded), then load them on this thread. The first compile error is returned, after
+    /// every compile has finished.
+    pub fn compile_all(&mut self, jobs: &[CompileJob<'_>]) -> Result<(), ExecError> {
+        let arch = self.info.arch;
+        let nvrtc_version = Self::nvrtc_version();
+        let mut todo = Vec::new();
+        for job in jobs {
+            let key = (job.digest.to_string(), arch, job.options.clone());
+            if self.modules.contains_key(&key) {
+                continue;
+            }
+            let mut opts = vec![
+                format!("--gpu-architecture=sm_{}{}", arch.major, arch.minor),
+                format!("--include-path={}", cuda_include_dir()),
+            ];
+            opts.extend(job.options.iter().cloned());
+            let cached = crate::compile_cache::path(job.source, &opts, &nvrtc_version);
+            if let Some(image) = cached.as_deref().and_then(crate::compile_cache::load) {
+                // SAFETY: a CUBIN that NVRTC made for this source, options, arch and NVRTC.
+                if let Ok(module) =
+                    unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+                {
+                    crate::trace(|| format!("compile {}: CUBIN from the compile cache", job.what));
+                    self.modules.insert(key, Module { module });
+                    continue;
+                }
+            }
+            todo.push((job, key, opts, cached));
+        }
+        if todo.is_empty() {
             return Ok(());
         }
-        let mut opts = vec![
-            format!(
-                "--gpu-architecture=sm_{}{}",
-                self.info.arch.major, self.info.arch.minor
-            ),
-            format!("--include-path={}", cuda_include_dir()),
-        ];
-        opts.extend(extra_options.iter().cloned());
-        let cached = crate::compile_cache::path(source, &opts, &Self::nvrtc_version());
-        if let Some(image) = cached.as_deref().and_then(crate::compile_cache::load) {
-            // SAFETY: a CUBIN that NVRTC made for this source, options, arch and NVRTC.
-            if let Ok(module) =
-                unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
-            {
-                crate::trace(|| format!("compile {what}: CUBIN from the compile cache"));
-                self.modules.insert(key, Module { module });
-                return Ok(());
-            }
-        }
-        let cerr = |log: String| ExecError::Compile {
-            what: what.to_string(),
-            log,
-        };
-        let src =
-            CString::new(source).map_err(|_| cerr("the source contains a NUL byte".into()))?;
-        let name = CString::new(format!("{what}.cu")).unwrap_or_default();
-        let t_nvrtc = Instant::now();
-        let (image, is_cubin) =
-            std::panic::catch_unwind(|| -> Result<(Vec<std::ffi::c_char>, bool), String> {
-                let prog =
-                    nvrtc::create_program(&src, Some(&name)).map_err(|e| format!("{e:?}"))?;
-                // SAFETY: prog is live until destroyed below.
-                unsafe {
-                    let res = nvrtc::compile_program(prog, &opts);
-                    let log = nvrtc::get_program_log(prog)
-                        .map(|l| {
-                            let bytes: Vec<u8> = l
-                                .iter()
-                                .take_while(|&&c| c != 0)
-                                .map(|&c| c as u8)
-                                .collect();
-                            String::from_utf8_lossy(&bytes).into_owned()
-                        })
-                        .unwrap_or_default();
-                    // The CUBIN NVRTC made for this real architecture (no driver JIT at load);
-                    // the PTX where NVRTC made none.
-                    let out = match res {
-                        Ok(()) => match get_cubin(prog) {
-                            Some(c) => Ok((c, true)),
-                            None => nvrtc::get_ptx(prog)
-                                .map(|p| (p, false))
-                                .map_err(|e| format!("{e:?}")),
-                        },
-                        Err(e) => Err(format!("{e:?}\n{log}")),
-                    };
-                    let _ = nvrtc::destroy_program(prog);
-                    out
-                }
-            })
-            .map_err(|_| {
-                cerr(format!(
-                    "NVRTC (libnvrtc.so) did not load; include path {}",
-                    cuda_include_dir()
-                ))
-            })?
-            .map_err(cerr)?;
-        let t_load = Instant::now();
-        // SAFETY: `image` is a CUBIN or NUL-terminated PTX text produced by NVRTC.
-        let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
-            .map_err(|e| {
-                cerr(format!(
-                    "the driver could not load the PTX: {}",
-                    describe(&e)
-                ))
-            })?;
-        crate::trace(|| {
-            format!(
-                "compile {what}: NVRTC {:.3} s, {} {} KiB, driver load {:.3} s",
-                (t_load - t_nvrtc).as_secs_f64(),
-                if is_cubin { "CUBIN" } else { "PTX (JIT)" },
-                image.len() / 1024,
-                t_load.elapsed().as_secs_f64()
-            )
+        let t0 = Instant::now();
+        let images: Vec<Result<(Image, bool, f64), String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = todo
+                .iter()
+                .map(|(job, _, opts, _)| {
+                    s.spawn(move || {
+                        let t = Instant::now();
+                        nvrtc_image(job.source, &job.what, opts)
+                            .map(|(img, cubin)| (img, cubin, t.elapsed().as_secs_f64()))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("NVRTC panicked while compiling".into()))
+                })
+                .collect()
         });
-        if let (true, Some(p)) = (is_cubin, &cached) {
-            // SAFETY: c_char and u8 have the same size and layout.
-            let bytes =
-                unsafe { std::slice::from_raw_parts(image.as_ptr() as *const u8, image.len()) };
-            crate::compile_cache::store(p, bytes);
+        let wall = t0.elapsed().as_secs_f64();
+        let mut first_err = None;
+        for ((job, key, _, cached), res) in todo.into_iter().zip(images) {
+            let cerr = |log: String| ExecError::Compile {
+                what: job.what.clone(),
+                log,
+            };
+            let (image, is_cubin, secs) = match res {
+                Ok(r) => r,
+                Err(log) => {
+                    first_err.get_or_insert(cerr(log));
+                    continue;
+                }
+            };
+            let t_load = Instant::now();
+            // SAFETY: `image` is a CUBIN or NUL-terminated PTX text produced by NVRTC.
+            let module = match unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+            {
+                Ok(m) => m,
+                Err(e) => {
+                    first_err.get_or_insert(cerr(format!(
+                        "the driver could not load the compiled module: {}",
+                        describe(&e)
+                    )));
+                    continue;
+                }
+            };
+            crate::trace(|| {
+                format!(
+                    "compile {}: NVRTC {secs:.3} s (of {wall:.3} s for {} in parallel), {} {} KiB, driver load {:.3} s",
+                    job.what,
+                    jobs.len(),
+                    if is_cubin { "CUBIN" } else { "PTX (JIT)" },
+                    image.len() / 1024,
+                    t_load.elapsed().as_secs_f64()
+                )
+            });
+            if let (true, Some(p)) = (is_cubin, &cached) {
+                // SAFETY: c_char and u8 have the same size and layout.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(image.as_ptr() as *const u8, image.len()) };
+                crate::compile_cache::store(p, bytes);
+            }
+            self.modules.insert(key, Module { module });
         }
-        self.modules.insert(key, Module { module });
-        Ok(())
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Look up `symbol` in the module compiled for `digest` with `options`.

@@ -160,3 +160,14 @@ extern "C" __global__ void ref_silu_and_mul_default_##S(T* out, const T* x, long
 REFS(__nv_bfloat16, bf16)
 REFS(__half, f16)
 REFS(float, f32)
+
+// Verifier utility (not a reference layer): how many 32-bit words of a and b differ, added to
+// *count. Repeated launches and the inputs after a launch are compared on the GPU this way, so
+// only a difference is downloaded for a closer look.
+extern "C" __global__ void kz_count_diff_u32(const unsigned int* a, const unsigned int* b, long long n,
+                                             unsigned long long* count) {
+    unsigned long long local = 0;
+    GRID_STRIDE(i, n) local += (a[i] != b[i]) ? 1ull : 0ull;
+    for (int o = 16; o > 0; o >>= 1) local += __shfl_down_sync(0xffffffffu, local, o);
+    if ((threadIdx.x & 31) == 0 && local != 0) atomicAdd(count, local);
+}

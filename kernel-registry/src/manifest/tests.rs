@@ -160,6 +160,14 @@ fn bad_manifests_name_the_field() {
             "not allowed",
         ),
         (
+            with(
+                "source = \"k.cu\"",
+                "source = \"k.cu\"\nnvrtc_options = [\"-DKERNELIZE_DTYPE_F16\"]",
+            ),
+            "`nvrtc_options[0]`",
+            "the verifier's",
+        ),
+        (
             with("description = \"demo\"", "description = \"\""),
             "`description`",
             "must say",
@@ -255,4 +263,18 @@ fn applicability() {
         .not_applicable(4096, Some(Arch::new(8, 9)))
         .unwrap()
         .contains("sm_89"));
+}
+
+#[test]
+fn entry_options_append_the_dtype_macro_after_the_authors_options() {
+    let author = vec!["--fmad=false".to_string()];
+    assert_eq!(
+        entry_options(&author, DType::Bf16),
+        vec![
+            "--fmad=false".to_string(),
+            "-DKERNELIZE_DTYPE_BF16".to_string()
+        ]
+    );
+    assert_eq!(dtype_macro(DType::F32), "-DKERNELIZE_DTYPE_F32");
+    assert_eq!(dtype_macro(DType::F16), "-DKERNELIZE_DTYPE_F16");
 }
