@@ -94,6 +94,7 @@ impl Drop for DevBuf {
 pub enum Arg {
     Ptr(u64),
     I64(i64),
+    U64(u64),
     F32(f32),
 }
 
@@ -544,6 +545,7 @@ impl Gpu {
             .map(|a| match *a {
                 Arg::Ptr(p) => p.to_ne_bytes(),
                 Arg::I64(v) => v.to_ne_bytes(),
+                Arg::U64(v) => v.to_ne_bytes(),
                 Arg::F32(v) => {
                     let mut b = [0u8; 8];
                     b[..4].copy_from_slice(&v.to_ne_bytes());

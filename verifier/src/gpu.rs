@@ -3,14 +3,16 @@
 //! speed. Untrusted kernels run it inside the sandbox process (`crate::sandbox`).
 
 use crate::cases::{self, bytes_moved, CaseInputs, CaseSpec};
-use crate::cuda::{Arg, CompileJob, DevBuf, Gpu};
+use crate::cuda::{Arg, CompileJob, DevBuf, Gpu, GUARD_BYTE};
 use crate::exec::{ExecError, Executor, Limits};
-use crate::numeric::{compare, count_bit_differences, worst};
+use crate::numeric::{compare, count_bit_differences, keyed_sum, worst};
 use crate::oracle;
 use cudarc::driver::sys::CUfunction;
 use kernel_registry::manifest::{entry_options, LaunchDims};
 use kernel_registry::report::{CaseReport, CaseStatus, DeviceInfo, Speed};
 use kernel_registry::{DType, KernelBundle, Op, Semantics};
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,21 +69,6 @@ impl Bufs {
             residual: inp.residual.as_ref().map(up).transpose()?,
             weight: inp.weight.as_ref().map(up).transpose()?,
             bias: inp.bias.as_ref().map(up).transpose()?,
-        })
-    }
-
-    /// Device copies of every buffer.
-    fn copies(&self, gpu: &Gpu) -> Result<Bufs, ExecError> {
-        let cp = |b: &DevBuf| -> Result<DevBuf, ExecError> {
-            let c = gpu.alloc(b.bytes)?;
-            gpu.copy(&c, b)?;
-            Ok(c)
-        };
-        Ok(Bufs {
-            x: cp(&self.x)?,
-            residual: self.residual.as_ref().map(cp).transpose()?,
-            weight: self.weight.as_ref().map(cp).transpose()?,
-            bias: self.bias.as_ref().map(cp).transpose()?,
         })
     }
 }
@@ -245,7 +232,7 @@ impl Executor for CudaExecutor {
         gpu.compile_all(&jobs)?;
         let cand_f = gpu.function(&digest, &entry_options(&m.nvrtc_options, dt), sym)?;
         let ref_f = gpu.function(&rd, &[], &reference_symbol(op, spec.semantics, dt))?;
-        let cmp_f = gpu.function(&rd, &[], "kz_count_diff_u32")?;
+        let sum_f = gpu.function(&rd, &[], "kz_keyed_sum_u32")?;
         let sm_count = gpu.info.sm_count;
         let gpu: &Gpu = gpu;
         let limit = limits.launch();
@@ -287,35 +274,36 @@ impl Executor for CudaExecutor {
         let inp = cases::generate(spec);
         phase("generate");
         let bufs = Bufs::upload(gpu, &inp)?;
-        // Device copies of the inputs as uploaded: after the candidate's launches each input is
-        // compared with its copy on the GPU, and downloaded only when they differ.
-        let pristine = bufs.copies(gpu)?;
-        // How many 32-bit words of two equal-sized buffers differ, counted on the GPU. The last
-        // word may reach up to 3 bytes into the guard after the payload: equal unless a kernel
-        // wrote there, which the guard check reports; a difference only costs a download.
-        let count_buf = gpu.alloc(8)?;
-        let words_differ = |a: &DevBuf, b: &DevBuf| -> Result<u64, ExecError> {
-            assert_eq!(a.bytes, b.bytes);
-            gpu.fill(&count_buf, 0)?;
-            let words = a.bytes.div_ceil(4) as u64;
+        // Whether a device buffer still holds `host`'s bytes, decided on the GPU: a keyed sum of
+        // its words (kz_keyed_sum_u32) against the same sum of the host copy, the key drawn
+        // afresh for every check, after the candidate's launches, so a kernel cannot forge it.
+        // The last word may reach up to 3 bytes into the guard after the payload (padded with
+        // the guard byte on the host; a kernel that wrote there is reported by the guard check).
+        // Only a buffer that differs is downloaded, for the detailed host-side comparison.
+        let sum_buf = gpu.alloc(8)?;
+        let holds = |dev: &DevBuf, host: &[u8]| -> Result<bool, ExecError> {
+            assert_eq!(dev.bytes, host.len());
+            let key = RandomState::new().hash_one(dev.ptr());
+            gpu.fill(&sum_buf, 0)?;
+            let words = dev.bytes.div_ceil(4) as u64;
             let blocks = words.div_ceil(256).clamp(1, 8 * sm_count as u64) as u32;
             gpu.launch(
-                "comparison on the GPU",
-                cmp_f,
+                "keyed sum on the GPU",
+                sum_f,
                 [blocks, 1, 1],
                 [256, 1, 1],
                 0,
                 &[
-                    Arg::Ptr(a.ptr()),
-                    Arg::Ptr(b.ptr()),
+                    Arg::Ptr(dev.ptr()),
                     Arg::I64(words as i64),
-                    Arg::Ptr(count_buf.ptr()),
+                    Arg::U64(key),
+                    Arg::Ptr(sum_buf.ptr()),
                 ],
                 Duration::from_secs(60),
             )?;
             let mut c = [0u8; 8];
-            gpu.download(&count_buf, &mut c)?;
-            Ok(u64::from_le_bytes(c))
+            gpu.download(&sum_buf, &mut c)?;
+            Ok(u64::from_le_bytes(c) == keyed_sum(host, key, GUARD_BYTE))
         };
         let out_bytes = (rows * cols) as usize * dt.size_bytes();
         let is_fused = op == Op::FusedAddRmsNorm;
@@ -345,16 +333,10 @@ impl Executor for CudaExecutor {
         } else {
             None
         };
-        // Launch 1's outputs are downloaded and kept on the device; a later launch whose
-        // outputs have the same bits (compared on the GPU) shares launch 1's host copy, and
-        // only a launch that differs is downloaded. Same bits in launches poisoned 0xFF and
-        // 0xFE also mean that every element was written.
-        let first_out = gpu.alloc(out_bytes)?;
-        let first_res = if is_fused {
-            Some(gpu.alloc(res_bytes)?)
-        } else {
-            None
-        };
+        // Launch 1's outputs are downloaded. A later launch whose outputs still hold launch 1's
+        // bits (`holds`, on the GPU) shares that host copy; only one that differs is
+        // downloaded. Same bits after the 0xFF and 0xFE poisons also mean every element was
+        // written.
         let mut outs: Vec<Arc<Vec<u8>>> = Vec::new();
         let mut ress: Vec<Arc<Vec<u8>>> = Vec::new();
         for (k, &p) in POISON.iter().enumerate() {
@@ -363,20 +345,15 @@ impl Executor for CudaExecutor {
                 gpu.copy(r, pr)?;
             }
             launch(&cand, &out, res.as_ref(), &bufs, rows)?;
-            let pairs = std::iter::once((&out, &first_out, &mut outs)).chain(
-                res.as_ref()
-                    .zip(first_res.as_ref())
-                    .map(|(r, f)| (r, f, &mut ress)),
-            );
-            for (now, first, host) in pairs {
-                if k == 0 {
-                    host.push(Arc::new(gpu.download_vec(now)?));
-                    gpu.copy(first, now)?;
-                } else if words_differ(now, first)? == 0 {
-                    host.push(Arc::clone(&host[0]));
+            let pairs =
+                std::iter::once((&out, &mut outs)).chain(res.as_ref().map(|r| (r, &mut ress)));
+            for (now, host) in pairs {
+                let copy = if k > 0 && holds(now, &host[0])? {
+                    Arc::clone(&host[0])
                 } else {
-                    host.push(Arc::new(gpu.download_vec(now)?));
-                }
+                    Arc::new(gpu.download_vec(now)?)
+                };
+                host.push(copy);
             }
         }
 
@@ -415,20 +392,19 @@ impl Executor for CudaExecutor {
                 integrity.push(format!("{name}: {g}"));
             }
         }
-        let mut inputs: Vec<(&cases::HostTensor, &DevBuf, &DevBuf)> =
-            vec![(&inp.x, &bufs.x, &pristine.x)];
-        if let (Some(t), Some(b), Some(c)) = (&inp.weight, &bufs.weight, &pristine.weight) {
-            inputs.push((t, b, c));
+        let mut inputs: Vec<(&cases::HostTensor, &DevBuf)> = vec![(&inp.x, &bufs.x)];
+        if let (Some(t), Some(b)) = (&inp.weight, &bufs.weight) {
+            inputs.push((t, b));
         }
-        if let (Some(t), Some(b), Some(c)) = (&inp.bias, &bufs.bias, &pristine.bias) {
-            inputs.push((t, b, c));
+        if let (Some(t), Some(b)) = (&inp.bias, &bufs.bias) {
+            inputs.push((t, b));
         }
-        if let (Some(t), Some(b), Some(c)) = (&inp.residual, &bufs.residual, &pristine.residual) {
+        if let (Some(t), Some(b)) = (&inp.residual, &bufs.residual) {
             // The pristine residual copy is never passed to the candidate; checked anyway.
-            inputs.push((t, b, c));
+            inputs.push((t, b));
         }
-        for (t, b, copy) in inputs {
-            if words_differ(b, copy)? == 0 {
+        for (t, b) in inputs {
+            if holds(b, &t.bytes)? {
                 continue;
             }
             let now = gpu.download_vec(b)?;

@@ -279,6 +279,31 @@ pub fn worst(a: Exactness, b: Exactness) -> Exactness {
 }
 
 /// Count of elements whose bits differ (NaN == NaN); cheap determinism check.
+/// The keyed sum of `kz_keyed_sum_u32` (reference.cu) over `bytes` read as little-endian
+/// 32-bit words, a partial last word padded with `pad` (the guard byte that follows a device
+/// buffer's payload): sum over i of mix(key, i, word[i]) mod 2^64.
+pub fn keyed_sum(bytes: &[u8], key: u64, pad: u8) -> u64 {
+    fn mix(key: u64, i: u64, w: u32) -> u64 {
+        let mut z = key.wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)) ^ u64::from(w);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    let whole = bytes.len() / 4;
+    let mut sum = bytes[..whole * 4]
+        .par_chunks_exact(4)
+        .enumerate()
+        .map(|(i, c)| mix(key, i as u64, u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+        .reduce(|| 0, u64::wrapping_add);
+    let tail = &bytes[whole * 4..];
+    if !tail.is_empty() {
+        let mut w = [pad; 4];
+        w[..tail.len()].copy_from_slice(tail);
+        sum = sum.wrapping_add(mix(key, whole as u64, u32::from_le_bytes(w)));
+    }
+    sum
+}
+
 pub fn count_bit_differences(dt: DType, a: &[u8], b: &[u8]) -> u64 {
     if a == b {
         return 0;
@@ -302,6 +327,31 @@ pub fn count_bit_differences(dt: DType, a: &[u8], b: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn keyed_sum_changes_with_any_word_and_pads_the_tail() {
+        let bytes: Vec<u8> = (0..4099u32).map(|i| (i * 37 % 251) as u8).collect();
+        let key = 0x1234_5678_9abc_def0;
+        let base = keyed_sum(&bytes, key, 0xA5);
+        // One changed byte anywhere (the mix is a bijection in the word) changes the sum.
+        for i in [0, 1, 2, 3, 4, 2047, 4095, 4096, 4098] {
+            let mut b = bytes.clone();
+            b[i] ^= 0x40;
+            assert_ne!(keyed_sum(&b, key, 0xA5), base, "byte {i}");
+        }
+        // Another key, another sum; the same key, the same sum.
+        assert_ne!(keyed_sum(&bytes, key ^ 1, 0xA5), base);
+        assert_eq!(keyed_sum(&bytes, key, 0xA5), base);
+        // A partial last word is padded with the guard byte, as the device reads it.
+        let mut padded = bytes.clone();
+        padded.push(0xA5);
+        assert_eq!(keyed_sum(&padded, key, 0x00), base);
+        // Word order matters (the index is mixed in): swapping two words changes the sum.
+        let mut swapped = bytes.clone();
+        swapped[..4].copy_from_slice(&bytes[4..8]);
+        swapped[4..8].copy_from_slice(&bytes[..4]);
+        assert_ne!(keyed_sum(&swapped, key, 0xA5), base);
+    }
     use super::*;
     use proptest::prelude::*;
 

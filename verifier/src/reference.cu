@@ -161,13 +161,20 @@ REFS(__nv_bfloat16, bf16)
 REFS(__half, f16)
 REFS(float, f32)
 
-// Verifier utility (not a reference layer): how many 32-bit words of a and b differ, added to
-// *count. Repeated launches and the inputs after a launch are compared on the GPU this way, so
-// only a difference is downloaded for a closer look.
-extern "C" __global__ void kz_count_diff_u32(const unsigned int* a, const unsigned int* b, long long n,
-                                             unsigned long long* count) {
+// Verifier utility (not a reference layer): *sum += sum over i of mix(key, i, a[i]) mod 2^64,
+// mix = splitmix64's finaliser of (key + i * golden) ^ word, a bijection in the word, so one
+// changed word always changes the sum. The key is drawn after the candidate's launches, so a
+// kernel cannot make changes that cancel. The host computes the same sum over its own copy
+// (crate::numeric::keyed_sum) and downloads the buffer only when the two differ.
+extern "C" __global__ void kz_keyed_sum_u32(const unsigned int* a, long long n, unsigned long long key,
+                                            unsigned long long* sum) {
     unsigned long long local = 0;
-    GRID_STRIDE(i, n) local += (a[i] != b[i]) ? 1ull : 0ull;
+    GRID_STRIDE(i, n) {
+        unsigned long long z = (key + (unsigned long long)i * 0x9E3779B97F4A7C15ull) ^ (unsigned long long)a[i];
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        local += z ^ (z >> 31);
+    }
     for (int o = 16; o > 0; o >>= 1) local += __shfl_down_sync(0xffffffffu, local, o);
-    if ((threadIdx.x & 31) == 0 && local != 0) atomicAdd(count, local);
+    if ((threadIdx.x & 31) == 0) atomicAdd(sum, local);
 }
