@@ -341,6 +341,7 @@ impl Gpu {
         if todo.is_empty() {
             return Ok(());
         }
+        let compiled = todo.len();
         let t0 = Instant::now();
         let images: Vec<Result<(Image, bool, f64), String>> = std::thread::scope(|s| {
             let handles: Vec<_> = todo
@@ -392,7 +393,7 @@ impl Gpu {
                 format!(
                     "compile {}: NVRTC {secs:.3} s (of {wall:.3} s for {} in parallel), {} {} KiB, driver load {:.3} s",
                     job.what,
-                    jobs.len(),
+                    compiled,
                     if is_cubin { "CUBIN" } else { "PTX (JIT)" },
                     image.len() / 1024,
                     t_load.elapsed().as_secs_f64()
