@@ -313,7 +313,8 @@ impl Gpu {
     /// every compile has finished.
     pub fn compile_all(&mut self, jobs: &[CompileJob<'_>]) -> Result<(), ExecError> {
         let arch = self.info.arch;
-        let nvrtc_version = Self::nvrtc_version();
+        // Asked of NVRTC only when a module is not loaded yet (not on every case).
+        let mut nvrtc_version = None;
         let mut todo = Vec::new();
         for job in jobs {
             let key = (job.digest.to_string(), arch, job.options.clone());
@@ -325,7 +326,8 @@ impl Gpu {
                 format!("--include-path={}", cuda_include_dir()),
             ];
             opts.extend(job.options.iter().cloned());
-            let cached = crate::compile_cache::path(job.source, &opts, &nvrtc_version);
+            let nv = nvrtc_version.get_or_insert_with(Self::nvrtc_version);
+            let cached = crate::compile_cache::path(job.source, &opts, nv);
             if let Some(image) = cached.as_deref().and_then(crate::compile_cache::load) {
                 // SAFETY: a CUBIN that NVRTC made for this source, options, arch and NVRTC.
                 if let Ok(module) =
