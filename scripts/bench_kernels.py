@@ -12,8 +12,9 @@ rows_per_block), per_element = ceil(n / (threads * elements_per_thread)), persis
 k * SM count; dynamic smem = smem_bytes + smem_bytes_per_col * cols).
 
 Checks: every kernel's output is compared bitwise (NaN == NaN) with a torch
-reimplementation of docs/reference-semantics.md (the canonical 256-lane row reduction,
-Welford/Chan, explicit roundings; FMA emulated through float64) and with real PyTorch eager;
+reimplementation of docs/reference-semantics.md (row statistics from scripts/eager_order.py's
+emulators of eager's orders, explicit roundings; FMA emulated through float64) and with real
+PyTorch eager;
 mismatch counts are reported. Timing: median of CUDA-event-timed launches with L2 flushed
 (a 256 MiB buffer is rewritten) before every launch; GB/s counts inputs read once and
 outputs written once; the fraction is of the device-to-device copy bandwidth measured in the
@@ -40,10 +41,13 @@ try:
 except ImportError:  # pragma: no cover
     tomllib = None
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import eager_order as EO  # noqa: E402  (the verified CPU emulators of eager's row orders)
 DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 ROWWISE = {"rms_norm", "fused_add_rms_norm", "layer_norm"}
 EPS = 1e-6
@@ -192,94 +196,42 @@ def _fma(a, b, c):
     return (a.double() * b.double() + c.double()).float()
 
 
-def _lanes(h, cols):
-    rows = h.shape[0]
-    C = -(-cols // 2048)
-    pad = C * 2048 - cols
-    hp = F.pad(h, (0, pad)) if pad else h
-    return hp.view(rows, C, 256, 8), C
-
-
-def crr_sum_sq(h, cols):
-    sq = h * h
-    xs, C = _lanes(sq, cols)
-    acc = torch.zeros(h.shape[0], 256, device=h.device, dtype=torch.float32)
-    for c in range(C):
-        for i in range(8):
-            acc = acc + xs[:, c, :, i]
-    s = 128
-    while s >= 1:
-        acc = acc[:, :s] + acc[:, s:2 * s]
-        s //= 2
-    return acc[:, 0]
-
-
-def crr_welford(h, cols):
-    rows = h.shape[0]
-    xs, C = _lanes(h, cols)
-    dev = h.device
-    n = torch.zeros(rows, 256, device=dev)
-    mean = torch.zeros(rows, 256, device=dev)
-    m2 = torch.zeros(rows, 256, device=dev)
-    lane = torch.arange(256, device=dev)
-    for c in range(C):
-        for i in range(8):
-            valid = (c * 2048 + lane * 8 + i) < cols
-            if not bool(valid.any()):
-                continue
-            x = xs[:, c, :, i]
-            n1 = n + 1.0
-            d = x - mean
-            mean1 = mean + d / n1
-            m21 = _fma(d, x - mean1, m2)
-            n = torch.where(valid, n1, n)
-            mean = torch.where(valid, mean1, mean)
-            m2 = torch.where(valid, m21, m2)
-    s = 128
-    while s >= 1:
-        An, Am, A2 = n[:, :s], mean[:, :s], m2[:, :s]
-        Bn, Bm, B2 = n[:, s:2 * s], mean[:, s:2 * s], m2[:, s:2 * s]
-        nn_ = An + Bn
-        coef = 1.0 / nn_
-        nA = An * coef
-        nB = Bn * coef
-        delta = Bm - Am
-        mm = _fma(nA, Am, nB * Bm)
-        mm2 = _fma((delta * delta) * An, nB, A2 + B2)
-        z = nn_ == 0
-        n = nn_
-        mean = torch.where(z, torch.zeros_like(mm), mm)
-        m2 = torch.where(z, torch.zeros_like(mm2), mm2)
-        s //= 2
-    return n[:, 0], mean[:, 0], m2[:, 0]
-
-
 def _f32(v):
     return torch.tensor(v, dtype=torch.float32)
 
 
-def ref_rms_r(h, cols, eps):
-    inv = (_f32(1.0) / _f32(float(cols))).item()  # __fdiv_rn(1, (float)cols) in f32
-    var = crr_sum_sq(h, cols) * inv
-    return torch.rsqrt(var + eps)
+def _np(t):
+    return t.float().cpu().numpy()
+
+
+def _gpu_rsqrt(v):
+    """CUDA's rsqrtf (torch.rsqrt on the GPU) of float32 values computed on the CPU."""
+    return torch.rsqrt(torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).cuda()).cpu().numpy()
 
 
 def ref_rows(op, sem, T, inputs, eps):
+    """docs/reference-semantics.md through the CPU emulators of eager's orders that
+    scripts/eager_order.py checked bit for bit against eager (fmaf exact, rsqrtf on the GPU)."""
     if op == "layer_norm":
         x, w, b = inputs
-        cols = x.shape[1]
-        h = x.float()
-        n, mean, m2 = crr_welford(h, cols)
-        rstd = torch.rsqrt(m2 / n + eps)
-        return (_fma((h - mean[:, None]) * rstd[:, None], w.float(), b.float())).to(T)
+        y = EO.eager_layer_norm(_np(x), _np(w), _np(b), eps=eps, rsqrt=_gpu_rsqrt)[0]
+        return torch.from_numpy(y).cuda().to(T)
     if op == "fused_add_rms_norm":
         x, res, w = inputs
         s = (x.float() + res.float()).to(T)
         return ref_rows("rms_norm", "llama", T, (s, w), eps), s
     x, w = inputs
-    cols = x.shape[1]
+    rows, cols = x.shape
     h = x.float()
-    r = ref_rms_r(h, cols, eps)[:, None]
+    if sem == "torch":
+        y = EO.eager_rms_norm(_np(x), _np(w), eps=eps, rsqrt=_gpu_rsqrt)[0]
+        return torch.from_numpy(y).cuda().to(T)
+    # the mean order: Reduce.cuh's configuration for >= 16 rows, every row start aligned,
+    # times fl(1/cols)
+    cfg = EO.reduce_config(16, cols)
+    assert cfg["ctas_per_output"] == 1, f"cols {cols}: the reference has no multi-block rows"
+    var = EO.eager_mean_sq(_np(h), rows_total=1, row_ids=np.zeros(rows, dtype=np.int64), cfg=cfg)
+    r = torch.rsqrt(torch.from_numpy(var).cuda() + eps)[:, None]
     if sem == "llama":
         return (w.float() * (h * r).to(T).float()).to(T)
     if sem == "gemma":

@@ -74,7 +74,8 @@ def fma32(a, b, c):
     s = np.ascontiguousarray(p + c64)
     bv = s - p
     e = (p - (s - bv)) + (c64 - bv)
-    fix = (e != 0) & ((s.view(np.int64) & 1) == 0)
+    # (e is NaN where an operand or the sum is Inf/NaN: s is then already the answer)
+    fix = (e != 0) & np.isfinite(e) & ((s.view(np.int64) & 1) == 0)
     if np.any(fix):
         s = np.where(fix, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
     return s.astype(F32)

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// Bumped whenever the case list, the input distributions or the reference semantics change.
-pub const SUITE_VERSION: &str = "2026.1";
+pub const SUITE_VERSION: &str = "2026.2";
 
 /// Input distributions of SPEC section 3.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

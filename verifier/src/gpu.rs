@@ -37,14 +37,14 @@ fn reference_digest() -> String {
 
 /// Launch dimensions of the reference layers.
 pub fn reference_dims(op: Op, rows: u64, cols: u64) -> LaunchDims {
-    let block = [256, 1, 1];
-    let grid = match op {
-        Op::RmsNorm | Op::FusedAddRmsNorm | Op::LayerNorm => rows.max(1),
-        _ => (rows * cols).div_ceil(256).clamp(1, 1 << 20),
+    // Row-wise references: one 512-thread block per row (reference.cu's RB).
+    let (grid, threads) = match op {
+        Op::RmsNorm | Op::FusedAddRmsNorm | Op::LayerNorm => (rows.max(1), 512),
+        _ => ((rows * cols).div_ceil(256).clamp(1, 1 << 20), 256),
     };
     LaunchDims {
         grid: [grid as u32, 1, 1],
-        block,
+        block: [threads, 1, 1],
         shared_mem_bytes: 0,
     }
 }

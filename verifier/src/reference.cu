@@ -13,75 +13,181 @@ template <> __device__ __forceinline__ float round_to<float>(float v) { return v
 template <> __device__ __forceinline__ __nv_bfloat16 round_to<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half round_to<__half>(float v) { return __float2half_rn(v); }
 
-#define LANES 256
+// One 512-thread block per row for the row-wise ops (RB threads; a thread t < lanes IS lane t of
+// the order it follows), everything through shared memory and __syncthreads, so the code reads
+// like the pseudo-code of docs/reference-semantics.md.
+#define RB 512
 
-// Canonical row reduction, sum: lane t's partial is already in `acc`; butterfly over lanes.
-__device__ float crr_sum(float acc, float* sh) {
+__device__ __forceinline__ int last_pow2(long long n) {
+    int p = 1;
+    while ((long long)p * 2 <= n && p < 512) p *= 2;
+    return p;
+}
+
+// ---- The mean order (HF LlamaRMSNorm / GemmaRMSNorm, residual add + norm) ----------------------
+// Eager's `h.pow(2).mean(-1)`: Reduce.cuh with the block it picks for rows >= 16, the row start
+// taken as 16-byte aligned. Returns the row's sum of squares of v(i), i < cols.
+template <typename V>
+__device__ float mean_order_sum(V v, long long cols, float* sh) {
     const int t = threadIdx.x;
-    sh[t] = acc;
+    const bool vec = cols > 128;
+    // vec: 32 lanes of 4-vectors, or 512 (16 warps share the row) when ceil(cols/32) >= 256;
+    // otherwise bw = min(last_pow2(cols), 32) lanes of single elements.
+    const int lanes = vec ? (((cols + 31) / 32 >= 256) ? 512 : 32) : (cols >= 32 ? 32 : last_pow2(cols));
+    float p = 0.0f;
+    if (t < lanes) {
+        float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (vec) {
+            const long long nv = cols / 4;
+            for (long long u = t; u < nv; u += lanes)
+                for (int i = 0; i < 4; ++i) a[i] = __fadd_rn(a[i], v(4 * u + i));
+            if (t < (int)(cols % 4)) a[0] = __fadd_rn(a[0], v(4 * nv + t));  // the tail, after
+        } else {
+            int m = 0;
+            for (long long i = t; i < cols; i += lanes, ++m) a[m & 3] = __fadd_rn(a[m & 3], v(i));
+        }
+        p = __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[1]), a[2]), a[3]);
+    }
+    sh[t] = p;
     __syncthreads();
-    for (int s = LANES / 2; s >= 1; s >>= 1) {
-        if (t < s) sh[t] = __fadd_rn(sh[t], sh[t + s]);
+    // each warp's lanes: offsets 16 .. 1 (bw/2 .. 1 when bw < 32), lane x += lane x + off
+    const int wl = lanes < 32 ? lanes : 32;
+    for (int off = wl / 2; off >= 1; off >>= 1) {
+        if (t < lanes && (t & 31) < off) sh[t] = __fadd_rn(sh[t], sh[t + off]);
         __syncthreads();
     }
-    float r = sh[0];
+    // then the warps' results (lane 0 of each), offsets 8 .. 1 when 16 warps share the row
+    for (int off = lanes / 64; off >= 1; off >>= 1) {
+        if (t < off) sh[32 * t] = __fadd_rn(sh[32 * t], sh[32 * (t + off)]);
+        __syncthreads();
+    }
+    const float r = sh[0];
     __syncthreads();
     return r;
 }
 
-struct Welford { float n, mean, m2; };
+// ---- The layer-norm order (nn.LayerNorm, F.rms_norm) -------------------------------------------
+// One state per lane; 128 lanes of 4-vectors when cols % 4 == 0 (the vectorized kernel), else 512
+// lanes of single elements (the row-wise kernel). Trees: each warp offsets 16 .. 1, then the warp
+// results offsets W/2 .. 1, always combine(own = lower, other = higher).
+struct St { float mean, m2, n; };
 
-__device__ __forceinline__ void welford_push(Welford& w, float x) {
-    w.n = __fadd_rn(w.n, 1.0f);
-    float d = __fsub_rn(x, w.mean);
-    w.mean = __fadd_rn(w.mean, __fdiv_rn(d, w.n));
-    w.m2 = fmaf(d, __fsub_rn(x, w.mean), w.m2);
+// nn.LayerNorm, vectorized kernel (WelfordDataLN, cuWelfordOnlineSum / cuWelfordCombine)
+__device__ __forceinline__ void wv_push(St& s, float x) {
+    const float d = __fsub_rn(x, s.mean);
+    s.n = __fadd_rn(s.n, 1.0f);
+    const float m = fmaf(d, __fdiv_rn(1.0f, s.n), s.mean);
+    s.m2 = fmaf(d, __fsub_rn(x, m), s.m2);
+    s.mean = m;
+}
+__device__ __forceinline__ St wv_combine(St own, St other) {
+    St r;
+    r.n = __fadd_rn(other.n, own.n);
+    if (r.n > 0.0f) {
+        const float c = __fdiv_rn(1.0f, r.n);
+        const float na = __fmul_rn(other.n, c), nb = __fmul_rn(own.n, c);
+        const float d = __fsub_rn(own.mean, other.mean);
+        r.mean = fmaf(na, other.mean, __fmul_rn(nb, own.mean));
+        r.m2 = fmaf(__fmul_rn(__fmul_rn(d, d), other.n), nb, __fadd_rn(other.m2, own.m2));
+    } else {
+        r.mean = 0.0f;
+        r.m2 = 0.0f;
+    }
+    return r;
+}
+// row-wise kernel (WelfordOps reduce / combine)
+__device__ __forceinline__ void wr_push(St& s, float x) {
+    s.n = __fadd_rn(s.n, 1.0f);
+    const float d = __fsub_rn(x, s.mean);
+    s.mean = __fadd_rn(s.mean, __fdiv_rn(d, s.n));
+    s.m2 = fmaf(d, __fsub_rn(x, s.mean), s.m2);
+}
+__device__ __forceinline__ St wr_combine(St a, St b) {
+    if (a.n == 0.0f) return b;
+    if (b.n == 0.0f) return a;
+    const float d = __fsub_rn(b.mean, a.mean);
+    St r;
+    r.n = __fadd_rn(a.n, b.n);
+    const float nb = __fdiv_rn(b.n, r.n);
+    r.mean = fmaf(d, nb, a.mean);
+    r.m2 = fmaf(__fmul_rn(__fmul_rn(d, d), a.n), nb, __fadd_rn(a.m2, b.m2));
+    return r;
+}
+// F.rms_norm, vectorized kernel: m2 = sum of fma(x, x, m2); combine adds
+__device__ __forceinline__ void sq_push(St& s, float x) { s.m2 = fmaf(x, x, s.m2); }
+__device__ __forceinline__ St sq_combine(St own, St other) {
+    St r = own;
+    r.m2 = __fadd_rn(own.m2, other.m2);
+    return r;
 }
 
-__device__ __forceinline__ Welford welford_combine(Welford a, Welford b) {
-    Welford r;
-    r.n = __fadd_rn(a.n, b.n);
-    if (r.n == 0.0f) { r.n = 0.0f; r.mean = 0.0f; r.m2 = 0.0f; return r; }
-    float coef = __fdiv_rn(1.0f, r.n);
-    float na = __fmul_rn(a.n, coef);
-    float nb = __fmul_rn(b.n, coef);
-    float delta = __fsub_rn(b.mean, a.mean);
-    r.mean = fmaf(na, a.mean, __fmul_rn(nb, b.mean));
-    r.m2 = fmaf(__fmul_rn(__fmul_rn(delta, delta), a.n), nb, __fadd_rn(a.m2, b.m2));
+// KIND 0: nn.LayerNorm, KIND 1: F.rms_norm. Returns the row's final state.
+template <int KIND, typename T>
+__device__ St ln_order_stats(const T* xr, long long cols, St* sh) {
+    const int t = threadIdx.x;
+    const bool vec = cols % 4 == 0 && cols <= (1LL << 24);
+    const int lanes = vec ? 128 : 512;
+    St s = {0.0f, 0.0f, 0.0f};
+    if (t < lanes) {
+        if (vec) {
+            for (long long u = t; u < cols / 4; u += lanes)
+                for (int i = 0; i < 4; ++i) {
+                    const float x = f32_of(xr[4 * u + i]);
+                    if (KIND == 0) wv_push(s, x); else sq_push(s, x);
+                }
+        } else {
+            for (long long i = t; i < cols; i += lanes) wr_push(s, f32_of(xr[i]));
+        }
+    }
+    sh[t] = s;
+    __syncthreads();
+    auto comb = [&](St a, St b) {
+        return !vec ? wr_combine(a, b) : (KIND == 0 ? wv_combine(a, b) : sq_combine(a, b));
+    };
+    for (int off = 16; off >= 1; off >>= 1) {
+        if (t < lanes && (t & 31) < off) sh[t] = comb(sh[t], sh[t + off]);
+        __syncthreads();
+    }
+    for (int off = lanes / 64; off >= 1; off >>= 1) {
+        if (t < off) sh[32 * t] = comb(sh[32 * t], sh[32 * (t + off)]);
+        __syncthreads();
+    }
+    const St r = sh[0];
+    __syncthreads();
     return r;
 }
 
 // SEM: 0 llama, 1 gemma, 2 torch. RESID: fused_add_rms_norm (residual := round(x + residual)).
 template <typename T, int SEM, bool RESID>
 __device__ void rms_norm_ref(T* out, T* residual, const T* x, const T* w, long long cols, float eps) {
-    __shared__ float sh[LANES];
+    __shared__ float sh[RB];
+    __shared__ St shs[RB];
     const long long row = blockIdx.x;
     const int t = threadIdx.x;
     const T* xr = x + row * cols;
     T* rr = RESID ? residual + row * cols : nullptr;
     T* yr = out + row * cols;
-    float acc = 0.0f;
-    for (long long base = 0; base < cols; base += 8 * LANES) {
-        for (int j = 0; j < 8; ++j) {
-            long long i = base + (long long)t * 8 + j;
-            if (i >= cols) break;
-            float v;
-            if (RESID) {
-                T s = round_to<T>(__fadd_rn(f32_of(xr[i]), f32_of(rr[i])));
-                rr[i] = s;
-                v = f32_of(s);
-            } else {
-                v = f32_of(xr[i]);
-            }
-            acc = __fadd_rn(acc, __fmul_rn(v, v));
-        }
+    if (RESID) {
+        for (long long i = t; i < cols; i += RB) rr[i] = round_to<T>(__fadd_rn(f32_of(xr[i]), f32_of(rr[i])));
+        __syncthreads();  // the block's residual writes are visible to the whole block
     }
-    // crr_sum's barriers also make this block's residual writes visible to the whole block.
-    float sum = crr_sum(acc, sh);
-    float var = __fmul_rn(sum, __fdiv_rn(1.0f, (float)cols));
-    float r = rsqrtf(__fadd_rn(var, eps));
-    for (long long i = t; i < cols; i += LANES) {
-        float h = RESID ? f32_of(rr[i]) : f32_of(xr[i]);
+    const T* hr = RESID ? rr : xr;
+    float r;
+    if (SEM == 2) {
+        const St s = ln_order_stats<1>(hr, cols, shs);
+        if (cols % 4 == 0 && cols <= (1LL << 24)) {
+            r = rsqrtf(__fadd_rn(__fdiv_rn(s.m2, (float)cols), eps));
+        } else {  // the row-wise kernel: rsqrt(var + mean^2 + eps) from the Welford moments
+            r = rsqrtf(__fadd_rn(fmaf(s.mean, s.mean, __fdiv_rn(s.m2, s.n)), eps));
+        }
+    } else {
+        auto sq = [&](long long i) { const float h = f32_of(hr[i]); return __fmul_rn(h, h); };
+        const float sum = mean_order_sum(sq, cols, sh);
+        const float var = __fmul_rn(sum, __fdiv_rn(1.0f, (float)cols));
+        r = rsqrtf(__fadd_rn(var, eps));
+    }
+    for (long long i = t; i < cols; i += RB) {
+        float h = f32_of(hr[i]);
         float wv = f32_of(w[i]);
         float y;
         if (SEM == 0) {
@@ -98,34 +204,15 @@ __device__ void rms_norm_ref(T* out, T* residual, const T* x, const T* w, long l
 
 template <typename T>
 __device__ void layer_norm_ref(T* out, const T* x, const T* w, const T* b, long long cols, float eps) {
-    __shared__ float sn[LANES], sm[LANES], s2[LANES];
+    __shared__ St shs[RB];
     const long long row = blockIdx.x;
     const int t = threadIdx.x;
     const T* xr = x + row * cols;
     T* yr = out + row * cols;
-    Welford st = {0.0f, 0.0f, 0.0f};
-    for (long long base = 0; base < cols; base += 8 * LANES) {
-        for (int j = 0; j < 8; ++j) {
-            long long i = base + (long long)t * 8 + j;
-            if (i >= cols) break;
-            welford_push(st, f32_of(xr[i]));
-        }
-    }
-    sn[t] = st.n; sm[t] = st.mean; s2[t] = st.m2;
-    __syncthreads();
-    for (int s = LANES / 2; s >= 1; s >>= 1) {
-        if (t < s) {
-            Welford a = {sn[t], sm[t], s2[t]};
-            Welford c = {sn[t + s], sm[t + s], s2[t + s]};
-            Welford r = welford_combine(a, c);
-            sn[t] = r.n; sm[t] = r.mean; s2[t] = r.m2;
-        }
-        __syncthreads();
-    }
-    float mean = sm[0];
-    float var = __fdiv_rn(s2[0], sn[0]);
-    float rstd = rsqrtf(__fadd_rn(var, eps));
-    for (long long i = t; i < cols; i += LANES) {
+    const St s = ln_order_stats<0>(xr, cols, shs);
+    const float mean = s.mean;
+    const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(s.m2, s.n), eps));
+    for (long long i = t; i < cols; i += RB) {
         float h = f32_of(xr[i]);
         yr[i] = round_to<T>(fmaf(__fmul_rn(__fsub_rn(h, mean), rstd), f32_of(w[i]), f32_of(b[i])));
     }
@@ -144,11 +231,11 @@ __device__ __forceinline__ float gelu_tanh_f(float h) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
 
 #define REFS(T, S)                                                                                          \
-extern "C" __global__ void __launch_bounds__(LANES) ref_rms_norm_llama_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 0, false>(out, nullptr, x, w, cols, eps); } \
-extern "C" __global__ void __launch_bounds__(LANES) ref_rms_norm_gemma_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 1, false>(out, nullptr, x, w, cols, eps); } \
-extern "C" __global__ void __launch_bounds__(LANES) ref_rms_norm_torch_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 2, false>(out, nullptr, x, w, cols, eps); } \
-extern "C" __global__ void __launch_bounds__(LANES) ref_fused_add_rms_norm_default_##S(T* out, T* residual, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 0, true>(out, residual, x, w, cols, eps); } \
-extern "C" __global__ void __launch_bounds__(LANES) ref_layer_norm_default_##S(T* out, const T* x, const T* w, const T* b, long long rows, long long cols, float eps) { layer_norm_ref<T>(out, x, w, b, cols, eps); } \
+extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_llama_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 0, false>(out, nullptr, x, w, cols, eps); } \
+extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_gemma_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 1, false>(out, nullptr, x, w, cols, eps); } \
+extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_torch_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 2, false>(out, nullptr, x, w, cols, eps); } \
+extern "C" __global__ void __launch_bounds__(RB) ref_fused_add_rms_norm_default_##S(T* out, T* residual, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 0, true>(out, residual, x, w, cols, eps); } \
+extern "C" __global__ void __launch_bounds__(RB) ref_layer_norm_default_##S(T* out, const T* x, const T* w, const T* b, long long rows, long long cols, float eps) { layer_norm_ref<T>(out, x, w, b, cols, eps); } \
 extern "C" __global__ void ref_silu_default_##S(T* out, const T* x, long long n) { GRID_STRIDE(i, n) out[i] = round_to<T>(silu_f(f32_of(x[i]))); } \
 extern "C" __global__ void ref_gelu_default_##S(T* out, const T* x, long long n) { GRID_STRIDE(i, n) out[i] = round_to<T>(gelu_f(f32_of(x[i]))); } \
 extern "C" __global__ void ref_gelu_tanh_default_##S(T* out, const T* x, long long n) { GRID_STRIDE(i, n) out[i] = round_to<T>(gelu_tanh_f(f32_of(x[i]))); } \
