@@ -1,25 +1,33 @@
-"""Compiling hub kernels with PyTorch's NVRTC path and launching them with the SPEC ABI.
+"""Compiling hub kernels exactly as the verifier does, and launching them with the SPEC ABI.
 
-`torch.cuda._compile_kernel` compiles and loads the module; the launch itself goes through
-`cuLaunchKernel` here, because `_CudaKernel.__call__` passes Python ints as 32-bit `int` and
-floats as `double`, while the ABI (SPEC section 2) takes `long long` sizes and a `float` eps.
+Each dtype's entry is compiled by NVRTC (`nvrtc.py`, ctypes on libnvrtc) as its own program,
+with the verifier's program name and option list, and NVRTC's CUBIN is loaded with
+`cuModuleLoadData`: the client runs the very code the verification report hashed
+(`compiled[].code_sha256`; `CompiledKernel.record` has the client's). The launch goes through
+`cuLaunchKernel`, because the ABI (SPEC section 2) takes `long long` sizes and a `float` eps.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from typing import Any
 
 import torch
 
+from . import nvrtc as _nv
 from .digest import launch_dims
+from .nvrtc import NvrtcCompileError, NvrtcNotFound, entry_options  # noqa: F401 (re-exported)
 
 _CACHE: dict[tuple[str, str, int], "CompiledKernel"] = {}
+_CACHE_LOCK = threading.Lock()
 
 
 def cuda_include_dirs() -> list[str]:
-    """CUDA headers for cuda_bf16.h / cuda_fp16.h (GPU.md: NVRTC does not find them alone)."""
+    """CUDA header folders that exist: the verifier's include path first (`nvrtc.cuda_include_dir`),
+    then the pip CUDA runtime's headers. (Kept for callers; compiling uses one include path,
+    `nvrtc.include_dir_for_client`.)"""
     dirs = []
     for env in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(env):
@@ -34,12 +42,31 @@ def cuda_include_dirs() -> list[str]:
     return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
 
 
+_LIBCUDA: ctypes.CDLL | None = None
+
+
 def _libcuda() -> ctypes.CDLL:
-    from torch.cuda import _utils as u
-    for f in ("_get_gpu_runtime_library", "_get_cuda_library"):
-        if hasattr(u, f):
-            return getattr(u, f)()
-    return ctypes.CDLL("libcuda.so.1")
+    """libcuda with the prototypes used here (one handle per process)."""
+    global _LIBCUDA
+    if _LIBCUDA is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        P, I = ctypes.c_void_p, ctypes.c_int
+        for name, args in {
+            "cuModuleLoadData": [ctypes.POINTER(P), ctypes.c_char_p],
+            "cuModuleGetFunction": [ctypes.POINTER(P), P, ctypes.c_char_p],
+            "cuFuncSetAttribute": [P, I, I],
+            "cuCtxGetCurrent": [ctypes.POINTER(P)],
+            "cuCtxGetDevice": [ctypes.POINTER(I)],
+            "cuDeviceGet": [ctypes.POINTER(I), I],
+            "cuDevicePrimaryCtxRetain": [ctypes.POINTER(P), I],
+            "cuCtxPushCurrent_v2": [P],
+            "cuCtxPopCurrent_v2": [ctypes.POINTER(P)],
+            "cuGetErrorString": [I, ctypes.POINTER(ctypes.c_char_p)],
+        }.items():
+            f = getattr(lib, name)
+            f.argtypes, f.restype = args, I
+        _LIBCUDA = lib
+    return _LIBCUDA
 
 
 def _check(lib: ctypes.CDLL, res: int, what: str) -> None:
@@ -49,40 +76,79 @@ def _check(lib: ctypes.CDLL, res: int, what: str) -> None:
         raise RuntimeError(f"{what}: CUDA error {res}: {s.value.decode() if s.value else '?'}")
 
 
-def entry_options(author_options: list[str], dtype: str) -> list[str]:
-    """NVRTC options of the module holding `dtype`'s entry, as the verifier compiles it
-    (kernel_registry::manifest::entry_options): the author's, then -DKERNELIZE_DTYPE_<DTYPE>."""
-    return list(author_options) + [f"-DKERNELIZE_DTYPE_{dtype.upper()}"]
+def _load_module(image: bytes, device: torch.device) -> ctypes.c_void_p:
+    """cuModuleLoadData into `device`'s primary context (the one PyTorch uses), pushed for the
+    call when this thread's current context is none or another device's."""
+    lib = _libcuda()
+    torch.cuda.init()
+    with torch.cuda.device(device):
+        cur, cur_dev = ctypes.c_void_p(), ctypes.c_int(-1)
+        _check(lib, lib.cuCtxGetCurrent(ctypes.byref(cur)), "cuCtxGetCurrent")
+        if cur.value:
+            _check(lib, lib.cuCtxGetDevice(ctypes.byref(cur_dev)), "cuCtxGetDevice")
+        dev = ctypes.c_int()
+        _check(lib, lib.cuDeviceGet(ctypes.byref(dev), device.index), "cuDeviceGet")
+        pushed = False
+        if not cur.value or cur_dev.value != dev.value:
+            ctx = ctypes.c_void_p()
+            _check(lib, lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+            _check(lib, lib.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
+            pushed = True
+        try:
+            module = ctypes.c_void_p()
+            _check(lib, lib.cuModuleLoadData(ctypes.byref(module), image), "loading the compiled module")
+        finally:
+            if pushed:
+                lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+    return module
 
 
 class CompiledKernel:
-    """One entry symbol of one kernel, compiled for one device."""
+    """One entry symbol of one kernel, compiled for one device by NVRTC with the verifier's
+    program name and options (`record` says which, and the SHA-256 of the code)."""
 
     def __init__(self, manifest: dict[str, Any], source: str, dtype: str, device: torch.device):
-        if not hasattr(torch.cuda, "_compile_kernel"):
-            raise RuntimeError(f"torch {torch.__version__} has no torch.cuda._compile_kernel "
-                               "(PyTorch >= 2.8 needed to compile hub kernels)")
         self.manifest = manifest
+        self.dtype = dtype
         self.entry = manifest["entries"][dtype]
         self.device = device
         major, minor = torch.cuda.get_device_capability(device)
-        self.sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-        with torch.cuda.device(device):
-            k = torch.cuda._compile_kernel(
-                source, self.entry, compute_capability=f"{major}{minor}",
-                cuda_include_dirs=cuda_include_dirs(),
-                nvcc_options=entry_options(manifest["nvrtc_options"], dtype))
-        self._k = k            # keeps the module loaded
-        self.func = k.func
+        props = torch.cuda.get_device_properties(device)
+        self.sm_count = props.multi_processor_count
+        self._smem_optin = getattr(props, "shared_memory_per_block_optin", 49152)
+        self.code = _nv.compile_entry(manifest, source, dtype, (major, minor))
         self.lib = _libcuda()
+        self.module = _load_module(self.code.code, device)  # never unloaded: cached per process
+        func = ctypes.c_void_p()
+        res = self.lib.cuModuleGetFunction(ctypes.byref(func), self.module, self.entry.encode())
+        if res != 0:
+            raise RuntimeError(f"entry `{self.entry}` is not in the compiled module of "
+                               f"{manifest['name']} ({dtype}); declare it `extern \"C\" __global__`")
+        self.func = func
         self._smem_configured = 0
+        self.record: dict[str, Any] = {
+            "kernel": manifest["name"], "dtype": dtype, "symbol": self.entry,
+            "arch": f"sm_{major}{minor}", "program_name": self.code.program_name,
+            "options": list(self.code.options), "nvrtc_version": self.code.nvrtc_version,
+            "nvrtc_library": self.code.nvrtc_library, "code_kind": self.code.code_kind,
+            "code_sha256": self.code.code_sha256, "code_bytes": len(self.code.code),
+            "compile_s": round(self.code.compile_s, 4),
+        }
+
+    def _set_smem(self, smem: int) -> None:
+        if smem > self._smem_optin:
+            raise RuntimeError(f"{self.entry} needs {smem} bytes of shared memory; this device "
+                               f"allows {self._smem_optin} per block")
+        # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        _check(self.lib, self.lib.cuFuncSetAttribute(self.func, 8, smem),
+               f"allowing {smem} bytes of shared memory to {self.entry}")
+        self._smem_configured = smem
 
     def launch(self, rows: int, cols: int, args: list[Any]) -> None:
         """args: tensors (pointers) and ctypes scalars, in ABI order."""
         grid, block, smem = launch_dims(self.manifest, rows, cols, self.sm_count)
         if smem > self._smem_configured and smem >= 48 * 1024:
-            self._k.set_shared_memory_config(smem)
-            self._smem_configured = smem
+            self._set_smem(smem)
         keep, ptrs = [], []
         for a in args:
             if isinstance(a, torch.Tensor):
@@ -93,7 +159,8 @@ class CompiledKernel:
             ptrs.append(ctypes.cast(ctypes.byref(a), ctypes.c_void_p))
         arr = (ctypes.c_void_p * len(ptrs))(*ptrs)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        _check(self.lib, self.lib.cuLaunchKernel(
+        lib = self.lib
+        _check(lib, lib.cuLaunchKernel(
             self.func, ctypes.c_uint(grid[0]), ctypes.c_uint(grid[1]), ctypes.c_uint(grid[2]),
             ctypes.c_uint(block[0]), ctypes.c_uint(block[1]), ctypes.c_uint(block[2]),
             ctypes.c_uint(smem), ctypes.c_void_p(stream), arr, None),
@@ -102,10 +169,31 @@ class CompiledKernel:
 
 def compiled(digest: str, manifest: dict[str, Any], source: str, dtype: str,
              device: torch.device) -> CompiledKernel:
+    """`dtype`'s entry of the kernel `digest`, compiled and loaded on `device` (once per process)."""
     key = (digest, dtype, device.index if device.index is not None else torch.cuda.current_device())
-    if key not in _CACHE:
-        _CACHE[key] = CompiledKernel(manifest, source, dtype, torch.device("cuda", key[2]))
-    return _CACHE[key]
+    with _CACHE_LOCK:
+        if key not in _CACHE:
+            _CACHE[key] = CompiledKernel(manifest, source, dtype, torch.device("cuda", key[2]))
+        return _CACHE[key]
+
+
+def compile_record(digest: str, dtype: str, device: torch.device | int | None = None) -> dict[str, Any] | None:
+    """What the client compiled for (kernel `digest`, `dtype`) on `device` in this process: the
+    program name, every NVRTC option in order, NVRTC's version and library, the code kind and
+    `code_sha256` (compare with the verification report's `compiled[]`); None if not compiled."""
+    if device is None:
+        idx = torch.cuda.current_device()
+    elif isinstance(device, int):
+        idx = device
+    else:
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+    k = _CACHE.get((digest, dtype, idx))
+    return dict(k.record) if k is not None else None
+
+
+def compile_records() -> list[dict[str, Any]]:
+    """Every compile record of this process (see `compile_record`), with its digest and device."""
+    return [dict(k.record, digest=d, device=i) for (d, _, i), k in sorted(_CACHE.items())]
 
 
 def _ll(v: int) -> ctypes.c_longlong:
