@@ -405,6 +405,42 @@ pub fn percent(frac: f64) -> String {
     }
 }
 
+/// What one verification covered for one dtype at one row length: the row counts its cases
+/// ran (status `Ran`; a case that errored or was not applicable covers nothing).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Coverage {
+    pub dtype: DType,
+    pub cols: u64,
+    pub rows_min: u64,
+    pub rows_max: u64,
+    /// Every row count that ran at this (dtype, cols), ascending.
+    pub row_counts: Vec<u64>,
+}
+
+impl Coverage {
+    /// The most elements (rows x cols) one case of this coverage had.
+    pub fn max_elements(&self) -> u64 {
+        self.rows_max.saturating_mul(self.cols)
+    }
+}
+
+/// Per dtype and row length, what a report's cases covered; sorted by (dtype, cols).
+pub fn coverage(report: &VerificationReport) -> Vec<Coverage> {
+    let mut by: BTreeMap<(DType, u64), std::collections::BTreeSet<u64>> = BTreeMap::new();
+    for c in report.cases.iter().filter(|c| c.status == CaseStatus::Ran) {
+        by.entry((c.dtype, c.cols)).or_default().insert(c.rows);
+    }
+    by.into_iter()
+        .map(|((dtype, cols), rows)| Coverage {
+            dtype,
+            cols,
+            rows_min: *rows.first().expect("non-empty"),
+            rows_max: *rows.last().expect("non-empty"),
+            row_counts: rows.into_iter().collect(),
+        })
+        .collect()
+}
+
 /// Builders of small reports for tests of this crate and others.
 #[doc(hidden)]
 pub mod tests_support {

@@ -6,7 +6,7 @@
 
 use crate::domain::{Arch, DType, Digest, Op, Semantics};
 use crate::manifest::{digest_of, Constraints, KernelBundle, Manifest};
-use crate::report::VerificationReport;
+use crate::report::{coverage, Coverage, ShapeRequest, VerificationReport};
 use rand::RngCore;
 use serde::Serialize;
 use sha2::{Digest as _, Sha256};
@@ -83,6 +83,17 @@ impl KernelRow {
     }
 }
 
+/// What `Store::queue_width_job` did.
+#[derive(Debug, Clone)]
+pub enum WidthJob {
+    /// A new job was queued.
+    Queued(JobRow),
+    /// The same kernel and width already had a pending job: this one.
+    Existing(JobRow),
+    /// This many width jobs are pending, the cap: nothing was queued.
+    CapReached(i64),
+}
+
 /// The result of storing a kernel.
 #[derive(Debug, Clone)]
 pub enum Inserted {
@@ -125,6 +136,11 @@ pub struct JobRow {
     pub verification_id: Option<i64>,
     pub created_at: String,
     pub updated_at: String,
+    /// Shapes to verify besides the suite (empty: the suite alone).
+    pub shapes: Vec<ShapeRequest>,
+    /// Set on a job that `/v1/resolve` queued for one unverified row length (or element count
+    /// of an elementwise op): that width.
+    pub width_cols: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -242,7 +258,7 @@ pub fn normalise_url(url: &str) -> Result<(String, Backend)> {
 const KERNEL_COLS: &str = "id, name, version, digest, op, semantics, dtypes, archs, cols_min, \
     cols_max, cols_multiple_of, description, license, authors, origin, created_at";
 const JOB_COLS: &str = "id, kernel_digest, state, attempts, max_attempts, worker, lease_id, \
-    lease_expires_ms, last_error, verification_id, created_at, updated_at";
+    lease_expires_ms, last_error, verification_id, created_at, updated_at, shapes, width_cols";
 
 fn kernel_row(r: &AnyRow) -> Result<KernelRow> {
     let authors: String = r.try_get("authors")?;
@@ -281,6 +297,9 @@ fn job_row(r: &AnyRow) -> Result<JobRow> {
         verification_id: r.try_get("verification_id")?,
         created_at: r.try_get("created_at")?,
         updated_at: r.try_get("updated_at")?,
+        shapes: serde_json::from_str(&r.try_get::<String, _>("shapes")?)
+            .map_err(|e| StoreError::Corrupt(format!("job shapes: {e}")))?,
+        width_cols: r.try_get("width_cols")?,
     })
 }
 
@@ -357,7 +376,37 @@ impl Store {
             Backend::Sqlite => SQLITE_MIGRATIONS.run(&self.pool).await?,
             Backend::Postgres => POSTGRES_MIGRATIONS.run(&self.pool).await?,
         }
+        self.backfill_coverage().await?;
         Ok(())
+    }
+
+    /// Coverage rows for verifications stored before migration 0002 (SQL cannot read the
+    /// report JSON): computed here from each report. Returns how many verifications it filled.
+    /// A report whose cases all errored covers nothing and is looked at again on each start.
+    pub async fn backfill_coverage(&self) -> Result<usize> {
+        let rows = sqlx::query(
+            "SELECT v.id, v.report_json FROM verifications v WHERE NOT EXISTS \
+             (SELECT 1 FROM verification_coverage c WHERE c.verification_id = v.id) ORDER BY v.id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut filled = 0;
+        for r in &rows {
+            let id: i64 = r.try_get("id")?;
+            let json: String = r.try_get("report_json")?;
+            let report: VerificationReport = serde_json::from_str(&json).map_err(|e| {
+                StoreError::Corrupt(format!("verification {id}: report: {e}"))
+            })?;
+            let cov = coverage(&report);
+            if cov.is_empty() {
+                continue;
+            }
+            let mut tx = self.pool.begin().await?;
+            insert_coverage_in(&mut tx, id, &cov).await?;
+            tx.commit().await?;
+            filled += 1;
+        }
+        Ok(filled)
     }
 
     pub async fn close(&self) {
@@ -718,6 +767,7 @@ impl Store {
             .bind(job_id)
             .execute(&mut *tx)
             .await?;
+        insert_coverage_in(&mut tx, vid, &coverage(report)).await?;
         audit_in(
             &mut tx,
             actor,
@@ -807,6 +857,133 @@ impl Store {
             .iter()
             .map(verification_row)
             .collect()
+    }
+
+    /// (id, arch) of every verification of a kernel, newest first, without reading reports.
+    pub async fn verification_archs(&self, digest: &Digest) -> Result<Vec<(i64, Arch)>> {
+        sqlx::query("SELECT id, arch FROM verifications WHERE kernel_digest = $1 ORDER BY id DESC")
+            .bind(digest.as_str())
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get("id")?, parse_col(r, "arch")?)))
+            .collect()
+    }
+
+    /// What a verification covered (per dtype and row length), from the coverage table;
+    /// `dtype` narrows it to one dtype. Sorted by (dtype, cols).
+    pub async fn coverage(
+        &self,
+        verification_id: i64,
+        dtype: Option<DType>,
+    ) -> Result<Vec<Coverage>> {
+        let mut q = String::from(
+            "SELECT dtype, cols, rows_min, rows_max, row_counts FROM verification_coverage \
+             WHERE verification_id = $1",
+        );
+        if dtype.is_some() {
+            q.push_str(" AND dtype = $2");
+        }
+        q.push_str(" ORDER BY dtype, cols");
+        let mut query = sqlx::query(&q).bind(verification_id);
+        if let Some(d) = dtype {
+            query = query.bind(d.to_string());
+        }
+        query
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|r| {
+                let i = |c: &str| -> Result<u64> { Ok(r.try_get::<i64, _>(c)? as u64) };
+                Ok(Coverage {
+                    dtype: parse_col(r, "dtype")?,
+                    cols: i("cols")?,
+                    rows_min: i("rows_min")?,
+                    rows_max: i("rows_max")?,
+                    row_counts: parse_csv(&r.try_get::<String, _>("row_counts")?)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Queue a verification of `shape` for a stored kernel on behalf of `/v1/resolve`: the
+    /// whole suite plus that shape. At most one such job per (kernel, `shape.cols`) is
+    /// pending (queued or running): an identical request gets that job back. While
+    /// `max_pending` width jobs are pending in all, nothing is queued (`WidthJob::CapReached`);
+    /// on PostgreSQL concurrent requests may pass the cap by a few (it bounds work, it is not
+    /// an exact quota).
+    pub async fn queue_width_job(
+        &self,
+        digest: &Digest,
+        shape: ShapeRequest,
+        max_pending: i64,
+        actor: &str,
+    ) -> Result<WidthJob> {
+        if let Some(j) = self.pending_width_job(digest, shape.cols).await? {
+            return Ok(WidthJob::Existing(j));
+        }
+        let pending: i64 = sqlx::query(
+            "SELECT COUNT(*) AS n FROM verification_jobs \
+             WHERE width_cols IS NOT NULL AND state IN ('queued', 'running')",
+        )
+        .fetch_one(&self.pool)
+        .await?
+        .try_get("n")?;
+        if pending >= max_pending {
+            return Ok(WidthJob::CapReached(pending));
+        }
+        let now = now_rfc3339();
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(&format!(
+            "INSERT INTO verification_jobs (kernel_digest, state, attempts, max_attempts, created_at, \
+             updated_at, shapes, width_cols) VALUES ($1, 'queued', 0, $2, $3, $4, $5, $6) \
+             ON CONFLICT DO NOTHING RETURNING {JOB_COLS}"
+        ))
+        .bind(digest.as_str())
+        .bind(DEFAULT_MAX_ATTEMPTS)
+        .bind(&now)
+        .bind(&now)
+        .bind(serde_json::to_string(&[shape]).expect("shapes serialise"))
+        .bind(shape.cols as i64)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            // A concurrent request queued it first.
+            tx.rollback().await?;
+            return match self.pending_width_job(digest, shape.cols).await? {
+                Some(j) => Ok(WidthJob::Existing(j)),
+                None => Err(StoreError::Conflict(format!(
+                    "a verification of {digest} at cols {} was queued and finished concurrently; ask again",
+                    shape.cols
+                ))),
+            };
+        };
+        let job = job_row(&row)?;
+        audit_in(
+            &mut tx,
+            actor,
+            "job.queued_for_width",
+            digest.as_str(),
+            serde_json::json!({"job_id": job.id, "shape": shape.to_string()}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(WidthJob::Queued(job))
+    }
+
+    /// The pending (queued or running) width job of a kernel at `cols`, if any.
+    pub async fn pending_width_job(&self, digest: &Digest, cols: u64) -> Result<Option<JobRow>> {
+        sqlx::query(&format!(
+            "SELECT {JOB_COLS} FROM verification_jobs WHERE kernel_digest = $1 AND width_cols = $2 \
+             AND state IN ('queued', 'running') ORDER BY id LIMIT 1"
+        ))
+        .bind(digest.as_str())
+        .bind(cols as i64)
+        .fetch_optional(&self.pool)
+        .await?
+        .as_ref()
+        .map(job_row)
+        .transpose()
     }
 
     /// The newest verification of every kernel on `arch` (or on any arch), joined to its
@@ -941,6 +1118,29 @@ fn finite_or(x: f64, or: f64) -> f64 {
     } else {
         or
     }
+}
+
+/// Store a verification's coverage rows, inside the caller's transaction (idempotent).
+async fn insert_coverage_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    verification_id: i64,
+    cov: &[Coverage],
+) -> Result<()> {
+    for c in cov {
+        sqlx::query(
+            "INSERT INTO verification_coverage (verification_id, dtype, cols, rows_min, rows_max, \
+             row_counts) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+        )
+        .bind(verification_id)
+        .bind(c.dtype.to_string())
+        .bind(c.cols as i64)
+        .bind(c.rows_min as i64)
+        .bind(c.rows_max as i64)
+        .bind(csv(&c.row_counts))
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
 }
 
 /// Queue a verification job for a stored kernel, inside the caller's transaction.
