@@ -235,3 +235,41 @@ def test_cubin_check_without_a_gpu_says_so(tmp_path, capsys):
     cc = _cubin_check()
     assert cc.main([str(tmp_path), str(REPO / "kernels"), str(tmp_path / "out.json")]) == 2
     assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_client_loads_the_code_it_hashed(monkeypatch):
+    """CompiledKernel wiring without a GPU: the bytes given to cuModuleLoadData are the bytes
+    whose hash is recorded, compiled with the verifier's name and options; cached per process."""
+    _nvrtc_or_skip()
+    import ctypes
+    import types
+
+    import torch
+    loaded = []
+
+    class FakeCuda:
+        def cuModuleGetFunction(self, out, module, name):
+            out._obj.value = 1234
+            return 0
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda d=None: types.SimpleNamespace(multi_processor_count=132,
+                                                             shared_memory_per_block_optin=232448))
+    monkeypatch.setattr(launch, "_libcuda", lambda: FakeCuda())
+    monkeypatch.setattr(launch, "_load_module",
+                        lambda image, dev: loaded.append(image) or ctypes.c_void_p(99))
+    monkeypatch.setattr(launch, "_CACHE", {})
+    d = REPO / "kernels" / "silu"
+    man = parse_manifest_toml((d / "kernel.toml").read_text(encoding="utf-8"))
+    src = (d / man["source"]).read_bytes().decode("utf-8")
+    dev = torch.device("cuda", 0)
+    k = launch.compiled("sha256:" + "1" * 64, man, src, "bf16", dev)
+    assert launch.compiled("sha256:" + "1" * 64, man, src, "bf16", dev) is k and len(loaded) == 1
+    rec = launch.compile_record("sha256:" + "1" * 64, "bf16", dev)
+    assert rec["code_sha256"] == hashlib.sha256(loaded[0]).hexdigest()
+    assert rec["program_name"] == "silu (bf16).cu" and rec["symbol"] == man["entries"]["bf16"]
+    inc, _ = nvrtc.include_dir_for_client()
+    assert rec["options"] == nvrtc.module_options(man, "bf16", "sm_90", inc)
+    assert rec["code_kind"] == "cubin" and k.func.value == 1234
+    assert [r["digest"] for r in launch.compile_records()] == ["sha256:" + "1" * 64]
