@@ -32,6 +32,8 @@ both_backends!(
     many_submissions_with_four_workers,
     openapi_covers_every_route,
     submit_cli_waits_and_gates_on_policy,
+    shape_exact_resolve_queues_and_runs_a_width_job,
+    width_jobs_are_capped,
 );
 
 async fn lists_the_bundled_kernels(b: Backend) {
@@ -809,4 +811,294 @@ fn worker_without_a_gpu_says_so() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A row-wise kernel (rms_norm, llama semantics) for the shape-exact tests.
+fn rms_norm_files(name: &str) -> (String, String) {
+    let manifest = format!(
+        r#"name = "{name}"
+version = "1.0.0"
+op = "rms_norm"
+semantics = "llama"
+description = "test kernel"
+authors = ["tests"]
+license = "MIT"
+source = "k.cu"
+
+[entry]
+bf16 = "k_bf16"
+
+[launch]
+block = 256
+grid = "per_row"
+"#
+    );
+    (
+        manifest,
+        "extern \"C\" __global__ void k_bf16() {}\n".to_string(),
+    )
+}
+
+/// The recorded rms_norm_llama report (bf16, widths 64 .. 65536, not 11008) with, when
+/// `extra_cols` is given, two more bf16 cases at that width (rows 1 and 64): what a worker
+/// posts after running a width job.
+fn rms_report(claim: &Value, extra_cols: Option<u64>) -> Value {
+    let mut r = support::recorded_report("recorded/rms_norm_llama", claim, "sm_90");
+    if let Some(cols) = extra_cols {
+        let template = r["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["cols"] == 4096)
+            .unwrap()
+            .clone();
+        for rows in [1u64, 64] {
+            let mut c = template.clone();
+            c["id"] = json!(format!("bf16/{rows}x{cols}/requested"));
+            c["rows"] = json!(rows);
+            c["cols"] = json!(cols);
+            c["speed"] = Value::Null;
+            r["cases"].as_array_mut().unwrap().push(c);
+        }
+        r["requested_shapes"] = claim["job"]["shapes"].clone();
+    }
+    r
+}
+
+/// Issue 13: a kernel verified at 4096 is not handed out at 11008; the request queues one
+/// verification of exactly 11008 (a duplicate request reuses it); the worker gets the shape
+/// list, reports a run covering 11008, and then the kernel is handed out at 11008.
+async fn shape_exact_resolve_queues_and_runs_a_width_job(b: Backend) {
+    let srv = TestServer::start(&b, &["--no-bundled"]).await;
+    let submit = srv.token("submit");
+    let worker = srv.token("worker");
+    let (m, s) = rms_norm_files("width_k");
+    let (st, sub) = srv
+        .post("/v1/kernels", &submit, &json!({"manifest": m, "source": s}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{sub}");
+    let (_, rec) = support::claim_and_report(&srv, &worker, |claim| rms_report(claim, None)).await;
+    let first_vid = rec["verification_id"].as_i64().unwrap();
+    // The verification's coverage is recorded: 4096 at rows 64..32768, no 11008.
+    let q = |cols: u64, rows: &str| {
+        format!("/v1/resolve?op=rms_norm&semantics=llama&dtype=bf16&arch=sm_90&cols={cols}{rows}&policy=bit_exact")
+    };
+    let (st, r) = srv.get(&q(4096, "")).await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(r["kernel"]["name"], "width_k");
+    assert_eq!(r["coverage"]["rule"], "row_length");
+    assert_eq!(r["coverage"]["cols"], 4096);
+    assert_eq!(r["coverage"]["rows_max"], 32768, "{r}");
+    assert!(r["queued_jobs"].as_array().unwrap().is_empty());
+    let verified: Vec<u64> = r["coverage"]["verified_cols"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_u64().unwrap())
+        .collect();
+    assert!(
+        verified.contains(&4096) && !verified.contains(&11008),
+        "{verified:?}"
+    );
+
+    // 11008 was never run: not handed out, and why; a job for exactly 11008 is queued.
+    let (st, p) = srv.get(&q(11008, "")).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{p}");
+    let why = p["excluded"][0].as_str().unwrap();
+    assert!(
+        why.starts_with("width_k 1.0.0: verified at cols 64, 127, 768")
+            && why.contains("4096")
+            && why.contains("for bf16 on sm_90, not at 11008"),
+        "{why}"
+    );
+    let queued = p["queued_jobs"].as_array().unwrap();
+    assert_eq!(queued.len(), 1, "{p}");
+    assert_eq!(queued[0]["shape"], "11008:1..64");
+    assert_eq!(queued[0]["new"], true);
+    assert_eq!(queued[0]["digest"], sub["digest"]);
+    let job_id = queued[0]["job_id"].as_i64().unwrap();
+    assert_eq!(queued[0]["job_url"], format!("/v1/jobs/{job_id}"));
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("/v1/jobs/{job_id}")),
+        "{p}"
+    );
+    let job: Value = srv.get_json(&format!("/v1/jobs/{job_id}")).await;
+    assert_eq!(job["state"], "queued");
+    assert_eq!(
+        job["shapes"],
+        json!([{"cols": 11008, "rows_min": 1, "rows_max": 64}])
+    );
+    assert_eq!(job["width_cols"], 11008);
+
+    // Asking again (with rows too) reuses the pending job: no duplicate.
+    for rows in ["", "&rows=7", "&rows=512"] {
+        let (st, p) = srv.get(&q(11008, rows)).await;
+        assert_eq!(st, StatusCode::NOT_FOUND);
+        assert_eq!(p["queued_jobs"][0]["job_id"].as_i64(), Some(job_id), "{p}");
+        assert_eq!(p["queued_jobs"][0]["new"], false);
+    }
+    let k: Value = srv.get_json("/v1/kernels/width_k/1.0.0").await;
+    assert_eq!(
+        k["jobs"].as_array().unwrap().len(),
+        2,
+        "suite job + one width job: {k}"
+    );
+
+    // The dashboard's explorer says so without queueing anything.
+    let (st, html) = {
+        let r = srv
+            .client
+            .get(srv.url("/policy?policy=bit_exact&dtype=bf16&arch=sm_90&cols=13824&op=rms_norm"))
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.text().await.unwrap())
+    };
+    assert_eq!(st, StatusCode::OK);
+    assert!(html.contains("not verified at this width"), "{html}");
+    let k: Value = srv.get_json("/v1/kernels/width_k/1.0.0").await;
+    assert_eq!(
+        k["jobs"].as_array().unwrap().len(),
+        2,
+        "the dashboard queued a job: {k}"
+    );
+
+    // A worker claims the width job with its shape list and reports a run covering 11008.
+    let (done, rec) = support::claim_and_report(&srv, &worker, |claim| {
+        assert_eq!(claim["job"]["id"].as_i64(), Some(job_id));
+        assert_eq!(claim["job"]["shapes"][0]["cols"], 11008);
+        rms_report(claim, Some(11008))
+    })
+    .await;
+    assert_eq!(done, job_id);
+    assert_eq!(rec["shapes_not_covered"], json!([]), "{rec}");
+    let vid = rec["verification_id"].as_i64().unwrap();
+    assert!(vid > first_vid);
+    let job: Value = srv.get_json(&format!("/v1/jobs/{job_id}")).await;
+    assert_eq!(job["state"], "done");
+    assert_eq!(job["verification_url"], format!("/v1/verifications/{vid}"));
+
+    // Now 11008 is handed out, from the new verification, with its row coverage.
+    let (st, r) = srv.get(&q(11008, "")).await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(r["verification_id"].as_i64(), Some(vid));
+    assert_eq!(r["coverage"]["cols"], 11008);
+    assert_eq!(r["coverage"]["row_counts"], json!([1, 64]));
+    assert_eq!(r["coverage"].get("rows_in_range"), None);
+    // Rows outside the verified range at that width: still handed out, and said.
+    let (st, r) = srv.get(&q(11008, "&rows=4096")).await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(r["coverage"]["rows_in_range"], false);
+    assert!(
+        r["coverage"]["note"]
+            .as_str()
+            .unwrap()
+            .contains("outside the rows verified"),
+        "{r}"
+    );
+    let k: Value = srv.get_json("/v1/kernels/width_k/1.0.0").await;
+    assert_eq!(k["jobs"].as_array().unwrap().len(), 2, "{k}");
+
+    // The kernel page shows each verification's coverage.
+    let html = srv
+        .client
+        .get(srv.url("/kernels/width_k/1.0.0"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("Coverage"), "{html}");
+    assert!(
+        html.contains("<strong>11008</strong> (1..64, 2 counts)"),
+        "{html}"
+    );
+    assert!(
+        html.contains("widths 11008:1..64"),
+        "the job's shape list: {html}"
+    );
+
+    // A report that does not cover the asked width is recorded and said, and the width is not
+    // queued again on its account (no endless loop of jobs for a width the worker never runs).
+    let (st, p) = srv.get(&q(13824, "")).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    let j13824 = p["queued_jobs"][0]["job_id"].as_i64().unwrap();
+    let (_, rec) = support::claim_and_report(&srv, &worker, |claim| {
+        let mut r = rms_report(claim, None);
+        r["requested_shapes"] = claim["job"]["shapes"].clone();
+        r
+    })
+    .await;
+    assert_eq!(rec["shapes_not_covered"], json!(["13824:1..64"]), "{rec}");
+    let (st, p) = srv.get(&q(13824, "")).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    assert!(p["queued_jobs"].as_array().unwrap().is_empty(), "{p}");
+    assert!(
+        p["excluded"][0]
+            .as_str()
+            .unwrap()
+            .contains("did not cover it"),
+        "{p}"
+    );
+    let _ = j13824;
+
+    // Elementwise ops: covered at any element count up to the largest verified.
+    let (m, s) = bundle_files("width_silu", "1.0.0", "");
+    srv.post("/v1/kernels", &submit, &json!({"manifest": m, "source": s}))
+        .await;
+    verify_next(&srv, &worker, EXACT, "sm_90").await;
+    let e = |n: u64| format!("/v1/resolve?op=silu&dtype=bf16&arch=sm_90&cols={n}&policy=bit_exact");
+    let (st, r) = srv.get(&e(11_008 * 3)).await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(r["coverage"]["rule"], "elements");
+    let max = r["coverage"]["max_elements"].as_u64().unwrap();
+    assert_eq!(max, 32768 * 4096);
+    let (st, p) = srv.get(&e(max + 1)).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{p}");
+    assert!(
+        p["excluded"][0]
+            .as_str()
+            .unwrap()
+            .contains(&format!("verified up to {max} elements")),
+        "{p}"
+    );
+    assert_eq!(p["queued_jobs"][0]["shape"], format!("{}:1..1", max + 1));
+}
+
+/// Anonymous resolves queue work: at most `--max-pending-width-jobs` width jobs are pending;
+/// beyond it the answer says so and queues nothing.
+async fn width_jobs_are_capped(b: Backend) {
+    let srv = TestServer::start(&b, &["--no-bundled", "--max-pending-width-jobs", "1"]).await;
+    let submit = srv.token("submit");
+    let worker = srv.token("worker");
+    let (m, s) = rms_norm_files("capped_k");
+    srv.post("/v1/kernels", &submit, &json!({"manifest": m, "source": s}))
+        .await;
+    support::claim_and_report(&srv, &worker, |claim| rms_report(claim, None)).await;
+    let q = |cols: u64| {
+        format!("/v1/resolve?op=rms_norm&semantics=llama&dtype=bf16&arch=sm_90&cols={cols}")
+    };
+    let (_, p) = srv.get(&q(11008)).await;
+    assert_eq!(p["queued_jobs"].as_array().unwrap().len(), 1, "{p}");
+    assert_eq!(p["queue_full"], Value::Null);
+    let (st, p) = srv.get(&q(13824)).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    assert!(p["queued_jobs"].as_array().unwrap().is_empty(), "{p}");
+    assert!(
+        p["queue_full"]
+            .as_str()
+            .unwrap()
+            .contains("1 verifications of unverified widths are pending"),
+        "{p}"
+    );
+    assert!(
+        p["excluded"][0].as_str().unwrap().contains("not queued"),
+        "{p}"
+    );
+    let k: Value = srv.get_json("/v1/kernels/capped_k/1.0.0").await;
+    assert_eq!(k["jobs"].as_array().unwrap().len(), 2, "{k}");
 }

@@ -394,9 +394,8 @@ impl Store {
         for r in &rows {
             let id: i64 = r.try_get("id")?;
             let json: String = r.try_get("report_json")?;
-            let report: VerificationReport = serde_json::from_str(&json).map_err(|e| {
-                StoreError::Corrupt(format!("verification {id}: report: {e}"))
-            })?;
+            let report: VerificationReport = serde_json::from_str(&json)
+                .map_err(|e| StoreError::Corrupt(format!("verification {id}: report: {e}")))?;
             let cov = coverage(&report);
             if cov.is_empty() {
                 continue;

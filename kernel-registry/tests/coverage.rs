@@ -168,7 +168,10 @@ async fn width_jobs_carry_shapes_and_are_bounded(s: Store) {
             .unwrap();
     }
     let shape = ShapeRequest::new(11008, 1, 64).unwrap();
-    let WidthJob::Queued(first) = s.queue_width_job(&a.digest(), shape, 2, "anon").await.unwrap()
+    let WidthJob::Queued(first) = s
+        .queue_width_job(&a.digest(), shape, 2, "anon")
+        .await
+        .unwrap()
     else {
         panic!("expected a new job")
     };
@@ -189,12 +192,17 @@ async fn width_jobs_carry_shapes_and_are_bounded(s: Store) {
         WidthJob::Queued(_)
     ));
     assert!(matches!(
-        s.queue_width_job(&b.digest(), shape, 2, "anon").await.unwrap(),
+        s.queue_width_job(&b.digest(), shape, 2, "anon")
+            .await
+            .unwrap(),
         WidthJob::CapReached(2)
     ));
     // The worker gets the shape list with its claim; once done, the width can be queued again.
     let claimed = s.claim_job("w", 60_000).await.unwrap().unwrap();
-    assert_eq!((claimed.id, claimed.shapes.clone()), (first.id, vec![shape]));
+    assert_eq!(
+        (claimed.id, claimed.shapes.clone()),
+        (first.id, vec![shape])
+    );
     assert!(matches!(
         s.queue_width_job(&a.digest(), shape, 10, "anon").await.unwrap(),
         WidthJob::Existing(ref j) if j.id == first.id && j.state == "running"
@@ -212,8 +220,14 @@ async fn width_jobs_carry_shapes_and_are_bounded(s: Store) {
         .await
         .unwrap();
     let cov = s.coverage(vid, Some(DType::Bf16)).await.unwrap();
-    assert!(cov.iter().any(|c| c.cols == 11008 && c.row_counts == vec![5]));
-    assert!(s.pending_width_job(&a.digest(), 11008).await.unwrap().is_none());
+    assert!(cov
+        .iter()
+        .any(|c| c.cols == 11008 && c.row_counts == vec![5]));
+    assert!(s
+        .pending_width_job(&a.digest(), 11008)
+        .await
+        .unwrap()
+        .is_none());
     assert!(matches!(
         s.queue_width_job(&a.digest(), shape, 10, "anon").await.unwrap(),
         WidthJob::Queued(ref j) if j.id != first.id

@@ -20,6 +20,9 @@ pub struct Config {
     pub private_reads: bool,
     /// How long a worker's claim lasts without a heartbeat.
     pub lease_ms: i64,
+    /// The most verification jobs for unverified widths that `/v1/resolve` keeps pending at
+    /// once (anonymous resolves queue them: this bounds the work they can cause).
+    pub max_pending_width_jobs: i64,
 }
 
 impl Default for Config {
@@ -27,6 +30,7 @@ impl Default for Config {
         Config {
             private_reads: false,
             lease_ms: 120_000,
+            max_pending_width_jobs: 1000,
         }
     }
 }

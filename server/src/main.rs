@@ -78,6 +78,10 @@ struct ServeArgs {
     /// How long a worker's claim on a job lasts without a heartbeat, in seconds.
     #[arg(long, default_value_t = 120)]
     lease_seconds: u64,
+    /// The most verifications of unverified widths that /v1/resolve keeps queued or running at
+    /// once (one per kernel and width; beyond the cap resolve answers without queueing).
+    #[arg(long, default_value_t = 1000)]
+    max_pending_width_jobs: u64,
     /// Also run an embedded GPU worker in this process (when the host has a GPU).
     #[arg(long)]
     worker: bool,
@@ -197,6 +201,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         config: Arc::new(Config {
             private_reads: a.private_reads,
             lease_ms: (a.lease_seconds.max(1) * 1000) as i64,
+            max_pending_width_jobs: a.max_pending_width_jobs.min(i64::MAX as u64) as i64,
         }),
     };
     let listener = tokio::net::TcpListener::bind(&a.bind)

@@ -1,9 +1,19 @@
 //! Policy-gated resolution: the fastest kernel whose measured verdict on an architecture meets
 //! a policy for a shape — or, when none does, one line per candidate saying why.
 //! The HTTP API, the dashboard's policy explorer and the Python client all get this answer.
+//!
+//! Shape-exact (SPEC section 4): a kernel is handed out only at a width its newest
+//! verification on the architecture covered for the dtype — for row-wise ops the row length
+//! `cols` itself (a case with that `cols` ran); for elementwise ops (`silu`, `gelu`,
+//! `gelu_tanh`, whose ABI takes one element count `n`, the query's `cols`) any `n` up to the
+//! largest element count (rows x cols) of a case that ran. The row count never gates: an asked
+//! `rows` outside the rows verified at that width is said in the answer's `coverage`. For any
+//! other width the answer says which widths were verified and `/v1/resolve` queues a
+//! verification of exactly that width (the suite plus the shape), at most one pending per
+//! (kernel, width) and at most `max_pending` in all.
 
-use kernel_registry::report::{CaseReport, VerificationReport};
-use kernel_registry::storage::{KernelRow, Store, StoreError, VerificationRow};
+use kernel_registry::report::{CaseReport, Coverage, ShapeRequest, VerificationReport};
+use kernel_registry::storage::{KernelRow, Store, StoreError, WidthJob};
 use kernel_registry::{Arch, DType, Op, Policy, Semantics};
 use serde::Serialize;
 
@@ -29,6 +39,56 @@ pub struct SpeedAt {
     pub speedup: f64,
 }
 
+/// What the chosen kernel's verification covered at the asked width.
+#[derive(Debug, Clone, Serialize)]
+pub struct CoverageAt {
+    pub dtype: DType,
+    /// The asked width: row length (row-wise ops) or element count (elementwise ops).
+    pub cols: u64,
+    /// `row_length` (a case ran at exactly this `cols`) or `elements` (elementwise: a case
+    /// ran with at least this many elements).
+    pub rule: &'static str,
+    /// Row counts verified at this row length (row-wise ops).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rows_min: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rows_max: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub row_counts: Vec<u64>,
+    /// Elementwise ops: the largest element count verified.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_elements: Option<u64>,
+    /// Whether the asked `rows` is inside the verified row range (when rows was asked).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rows_in_range: Option<bool>,
+    /// Every row length verified for this dtype.
+    pub verified_cols: Vec<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// A verification job for an unverified width, queued (or found pending) by this resolve.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueuedJob {
+    pub kernel: String,
+    pub digest: kernel_registry::Digest,
+    pub job_id: i64,
+    pub job_url: String,
+    /// `COLS:A..B` as `kernelize verify --shape` takes it.
+    pub shape: String,
+    /// false: an identical job was already pending and is reused.
+    pub new: bool,
+}
+
+/// Whether and how a resolve may queue verifications of unverified widths.
+#[derive(Debug, Clone)]
+pub struct Queueing {
+    /// The most width jobs pending at once (all kernels); beyond it nothing is queued.
+    pub max_pending: i64,
+    /// Who asked (audit log).
+    pub actor: String,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Candidate {
     pub kernel: KernelRow,
@@ -38,6 +98,7 @@ pub struct Candidate {
     pub class: String,
     pub summary: kernel_registry::report::Verdict,
     pub speed: Option<SpeedAt>,
+    pub coverage: CoverageAt,
     pub source_url: String,
 }
 
@@ -48,6 +109,13 @@ pub struct Resolution {
     pub also_qualifying: Vec<String>,
     /// One line per kernel that was not chosen because it does not qualify.
     pub excluded: Vec<String>,
+    /// Verifications of the asked width queued (or pending already) for kernels that would
+    /// qualify but were not verified at it.
+    pub queued_jobs: Vec<QueuedJob>,
+    /// Set when a width was not queued because too many width jobs are pending.
+    pub queue_full: Option<String>,
+    /// Kernels that meet the policy but were not verified at this width (name version).
+    pub unverified_width: Vec<String>,
 }
 
 /// The case of `dtype` with speed nearest (in log scale) to rows x cols.
@@ -91,7 +159,106 @@ fn shape_exclusion(k: &KernelRow, q: &Query) -> Option<String> {
     k.constraints().not_applicable(q.cols, Some(q.arch))
 }
 
+/// Whether `cov` (one verification's coverage for the dtype) covers the asked width; `Err`
+/// says which widths it does cover.
+pub fn covered_at(op: Op, cov: &[Coverage], q: &Query) -> Result<CoverageAt, String> {
+    let mut verified_cols: Vec<u64> = cov.iter().map(|c| c.cols).collect();
+    verified_cols.dedup();
+    let list = |v: &[u64]| {
+        if v.len() <= 12 {
+            v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+        } else {
+            let mut s: Vec<String> = v[..6].iter().map(u64::to_string).collect();
+            s.push(format!("... ({} widths)", v.len()));
+            s.extend(v[v.len() - 3..].iter().map(u64::to_string));
+            s.join(", ")
+        }
+    };
+    if cov.is_empty() {
+        return Err(format!(
+            "its verification on {} ran no {} case; not verified at any width",
+            q.arch, q.dtype
+        ));
+    }
+    if op.is_rowwise() {
+        let Some(c) = cov.iter().find(|c| c.cols == q.cols) else {
+            return Err(format!(
+                "verified at cols {} for {} on {}, not at {}",
+                list(&verified_cols),
+                q.dtype,
+                q.arch,
+                q.cols
+            ));
+        };
+        let rows_in_range = q.rows.map(|r| (c.rows_min..=c.rows_max).contains(&r));
+        let note = (rows_in_range == Some(false)).then(|| {
+            format!(
+                "rows {} is outside the rows verified at cols {} ({}..{}); the row length was verified, so it is handed out",
+                q.rows.unwrap_or_default(),
+                c.cols,
+                c.rows_min,
+                c.rows_max
+            )
+        });
+        Ok(CoverageAt {
+            dtype: q.dtype,
+            cols: q.cols,
+            rule: "row_length",
+            rows_min: Some(c.rows_min),
+            rows_max: Some(c.rows_max),
+            row_counts: c.row_counts.clone(),
+            max_elements: None,
+            rows_in_range,
+            verified_cols,
+            note,
+        })
+    } else {
+        let max = cov.iter().map(Coverage::max_elements).max().unwrap_or(0);
+        if q.cols > max {
+            return Err(format!(
+                "verified up to {max} elements for {} on {} (elementwise), not at {}",
+                q.dtype, q.arch, q.cols
+            ));
+        }
+        Ok(CoverageAt {
+            dtype: q.dtype,
+            cols: q.cols,
+            rule: "elements",
+            rows_min: None,
+            rows_max: None,
+            row_counts: vec![],
+            max_elements: Some(max),
+            rows_in_range: None,
+            verified_cols,
+            note: Some(format!(
+                "elementwise (the kernel takes n): verified at element counts up to {max}"
+            )),
+        })
+    }
+}
+
+/// The shape to verify for an unverified width: row-wise ops at rows 1..64 (or up to the
+/// asked rows), elementwise ops as one row of `cols` elements.
+pub fn width_shape(op: Op, q: &Query) -> Result<ShapeRequest, String> {
+    if op.is_rowwise() {
+        let most = (ShapeRequest::MAX_ELEMENTS / q.cols.max(1)).min(ShapeRequest::MAX_ROWS);
+        let rows_max = q.rows.unwrap_or(64).max(64).min(most);
+        ShapeRequest::new(q.cols, 1, rows_max.max(1))
+    } else {
+        ShapeRequest::new(q.cols, 1, 1)
+    }
+}
+
+/// Resolve without queueing anything (the dashboard's explorer).
 pub async fn resolve(store: &Store, q: &Query) -> Result<Resolution, StoreError> {
+    resolve_queueing(store, q, None).await
+}
+
+pub async fn resolve_queueing(
+    store: &Store,
+    q: &Query,
+    queueing: Option<&Queueing>,
+) -> Result<Resolution, StoreError> {
     let (kernels, _) = store
         .list_kernels(&kernel_registry::storage::KernelQuery {
             op: Some(q.op),
@@ -102,15 +269,24 @@ pub async fn resolve(store: &Store, q: &Query) -> Result<Resolution, StoreError>
         .await?;
     let mut qualifying: Vec<Candidate> = Vec::new();
     let mut excluded = Vec::new();
+    let mut queued_jobs = Vec::new();
+    let mut queue_full = None;
+    let mut unverified_width = Vec::new();
     for k in kernels {
         let label = format!("{} {}", k.name, k.version);
         if let Some(why) = shape_exclusion(&k, q) {
             excluded.push(format!("{label}: {why}"));
             continue;
         }
-        let verifications = store.verifications_for_kernel(&k.digest).await?;
-        let Some(v) = newest_on(&verifications, q.arch) else {
-            let elsewhere: Vec<String> = verifications.iter().map(|v| v.arch.to_string()).collect();
+        // Only the newest verification on the arch is read in full.
+        let archs = store.verification_archs(&k.digest).await?;
+        let newest = archs.iter().find(|(_, a)| *a == q.arch).map(|(id, _)| *id);
+        let v = match newest {
+            Some(id) => store.verification(id).await?,
+            None => None,
+        };
+        let Some(v) = v else {
+            let elsewhere: Vec<String> = archs.iter().map(|(_, a)| a.to_string()).collect();
             excluded.push(if elsewhere.is_empty() {
                 format!(
                     "{label}: never verified; a kernel that was never verified is never handed out"
@@ -124,9 +300,63 @@ pub async fn resolve(store: &Store, q: &Query) -> Result<Resolution, StoreError>
             });
             continue;
         };
-        match q.policy.evaluate(&v.report, q.dtype) {
-            Err(why) => excluded.push(format!("{label}: {}", why.join("; "))),
-            Ok(()) => qualifying.push(candidate(k, v, q)),
+        if let Err(why) = q.policy.evaluate(&v.report, q.dtype) {
+            excluded.push(format!("{label}: {}", why.join("; ")));
+            continue;
+        }
+        let cov = store.coverage(v.id, Some(q.dtype)).await?;
+        match covered_at(q.op, &cov, q) {
+            Ok(at) => qualifying.push(candidate(k, &v, q, at)),
+            Err(why) => {
+                unverified_width.push(label.clone());
+                let mut line = format!("{label}: {why}");
+                let shape = width_shape(q.op, q);
+                let asked_before = v.report.requested_shapes.iter().any(|s| s.cols == q.cols);
+                match (queueing, shape) {
+                    (_, Err(e)) => line.push_str(&format!("; cannot queue a verification of this width: {e}")),
+                    (_, Ok(_)) if asked_before => line.push_str(&format!(
+                        "; verification {} was asked for cols {} and did not cover it (its cases there did not run), so it is not queued again: see /v1/verifications/{}",
+                        v.id, q.cols, v.id
+                    )),
+                    (None, Ok(_)) => line.push_str(
+                        "; GET /v1/resolve with this width queues a verification of it",
+                    ),
+                    (Some(qu), Ok(shape)) => {
+                        let outcome = store
+                            .queue_width_job(&k.digest, shape, qu.max_pending, &qu.actor)
+                            .await?;
+                        let (j, new) = match outcome {
+                            WidthJob::Queued(j) => (j, true),
+                            WidthJob::Existing(j) => (j, false),
+                            WidthJob::CapReached(n) => {
+                                let why = format!(
+                                    "{n} verifications of unverified widths are pending (the cap); nothing more is queued until workers finish some: ask again later"
+                                );
+                                line.push_str(&format!("; not queued: {why}"));
+                                queue_full = Some(why);
+                                excluded.push(line);
+                                continue;
+                            }
+                        };
+                        let shown = j.shapes.first().copied().unwrap_or(shape);
+                        line.push_str(&format!(
+                            "; a verification of {shown} is {} (job {}, /v1/jobs/{})",
+                            if j.state == "running" { "running" } else { "queued" },
+                            j.id,
+                            j.id
+                        ));
+                        queued_jobs.push(QueuedJob {
+                            kernel: label.clone(),
+                            digest: k.digest.clone(),
+                            job_id: j.id,
+                            job_url: format!("/v1/jobs/{}", j.id),
+                            shape: shown.to_string(),
+                            new,
+                        });
+                    }
+                }
+                excluded.push(line);
+            }
         }
     }
     qualifying.sort_by(|a, b| {
@@ -151,11 +381,10 @@ pub async fn resolve(store: &Store, q: &Query) -> Result<Resolution, StoreError>
         chosen,
         also_qualifying,
         excluded,
+        queued_jobs,
+        queue_full,
+        unverified_width,
     })
-}
-
-fn newest_on(vs: &[VerificationRow], arch: Arch) -> Option<&VerificationRow> {
-    vs.iter().filter(|v| v.arch == arch).max_by_key(|v| v.id)
 }
 
 fn dedup(mut v: Vec<String>) -> Vec<String> {
@@ -164,7 +393,12 @@ fn dedup(mut v: Vec<String>) -> Vec<String> {
     v
 }
 
-fn candidate(k: KernelRow, v: &VerificationRow, q: &Query) -> Candidate {
+fn candidate(
+    k: KernelRow,
+    v: &kernel_registry::storage::VerificationRow,
+    q: &Query,
+    coverage: CoverageAt,
+) -> Candidate {
     let summary = v
         .report
         .summary
@@ -175,6 +409,7 @@ fn candidate(k: KernelRow, v: &VerificationRow, q: &Query) -> Candidate {
     Candidate {
         source_url: format!("/v1/sources/{}", k.digest),
         speed: speed_at(&v.report, q.dtype, q.rows, q.cols),
+        coverage,
         class: summary.class.to_string(),
         summary,
         verification_id: v.id,

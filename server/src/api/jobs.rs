@@ -6,7 +6,7 @@ use axum::extract::{rejection::JsonRejection, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use kernel_registry::report::{Summary, VerificationReport, REPORT_SCHEMA_VERSION};
+use kernel_registry::report::{coverage, Summary, VerificationReport, REPORT_SCHEMA_VERSION};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -78,7 +78,8 @@ pub async fn claim(
     .into_response())
 }
 
-/// A job's state (public).
+/// A job's state (public), with its shape list (`shapes`: widths verified besides the suite;
+/// empty for a full-suite job) and, once done, its `verification_url`.
 #[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs", params(("id" = i64, Path)),
     responses((status = 200, description = "The job"), (status = 404, description = "No such job")))]
 pub async fn get_job(
@@ -149,12 +150,34 @@ pub async fn report(
         .store
         .complete_job(id, &b.lease_id, &who, &b.report)
         .await?;
+    // A job with a shape list whose report has no case that ran at a requested width: the
+    // report still stands as evidence, and the answer says what it lacks.
+    let covered: Vec<u64> = coverage(&b.report).iter().map(|c| c.cols).collect();
+    let asked = st
+        .store
+        .job(id)
+        .await?
+        .map(|j| j.shapes)
+        .unwrap_or_default();
+    let not_covered: Vec<String> = asked
+        .iter()
+        .filter(|s| !covered.contains(&s.cols))
+        .map(|s| s.to_string())
+        .collect();
+    if !not_covered.is_empty() {
+        tracing::warn!(
+            job = id,
+            ?not_covered,
+            "report does not cover the job's requested shapes"
+        );
+    }
     Ok((
         StatusCode::CREATED,
         Json(json!({
             "verification_id": vid,
             "url": format!("/v1/verifications/{vid}"),
             "class": b.report.summary.overall.class.to_string(),
+            "shapes_not_covered": not_covered,
         })),
     )
         .into_response())

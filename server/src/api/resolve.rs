@@ -3,7 +3,7 @@
 use super::{known_params, param, required};
 use crate::app::{AppState, Caller};
 use crate::error::AppError;
-use crate::resolve::{resolve as run_resolve, Query};
+use crate::resolve::{resolve_queueing, Query, Queueing};
 use axum::extract::{Query as Q, State};
 use axum::Json;
 use kernel_registry::Op;
@@ -41,6 +41,12 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
 
 /// Resolve the fastest kernel whose verification on `arch` meets `policy` (default
 /// `bit_exact`) for this op, semantics, dtype and shape. 404 lists why each candidate is out.
+///
+/// Shape-exact: a kernel is handed out only at a row length (elementwise ops: an element count
+/// up to the largest) its newest verification on `arch` covered for `dtype`. For a kernel that
+/// meets the policy but was not verified at this width, a verification of exactly this width
+/// is queued (at most one pending per kernel and width, and a server-wide cap) and listed in
+/// `queued_jobs` (poll `job_url`; ask again once it is `done`).
 #[utoipa::path(get, path = "/v1/resolve", tag = "resolve",
     params(
         ("op" = String, Query, description = "rms_norm, fused_add_rms_norm, layer_norm, silu, silu_and_mul, gelu, gelu_tanh"),
@@ -48,17 +54,21 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
         ("dtype" = String, Query, description = "bf16, f16 or f32"),
         ("arch" = String, Query, description = "e.g. sm_90"),
         ("cols" = u64, Query, description = "columns (elements per row; element count for elementwise ops)"),
-        ("rows" = Option<u64>, Query, description = "rows, used to pick the nearest measured speed"),
+        ("rows" = Option<u64>, Query, description = "rows: picks the nearest measured speed; a queued width verification runs rows 1..max(64, rows); never gates"),
         ("policy" = Option<String>, Query, description = "bit_exact (default), ulp:N, tolerance, argmax, with ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X"),
     ),
     responses((status = 200, description = "The chosen kernel with its evidence"), (status = 404, description = "No kernel qualifies; `excluded` says why each is out"), (status = 400, description = "A bad parameter")))]
 pub async fn resolve(
     State(st): State<AppState>,
-    _c: Caller,
+    c: Caller,
     Q(q): Q<HashMap<String, String>>,
 ) -> Result<Json<serde_json::Value>, AppError> {
     let query = parse_query(&q)?;
-    let r = run_resolve(&st.store, &query).await?;
+    let queueing = Queueing {
+        max_pending: st.config.max_pending_width_jobs,
+        actor: c.actor().to_string(),
+    };
+    let r = resolve_queueing(&st.store, &query, Some(&queueing)).await?;
     match r.chosen {
         Some(c) => Ok(Json(serde_json::json!({
             "policy": query.policy.to_string(),
@@ -72,8 +82,11 @@ pub async fn resolve(
             "class": c.class,
             "summary": c.summary,
             "speed": c.speed,
+            "coverage": c.coverage,
             "also_qualifying": r.also_qualifying,
             "excluded": r.excluded,
+            "queued_jobs": r.queued_jobs,
+            "queue_full": r.queue_full,
         }))),
         None => {
             let n = r.excluded.len();
@@ -83,13 +96,31 @@ pub async fn resolve(
                     query.op, query.semantics
                 )
             } else {
+                let queued = if r.queued_jobs.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " Verifications of this width are queued ({}): poll them and ask again once done.",
+                        r.queued_jobs
+                            .iter()
+                            .map(|j| format!("{} job {}", j.kernel, j.job_url))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                };
                 format!(
-                    "no kernel meets `{}` for {} ({}) {} on {} at cols={}; keep your reference layer. Why each is out: {}",
+                    "no kernel meets `{}` for {} ({}) {} on {} at cols={}; keep your reference layer. Why each is out: {}{queued}",
                     query.policy, query.op, query.semantics, query.dtype, query.arch, query.cols,
                     r.excluded.join(" | ")
                 )
             };
-            Err(AppError::not_found(detail).with("excluded", r.excluded))
+            Err(AppError::not_found(detail)
+                .with("excluded", r.excluded)
+                .with(
+                    "queued_jobs",
+                    serde_json::to_value(&r.queued_jobs).expect("serialises"),
+                )
+                .with("queue_full", r.queue_full))
         }
     }
 }

@@ -3,7 +3,9 @@
 //! PyTorch eager outputs).
 
 use anyhow::Context as _;
-use kernel_registry::report::{percent, CaseStatus, VerificationReport, ULP_INFINITE};
+use kernel_registry::report::{
+    coverage, percent, CaseStatus, ShapeRequest, VerificationReport, ULP_INFINITE,
+};
 use kernel_registry::{DType, KernelBundle, Policy};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -12,6 +14,17 @@ use verifier::{Limits, VerifyOptions};
 
 /// Verify a kernel folder on this machine's GPU.
 #[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Widths: a hub hands a kernel out only at a row length it was verified at. \
+The suite covers the row lengths of popular models and random ones; verify the widths your model \
+uses too:
+  kernelize verify kernels/rms_norm_llama --cols 11008                  (rows 1..64)
+  kernelize verify kernels/rms_norm_llama --cols 11008 --cols 13824 --rows 1..512
+  kernelize verify kernels/rms_norm_llama --shape 11008:1..64 --shape 4096x8192
+Each requested shape runs in every verified dtype, besides the suite; the run fails when a \
+requested shape has no case that ran. Elementwise ops (silu, gelu, gelu_tanh) count as covered \
+up to the largest element count (rows x cols) verified."
+)]
 pub struct VerifyArgs {
     /// The kernel's folder (holding kernel.toml and its .cu source).
     pub path: std::path::PathBuf,
@@ -31,6 +44,17 @@ pub struct VerifyArgs {
     /// Write the full VerificationReport as JSON here.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Also verify at row length N (repeatable), at the row counts of --rows.
+    #[arg(long = "cols", value_name = "N")]
+    pub cols: Vec<u64>,
+    /// Row counts for every --cols: `A..B` (inclusive, 1 <= A <= B) or one count `N`.
+    /// Default 1..64 (decode batches).
+    #[arg(long, value_name = "A..B")]
+    pub rows: Option<String>,
+    /// A shape to verify besides the suite (repeatable): `COLS` (rows 1..64), `COLS:A..B`, or
+    /// `COLSxROWS` (one row count), e.g. `--shape 11008:1..64`.
+    #[arg(long = "shape", value_name = "COLS[:A..B]")]
+    pub shape: Vec<String>,
     /// Time limit of one kernel launch, seconds.
     #[arg(long, default_value_t = 5.0)]
     pub launch_limit_s: f64,
@@ -289,7 +313,81 @@ pub fn render_report(r: &VerificationReport) -> String {
     s
 }
 
+/// The shapes asked for with --cols/--rows and --shape, checked, de-duplicated, in order.
+pub fn requested_shapes(
+    cols: &[u64],
+    rows: Option<&str>,
+    shapes: &[String],
+) -> Result<Vec<ShapeRequest>, String> {
+    let (rows_min, rows_max) = match rows {
+        None => (1, 64),
+        Some(_) if cols.is_empty() => {
+            return Err(
+                "--rows applies to the widths given with --cols: add --cols N (or use --shape COLS:A..B)"
+                    .into(),
+            )
+        }
+        Some(r) => {
+            let num = |t: &str| {
+                t.trim().parse::<u64>().map_err(|_| {
+                    format!("--rows {r}: `{t}` is not a whole number; write A..B (e.g. 1..64) or N")
+                })
+            };
+            match r.split_once("..") {
+                Some((a, b)) => (num(a)?, num(b.trim_start_matches('='))?),
+                None => {
+                    let n = num(r)?;
+                    (n, n)
+                }
+            }
+        }
+    };
+    let mut out: Vec<ShapeRequest> = Vec::new();
+    for &c in cols {
+        let s = ShapeRequest::new(c, rows_min, rows_max).map_err(|e| format!("--cols {c}: {e}"))?;
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    for t in shapes {
+        let s: ShapeRequest = t.parse().map_err(|e| {
+            format!("--shape {t}: {e} (forms: COLS, COLS:A..B, COLSxROWS; e.g. 11008:1..64)")
+        })?;
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    Ok(out)
+}
+
+/// For each requested shape and dtype that ran, whether a case ran at that width; lines for
+/// the report and the requested shapes nothing ran at.
+fn requested_coverage(report: &VerificationReport) -> (Vec<String>, Vec<String>) {
+    let cov = coverage(report);
+    let mut lines = Vec::new();
+    let mut missing = Vec::new();
+    for s in &report.requested_shapes {
+        for dt in report.summary.per_dtype.keys() {
+            match cov.iter().find(|c| c.dtype == *dt && c.cols == s.cols) {
+                Some(c) => lines.push(format!(
+                    "  {s} {dt}: covered, {} row count(s) in {}..{}",
+                    c.row_counts.len(),
+                    c.rows_min,
+                    c.rows_max
+                )),
+                None => missing.push(format!(
+                    "requested shape {s}: no {dt} case ran at cols {} (the verifier did not run it, or its cases errored)",
+                    s.cols
+                )),
+            }
+        }
+    }
+    (lines, missing)
+}
+
 pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
+    let shapes = requested_shapes(&args.cols, args.rows.as_deref(), &args.shape)
+        .map_err(anyhow::Error::msg)?;
     let bundle = KernelBundle::load_dir(&args.path)
         .with_context(|| format!("loading the kernel in {}", args.path.display()))?;
     // Checked before the GPU work so that a typo does not cost a whole run.
@@ -303,6 +401,7 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
             ..Limits::default()
         },
         sandbox_exe: None,
+        shapes: shapes.clone(),
     };
     let bar = ProgressBar::new(0);
     bar.set_style(
@@ -324,6 +423,9 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     });
     bar.finish_and_clear();
     let mut report = report?;
+    if report.requested_shapes.is_empty() {
+        report.requested_shapes = shapes;
+    }
     let mut failing = Vec::new();
     if let Some(mo) = &model_opts {
         eprintln!(
@@ -341,6 +443,14 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     print!("{}", render_report(&report));
+    let (covered, missing) = requested_coverage(&report);
+    if !report.requested_shapes.is_empty() {
+        println!("requested shapes:");
+        for l in &covered {
+            println!("{l}");
+        }
+    }
+    failing.extend(missing);
 
     let overall = &report.summary.overall;
     if overall.cases_run == 0 {

@@ -4,6 +4,7 @@
 
 use super::client::{problem, Client};
 use anyhow::Context;
+use kernel_registry::report::ShapeRequest;
 use kernel_registry::{Digest, KernelBundle};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -121,7 +122,25 @@ async fn run_job(
         }
     };
     let label = format!("{} {}", bundle.manifest.name, bundle.manifest.version);
-    tracing::info!(job = id, kernel = %label, "verifying");
+    // Widths to verify besides the suite (a job /v1/resolve queued for an unverified width):
+    // the whole suite runs too, so the report stands on its own.
+    let shapes: Vec<ShapeRequest> = match claim["job"].get("shapes") {
+        None | Some(Value::Null) => vec![],
+        Some(v) => match serde_json::from_value(v.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                return fail(
+                    client,
+                    id,
+                    &lease,
+                    &format!("the job's shape list is invalid: {e}"),
+                )
+                .await
+            }
+        },
+    };
+    let shown: Vec<String> = shapes.iter().map(|s| s.to_string()).collect();
+    tracing::info!(job = id, kernel = %label, shapes = ?shown, "verifying");
 
     // Heartbeat while the verifier runs; a lost lease means another worker owns the job.
     let lost = Arc::new(AtomicBool::new(false));
@@ -150,6 +169,7 @@ async fn run_job(
     };
     let opts = verifier::VerifyOptions {
         quick,
+        shapes: shapes.clone(),
         ..Default::default()
     };
     let model = model.cloned();
@@ -160,6 +180,10 @@ async fn run_job(
                     tracing::info!(job = id, done = p.done, total = p.total, case = %p.case_id, "progress");
                 }
             })?;
+        if report.requested_shapes.is_empty() {
+            // What was asked, recorded even by a verifier that does not record it itself.
+            report.requested_shapes = shapes;
+        }
         if let Some(mo) = &model {
             // A harness failure is recorded in the report's model notes; the case results
             // still stand and are posted.

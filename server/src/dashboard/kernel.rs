@@ -6,9 +6,9 @@ use super::{class_badge, date, frac, gbps, layout, roofline, sci, ulp, Nav, Page
 use crate::app::{AppState, Caller};
 use crate::error::AppError;
 use axum::extract::{Path, State};
-use kernel_registry::report::{percent, CaseStatus, ULP_BUCKETS};
+use kernel_registry::report::{coverage, percent, CaseStatus, ULP_BUCKETS};
 use kernel_registry::storage::VerificationRow;
-use kernel_registry::DType;
+use kernel_registry::{DType, Op};
 use maud::{html, Markup};
 
 pub async fn page(
@@ -46,6 +46,9 @@ pub async fn page(
                 @if jobs.is_empty() { "none" }
                 @for j in &jobs {
                     "#" (j.id) " " (j.state)
+                    @if !j.shapes.is_empty() {
+                        " (widths " (j.shapes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")) ")"
+                    }
                     @if let Some(e) = &j.last_error { span.muted { " (" (e) ")" } }
                     "; "
                 }
@@ -58,7 +61,7 @@ pub async fn page(
                     code { "kernelize worker --server http://HUB:8080 --token TOKEN" } " on a GPU host, or " code { "kernelize serve --worker" } "." }
             }
         }
-        @for v in &verifications { (verification(v)) }
+        @for v in &verifications { (verification(v, k.op)) }
         h2 { "Source" }
         @match &src {
             Some(s) => {
@@ -74,7 +77,57 @@ pub async fn page(
     Ok(layout(&title, Nav::Kernel, body))
 }
 
-fn verification(v: &VerificationRow) -> Markup {
+/// What the verification covered: per dtype, each row length with the row counts that ran.
+/// The hub hands the kernel out only at these row lengths (elementwise ops: up to the largest
+/// element count).
+fn coverage_table(v: &VerificationRow, op: Op) -> Markup {
+    let cov = coverage(&v.report);
+    let dtypes: Vec<DType> = {
+        let mut d: Vec<DType> = cov.iter().map(|c| c.dtype).collect();
+        d.dedup();
+        d
+    };
+    let elementwise = !op.is_rowwise();
+    html! {
+        div.coverage {
+            h4 { "Coverage " span.muted { "(handed out only at these widths on " (v.arch) ")" } }
+            @if cov.is_empty() {
+                p.error { "No case ran: this verification covers no width, so the kernel is not handed out on its strength." }
+            } @else {
+                table.coverage {
+                    thead { tr { th { "dtype" } th.num { "widths" } th { "cols (rows verified)" } } }
+                    tbody {
+                        @for d in &dtypes {
+                            @let of: Vec<_> = cov.iter().filter(|c| c.dtype == *d).collect();
+                            tr data-dtype=(d) {
+                                td { (d) }
+                                td.num { (of.len()) }
+                                td.wrap {
+                                    @for (i, c) in of.iter().enumerate() {
+                                        @if i > 0 { ", " }
+                                        strong { (c.cols) }
+                                        @if c.rows_min == c.rows_max { " (" (c.rows_min) ")" }
+                                        @else { " (" (c.rows_min) ".." (c.rows_max) ", " (c.row_counts.len()) " counts)" }
+                                    }
+                                    @if elementwise {
+                                        br; span.muted { "elementwise: covered up to "
+                                            (of.iter().map(|c| c.max_elements()).max().unwrap_or(0)) " elements" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            @if !v.report.requested_shapes.is_empty() {
+                p.muted { "Asked for besides the suite: "
+                    (v.report.requested_shapes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")) }
+            }
+        }
+    }
+}
+
+fn verification(v: &VerificationRow, op: Op) -> Markup {
     let r = &v.report;
     let dtypes: Vec<DType> = r.summary.per_dtype.keys().copied().collect();
     let series: Vec<String> = dtypes.iter().map(|d| d.to_string()).collect();
@@ -168,6 +221,7 @@ fn verification(v: &VerificationRow) -> Markup {
             @if !r.summary.overall.problems.is_empty() {
                 ul.why.error { @for p in &r.summary.overall.problems { li { (p) } } }
             }
+            (coverage_table(v, op))
             (model_level(r))
             div.plots {
                 figure.ulp-histogram {

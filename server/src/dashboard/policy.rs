@@ -143,12 +143,18 @@ fn render(
                                             },
                                             None => { td.num.muted { "—" } td {} td {} },
                                         }
-                                        td { (c.device) br; (date(&c.verified_at)) }
+                                        td { (c.device) br; (date(&c.verified_at))
+                                            @if let Some(n) = &c.coverage.note { br; span.muted.coverage { (n) } } }
                                     },
                                     None => {
                                         td.chosen colspan="6" {
                                             strong { "none" } " — keep the reference layer"
                                             @if r.excluded.is_empty() { span.muted { " (no kernel is registered for this op)" } }
+                                            @if !r.unverified_width.is_empty() {
+                                                br; span.badge.c-fails.unverified-width { "not verified at this width" }
+                                                " " span.muted { (r.unverified_width.join(", ")) " meet" @if r.unverified_width.len() == 1 { "s" } " the policy at other widths; "
+                                                    a href=(url) { "GET /v1/resolve" } " queues a verification of this one" }
+                                            }
                                         }
                                     },
                                 }
