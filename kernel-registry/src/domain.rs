@@ -102,6 +102,10 @@ impl Op {
             Op::RmsNorm | Op::FusedAddRmsNorm | Op::LayerNorm | Op::SiluAndMul
         )
     }
+    /// Ops whose ABI takes a scalar `eps` (the norms).
+    pub fn takes_eps(self) -> bool {
+        matches!(self, Op::RmsNorm | Op::FusedAddRmsNorm | Op::LayerNorm)
+    }
     /// Parse the semantics for this op, checking it is one this op has.
     pub fn check_semantics(self, s: Semantics) -> Result<Semantics, ParseError> {
         if self.semantics().contains(&s) {

@@ -17,6 +17,24 @@ pub const ULP_INFINITE: u64 = u64::MAX;
 /// (including infinite distances).
 pub const ULP_BUCKETS: [u64; 9] = [0, 1, 2, 3, 4, 8, 16, 64, 256];
 
+/// A measured speed above this multiple of the device's copy bandwidth (measured in the same
+/// process) is impossible for a kernel that moves the bytes it must: it is an integrity failure,
+/// never a record. The 5% margin covers the timing noise of one median against another
+/// (copy kernels measured 0.93-0.97 of the copy bandwidth on the H200).
+pub const ROOFLINE_MARGIN: f64 = 1.05;
+
+impl Speed {
+    /// Why this speed cannot be real, when it is above the roofline (`ROOFLINE_MARGIN`).
+    pub fn above_roofline(&self) -> Option<String> {
+        (self.copy_fraction.is_nan() || self.copy_fraction > ROOFLINE_MARGIN).then(|| {
+            format!(
+                "measured {:.0} GB/s is {:.2}x this device's copy bandwidth (roofline, margin {ROOFLINE_MARGIN}): the kernel cannot have moved the {} bytes it must",
+                self.gbps, self.copy_fraction, self.bytes_moved
+            )
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VerificationReport {
     pub schema_version: u32,
@@ -40,6 +58,103 @@ pub struct VerificationReport {
     /// layer), a harness failure, its duration.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub model_notes: Vec<String>,
+    /// What was compiled and run, per dtype: NVRTC options and the hash of the code the GPU ran
+    /// (a client that compiles the same source with the same options gets the same hash).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub compiled: Vec<CompiledModule>,
+    /// Shapes a caller asked for besides the suite (`kernelize verify --cols N --rows A..B`, or a
+    /// hub job queued for an unverified width); their cases are in `cases` like the others.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requested_shapes: Vec<ShapeRequest>,
+}
+
+/// One compiled module of a verification: the dtype's entry, compiled with `options` by NVRTC
+/// `nvrtc_version` into code whose SHA-256 is `code_sha256` (a CUBIN for the device's arch, or
+/// PTX where NVRTC made none: `code_kind`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompiledModule {
+    pub dtype: DType,
+    pub symbol: String,
+    /// Every option NVRTC was given, in order (arch and include path included).
+    pub options: Vec<String>,
+    pub nvrtc_version: String,
+    /// `cubin` or `ptx`.
+    pub code_kind: String,
+    pub code_sha256: String,
+}
+
+/// A shape to verify besides the suite: row length `cols` at row counts `rows_min..=rows_max`
+/// (the verifier runs both ends, every count up to 64 inside the range, and a few drawn at
+/// random inside it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ShapeRequest {
+    pub cols: u64,
+    pub rows_min: u64,
+    pub rows_max: u64,
+}
+
+impl ShapeRequest {
+    /// The most rows a requested shape may ask for (keeps one request's cases bounded).
+    pub const MAX_ROWS: u64 = 1 << 20;
+    /// The most elements (rows x cols) a requested shape may have at its largest row count.
+    pub const MAX_ELEMENTS: u64 = 1 << 31;
+
+    /// A checked request: cols >= 1, 1 <= rows_min <= rows_max <= MAX_ROWS, bounded size.
+    pub fn new(cols: u64, rows_min: u64, rows_max: u64) -> Result<ShapeRequest, String> {
+        if cols == 0 {
+            return Err("cols must be at least 1".into());
+        }
+        if rows_min == 0 || rows_min > rows_max {
+            return Err(format!(
+                "rows {rows_min}..{rows_max} is not a range of at least one row (write A..B with 1 <= A <= B)"
+            ));
+        }
+        if rows_max > Self::MAX_ROWS {
+            return Err(format!(
+                "rows up to {rows_max} is more than {} rows; ask for a smaller range",
+                Self::MAX_ROWS
+            ));
+        }
+        if rows_max.saturating_mul(cols) > Self::MAX_ELEMENTS {
+            return Err(format!(
+                "{rows_max} x {cols} is more than 2^31 elements; ask for fewer rows"
+            ));
+        }
+        Ok(ShapeRequest {
+            cols,
+            rows_min,
+            rows_max,
+        })
+    }
+}
+
+impl FromStr for ShapeRequest {
+    type Err = String;
+    /// `COLS` (rows 1..64), `COLSxROWS`, or `COLS:A..B`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let num = |t: &str| -> Result<u64, String> {
+            t.trim()
+                .parse::<u64>()
+                .map_err(|_| format!("`{t}` in shape `{s}` is not a whole number"))
+        };
+        if let Some((c, r)) = s.split_once(':') {
+            let (a, b) = r
+                .split_once("..")
+                .ok_or_else(|| format!("shape `{s}`: write COLS:A..B, e.g. 11008:1..64"))?;
+            ShapeRequest::new(num(c)?, num(a)?, num(b)?)
+        } else if let Some((c, r)) = s.split_once('x') {
+            let r = num(r)?;
+            ShapeRequest::new(num(c)?, r, r)
+        } else {
+            ShapeRequest::new(num(s)?, 1, 64)
+        }
+    }
+}
+
+impl fmt::Display for ShapeRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}..{}", self.cols, self.rows_min, self.rows_max)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,6 +196,9 @@ pub struct CaseReport {
     pub rows: u64,
     pub cols: u64,
     pub distribution: String,
+    /// The scalar `eps` the case was launched with (norm ops), drawn per case and recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eps: Option<f32>,
     pub status: CaseStatus,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -329,6 +447,14 @@ impl Verdict {
                 v.batch_invariant = false;
             }
             if let Some(s) = &c.speed {
+                // Checked here too, so a report from any worker is held to the roofline.
+                if let Some(why) = s.above_roofline() {
+                    v.integrity_ok = false;
+                    if !c.integrity_failures.iter().any(|f| f.contains("roofline")) {
+                        problem(&mut v, format!("{}: {why}", c.id));
+                    }
+                    continue;
+                }
                 let e = headline.entry((c.rows, c.cols)).or_default();
                 e.0.push(s.gbps);
                 e.1.push(s.copy_fraction);
@@ -453,6 +579,7 @@ pub mod tests_support {
             rows: 4096,
             cols: 8192,
             distribution: "normal".into(),
+            eps: Some(1e-6),
             status: CaseStatus::Ran,
             note: None,
             exactness: Some(Exactness {
@@ -512,6 +639,8 @@ pub mod tests_support {
             cases,
             model: vec![],
             model_notes: vec![],
+            compiled: vec![],
+            requested_shapes: vec![],
         }
     }
 }
@@ -520,6 +649,50 @@ pub mod tests_support {
 mod tests {
     use super::tests_support::case;
     use super::*;
+
+    #[test]
+    fn a_speed_above_the_roofline_fails_integrity() {
+        let ok = case("bf16/4096x8192/normal", DType::Bf16, 0, 0);
+        assert!(Verdict::from_cases(&[&ok]).integrity_ok);
+        let mut fast = ok.clone();
+        let s = fast.speed.as_mut().unwrap();
+        s.gbps = 22_000.0;
+        s.copy_fraction = 5.4;
+        let v = Verdict::from_cases(&[&fast]);
+        assert!(!v.integrity_ok);
+        assert_eq!(v.class, ExactnessClass::Fails);
+        assert!(v.problems[0].contains("roofline"), "{:?}", v.problems);
+        assert_eq!(
+            v.gbps_4096x8192, None,
+            "an impossible speed is never a record"
+        );
+        // At the margin it still counts; NaN never does.
+        fast.speed.as_mut().unwrap().copy_fraction = ROOFLINE_MARGIN;
+        assert!(Verdict::from_cases(&[&fast]).integrity_ok);
+        fast.speed.as_mut().unwrap().copy_fraction = f64::NAN;
+        assert!(!Verdict::from_cases(&[&fast]).integrity_ok);
+    }
+
+    #[test]
+    fn shape_requests_parse_and_check() {
+        let s: ShapeRequest = "11008".parse().unwrap();
+        assert_eq!((s.cols, s.rows_min, s.rows_max), (11008, 1, 64));
+        let s: ShapeRequest = "11008:1..15".parse().unwrap();
+        assert_eq!((s.cols, s.rows_min, s.rows_max), (11008, 1, 15));
+        assert_eq!(s.to_string().parse::<ShapeRequest>().unwrap(), s);
+        let s: ShapeRequest = "4096x7".parse().unwrap();
+        assert_eq!((s.rows_min, s.rows_max), (7, 7));
+        for bad in [
+            "0",
+            "11008:0..4",
+            "11008:9..4",
+            "abc",
+            "11008:1-4",
+            "65536:1..65536",
+        ] {
+            assert!(bad.parse::<ShapeRequest>().is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn classes_follow_the_worst_case() {

@@ -2,6 +2,7 @@
 //! and the inputs of each case, drawn from a seed so that any run can be replayed exactly.
 
 use crate::numeric::{from_f32, set_bits};
+use kernel_registry::report::ShapeRequest;
 use kernel_registry::{DType, Op, Semantics};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -11,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// Bumped whenever the case list, the input distributions or the reference semantics change.
-pub const SUITE_VERSION: &str = "2026.2";
+pub const SUITE_VERSION: &str = "2026.3";
 
 /// Input distributions of SPEC section 3.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -75,8 +76,14 @@ pub struct CaseSpec {
     pub seed: u64,
     /// Measure speed (median over launches, L2 flushed) on this case.
     pub measure_speed: bool,
-    /// Check batch invariance (sampled rows alone and inside other batches).
+    /// Check batch invariance: every row of the case recomputed in other batch compositions.
     pub check_batch: bool,
+    /// The `eps` the case launches with (norm ops; unused by the others), drawn per case.
+    pub eps: f32,
+    /// A case above 2^31 elements: inputs made, and outputs compared, on the GPU
+    /// (`crate::large`), so that 32-bit index arithmetic fails without costing minutes.
+    #[serde(default)]
+    pub large_index: bool,
 }
 
 impl CaseSpec {
@@ -94,13 +101,41 @@ impl CaseSpec {
     }
 }
 
-/// The `eps` the norm ops are launched with (HF Llama's default for RMSNorm, nn.LayerNorm's).
-pub fn eps(op: Op) -> f32 {
+/// The `eps` of the layer the op replaces by default (HF Llama's RMSNorm, nn.LayerNorm); the
+/// conformance run uses it, the suite draws its own per case (`draw_eps`).
+pub fn default_eps(op: Op) -> f32 {
     match op {
         Op::LayerNorm => 1e-5,
         _ => 1e-6,
     }
 }
+
+/// `eps` values of popular models' norm layers: 1e-5 (Llama 2, Mistral, Phi, GPT-2's LayerNorm),
+/// 1e-6 (Llama 3, Qwen2/3, Gemma, T5), 1e-12 (BERT's LayerNorm).
+pub const MODEL_EPS: [f32; 3] = [1e-5, 1e-6, 1e-12];
+
+/// A case's `eps`: half the time a model's value, otherwise log-uniform in [1e-12, 1e-1], so a
+/// kernel that ignores or hard-codes its `eps` argument differs somewhere.
+pub fn draw_eps(case_seed: u64) -> f32 {
+    let mut rng = ChaCha8Rng::seed_from_u64(splitmix(case_seed ^ 0xE95));
+    if rng.gen::<bool>() {
+        MODEL_EPS[rng.gen_range(0..MODEL_EPS.len())]
+    } else {
+        10f32.powf(rng.gen_range(-12.0f32..-1.0))
+    }
+}
+
+/// Row lengths of popular open models, from their published configs (`hidden_size`,
+/// `intermediate_size`; `head_dim` where the model norms q/k): Llama 2 7B/13B/70B, Llama 3.x
+/// 1B/3B/8B/70B/405B, Mistral 7B/Nemo/Small 24B, Mixtral 8x7B, Qwen2.5 0.5B-72B, Qwen3
+/// 0.6B-32B, Gemma 2B/7B, Gemma 2 2B/9B/27B, Gemma 3 1B-27B, Phi-2, Phi-3 mini/medium, Phi-4,
+/// GPT-2 (all four sizes), SmolLM2 135M/360M/1.7B, TinyLlama 1.1B, DeepSeek-V3.
+pub const MODEL_WIDTHS: [u64; 51] = [
+    128, 256, 576, 768, 896, 960, 1024, 1152, 1280, 1536, 1600, 2048, 2304, 2560, 3072, 3584, 3840,
+    4096, 4608, 4864, 5120, 5376, 5632, 6144, 6400, 6912, 7168, 8192, 8960, 9216, 9728, 10240,
+    11008, 12288, 13824, 14336, 15360, 16384, 17408, 17920, 18432, 18944, 21504, 24576, 25600,
+    27648, 28672, 29568, 32768, 36864, 53248,
+];
 
 fn splitmix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -125,76 +160,208 @@ pub fn fresh_seed() -> u64 {
     rand::thread_rng().gen()
 }
 
-/// The (rows, cols, distribution, speed) list of the suite. Shapes: rows 1..32768, cols 64,
-/// 127, 1000, 1001 (1000 is a multiple of 8; 127 and 1001 are not), 768, 2048, 4096, 5120, 8192, 16384, 65536.
-fn shapes(quick: bool) -> Vec<(u64, u64, Dist, bool)> {
+/// One planned case of the suite, before its id and seed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Planned {
+    rows: u64,
+    cols: u64,
+    dist: Dist,
+    speed: bool,
+    large: bool,
+}
+
+fn plan(rows: u64, cols: u64, dist: Dist, speed: bool) -> Planned {
+    Planned {
+        rows,
+        cols,
+        dist,
+        speed,
+        large: false,
+    }
+}
+
+/// The fixed anchor shapes: rows 1..32768; cols 64, 127, 1000, 1001 (1000 is a multiple of 8;
+/// 127 and 1001 are not), 768, 2048, 4096, 5120, 8192, 16384, 65536; every distribution.
+fn anchors(quick: bool) -> Vec<Planned> {
     use Dist::*;
-    let mut v: Vec<(u64, u64, Dist, bool)> = if quick {
-        vec![
-            (1, 64, Normal, false),
-            (7, 127, Normal, false),
-            (33, 1000, Normal, false),
-            (3, 1001, Normal, false),
-            (1024, 4096, Normal, false),
-            (4096, 8192, Normal, true),
-            (4, 65536, Normal, false),
+    let base: &[(u64, u64, bool)] = if quick {
+        &[
+            (1, 64, false),
+            (7, 127, false),
+            (33, 1000, false),
+            (3, 1001, false),
+            (1024, 4096, false),
+            (4096, 8192, true),
+            (4, 65536, false),
         ]
     } else {
-        vec![
-            (1, 64, Normal, false),
-            (7, 127, Normal, false),
-            (33, 1000, Normal, false),
-            (3, 1001, Normal, false),
-            (256, 768, Normal, false),
-            (64, 2048, Normal, false),
-            (1024, 4096, Normal, false),
-            (128, 5120, Normal, false),
-            (4096, 8192, Normal, true),
-            (32768, 4096, Normal, true),
-            (16, 16384, Normal, false),
-            (4, 65536, Normal, false),
+        &[
+            (1, 64, false),
+            (7, 127, false),
+            (33, 1000, false),
+            (3, 1001, false),
+            (256, 768, false),
+            (64, 2048, false),
+            (1024, 4096, false),
+            (128, 5120, false),
+            (4096, 8192, true),
+            (32768, 4096, true),
+            (16, 16384, false),
+            (4, 65536, false),
         ]
     };
+    let mut v: Vec<Planned> = base
+        .iter()
+        .map(|&(r, c, speed)| plan(r, c, Normal, speed))
+        .collect();
     let specials: &[Dist] = if quick {
         &[NonFinite, MeanOffset, ZeroRows, Subnormal, Outliers]
     } else {
         &Dist::ALL_SPECIAL
     };
     for &d in specials {
-        v.push((17, 1000, d, false));
+        v.push(plan(17, 1000, d, false));
         if !quick {
-            v.push((64, 4096, d, false));
+            v.push(plan(64, 4096, d, false));
         }
     }
     v
 }
 
-/// The cases of one run, in order. Every case's seed derives from `run_seed` and its id, so
-/// the same seed gives the same inputs.
+/// A fresh random row length: log-uniform in [1, 20000].
+fn random_width(rng: &mut ChaCha8Rng) -> u64 {
+    (10f64.powf(rng.gen_range(0.0..20000f64.log10())) as u64).max(1)
+}
+
+/// Decode batches at model widths: every row count 1..=64 (quick: 1..=16), each paired with one
+/// width of a per-run shuffle of `MODEL_WIDTHS` (the full suite runs every one of them), then
+/// fresh random widths once that list is used up.
+fn decode(quick: bool, rng: &mut ChaCha8Rng) -> Vec<Planned> {
+    use rand::seq::SliceRandom;
+    let mut widths = MODEL_WIDTHS.to_vec();
+    widths.shuffle(rng);
+    let max_rows: u64 = if quick { 16 } else { 64 };
+    if quick {
+        widths.truncate(12);
+    }
+    (1..=max_rows)
+        .map(|r| {
+            let cols = widths
+                .get(r as usize - 1)
+                .copied()
+                .unwrap_or_else(|| random_width(rng));
+            plan(r, cols, Dist::Normal, false)
+        })
+        .collect()
+}
+
+/// Fresh random shapes of this run: widths log-uniform in [1, 20000], row counts log-uniform in
+/// [1, 4096], at most 2^24 elements.
+fn random_shapes(n: usize, rng: &mut ChaCha8Rng) -> Vec<Planned> {
+    (0..n)
+        .map(|_| {
+            let cols = random_width(rng);
+            let max_rows = ((1u64 << 24) / cols).clamp(1, 4096);
+            let rows = (10f64.powf(rng.gen_range(0.0..(max_rows as f64).log10() + 1e-9)) as u64)
+                .clamp(1, max_rows);
+            plan(rows, cols, Dist::Normal, false)
+        })
+        .collect()
+}
+
+/// The cases of a requested shape: both ends of its row range, every count up to 64 inside it,
+/// and up to four drawn at random inside it.
+fn requested(req: &ShapeRequest, rng: &mut ChaCha8Rng) -> Vec<Planned> {
+    let mut rows: Vec<u64> = vec![req.rows_min, req.rows_max];
+    rows.extend((req.rows_min..=req.rows_max.min(64)).filter(|r| *r >= 1));
+    if req.rows_max > req.rows_min {
+        rows.extend((0..4).map(|_| rng.gen_range(req.rows_min..=req.rows_max)));
+    }
+    rows.sort_unstable();
+    rows.dedup();
+    rows.into_iter()
+        .map(|r| plan(r, req.cols, Dist::Normal, false))
+        .collect()
+}
+
+/// Elements of the large-index case: just above 2^31, so that any 32-bit element index wraps.
+pub const LARGE_INDEX_ELEMENTS: u64 = (1 << 31) + 1;
+
+/// The large-index case: a model width and enough rows to pass 2^31 elements (a few rows more,
+/// drawn per run).
+fn large_index(rng: &mut ChaCha8Rng) -> Planned {
+    let widths: Vec<u64> = MODEL_WIDTHS
+        .iter()
+        .copied()
+        .filter(|&w| (1024..=16384).contains(&w))
+        .collect();
+    let cols = widths[rng.gen_range(0..widths.len())];
+    let rows = LARGE_INDEX_ELEMENTS.div_ceil(cols) + rng.gen_range(0..8);
+    Planned {
+        large: true,
+        ..plan(rows, cols, Dist::Normal, false)
+    }
+}
+
+/// The dtype the large-index case runs in: the narrowest of the run (it needs the least memory;
+/// index arithmetic does not depend on the dtype's width).
+fn large_index_dtype(dtypes: &[DType]) -> Option<DType> {
+    dtypes.iter().copied().min_by_key(|d| d.size_bytes())
+}
+
+/// The cases of one run, in order: per dtype the anchors, decode batches at model widths, fresh
+/// random shapes and the requested shapes; then one large-index case. Every random choice and
+/// every case's seed derive from `run_seed`, so the same seed gives the same cases and inputs.
 pub fn suite(
     op: Op,
     semantics: Semantics,
     dtypes: &[DType],
     quick: bool,
     run_seed: u64,
+    requested_shapes: &[ShapeRequest],
 ) -> Vec<CaseSpec> {
     let mut out = Vec::new();
-    for &dtype in dtypes {
-        for (rows, cols, dist, speed) in shapes(quick) {
-            let id = format!("{dtype}/{rows}x{cols}/{dist}");
-            out.push(CaseSpec {
-                seed: splitmix(run_seed ^ stable_hash(&id)),
-                id,
-                op,
-                semantics,
-                dtype,
-                rows,
-                cols,
-                dist,
-                measure_speed: speed,
-                check_batch: dist == Dist::Normal && rows > 1,
-            });
+    let mut seen = std::collections::BTreeSet::new();
+    let mut push = |dtype: DType, p: Planned, out: &mut Vec<CaseSpec>| {
+        let id = if p.large {
+            format!("{dtype}/{}x{}/large_index", p.rows, p.cols)
+        } else {
+            format!("{dtype}/{}x{}/{}", p.rows, p.cols, p.dist)
+        };
+        if !seen.insert(id.clone()) {
+            return;
         }
+        let seed = splitmix(run_seed ^ stable_hash(&id));
+        out.push(CaseSpec {
+            seed,
+            id,
+            op,
+            semantics,
+            dtype,
+            rows: p.rows,
+            cols: p.cols,
+            dist: p.dist,
+            measure_speed: p.speed,
+            check_batch: p.dist == Dist::Normal && !p.large,
+            eps: draw_eps(seed),
+            large_index: p.large,
+        });
+    };
+    for &dtype in dtypes {
+        let mut rng = ChaCha8Rng::seed_from_u64(splitmix(run_seed ^ stable_hash(dtype.as_str())));
+        let mut planned = anchors(quick);
+        planned.extend(decode(quick, &mut rng));
+        planned.extend(random_shapes(if quick { 3 } else { 6 }, &mut rng));
+        for req in requested_shapes {
+            planned.extend(requested(req, &mut rng));
+        }
+        for p in planned {
+            push(dtype, p, &mut out);
+        }
+    }
+    if let Some(dt) = large_index_dtype(dtypes) {
+        let mut rng = ChaCha8Rng::seed_from_u64(splitmix(run_seed ^ 0x1A46E));
+        push(dt, large_index(&mut rng), &mut out);
     }
     out
 }
@@ -456,9 +623,9 @@ mod tests {
 
     #[test]
     fn same_seed_same_cases_and_inputs() {
-        let a = suite(Op::RmsNorm, Semantics::Llama, &[DType::Bf16], true, 42);
-        let b = suite(Op::RmsNorm, Semantics::Llama, &[DType::Bf16], true, 42);
-        let c = suite(Op::RmsNorm, Semantics::Llama, &[DType::Bf16], true, 43);
+        let a = suite(Op::RmsNorm, Semantics::Llama, &[DType::Bf16], true, 42, &[]);
+        let b = suite(Op::RmsNorm, Semantics::Llama, &[DType::Bf16], true, 42, &[]);
+        let c = suite(Op::RmsNorm, Semantics::Llama, &[DType::Bf16], true, 43, &[]);
         assert_eq!(a, b);
         assert_ne!(a[0].seed, c[0].seed);
         let small = a.iter().find(|s| s.rows * s.cols < 100_000).unwrap();
@@ -469,7 +636,7 @@ mod tests {
 
     #[test]
     fn suite_covers_the_spec() {
-        let full = suite(Op::LayerNorm, Semantics::Default, DType::ALL, false, 1);
+        let full = suite(Op::LayerNorm, Semantics::Default, DType::ALL, false, 1, &[]);
         for cols in [64, 127, 1000, 768, 2048, 4096, 5120, 8192, 16384, 65536] {
             assert!(full.iter().any(|c| c.cols == cols), "cols {cols}");
         }
@@ -488,8 +655,93 @@ mod tests {
     }
 
     #[test]
+    fn every_run_covers_decode_rows_model_widths_and_fresh_shapes() {
+        let full = suite(Op::RmsNorm, Semantics::Llama, &[DType::F16], false, 11, &[]);
+        for r in 1..=64 {
+            assert!(full.iter().any(|c| c.rows == r), "decode rows {r}");
+        }
+        for w in MODEL_WIDTHS {
+            assert!(full.iter().any(|c| c.cols == w), "model width {w}");
+        }
+        let widths = |s: &[CaseSpec]| -> std::collections::BTreeSet<u64> {
+            s.iter().map(|c| c.cols).collect()
+        };
+        // Another run draws other random shapes, besides the fixed and model ones.
+        let other = suite(Op::RmsNorm, Semantics::Llama, &[DType::F16], false, 12, &[]);
+        assert_ne!(widths(&full), widths(&other));
+        let quick = suite(Op::RmsNorm, Semantics::Llama, &[DType::Bf16], true, 11, &[]);
+        for r in 1..=16 {
+            assert!(quick.iter().any(|c| c.rows == r), "quick decode rows {r}");
+        }
+        let mut uniq = MODEL_WIDTHS.to_vec();
+        uniq.sort_unstable();
+        uniq.dedup();
+        assert_eq!(
+            uniq.len(),
+            MODEL_WIDTHS.len(),
+            "model widths are listed once"
+        );
+    }
+
+    #[test]
+    fn eps_is_drawn_per_case_from_models_and_at_random() {
+        let full = suite(Op::LayerNorm, Semantics::Default, DType::ALL, false, 5, &[]);
+        let eps: Vec<f32> = full.iter().map(|c| c.eps).collect();
+        assert!(eps.iter().all(|&e| (1e-12..=1e-1).contains(&e)), "{eps:?}");
+        for m in MODEL_EPS {
+            assert!(eps.contains(&m), "model eps {m}");
+        }
+        let random = eps.iter().filter(|e| !MODEL_EPS.contains(e)).count();
+        assert!(
+            random > full.len() / 4,
+            "{random} of {} drawn at random",
+            full.len()
+        );
+        // Replays: the same seed gives the same eps.
+        let again = suite(Op::LayerNorm, Semantics::Default, DType::ALL, false, 5, &[]);
+        assert_eq!(full, again);
+    }
+
+    #[test]
+    fn one_large_index_case_above_2_pow_31_in_the_narrowest_dtype() {
+        for quick in [true, false] {
+            let s = suite(Op::Silu, Semantics::Default, DType::ALL, quick, 3, &[]);
+            let large: Vec<_> = s.iter().filter(|c| c.large_index).collect();
+            assert_eq!(large.len(), 1);
+            assert!(large[0].elements() > 1 << 31);
+            assert_ne!(large[0].dtype, DType::F32);
+            assert!(!large[0].check_batch && !large[0].measure_speed);
+        }
+    }
+
+    #[test]
+    fn requested_shapes_add_their_width_at_both_ends_and_every_decode_row() {
+        let req = ShapeRequest::new(11008, 1, 300).unwrap();
+        let s = suite(
+            Op::RmsNorm,
+            Semantics::Llama,
+            &[DType::Bf16, DType::F32],
+            true,
+            9,
+            &[req],
+        );
+        for dt in [DType::Bf16, DType::F32] {
+            let rows: Vec<u64> = s
+                .iter()
+                .filter(|c| c.cols == 11008 && c.dtype == dt && !c.large_index)
+                .map(|c| c.rows)
+                .collect();
+            assert!(rows.contains(&300), "{rows:?}");
+            for r in 1..=64 {
+                assert!(rows.contains(&r), "{dt} rows {r}: {rows:?}");
+            }
+            assert!(rows.iter().all(|&r| (1..=300).contains(&r)));
+        }
+    }
+
+    #[test]
     fn distributions_have_their_shape() {
-        let base = suite(Op::RmsNorm, Semantics::Llama, &[DType::Bf16], true, 7)
+        let base = suite(Op::RmsNorm, Semantics::Llama, &[DType::Bf16], true, 7, &[])
             .into_iter()
             .find(|c| c.rows == 17)
             .unwrap();

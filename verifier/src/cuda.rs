@@ -15,8 +15,15 @@ pub use crate::exec::ExecError;
 
 /// Bytes of guard region before and after every device buffer (keeps 16-byte alignment).
 pub const GUARD_BYTES: usize = 4096;
-/// The byte every guard region is filled with.
-pub const GUARD_BYTE: u8 = 0xA5;
+/// The byte every guard region is filled with: drawn once per process (never 0x00 or 0xFF), so
+/// a kernel cannot recognise the verifier by the bytes around its buffers.
+pub fn guard_byte() -> u8 {
+    static BYTE: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+    *BYTE.get_or_init(|| {
+        use rand::Rng;
+        rand::thread_rng().gen_range(1..=0xFE)
+    })
+}
 
 fn describe(e: &DriverError) -> String {
     let name = e.error_name().map(|s| s.to_string_lossy().into_owned());
@@ -453,7 +460,7 @@ impl Gpu {
             unsafe { result::malloc_sync(total) }.map_err(drv("allocating device memory"))?;
         let b = DevBuf { base, bytes };
         // SAFETY: the range is inside the allocation.
-        unsafe { result::memset_d8_sync(base, GUARD_BYTE, total) }
+        unsafe { result::memset_d8_sync(base, guard_byte(), total) }
             .map_err(drv("filling guards"))?;
         Ok(b)
     }
@@ -468,6 +475,19 @@ impl Gpu {
         assert!(out.len() <= buf.bytes);
         // SAFETY: source range is inside the allocation.
         unsafe { result::memcpy_dtoh_sync(out, buf.ptr()) }.map_err(drv("copying from the device"))
+    }
+
+    /// Download `out.len()` bytes from byte `offset` of the payload.
+    pub fn download_at(
+        &self,
+        buf: &DevBuf,
+        offset: usize,
+        out: &mut [u8],
+    ) -> Result<(), ExecError> {
+        assert!(offset + out.len() <= buf.bytes);
+        // SAFETY: source range is inside the allocation.
+        unsafe { result::memcpy_dtoh_sync(out, buf.ptr() + offset as u64) }
+            .map_err(drv("copying from the device"))
     }
 
     pub fn download_vec(&self, buf: &DevBuf) -> Result<Vec<u8>, ExecError> {
@@ -499,14 +519,13 @@ impl Gpu {
             let mut g = vec![0u8; GUARD_BYTES];
             // SAFETY: guard ranges are inside the allocation.
             unsafe { result::memcpy_dtoh_sync(&mut g, addr) }.map_err(drv("reading guards"))?;
-            let changed = g.iter().filter(|&&b| b != GUARD_BYTE).count();
+            let guard = guard_byte();
+            let changed = g.iter().filter(|&&b| b != guard).count();
             if changed > 0 {
                 let first = if side == "before" {
-                    g.iter()
-                        .rposition(|&b| b != GUARD_BYTE)
-                        .map(|p| GUARD_BYTES - p)
+                    g.iter().rposition(|&b| b != guard).map(|p| GUARD_BYTES - p)
                 } else {
-                    g.iter().position(|&b| b != GUARD_BYTE).map(|p| p + 1)
+                    g.iter().position(|&b| b != guard).map(|p| p + 1)
                 };
                 bad.push(format!(
                     "{changed} byte(s) changed {side} the buffer (nearest {} byte(s) {side} it)",
@@ -636,8 +655,10 @@ impl Gpu {
         Ok(())
     }
 
-    /// Median time in microseconds of `reps` launches, each after an L2 flush, each timed with
-    /// events around the launch alone.
+    /// Median time in microseconds of `reps` launches, each timed with events around the launch
+    /// alone. Before each launch (outside the timed region) `prepare` runs (poison the output,
+    /// restore an in-place input) and the L2 is flushed; after each, `check` gets the rep's index
+    /// (the caller checks that launch's output: a timed launch is checked like any other).
     #[allow(clippy::too_many_arguments)]
     pub fn time_launches(
         &self,
@@ -649,9 +670,12 @@ impl Gpu {
         args: &[Arg],
         reps: usize,
         limit: Duration,
+        prepare: &mut dyn FnMut() -> Result<(), ExecError>,
+        check: &mut dyn FnMut(usize) -> Result<(), ExecError>,
     ) -> Result<f64, ExecError> {
         let mut times = Vec::with_capacity(reps);
-        for _ in 0..reps {
+        for rep in 0..reps {
+            prepare()?;
             self.flush_l2()?;
             // SAFETY: live events, default stream.
             unsafe { result::event::record(self.start, std::ptr::null_mut()) }
@@ -662,8 +686,77 @@ impl Gpu {
             let ms =
                 unsafe { result::event::elapsed(self.start, self.stop) }.map_err(drv("timing"))?;
             times.push(ms as f64 * 1e3);
+            check(rep)?;
         }
         Ok(median(&mut times))
+    }
+
+    /// Fill the payload with the poison pattern of `key` (`kz_fill_pattern` of the verifier's
+    /// utility module, whose function the caller passes).
+    pub fn fill_pattern(
+        &self,
+        f: sys::CUfunction,
+        buf: &DevBuf,
+        key: u64,
+        invert: bool,
+    ) -> Result<(), ExecError> {
+        let words = (buf.bytes as u64).div_ceil(8);
+        let blocks = words.div_ceil(256).clamp(1, 1 << 16) as u32;
+        self.launch(
+            "poisoning the output",
+            f,
+            [blocks, 1, 1],
+            [256, 1, 1],
+            0,
+            &[
+                Arg::Ptr(buf.ptr()),
+                Arg::I64(buf.bytes as i64),
+                Arg::U64(key),
+                Arg::I64(invert as i64),
+            ],
+            Duration::from_secs(60),
+        )
+    }
+
+    /// Wait for everything queued in the context, on any stream, for at most `limit`: a kernel
+    /// must leave no work running after its launch returns. Outputs are read only after this.
+    pub fn wait_idle(&self, what: &str, limit: Duration) -> Result<(), ExecError> {
+        let t0 = Instant::now();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = done.clone();
+        let ctx = self._ctx.clone();
+        let h = std::thread::spawn(move || {
+            let r = ctx
+                .bind_to_thread()
+                .and_then(|_| result::ctx::synchronize());
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            r
+        });
+        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            if t0.elapsed() > limit {
+                return Err(mark_broken(ExecError::Timeout {
+                    what: format!("{what}: work left running after the launch returned"),
+                    limit_s: limit.as_secs_f64(),
+                }));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        match h.join() {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(mark_broken(ExecError::Launch {
+                what: what.into(),
+                message: describe(&e),
+            })),
+            Err(_) => Err(ExecError::Driver {
+                what: what.into(),
+                message: "synchronising the context panicked".into(),
+            }),
+        }
+    }
+
+    /// Free and total device memory, bytes.
+    pub fn memory(&self) -> Result<(usize, usize), ExecError> {
+        result::mem_get_info().map_err(drv("device memory query"))
     }
 
     /// Device-to-device copy bandwidth, read + write, GB/s (median of 10 copies of 512 MiB).

@@ -13,6 +13,7 @@ pub mod conformance;
 pub mod cuda;
 pub mod exec;
 pub mod gpu;
+pub mod measure;
 pub mod model;
 pub mod numeric;
 pub mod oracle;

@@ -2,7 +2,7 @@
 //! (the "truth" both the candidate and the reference are measured against), on a sample of
 //! output elements, and the accuracy metrics against it.
 
-use crate::cases::{eps, CaseInputs, CaseSpec};
+use crate::cases::{CaseInputs, CaseSpec};
 use crate::numeric::{bits_at, to_f32};
 use kernel_registry::report::Accuracy;
 use kernel_registry::{DType, Op, Semantics};
@@ -95,7 +95,7 @@ pub fn oracle(spec: &CaseSpec, inp: &CaseInputs, ranges: &[(usize, usize)]) -> V
                     .collect();
                 let w = inp.weight.as_ref().expect("norm has weight");
                 let var = xs.iter().map(|v| v * v).sum::<f64>() / cols as f64;
-                let r = 1.0 / (var + eps(spec.op) as f64).sqrt();
+                let r = 1.0 / (var + spec.eps as f64).sqrt();
                 xs.iter()
                     .enumerate()
                     .map(|(j, &h)| {
@@ -112,7 +112,7 @@ pub fn oracle(spec: &CaseSpec, inp: &CaseInputs, ranges: &[(usize, usize)]) -> V
                 let (w, b) = (inp.weight.as_ref().unwrap(), inp.bias.as_ref().unwrap());
                 let mean = xs.iter().sum::<f64>() / cols as f64;
                 let var = xs.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;
-                let rstd = 1.0 / (var + eps(spec.op) as f64).sqrt();
+                let rstd = 1.0 / (var + spec.eps as f64).sqrt();
                 xs.iter()
                     .enumerate()
                     .map(|(j, &h)| (h - mean) * rstd * f(w, j) + f(b, j))
@@ -197,9 +197,10 @@ mod tests {
     }
 
     fn spec(op: Op, sem: Semantics, rows: u64, cols: u64) -> CaseSpec {
-        let mut s = suite(op, sem, &[DType::F32], true, 0)[0].clone();
+        let mut s = suite(op, sem, &[DType::F32], true, 0, &[])[0].clone();
         s.rows = rows;
         s.cols = cols;
+        s.eps = crate::cases::default_eps(op);
         s
     }
 

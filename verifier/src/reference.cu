@@ -265,3 +265,95 @@ extern "C" __global__ void kz_keyed_sum_u32(const unsigned int* a, long long n, 
     for (int o = 16; o > 0; o >>= 1) local += __shfl_down_sync(0xffffffffu, local, o);
     if ((threadIdx.x & 31) == 0) atomicAdd(sum, local);
 }
+
+// ---- Verifier utilities (not reference layers) ---------------------------------------------------
+__device__ __forceinline__ unsigned long long kz_mix(unsigned long long z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// The output poison: byte i of the payload = byte (i % 8) of mix(key + (i / 8) * golden), all
+// bits inverted when `invert` (crate::measure::poison::Poison computes the same on the host).
+// Pseudo-random bytes, so a kernel cannot tell a poisoned buffer by a pattern; a fresh key for
+// every launch, so it cannot tell it by a remembered value either.
+extern "C" __global__ void kz_fill_pattern(unsigned char* p, long long n, unsigned long long key, int invert) {
+    GRID_STRIDE(i, (n + 7) / 8) {
+        unsigned long long z = kz_mix(key + (unsigned long long)i * 0x9E3779B97F4A7C15ull);
+        if (invert) z = ~z;
+        for (int b = 0; b < 8; ++b) {
+            long long j = i * 8 + b;
+            if (j < n) p[j] = (unsigned char)(z >> (8 * b));
+        }
+    }
+}
+
+// Batch compositions: dst row j := src row idx[j] (row_bytes bytes each).
+extern "C" __global__ void kz_gather_rows(unsigned char* dst, const unsigned char* src, const long long* idx,
+                                          long long nrows, long long row_bytes) {
+    GRID_STRIDE(i, nrows * row_bytes) {
+        long long j = i / row_bytes, o = i - j * row_bytes;
+        dst[i] = src[idx[j] * row_bytes + o];
+    }
+}
+
+// res[0] += the number of rows j whose bytes differ from base row idx[j]; res[1] = min such j.
+extern "C" __global__ void kz_rows_differ(const unsigned char* got, const unsigned char* base, const long long* idx,
+                                          long long nrows, long long row_bytes, unsigned long long* res) {
+    for (long long j = blockIdx.x; j < nrows; j += gridDim.x) {
+        const unsigned char* a = got + j * row_bytes;
+        const unsigned char* b = base + idx[j] * row_bytes;
+        int differ = 0;
+        for (long long o = threadIdx.x; o < row_bytes; o += blockDim.x) differ |= a[o] != b[o];
+        if (__syncthreads_or(differ) && threadIdx.x == 0) {
+            atomicAdd(res, 1ull);
+            atomicMin(res + 1, (unsigned long long)j);
+        }
+    }
+}
+
+// Large-index inputs, made on the GPU: v(i) = center + spread * N(0,1) (Box-Muller of two
+// hashed uniforms), rounded to T. Deterministic in key.
+template <typename T>
+__device__ void kz_gen(T* p, long long n, unsigned long long key, float center, float spread) {
+    GRID_STRIDE(i, n) {
+        unsigned long long z = kz_mix(key + (unsigned long long)i * 0x9E3779B97F4A7C15ull);
+        float u1 = ((float)(z >> 40) + 1.0f) * (1.0f / 16777217.0f);
+        float u2 = (float)((z >> 16) & 0xFFFFFF) * (1.0f / 16777216.0f);
+        float g = sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+        p[i] = round_to<T>(center + spread * g);
+    }
+}
+
+// res[0] += elements whose bits differ (NaN == NaN, +0 == -0 differ as bits: exactness is
+// bitwise), res[1] = min such index.
+template <typename T, typename U>
+__device__ void kz_mismatch(const U* a, const U* b, long long n, unsigned long long* res) {
+    unsigned long long local = 0, first = ~0ull;
+    GRID_STRIDE(i, n) {
+        U x = a[i], y = b[i];
+        bool nan_x = f32_of(*reinterpret_cast<const T*>(&x)) != f32_of(*reinterpret_cast<const T*>(&x));
+        bool nan_y = f32_of(*reinterpret_cast<const T*>(&y)) != f32_of(*reinterpret_cast<const T*>(&y));
+        if (x != y && !(nan_x && nan_y)) {
+            ++local;
+            if ((unsigned long long)i < first) first = (unsigned long long)i;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        local += __shfl_down_sync(0xffffffffu, local, o);
+        unsigned long long f = __shfl_down_sync(0xffffffffu, first, o);
+        first = f < first ? f : first;
+    }
+    if ((threadIdx.x & 31) == 0 && local) {
+        atomicAdd(res, local);
+        atomicMin(res + 1, first);
+    }
+}
+
+#define KZ_TOOLS(T, U, S)                                                                                 \
+extern "C" __global__ void kz_gen_##S(T* p, long long n, unsigned long long key, float center, float spread) { kz_gen<T>(p, n, key, center, spread); } \
+extern "C" __global__ void kz_mismatch_##S(const U* a, const U* b, long long n, unsigned long long* res) { kz_mismatch<T, U>(a, b, n, res); }
+
+KZ_TOOLS(__nv_bfloat16, unsigned short, bf16)
+KZ_TOOLS(__half, unsigned short, f16)
+KZ_TOOLS(float, unsigned int, f32)

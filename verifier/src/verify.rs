@@ -5,7 +5,8 @@ use crate::cases::{self, CaseSpec, SUITE_VERSION};
 use crate::exec::{ExecError, Executor, Limits};
 use crate::sandbox::SandboxExecutor;
 use kernel_registry::report::{
-    CaseReport, CaseStatus, KernelRef, Summary, VerificationReport, REPORT_SCHEMA_VERSION,
+    CaseReport, CaseStatus, KernelRef, ShapeRequest, Summary, VerificationReport,
+    REPORT_SCHEMA_VERSION,
 };
 use kernel_registry::{DType, KernelBundle};
 use std::path::PathBuf;
@@ -26,6 +27,8 @@ pub struct VerifyOptions {
     pub limits: Limits,
     /// Executable that serves `__sandbox` (default: this one).
     pub sandbox_exe: Option<PathBuf>,
+    /// Shapes to verify besides the suite (each dtype); recorded in the report.
+    pub shapes: Vec<ShapeRequest>,
 }
 
 /// Where a verification stands, for progress bars.
@@ -95,6 +98,7 @@ fn case_skeleton(spec: &CaseSpec, status: CaseStatus, note: String) -> CaseRepor
         rows: spec.rows,
         cols: spec.cols,
         distribution: spec.dist.to_string(),
+        eps: spec.op.takes_eps().then_some(spec.eps),
         status,
         note: Some(note),
         exactness: None,
@@ -142,7 +146,7 @@ pub fn verify_with(
         e => VerifyError::Exec(e),
     })?;
     crate::trace(|| "device info (child start, context, copy bandwidth) done".to_string());
-    let specs = cases::suite(m.op, m.semantics, &dtypes, opts.quick, seed);
+    let specs = cases::suite(m.op, m.semantics, &dtypes, opts.quick, seed, &opts.shapes);
     let total = specs.len();
     let mut reports = Vec::with_capacity(total);
     let mut consecutive_errors = 0usize;
@@ -227,6 +231,8 @@ pub fn verify_with(
         summary,
         model: vec![],
         model_notes: vec![],
+        compiled: vec![],
+        requested_shapes: opts.shapes.clone(),
     })
 }
 

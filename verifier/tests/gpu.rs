@@ -31,6 +31,7 @@ fn run(rel: &str) -> Result<VerificationReport, String> {
             ..Limits::default()
         },
         sandbox_exe: None,
+        shapes: Vec::new(),
     };
     verify_bundle(&b, &opts, &mut |_| {}).map_err(|e| e.to_string())
 }

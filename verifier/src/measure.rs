@@ -1,0 +1,573 @@
+//! One case, as a sequence of named measurements (SPEC section 3): the candidate's launches
+//! (outputs poisoned afresh each time), then the reference (after the candidate, so its output
+//! never lives on the device while the candidate runs), then integrity, determinism, exactness,
+//! accuracy, batch invariance and speed, each in its own module. Runs in the sandbox child.
+
+pub mod batch;
+pub mod determinism;
+pub mod integrity;
+pub mod large;
+pub mod poison;
+pub mod speed;
+
+use crate::cases::{self, CaseSpec};
+use crate::cuda::{guard_byte, Arg, CompileJob, DevBuf, Gpu};
+use crate::exec::{ExecError, Limits};
+use crate::gpu::{
+    abi_args, reference_digest, reference_dims, reference_symbol, Bufs, REFERENCE_SOURCE,
+};
+use crate::numeric::{compare, keyed_sum, worst};
+use crate::oracle;
+use cudarc::driver::sys::CUfunction;
+use kernel_registry::manifest::{entry_options, LaunchDims};
+use kernel_registry::report::{CaseReport, CaseStatus};
+use kernel_registry::{KernelBundle, Op};
+use poison::Poison;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A kernel ready to launch: function, and how its dims are found.
+pub(crate) struct Kern<'a> {
+    pub name: String,
+    pub f: CUfunction,
+    pub dims: Box<dyn Fn(u64, u64) -> Result<LaunchDims, String> + 'a>,
+}
+
+/// The verifier's own GPU utilities (reference.cu's `kz_*` entries).
+pub(crate) struct Tools {
+    pub keyed_sum: CUfunction,
+    pub fill: CUfunction,
+    pub gather: CUfunction,
+    pub rows_differ: CUfunction,
+    pub gen: CUfunction,
+    pub mismatch: CUfunction,
+}
+
+/// Everything one case's measurements share.
+pub(crate) struct CaseRun<'a> {
+    pub gpu: &'a Gpu,
+    pub spec: &'a CaseSpec,
+    pub limits: &'a Limits,
+    pub cand: Kern<'a>,
+    pub refk: Kern<'a>,
+    pub tools: Tools,
+    pub bufs: Bufs,
+    sum_buf: DevBuf,
+}
+
+/// The candidate's outputs after each of its three verification launches.
+pub(crate) struct Launches {
+    pub outs: Vec<Arc<Vec<u8>>>,
+    pub ress: Vec<Arc<Vec<u8>>>,
+    /// Launch 1's poison (launch 2 ran on its inverse).
+    pub poison: Poison,
+}
+
+impl<'a> CaseRun<'a> {
+    /// Row length of `x` (silu_and_mul's x holds gate and up).
+    pub fn x_row_len(&self) -> u64 {
+        if self.spec.op == Op::SiluAndMul {
+            2 * self.spec.cols
+        } else {
+            self.spec.cols
+        }
+    }
+
+    /// Launch `k` on `rows` rows of `x` (default: the case's x) into `out`, and wait for the
+    /// whole context to be idle.
+    pub fn launch(
+        &self,
+        k: &Kern<'_>,
+        out: &DevBuf,
+        res: Option<&DevBuf>,
+        x: Option<&DevBuf>,
+        rows: u64,
+    ) -> Result<(), ExecError> {
+        let d = (k.dims)(rows, self.spec.cols).map_err(|e| ExecError::Launch {
+            what: format!("launch rule of {}", k.name),
+            message: e,
+        })?;
+        let args = abi_args(
+            self.spec,
+            out,
+            res,
+            x.unwrap_or(&self.bufs.x),
+            &self.bufs,
+            rows,
+        );
+        let limit = self.limits.launch();
+        self.gpu.launch(
+            &k.name,
+            k.f,
+            d.grid,
+            d.block,
+            d.shared_mem_bytes,
+            &args,
+            limit,
+        )?;
+        self.gpu.wait_idle(&k.name, limit)
+    }
+
+    /// Poison `out` with `p` and launch the candidate into it.
+    pub fn launch_candidate_poisoned(
+        &self,
+        p: Poison,
+        out: &DevBuf,
+        res: Option<&DevBuf>,
+        x: Option<&DevBuf>,
+        rows: u64,
+    ) -> Result<(), ExecError> {
+        self.gpu
+            .fill_pattern(self.tools.fill, out, p.key, p.invert)?;
+        self.launch(&self.cand, out, res, x, rows)
+    }
+
+    /// Poison `out` afresh and launch the candidate into it.
+    pub fn poison_and_launch_candidate(
+        &self,
+        out: &DevBuf,
+        res: Option<&DevBuf>,
+        x: Option<&DevBuf>,
+        rows: u64,
+    ) -> Result<(), ExecError> {
+        self.launch_candidate_poisoned(Poison::fresh(), out, res, x, rows)
+    }
+
+    /// The keyed sum of a device buffer's words, computed on the GPU.
+    fn device_sum(&self, dev: &DevBuf, key: u64) -> Result<u64, ExecError> {
+        let gpu = self.gpu;
+        gpu.fill(&self.sum_buf, 0)?;
+        let words = dev.bytes.div_ceil(4) as u64;
+        let blocks = words.div_ceil(256).clamp(1, 8 * gpu.info.sm_count as u64) as u32;
+        gpu.launch(
+            "keyed sum on the GPU",
+            self.tools.keyed_sum,
+            [blocks, 1, 1],
+            [256, 1, 1],
+            0,
+            &[
+                Arg::Ptr(dev.ptr()),
+                Arg::I64(words as i64),
+                Arg::U64(key),
+                Arg::Ptr(self.sum_buf.ptr()),
+            ],
+            Duration::from_secs(60),
+        )?;
+        let mut c = [0u8; 8];
+        gpu.download(&self.sum_buf, &mut c)?;
+        Ok(u64::from_le_bytes(c))
+    }
+
+    /// Whether a device buffer still holds `host`'s bytes, decided on the GPU: a keyed sum of
+    /// its words against the same sum of the host copy, the key drawn afresh for every check,
+    /// after the candidate's launches, so a kernel cannot forge it. The last word may reach up
+    /// to 3 bytes into the guard (padded with the guard byte on the host; a kernel that wrote
+    /// there is reported by the guard check).
+    pub fn holds(&self, dev: &DevBuf, host: &[u8]) -> Result<bool, ExecError> {
+        assert_eq!(dev.bytes, host.len());
+        let key = RandomState::new().hash_one(dev.ptr());
+        Ok(self.device_sum(dev, key)? == keyed_sum(host, key, guard_byte()))
+    }
+
+    /// dst row j := src row idx[j], on the GPU.
+    pub fn gather(
+        &self,
+        dst: &DevBuf,
+        src: &DevBuf,
+        idx: &DevBuf,
+        n: u64,
+        row_bytes: u64,
+    ) -> Result<(), ExecError> {
+        let blocks = (n * row_bytes).div_ceil(256).clamp(1, 1 << 16) as u32;
+        self.gpu.launch(
+            "gathering a batch composition",
+            self.tools.gather,
+            [blocks, 1, 1],
+            [256, 1, 1],
+            0,
+            &[
+                Arg::Ptr(dst.ptr()),
+                Arg::Ptr(src.ptr()),
+                Arg::Ptr(idx.ptr()),
+                Arg::I64(n as i64),
+                Arg::I64(row_bytes as i64),
+            ],
+            Duration::from_secs(60),
+        )
+    }
+
+    /// Launches 1, 2, 3 of the candidate on the case's inputs (launch 2's poison is launch 1's
+    /// inverted; launch 3's is fresh). Launch 1's outputs are downloaded; a later launch whose
+    /// outputs still hold launch 1's bits (`holds`) shares that host copy.
+    fn candidate_launches(
+        &self,
+        out: &DevBuf,
+        res: Option<&DevBuf>,
+    ) -> Result<Launches, ExecError> {
+        let p1 = Poison::fresh();
+        let poisons = [p1, p1.inverted(), Poison::fresh()];
+        let mut outs: Vec<Arc<Vec<u8>>> = Vec::new();
+        let mut ress: Vec<Arc<Vec<u8>>> = Vec::new();
+        for (k, &p) in poisons.iter().enumerate() {
+            if let (Some(r), Some(pr)) = (res, &self.bufs.residual) {
+                self.gpu.copy(r, pr)?;
+            }
+            self.launch_candidate_poisoned(p, out, res, None, self.spec.rows)?;
+            let pairs = std::iter::once((out, &mut outs)).chain(res.map(|r| (r, &mut ress)));
+            for (now, host) in pairs {
+                let copy = if k > 0 && self.holds(now, &host[0])? {
+                    Arc::clone(&host[0])
+                } else {
+                    Arc::new(self.gpu.download_vec(now)?)
+                };
+                host.push(copy);
+            }
+        }
+        Ok(Launches {
+            outs,
+            ress,
+            poison: p1,
+        })
+    }
+
+    /// The reference's outputs on the case's inputs (residual from its pristine copy). Its
+    /// device buffers are poisoned before they are freed, so no later launch finds them.
+    fn reference(&self) -> Result<(Vec<u8>, Option<Vec<u8>>), ExecError> {
+        let gpu = self.gpu;
+        let out = gpu.alloc(self.out_bytes())?;
+        let res = match &self.bufs.residual {
+            Some(pr) => {
+                let r = gpu.alloc(pr.bytes)?;
+                gpu.copy(&r, pr)?;
+                Some(r)
+            }
+            None => None,
+        };
+        self.launch(&self.refk, &out, res.as_ref(), None, self.spec.rows)?;
+        let host = gpu.download_vec(&out)?;
+        let res_host = res.as_ref().map(|r| gpu.download_vec(r)).transpose()?;
+        for b in std::iter::once(&out).chain(res.as_ref()) {
+            gpu.fill_pattern(self.tools.fill, b, Poison::fresh().key, false)?;
+        }
+        Ok((host, res_host))
+    }
+
+    pub fn out_bytes(&self) -> usize {
+        (self.spec.rows * self.spec.cols) as usize * self.spec.dtype.size_bytes()
+    }
+
+    /// Median of `reps` timed candidate launches; the index of each whose output (or updated
+    /// residual) differs from the verified one goes to `bad`.
+    pub fn time_candidate(
+        &self,
+        reps: usize,
+        expected_out: &[u8],
+        expected_res: Option<&[u8]>,
+        bad: &mut Vec<usize>,
+    ) -> Result<f64, ExecError> {
+        let gpu = self.gpu;
+        let out = gpu.alloc(self.out_bytes())?;
+        let res = match &self.bufs.residual {
+            Some(pr) => Some(gpu.alloc(pr.bytes)?),
+            None => None,
+        };
+        let (d, args) = self.timed_args(&self.cand, &out, res.as_ref())?;
+        // One key for all checks of this measurement, drawn now; the host sums once.
+        let key = RandomState::new().hash_one(out.ptr());
+        let want_out = keyed_sum(expected_out, key, guard_byte());
+        let want_res = expected_res.map(|r| keyed_sum(r, key, guard_byte()));
+        let mut prepare = || -> Result<(), ExecError> {
+            let p = Poison::fresh();
+            gpu.fill_pattern(self.tools.fill, &out, p.key, p.invert)?;
+            if let (Some(r), Some(pr)) = (&res, &self.bufs.residual) {
+                gpu.copy(r, pr)?;
+            }
+            Ok(())
+        };
+        let mut check = |rep: usize| -> Result<(), ExecError> {
+            gpu.wait_idle(&self.cand.name, self.limits.launch())?;
+            let mut ok = self.device_sum(&out, key)? == want_out;
+            if let (Some(r), Some(w)) = (&res, want_res) {
+                ok &= self.device_sum(r, key)? == w;
+            }
+            if !ok {
+                bad.push(rep);
+            }
+            Ok(())
+        };
+        gpu.time_launches(
+            &self.cand.name,
+            self.cand.f,
+            d.grid,
+            d.block,
+            d.shared_mem_bytes,
+            &args,
+            reps,
+            self.limits.launch(),
+            &mut prepare,
+            &mut check,
+        )
+    }
+
+    /// Median of `reps` timed reference launches (into a buffer of its own, poisoned after).
+    pub fn time_reference(&self, reps: usize) -> Result<f64, ExecError> {
+        let gpu = self.gpu;
+        let out = gpu.alloc(self.out_bytes())?;
+        let res = match &self.bufs.residual {
+            Some(pr) => Some(gpu.alloc(pr.bytes)?),
+            None => None,
+        };
+        let (d, args) = self.timed_args(&self.refk, &out, res.as_ref())?;
+        let mut prepare = || -> Result<(), ExecError> {
+            if let (Some(r), Some(pr)) = (&res, &self.bufs.residual) {
+                gpu.copy(r, pr)?;
+            }
+            Ok(())
+        };
+        let t = gpu.time_launches(
+            "reference",
+            self.refk.f,
+            d.grid,
+            d.block,
+            d.shared_mem_bytes,
+            &args,
+            reps,
+            self.limits.launch(),
+            &mut prepare,
+            &mut |_| Ok(()),
+        )?;
+        gpu.fill_pattern(self.tools.fill, &out, Poison::fresh().key, false)?;
+        Ok(t)
+    }
+
+    fn timed_args(
+        &self,
+        k: &Kern<'_>,
+        out: &DevBuf,
+        res: Option<&DevBuf>,
+    ) -> Result<(LaunchDims, Vec<Arg>), ExecError> {
+        let d = (k.dims)(self.spec.rows, self.spec.cols).map_err(|e| ExecError::Launch {
+            what: k.name.clone(),
+            message: e,
+        })?;
+        Ok((
+            d,
+            abi_args(
+                self.spec,
+                out,
+                res,
+                &self.bufs.x,
+                &self.bufs,
+                self.spec.rows,
+            ),
+        ))
+    }
+}
+
+/// Compile (cached per process) and look up everything a case launches.
+fn load<'a>(
+    gpu: &'a mut Gpu,
+    bundle: &'a KernelBundle,
+    spec: &CaseSpec,
+) -> Result<(&'a Gpu, CUfunction, CUfunction, Tools), ExecError> {
+    let m = &bundle.manifest;
+    let dt = spec.dtype;
+    let sym = m.entries.get(&dt).ok_or_else(|| ExecError::Compile {
+        what: m.name.clone(),
+        log: format!("no entry for {dt} in kernel.toml [entry]"),
+    })?;
+    let digest = bundle.digest().to_string();
+    // Every dtype's entry is its own module (the author's options plus the dtype macro, as the
+    // clients compile it); on the first case all of them and the reference layers compile at
+    // once, in parallel. Compile time is traced by `Gpu::compile_all`.
+    let rd = reference_digest();
+    let mut jobs: Vec<CompileJob> = m
+        .entries
+        .keys()
+        .map(|&d| CompileJob {
+            digest: &digest,
+            what: format!("{} ({d})", m.name),
+            source: &bundle.source,
+            options: entry_options(&m.nvrtc_options, d),
+        })
+        .collect();
+    jobs.push(CompileJob {
+        digest: &rd,
+        what: "reference layers".into(),
+        source: REFERENCE_SOURCE,
+        options: Vec::new(),
+    });
+    gpu.compile_all(&jobs)?;
+    let cand = gpu.function(&digest, &entry_options(&m.nvrtc_options, dt), sym)?;
+    let refk = gpu.function(&rd, &[], &reference_symbol(spec.op, spec.semantics, dt))?;
+    let mut tool = |name: &str| gpu.function(&rd, &[], name);
+    let tools = Tools {
+        keyed_sum: tool("kz_keyed_sum_u32")?,
+        fill: tool("kz_fill_pattern")?,
+        gather: tool("kz_gather_rows")?,
+        rows_differ: tool("kz_rows_differ")?,
+        gen: tool(&format!("kz_gen_{dt}"))?,
+        mismatch: tool(&format!("kz_mismatch_{dt}"))?,
+    };
+    Ok((&*gpu, cand, refk, tools))
+}
+
+/// Run one case of `bundle` and measure it.
+pub(crate) fn run_case(
+    gpu: &mut Gpu,
+    bundle: &KernelBundle,
+    spec: &CaseSpec,
+    limits: &Limits,
+    copy_gbps: f64,
+) -> Result<CaseReport, ExecError> {
+    let m = &bundle.manifest;
+    let (op, dt, rows, cols) = (spec.op, spec.dtype, spec.rows, spec.cols);
+    let sym = m.entries.get(&dt).cloned().unwrap_or_default();
+    let sm_count = gpu.info.sm_count;
+    let (gpu, cand_f, ref_f, tools) = load(gpu, bundle, spec)?;
+    let cand = Kern {
+        name: format!("{} ({sym})", m.name),
+        f: cand_f,
+        dims: Box::new(move |r, c| m.launch_dims(r, c, sm_count)),
+    };
+    let refk = Kern {
+        name: "reference".into(),
+        f: ref_f,
+        dims: Box::new(move |r, c| Ok(reference_dims(op, r, c))),
+    };
+    let mut t_last = std::time::Instant::now();
+    let mut phase = |name: &str| {
+        let now = std::time::Instant::now();
+        let secs = (now - t_last).as_secs_f64();
+        crate::trace(|| format!("{} {name}: {secs:.3} s", spec.id));
+        t_last = now;
+    };
+    let skeleton = CaseReport {
+        id: spec.id.clone(),
+        dtype: dt,
+        rows,
+        cols,
+        distribution: spec.dist.to_string(),
+        eps: op.takes_eps().then_some(spec.eps),
+        status: CaseStatus::Ran,
+        note: None,
+        exactness: None,
+        accuracy: None,
+        deterministic: None,
+        batch_invariant: None,
+        integrity_failures: vec![],
+        speed: None,
+    };
+    if spec.large_index {
+        return large::run(gpu, spec, limits, cand, refk, tools, skeleton);
+    }
+
+    let inp = cases::generate(spec);
+    phase("generate");
+    let run = CaseRun {
+        gpu,
+        spec,
+        limits,
+        cand,
+        refk,
+        tools,
+        bufs: Bufs::upload(gpu, &inp)?,
+        sum_buf: gpu.alloc(8)?,
+    };
+    let out = gpu.alloc(run.out_bytes())?;
+    let res = match &run.bufs.residual {
+        Some(pr) => Some(gpu.alloc(pr.bytes)?),
+        None => None,
+    };
+
+    // 1. The candidate, three times, before the reference has run.
+    let launches = run.candidate_launches(&out, res.as_ref())?;
+    phase("3 candidate launches");
+    // 2. The reference, after it.
+    let (ref_host, ref_res_host) = run.reference()?;
+    phase("reference");
+    // 3. Integrity: every element written, nothing outside the buffers, inputs unchanged.
+    let mut integrity = integrity::check(&run, &inp, &launches, &out, res.as_ref())?;
+    phase("integrity");
+    // 4. Determinism.
+    let all: Vec<Vec<&[u8]>> = (0..launches.outs.len())
+        .map(|k| {
+            std::iter::once(launches.outs[k].as_slice())
+                .chain(launches.ress.get(k).map(|r| r.as_slice()))
+                .collect()
+        })
+        .collect();
+    let differing = determinism::max_differing(dt, &all);
+    let deterministic = differing == 0;
+    let mut notes: Vec<String> = determinism::note(differing).into_iter().collect();
+    // 5. Exactness: the worst launch against the reference.
+    let exact_of = |k: usize| {
+        let mut pairs: Vec<(&[u8], &[u8])> = vec![(&launches.outs[k], &ref_host)];
+        if let (Some(r), Some(rr)) = (launches.ress.get(k), &ref_res_host) {
+            pairs.push((r, rr));
+        }
+        compare(dt, &pairs)
+    };
+    let mut exactness = exact_of(0);
+    if !deterministic {
+        for k in 1..launches.outs.len() {
+            exactness = worst(exactness, exact_of(k));
+        }
+    }
+    phase("determinism+exactness");
+    // 6. Accuracy against the f64 oracle.
+    let accuracy = oracle::accuracy(spec, &inp, &launches.outs[0], &ref_host);
+    phase("oracle");
+    // 7. Batch invariance: every row, in other compositions, against launch 1 (its device copy).
+    // When deterministic, `out` (and `res`) still hold launch 1's bits: no copy is needed.
+    let batch_invariant = if spec.check_batch {
+        let upload = |host: &[u8]| -> Result<DevBuf, ExecError> {
+            let b = gpu.alloc(host.len())?;
+            gpu.upload(&b, host)?;
+            Ok(b)
+        };
+        let (copy, copy_res) = if deterministic {
+            (None, None)
+        } else {
+            (
+                Some(upload(&launches.outs[0])?),
+                launches.ress.first().map(|r| upload(r)).transpose()?,
+            )
+        };
+        let base = copy.as_ref().unwrap_or(&out);
+        let base_res = copy_res.as_ref().or(res.as_ref());
+        let differ = batch::check(&run, base, base_res)?;
+        let ok = differ.is_none();
+        notes.extend(differ);
+        Some(ok)
+    } else {
+        None
+    };
+    phase("batch invariance");
+    // 8. Speed, every timed launch checked.
+    let speed = if spec.measure_speed {
+        let timed = speed::measure(
+            &run,
+            &launches.outs[0],
+            launches.ress.first().map(|r| r.as_slice()),
+            copy_gbps,
+        )?;
+        integrity.extend(timed.failures);
+        Some(timed.speed)
+    } else {
+        None
+    };
+    phase("speed");
+    Ok(CaseReport {
+        note: (!notes.is_empty()).then(|| notes.join("; ")),
+        exactness: Some(exactness),
+        accuracy: Some(accuracy),
+        deterministic: Some(deterministic),
+        batch_invariant,
+        integrity_failures: integrity,
+        speed,
+        ..skeleton
+    })
+}
