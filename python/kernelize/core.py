@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import types
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ from . import launch as L
 from .digest import not_applicable
 from .discover import TORCH_DTYPES, Discovery, Site, discover
 from .sources import DirSource, HubSource, Key, LockSource, Resolution, Resolved, write_lock
+
+log = logging.getLogger("kernelize")
 
 _ORIG = "_kernelize_original_forward"
 _LAUNCHES = "_kernelize_launches"  # how many calls of a swapped layer ran the kernel
@@ -32,6 +35,8 @@ class Entry:
     kernel: Resolved | None = None
     reasons: list[str] = field(default_factory=list)
     how: str = ""
+    # The width was not verified: the verification queued for it, and whether we waited.
+    width_note: str | None = None
 
 
 @dataclass
@@ -63,17 +68,20 @@ class Report:
                 extra = ", ".join(f"{k} {ev[k]}" for k in ("class", "device") if ev.get(k))
                 head += f" -> {e.kernel.label} {e.kernel.digest[:19]}…" + (f" ({extra})" if extra else "")
             lines.append(head)
+            if e.width_note:
+                lines.append(f"      * {e.width_note}")
             for r in e.reasons if e.status == "kept" else []:
                 lines.append(f"      - {r}")
         return "\n".join(lines)
 
 
-def _source(hub, lock, kernels_dir, names):
+def _source(hub, lock, kernels_dir, names, wait_for_verification_s: float = 0.0):
     given = [x is not None for x in (hub, lock, kernels_dir)]
     if sum(given) != 1:
         raise ValueError("give exactly one of hub=URL, lock=PATH or kernels_dir=PATH")
     if hub is not None:
-        return HubSource(hub) if isinstance(hub, str) else hub
+        return (HubSource(hub, wait_for_verification_s=wait_for_verification_s)
+                if isinstance(hub, str) else hub)
     if lock is not None:
         return LockSource(lock)
     return DirSource(kernels_dir, names)
@@ -109,7 +117,11 @@ def _resolve_all(model, source, policy, arch, dtype,
         key = Key(s.op, s.semantics, s.dtype, arch, s.cols, policy)
         if key not in cache:
             cache[key] = source.resolve(key)
-        plan.append((s, key, cache[key]))
+        r = cache[key]
+        if r.width_note:
+            log.warning("kernelize: %s [%s %s, cols=%d]: %s; %s", s.path, s.op, s.dtype, s.cols,
+                        r.width_note, "replacing it" if r.kernel else "keeping the layer")
+        plan.append((s, key, r))
     return found, cache, plan
 
 
@@ -117,7 +129,7 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
               kernels_dir: str | os.PathLike | None = None, names: list[str] | None = None,
               policy: str = "bit_exact", device=None, arch: str | None = None,
               dtype: str | None = None, swap: bool | None = None, verbose: bool = True,
-              fuse_gated_mlp: bool = True) -> Report:
+              fuse_gated_mlp: bool = True, wait_for_verification_s: float = 0.0) -> Report:
     """Replace every layer of `model` that has an approved kernel; return (and print) a report.
 
     One source: `hub=URL` (the resolve API), `lock=PATH` (a lock written by `kernelize.lock`,
@@ -129,8 +141,14 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     `launch_counts(model)` tells how many calls of each swapped layer ran the kernel.
     `fuse_gated_mlp=False` leaves gated SiLU MLPs unfused: their `act_fn` is then a `silu`
     site instead of the MLP being a `silu_and_mul` site.
+
+    The hub hands a kernel out only at a row length it was verified at. For a layer whose width
+    was not verified, the hub queues a verification of that width; `wait_for_verification_s`
+    (default 0: do not wait) waits up to that many seconds for it and asks again, else the
+    layer is kept this time. Either way the report (and a `kernelize` logger warning) names
+    the layer, the width and the job's URL.
     """
-    src = _source(hub, lock, kernels_dir, names)
+    src = _source(hub, lock, kernels_dir, names, wait_for_verification_s)
     dev = _cuda_device(model, device)
     if swap is None:
         swap = dev is not None and torch.cuda.is_available()
@@ -144,7 +162,7 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     rep = Report(src_label, policy, arch, swap)
     for s, key, res in plan:
         e = Entry(s.path, type(s.module).__name__, s.op, s.semantics, s.dtype, s.cols,
-                  "kept", res.kernel, list(res.excluded), s.how)
+                  "kept", res.kernel, list(res.excluded), s.how, res.width_note)
         if res.kernel is not None:
             if getattr(s.module, _ORIG, None) is not None:
                 e.status, e.reasons = "kept", ["already kernelized; unkernelize first"]
@@ -163,10 +181,13 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
 
 def lock(model: nn.Module, hub: str, path: str | os.PathLike = "kernelize.lock.json", *,
          policy: str = "bit_exact", arch: str | None = None, device=None,
-         dtype: str | None = None, fuse_gated_mlp: bool = True) -> dict:
+         dtype: str | None = None, fuse_gated_mlp: bool = True,
+         wait_for_verification_s: float = 0.0) -> dict:
     """Resolve every replaceable layer against the hub and pin the answers (digests, with the
-    kernels' content and evidence) in a lock file for `kernelize(model, lock=path)`."""
-    src = HubSource(hub) if isinstance(hub, str) else hub
+    kernels' content and evidence) in a lock file for `kernelize(model, lock=path)`.
+    `wait_for_verification_s`: as for `kernelize` (widths not yet verified)."""
+    src = (HubSource(hub, wait_for_verification_s=wait_for_verification_s)
+           if isinstance(hub, str) else hub)
     arch = _arch_of(_cuda_device(model, device), arch)
     _, cache, _ = _resolve_all(model, src, policy, arch, dtype, fuse_gated_mlp)
     return write_lock(path, src.url, cache)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -53,6 +54,12 @@ class Resolved:
 class Resolution:
     kernel: Resolved | None
     excluded: list[str]
+    # Verifications of this width the hub queued (kernels that meet the policy but were not
+    # verified at this row length): {"kernel", "job_id", "job_url", "shape", ...}.
+    queued_jobs: list[dict[str, Any]] = field(default_factory=list)
+    # What happened about an unverified width: waited for the jobs (and how they ended), or
+    # did not wait; None when the width was not the issue.
+    width_note: str | None = None
 
 
 class HubError(RuntimeError):
@@ -68,10 +75,20 @@ def _check_matches(key: Key, manifest: dict[str, Any], what: str) -> None:
 
 
 class HubSource:
-    def __init__(self, url: str, timeout: float = 30.0, token: str | None = None):
+    """The hub's REST API. The hub hands a kernel out only at a row length it was verified at;
+    asked for another, it queues a verification of that width and answers 404 with the jobs.
+    `wait_for_verification_s` > 0 waits up to that long for those jobs (polling every
+    `poll_s`), then asks again; 0 (the default) does not wait: the layer is kept this time and
+    the report names the queued job, so a later run (or `kernelize(..., wait_for_verification_s=
+    600)`) gets the kernel once a GPU worker has verified the width."""
+
+    def __init__(self, url: str, timeout: float = 30.0, token: str | None = None,
+                 wait_for_verification_s: float = 0.0, poll_s: float = 2.0):
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.token = token or os.environ.get("KERNELIZE_TOKEN")
+        self.wait_for_verification_s = float(wait_for_verification_s)
+        self.poll_s = float(poll_s)
         self._sources: dict[str, tuple[dict, str]] = {}
 
     def _get(self, path: str) -> tuple[int, Any]:
@@ -102,11 +119,51 @@ class HubSource:
             self._sources[digest] = (manifest, body["source"])
         return self._sources[digest]
 
+    def wait_for_jobs(self, jobs: list[dict[str, Any]], timeout_s: float) -> dict[int, str]:
+        """Poll GET /v1/jobs/{id} until every job is done or failed, or `timeout_s` passes;
+        returns each job's last state."""
+        deadline = time.monotonic() + timeout_s
+        states: dict[int, str] = {int(j["job_id"]): "queued" for j in jobs}
+        while True:
+            for jid in [j for j, s in states.items() if s not in ("done", "failed")]:
+                status, body = self._get(f"/v1/jobs/{jid}")
+                if status != 200:
+                    raise HubError(f"GET /v1/jobs/{jid}: {status} {body.get('detail', body)}")
+                states[jid] = body.get("state", "?")
+            if all(s in ("done", "failed") for s in states.values()) or time.monotonic() >= deadline:
+                return states
+            time.sleep(max(0.01, min(self.poll_s, deadline - time.monotonic())))
+
     def resolve(self, key: Key) -> Resolution:
+        r = self._resolve_once(key)
+        if r.kernel is not None or not r.queued_jobs:
+            return r
+        jobs = ", ".join(f"{j.get('kernel', '?')}: {self.url}{j['job_url']}" for j in r.queued_jobs)
+        width = f"cols={key.cols} ({key.dtype} on {key.arch})"
+        if self.wait_for_verification_s <= 0:
+            r.width_note = (f"not verified at {width}; verification queued ({jobs}); not waiting "
+                            "(pass wait_for_verification_s=SECONDS to wait for it)")
+            return r
+        t0 = time.monotonic()
+        states = self.wait_for_jobs(r.queued_jobs, self.wait_for_verification_s)
+        waited = time.monotonic() - t0
+        ended = ", ".join(f"job {j} {s}" for j, s in sorted(states.items()))
+        again = self._resolve_once(key)
+        if again.kernel is not None:
+            again.width_note = (f"waited {waited:.0f} s for the verification of {width} ({ended}); "
+                                "now verified")
+            return again
+        timed_out = any(s not in ("done", "failed") for s in states.values())
+        again.width_note = (f"not verified at {width}; waited {waited:.0f} s for the verification "
+                            f"({jobs}; {ended})" + ("; timed out" if timed_out else ""))
+        again.queued_jobs = again.queued_jobs or r.queued_jobs
+        return again
+
+    def _resolve_once(self, key: Key) -> Resolution:
         status, body = self._get("/v1/resolve?" + urllib.parse.urlencode(key.query()))
         if status == 404:
             excluded = body.get("excluded") or [body.get("detail", "no kernel qualifies")]
-            return Resolution(None, list(excluded))
+            return Resolution(None, list(excluded), list(body.get("queued_jobs") or []))
         if status != 200:
             raise HubError(f"GET /v1/resolve {key.query()}: {status} {body.get('detail', body)}")
         digest = normalize_digest(body["digest"])
@@ -117,10 +174,11 @@ class HubSource:
             raise DigestMismatch(f"{label}: the source is {manifest['name']} {manifest['version']}")
         _check_matches(key, manifest, label)
         evidence = {e: body.get(e) for e in ("policy", "class", "device", "verified_at",
-                                             "verification_id", "verification_url", "speed")}
+                                             "verification_id", "verification_url", "speed",
+                                             "coverage")}
         return Resolution(Resolved(k["name"], k["version"], digest, manifest, source,
                                    f"hub {self.url}", evidence),
-                          list(body.get("excluded") or []))
+                          list(body.get("excluded") or []), list(body.get("queued_jobs") or []))
 
 
 LOCK_FORMAT = 1

@@ -2,6 +2,9 @@
 kernel folders. No GPU: kernelize reports what it would replace and swaps nothing."""
 
 import json
+import logging
+import threading
+import time
 import urllib.request
 
 import pytest
@@ -34,7 +37,8 @@ def test_unverified_bundled_kernels_are_never_handed_out(hub, tiny_llama, capsys
 
 
 def test_verified_kernels_resolve_on_their_arch_only(hub, tiny_llama):
-    digests = hub.verify_as_worker({"rms_norm_llama", "silu_and_mul"}, arch="sm_90")
+    digests = hub.verify_as_worker({"rms_norm_llama", "silu_and_mul"}, arch="sm_90",
+                                 report="tiny/exact")
     rep = kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False)
     entries = by_path(rep)
     norm, mlp = entries["model.layers.1.post_attention_layernorm"], entries["model.layers.1.mlp"]
@@ -54,8 +58,8 @@ def test_verified_kernels_resolve_on_their_arch_only(hub, tiny_llama):
 
 
 def test_policy_picks_between_exact_and_faster_inexact(hub, tiny_llama):
-    hub.verify_as_worker({"rms_norm_llama"}, report="exact")
-    hub.verify_as_worker({"rms_norm_llama_wbr"}, report="one_ulp_fast")
+    hub.verify_as_worker({"rms_norm_llama"}, report="tiny/exact")
+    hub.verify_as_worker({"rms_norm_llama_wbr"}, report="tiny/one_ulp_fast")
     exact = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False))
     assert exact["model.norm"].kernel.name == "rms_norm_llama"
     assert any(r.startswith("rms_norm_llama_wbr 1.0.0:") for r in exact["model.norm"].reasons)
@@ -65,7 +69,7 @@ def test_policy_picks_between_exact_and_faster_inexact(hub, tiny_llama):
 
 
 def test_a_tampered_hub_source_is_refused(hub, tiny_llama, monkeypatch):
-    hub.verify_as_worker({"rms_norm_llama"})
+    hub.verify_as_worker({"rms_norm_llama"}, report="tiny/exact")
     real_get = HubSource._get
 
     def evil_get(self, path):
@@ -92,7 +96,7 @@ def test_bad_query_and_swap_without_cuda_are_clear_errors(hub, tiny_llama):
 
 
 def test_lock_round_trip_offline(hub, tiny_llama, tmp_path):
-    hub.verify_as_worker({"rms_norm_llama"})
+    hub.verify_as_worker({"rms_norm_llama"}, report="tiny/exact")
     path = tmp_path / "kernelize.lock.json"
     kernelize.lock(tiny_llama, hub=hub.url, path=path, arch="sm_90")
     online = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False))
@@ -131,3 +135,66 @@ def test_local_kernel_folder_gives_the_hubs_digests(hub, tiny_llama):
                                       verbose=False))
     assert amb["model.norm"].status == "kept"
     assert "choose with names" in amb["model.norm"].reasons[-1]
+
+
+def test_an_unverified_width_is_queued_and_the_client_can_wait_for_it(hub, tiny_llama, caplog):
+    # Verified at cols 8192 only: the tiny model's RMSNorm (cols 64) is a width never run.
+    hub.verify_as_worker({"rms_norm_llama"}, report="exact")
+    caplog.set_level(logging.WARNING, logger="kernelize")
+    rep = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False))
+    norm = rep["model.norm"]
+    assert norm.status == "kept"
+    assert any(r.startswith("rms_norm_llama 1.0.0: verified at cols 8192 for bf16 on sm_90, not at 64")
+               for r in norm.reasons), norm.reasons
+    assert "/v1/jobs/" in norm.width_note and "not waiting" in norm.width_note, norm.width_note
+    job_url = norm.width_note.split("rms_norm_llama 1.0.0: ")[1].split(")")[0].split(";")[0]
+    job = json.load(urllib.request.urlopen(job_url))
+    assert job["state"] == "queued"
+    assert job["shapes"] == [{"cols": 64, "rows_min": 1, "rows_max": 64}]
+    logged = [r.getMessage() for r in caplog.records if r.name == "kernelize"]
+    assert any("model.norm" in m and "cols=64" in m and job_url in m and "keeping the layer" in m
+               for m in logged), logged
+    # every rms_norm layer asked for the same width: one job, not one per layer
+    assert len({e.width_note for e in rep.values() if e.width_note}) == 1
+
+    # Waiting with no worker running: a short timeout, the layer is kept and it says so.
+    t0 = time.monotonic()
+    short = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False,
+                                        wait_for_verification_s=0.5))["model.norm"]
+    assert time.monotonic() - t0 < 20
+    assert short.status == "kept" and "timed out" in short.width_note, short.width_note
+
+    # A GPU worker (simulated) takes the width job a moment later and reports a run covering 64.
+    tok = hub.token("worker")
+    fixture = json.loads((REPO / "tests/fixtures/reports/tiny/exact.json").read_text())
+    done = []
+
+    def worker():
+        time.sleep(1.5)
+        for _ in range(200):
+            status, claim = hub.call("POST", "/v1/jobs/claim", {"worker": "pytest-width"}, tok)
+            if status == 204:
+                time.sleep(0.2)
+                continue
+            if not claim["job"]["shapes"]:
+                continue  # a suite job of another kernel: left leased
+            r = json.loads(json.dumps(fixture))
+            r["kernel"]["digest"] = claim["kernel"]["digest"]
+            r["device"]["arch"] = "sm_90"
+            r["requested_shapes"] = claim["job"]["shapes"]
+            status, body = hub.call("POST", f"/v1/jobs/{claim['job']['id']}/report",
+                                    {"lease_id": claim["lease_id"], "report": r}, tok)
+            done.append((status, body))
+            return
+
+    t = threading.Thread(target=worker)
+    t.start()
+    waited = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False,
+                                         wait_for_verification_s=60))
+    t.join(30)
+    assert done and done[0][0] == 201, done
+    norm = waited["model.norm"]
+    assert norm.status == "would replace" and norm.kernel.name == "rms_norm_llama"
+    assert "waited" in norm.width_note and "now verified" in norm.width_note, norm.width_note
+    assert norm.kernel.evidence["coverage"]["cols"] == 64
+    assert json.load(urllib.request.urlopen(job_url))["state"] == "done"
