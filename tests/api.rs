@@ -1102,3 +1102,47 @@ async fn width_jobs_are_capped(b: Backend) {
     let k: Value = srv.get_json("/v1/kernels/capped_k/1.0.0").await;
     assert_eq!(k["jobs"].as_array().unwrap().len(), 2, "{k}");
 }
+
+/// `kernelize verify --cols/--rows/--shape`: a bad value is refused before any GPU work, with
+/// what was wrong and how to write it.
+#[test]
+fn verify_cli_names_bad_shapes() {
+    let dir = kernels_dir().join("rms_norm_llama");
+    for (args, says) in [
+        (
+            vec!["--rows", "1..8"],
+            "--rows applies to the widths given with --cols",
+        ),
+        (vec!["--cols", "0"], "--cols 0: cols must be at least 1"),
+        (
+            vec!["--cols", "11008", "--rows", "1..x"],
+            "write A..B (e.g. 1..64) or N",
+        ),
+        (
+            vec!["--cols", "11008", "--rows", "64..1"],
+            "write A..B with 1 <= A <= B",
+        ),
+        (
+            vec!["--shape", "11008:1-64"],
+            "write COLS:A..B, e.g. 11008:1..64",
+        ),
+        (
+            vec!["--cols", "1000000", "--rows", "1..100000"],
+            "more than 2^31 elements",
+        ),
+    ] {
+        let out = std::process::Command::new(support::bin())
+            .arg("verify")
+            .arg(&dir)
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(
+            !err.contains("CUDA"),
+            "{args:?}: checked before the GPU: {err}"
+        );
+    }
+}
