@@ -10,9 +10,10 @@ SHA-256 of its CUBIN is compared with `compiled[].code_sha256` of the verificati
 compared too. Prints a table, writes OUT_JSON, exits 1 on any difference or missing record
 (2 when it cannot run at all: no CUDA device, no NVRTC).
 
-For comparison (informative only), the CUBIN that NVRTC makes of the same entry with the flags
-`torch.cuda._compile_kernel` adds (the client's old path: PyTorch's `-I` paths and `-D__CUDA_NO_*`
-macros; PyTorch then loads PTX, which the driver compiles) is hashed too (`--no-torch` skips it).
+For comparison (informative only, never failing the check; `--no-torch` skips both): the CUBIN
+that NVRTC makes of the same entry with the flags `torch.cuda._compile_kernel` adds (PyTorch's
+`-I` paths and `-D__CUDA_NO_*` macros), and what the client's old path really ran: the PTX of
+`torch.cuda._utils._nvrtc_compile`, JIT-compiled by the driver (cuLink*, in a child process).
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def torch_flag_options(entry_opts: list[str], arch: str) -> list[str]:
     (torch/cuda/_utils.py `_nvrtc_compile`)."""
     from torch.cuda import _utils as tu
 
-    from kernelize import launch
+    from kernelize import launch, nvrtc
     opts = [f"--gpu-architecture={arch}"]
     try:
         from torch.utils.cpp_extension import include_paths
@@ -123,6 +124,9 @@ def torch_flag_options(entry_opts: list[str], arch: str) -> list[str]:
     except Exception:  # noqa: BLE001 (no CUDA_HOME: PyTorch adds none)
         pass
     opts += [f"-I{d}" for d in launch.cuda_include_dirs()]
+    inc = f"-I{nvrtc.include_dir_for_client()[0]}"
+    if inc not in opts:  # (a machine whose headers the old path did not find: compare anyway)
+        opts.append(inc)
     opts += entry_opts
     try:
         opts += tu._get_gpu_rtc_compatible_flags()
@@ -131,13 +135,92 @@ def torch_flag_options(entry_opts: list[str], arch: str) -> list[str]:
     return opts
 
 
+def old_path_child(kernels_dir: Path, out: Path) -> None:
+    """In a child process (a crash here must not end the check): what the client's old path ran,
+    per (kernel dir, dtype): `torch.cuda._utils._nvrtc_compile` as `torch.cuda._compile_kernel`
+    called it (PyTorch's flags; it returns PTX), then the driver's JIT of that PTX to a CUBIN
+    (cuLinkAddData / cuLinkComplete in the device's context, as cuModuleLoadData of PTX does).
+    Writes {"<dir>/<dtype>": {"ptx_sha256", "jit_cubin_sha256"} or {"error"}} to `out`."""
+    import ctypes
+    import hashlib
+
+    import torch
+    from torch.cuda import _utils as tu
+
+    from kernelize import launch
+    from kernelize.digest import parse_manifest_toml
+    torch.empty(1, device="cuda")  # the primary context, current on this thread
+    major, minor = torch.cuda.get_device_capability()
+    cu = ctypes.CDLL("libcuda.so.1")
+    P, S, U = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint
+    cu.cuLinkCreate_v2.argtypes = [U, P, P, ctypes.POINTER(P)]
+    cu.cuLinkAddData_v2.argtypes = [P, ctypes.c_int, ctypes.c_char_p, S, ctypes.c_char_p, U, P, P]
+    cu.cuLinkComplete.argtypes = [P, ctypes.POINTER(P), ctypes.POINTER(S)]
+    cu.cuLinkDestroy.argtypes = [P]
+    res: dict[str, Any] = {}
+    for d in sorted(p for p in kernels_dir.iterdir() if (p / "kernel.toml").is_file()):
+        try:
+            man = parse_manifest_toml((d / "kernel.toml").read_bytes().decode("utf-8"))
+            src = (d / man["source"]).read_bytes().decode("utf-8")
+        except Exception as e:  # noqa: BLE001
+            res[d.name] = {"error": str(e)[:300]}
+            continue
+        for dt, sym in man["entries"].items():
+            key = f"{d.name}/{dt}"
+            try:
+                ptx, _ = tu._nvrtc_compile(src, sym, f"{major}{minor}",
+                                           cuda_include_dirs=launch.cuda_include_dirs(),
+                                           nvcc_options=launch.entry_options(man.get("nvrtc_options", []), dt))
+                ptx = bytes(ptx)
+                st = P()
+                if cu.cuLinkCreate_v2(0, None, None, ctypes.byref(st)) != 0:
+                    raise RuntimeError("cuLinkCreate failed")
+                try:
+                    data = ptx + b"\0"
+                    r = cu.cuLinkAddData_v2(st, 1, data, len(data), b"old-path.ptx", 0, None, None)
+                    if r != 0:
+                        raise RuntimeError(f"cuLinkAddData: CUDA error {r}")
+                    out_p, size = P(), S()
+                    r = cu.cuLinkComplete(st, ctypes.byref(out_p), ctypes.byref(size))
+                    if r != 0:
+                        raise RuntimeError(f"cuLinkComplete: CUDA error {r}")
+                    cubin = ctypes.string_at(out_p.value, size.value)
+                finally:
+                    cu.cuLinkDestroy(st)
+                res[key] = {"ptx_sha256": hashlib.sha256(ptx).hexdigest(),
+                            "jit_cubin_sha256": hashlib.sha256(cubin).hexdigest()}
+            except Exception as e:  # noqa: BLE001
+                res[key] = {"error": str(e)[:300]}
+    out.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+
+
+def old_path(kernels_dir: Path, tmp: Path) -> tuple[dict[str, Any], str | None]:
+    """`old_path_child` in a child process: its results, and why there are none (when so)."""
+    out = tmp.with_suffix(".old-path.json")
+    try:
+        p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--old-path-child",
+                            str(kernels_dir), str(out)], capture_output=True, text=True, timeout=300)
+        if p.returncode != 0 or not out.is_file():
+            last = ((p.stderr or p.stdout).strip().splitlines() or ["no output"])[-1]
+            return {}, f"failed (rc {p.returncode}): {last[:300]}"
+        return json.loads(out.read_text(encoding="utf-8")), None
+    except Exception as e:  # noqa: BLE001
+        return {}, str(e)[:300]
+    finally:
+        out.unlink(missing_ok=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--old-path-child"]:
+        old_path_child(Path(args[1]), Path(args[2]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("report_dir", type=Path)
     ap.add_argument("kernels_dir", type=Path)
     ap.add_argument("out_json", type=Path)
     ap.add_argument("--no-torch", action="store_true", help="skip the torch-flags comparison")
-    a = ap.parse_args(argv)
+    a = ap.parse_args(args)
 
     import torch
 
@@ -202,12 +285,26 @@ def main(argv: list[str] | None = None) -> int:
                     row["torch_flags_error"] = str(e)[:300]
             rows.append(row)
 
-    hdr = ("kernel", "dtype", "client", "verifier", "same code", "same options", "torch flags")
+    old_res, old_why = ({}, "skipped (--no-torch)") if a.no_torch else old_path(a.kernels_dir, a.out_json)
+    old_differs = old_n = 0
+    for r in rows:
+        o = old_res.get(f"{r['kernel']}/{r['dtype']}") or {}
+        r["old_path"] = o
+        if o.get("jit_cubin_sha256") and r["client_sha256"]:
+            old_n += 1
+            old_differs += o["jit_cubin_sha256"] != r["client_sha256"]
+
+    def vs(h: str | None, err: bool, ref: str | None) -> str:
+        if not h:
+            return "error" if err else "-"
+        return f"{short(h)} ({'same' if h == ref else 'differs'})"
+
+    hdr = ("kernel", "dtype", "client", "verifier", "same code", "same options", "torch flags",
+           "old path: PTX -> driver JIT")
     table = [hdr] + [(r["kernel"], r["dtype"], short(r["client_sha256"]), short(r["verifier_sha256"]),
                       "yes" if r["same_code"] else "NO", "yes" if r["same_options"] else "NO",
-                      (short(r.get("torch_flags_sha256")) + (" (differs)" if r.get("torch_flags_sha256")
-                       and r.get("torch_flags_sha256") != r["client_sha256"] else " (same)"))
-                      if r.get("torch_flags_sha256") else "-")
+                      vs(r.get("torch_flags_sha256"), "torch_flags_error" in r, r["client_sha256"]),
+                      vs(r["old_path"].get("jit_cubin_sha256"), "error" in r["old_path"], r["client_sha256"]))
                      for r in rows]
     w = [max(len(str(t[i])) for t in table) for i in range(len(hdr))]
     print()
@@ -222,12 +319,15 @@ def main(argv: list[str] | None = None) -> int:
            "device": torch.cuda.get_device_name(dev), "arch": arch, "torch": torch.__version__,
            "client_nvrtc": {"library": nv.path, "version": nv.version},
            "loader_nvrtc": loader, "include_dir": inc, "include_dir_is_verifiers": inc_same,
-           "command": " ".join([os.path.basename(sys.argv[0])] + (argv if argv is not None else sys.argv[1:])),
-           "modules": len(rows), "identical": same, "ok": not problems, "problems": problems,
+           "command": " ".join([os.path.basename(sys.argv[0])] + args),
+           "old_path_error": old_why, "modules": len(rows), "identical": same, "ok": not problems, "problems": problems,
            "rows": rows}
     a.out_json.parent.mkdir(parents=True, exist_ok=True)
     a.out_json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    if old_why:
+        print(f"\nold path (informative): {old_why}")
     tf = f"; torch's flags give other code for {torch_differs} of {torch_n}" if torch_n else ""
+    tf += f", its PTX JIT-compiled by the driver for {old_differs} of {old_n}" if old_n else ""
     print(f"\ncubin: {same} of {len(rows)} modules identical to the verifier's (code and options)"
           f"{'' if not problems else f', {len(problems)} problem(s)'}{tf}")
     return 0 if not problems else 1

@@ -273,3 +273,62 @@ def test_client_loads_the_code_it_hashed(monkeypatch):
     assert rec["options"] == nvrtc.module_options(man, "bf16", "sm_90", inc)
     assert rec["code_kind"] == "cubin" and k.func.value == 1234
     assert [r["digest"] for r in launch.compile_records()] == ["sha256:" + "1" * 64]
+
+
+def test_cubin_check_end_to_end_with_a_stand_in_device(tmp_path, monkeypatch, capsys):
+    """scripts/cubin_check.py from kernel folder to table, JSON and exit status, the device
+    replaced by stand-ins (NVRTC is real): equal hashes pass; a different hash or a missing
+    report fails."""
+    import shutil
+    import types
+
+    import torch
+    _nvrtc_or_skip()
+    cc = _cubin_check()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Stand-in GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda d=None: types.SimpleNamespace(multi_processor_count=132,
+                                                             shared_memory_per_block_optin=232448))
+
+    class FakeCuda:
+        def cuModuleGetFunction(self, out, module, name):
+            out._obj.value = 1
+            return 0
+
+    monkeypatch.setattr(launch, "_libcuda", lambda: FakeCuda())
+    monkeypatch.setattr(launch, "_load_module", lambda image, dev: None)
+    monkeypatch.setattr(launch, "_CACHE", {})
+    kdir = tmp_path / "kernels"
+    shutil.copytree(REPO / "kernels" / "silu", kdir / "silu")
+    man = parse_manifest_toml((kdir / "silu" / "kernel.toml").read_text(encoding="utf-8"))
+    src = (kdir / "silu" / man["source"]).read_text(encoding="utf-8")
+    inc, _ = nvrtc.include_dir_for_client()
+    compiled = []
+    for dt, sym in man["entries"].items():
+        c = nvrtc.compile_entry(man, src, dt, "sm_90", include_dir=inc)
+        compiled.append({"dtype": dt, "symbol": sym, "options": c.options, "nvrtc_version": c.nvrtc_version,
+                         "code_kind": c.code_kind, "code_sha256": c.code_sha256})
+    reports = tmp_path / "out"
+    reports.mkdir()
+    (reports / "kernel-silu.json").write_text(json.dumps({"compiled": compiled}))
+    out_json = tmp_path / "cubin.json"
+    assert cc.main([str(reports), str(kdir), str(out_json), "--no-torch"]) == 0
+    text = capsys.readouterr().out
+    res = json.loads(out_json.read_text())
+    assert res["ok"] and res["modules"] == res["identical"] == len(man["entries"])
+    assert f"cubin: {len(man['entries'])} of {len(man['entries'])} modules identical" in text.splitlines()[-1]
+    # one dtype's hash differs in the report: exit 1, that row says NO
+    compiled[0]["code_sha256"] = "0" * 64
+    (reports / "kernel-silu.json").write_text(json.dumps({"compiled": compiled}))
+    assert cc.main([str(reports), str(kdir), str(out_json), "--no-torch"]) == 1
+    res = json.loads(out_json.read_text())
+    assert not res["ok"] and res["identical"] == len(man["entries"]) - 1
+    assert any("!= verifier" in p for p in res["problems"])
+    # no report at all: exit 1, said once
+    (reports / "kernel-silu.json").unlink()
+    assert cc.main([str(reports), str(kdir), str(out_json), "--no-torch"]) == 1
+    res = json.loads(out_json.read_text())
+    assert res["identical"] == 0 and len(res["problems"]) == 1 and "no report" in res["problems"][0]
