@@ -15,13 +15,20 @@ pub use crate::exec::ExecError;
 
 /// Bytes of guard region before and after every device buffer (keeps 16-byte alignment).
 pub const GUARD_BYTES: usize = 4096;
-/// The byte every guard region is filled with: drawn once per process (never 0x00 or 0xFF), so
-/// a kernel cannot recognise the verifier by the bytes around its buffers.
+/// The byte every guard region is filled with: drawn once per process (never 0x00, 0xFF, or
+/// 0xA5, the constant of earlier verifiers that a kernel may look for), so a kernel cannot
+/// recognise the verifier by the bytes around its buffers.
 pub fn guard_byte() -> u8 {
     static BYTE: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
     *BYTE.get_or_init(|| {
         use rand::Rng;
-        rand::thread_rng().gen_range(1..=0xFE)
+        let mut rng = rand::thread_rng();
+        loop {
+            let b = rng.gen_range(1..=0xFE);
+            if b != 0xA5 {
+                return b;
+            }
+        }
     })
 }
 
@@ -107,6 +114,39 @@ pub enum Arg {
 
 struct Module {
     module: sys::CUmodule,
+    /// What was loaded: the full NVRTC options, NVRTC's version, `cubin` or `ptx`, SHA-256.
+    record: ModuleRecord,
+}
+
+/// How a loaded module was made (for the report's `compiled` list).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModuleRecord {
+    pub options: Vec<String>,
+    pub nvrtc_version: String,
+    pub code_kind: &'static str,
+    pub code_sha256: String,
+}
+
+fn record(opts: &[String], nvrtc_version: &str, bytes: &[u8], cubin: bool) -> ModuleRecord {
+    use sha2::{Digest, Sha256};
+    ModuleRecord {
+        options: opts.to_vec(),
+        nvrtc_version: nvrtc_version.to_string(),
+        code_kind: if cubin { "cubin" } else { "ptx" },
+        code_sha256: hex::encode(Sha256::digest(bytes)),
+    }
+}
+
+/// Every option NVRTC gets for a module, in order: the real architecture (so NVRTC makes a
+/// CUBIN and the driver JITs nothing), the CUDA include path, then the job's own options (the
+/// author's, then the dtype macro). Clients must compile with exactly this list.
+pub fn nvrtc_options(arch: Arch, include_dir: &str, job_options: &[String]) -> Vec<String> {
+    let mut opts = vec![
+        format!("--gpu-architecture=sm_{}{}", arch.major, arch.minor),
+        format!("--include-path={include_dir}"),
+    ];
+    opts.extend(job_options.iter().cloned());
+    opts
 }
 
 /// NVRTC's CUBIN of a compiled program, when it made one (a real `sm_XY` target).
@@ -328,11 +368,7 @@ impl Gpu {
             if self.modules.contains_key(&key) {
                 continue;
             }
-            let mut opts = vec![
-                format!("--gpu-architecture=sm_{}{}", arch.major, arch.minor),
-                format!("--include-path={}", cuda_include_dir()),
-            ];
-            opts.extend(job.options.iter().cloned());
+            let opts = nvrtc_options(arch, &cuda_include_dir(), &job.options);
             let nv = nvrtc_version.get_or_insert_with(Self::nvrtc_version);
             let cached = crate::compile_cache::path(job.source, &opts, nv);
             if let Some(image) = cached.as_deref().and_then(crate::compile_cache::load) {
@@ -341,7 +377,8 @@ impl Gpu {
                     unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
                 {
                     crate::trace(|| format!("compile {}: CUBIN from the compile cache", job.what));
-                    self.modules.insert(key, Module { module });
+                    let record = record(&opts, nv, &image, true);
+                    self.modules.insert(key, Module { module, record });
                     continue;
                 }
             }
@@ -373,7 +410,7 @@ impl Gpu {
         });
         let wall = t0.elapsed().as_secs_f64();
         let mut first_err = None;
-        for ((job, key, _, cached), res) in todo.into_iter().zip(images) {
+        for ((job, key, opts, cached), res) in todo.into_iter().zip(images) {
             let cerr = |log: String| ExecError::Compile {
                 what: job.what.clone(),
                 log,
@@ -414,9 +451,25 @@ impl Gpu {
                     unsafe { std::slice::from_raw_parts(image.as_ptr() as *const u8, image.len()) };
                 crate::compile_cache::store(p, bytes);
             }
-            self.modules.insert(key, Module { module });
+            // SAFETY: c_char and u8 have the same size and layout.
+            let bytes =
+                unsafe { std::slice::from_raw_parts(image.as_ptr() as *const u8, image.len()) };
+            let record = record(
+                &opts,
+                nvrtc_version.as_deref().unwrap_or(""),
+                bytes,
+                is_cubin,
+            );
+            self.modules.insert(key, Module { module, record });
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// How the module of `digest` with `options` (the job's options) was made, once loaded.
+    pub fn module_record(&self, digest: &str, options: &[String]) -> Option<&ModuleRecord> {
+        self.modules
+            .get(&(digest.to_string(), self.info.arch, options.to_vec()))
+            .map(|m| &m.record)
     }
 
     /// Look up `symbol` in the module compiled for `digest` with `options`.

@@ -2,7 +2,7 @@
 //! the metrics, the report and the policy checks build and are tested without one.
 
 use crate::cases::CaseSpec;
-use kernel_registry::report::{CaseReport, DeviceInfo};
+use kernel_registry::report::{CaseReport, CompiledModule, DeviceInfo};
 use kernel_registry::KernelBundle;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -76,4 +76,9 @@ pub trait Executor {
         limits: &Limits,
         copy_gbps: f64,
     ) -> Result<CaseReport, ExecError>;
+    /// What each dtype's entry was compiled into (options and the code's hash), compiling it
+    /// if needed. Executors that compile nothing have nothing to say.
+    fn compiled(&mut self, _bundle: &KernelBundle) -> Result<Vec<CompiledModule>, ExecError> {
+        Ok(Vec::new())
+    }
 }

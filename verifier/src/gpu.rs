@@ -3,10 +3,10 @@
 //! process (`crate::sandbox`).
 
 use crate::cases::{self, CaseInputs, CaseSpec};
-use crate::cuda::{Arg, DevBuf, Gpu};
+use crate::cuda::{Arg, CompileJob, DevBuf, Gpu};
 use crate::exec::{ExecError, Executor, Limits};
-use kernel_registry::manifest::LaunchDims;
-use kernel_registry::report::{CaseReport, DeviceInfo};
+use kernel_registry::manifest::{entry_options, LaunchDims};
+use kernel_registry::report::{CaseReport, CompiledModule, DeviceInfo};
 use kernel_registry::{DType, KernelBundle, Op, Semantics};
 use std::time::Duration;
 
@@ -189,5 +189,36 @@ impl Executor for CudaExecutor {
         copy_gbps: f64,
     ) -> Result<CaseReport, ExecError> {
         crate::measure::run_case(self.gpu()?, bundle, spec, limits, copy_gbps)
+    }
+
+    fn compiled(&mut self, bundle: &KernelBundle) -> Result<Vec<CompiledModule>, ExecError> {
+        let m = &bundle.manifest;
+        let digest = bundle.digest().to_string();
+        let gpu = self.gpu()?;
+        let jobs: Vec<CompileJob> = m
+            .entries
+            .keys()
+            .map(|&d| CompileJob {
+                digest: &digest,
+                what: format!("{} ({d})", m.name),
+                source: &bundle.source,
+                options: entry_options(&m.nvrtc_options, d),
+            })
+            .collect();
+        gpu.compile_all(&jobs)?;
+        Ok(m.entries
+            .iter()
+            .filter_map(|(&dtype, symbol)| {
+                let r = gpu.module_record(&digest, &entry_options(&m.nvrtc_options, dtype))?;
+                Some(CompiledModule {
+                    dtype,
+                    symbol: symbol.clone(),
+                    options: r.options.clone(),
+                    nvrtc_version: r.nvrtc_version.clone(),
+                    code_kind: r.code_kind.to_string(),
+                    code_sha256: r.code_sha256.clone(),
+                })
+            })
+            .collect())
     }
 }

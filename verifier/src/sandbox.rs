@@ -6,7 +6,7 @@
 use crate::cases::CaseSpec;
 use crate::exec::{ExecError, Executor, Limits};
 use crate::gpu::CudaExecutor;
-use kernel_registry::report::{CaseReport, DeviceInfo};
+use kernel_registry::report::{CaseReport, CompiledModule, DeviceInfo};
 use kernel_registry::KernelBundle;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -27,6 +27,10 @@ pub enum Request {
         limits: Limits,
         copy_gbps: f64,
     },
+    Compiled {
+        manifest_toml: String,
+        source: String,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -34,6 +38,7 @@ pub enum Request {
 pub enum Response {
     Device(DeviceInfo),
     Case(Box<CaseReport>),
+    Compiled(Vec<CompiledModule>),
     Error(ExecError),
 }
 
@@ -53,6 +58,19 @@ pub fn serve() -> anyhow::Result<()> {
             Request::Device => match exec.device_info() {
                 Ok(d) => Response::Device(d),
                 Err(e) => Response::Error(e),
+            },
+            Request::Compiled {
+                manifest_toml,
+                source,
+            } => match KernelBundle::from_parts(&manifest_toml, &source) {
+                Err(e) => Response::Error(ExecError::Compile {
+                    what: "kernel.toml".into(),
+                    log: e.to_string(),
+                }),
+                Ok(b) => match exec.compiled(&b) {
+                    Ok(c) => Response::Compiled(c),
+                    Err(e) => Response::Error(e),
+                },
             },
             Request::Case {
                 manifest_toml,
@@ -266,7 +284,7 @@ impl Executor for SandboxExecutor {
         match self.call(&Request::Device, "device query")? {
             Response::Device(d) => Ok(d),
             Response::Error(e) => Err(e),
-            Response::Case(_) => Err(ExecError::Sandbox("unexpected answer".into())),
+            _ => Err(ExecError::Sandbox("unexpected answer".into())),
         }
     }
 
@@ -287,7 +305,19 @@ impl Executor for SandboxExecutor {
         match self.call(&req, &spec.id)? {
             Response::Case(c) => Ok(*c),
             Response::Error(e) => Err(e),
-            Response::Device(_) => Err(ExecError::Sandbox("unexpected answer".into())),
+            _ => Err(ExecError::Sandbox("unexpected answer".into())),
+        }
+    }
+
+    fn compiled(&mut self, bundle: &KernelBundle) -> Result<Vec<CompiledModule>, ExecError> {
+        let req = Request::Compiled {
+            manifest_toml: bundle.manifest_toml.clone(),
+            source: bundle.source.clone(),
+        };
+        match self.call(&req, "compile record")? {
+            Response::Compiled(c) => Ok(c),
+            Response::Error(e) => Err(e),
+            _ => Err(ExecError::Sandbox("unexpected answer".into())),
         }
     }
 }

@@ -206,6 +206,9 @@ pub fn verify_with(
         reports.push(report);
     }
     crate::trace(|| format!("verify {}: {} cases done", m.name, reports.len()));
+    // What the GPU ran, for clients that must run the same code (a failure here is not the
+    // kernel's: the cases already say whether it compiled).
+    let compiled = exec.compiled(bundle).unwrap_or_default();
     let summary = Summary::from_cases(&reports);
     Ok(VerificationReport {
         schema_version: REPORT_SCHEMA_VERSION,
@@ -231,7 +234,7 @@ pub fn verify_with(
         summary,
         model: vec![],
         model_notes: vec![],
-        compiled: vec![],
+        compiled,
         requested_shapes: opts.shapes.clone(),
     })
 }

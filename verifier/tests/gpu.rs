@@ -51,6 +51,10 @@ fn notes(r: &VerificationReport) -> String {
 
 type Check = fn(&VerificationReport) -> Result<String, String>;
 
+fn mismatched(c: &kernel_registry::report::CaseReport) -> bool {
+    c.exactness.as_ref().is_some_and(|e| e.mismatches > 0)
+}
+
 fn any_integrity(r: &VerificationReport, needle: &str) -> Result<String, String> {
     r.cases
         .iter()
@@ -188,12 +192,20 @@ fn main() -> ExitCode {
     let checks: Vec<(&str, Check)> = vec![
         ("good/rms_norm_exact", |r| {
             let v = &r.summary.overall;
+            let large_ran = r
+                .cases
+                .iter()
+                .any(|c| c.id.ends_with("large_index") && c.status == CaseStatus::Ran);
             if v.class == ExactnessClass::BitExact
                 && v.deterministic
                 && v.batch_invariant
                 && v.integrity_ok
+                && large_ran
             {
-                Ok(format!("bit_exact over {} cases", v.cases_run))
+                Ok(format!(
+                    "bit_exact over {} cases (large-index case included)",
+                    v.cases_run
+                ))
             } else {
                 Err(format!(
                     "expected bit_exact, got {} ({})",
@@ -241,6 +253,106 @@ fn main() -> ExitCode {
                     .map(|c| c.id.as_str())
                     .collect::<Vec<_>>()
                     .join(", ")
+            ))
+        }),
+        ("broken/skips_unless_poisoned", |r| {
+            any_integrity(r, "never written")
+        }),
+        ("broken/skips_timed_launches", |r| {
+            let timed = any_integrity(r, "timed launches left a wrong output")?;
+            if r.cases
+                .iter()
+                .flat_map(|c| &c.speed)
+                .any(|s| s.above_roofline().is_some())
+                && r.summary.overall.gbps_4096x8192.is_some()
+            {
+                return Err("a speed above the roofline was recorded as a speed".into());
+            }
+            Ok(timed)
+        }),
+        ("broken/hardcoded_eps", |r| {
+            let bad: Vec<_> = r.cases.iter().filter(|c| mismatched(c)).collect();
+            if bad.is_empty() {
+                return Err("no case mismatched".into());
+            }
+            if let Some(c) = bad.iter().find(|c| c.eps == Some(1e-6)) {
+                return Err(format!(
+                    "{} mismatched at eps 1e-6, the value it hard-codes",
+                    c.id
+                ));
+            }
+            Ok(format!(
+                "{} case(s) mismatch, none at eps 1e-6 (e.g. {} at eps {:?})",
+                bad.len(),
+                bad[0].id,
+                bad[0].eps
+            ))
+        }),
+        ("broken/anchor_shapes_only", |r| {
+            const ANCHORS: [u64; 11] = [
+                64, 127, 768, 1000, 1001, 2048, 4096, 5120, 8192, 16384, 65536,
+            ];
+            let bad: Vec<_> = r.cases.iter().filter(|c| mismatched(c)).collect();
+            if bad.is_empty() {
+                return Err("no case mismatched".into());
+            }
+            if let Some(c) = bad.iter().find(|c| ANCHORS.contains(&c.cols)) {
+                return Err(format!("{} (an anchor width) mismatched too", c.id));
+            }
+            Ok(format!(
+                "{} case(s) at other widths mismatch, e.g. {}",
+                bad.len(),
+                bad[0].id
+            ))
+        }),
+        ("broken/batch_size_dependent", |r| {
+            let c = r
+                .cases
+                .iter()
+                .find(|c| c.batch_invariant == Some(false))
+                .ok_or("no case found batch-dependent")?;
+            if r.summary.overall.class == ExactnessClass::BitExact {
+                return Err("classified bit_exact".into());
+            }
+            Ok(format!("{}: {}", c.id, c.note.as_deref().unwrap_or("")))
+        }),
+        ("broken/index32", |r| {
+            let large = r
+                .cases
+                .iter()
+                .find(|c| c.id.ends_with("large_index"))
+                .ok_or("no large-index case ran")?;
+            let caught = large.status == CaseStatus::Error
+                || mismatched(large)
+                || !large.integrity_failures.is_empty();
+            if !caught {
+                return Err(format!("{} passed: {:?}", large.id, large.status));
+            }
+            if let Some(c) = r.cases.iter().find(|c| {
+                !c.id.ends_with("large_index") && (mismatched(c) || c.status != CaseStatus::Ran)
+            }) {
+                return Err(format!("{} failed below 2^31 elements too", c.id));
+            }
+            Ok(format!(
+                "{}: {}",
+                large.id,
+                large
+                    .note
+                    .as_deref()
+                    .or(large.integrity_failures.first().map(String::as_str))
+                    .unwrap_or("")
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+            ))
+        }),
+        ("broken/detects_guard_bytes", |r| {
+            let bad = r.cases.iter().filter(|c| mismatched(c)).count();
+            if bad == 0 || r.summary.overall.class == ExactnessClass::BitExact {
+                return Err("it was not caught".into());
+            }
+            Ok(format!(
+                "{bad} case(s) mismatch: it does not find the guard it looks for"
             ))
         }),
         ("broken/never_finishes", |r| {
