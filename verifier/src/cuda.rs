@@ -234,14 +234,25 @@ pub struct Gpu {
 
 /// NVRTC's include path: `$CUDA_HOME/include`, `$CUDA_PATH/include`, else /usr/local/cuda.
 pub fn cuda_include_dir() -> String {
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Ok(v) = std::env::var(var) {
-            if !v.is_empty() {
-                return format!("{}/include", v.trim_end_matches('/'));
-            }
+    let home = std::env::var("CUDA_HOME").ok();
+    let path = std::env::var("CUDA_PATH").ok();
+    cuda_include_dir_from(home.as_deref(), path.as_deref())
+}
+
+/// `cuda_include_dir` from given variables (the Python client's twin is tested on the same
+/// fixture).
+pub fn cuda_include_dir_from(cuda_home: Option<&str>, cuda_path: Option<&str>) -> String {
+    for v in [cuda_home, cuda_path].into_iter().flatten() {
+        if !v.is_empty() {
+            return format!("{}/include", v.trim_end_matches('/'));
         }
     }
     "/usr/local/cuda/include".to_string()
+}
+
+/// The name of a kernel's module for `dt` (NVRTC's program is `"{this}.cu"`; clients use it too).
+pub fn module_what(kernel: &str, dt: kernel_registry::DType) -> String {
+    format!("{kernel} ({dt})")
 }
 
 fn driver_version_string() -> String {
@@ -512,9 +523,13 @@ impl Gpu {
         let base =
             unsafe { result::malloc_sync(total) }.map_err(drv("allocating device memory"))?;
         let b = DevBuf { base, bytes };
-        // SAFETY: the range is inside the allocation.
-        unsafe { result::memset_d8_sync(base, guard_byte(), total) }
-            .map_err(drv("filling guards"))?;
+        // Only the guards: every payload is uploaded or poisoned before anything reads it.
+        // Queued on the legacy stream, so it is ordered before any later copy or launch.
+        for at in [base, b.ptr() + bytes as u64] {
+            // SAFETY: the range is inside the allocation.
+            unsafe { result::memset_d8_async(at, guard_byte(), GUARD_BYTES, std::ptr::null_mut()) }
+                .map_err(drv("filling guards"))?;
+        }
         Ok(b)
     }
 
@@ -771,40 +786,17 @@ impl Gpu {
         )
     }
 
-    /// Wait for everything queued in the context, on any stream, for at most `limit`: a kernel
-    /// must leave no work running after its launch returns. Outputs are read only after this.
-    pub fn wait_idle(&self, what: &str, limit: Duration) -> Result<(), ExecError> {
-        let t0 = Instant::now();
-        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = done.clone();
-        let ctx = self._ctx.clone();
-        let h = std::thread::spawn(move || {
-            let r = ctx
-                .bind_to_thread()
-                .and_then(|_| result::ctx::synchronize());
-            flag.store(true, std::sync::atomic::Ordering::SeqCst);
-            r
-        });
-        while !done.load(std::sync::atomic::Ordering::SeqCst) {
-            if t0.elapsed() > limit {
-                return Err(mark_broken(ExecError::Timeout {
-                    what: format!("{what}: work left running after the launch returned"),
-                    limit_s: limit.as_secs_f64(),
-                }));
-            }
-            std::thread::sleep(Duration::from_micros(50));
-        }
-        match h.join() {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(mark_broken(ExecError::Launch {
-                what: what.into(),
+    /// Wait for everything queued in the context, on any stream: a kernel must leave no work
+    /// running after its launch returns, and outputs are read only after this. Called after
+    /// `wait` saw the launch finish, so it returns at once unless other work was queued; a
+    /// context that never idles is ended by the sandbox parent's per-case backstop.
+    pub fn wait_idle(&self, what: &str) -> Result<(), ExecError> {
+        result::ctx::synchronize().map_err(|e| {
+            mark_broken(ExecError::Launch {
+                what: format!("{what}: after the launch"),
                 message: describe(&e),
-            })),
-            Err(_) => Err(ExecError::Driver {
-                what: what.into(),
-                message: "synchronising the context panicked".into(),
-            }),
-        }
+            })
+        })
     }
 
     /// Free and total device memory, bytes.
@@ -847,5 +839,57 @@ pub fn median(xs: &mut [f64]) -> f64 {
         xs[n / 2]
     } else {
         0.5 * (xs[n / 2 - 1] + xs[n / 2])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kernel_registry::manifest::entry_options;
+    use kernel_registry::DType;
+    use serde_json::Value;
+
+    fn strings(v: &Value) -> Vec<String> {
+        serde_json::from_value(v.clone()).expect("a list of strings")
+    }
+
+    /// The Python client compiles with the same option list, include path and program name
+    /// (python/tests/test_compile.py checks the same fixture), so it gets the same CUBIN.
+    #[test]
+    fn nvrtc_options_match_the_python_client_fixture() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../python/tests/fixtures/nvrtc_options.json"
+        );
+        let fx: Value =
+            serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("JSON");
+        let cases = fx["options"].as_array().expect("options cases");
+        assert!(!cases.is_empty());
+        for c in cases {
+            let arch: Arch = c["arch"].as_str().unwrap().parse().unwrap();
+            let dt: DType = c["dtype"].as_str().unwrap().parse().unwrap();
+            let job = entry_options(&strings(&c["nvrtc_options"]), dt);
+            assert_eq!(
+                nvrtc_options(arch, c["include_dir"].as_str().unwrap(), &job),
+                strings(&c["expected"]),
+                "case {c}"
+            );
+        }
+        for c in fx["include_dir"].as_array().expect("include_dir cases") {
+            let env = |k: &str| c["env"].get(k).and_then(Value::as_str);
+            assert_eq!(
+                cuda_include_dir_from(env("CUDA_HOME"), env("CUDA_PATH")),
+                c["expected"].as_str().unwrap(),
+                "case {c}"
+            );
+        }
+        for c in fx["program_name"].as_array().expect("program_name cases") {
+            let dt: DType = c["dtype"].as_str().unwrap().parse().unwrap();
+            assert_eq!(
+                format!("{}.cu", module_what(c["kernel"].as_str().unwrap(), dt)),
+                c["expected"].as_str().unwrap(),
+                "case {c}"
+            );
+        }
     }
 }

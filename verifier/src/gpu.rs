@@ -200,7 +200,7 @@ impl Executor for CudaExecutor {
             .keys()
             .map(|&d| CompileJob {
                 digest: &digest,
-                what: format!("{} ({d})", m.name),
+                what: crate::cuda::module_what(&m.name, d),
                 source: &bundle.source,
                 options: entry_options(&m.nvrtc_options, d),
             })

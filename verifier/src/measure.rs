@@ -107,7 +107,7 @@ impl<'a> CaseRun<'a> {
             &args,
             limit,
         )?;
-        self.gpu.wait_idle(&k.name, limit)
+        self.gpu.wait_idle(&k.name)
     }
 
     /// Poison `out` with `p` and launch the candidate into it.
@@ -287,7 +287,7 @@ impl<'a> CaseRun<'a> {
             Ok(())
         };
         let mut check = |rep: usize| -> Result<(), ExecError> {
-            gpu.wait_idle(&self.cand.name, self.limits.launch())?;
+            gpu.wait_idle(&self.cand.name)?;
             let mut ok = self.device_sum(&out, key)? == want_out;
             if let (Some(r), Some(w)) = (&res, want_res) {
                 ok &= self.device_sum(r, key)? == w;
@@ -388,7 +388,7 @@ fn load<'a>(
         .keys()
         .map(|&d| CompileJob {
             digest: &digest,
-            what: format!("{} ({d})", m.name),
+            what: crate::cuda::module_what(&m.name, d),
             source: &bundle.source,
             options: entry_options(&m.nvrtc_options, d),
         })

@@ -53,7 +53,14 @@ impl Poison {
 
     /// Whether `bytes[range]` (a byte range of the payload) holds this poison in every byte.
     pub fn holds(&self, bytes: &[u8], range: std::ops::Range<usize>) -> bool {
-        range.clone().all(|i| bytes[i] == self.byte(i))
+        let mut word = (u64::MAX, [0u8; 8]);
+        range.clone().all(|i| {
+            let w = i as u64 / 8;
+            if word.0 != w {
+                word = (w, self.word(w));
+            }
+            bytes[i] == word.1[i % 8]
+        })
     }
 
     /// The whole pattern for `n` bytes (host side, for tests and small buffers).
