@@ -80,7 +80,7 @@ pub struct CaseSpec {
     pub check_batch: bool,
     /// The `eps` the case launches with (norm ops; unused by the others), drawn per case.
     pub eps: f32,
-    /// A case above 2^31 elements: inputs made, and outputs compared, on the GPU
+    /// A case above 2^32 elements: inputs made, and outputs compared, on the GPU
     /// (`crate::large`), so that 32-bit index arithmetic fails without costing minutes.
     #[serde(default)]
     pub large_index: bool,
@@ -284,11 +284,13 @@ fn requested(req: &ShapeRequest, rng: &mut ChaCha8Rng) -> Vec<Planned> {
         .collect()
 }
 
-/// Elements of the large-index case: just above 2^31, so that any 32-bit element index wraps.
-pub const LARGE_INDEX_ELEMENTS: u64 = (1 << 31) + 1;
+/// The large-index case passes this many elements by at least two whole rows, so that a 32-bit
+/// offset overflows even when only row starts are computed in 32 bits (signed or unsigned: the
+/// H200 run of 2026-11-23 showed a case just above 2^31 elements misses a signed row offset).
+pub const LARGE_INDEX_ELEMENTS: u64 = 1 << 32;
 
-/// The large-index case: a model width and enough rows to pass 2^31 elements (a few rows more,
-/// drawn per run).
+/// The large-index case: a model width and enough rows to pass 2^32 elements by 2-9 rows (drawn
+/// per run).
 fn large_index(rng: &mut ChaCha8Rng) -> Planned {
     let widths: Vec<u64> = MODEL_WIDTHS
         .iter()
@@ -296,7 +298,7 @@ fn large_index(rng: &mut ChaCha8Rng) -> Planned {
         .filter(|&w| (1024..=16384).contains(&w))
         .collect();
     let cols = widths[rng.gen_range(0..widths.len())];
-    let rows = LARGE_INDEX_ELEMENTS.div_ceil(cols) + rng.gen_range(0..8);
+    let rows = LARGE_INDEX_ELEMENTS / cols + 2 + rng.gen_range(0..8);
     Planned {
         large: true,
         ..plan(rows, cols, Dist::Normal, false)
@@ -440,7 +442,11 @@ fn subnormal_bits(dt: DType, rng: &mut ChaCha8Rng) -> u32 {
     }
 }
 
-const GEN_ROWS_PER_TASK: u64 = 64;
+/// Rows per generation task: about 16K elements, 1 to 64 rows (so a decode batch of a few wide
+/// rows is still drawn on several cores).
+fn gen_rows_per_task(cols: u64) -> u64 {
+    ((1 << 14) / cols.max(1)).clamp(1, 64)
+}
 
 /// Fill a `rows x cols` tensor by distribution `dist`, in parallel but deterministically
 /// (each block of rows has its own stream derived from `seed`).
@@ -451,12 +457,13 @@ fn gen_matrix(dt: DType, rows: u64, cols: u64, dist: Dist, seed: u64) -> Vec<u8>
     if buf.is_empty() {
         return buf;
     }
-    buf.par_chunks_mut(row_bytes * GEN_ROWS_PER_TASK as usize)
+    let per_task = gen_rows_per_task(cols);
+    buf.par_chunks_mut(row_bytes * per_task as usize)
         .enumerate()
         .for_each(|(task, chunk)| {
             let mut rng = ChaCha8Rng::seed_from_u64(splitmix(seed ^ splitmix(task as u64)));
             for (k, row) in chunk.chunks_mut(row_bytes).enumerate() {
-                let r = task as u64 * GEN_ROWS_PER_TASK + k as u64;
+                let r = task as u64 * per_task + k as u64;
                 gen_row(dt, row, r, cols, dist, &mut rng);
             }
         });
@@ -708,7 +715,11 @@ mod tests {
             let s = suite(Op::Silu, Semantics::Default, DType::ALL, quick, 3, &[]);
             let large: Vec<_> = s.iter().filter(|c| c.large_index).collect();
             assert_eq!(large.len(), 1);
-            assert!(large[0].elements() > 1 << 31);
+            let (rows, cols) = (large[0].rows, large[0].cols);
+            assert!(
+                (rows - 2) * cols >= 1 << 32,
+                "{rows} x {cols}: two whole rows past 2^32"
+            );
             assert_ne!(large[0].dtype, DType::F32);
             assert!(!large[0].check_batch && !large[0].measure_speed);
         }

@@ -63,43 +63,44 @@ impl Bufs {
     }
 }
 
-/// Kernel arguments in the ABI order of SPEC section 2: `rows` rows of `x` (the parameters from
-/// `b`), the case's `eps`.
-pub(crate) fn abi_args(
-    spec: &CaseSpec,
-    out: &DevBuf,
-    residual: Option<&DevBuf>,
-    x: &DevBuf,
-    b: &Bufs,
-    rows: u64,
-) -> Vec<Arg> {
-    let p = |d: &DevBuf| Arg::Ptr(d.ptr());
+/// Device addresses of one launch's tensors (`x` and `residual` may be slices of larger buffers).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ptrs {
+    pub out: u64,
+    pub residual: Option<u64>,
+    pub x: u64,
+}
+
+/// Kernel arguments in the ABI order of SPEC section 2: `rows` rows of `x`, the parameters from
+/// `b`, the case's `eps`.
+pub(crate) fn abi_args(spec: &CaseSpec, t: Ptrs, b: &Bufs, rows: u64) -> Vec<Arg> {
     let cols = spec.cols;
     let (r, c) = (Arg::I64(rows as i64), Arg::I64(cols as i64));
     let eps = Arg::F32(spec.eps);
-    let w = || p(b.weight.as_ref().expect("norms have a weight"));
+    let (out, x) = (Arg::Ptr(t.out), Arg::Ptr(t.x));
+    let w = || Arg::Ptr(b.weight.as_ref().expect("norms have a weight").ptr());
     match spec.op {
-        Op::RmsNorm => vec![p(out), p(x), w(), r, c, eps],
+        Op::RmsNorm => vec![out, x, w(), r, c, eps],
         Op::FusedAddRmsNorm => vec![
-            p(out),
-            p(residual.expect("fused_add has a residual")),
-            p(x),
+            out,
+            Arg::Ptr(t.residual.expect("fused_add has a residual")),
+            x,
             w(),
             r,
             c,
             eps,
         ],
         Op::LayerNorm => vec![
-            p(out),
-            p(x),
+            out,
+            x,
             w(),
-            p(b.bias.as_ref().expect("layer_norm has a bias")),
+            Arg::Ptr(b.bias.as_ref().expect("layer_norm has a bias").ptr()),
             r,
             c,
             eps,
         ],
-        Op::Silu | Op::Gelu | Op::GeluTanh => vec![p(out), p(x), Arg::I64((rows * cols) as i64)],
-        Op::SiluAndMul => vec![p(out), p(x), r, c],
+        Op::Silu | Op::Gelu | Op::GeluTanh => vec![out, x, Arg::I64((rows * cols) as i64)],
+        Op::SiluAndMul => vec![out, x, r, c],
     }
 }
 
@@ -158,7 +159,12 @@ impl CudaExecutor {
             eps: cases::default_eps(op),
             large_index: false,
         };
-        let args = abi_args(&spec, &out, bufs.residual.as_ref(), &bufs.x, &bufs, rows);
+        let ptrs = Ptrs {
+            out: out.ptr(),
+            residual: bufs.residual.as_ref().map(DevBuf::ptr),
+            x: bufs.x.ptr(),
+        };
+        let args = abi_args(&spec, ptrs, &bufs, rows);
         gpu.launch(
             "reference",
             f,

@@ -14,7 +14,7 @@ use crate::cases::{self, CaseSpec};
 use crate::cuda::{guard_byte, Arg, CompileJob, DevBuf, Gpu};
 use crate::exec::{ExecError, Limits};
 use crate::gpu::{
-    abi_args, reference_digest, reference_dims, reference_symbol, Bufs, REFERENCE_SOURCE,
+    abi_args, reference_digest, reference_dims, reference_symbol, Bufs, Ptrs, REFERENCE_SOURCE,
 };
 use crate::numeric::{compare, keyed_sum, worst};
 use crate::oracle;
@@ -75,6 +75,15 @@ impl<'a> CaseRun<'a> {
         }
     }
 
+    /// The tensors of a launch on buffers (`x` default: the case's x).
+    pub fn ptrs(&self, out: &DevBuf, res: Option<&DevBuf>, x: Option<&DevBuf>) -> Ptrs {
+        Ptrs {
+            out: out.ptr(),
+            residual: res.map(DevBuf::ptr),
+            x: x.unwrap_or(&self.bufs.x).ptr(),
+        }
+    }
+
     /// Launch `k` on `rows` rows of `x` (default: the case's x) into `out`, and wait for the
     /// whole context to be idle.
     pub fn launch(
@@ -85,18 +94,16 @@ impl<'a> CaseRun<'a> {
         x: Option<&DevBuf>,
         rows: u64,
     ) -> Result<(), ExecError> {
+        self.launch_at(k, self.ptrs(out, res, x), rows)
+    }
+
+    /// Launch `k` on `rows` rows at the given addresses, and wait for the context to be idle.
+    pub fn launch_at(&self, k: &Kern<'_>, t: Ptrs, rows: u64) -> Result<(), ExecError> {
         let d = (k.dims)(rows, self.spec.cols).map_err(|e| ExecError::Launch {
             what: format!("launch rule of {}", k.name),
             message: e,
         })?;
-        let args = abi_args(
-            self.spec,
-            out,
-            res,
-            x.unwrap_or(&self.bufs.x),
-            &self.bufs,
-            rows,
-        );
+        let args = abi_args(self.spec, t, &self.bufs, rows);
         let limit = self.limits.launch();
         self.gpu.launch(
             &k.name,
@@ -171,30 +178,28 @@ impl<'a> CaseRun<'a> {
         Ok(self.device_sum(dev, key)? == keyed_sum(host, key, guard_byte()))
     }
 
-    /// dst row j := src row idx[j], on the GPU.
+    /// Queue dst row j := src row idx[j] on the GPU (no wait: ordered before later launches).
     pub fn gather(
         &self,
-        dst: &DevBuf,
+        dst: u64,
         src: &DevBuf,
-        idx: &DevBuf,
+        idx: u64,
         n: u64,
         row_bytes: u64,
     ) -> Result<(), ExecError> {
         let blocks = (n * row_bytes).div_ceil(256).clamp(1, 1 << 16) as u32;
-        self.gpu.launch(
+        self.gpu.enqueue(
             "gathering a batch composition",
             self.tools.gather,
             [blocks, 1, 1],
             [256, 1, 1],
-            0,
             &[
-                Arg::Ptr(dst.ptr()),
+                Arg::Ptr(dst),
                 Arg::Ptr(src.ptr()),
-                Arg::Ptr(idx.ptr()),
+                Arg::Ptr(idx),
                 Arg::I64(n as i64),
                 Arg::I64(row_bytes as i64),
             ],
-            Duration::from_secs(60),
         )
     }
 
@@ -356,9 +361,7 @@ impl<'a> CaseRun<'a> {
             d,
             abi_args(
                 self.spec,
-                out,
-                res,
-                &self.bufs.x,
+                self.ptrs(out, res, None),
                 &self.bufs,
                 self.spec.rows,
             ),

@@ -5,13 +5,14 @@
 //! batch behind a few other rows. Compositions are gathered on the GPU from the case's inputs,
 //! so a 32768-row case costs a few launches, not transfers.
 
+use super::poison::Poison;
 use super::CaseRun;
 use crate::cuda::{Arg, DevBuf};
 use crate::exec::ExecError;
+use crate::gpu::Ptrs;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::time::Duration;
 
 /// One composition: batches of source row indices, each launched on its own.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,9 +73,34 @@ pub fn plan(rows: u64, seed: u64) -> Vec<Composition> {
     out
 }
 
-/// Run every composition of the case on the GPU against `base` (the device copy of the case's
-/// launch-1 output, and of its residual for fused_add_rms_norm). `None` when every row matched,
-/// else a note saying which rows differed and where.
+/// Where each batch of a composition lives inside one allocation: byte offsets of its rows,
+/// each batch starting on a 256-byte boundary (the ABI promises 16-byte aligned tensors).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layout {
+    /// Offset of each batch, in bytes.
+    pub offsets: Vec<u64>,
+    pub total: u64,
+}
+
+pub fn layout(batches: &[Vec<u64>], row_bytes: u64) -> Layout {
+    let mut offsets = Vec::with_capacity(batches.len());
+    let mut at = 0u64;
+    for b in batches {
+        offsets.push(at);
+        at = (at + b.len() as u64 * row_bytes).next_multiple_of(256);
+    }
+    Layout {
+        offsets,
+        total: at.max(256),
+    }
+}
+
+/// Run every composition of the case on the GPU against `base` (the case's launch-1 output,
+/// and its residual for fused_add_rms_norm, on the device). A composition is laid out in one
+/// allocation per tensor: its inputs gathered there, its output poisoned once, the candidate
+/// launched on each batch's slice, and every row compared on the GPU; one download of the
+/// per-batch counts. `None` when every row matched, else a note saying which rows differed
+/// and where.
 pub(crate) fn check(
     run: &CaseRun<'_>,
     base: &DevBuf,
@@ -85,61 +111,86 @@ pub(crate) fn check(
     let in_row = run.x_row_len() * es;
     let out_row = spec.cols * es;
     let mut notes = Vec::new();
-    let res = gpu.alloc(16)?;
     for comp in plan(spec.rows, spec.seed ^ 0xBA7C) {
-        let mut differ_rows = 0u64;
-        let mut example = None;
-        for batch in &comp.batches {
+        let k = comp.batches.len();
+        let (lin, lout) = (
+            layout(&comp.batches, in_row),
+            layout(&comp.batches, out_row),
+        );
+        let all_idx: Vec<u8> = comp
+            .batches
+            .iter()
+            .flatten()
+            .flat_map(|r| (*r as i64).to_le_bytes())
+            .collect();
+        let idx = gpu.alloc(all_idx.len())?;
+        gpu.upload(&idx, &all_idx)?;
+        let x = gpu.alloc(lin.total as usize)?;
+        let residual = match &run.bufs.residual {
+            Some(_) => Some(gpu.alloc(lout.total as usize)?),
+            None => None,
+        };
+        let out = gpu.alloc(lout.total as usize)?;
+        // Per batch: (mismatching rows, first such position) for the output and the residual.
+        let slots = if residual.is_some() { 2 } else { 1 };
+        let res = gpu.alloc(16 * k * slots)?;
+        let mut init = Vec::with_capacity(16 * k * slots);
+        for _ in 0..k * slots {
+            init.extend_from_slice(&0u64.to_le_bytes());
+            init.extend_from_slice(&u64::MAX.to_le_bytes());
+        }
+        gpu.upload(&res, &init)?;
+        let p = Poison::fresh();
+        gpu.fill_pattern(run.tools.fill, &out, p.key, p.invert)?;
+        let mut idx_at = 0u64;
+        for (i, batch) in comp.batches.iter().enumerate() {
             let n = batch.len() as u64;
-            let idx = gpu.alloc(batch.len() * 8)?;
-            let idx_bytes: Vec<u8> = batch
-                .iter()
-                .flat_map(|r| (*r as i64).to_le_bytes())
-                .collect();
-            gpu.upload(&idx, &idx_bytes)?;
-            let x = gpu.alloc((n * in_row) as usize)?;
-            run.gather(&x, &run.bufs.x, &idx, n, in_row)?;
-            let residual = match &run.bufs.residual {
-                Some(r) => {
-                    let d = gpu.alloc((n * out_row) as usize)?;
-                    run.gather(&d, r, &idx, n, out_row)?;
-                    Some(d)
-                }
-                None => None,
-            };
-            let out = gpu.alloc((n * out_row) as usize)?;
-            run.poison_and_launch_candidate(&out, residual.as_ref(), Some(&x), n)?;
-            let mut pairs = vec![(&out, base)];
-            if let (Some(r), Some(b)) = (&residual, base_res) {
-                pairs.push((r, b));
+            let idx_ptr = idx.ptr() + 8 * idx_at;
+            run.gather(x.ptr() + lin.offsets[i], &run.bufs.x, idx_ptr, n, in_row)?;
+            if let (Some(d), Some(src)) = (&residual, &run.bufs.residual) {
+                run.gather(d.ptr() + lout.offsets[i], src, idx_ptr, n, out_row)?;
             }
-            for (got, want) in pairs {
-                let mut init = [0u8; 16];
-                init[8..].copy_from_slice(&u64::MAX.to_le_bytes());
-                gpu.upload(&res, &init)?;
-                gpu.launch(
+            let t = Ptrs {
+                out: out.ptr() + lout.offsets[i],
+                residual: residual.as_ref().map(|d| d.ptr() + lout.offsets[i]),
+                x: x.ptr() + lin.offsets[i],
+            };
+            run.launch_at(&run.cand, t, n)?;
+            let mut pairs = vec![(t.out, base.ptr())];
+            if let (Some(r), Some(b)) = (t.residual, base_res) {
+                pairs.push((r, b.ptr()));
+            }
+            for (slot, (got, want)) in pairs.into_iter().enumerate() {
+                gpu.enqueue(
                     "row comparison on the GPU",
                     run.tools.rows_differ,
                     [(n as u32).clamp(1, 4096), 1, 1],
                     [256, 1, 1],
-                    0,
                     &[
-                        Arg::Ptr(got.ptr()),
-                        Arg::Ptr(want.ptr()),
-                        Arg::Ptr(idx.ptr()),
+                        Arg::Ptr(got),
+                        Arg::Ptr(want),
+                        Arg::Ptr(idx_ptr),
                         Arg::I64(n as i64),
                         Arg::I64(out_row as i64),
-                        Arg::Ptr(res.ptr()),
+                        Arg::Ptr(res.ptr() + 16 * (i * slots + slot) as u64),
                     ],
-                    Duration::from_secs(60),
                 )?;
-                let mut r = [0u8; 16];
-                gpu.download(&res, &mut r)?;
-                let count = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
-                let at = u64::from_le_bytes(r[8..].try_into().expect("8 bytes"));
+            }
+            idx_at += n;
+        }
+        let got = gpu.download_vec(&res)?;
+        let word = |j: usize| u64::from_le_bytes(got[8 * j..8 * j + 8].try_into().expect("8"));
+        let mut differ_rows = 0u64;
+        let mut example = None;
+        for (i, batch) in comp.batches.iter().enumerate() {
+            for slot in 0..slots {
+                let (count, at) = (
+                    word(2 * (i * slots + slot)),
+                    word(2 * (i * slots + slot) + 1),
+                );
                 if count > 0 {
                     differ_rows += count;
-                    example.get_or_insert((batch[at as usize], at, n));
+                    example.get_or_insert((batch[at as usize], at, batch.len()));
                 }
             }
         }
@@ -195,6 +246,22 @@ mod tests {
         assert!(grown.len() > 4096);
         // Deterministic in the seed.
         assert_eq!(plan, super::plan(4096, 3));
+    }
+
+    #[test]
+    fn every_batch_starts_aligned_and_none_overlap() {
+        let plan = plan(333, 1);
+        for c in &plan {
+            for row_bytes in [2u64, 254, 2002, 8192] {
+                let l = layout(&c.batches, row_bytes);
+                for (i, b) in c.batches.iter().enumerate() {
+                    assert_eq!(l.offsets[i] % 256, 0);
+                    let end = l.offsets[i] + b.len() as u64 * row_bytes;
+                    let next = l.offsets.get(i + 1).copied().unwrap_or(l.total);
+                    assert!(end <= next, "batch {i} of {} overlaps the next", c.name);
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The large-index case: more than 2^31 elements, so that 32-bit index arithmetic wraps. Its
+//! The large-index case: two rows and more past 2^32 elements, so that 32-bit index arithmetic
+//! (signed or unsigned, per element or per row start) wraps. Its
 //! inputs are made on the GPU (`kz_gen_*`), the candidate runs once into a poisoned output, the
 //! reference after it, and the two outputs are compared on the GPU (`kz_mismatch_*`): gigabytes
 //! never cross to the host unless they differ.
