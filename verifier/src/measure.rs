@@ -502,7 +502,14 @@ pub(crate) fn run_case(
                 .collect()
         })
         .collect();
-    let differing = determinism::max_differing(dt, &all);
+    // Launches whose outputs shared launch 1's host copy (same bits, checked on the GPU) differ
+    // in nothing; only the others are compared element by element.
+    let same = |v: &[Arc<Vec<u8>>]| v.iter().all(|o| Arc::ptr_eq(o, &v[0]));
+    let differing = if same(&launches.outs) && same(&launches.ress) {
+        0
+    } else {
+        determinism::max_differing(dt, &all)
+    };
     let deterministic = differing == 0;
     let mut notes: Vec<String> = determinism::note(differing).into_iter().collect();
     // 5. Exactness: the worst launch against the reference.

@@ -8,8 +8,9 @@ use kernel_registry::report::Accuracy;
 use kernel_registry::{DType, Op, Semantics};
 use rayon::prelude::*;
 
-/// At most this many output elements are checked against the oracle per case.
-pub const MAX_ORACLE_ELEMENTS: u64 = 1 << 20;
+/// At most this many output elements are checked against the oracle per case (2^20 cost
+/// 15-20 ms of host time per wide case on the H200 machine, for a sampled metric).
+pub const MAX_ORACLE_ELEMENTS: u64 = 1 << 18;
 
 /// Output element ranges `(start, len)` the oracle is computed on: whole rows for row-wise
 /// ops (evenly spaced, always the first and last), evenly spaced runs for elementwise ops.
