@@ -104,6 +104,21 @@ pub(crate) fn abi_args(spec: &CaseSpec, t: Ptrs, b: &Bufs, rows: u64) -> Vec<Arg
     }
 }
 
+/// One module per dtype entry of the bundle: the author's options plus the dtype macro, named as
+/// the clients name it (`cuda::module_what`).
+pub(crate) fn entry_jobs<'a>(bundle: &'a KernelBundle, digest: &'a str) -> Vec<CompileJob<'a>> {
+    let m = &bundle.manifest;
+    m.entries
+        .keys()
+        .map(|&d| CompileJob {
+            digest,
+            what: crate::cuda::module_what(&m.name, d),
+            source: &bundle.source,
+            options: entry_options(&m.nvrtc_options, d),
+        })
+        .collect()
+}
+
 /// The executor that runs cases in this process.
 pub struct CudaExecutor {
     gpu: Option<Gpu>,
@@ -201,17 +216,7 @@ impl Executor for CudaExecutor {
         let m = &bundle.manifest;
         let digest = bundle.digest().to_string();
         let gpu = self.gpu()?;
-        let jobs: Vec<CompileJob> = m
-            .entries
-            .keys()
-            .map(|&d| CompileJob {
-                digest: &digest,
-                what: crate::cuda::module_what(&m.name, d),
-                source: &bundle.source,
-                options: entry_options(&m.nvrtc_options, d),
-            })
-            .collect();
-        gpu.compile_all(&jobs)?;
+        gpu.compile_all(&entry_jobs(bundle, &digest))?;
         Ok(m.entries
             .iter()
             .filter_map(|(&dtype, symbol)| {

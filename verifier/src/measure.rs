@@ -386,16 +386,7 @@ fn load<'a>(
     // clients compile it); on the first case all of them and the reference layers compile at
     // once, in parallel. Compile time is traced by `Gpu::compile_all`.
     let rd = reference_digest();
-    let mut jobs: Vec<CompileJob> = m
-        .entries
-        .keys()
-        .map(|&d| CompileJob {
-            digest: &digest,
-            what: crate::cuda::module_what(&m.name, d),
-            source: &bundle.source,
-            options: entry_options(&m.nvrtc_options, d),
-        })
-        .collect();
+    let mut jobs = crate::gpu::entry_jobs(bundle, &digest);
     jobs.push(CompileJob {
         digest: &rd,
         what: "reference layers".into(),
