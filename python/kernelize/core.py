@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import types
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 from . import launch as L
+from . import ops
 from .digest import not_applicable
 from .discover import TORCH_DTYPES, Discovery, Site, discover
 from .sources import DirSource, HubSource, Key, LockSource, Resolution, Resolved, write_lock
@@ -91,8 +93,12 @@ def _cuda_device(model: nn.Module, device) -> torch.device | None:
     if device is not None:
         d = torch.device(device)
         return d if d.type == "cuda" else None
-    for p in model.parameters():
-        return p.device if p.device.type == "cuda" else None
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        return t.device if t.device.type == "cuda" else None
+    # no parameters or buffers (nn.SiLU, nn.GELU): nothing says where the model lives, so on
+    # a CUDA machine the current CUDA device (the swapped forward falls back for CPU inputs)
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
     return None
 
 
@@ -226,39 +232,47 @@ def _counted(m: nn.Module) -> None:
 
 
 def _patch(site: Site, k: Resolved, device: torch.device) -> None:
+    """Swap `site.module`'s forward for one that calls the op's custom op (`ops.py`: one
+    dispatcher call, traceable by torch.compile, capturable in a CUDA graph) on inputs the
+    kernel takes, and the original forward on any other input."""
     m = site.module
     orig_forward = m.forward  # bound: instance attribute or the class's method
     want = {v: k_ for k_, v in TORCH_DTYPES.items()}[site.dtype]
     compiled = L.compiled(k.digest, k.manifest, k.source, site.dtype, device)
     man = k.manifest
+    dev = compiled.device   # a CUDA device (the kernel was loaded there)
+    key = ops.register(compiled)
+    launch = ops.op(site.op)
+    cols = site.cols
 
     def usable(x: torch.Tensor, *params: torch.Tensor | None) -> bool:
-        if not (isinstance(x, torch.Tensor) and x.is_cuda and x.dtype == want and x.device == compiled.device):
+        if not (isinstance(x, torch.Tensor) and x.device == dev and x.dtype == want):
             return False
         if torch.is_grad_enabled() and (x.requires_grad or any(p is not None and p.requires_grad for p in params)):
             return False  # the kernels have no backward
         return all(p is None or (p.dtype == want and p.device == x.device) for p in params)
 
     if site.op == "rms_norm":
+        # nn.RMSNorm(eps=None): F.rms_norm takes the opmath type's epsilon (f32)
+        eps = site.eps if site.eps is not None else torch.finfo(torch.float32).eps
+
         def fwd(self, x, *a, **kw):
-            if a or kw or not usable(x, self.weight) or x.shape[-1] != site.cols:
+            if a or kw or not usable(x, self.weight) or x.shape[-1] != cols:
                 return orig_forward(x, *a, **kw)
-            # nn.RMSNorm(eps=None): F.rms_norm takes the opmath type's epsilon (f32)
-            eps = site.eps if site.eps is not None else torch.finfo(torch.float32).eps
             _counted(self)
-            return L.run_rms_norm(compiled, x, self.weight, eps)
+            return launch(x, self.weight, eps, key)
     elif site.op == "layer_norm":
         def fwd(self, x, *a, **kw):
-            if a or kw or not usable(x, self.weight, self.bias) or x.shape[-1] != site.cols:
+            if a or kw or not usable(x, self.weight, self.bias) or x.shape[-1] != cols:
                 return orig_forward(x, *a, **kw)
             _counted(self)
-            return L.run_layer_norm(compiled, x, self.weight, self.bias, float(self.eps))
+            return launch(x, self.weight, self.bias, float(self.eps), key)
     elif site.op in ("silu", "gelu", "gelu_tanh"):
         def fwd(self, x, *a, **kw):
             if a or kw or not usable(x) or not_applicable(man, x.numel(), None):
                 return orig_forward(x, *a, **kw)
             _counted(self)
-            return L.run_elementwise(compiled, x)
+            return launch(x, key)
     elif site.op == "silu_and_mul":
         def fwd(self, x, *a, **kw):
             if a or kw or not usable(x, self.gate_proj.weight, self.up_proj.weight):
@@ -268,7 +282,7 @@ def _patch(site: Site, k: Resolved, device: torch.device) -> None:
             if g.dtype != want or g.shape != u.shape:
                 return self.down_proj(self.act_fn(g) * u)
             _counted(self)
-            return self.down_proj(L.run_silu_and_mul(compiled, g, u))
+            return self.down_proj(launch(g, u, key))
     else:  # pragma: no cover
         raise ValueError(site.op)
     m.__dict__[_ORIG] = m.__dict__.get("forward", _NO_INSTANCE_FORWARD)

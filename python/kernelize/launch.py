@@ -126,6 +126,7 @@ class CompiledKernel:
                                f"{manifest['name']} ({dtype}); declare it `extern \"C\" __global__`")
         self.func = func
         self._smem_configured = 0
+        self._dims: dict[tuple[int, int], tuple[tuple, int]] = {}  # (rows, cols) -> launch dims
         self.record: dict[str, Any] = {
             "kernel": manifest["name"], "dtype": dtype, "symbol": self.entry,
             "arch": f"sm_{major}{minor}", "program_name": self.code.program_name,
@@ -146,9 +147,14 @@ class CompiledKernel:
 
     def launch(self, rows: int, cols: int, args: list[Any]) -> None:
         """args: tensors (pointers) and ctypes scalars, in ABI order."""
-        grid, block, smem = launch_dims(self.manifest, rows, cols, self.sm_count)
-        if smem > self._smem_configured and smem >= 48 * 1024:
-            self._set_smem(smem)
+        dims = self._dims.get((rows, cols))
+        if dims is None:  # computed once per shape (the launch rule is a pure function of it)
+            grid, block, smem = launch_dims(self.manifest, rows, cols, self.sm_count)
+            if smem > self._smem_configured and smem >= 48 * 1024:
+                self._set_smem(smem)
+            dims = ((*grid, *block), smem)
+            self._dims[(rows, cols)] = dims
+        (g0, g1, g2, b0, b1, b2), smem = dims
         keep, ptrs = [], []
         for a in args:
             if isinstance(a, torch.Tensor):
@@ -158,11 +164,13 @@ class CompiledKernel:
             keep.append(a)
             ptrs.append(ctypes.cast(ctypes.byref(a), ctypes.c_void_p))
         arr = (ctypes.c_void_p * len(ptrs))(*ptrs)
+        # the current stream, never the null stream: the launch is ordered with PyTorch's work
+        # and is recorded when that stream is capturing a CUDA graph
         stream = torch.cuda.current_stream(self.device).cuda_stream
         lib = self.lib
         _check(lib, lib.cuLaunchKernel(
-            self.func, ctypes.c_uint(grid[0]), ctypes.c_uint(grid[1]), ctypes.c_uint(grid[2]),
-            ctypes.c_uint(block[0]), ctypes.c_uint(block[1]), ctypes.c_uint(block[2]),
+            self.func, ctypes.c_uint(g0), ctypes.c_uint(g1), ctypes.c_uint(g2),
+            ctypes.c_uint(b0), ctypes.c_uint(b1), ctypes.c_uint(b2),
             ctypes.c_uint(smem), ctypes.c_void_p(stream), arr, None),
             f"launching {self.entry}")
 
@@ -213,6 +221,25 @@ def run_rms_norm(k: CompiledKernel, x: torch.Tensor, w: torch.Tensor, eps: float
     out = torch.empty_like(x)
     if rows:
         k.launch(rows, cols, [out, x, w, _ll(rows), _ll(cols), ctypes.c_float(eps)])
+    return out
+
+
+def run_fused_add_rms_norm(k: CompiledKernel, x: torch.Tensor, residual: torch.Tensor,
+                           w: torch.Tensor, eps: float) -> torch.Tensor:
+    """ABI (out, residual, x, w, rows, cols, eps): residual := x + residual in place,
+    out = norm(residual). A residual that is not contiguous and aligned is computed in a copy
+    and copied back."""
+    if residual.shape != x.shape:
+        raise ValueError(f"fused_add_rms_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
+    x, w = _aligned(x), _aligned(w)
+    res = _aligned(residual)
+    cols = x.shape[-1]
+    rows = x.numel() // cols
+    out = torch.empty_like(x)
+    if rows:
+        k.launch(rows, cols, [out, res, x, w, _ll(rows), _ll(cols), ctypes.c_float(eps)])
+    if res is not residual:
+        residual.copy_(res)
     return out
 
 

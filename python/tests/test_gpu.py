@@ -249,3 +249,118 @@ def test_harness_measures_every_bundled_kernel(tmp_path, kernel):
     print(f"{kernel} on {run['model_name']} bf16 ({run['adaptation']}): max logit abs diff "
           f"{(eager - cand).abs().max().item():.4g}, argmax match "
           f"{(eager.argmax(-1) == cand.argmax(-1)).float().mean().item():.4f}")
+
+
+# ---- the custom ops (kernelize/ops.py): opcheck, CUDA graph capture, torch.compile ----------
+
+def _compiled_bundled(name, dtype="bf16"):
+    """(the op's custom op, its key) for a bundled kernel compiled on this GPU."""
+    from kernelize import launch, ops
+    from kernelize.sources import DirSource
+    ((man, src, dg),) = DirSource(KERNELS / name).kernels
+    return ops.op(man["op"]), ops.register(launch.compiled(dg, man, src, dtype, DEV))
+
+
+def test_opcheck_real_launches():
+    """torch.library.opcheck with the real CUDA launches: the fake implementations agree with
+    the launched outputs (shape, dtype, strides), the residual's declared mutation holds."""
+    torch.manual_seed(0)
+    x = torch.randn(33, 1000, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(1000, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(1000, device=DEV, dtype=torch.bfloat16)
+    xt = torch.randn(1000, 33, device=DEV, dtype=torch.bfloat16).t()  # not contiguous
+    for name, args in [
+        ("rms_norm_llama", lambda k: (x, w, 1e-6, k)),
+        ("rms_norm_llama", lambda k: (xt, w, 1e-6, k)),
+        ("fused_add_rms_norm", lambda k: (x, x.clone() * 0.5, w, 1e-6, k)),
+        ("layer_norm", lambda k: (x, w, b, 1e-5, k)),
+        ("silu", lambda k: (x, k)), ("silu", lambda k: (xt, k)),
+        ("gelu", lambda k: (x, k)), ("gelu_tanh", lambda k: (x, k)),
+        ("silu_and_mul", lambda k: (x, x * 2, k)),
+    ]:
+        op, key = _compiled_bundled(name)
+        torch.library.opcheck(op, args(key))
+    # the fused op's residual really is updated in place (and out is the llama norm of it)
+    op, key = _compiled_bundled("fused_add_rms_norm")
+    res = torch.randn_like(x)
+    want_res = (x + res)
+    out = op(x, res, w, 1e-6, key)
+    assert _bits_differ(res, want_res) == 0
+    xf = want_res.float()
+    ref = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16)
+    assert torch.allclose(out.float(), ref.float(), atol=0.05, rtol=0.02)
+
+
+def test_kernelized_layers_cuda_graph_capture_bit_exact():
+    """Each swapped layer captured in one CUDA graph (the launches go on the capturing current
+    stream) and replayed on new input equals the uncaptured kernelized layers bit for bit."""
+    from torch import nn
+    cols, dtype = 1000, torch.bfloat16
+    layers = nn.ModuleDict({
+        "rms": nn.RMSNorm(cols, eps=1e-6), "ln": nn.LayerNorm(cols), "silu": nn.SiLU(),
+        "gelu": nn.GELU(), "gelu_tanh": nn.GELU(approximate="tanh"),
+    }).to(DEV, dtype)
+    with torch.no_grad():
+        layers["rms"].weight.normal_(1, 0.3)
+        layers["ln"].weight.normal_(1, 0.3)
+        layers["ln"].bias.normal_(0, 0.1)
+    rep = kernelize.kernelize(layers, kernels_dir=KERNELS, names=EXACT, verbose=False)
+    assert len(rep.replaced) == 5, str(rep)
+    static_x = torch.randn(33, cols, device=DEV, dtype=dtype)
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture (as torch.cuda.graphs advises)
+            for _ in range(2):
+                for m in layers.values():
+                    m(static_x)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_out = {k: m(static_x) for k, m in layers.items()}
+        counts = kernelize.launch_counts(layers)
+        assert all(n == 3 for n in counts.values()), counts  # the captured call ran the kernel
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            x = torch.randn(33, cols, device=DEV, dtype=dtype) * 3
+            static_x.copy_(x)
+            g.replay()
+            torch.cuda.synchronize()
+            eager = {k: m(x) for k, m in layers.items()}
+            for k in layers:
+                assert _bits_differ(static_out[k], eager[k]) == 0, k
+    kernelize.unkernelize(layers)
+
+
+def test_shipped_tiny_llama_compiled_and_cuda_graphs_bit_exact():
+    """The kernelized shipped tiny-llama (all exact kernels) under torch.compile: one graph, no
+    graph breaks, the kernels as custom-op calls; backend aot_eager and backend cudagraphs
+    (CUDA graph trees: captured and replayed) give logits bit-identical to the uncompiled
+    kernelized model. (Inductor would re-fuse the surrounding eager ops: not bit-exact.)"""
+    from torch._dynamo.utils import counters
+    from kernelize.harness import load_model
+    model = load_model(_shipped("tiny-llama"), "bf16", DEV)
+    ids = _eval_ids()[None]
+    rep = kernelize.kernelize(model, kernels_dir=KERNELS, names=EXACT, verbose=False)
+    assert len(rep.replaced) == 13, str(rep)
+    with torch.no_grad():
+        ref = model(input_ids=ids, use_cache=False).logits.clone()
+        assert all(n == 1 for n in kernelize.launch_counts(model).values())
+        torch._dynamo.reset()
+        ex = torch._dynamo.explain(model)(input_ids=ids, use_cache=False)
+        assert ex.graph_break_count == 0 and ex.graph_count == 1, ex.break_reasons
+        code = "\n".join(gm.code for gm in ex.graphs)
+        assert code.count("torch.ops.kernelize.launch_rms_norm(") == 9
+        assert code.count("torch.ops.kernelize.launch_silu_and_mul(") == 4
+        for backend in ("aot_eager", "cudagraphs"):
+            torch._dynamo.reset()
+            counters.clear()
+            compiled = torch.compile(model, backend=backend)
+            for _ in range(4):  # cudagraphs: warm-up, record, then replays
+                got = compiled(input_ids=ids, use_cache=False).logits
+                assert _bits_differ(got, ref) == 0, (
+                    f"{backend}: max abs diff {(got.float() - ref.float()).abs().max()}")
+            if backend == "cudagraphs":
+                assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+    torch._dynamo.reset()
+    kernelize.unkernelize(model)

@@ -1,0 +1,136 @@
+"""The kernel launches as PyTorch custom ops (`torch.library.custom_op`), one per op kind.
+
+A swapped layer's forward calls one of these ops, so the kernel is a single dispatcher call:
+`torch.compile` traces through it (the fake implementations below give the output's shape,
+dtype and device; the kernel stays one opaque node of the graph) and CUDA graph capture
+records its `cuLaunchKernel` (issued on `torch.cuda.current_stream()`, see `launch.py`).
+
+Custom ops take tensors and scalars, not Python objects, so the compiled kernel is passed as
+an integer `key`: `register(compiled)` (called once per layer at kernelize time) files it in
+this process's table and returns the key. The real implementations are registered for CUDA
+only; on other devices the swapped forward never calls them (it runs the original forward).
+
+| op | schema | computes |
+| --- | --- | --- |
+| `kernelize::launch_rms_norm` | `(x, weight, eps: float, key: int) -> out` | rms_norm (any semantics: the kernel decides) |
+| `kernelize::launch_fused_add_rms_norm` | `(x, residual!, weight, eps, key) -> out` | `residual := x + residual`, out = norm(residual) |
+| `kernelize::launch_layer_norm` | `(x, weight, bias, eps, key) -> out` | layer_norm |
+| `kernelize::launch_silu` / `launch_gelu` / `launch_gelu_tanh` | `(x, key) -> out` | elementwise |
+| `kernelize::launch_silu_and_mul` | `(gate, up, key) -> out` | silu(gate) * up |
+
+Every output is a new contiguous tensor of the input's shape, dtype and device (the real
+launch makes its inputs contiguous and allocates the output like them).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import launch as L
+
+_KERNELS: dict[int, Any] = {}   # key -> CompiledKernel (held for the process, as launch._CACHE)
+_KEYS: dict[int, int] = {}      # id(compiled) -> key (ids stay unique: _KERNELS keeps them alive)
+_LOCK = threading.Lock()
+
+OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "silu", "gelu", "gelu_tanh",
+       "silu_and_mul")
+
+
+def register(compiled: Any) -> int:
+    """The integer key under which the custom ops find `compiled` (the same key every time)."""
+    with _LOCK:
+        key = _KEYS.get(id(compiled))
+        if key is None:
+            key = len(_KERNELS) + 1
+            _KERNELS[key] = compiled
+            _KEYS[id(compiled)] = key
+        return key
+
+
+def kernel(key: int) -> Any:
+    try:
+        return _KERNELS[key]
+    except KeyError:
+        raise RuntimeError(f"kernelize: no compiled kernel under key {key} in this process "
+                           "(keys are given by kernelize(model) and are not portable)") from None
+
+
+def op(name: str) -> Any:
+    """`torch.ops.kernelize.launch_<name>` (name: one of OPS)."""
+    return getattr(torch.ops.kernelize, f"launch_{name}")
+
+
+def _like(x: Tensor) -> Tensor:
+    """A new contiguous tensor of x's shape, dtype and device (what the real launches return)."""
+    return x.new_empty(x.shape)
+
+
+# ---- norms ----------------------------------------------------------------------------------
+
+@torch.library.custom_op("kernelize::launch_rms_norm", mutates_args=(), device_types="cuda")
+def launch_rms_norm(x: Tensor, weight: Tensor, eps: float, key: int) -> Tensor:
+    return L.run_rms_norm(kernel(key), x, weight, eps)
+
+
+@launch_rms_norm.register_fake
+def _(x, weight, eps, key):
+    return _like(x)
+
+
+@torch.library.custom_op("kernelize::launch_fused_add_rms_norm", mutates_args=("residual",),
+                         device_types="cuda")
+def launch_fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float,
+                              key: int) -> Tensor:
+    return L.run_fused_add_rms_norm(kernel(key), x, residual, weight, eps)
+
+
+@launch_fused_add_rms_norm.register_fake
+def _(x, residual, weight, eps, key):
+    return _like(x)
+
+
+@torch.library.custom_op("kernelize::launch_layer_norm", mutates_args=(), device_types="cuda")
+def launch_layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float, key: int) -> Tensor:
+    return L.run_layer_norm(kernel(key), x, weight, bias, eps)
+
+
+@launch_layer_norm.register_fake
+def _(x, weight, bias, eps, key):
+    return _like(x)
+
+
+# ---- activations ----------------------------------------------------------------------------
+
+@torch.library.custom_op("kernelize::launch_silu", mutates_args=(), device_types="cuda")
+def launch_silu(x: Tensor, key: int) -> Tensor:
+    return L.run_elementwise(kernel(key), x)
+
+
+@torch.library.custom_op("kernelize::launch_gelu", mutates_args=(), device_types="cuda")
+def launch_gelu(x: Tensor, key: int) -> Tensor:
+    return L.run_elementwise(kernel(key), x)
+
+
+@torch.library.custom_op("kernelize::launch_gelu_tanh", mutates_args=(), device_types="cuda")
+def launch_gelu_tanh(x: Tensor, key: int) -> Tensor:
+    return L.run_elementwise(kernel(key), x)
+
+
+for _op in (launch_silu, launch_gelu, launch_gelu_tanh):
+    @_op.register_fake
+    def _(x, key):
+        return _like(x)
+
+
+@torch.library.custom_op("kernelize::launch_silu_and_mul", mutates_args=(), device_types="cuda")
+def launch_silu_and_mul(gate: Tensor, up: Tensor, key: int) -> Tensor:
+    return L.run_silu_and_mul(kernel(key), gate, up)
+
+
+@launch_silu_and_mul.register_fake
+def _(gate, up, key):
+    return _like(gate)

@@ -1,0 +1,319 @@
+"""The launches as PyTorch custom ops (`kernelize/ops.py`), on the CPU: registration, the
+fake implementations (FakeTensorMode, opcheck), torch.compile of kernelized models tracing
+without graph breaks, and the device a parameterless module resolves to.
+
+There is no GPU here, so the real (CUDA) implementations cannot run: the tests register CPU
+stand-ins for the ops (`torch.library.register_kernel(..., "cpu", ...)`) that compute the
+eager reference formula, and patch layers with a stand-in compiled kernel whose device is the
+CPU, so that the swapped forwards call the custom ops on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import kernelize
+from conftest import REPO
+from kernelize import core, launch, ops
+from kernelize.discover import _rms_refs, discover
+from kernelize.sources import Resolved
+
+KERNELS = REPO / "kernels"
+CONSTRAINTS = {"cols_min": 1, "cols_max": None, "cols_multiple_of": 1, "archs": []}
+
+
+class CpuStandIn:
+    """What `launch.compiled` returns in these tests: a kernel 'loaded' on the CPU."""
+    device = torch.device("cpu")
+
+    def __init__(self, manifest):
+        self.manifest = manifest
+
+
+def _rms(x, w, eps, key):
+    sem = ops.kernel(key).manifest.get("semantics", "llama")
+    return _rms_refs(x, w, eps)[sem].contiguous()
+
+
+def _fused(x, residual, w, eps, key):
+    residual.copy_(x + residual)
+    return _rms_refs(residual, w, eps)["llama"].contiguous()
+
+
+STAND_INS = {
+    "rms_norm": _rms,
+    "fused_add_rms_norm": _fused,
+    "layer_norm": lambda x, w, b, eps, key: F.layer_norm(x, (x.shape[-1],), w, b, eps).contiguous(),
+    "silu": lambda x, key: F.silu(x).contiguous(),
+    "gelu": lambda x, key: F.gelu(x).contiguous(),
+    "gelu_tanh": lambda x, key: F.gelu(x, approximate="tanh").contiguous(),
+    "silu_and_mul": lambda g, u, key: (F.silu(g) * u).contiguous(),
+}
+_REGISTERED = False
+
+
+@pytest.fixture(scope="module")
+def cpu_stand_ins():
+    """CPU kernels for the custom ops (for this test process only; the shipped package
+    registers CUDA implementations alone)."""
+    global _REGISTERED
+    if not _REGISTERED:
+        for name, fn in STAND_INS.items():
+            torch.library.register_kernel(f"kernelize::launch_{name}", "cpu", fn)
+        _REGISTERED = True
+
+
+@pytest.fixture
+def cpu_kernels(monkeypatch, cpu_stand_ins):
+    """`launch.compiled` gives a CPU stand-in: swapped forwards call the ops on CPU tensors."""
+    monkeypatch.setattr(launch, "compiled", lambda digest, manifest, *a, **k: CpuStandIn(manifest))
+
+
+def _patch_all(model, **kw):
+    sites = discover(model, **kw).sites
+    for s in sites:
+        fake = Resolved(s.op, "1.0.0", "sha256:" + "0" * 64,
+                        {"constraints": CONSTRAINTS, "semantics": s.semantics}, "", "test")
+        core._patch(s, fake, torch.device("cpu"))
+    return sites
+
+
+# ---- registration and fake implementations --------------------------------------------------
+
+def test_ops_registered():
+    for name in ops.OPS:
+        op = getattr(torch.ops.kernelize, f"launch_{name}")
+        assert ops.op(name) is op
+        schema = op.default._schema
+        assert schema.arguments[-1].name == "key" and str(schema.arguments[-1].type) == "int"
+        mutated = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+        assert mutated == (["residual"] if name == "fused_add_rms_norm" else []), (name, schema)
+        assert len(schema.returns) == 1
+    # the real implementations are CUDA ones; nothing is registered for CPU by the package
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("kernelize::launch_silu", "CUDA")
+
+
+def test_register_gives_stable_keys():
+    a, b = object(), object()
+    ka, kb = ops.register(a), ops.register(b)
+    assert ka != kb and ops.register(a) == ka
+    assert ops.kernel(ka) is a and ops.kernel(kb) is b
+    with pytest.raises(RuntimeError, match="no compiled kernel under key"):
+        ops.kernel(10**9)
+
+
+def _args(name, x, w, b, key=1):
+    return {
+        "rms_norm": (x, w, 1e-6, key),
+        "fused_add_rms_norm": (x, x.clone(), w, 1e-6, key),
+        "layer_norm": (x, w, b, 1e-5, key),
+        "silu": (x, key), "gelu": (x, key), "gelu_tanh": (x, key),
+        "silu_and_mul": (x, x.clone(), key),
+    }[name]
+
+
+@pytest.mark.parametrize("device", ["cuda", "meta"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fake_implementations_shapes(device, dtype):
+    """Under FakeTensorMode (what torch.compile traces with) every op gives a new contiguous
+    tensor of the input's shape, dtype and device, also for a non-contiguous input; no
+    CUDA is needed to trace CUDA tensors."""
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        x = torch.empty(3, 5, 64, dtype=dtype, device=device)
+        xt = torch.empty(3, 64, 5, dtype=dtype, device=device).transpose(1, 2)  # not contiguous
+        w = torch.empty(64, dtype=dtype, device=device)
+        b = torch.empty(64, dtype=dtype, device=device)
+        for name in ops.OPS:
+            for inp in (x, xt):
+                out = ops.op(name)(*_args(name, inp, w, b))
+                assert out.shape == (3, 5, 64) and out.dtype == dtype, name
+                assert out.device.type == device and out.is_contiguous(), name
+                assert out is not inp and not out._is_view(), name
+
+
+@pytest.mark.parametrize("name", ops.OPS)
+def test_opcheck_cpu_stand_in(name, cpu_stand_ins):
+    """torch.library.opcheck (schema, autograd registration, fake tensor vs real, AOT dispatch)
+    with the CPU stand-in as the real implementation: the fake implementations agree with a
+    real output's shape, dtype and strides, and the mutation declared for the residual."""
+    key = ops.register(CpuStandIn({"semantics": "llama"}))
+    g = torch.Generator().manual_seed(0)
+    for shape in ((4, 64), (2, 3, 64)):
+        x = torch.randn(*shape, generator=g).to(torch.bfloat16)
+        w = torch.randn(64, generator=g).to(torch.bfloat16)
+        b = torch.randn(64, generator=g).to(torch.bfloat16)
+        torch.library.opcheck(ops.op(name), _args(name, x, w, b, key))
+
+
+@pytest.mark.skip(reason="the real implementations launch CUDA kernels (cuLaunchKernel): opcheck of "
+                         "the real ops runs in test_gpu.py::test_opcheck_real_launches on a GPU")
+def test_opcheck_real_launches():  # pragma: no cover
+    pass
+
+
+# ---- swapped forwards call the ops; torch.compile traces through them -----------------------
+
+class _Net(nn.Module):
+    """One layer of every swappable kind, and a direct fused_add_rms_norm call."""
+
+    def __init__(self, cols=64):
+        super().__init__()
+        self.fc1 = nn.Linear(cols, cols)
+        self.silu = nn.SiLU()
+        self.gelu = nn.GELU()
+        self.gelu_tanh = nn.GELU(approximate="tanh")
+        self.ln = nn.LayerNorm(cols)
+        self.rms = nn.RMSNorm(cols, eps=1e-6)
+        self.w = nn.Parameter(torch.ones(cols))
+        self.fused_key = ops.register(CpuStandIn({"semantics": "llama"}))
+
+    def forward(self, x):
+        h = self.fc1(x)
+        h = self.ln(self.gelu(h)) + self.gelu_tanh(h) + self.silu(h)
+        r = h.clone()
+        out = ops.op("fused_add_rms_norm")(self.rms(h), r, self.w, 1e-6, self.fused_key)
+        return out + r
+
+
+def _graph_counter():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    return graphs, backend
+
+
+def _ops_in(graphs):
+    code = "\n".join(g.code for g in graphs)
+    return {name: code.count(f"torch.ops.kernelize.launch_{name}(") for name in ops.OPS}
+
+
+def test_compile_layers_fullgraph_aot_eager(cpu_kernels):
+    torch.manual_seed(0)
+    net = _Net().to(torch.bfloat16).eval()
+    with torch.no_grad():
+        net.rms.weight.normal_(1, 0.3)
+        net.ln.weight.normal_(1, 0.3)
+        net.ln.bias.normal_(0, 0.1)
+    x = torch.randn(2, 7, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        eager = net(x)
+        sites = _patch_all(net)
+        assert sorted(s.op for s in sites) == ["gelu", "gelu_tanh", "layer_norm", "rms_norm", "silu"]
+        swapped = net(x)
+        assert kernelize.launch_counts(net) == {s.path: 1 for s in sites}
+        graphs, backend = _graph_counter()
+        torch._dynamo.reset()
+        counted = torch.compile(net, backend=backend, fullgraph=True)
+        assert torch.equal(counted(x), eager)
+        assert len(graphs) == 1
+        assert _ops_in(graphs) == {n: 1 for n in ops.OPS if n != "silu_and_mul"} | {"silu_and_mul": 0}
+        torch._dynamo.reset()
+        compiled = torch.compile(net, backend="aot_eager", fullgraph=True)
+        for _ in range(2):
+            assert torch.equal(compiled(x), eager)  # stand-ins compute eager's formulas
+    assert torch.equal(swapped, eager)
+    # launch_counts counts the compiled calls too (dynamo replays the counter's update)
+    assert kernelize.launch_counts(net) == {s.path: 4 for s in sites}  # 1 eager + 3 compiled
+    assert kernelize.unkernelize(net) == 5
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def small_llama():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=160,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if "RMSNorm" in type(m).__name__:
+                m.weight.normal_(1, 0.3)
+    return model
+
+
+def test_compile_kernelized_llama_no_graph_breaks(cpu_kernels, small_llama):
+    """A kernelized Llama (5 RMSNorms, 2 gated MLPs) traces as one graph with the kernels as
+    opaque custom-op calls, and the compiled logits equal the uncompiled ones bit for bit."""
+    model = small_llama
+    ids = torch.randint(0, 128, (1, 12))
+    with torch.no_grad():
+        eager = model(input_ids=ids, use_cache=False).logits
+        sites = _patch_all(model)
+        assert sorted(s.op for s in sites) == ["rms_norm"] * 5 + ["silu_and_mul"] * 2
+        swapped = model(input_ids=ids, use_cache=False).logits
+        torch._dynamo.reset()
+        ex = torch._dynamo.explain(model)(input_ids=ids, use_cache=False)
+        assert ex.graph_break_count == 0, ex.break_reasons
+        assert ex.graph_count == 1
+        assert _ops_in(ex.graphs)["rms_norm"] == 5 and _ops_in(ex.graphs)["silu_and_mul"] == 2
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="aot_eager")
+        got = compiled(input_ids=ids, use_cache=False).logits
+    assert torch.equal(swapped, eager)
+    assert torch.equal(got, swapped)
+    assert all(n >= 2 for n in kernelize.launch_counts(model).values())
+    assert kernelize.unkernelize(model) == 7
+    torch._dynamo.reset()
+
+
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
+def test_compile_falls_back_for_inputs_the_kernel_does_not_take(cpu_kernels):
+    """Another dtype, or autograd needed: the compiled forward runs the original layer."""
+    torch.manual_seed(0)
+    norm = nn.RMSNorm(64, eps=1e-6).to(torch.bfloat16)
+    sites = _patch_all(norm)
+    assert [s.op for s in sites] == ["rms_norm"]
+    torch._dynamo.reset()
+    compiled = torch.compile(norm, backend="aot_eager")
+    x32 = torch.randn(3, 64)
+    with torch.no_grad():
+        assert torch.equal(compiled(x32), F.rms_norm(x32, (64,), norm.weight.float(), 1e-6))
+    xb = torch.randn(3, 64, dtype=torch.bfloat16, requires_grad=True)
+    y = compiled(xb)  # grad enabled and the weight requires grad: the original forward
+    y.float().sum().backward()
+    assert xb.grad is not None
+    assert kernelize.launch_counts(norm) == {"<root>": 0}
+    kernelize.unkernelize(norm)
+    torch._dynamo.reset()
+
+
+# ---- the device of a parameterless module ---------------------------------------------------
+
+def _fake_cuda(monkeypatch, available: bool):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+
+
+def test_parameterless_module_uses_current_cuda_device(monkeypatch):
+    _fake_cuda(monkeypatch, True)
+    dev = core._cuda_device(nn.SiLU(), None)
+    assert dev == torch.device("cuda", 1)
+    assert core._arch_of(dev, None) == "sm_90"
+    # through kernelize (not swapped: there is no real GPU to compile on here)
+    rep = kernelize.kernelize(nn.SiLU(), kernels_dir=KERNELS / "silu", dtype="bf16",
+                              swap=False, verbose=False)
+    assert rep.arch == "sm_90"
+    assert [(e.op, e.status) for e in rep.entries] == [("silu", "would replace")]
+    # a module with parameters keeps the parameters' device: on the CPU it is no CUDA model
+    assert core._cuda_device(nn.Linear(2, 2), None) is None
+    with pytest.raises(ValueError, match="arch is needed"):
+        kernelize.kernelize(nn.Linear(2, 2), kernels_dir=KERNELS / "silu", verbose=False)
+
+
+def test_parameterless_module_without_cuda_still_needs_arch(monkeypatch):
+    _fake_cuda(monkeypatch, False)
+    assert core._cuda_device(nn.SiLU(), None) is None
+    with pytest.raises(ValueError, match="arch is needed"):
+        kernelize.kernelize(nn.SiLU(), kernels_dir=KERNELS / "silu", dtype="bf16", verbose=False)
+    rep = kernelize.kernelize(nn.SiLU(), kernels_dir=KERNELS / "silu", dtype="bf16",
+                              arch="sm_90", verbose=False)
+    assert not rep.swapped and [e.status for e in rep.entries] == ["would replace"]
