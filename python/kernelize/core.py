@@ -220,7 +220,8 @@ def unkernelize(model: nn.Module) -> int:
 def launch_counts(model: nn.Module) -> dict[str, int]:
     """For every swapped layer of `model` (by path): how many of its calls so far launched the
     kernel. A layer at 0 has always fallen back to its original forward (the input's dtype,
-    device, shape or element count did not fit), so the kernel has not been exercised."""
+    device, shape or element count did not fit), so the kernel has not been exercised.
+    Only eager calls are counted: calls through torch.compile (and CUDA graph replays) are not."""
     return {path or "<root>": m.__dict__.get(_LAUNCHES, 0)
             for path, m in model.named_modules() if m.__dict__.get(_ORIG) is not None}
 
@@ -228,6 +229,10 @@ def launch_counts(model: nn.Module) -> dict[str, int]:
 # ---- swapping ------------------------------------------------------------------------------
 
 def _counted(m: nn.Module) -> None:
+    # Not while torch.compile traces: dynamo would guard on the counter's value and recompile
+    # the graph at every call. launch_counts counts the eager (uncompiled) calls.
+    if torch.compiler.is_compiling():
+        return
     m.__dict__[_LAUNCHES] = m.__dict__.get(_LAUNCHES, 0) + 1
 
 
