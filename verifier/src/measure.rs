@@ -343,7 +343,9 @@ impl<'a> CaseRun<'a> {
             &mut prepare,
             &mut |_| Ok(()),
         )?;
-        gpu.fill_pattern(self.tools.fill, &out, Poison::fresh().key, false)?;
+        for b in std::iter::once(&out).chain(res.as_ref()) {
+            gpu.fill_pattern(self.tools.fill, b, Poison::fresh().key, false)?;
+        }
         Ok(t)
     }
 
@@ -417,7 +419,7 @@ pub(crate) fn run_case(
     copy_gbps: f64,
 ) -> Result<CaseReport, ExecError> {
     let m = &bundle.manifest;
-    let (op, dt, rows, cols) = (spec.op, spec.dtype, spec.rows, spec.cols);
+    let (op, dt) = (spec.op, spec.dtype);
     let sym = m.entries.get(&dt).cloned().unwrap_or_default();
     let sm_count = gpu.info.sm_count;
     let (gpu, cand_f, ref_f, tools) = load(gpu, bundle, spec)?;
@@ -438,22 +440,7 @@ pub(crate) fn run_case(
         crate::trace(|| format!("{} {name}: {secs:.3} s", spec.id));
         t_last = now;
     };
-    let skeleton = CaseReport {
-        id: spec.id.clone(),
-        dtype: dt,
-        rows,
-        cols,
-        distribution: spec.dist.to_string(),
-        eps: op.takes_eps().then_some(spec.eps),
-        status: CaseStatus::Ran,
-        note: None,
-        exactness: None,
-        accuracy: None,
-        deterministic: None,
-        batch_invariant: None,
-        integrity_failures: vec![],
-        speed: None,
-    };
+    let skeleton = crate::verify::case_skeleton(spec, CaseStatus::Ran, None);
     if spec.large_index {
         return large::run(gpu, spec, limits, cand, refk, tools, skeleton);
     }

@@ -91,7 +91,12 @@ pub fn dtypes_for(bundle: &KernelBundle, opts: &VerifyOptions) -> Result<Vec<DTy
     }
 }
 
-fn case_skeleton(spec: &CaseSpec, status: CaseStatus, note: String) -> CaseReport {
+/// A case's report with nothing measured yet (the runner fills what it measures).
+pub(crate) fn case_skeleton(
+    spec: &CaseSpec,
+    status: CaseStatus,
+    note: Option<String>,
+) -> CaseReport {
     CaseReport {
         id: spec.id.clone(),
         dtype: spec.dtype,
@@ -100,7 +105,7 @@ fn case_skeleton(spec: &CaseSpec, status: CaseStatus, note: String) -> CaseRepor
         distribution: spec.dist.to_string(),
         eps: spec.op.takes_eps().then_some(spec.eps),
         status,
-        note: Some(note),
+        note,
         exactness: None,
         accuracy: None,
         deterministic: None,
@@ -160,16 +165,16 @@ pub fn verify_with(
         });
         let report = if let Some(why) = m.not_applicable(spec.constraint_size(), Some(device.arch))
         {
-            case_skeleton(spec, CaseStatus::NotApplicable, why)
+            case_skeleton(spec, CaseStatus::NotApplicable, Some(why))
         } else if let Err(why) = m.launch_dims(spec.rows, spec.cols, device.sm_count) {
-            case_skeleton(spec, CaseStatus::Error, format!("launch rule: {why}"))
+            case_skeleton(spec, CaseStatus::Error, Some(format!("launch rule: {why}")))
         } else if consecutive_errors >= MAX_CONSECUTIVE_ERRORS {
             case_skeleton(
                 spec,
                 CaseStatus::Error,
-                format!(
+                Some(format!(
                     "not run: the previous {MAX_CONSECUTIVE_ERRORS} cases failed to run (last: {last_error})"
-                ),
+                )),
             )
         } else {
             let t_case = Instant::now();
@@ -193,7 +198,7 @@ pub fn verify_with(
                 Err(e) => {
                     consecutive_errors += 1;
                     last_error = e.to_string();
-                    case_skeleton(spec, CaseStatus::Error, e.to_string())
+                    case_skeleton(spec, CaseStatus::Error, Some(e.to_string()))
                 }
             }
         };
