@@ -15,3 +15,10 @@ else
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q "torch>=2.8" "transformers>=4.45" pytest
 fi
+# schemathesis fuzzes the API from its OpenAPI document (tests/schemathesis.rs, run by
+# scripts/test after this).
+if [ -x .venv/bin/schemathesis ]; then
+  echo "python/.venv: $(.venv/bin/schemathesis --version)"
+else
+  .venv/bin/python -m pip install -q "schemathesis>=4.3,<5"
+fi

@@ -4,6 +4,7 @@
 Runs on the GPU machine (python3 with torch; NVRTC and the CUDA driver through ctypes).
 
   PYTHONUNBUFFERED=1 python3 scripts/bench_kernels.py --out OUTDIR [--quick] [--no-compile-baselines]
+      [--only k1,k2] [--kernels-dir DIR]
 
 For every kernel folder: parse kernel.toml (tomllib), compile kernel.cu with NVRTC for this
 GPU (--gpu-architecture=sm_XY --include-path=$CUDA_HOME/include + the manifest's
@@ -19,7 +20,8 @@ mismatch counts are reported. Timing: median of CUDA-event-timed launches with L
 (a 256 MiB buffer is rewritten) before every launch; GB/s counts inputs read once and
 outputs written once; the fraction is of the device-to-device copy bandwidth measured in the
 same run. Baselines: eager HF LlamaRMSNorm / Gemma RMSNorm (written out in torch),
-F.rms_norm, nn.LayerNorm (F.layer_norm), F.silu, F.gelu (both), silu(g)*u, fused add+norm,
+F.rms_norm, nn.LayerNorm (F.layer_norm), F.silu, F.gelu (both), silu(g)*u (one tensor and
+two: silu_mul), F.gelu(g, tanh)*u, fused add+norm,
 and torch.compile of each; each baseline's mismatch count vs eager is reported too.
 Outputs: OUT/results.json, OUT/results.csv, OUT/RESULTS.md (markdown tables).
 """
@@ -50,6 +52,8 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import eager_order as EO  # noqa: E402  (the verified CPU emulators of eager's row orders)
 DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 ROWWISE = {"rms_norm", "fused_add_rms_norm", "layer_norm"}
+# the gated ops: act(gate) * up on two tensors (the activation per op)
+GATED = {"silu_mul": "silu", "gelu_tanh_mul": "gelu_tanh"}
 EPS = 1e-6
 
 
@@ -226,11 +230,11 @@ def ref_rows(op, sem, T, inputs, eps):
     if sem == "torch":
         y = EO.eager_rms_norm(_np(x), _np(w), eps=eps, rsqrt=_gpu_rsqrt)[0]
         return torch.from_numpy(y).cuda().to(T)
-    # the mean order: Reduce.cuh's configuration for >= 16 rows, every row start aligned,
-    # times fl(1/cols)
-    cfg = EO.reduce_config(16, cols)
+    # the mean order: Reduce.cuh's configuration for this tensor's (rows, cols), each row's
+    # start alignment, times MeanOps' factor float(rows) / float(rows * cols)
+    cfg = EO.reduce_config(rows, cols)
     assert cfg["ctas_per_output"] == 1, f"cols {cols}: the reference has no multi-block rows"
-    var = EO.eager_mean_sq(_np(h), rows_total=1, row_ids=np.zeros(rows, dtype=np.int64), cfg=cfg)
+    var = EO.eager_mean_sq(_np(h), cfg=cfg)
     r = torch.rsqrt(torch.from_numpy(var).cuda() + eps)[:, None]
     if sem == "llama":
         return (w.float() * (h * r).to(T).float()).to(T)
@@ -252,6 +256,11 @@ def ref_silu_and_mul(T, x, cols):
     g, u = x[:, :cols].float(), x[:, cols:].float()
     s = ref_act("silu", g).to(T)
     return (s.float() * u).to(T)
+
+
+def ref_gated(op, T, g, u):
+    s = ref_act(GATED[op], g.float()).to(T)
+    return (s.float() * u.float()).to(T)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,6 +302,14 @@ def gelu_tanh(x):
     return F.gelu(x, approximate="tanh")
 
 
+def silu_mul_eager(g, u):
+    return F.silu(g) * u
+
+
+def gelu_tanh_mul_eager(g, u):
+    return F.gelu(g, approximate="tanh") * u
+
+
 # op/semantics -> (eager fn, [baselines (name, fn)])
 def baselines_for(key):
     if key == ("rms_norm", "llama"):
@@ -313,6 +330,10 @@ def baselines_for(key):
         return gelu_tanh, [("F.gelu(tanh)", gelu_tanh)]
     if key[0] == "silu_and_mul":
         return silu_and_mul_eager, [("silu(g)*u", silu_and_mul_eager)]
+    if key[0] == "silu_mul":
+        return silu_mul_eager, [("F.silu(g)*u", silu_mul_eager)]
+    if key[0] == "gelu_tanh_mul":
+        return gelu_tanh_mul_eager, [("F.gelu(g,tanh)*u", gelu_tanh_mul_eager)]
     raise KeyError(key)
 
 
@@ -351,6 +372,12 @@ def make_inputs(op, T, rows, cols, gen, inject=False):
         if inject:
             x.view(-1)[:: max(1, x.numel() // 7)] = float("inf")
         return (x,)
+    if op in GATED:
+        g, u = rn(rows, cols, scale=2.0), rn(rows, cols, scale=2.0)
+        if inject:
+            g.view(-1)[:: max(1, g.numel() // 7)] = float("inf")
+            u.view(-1)[1:: max(1, u.numel() // 5)] = float("nan")
+        return (g, u)
     x = rn(rows * cols, scale=3.0)
     if inject:
         x[:: max(1, x.numel() // 5)] = float("nan")
@@ -375,6 +402,9 @@ def kernel_call(k, dt, inputs, rows, cols, sms, out=None, res=None):
     if op == "silu_and_mul":
         out = torch.empty(rows, cols, device="cuda", dtype=T) if out is None else out
         return k.launcher(dt, [out, inputs[0], rows, cols], rows, cols, sms), (out,)
+    if op in GATED:
+        out = torch.empty(rows, cols, device="cuda", dtype=T) if out is None else out
+        return k.launcher(dt, [out, inputs[0], inputs[1], rows, cols], rows, cols, sms), (out,)
     n = rows * cols
     out = torch.empty(n, device="cuda", dtype=T) if out is None else out
     return k.launcher(dt, [out, inputs[0], n], 1, n, sms), (out,)
@@ -388,6 +418,8 @@ def reference(op, sem, T, inputs, rows, cols):
         return (y, s)
     if op == "silu_and_mul":
         return (ref_silu_and_mul(T, inputs[0], cols),)
+    if op in GATED:
+        return (ref_gated(op, T, *inputs),)
     return (ref_act(op, inputs[0].float()).to(T),)
 
 
@@ -398,6 +430,8 @@ def eager_out(op, sem, inputs, cols):
     if op == "fused_add_rms_norm":
         y, s = fn(*inputs, EPS)
         return (y, s)
+    if op in GATED:
+        return (fn(*inputs),)
     return (fn(inputs[0]),)
 
 
@@ -406,6 +440,8 @@ def baseline_fn(op, fn, inputs):
         return lambda: fn(*inputs, EPS)
     if op == "fused_add_rms_norm":
         return lambda: fn(*inputs, EPS)
+    if op in GATED:
+        return lambda: fn(*inputs)
     return lambda: fn(inputs[0])
 
 
@@ -417,7 +453,7 @@ def nbytes(op, T, rows, cols):
         return e * (4 * rows * cols + cols)
     if op == "layer_norm":
         return e * (2 * rows * cols + 2 * cols)
-    if op == "silu_and_mul":
+    if op == "silu_and_mul" or op in GATED:
         return e * 3 * rows * cols
     return e * 2 * rows * cols
 
@@ -488,6 +524,8 @@ def main():
     ap.add_argument("--only", default="", help="comma list of kernel names")
     ap.add_argument("--full-checks", action="store_true", help="with --quick: the full set of bitwise check shapes")
     ap.add_argument("--shapes", default="", help="with --quick: bf16 timing shapes, e.g. 4096x8192,32768x4096")
+    ap.add_argument("--kernels-dir", default=os.path.join(ROOT, "kernels"),
+                    help="the kernel folders to run (e.g. an older release's, to compare timings)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t_start = time.time()
@@ -500,7 +538,7 @@ def main():
     arch = info["capability"]
 
     kernels = []
-    for d in sorted(glob.glob(os.path.join(ROOT, "kernels", "*", "kernel.toml"))):
+    for d in sorted(glob.glob(os.path.join(args.kernels_dir, "*", "kernel.toml"))):
         try:
             k = Kernel(os.path.dirname(d))
             if args.only and k.name not in args.only.split(","):
@@ -551,7 +589,8 @@ def main():
     for k in kernels:
         if k.error:
             continue
-        shapes = row_shapes if k.op in ROWWISE else sam_shapes if k.op == "silu_and_mul" else ew_shapes
+        shapes = (row_shapes if k.op in ROWWISE else
+                  sam_shapes if k.op == "silu_and_mul" or k.op in GATED else ew_shapes)
         for dt in k.entries:
             T = DT[dt]
             tot = {"kernel": k.name, "op": k.op, "semantics": k.sem, "dtype": dt, "exact_claim": k.exact,
@@ -693,6 +732,8 @@ def eager_out_with(op, fn, inp):
     if op == "fused_add_rms_norm":
         y, s = fn(*inp, EPS)
         return (y, s)
+    if op in GATED:
+        return (fn(*inp),)
     return (fn(inp[0]),)
 
 

@@ -3,8 +3,9 @@
 
 Run on a GPU machine:  python3 scripts/conformance.py DIR
 It writes DIR/manifest.json and one safetensors file per (layer, dtype, shape, inputs) with
-tensors x, [weight], [bias], [residual], out, [residual_out]. Then the verifier runs its built-in
-reference layers on the same inputs and tabulates the bitwise agreement:
+tensors x (the gated ops: gate and up), [weight], [bias], [residual], out, [residual_out].
+Then the verifier runs its built-in reference layers on the same inputs and tabulates the
+bitwise agreement:
     kernelize __conformance DIR --out docs/conformance-table.md
 (or, from a .gpu-stage, tests/gpu __conformance DIR OUT.md).
 """
@@ -19,6 +20,11 @@ from safetensors.torch import save_file
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 SHAPES = [(7, 127), (33, 1000), (3, 1001), (1024, 4096), (64, 8192), (2, 65536)]
+# Eager's mean (HF LlamaRMSNorm, GemmaRMSNorm, residual add + norm) changes its order with the
+# row count below 16 rows (classes 1, 2-3, 4-7, 8-15): every row count 1..16 at a width of
+# single elements (127), an odd width (1001: rows off a 16-byte boundary), a model width (4096:
+# up to 512 lanes of one warp-row) and one above 8160 (8192: 16 warps share the row).
+SHAPES += [(r, c) for c in (127, 1001, 4096, 8192) for r in range(1, 17) if (r, c) not in SHAPES]
 RMS_EPS = 1e-6
 LN_EPS = 1e-5
 
@@ -84,6 +90,14 @@ def main():
                 xm = randn(rows, 2 * cols, dtype=T, scale=3.0)
                 save("F.silu(g) * u", "silu_and_mul", "default", dt, rows, cols, "normal*3",
                      dict(x=xm, out=F.silu(xm[:, :cols]) * xm[:, cols:]))
+                # the gated ops: gate and up as two tensors (HF's gate_proj(x), up_proj(x))
+                gate = randn(rows, cols, dtype=T, scale=3.0)
+                up = randn(rows, cols, dtype=T, scale=3.0)
+                save("F.silu(g) * u, two tensors", "silu_mul", "default", dt, rows, cols,
+                     "normal*3", dict(gate=gate, up=up, out=F.silu(gate) * up))
+                save("F.gelu(g, tanh) * u", "gelu_tanh_mul", "default", dt, rows, cols,
+                     "normal*3", dict(gate=gate, up=up,
+                                      out=F.gelu(gate, approximate="tanh") * up))
     man = dict(
         torch_version=torch.__version__,
         cuda=str(torch.version.cuda),

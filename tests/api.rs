@@ -34,6 +34,14 @@ both_backends!(
     submit_cli_waits_and_gates_on_policy,
     shape_exact_resolve_queues_and_runs_a_width_job,
     width_jobs_are_capped,
+    serve_worker_keeps_one_token_across_restarts,
+    token_ensure_hands_a_worker_one_token_file,
+    request_ids_flow_into_logs_and_back,
+    another_workers_token_cannot_use_a_lease,
+    forged_reports_are_refused,
+    a_hub_accepts_its_own_suite_by_default,
+    tokens_expire_list_and_revoke_over_the_cli_and_the_api,
+    a_database_from_before_claim_tokens_is_served_after_its_upgrade,
 );
 
 async fn lists_the_bundled_kernels(b: Backend) {
@@ -488,7 +496,15 @@ async fn argmax_policy_needs_a_model_level_measurement(b: Backend) {
         ("m_layer_only", EXACT_FASTEST),
         ("m_in_model", EXACT_WITH_MODEL),
     ] {
+        // The model-level report ran bf16, f16 and f32: the kernel has the three entries.
         let (m, s) = bundle_files(name, "1.0.0", "");
+        let m = m.replace(
+            "bf16 = \"k_bf16\"\n",
+            "bf16 = \"k_bf16\"\nf16 = \"k_f16\"\nf32 = \"k_f32\"\n",
+        );
+        let s = format!(
+            "{s}extern \"C\" __global__ void k_f16() {{}}\nextern \"C\" __global__ void k_f32() {{}}\n"
+        );
         let (st, _) = srv
             .post("/v1/kernels", &submit, &json!({"manifest": m, "source": s}))
             .await;
@@ -682,7 +698,11 @@ async fn many_submissions_with_four_workers(b: Backend) {
 
 async fn openapi_covers_every_route(b: Backend) {
     let srv = TestServer::start(&b, &["--no-bundled"]).await;
-    let doc: Value = srv.get_json("/openapi.json").await;
+    // The route table is the server's own list (`app::api_routes`), from which the router
+    // and the served document both come.
+    let doc = serde_json::to_value(kernelize::app::openapi()).unwrap();
+    let served: Value = srv.get_json("/openapi.json").await;
+    assert_eq!(served, doc, "/openapi.json is the route list's document");
     let paths = doc["paths"].as_object().unwrap();
     for (path, method) in [
         ("/healthz", "get"),
@@ -699,12 +719,54 @@ async fn openapi_covers_every_route(b: Backend) {
         ("/v1/jobs/{id}/report", "post"),
         ("/v1/jobs/{id}/fail", "post"),
         ("/v1/resolve", "get"),
+        ("/v1/tokens", "get"),
+        ("/v1/tokens", "post"),
+        ("/v1/tokens/{token}/revoke", "post"),
     ] {
         assert!(
             paths.get(path).and_then(|p| p.get(method)).is_some(),
             "{method} {path} missing from /openapi.json"
         );
     }
+    let mut operations = 0;
+    for (path, item) in paths {
+        let concrete = path
+            .replace("{name}", "none")
+            .replace("{version}", "1.0.0")
+            .replace("{digest}", &"0".repeat(64))
+            .replace("{id}", "1")
+            .replace("{token}", "nobody");
+        for method in item.as_object().unwrap().keys() {
+            operations += 1;
+            // Each operation reaches its handler: not the fallback (404 "no route"), not
+            // another method's route (405).
+            let r = srv
+                .client
+                .request(method.to_uppercase().parse().unwrap(), srv.url(&concrete))
+                .send()
+                .await
+                .unwrap();
+            let st = r.status();
+            let body = r.text().await.unwrap();
+            assert_ne!(
+                st,
+                StatusCode::METHOD_NOT_ALLOWED,
+                "{method} {path}: {body}"
+            );
+            assert!(
+                !body.contains("no route"),
+                "{method} {path} is not routed: {body}"
+            );
+            // Every status the document promises is a problem or a success, and every
+            // refusal of an operation is declared on it.
+            let declared = &item[method]["responses"];
+            assert!(
+                declared.get(st.as_str()).is_some(),
+                "{method} {path} answered {st}, which its responses do not declare: {body}"
+            );
+        }
+    }
+    assert!(operations >= 17, "{operations} operations");
     let h: Value = srv.get_json("/healthz").await;
     assert_eq!(h["status"], "ok");
 }
@@ -854,9 +916,11 @@ fn rms_report(claim: &Value, extra_cols: Option<u64>) -> Value {
             .clone();
         for rows in [1u64, 64] {
             let mut c = template.clone();
-            c["id"] = json!(format!("bf16/{rows}x{cols}/requested"));
+            c["id"] = json!(format!("bf16/{rows}x{cols}/normal"));
             c["rows"] = json!(rows);
             c["cols"] = json!(cols);
+            c["exactness"]["elements"] = json!(rows * cols);
+            c["exactness"]["ulp_histogram"][0] = json!(rows * cols);
             c["speed"] = Value::Null;
             r["cases"].as_array_mut().unwrap().push(c);
         }
@@ -1145,4 +1209,847 @@ fn verify_cli_names_bad_shapes() {
             "{args:?}: checked before the GPU: {err}"
         );
     }
+}
+
+/// The tokens the store holds under `name` (the audit log records each creation).
+async fn tokens_created(db_url: &str, name: &str) -> usize {
+    let store = kernel_store::Store::connect(db_url).await.unwrap();
+    let entries = store.audit_entries(10_000).await.unwrap();
+    store.close().await;
+    entries
+        .iter()
+        .filter(|e| e.action == "token.created" && e.subject == name)
+        .count()
+}
+
+/// The token in `file`, checked to be valid with scope `worker` in the store at `db_url`.
+async fn valid_worker_token(db_url: &str, file: &std::path::Path) -> String {
+    let token = std::fs::read_to_string(file)
+        .unwrap_or_else(|e| panic!("the token file {} was not written: {e}", file.display()))
+        .trim()
+        .to_string();
+    let store = kernel_store::Store::connect(db_url).await.unwrap();
+    let held = store.check_token(&token).await.unwrap();
+    store.close().await;
+    let kernel_store::TokenCheck::Valid(info) = held else {
+        panic!(
+            "the token in {} is not valid in the store: {held:?}",
+            file.display()
+        )
+    };
+    assert_eq!(
+        info.scopes,
+        vec!["worker".to_string()],
+        "{}",
+        file.display()
+    );
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(
+            mode,
+            0o600,
+            "{} must be readable by its owner only",
+            file.display()
+        );
+    }
+    token
+}
+
+async fn serve_worker_keeps_one_token_across_restarts(b: Backend) {
+    // SQLite: the default file beside the database; PostgreSQL: an explicit one.
+    let dir = tempfile::tempdir().unwrap();
+    let (file, extra): (std::path::PathBuf, Vec<String>) = match &b {
+        Backend::Sqlite(d) => (d.path().join("kernelize.db.worker-token"), vec![]),
+        Backend::Postgres(_) => {
+            let f = dir.path().join("state/worker.token");
+            (
+                f.clone(),
+                vec!["--worker-token-file".into(), f.display().to_string()],
+            )
+        }
+    };
+    let mut args: Vec<&str> = vec!["--worker"];
+    args.extend(extra.iter().map(String::as_str));
+    let mut tokens = vec![];
+    for _ in 0..2 {
+        let mut srv = TestServer::start(&b, &args).await;
+        // Answered once the embedded worker's token is settled (before serving starts).
+        srv.get_json("/healthz").await;
+        tokens.push(valid_worker_token(&srv.db_url, &file).await);
+        srv.sigkill();
+    }
+    assert_eq!(
+        tokens[0], tokens[1],
+        "the second start must reuse the first start's token"
+    );
+    assert_eq!(
+        tokens_created(&b.url(), "embedded-worker").await,
+        1,
+        "two starts over one database create one worker token"
+    );
+    // A token the database does not know (a file from another database) is replaced.
+    std::fs::write(&file, "kz_from_another_database\n").unwrap();
+    let srv = TestServer::start(&b, &args).await;
+    srv.get_json("/healthz").await;
+    let replaced = valid_worker_token(&srv.db_url, &file).await;
+    assert_ne!(replaced, tokens[0]);
+    assert_eq!(tokens_created(&b.url(), "embedded-worker").await, 2);
+}
+
+/// The Docker set-up's flow: a one-shot `token ensure` writes the token file, workers read it
+/// with `--token-file`; running it again keeps the token.
+async fn token_ensure_hands_a_worker_one_token_file(b: Backend) {
+    let srv = TestServer::start(&b, &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token/worker.token");
+    let ensure = || {
+        let out = std::process::Command::new(support::bin())
+            .args([
+                "token",
+                "ensure",
+                "--scope",
+                "worker",
+                "--name",
+                "gpu-workers",
+            ])
+            .arg("--file")
+            .arg(&file)
+            .args(["--db", &srv.db_url])
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "token ensure failed: {err}");
+        assert!(
+            out.stdout.is_empty(),
+            "the token must not be printed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        err
+    };
+    assert!(
+        ensure().contains("created"),
+        "the first run creates the token"
+    );
+    let first = valid_worker_token(&srv.db_url, &file).await;
+    assert!(ensure().contains("kept"), "the second run keeps it");
+    assert_eq!(valid_worker_token(&srv.db_url, &file).await, first);
+    assert_eq!(tokens_created(&srv.db_url, "gpu-workers").await, 1);
+    // The token works for a worker's call.
+    let (st, body) = srv
+        .post("/v1/jobs/claim", &first, &json!({"worker": "w"}))
+        .await;
+    assert!(
+        st == StatusCode::OK || st == StatusCode::NO_CONTENT,
+        "claim with the ensured token: {st} {body}"
+    );
+    // A worker without the file says how to make one (checked before the GPU).
+    let out = std::process::Command::new(support::bin())
+        .args(["worker", "--server", &srv.base, "--token-file"])
+        .arg(dir.path().join("missing.token"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("kernelize token ensure --scope worker --file"),
+        "{err}"
+    );
+}
+
+/// The JSON log lines (stderr of `serve --log-json`) in `log`, once `ready` holds for one.
+async fn log_lines(log: &std::path::Path, ready: impl Fn(&Value) -> bool) -> Vec<Value> {
+    for _ in 0..100 {
+        let lines: Vec<Value> = std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        if lines.iter().any(&ready) {
+            return lines;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!(
+        "the expected log line never came; the log:\n{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+}
+
+fn is_uuid(s: &str) -> bool {
+    s.len() == 36
+        && s.char_indices().all(|(i, c)| {
+            if [8, 13, 18, 23].contains(&i) {
+                c == '-'
+            } else {
+                c.is_ascii_hexdigit()
+            }
+        })
+}
+
+async fn request_ids_flow_into_logs_and_back(b: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let srv = TestServer::start_logging_to(&b, &["--log-json"], &log).await;
+    let submit = srv.token("submit");
+    let http = reqwest::Client::new();
+
+    // 1. The caller's id: back in the response, and on every line the request logged.
+    let (manifest, source) = bundle_files("request_id_probe", "1.0.0", "");
+    let r = http
+        .post(srv.url("/v1/kernels"))
+        .bearer_auth(&submit)
+        .header("x-request-id", "probe-42")
+        .json(&json!({"manifest": manifest, "source": source}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(
+        r.headers()["x-request-id"],
+        "probe-42",
+        "the caller's id comes back"
+    );
+    let lines = log_lines(&log, |l| {
+        l["span"]["request_id"] == "probe-42"
+            && l["fields"]["message"] == "finished processing request"
+    })
+    .await;
+    let of_probe: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["span"]["request_id"] == "probe-42")
+        .collect();
+    let messages: Vec<&str> = of_probe
+        .iter()
+        .map(|l| l["fields"]["message"].as_str().unwrap_or(""))
+        .collect();
+    assert!(
+        messages.contains(&"kernel submitted"),
+        "the handler's own line carries the request id: {messages:?}"
+    );
+    assert!(
+        messages.contains(&"finished processing request"),
+        "{messages:?}"
+    );
+    assert!(of_probe.iter().all(|l| l["span"]["uri"] == "/v1/kernels"));
+    // No line logged while handling a request lacks its id.
+    for l in &lines {
+        let target = l["target"].as_str().unwrap_or("");
+        if target.starts_with("kernelize::api") || target.starts_with("tower_http") {
+            assert!(
+                l["span"]["request_id"]
+                    .as_str()
+                    .is_some_and(|s| !s.is_empty()),
+                "a request's log line without a request id: {l}"
+            );
+        }
+    }
+
+    // 2. No id sent: one is made, returned, and logged.
+    let r = http.get(srv.url("/healthz")).send().await.unwrap();
+    let made = r.headers()["x-request-id"].to_str().unwrap().to_string();
+    assert!(is_uuid(&made), "a generated id is a UUID: `{made}`");
+    log_lines(&log, |l| {
+        l["span"]["request_id"] == made.as_str() && l["span"]["uri"] == "/healthz"
+    })
+    .await;
+
+    // 3. An id unfit for a log line (too long) is replaced, not echoed.
+    let long = "x".repeat(200);
+    let r = http
+        .get(srv.url("/healthz"))
+        .header("x-request-id", &long)
+        .send()
+        .await
+        .unwrap();
+    let back = r.headers()["x-request-id"].to_str().unwrap();
+    assert!(
+        is_uuid(back),
+        "an over-long id is replaced by a UUID, got `{back}`"
+    );
+}
+/// `kernelize token ARGS --db URL`: (success, stdout, stderr).
+fn token_cli(srv: &TestServer, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(support::bin())
+        .arg("token")
+        .args(args)
+        .args(["--db", &srv.db_url])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A token made with the CLI: `token create --scope SCOPE --name NAME ARGS`.
+fn named_token(srv: &TestServer, scope: &str, name: &str, args: &[&str]) -> String {
+    let mut all = vec!["create", "--scope", scope, "--name", name];
+    all.extend_from_slice(args);
+    let (ok, out, err) = token_cli(srv, &all);
+    assert!(ok, "{err}");
+    out.trim().to_string()
+}
+
+fn detail(p: &Value) -> &str {
+    p["detail"].as_str().unwrap_or_default()
+}
+
+/// Issue 17: the lease id alone binds nothing. Another worker token presenting the right lease
+/// is refused for heartbeat, report and fail (403, audited); the claiming token goes on.
+async fn another_workers_token_cannot_use_a_lease(b: Backend) {
+    let srv = TestServer::start(&b, &["--no-bundled"]).await;
+    let submit = srv.token("submit");
+    let honest = named_token(&srv, "worker", "gpu-honest", &[]);
+    let other = named_token(&srv, "worker", "gpu-other", &[]);
+    let (m, s) = bundle_files("bound_k", "1.0.0", "");
+    srv.post("/v1/kernels", &submit, &json!({"manifest": m, "source": s}))
+        .await;
+    let (st, claim) = srv
+        .post("/v1/jobs/claim", &honest, &json!({"worker": "a"}))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{claim}");
+    let job = claim["job"]["id"].as_i64().unwrap();
+    let lease = claim["lease_id"].clone();
+    let report = support::recorded_report(EXACT, &claim, "sm_90");
+    for (route, body) in [
+        ("heartbeat", json!({"lease_id": lease})),
+        ("report", json!({"lease_id": lease, "report": report})),
+        ("fail", json!({"lease_id": lease, "reason": "sabotage"})),
+    ] {
+        let (st, p, ctype) = srv
+            .post_raw(&format!("/v1/jobs/{job}/{route}"), Some(&other), &body)
+            .await;
+        assert_eq!(st, StatusCode::FORBIDDEN, "{route}: {p}");
+        assert_eq!(ctype, "application/problem+json", "{route}");
+        assert!(
+            detail(&p).contains("claimed by another worker token")
+                && detail(&p).contains("recorded in the audit log"),
+            "{route}: {p}"
+        );
+    }
+    let audit = support::audit_actions(&b, &srv.db_url).await;
+    assert_eq!(
+        audit
+            .iter()
+            .filter(|a| *a == "job.claim_token_mismatch")
+            .count(),
+        3,
+        "{audit:?}"
+    );
+    let j: Value = srv.get_json(&format!("/v1/jobs/{job}")).await;
+    assert_eq!(j["state"], "running", "nothing changed: {j}");
+    // The claiming token goes on with its lease.
+    let (st, _) = srv
+        .post(
+            &format!("/v1/jobs/{job}/heartbeat"),
+            &honest,
+            &json!({"lease_id": lease}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, r) = srv
+        .post(
+            &format!("/v1/jobs/{job}/report"),
+            &honest,
+            &json!({"lease_id": lease, "report": report}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{r}");
+    assert_eq!(r["class"], "bit_exact");
+}
+
+/// Forged reports are refused over HTTP with a 422 naming the field (and audited); the job
+/// stays the claimant's, whose honest report is then accepted. A flattering summary is not
+/// refused but replaced by what the cases give.
+async fn forged_reports_are_refused(b: Backend) {
+    let srv = TestServer::start(&b, &["--no-bundled"]).await;
+    let submit = srv.token("submit");
+    let worker = srv.token("worker");
+    let (m, s) = bundle_files("forged_k", "1.0.0", "");
+    srv.post("/v1/kernels", &submit, &json!({"manifest": m, "source": s}))
+        .await;
+    let (_, claim) = srv
+        .post("/v1/jobs/claim", &worker, &json!({"worker": "f"}))
+        .await;
+    let job = claim["job"]["id"].as_i64().unwrap();
+    let honest = support::recorded_report(ONE_ULP_FASTER, &claim, "sm_90");
+    type Forge = fn(&mut Value);
+    let forgeries: Vec<(&str, Forge, &str, &str)> = vec![
+        (
+            "bit-exact by decree: mismatches zeroed, histogram kept",
+            |r| {
+                for c in r["cases"].as_array_mut().unwrap() {
+                    c["exactness"]["mismatches"] = json!(0);
+                    c["exactness"]["mismatch_fraction"] = json!(0.0);
+                }
+            },
+            "exactness.mismatches",
+            "no element differs, yet a difference is reported",
+        ),
+        (
+            "more mismatches than elements",
+            |r| {
+                let e = &mut r["cases"][0]["exactness"];
+                e["mismatches"] = json!(e["elements"].as_u64().unwrap() * 2);
+            },
+            "cases[0].exactness.mismatches",
+            "no more elements can differ than were compared",
+        ),
+        (
+            "an H200 on sm_80",
+            |r| r["device"]["arch"] = json!("sm_80"),
+            "device.arch",
+            "an H200 is sm_90, not sm_80",
+        ),
+        (
+            "a copy bandwidth above the H200's peak",
+            |r| r["device"]["copy_gbps"] = json!(20000.0),
+            "device.copy_gbps",
+            "peak DRAM bandwidth of an H200",
+        ),
+        (
+            "a speed above the roofline, consistently derived",
+            |r| {
+                let copy = r["device"]["copy_gbps"].as_f64().unwrap();
+                for c in r["cases"].as_array_mut().unwrap() {
+                    let s = &mut c["speed"];
+                    if s.is_object() {
+                        let bytes = s["bytes_moved"].as_f64().unwrap();
+                        let median = bytes / (2.0 * copy) / 1e3;
+                        s["median_us"] = json!(median);
+                        s["gbps"] = json!(bytes / median / 1e3);
+                        s["copy_fraction"] = json!(bytes / median / 1e3 / copy);
+                        s["speedup"] = json!(s["reference_median_us"].as_f64().unwrap() / median);
+                    }
+                }
+            },
+            "speed.gbps",
+            "above the roofline of the device the report names",
+        ),
+        (
+            "another kernel's op",
+            |r| r["kernel"]["op"] = json!("gelu"),
+            "kernel.op",
+            "the report is for `gelu`",
+        ),
+        (
+            "a case of another shape under its id",
+            |r| r["cases"][0]["rows"] = json!(3),
+            "cases[0].id",
+            "does not name the case's own fields",
+        ),
+        (
+            "a made-up verifier",
+            |r| r["verifier_version"] = json!("trust me"),
+            "verifier_version",
+            "is not a version",
+        ),
+    ];
+    for (what, forge, field, says) in forgeries {
+        let mut r = honest.clone();
+        forge(&mut r);
+        let (st, p, ctype) = srv
+            .post_raw(
+                &format!("/v1/jobs/{job}/report"),
+                Some(&worker),
+                &json!({"lease_id": claim["lease_id"], "report": r}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{what}: {p}");
+        assert_eq!(ctype, "application/problem+json", "{what}");
+        let named = p["problems"].as_array().unwrap().iter().any(|q| {
+            q["field"].as_str().unwrap().ends_with(field)
+                && q["detail"].as_str().unwrap().contains(says)
+        });
+        assert!(
+            named,
+            "{what}: no problem on `{field}` saying `{says}`: {p}"
+        );
+        assert!(
+            detail(&p).starts_with("the report is refused: `"),
+            "{what}: {p}"
+        );
+        assert!(p["field"].is_string(), "{what}: {p}");
+    }
+    let audit = support::audit_actions(&b, &srv.db_url).await;
+    assert_eq!(
+        audit
+            .iter()
+            .filter(|a| *a == "verification.refused")
+            .count(),
+        8,
+        "{audit:?}"
+    );
+    // A flattering summary: the cases say 1 ulp, the summary says bit-exact.
+    let mut flattering = honest.clone();
+    flattering["summary"]["overall"]["class"] = json!("bit_exact");
+    flattering["summary"]["overall"]["mismatches"] = json!(0);
+    flattering["summary"]["per_dtype"]["bf16"]["class"] = json!("bit_exact");
+    let (st, rec) = srv
+        .post(
+            &format!("/v1/jobs/{job}/report"),
+            &worker,
+            &json!({"lease_id": claim["lease_id"], "report": flattering}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{rec}");
+    assert_eq!(rec["class"], "ulp:1", "the class the cases give: {rec}");
+    let rewritten: Vec<&str> = rec["summary_rederived"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    for f in [
+        "summary.overall.class",
+        "summary.overall.mismatches",
+        "summary.per_dtype.bf16.class",
+    ] {
+        assert!(rewritten.contains(&f), "{f} not in {rewritten:?}");
+    }
+    let v: Value = srv.get_json(rec["url"].as_str().unwrap()).await;
+    assert_eq!(v["report"]["summary"]["overall"]["class"], "ulp:1");
+    assert_eq!(v["exactness_class"], "ulp:1");
+    let audit = support::audit_actions(&b, &srv.db_url).await;
+    assert!(audit.iter().any(|a| a == "verification.summary_rederived"));
+}
+
+/// By default a hub stores only reports of the verifier's current suite, whose case list it
+/// redraws: a report of an older suite is refused, and so is one labelled with the current
+/// suite whose cases are not the ones it draws for the report's seed.
+async fn a_hub_accepts_its_own_suite_by_default(b: Backend) {
+    let current = verifier::cases::SUITE_VERSION;
+    let srv = TestServer::start(&b, &["--no-bundled", "--min-suite-version", current]).await;
+    let submit = srv.token("submit");
+    let worker = srv.token("worker");
+    let (m, s) = bundle_files("suite_k", "1.0.0", "");
+    srv.post("/v1/kernels", &submit, &json!({"manifest": m, "source": s}))
+        .await;
+    let (_, claim) = srv
+        .post("/v1/jobs/claim", &worker, &json!({"worker": "s"}))
+        .await;
+    let job = claim["job"]["id"].as_i64().unwrap();
+    let old = support::recorded_report(EXACT, &claim, "sm_90");
+    let (st, p) = srv
+        .post(
+            &format!("/v1/jobs/{job}/report"),
+            &worker,
+            &json!({"lease_id": claim["lease_id"], "report": old}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+    assert_eq!(p["field"], "suite_version", "{p}");
+    assert!(
+        detail(&p).contains(&format!("it accepts {current}"))
+            && detail(&p).contains("--min-suite-version"),
+        "{p}"
+    );
+    // Labelled with the current suite, the recorded cases (its fixed anchors) lack the decode
+    // batches and random shapes the suite draws for the seed.
+    let mut relabelled = old.clone();
+    relabelled["suite_version"] = json!(current);
+    let (st, p) = srv
+        .post(
+            &format!("/v1/jobs/{job}/report"),
+            &worker,
+            &json!({"lease_id": claim["lease_id"], "report": relabelled}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+    assert_eq!(p["field"], "cases", "{p}");
+    assert!(
+        detail(&p).contains(&format!("cases suite {current} draws for seed"))
+            && detail(&p).contains("are missing"),
+        "{p}"
+    );
+    // And a case it never draws is named.
+    let mut extra = relabelled.clone();
+    let mut c = extra["cases"][0].clone();
+    c["id"] = json!("bf16/2x64/normal");
+    c["rows"] = json!(2);
+    c["exactness"]["elements"] = json!(128);
+    c["exactness"]["ulp_histogram"] = json!([128, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    extra["cases"].as_array_mut().unwrap().push(c);
+    let (st, p) = srv
+        .post(
+            &format!("/v1/jobs/{job}/report"),
+            &worker,
+            &json!({"lease_id": claim["lease_id"], "report": extra}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+    assert!(
+        p["problems"].to_string().contains(&format!(
+            "case `bf16/2x64/normal` is not a case of suite {current} for seed"
+        )),
+        "{p}"
+    );
+}
+
+/// Tokens: an expiry (`--expires-in`), `token list` (never a secret), `token revoke NAME|ID`,
+/// on the CLI and on the API (`/v1/tokens`, scope admin). Expired and revoked tokens stop
+/// working at once with a 401 that says which, a worker's mid-job included.
+async fn tokens_expire_list_and_revoke_over_the_cli_and_the_api(b: Backend) {
+    let srv = TestServer::start(&b, &["--no-bundled"]).await;
+    let submit = srv.token("submit");
+    let short = named_token(&srv, "worker", "short-lived", &["--expires-in", "2s"]);
+    let gpu = named_token(&srv, "worker", "gpu-7", &[]);
+    let forever = named_token(&srv, "submit", "ci-forever", &["--expires-in", "never"]);
+    let (ok, _, err) = token_cli(
+        &srv,
+        &["create", "--scope", "worker", "--expires-in", "90 days"],
+    );
+    assert!(!ok && err.contains("not a lifetime"), "{err}");
+    let (st, _) = srv
+        .post("/v1/jobs/claim", &short, &json!({"worker": "x"}))
+        .await;
+    assert_eq!(st, StatusCode::NO_CONTENT, "a fresh token works");
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+    let (st, p) = srv
+        .post("/v1/jobs/claim", &short, &json!({"worker": "x"}))
+        .await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED, "{p}");
+    assert!(
+        detail(&p).contains("`short-lived` expired at") && p["reason"] == "expired",
+        "{p}"
+    );
+
+    // The list: every token, its state, never a secret.
+    let (ok, table, err) = token_cli(&srv, &["list"]);
+    assert!(ok, "{err}");
+    for needle in [
+        "short-lived",
+        "gpu-7",
+        "ci-forever",
+        "expired",
+        "active",
+        "never",
+        "last used",
+    ] {
+        assert!(table.contains(needle), "`{needle}` not in:\n{table}");
+    }
+    for secret in [&short, &gpu, &forever, &submit] {
+        assert!(
+            !table.contains(secret.as_str()),
+            "a secret is listed:\n{table}"
+        );
+    }
+    let (ok, listed, _) = token_cli(&srv, &["list", "--json"]);
+    assert!(ok);
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    let gpu7 = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "gpu-7")
+        .unwrap()
+        .clone();
+    assert!(
+        gpu7["expires_at"].is_string() && gpu7["revoked_at"].is_null(),
+        "{gpu7}"
+    );
+    assert!(gpu7.get("token_hash").is_none());
+
+    // A worker mid-job whose token is revoked: its next heartbeat is refused, the job queued.
+    let (m, s) = bundle_files("revoke_k", "1.0.0", "");
+    srv.post("/v1/kernels", &submit, &json!({"manifest": m, "source": s}))
+        .await;
+    let (st, claim) = srv
+        .post("/v1/jobs/claim", &gpu, &json!({"worker": "g7"}))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{claim}");
+    let job = claim["job"]["id"].as_i64().unwrap();
+    let (ok, out, err) = token_cli(&srv, &["revoke", "gpu-7"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("token `gpu-7`") && out.contains(&format!("jobs queued again: {job}")),
+        "{out}"
+    );
+    let (st, p) = srv
+        .post(
+            &format!("/v1/jobs/{job}/heartbeat"),
+            &gpu,
+            &json!({"lease_id": claim["lease_id"]}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED, "{p}");
+    assert!(
+        detail(&p).contains("`gpu-7` was revoked at") && p["reason"] == "revoked",
+        "{p}"
+    );
+    let j: Value = srv.get_json(&format!("/v1/jobs/{job}")).await;
+    assert_eq!(
+        (j["state"].as_str(), j["attempts"].as_i64()),
+        (Some("queued"), Some(0)),
+        "{j}"
+    );
+    let (ok, out, _) = token_cli(&srv, &["revoke", &gpu7["id"].to_string()]);
+    assert!(ok && out.contains("already revoked"), "{out}");
+
+    // The API, with an admin token.
+    let admin = named_token(&srv, "admin", "ops", &["--expires-in", "1h"]);
+    let (st, p) = srv.get("/v1/tokens").await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED, "{p}");
+    let (st, p, _) = srv
+        .post_raw(
+            "/v1/tokens",
+            Some(&submit),
+            &json!({"name": "x", "scopes": ["worker"]}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
+    let (st, created) = srv
+        .post(
+            "/v1/tokens",
+            &admin,
+            &json!({"name": "api-worker", "scopes": ["worker"], "expires_in": "30d"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{created}");
+    let api_worker = created["token"].as_str().unwrap().to_string();
+    assert!(created["expires_at"].is_string(), "{created}");
+    let (st, _) = srv
+        .post("/v1/jobs/claim", &api_worker, &json!({"worker": "api"}))
+        .await;
+    assert_eq!(st, StatusCode::OK, "the API's token works");
+    for (body, field) in [
+        (
+            json!({"name": "y", "scopes": ["worker"], "expires_in": "forever"}),
+            "expires_in",
+        ),
+        (json!({"name": "y", "scopes": ["root"]}), "scopes"),
+        (json!({"name": "y", "scopes": []}), "scopes"),
+        (json!({"name": "12", "scopes": ["worker"]}), "name"),
+    ] {
+        let (st, p) = srv.post("/v1/tokens", &admin, &body).await;
+        assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {p}");
+        assert_eq!(p["field"], field, "{body}: {p}");
+    }
+    let list = {
+        let r = srv
+            .client
+            .get(srv.url("/v1/tokens"))
+            .bearer_auth(&admin)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        r.text().await.unwrap()
+    };
+    assert!(
+        list.contains("\"api-worker\"") && list.contains("\"expired\":true"),
+        "{list}"
+    );
+    assert!(
+        !list.contains(&api_worker) && !list.contains("token_hash"),
+        "{list}"
+    );
+    named_token(&srv, "worker", "twin", &[]);
+    named_token(&srv, "worker", "twin", &[]);
+    let (st, p) = srv.post("/v1/tokens/twin/revoke", &admin, &json!({})).await;
+    assert_eq!(st, StatusCode::CONFLICT, "{p}");
+    assert!(detail(&p).contains("2 tokens are named `twin`"), "{p}");
+    let (st, r) = srv
+        .post("/v1/tokens/api-worker/revoke", &admin, &json!({}))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(r["already_revoked"], false);
+    assert_eq!(r["requeued_jobs"].as_array().unwrap().len(), 1, "{r}");
+    let (st, _) = srv
+        .post("/v1/jobs/claim", &api_worker, &json!({"worker": "api"}))
+        .await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED);
+    let audit = support::audit_actions(&b, &srv.db_url).await;
+    assert_eq!(
+        audit.iter().filter(|a| *a == "token.revoked").count(),
+        2,
+        "{audit:?}"
+    );
+    assert!(
+        audit.iter().filter(|a| *a == "token.created").count() >= 8,
+        "{audit:?}"
+    );
+}
+
+/// A database left by the release before claim tokens (schema 0002): a job running there and
+/// a token without an expiry. `kernelize serve` upgrades it: the job is queued again, the old
+/// lease is refused, the old token still works (expiring in 90 days) and claims with itself.
+async fn a_database_from_before_claim_tokens_is_served_after_its_upgrade(b: Backend) {
+    let url = b.url();
+    let old = kernel_store::Store::connect(&url).await.unwrap();
+    old.migrate_to(2).await.unwrap();
+    let (m, s) = bundle_files("old_k", "1.0.0", "");
+    let bundle = kernel_registry::KernelBundle::from_parts(&m, &s).unwrap();
+    old.insert_kernel(&bundle, "submitted", "tests")
+        .await
+        .unwrap();
+    old.execute_raw(
+        "UPDATE verification_jobs SET state = 'running', attempts = 1, worker = 'old', \
+         lease_id = 'old-lease', lease_expires_ms = 99999999999999",
+    )
+    .await
+    .unwrap();
+    old.execute_raw(&format!(
+        "INSERT INTO api_tokens (name, token_hash, scopes, created_at) \
+         VALUES ('legacy-worker', '{}', ',worker,', '2026-01-01T00:00:00Z')",
+        kernel_store::hash_token("kz_legacy_worker")
+    ))
+    .await
+    .unwrap();
+    old.close().await;
+
+    let srv = TestServer::start_on(&b, &url, &["--no-bundled"]).await;
+    let k: Value = srv.get_json("/v1/kernels/old_k/1.0.0").await;
+    let job = k["jobs"][0]["id"].as_i64().unwrap();
+    assert_eq!(k["jobs"][0]["state"], "queued", "{k}");
+    assert!(
+        k["jobs"][0]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("migration 0004"),
+        "{k}"
+    );
+    let (st, p) = srv
+        .post(
+            &format!("/v1/jobs/{job}/heartbeat"),
+            "kz_legacy_worker",
+            &json!({"lease_id": "old-lease"}),
+        )
+        .await;
+    assert_eq!(
+        st,
+        StatusCode::CONFLICT,
+        "the pre-upgrade lease is gone: {p}"
+    );
+    let (st, claim) = srv
+        .post(
+            "/v1/jobs/claim",
+            "kz_legacy_worker",
+            &json!({"worker": "after"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{claim}");
+    assert_eq!(
+        (
+            claim["job"]["id"].as_i64(),
+            claim["job"]["attempts"].as_i64()
+        ),
+        (Some(job), Some(1))
+    );
+    let report = support::recorded_report(EXACT, &claim, "sm_90");
+    let (st, r) = srv
+        .post(
+            &format!("/v1/jobs/{job}/report"),
+            "kz_legacy_worker",
+            &json!({"lease_id": claim["lease_id"], "report": report}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{r}");
+    let (ok, table, _) = token_cli(&srv, &["list"]);
+    assert!(ok && table.contains("legacy-worker"), "{table}");
 }

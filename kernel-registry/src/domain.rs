@@ -62,6 +62,8 @@ word_enum!(
         SiluAndMul => "silu_and_mul",
         Gelu => "gelu",
         GeluTanh => "gelu_tanh",
+        SiluMul => "silu_mul",
+        GeluTanhMul => "gelu_tanh_mul",
     }
 );
 
@@ -99,12 +101,73 @@ impl Op {
     pub fn is_rowwise(self) -> bool {
         matches!(
             self,
-            Op::RmsNorm | Op::FusedAddRmsNorm | Op::LayerNorm | Op::SiluAndMul
+            Op::RmsNorm
+                | Op::FusedAddRmsNorm
+                | Op::LayerNorm
+                | Op::SiluAndMul
+                | Op::SiluMul
+                | Op::GeluTanhMul
         )
+    }
+    /// The gated ops of HF's MLPs: `act(gate) * up` on two `[rows, cols]` tensors.
+    pub fn is_gated(self) -> bool {
+        matches!(self, Op::SiluMul | Op::GeluTanhMul)
+    }
+    /// The kernel ABI of SPEC section 2: the entry's parameters after its name, `T` standing
+    /// for the dtype's C type ([`DType::cuda_type`]). The one description of the ABI: the
+    /// verifier builds its launch arguments from these names (`gpu::abi_args`), and
+    /// `python/tests/fixtures/abi.json` (checked by a test here) carries them to the generator
+    /// of the bundled kernels and the Python client's launches.
+    pub fn abi(self) -> &'static str {
+        match self {
+            Op::RmsNorm => {
+                "T* out, const T* x, const T* w, long long rows, long long cols, float eps"
+            }
+            Op::FusedAddRmsNorm => {
+                "T* out, T* residual, const T* x, const T* w, long long rows, long long cols, float eps"
+            }
+            Op::LayerNorm => {
+                "T* out, const T* x, const T* w, const T* b, long long rows, long long cols, float eps"
+            }
+            Op::Silu | Op::Gelu | Op::GeluTanh => "T* out, const T* x, long long n",
+            Op::SiluAndMul => "T* out, const T* x, long long rows, long long cols",
+            Op::SiluMul | Op::GeluTanhMul => {
+                "T* out, const T* gate, const T* up, long long rows, long long cols"
+            }
+        }
+    }
+    /// The parameter names of [`Op::abi`], in order.
+    pub fn abi_names(self) -> Vec<&'static str> {
+        self.abi()
+            .split(',')
+            .map(|p| p.trim().rsplit([' ', '*']).next().unwrap_or(""))
+            .collect()
     }
     /// Ops whose ABI takes a scalar `eps` (the norms).
     pub fn takes_eps(self) -> bool {
         matches!(self, Op::RmsNorm | Op::FusedAddRmsNorm | Op::LayerNorm)
+    }
+    /// How many `rows x cols` tensors a launch writes and a verification compares:
+    /// fused_add_rms_norm writes `out` and updates `residual`; every other op writes `out`.
+    pub fn outputs(self) -> u64 {
+        match self {
+            Op::FusedAddRmsNorm => 2,
+            _ => 1,
+        }
+    }
+    /// The bytes one launch on `rows x cols` must move: every input read once and every output
+    /// written once (weights and biases are one row). The speed of a case is this over its
+    /// median time; the verifier and the hub's report checks use this one definition.
+    pub fn bytes_moved(self, dt: DType, rows: u64, cols: u64) -> u64 {
+        let e = dt.size_bytes() as u64;
+        let n = rows.saturating_mul(cols);
+        e.saturating_mul(match self {
+            Op::RmsNorm => n.saturating_mul(2).saturating_add(cols),
+            Op::FusedAddRmsNorm => n.saturating_mul(4).saturating_add(cols),
+            Op::LayerNorm => n.saturating_mul(2).saturating_add(2 * cols),
+            Op::Silu | Op::Gelu | Op::GeluTanh => n.saturating_mul(2),
+            Op::SiluAndMul | Op::SiluMul | Op::GeluTanhMul => n.saturating_mul(3),
+        })
     }
     /// Parse the semantics for this op, checking it is one this op has.
     pub fn check_semantics(self, s: Semantics) -> Result<Semantics, ParseError> {
@@ -288,6 +351,74 @@ mod tests {
         assert_eq!(d.hex().parse::<Digest>().unwrap(), d);
         assert!("sha256:XYZ".parse::<Digest>().is_err());
         assert!(d.as_str().to_uppercase().parse::<Digest>().is_err());
+    }
+
+    #[test]
+    fn every_op_has_an_abi_with_out_first_and_its_sizes() {
+        for op in Op::ALL {
+            let names = op.abi_names();
+            assert_eq!(names[0], "out", "{op}");
+            if op.is_rowwise() {
+                assert!(
+                    names.ends_with(&["rows", "cols", "eps"]) || names.ends_with(&["rows", "cols"]),
+                    "{op}: {names:?}"
+                );
+            } else {
+                assert_eq!(names.last(), Some(&"n"), "{op}");
+            }
+            assert_eq!(names.contains(&"eps"), op.takes_eps(), "{op}");
+            assert_eq!(
+                names.contains(&"gate") && names.contains(&"up"),
+                op.is_gated(),
+                "{op}"
+            );
+        }
+        assert_eq!(
+            Op::SiluMul.abi_names(),
+            ["out", "gate", "up", "rows", "cols"]
+        );
+        assert_eq!(Op::GeluTanhMul.abi(), Op::SiluMul.abi());
+    }
+
+    /// `python/tests/fixtures/abi.json`: the ABI table for the Python side (the generator of the
+    /// bundled kernels, the client's launches and op lists), written from `Op` and checked here.
+    #[test]
+    fn abi_fixture_for_python_is_current() {
+        let ops: serde_json::Map<String, serde_json::Value> = Op::ALL
+            .iter()
+            .map(|op| {
+                (
+                    op.to_string(),
+                    serde_json::json!({
+                        "abi": op.abi(),
+                        "params": op.abi_names(),
+                        "rowwise": op.is_rowwise(),
+                        "gated": op.is_gated(),
+                        "takes_eps": op.takes_eps(),
+                        "semantics": op.semantics(),
+                    }),
+                )
+            })
+            .collect();
+        let want = serde_json::to_string_pretty(&serde_json::json!({
+            "comment": "Written by kernel-registry's test domain::tests::abi_fixture_for_python_is_current from Op (SPEC section 2); do not edit: change Op and run KERNELIZE_UPDATE_FIXTURES=1 cargo test -p kernel-registry abi_fixture",
+            "ops": ops,
+        }))
+        .unwrap()
+            + "\n";
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../python/tests/fixtures/abi.json");
+        let have = std::fs::read_to_string(&path).unwrap_or_default();
+        if have != want {
+            if std::env::var("KERNELIZE_UPDATE_FIXTURES").as_deref() == Ok("1") {
+                std::fs::write(&path, &want).unwrap();
+            } else {
+                panic!(
+                    "{} is not what Op says: run `KERNELIZE_UPDATE_FIXTURES=1 cargo test -p kernel-registry abi_fixture` and commit it",
+                    path.display()
+                );
+            }
+        }
     }
 
     #[test]

@@ -1,11 +1,11 @@
-//! kernelize's core: domain types, kernel manifests, content digests, verification reports,
-//! exactness policies and the storage of all of them.
+//! kernelize's core: domain types, kernel manifests, content digests, verification reports
+//! and exactness policies. Pure: no database, no async runtime (storage is `kernel-store`).
 
+pub mod device;
 pub mod domain;
 pub mod manifest;
 pub mod policy;
 pub mod report;
-pub mod storage;
 
 pub use domain::{Arch, DType, Digest, Op, ParseError, Semantics};
 pub use manifest::{KernelBundle, Manifest, ManifestError};

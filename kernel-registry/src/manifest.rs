@@ -214,6 +214,32 @@ fn fe(field: impl Into<String>, message: impl Into<String>) -> ManifestError {
     ManifestError::field(field, message)
 }
 
+/// The first character a text field may not hold, with its byte offset: NUL (PostgreSQL cannot
+/// store it) and every other control character, except newlines and tabs in `multi_line` text.
+pub fn forbidden_char(s: &str, multi_line: bool) -> Option<(usize, char)> {
+    s.char_indices()
+        .find(|&(_, c)| c.is_control() && !(multi_line && matches!(c, '\n' | '\r' | '\t')))
+}
+
+/// Refuse a field holding a character `forbidden_char` names, saying which and where.
+fn plain_text(field: &str, s: &str, multi_line: bool) -> Result<(), ManifestError> {
+    match forbidden_char(s, multi_line) {
+        None => Ok(()),
+        Some((at, c)) => Err(fe(
+            field,
+            format!(
+                "holds the control character U+{:04X} at byte {at}; remove it{}",
+                c as u32,
+                if multi_line {
+                    " (text may hold newlines and tabs, no other control characters)"
+                } else {
+                    " (this field is one line of printable text)"
+                }
+            ),
+        )),
+    }
+}
+
 fn is_identifier(s: &str) -> bool {
     let mut b = s.bytes();
     matches!(b.next(), Some(c) if c == b'_' || c.is_ascii_alphabetic())
@@ -227,6 +253,11 @@ impl Manifest {
             return Err(ManifestError::Syntax(format!(
                 "manifest is {} bytes; at most {MAX_MANIFEST_BYTES} are accepted",
                 text.len()
+            )));
+        }
+        if let Some(at) = text.find('\0') {
+            return Err(ManifestError::Syntax(format!(
+                "the manifest holds a NUL byte at byte {at}; kernel.toml is text"
             )));
         }
         let raw: RawManifest = toml::from_str(text).map_err(|e| {
@@ -246,6 +277,30 @@ impl Manifest {
     }
 
     fn check(raw: RawManifest) -> Result<Manifest, ManifestError> {
+        // Every free-text field first: a control character is refused naming its field
+        // before any other rule quotes the value back.
+        plain_text("name", &raw.name, false)?;
+        plain_text("version", &raw.version, false)?;
+        plain_text("op", &raw.op, false)?;
+        if let Some(s) = &raw.semantics {
+            plain_text("semantics", s, false)?;
+        }
+        plain_text("description", &raw.description, true)?;
+        for (i, a) in raw.authors.iter().enumerate() {
+            plain_text(&format!("authors[{i}]"), a, false)?;
+        }
+        plain_text("license", &raw.license, false)?;
+        plain_text("source", &raw.source, false)?;
+        for (k, v) in &raw.entry {
+            plain_text("entry", k, false)?;
+            plain_text(&format!("entry.{k}"), v, false)?;
+        }
+        for (i, a) in raw.constraints.archs.iter().enumerate() {
+            plain_text(&format!("constraints.archs[{i}]"), a, false)?;
+        }
+        for (i, o) in raw.nvrtc_options.iter().enumerate() {
+            plain_text(&format!("nvrtc_options[{i}]"), o, false)?;
+        }
         let name_ok = !raw.name.is_empty()
             && raw.name.len() <= 64
             && raw.name.bytes().enumerate().all(|(i, c)| {
@@ -633,6 +688,12 @@ impl KernelBundle {
         }
         if source.trim().is_empty() {
             return Err(ManifestError::field("source", "the source file is empty"));
+        }
+        if let Some(at) = source.find('\0') {
+            return Err(ManifestError::field(
+                "source",
+                format!("the source holds a NUL byte at byte {at}; a CUDA source is text"),
+            ));
         }
         for (dt, sym) in &manifest.entries {
             if !source.contains(sym.as_str()) {

@@ -7,6 +7,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
+pub mod validate;
+pub use validate::{
+    rederive, validate, Expected, PlannedCase, ReportError, ReportErrorKind, KNOWN_SUITES,
+};
+
 /// Bumped on any incompatible change of the report's JSON.
 pub const REPORT_SCHEMA_VERSION: u32 = 1;
 
@@ -16,6 +21,15 @@ pub const ULP_INFINITE: u64 = u64::MAX;
 /// Upper bounds (inclusive) of the ulp-distance histogram buckets; a last bucket holds the rest
 /// (including infinite distances).
 pub const ULP_BUCKETS: [u64; 9] = [0, 1, 2, 3, 4, 8, 16, 64, 256];
+
+/// Index of the `ULP_BUCKETS` histogram slot for an ulp distance (the last slot holds the rest,
+/// infinite distances included).
+pub fn ulp_bucket(d: u64) -> usize {
+    ULP_BUCKETS
+        .iter()
+        .position(|&ub| d <= ub)
+        .unwrap_or(ULP_BUCKETS.len())
+}
 
 /// A measured speed above this multiple of the device's copy bandwidth (measured in the same
 /// process) is impossible for a kernel that moves the bytes it must: it is an integrity failure,
@@ -411,11 +425,11 @@ impl Verdict {
         for c in cases {
             match c.status {
                 CaseStatus::NotApplicable => {
-                    v.cases_not_applicable += 1;
+                    v.cases_not_applicable = v.cases_not_applicable.saturating_add(1);
                     continue;
                 }
                 CaseStatus::Error => {
-                    v.cases_error += 1;
+                    v.cases_error = v.cases_error.saturating_add(1);
                     v.integrity_ok = false;
                     problem(
                         &mut v,
@@ -423,15 +437,16 @@ impl Verdict {
                     );
                     continue;
                 }
-                CaseStatus::Ran => v.cases_run += 1,
+                CaseStatus::Ran => v.cases_run = v.cases_run.saturating_add(1),
             }
             for f in &c.integrity_failures {
                 v.integrity_ok = false;
                 problem(&mut v, format!("{}: {f}", c.id));
             }
             if let Some(e) = &c.exactness {
-                v.elements += e.elements;
-                v.mismatches += e.mismatches;
+                // A worker's counts are not trusted to be small: sums saturate, never wrap.
+                v.elements = v.elements.saturating_add(e.elements);
+                v.mismatches = v.mismatches.saturating_add(e.mismatches);
                 v.max_mismatch_fraction = v.max_mismatch_fraction.max(e.mismatch_fraction);
                 if e.max_abs_diff.is_nan() || e.max_abs_diff > v.max_abs_diff {
                     v.max_abs_diff = e.max_abs_diff;
@@ -714,6 +729,21 @@ mod tests {
         assert_eq!(v.class, ExactnessClass::Fails);
         assert!(v.describe().contains("wrote past"));
         assert_eq!(v.gbps_4096x8192, Some(3000.0));
+    }
+
+    #[test]
+    fn element_counts_saturate_instead_of_wrapping() {
+        // A report whose counts sum past u64::MAX (a buggy or hostile worker) keeps the
+        // largest count rather than wrapping to a small one that would look exact.
+        let mut a = case("a", DType::Bf16, 0, 0);
+        let e = a.exactness.as_mut().unwrap();
+        e.elements = u64::MAX - 1;
+        e.mismatches = u64::MAX - 1;
+        let b = a.clone();
+        let v = Verdict::from_cases(&[&a, &b]);
+        assert_eq!((v.elements, v.mismatches), (u64::MAX, u64::MAX));
+        assert_eq!(v.cases_run, 2);
+        assert_ne!(v.class, ExactnessClass::BitExact);
     }
 
     #[test]

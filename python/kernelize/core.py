@@ -39,6 +39,9 @@ class Entry:
     how: str = ""
     # The width was not verified: the verification queued for it, and whether we waited.
     width_note: str | None = None
+    # Every op asked for this layer, in order (a gated MLP: silu_mul, then silu_and_mul);
+    # `op` is the one whose kernel was taken, or the first when none was.
+    tried: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -113,21 +116,46 @@ def _arch_of(device: torch.device | None, arch: str | None) -> str:
 
 def _resolve_all(model, source, policy, arch, dtype,
                  fuse_gated_mlp: bool = True) -> tuple[Discovery, dict[Key, Resolution], list]:
+    """Resolve every site; a site with no qualifying kernel tries its alternatives in order
+    (a gated SiLU MLP: silu_mul, then silu_and_mul). The plan holds, per site, the site taken
+    (the alternative whose kernel qualified, else the site itself), its key and resolution
+    (when none qualified: every candidate's reasons) and the ops tried."""
     found = discover(model, dtype, fuse_gated_mlp=fuse_gated_mlp)
     cache: dict[Key, Resolution] = {}
     plan = []
     for s in found.sites:
         if s.dtype is None:
-            plan.append((s, None, Resolution(None, ["dtype is not bf16, f16 or f32"])))
+            plan.append((s, None, Resolution(None, ["dtype is not bf16, f16 or f32"]), [s.op]))
             continue
-        key = Key(s.op, s.semantics, s.dtype, arch, s.cols, policy)
-        if key not in cache:
-            cache[key] = source.resolve(key)
-        r = cache[key]
-        if r.width_note:
-            log.warning("kernelize: %s [%s %s, cols=%d]: %s; %s", s.path, s.op, s.dtype, s.cols,
-                        r.width_note, "replacing it" if r.kernel else "keeping the layer")
-        plan.append((s, key, r))
+        tried = []
+        cands = [s, *s.alternatives]
+        for i, cand in enumerate(cands):
+            key = Key(cand.op, cand.semantics, cand.dtype or s.dtype, arch, cand.cols, policy)
+            if key not in cache:
+                cache[key] = source.resolve(key)
+            r = cache[key]
+            if r.width_note:
+                then = ("replacing it" if r.kernel else
+                        f"trying {cands[i + 1].op}" if i + 1 < len(cands) else "keeping the layer")
+                log.warning("kernelize: %s [%s %s, cols=%d]: %s; %s", cand.path, cand.op, key.dtype,
+                            cand.cols, r.width_note, then)
+            tried.append((cand, key, r))
+            if r.kernel is not None:
+                break
+        ops = [c.op for c, _, _ in tried]
+        cand, key, r = tried[-1]
+        if r.kernel is not None and len(tried) > 1:
+            # an alternative was taken: the report still says why the earlier ops were not
+            r = Resolution(r.kernel, [x for t in tried for x in t[2].excluded], r.queued_jobs,
+                           r.width_note)
+        if r.kernel is None and len(tried) > 1:
+            # none qualified: the layer is reported as its first op, with every candidate's why
+            cand, key = tried[0][0], tried[0][1]
+            notes = [t[2].width_note for t in tried if t[2].width_note]
+            r = Resolution(None, [x for t in tried for x in t[2].excluded],
+                           [j for t in tried for j in t[2].queued_jobs],
+                           "; ".join(notes) if notes else None)
+        plan.append((cand, key, r, ops))
     return found, cache, plan
 
 
@@ -145,8 +173,11 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     layers' parameter dtype). Calls whose input does not fit the kernel (other dtype or
     device, autograd, sizes outside its constraints) run the original forward;
     `launch_counts(model)` tells how many calls of each swapped layer ran the kernel.
-    `fuse_gated_mlp=False` leaves gated SiLU MLPs unfused: their `act_fn` is then a `silu`
-    site instead of the MLP being a `silu_and_mul` site.
+    A gated MLP (HF LlamaMLP, Qwen2MLP, MistralMLP; GemmaMLP, Gemma2/3) is replaced by the
+    two-input kernel of its activation (`silu_mul` / `gelu_tanh_mul`, on `gate_proj(x)` and
+    `up_proj(x)`); when none qualifies, a SiLU MLP falls back to a `silu_and_mul` kernel and a
+    tanh-GELU MLP to a `gelu_tanh` kernel for its `act_fn`. `fuse_gated_mlp=False` leaves gated
+    MLPs unfused: their `act_fn` is then a `silu` / `gelu_tanh` site.
 
     The hub hands a kernel out only at a row length it was verified at. For a layer whose width
     was not verified, the hub queues a verification of that width; `wait_for_verification_s`
@@ -166,9 +197,9 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
         f"lock {src.path}" if isinstance(src, LockSource) else f"dir {src.path}")
     found, _, plan = _resolve_all(model, src, policy, arch, dtype, fuse_gated_mlp)
     rep = Report(src_label, policy, arch, swap)
-    for s, key, res in plan:
+    for s, key, res, tried in plan:
         e = Entry(s.path, type(s.module).__name__, s.op, s.semantics, s.dtype, s.cols,
-                  "kept", res.kernel, list(res.excluded), s.how, res.width_note)
+                  "kept", res.kernel, list(res.excluded), s.how, res.width_note, tried)
         if res.kernel is not None:
             if getattr(s.module, _ORIG, None) is not None:
                 e.status, e.reasons = "kept", ["already kernelized; unkernelize first"]
@@ -213,6 +244,8 @@ def unkernelize(model: nn.Module) -> int:
         del m.__dict__[_ORIG]
         m.__dict__.pop("_kernelize_kernel", None)
         m.__dict__.pop(_LAUNCHES, None)
+        for attr in _KZ_ATTRS:
+            m.__dict__.pop(attr, None)
         n += 1
     return n
 
@@ -228,69 +261,119 @@ def launch_counts(model: nn.Module) -> dict[str, int]:
 
 # ---- swapping ------------------------------------------------------------------------------
 
-def _counted(m: nn.Module) -> None:
-    # Not while torch.compile traces: dynamo would guard on the counter's value and recompile
-    # the graph at every call. launch_counts counts the eager (uncompiled) calls.
+# The swapped forwards are four module-level functions shared by every swapped layer; each
+# layer's constants (kernel key, row length, eps, dtype, device) live in its own `__dict__`
+# (`_kz`, a tuple). torch.compile then sees the same code in every decoder block, and its
+# guards on those constants hold across blocks that share a kernel, so a block compiled once
+# serves them all (per-layer closures made dynamo recompile for every block until it gave up).
+
+def _ok(t, want, index) -> bool:
+    """t is a tensor the kernel takes: its dtype, its device, no autograd."""
+    return (isinstance(t, torch.Tensor) and t.dtype is want and t.get_device() == index
+            and not (t.requires_grad and torch.is_grad_enabled()))
+
+
+def _fwd_rms_norm(self, x, *a, **kw):
+    key, cols, eps, want, index = self._kz
+    w = self._parameters.get("weight")
+    if a or kw or not (_ok(x, want, index) and _ok(w, want, index)) or x.shape[-1] != cols:
+        return self._kz_orig(x, *a, **kw)
     if torch.compiler.is_compiling():
-        return
-    m.__dict__[_LAUNCHES] = m.__dict__.get(_LAUNCHES, 0) + 1
+        return self._kz_op(x, w, eps, key)
+    self.__dict__[_LAUNCHES] += 1
+    return self._kz_run(self._kz_compiled, x, w, eps)
+
+
+def _fwd_layer_norm(self, x, *a, **kw):
+    key, cols, _, want, index = self._kz
+    w, b = self._parameters.get("weight"), self._parameters.get("bias")
+    if (a or kw or not (_ok(x, want, index) and _ok(w, want, index) and _ok(b, want, index))
+            or x.shape[-1] != cols):
+        return self._kz_orig(x, *a, **kw)
+    eps = float(self.eps)
+    if torch.compiler.is_compiling():
+        return self._kz_op(x, w, b, eps, key)
+    self.__dict__[_LAUNCHES] += 1
+    return self._kz_run(self._kz_compiled, x, w, b, eps)
+
+
+def _fwd_elementwise(self, x, *a, **kw):
+    key, _, _, want, index = self._kz
+    if a or kw or not _ok(x, want, index):
+        return self._kz_orig(x, *a, **kw)
+    n = x.numel()
+    fits = self._kz_fits  # element count -> within the kernel's constraints
+    fit = fits.get(n)
+    if fit is None:
+        fit = fits[n] = not not_applicable(self._kernelize_kernel.manifest, n, None)
+    if not fit:
+        return self._kz_orig(x, *a, **kw)
+    if torch.compiler.is_compiling():
+        return self._kz_op(x, key)
+    self.__dict__[_LAUNCHES] += 1
+    return self._kz_run(self._kz_compiled, x)
+
+
+def _fwd_gated(self, x, *a, **kw):
+    """A gated MLP: the kernel replaces act(gate_proj(x)) * up_proj(x). silu_mul and
+    gelu_tanh_mul take the two tensors as they are; silu_and_mul's runner concatenates them."""
+    key, cols, _, want, index = self._kz
+    if a or kw or not (_ok(x, want, index) and _ok(self.gate_proj.weight, want, index)
+                       and _ok(self.up_proj.weight, want, index)):
+        return self._kz_orig(x, *a, **kw)
+    g = self.gate_proj(x)
+    u = self.up_proj(x)
+    if g.dtype != want or u.dtype != want or g.shape != u.shape or g.shape[-1] != cols:
+        return self.down_proj(self.act_fn(g) * u)
+    if torch.compiler.is_compiling():
+        return self.down_proj(self._kz_op(g, u, key))
+    self.__dict__[_LAUNCHES] += 1
+    return self.down_proj(self._kz_run(self._kz_compiled, g, u))
+
+
+_FORWARDS = {
+    "rms_norm": _fwd_rms_norm,
+    "layer_norm": _fwd_layer_norm,
+    "silu": _fwd_elementwise,
+    "gelu": _fwd_elementwise,
+    "gelu_tanh": _fwd_elementwise,
+    "silu_and_mul": _fwd_gated,
+    "silu_mul": _fwd_gated,
+    "gelu_tanh_mul": _fwd_gated,
+}
+_KZ_ATTRS = ("_kz", "_kz_orig", "_kz_op", "_kz_run", "_kz_compiled", "_kz_fits")
+
+
+def _stand_in_run(op, key):
+    def run(_compiled, *args):
+        return op(*args, key)
+    return run
 
 
 def _patch(site: Site, k: Resolved, device: torch.device) -> None:
-    """Swap `site.module`'s forward for one that calls the op's custom op (`ops.py`: one
-    dispatcher call, traceable by torch.compile, capturable in a CUDA graph) on inputs the
-    kernel takes, and the original forward on any other input."""
+    """Swap `site.module`'s forward for the op's shared forward (above): on inputs the kernel
+    takes it launches the kernel (eagerly: directly, `launch.RUNNERS`, no dispatcher round
+    trip; while torch.compile traces: through the op's custom op, `ops.py`, one opaque node of
+    the graph, capturable in a CUDA graph), on any other input it runs the original forward."""
     m = site.module
+    if site.op not in _FORWARDS:  # pragma: no cover
+        raise ValueError(site.op)
     orig_forward = m.forward  # bound: instance attribute or the class's method
     want = {v: k_ for k_, v in TORCH_DTYPES.items()}[site.dtype]
     compiled = L.compiled(k.digest, k.manifest, k.source, site.dtype, device)
-    man = k.manifest
     dev = compiled.device   # a CUDA device (the kernel was loaded there)
     key = ops.register(compiled)
-    launch = ops.op(site.op)
-    cols = site.cols
-
-    def usable(x: torch.Tensor, *params: torch.Tensor | None) -> bool:
-        if not (isinstance(x, torch.Tensor) and x.device == dev and x.dtype == want):
-            return False
-        if torch.is_grad_enabled() and (x.requires_grad or any(p is not None and p.requires_grad for p in params)):
-            return False  # the kernels have no backward
-        return all(p is None or (p.dtype == want and p.device == x.device) for p in params)
-
-    if site.op == "rms_norm":
-        # nn.RMSNorm(eps=None): F.rms_norm takes the opmath type's epsilon (f32)
-        eps = site.eps if site.eps is not None else torch.finfo(torch.float32).eps
-
-        def fwd(self, x, *a, **kw):
-            if a or kw or not usable(x, self.weight) or x.shape[-1] != cols:
-                return orig_forward(x, *a, **kw)
-            _counted(self)
-            return launch(x, self.weight, eps, key)
-    elif site.op == "layer_norm":
-        def fwd(self, x, *a, **kw):
-            if a or kw or not usable(x, self.weight, self.bias) or x.shape[-1] != cols:
-                return orig_forward(x, *a, **kw)
-            _counted(self)
-            return launch(x, self.weight, self.bias, float(self.eps), key)
-    elif site.op in ("silu", "gelu", "gelu_tanh"):
-        def fwd(self, x, *a, **kw):
-            if a or kw or not usable(x) or not_applicable(man, x.numel(), None):
-                return orig_forward(x, *a, **kw)
-            _counted(self)
-            return launch(x, key)
-    elif site.op == "silu_and_mul":
-        def fwd(self, x, *a, **kw):
-            if a or kw or not usable(x, self.gate_proj.weight, self.up_proj.weight):
-                return orig_forward(x, *a, **kw)
-            g = self.gate_proj(x)
-            u = self.up_proj(x)
-            if g.dtype != want or g.shape != u.shape:
-                return self.down_proj(self.act_fn(g) * u)
-            _counted(self)
-            return self.down_proj(launch(g, u, key))
-    else:  # pragma: no cover
-        raise ValueError(site.op)
-    m.__dict__[_ORIG] = m.__dict__.get("forward", _NO_INSTANCE_FORWARD)
-    m.__dict__["_kernelize_kernel"] = k
-    m.__dict__[_LAUNCHES] = 0
-    m.__dict__["forward"] = types.MethodType(fwd, m)
+    op = ops.op(site.op)
+    # A stand-in `compiled` (CPU tests) always takes the op's registered implementation.
+    run = L.RUNNERS[site.op] if isinstance(compiled, L.CompiledKernel) else _stand_in_run(op, key)
+    index = dev.index if dev.type == "cuda" else -1  # Tensor.get_device(): -1 on the CPU
+    # nn.RMSNorm(eps=None): F.rms_norm takes the opmath type's epsilon (f32)
+    eps = float(site.eps if site.eps is not None else torch.finfo(torch.float32).eps) \
+        if site.op == "rms_norm" else 0.0
+    d = m.__dict__
+    d[_ORIG] = d.get("forward", _NO_INSTANCE_FORWARD)
+    d["_kernelize_kernel"] = k
+    d[_LAUNCHES] = 0
+    d.update(_kz=(key, site.cols, eps, want, index), _kz_orig=orig_forward, _kz_op=op,
+             _kz_run=run, _kz_compiled=compiled, _kz_fits={})
+    d["forward"] = types.MethodType(_FORWARDS[site.op], m)

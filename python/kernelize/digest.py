@@ -28,10 +28,13 @@ from typing import Any
 DIGEST_PREFIX = "sha256:"
 _DOMAIN = b"kernelize-kernel-v1\0"
 
-OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "silu", "silu_and_mul", "gelu", "gelu_tanh")
+# kernel-registry's Op, in declaration order (python/tests/fixtures/abi.json is checked against it)
+OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "silu", "silu_and_mul", "gelu", "gelu_tanh",
+       "silu_mul", "gelu_tanh_mul")
 SEMANTICS = {"rms_norm": ("llama", "gemma", "torch")}
 DTYPES = ("bf16", "f16", "f32")  # BTreeMap<DType, _> order (enum declaration order)
-ROWWISE_OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "silu_and_mul")
+ROWWISE_OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "silu_and_mul", "silu_mul",
+               "gelu_tanh_mul")
 
 MANIFEST_FIELDS = (
     "name", "version", "op", "semantics", "description", "authors", "license", "source",

@@ -24,12 +24,16 @@ class Site:
     """A layer that a kernel could replace."""
     path: str
     module: nn.Module
-    op: str                # rms_norm | layer_norm | silu | silu_and_mul | gelu | gelu_tanh
+    op: str                # rms_norm | layer_norm | silu | silu_mul | gelu_tanh_mul | silu_and_mul | gelu | gelu_tanh
     semantics: str         # llama | gemma | torch | default
     cols: int              # row length; for elementwise ops the feature size (n is checked per call)
     dtype: str | None      # bf16 | f16 | f32, from the layer's (or its model's) parameters
     eps: float | None = None
     how: str = ""          # how it was recognised
+    # Other ways to replace the same computation, tried in order when no kernel of `op`
+    # qualifies: a gated SiLU MLP as one `silu_and_mul` (gate and up concatenated), a gated
+    # tanh-GELU MLP's `act_fn` as a `gelu_tanh` site.
+    alternatives: list["Site"] = field(default_factory=list)
 
 
 @dataclass
@@ -169,33 +173,42 @@ def classify_activation(m: nn.Module) -> tuple[str | None, str]:
                   f"({diffs[best]} of 2048 probe elements differ)")
 
 
-def _is_gated_silu_mlp(m: nn.Module) -> tuple[bool, str]:
-    """A LlamaMLP-like module: down_proj(act_fn(gate_proj(x)) * up_proj(x)) with a SiLU act_fn;
-    confirmed by running its forward against that decomposition on a probe."""
+# The gated MLP ops, by the activation of the gate (SPEC section 2): HF LlamaMLP, Qwen2MLP,
+# MistralMLP (SiLU) and GemmaMLP, Gemma2MLP, Gemma3MLP (gelu_pytorch_tanh).
+GATED_OPS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul"}
+
+
+def gated_mlp_activation(m: nn.Module) -> tuple[str | None, str]:
+    """(activation, note) of a gated MLP module: down_proj(act_fn(gate_proj(x)) * up_proj(x))
+    with act_fn computing eager F.silu or F.gelu(approximate="tanh") (the activation: "silu" or
+    "gelu_tanh"), confirmed by running its forward against that decomposition on a probe;
+    (None, why) otherwise ("" when the module has no gated-MLP shape at all)."""
     parts = [getattr(m, a, None) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")]
     if not all(isinstance(p, nn.Module) for p in parts):
-        return False, ""
+        return None, ""
     gate, up, down, act = parts
     if not (isinstance(gate, nn.Linear) and isinstance(up, nn.Linear) and isinstance(down, nn.Linear)):
-        return False, ""
+        return None, ""
     if gate.out_features != up.out_features:
-        return False, "gate_proj and up_proj differ in size"
+        return None, "gate_proj and up_proj differ in size"
     op, why = classify_activation(act)
-    if op != "silu":
-        return False, f"act_fn is not SiLU ({why})"
+    if op not in GATED_OPS:
+        return None, f"act_fn is neither SiLU nor tanh GELU ({op or why})"
     w = gate.weight
     if w.device.type == "meta":
-        return False, "weights on the meta device; cannot probe"
+        return None, "weights on the meta device; cannot probe"
+    ref_act = _ACT_REFS[op]
     with torch.no_grad():
         x = _probe_input(2, gate.in_features, w.dtype, seed=3).to(w.device)
         try:
             y = m(x)
         except Exception as e:  # noqa: BLE001
-            return False, f"probe forward failed: {e}"
-        ref = down(F.silu(gate(x)) * up(x))
+            return None, f"probe forward failed: {e}"
+        ref = down(ref_act(gate(x)) * up(x))
+    formula = "silu" if op == "silu" else "gelu_tanh"
     if _bits_equal(y, ref):
-        return False, "forward is not down_proj(silu(gate_proj(x)) * up_proj(x))"
-    return True, "gated MLP: probe: forward == down_proj(silu(gate_proj(x)) * up_proj(x))"
+        return None, f"forward is not down_proj({formula}(gate_proj(x)) * up_proj(x))"
+    return op, f"gated MLP: probe: forward == down_proj({formula}(gate_proj(x)) * up_proj(x))"
 
 
 def _dtype_of(*tensors) -> str | None:
@@ -209,9 +222,13 @@ def discover(model: nn.Module, dtype: str | None = None, *,
              fuse_gated_mlp: bool = True) -> Discovery:
     """Every replaceable layer of `model`, and every candidate layer left alone (with why).
 
-    A gated SiLU MLP (LlamaMLP-like) is one `silu_and_mul` site that covers its `act_fn`.
-    With `fuse_gated_mlp=False` the MLP is not a site and its `act_fn` is found as a plain
-    `silu` site instead (the model harness measures a lone SiLU kernel that way)."""
+    A gated MLP is one site that covers its `act_fn`, with the two-input op of its activation:
+    `silu_mul` (LlamaMLP-like: SiLU), `gelu_tanh_mul` (GemmaMLP-like: tanh GELU); the kernel
+    takes `gate_proj(x)` and `up_proj(x)` as they are. When no such kernel qualifies, its
+    `alternatives` are tried: for SiLU one `silu_and_mul` (the two concatenated), for tanh GELU
+    the `act_fn` alone as a `gelu_tanh` site. With `fuse_gated_mlp=False` the MLP is not a site
+    and its `act_fn` is found as a plain `silu` / `gelu_tanh` site instead (the model harness
+    measures a lone activation kernel that way)."""
     out = Discovery()
     model_dtype = dtype or _dtype_of(*(p for p in model.parameters() if p.is_floating_point()))
     covered: set[int] = set()  # act_fn modules covered by their gated MLP
@@ -219,11 +236,21 @@ def discover(model: nn.Module, dtype: str | None = None, *,
         if id(m) in covered:
             continue
         path = path or "<root>"
-        ok, why = _is_gated_silu_mlp(m) if fuse_gated_mlp else (False, "")
-        if ok:
+        act, why = gated_mlp_activation(m) if fuse_gated_mlp else (None, "")
+        if act is not None:
             covered.add(id(m.act_fn))
-            out.sites.append(Site(path, m, "silu_and_mul", "default", m.gate_proj.out_features,
-                                  dtype or _dtype_of(m.gate_proj.weight), None, why))
+            cols = m.gate_proj.out_features
+            dt = dtype or _dtype_of(m.gate_proj.weight)
+            site = Site(path, m, GATED_OPS[act], "default", cols, dt, None, why)
+            if act == "silu":
+                site.alternatives.append(Site(path, m, "silu_and_mul", "default", cols, dt, None,
+                                              why.replace("gated MLP:", "gated MLP (gate and up concatenated):")))
+            else:
+                act_path = f"{path}.act_fn" if path != "<root>" else "act_fn"
+                _, note = classify_activation(m.act_fn)
+                site.alternatives.append(Site(act_path, m.act_fn, act, "default",
+                                              _feature_size(model, act_path), model_dtype, None, note))
+            out.sites.append(site)
             continue
         if why and hasattr(m, "act_fn"):
             out.skipped.append(Skip(path, _cls(m), f"gated MLP not fused: {why}"))

@@ -47,7 +47,8 @@ from typing import Any
 
 HARNESS_VERSION = 1
 DTYPES = ("bf16", "f16", "f32")
-MEASURABLE_OPS = ("rms_norm", "layer_norm", "silu", "silu_and_mul", "gelu", "gelu_tanh")
+MEASURABLE_OPS = ("rms_norm", "layer_norm", "silu", "silu_and_mul", "silu_mul", "gelu",
+                  "gelu_tanh", "gelu_tanh_mul")
 FUSED_ADD_REASON = (
     "fused_add_rms_norm is not applicable to model-level measurement yet: the residual add "
     "that the kernel fuses happens inside the decoder layer's forward (HF Llama), not in a "
@@ -257,18 +258,20 @@ def adapt_model(model, op: str, semantics: str) -> Adaptation:
     - gelu / gelu_tanh: every GELU-family activation (GELUActivation, GELUTanh, GPT-2's
       NewGELUActivation, ...) that does not already compute eager F.gelu with this
       approximation becomes nn.GELU(approximate="none" / "tanh").
-    - silu: gated MLPs are left unfused, so that the silu kernel replaces each MLP's act_fn
-      (kernelize would otherwise see a silu_and_mul site there and no silu site).
-    - layer_norm, silu_and_mul: nothing to change.
+    - silu, gelu_tanh: gated MLPs are left unfused, so that the activation kernel replaces the
+      act_fn of each MLP with that activation (kernelize would otherwise see a silu_mul /
+      gelu_tanh_mul site there).
+    - layer_norm, silu_and_mul, silu_mul, gelu_tanh_mul: nothing to change (a silu_and_mul
+      kernel replaces a gated SiLU MLP as the fallback of its silu_mul site).
     """
     from torch import nn
 
-    from .discover import discover
-    ad = Adaptation(fuse_gated_mlp=(op != "silu"))
-    if op == "silu":
-        gated = [s.path for s in discover(model).sites if s.op == "silu_and_mul"]
+    from .discover import GATED_OPS, discover
+    ad = Adaptation(fuse_gated_mlp=op not in GATED_OPS)
+    if not ad.fuse_gated_mlp:
+        gated = [s.path for s in discover(model).sites if s.op == GATED_OPS[op]]
         if gated:
-            ad.notes.append(f"{len(gated)} gated MLP(s) not fused: the silu kernel replaces "
+            ad.notes.append(f"{len(gated)} gated MLP(s) not fused: the {op} kernel replaces "
                             "each MLP's act_fn")
     found = discover(model, fuse_gated_mlp=ad.fuse_gated_mlp)
     converted: dict[str, list[str]] = {}
@@ -378,7 +381,9 @@ def measure(kernel: Kernel, model_dir: Path, dtype: str, text: str, args, device
     model = load_model(model_dir, dtype, device)
     ad = adapt_model(model, kernel.op, kernel.semantics)
     found = discover(model, fuse_gated_mlp=ad.fuse_gated_mlp)
-    matching = [s for s in found.sites if s.op == kernel.op and s.semantics == kernel.semantics]
+    matching = [s for s in found.sites
+                if any(c.op == kernel.op and c.semantics == kernel.semantics
+                       for c in (s, *s.alternatives))]
     if not matching:
         return skip(f"no layer of {name} computes {kernel.op}"
                     + (f" ({kernel.semantics})" if kernel.semantics != "default" else "")
@@ -388,7 +393,8 @@ def measure(kernel: Kernel, model_dir: Path, dtype: str, text: str, args, device
     rep = core.kernelize(model, kernels_dir=kernel.dir, swap=not args.dry_run,
                          device=device if device.type == "cuda" else None, arch=arch,
                          verbose=False, fuse_gated_mlp=ad.fuse_gated_mlp)
-    ours = [e for e in rep.entries if e.op == kernel.op and e.semantics == kernel.semantics]
+    ours = [e for e in rep.entries
+            if (e.op == kernel.op or kernel.op in e.tried) and e.semantics == kernel.semantics]
     replaced = [e.path for e in ours if e.status in ("replaced", "would replace")]
     not_replaced = [{"path": e.path, "reason": "; ".join(e.reasons)} for e in ours
                     if e.status == "kept"]

@@ -10,8 +10,15 @@ with the verifier's program name and option list, and NVRTC's CUBIN is loaded wi
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import importlib.util
+import logging
 import os
+import shutil
+import subprocess
+import sysconfig
 import threading
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -125,8 +132,12 @@ class CompiledKernel:
             raise RuntimeError(f"entry `{self.entry}` is not in the compiled module of "
                                f"{manifest['name']} ({dtype}); declare it `extern \"C\" __global__`")
         self.func = func
+        self._index = device.index
         self._smem_configured = 0
-        self._dims: dict[tuple[int, int], tuple[tuple, int]] = {}  # (rows, cols) -> launch dims
+        self._prepared: dict[tuple, tuple] = {}  # (rows, cols, scalars) -> (slots, argv, dims)
+        self._lock = threading.Lock()
+        self._cu_launch: Any = None  # cuLaunchKernel, looked up at the first launch
+        self._stub = c_launcher(self.lib)  # None: launches go through ctypes
         self.record: dict[str, Any] = {
             "kernel": manifest["name"], "dtype": dtype, "symbol": self.entry,
             "arch": f"sm_{major}{minor}", "program_name": self.code.program_name,
@@ -145,34 +156,136 @@ class CompiledKernel:
                f"allowing {smem} bytes of shared memory to {self.entry}")
         self._smem_configured = smem
 
-    def launch(self, rows: int, cols: int, args: list[Any]) -> None:
-        """args: tensors (pointers) and ctypes scalars, in ABI order."""
-        dims = self._dims.get((rows, cols))
-        if dims is None:  # computed once per shape (the launch rule is a pure function of it)
-            grid, block, smem = launch_dims(self.manifest, rows, cols, self.sm_count)
-            if smem > self._smem_configured and smem >= 48 * 1024:
-                self._set_smem(smem)
-            dims = ((*grid, *block), smem)
-            self._dims[(rows, cols)] = dims
-        (g0, g1, g2, b0, b1, b2), smem = dims
-        keep, ptrs = [], []
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                if a.device != self.device:
-                    raise ValueError(f"tensor on {a.device}, kernel compiled for {self.device}")
-                a = ctypes.c_void_p(a.data_ptr())
-            keep.append(a)
-            ptrs.append(ctypes.cast(ctypes.byref(a), ctypes.c_void_p))
-        arr = (ctypes.c_void_p * len(ptrs))(*ptrs)
-        # the current stream, never the null stream: the launch is ordered with PyTorch's work
-        # and is recorded when that stream is capturing a CUDA graph
-        stream = torch.cuda.current_stream(self.device).cuda_stream
-        lib = self.lib
-        _check(lib, lib.cuLaunchKernel(
-            self.func, ctypes.c_uint(g0), ctypes.c_uint(g1), ctypes.c_uint(g2),
-            ctypes.c_uint(b0), ctypes.c_uint(b1), ctypes.c_uint(b2),
-            ctypes.c_uint(smem), ctypes.c_void_p(stream), arr, None),
-            f"launching {self.entry}")
+    def launch(self, rows: int, cols: int, tensors: tuple, scalars: tuple) -> None:
+        """Launch on `rows` x `cols` with the ABI's arguments: `tensors` (its pointers, which
+        come first in every SPEC ABI) then `scalars` (Python ints are `long long`, floats
+        `float`). Everything that depends only on (rows, cols, scalars) — the grid, the
+        argument array and its scalar slots — is built on the first call of that shape and
+        reused; a call refills the pointer slots in place and calls `cuLaunchKernel` on the
+        current stream (never the null stream: it is ordered with PyTorch's work, and recorded
+        while a CUDA graph captures)."""
+        prep = self._prepared.get((rows, cols, scalars))
+        if prep is None:
+            prep = self._prepare(rows, cols, len(tensors), scalars)
+        index = self._index
+        for t in tensors:
+            if t.get_device() != index:
+                raise ValueError(f"tensor on {t.device}, kernel compiled for {self.device}")
+        if self._stub is not None:  # the C launcher: no shared state, no lock
+            res = self._stub.launch(prep, _current_stream(index), *map(_data_ptr, tensors))
+            if res != 0:
+                _check(self.lib, res, f"launching {self.entry}")
+            return
+        slots, argv, dims, _ = prep
+        with self._lock:  # the pointer slots are shared by this kernel's callers
+            for slot, t in zip(slots, tensors):
+                slot.value = t.data_ptr()
+            res = self._cu_launch(self.func, *dims, _current_stream(index), argv, None)
+        if res != 0:
+            _check(self.lib, res, f"launching {self.entry}")
+
+    def _prepare(self, rows: int, cols: int, n_tensors: int, scalars: tuple) -> tuple:
+        if self._cu_launch is None:
+            self._cu_launch = _cu_launch(self.lib)
+        grid, block, smem = launch_dims(self.manifest, rows, cols, self.sm_count)
+        if smem > self._smem_configured and smem >= 48 * 1024:
+            self._set_smem(smem)
+        if self._stub is not None:
+            prep = self._stub.prepare(self.func.value, *grid, *block, smem, n_tensors, scalars)
+            self._prepared[(rows, cols, scalars)] = prep
+            return prep
+        slots = [ctypes.c_void_p() for _ in range(n_tensors)]
+        values = slots + [ctypes.c_float(v) if isinstance(v, float) else ctypes.c_longlong(v)
+                          for v in scalars]
+        argv = (ctypes.c_void_p * len(values))(
+            *[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
+        prep = (slots, argv, (*grid, *block, smem), values)  # values: keeps the slots alive
+        self._prepared[(rows, cols, scalars)] = prep
+        return prep
+
+
+def _cu_launch(lib: ctypes.CDLL) -> Any:
+    """`cuLaunchKernel` with its prototype, so that a call converts plain Python ints."""
+    f = lib.cuLaunchKernel
+    U, P = ctypes.c_uint, ctypes.c_void_p
+    f.argtypes, f.restype = [P, U, U, U, U, U, U, U, P, P, P], ctypes.c_int
+    return f
+
+
+_data_ptr = torch.Tensor.data_ptr
+_log = logging.getLogger("kernelize")
+_STUB: Any = None  # the C launcher module; False once building it failed
+_STUB_LOCK = threading.Lock()
+
+
+def c_launcher(lib: Any) -> Any:
+    """The C launch stub (`_launcher.c`) initialised with `lib`'s cuLaunchKernel, or None.
+
+    Built on first use with the system C compiler against this Python's headers and cached in
+    `$KERNELIZE_CACHE` (default `~/.cache/kernelize`), as Triton builds its launchers. A call
+    through it costs one C function call instead of ctypes' argument conversions. Where no
+    compiler or no Python headers are found (or `KERNELIZE_C_LAUNCHER=0`), None: the ctypes
+    path is used, with a warning saying why."""
+    global _STUB
+    with _STUB_LOCK:
+        if _STUB is None:
+            try:
+                _STUB = _build_c_launcher() or False
+            except Exception as e:  # noqa: BLE001 (any failure means: use ctypes)
+                _log.warning("kernelize: the C launcher could not be built (%s); launching through ctypes", e)
+                _STUB = False
+        if not _STUB:
+            return None
+        try:
+            fn = ctypes.cast(lib.cuLaunchKernel, ctypes.c_void_p).value
+        except (AttributeError, ctypes.ArgumentError):
+            return None  # a stand-in libcuda (tests): no real entry point to call
+        _STUB.init(fn)
+        return _STUB
+
+
+def _build_c_launcher() -> Any:
+    if os.environ.get("KERNELIZE_C_LAUNCHER", "1") == "0":
+        return None
+    src = Path(__file__).with_name("_launcher.c")
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    include = sysconfig.get_paths()["include"]
+    tag = hashlib.sha256(src.read_bytes() + include.encode() + suffix.encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("KERNELIZE_CACHE") or Path.home() / ".cache" / "kernelize")
+    so = cache / "launcher" / f"_kernelize_launcher-{tag}{suffix}"
+    if not so.exists():
+        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            _log.warning("kernelize: no C compiler (cc, gcc or $CC): launching through ctypes")
+            return None
+        if not os.path.exists(os.path.join(include, "Python.h")):
+            _log.warning("kernelize: no Python.h in %s (install the Python headers, e.g. "
+                         "python3-dev): launching through ctypes", include)
+            return None
+        so.parent.mkdir(parents=True, exist_ok=True)
+        tmp = so.with_name(f"{so.name}.{os.getpid()}.tmp")
+        r = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-I", include, str(src), "-o", str(tmp)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            _log.warning("kernelize: compiling the C launcher failed (%s): %s; launching through "
+                         "ctypes", cc, r.stderr.strip()[-500:])
+            tmp.unlink(missing_ok=True)
+            return None
+        os.replace(tmp, so)  # atomic: concurrent builders leave one complete file
+    spec = importlib.util.spec_from_file_location("_kernelize_launcher", so)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what inductor's launchers use
+
+
+def _current_stream(index: int) -> int:
+    """The raw handle of PyTorch's current stream on device `index`."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(index)
+    return torch.cuda.current_stream(index).cuda_stream
 
 
 def compiled(digest: str, manifest: dict[str, Any], source: str, dtype: str,
@@ -204,13 +317,11 @@ def compile_records() -> list[dict[str, Any]]:
     return [dict(k.record, digest=d, device=i) for (d, _, i), k in sorted(_CACHE.items())]
 
 
-def _ll(v: int) -> ctypes.c_longlong:
-    return ctypes.c_longlong(int(v))
-
-
 def _aligned(t: torch.Tensor) -> torch.Tensor:
+    if t.is_contiguous() and not t.data_ptr() & 15:
+        return t
     t = t.contiguous()
-    return t if t.data_ptr() % 16 == 0 else t.clone()
+    return t if not t.data_ptr() & 15 else t.clone()
 
 
 def run_rms_norm(k: CompiledKernel, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -220,7 +331,7 @@ def run_rms_norm(k: CompiledKernel, x: torch.Tensor, w: torch.Tensor, eps: float
     rows = x.numel() // cols
     out = torch.empty_like(x)
     if rows:
-        k.launch(rows, cols, [out, x, w, _ll(rows), _ll(cols), ctypes.c_float(eps)])
+        k.launch(rows, cols, (out, x, w), (rows, cols, float(eps)))
     return out
 
 
@@ -237,7 +348,7 @@ def run_fused_add_rms_norm(k: CompiledKernel, x: torch.Tensor, residual: torch.T
     rows = x.numel() // cols
     out = torch.empty_like(x)
     if rows:
-        k.launch(rows, cols, [out, res, x, w, _ll(rows), _ll(cols), ctypes.c_float(eps)])
+        k.launch(rows, cols, (out, res, x, w), (rows, cols, float(eps)))
     if res is not residual:
         residual.copy_(res)
     return out
@@ -249,7 +360,7 @@ def run_layer_norm(k: CompiledKernel, x, w, b, eps: float) -> torch.Tensor:
     rows = x.numel() // cols
     out = torch.empty_like(x)
     if rows:
-        k.launch(rows, cols, [out, x, w, b, _ll(rows), _ll(cols), ctypes.c_float(eps)])
+        k.launch(rows, cols, (out, x, w, b), (rows, cols, float(eps)))
     return out
 
 
@@ -260,7 +371,7 @@ def run_elementwise(k: CompiledKernel, x: torch.Tensor) -> torch.Tensor:
     if n:
         # as the verifier: rows x cols with n = rows * cols (the launch rule picked by cols)
         cols = x.shape[-1] if x.dim() else 1
-        k.launch(n // cols, cols, [out, x, _ll(n)])
+        k.launch(n // cols, cols, (out, x), (n,))
     return out
 
 
@@ -270,5 +381,33 @@ def run_silu_and_mul(k: CompiledKernel, g: torch.Tensor, u: torch.Tensor) -> tor
     rows = x.numel() // (2 * cols)
     out = torch.empty_like(g, memory_format=torch.contiguous_format)
     if rows:
-        k.launch(rows, cols, [out, x, _ll(rows), _ll(cols)])
+        k.launch(rows, cols, (out, x), (rows, cols))
     return out
+
+
+def run_gated(k: CompiledKernel, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """silu_mul / gelu_tanh_mul, ABI (out, gate, up, rows, cols): gate and up of the same shape
+    [..., cols], each made contiguous and 16-byte aligned on its own (no concatenation)."""
+    if g.shape != u.shape:
+        raise ValueError(f"gated op: gate {tuple(g.shape)} and up {tuple(u.shape)} differ in shape")
+    g, u = _aligned(g), _aligned(u)
+    cols = g.shape[-1] if g.dim() else 1
+    rows = g.numel() // cols if cols else 0
+    out = torch.empty_like(g)
+    if rows:
+        k.launch(rows, cols, (out, g, u), (rows, cols))
+    return out
+
+
+RUNNERS = {
+    "rms_norm": run_rms_norm,
+    "fused_add_rms_norm": run_fused_add_rms_norm,
+    "layer_norm": run_layer_norm,
+    "silu": run_elementwise,
+    "gelu": run_elementwise,
+    "gelu_tanh": run_elementwise,
+    "silu_and_mul": run_silu_and_mul,
+    "silu_mul": run_gated,
+    "gelu_tanh_mul": run_gated,
+}
+"""op kind -> the function that runs a `CompiledKernel` of it (what the custom ops call)."""

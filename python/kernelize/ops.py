@@ -16,7 +16,8 @@ only; on other devices the swapped forward never calls them (it runs the origina
 | `kernelize::launch_fused_add_rms_norm` | `(x, residual!, weight, eps, key) -> out` | `residual := x + residual`, out = norm(residual) |
 | `kernelize::launch_layer_norm` | `(x, weight, bias, eps, key) -> out` | layer_norm |
 | `kernelize::launch_silu` / `launch_gelu` / `launch_gelu_tanh` | `(x, key) -> out` | elementwise |
-| `kernelize::launch_silu_and_mul` | `(gate, up, key) -> out` | silu(gate) * up |
+| `kernelize::launch_silu_and_mul` | `(gate, up, key) -> out` | silu(gate) * up (concatenated into the ABI's `[rows, 2*cols]` inside) |
+| `kernelize::launch_silu_mul` / `launch_gelu_tanh_mul` | `(gate, up, key) -> out` | act(gate) * up on the two tensors as they are |
 
 Every output is a new contiguous tensor of the input's shape, dtype and device (the real
 launch makes its inputs contiguous and allocates the output like them).
@@ -37,7 +38,7 @@ _KEYS: dict[int, int] = {}      # id(compiled) -> key (ids stay unique: _KERNELS
 _LOCK = threading.Lock()
 
 OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "silu", "gelu", "gelu_tanh",
-       "silu_and_mul")
+       "silu_and_mul", "silu_mul", "gelu_tanh_mul")
 
 
 def register(compiled: Any) -> int:
@@ -134,3 +135,21 @@ def launch_silu_and_mul(gate: Tensor, up: Tensor, key: int) -> Tensor:
 @launch_silu_and_mul.register_fake
 def _(gate, up, key):
     return _like(gate)
+
+
+# ---- gated MLPs: two inputs --------------------------------------------------------------
+
+@torch.library.custom_op("kernelize::launch_silu_mul", mutates_args=(), device_types="cuda")
+def launch_silu_mul(gate: Tensor, up: Tensor, key: int) -> Tensor:
+    return L.run_gated(kernel(key), gate, up)
+
+
+@torch.library.custom_op("kernelize::launch_gelu_tanh_mul", mutates_args=(), device_types="cuda")
+def launch_gelu_tanh_mul(gate: Tensor, up: Tensor, key: int) -> Tensor:
+    return L.run_gated(kernel(key), gate, up)
+
+
+for _op in (launch_silu_mul, launch_gelu_tanh_mul):
+    @_op.register_fake
+    def _(gate, up, key):
+        return _like(gate)

@@ -29,6 +29,59 @@ def _binary() -> Path:
     return BIN
 
 
+# The bytes one launch must move per op (inputs read once, outputs written once) and the
+# tensors it writes: the twin of `Op::bytes_moved` / `Op::outputs` in kernel-registry, which the
+# hub checks every posted report against.
+_ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+
+
+def _bytes_moved(op: str, dtype: str, rows: int, cols: int) -> int:
+    n = rows * cols
+    per = {"rms_norm": 2 * n + cols, "fused_add_rms_norm": 4 * n + cols,
+           "layer_norm": 2 * n + 2 * cols, "silu_and_mul": 3 * n, "silu_mul": 3 * n,
+           "gelu_tanh_mul": 3 * n}.get(op, 2 * n)
+    return _ELEMENT_BYTES[dtype] * per
+
+
+def _outputs(op: str) -> int:
+    return 2 if op == "fused_add_rms_norm" else 1
+
+
+def retarget(report: dict, claim: dict, arch: str = "sm_90") -> dict:
+    """A fixture report made one the hub accepts for a claimed job (it checks every figure of a
+    report against the job's kernel, as it would a real worker's): the claimed kernel's name,
+    version, op, semantics and digest, the job's shapes, and per case the element counts and
+    bytes of the claimed op with the time that gives the case's GB/s. Only sm_90 (the fixtures'
+    H200) is supported as `arch`."""
+    import tomllib
+    assert arch == report["device"]["arch"] == "sm_90", "the fixtures were recorded on an H200"
+    r = json.loads(json.dumps(report))
+    man = tomllib.loads(claim["kernel"]["manifest_toml"])
+    op = man["op"]
+    sem = man.get("semantics", "llama" if op == "rms_norm" else "default")
+    old_outputs, new_outputs = _outputs(r["kernel"]["op"]), _outputs(op)
+    r["kernel"] = {"name": man["name"], "version": man["version"], "op": op, "semantics": sem,
+                   "digest": claim["kernel"]["digest"]}
+    r["requested_shapes"] = claim["job"]["shapes"]
+    copy = r["device"]["copy_gbps"]
+    for c in r["cases"]:
+        e = c.get("exactness")
+        if e and old_outputs != new_outputs:
+            for k in ("elements", "mismatches"):
+                e[k] = e[k] // old_outputs * new_outputs
+            e["ulp_histogram"] = [n // old_outputs * new_outputs for n in e["ulp_histogram"]]
+        s = c.get("speed")
+        if s:
+            nbytes = _bytes_moved(op, c["dtype"], c["rows"], c["cols"])
+            median = nbytes / s["gbps"] / 1e3
+            s.update(bytes_moved=nbytes, median_us=median,
+                     reference_median_us=median * s["speedup"],
+                     gbps=nbytes / (median * 1e-6) / 1e9)
+            s["copy_fraction"] = s["gbps"] / copy
+            s["speedup"] = s["reference_median_us"] / median
+    return r
+
+
 class Hub:
     def __init__(self, url: str, db: str, proc: subprocess.Popen):
         self.url, self.db, self.proc = url, db, proc
@@ -56,7 +109,7 @@ class Hub:
     def verify_as_worker(self, kernel_names: set[str], arch: str = "sm_90",
                          report: str = "exact") -> dict[str, str]:
         """Claim jobs as a worker and post the recorded `report` for the named kernels (the
-        CI has no GPU: the report is re-targeted at each claimed kernel's digest and arch).
+        CI has no GPU: the report is re-targeted at each claimed kernel, see `retarget`).
         Returns name -> digest of the kernels verified."""
         tok = self.token("worker")
         fixture = json.loads((REPO / "tests/fixtures/reports" / f"{report}.json").read_text())
@@ -69,9 +122,7 @@ class Hub:
             name = re.search(r'^name\s*=\s*"([^"]+)"', claim["kernel"]["manifest_toml"], re.M).group(1)
             if name not in kernel_names:
                 continue  # left leased, never verified
-            r = json.loads(json.dumps(fixture))
-            r["kernel"]["digest"] = claim["kernel"]["digest"]
-            r["device"]["arch"] = arch
+            r = retarget(fixture, claim, arch)
             status, body = self.call("POST", f"/v1/jobs/{claim['job']['id']}/report",
                                      {"lease_id": claim["lease_id"], "report": r}, tok)
             assert status == 201, body
@@ -85,8 +136,10 @@ class Hub:
 def _start(tmp: Path) -> Hub:
     binary = _binary()
     db = f"sqlite://{tmp / 'hub.db'}"
+    # Every known suite is accepted: the fixture reports are of suite 2026.1.
     proc = subprocess.Popen([str(binary), "serve", "--db", db, "--bind", "127.0.0.1:0",
-                             "--kernels", str(REPO / "kernels")], cwd=REPO,
+                             "--kernels", str(REPO / "kernels"),
+                             "--min-suite-version", "2026.1"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=open(tmp / "serve.log", "wb"), text=True)
     deadline = time.time() + 60
     url = None

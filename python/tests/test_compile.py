@@ -178,6 +178,37 @@ def test_compile_a_bundled_kernel_to_a_cubin():
     assert nvrtc.compile_entry(man, src, "f32", "sm_80", include_dir=inc).code_sha256 != c.code_sha256
 
 
+def test_every_bundled_kernel_compiles():
+    # Every kernels/<name>/kernel.cu, every dtype's module, with the client's (the verifier's)
+    # options. To PTX (NVRTC's front end and optimiser, not ptxas: a CUBIN of every module takes
+    # minutes on a small CPU); KERNELIZE_TEST_CUBIN=1 builds the sm_90 CUBINs instead.
+    import concurrent.futures as cf
+    import os
+
+    nv = _nvrtc_or_skip()
+    inc, _ = nvrtc.include_dir_for_client()
+    arch = "sm_90" if os.environ.get("KERNELIZE_TEST_CUBIN") == "1" else "compute_90"
+    jobs = []
+    for d in sorted((REPO / "kernels").iterdir()):
+        if (d / "kernel.toml").is_file():
+            man = parse_manifest_toml((d / "kernel.toml").read_text(encoding="utf-8"))
+            src = (d / man["source"]).read_text(encoding="utf-8")
+            jobs += [(man, src, dt) for dt in man["entries"]]
+
+    def build(job):
+        man, src, dt = job
+        opts = [f"--gpu-architecture={arch}", f"--include-path={inc}", *man["nvrtc_options"],
+                f"-DKERNELIZE_DTYPE_{dt.upper()}"]
+        c = nvrtc.compile_program(src, nvrtc.program_name(man["name"], dt), opts, nv)
+        entry = man["entries"][dt].encode()
+        assert c.code and (arch.startswith("sm_") or entry in c.code), (man["name"], dt)
+        return man["name"], dt
+
+    with cf.ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as ex:
+        done = list(ex.map(build, jobs))
+    assert len(done) == len(jobs) >= 14 * 3
+
+
 def test_compile_error_carries_nvrtc_log():
     _nvrtc_or_skip()
     with pytest.raises(nvrtc.NvrtcCompileError, match="not_declared"):

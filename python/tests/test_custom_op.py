@@ -52,7 +52,10 @@ STAND_INS = {
     "gelu": lambda x, key: F.gelu(x).contiguous(),
     "gelu_tanh": lambda x, key: F.gelu(x, approximate="tanh").contiguous(),
     "silu_and_mul": lambda g, u, key: (F.silu(g) * u).contiguous(),
+    "silu_mul": lambda g, u, key: (F.silu(g) * u).contiguous(),
+    "gelu_tanh_mul": lambda g, u, key: (F.gelu(g, approximate="tanh") * u).contiguous(),
 }
+GATED = ("silu_and_mul", "silu_mul", "gelu_tanh_mul")
 _REGISTERED = False
 
 
@@ -113,6 +116,8 @@ def _args(name, x, w, b, key=1):
         "layer_norm": (x, w, b, 1e-5, key),
         "silu": (x, key), "gelu": (x, key), "gelu_tanh": (x, key),
         "silu_and_mul": (x, x.clone(), key),
+        "silu_mul": (x, x.clone(), key),
+        "gelu_tanh_mul": (x, x.clone(), key),
     }[name]
 
 
@@ -212,7 +217,7 @@ def test_compile_layers_fullgraph_aot_eager(cpu_kernels):
         counted = torch.compile(net, backend=backend, fullgraph=True)
         assert torch.equal(counted(x), eager)
         assert len(graphs) == 1
-        assert _ops_in(graphs) == {n: 1 for n in ops.OPS if n != "silu_and_mul"} | {"silu_and_mul": 0}
+        assert _ops_in(graphs) == {n: 0 if n in GATED else 1 for n in ops.OPS}
         for _ in range(10):  # no recompilation per call (the launch counter is not guarded on)
             assert torch.equal(counted(x), eager)
         assert len(graphs) == 1
@@ -229,6 +234,50 @@ def test_compile_layers_fullgraph_aot_eager(cpu_kernels):
         assert torch.equal(net(x), eager)
     assert kernelize.launch_counts(net) == {s.path: 2 for s in sites}
     assert kernelize.unkernelize(net) == 5
+    torch._dynamo.reset()
+
+
+def test_regional_compile_shares_one_graph_across_kernelized_blocks(cpu_kernels, monkeypatch):
+    """Identical blocks compiled one by one (PyTorch's regional compilation) share one graph
+    when their layers are kernelized, as they do when they are not: the swapped forward is one
+    shared function, and the layers' constants (key, width, eps) are equal across blocks."""
+    cache = {}  # as launch.compiled: one compiled kernel per (kernel, dtype), so one key
+
+    def compiled(digest, manifest, source, dtype, device):
+        k = repr(sorted(manifest.items())), dtype
+        return cache.setdefault(k, CpuStandIn(manifest))
+
+    monkeypatch.setattr(launch, "compiled", compiled)
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rms = nn.RMSNorm(64, eps=1e-6)
+            self.act = nn.SiLU()
+
+        def forward(self, x):
+            return x + self.act(self.rms(x))
+
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(Block() for _ in range(12)).to(torch.bfloat16).eval()
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for b in blocks:
+            b.rms.weight.normal_(1, 0.3)
+        want = x
+        for b in blocks:
+            want = b(want)
+        _patch_all(blocks)
+        graphs, backend = _graph_counter()
+        torch._dynamo.reset()
+        for b in blocks:
+            b.compile(backend=backend)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            got = x
+            for b in blocks:
+                got = b(got)
+    assert torch.equal(got, want)
+    assert len(graphs) == 1, f"{len(graphs)} graphs for 12 identical blocks"
+    assert _ops_in(graphs)["rms_norm"] == 1 and _ops_in(graphs)["silu"] == 1
     torch._dynamo.reset()
 
 
@@ -254,14 +303,21 @@ def test_compile_kernelized_llama_no_graph_breaks(cpu_kernels, small_llama):
     ids = torch.randint(0, 128, (1, 12))
     with torch.no_grad():
         eager = model(input_ids=ids, use_cache=False).logits
+        torch._dynamo.reset()
+        base = torch._dynamo.explain(model)(input_ids=ids, use_cache=False)
         sites = _patch_all(model)
-        assert sorted(s.op for s in sites) == ["rms_norm"] * 5 + ["silu_and_mul"] * 2
+        assert sorted(s.op for s in sites) == ["rms_norm"] * 5 + ["silu_mul"] * 2
         swapped = model(input_ids=ids, use_cache=False).logits
         torch._dynamo.reset()
         ex = torch._dynamo.explain(model)(input_ids=ids, use_cache=False)
         assert ex.graph_break_count == 0, ex.break_reasons
         assert ex.graph_count == 1
-        assert _ops_in(ex.graphs)["rms_norm"] == 5 and _ops_in(ex.graphs)["silu_and_mul"] == 2
+        assert _ops_in(ex.graphs)["rms_norm"] == 5 and _ops_in(ex.graphs)["silu_mul"] == 2
+        assert _ops_in(ex.graphs)["silu_and_mul"] == 0
+        # gate and up go to the kernel as two tensors: no concatenation besides the model's own
+        # (its rotary embedding's)
+        cats = lambda graphs: "\n".join(g.code for g in graphs).count("torch.cat(")  # noqa: E731
+        assert cats(ex.graphs) == cats(base.graphs)
         torch._dynamo.reset()
         compiled = torch.compile(model, backend="aot_eager")
         got = compiled(input_ids=ids, use_cache=False).logits
@@ -271,6 +327,46 @@ def test_compile_kernelized_llama_no_graph_breaks(cpu_kernels, small_llama):
     assert torch.equal(got, swapped)
     assert set(kernelize.launch_counts(model).values()) == {1}  # the eager call
     assert kernelize.unkernelize(model) == 7
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("family", ["gemma", "gemma3"])
+def test_kernelized_gemma_gelu_tanh_mul_no_graph_breaks(cpu_kernels, family):
+    """Gemma's MLPs (gelu_pytorch_tanh) become gelu_tanh_mul sites: the two projections go to the
+    custom op as they are, the logits equal eager's, compiled or not, with no graph break."""
+    transformers = pytest.importorskip("transformers")
+    model_cls, cfg_cls = {"gemma": ("GemmaForCausalLM", "GemmaConfig"),
+                          "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig")}[family]
+    if not hasattr(transformers, model_cls):
+        pytest.skip(f"this transformers has no {model_cls}")
+    torch.manual_seed(0)
+    cfg = getattr(transformers, cfg_cls)(vocab_size=128, hidden_size=64, intermediate_size=96,
+                                         num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=1, head_dim=16)
+    model = getattr(transformers, model_cls)(cfg).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 128, (1, 12))
+    calls = []
+    real = STAND_INS["gelu_tanh_mul"]
+    with torch.no_grad():
+        eager = model(input_ids=ids, use_cache=False).logits
+        sites = _patch_all(model)
+        assert sorted(s.op for s in sites).count("gelu_tanh_mul") == 2
+        torch.library.register_kernel("kernelize::launch_gelu_tanh_mul", "cpu",
+                                      lambda g, u, key: calls.append((g.shape, u.shape)) or real(g, u, key))
+        try:
+            swapped = model(input_ids=ids, use_cache=False).logits
+        finally:
+            torch.library.register_kernel("kernelize::launch_gelu_tanh_mul", "cpu", real)
+        assert calls == [((1, 12, 96), (1, 12, 96))] * 2  # gate and up, each [.., intermediate]
+        torch._dynamo.reset()
+        ex = torch._dynamo.explain(model)(input_ids=ids, use_cache=False)
+        assert ex.graph_break_count == 0, ex.break_reasons
+        assert _ops_in(ex.graphs)["gelu_tanh_mul"] == 2 and _ops_in(ex.graphs)["gelu_tanh"] == 0
+        compiled = torch.compile(model, backend="aot_eager")
+        got = compiled(input_ids=ids, use_cache=False).logits
+    assert torch.equal(swapped, eager)
+    assert torch.equal(got, eager)
+    assert kernelize.unkernelize(model) == len(sites)
     torch._dynamo.reset()
 
 
@@ -327,3 +423,76 @@ def test_parameterless_module_without_cuda_still_needs_arch(monkeypatch):
     rep = kernelize.kernelize(nn.SiLU(), kernels_dir=KERNELS / "silu", dtype="bf16",
                               arch="sm_90", verbose=False)
     assert not rep.swapped and [e.status for e in rep.entries] == ["would replace"]
+
+
+# ---- the launches' arguments follow the ABI (python/tests/fixtures/abi.json) ---------------
+
+class _Recorder:
+    """A stand-in compiled kernel that records what it is launched with."""
+
+    def __init__(self):
+        self.calls = []
+
+    def launch(self, rows, cols, tensors, scalars):
+        self.calls.append((rows, cols, (*tensors, *scalars)))
+
+
+def test_every_launch_passes_the_abi_of_its_op():
+    import ctypes
+    import json
+    abi = json.loads((REPO / "python/tests/fixtures/abi.json").read_text(encoding="utf-8"))["ops"]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 8, generator=g).to(torch.bfloat16)
+    u = torch.randn(2, 3, 8, generator=g).to(torch.bfloat16)
+    w, b = torch.randn(8).to(torch.bfloat16), torch.randn(8).to(torch.bfloat16)
+    runs = {
+        "rms_norm": lambda k: launch.run_rms_norm(k, x, w, 1e-6),
+        "fused_add_rms_norm": lambda k: launch.run_fused_add_rms_norm(k, x, u.clone(), w, 1e-6),
+        "layer_norm": lambda k: launch.run_layer_norm(k, x, w, b, 1e-5),
+        "silu": lambda k: launch.run_elementwise(k, x),
+        "gelu": lambda k: launch.run_elementwise(k, x),
+        "gelu_tanh": lambda k: launch.run_elementwise(k, x),
+        "silu_and_mul": lambda k: launch.run_silu_and_mul(k, x, u),
+        "silu_mul": lambda k: launch.run_gated(k, x, u),
+        "gelu_tanh_mul": lambda k: launch.run_gated(k, x, u),
+    }
+    assert set(runs) == set(abi) == set(ops.OPS)
+    for op, run in runs.items():
+        k = _Recorder()
+        out = run(k)
+        (rows, cols, args), = k.calls
+        params = [p.strip() for p in abi[op]["abi"].split(",")]
+        assert len(args) == len(params), op
+        for p, a in zip(params, args):
+            # pointers are tensors, `long long` Python ints, `float` Python floats
+            kind = torch.Tensor if "*" in p else int if p.startswith("long long") else float
+            assert isinstance(a, kind) and not isinstance(a, bool), (op, p, a)
+        named = dict(zip(abi[op]["params"], args))
+        assert named["out"] is out, op
+        if "n" in named:
+            assert (named["n"], rows * cols) == (48, 48), op
+        else:
+            assert (named["rows"], named["cols"], rows, cols) == (6, 8, 6, 8), op
+        if abi[op]["gated"]:
+            # gate and up are passed as they are: two tensors, no copy, no concatenation
+            assert named["gate"] is x and named["up"] is u, op
+    # silu_and_mul's x is gate and up concatenated: [rows, 2*cols]
+    k = _Recorder()
+    launch.run_silu_and_mul(k, x, u)
+    assert torch.equal(k.calls[0][2][1], torch.cat([x, u], dim=-1))
+
+
+def test_a_gated_launch_makes_each_input_contiguous_and_refuses_other_shapes():
+    k = _Recorder()
+    gt = torch.randn(8, 6).to(torch.float16).t()  # [6, 8], not contiguous
+    u = torch.randn(6, 8).to(torch.float16)
+    out = launch.run_gated(k, gt, u)
+    (_, _, args), = k.calls
+    assert args[1].is_contiguous() and torch.equal(args[1], gt) and args[2] is u
+    assert out.shape == (6, 8) and out.is_contiguous()
+    with pytest.raises(ValueError, match="differ in shape"):
+        launch.run_gated(k, u, u[:, :4])
+    assert len(k.calls) == 1
+    # nothing to launch for an empty batch
+    e = torch.empty(0, 8, dtype=torch.float16)
+    assert launch.run_gated(k, e, e).shape == (0, 8) and len(k.calls) == 1

@@ -89,3 +89,33 @@ def test_launch_dims_and_constraints_follow_the_rules():
     assert not_applicable(odd, 12, None) == "cols 12 is not a multiple of 8"
     assert "sm_89" in not_applicable(odd, 16, "sm_89")
     assert not_applicable(odd, 16, "sm_90") is None
+
+
+def test_every_bundled_kernel_has_the_digest_the_rust_hub_recorded():
+    # kernels/released.toml holds the digest of every bundled (name, version), checked against
+    # the Rust hub's digest_of by `cargo test -p kernelize --test bundled`; the client must
+    # compute the same for every bundled kernel, whatever its op.
+    import tomllib
+    repo = Path(__file__).resolve().parents[2]
+    with open(repo / "kernels" / "released.toml", "rb") as f:
+        released = {(k["name"], k["version"]): k["digest"] for k in tomllib.load(f)["kernel"]}
+    n = 0
+    for d in sorted((repo / "kernels").iterdir()):
+        if not (d / "kernel.toml").is_file():
+            continue
+        m = parse_manifest_toml((d / "kernel.toml").read_text(encoding="utf-8"))
+        src = (d / m["source"]).read_bytes().decode("utf-8")
+        key = (m["name"], m["version"])
+        assert key in released, f"{key} not in kernels/released.toml (run cargo test -p kernelize --test bundled)"
+        assert digest_of(m, src) == released[key], f"kernels/{d.name}: Python and Rust digests differ"
+        n += 1
+    assert n >= 14
+
+
+def test_op_lists_are_the_registrys():
+    from kernelize import digest
+    abi = json.loads((Path(__file__).parent / "fixtures" / "abi.json").read_text(encoding="utf-8"))["ops"]
+    assert set(digest.OPS) == set(abi) and len(digest.OPS) == len(abi)
+    assert set(digest.ROWWISE_OPS) == {op for op, a in abi.items() if a["rowwise"]}
+    assert {op: list(digest.SEMANTICS.get(op, ("default",))) for op in abi} == {
+        op: a["semantics"] for op, a in abi.items()}

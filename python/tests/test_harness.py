@@ -134,7 +134,7 @@ def test_gelu_adaptation(models, src, op, approx):
 
 def test_silu_goes_into_act_fn_of_gated_mlp(models):
     model = harness.load_model(models["llama"], "bf16", torch.device("cpu"))
-    assert {s.op for s in discover(model).sites} == {"rms_norm", "silu_and_mul"}
+    assert {s.op for s in discover(model).sites} == {"rms_norm", "silu_mul"}
     ad = harness.adapt_model(model, "silu", "default")
     assert not ad.fuse_gated_mlp and "2 gated MLP(s) not fused" in ad.describe()
     sites = [s for s in discover(model, fuse_gated_mlp=False).sites if s.op == "silu"]
@@ -193,6 +193,21 @@ def test_dry_run_summary_contract(tmp_path, models, capsys):
                                                                       ("tiny-gpt2-gelu", "f32")]
     assert "no layer of tiny-gpt2-gelu computes rms_norm (torch)" in s["skipped"][0]["reason"]
     assert list(out.glob("*.safetensors")) == []
+
+
+@pytest.mark.parametrize("kernel,tried", [("silu_mul", ["silu_mul"]),
+                                          ("silu_and_mul", ["silu_mul", "silu_and_mul"])])
+def test_gated_mlp_kernels_replace_the_mlps(tmp_path, models, kernel, tried):
+    # a silu_and_mul kernel replaces the gated MLPs as the fallback of their silu_mul sites
+    rc, s, _ = _run(tmp_path, KERNELS / kernel, [models["llama"]])
+    assert rc == 0 and s["skipped"] == [], s["skipped"]
+    r = s["runs"][0]
+    assert r["replaced"] == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    assert r["adaptation"] == "none (the model as saved)"
+    model = harness.load_model(models["llama"], "bf16", torch.device("cpu"))
+    rep = core.kernelize(model, kernels_dir=KERNELS / kernel, arch="sm_90", verbose=False)
+    mlp = {e.path: e for e in rep.entries}["model.layers.0.mlp"]
+    assert (mlp.op, mlp.tried, mlp.kernel.name) == (kernel, tried, kernel)
 
 
 def test_max_tokens_and_layer_norm_on_gpt2(tmp_path, models):
@@ -274,3 +289,23 @@ def test_safetensors_layout(tmp_path):
     assert t["input_ids"].dtype == torch.int64 and t["input_ids"].shape == (3,)
     assert t["eager_logits"].dtype == torch.float32 and t["candidate_logits"].shape == (3, 256)
     assert torch.equal(t["eager_logits"], e)
+
+
+def test_gelu_tanh_goes_into_act_fn_of_gemma_mlps_and_gelu_leaves_them_fused():
+    if not hasattr(transformers, "GemmaForCausalLM"):
+        pytest.skip("this transformers has no Gemma")
+    torch.manual_seed(0)
+    cfg = transformers.GemmaConfig(vocab_size=128, hidden_size=64, intermediate_size=96,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=1, head_dim=16)
+    model = transformers.GemmaForCausalLM(cfg).to(torch.bfloat16)
+    assert {s.op for s in discover(model).sites} == {"rms_norm", "gelu_tanh_mul"}
+    ad = harness.adapt_model(model, "gelu_tanh", "default")
+    assert not ad.fuse_gated_mlp and "2 gated MLP(s) not fused: the gelu_tanh kernel" in ad.describe()
+    sites = [s for s in discover(model, fuse_gated_mlp=False).sites if s.op == "gelu_tanh"]
+    assert {(s.path, s.cols) for s in sites} == {("model.layers.0.mlp.act_fn", 96),
+                                                 ("model.layers.1.mlp.act_fn", 96)}
+    # the gated op's kernel measures the MLPs as they are; an erf-GELU kernel changes nothing
+    # in the MLPs (no gated op is erf GELU)
+    assert harness.adapt_model(model, "gelu_tanh_mul", "default").fuse_gated_mlp
+    assert harness.adapt_model(model, "gelu", "default").fuse_gated_mlp

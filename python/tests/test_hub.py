@@ -13,7 +13,7 @@ import torch
 import kernelize
 from kernelize import DigestMismatch, HubSource
 from kernelize.digest import digest_of
-from conftest import REPO
+from conftest import REPO, retarget
 
 transformers = pytest.importorskip("transformers")
 
@@ -22,14 +22,21 @@ def by_path(report):
     return {e.path: e for e in report.entries}
 
 
+def v(name):
+    """`name version` of the bundled kernel, as the hub names it in its reasons."""
+    import tomllib
+    with open(REPO / "kernels" / name / "kernel.toml", "rb") as f:
+        return f"{name} {tomllib.load(f)['version']}"
+
+
 def test_unverified_bundled_kernels_are_never_handed_out(hub, tiny_llama, capsys):
     rep = kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90")
     assert rep.replaced == [] and not rep.swapped
     e = by_path(rep)["model.norm"]
     assert e.status == "kept" and e.op == "rms_norm" and e.semantics == "llama"
-    assert any(r.startswith("rms_norm_llama 1.0.0: never verified") for r in e.reasons)
+    assert any(r.startswith(f"{v('rms_norm_llama')}: never verified") for r in e.reasons)
     mlp = by_path(rep)["model.layers.0.mlp"]
-    assert any(r.startswith("silu_and_mul 1.0.0: never verified") for r in mlp.reasons)
+    assert any(r.startswith(f"{v('silu_and_mul')}: never verified") for r in mlp.reasons)
     out = capsys.readouterr().out
     assert "0 of 7 layers would be replaced" in out and "never verified" in out
     # nothing was touched
@@ -57,12 +64,57 @@ def test_verified_kernels_resolve_on_their_arch_only(hub, tiny_llama):
     assert rep16.replaced == []
 
 
+def test_gated_mlps_take_the_two_input_kernel_and_fall_back_to_silu_and_mul(hub, tiny_llama):
+    # only silu_and_mul verified: the MLP falls back to it (gate and up concatenated), and the
+    # report says why silu_mul was not taken
+    hub.verify_as_worker({"silu_and_mul"}, report="tiny/exact")
+    mlp = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False))[
+        "model.layers.0.mlp"]
+    assert (mlp.status, mlp.op, mlp.kernel.name) == ("would replace", "silu_and_mul", "silu_and_mul")
+    assert mlp.tried == ["silu_mul", "silu_and_mul"]
+    assert any(r.startswith("silu_mul 1.0.0: never verified") for r in mlp.reasons)
+    # silu_mul verified too: it is the first choice (no concatenation)
+    digests = hub.verify_as_worker({"silu_mul"}, report="tiny/exact")
+    rep = kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False)
+    mlp = by_path(rep)["model.layers.1.mlp"]
+    assert (mlp.status, mlp.op, mlp.tried) == ("would replace", "silu_mul", ["silu_mul"])
+    assert mlp.kernel.digest == digests["silu_mul"]
+    assert f"-> silu_mul 1.0.0 {digests['silu_mul'][:19]}" in str(rep)
+
+
+def _tiny_gemma():
+    if not hasattr(transformers, "GemmaForCausalLM"):
+        pytest.skip("this transformers has no Gemma")
+    torch.manual_seed(0)
+    cfg = transformers.GemmaConfig(vocab_size=128, hidden_size=64, intermediate_size=96,
+                                   num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=1, head_dim=16)
+    return transformers.GemmaForCausalLM(cfg).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("names,path,op,tried", [
+    (["gelu_tanh_mul", "gelu_tanh", "rms_norm_gemma"], "model.layers.0.mlp", "gelu_tanh_mul",
+     ["gelu_tanh_mul"]),
+    (["gelu_tanh", "rms_norm_gemma"], "model.layers.0.mlp.act_fn", "gelu_tanh",
+     ["gelu_tanh_mul", "gelu_tanh"]),
+])
+def test_gemma_mlp_takes_gelu_tanh_mul_or_its_act_fn_a_gelu_tanh_kernel(names, path, op, tried):
+    rep = kernelize.kernelize(_tiny_gemma(), kernels_dir=REPO / "kernels", names=names,
+                              arch="sm_90", verbose=False)
+    e = by_path(rep)
+    assert (e[path].status, e[path].op, e[path].kernel.name, e[path].tried) == (
+        "would replace", op, op, tried)
+    assert e["model.norm"].kernel.name == "rms_norm_gemma"
+    # one replacement per MLP, never both the MLP and its act_fn
+    assert len([p for p in e if p.startswith("model.layers.0.mlp")]) == 1
+
+
 def test_policy_picks_between_exact_and_faster_inexact(hub, tiny_llama):
     hub.verify_as_worker({"rms_norm_llama"}, report="tiny/exact")
     hub.verify_as_worker({"rms_norm_llama_wbr"}, report="tiny/one_ulp_fast")
     exact = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False))
     assert exact["model.norm"].kernel.name == "rms_norm_llama"
-    assert any(r.startswith("rms_norm_llama_wbr 1.0.0:") for r in exact["model.norm"].reasons)
+    assert any(r.startswith(f"{v('rms_norm_llama_wbr')}:") for r in exact["model.norm"].reasons)
     loose = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", policy="ulp:1",
                                         verbose=False))
     assert loose["model.norm"].kernel.name == "rms_norm_llama_wbr"  # faster, within 1 ulp
@@ -144,10 +196,10 @@ def test_an_unverified_width_is_queued_and_the_client_can_wait_for_it(hub, tiny_
     rep = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False))
     norm = rep["model.norm"]
     assert norm.status == "kept"
-    assert any(r.startswith("rms_norm_llama 1.0.0: verified at cols 8192 for bf16 on sm_90, not at 64")
+    assert any(r.startswith(f"{v('rms_norm_llama')}: verified at cols 8192 for bf16 on sm_90, not at 64")
                for r in norm.reasons), norm.reasons
     assert "/v1/jobs/" in norm.width_note and "not waiting" in norm.width_note, norm.width_note
-    job_url = norm.width_note.split("rms_norm_llama 1.0.0: ")[1].split(")")[0].split(";")[0]
+    job_url = norm.width_note.split(f"{v('rms_norm_llama')}: ")[1].split(")")[0].split(";")[0]
     job = json.load(urllib.request.urlopen(job_url))
     assert job["state"] == "queued"
     assert job["shapes"] == [{"cols": 64, "rows_min": 1, "rows_max": 64}]
@@ -178,10 +230,7 @@ def test_an_unverified_width_is_queued_and_the_client_can_wait_for_it(hub, tiny_
                 continue
             if not claim["job"]["shapes"]:
                 continue  # a suite job of another kernel: left leased
-            r = json.loads(json.dumps(fixture))
-            r["kernel"]["digest"] = claim["kernel"]["digest"]
-            r["device"]["arch"] = "sm_90"
-            r["requested_shapes"] = claim["job"]["shapes"]
+            r = retarget(fixture, claim)
             status, body = hub.call("POST", f"/v1/jobs/{claim['job']['id']}/report",
                                     {"lease_id": claim["lease_id"], "report": r}, tok)
             done.append((status, body))

@@ -4,6 +4,7 @@ pub mod jobs;
 pub mod kernels;
 pub mod openapi;
 pub mod resolve;
+pub mod tokens;
 
 use crate::app::{AppState, Caller};
 use crate::error::AppError;
@@ -20,7 +21,7 @@ pub async fn healthz(
 ) -> Result<Json<serde_json::Value>, AppError> {
     let (_, kernels) = st
         .store
-        .list_kernels(&kernel_registry::storage::KernelQuery {
+        .list_kernels(&kernel_store::KernelQuery {
             limit: 1,
             ..Default::default()
         })

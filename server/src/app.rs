@@ -1,15 +1,22 @@
-//! The axum application: shared state, authentication, and the router of every route.
+//! The axum application: shared state, authentication, and the one list of routes from which
+//! both the router and the OpenAPI document come.
 
 use crate::api;
+use crate::edge::{self, rate::WriteLimits, Edge};
 use crate::error::AppError;
+use crate::request_id;
 use axum::extract::{DefaultBodyLimit, FromRequestParts};
 use axum::http::request::Parts;
-use axum::http::{header, StatusCode};
-use axum::routing::{get, post};
-use axum::Router;
-use kernel_registry::storage::Store;
-use std::sync::Arc;
-use tower_http::trace::TraceLayer;
+use axum::http::{header, Method, StatusCode};
+use axum::{middleware, Router};
+use kernel_store::{Store, TokenCheck};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
+use utoipa::OpenApi;
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 /// Request bodies above this are refused with 413 (a kernel source is at most 1 MiB).
 pub const MAX_BODY_BYTES: usize = 2 << 20;
@@ -23,6 +30,16 @@ pub struct Config {
     /// The most verification jobs for unverified widths that `/v1/resolve` keeps pending at
     /// once (anonymous resolves queue them: this bounds the work they can cause).
     pub max_pending_width_jobs: i64,
+    /// The oldest verification suite whose reports this hub stores (one of
+    /// `kernel_registry::report::KNOWN_SUITES`; default: the verifier's current suite, the
+    /// only one whose case list the hub can redraw and check).
+    pub min_suite_version: String,
+    /// How long a request's body may take to arrive once its headers have (then 408).
+    pub body_timeout: Duration,
+    /// Writes (POSTs) one token may make a minute; 0: no limit.
+    pub write_rate_per_minute: u32,
+    /// Writes one token may make at once before the per-minute rate applies.
+    pub write_burst: u32,
 }
 
 impl Default for Config {
@@ -31,6 +48,35 @@ impl Default for Config {
             private_reads: false,
             lease_ms: 120_000,
             max_pending_width_jobs: 1000,
+            min_suite_version: verifier::cases::SUITE_VERSION.to_string(),
+            body_timeout: Duration::from_secs(30),
+            write_rate_per_minute: 1200,
+            write_burst: 1000,
+        }
+    }
+}
+
+impl Config {
+    /// The suite versions whose reports are stored: the known ones from `min_suite_version`.
+    pub fn accepted_suites(&self) -> Vec<&'static str> {
+        let known = kernel_registry::report::KNOWN_SUITES;
+        let from = known
+            .iter()
+            .position(|s| *s == self.min_suite_version)
+            .unwrap_or(known.len() - 1);
+        known[from..].to_vec()
+    }
+
+    /// Check a `--min-suite-version` value.
+    pub fn parse_min_suite(s: &str) -> Result<String, String> {
+        let known = kernel_registry::report::KNOWN_SUITES;
+        if known.contains(&s) {
+            Ok(s.to_string())
+        } else {
+            Err(format!(
+                "suite `{s}` is not one this hub knows: one of {}",
+                known.join(", ")
+            ))
         }
     }
 }
@@ -39,33 +85,79 @@ impl Default for Config {
 pub struct AppState {
     pub store: Store,
     pub config: Arc<Config>,
+    pub writes: Arc<WriteLimits>,
+}
+
+impl AppState {
+    pub fn new(store: Store, config: Config) -> AppState {
+        AppState {
+            store,
+            writes: Arc::new(WriteLimits::new(
+                config.write_rate_per_minute,
+                config.write_burst,
+            )),
+            config: Arc::new(config),
+        }
+    }
+}
+
+/// Every API route, each registered together with its OpenAPI operation (`routes!` reads the
+/// handler's `#[utoipa::path]`): the router, the document and the tests' route table all
+/// come from this list.
+pub fn api_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(api::openapi::ApiDoc::openapi())
+        .routes(routes!(api::healthz))
+        .routes(routes!(api::openapi::openapi_json))
+        .routes(routes!(api::kernels::list, api::kernels::submit))
+        .routes(routes!(api::kernels::get_one))
+        .routes(routes!(api::kernels::verifications))
+        .routes(routes!(api::kernels::source))
+        .routes(routes!(api::jobs::verification))
+        .routes(routes!(api::jobs::claim))
+        .routes(routes!(api::jobs::get_job))
+        .routes(routes!(api::jobs::heartbeat))
+        .routes(routes!(api::jobs::report))
+        .routes(routes!(api::jobs::fail))
+        .routes(routes!(api::tokens::list, api::tokens::create))
+        .routes(routes!(api::tokens::revoke))
+        .routes(routes!(api::resolve::resolve))
+}
+
+/// The OpenAPI document of `api_routes`, with what the edge answers on every route declared.
+pub fn openapi() -> &'static utoipa::openapi::OpenApi {
+    static DOC: OnceLock<utoipa::openapi::OpenApi> = OnceLock::new();
+    DOC.get_or_init(|| {
+        let mut doc = api_routes().split_for_parts().1;
+        api::openapi::declare_the_edge(&mut doc);
+        doc
+    })
 }
 
 pub fn app(state: AppState) -> Router {
-    Router::new()
-        .route("/healthz", get(api::healthz))
-        .route("/openapi.json", get(api::openapi::openapi_json))
-        .route(
-            "/v1/kernels",
-            get(api::kernels::list).post(api::kernels::submit),
-        )
-        .route("/v1/kernels/{name}/{version}", get(api::kernels::get_one))
-        .route(
-            "/v1/kernels/{name}/{version}/verifications",
-            get(api::kernels::verifications),
-        )
-        .route("/v1/sources/{digest}", get(api::kernels::source))
-        .route("/v1/verifications/{id}", get(api::jobs::verification))
-        .route("/v1/jobs/claim", post(api::jobs::claim))
-        .route("/v1/jobs/{id}", get(api::jobs::get_job))
-        .route("/v1/jobs/{id}/heartbeat", post(api::jobs::heartbeat))
-        .route("/v1/jobs/{id}/report", post(api::jobs::report))
-        .route("/v1/jobs/{id}/fail", post(api::jobs::fail))
-        .route("/v1/resolve", get(api::resolve::resolve))
-        .merge(crate::dashboard::routes())
-        .fallback(|| async { AppError::not_found("no such route; see /openapi.json for the API") })
+    let edge = Arc::new(Edge::new(
+        openapi(),
+        MAX_BODY_BYTES,
+        state.config.body_timeout,
+    ));
+    let (api, _) = api_routes().split_for_parts();
+    api.merge(crate::dashboard::routes())
+        .route_layer(middleware::from_fn_with_state(edge, edge::guard))
+        .method_not_allowed_fallback(edge::method_not_allowed)
+        .fallback(edge::no_route)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(TraceLayer::new_for_http())
+        .layer(CatchPanicLayer::custom(edge::panic_to_500))
+        .layer(middleware::from_fn(edge::problems))
+        // Layers run bottom-up: a sane incoming x-request-id is kept (else a UUID is made), the
+        // request's span carries it, one line per response is logged in that span, and the
+        // id goes back in the response (every refusal of the edge too).
+        .layer(PropagateRequestIdLayer::new(request_id::HEADER))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|req: &axum::extract::Request| request_id::span(req))
+                .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
+        )
+        .layer(SetRequestIdLayer::new(request_id::HEADER, MakeRequestUuid))
+        .layer(axum::middleware::map_request(request_id::drop_unacceptable))
         .with_state(state)
 }
 
@@ -101,6 +193,8 @@ impl Scope {
 pub struct Caller {
     pub name: Option<String>,
     pub scopes: Vec<String>,
+    /// The id of the token presented (never its secret): a claim records it.
+    pub token_id: Option<i64>,
 }
 
 impl Caller {
@@ -147,6 +241,7 @@ impl FromRequestParts<AppState> for Caller {
             None => Caller {
                 name: None,
                 scopes: vec![],
+                token_id: None,
             },
             Some(v) => {
                 let token = v
@@ -160,21 +255,47 @@ impl FromRequestParts<AppState> for Caller {
                             "the Authorization header must be `Bearer <token>`",
                         )
                     })?;
-                let Some((name, scopes)) = state.store.token(token).await? else {
-                    return Err(AppError::new(
-                        StatusCode::UNAUTHORIZED,
-                        "the token is not valid (unknown or revoked); create one with `kernelize token create`",
-                    ));
-                };
-                Caller {
-                    name: Some(name),
-                    scopes,
+                let unauthorized = |detail: String| AppError::new(StatusCode::UNAUTHORIZED, detail);
+                match state.store.check_token(token).await? {
+                    TokenCheck::Valid(t) => {
+                        if !matches!(parts.method, Method::GET | Method::HEAD) {
+                            state.writes.check(token, &t.name)?;
+                        }
+                        Caller {
+                            name: Some(t.name),
+                            scopes: t.scopes,
+                            token_id: Some(t.id),
+                        }
+                    }
+                    TokenCheck::Expired(t) => {
+                        return Err(unauthorized(format!(
+                            "the token `{}` expired at {}; an operator creates a new one with `kernelize token create --scope {} --expires-in 90d`",
+                            t.name,
+                            t.expires_at.unwrap_or_default(),
+                            t.scopes.first().map(String::as_str).unwrap_or("SCOPE")
+                        ))
+                        .with("reason", "expired"))
+                    }
+                    TokenCheck::Revoked(t) => {
+                        return Err(unauthorized(format!(
+                            "the token `{}` was revoked at {}; an operator creates a new one with `kernelize token create`",
+                            t.name,
+                            t.revoked_at.unwrap_or_default()
+                        ))
+                        .with("reason", "revoked"))
+                    }
+                    TokenCheck::Unknown => {
+                        return Err(unauthorized(
+                            "the token is not valid (unknown to this hub); create one with `kernelize token create`".into(),
+                        )
+                        .with("reason", "unknown"))
+                    }
                 }
             }
         };
         // Reads may be made private: then any valid token may read.
         if state.config.private_reads && caller.name.is_none() && parts.method == "GET" {
-            let public = parts.uri.path() == "/healthz";
+            let public = matches!(parts.uri.path(), "/healthz" | "/openapi.json");
             if !public {
                 return Err(AppError::new(
                     StatusCode::UNAUTHORIZED,

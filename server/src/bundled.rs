@@ -1,7 +1,7 @@
 //! Loading the bundled kernels (`kernels/`) into the store at start-up, idempotently by digest.
 
-use kernel_registry::storage::{Inserted, Store, StoreError};
 use kernel_registry::KernelBundle;
+use kernel_store::{Inserted, Store, StoreError};
 use std::path::Path;
 
 #[derive(Debug, Default)]

@@ -1,6 +1,7 @@
 //! The CLI's subcommands beyond `serve`.
 
 pub mod client;
+pub mod health;
 pub mod submit;
 pub mod verify;
 pub mod worker;

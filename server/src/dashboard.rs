@@ -30,8 +30,8 @@ impl From<AppError> for PageError {
     }
 }
 
-impl From<kernel_registry::storage::StoreError> for PageError {
-    fn from(e: kernel_registry::storage::StoreError) -> Self {
+impl From<kernel_store::StoreError> for PageError {
+    fn from(e: kernel_store::StoreError) -> Self {
         PageError(e.into())
     }
 }

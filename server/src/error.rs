@@ -1,10 +1,13 @@
 //! One error type for the HTTP API, rendered as RFC 9457 problem+json. 4xx details say what
 //! was wrong and how to fix it; 5xx details are logged, not shown.
 
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use kernel_registry::storage::StoreError;
+use kernel_store::StoreError;
 use serde_json::json;
+
+/// The media type of every refusal.
+pub const PROBLEM_JSON: &str = "application/problem+json";
 
 #[derive(Debug)]
 pub struct AppError {
@@ -12,6 +15,25 @@ pub struct AppError {
     pub detail: String,
     /// Extra members of the problem object (e.g. `excluded` for resolve, `field`).
     pub extra: serde_json::Map<String, serde_json::Value>,
+    /// Headers sent with the problem (e.g. `Retry-After` with a 429, `Connection: close`).
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+/// An RFC 9457 problem: the body of every refusal (`application/problem+json`).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Problem {
+    /// Always `about:blank`: `status` and `title` say what kind of problem it is.
+    #[schema(example = "about:blank")]
+    pub r#type: String,
+    /// The status's reason phrase, e.g. `Bad Request`.
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What was wrong with the request and how to fix it (5xx: only that it was logged).
+    pub detail: String,
+    /// The parameter, field or multipart part at fault, when one is (e.g. `offset`,
+    /// `report.device.name`).
+    pub field: Option<String>,
 }
 
 impl AppError {
@@ -20,7 +42,12 @@ impl AppError {
             status,
             detail: detail.into(),
             extra: Default::default(),
+            headers: Vec::new(),
         }
+    }
+    pub fn header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.push((name, value));
+        self
     }
     pub fn bad_request(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, detail)
@@ -55,9 +82,11 @@ impl IntoResponse for AppError {
         if let Some(obj) = body.as_object_mut() {
             obj.extend(self.extra);
         }
+        let headers: HeaderMap = self.headers.into_iter().collect();
         (
             self.status,
-            [(header::CONTENT_TYPE, "application/problem+json")],
+            headers,
+            [(header::CONTENT_TYPE, PROBLEM_JSON)],
             body.to_string(),
         )
             .into_response()
@@ -69,7 +98,9 @@ impl From<StoreError> for AppError {
         match e {
             StoreError::NotFound(m) => AppError::not_found(m),
             StoreError::Conflict(m) => AppError::new(StatusCode::CONFLICT, m),
+            StoreError::Forbidden(m) => AppError::new(StatusCode::FORBIDDEN, m),
             StoreError::Invalid(m) => AppError::unprocessable(m),
+            StoreError::Unstorable(m) => AppError::bad_request(m),
             other => AppError::internal(other),
         }
     }
@@ -97,7 +128,7 @@ pub fn rejection(r: impl IntoResponse + std::fmt::Display) -> AppError {
             kernel_registry::manifest::MAX_SOURCE_BYTES >> 10
         )
     } else {
-        text
+        format!("{text}; the body must fit this route's schema in /openapi.json")
     };
     AppError::new(status, detail)
 }

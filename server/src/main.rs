@@ -1,112 +1,16 @@
 //! `kernelize`: the kernel hub's one binary. Each subcommand is a process role.
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
-use kernel_registry::storage::{Store, DEFAULT_DB_URL};
+use clap::Parser;
+use kernel_store::{Store, TokenInfo};
 use kernelize::app::{app, AppState, Config, Scope};
-use kernelize::cmd;
+use kernelize::cli::{Cli, Command, ServeArgs, TokenCommand};
+use kernelize::token_file::{self, Ensured};
+use kernelize::{cmd, listener};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::ExitCode;
-use std::sync::Arc;
-
-#[derive(Parser, Debug)]
-#[command(
-    name = "kernelize",
-    version,
-    about = "A kernel hub that hands out only verified GPU layer replacements",
-    long_about = "kernelize stores candidate CUDA kernels (RMSNorm, LayerNorm, SiLU, ...), verifies \
-each on a real GPU against reference layers and an f64 oracle, and hands a client only kernels \
-whose measured exactness meets its policy.\n\nStart the hub:   kernelize serve\nVerify a kernel: kernelize verify kernels/rms_norm_llama --policy bit_exact\nSubmit from CI:  kernelize submit DIR --server URL --token T --wait --policy bit_exact",
-    after_help = "Storage: --db sqlite://PATH (default, created on first run) or postgres://USER@HOST:PORT/DB.\nEnvironment: KERNELIZE_DB, KERNELIZE_SERVER, KERNELIZE_TOKEN, RUST_LOG."
-)]
-struct Cli {
-    /// Log as JSON lines instead of text.
-    #[arg(long, global = true)]
-    log_json: bool,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand, Debug)]
-enum Command {
-    /// Run the HTTP service (API + dashboard), migrating the database and loading bundled kernels.
-    Serve(ServeArgs),
-    /// Create or upgrade the database schema, then exit.
-    Migrate(DbArgs),
-    /// Manage API tokens.
-    #[command(subcommand)]
-    Token(TokenCommand),
-    /// Verify a kernel folder on this machine's GPU and print the verdict.
-    Verify(cmd::verify::VerifyArgs),
-    /// Print this machine's GPU, driver, CUDA version and measured copy bandwidth.
-    Device(cmd::verify::DeviceArgs),
-    /// Upload a kernel folder to a hub (for a kernel author's CI); --wait gates on the verdict.
-    Submit(cmd::submit::SubmitArgs),
-    /// Verify queued kernels on this host's GPU for a hub (one worker per GPU).
-    Worker(cmd::worker::WorkerArgs),
-    #[command(name = "__sandbox", hide = true)]
-    Sandbox(cmd::verify::SandboxArgs),
-    /// Internal: compare the built-in reference layers with PyTorch eager outputs.
-    #[command(name = "__conformance", hide = true)]
-    Conformance(cmd::verify::ConformanceArgs),
-}
-
-#[derive(clap::Args, Debug)]
-struct DbArgs {
-    /// Database URL: sqlite://PATH or postgres://USER@HOST:PORT/DB.
-    #[arg(long, env = "KERNELIZE_DB", default_value = DEFAULT_DB_URL)]
-    db: String,
-}
-
-#[derive(clap::Args, Debug)]
-struct ServeArgs {
-    #[command(flatten)]
-    db: DbArgs,
-    /// Address to listen on (port 0 picks a free port; the chosen address is printed).
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    bind: String,
-    /// Folder of bundled kernels to load at start (one sub-folder per kernel).
-    #[arg(long, default_value = "kernels")]
-    kernels: PathBuf,
-    /// Do not load bundled kernels.
-    #[arg(long)]
-    no_bundled: bool,
-    /// Require a token for reads too (by default reads are public).
-    #[arg(long)]
-    private_reads: bool,
-    /// How long a worker's claim on a job lasts without a heartbeat, in seconds.
-    #[arg(long, default_value_t = 120)]
-    lease_seconds: u64,
-    /// The most verifications of unverified widths that /v1/resolve keeps queued or running at
-    /// once (one per kernel and width; beyond the cap resolve answers without queueing).
-    #[arg(long, default_value_t = 1000)]
-    max_pending_width_jobs: u64,
-    /// Also run an embedded GPU worker in this process (when the host has a GPU).
-    #[arg(long)]
-    worker: bool,
-    /// With --worker: which GPU of this host to use.
-    #[arg(long, requires = "worker")]
-    gpu: Option<u32>,
-    /// With --worker: model-level verification options (e.g. `--model models`).
-    #[command(flatten)]
-    model: cmd::verify::ModelArgs,
-}
-
-#[derive(Subcommand, Debug)]
-enum TokenCommand {
-    /// Create a token and print it once (only its hash is stored).
-    Create {
-        /// Scope: submit (kernel authors' CI), worker (GPU workers), admin (everything). Repeatable.
-        #[arg(long = "scope", required = true)]
-        scopes: Vec<String>,
-        /// A name for the token, shown in the audit log.
-        #[arg(long, default_value = "unnamed")]
-        name: String,
-        #[command(flatten)]
-        db: DbArgs,
-    },
-}
+use std::time::Duration;
 
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -123,6 +27,11 @@ fn init_logging(json: bool) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.check_args {
+        // Reached only when clap accepted the command line and the environment.
+        println!("ok: `kernelize {}` parses", cli.command.name());
+        return ExitCode::SUCCESS;
+    }
     // The sandbox speaks JSON on stdout/stdin only; it logs nothing.
     if !matches!(cli.command, Command::Sandbox(_) | Command::Conformance(_)) {
         init_logging(cli.log_json);
@@ -163,24 +72,178 @@ async fn run_async(command: Command) -> anyhow::Result<ExitCode> {
             store.close().await;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Token(TokenCommand::Create { scopes, name, db }) => {
+        Command::Token(
+            t @ (TokenCommand::Create { .. }
+            | TokenCommand::List { .. }
+            | TokenCommand::Revoke { .. }),
+        ) => token_command(t).await,
+        Command::Token(TokenCommand::Ensure {
+            scopes,
+            name,
+            file,
+            db,
+        }) => {
             for s in &scopes {
                 Scope::parse(s).map_err(anyhow::Error::msg)?;
             }
             let store = Store::open(&db.db).await?;
-            let token = store.create_token(&name, &scopes).await?;
-            println!("{token}");
-            eprintln!(
-                "token `{name}` with scopes [{}] created; it is shown only this once",
-                scopes.join(", ")
-            );
+            let (_, what) = token_file::ensure(&store, &file, &name, &scopes).await?;
+            store.close().await;
+            match what {
+                Ensured::Reused => eprintln!(
+                    "the token in {} is valid with scopes [{}]; kept",
+                    file.display(),
+                    scopes.join(", ")
+                ),
+                Ensured::Created => eprintln!(
+                    "token `{name}` with scopes [{}] created and written to {} (mode 0600)",
+                    scopes.join(", "),
+                    file.display()
+                ),
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Submit(a) => cmd::submit::run(a).await,
+        Command::Health(a) => cmd::health::run(a).await,
         Command::Worker(a) => cmd::worker::run(a).await,
         Command::Verify(_) | Command::Device(_) | Command::Sandbox(_) | Command::Conformance(_) => {
             unreachable!("run synchronously")
         }
+    }
+}
+
+/// `kernelize token create|list|revoke`, on the database (the operator's side of the API's
+/// `/v1/tokens`). Audited with actor `admin`.
+async fn token_command(t: TokenCommand) -> anyhow::Result<ExitCode> {
+    match t {
+        TokenCommand::Ensure { .. } => unreachable!("handled by run_async"),
+        TokenCommand::Create {
+            scopes,
+            name,
+            expires_in,
+            db,
+        } => {
+            for s in &scopes {
+                Scope::parse(s).map_err(anyhow::Error::msg)?;
+            }
+            let store = Store::open(&db.db).await?;
+            let (info, token) = store
+                .create_token(&name, &scopes, expires_in, "admin")
+                .await?;
+            println!("{token}");
+            eprintln!(
+                "token `{}` (id {}) with scopes [{}] created, {}; it is shown only this once",
+                info.name,
+                info.id,
+                scopes.join(", "),
+                match &info.expires_at {
+                    Some(at) => format!("expires {at}"),
+                    None => "never expires".into(),
+                }
+            );
+            store.close().await;
+        }
+        TokenCommand::List { json, db } => {
+            let store = Store::open(&db.db).await?;
+            let tokens = store.list_tokens().await?;
+            store.close().await;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&tokens)?);
+            } else {
+                print_tokens(&tokens);
+            }
+        }
+        TokenCommand::Revoke { token, db } => {
+            let store = Store::open(&db.db).await?;
+            let r = store.revoke_token(&token, "admin").await?;
+            store.close().await;
+            if r.already {
+                println!(
+                    "token `{}` (id {}) was already revoked at {}",
+                    r.token.name,
+                    r.token.id,
+                    r.token.revoked_at.unwrap_or_default()
+                );
+            } else {
+                println!(
+                    "token `{}` (id {}) revoked; it stops working at once{}",
+                    r.token.name,
+                    r.token.id,
+                    if r.requeued_jobs.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            "; jobs queued again: {}",
+                            r.requeued_jobs
+                                .iter()
+                                .map(|j| j.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )
+                    }
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The token table of `kernelize token list`.
+fn print_tokens(tokens: &[TokenInfo]) {
+    let now = kernel_store::now_ms();
+    let rows: Vec<[String; 7]> = tokens
+        .iter()
+        .map(|t| {
+            let state = if t.revoked_at.is_some() {
+                "revoked"
+            } else if t.is_expired(now) {
+                "expired"
+            } else {
+                "active"
+            };
+            [
+                t.id.to_string(),
+                t.name.clone(),
+                t.scopes.join(","),
+                t.created_at.clone(),
+                t.expires_at.clone().unwrap_or_else(|| "never".into()),
+                t.last_used_at.clone().unwrap_or_else(|| "never".into()),
+                match &t.revoked_at {
+                    Some(at) => format!("{state} {at}"),
+                    None => state.to_string(),
+                },
+            ]
+        })
+        .collect();
+    let head = [
+        "id",
+        "name",
+        "scopes",
+        "created",
+        "expires",
+        "last used",
+        "state",
+    ];
+    let mut width: Vec<usize> = head.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(&width)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(head.to_vec());
+    for r in &rows {
+        line(r.iter().map(String::as_str).collect());
+    }
+    if tokens.is_empty() {
+        println!("(no tokens; create one with `kernelize token create --scope worker`)");
     }
 }
 
@@ -196,13 +259,21 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             tracing::warn!(dir = %a.kernels.display(), "no bundled kernels folder; pass --kernels DIR (or --no-bundled)");
         }
     }
-    let state = AppState {
-        store: store.clone(),
-        config: Arc::new(Config {
+    let state = AppState::new(
+        store.clone(),
+        Config {
             private_reads: a.private_reads,
             lease_ms: (a.lease_seconds.max(1) * 1000) as i64,
             max_pending_width_jobs: a.max_pending_width_jobs.min(i64::MAX as u64) as i64,
-        }),
+            min_suite_version: a.min_suite_version.clone(),
+            body_timeout: Duration::from_secs(a.body_timeout_s),
+            write_rate_per_minute: a.write_rate_per_minute,
+            write_burst: a.write_burst,
+        },
+    );
+    let limits = listener::Limits {
+        max_connections: listener::fit_descriptors(a.max_connections as usize),
+        header_timeout: Duration::from_secs(a.header_timeout_s),
     };
     let listener = tokio::net::TcpListener::bind(&a.bind)
         .await
@@ -213,37 +284,64 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             )
         })?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, db = %a.db.db, "serving");
+    tracing::info!(%addr, db = %a.db.db, max_connections = limits.max_connections, "serving");
     // A plain line on stdout, for scripts and tests that start the server on port 0.
     println!("kernelize listening on http://{addr}");
     std::io::stdout().flush().ok();
     if a.worker {
-        start_embedded_worker(&store, addr, a.gpu, a.model.clone()).await?;
+        let token_file = a
+            .worker_token_file
+            .clone()
+            .or_else(|| token_file::default_path(&a.db.db));
+        start_embedded_worker(&store, addr, a.gpu, token_file.as_deref(), a.model.clone()).await?;
     }
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    listener::serve(listener, app(state), limits, shutdown_signal()).await?;
     store.close().await;
     Ok(ExitCode::SUCCESS)
 }
 
 /// `serve --worker`: a worker in this process, talking to this server over HTTP like any other.
+/// Its token is kept in `token_file` and reused at every start while the database accepts it
+/// (one token per database, not one per start); it is ensured before the GPU is probed, so a
+/// host whose GPU comes later finds it ready.
 async fn start_embedded_worker(
     store: &Store,
     addr: std::net::SocketAddr,
     gpu: Option<u32>,
+    token_file: Option<&Path>,
     model: cmd::verify::ModelArgs,
 ) -> anyhow::Result<()> {
+    const NAME: &str = "embedded-worker";
+    let scopes = ["worker".to_string()];
+    let token = match token_file {
+        Some(f) => {
+            let (token, what) = token_file::ensure(store, f, NAME, &scopes)
+                .await
+                .with_context(|| format!("--worker: keeping the worker token in {} (pass --worker-token-file FILE elsewhere)", f.display()))?;
+            tracing::info!(file = %f.display(), reused = (what == Ensured::Reused), "embedded worker token");
+            token
+        }
+        // An in-memory database: its tokens end with the process, so nothing is kept.
+        None => {
+            store
+                .create_token(
+                    NAME,
+                    &scopes,
+                    kernel_store::DEFAULT_TOKEN_LIFETIME,
+                    "system",
+                )
+                .await?
+                .1
+        }
+    };
     if !verifier::gpu_available() {
         tracing::warn!("--worker: no usable CUDA GPU on this host; jobs wait for an external `kernelize worker`");
         return Ok(());
     }
-    let token = store
-        .create_token("embedded-worker", &["worker".to_string()])
-        .await?;
     let args = cmd::worker::WorkerArgs {
         server: format!("http://{addr}"),
-        token,
+        token: Some(token),
+        token_file: None,
         gpu,
         drain: false,
         quick: false,

@@ -13,8 +13,8 @@
 //! (kernel, width) and at most `max_pending` in all.
 
 use kernel_registry::report::{CaseReport, Coverage, ShapeRequest, VerificationReport};
-use kernel_registry::storage::{KernelRow, Store, StoreError, WidthJob};
 use kernel_registry::{Arch, DType, Op, Policy, Semantics};
+use kernel_store::{KernelRow, Store, StoreError, WidthJob};
 use serde::Serialize;
 
 #[derive(Debug, Clone)]
@@ -260,7 +260,7 @@ pub async fn resolve_queueing(
     queueing: Option<&Queueing>,
 ) -> Result<Resolution, StoreError> {
     let (kernels, _) = store
-        .list_kernels(&kernel_registry::storage::KernelQuery {
+        .list_kernels(&kernel_store::KernelQuery {
             op: Some(q.op),
             semantics: Some(q.semantics),
             limit: i64::MAX,
@@ -341,7 +341,7 @@ pub async fn resolve_queueing(
                         let shown = j.shapes.first().copied().unwrap_or(shape);
                         line.push_str(&format!(
                             "; a verification of {shown} is {} (job {}, /v1/jobs/{})",
-                            if j.state == "running" { "running" } else { "queued" },
+                            j.state,
                             j.id,
                             j.id
                         ));
@@ -395,7 +395,7 @@ fn dedup(mut v: Vec<String>) -> Vec<String> {
 
 fn candidate(
     k: KernelRow,
-    v: &kernel_registry::storage::VerificationRow,
+    v: &kernel_store::VerificationRow,
     q: &Query,
     coverage: CoverageAt,
 ) -> Candidate {

@@ -6,7 +6,7 @@
 use reqwest::StatusCode;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 pub fn repo_root() -> PathBuf {
@@ -38,7 +38,7 @@ impl Backend {
     /// A fresh PostgreSQL database; `None` (loudly) when there is no server, unless
     /// `KERNELIZE_REQUIRE_POSTGRES=1`.
     pub async fn postgres() -> Option<Backend> {
-        kernel_registry::storage::testing::fresh_postgres_url("API test")
+        kernel_store::testing::fresh_postgres_url("API test")
             .await
             .map(Backend::Postgres)
     }
@@ -81,23 +81,62 @@ impl TestServer {
         Self::start_on(b, &b.url(), extra).await
     }
 
-    pub async fn start_on(_b: &Backend, db_url: &str, extra: &[&str]) -> TestServer {
-        let mut child = Command::new(bin())
-            .args([
-                "serve",
-                "--db",
-                db_url,
-                "--bind",
-                "127.0.0.1:0",
-                "--kernels",
-            ])
-            .arg(kernels_dir())
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawning kernelize serve");
+    pub async fn start_on(b: &Backend, db_url: &str, extra: &[&str]) -> TestServer {
+        Self::spawn(b, db_url, extra, "warn", Stdio::inherit(), |_| {}).await
+    }
+
+    /// A server logging at `info` into the file `log` (its stderr).
+    pub async fn start_logging_to(b: &Backend, extra: &[&str], log: &Path) -> TestServer {
+        let file = std::fs::File::create(log)
+            .unwrap_or_else(|e| panic!("creating the log file {}: {e}", log.display()));
+        Self::spawn(b, &b.url(), extra, "info", Stdio::from(file), |_| {}).await
+    }
+
+    /// Start with a last say on the command (environment, resource limits).
+    pub async fn start_with(
+        b: &Backend,
+        db_url: &str,
+        extra: &[&str],
+        configure: impl FnOnce(&mut Command),
+    ) -> TestServer {
+        Self::spawn(b, db_url, extra, "warn", Stdio::inherit(), configure).await
+    }
+
+    /// The hub accepts reports of every known suite here (`--min-suite-version 2026.1`, unless
+    /// `extra` sets it): the recorded fixtures are real reports of suites 2026.1 and 2026.2.
+    async fn spawn(
+        _b: &Backend,
+        db_url: &str,
+        extra: &[&str],
+        rust_log: &str,
+        stderr: Stdio,
+        configure: impl FnOnce(&mut Command),
+    ) -> TestServer {
+        let oldest: &[&str] = if extra.contains(&"--min-suite-version") {
+            &[]
+        } else {
+            &[
+                "--min-suite-version",
+                kernel_registry::report::KNOWN_SUITES[0],
+            ]
+        };
+        let mut cmd = Command::new(bin());
+        cmd.args([
+            "serve",
+            "--db",
+            db_url,
+            "--bind",
+            "127.0.0.1:0",
+            "--kernels",
+        ])
+        .arg(kernels_dir())
+        .args(oldest)
+        .args(extra)
+        .env("RUST_LOG", rust_log)
+        .stdout(Stdio::piped())
+        .stderr(stderr);
+        configure(&mut cmd);
+        let mut child = cmd.spawn().expect("spawning kernelize serve");
         let stdout = child.stdout.take().unwrap();
         let line = tokio::task::spawn_blocking(move || {
             let mut line = String::new();
@@ -230,16 +269,86 @@ pub fn recorded_report(name: &str, claim: &Value, arch: &str) -> Value {
     let path = repo_root().join(format!("tests/fixtures/reports/{name}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut r: Value = serde_json::from_str(&text).unwrap();
-    r["kernel"]["digest"] = claim["kernel"]["digest"].clone();
-    r["device"]["arch"] = Value::String(arch.into());
+    retarget(&mut r, claim, arch);
     r
+}
+
+/// Make a report one the hub accepts for a claimed job (it checks every figure against the
+/// job's kernel and the device, as it would a real worker's): the claimed kernel's name,
+/// version, op, semantics and digest; the job's shapes; a device of `arch` (the report's own
+/// when it has that arch, else the first known device of `arch`, with the copy bandwidth and
+/// every speed scaled to 85% of its peak); per case, the element counts of the claimed op (its
+/// outputs) and the bytes it must move, with the time that gives the case's GB/s. The cases'
+/// exactness figures and GB/s are the report's.
+pub fn retarget(r: &mut Value, claim: &Value, arch: &str) {
+    use kernel_registry::{device, Arch, DType, Manifest};
+    let m = Manifest::parse(claim["kernel"]["manifest_toml"].as_str().unwrap()).unwrap();
+    let from_op: kernel_registry::Op = r["kernel"]["op"].as_str().unwrap().parse().unwrap();
+    r["kernel"] = serde_json::json!({
+        "name": m.name, "version": m.version.to_string(), "op": m.op, "semantics": m.semantics,
+        "digest": claim["kernel"]["digest"],
+    });
+    r["requested_shapes"] = claim["job"]["shapes"].clone();
+    let want: Arch = arch.parse().unwrap();
+    if r["device"]["arch"].as_str() != Some(arch) {
+        let d = device::KNOWN_DEVICES
+            .iter()
+            .find(|d| d.arch == want)
+            .unwrap_or_else(|| panic!("no known device of {arch}"));
+        let old = r["device"]["copy_gbps"].as_f64().unwrap();
+        let copy = old.min(0.85 * d.peak_dram_gbps);
+        let f = copy / old;
+        r["device"]["name"] = Value::String(format!("NVIDIA {}", d.model));
+        r["device"]["arch"] = Value::String(arch.into());
+        r["device"]["copy_gbps"] = serde_json::json!(copy);
+        for c in r["cases"].as_array_mut().unwrap() {
+            if let Some(s) = c.get_mut("speed").filter(|s| s.is_object()) {
+                let gbps = s["gbps"].as_f64().unwrap() * f;
+                s["gbps"] = serde_json::json!(gbps);
+            }
+        }
+    }
+    let copy = r["device"]["copy_gbps"].as_f64().unwrap();
+    for c in r["cases"].as_array_mut().unwrap() {
+        let dt: DType = c["dtype"].as_str().unwrap().parse().unwrap();
+        let (rows, cols) = (c["rows"].as_u64().unwrap(), c["cols"].as_u64().unwrap());
+        if !c["exactness"].is_object() {
+            continue;
+        }
+        let (have, want) = (from_op.outputs(), m.op.outputs());
+        if have != want {
+            let e = &mut c["exactness"];
+            for k in ["elements", "mismatches"] {
+                e[k] = serde_json::json!(e[k].as_u64().unwrap() / have * want);
+            }
+            let hist: Vec<u64> = e["ulp_histogram"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|n| n.as_u64().unwrap() / have * want)
+                .collect();
+            e["ulp_histogram"] = serde_json::json!(hist);
+        }
+        if let Some(s) = c.get_mut("speed").filter(|s| s.is_object()) {
+            let gbps = s["gbps"].as_f64().unwrap();
+            let speedup = s["speedup"].as_f64().unwrap();
+            let bytes = m.op.bytes_moved(dt, rows, cols);
+            let median_us = bytes as f64 / gbps / 1e3;
+            s["bytes_moved"] = serde_json::json!(bytes);
+            s["median_us"] = serde_json::json!(median_us);
+            s["reference_median_us"] = serde_json::json!(median_us * speedup);
+            s["gbps"] =
+                serde_json::json!(kernel_registry::report::validate::gbps_of(bytes, median_us));
+            s["copy_fraction"] = serde_json::json!(s["gbps"].as_f64().unwrap() / copy);
+            s["speedup"] =
+                serde_json::json!(s["reference_median_us"].as_f64().unwrap() / median_us);
+        }
+    }
 }
 
 pub async fn audit_actions(b: &Backend, db_url: &str) -> Vec<String> {
     let _ = b;
-    let store = kernel_registry::storage::Store::connect(db_url)
-        .await
-        .unwrap();
+    let store = kernel_store::Store::connect(db_url).await.unwrap();
     let entries = store.audit_entries(10_000).await.unwrap();
     store.close().await;
     entries.into_iter().map(|e| e.action).collect()

@@ -394,8 +394,10 @@ impl HostTensor {
 /// The inputs of one case, in ABI order (outputs are not included).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CaseInputs {
-    /// `x` (for silu_and_mul: `[rows, 2*cols]`, gate first).
+    /// `x` (for silu_and_mul: `[rows, 2*cols]`, gate first; for a gated op: the gate).
     pub x: HostTensor,
+    /// A gated op's `up` (`[rows, cols]`, like the gate).
+    pub up: Option<HostTensor>,
     /// fused_add_rms_norm's residual (read and written).
     pub residual: Option<HostTensor>,
     pub weight: Option<HostTensor>,
@@ -570,6 +572,7 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
             };
             CaseInputs {
                 x: t("x", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
+                up: None,
                 residual: (spec.op == Op::FusedAddRmsNorm).then(|| {
                     t(
                         "residual",
@@ -585,6 +588,7 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
         }
         Op::LayerNorm => CaseInputs {
             x: t("x", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
+            up: None,
             residual: None,
             weight: Some(t(
                 "weight",
@@ -597,12 +601,26 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
         },
         Op::SiluAndMul => CaseInputs {
             x: t("x", gen_matrix(dt, rows, 2 * spec.cols, spec.dist, s)),
+            up: None,
+            residual: None,
+            weight: None,
+            bias: None,
+        },
+        // Gate and up both drawn from the case's distribution (as silu_and_mul's x holds
+        // both), from streams of their own.
+        Op::SiluMul | Op::GeluTanhMul => CaseInputs {
+            x: t("gate", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
+            up: Some(t(
+                "up",
+                gen_matrix(dt, rows, spec.cols, spec.dist, splitmix(s ^ 4)),
+            )),
             residual: None,
             weight: None,
             bias: None,
         },
         Op::Silu | Op::Gelu | Op::GeluTanh => CaseInputs {
             x: t("x", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
+            up: None,
             residual: None,
             weight: None,
             bias: None,
@@ -610,17 +628,10 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
     }
 }
 
-/// Bytes that must move for one launch: inputs read once plus outputs written once.
+/// Bytes that must move for one launch: inputs read once plus outputs written once (one
+/// definition, `Op::bytes_moved`, shared with the hub's report checks).
 pub fn bytes_moved(op: Op, dt: DType, rows: u64, cols: u64) -> u64 {
-    let e = dt.size_bytes() as u64;
-    let n = rows * cols;
-    e * match op {
-        Op::RmsNorm => 2 * n + cols,
-        Op::FusedAddRmsNorm => 4 * n + cols,
-        Op::LayerNorm => 2 * n + 2 * cols,
-        Op::Silu | Op::Gelu | Op::GeluTanh => 2 * n,
-        Op::SiluAndMul => 3 * n,
-    }
+    op.bytes_moved(dt, rows, cols)
 }
 
 #[cfg(test)]
@@ -792,5 +803,39 @@ mod tests {
             2 * (2 * 4096 * 8192 + 8192)
         );
         assert_eq!(bytes_moved(Op::SiluAndMul, DType::F32, 2, 8), 4 * 48);
+        assert_eq!(bytes_moved(Op::SiluMul, DType::Bf16, 2, 8), 2 * 48);
+    }
+
+    #[test]
+    fn gated_ops_draw_gate_and_up_of_the_output_shape_and_run_row_wise() {
+        for op in [Op::SiluMul, Op::GeluTanhMul] {
+            let s = suite(op, Semantics::Default, &[DType::Bf16], true, 4, &[]);
+            let c = s.iter().find(|c| (c.rows, c.cols) == (7, 127)).unwrap();
+            assert_eq!(
+                c.constraint_size(),
+                127,
+                "a row-wise op: constraints on cols"
+            );
+            assert!(c.check_batch);
+            let inp = generate(c);
+            let up = inp.up.as_ref().expect("a gated op has up");
+            assert_eq!((inp.x.name, up.name), ("gate", "up"));
+            assert_eq!((inp.x.len(), up.len()), (7 * 127, 7 * 127));
+            assert_ne!(inp.x.bytes, up.bytes, "gate and up are drawn apart");
+            assert!(inp.weight.is_none() && inp.residual.is_none() && inp.bias.is_none());
+            // special distributions reach both
+            let nf = CaseSpec {
+                dist: Dist::NonFinite,
+                ..c.clone()
+            };
+            let inp = generate(&nf);
+            for t in [&inp.x, inp.up.as_ref().unwrap()] {
+                assert!(
+                    (0..t.len()).any(|i| is_nan(DType::Bf16, bits_at(DType::Bf16, &t.bytes, i))),
+                    "{}",
+                    t.name
+                );
+            }
+        }
     }
 }

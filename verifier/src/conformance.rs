@@ -23,8 +23,8 @@ pub struct Entry {
     pub rows: u64,
     pub cols: u64,
     pub dist: String,
-    /// The safetensors file (relative to the folder) holding x, [weight], [bias],
-    /// [residual], out, [residual_out].
+    /// The safetensors file (relative to the folder) holding x (a gated op: gate and up),
+    /// [weight], [bias], [residual], out, [residual_out].
     pub file: String,
 }
 
@@ -63,7 +63,8 @@ pub fn run(dir: &Path) -> anyhow::Result<String> {
         let bytes = std::fs::read(dir.join(&e.file)).with_context(|| e.file.clone())?;
         let st = SafeTensors::deserialize(&bytes).with_context(|| e.file.clone())?;
         let inp = CaseInputs {
-            x: tensor(&st, "x", e.dtype)?,
+            x: tensor(&st, if e.op.is_gated() { "gate" } else { "x" }, e.dtype)?,
+            up: opt(&st, "up", e.dtype),
             residual: opt(&st, "residual", e.dtype),
             weight: opt(&st, "weight", e.dtype),
             bias: opt(&st, "bias", e.dtype),

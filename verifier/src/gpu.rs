@@ -41,7 +41,10 @@ pub fn reference_dims(op: Op, rows: u64, cols: u64) -> LaunchDims {
 
 /// Device copies of a case's inputs (`residual` is the pristine copy; launches get their own).
 pub(crate) struct Bufs {
+    /// `x`, or the gate of a gated op.
     pub x: DevBuf,
+    /// The `up` tensor of a gated op (`[rows, cols]` like the gate).
+    pub up: Option<DevBuf>,
     pub residual: Option<DevBuf>,
     pub weight: Option<DevBuf>,
     pub bias: Option<DevBuf>,
@@ -56,52 +59,67 @@ impl Bufs {
         };
         Ok(Bufs {
             x: up(&inp.x)?,
+            up: inp.up.as_ref().map(up).transpose()?,
             residual: inp.residual.as_ref().map(up).transpose()?,
             weight: inp.weight.as_ref().map(up).transpose()?,
             bias: inp.bias.as_ref().map(up).transpose()?,
         })
     }
+
+    /// The tensors of a launch on these inputs, writing `out` (and `residual`, fused_add's
+    /// launch copy).
+    pub fn ptrs(&self, out: &DevBuf, residual: Option<&DevBuf>) -> Ptrs {
+        Ptrs {
+            out: out.ptr(),
+            residual: residual.map(DevBuf::ptr),
+            x: self.x.ptr(),
+            up: self.up.as_ref().map(DevBuf::ptr),
+            weight: self.weight.as_ref().map(DevBuf::ptr),
+            bias: self.bias.as_ref().map(DevBuf::ptr),
+        }
+    }
 }
 
-/// Device addresses of one launch's tensors (`x` and `residual` may be slices of larger buffers).
+/// Device addresses of one launch's tensors (`x`, `up` and `residual` may be slices of larger
+/// buffers: batch compositions).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ptrs {
     pub out: u64,
     pub residual: Option<u64>,
+    /// `x`, or the gate of a gated op.
     pub x: u64,
+    pub up: Option<u64>,
+    pub weight: Option<u64>,
+    pub bias: Option<u64>,
 }
 
-/// Kernel arguments in the ABI order of SPEC section 2: `rows` rows of `x`, the parameters from
-/// `b`, the case's `eps`.
-pub(crate) fn abi_args(spec: &CaseSpec, t: Ptrs, b: &Bufs, rows: u64) -> Vec<Arg> {
+/// Kernel arguments in the ABI order of SPEC section 2, built from the one description of it
+/// (`Op::abi_names`): `rows` rows of the tensors at `t`, the case's `eps`.
+pub(crate) fn abi_args(spec: &CaseSpec, t: Ptrs, rows: u64) -> Vec<Arg> {
     let cols = spec.cols;
-    let (r, c) = (Arg::I64(rows as i64), Arg::I64(cols as i64));
-    let eps = Arg::F32(spec.eps);
-    let (out, x) = (Arg::Ptr(t.out), Arg::Ptr(t.x));
-    let w = || Arg::Ptr(b.weight.as_ref().expect("norms have a weight").ptr());
-    match spec.op {
-        Op::RmsNorm => vec![out, x, w(), r, c, eps],
-        Op::FusedAddRmsNorm => vec![
-            out,
-            Arg::Ptr(t.residual.expect("fused_add has a residual")),
-            x,
-            w(),
-            r,
-            c,
-            eps,
-        ],
-        Op::LayerNorm => vec![
-            out,
-            x,
-            w(),
-            Arg::Ptr(b.bias.as_ref().expect("layer_norm has a bias").ptr()),
-            r,
-            c,
-            eps,
-        ],
-        Op::Silu | Op::Gelu | Op::GeluTanh => vec![out, x, Arg::I64((rows * cols) as i64)],
-        Op::SiluAndMul => vec![out, x, r, c],
-    }
+    let ptr = |p: Option<u64>, what: &str| {
+        Arg::Ptr(p.unwrap_or_else(|| panic!("{}: the case has no {what}", spec.op)))
+    };
+    spec.op
+        .abi_names()
+        .into_iter()
+        .map(|name| match name {
+            "out" => Arg::Ptr(t.out),
+            "x" | "gate" => Arg::Ptr(t.x),
+            "up" => ptr(t.up, "up tensor"),
+            "residual" => ptr(t.residual, "residual"),
+            "w" => ptr(t.weight, "weight"),
+            "b" => ptr(t.bias, "bias"),
+            "rows" => Arg::I64(rows as i64),
+            "cols" => Arg::I64(cols as i64),
+            "n" => Arg::I64((rows * cols) as i64),
+            "eps" => Arg::F32(spec.eps),
+            other => unreachable!(
+                "Op::abi of {} names `{other}`, unknown to the verifier",
+                spec.op
+            ),
+        })
+        .collect()
 }
 
 /// One module per dtype entry of the bundle: the author's options plus the dtype macro, named as
@@ -174,12 +192,7 @@ impl CudaExecutor {
             eps: cases::default_eps(op),
             large_index: false,
         };
-        let ptrs = Ptrs {
-            out: out.ptr(),
-            residual: bufs.residual.as_ref().map(DevBuf::ptr),
-            x: bufs.x.ptr(),
-        };
-        let args = abi_args(&spec, ptrs, &bufs, rows);
+        let args = abi_args(&spec, bufs.ptrs(&out, bufs.residual.as_ref()), rows);
         gpu.launch(
             "reference",
             f,
@@ -231,5 +244,78 @@ impl Executor for CudaExecutor {
                 })
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kernel_registry::DType;
+
+    fn spec(op: Op) -> CaseSpec {
+        let sem = op.default_semantics();
+        let mut s = cases::suite(op, sem, &[DType::Bf16], true, 1, &[])[0].clone();
+        (s.rows, s.cols, s.eps) = (3, 5, 0.25);
+        s
+    }
+
+    #[test]
+    fn launch_arguments_follow_the_abi_of_every_op() {
+        let t = Ptrs {
+            out: 100,
+            residual: Some(200),
+            x: 300,
+            up: Some(400),
+            weight: Some(500),
+            bias: Some(600),
+        };
+        let want = |op: Op| -> &'static str {
+            match op {
+                Op::RmsNorm => "[Ptr(100), Ptr(300), Ptr(500), I64(3), I64(5), F32(0.25)]",
+                Op::FusedAddRmsNorm => {
+                    "[Ptr(100), Ptr(200), Ptr(300), Ptr(500), I64(3), I64(5), F32(0.25)]"
+                }
+                Op::LayerNorm => {
+                    "[Ptr(100), Ptr(300), Ptr(500), Ptr(600), I64(3), I64(5), F32(0.25)]"
+                }
+                Op::Silu | Op::Gelu | Op::GeluTanh => "[Ptr(100), Ptr(300), I64(15)]",
+                Op::SiluAndMul => "[Ptr(100), Ptr(300), I64(3), I64(5)]",
+                Op::SiluMul | Op::GeluTanhMul => "[Ptr(100), Ptr(300), Ptr(400), I64(3), I64(5)]",
+            }
+        };
+        for &op in Op::ALL {
+            assert_eq!(format!("{:?}", abi_args(&spec(op), t, 3)), want(op), "{op}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "silu_mul: the case has no up tensor")]
+    fn a_gated_launch_without_up_is_a_bug_that_names_it() {
+        let t = Ptrs {
+            out: 1,
+            residual: None,
+            x: 2,
+            up: None,
+            weight: None,
+            bias: None,
+        };
+        abi_args(&spec(Op::SiluMul), t, 3);
+    }
+
+    #[test]
+    fn the_reference_has_every_op_with_its_abi() {
+        // reference.cu spells each entry's parameters out; they must be Op::abi's, T = the dtype.
+        for &op in Op::ALL {
+            for &sem in op.semantics() {
+                let head = format!("ref_{op}_{sem}_##S(");
+                let line = REFERENCE_SOURCE
+                    .lines()
+                    .find(|l| l.contains(&head))
+                    .unwrap_or_else(|| panic!("reference.cu has no {head}"));
+                let params = line.split_once(&head).unwrap().1;
+                let params = &params[..params.find(')').unwrap()];
+                assert_eq!(params, op.abi(), "{op} ({sem})");
+            }
+        }
     }
 }

@@ -66,7 +66,8 @@ pub(crate) struct Launches {
 }
 
 impl<'a> CaseRun<'a> {
-    /// Row length of `x` (silu_and_mul's x holds gate and up).
+    /// Row length of `x` (silu_and_mul's x holds gate and up; a gated op's `up` is a tensor
+    /// of its own, `cols` long like the gate).
     pub fn x_row_len(&self) -> u64 {
         if self.spec.op == Op::SiluAndMul {
             2 * self.spec.cols
@@ -78,9 +79,8 @@ impl<'a> CaseRun<'a> {
     /// The tensors of a launch on buffers (`x` default: the case's x).
     pub fn ptrs(&self, out: &DevBuf, res: Option<&DevBuf>, x: Option<&DevBuf>) -> Ptrs {
         Ptrs {
-            out: out.ptr(),
-            residual: res.map(DevBuf::ptr),
             x: x.unwrap_or(&self.bufs.x).ptr(),
+            ..self.bufs.ptrs(out, res)
         }
     }
 
@@ -103,7 +103,7 @@ impl<'a> CaseRun<'a> {
             what: format!("launch rule of {}", k.name),
             message: e,
         })?;
-        let args = abi_args(self.spec, t, &self.bufs, rows);
+        let args = abi_args(self.spec, t, rows);
         let limit = self.limits.launch();
         self.gpu.launch(
             &k.name,
@@ -361,12 +361,7 @@ impl<'a> CaseRun<'a> {
         })?;
         Ok((
             d,
-            abi_args(
-                self.spec,
-                self.ptrs(out, res, None),
-                &self.bufs,
-                self.spec.rows,
-            ),
+            abi_args(self.spec, self.ptrs(out, res, None), self.spec.rows),
         ))
     }
 }

@@ -122,13 +122,9 @@ pub fn tolerance(dt: DType) -> (f64, f64) {
     }
 }
 
-/// Index of the `ULP_BUCKETS` histogram slot for a distance.
-pub fn ulp_bucket(d: u64) -> usize {
-    ULP_BUCKETS
-        .iter()
-        .position(|&ub| d <= ub)
-        .unwrap_or(ULP_BUCKETS.len())
-}
+/// Index of the `ULP_BUCKETS` histogram slot for a distance (one definition, shared with the
+/// hub's report checks).
+pub use kernel_registry::report::ulp_bucket;
 
 #[derive(Debug, Clone)]
 struct Acc {

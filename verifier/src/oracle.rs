@@ -68,6 +68,15 @@ pub fn elementwise(op: Op, h: f64) -> f64 {
     }
 }
 
+/// The activation a gated op applies to its gate.
+pub fn gate_activation(op: Op) -> Op {
+    match op {
+        Op::SiluMul | Op::SiluAndMul => Op::Silu,
+        Op::GeluTanhMul => Op::GeluTanh,
+        _ => unreachable!("{op} is not gated"),
+    }
+}
+
 fn silu(h: f64) -> f64 {
     if h == f64::NEG_INFINITY {
         return -0.0;
@@ -127,6 +136,15 @@ pub fn oracle(spec: &CaseSpec, inp: &CaseInputs, ranges: &[(usize, usize)]) -> V
                         let u = f(&inp.x, row * 2 * cols + cols + c);
                         silu(g) * u
                     })
+                    .collect()
+            }
+            // act(g) * u with no rounding of act(g) (the rounding to T is eager's, not the
+            // truth's)
+            Op::SiluMul | Op::GeluTanhMul => {
+                let up = inp.up.as_ref().expect("a gated op has up");
+                let act = gate_activation(spec.op);
+                (start..start + len)
+                    .map(|i| elementwise(act, f(&inp.x, i)) * f(up, i))
                     .collect()
             }
             Op::Silu | Op::Gelu | Op::GeluTanh => (start..start + len)
@@ -215,6 +233,7 @@ mod tests {
         let dt = DType::F32;
         let inp = CaseInputs {
             x: tensor(dt, &[3.0, 4.0]),
+            up: None,
             residual: None,
             weight: Some(tensor(dt, &[1.0, 0.5])),
             bias: None,
@@ -235,6 +254,7 @@ mod tests {
         let dt = DType::F32;
         let inp = CaseInputs {
             x: tensor(dt, &[1.0, 2.0, 3.0, 6.0]),
+            up: None,
             residual: None,
             weight: Some(tensor(dt, &[1.0, 1.0, 2.0, 1.0])),
             bias: Some(tensor(dt, &[0.0, 0.5, 0.0, 0.0])),
@@ -261,6 +281,7 @@ mod tests {
         let dt = DType::F32;
         let inp = CaseInputs {
             x: tensor(dt, &[1.0, 0.0, 2.0, 5.0]),
+            up: None,
             residual: None,
             weight: None,
             bias: None,
@@ -272,11 +293,64 @@ mod tests {
     }
 
     #[test]
+    fn gated_ops_by_hand() {
+        // Values from Python's math module: silu(h) = h / (1 + exp(-h)),
+        // gelu_tanh(h) = h/2 (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3))).
+        let dt = DType::F32;
+        let inp = |g: &[f32], u: &[f32]| CaseInputs {
+            x: tensor(dt, g),
+            up: Some(tensor(dt, u)),
+            residual: None,
+            weight: None,
+            bias: None,
+        };
+        // one row of 3: the gate and up are separate tensors, element i with element i
+        let s = spec(Op::SiluMul, Semantics::Default, 1, 3);
+        let o = oracle(&s, &inp(&[1.0, -2.0, 0.5], &[2.0, 3.0, 0.25]), &sample(&s));
+        close(o[0], 1.462_117_157_260_009_8);
+        close(o[1], -0.715_217_532_132_705_2);
+        close(o[2], 0.077_807_416_400_231_82);
+        let s = spec(Op::GeluTanhMul, Semantics::Default, 2, 1);
+        let o = oracle(&s, &inp(&[1.0, -0.5], &[-1.5, 4.0]), &sample(&s));
+        close(o[0], -1.261_787_985_912_415_3);
+        close(o[1], -0.617_143_960_699_424_2);
+        // no intermediate rounding: silu(1) * 3 is not round_bf16(silu(1)) * 3
+        let s = CaseSpec {
+            dtype: DType::Bf16,
+            ..spec(Op::SiluMul, Semantics::Default, 1, 1)
+        };
+        let b = |v: f32| tensor(DType::Bf16, &[v]);
+        let i = CaseInputs {
+            x: b(1.0),
+            up: Some(b(3.0)),
+            residual: None,
+            weight: None,
+            bias: None,
+        };
+        close(
+            oracle(&s, &i, &sample(&s))[0],
+            3.0 / (1.0 + (-1.0f64).exp()),
+        );
+        // propagation: -inf gate gives silu = -0, times a finite up; NaN stays NaN
+        let s = spec(Op::SiluMul, Semantics::Default, 1, 2);
+        let o = oracle(
+            &s,
+            &inp(&[f32::NEG_INFINITY, f32::NAN], &[2.0, 1.0]),
+            &sample(&s),
+        );
+        assert_eq!(o[0], 0.0);
+        assert!(o[1].is_nan());
+        assert_eq!(gate_activation(Op::GeluTanhMul), Op::GeluTanh);
+        assert_eq!(gate_activation(Op::SiluMul), Op::Silu);
+    }
+
+    #[test]
     fn fused_add_normalises_the_stored_residual() {
         let dt = DType::Bf16;
         // 1 + 2^-9 is not representable in bf16: the stored residual is 1.0.
         let inp = CaseInputs {
             x: tensor(dt, &[1.0, 1.0]),
+            up: None,
             residual: Some(tensor(DType::F32, &[0.001953125, 0.0]).clone()),
             weight: Some(tensor(dt, &[1.0, 1.0])),
             bias: None,

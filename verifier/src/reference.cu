@@ -25,45 +25,65 @@ __device__ __forceinline__ int last_pow2(long long n) {
 }
 
 // ---- The mean order (HF LlamaRMSNorm / GemmaRMSNorm, residual add + norm) ----------------------
-// Eager's `h.pow(2).mean(-1)`: Reduce.cuh with the block it picks for rows >= 16, the row start
-// taken as 16-byte aligned. Returns the row's sum of squares of v(i), i < cols.
+// Eager's `h.pow(2).mean(-1)` on a [rows, cols] f32 tensor: Reduce.cuh with the block
+// setReduceConfig picks from (rows, cols) (docs/eager-order.md, section (a)), at every row count:
+// (bw, bh) and split_across_warps decide how many lanes share a row and the trees' shapes, so
+// the order changes below 16 rows (bh = 1, 2, 4, 8). Row `row` of the tensor starts
+// (row * cols) % 4 floats past a 16-byte boundary: its head elements go to lanes s..3 alone,
+// then 4-vectors, then the tail. Returns the row's sum of squares of v(i), i < cols.
 template <typename V>
-__device__ float mean_order_sum(V v, long long cols, float* sh) {
+__device__ float mean_order_sum(V v, long long rows, long long row, long long cols, float* sh) {
     const int t = threadIdx.x;
     const bool vec = cols > 128;
-    // vec: 32 lanes of 4-vectors, or 512 (16 warps share the row) when ceil(cols/32) >= 256;
-    // otherwise bw = min(last_pow2(cols), 32) lanes of single elements.
-    const int lanes = vec ? (((cols + 31) / 32 >= 256) ? 512 : 32) : (cols >= 32 ? 32 : last_pow2(cols));
+    const long long d0 = vec ? cols / 4 : cols;
+    const int p0 = d0 < 512 ? last_pow2(d0) : 512;
+    const int p1 = rows < 512 ? last_pow2(rows) : 512;
+    int bw = min(p0, 32);
+    const int bh = min(p1, 512 / bw);
+    bw = min(p0, 512 / bh);
+    const bool split = (cols + bw - 1) / bw >= (long long)min(16 * bh, 256);
+    const int lanes = split ? bw * bh : bw;  // lane t = x + bw * y
     float p = 0.0f;
     if (t < lanes) {
         float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (vec) {
-            const long long nv = cols / 4;
+            const int s = (int)((row * cols) % 4);
+            const long long head = s > 0 ? 4 - s : 0;
+            if (s > 0 && t >= s && t < 4) a[0] = v(t - s);  // lane x = s + e takes element e
+            const long long m = cols - head;
+            const long long nv = m / 4;
             for (long long u = t; u < nv; u += lanes)
-                for (int i = 0; i < 4; ++i) a[i] = __fadd_rn(a[i], v(4 * u + i));
-            if (t < (int)(cols % 4)) a[0] = __fadd_rn(a[0], v(4 * nv + t));  // the tail, after
+                for (int i = 0; i < 4; ++i) a[i] = __fadd_rn(a[i], v(head + 4 * u + i));
+            if (t < (int)(m % 4)) a[0] = __fadd_rn(a[0], v(head + 4 * nv + t));  // the tail, after
         } else {
-            int m = 0;
-            for (long long i = t; i < cols; i += lanes, ++m) a[m & 3] = __fadd_rn(a[m & 3], v(i));
+            int k = 0;
+            for (long long i = t; i < cols; i += lanes, ++k) a[k & 3] = __fadd_rn(a[k & 3], v(i));
         }
         p = __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[1]), a[2]), a[3]);
     }
     sh[t] = p;
     __syncthreads();
-    // each warp's lanes: offsets 16 .. 1 (bw/2 .. 1 when bw < 32), lane x += lane x + off
-    const int wl = lanes < 32 ? lanes : 32;
-    for (int off = wl / 2; off >= 1; off >>= 1) {
-        if (t < lanes && (t & 31) < off) sh[t] = __fadd_rn(sh[t], sh[t + off]);
+    // block_x_reduce: within each group of bw lanes, offsets bw/2 .. 1, lane x += lane x + off
+    for (int off = bw / 2; off >= 1; off >>= 1) {
+        if (t < lanes && (t & (bw - 1)) < off) sh[t] = __fadd_rn(sh[t], sh[t + off]);
         __syncthreads();
     }
-    // then the warps' results (lane 0 of each), offsets 8 .. 1 when 16 warps share the row
-    for (int off = lanes / 64; off >= 1; off >>= 1) {
-        if (t < off) sh[32 * t] = __fadd_rn(sh[32 * t], sh[32 * (t + off)]);
-        __syncthreads();
+    // block_y_reduce (the bh groups share the row): offsets bh/2 .. 1 on each group's lane 0
+    if (split) {
+        for (int off = bh / 2; off >= 1; off >>= 1) {
+            if (t < off) sh[bw * t] = __fadd_rn(sh[bw * t], sh[bw * (t + off)]);
+            __syncthreads();
+        }
     }
     const float r = sh[0];
     __syncthreads();
     return r;
+}
+
+// MeanOps' factor: float(rows) / float(rows * cols), a float division on the host (fl(1/cols)
+// while rows * cols is exact in f32).
+__device__ __forceinline__ float mean_factor(long long rows, long long cols) {
+    return __fdiv_rn((float)rows, (float)(rows * cols));
 }
 
 // ---- The layer-norm order (nn.LayerNorm, F.rms_norm) -------------------------------------------
@@ -159,7 +179,7 @@ __device__ St ln_order_stats(const T* xr, long long cols, St* sh) {
 
 // SEM: 0 llama, 1 gemma, 2 torch. RESID: fused_add_rms_norm (residual := round(x + residual)).
 template <typename T, int SEM, bool RESID>
-__device__ void rms_norm_ref(T* out, T* residual, const T* x, const T* w, long long cols, float eps) {
+__device__ void rms_norm_ref(T* out, T* residual, const T* x, const T* w, long long rows, long long cols, float eps) {
     __shared__ float sh[RB];
     __shared__ St shs[RB];
     const long long row = blockIdx.x;
@@ -182,8 +202,8 @@ __device__ void rms_norm_ref(T* out, T* residual, const T* x, const T* w, long l
         }
     } else {
         auto sq = [&](long long i) { const float h = f32_of(hr[i]); return __fmul_rn(h, h); };
-        const float sum = mean_order_sum(sq, cols, sh);
-        const float var = __fmul_rn(sum, __fdiv_rn(1.0f, (float)cols));
+        const float sum = mean_order_sum(sq, rows, row, cols, sh);
+        const float var = __fmul_rn(sum, mean_factor(rows, cols));
         r = rsqrtf(__fadd_rn(var, eps));
     }
     for (long long i = t; i < cols; i += RB) {
@@ -231,10 +251,10 @@ __device__ __forceinline__ float gelu_tanh_f(float h) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
 
 #define REFS(T, S)                                                                                          \
-extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_llama_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 0, false>(out, nullptr, x, w, cols, eps); } \
-extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_gemma_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 1, false>(out, nullptr, x, w, cols, eps); } \
-extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_torch_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 2, false>(out, nullptr, x, w, cols, eps); } \
-extern "C" __global__ void __launch_bounds__(RB) ref_fused_add_rms_norm_default_##S(T* out, T* residual, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 0, true>(out, residual, x, w, cols, eps); } \
+extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_llama_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 0, false>(out, nullptr, x, w, rows, cols, eps); } \
+extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_gemma_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 1, false>(out, nullptr, x, w, rows, cols, eps); } \
+extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_torch_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 2, false>(out, nullptr, x, w, rows, cols, eps); } \
+extern "C" __global__ void __launch_bounds__(RB) ref_fused_add_rms_norm_default_##S(T* out, T* residual, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 0, true>(out, residual, x, w, rows, cols, eps); } \
 extern "C" __global__ void __launch_bounds__(RB) ref_layer_norm_default_##S(T* out, const T* x, const T* w, const T* b, long long rows, long long cols, float eps) { layer_norm_ref<T>(out, x, w, b, cols, eps); } \
 extern "C" __global__ void ref_silu_default_##S(T* out, const T* x, long long n) { GRID_STRIDE(i, n) out[i] = round_to<T>(silu_f(f32_of(x[i]))); } \
 extern "C" __global__ void ref_gelu_default_##S(T* out, const T* x, long long n) { GRID_STRIDE(i, n) out[i] = round_to<T>(gelu_f(f32_of(x[i]))); } \
@@ -242,7 +262,13 @@ extern "C" __global__ void ref_gelu_tanh_default_##S(T* out, const T* x, long lo
 extern "C" __global__ void ref_silu_and_mul_default_##S(T* out, const T* x, long long rows, long long cols) { \
     GRID_STRIDE(i, rows * cols) { long long r = i / cols, c = i - r * cols; \
         T s = round_to<T>(silu_f(f32_of(x[r * 2 * cols + c]))); \
-        out[i] = round_to<T>(__fmul_rn(f32_of(s), f32_of(x[r * 2 * cols + cols + c]))); } }
+        out[i] = round_to<T>(__fmul_rn(f32_of(s), f32_of(x[r * 2 * cols + cols + c]))); } } \
+extern "C" __global__ void ref_silu_mul_default_##S(T* out, const T* gate, const T* up, long long rows, long long cols) { \
+    GRID_STRIDE(i, rows * cols) { T s = round_to<T>(silu_f(f32_of(gate[i]))); \
+        out[i] = round_to<T>(__fmul_rn(f32_of(s), f32_of(up[i]))); } } \
+extern "C" __global__ void ref_gelu_tanh_mul_default_##S(T* out, const T* gate, const T* up, long long rows, long long cols) { \
+    GRID_STRIDE(i, rows * cols) { T s = round_to<T>(gelu_tanh_f(f32_of(gate[i]))); \
+        out[i] = round_to<T>(__fmul_rn(f32_of(s), f32_of(up[i]))); } }
 
 REFS(__nv_bfloat16, bf16)
 REFS(__half, f16)

@@ -19,11 +19,29 @@ fn fixtures() -> PathBuf {
     }
 }
 
+/// The bundled kernels: `KERNELIZE_KERNELS`, else beside a staged fixtures folder
+/// (`.gpu-stage/kernels`), else the repository's `kernels/`.
+fn kernels_dir() -> PathBuf {
+    match (
+        std::env::var("KERNELIZE_KERNELS"),
+        std::env::var("KERNELIZE_FIXTURES"),
+    ) {
+        (Ok(k), _) if !k.is_empty() => PathBuf::from(k),
+        (_, Ok(f)) if !f.is_empty() => PathBuf::from(f).join("../kernels"),
+        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../kernels"),
+    }
+}
+
+/// Verify a fixture (`good/...`, `broken/...`: bf16) or a bundled kernel (`kernels/NAME`: every
+/// dtype it declares), with the quick suite.
 fn run(rel: &str) -> Result<VerificationReport, String> {
-    let dir = fixtures().join(rel);
-    let b = KernelBundle::load_dir(&dir).map_err(|e| e.to_string())?;
+    let (dir, dtypes) = match rel.strip_prefix("kernels/") {
+        Some(name) => (kernels_dir().join(name), None),
+        None => (fixtures().join(rel), Some(vec![DType::Bf16])),
+    };
+    let b = KernelBundle::load_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let opts = VerifyOptions {
-        dtypes: Some(vec![DType::Bf16]),
+        dtypes,
         quick: true,
         seed: None,
         limits: Limits {
@@ -92,6 +110,50 @@ fn error_then_goes_on(r: &VerificationReport, needle: &str) -> Result<String, St
             .next()
             .unwrap_or("")
     ))
+}
+
+/// A bundled exact kernel: bit_exact, deterministic, batch-invariant and intact in every dtype
+/// it declares, and its large-index case ran.
+fn bundled_exact(r: &VerificationReport) -> Result<String, String> {
+    let large = r
+        .cases
+        .iter()
+        .find(|c| c.id.ends_with("large_index"))
+        .ok_or("no large-index case")?;
+    if large.status != CaseStatus::Ran || mismatched(large) || !large.integrity_failures.is_empty()
+    {
+        return Err(format!(
+            "large-index case {}: {:?} {:?} {:?}",
+            large.id, large.status, large.note, large.integrity_failures
+        ));
+    }
+    let mut per = Vec::new();
+    for dt in DType::ALL {
+        let v = r
+            .summary
+            .per_dtype
+            .get(dt)
+            .ok_or_else(|| format!("no {dt} cases ran"))?;
+        if v.class != ExactnessClass::BitExact
+            || !v.deterministic
+            || !v.batch_invariant
+            || !v.integrity_ok
+        {
+            return Err(format!(
+                "{dt}: expected bit_exact, got {} ({})",
+                v.class,
+                v.describe()
+            ));
+        }
+        per.push(format!(
+            "{dt} bit_exact over {} cases{}",
+            v.cases_run,
+            v.gbps_4096x8192
+                .map(|g| format!(", {g:.0} GB/s at 4096x8192"))
+                .unwrap_or_default()
+        ));
+    }
+    Ok(per.join("; ") + " (large-index case included)")
 }
 
 fn main() -> ExitCode {
@@ -190,6 +252,13 @@ fn main() -> ExitCode {
     }
 
     let checks: Vec<(&str, Check)> = vec![
+        // The gated ops' bundled kernels (silu_mul, gelu_tanh_mul): bit-exact with the reference
+        // in every dtype, the large-index case included (gate and up made on the GPU).
+        ("kernels/silu_mul", bundled_exact),
+        ("kernels/gelu_tanh_mul", bundled_exact),
+        ("broken/gated_modifies_up", |r| {
+            any_integrity(r, "input up was modified")
+        }),
         ("good/rms_norm_exact", |r| {
             let v = &r.summary.overall;
             let large_ran = r

@@ -63,6 +63,47 @@ fn semantics_defaults_for_single_semantics_ops() {
 fn bad_manifests_name_the_field() {
     let cases: Vec<(String, &str, &str)> = vec![
         (
+            with("source = \"k.cu\"", "source = \"k\\u0000.cu\""),
+            "`source`",
+            "U+0000",
+        ),
+        (
+            with("description = \"demo\"", "description = \"de\\u0007mo\""),
+            "`description`",
+            "U+0007",
+        ),
+        (
+            with(
+                "authors = [\"someone\"]",
+                "authors = [\"ok\", \"some\\none\"]",
+            ),
+            "`authors[1]`",
+            "U+000A",
+        ),
+        (
+            with("license = \"MIT\"", "license = \"MIT\\u001b[31m\""),
+            "`license`",
+            "one line of printable text",
+        ),
+        (
+            with(
+                "source = \"k.cu\"",
+                "source = \"k.cu\"\nnvrtc_options = [\"-DX=\\u0000\"]",
+            ),
+            "`nvrtc_options[0]`",
+            "U+0000",
+        ),
+        (
+            with("name = \"rms_norm_demo\"", "name = \"a\\u0000b\""),
+            "`name`",
+            "U+0000",
+        ),
+        (
+            format!("# a NUL \u{0} in a comment\n{GOOD}"),
+            "NUL byte",
+            "is text",
+        ),
+        (
             with("op = \"rms_norm\"", "op = \"rmsnorm\""),
             "`op`",
             "one of rms_norm",
@@ -220,6 +261,19 @@ fn bad_manifests_name_the_field() {
 }
 
 #[test]
+fn text_fields_keep_newlines_where_text_may_span_lines() {
+    let m = Manifest::parse(&with(
+        "description = \"demo\"",
+        "description = \"\"\"\nline one\n\tline two\r\n\"\"\"",
+    ))
+    .unwrap();
+    assert!(m.description.contains("line one\n\tline two"));
+    let e = KernelBundle::from_parts(GOOD, &format!("{SRC}\u{0}")).unwrap_err();
+    assert_eq!(e.field_name(), Some("source"), "{e}");
+    assert!(e.to_string().contains("NUL byte"), "{e}");
+}
+
+#[test]
 fn bundle_checks_symbols_and_digest_is_stable() {
     let b = KernelBundle::from_parts(GOOD, SRC).unwrap();
     let again = KernelBundle::from_parts(GOOD, SRC).unwrap();
@@ -277,4 +331,41 @@ fn entry_options_append_the_dtype_macro_after_the_authors_options() {
     );
     assert_eq!(dtype_macro(DType::F32), "-DKERNELIZE_DTYPE_F32");
     assert_eq!(dtype_macro(DType::F16), "-DKERNELIZE_DTYPE_F16");
+}
+
+#[test]
+fn gated_ops_parse_with_default_semantics_and_launch_over_all_elements() {
+    for (word, op) in [
+        ("silu_mul", Op::SiluMul),
+        ("gelu_tanh_mul", Op::GeluTanhMul),
+    ] {
+        let t = GOOD
+            .replacen(
+                "op = \"rms_norm\"\nsemantics = \"llama\"",
+                &format!("op = \"{word}\""),
+                1,
+            )
+            .replacen(
+                "[[launch]]\ncols_max = 1024\nblock = [32, 8]\ngrid = \"per_row\"\nrows_per_block = 8\n\n[[launch]]\nblock = 1024\ngrid = \"per_row\"\nsmem_bytes_per_col = 4\n",
+                "[launch]\nblock = 256\ngrid = \"per_element\"\nelements_per_thread = 32\n",
+                1,
+            );
+        let m = Manifest::parse(&t).unwrap_or_else(|e| panic!("{word}: {e}\n{t}"));
+        assert_eq!((m.op, m.semantics), (op, Semantics::Default));
+        assert!(m.op.is_rowwise() && m.op.is_gated());
+        // rows x cols outputs, each of gate and up the same shape: 4096 x 8192 / (256 * 32)
+        assert_eq!(m.launch_dims(4096, 8192, 132).unwrap().grid, [4096, 1, 1]);
+        // the constraints apply to cols (a row-wise op), not to rows * cols
+        assert_eq!(m.not_applicable(8192, Some(Arch::new(9, 0))), None);
+        let e = Manifest::parse(&t.replacen(
+            &format!("op = \"{word}\""),
+            &format!("op = \"{word}\"\nsemantics = \"llama\""),
+            1,
+        ))
+        .unwrap_err();
+        assert_eq!(e.field_name(), Some("semantics"), "{e}");
+        assert!(e.to_string().contains("default"), "{e}");
+    }
+    let e = Manifest::parse(&with("op = \"rms_norm\"", "op = \"silu_and_mul2\"")).unwrap_err();
+    assert!(e.to_string().contains("silu_mul, gelu_tanh_mul"), "{e}");
 }

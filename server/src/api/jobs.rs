@@ -1,63 +1,59 @@
 //! Verification jobs for GPU workers (token scope `worker`), and verification records.
+//!
+//! A claim records the token that made it: heartbeat, report and fail are accepted only from
+//! that token with the claim's lease. A report is checked against its job before it is stored
+//! (`kernel_registry::report::validate`), and its summary is the hub's own derivation.
 
 use crate::app::{AppState, Caller, Scope};
+use crate::edge::{self, Text};
 use crate::error::{rejection, AppError};
+use crate::protocol::{
+    ClaimRequest, ClaimResponse, ClaimedKernel, FailRequest, HeartbeatRequest, HeartbeatResponse,
+    JobView, ReportRequest, ReportResponse, MAX_WORKER_NAME,
+};
 use axum::extract::{rejection::JsonRejection, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use kernel_registry::report::{coverage, Summary, VerificationReport, REPORT_SCHEMA_VERSION};
-use serde::Deserialize;
+use kernel_registry::report::{coverage, rederive, validate, Expected, PlannedCase};
+use kernel_registry::{DType, Manifest, VerificationReport};
+use kernel_store::Holder;
 use serde_json::{json, Value};
-
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ClaimBody {
-    /// A name for this worker (host and GPU), shown in the job and the audit log.
-    pub worker: String,
-}
-
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct LeaseBody {
-    pub lease_id: String,
-}
-
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ReportBody {
-    pub lease_id: String,
-    /// A `VerificationReport` (see the verifier).
-    #[schema(value_type = Object)]
-    pub report: VerificationReport,
-}
-
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct FailBody {
-    pub lease_id: String,
-    pub reason: String,
-}
 
 fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, AppError> {
     b.map(|Json(t)| t).map_err(rejection)
 }
 
 /// Claim the oldest waiting job with a lease. 200 with the job, its lease and the kernel to
-/// verify; 204 when there is no work.
-#[utoipa::path(post, path = "/v1/jobs/claim", tag = "jobs", request_body = ClaimBody,
+/// verify; 204 when there is no work. Only the token that claims a job may report on it.
+#[utoipa::path(post, path = "/v1/jobs/claim", tag = "jobs", request_body = ClaimRequest,
     responses((status = 200, description = "A job with its lease and kernel"), (status = 204, description = "No job waiting"),
-        (status = 401, description = "No token"), (status = 403, description = "Token lacks scope worker")),
+        (status = 401, description = "No token, or an unknown, expired or revoked one"), (status = 403, description = "Token lacks scope worker")),
     security(("token" = [])))]
 pub async fn claim(
     State(st): State<AppState>,
     caller: Caller,
-    b: Result<Json<ClaimBody>, JsonRejection>,
+    b: Result<Json<ClaimRequest>, JsonRejection>,
 ) -> Result<Response, AppError> {
     let who = caller.require(Scope::Worker)?.to_string();
     let b = body(b)?;
-    let worker = format!("{who}/{}", b.worker.trim());
-    let Some(job) = st.store.claim_job(&worker, st.config.lease_ms).await? else {
+    // Checked before trimming: a newline or tab around the name is refused, as the document's
+    // pattern says, not quietly dropped.
+    edge::check_text("JSON field `worker`", "worker", &b.worker, Text::Line)?;
+    let name = b.worker.trim();
+    if name.chars().count() > MAX_WORKER_NAME {
+        return Err(AppError::unprocessable(format!(
+            "`worker` is {} characters; name the worker in at most {MAX_WORKER_NAME} (host and GPU)",
+            name.chars().count()
+        ))
+        .with("field", "worker"));
+    }
+    let worker = format!("{who}/{name}");
+    let Some(job) = st
+        .store
+        .claim_job(&worker, caller.token_id, st.config.lease_ms)
+        .await?
+    else {
         return Ok(StatusCode::NO_CONTENT.into_response());
     };
     let src = st
@@ -65,101 +61,181 @@ pub async fn claim(
         .source(&job.kernel_digest)
         .await?
         .ok_or_else(|| AppError::not_found("the job's kernel source is missing"))?;
-    Ok(Json(json!({
-        "job": job,
-        "lease_id": job.lease_id,
-        "lease_ms": st.config.lease_ms,
-        "kernel": {
-            "digest": job.kernel_digest,
-            "manifest_toml": src.manifest_toml,
-            "source": src.source,
+    let lease_id = job.lease_id.clone().unwrap_or_default();
+    Ok(Json(ClaimResponse {
+        lease_id,
+        lease_ms: st.config.lease_ms,
+        kernel: ClaimedKernel {
+            digest: job.kernel_digest.clone(),
+            manifest_toml: src.manifest_toml,
+            source: src.source,
         },
-    }))
+        job,
+    })
     .into_response())
 }
 
 /// A job's state (public), with its shape list (`shapes`: widths verified besides the suite;
 /// empty for a full-suite job) and, once done, its `verification_url`.
-#[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs", params(("id" = i64, Path)),
+#[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs", params(("id" = i64, Path, minimum = 1)),
     responses((status = 200, description = "The job"), (status = 404, description = "No such job")))]
 pub async fn get_job(
     State(st): State<AppState>,
     _c: Caller,
     Path(id): Path<i64>,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Json<JobView>, AppError> {
     let job = st
         .store
         .job(id)
         .await?
         .ok_or_else(|| AppError::not_found(format!("no verification job {id}")))?;
-    let mut v = serde_json::to_value(&job).expect("job serialises");
-    if let Some(vid) = job.verification_id {
-        v["verification_url"] = json!(format!("/v1/verifications/{vid}"));
-    }
-    Ok(Json(v))
+    Ok(Json(job.into()))
 }
 
-/// Extend a lease. 409 when the lease was lost: stop working on the job.
-#[utoipa::path(post, path = "/v1/jobs/{id}/heartbeat", tag = "jobs", params(("id" = i64, Path)), request_body = LeaseBody,
-    responses((status = 200, description = "Lease extended"), (status = 409, description = "Lease lost")),
+/// Extend a lease. 409 when the lease was lost: stop working on the job; 403 when the lease
+/// is presented with another token than the one that claimed the job.
+#[utoipa::path(post, path = "/v1/jobs/{id}/heartbeat", tag = "jobs", params(("id" = i64, Path, minimum = 1)), request_body = HeartbeatRequest,
+    responses((status = 200, description = "Lease extended"), (status = 403, description = "Another token claimed the job"), (status = 404, description = "No such job"),
+        (status = 409, description = "Lease lost")),
     security(("token" = [])))]
 pub async fn heartbeat(
     State(st): State<AppState>,
     caller: Caller,
     Path(id): Path<i64>,
-    b: Result<Json<LeaseBody>, JsonRejection>,
-) -> Result<Json<Value>, AppError> {
-    caller.require(Scope::Worker)?;
+    b: Result<Json<HeartbeatRequest>, JsonRejection>,
+) -> Result<Json<HeartbeatResponse>, AppError> {
+    let who = caller.require(Scope::Worker)?;
     let b = body(b)?;
-    if st
-        .store
-        .heartbeat(id, &b.lease_id, st.config.lease_ms)
-        .await?
-    {
-        Ok(Json(json!({"job_id": id, "lease_ms": st.config.lease_ms})))
-    } else {
-        Err(AppError::new(
-            StatusCode::CONFLICT,
-            format!("job {id} is no longer held by this lease (it expired and was claimed again, or ended); stop working on it"),
-        ))
-    }
+    let holder = Holder {
+        lease_id: &b.lease_id,
+        token_id: caller.token_id,
+        actor: who,
+    };
+    st.store.heartbeat(id, &holder, st.config.lease_ms).await?;
+    Ok(Json(HeartbeatResponse {
+        job_id: id,
+        lease_ms: st.config.lease_ms,
+    }))
 }
 
-/// Post the verdict of a claimed job. The report must be for the job's kernel digest; its
-/// summary is recomputed from its cases here, never taken on trust.
-#[utoipa::path(post, path = "/v1/jobs/{id}/report", tag = "jobs", params(("id" = i64, Path)), request_body = ReportBody,
-    responses((status = 201, description = "Recorded"), (status = 409, description = "Lease lost or job already complete"),
-        (status = 422, description = "Report for another kernel or of another schema version")),
+/// The cases the suite draws for this report, when the hub runs the same suite version as
+/// the report's verifier: the dtypes in the order the report ran them, its seed, quick flag
+/// and requested shapes.
+fn suite_cases(report: &VerificationReport, manifest: &Manifest) -> Option<Vec<PlannedCase>> {
+    if report.suite_version != verifier::cases::SUITE_VERSION {
+        return None;
+    }
+    let mut dtypes: Vec<DType> = Vec::new();
+    for c in &report.cases {
+        if !dtypes.contains(&c.dtype) && manifest.entries.contains_key(&c.dtype) {
+            dtypes.push(c.dtype);
+        }
+    }
+    let specs = verifier::cases::suite(
+        manifest.op,
+        manifest.semantics,
+        &dtypes,
+        report.quick,
+        report.seed,
+        &report.requested_shapes,
+    );
+    Some(
+        specs
+            .into_iter()
+            .map(|s| PlannedCase {
+                distribution: s.dist.to_string(),
+                eps: s.op.takes_eps().then_some(s.eps),
+                id: s.id,
+                dtype: s.dtype,
+                rows: s.rows,
+                cols: s.cols,
+            })
+            .collect(),
+    )
+}
+
+/// Post the verdict of a claimed job, with the lease and the token that claimed it. The report
+/// is checked against the job (kernel, suite and verifier versions, shapes), the device it
+/// names (known GPUs' architecture and peak bandwidth) and itself (every derived figure, every
+/// count and speed against the shapes and the roofline, the suite's case list where the hub
+/// can draw it); its summary is derived here from its cases, never taken on trust.
+#[utoipa::path(post, path = "/v1/jobs/{id}/report", tag = "jobs", params(("id" = i64, Path, minimum = 1)), request_body = ReportRequest,
+    responses((status = 201, description = "Recorded"), (status = 403, description = "Another token claimed the job"), (status = 404, description = "No such job"),
+        (status = 409, description = "Lease lost or job already complete"),
+        (status = 422, description = "The report does not fit the job or holds impossible values; `field` names the first, `problems` lists them")),
     security(("token" = [])))]
 pub async fn report(
     State(st): State<AppState>,
     caller: Caller,
     Path(id): Path<i64>,
-    b: Result<Json<ReportBody>, JsonRejection>,
+    b: Result<Json<ReportRequest>, JsonRejection>,
 ) -> Result<Response, AppError> {
     let who = caller.require(Scope::Worker)?.to_string();
     let mut b = body(b)?;
-    if b.report.schema_version != REPORT_SCHEMA_VERSION {
-        return Err(AppError::unprocessable(format!(
-            "report schema_version {} is not {REPORT_SCHEMA_VERSION}; upgrade the worker",
-            b.report.schema_version
-        )));
-    }
-    b.report.summary = Summary::from_cases(&b.report.cases);
-    let vid = st
+    let holder = Holder {
+        lease_id: &b.lease_id,
+        token_id: caller.token_id,
+        actor: &who,
+    };
+    let job = st.store.check_holder(id, &holder).await?;
+    let src = st
         .store
-        .complete_job(id, &b.lease_id, &who, &b.report)
-        .await?;
+        .source(&job.kernel_digest)
+        .await?
+        .ok_or_else(|| AppError::not_found("the job's kernel source is missing"))?;
+    let planned = suite_cases(&b.report, &src.manifest);
+    let suites = st.config.accepted_suites();
+    let expected = Expected {
+        digest: &job.kernel_digest,
+        manifest: &src.manifest,
+        shapes: &job.shapes,
+        suites: &suites,
+        suite_cases: planned.as_deref(),
+    };
+    if let Err(problems) = validate(&b.report, &expected) {
+        let listed: Vec<Value> = problems
+            .iter()
+            .map(|p| json!({"field": p.field, "detail": p.kind.to_string()}))
+            .collect();
+        st.store
+            .audit(
+                &who,
+                "verification.refused",
+                job.kernel_digest.as_str(),
+                json!({"job_id": id, "problems": listed}),
+            )
+            .await?;
+        let first = &problems[0];
+        let more = match problems.len() {
+            1 => String::new(),
+            n => format!(" ({} more problems in `problems`)", n - 1),
+        };
+        return Err(AppError::unprocessable(format!(
+            "the report is refused: {first}{more}. The hub stores only reports a GPU run can have produced for this job"
+        ))
+        .with("field", first.field.clone())
+        .with("problems", listed));
+    }
+    let rederived = rederive(&mut b.report);
+    if !rederived.is_empty() {
+        tracing::warn!(job = id, fields = ?rederived, "posted summary differed from its cases; stored the derived one");
+    }
+    let vid = st.store.complete_job(id, &holder, &b.report).await?;
+    if !rederived.is_empty() {
+        st.store
+            .audit(
+                &who,
+                "verification.summary_rederived",
+                job.kernel_digest.as_str(),
+                json!({"job_id": id, "verification_id": vid, "fields": rederived}),
+            )
+            .await?;
+    }
     // A job with a shape list whose report has no case that ran at a requested width: the
     // report still stands as evidence, and the answer says what it lacks.
     let covered: Vec<u64> = coverage(&b.report).iter().map(|c| c.cols).collect();
-    let asked = st
-        .store
-        .job(id)
-        .await?
-        .map(|j| j.shapes)
-        .unwrap_or_default();
-    let not_covered: Vec<String> = asked
+    let not_covered: Vec<String> = job
+        .shapes
         .iter()
         .filter(|s| !covered.contains(&s.cols))
         .map(|s| s.to_string())
@@ -173,34 +249,41 @@ pub async fn report(
     }
     Ok((
         StatusCode::CREATED,
-        Json(json!({
-            "verification_id": vid,
-            "url": format!("/v1/verifications/{vid}"),
-            "class": b.report.summary.overall.class.to_string(),
-            "shapes_not_covered": not_covered,
-        })),
+        Json(ReportResponse {
+            verification_id: vid,
+            url: format!("/v1/verifications/{vid}"),
+            class: b.report.summary.overall.class,
+            shapes_not_covered: not_covered,
+            summary_rederived: rederived,
+        }),
     )
         .into_response())
 }
 
 /// Give up on a claimed job with a reason; it is queued again while attempts remain.
-#[utoipa::path(post, path = "/v1/jobs/{id}/fail", tag = "jobs", params(("id" = i64, Path)), request_body = FailBody,
-    responses((status = 200, description = "Re-queued or failed"), (status = 409, description = "Lease lost")),
+#[utoipa::path(post, path = "/v1/jobs/{id}/fail", tag = "jobs", params(("id" = i64, Path, minimum = 1)), request_body = FailRequest,
+    responses((status = 200, description = "Re-queued or failed"), (status = 403, description = "Another token claimed the job"), (status = 404, description = "No such job"),
+        (status = 409, description = "Lease lost")),
     security(("token" = [])))]
 pub async fn fail(
     State(st): State<AppState>,
     caller: Caller,
     Path(id): Path<i64>,
-    b: Result<Json<FailBody>, JsonRejection>,
-) -> Result<Json<Value>, AppError> {
-    let who = caller.require(Scope::Worker)?.to_string();
+    b: Result<Json<FailRequest>, JsonRejection>,
+) -> Result<Json<JobView>, AppError> {
+    let who = caller.require(Scope::Worker)?;
     let b = body(b)?;
-    let job = st.store.fail_job(id, &b.lease_id, &who, &b.reason).await?;
-    Ok(Json(serde_json::to_value(job).expect("job serialises")))
+    let holder = Holder {
+        lease_id: &b.lease_id,
+        token_id: caller.token_id,
+        actor: who,
+    };
+    let job = st.store.fail_job(id, &holder, &b.reason).await?;
+    Ok(Json(job.into()))
 }
 
 /// One verification record with its full report.
-#[utoipa::path(get, path = "/v1/verifications/{id}", tag = "verifications", params(("id" = i64, Path)),
+#[utoipa::path(get, path = "/v1/verifications/{id}", tag = "verifications", params(("id" = i64, Path, minimum = 1)),
     responses((status = 200, description = "The verification"), (status = 404, description = "No such verification")))]
 pub async fn verification(
     State(st): State<AppState>,
@@ -215,4 +298,55 @@ pub async fn verification(
     Ok(Json(
         serde_json::to_value(v).expect("verification serialises"),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kernel_registry::report::KNOWN_SUITES;
+
+    #[test]
+    fn the_verifiers_suite_is_the_newest_the_hub_knows() {
+        assert_eq!(
+            KNOWN_SUITES.last(),
+            Some(&verifier::cases::SUITE_VERSION),
+            "a new suite version goes at the end of kernel_registry::report::KNOWN_SUITES"
+        );
+    }
+
+    /// The H200 run of 2026-11-23 (suite 2026.3, 295 cases): the hub redraws exactly its case
+    /// list from its seed, and the whole check passes; one case fewer does not.
+    #[test]
+    fn a_real_report_matches_the_suite_the_hub_redraws() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let json = std::fs::read_to_string(
+            root.join("docs/gpu-runs/2026-11-23-hardening/reports/full-kernel-rms_norm_llama.json"),
+        )
+        .unwrap();
+        let report: VerificationReport = serde_json::from_str(&json).unwrap();
+        let toml =
+            std::fs::read_to_string(root.join("kernels/rms_norm_llama/kernel.toml")).unwrap();
+        let mut manifest = Manifest::parse(&toml).unwrap();
+        // The recorded run verified the kernel at 1.0.0; the bundled manifest has since moved
+        // to 1.0.1 (op, semantics and dtypes unchanged).
+        manifest.version = semver::Version::new(1, 0, 0);
+        let planned = suite_cases(&report, &manifest).expect("the current suite is redrawn");
+        assert_eq!(planned.len(), report.cases.len());
+        let want = Expected {
+            digest: &report.kernel.digest,
+            manifest: &manifest,
+            shapes: &[],
+            suites: &[verifier::cases::SUITE_VERSION],
+            suite_cases: Some(&planned),
+        };
+        assert_eq!(validate(&report, &want), Ok(()));
+        let mut short = report.clone();
+        short.cases.retain(|c| !c.id.ends_with("/large_index"));
+        let e = validate(&short, &want).unwrap_err();
+        assert!(
+            e[0].to_string().contains("1 of the 295 cases")
+                && e[0].to_string().contains("large_index"),
+            "{e:#?}"
+        );
+    }
 }

@@ -1,14 +1,18 @@
 //! Kernels: list, show, download sources, and submit new ones.
 
+use super::openapi::{
+    ArchName, DTypeName, DigestText, KernelName, KernelVersion, OpName, PolicyText, SemanticsName,
+};
 use super::{known_params, param};
 use crate::app::{AppState, Caller, Scope};
 use crate::error::{rejection, AppError};
+use crate::protocol::{SubmitResponse, SubmittedJob};
 use axum::extract::{FromRequest, Multipart, Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use kernel_registry::storage::{Inserted, KernelQuery, KernelRow};
 use kernel_registry::{Arch, DType, Digest, KernelBundle, Policy};
+use kernel_store::{Inserted, KernelQuery, KernelRow};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -26,15 +30,15 @@ fn kernel_json(k: &KernelRow) -> Value {
 /// newest verification (on `arch`, if given) meets it for `dtype` (or for one of its dtypes).
 #[utoipa::path(get, path = "/v1/kernels", tag = "kernels",
     params(
-        ("op" = Option<String>, Query, description = "filter by op"),
-        ("semantics" = Option<String>, Query, description = "filter by semantics"),
-        ("dtype" = Option<String>, Query, description = "filter by supported dtype"),
-        ("arch" = Option<String>, Query, description = "filter by declared arch (kernels declaring none match any)"),
-        ("policy" = Option<String>, Query, description = "only approved kernels: verified and meeting this policy"),
-        ("limit" = Option<i64>, Query, description = "page size, default 50, at most 500"),
-        ("offset" = Option<i64>, Query, description = "items to skip"),
+        ("op" = Option<OpName>, Query, description = "filter by op"),
+        ("semantics" = Option<SemanticsName>, Query, description = "filter by semantics"),
+        ("dtype" = Option<DTypeName>, Query, description = "filter by supported dtype"),
+        ("arch" = Option<ArchName>, Query, description = "filter by declared arch (kernels declaring none match any)"),
+        ("policy" = Option<PolicyText>, Query, description = "only approved kernels: verified and meeting this policy"),
+        ("limit" = Option<i64>, Query, description = "page size, default 50", minimum = 1, maximum = 500),
+        ("offset" = Option<i64>, Query, description = "items to skip, default 0", minimum = 0, maximum = 2147483647),
     ),
-    responses((status = 200, description = "A page of kernels"), (status = 400, description = "A bad filter")))]
+    responses((status = 200, description = "A page of kernels"), (status = 400, description = "A bad filter, an unknown parameter, or `limit`/`offset` out of bounds")))]
 pub async fn list(
     State(st): State<AppState>,
     _c: Caller,
@@ -128,7 +132,7 @@ async fn find(st: &AppState, name: &str, version: &str) -> Result<KernelRow, App
 
 /// One kernel: its manifest, verification jobs and verifications (summaries).
 #[utoipa::path(get, path = "/v1/kernels/{name}/{version}", tag = "kernels",
-    params(("name" = String, Path), ("version" = String, Path)),
+    params(("name" = KernelName, Path), ("version" = KernelVersion, Path)),
     responses((status = 200, description = "The kernel"), (status = 404, description = "No such kernel")))]
 pub async fn get_one(
     State(st): State<AppState>,
@@ -164,7 +168,7 @@ pub async fn get_one(
 
 /// Every verification of one kernel, newest first, with full reports.
 #[utoipa::path(get, path = "/v1/kernels/{name}/{version}/verifications", tag = "verifications",
-    params(("name" = String, Path), ("version" = String, Path)),
+    params(("name" = KernelName, Path), ("version" = KernelVersion, Path)),
     responses((status = 200, description = "Verification records"), (status = 404, description = "No such kernel")))]
 pub async fn verifications(
     State(st): State<AppState>,
@@ -181,8 +185,10 @@ pub async fn verifications(
 /// A kernel's manifest and CUDA source by content digest (re-checked on read).
 /// `Accept: text/plain` returns the source alone.
 #[utoipa::path(get, path = "/v1/sources/{digest}", tag = "kernels",
-    params(("digest" = String, Path, description = "sha256:<hex> or the hex alone")),
-    responses((status = 200, description = "manifest_toml and source"), (status = 400, description = "Not a digest"), (status = 404, description = "Unknown digest")))]
+    params(("digest" = DigestText, Path, description = "sha256:<hex> or the hex alone")),
+    responses((status = 200, description = "manifest_toml and source (`Accept: text/plain`: the source alone)",
+            content((Object = "application/json"), (String = "text/plain"))),
+        (status = 400, description = "Not a digest"), (status = 404, description = "Unknown digest")))]
 pub async fn source(
     State(st): State<AppState>,
     _c: Caller,
@@ -238,7 +244,9 @@ pub struct SubmitBody {
 /// Submit a kernel (token scope `submit`): JSON `{manifest, source}` or multipart with parts
 /// `manifest` and `source`. 201 with the digest and its verification job; 200 when exactly
 /// this content is already stored; 409 when the name and version hold other content.
-#[utoipa::path(post, path = "/v1/kernels", tag = "kernels", request_body = SubmitBody,
+#[utoipa::path(post, path = "/v1/kernels", tag = "kernels",
+    request_body(content((SubmitBody = "application/json"), (SubmitBody = "multipart/form-data")),
+        description = "The kernel.toml text and the CUDA source, as JSON or as multipart parts `manifest` and `source` (UTF-8, no NUL; the source at most 1 MiB)"),
     responses((status = 201, description = "Stored; verification queued"), (status = 200, description = "Already stored"),
         (status = 401, description = "No token"), (status = 403, description = "Token lacks scope submit"),
         (status = 409, description = "Same name and version, other content"), (status = 413, description = "Body too large"),
@@ -294,18 +302,23 @@ pub async fn submit(
         Inserted::Existing(_) => (StatusCode::OK, None),
     };
     let k = inserted.kernel();
+    tracing::info!(name = %k.name, version = %k.version, digest = %k.digest, actor = %actor, created = (status == StatusCode::CREATED), job_id, "kernel submitted");
     let jobs = st.store.jobs_for_kernel(&k.digest).await?;
     let job = job_id
         .and_then(|id| jobs.iter().find(|j| j.id == id))
         .or_else(|| jobs.last());
     Ok((
         status,
-        Json(json!({
-            "created": status == StatusCode::CREATED,
-            "digest": k.digest,
-            "kernel": kernel_json(k),
-            "job": job.map(|j| json!({"id": j.id, "state": j.state, "url": format!("/v1/jobs/{}", j.id)})),
-        })),
+        Json(SubmitResponse {
+            created: status == StatusCode::CREATED,
+            digest: k.digest.clone(),
+            kernel: kernel_json(k),
+            job: job.map(|j| SubmittedJob {
+                id: j.id,
+                state: j.state,
+                url: format!("/v1/jobs/{}", j.id),
+            }),
+        }),
     )
         .into_response())
 }

@@ -1,8 +1,16 @@
-//! The OpenAPI document, generated from the handlers' annotations.
+//! The OpenAPI document: paths come from the route list (`app::api_routes`, each handler's
+//! `#[utoipa::path]`), parameter rules from the domain's own lists, and the refusals the edge
+//! makes on every route are declared here once.
 
+use crate::error::Problem;
 use axum::Json;
+use kernel_registry::{DType, Op, Semantics};
+use std::borrow::Cow;
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{Modify, OpenApi};
+use utoipa::openapi::{Content, Ref, RefOr, Response};
+use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 
 struct TokenAuth;
 impl Modify for TokenAuth {
@@ -15,24 +23,358 @@ impl Modify for TokenAuth {
     }
 }
 
+/// The document's frame; `app::api_routes` adds every path to it.
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "kernelize", description = "A kernel hub that hands out only verified layer replacements."),
-    paths(
-        super::healthz,
-        super::kernels::list, super::kernels::get_one, super::kernels::verifications,
-        super::kernels::source, super::kernels::submit,
-        super::jobs::claim, super::jobs::get_job, super::jobs::heartbeat, super::jobs::report,
-        super::jobs::fail, super::jobs::verification,
-        super::resolve::resolve,
-        openapi_json,
-    ),
+    info(title = "kernelize", description = "A kernel hub that hands out only verified layer replacements.\n\nEvery refusal is `application/problem+json` (RFC 9457) whose `detail` says what was wrong and how to fix it, and whose `field` names the parameter or field at fault. Text in a path or query parameter is one line (no control characters); a query parameter is either left out or given a value without surrounding spaces; no string of a body may hold NUL. Writes are limited per token (429 with `Retry-After`). An unknown, expired or revoked token gets 401 with `reason`. Every answer carries `x-request-id`."),
+    components(schemas(Problem, OpName, SemanticsName, DTypeName, ArchName, PolicyText, DigestText, KernelName, KernelVersion)),
     modifiers(&TokenAuth)
 )]
 pub struct ApiDoc;
 
 /// This document.
 #[utoipa::path(get, path = "/openapi.json", tag = "meta", responses((status = 200, description = "OpenAPI 3.1 document")))]
-pub async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+pub async fn openapi_json(_c: crate::app::Caller) -> Json<utoipa::openapi::OpenApi> {
+    Json(crate::app::openapi().clone())
+}
+
+/// A string parameter's schema with the allowed values or a pattern.
+fn string_schema(
+    description: &str,
+    values: Option<Vec<&'static str>>,
+    pattern: Option<&str>,
+) -> RefOr<Schema> {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .description(Some(description))
+        .enum_values(values)
+        .pattern(pattern)
+        .into()
+}
+
+/// Declares a parameter schema named like the domain type whose parser enforces it.
+macro_rules! param_schema {
+    ($ty:ident, $name:literal, $schema:expr) => {
+        pub struct $ty;
+        impl PartialSchema for $ty {
+            fn schema() -> RefOr<Schema> {
+                $schema
+            }
+        }
+        impl ToSchema for $ty {
+            fn name() -> Cow<'static, str> {
+                Cow::Borrowed($name)
+            }
+        }
+    };
+}
+
+param_schema!(
+    OpName,
+    "Op",
+    string_schema(
+        "The layer operation.",
+        Some(Op::ALL.iter().map(|o| o.as_str()).collect()),
+        None
+    )
+);
+param_schema!(
+    SemanticsName,
+    "Semantics",
+    string_schema(
+        "The reference semantics (llama, gemma or torch for rms_norm; `default` for the other ops).",
+        Some(Semantics::ALL.iter().map(|s| s.as_str()).collect()),
+        None
+    )
+);
+param_schema!(
+    DTypeName,
+    "DType",
+    string_schema(
+        "The element type.",
+        Some(DType::ALL.iter().map(|d| d.as_str()).collect()),
+        None
+    )
+);
+param_schema!(
+    ArchName,
+    "Arch",
+    string_schema(
+        "A CUDA compute capability `sm_<major><minor>`, major 3..20, one-digit minor (e.g. sm_80, sm_90, sm_100).",
+        None,
+        Some(ARCH_PATTERN)
+    )
+);
+param_schema!(
+    PolicyText,
+    "Policy",
+    string_schema(
+        "An exactness policy: bit_exact, ulp:N, tolerance or argmax, then any of ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X (X a non-negative number; a fraction at most 1).",
+        None,
+        Some(POLICY_PATTERN)
+    )
+);
+param_schema!(
+    DigestText,
+    "Digest",
+    string_schema(
+        "A content digest: sha256:<64 lowercase hex digits>, or the 64 hex digits alone.",
+        None,
+        Some(DIGEST_PATTERN)
+    )
+);
+param_schema!(
+    KernelName,
+    "KernelName",
+    string_schema(
+        "A kernel's name: 1-64 characters of a-z, 0-9 and _ (and - or . after the first).",
+        None,
+        Some(NAME_PATTERN)
+    )
+);
+param_schema!(
+    KernelVersion,
+    "KernelVersion",
+    string_schema(
+        "A kernel's semantic version, e.g. 1.0.0.",
+        None,
+        Some(VERSION_PATTERN)
+    )
+);
+
+pub const ARCH_PATTERN: &str = r"^sm_([3-9]|1[0-9]|20)[0-9]$";
+pub const DIGEST_PATTERN: &str = r"^(sha256:)?[0-9a-f]{64}$";
+pub const NAME_PATTERN: &str = r"^[a-z0-9_][a-z0-9_.-]{0,63}$";
+pub const VERSION_PATTERN: &str =
+    r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$";
+pub static POLICY_PATTERN: &str = concat!(
+    r"^(bit_exact|tolerance|argmax|ulp:\+?[0-9]{1,19})",
+    r"( *, *(deterministic|batch_invariant|max_abs_diff=",
+    r"\+?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?",
+    r"|max_mismatch_fraction=",
+    r"\+?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?",
+    r"))*$"
+);
+
+// Bounds the annotations state as literals (utoipa takes no constants there); the edge
+// enforces what the document says, and `declared_bounds_are_these` keeps the two in step.
+/// The most items a page of a list holds.
+pub const MAX_PAGE: i64 = 500;
+/// The largest `offset` a list accepts (far beyond any real list; keeps `offset + limit`
+/// inside an i64).
+pub const MAX_OFFSET: i64 = i32::MAX as i64;
+/// The largest `cols` and `rows` resolve accepts (2^40: beyond any verifiable width).
+pub const MAX_EXTENT: u64 = 1 << 40;
+
+fn problem(description: &str) -> RefOr<Response> {
+    let mut r = Response::new(description);
+    r.content.insert(
+        crate::error::PROBLEM_JSON.to_string(),
+        Content::new(Some(Ref::from_schema_name("Problem"))),
+    );
+    RefOr::T(r)
+}
+
+/// Declare on every operation what the edge may answer besides the handler's own statuses,
+/// and give every declared refusal the problem body.
+pub fn declare_the_edge(doc: &mut utoipa::openapi::OpenApi) {
+    for item in doc.paths.paths.values_mut() {
+        let ops = [
+            &mut item.get,
+            &mut item.post,
+            &mut item.put,
+            &mut item.delete,
+            &mut item.patch,
+        ];
+        for op in ops.into_iter().flatten() {
+            declare_on(op);
+        }
+    }
+    // The problem schema is referenced by every refusal.
+    let components = doc.components.get_or_insert_with(Default::default);
+    components
+        .schemas
+        .entry("Problem".into())
+        .or_insert_with(Problem::schema);
+}
+
+fn declare_on(op: &mut Operation) {
+    let writes = op.security.is_some();
+    let body = op.request_body.is_some();
+    let mut edge: Vec<(&str, &str)> = vec![
+        ("400", "A parameter or the body breaks a rule of this document (a control character in a parameter, NUL in a body, an integer out of its bounds, an empty query parameter or one with surrounding spaces, an unknown parameter, bad JSON); `field` names it"),
+        ("401", "A token is needed (writes, or every route with `--private-reads`), or the `Authorization` header is not a valid `Bearer` token, or the token is unknown, expired or revoked (`reason` says which)"),
+        ("408", "The body did not arrive in time (`serve --body-timeout-s`)"),
+        ("413", "The body is larger than 2 MiB"),
+        ("500", "The server failed; the error is logged, not shown"),
+    ];
+    if writes {
+        edge.push(("403", "The token lacks the scope this route needs"));
+        edge.push((
+            "429",
+            "This token made too many writes; retry after `Retry-After` seconds",
+        ));
+    }
+    if body {
+        edge.push((
+            "415",
+            "The body is not `application/json` (submit: or `multipart/form-data`)",
+        ));
+        edge.push((
+            "422",
+            "The JSON is well-formed but does not fit this route's body (a missing field, a wrong type, an unknown field)",
+        ));
+    }
+    for (status, description) in edge {
+        op.responses
+            .responses
+            .entry(status.to_string())
+            .or_insert_with(|| problem(description));
+    }
+    // Refusals declared by the handler get the problem body too.
+    for (status, r) in op.responses.responses.iter_mut() {
+        if !(status.starts_with('4') || status.starts_with('5')) {
+            continue;
+        }
+        if let RefOr::T(r) = r {
+            if r.content.is_empty() {
+                r.content.insert(
+                    crate::error::PROBLEM_JSON.to_string(),
+                    Content::new(Some(Ref::from_schema_name("Problem"))),
+                );
+            }
+        }
+    }
+    if let Some(RefOr::T(r)) = op.responses.responses.get_mut("429") {
+        r.headers.insert(
+            "Retry-After".to_string(),
+            utoipa::openapi::header::HeaderBuilder::new()
+                .schema(
+                    ObjectBuilder::new()
+                        .schema_type(Type::Integer)
+                        .minimum(Some(1)),
+                )
+                .description(Some("Seconds to wait before the next write"))
+                .build(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kernel_registry::{Arch, Digest, Policy};
+    use regex::Regex;
+
+    /// The pattern and the parser accept the same strings (`accept` says which they should).
+    fn agree<T: std::str::FromStr>(pattern: &str, cases: &[(&str, bool)]) {
+        let re = Regex::new(pattern).unwrap();
+        for (s, accept) in cases {
+            assert_eq!(re.is_match(s), *accept, "pattern {pattern} on `{s}`");
+            assert_eq!(s.parse::<T>().is_ok(), *accept, "parser on `{s}`");
+        }
+    }
+
+    #[test]
+    fn declared_patterns_are_what_the_parsers_accept() {
+        agree::<Arch>(
+            ARCH_PATTERN,
+            &[
+                ("sm_30", true),
+                ("sm_90", true),
+                ("sm_100", true),
+                ("sm_209", true),
+                ("sm_2", false),
+                ("sm_210", false),
+                ("sm_9", false),
+                ("sm_90a", false),
+                ("hopper", false),
+                ("", false),
+            ],
+        );
+        let hex = "0123456789abcdef".repeat(4);
+        agree::<Digest>(
+            DIGEST_PATTERN,
+            &[
+                (&hex, true),
+                (&format!("sha256:{hex}"), true),
+                (&format!("sha256:{}", hex.to_uppercase()), false),
+                (&hex[1..], false),
+                (&format!("sha512:{hex}"), false),
+            ],
+        );
+        agree::<Policy>(
+            POLICY_PATTERN,
+            &[
+                ("bit_exact", true),
+                ("ulp:2,deterministic,batch_invariant", true),
+                (
+                    "tolerance,max_abs_diff=1e-3,max_mismatch_fraction=0.5",
+                    true,
+                ),
+                ("argmax , deterministic", true),
+                ("ulp:+3", true),
+                ("tolerance,max_abs_diff=.5", true),
+                ("exact", false),
+                ("ulp:x", false),
+                ("ulp:", false),
+                ("bit_exact,fast", false),
+                ("tolerance,max_abs_diff=-1", false),
+                ("tolerance,max_abs_diff=nan", false),
+                ("", false),
+            ],
+        );
+    }
+
+    #[test]
+    fn declared_bounds_are_these() {
+        let doc = serde_json::to_value(crate::app::openapi()).unwrap();
+        let bounds = |path: &str, name: &str| -> (i64, i64) {
+            let p = doc["paths"][path]["get"]["parameters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == name)
+                .unwrap_or_else(|| panic!("{path} has no `{name}`"));
+            let n = |k: &str| {
+                p["schema"][k]
+                    .as_i64()
+                    .unwrap_or_else(|| panic!("{name}.{k}"))
+            };
+            (n("minimum"), n("maximum"))
+        };
+        assert_eq!(bounds("/v1/kernels", "limit"), (1, MAX_PAGE));
+        assert_eq!(bounds("/v1/kernels", "offset"), (0, MAX_OFFSET));
+        assert_eq!(bounds("/v1/resolve", "cols"), (1, MAX_EXTENT as i64));
+        assert_eq!(bounds("/v1/resolve", "rows"), (1, MAX_EXTENT as i64));
+    }
+
+    #[test]
+    fn declared_values_are_the_domain_lists() {
+        let doc = serde_json::to_value(crate::app::openapi()).unwrap();
+        let schemas = &doc["components"]["schemas"];
+        let listed = |name: &str| -> Vec<String> {
+            schemas[name]["enum"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{name} has no enum"))
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(
+            listed("Op"),
+            Op::ALL.iter().map(|o| o.to_string()).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            listed("DType"),
+            DType::ALL.iter().map(|o| o.to_string()).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            listed("Semantics"),
+            Semantics::ALL
+                .iter()
+                .map(|o| o.to_string())
+                .collect::<Vec<_>>()
+        );
+    }
 }

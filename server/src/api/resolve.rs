@@ -1,5 +1,6 @@
 //! `GET /v1/resolve`: the fastest kernel that meets a policy, with its evidence.
 
+use super::openapi::{ArchName, DTypeName, OpName, PolicyText, SemanticsName};
 use super::{known_params, param, required};
 use crate::app::{AppState, Caller};
 use crate::error::AppError;
@@ -49,13 +50,13 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
 /// `queued_jobs` (poll `job_url`; ask again once it is `done`).
 #[utoipa::path(get, path = "/v1/resolve", tag = "resolve",
     params(
-        ("op" = String, Query, description = "rms_norm, fused_add_rms_norm, layer_norm, silu, silu_and_mul, gelu, gelu_tanh"),
-        ("semantics" = Option<String>, Query, description = "llama, gemma or torch for rms_norm; default otherwise"),
-        ("dtype" = String, Query, description = "bf16, f16 or f32"),
-        ("arch" = String, Query, description = "e.g. sm_90"),
-        ("cols" = u64, Query, description = "columns (elements per row; element count for elementwise ops)"),
-        ("rows" = Option<u64>, Query, description = "rows: picks the nearest measured speed; a queued width verification runs rows 1..max(64, rows); never gates"),
-        ("policy" = Option<String>, Query, description = "bit_exact (default), ulp:N, tolerance, argmax, with ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X"),
+        ("op" = OpName, Query, description = "rms_norm, fused_add_rms_norm, layer_norm, silu, silu_and_mul, gelu, gelu_tanh, silu_mul, gelu_tanh_mul"),
+        ("semantics" = Option<SemanticsName>, Query, description = "llama, gemma or torch for rms_norm; default otherwise"),
+        ("dtype" = DTypeName, Query, description = "bf16, f16 or f32"),
+        ("arch" = ArchName, Query, description = "e.g. sm_90"),
+        ("cols" = u64, Query, description = "columns (elements per row; element count for elementwise ops), at most 2^40", minimum = 1, maximum = 1099511627776_i64),
+        ("rows" = Option<u64>, Query, description = "rows: picks the nearest measured speed; a queued width verification runs rows 1..max(64, rows); never gates", minimum = 1, maximum = 1099511627776_i64),
+        ("policy" = Option<PolicyText>, Query, description = "bit_exact (default), ulp:N, tolerance, argmax, with ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X"),
     ),
     responses((status = 200, description = "The chosen kernel with its evidence"), (status = 404, description = "No kernel qualifies; `excluded` says why each is out"), (status = 400, description = "A bad parameter")))]
 pub async fn resolve(

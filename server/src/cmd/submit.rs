@@ -1,10 +1,12 @@
 //! `kernelize submit`: a kernel author's CI uploads a kernel and, with `--wait`, gates on its
 //! verdict.
 
-use super::client::{problem, Client};
+use super::client::{decode, problem, Client};
+use crate::protocol::{JobView, SubmitResponse, VerificationRecord};
 use anyhow::Context;
 use kernel_registry::report::VerificationReport;
 use kernel_registry::{DType, KernelBundle, Policy};
+use kernel_store::JobState;
 use reqwest::StatusCode;
 use serde_json::json;
 use std::path::PathBuf;
@@ -40,26 +42,27 @@ pub async fn run(a: SubmitArgs) -> anyhow::Result<ExitCode> {
     // Check locally first: field errors are cheaper here than after an upload.
     let bundle = KernelBundle::load_dir(&a.dir)?;
     let client = Client::new(&a.server, Some(a.token.clone()))?;
-    let (st, r) = client
+    let (st, body) = client
         .post(
             "/v1/kernels",
             &json!({"manifest": bundle.manifest_toml, "source": bundle.source}),
         )
         .await?;
     if !(st == StatusCode::CREATED || st == StatusCode::OK) {
-        return Err(problem(st, &r));
+        return Err(problem(st, &body));
     }
-    let job_id = r["job"]["id"].as_i64();
+    let r: SubmitResponse = decode("POST /v1/kernels", body)?;
+    let job_id = r.job.as_ref().map(|j| j.id);
     println!(
         "{} {} {}  digest {}",
-        if st == StatusCode::CREATED {
+        if r.created {
             "submitted"
         } else {
             "already stored"
         },
         bundle.manifest.name,
         bundle.manifest.version,
-        r["digest"].as_str().unwrap_or("?")
+        r.digest
     );
     if let Some(id) = job_id {
         println!("verification job {id}: {}/v1/jobs/{id}", client.base());
@@ -110,39 +113,41 @@ async fn wait_for(
     bar.enable_steady_tick(Duration::from_millis(200));
     let start = Instant::now();
     loop {
-        let (st, job) = client.get(&format!("/v1/jobs/{id}")).await?;
+        let (st, body) = client.get(&format!("/v1/jobs/{id}")).await?;
         if st != StatusCode::OK {
             bar.finish_and_clear();
-            return Err(problem(st, &job));
+            return Err(problem(st, &body));
         }
-        let state = job["state"].as_str().unwrap_or("?").to_string();
+        let job = decode::<JobView>("GET /v1/jobs/{id}", body)?.job;
+        let state = job.state;
         bar.set_message(format!(
             "job {id}: {state} (attempt {} of {}), {:.0} s",
-            job["attempts"],
-            job["max_attempts"],
+            job.attempts,
+            job.max_attempts,
             start.elapsed().as_secs_f64()
         ));
-        match state.as_str() {
-            "done" => {
+        match state {
+            JobState::Done => {
                 bar.finish_and_clear();
-                let vid = job["verification_id"]
-                    .as_i64()
+                let vid = job
+                    .verification_id
                     .context("done job without verification")?;
                 let (st, v) = client.get(&format!("/v1/verifications/{vid}")).await?;
                 if st != StatusCode::OK {
                     return Err(problem(st, &v));
                 }
-                return Ok(Some(serde_json::from_value(v["report"].clone())?));
+                let v: VerificationRecord = decode("GET /v1/verifications/{id}", v)?;
+                return Ok(Some(v.report));
             }
-            "failed" => {
+            JobState::Failed => {
                 bar.finish_and_clear();
                 println!(
                     "verification job {id} FAILED: {}",
-                    job["last_error"].as_str().unwrap_or("no reason recorded")
+                    job.last_error.as_deref().unwrap_or("no reason recorded")
                 );
                 return Ok(None);
             }
-            _ => {}
+            JobState::Queued | JobState::Running => {}
         }
         if start.elapsed() > timeout {
             bar.finish_and_clear();

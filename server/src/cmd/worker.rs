@@ -2,26 +2,37 @@
 //! heart-beats while the verifier runs, and posts the report. One worker per GPU, any number
 //! of hosts.
 
-use super::client::{problem, Client};
-use anyhow::Context;
+use super::client::{decode, problem, Client};
+use crate::protocol::{
+    ClaimRequest, ClaimResponse, FailRequest, HeartbeatRequest, ReportRequest, ReportResponse,
+};
 use kernel_registry::report::ShapeRequest;
-use kernel_registry::{Digest, KernelBundle};
+use kernel_registry::KernelBundle;
 use reqwest::StatusCode;
-use serde_json::{json, Value};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Verify queued kernels on this machine's GPU for a hub.
 #[derive(clap::Args, Debug, Clone)]
+#[command(group = clap::ArgGroup::new("auth").required(true).multiple(false))]
 pub struct WorkerArgs {
     /// The hub's URL.
     #[arg(long, env = "KERNELIZE_SERVER")]
     pub server: String,
     /// A token with scope `worker`.
-    #[arg(long, env = "KERNELIZE_TOKEN", hide_env_values = true)]
-    pub token: String,
+    #[arg(long, env = "KERNELIZE_TOKEN", hide_env_values = true, group = "auth")]
+    pub token: Option<String>,
+    /// A file holding the token (as `kernelize token ensure --scope worker --file FILE` writes
+    /// it), read at start: keeps the token out of the environment and the process list.
+    #[arg(
+        long,
+        env = "KERNELIZE_TOKEN_FILE",
+        value_name = "FILE",
+        group = "auth"
+    )]
+    pub token_file: Option<std::path::PathBuf>,
     /// Which GPU of this host to use (sets CUDA_VISIBLE_DEVICES for the verifier).
     #[arg(long)]
     pub gpu: Option<u32>,
@@ -45,7 +56,22 @@ pub fn select_gpu(gpu: Option<u32>) {
     }
 }
 
+impl WorkerArgs {
+    /// The worker's token: `--token`, else the content of `--token-file`.
+    pub fn token(&self) -> anyhow::Result<String> {
+        match (&self.token, &self.token_file) {
+            (Some(t), _) => Ok(t.clone()),
+            (None, Some(f)) => crate::token_file::read(f),
+            (None, None) => anyhow::bail!(
+                "a worker needs a token with scope `worker`: pass --token T (or KERNELIZE_TOKEN) or --token-file FILE (or KERNELIZE_TOKEN_FILE)"
+            ),
+        }
+    }
+}
+
 pub async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
+    // The token first: a missing token file is a set-up error whatever the host.
+    let token = a.token()?;
     if !verifier::gpu_available() {
         anyhow::bail!(
             "no usable CUDA GPU on this host: a worker needs one (libcuda.so.1 and a device)"
@@ -53,14 +79,19 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     // Checked once at start: a bad --model or a missing harness is the operator's to fix.
     let model = a.model.options()?;
-    let client = Client::new(&a.server, Some(a.token.clone()))?;
+    let client = Client::new(&a.server, Some(token))?;
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "host".into());
     let name = format!("{host}/gpu{}/pid{}", a.gpu.unwrap_or(0), std::process::id());
     tracing::info!(server = client.base(), worker = %name, "worker started");
     let mut done = 0usize;
     loop {
-        let (st, claim) = client
-            .post("/v1/jobs/claim", &json!({"worker": name}))
+        let (st, body) = client
+            .post(
+                "/v1/jobs/claim",
+                &ClaimRequest {
+                    worker: name.clone(),
+                },
+            )
             .await?;
         match st {
             StatusCode::NO_CONTENT => {
@@ -72,38 +103,33 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
                 continue;
             }
             StatusCode::OK => {}
-            _ => return Err(problem(st, &claim)),
+            _ => return Err(problem(st, &body)),
         }
+        let claim: ClaimResponse = decode("POST /v1/jobs/claim", body)?;
         run_job(&client, &claim, a.quick, model.as_ref()).await?;
         done += 1;
     }
 }
 
+/// How the heartbeats ended.
+const BEATING: u8 = 0;
+/// The lease was lost (409) or is another token's (403): the job is no longer ours.
+const LOST: u8 = 1;
+/// The hub refused this worker's token (401: expired or revoked): stop working altogether.
+const TOKEN_REFUSED: u8 = 2;
+
 async fn run_job(
     client: &Client,
-    claim: &Value,
+    claim: &ClaimResponse,
     quick: bool,
     model: Option<&verifier::model::ModelOptions>,
 ) -> anyhow::Result<()> {
-    let id = claim["job"]["id"]
-        .as_i64()
-        .context("claim without job id")?;
-    let lease = claim["lease_id"]
-        .as_str()
-        .context("claim without lease")?
-        .to_string();
-    let lease_ms = claim["lease_ms"].as_i64().unwrap_or(120_000);
-    let want: Digest = claim["kernel"]["digest"]
-        .as_str()
-        .unwrap_or("")
-        .parse()
-        .context("claim with a bad digest")?;
-    let bundle = KernelBundle::from_parts(
-        claim["kernel"]["manifest_toml"].as_str().unwrap_or(""),
-        claim["kernel"]["source"].as_str().unwrap_or(""),
-    );
-    let bundle = match bundle {
-        Ok(b) if b.digest() == want => b,
+    let id = claim.job.id;
+    let lease = claim.lease_id.clone();
+    let lease_ms = claim.lease_ms;
+    let want = &claim.kernel.digest;
+    let bundle = match KernelBundle::from_parts(&claim.kernel.manifest_toml, &claim.kernel.source) {
+        Ok(b) if &b.digest() == want => b,
         Ok(b) => {
             let reason = format!(
                 "the served kernel hashes to {} instead of {want}",
@@ -124,41 +150,29 @@ async fn run_job(
     let label = format!("{} {}", bundle.manifest.name, bundle.manifest.version);
     // Widths to verify besides the suite (a job /v1/resolve queued for an unverified width):
     // the whole suite runs too, so the report stands on its own.
-    let shapes: Vec<ShapeRequest> = match claim["job"].get("shapes") {
-        None | Some(Value::Null) => vec![],
-        Some(v) => match serde_json::from_value(v.clone()) {
-            Ok(s) => s,
-            Err(e) => {
-                return fail(
-                    client,
-                    id,
-                    &lease,
-                    &format!("the job's shape list is invalid: {e}"),
-                )
-                .await
-            }
-        },
-    };
+    let shapes: Vec<ShapeRequest> = claim.job.shapes.clone();
     let shown: Vec<String> = shapes.iter().map(|s| s.to_string()).collect();
     tracing::info!(job = id, kernel = %label, shapes = ?shown, "verifying");
 
     // Heartbeat while the verifier runs; a lost lease means another worker owns the job.
-    let lost = Arc::new(AtomicBool::new(false));
+    let beat = Arc::new(AtomicU8::new(BEATING));
     let hb = {
-        let (client, lease, lost) = (client.clone(), lease.clone(), lost.clone());
+        let (client, lease, beat) = (client.clone(), lease.clone(), beat.clone());
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_millis((lease_ms / 3).max(200) as u64)).await;
-                match client
-                    .post(
-                        &format!("/v1/jobs/{id}/heartbeat"),
-                        &json!({"lease_id": lease}),
-                    )
-                    .await
-                {
+                let req = HeartbeatRequest {
+                    lease_id: lease.clone(),
+                };
+                match client.post(&format!("/v1/jobs/{id}/heartbeat"), &req).await {
                     Ok((StatusCode::OK, _)) => {}
-                    Ok((StatusCode::CONFLICT, _)) => {
-                        lost.store(true, Ordering::SeqCst);
+                    Ok((StatusCode::CONFLICT | StatusCode::FORBIDDEN, _)) => {
+                        beat.store(LOST, Ordering::SeqCst);
+                        return;
+                    }
+                    Ok((StatusCode::UNAUTHORIZED, body)) => {
+                        tracing::error!(job = id, "{}", problem(StatusCode::UNAUTHORIZED, &body));
+                        beat.store(TOKEN_REFUSED, Ordering::SeqCst);
                         return;
                     }
                     // A passing network fault: try again at the next beat.
@@ -197,31 +211,50 @@ async fn run_job(
     })
     .await?;
     hb.abort();
-    if lost.load(Ordering::SeqCst) {
-        tracing::warn!(
-            job = id,
-            "lease lost while verifying; the result is dropped"
-        );
-        return Ok(());
+    match beat.load(Ordering::SeqCst) {
+        LOST => {
+            tracing::warn!(
+                job = id,
+                "lease lost while verifying; the result is dropped"
+            );
+            return Ok(());
+        }
+        TOKEN_REFUSED => anyhow::bail!(
+            "the hub refused this worker's token while it verified job {id} (expired or revoked); start the worker with a valid token (`kernelize token create --scope worker`)"
+        ),
+        _ => {}
     }
     match result {
         Ok(report) => {
-            let class = report.summary.overall.class;
-            let (st, r) = client
-                .post(
-                    &format!("/v1/jobs/{id}/report"),
-                    &json!({"lease_id": lease, "report": report}),
-                )
-                .await?;
-            if st == StatusCode::CREATED {
-                println!(
-                    "job {id} {label}: {class} (verification {})",
-                    r["verification_id"]
-                );
-            } else {
-                tracing::warn!(job = id, "report refused: {}", problem(st, &r));
+            let req = ReportRequest {
+                lease_id: lease.clone(),
+                report,
+            };
+            let (st, body) = client.post(&format!("/v1/jobs/{id}/report"), &req).await?;
+            match st {
+                StatusCode::CREATED => {
+                    let r: ReportResponse = decode("POST /v1/jobs/{id}/report", body)?;
+                    println!(
+                        "job {id} {label}: {} (verification {})",
+                        r.class, r.verification_id
+                    );
+                    Ok(())
+                }
+                StatusCode::UNAUTHORIZED => Err(problem(st, &body).context(
+                    "the hub refused this worker's token (expired or revoked); start the worker with a valid token",
+                )),
+                // The hub found the report impossible for this job: say why on the job, so
+                // that it does not wait out the lease.
+                StatusCode::UNPROCESSABLE_ENTITY => {
+                    let why = problem(st, &body);
+                    tracing::warn!(job = id, "report refused: {why}");
+                    fail(client, id, &lease, &format!("the hub refused the report: {why}")).await
+                }
+                _ => {
+                    tracing::warn!(job = id, "report refused: {}", problem(st, &body));
+                    Ok(())
+                }
             }
-            Ok(())
         }
         Err(verifier::VerifyError::NoGpu(m)) => {
             fail(
@@ -239,18 +272,23 @@ async fn run_job(
 
 async fn fail(client: &Client, id: i64, lease: &str, reason: &str) -> anyhow::Result<()> {
     tracing::warn!(job = id, reason, "job failed on this worker");
-    let (st, r) = client
-        .post(
-            &format!("/v1/jobs/{id}/fail"),
-            &json!({"lease_id": lease, "reason": reason}),
-        )
-        .await?;
-    if st != StatusCode::OK {
-        tracing::warn!(
-            job = id,
-            "could not record the failure: {}",
-            problem(st, &r)
-        );
+    let req = FailRequest {
+        lease_id: lease.to_string(),
+        reason: reason.to_string(),
+    };
+    let (st, body) = client.post(&format!("/v1/jobs/{id}/fail"), &req).await?;
+    match st {
+        StatusCode::OK => Ok(()),
+        StatusCode::UNAUTHORIZED => Err(problem(st, &body).context(
+            "the hub refused this worker's token (expired or revoked); start the worker with a valid token",
+        )),
+        _ => {
+            tracing::warn!(
+                job = id,
+                "could not record the failure: {}",
+                problem(st, &body)
+            );
+            Ok(())
+        }
     }
-    Ok(())
 }

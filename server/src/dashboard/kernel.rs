@@ -7,8 +7,8 @@ use crate::app::{AppState, Caller};
 use crate::error::AppError;
 use axum::extract::{Path, State};
 use kernel_registry::report::{coverage, percent, CaseStatus, ULP_BUCKETS};
-use kernel_registry::storage::VerificationRow;
 use kernel_registry::{DType, Op};
+use kernel_store::VerificationRow;
 use maud::{html, Markup};
 
 pub async fn page(
@@ -138,7 +138,9 @@ fn verification(v: &VerificationRow, op: Op) -> Markup {
     for c in &r.cases {
         if let Some(e) = &c.exactness {
             for (i, n) in e.ulp_histogram.iter().enumerate() {
-                hist[i.min(ULP_BUCKETS.len())] += n;
+                // A worker's counts may be anything: saturate rather than overflow.
+                let b = &mut hist[i.min(ULP_BUCKETS.len())];
+                *b = b.saturating_add(*n);
             }
         }
     }

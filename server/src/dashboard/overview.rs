@@ -6,8 +6,8 @@ use crate::app::{AppState, Caller};
 use crate::resolve::{speed_at, SpeedAt};
 use axum::extract::{Query, State};
 use kernel_registry::report::{ExactnessClass, Verdict};
-use kernel_registry::storage::{JobRow, KernelQuery, KernelRow};
 use kernel_registry::{Arch, DType, Op, Semantics};
+use kernel_store::{JobRow, KernelQuery, KernelRow};
 use maud::{html, Markup};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -60,8 +60,7 @@ pub async fn page(
     for k in kernels {
         let vs = st.store.verifications_for_kernel(&k.digest).await?;
         // Newest verification per architecture (ids grow with time).
-        let mut newest: BTreeMap<Arch, &kernel_registry::storage::VerificationRow> =
-            BTreeMap::new();
+        let mut newest: BTreeMap<Arch, &kernel_store::VerificationRow> = BTreeMap::new();
         for v in &vs {
             archs_seen.insert(v.arch);
             let e = newest.entry(v.arch).or_insert(v);

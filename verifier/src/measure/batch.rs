@@ -97,7 +97,7 @@ pub fn layout(batches: &[Vec<u64>], row_bytes: u64) -> Layout {
 
 /// Run every composition of the case on the GPU against `base` (the case's launch-1 output,
 /// and its residual for fused_add_rms_norm, on the device). A composition is laid out in one
-/// allocation per tensor: its inputs gathered there, its output poisoned once, the candidate
+/// allocation per tensor: its inputs (x, a gated op's up, fused_add's residual) gathered there, its output poisoned once, the candidate
 /// launched on each batch's slice, and every row compared on the GPU; one download of the
 /// per-batch counts. `None` when every row matched, else a note saying which rows differed
 /// and where.
@@ -130,6 +130,11 @@ pub(crate) fn check(
             Some(_) => Some(gpu.alloc(lout.total as usize)?),
             None => None,
         };
+        // A gated op's second input: rows of `cols` elements, laid out like the output.
+        let up = match &run.bufs.up {
+            Some(_) => Some(gpu.alloc(lout.total as usize)?),
+            None => None,
+        };
         let out = gpu.alloc(lout.total as usize)?;
         // Per batch: (mismatching rows, first such position) for the output and the residual.
         let slots = if residual.is_some() { 2 } else { 1 };
@@ -147,13 +152,17 @@ pub(crate) fn check(
             let n = batch.len() as u64;
             let idx_ptr = idx.ptr() + 8 * idx_at;
             run.gather(x.ptr() + lin.offsets[i], &run.bufs.x, idx_ptr, n, in_row)?;
-            if let (Some(d), Some(src)) = (&residual, &run.bufs.residual) {
-                run.gather(d.ptr() + lout.offsets[i], src, idx_ptr, n, out_row)?;
+            for (d, src) in [(&residual, &run.bufs.residual), (&up, &run.bufs.up)] {
+                if let (Some(d), Some(src)) = (d, src) {
+                    run.gather(d.ptr() + lout.offsets[i], src, idx_ptr, n, out_row)?;
+                }
             }
             let t = Ptrs {
                 out: out.ptr() + lout.offsets[i],
                 residual: residual.as_ref().map(|d| d.ptr() + lout.offsets[i]),
                 x: x.ptr() + lin.offsets[i],
+                up: up.as_ref().map(|d| d.ptr() + lout.offsets[i]),
+                ..run.bufs.ptrs(&out, None)
             };
             run.launch_at(&run.cand, t, n)?;
             let mut pairs = vec![(t.out, base.ptr())];

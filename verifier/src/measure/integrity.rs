@@ -1,5 +1,6 @@
 //! Integrity: every output element written (poisoned before each launch), nothing written
-//! outside the buffers (guard regions), inputs unchanged. Launches that fail or hang are
+//! outside the buffers (guard regions), inputs unchanged (every one: x or a gated op's gate
+//! and up, the parameters). Launches that fail or hang are
 //! reported by the executor as errors; speeds above the roofline by `speed`.
 
 use super::{poison, CaseRun, Launches};
@@ -46,7 +47,8 @@ pub(crate) fn check(
         ));
     }
     let b = &run.bufs;
-    let mut guarded: Vec<(&str, &DevBuf)> = vec![("out", out), ("x", &b.x)];
+    let mut guarded: Vec<(&str, &DevBuf)> = vec![("out", out), (inp.x.name, &b.x)];
+    guarded.extend(b.up.as_ref().map(|u| ("up", u)));
     guarded.extend(res.map(|r| ("residual", r)));
     guarded.extend(b.weight.as_ref().map(|w| ("weight", w)));
     guarded.extend(b.bias.as_ref().map(|w| ("bias", w)));
@@ -56,6 +58,9 @@ pub(crate) fn check(
         }
     }
     let mut inputs: Vec<(&HostTensor, &DevBuf)> = vec![(&inp.x, &b.x)];
+    if let (Some(t), Some(d)) = (&inp.up, &b.up) {
+        inputs.push((t, d));
+    }
     if let (Some(t), Some(d)) = (&inp.weight, &b.weight) {
         inputs.push((t, d));
     }

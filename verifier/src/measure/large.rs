@@ -19,12 +19,23 @@ const MEMORY_MARGIN: u64 = 2 << 30;
 /// Elements around the first mismatch whose details (ulp, abs diff) are downloaded.
 const WINDOW: u64 = 1 << 24;
 
-/// Device bytes the case needs: x, the candidate's and the reference's outputs, three residual
-/// copies for fused_add_rms_norm, the parameters.
+/// Elements of the `x` input: silu_and_mul's holds gate and up, a gated op's gate and up are
+/// two tensors of n (`up` counted here too).
+fn input_elements(spec: &CaseSpec) -> u64 {
+    let n = spec.rows * spec.cols;
+    if spec.op == Op::SiluAndMul || spec.op.is_gated() {
+        2 * n
+    } else {
+        n
+    }
+}
+
+/// Device bytes the case needs: the inputs, the candidate's and the reference's outputs, three
+/// residual copies for fused_add_rms_norm, the parameters.
 pub fn bytes_needed(spec: &CaseSpec) -> u64 {
     let es = spec.dtype.size_bytes() as u64;
     let n = spec.rows * spec.cols;
-    let x = if spec.op == Op::SiluAndMul { 2 * n } else { n };
+    let x = input_elements(spec);
     let res = if spec.op == Op::FusedAddRmsNorm {
         3 * n
     } else {
@@ -145,6 +156,13 @@ pub(crate) fn run<'a>(
     };
     let x = gpu.alloc(x_n as usize * es)?;
     gen(gpu, &tools, &x, x_n, spec.seed)?;
+    let up = if spec.op.is_gated() {
+        let u = gpu.alloc(n as usize * es)?;
+        gen(gpu, &tools, &u, n, spec.seed ^ 0x0B)?;
+        Some(u)
+    } else {
+        None
+    };
     let residual = if spec.op == Op::FusedAddRmsNorm {
         let r = gpu.alloc(n as usize * es)?;
         gen(gpu, &tools, &r, n, spec.seed ^ 0x5E51)?;
@@ -161,6 +179,7 @@ pub(crate) fn run<'a>(
         tools,
         bufs: Bufs {
             x,
+            up,
             residual,
             weight: params.weight.as_ref().map(upload).transpose()?,
             bias: params.bias.as_ref().map(upload).transpose()?,
@@ -170,7 +189,8 @@ pub(crate) fn run<'a>(
     // Input sums before the launch, with a key the kernel never sees.
     let key = Poison::fresh().key;
     let inputs: Vec<(&str, &DevBuf)> = [
-        Some(("x", &run.bufs.x)),
+        Some((if spec.op.is_gated() { "gate" } else { "x" }, &run.bufs.x)),
+        run.bufs.up.as_ref().map(|u| ("up", u)),
         run.bufs.weight.as_ref().map(|w| ("weight", w)),
         run.bufs.bias.as_ref().map(|b| ("bias", b)),
         run.bufs.residual.as_ref().map(|r| ("residual", r)),
@@ -290,6 +310,14 @@ mod tests {
         assert!(bytes_needed(&s) >= 2 * (n + 2 * n + 3 * n));
         s.op = Op::Silu;
         assert!(bytes_needed(&s) >= 2 * 3 * n && bytes_needed(&s) < 2 * 4 * n);
+        // gate and up, the two outputs
+        for op in [Op::SiluMul, Op::GeluTanhMul, Op::SiluAndMul] {
+            s.op = op;
+            assert!(
+                bytes_needed(&s) >= 2 * 4 * n && bytes_needed(&s) < 2 * 5 * n,
+                "{op}"
+            );
+        }
     }
 
     #[test]

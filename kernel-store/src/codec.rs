@@ -1,0 +1,40 @@
+//! How list and enum values are written to and read from the schema's text columns.
+
+use crate::{Result, StoreError};
+use sqlx::any::AnyRow;
+use sqlx::Row;
+
+/// A list as `,a,b,` (empty: ``), so that `LIKE '%,a,%'` finds one member.
+pub(crate) fn csv<T: ToString>(items: impl IntoIterator<Item = T>) -> String {
+    let parts: Vec<String> = items.into_iter().map(|t| t.to_string()).collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(",{},", parts.join(","))
+    }
+}
+
+pub(crate) fn parse_csv<T: std::str::FromStr>(s: &str) -> Result<Vec<T>> {
+    s.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.parse()
+                .map_err(|_| StoreError::Corrupt(format!("stored list value `{p}`")))
+        })
+        .collect()
+}
+
+pub(crate) fn parse_col<T: std::str::FromStr>(row: &AnyRow, col: &str) -> Result<T> {
+    let s: String = row.try_get(col)?;
+    s.parse()
+        .map_err(|_| StoreError::Corrupt(format!("column {col} holds `{s}`")))
+}
+
+/// A float a column can hold (NaN and infinities are not portable across backends).
+pub(crate) fn finite_or(x: f64, or: f64) -> f64 {
+    if x.is_finite() {
+        x
+    } else {
+        or
+    }
+}

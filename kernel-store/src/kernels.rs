@@ -1,0 +1,292 @@
+//! Kernels and their sources: stored once by content digest, immutable, listed by the API.
+
+use crate::audit::audit_in;
+use crate::codec::{csv, parse_col, parse_csv};
+use crate::jobs::queue_job_in;
+use crate::{now_rfc3339, Result, Store, StoreError};
+use kernel_registry::domain::{Arch, DType, Digest, Op, Semantics};
+use kernel_registry::manifest::{digest_of, Constraints, KernelBundle, Manifest};
+use serde::Serialize;
+use sqlx::any::AnyRow;
+use sqlx::Row;
+
+/// A stored kernel, as listed by the API.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KernelRow {
+    pub id: i64,
+    pub name: String,
+    pub version: String,
+    pub digest: Digest,
+    pub op: Op,
+    pub semantics: Semantics,
+    pub dtypes: Vec<DType>,
+    /// Empty: any architecture.
+    pub archs: Vec<Arch>,
+    pub cols_min: i64,
+    pub cols_max: Option<i64>,
+    pub cols_multiple_of: i64,
+    pub description: String,
+    pub license: String,
+    pub authors: Vec<String>,
+    pub origin: String,
+    pub created_at: String,
+}
+
+impl KernelRow {
+    /// The manifest's constraints, as stored in the row's indexed columns.
+    pub fn constraints(&self) -> Constraints {
+        Constraints {
+            cols_min: self.cols_min as u64,
+            cols_max: self.cols_max.map(|c| c as u64),
+            cols_multiple_of: self.cols_multiple_of as u64,
+            archs: self.archs.clone(),
+        }
+    }
+}
+
+/// The result of storing a kernel.
+#[derive(Debug, Clone)]
+pub enum Inserted {
+    /// A new kernel, with the verification job created for it.
+    New { kernel: KernelRow, job_id: i64 },
+    /// Exactly this content was already stored: nothing changed.
+    Existing(KernelRow),
+}
+
+impl Inserted {
+    pub fn kernel(&self) -> &KernelRow {
+        match self {
+            Inserted::New { kernel, .. } | Inserted::Existing(kernel) => kernel,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct StoredSource {
+    pub digest: Digest,
+    pub manifest_toml: String,
+    pub manifest: Manifest,
+    pub source: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct KernelQuery {
+    pub op: Option<Op>,
+    pub semantics: Option<Semantics>,
+    pub dtype: Option<DType>,
+    pub arch: Option<Arch>,
+    pub limit: i64,
+    pub offset: i64,
+}
+
+pub(crate) const KERNEL_COLS: &str =
+    "id, name, version, digest, op, semantics, dtypes, archs, cols_min, \
+    cols_max, cols_multiple_of, description, license, authors, origin, created_at";
+
+fn kernel_row(r: &AnyRow) -> Result<KernelRow> {
+    let authors: String = r.try_get("authors")?;
+    Ok(KernelRow {
+        id: r.try_get("id")?,
+        name: r.try_get("name")?,
+        version: r.try_get("version")?,
+        digest: parse_col(r, "digest")?,
+        op: parse_col(r, "op")?,
+        semantics: parse_col(r, "semantics")?,
+        dtypes: parse_csv(&r.try_get::<String, _>("dtypes")?)?,
+        archs: parse_csv(&r.try_get::<String, _>("archs")?)?,
+        cols_min: r.try_get("cols_min")?,
+        cols_max: r.try_get("cols_max")?,
+        cols_multiple_of: r.try_get("cols_multiple_of")?,
+        description: r.try_get("description")?,
+        license: r.try_get("license")?,
+        authors: serde_json::from_str(&authors)
+            .map_err(|e| StoreError::Corrupt(format!("authors: {e}")))?,
+        origin: r.try_get("origin")?,
+        created_at: r.try_get("created_at")?,
+    })
+}
+
+impl Store {
+    /// Store a kernel (source by digest, kernel row, verification job) in one transaction.
+    /// The same content again is a no-op; the same name and version with other content is a
+    /// `Conflict`.
+    pub async fn insert_kernel(
+        &self,
+        bundle: &KernelBundle,
+        origin: &str,
+        actor: &str,
+    ) -> Result<Inserted> {
+        let m = &bundle.manifest;
+        let digest = bundle.digest();
+        let now = now_rfc3339();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO sources (digest, manifest_toml, manifest_json, source, created_at) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (digest) DO NOTHING",
+        )
+        .bind(digest.as_str())
+        .bind(&bundle.manifest_toml)
+        .bind(serde_json::to_string(m).expect("manifest serialises"))
+        .bind(&bundle.source)
+        .bind(&now)
+        .execute(&mut *tx)
+        .await?;
+        let inserted = sqlx::query(&format!(
+            "INSERT INTO kernels (name, version, digest, op, semantics, dtypes, archs, cols_min, \
+             cols_max, cols_multiple_of, description, license, authors, origin, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
+             ON CONFLICT DO NOTHING RETURNING {KERNEL_COLS}"
+        ))
+        .bind(&m.name)
+        .bind(m.version.to_string())
+        .bind(digest.as_str())
+        .bind(m.op.as_str())
+        .bind(m.semantics.as_str())
+        .bind(csv(m.entries.keys()))
+        .bind(csv(&m.constraints.archs))
+        .bind(m.constraints.cols_min as i64)
+        .bind(m.constraints.cols_max.map(|c| c as i64))
+        .bind(m.constraints.cols_multiple_of as i64)
+        .bind(&m.description)
+        .bind(&m.license)
+        .bind(serde_json::to_string(&m.authors).expect("authors serialise"))
+        .bind(origin)
+        .bind(&now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = inserted else {
+            tx.rollback().await?;
+            if let Some(k) = self.kernel_by_digest(&digest).await? {
+                return Ok(Inserted::Existing(k));
+            }
+            let version = m.version.to_string();
+            return match self.kernel(&m.name, &version).await? {
+                Some(k) => Err(StoreError::Conflict(format!(
+                    "{} {} is already stored with other content (digest {}); kernels are immutable: publish a new version",
+                    m.name, version, k.digest
+                ))),
+                None => Err(StoreError::Conflict(format!(
+                    "{} {} could not be stored: a concurrent write conflicted; try again",
+                    m.name, version
+                ))),
+            };
+        };
+        let kernel = kernel_row(&row)?;
+        let job_id = queue_job_in(&mut tx, &digest, &now).await?;
+        audit_in(
+            &mut tx,
+            actor,
+            "kernel.created",
+            &format!("{} {}", m.name, m.version),
+            serde_json::json!({"digest": digest, "origin": origin, "job_id": job_id}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Inserted::New { kernel, job_id })
+    }
+
+    pub async fn kernel(&self, name: &str, version: &str) -> Result<Option<KernelRow>> {
+        sqlx::query(&format!(
+            "SELECT {KERNEL_COLS} FROM kernels WHERE name = $1 AND version = $2"
+        ))
+        .bind(name)
+        .bind(version)
+        .fetch_optional(&self.pool)
+        .await?
+        .as_ref()
+        .map(kernel_row)
+        .transpose()
+    }
+
+    pub async fn kernel_by_digest(&self, digest: &Digest) -> Result<Option<KernelRow>> {
+        sqlx::query(&format!(
+            "SELECT {KERNEL_COLS} FROM kernels WHERE digest = $1"
+        ))
+        .bind(digest.as_str())
+        .fetch_optional(&self.pool)
+        .await?
+        .as_ref()
+        .map(kernel_row)
+        .transpose()
+    }
+
+    /// Kernels matching the filters, newest name/version order, with the total count.
+    pub async fn list_kernels(&self, q: &KernelQuery) -> Result<(Vec<KernelRow>, i64)> {
+        // Filters are bound in a fixed order so the `$n` numbering is ascending in the text.
+        let mut conds = Vec::new();
+        let mut binds: Vec<String> = Vec::new();
+        if let Some(op) = q.op {
+            binds.push(op.to_string());
+            conds.push(format!("op = ${}", binds.len()));
+        }
+        if let Some(s) = q.semantics {
+            binds.push(s.to_string());
+            conds.push(format!("semantics = ${}", binds.len()));
+        }
+        if let Some(d) = q.dtype {
+            binds.push(format!("%,{d},%"));
+            conds.push(format!("dtypes LIKE ${}", binds.len()));
+        }
+        if let Some(a) = q.arch {
+            binds.push(format!("%,{a},%"));
+            conds.push(format!("(archs = '' OR archs LIKE ${})", binds.len()));
+        }
+        let filter = if conds.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", conds.join(" AND "))
+        };
+        let count_sql = format!("SELECT COUNT(*) AS n FROM kernels {filter}");
+        let mut count = sqlx::query(&count_sql);
+        for b in &binds {
+            count = count.bind(b.clone());
+        }
+        let total: i64 = count.fetch_one(&self.pool).await?.try_get("n")?;
+        let n = binds.len();
+        let sql = format!(
+            "SELECT {KERNEL_COLS} FROM kernels {filter} ORDER BY op, semantics, name, id LIMIT ${} OFFSET ${}",
+            n + 1,
+            n + 2
+        );
+        let mut list = sqlx::query(&sql);
+        for b in &binds {
+            list = list.bind(b.clone());
+        }
+        let rows = list
+            .bind(q.limit)
+            .bind(q.offset)
+            .fetch_all(&self.pool)
+            .await?;
+        let kernels = rows.iter().map(kernel_row).collect::<Result<Vec<_>>>()?;
+        Ok((kernels, total))
+    }
+
+    /// A kernel's manifest and source by digest, re-checked against the digest on read.
+    pub async fn source(&self, digest: &Digest) -> Result<Option<StoredSource>> {
+        let Some(r) = sqlx::query(
+            "SELECT digest, manifest_toml, manifest_json, source FROM sources WHERE digest = $1",
+        )
+        .bind(digest.as_str())
+        .fetch_optional(&self.pool)
+        .await?
+        else {
+            return Ok(None);
+        };
+        let manifest_json: String = r.try_get("manifest_json")?;
+        let manifest: Manifest = serde_json::from_str(&manifest_json)
+            .map_err(|e| StoreError::Corrupt(format!("{digest}: manifest: {e}")))?;
+        let source: String = r.try_get("source")?;
+        let actual = digest_of(&manifest, &source);
+        if &actual != digest {
+            return Err(StoreError::Corrupt(format!(
+                "{digest}: the stored manifest and source hash to {actual}"
+            )));
+        }
+        Ok(Some(StoredSource {
+            digest: digest.clone(),
+            manifest_toml: r.try_get("manifest_toml")?,
+            manifest,
+            source,
+        }))
+    }
+}

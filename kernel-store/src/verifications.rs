@@ -1,0 +1,162 @@
+//! Verification records (immutable, one per completed job) and what each one covered.
+
+use crate::codec::{csv, parse_col, parse_csv};
+use crate::kernels::{KernelQuery, KernelRow};
+use crate::{Result, Store, StoreError};
+use kernel_registry::domain::{Arch, DType, Digest, Op};
+use kernel_registry::report::{Coverage, VerificationReport};
+use serde::Serialize;
+use sqlx::any::AnyRow;
+use sqlx::Row;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VerificationRow {
+    pub id: i64,
+    pub kernel_digest: Digest,
+    pub job_id: Option<i64>,
+    pub arch: Arch,
+    pub device_name: String,
+    pub exactness_class: String,
+    pub created_at: String,
+    pub report: VerificationReport,
+}
+
+fn verification_row(r: &AnyRow) -> Result<VerificationRow> {
+    let json: String = r.try_get("report_json")?;
+    Ok(VerificationRow {
+        id: r.try_get("id")?,
+        kernel_digest: parse_col(r, "kernel_digest")?,
+        job_id: r.try_get("job_id")?,
+        arch: parse_col(r, "arch")?,
+        device_name: r.try_get("device_name")?,
+        exactness_class: r.try_get("exactness_class")?,
+        created_at: r.try_get("created_at")?,
+        report: serde_json::from_str(&json)
+            .map_err(|e| StoreError::Corrupt(format!("verification report: {e}")))?,
+    })
+}
+
+impl Store {
+    pub async fn verification(&self, id: i64) -> Result<Option<VerificationRow>> {
+        sqlx::query("SELECT * FROM verifications WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(verification_row)
+            .transpose()
+    }
+
+    pub async fn verifications_for_kernel(&self, digest: &Digest) -> Result<Vec<VerificationRow>> {
+        sqlx::query("SELECT * FROM verifications WHERE kernel_digest = $1 ORDER BY id DESC")
+            .bind(digest.as_str())
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(verification_row)
+            .collect()
+    }
+
+    /// (id, arch) of every verification of a kernel, newest first, without reading reports.
+    pub async fn verification_archs(&self, digest: &Digest) -> Result<Vec<(i64, Arch)>> {
+        sqlx::query("SELECT id, arch FROM verifications WHERE kernel_digest = $1 ORDER BY id DESC")
+            .bind(digest.as_str())
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get("id")?, parse_col(r, "arch")?)))
+            .collect()
+    }
+
+    /// What a verification covered (per dtype and row length), from the coverage table;
+    /// `dtype` narrows it to one dtype. Sorted by (dtype, cols).
+    pub async fn coverage(
+        &self,
+        verification_id: i64,
+        dtype: Option<DType>,
+    ) -> Result<Vec<Coverage>> {
+        let mut q = String::from(
+            "SELECT dtype, cols, rows_min, rows_max, row_counts FROM verification_coverage \
+             WHERE verification_id = $1",
+        );
+        if dtype.is_some() {
+            q.push_str(" AND dtype = $2");
+        }
+        q.push_str(" ORDER BY dtype, cols");
+        let mut query = sqlx::query(&q).bind(verification_id);
+        if let Some(d) = dtype {
+            query = query.bind(d.to_string());
+        }
+        query
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|r| {
+                let i = |c: &str| -> Result<u64> { Ok(r.try_get::<i64, _>(c)? as u64) };
+                Ok(Coverage {
+                    dtype: parse_col(r, "dtype")?,
+                    cols: i("cols")?,
+                    rows_min: i("rows_min")?,
+                    rows_max: i("rows_max")?,
+                    row_counts: parse_csv(&r.try_get::<String, _>("row_counts")?)?,
+                })
+            })
+            .collect()
+    }
+
+    /// The newest verification of every kernel on `arch` (or on any arch), joined to its
+    /// kernel, for the resolver and the dashboard.
+    pub async fn latest_verifications(
+        &self,
+        op: Option<Op>,
+        arch: Option<Arch>,
+    ) -> Result<Vec<(KernelRow, VerificationRow)>> {
+        let kernels = self
+            .list_kernels(&KernelQuery {
+                op,
+                limit: i64::MAX,
+                ..Default::default()
+            })
+            .await?
+            .0;
+        let mut out = Vec::new();
+        for k in kernels {
+            let mut q = String::from("SELECT * FROM verifications WHERE kernel_digest = $1");
+            if arch.is_some() {
+                q.push_str(" AND arch = $2");
+            }
+            q.push_str(" ORDER BY id DESC LIMIT 1");
+            let mut query = sqlx::query(&q).bind(k.digest.as_str());
+            if let Some(a) = arch {
+                query = query.bind(a.to_string());
+            }
+            if let Some(r) = query.fetch_optional(&self.pool).await? {
+                out.push((k, verification_row(&r)?));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Store a verification's coverage rows, inside the caller's transaction (idempotent).
+pub(crate) async fn insert_coverage_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    verification_id: i64,
+    cov: &[Coverage],
+) -> Result<()> {
+    for c in cov {
+        sqlx::query(
+            "INSERT INTO verification_coverage (verification_id, dtype, cols, rows_min, rows_max, \
+             row_counts) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+        )
+        .bind(verification_id)
+        .bind(c.dtype.to_string())
+        .bind(c.cols as i64)
+        .bind(c.rows_min as i64)
+        .bind(c.rows_max as i64)
+        .bind(csv(&c.row_counts))
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,335 @@
+#!/usr/bin/env python3
+"""Generate the bundled kernels, kernels/<name>/{kernel.toml,kernel.cu}, from kernels/src/.
+
+A kernel's digest covers one self-contained source file, so every kernel.cu is the sources of
+its engine pasted together (see ENGINES) followed by its entry points; nothing else writes
+them. Edit kernels/src/*.cuh or the table below, then run (from anywhere):
+
+    python3 kernels/generate.py            # rewrite every kernels/<name>/ from the sources
+    python3 kernels/generate.py --check    # exit 1, naming each file that differs
+
+A kernel's `version` is kept from its existing kernel.toml (1.0.0 for a new kernel). When a
+kernel's content changes, bump that version by hand and append the new (name, version, digest)
+to kernels/released.toml; the CPU tests (python/tests/test_bundled_kernels.py,
+server/tests/bundled.rs) fail until both are done.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+import tomllib
+
+KERNELS_DIR = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.join(KERNELS_DIR, "src")
+
+CT = {"bf16": "__nv_bfloat16", "f16": "__half", "f32": "float"}
+DTYPES = ["bf16", "f16", "f32"]
+
+# The sources pasted into a kernel.cu, in order, per engine.
+ENGINES = {
+    # eager PyTorch's own reduction orders (docs/reference-semantics.md): every row kernel that
+    # claims eager's statistics
+    "eager": ["prelude.cuh", "eager.cuh"],
+    # the canonical 256-lane row order: the known-different LayerNorm variants
+    "canonical": ["prelude.cuh", "common.cuh", "canonical.cuh"],
+    # elementwise ops and silu_and_mul
+    "elementwise": ["prelude.cuh", "common.cuh", "activations.cuh", "elementwise.cuh"],
+    # the gated ops of HF MLPs: act(gate) * up on two tensors
+    "gated": ["prelude.cuh", "common.cuh", "activations.cuh", "gated.cuh"],
+}
+
+# Launch rules (kernel.toml [[launch]]) per engine and order.
+MEAN_LAUNCH = """
+# cols <= 8160: eager's mean order has 32 lanes with 16 rows or more (up to 512 below 16
+# rows): one warp per row, 8 rows per block.
+[[launch]]
+cols_max = 8160
+block = [32, 8]
+grid = "per_row"
+rows_per_block = 8
+
+# larger rows: 512 lanes at every row count (16 warps of 32 with 16 rows or more, 1-8 warp-rows
+# of 512-64 lanes below): one 128-thread block per row, 4 lanes per thread.
+[[launch]]
+block = 128
+grid = "per_row"
+rows_per_block = 1
+"""
+LN_LAUNCH = """
+# cols <= 2048: one warp per row (the 128 or 512 lanes of the layer-norm order, 4 or 16 per
+# thread), 8 rows per block.
+[[launch]]
+cols_max = 2048
+block = [32, 8]
+grid = "per_row"
+rows_per_block = 8
+
+# larger rows: one 128-thread block per row (1 or 4 lanes per thread).
+[[launch]]
+block = 128
+grid = "per_row"
+rows_per_block = 1
+"""
+CANONICAL_LAUNCH = """
+# cols <= 2048: one warp per row (the warp emulates the 256 canonical lanes, 8 per thread),
+# 4 rows per 128-thread block, the row in registers.
+[[launch]]
+cols_max = 2048
+block = [32, 4]
+grid = "per_row"
+rows_per_block = 4
+
+# larger rows: one 256-thread block per row (thread t = canonical lane t), the row in
+# registers up to 32768 (bf16/f16) / 16384 (f32) columns, streamed twice beyond that.
+[[launch]]
+block = 256
+grid = "per_row"
+rows_per_block = 1
+"""
+EW_LAUNCH = """
+# 64 bytes per thread (4 x 16-byte loads: 32 elements of bf16/f16; f32 blocks loop twice),
+# 256 threads per block, grid-stride loop.
+[launch]
+block = 256
+grid = "per_element"
+elements_per_thread = 32
+"""
+
+# The ABI of each op (SPEC section 2): the entry's parameters and the engine call's arguments.
+SIGS = {
+    "rms_norm": ("T* out, const T* x, const T* w, long long rows, long long cols, float eps", "out, x, w, rows, cols, eps"),
+    "fused_add_rms_norm": ("T* out, T* residual, const T* x, const T* w, long long rows, long long cols, float eps",
+                           "out, residual, x, w, rows, cols, eps"),
+    "layer_norm": ("T* out, const T* x, const T* w, const T* b, long long rows, long long cols, float eps",
+                   "out, x, w, b, rows, cols, eps"),
+    "silu": ("T* out, const T* x, long long n", "out, x, n"),
+    "gelu": ("T* out, const T* x, long long n", "out, x, n"),
+    "gelu_tanh": ("T* out, const T* x, long long n", "out, x, n"),
+    "silu_and_mul": ("T* out, const T* x, long long rows, long long cols", "out, x, rows, cols"),
+    "silu_mul": ("T* out, const T* gate, const T* up, long long rows, long long cols", "out, gate, up, rows, cols"),
+    "gelu_tanh_mul": ("T* out, const T* gate, const T* up, long long rows, long long cols",
+                      "out, gate, up, rows, cols"),
+}
+# Row kernels leave the other dtypes' entries out of a module compiled with
+# -DKERNELIZE_DTYPE_<DT> (docs/manifest.md): a third of NVRTC's time per module.
+ROW_OPS = {"rms_norm", "fused_add_rms_norm", "layer_norm"}
+
+
+class K:
+    """One bundled kernel: name, op, semantics (None = default), engine, launch rules, the
+    engine call (T = the C type), description (what it computes, how it differs from eager)."""
+
+    def __init__(self, name, op, semantics, engine, launch, call, description, args=None):
+        self.name, self.op, self.semantics, self.engine = name, op, semantics, engine
+        self.launch, self.call, self.description = launch, call, description
+        self.args = args or SIGS[op][1]
+
+
+# The mean-order and layer-norm-order engine calls take one argument list per order: the mean
+# order's has the residual (nullptr for plain rms_norm), the layer-norm order's the bias
+# (nullptr for F.rms_norm).
+MEAN_RMS = "out, nullptr, x, w, rows, cols, eps"
+LN_RMS = "out, x, w, nullptr, rows, cols, eps"
+
+KERNELS = [
+    K("rms_norm_llama", "rms_norm", "llama", "eager", MEAN_LAUNCH, "kz_mean_norm<T, KZ_LLAMA, false>",
+      """Fast exact HF LlamaRMSNorm: var = mean(x^2) in eager's own reduction order at the
+      tensor's own shape (Reduce.cuh's block for (rows, cols), 1-15 rows included, and the head
+      of a row that starts off a 16-byte boundary when cols % 4 != 0; see
+      docs/reference-semantics.md), var = sum * (float(rows) / float(rows*cols)) (MeanOps'
+      factor), r = rsqrtf(var + eps), n = round(x * r), y = round(w * n) (two roundings, as
+      eager). Like eager, a row's bits can depend on the batch's row count below 16 rows and on
+      the row's position when cols % 4 != 0: not batch-invariant. One warp per row up to 8160
+      columns, one 128-thread block per row above. From 16 rows on (aligned rows) the row is
+      kept in registers up to 2048 (f32: 1024) / 8192 (f32: 4096) columns and streamed twice
+      beyond; the other configurations (1-15 rows, rows that start off a 16-byte boundary)
+      stream it twice.""", MEAN_RMS),
+    K("rms_norm_gemma", "rms_norm", "gemma", "eager", MEAN_LAUNCH, "kz_mean_norm<T, KZ_GEMMA, false>",
+      """Fast exact Gemma RMSNorm: y = round(x * r * (1 + w)), r = rsqrtf(mean(x^2) + eps) in
+      eager's mean order at the tensor's own shape, as rms_norm_llama (every row count; not
+      batch-invariant, as eager; docs/reference-semantics.md). Same structure as
+      rms_norm_llama.""", MEAN_RMS),
+    K("rms_norm_torch", "rms_norm", "torch", "eager", LN_LAUNCH, "kz_ln_order<T, true>",
+      """Fast exact F.rms_norm (eager's _fused_rms_norm): cols % 4 == 0: r = rsqrtf(sum/cols + eps)
+      with the sum of fma(x, x, .) over 128 lanes of 4-vectors; otherwise r = rsqrtf(mean^2 + var
+      + eps) from a Welford over 512 lanes, as eager's two layer-norm kernels do
+      (docs/reference-semantics.md). y = round(x * r * w), one rounding. One warp per row up to
+      2048 columns, one 128-thread block per row above.""", LN_RMS),
+    K("fused_add_rms_norm", "fused_add_rms_norm", None, "eager", MEAN_LAUNCH, "kz_mean_norm<T, KZ_LLAMA, true>",
+      """Fast exact fused residual add + LlamaRMSNorm: s = round(x + residual), residual := s
+      (in place), out = round(w * round(s * r)), r from eager's mean order over s^2 at the
+      tensor's own shape, as rms_norm_llama (every row count; not batch-invariant, as eager;
+      docs/reference-semantics.md). Reads x and residual once and writes the residual once;
+      rows that are streamed re-read s from the residual for the outputs. Same structure as
+      rms_norm_llama."""),
+    K("layer_norm", "layer_norm", None, "eager", LN_LAUNCH, "kz_ln_order<T, false>",
+      """Fast exact nn.LayerNorm: per-row Welford statistics in eager's own order
+      (docs/reference-semantics.md): cols % 4 == 0: 128 lanes of 4-vectors with eager's
+      WelfordDataLN update and combine; otherwise 512 lanes with WelfordOps; rstd =
+      rsqrtf(m2/n + eps), y = round(fma((x - mean) * rstd, w, b)). One warp per row up to 2048
+      columns, one 128-thread block per row above; the row kept in registers up to 8192 columns."""),
+    K("silu", "silu", None, "elementwise", EW_LAUNCH, "kz_unary<T, KZ_SILU>",
+      """Fast exact SiLU: y = round(h / (1 + expf(-h))) with accurate expf and IEEE division,
+      32 elements (bf16/f16) per thread in 4 16-byte loads issued before use."""),
+    K("gelu", "gelu", None, "elementwise", EW_LAUNCH, "kz_unary<T, KZ_GELU>",
+      """Fast exact erf GELU (F.gelu): y = round(h*0.5 * (1 + erff(h*0.70710678))),
+      32 elements (bf16/f16) per thread in 4 16-byte loads issued before use."""),
+    K("gelu_tanh", "gelu_tanh", None, "elementwise", EW_LAUNCH, "kz_unary<T, KZ_GELU_TANH>",
+      """Fast exact tanh GELU (F.gelu(approximate='tanh')):
+      y = round(0.5h * (1 + tanhf(0.79788456 * fma(0.044715, h^3, h)))),
+      32 elements (bf16/f16) per thread in 4 16-byte loads issued before use."""),
+    K("silu_and_mul", "silu_and_mul", None, "elementwise", EW_LAUNCH, "kz_silu_and_mul<T, true>",
+      """Fast exact silu(g) * u as eager computes it: s = round(silu(g)) (intermediate rounding
+      to T), y = round(s * u). x = [rows, 2*cols], gate first. 16-byte loads when cols is a
+      multiple of 16/sizeof(T), scalar otherwise."""),
+    K("silu_mul", "silu_mul", None, "gated", EW_LAUNCH, "kz_gated<T, KZ_SILU>",
+      """Fast exact gated SiLU of HF LlamaMLP / Qwen2MLP / MistralMLP, silu(gate) * up on two
+      [rows, cols] tensors as eager computes F.silu(g) * u: s = round(h / (1 + expf(-h))) (the
+      silu kernel's arithmetic, the activation rounded to T), y = round(s * u). Elementwise over
+      rows * cols: 4 16-byte loads of the gate and 4 of up per thread issued before use,
+      grid-stride."""),
+    K("gelu_tanh_mul", "gelu_tanh_mul", None, "gated", EW_LAUNCH, "kz_gated<T, KZ_GELU_TANH>",
+      """Fast exact gated tanh GELU of Gemma's MLPs, F.gelu(gate, approximate='tanh') * up on
+      two [rows, cols] tensors as eager computes it: s = round(0.5h * (1 + tanhf(0.79788456 *
+      fma(0.044715, h^3, h)))) (the gelu_tanh kernel's arithmetic, rounded to T), y =
+      round(s * u). Elementwise over rows * cols: 4 16-byte loads of the gate and 4 of up per
+      thread issued before use, grid-stride."""),
+    # ---- known-different variants ----
+    K("rms_norm_llama_wbr", "rms_norm", "llama", "eager", MEAN_LAUNCH, "kz_mean_norm<T, KZ_WBR, false>",
+      """KNOWN-DIFFERENT variant (liger-style 'weight before rounding'), declared as llama
+      semantics: y = round(x * r * w) with a single rounding, where HF LlamaRMSNorm rounds
+      x * r to T first and then multiplies by w. Differs from eager on ~25% of bf16 elements by
+      1 ulp; identical in f32 (no intermediate rounding there). Same statistics (eager's mean
+      order at every row count) and speed as rms_norm_llama.""", MEAN_RMS),
+    K("layer_norm_twopass", "layer_norm", None, "canonical", CANONICAL_LAUNCH, "kz_layer_norm<T, 1>",
+      """KNOWN-DIFFERENT variant: LayerNorm statistics from a two-pass var_mean instead of
+      eager's Welford: mean = sum(x)/cols, var = sum((x - mean)^2)/cols (plain f32 sums in the
+      canonical lane order), then the same per-element formula. Differs from eager on a few
+      elements per million in bf16 (more in f32), accuracy comparable."""),
+    K("layer_norm_onepass", "layer_norm", None, "canonical", CANONICAL_LAUNCH, "kz_layer_norm<T, 2>",
+      """KNOWN-DIFFERENT variant: LayerNorm statistics in one pass as E[x^2] - E[x]^2 (clamped at
+      0), f32 sums. Differs from eager, and loses accuracy badly when the row mean is large
+      compared with its spread (catastrophic cancellation)."""),
+    K("silu_fastmath", "silu", None, "elementwise", EW_LAUNCH, "kz_unary<T, KZ_SILU_FAST>",
+      """KNOWN-DIFFERENT variant: SiLU with fast-math intrinsics, y = round(__fdividef(h,
+      1 + __expf(-h))). Differs from eager in a fraction of elements (more in f32 than in bf16);
+      __fdividef returns 0 for h < about -88 where eager gives -0 or a tiny value."""),
+    K("silu_and_mul_fused", "silu_and_mul", None, "elementwise", EW_LAUNCH, "kz_silu_and_mul<T, false>",
+      """KNOWN-DIFFERENT variant (vLLM-style fusion): y = round(silu(g) * u) with a single
+      rounding; eager rounds silu(g) to T before the multiply. Differs from eager on ~27% of bf16
+      elements; identical in f32 (no intermediate rounding there)."""),
+]
+
+
+def _read(name: str) -> str:
+    with open(os.path.join(SRC, name), encoding="utf-8") as f:
+        return f.read()
+
+
+def min_blocks(k: K, dt: str) -> int:
+    """__launch_bounds__(256, N): row kernels at most 85 (f32: 128) registers, so that several
+    rows per SM are in flight; elementwise kernels 3 blocks."""
+    if k.engine in ("elementwise", "gated"):
+        return 3
+    return 2 if dt == "f32" else 3
+
+
+def entry(k: K, dt: str) -> str:
+    sig, _ = SIGS[k.op]
+    T = CT[dt]
+    e = (f'extern "C" __global__ void __launch_bounds__(256, {min_blocks(k, dt)}) '
+         f'{k.name}_{dt}({sig.replace("T*", T + "*")}) {{\n'
+         f'  {k.call.replace("<T", "<" + T)}({k.args});\n}}\n')
+    if k.op in ROW_OPS:
+        others = " && ".join(f"!defined(KERNELIZE_DTYPE_{o.upper()})" for o in DTYPES if o != dt)
+        e = f"#if {others}\n{e}#endif\n"
+    return e
+
+
+def kernel_cu(k: K) -> str:
+    pieces = "".join(_read(p) for p in ENGINES[k.engine])
+    return (pieces + "\n// ---- entry points -----------------------------------------------------------------\n"
+            + "\n".join(entry(k, dt) for dt in DTYPES))
+
+
+def current_version(kernels_dir: str, name: str) -> str:
+    """The version in kernels/<name>/kernel.toml (bumped by hand), 1.0.0 for a new kernel."""
+    p = os.path.join(kernels_dir, name, "kernel.toml")
+    if not os.path.exists(p):
+        return "1.0.0"
+    with open(p, "rb") as f:
+        return tomllib.load(f)["version"]
+
+
+def kernel_toml(k: K, version: str) -> str:
+    desc = " ".join(textwrap.dedent(k.description).split())
+    lines = [f'name = "{k.name}"', f'version = "{version}"', f'op = "{k.op}"']
+    if k.semantics:
+        lines.append(f'semantics = "{k.semantics}"')
+    lines += [f'description = """{desc}"""', 'authors = ["kernelize"]', 'license = "Apache-2.0"',
+              'source = "kernel.cu"', "", "[entry]"]
+    lines += [f'{dt} = "{k.name}_{dt}"' for dt in DTYPES]
+    lines.append(k.launch)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render(kernels_dir: str = KERNELS_DIR) -> dict[str, str]:
+    """Every generated file, by path relative to kernels_dir."""
+    out: dict[str, str] = {}
+    for k in KERNELS:
+        if f"{k.name}/kernel.cu" in out:
+            raise ValueError(f"kernel {k.name} is listed twice")
+        out[f"{k.name}/kernel.toml"] = kernel_toml(k, current_version(kernels_dir, k.name))
+        out[f"{k.name}/kernel.cu"] = kernel_cu(k)
+    return out
+
+
+def differences(kernels_dir: str = KERNELS_DIR) -> list[str]:
+    """One line per generated file that is missing or differs, and per kernel folder the
+    generator does not know."""
+    want = render(kernels_dir)
+    bad = []
+    for rel, text in want.items():
+        p = os.path.join(kernels_dir, rel)
+        try:
+            with open(p, encoding="utf-8", newline="") as f:
+                have = f.read()
+        except FileNotFoundError:
+            bad.append(f"kernels/{rel}: missing")
+            continue
+        if have != text:
+            bad.append(f"kernels/{rel}: differs from what kernels/generate.py writes")
+    known = {rel.split("/")[0] for rel in want}
+    for d in sorted(os.listdir(kernels_dir)):
+        if os.path.isfile(os.path.join(kernels_dir, d, "kernel.toml")) and d not in known:
+            bad.append(f"kernels/{d}: a kernel folder kernels/generate.py does not generate "
+                       "(add it to KERNELS there, or remove the folder)")
+    return bad
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true",
+                    help="write nothing; exit 1 when a generated file differs")
+    a = ap.parse_args(argv)
+    if a.check:
+        bad = differences()
+        for b in bad:
+            print(b)
+        if bad:
+            print("run `python3 kernels/generate.py` and commit the result")
+        return 1 if bad else 0
+    files = render()
+    for rel, text in files.items():
+        p = os.path.join(KERNELS_DIR, rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+    print(f"wrote {len(files) // 2} kernels to {KERNELS_DIR}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+
+// Gated ops (silu_mul, gelu_tanh_mul): HF's act(gate_proj(x)) * up_proj(x) on two separate
+// [rows, cols] tensors, as eager computes it: s = round(act(g)) (the activation's output is a
+// tensor of T), y = round(s * u). The activation is kz_act, the same code as the silu and
+// gelu_tanh kernels (bit-exact with F.silu / F.gelu(approximate="tanh")).
+template <typename T, int F>
+KZ_DEV float kz_gate(float g, float u) { return __fmul_rn(KT<T>::rnd(kz_act<F>(g)), u); }
+
+// gate, up and out are contiguous with the same shape, so element i of each goes together: the
+// op is elementwise over n = rows * cols. As kz_unary: 4 x 16-byte vectors of the output per
+// thread per step (8 loads in flight: gate and up, all issued before use), coalesced, streaming
+// hints, grid-stride; the partial last tile with whole vectors where it can.
+template <typename T, int F>
+KZ_DEV void kz_gated(T* out, const T* gate, const T* up, i64 rows, i64 cols) {
+  constexpr int W = 16 / sizeof(T);
+  constexpr int NVEC = 4;
+  const i64 n = rows * cols;
+  const i64 tile = (i64)blockDim.x * (W * NVEC);
+  const bool al = kz_al16(out) && kz_al16(gate) && kz_al16(up);
+  const i64 nfull = al ? (n / tile) * tile : 0;
+  i64 base = (i64)blockIdx.x * tile;
+  for (; base < nfull; base += (i64)gridDim.x * tile) {
+    uint4 g[NVEC], u[NVEC];
+    const uint4* gs = reinterpret_cast<const uint4*>(gate + base) + threadIdx.x;
+    const uint4* us = reinterpret_cast<const uint4*>(up + base) + threadIdx.x;
+    uint4* os = reinterpret_cast<uint4*>(out + base) + threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < NVEC; ++j) {
+      g[j] = __ldcs(gs + j * blockDim.x);
+      u[j] = __ldcs(us + j * blockDim.x);
+    }
+#pragma unroll
+    for (int j = 0; j < NVEC; ++j) {
+      T* ge = reinterpret_cast<T*>(&g[j]);
+      const T* ue = reinterpret_cast<const T*>(&u[j]);
+#pragma unroll
+      for (int i = 0; i < W; ++i) ge[i] = KT<T>::from(kz_gate<T, F>(KT<T>::f(ge[i]), KT<T>::f(ue[i])));
+      __stcs(os + j * blockDim.x, g[j]);
+    }
+  }
+  for (; base < n; base += (i64)gridDim.x * tile) {
+    uint4 g[NVEC], u[NVEC];
+    i64 e0[NVEC];
+#pragma unroll
+    for (int j = 0; j < NVEC; ++j) {
+      e0[j] = base + ((i64)j * blockDim.x + threadIdx.x) * W;
+      if (al && e0[j] + W <= n) {
+        g[j] = __ldcs(reinterpret_cast<const uint4*>(gate + e0[j]));
+        u[j] = __ldcs(reinterpret_cast<const uint4*>(up + e0[j]));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NVEC; ++j) {
+      if (al && e0[j] + W <= n) {
+        T* ge = reinterpret_cast<T*>(&g[j]);
+        const T* ue = reinterpret_cast<const T*>(&u[j]);
+#pragma unroll
+        for (int i = 0; i < W; ++i) ge[i] = KT<T>::from(kz_gate<T, F>(KT<T>::f(ge[i]), KT<T>::f(ue[i])));
+        __stcs(reinterpret_cast<uint4*>(out + e0[j]), g[j]);
+      } else {
+        for (int i = 0; i < W; ++i)
+          if (e0[j] + i < n)
+            out[e0[j] + i] = KT<T>::from(kz_gate<T, F>(KT<T>::f(gate[e0[j] + i]), KT<T>::f(up[e0[j] + i])));
+      }
+    }
+  }
+}

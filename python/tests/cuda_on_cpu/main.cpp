@@ -1,0 +1,120 @@
+// Runs row kernels (bundled kernel entries and the verifier's reference layers) on the CPU under
+// harness.h. Jobs, one per line of the file named by argv[1]:
+//   KIND SYMBOL DTYPE ROWS COLS EPS GRID_X BLOCK_X BLOCK_Y IN OUT
+// KIND: rms (out, x, w, rows, cols, eps), fused (out, residual, x, w, rows, cols, eps) or ln
+// (out, x, w, b, rows, cols, eps). IN holds x (rows*cols elements), w (cols), then residual
+// (rows*cols, fused) or b (cols, ln), raw little-endian DTYPE (bf16, f16, f32). OUT receives
+// out, then the residual after the launch (fused). The symbol table comes from syms.inc.
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "syms.inc"  // harness.h, the entries' declarations and KZ_SYMS (KZ_SYM(name) ...)
+
+#if !defined(__x86_64__)
+#error "the CPU harness switches fibers with x86-64 assembly"
+#endif
+// kz_switch(from, to): push the callee-saved registers, MXCSR and the x87 control word, save the
+// stack pointer in *from, load `to`, pop the same, return into the other fiber.
+asm(R"(
+    .text
+    .globl kz_switch
+    .type kz_switch, @function
+kz_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size kz_switch, .-kz_switch
+)");
+
+inline std::function<void()> g_call;
+static void tramp() { g_call(); }
+
+static std::vector<unsigned char> slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) { std::fprintf(stderr, "cannot read %s\n", p.c_str()); std::exit(2); }
+  return std::vector<unsigned char>(std::istreambuf_iterator<char>(f), {});
+}
+
+int main(int argc, char** argv) {
+  if (argc != 2) { std::fprintf(stderr, "usage: %s JOBS\n", argv[0]); return 2; }
+  std::map<std::string, void*> syms;
+#define KZ_SYM(name) syms[#name] = (void*)&name;
+  KZ_SYMS
+#undef KZ_SYM
+  std::ifstream jobs(argv[1]);
+  std::string line;
+  int n = 0;
+  while (std::getline(jobs, line)) {
+    if (line.empty()) continue;
+    std::istringstream ss(line);
+    std::string kind, sym, dt, in, out;
+    long long rows, cols;
+    float eps;
+    unsigned gx, bx, by;
+    ss >> kind >> sym >> dt >> rows >> cols >> eps >> gx >> bx >> by >> in >> out;
+    if (!ss) { std::fprintf(stderr, "bad job: %s\n", line.c_str()); return 2; }
+    auto it = syms.find(sym);
+    if (it == syms.end()) { std::fprintf(stderr, "unknown symbol %s\n", sym.c_str()); return 2; }
+    const size_t es = dt == "f32" ? 4 : 2;
+    const size_t ne = (size_t)(rows * cols);
+    std::vector<unsigned char> buf = slurp(in);
+    const size_t want = es * (ne + cols + (kind == "fused" ? ne : kind == "ln" ? cols : 0));
+    if (buf.size() != want) { std::fprintf(stderr, "%s: %zu bytes, want %zu\n", in.c_str(), buf.size(), want); return 2; }
+    // 16-byte aligned copies (the ABI promises aligned tensors)
+    auto aligned = [](size_t bytes) { return (unsigned char*)std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256); };
+    unsigned char* x = aligned(es * ne);
+    unsigned char* w = aligned(es * cols);
+    unsigned char* extra = aligned(es * (kind == "fused" ? ne : cols));
+    unsigned char* o = aligned(es * ne);
+    std::memcpy(x, buf.data(), es * ne);
+    std::memcpy(w, buf.data() + es * ne, es * cols);
+    if (kind == "fused") std::memcpy(extra, buf.data() + es * (ne + cols), es * ne);
+    if (kind == "ln") std::memcpy(extra, buf.data() + es * (ne + cols), es * cols);
+    std::memset(o, 0xA7, es * ne);
+    void* f = it->second;
+    if (kind == "rms") {
+      auto fn = (void (*)(void*, const void*, const void*, long long, long long, float))f;
+      g_call = [=] { fn(o, x, w, rows, cols, eps); };
+    } else if (kind == "fused") {
+      auto fn = (void (*)(void*, void*, const void*, const void*, long long, long long, float))f;
+      g_call = [=] { fn(o, extra, x, w, rows, cols, eps); };
+    } else if (kind == "ln") {
+      auto fn = (void (*)(void*, const void*, const void*, const void*, long long, long long, float))f;
+      g_call = [=] { fn(o, x, w, extra, rows, cols, eps); };
+    } else {
+      std::fprintf(stderr, "unknown kind %s\n", kind.c_str());
+      return 2;
+    }
+    kzcpu::launch(uint3{gx, 1, 1}, uint3{bx, by, 1}, tramp);
+    std::ofstream of(out, std::ios::binary);
+    of.write((const char*)o, es * ne);
+    if (kind == "fused") of.write((const char*)extra, es * ne);
+    std::free(x); std::free(w); std::free(extra); std::free(o);
+    ++n;
+  }
+  std::printf("%d jobs\n", n);
+  return 0;
+}

@@ -1,0 +1,359 @@
+"""The bundled row kernels' reduction orders, checked on the CPU (issue 14: eager's mean order at
+every row count).
+
+Three checks, none needing a GPU:
+
+1. `kz_mean_cfg` in kernels/src/eager.cuh (Reduce.cuh's setReduceConfig, the block the kernels
+   follow) is compiled with the host C++ compiler and compared with scripts/eager_order.py's
+   `reduce_config` (the emulator that matched eager bit for bit on an H200) on a table of
+   (rows, cols); with it, the facts kz_mean_norm's dispatch relies on.
+2. The generated kernel.cu of every row kernel of the eager engine and the verifier's reference
+   layers (verifier/src/reference.cu) run on the CPU under cuda_on_cpu/harness.h (each
+   block's threads as fibers, warp shuffles and __syncthreads as barriers, IEEE float
+   arithmetic), launched with the manifest's launch rule, on shapes with 1-33 rows, odd and
+   aligned widths, both launch rules and the 8160-column boundary: the kernel's output (and
+   residual) must equal the reference's bit for bit, as the verifier requires on the GPU.
+3. The reference's HF LlamaRMSNorm / GemmaRMSNorm / residual add + norm outputs equal those
+   computed from scripts/eager_order.py's `eager_mean_sq` (eager's mean order, per row count
+   and row alignment).
+
+The harness's rsqrtf is 1/sqrtf (not CUDA's), the same function in every code under test, so
+(2) and (3) compare orders, not CUDA's math library. Skipped when no C++ compiler is found or
+the machine is not x86-64. Builds are cached under $TMPDIR/kernelize-cuda-on-cpu
+(KERNELIZE_CPU_CUDA_CACHE), keyed by the hash of their sources.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import importlib.util
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+np = pytest.importorskip("numpy")
+
+REPO = Path(__file__).resolve().parents[2]
+HARNESS = Path(__file__).resolve().parent / "cuda_on_cpu"
+sys.path.insert(0, str(REPO / "python"))
+
+from kernelize.digest import launch_dims, parse_manifest_toml  # noqa: E402
+
+F32 = np.float32
+DTYPES = ["bf16", "f16", "f32"]
+# kernel -> (ABI kind, reference entry prefix)
+KERNELS = {
+    "rms_norm_llama": ("rms", "ref_rms_norm_llama"),
+    "rms_norm_gemma": ("rms", "ref_rms_norm_gemma"),
+    "fused_add_rms_norm": ("fused", "ref_fused_add_rms_norm_default"),
+    # declared llama, weight before rounding: the llama reference's function in f32 only
+    "rms_norm_llama_wbr": ("rms", "ref_rms_norm_llama"),
+    "rms_norm_torch": ("rms", "ref_rms_norm_torch"),
+    "layer_norm": ("ln", "ref_layer_norm_default"),
+}
+CXXFLAGS = ["-std=c++17", "-O1", "-ffp-contract=off", "-fno-strict-aliasing"]
+
+
+def _eager_order():
+    spec = importlib.util.spec_from_file_location("eager_order", REPO / "scripts" / "eager_order.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+EO = _eager_order()
+
+
+def _cxx() -> str:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the CPU harness switches fibers with x86-64 assembly")
+    for c in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if c and shutil.which(c):
+            return c
+    pytest.skip("no C++ compiler (g++/clang++) to run the kernels' sources on the CPU")
+
+
+def _cache_dir(key: str) -> Path:
+    d = Path(os.environ.get("KERNELIZE_CPU_CUDA_CACHE", Path(tempfile.gettempdir()) / "kernelize-cuda-on-cpu")) / key
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+# ---- 1. the config --------------------------------------------------------------------------
+
+CFG_ROWS = list(range(1, 41)) + [63, 64, 100, 255, 256, 333, 511, 512, 513, 1000, 2048, 4096, 65536]
+CFG_COLS = (list(range(1, 140)) + [255, 256, 257, 511, 512, 513, 576, 768, 896, 960, 1000, 1001, 1024,
+            1536, 2047, 2048, 2049, 2304, 2560, 3072, 3584, 4096, 4099, 5120, 7680, 7681, 8064,
+            8065, 8128, 8129, 8159, 8160, 8161, 8192, 12289, 16384, 65536, 131072, 131073, 200000])
+
+
+def _config_source() -> str:
+    src = (REPO / "kernels" / "src" / "eager.cuh").read_text(encoding="utf-8")
+    m = re.search(r"^// BEGIN kz_mean_cfg\n(.*?)^// END kz_mean_cfg$", src, re.S | re.M)
+    assert m, "kernels/src/eager.cuh lost its `// BEGIN kz_mean_cfg` ... `// END kz_mean_cfg` block"
+    return m.group(1)
+
+
+@lru_cache(maxsize=1)
+def _kernel_configs() -> dict[tuple[int, int], tuple[int, int, bool, int]]:
+    cxx = _cxx()
+    body = _config_source()
+    prog = ("#include <cstdio>\n#define KZ_DEV static inline\ntypedef long long i64;\n" + body + """
+int main() {
+  long long r, c;
+  while (std::scanf("%lld %lld", &r, &c) == 2) {
+    const KzCfg k = kz_mean_cfg(r, c);
+    std::printf("%lld %lld %d %d %d %d %d\\n", r, c, k.bw, k.bh, (int)k.split, k.lanes, (int)k.vec);
+  }
+  return 0;
+}
+""")
+    d = _cache_dir(hashlib.sha256((cxx + prog).encode()).hexdigest()[:16])
+    exe = d / "cfg"
+    if not exe.exists():
+        (d / "cfg.cpp").write_text(prog, encoding="utf-8")
+        subprocess.run([cxx, "-std=c++17", "-O1", str(d / "cfg.cpp"), "-o", str(exe)], check=True)
+    pairs = "".join(f"{r} {c}\n" for r in CFG_ROWS for c in CFG_COLS)
+    out = subprocess.run([str(exe)], input=pairs, capture_output=True, text=True, check=True).stdout
+    got = {}
+    for ln in out.splitlines():
+        r, c, bw, bh, split, lanes, vec = map(int, ln.split())
+        got[(r, c)] = (bw, bh, bool(split), lanes, bool(vec))
+    return got
+
+
+def test_the_kernels_config_is_reduce_cuh_s():
+    got = _kernel_configs()
+    bad = []
+    for (r, c), (bw, bh, split, lanes, vec) in got.items():
+        e = EO.reduce_config(r, c)
+        want = (e["block_width"], e["block_height"], e["split_across_warps"],
+                e["block_width"] * (e["block_height"] if e["split_across_warps"] else 1), e["vectorize"])
+        if (bw, bh, split, lanes, vec) != want:
+            bad.append(f"[{r}, {c}]: kernel (bw, bh, split, lanes, vec) = {(bw, bh, split, lanes, vec)}, "
+                       f"reduce_config {want}")
+    assert len(got) == len(CFG_ROWS) * len(CFG_COLS)
+    assert not bad, "\n".join(bad[:20])
+
+
+def test_the_facts_the_dispatch_relies_on():
+    # kz_mean_norm: cols <= 8160 runs one warp per row, so at most 512 lanes (16 per thread);
+    # cols > 8160 runs 128 threads per row and needs 512 lanes at every row count; 16 rows and
+    # more give bw = 32, bh = 16 (kz_rows's trees) above 128 columns and min(last_pow2, 32)
+    # lanes of single elements up to 128; a split always has 512 lanes.
+    for (r, c), (bw, bh, split, lanes, vec) in _kernel_configs().items():
+        assert lanes & (lanes - 1) == 0 and 1 <= lanes <= 512, (r, c)
+        assert vec == (c > 128), (r, c)
+        if c > 8160:
+            assert lanes == 512 and split, (r, c)
+        if split:
+            assert lanes == 512 or bh == 1, (r, c)
+        if r >= 16 and c > 128:
+            assert (bw, bh) == (32, 16) and split == (c > 8160), (r, c)
+        if r >= 16 and c <= 128:
+            assert lanes == min(EO.last_pow2(c), 32) and not split, (r, c)
+        if c <= 128:
+            assert not split and lanes <= 128, (r, c)
+        if vec:
+            assert bw >= 32, (r, c)
+
+
+# ---- 2. the kernels and the reference on the CPU ---------------------------------------------
+
+def _reference_source() -> str:
+    src = (REPO / "verifier" / "src" / "reference.cu").read_text(encoding="utf-8")
+    cut = src.find("// Verifier utility (not a reference layer)")
+    assert cut > 0, "verifier/src/reference.cu: the reference layers end where `// Verifier utility` starts"
+    return src[:cut]
+
+
+@lru_cache(maxsize=1)
+def _runner() -> Path:
+    """The harness binary with every kernel of KERNELS and the reference layers (cached by the
+    hash of everything it is built from)."""
+    cxx = _cxx()
+    units = {name: (REPO / "kernels" / name / "kernel.cu").read_text(encoding="utf-8") for name in KERNELS}
+    units["reference"] = _reference_source()
+    h = hashlib.sha256()
+    for part in [cxx, " ".join(CXXFLAGS), (HARNESS / "harness.h").read_text(), (HARNESS / "main.cpp").read_text()]:
+        h.update(part.encode())
+    for k in sorted(units):
+        h.update(k.encode() + units[k].encode())
+    d = _cache_dir(h.hexdigest()[:16])
+    exe = d / "run"
+    if exe.exists():
+        return exe
+    syms = [f"{name}_{dt}" for name in KERNELS for dt in DTYPES]
+    syms += sorted({f"{ref}_{dt}" for _, ref in KERNELS.values() for dt in DTYPES})
+    (d / "syms.inc").write_text(
+        f'#include "{HARNESS / "harness.h"}"\n'
+        + "".join(f'extern "C" void {s}(void);\n' for s in syms)
+        + "#define KZ_SYMS " + " ".join(f"KZ_SYM({s})" for s in syms) + "\n", encoding="utf-8")
+    jobs = []
+    for k, text in units.items():
+        (d / f"{k}.cu").write_text(text, encoding="utf-8")
+        jobs.append([cxx, *CXXFLAGS, f"-I{HARNESS / 'include'}", "-include", str(HARNESS / "harness.h"),
+                     "-x", "c++", "-c", str(d / f"{k}.cu"), "-o", str(d / f"{k}.o")])
+    jobs.append([cxx, *CXXFLAGS, f"-I{d}", "-c", str(HARNESS / "main.cpp"), "-o", str(d / "main.o")])
+
+    def build(cmd):
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        return cmd, r
+
+    with cf.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as ex:
+        for cmd, r in ex.map(build, jobs):
+            assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"
+    tmp = d / "run.tmp"
+    subprocess.run([cxx, *[str(d / f"{k}.o") for k in units], str(d / "main.o"), "-o", str(tmp)], check=True)
+    tmp.replace(exe)
+    return exe
+
+
+def _bits_of(x: np.ndarray, dt: str) -> tuple[bytes, np.ndarray]:
+    """f32 values -> (raw bytes in dt, the values as f32 after rounding to dt)."""
+    x = np.ascontiguousarray(x, dtype=F32)
+    if dt == "f32":
+        return x.tobytes(), x
+    if dt == "bf16":
+        v = EO.round_bf16(x)
+        return (v.view(np.uint32) >> 16).astype(np.uint16).tobytes(), v
+    v = x.astype(np.float16)
+    return v.tobytes(), v.astype(F32)
+
+
+def _round(v: np.ndarray, dt: str) -> np.ndarray:
+    v = np.asarray(v, dtype=F32)
+    if dt == "f32":
+        return v
+    if dt == "bf16":
+        return EO.round_bf16(v)
+    return v.astype(np.float16).astype(F32)
+
+
+def _values(raw: bytes, dt: str) -> np.ndarray:
+    if dt == "f32":
+        return np.frombuffer(raw, F32)
+    if dt == "bf16":
+        return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(F32)
+    return np.frombuffer(raw, np.float16).astype(F32)
+
+
+def _raw_words(raw: bytes, dt: str) -> np.ndarray:
+    return np.frombuffer(raw, np.uint32 if dt == "f32" else np.uint16)
+
+
+# Shapes: every row class of the mean order (1, 2-3, 4-7, 8-15, >= 16) at widths that take each
+# path: single elements (<= 128), 4-vectors with every alignment class (cols % 4), one warp per
+# row up to 8160 (32 .. 512 lanes, with and without a split) and 128 threads above.
+MEAN_ROWS = [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 33]
+MEAN_COLS = [7, 31, 64, 100, 128, 129, 131, 255, 256, 514, 1001, 1002, 1003, 2048, 4096, 4099,
+             8064, 8065, 8128, 8129, 8160, 8161, 8195, 12289]
+LN_SHAPES = [(1, 100), (3, 1001), (7, 2048), (16, 1003), (17, 4096), (2, 8192), (5, 8195)]
+
+
+def _cases():
+    out = []
+    for name in ("rms_norm_llama", "fused_add_rms_norm", "rms_norm_gemma"):
+        for dt in DTYPES:
+            for rows in MEAN_ROWS:
+                for cols in MEAN_COLS:
+                    if name != "rms_norm_llama" and (rows, cols) not in {(1, 1001), (3, 4099), (5, 8065), (9, 128),
+                                                                          (15, 8161), (17, 1003), (2, 12289)}:
+                        continue
+                    out.append((name, dt, rows, cols))
+    for rows, cols in [(1, 4096), (6, 1001), (20, 8195)]:
+        out.append(("rms_norm_llama_wbr", "f32", rows, cols))
+    for name in ("rms_norm_torch", "layer_norm"):
+        for dt in DTYPES:
+            for rows, cols in LN_SHAPES:
+                out.append((name, dt, rows, cols))
+    return out
+
+
+@lru_cache(maxsize=1)
+def _run_all():
+    """Runs every case's kernel and reference once; returns {case: (inputs, kernel out, ref out)}."""
+    exe = _runner()
+    d = Path(tempfile.mkdtemp(prefix="kz-cpu-cases-"))
+    rng = np.random.default_rng(20261123)
+    jobs, meta = [], {}
+    for i, (name, dt, rows, cols) in enumerate(_cases()):
+        kind, ref = KERNELS[name]
+        man = parse_manifest_toml((REPO / "kernels" / name / "kernel.toml").read_text(encoding="utf-8"))
+        (gx, _, _), block, _ = launch_dims(man, rows, cols, 132)
+        bx, by = block[0], block[1]
+        xb, x = _bits_of(rng.standard_normal((rows, cols)), dt)
+        wsrc = 0.2 * rng.standard_normal(cols) + (0.0 if name == "rms_norm_gemma" else 1.0)
+        wb, w = _bits_of(wsrc, dt)
+        blob = xb + wb
+        extra = None
+        if kind == "fused":
+            eb, extra = _bits_of(rng.standard_normal((rows, cols)), dt)
+            blob += eb
+        elif kind == "ln":
+            eb, extra = _bits_of(0.2 * rng.standard_normal(cols), dt)
+            blob += eb
+        fin = d / f"in{i}"
+        fin.write_bytes(blob)
+        eps = "1e-5" if kind == "ln" else "1e-6"
+        jobs.append(f"{kind} {name}_{dt} {dt} {rows} {cols} {eps} {gx} {bx} {by} {fin} {d / f'k{i}'}")
+        jobs.append(f"{kind} {ref}_{dt} {dt} {rows} {cols} {eps} {rows} 512 1 {fin} {d / f'r{i}'}")
+        meta[(name, dt, rows, cols)] = (i, x, w, extra)
+    (d / "jobs").write_text("\n".join(jobs) + "\n", encoding="utf-8")
+    r = subprocess.run([str(exe), str(d / "jobs")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    res = {}
+    for case, (i, x, w, extra) in meta.items():
+        res[case] = (x, w, extra, (d / f"k{i}").read_bytes(), (d / f"r{i}").read_bytes())
+    shutil.rmtree(d, ignore_errors=True)
+    return res
+
+
+def test_every_row_kernel_equals_the_reference_on_the_cpu():
+    bad = []
+    for (name, dt, rows, cols), (_, _, _, k, r) in _run_all().items():
+        assert len(k) == len(r) > 0
+        a, b = _raw_words(k, dt), _raw_words(r, dt)
+        n = int((a != b).sum())
+        if n:
+            bad.append(f"{name} {dt} [{rows}, {cols}]: {n} of {a.size} words differ from the reference")
+    assert not bad, "\n".join(bad[:30]) + (f"\n... {len(bad)} in all" if len(bad) > 30 else "")
+
+
+def test_the_reference_follows_the_eager_mean_order_emulator():
+    # HF LlamaRMSNorm / GemmaRMSNorm / residual add + norm from scripts/eager_order.py's mean of
+    # squares (eager's order at the tensor's row count and each row's alignment), with the
+    # harness's rsqrtf (1/sqrtf); compared with the reference's output on the CPU.
+    bad, checked = [], 0
+    for (name, dt, rows, cols), (x, w, extra, _, r) in _run_all().items():
+        if name not in ("rms_norm_llama", "rms_norm_gemma", "fused_add_rms_norm"):
+            continue
+        eps = F32(1e-6)
+        x = x.reshape(rows, cols)
+        if name == "fused_add_rms_norm":
+            h = _round(x + extra.reshape(rows, cols), dt)
+        else:
+            h = x
+        mean = EO.eager_mean_sq(h)
+        rstd = (F32(1.0) / np.sqrt((mean + eps).astype(F32))).astype(F32)
+        hr = (h * rstd[:, None]).astype(F32)
+        if name == "rms_norm_gemma":
+            y = _round(hr * (F32(1.0) + w)[None, :], dt)
+        else:
+            y = _round(w[None, :] * _round(hr, dt), dt)
+        got = _values(r[: len(r) // 2] if name == "fused_add_rms_norm" else r, dt).reshape(rows, cols)
+        n = int((got.view(np.uint32) != y.view(np.uint32)).sum())
+        checked += 1
+        if n:
+            bad.append(f"{name} {dt} [{rows}, {cols}]: {n} elements differ from the emulator")
+    assert checked > 100
+    assert not bad, "\n".join(bad[:30])

@@ -1,0 +1,194 @@
+//! The `kernelize` command line: one clap definition for the binary and for the tests that check
+//! command lines written elsewhere (docker/compose.yaml, the Dockerfiles) against it.
+
+use crate::cmd;
+use clap::{Parser, Subcommand};
+use kernel_store::DEFAULT_DB_URL;
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kernelize",
+    version,
+    about = "A kernel hub that hands out only verified GPU layer replacements",
+    long_about = "kernelize stores candidate CUDA kernels (RMSNorm, LayerNorm, SiLU, ...), verifies \
+each on a real GPU against reference layers and an f64 oracle, and hands a client only kernels \
+whose measured exactness meets its policy.\n\nStart the hub:   kernelize serve\nVerify a kernel: kernelize verify kernels/rms_norm_llama --policy bit_exact\nSubmit from CI:  kernelize submit DIR --server URL --token T --wait --policy bit_exact",
+    after_help = "Storage: --db sqlite://PATH (default, created on first run) or postgres://USER@HOST:PORT/DB.\nEnvironment: KERNELIZE_DB, KERNELIZE_SERVER, KERNELIZE_TOKEN, KERNELIZE_TOKEN_FILE, KERNELIZE_LOG_JSON, RUST_LOG."
+)]
+pub struct Cli {
+    /// Log as JSON lines instead of text (containers: KERNELIZE_LOG_JSON=true).
+    #[arg(long, global = true, env = "KERNELIZE_LOG_JSON", value_parser = clap::builder::BoolishValueParser::new())]
+    pub log_json: bool,
+    /// Parse the command line and the environment, say which command would run, and exit
+    /// without running it (for checking deployment files against this binary).
+    #[arg(long, global = true, hide = true)]
+    pub check_args: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the HTTP service (API + dashboard), migrating the database and loading bundled kernels.
+    Serve(ServeArgs),
+    /// Create or upgrade the database schema, then exit.
+    Migrate(DbArgs),
+    /// Manage API tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Verify a kernel folder on this machine's GPU and print the verdict.
+    Verify(cmd::verify::VerifyArgs),
+    /// Print this machine's GPU, driver, CUDA version and measured copy bandwidth.
+    Device(cmd::verify::DeviceArgs),
+    /// Upload a kernel folder to a hub (for a kernel author's CI); --wait gates on the verdict.
+    Submit(cmd::submit::SubmitArgs),
+    /// Verify queued kernels on this host's GPU for a hub (one worker per GPU).
+    Worker(cmd::worker::WorkerArgs),
+    /// Exit 0 when a hub answers /healthz (and, with --gpu, this host has a usable GPU): for
+    /// container health checks, which need no curl in the image.
+    Health(cmd::health::HealthArgs),
+    #[command(name = "__sandbox", hide = true)]
+    Sandbox(cmd::verify::SandboxArgs),
+    /// Internal: compare the built-in reference layers with PyTorch eager outputs.
+    #[command(name = "__conformance", hide = true)]
+    Conformance(cmd::verify::ConformanceArgs),
+}
+
+impl Command {
+    /// The subcommand's name as typed (`serve`, `token create`, ...), for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Serve(_) => "serve",
+            Command::Migrate(_) => "migrate",
+            Command::Token(TokenCommand::Create { .. }) => "token create",
+            Command::Token(TokenCommand::Ensure { .. }) => "token ensure",
+            Command::Token(TokenCommand::List { .. }) => "token list",
+            Command::Token(TokenCommand::Revoke { .. }) => "token revoke",
+            Command::Verify(_) => "verify",
+            Command::Device(_) => "device",
+            Command::Submit(_) => "submit",
+            Command::Worker(_) => "worker",
+            Command::Health(_) => "health",
+            Command::Sandbox(_) => "__sandbox",
+            Command::Conformance(_) => "__conformance",
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DbArgs {
+    /// Database URL: sqlite://PATH or postgres://USER@HOST:PORT/DB.
+    #[arg(long, env = "KERNELIZE_DB", default_value = DEFAULT_DB_URL)]
+    pub db: String,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Address to listen on (port 0 picks a free port; the chosen address is printed).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub bind: String,
+    /// Folder of bundled kernels to load at start (one sub-folder per kernel).
+    #[arg(long, default_value = "kernels")]
+    pub kernels: PathBuf,
+    /// Do not load bundled kernels.
+    #[arg(long)]
+    pub no_bundled: bool,
+    /// Require a token for reads too (by default reads are public).
+    #[arg(long)]
+    pub private_reads: bool,
+    /// How long a worker's claim on a job lasts without a heartbeat, in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub lease_seconds: u64,
+    /// The most verifications of unverified widths that /v1/resolve keeps queued or running at
+    /// once (one per kernel and width; beyond the cap resolve answers without queueing).
+    #[arg(long, default_value_t = 1000)]
+    pub max_pending_width_jobs: u64,
+    /// The oldest verification suite whose reports are stored (default: the current one, whose
+    /// case list the hub redraws and checks; older ones get the other checks only).
+    #[arg(long, default_value = verifier::cases::SUITE_VERSION, value_parser = crate::app::Config::parse_min_suite)]
+    pub min_suite_version: String,
+    /// Close a connection whose request headers have not all arrived this many seconds after
+    /// it started sending them (an idle keep-alive connection is closed after this long too).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub header_timeout_s: u64,
+    /// Answer 408 and close the connection when a request's body has not all arrived this many
+    /// seconds after its headers.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub body_timeout_s: u64,
+    /// The most client connections open at once; more wait in the listen backlog until one
+    /// closes. The open-file limit is raised to fit (or this is lowered, with a warning).
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections: u64,
+    /// Writes (POST) one token may make per minute; beyond it 429 with Retry-After. 0: no limit.
+    #[arg(long, default_value_t = 1200)]
+    pub write_rate_per_minute: u32,
+    /// Writes one token may make at once before the per-minute rate applies.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub write_burst: u32,
+    /// Also run an embedded GPU worker in this process (when the host has a GPU).
+    #[arg(long)]
+    pub worker: bool,
+    /// With --worker: which GPU of this host to use.
+    #[arg(long, requires = "worker")]
+    pub gpu: Option<u32>,
+    /// With --worker: the file keeping the embedded worker's token (mode 0600), reused at every
+    /// start while the database still accepts it. Default: beside a SQLite database file
+    /// (`kernelize.db.worker-token`), else `kernelize.worker-token` in the current directory.
+    #[arg(long, value_name = "FILE", requires = "worker")]
+    pub worker_token_file: Option<PathBuf>,
+    /// With --worker: model-level verification options (e.g. `--model models`).
+    #[command(flatten)]
+    pub model: cmd::verify::ModelArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCommand {
+    /// Create a token and print it once (only its hash is stored).
+    Create {
+        /// Scope: submit (kernel authors' CI), worker (GPU workers), admin (everything). Repeatable.
+        #[arg(long = "scope", required = true)]
+        scopes: Vec<String>,
+        /// A name for the token, shown in the audit log and `token list` (not a number).
+        #[arg(long, default_value = "unnamed")]
+        name: String,
+        /// How long the token works: 90d, 12h, 30m, 45s, or `never`.
+        #[arg(long, default_value = "90d")]
+        expires_in: kernel_store::Expiry,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// List tokens: id, name, scopes, created, expires, last used, revoked (never a secret).
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Revoke a token by id or name: it stops working at once; jobs it holds are queued again.
+    Revoke {
+        /// The token's id (`token list`), or its name when one token not yet revoked has it.
+        token: String,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Keep a token in FILE (mode 0600): reuse the one there while the database accepts it with
+    /// these scopes, else create one and write it there. For unattended set-ups (a one-shot
+    /// container that hands GPU workers their token through a shared volume).
+    Ensure {
+        /// Scope the token must hold (see `token create`). Repeatable.
+        #[arg(long = "scope", required = true)]
+        scopes: Vec<String>,
+        /// A name for a created token, shown in the audit log.
+        #[arg(long, default_value = "unnamed")]
+        name: String,
+        /// The token file (read by `kernelize worker --token-file FILE`).
+        #[arg(long, value_name = "FILE")]
+        file: PathBuf,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+}

@@ -1,0 +1,135 @@
+//! The worker protocol and the submit answer: request and response bodies of the job routes,
+//! defined once and used by the handlers (`api::jobs`, `api::kernels`) and by the clients
+//! (`cmd::worker`, `cmd::submit`). A job's JSON is `kernel_store::JobRow`'s serde form.
+
+use kernel_registry::report::{ExactnessClass, VerificationReport};
+use kernel_registry::Digest;
+use kernel_store::{JobRow, JobState};
+use serde::{Deserialize, Serialize};
+
+/// `POST /v1/jobs/claim`.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRequest {
+    /// A name for this worker (host and GPU), shown in the job and the audit log: one line of
+    /// printable text, at most 200 characters.
+    #[schema(max_length = 200, pattern = r"^[^\u0000-\u001f\u007f-\u009f]*$")]
+    pub worker: String,
+}
+
+/// The longest worker name accepted.
+pub const MAX_WORKER_NAME: usize = 200;
+
+/// The kernel a claimed job verifies: its digest and content.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClaimedKernel {
+    pub digest: Digest,
+    pub manifest_toml: String,
+    pub source: String,
+}
+
+/// 200 of `POST /v1/jobs/claim`: the job, its lease (a secret shared with the hub only) and
+/// the kernel. Heartbeat, report and fail need the lease and the token that claimed it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClaimResponse {
+    pub job: JobRow,
+    pub lease_id: String,
+    /// How long the lease lasts without a heartbeat.
+    pub lease_ms: i64,
+    pub kernel: ClaimedKernel,
+}
+
+/// `POST /v1/jobs/{id}/heartbeat`.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    pub lease_id: String,
+}
+
+/// 200 of `POST /v1/jobs/{id}/heartbeat`: the lease runs `lease_ms` from now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HeartbeatResponse {
+    pub job_id: i64,
+    pub lease_ms: i64,
+}
+
+/// `POST /v1/jobs/{id}/report`.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReportRequest {
+    pub lease_id: String,
+    /// A `VerificationReport` (see the verifier). The hub checks it against the job and
+    /// derives its summary itself.
+    #[schema(value_type = Object)]
+    pub report: VerificationReport,
+}
+
+/// 201 of `POST /v1/jobs/{id}/report`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReportResponse {
+    pub verification_id: i64,
+    pub url: String,
+    /// The overall class the hub derived from the cases.
+    pub class: ExactnessClass,
+    /// Shapes the job asked for that no case of the report ran.
+    pub shapes_not_covered: Vec<String>,
+    /// Summary fields whose posted value differed from what the cases give (the hub stored
+    /// its own).
+    #[serde(default)]
+    pub summary_rederived: Vec<String>,
+}
+
+/// `POST /v1/jobs/{id}/fail`.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FailRequest {
+    pub lease_id: String,
+    pub reason: String,
+}
+
+/// A job as `GET /v1/jobs/{id}` and `POST /v1/jobs/{id}/fail` answer it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobView {
+    #[serde(flatten)]
+    pub job: JobRow,
+    /// Once done: where its verification is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification_url: Option<String>,
+}
+
+impl From<JobRow> for JobView {
+    fn from(job: JobRow) -> Self {
+        JobView {
+            verification_url: job
+                .verification_id
+                .map(|v| format!("/v1/verifications/{v}")),
+            job,
+        }
+    }
+}
+
+/// The job a submission queued (or the kernel's latest, when the content was already stored).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubmittedJob {
+    pub id: i64,
+    pub state: JobState,
+    pub url: String,
+}
+
+/// 201/200 of `POST /v1/kernels`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubmitResponse {
+    /// False when exactly this content was already stored.
+    pub created: bool,
+    pub digest: Digest,
+    /// The stored kernel, as `GET /v1/kernels` lists it.
+    pub kernel: serde_json::Value,
+    pub job: Option<SubmittedJob>,
+}
+
+/// What a client reads of `GET /v1/verifications/{id}`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct VerificationRecord {
+    pub id: i64,
+    pub report: VerificationReport,
+}

@@ -1,0 +1,1164 @@
+//! The edge under attack: a real `kernelize serve` on SQLite and on PostgreSQL, sent what an
+//! attacker sends (NULs and control characters in every parameter and field of every route,
+//! huge and negative numbers, wrong types, bad digests, oversized and malformed bodies, wrong
+//! methods, unknown routes, bad tokens), stalled connections and floods of writes.
+//!
+//! The hostile table is built from the OpenAPI document (`kernelize::app::openapi`), the same
+//! list the router is built from: a new route is probed without anyone editing this file.
+
+mod support;
+
+use reqwest::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+use support::{bundle_files, Backend, TestServer};
+
+/// silu_and_mul, bit-exact: what a real worker posts (see tests/fixtures/reports/README.md).
+const EXACT: &str = "recorded/silu_and_mul";
+
+#[derive(Clone, Copy, Debug)]
+enum Auth {
+    None,
+    Submit,
+    Worker,
+    Admin,
+    /// A raw `Authorization` header value.
+    Raw(&'static [u8]),
+}
+
+#[derive(Clone, Debug)]
+struct Probe {
+    what: String,
+    method: Method,
+    /// Path and query, percent-encoded as sent.
+    target: String,
+    auth: Auth,
+    content_type: Option<String>,
+    body: Option<Vec<u8>>,
+    /// The status this probe must get, where the table knows it.
+    expect: Option<u16>,
+    /// A dashboard page: its refusals are HTML for people, not problem+json.
+    page: bool,
+}
+
+impl Probe {
+    fn get(what: impl Into<String>, target: impl Into<String>) -> Probe {
+        Probe {
+            what: what.into(),
+            method: Method::GET,
+            target: target.into(),
+            auth: Auth::None,
+            content_type: None,
+            body: None,
+            expect: None,
+            page: false,
+        }
+    }
+    fn json(what: impl Into<String>, target: &str, auth: Auth, body: Vec<u8>) -> Probe {
+        Probe {
+            method: Method::POST,
+            auth,
+            content_type: Some("application/json".into()),
+            body: Some(body),
+            ..Probe::get(what, target)
+        }
+    }
+    fn expect(mut self, status: u16) -> Probe {
+        self.expect = Some(status);
+        self
+    }
+}
+
+/// What one server answered to one probe.
+#[derive(Debug)]
+struct Answer {
+    status: StatusCode,
+    content_type: String,
+    allow: Option<String>,
+    body: String,
+}
+
+/// Path parameter values an attacker tries, percent-encoded.
+const HOSTILE_PATH: &[(&str, &str)] = &[
+    ("NUL inside", "a%00b"),
+    ("NUL alone", "%00"),
+    ("C0 control", "a%01b"),
+    ("newline", "a%0Ab"),
+    ("DEL", "a%7Fb"),
+    ("C1 control (NEL)", "a%C2%85b"),
+    ("invalid UTF-8", "a%FFb"),
+    ("encoded lone surrogate", "%ED%A0%80"),
+    ("negative", "-1"),
+    ("zero", "0"),
+    ("beyond u64", "99999999999999999999999"),
+    ("i64 max", "9223372036854775807"),
+    ("not a number", "abc"),
+    ("fraction", "1.5"),
+    ("emoji", "%F0%9F%98%80"),
+    ("sql-ish", "1%27%20OR%20%271%27%3D%271"),
+];
+
+/// Query parameter values an attacker tries, percent-encoded.
+const HOSTILE_QUERY: &[(&str, &str)] = &[
+    ("NUL", "%00"),
+    ("NUL inside", "bf16%00"),
+    ("C0 control", "%01"),
+    ("newline", "sm_90%0A"),
+    ("invalid UTF-8", "%FF"),
+    ("encoded lone surrogate", "%ED%A0%80"),
+    ("empty", ""),
+    ("spaces around", "+bf16+"),
+    ("negative", "-1"),
+    ("zero", "0"),
+    ("beyond u64", "99999999999999999999999"),
+    ("i64 max + 1", "9223372036854775808"),
+    ("i64 max", "9223372036854775807"),
+    ("exponent", "1e3"),
+    ("not a number", "abc"),
+    ("unknown enum value", "fp8"),
+];
+
+fn long(n: usize) -> String {
+    "x".repeat(n)
+}
+
+/// The state the probes of one server refer to: a kernel, a claimed job and its lease.
+struct Ctx {
+    submit: String,
+    worker: String,
+    admin: String,
+    /// The id of a token made for the probes of the token routes (revoked by them).
+    spare_token: i64,
+    digest: String,
+    job: i64,
+    lease: String,
+    report: Value,
+}
+
+async fn setup(srv: &TestServer) -> Ctx {
+    let submit = srv.token("submit");
+    let worker = srv.token("worker");
+    let admin = srv.token("admin");
+    let (st, spare) = srv
+        .post(
+            "/v1/tokens",
+            &admin,
+            &json!({"name": "edge-spare", "scopes": ["worker"]}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{spare}");
+    let (m, s) = bundle_files("hostile_k", "1.0.0", "");
+    let (st, sub) = srv
+        .post("/v1/kernels", &submit, &json!({"manifest": m, "source": s}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{sub}");
+    let (st, claim) = srv
+        .post("/v1/jobs/claim", &worker, &json!({"worker": "edge-test"}))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{claim}");
+    Ctx {
+        submit,
+        worker,
+        admin,
+        spare_token: spare["id"].as_i64().unwrap(),
+        digest: sub["digest"].as_str().unwrap().to_string(),
+        job: claim["job"]["id"].as_i64().unwrap(),
+        lease: claim["lease_id"].as_str().unwrap().to_string(),
+        report: support::recorded_report(EXACT, &claim, "sm_90"),
+    }
+}
+
+/// A valid value for a path parameter of the document's routes.
+fn sample_path_value(name: &str, ctx: &Ctx) -> String {
+    match name {
+        "name" => "hostile_k".into(),
+        "version" => "1.0.0".into(),
+        "digest" => ctx.digest.clone(),
+        "id" => ctx.job.to_string(),
+        "token" => ctx.spare_token.to_string(),
+        other => panic!("no sample for path parameter `{other}`: add one to this test"),
+    }
+}
+
+/// Valid values for the query parameters an operation requires.
+fn sample_query(op: &Value) -> Vec<(String, String)> {
+    params(op)
+        .filter(|p| p["in"] == "query" && p["required"] == true)
+        .map(|p| {
+            let name = p["name"].as_str().unwrap();
+            let v = match name {
+                "op" => "silu",
+                "dtype" => "bf16",
+                "arch" => "sm_90",
+                "cols" => "4096",
+                other => panic!("no sample for query parameter `{other}`: add one to this test"),
+            };
+            (name.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+fn params(op: &Value) -> impl Iterator<Item = &Value> {
+    op["parameters"].as_array().into_iter().flatten()
+}
+
+/// A valid body for a route that takes one, and the token it needs.
+fn sample_body(path: &str, ctx: &Ctx) -> (Value, Auth) {
+    match path {
+        "/v1/kernels" => {
+            let (m, s) = bundle_files("hostile_k", "1.0.0", "");
+            (json!({"manifest": m, "source": s}), Auth::Submit)
+        }
+        "/v1/jobs/claim" => (json!({"worker": "edge-test"}), Auth::Worker),
+        "/v1/jobs/{id}/heartbeat" => (json!({"lease_id": ctx.lease}), Auth::Worker),
+        "/v1/jobs/{id}/fail" => (
+            json!({"lease_id": ctx.lease, "reason": "the GPU fell off the bus"}),
+            Auth::Worker,
+        ),
+        "/v1/jobs/{id}/report" => (
+            json!({"lease_id": ctx.lease, "report": ctx.report}),
+            Auth::Worker,
+        ),
+        // `expires_in` is optional: left out, so that every field given is one the body needs.
+        "/v1/tokens" => (
+            json!({"name": "edge-made", "scopes": ["worker"]}),
+            Auth::Admin,
+        ),
+        other => panic!("no sample body for {other}: add one to this test"),
+    }
+}
+
+/// The token a route without a body needs, where it needs one (reads are public).
+fn bodiless_auth(method: &Method, path: &str) -> Option<Auth> {
+    match (method.as_str(), path) {
+        ("GET", "/v1/tokens") | ("POST", "/v1/tokens/{token}/revoke") => Some(Auth::Admin),
+        _ => None,
+    }
+}
+
+fn fill(template: &str, values: &[(String, String)]) -> String {
+    let mut out = template.to_string();
+    for (k, v) in values {
+        out = out.replace(&format!("{{{k}}}"), v);
+    }
+    out
+}
+
+fn with_query(path: &str, q: &[(String, String)]) -> String {
+    if q.is_empty() {
+        return path.to_string();
+    }
+    let q: Vec<String> = q.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{path}?{}", q.join("&"))
+}
+
+/// Every string in a JSON value, by path (`report.device.name`), for NUL-ing one at a time.
+fn string_fields(v: &Value, at: &str, out: &mut Vec<String>) {
+    match v {
+        Value::String(_) => out.push(at.to_string()),
+        Value::Object(m) => {
+            for (k, x) in m {
+                let p = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                string_fields(x, &p, out);
+            }
+        }
+        Value::Array(xs) => {
+            // The first element stands for the rest.
+            if let Some(x) = xs.first() {
+                string_fields(x, &format!("{at}[0]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn pointer(field: &str) -> String {
+    let mut p = String::new();
+    for part in field.split('.') {
+        match part.split_once('[') {
+            Some((name, idx)) => {
+                p.push('/');
+                p.push_str(name);
+                p.push('/');
+                p.push_str(idx.trim_end_matches(']'));
+            }
+            None => {
+                p.push('/');
+                p.push_str(part);
+            }
+        }
+    }
+    p
+}
+
+/// The hostile table: for every operation of the document, every parameter and body field
+/// given what an attacker sends; then methods, routes, tokens and bodies no route expects.
+fn hostile_table(doc: &Value, ctx: &Ctx) -> Vec<Probe> {
+    let mut t = Vec::new();
+    let paths = doc["paths"].as_object().expect("paths");
+    for (template, item) in paths {
+        for (method, op) in item.as_object().unwrap() {
+            let method: Method = method.to_uppercase().parse().unwrap();
+            let path_names: Vec<String> = params(op)
+                .filter(|p| p["in"] == "path")
+                .map(|p| p["name"].as_str().unwrap().to_string())
+                .collect();
+            let good_path: Vec<(String, String)> = path_names
+                .iter()
+                .map(|n| (n.clone(), sample_path_value(n, ctx)))
+                .collect();
+            let good_query = sample_query(op);
+            let body = op.get("requestBody").map(|_| sample_body(template, ctx));
+            let needs = body
+                .as_ref()
+                .map(|(_, auth)| *auth)
+                .or_else(|| bodiless_auth(&method, template));
+            let base = |what: String, target: String| -> Probe {
+                let mut p = Probe::get(what, target);
+                p.method = method.clone();
+                if let Some(auth) = needs {
+                    p.auth = auth;
+                }
+                if let Some((b, _)) = &body {
+                    p.content_type = Some("application/json".into());
+                    p.body = Some(serde_json::to_vec(b).unwrap());
+                }
+                p
+            };
+            let label = format!("{method} {template}");
+
+            // Each path parameter, hostile, the others valid.
+            for name in &path_names {
+                for (what, v) in HOSTILE_PATH {
+                    let mut values = good_path.clone();
+                    values.iter_mut().find(|(k, _)| k == name).unwrap().1 = v.to_string();
+                    let target = with_query(&fill(template, &values), &good_query);
+                    let mut p = base(format!("{label}: path `{name}` {what}"), target);
+                    if v.contains("%00") || v.contains("%0") || v.contains("%7F") {
+                        p = p.expect(400);
+                    }
+                    t.push(p);
+                }
+                let mut values = good_path.clone();
+                values.iter_mut().find(|(k, _)| k == name).unwrap().1 = long(5000);
+                t.push(base(
+                    format!("{label}: path `{name}` 5000 characters"),
+                    with_query(&fill(template, &values), &good_query),
+                ));
+            }
+
+            // Each query parameter, hostile, the required ones valid.
+            let path = fill(template, &good_path);
+            for p in params(op).filter(|p| p["in"] == "query") {
+                let name = p["name"].as_str().unwrap();
+                for (what, v) in HOSTILE_QUERY {
+                    let mut q: Vec<(String, String)> = good_query
+                        .iter()
+                        .filter(|(k, _)| k != name)
+                        .cloned()
+                        .collect();
+                    q.push((name.to_string(), v.to_string()));
+                    let mut probe = base(
+                        format!("{label}: query `{name}` {what}"),
+                        with_query(&path, &q),
+                    );
+                    if v.contains('%') || v.is_empty() || v.contains('+') {
+                        probe = probe.expect(400);
+                    }
+                    t.push(probe);
+                }
+                let mut q = good_query.clone();
+                q.push((name.to_string(), long(5000)));
+                t.push(base(
+                    format!("{label}: query `{name}` 5000 characters"),
+                    with_query(&path, &q),
+                ));
+            }
+            let mut q = good_query.clone();
+            q.push(("colour".into(), "red".into()));
+            t.push(
+                base(
+                    format!("{label}: unknown query parameter"),
+                    with_query(&path, &q),
+                )
+                .expect(400),
+            );
+            let mut q = good_query.clone();
+            q.push(("a%00b".into(), "1".into()));
+            t.push(
+                base(
+                    format!("{label}: NUL in a query parameter's name"),
+                    with_query(&path, &q),
+                )
+                .expect(400),
+            );
+
+            let target = with_query(&path, &good_query);
+            // Tokens.
+            for (what, raw, want) in [
+                ("bad token", &b"Bearer kz_not_a_token"[..], 401),
+                ("empty bearer", b"Bearer ", 401),
+                ("basic auth", b"Basic dXNlcjpwYXNz", 401),
+                ("non-ASCII token", b"Bearer kz_\xff\xfe", 401),
+                ("huge token", &b"Bearer kz_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"[..], 401),
+            ] {
+                let mut p = base(format!("{label}: {what}"), target.clone());
+                p.auth = Auth::Raw(raw);
+                t.push(p.expect(want));
+            }
+            if let Some(auth) = needs {
+                let mut p = base(format!("{label}: no token"), target.clone());
+                p.auth = Auth::None;
+                t.push(p.expect(401));
+                let mut p = base(format!("{label}: token of another scope"), target.clone());
+                p.auth = match auth {
+                    Auth::Worker => Auth::Submit,
+                    _ => Auth::Worker,
+                };
+                t.push(p.expect(403));
+            }
+            if let Some((good, _)) = &body {
+                // Body fields: NUL in each string, wrong types, missing.
+                let mut fields = Vec::new();
+                string_fields(good, "", &mut fields);
+                for f in &fields {
+                    // A nested field is given only what the edge refuses: a wrong type there
+                    // may be a valid report (an optional field), which would end the job.
+                    let nested = f.contains('.') || f.contains('[');
+                    let variants = [
+                        ("NUL inside", json!("a\u{0}b"), Some(400)),
+                        ("NUL alone", json!("\u{0}"), Some(400)),
+                        ("a number", json!(12345), Some(422)),
+                        ("null", Value::Null, Some(422)),
+                        ("an object", json!({"x": 1}), Some(422)),
+                    ];
+                    for (what, v, want) in variants.into_iter().take(if nested { 2 } else { 5 }) {
+                        let mut b = good.clone();
+                        *b.pointer_mut(&pointer(f)).unwrap() = v;
+                        let mut p = base(format!("{label}: body `{f}` {what}"), target.clone());
+                        p.body = Some(serde_json::to_vec(&b).unwrap());
+                        p.expect = want;
+                        t.push(p);
+                    }
+                }
+                for (k, _) in good.as_object().unwrap() {
+                    let mut b = good.clone();
+                    b.as_object_mut().unwrap().remove(k);
+                    let mut p = base(format!("{label}: body without `{k}`"), target.clone());
+                    p.body = Some(serde_json::to_vec(&b).unwrap());
+                    t.push(p.expect(422));
+                }
+                let first = good.as_object().unwrap().keys().next().unwrap().clone();
+                let raw = |text: &str| text.replace("FIELD", &first).into_bytes();
+                let raw_bytes = |text: &[u8]| -> Vec<u8> {
+                    let mut out = format!("{{\"{first}\": \"").into_bytes();
+                    out.extend_from_slice(text);
+                    out.extend_from_slice(b"\"}");
+                    out
+                };
+                let raw_bodies: Vec<(&str, Vec<u8>, Option<u16>)> = vec![
+                    ("empty body", vec![], Some(400)),
+                    ("not JSON", b"{".to_vec(), Some(400)),
+                    ("JSON null", b"null".to_vec(), Some(422)),
+                    ("JSON array", b"[]".to_vec(), Some(422)),
+                    ("JSON string", b"\"x\"".to_vec(), Some(422)),
+                    (
+                        "unknown field",
+                        {
+                            let mut b = good.clone();
+                            b["colour"] = json!("red");
+                            serde_json::to_vec(&b).unwrap()
+                        },
+                        Some(422),
+                    ),
+                    (
+                        "lone surrogate escape",
+                        raw(r#"{"FIELD": "\ud800"}"#),
+                        Some(400),
+                    ),
+                    (
+                        "lone trailing surrogate escape",
+                        raw(r#"{"FIELD": "a\udc00b"}"#),
+                        Some(400),
+                    ),
+                    ("invalid UTF-8 bytes", raw_bytes(b"\xff\xfe"), Some(400)),
+                    ("overlong UTF-8", raw_bytes(b"\xc0\x80"), Some(400)),
+                    ("raw NUL byte", raw_bytes(b"a\x00b"), Some(400)),
+                    ("raw control byte", raw_bytes(b"a\x01b"), Some(400)),
+                    ("NUL in a key", br#"{"a\u0000b": 1}"#.to_vec(), Some(400)),
+                    (
+                        "deep nesting",
+                        {
+                            let mut b = "[".repeat(100_000).into_bytes();
+                            b.extend("]".repeat(100_000).into_bytes());
+                            b
+                        },
+                        None,
+                    ),
+                    (
+                        "deep nesting in a field",
+                        {
+                            let mut b = format!("{{\"{first}\": ").into_bytes();
+                            b.extend("[".repeat(100_000).into_bytes());
+                            b.extend("]".repeat(100_000).into_bytes());
+                            b.extend(b"}");
+                            b
+                        },
+                        None,
+                    ),
+                    ("a huge number", raw(r#"{"FIELD": 1e999999}"#), None),
+                    (
+                        "3 MiB body",
+                        {
+                            let mut b = good.clone();
+                            let f = pointer(&fields[0]);
+                            *b.pointer_mut(&f).unwrap() = json!(long(3 << 20));
+                            serde_json::to_vec(&b).unwrap()
+                        },
+                        Some(413),
+                    ),
+                ];
+                for (what, bytes, want) in raw_bodies {
+                    let mut p = base(format!("{label}: {what}"), target.clone());
+                    p.body = Some(bytes);
+                    p.expect = want;
+                    t.push(p);
+                }
+                for (what, ctype) in [
+                    ("text/plain body", Some("text/plain")),
+                    ("no Content-Type", None),
+                    ("form body", Some("application/x-www-form-urlencoded")),
+                ] {
+                    let mut p = base(format!("{label}: {what}"), target.clone());
+                    p.content_type = ctype.map(str::to_string);
+                    t.push(p.expect(415));
+                }
+            }
+        }
+    }
+
+    // Numbers at the edges of what a report may carry: counts that sum past u64::MAX.
+    let mut huge = ctx.report.clone();
+    for c in huge["cases"].as_array_mut().unwrap() {
+        if c["exactness"].is_object() {
+            c["exactness"]["elements"] = json!(u64::MAX);
+            c["exactness"]["mismatches"] = json!(u64::MAX);
+        }
+    }
+    let report_path = format!("/v1/jobs/{}/report", ctx.job);
+    let mut negative = ctx.report.clone();
+    negative["cases"][0]["exactness"]["elements"] = json!(-1);
+    t.push(
+        Probe::json(
+            "report with a negative element count",
+            &report_path,
+            Auth::Worker,
+            serde_json::to_vec(&json!({"lease_id": ctx.lease, "report": negative})).unwrap(),
+        )
+        .expect(422),
+    );
+    let mut float = ctx.report.clone();
+    float["cases"][0]["exactness"]["elements"] = json!(1e300);
+    t.push(
+        Probe::json(
+            "report with a float element count",
+            &report_path,
+            Auth::Worker,
+            serde_json::to_vec(&json!({"lease_id": ctx.lease, "report": float})).unwrap(),
+        )
+        .expect(422),
+    );
+    let mut version = ctx.report.clone();
+    version["schema_version"] = json!(u32::MAX);
+    t.push(
+        Probe::json(
+            "report of an unknown schema version",
+            &report_path,
+            Auth::Worker,
+            serde_json::to_vec(&json!({"lease_id": ctx.lease, "report": version})).unwrap(),
+        )
+        .expect(422),
+    );
+
+    // Multipart submissions.
+    let (m, s) = bundle_files("hostile_mp", "1.0.0", "");
+    let boundary = "XyZzY";
+    let part = |name: &str, data: &[u8]| -> Vec<u8> {
+        let mut b =
+            format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n")
+                .into_bytes();
+        b.extend_from_slice(data);
+        b.extend_from_slice(b"\r\n");
+        b
+    };
+    let end = format!("--{boundary}--\r\n").into_bytes();
+    let multipart = |what: &str, body: Vec<u8>, ctype: &str, want: Option<u16>| Probe {
+        what: format!("POST /v1/kernels multipart: {what}"),
+        method: Method::POST,
+        target: "/v1/kernels".into(),
+        auth: Auth::Submit,
+        content_type: Some(ctype.to_string()),
+        body: Some(body),
+        expect: want,
+        page: false,
+    };
+    let ctype = format!("multipart/form-data; boundary={boundary}");
+    let nul_source = s.replace("{ ", "{ \0 ");
+    for (what, parts, want) in [
+        (
+            "NUL in the source part",
+            vec![
+                part("manifest", m.as_bytes()),
+                part("source", nul_source.as_bytes()),
+            ],
+            Some(400),
+        ),
+        (
+            "NUL in the manifest part",
+            vec![
+                part(
+                    "manifest",
+                    m.replace("test kernel", "test\0kernel").as_bytes(),
+                ),
+                part("source", s.as_bytes()),
+            ],
+            Some(400),
+        ),
+        (
+            "source not UTF-8",
+            vec![
+                part("manifest", m.as_bytes()),
+                part("source", b"\xff\xfe\x00"),
+            ],
+            Some(400),
+        ),
+        (
+            "unknown part",
+            vec![
+                part("manifest", m.as_bytes()),
+                part("source", s.as_bytes()),
+                part("colour", b"red"),
+            ],
+            Some(422),
+        ),
+        (
+            "missing source part",
+            vec![part("manifest", m.as_bytes())],
+            Some(422),
+        ),
+        (
+            "empty parts",
+            vec![part("manifest", b""), part("source", b"")],
+            Some(422),
+        ),
+        (
+            "source name with NUL",
+            vec![
+                part("manifest", m.replace("k.cu", "k\\u0000.cu").as_bytes()),
+                part("source", s.as_bytes()),
+            ],
+            Some(422),
+        ),
+        (
+            "description with a control character",
+            vec![
+                part(
+                    "manifest",
+                    m.replace("test kernel", "test\\u001b[31mkernel").as_bytes(),
+                ),
+                part("source", s.as_bytes()),
+            ],
+            Some(422),
+        ),
+    ] {
+        let mut body: Vec<u8> = parts.concat();
+        body.extend_from_slice(&end);
+        t.push(multipart(what, body, &ctype, want));
+    }
+    t.push(multipart(
+        "no boundary",
+        part("manifest", m.as_bytes()),
+        "multipart/form-data",
+        Some(400),
+    ));
+    t.push(multipart(
+        "truncated",
+        part("manifest", m.as_bytes())[..20].to_vec(),
+        &ctype,
+        None,
+    ));
+    t.push(multipart(
+        "not multipart at all",
+        b"hello".to_vec(),
+        &ctype,
+        None,
+    ));
+
+    // Wrong methods on every route (the API's and the pages').
+    let mut routes: Vec<String> = paths
+        .keys()
+        .map(|p| {
+            fill(
+                p,
+                &[
+                    ("name".into(), "hostile_k".into()),
+                    ("version".into(), "1.0.0".into()),
+                    ("digest".into(), ctx.digest.clone()),
+                    ("id".into(), ctx.job.to_string()),
+                ],
+            )
+        })
+        .collect();
+    routes.extend([
+        "/".to_string(),
+        "/policy".into(),
+        "/kernels/hostile_k/1.0.0".into(),
+    ]);
+    for r in &routes {
+        for m in ["DELETE", "PUT", "PATCH", "OPTIONS", "BREW"] {
+            let mut p = Probe::get(format!("{m} {r}"), r.clone());
+            p.method = Method::from_bytes(m.as_bytes()).unwrap();
+            t.push(p.expect(405));
+        }
+    }
+
+    // Unknown routes.
+    for r in [
+        "/v2/kernels",
+        "/v1/kernels/a/b/c/d",
+        "/v1/%00",
+        "/v1/jobs/1/nope",
+        "/%FF%FE",
+        "/v1/kernels/",
+        "/.env",
+        "/../../etc/passwd",
+        &format!("/{}", long(8000)),
+    ] {
+        t.push(Probe::get(format!("unknown route {}", &r[..r.len().min(40)]), r).expect(404));
+    }
+
+    // The dashboard's pages.
+    for (what, v) in HOSTILE_PATH {
+        for target in [
+            format!("/kernels/{v}/1.0.0"),
+            format!("/kernels/hostile_k/{v}"),
+        ] {
+            let mut p = Probe::get(format!("page {target}: {what}"), target);
+            p.page = true;
+            t.push(p);
+        }
+    }
+    for (what, v) in HOSTILE_QUERY {
+        for target in [
+            format!("/?op={v}"),
+            format!("/?dtype={v}&arch=sm_90"),
+            format!("/policy?cols={v}&dtype=bf16&arch=sm_90"),
+            format!("/policy?policy={v}"),
+        ] {
+            let mut p = Probe::get(format!("page {target}: {what}"), target);
+            p.page = true;
+            t.push(p);
+        }
+    }
+
+    // Last, a well-typed report whose counts sum past u64::MAX: counts no case's shape can
+    // have, which the hub's report check refuses naming the field (a sum of them saturates
+    // instead of wrapping: `Verdict::from_cases`, tested in kernel-registry).
+    t.push(
+        Probe::json(
+            "report whose element counts sum past u64::MAX",
+            &report_path,
+            Auth::Worker,
+            serde_json::to_vec(&json!({"lease_id": ctx.lease, "report": huge})).unwrap(),
+        )
+        .expect(422),
+    );
+    t
+}
+
+async fn send(srv: &TestServer, client: &reqwest::Client, ctx: &Ctx, p: &Probe) -> Answer {
+    let url = format!("{}{}", srv.base, p.target);
+    let mut req = client.request(p.method.clone(), &url);
+    match p.auth {
+        Auth::None => {}
+        Auth::Submit => req = req.bearer_auth(&ctx.submit),
+        Auth::Worker => req = req.bearer_auth(&ctx.worker),
+        Auth::Admin => req = req.bearer_auth(&ctx.admin),
+        Auth::Raw(v) => req = req.header(AUTHORIZATION, HeaderValue::from_bytes(v).unwrap()),
+    }
+    if let Some(c) = &p.content_type {
+        req = req.header(CONTENT_TYPE, c);
+    }
+    if let Some(b) = &p.body {
+        req = req.body(b.clone());
+    }
+    let r = req
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{}: no answer: {e}", p.what));
+    let header = |name| {
+        r.headers()
+            .get(name)
+            .map(|v: &HeaderValue| v.to_str().unwrap_or("<not text>").to_string())
+    };
+    let content_type = header(CONTENT_TYPE).unwrap_or_default();
+    let allow = header(ALLOW);
+    let status = r.status();
+    let body = r.text().await.unwrap_or_default();
+    Answer {
+        status,
+        content_type,
+        allow,
+        body,
+    }
+}
+
+/// Check one answer against what every answer owes: never 5xx; a refusal says what was
+/// wrong as problem+json (a page's as an HTML page); a 405 names what is allowed.
+fn judge(p: &Probe, a: &Answer) -> Vec<String> {
+    let mut bad = Vec::new();
+    let what = &p.what;
+    let body = a.body.chars().take(300).collect::<String>();
+    if a.status.is_server_error() {
+        bad.push(format!("{what}: {} {body}", a.status));
+    }
+    if let Some(want) = p.expect {
+        if a.status.as_u16() != want {
+            bad.push(format!("{what}: expected {want}, got {} {body}", a.status));
+        }
+    }
+    if a.status.is_client_error() && p.method != Method::HEAD {
+        if p.page && a.status != StatusCode::METHOD_NOT_ALLOWED {
+            // An error page, or the page's form with the error beside it.
+            let says = a.body.contains(&format!("{} ", a.status.as_u16()))
+                || a.body.contains("class=\"error\"");
+            if !a.content_type.starts_with("text/html") || !says {
+                bad.push(format!(
+                    "{what}: a page's refusal is not an HTML page saying why: {} {body}",
+                    a.content_type
+                ));
+            }
+        } else {
+            let problem: Value = serde_json::from_str(&a.body).unwrap_or(Value::Null);
+            let detail = problem["detail"].as_str().unwrap_or_default();
+            if a.content_type != "application/problem+json"
+                || problem["status"] != a.status.as_u16()
+                || detail.len() < 10
+            {
+                bad.push(format!(
+                    "{what}: not a problem that says what was wrong: {} {body}",
+                    a.content_type
+                ));
+            }
+        }
+    }
+    if a.status == StatusCode::METHOD_NOT_ALLOWED && a.allow.as_deref().unwrap_or("").is_empty() {
+        bad.push(format!("{what}: 405 without Allow"));
+    }
+    bad
+}
+
+async fn run_table(b: &Backend) -> Vec<(String, u16)> {
+    let srv = TestServer::start(b, &["--no-bundled"]).await;
+    let ctx = setup(&srv).await;
+    let doc = serde_json::to_value(kernelize::app::openapi()).unwrap();
+    let table = hostile_table(&doc, &ctx);
+    assert!(table.len() >= 150, "only {} hostile requests", table.len());
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let mut failures = Vec::new();
+    let mut statuses = Vec::new();
+    for p in &table {
+        let a = send(&srv, &client, &ctx, p).await;
+        failures.extend(judge(p, &a));
+        statuses.push((p.what.clone(), a.status.as_u16()));
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} hostile requests were answered wrongly:\n{}",
+        failures.len(),
+        table.len(),
+        failures.join("\n")
+    );
+    // No hostile report was recorded: the last one was refused as impossible for its job.
+    let v: Value = srv
+        .get_json("/v1/kernels/hostile_k/1.0.0/verifications")
+        .await;
+    assert_eq!(v["verifications"].as_array().map(Vec::len), Some(0), "{v}");
+    // And the server is still well.
+    assert_eq!(srv.get_json("/healthz").await["status"], "ok");
+    eprintln!(
+        "hostile table on {}: {} requests, 0 answered 5xx",
+        b.url().split(':').next().unwrap_or(""),
+        table.len()
+    );
+    statuses
+}
+
+/// Every hostile request answered without a 5xx, each refusal problem+json naming what was
+/// wrong, and SQLite and PostgreSQL answering each one with the same status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hostile_inputs_are_refused_alike_on_both_backends() {
+    let sqlite = run_table(&Backend::sqlite()).await;
+    let Some(pg) = Backend::postgres().await else {
+        return;
+    };
+    let postgres = run_table(&pg).await;
+    let differ: Vec<String> = sqlite
+        .iter()
+        .zip(&postgres)
+        .filter(|(a, b)| a.1 != b.1)
+        .map(|(a, b)| format!("{}: SQLite {}, PostgreSQL {}", a.0, a.1, b.1))
+        .collect();
+    assert_eq!(sqlite.len(), postgres.len());
+    assert!(
+        differ.is_empty(),
+        "the backends disagree on {} requests:\n{}",
+        differ.len(),
+        differ.join("\n")
+    );
+}
+
+/// A stalled client holds a connection slot only until its deadline: 1000 connections that
+/// send half a request leave `/healthz` answering at once, and are closed after the header
+/// (or body) timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stalled_connections_are_closed_and_the_service_stays_available() {
+    raise_fd_limit(4096);
+    let b = Backend::sqlite();
+    let srv = TestServer::start(
+        &b,
+        &[
+            "--no-bundled",
+            "--header-timeout-s",
+            "2",
+            "--body-timeout-s",
+            "2",
+        ],
+    )
+    .await;
+    let addr = srv.base.trim_start_matches("http://").to_string();
+    let opened = Instant::now();
+    let stalled = stall(&addr, 1000).await;
+    // The service answers while they hang.
+    let t = Instant::now();
+    let h = tokio::time::timeout(
+        Duration::from_secs(2),
+        srv.client.get(srv.url("/healthz")).send(),
+    )
+    .await
+    .expect("/healthz did not answer within 2 s beside 1000 stalled connections")
+    .unwrap();
+    assert_eq!(h.status(), StatusCode::OK);
+    let healthz_ms = t.elapsed().as_millis();
+    // Every stalled connection is closed by the server after its timeout (header stalls get no
+    // answer; body stalls a 408 problem).
+    let outcomes = closed_within(stalled, Duration::from_secs(10)).await;
+    let elapsed = opened.elapsed();
+    let timed_out_408 = outcomes
+        .iter()
+        .filter(|o| o.starts_with("HTTP/1.1 408"))
+        .count();
+    assert_eq!(outcomes.len(), 1000);
+    assert_eq!(
+        timed_out_408,
+        200,
+        "the 200 body stalls get a 408: {:?}",
+        &outcomes[..3]
+    );
+    assert!(
+        outcomes.iter().all(|o| o.is_empty()
+            || (o.starts_with("HTTP/1.1 408") && o.contains("application/problem+json"))),
+        "{:?}",
+        outcomes
+            .iter()
+            .find(|o| !o.is_empty() && !o.starts_with("HTTP/1.1 408"))
+    );
+    assert!(
+        elapsed >= Duration::from_secs(2),
+        "closed before the timeout: {elapsed:?}"
+    );
+    eprintln!(
+        "1000 stalled connections: /healthz answered in {healthz_ms} ms, all closed after {:.1} s",
+        elapsed.as_secs_f64()
+    );
+}
+
+/// Under a small open-file limit (the probe's 256) the server keeps fewer connections than
+/// descriptors, says so, and 300 stalled connections no longer lock everyone out: `/healthz`
+/// answers once the header timeout frees slots, and the server is never out of descriptors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_small_descriptor_limit_lowers_the_connection_limit_instead_of_failing() {
+    raise_fd_limit(4096);
+    let b = Backend::sqlite();
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let stderr = log.reopen().unwrap();
+    let srv = TestServer::start_with(
+        &b,
+        &b.url(),
+        &["--no-bundled", "--header-timeout-s", "2"],
+        move |cmd| {
+            use std::os::unix::process::CommandExt;
+            cmd.stderr(stderr);
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                cmd.pre_exec(|| rlimit::setrlimit(rlimit::Resource::NOFILE, 256, 256));
+            }
+        },
+    )
+    .await;
+    let addr = srv.base.trim_start_matches("http://").to_string();
+    let stalled = stall_headers(&addr, 300).await;
+    let sockets = open_sockets(srv.child.id());
+    // 128 connections, the listener, and a few of the runtime's own (signal handling).
+    assert!(
+        sockets <= 128 + 8,
+        "{sockets} sockets open under a 256-descriptor limit"
+    );
+    let t = Instant::now();
+    let h = tokio::time::timeout(
+        Duration::from_secs(15),
+        srv.client.get(srv.url("/healthz")).send(),
+    )
+    .await
+    .expect("/healthz did not answer within 15 s")
+    .unwrap();
+    assert_eq!(h.status(), StatusCode::OK);
+    let waited = t.elapsed();
+    drop(stalled);
+    let text = std::fs::read_to_string(log.path()).unwrap();
+    assert!(
+        text.contains("serving at most 128 connections at once"),
+        "no warning about the descriptor limit: {text}"
+    );
+    assert!(!text.contains("Too many open files"), "{text}");
+    eprintln!("256 descriptors, 300 stalled: {sockets} sockets held, /healthz after {waited:?}");
+}
+
+/// Each token has its own budget of writes; past it a 429 problem says when to come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_past_a_tokens_rate_get_429_with_retry_after() {
+    let b = Backend::sqlite();
+    let srv = TestServer::start(
+        &b,
+        &[
+            "--no-bundled",
+            "--write-rate-per-minute",
+            "60",
+            "--write-burst",
+            "3",
+        ],
+    )
+    .await;
+    let worker = srv.token("worker");
+    let other = srv.token("worker");
+    for _ in 0..3 {
+        let (st, _, _) = srv
+            .post_raw("/v1/jobs/claim", Some(&worker), &json!({"worker": "w"}))
+            .await;
+        assert_eq!(st, StatusCode::NO_CONTENT);
+    }
+    let r = srv
+        .client
+        .post(srv.url("/v1/jobs/claim"))
+        .bearer_auth(&worker)
+        .json(&json!({"worker": "w"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = r.headers()[RETRY_AFTER].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "Retry-After {retry}");
+    assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
+    let p: Value = r.json().await.unwrap();
+    assert!(p["detail"].as_str().unwrap().contains("retry after"), "{p}");
+    // Another token is not held back, and reads are not limited.
+    let (st, _, _) = srv
+        .post_raw("/v1/jobs/claim", Some(&other), &json!({"worker": "w"}))
+        .await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    for _ in 0..20 {
+        srv.get_json("/healthz").await;
+    }
+    // The budget refills at the rate: one write a second here.
+    tokio::time::sleep(Duration::from_secs(retry)).await;
+    let (st, _, _) = srv
+        .post_raw("/v1/jobs/claim", Some(&worker), &json!({"worker": "w"}))
+        .await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+}
+
+fn raise_fd_limit(want: u64) {
+    let got = rlimit::increase_nofile_limit(want).unwrap();
+    assert!(
+        got >= 2200,
+        "the test needs 2200 descriptors; the hard limit allows {got}"
+    );
+}
+
+/// Open `n` connections; four in five send half a request's headers, one in five the headers
+/// of a POST and half its body.
+async fn stall(addr: &str, n: usize) -> Vec<tokio::net::TcpStream> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let half: &[u8] = if i % 5 == 0 {
+            b"POST /v1/jobs/claim HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"wor"
+        } else {
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nUser-Agent: slow"
+        };
+        tokio::io::AsyncWriteExt::write_all(&mut s, half)
+            .await
+            .unwrap();
+        out.push(s);
+    }
+    out
+}
+
+async fn stall_headers(addr: &str, n: usize) -> Vec<tokio::net::TcpStream> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut s, b"GET /healthz HTTP/1.1\r\nHost: x")
+            .await
+            .unwrap();
+        out.push(s);
+    }
+    out
+}
+
+/// Wait until the server closes each connection; what it sent first ("" when nothing).
+async fn closed_within(conns: Vec<tokio::net::TcpStream>, limit: Duration) -> Vec<String> {
+    let mut tasks = Vec::new();
+    for mut s in conns {
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            let read = tokio::io::AsyncReadExt::read_to_end(&mut s, &mut got);
+            match tokio::time::timeout(limit, read).await {
+                Ok(_) => String::from_utf8_lossy(&got).to_string(),
+                Err(_) => panic!("a stalled connection was still open after {limit:?}"),
+            }
+        }));
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// Sockets the process holds (Linux: /proc/PID/fd).
+fn open_sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| l.to_string_lossy().starts_with("socket:"))
+        .count()
+}
