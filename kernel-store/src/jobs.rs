@@ -197,38 +197,58 @@ impl Store {
         for r in &expired {
             let id: i64 = r.try_get("id")?;
             let d: String = r.try_get("kernel_digest")?;
-            audit_in(
-                &mut tx,
-                "system",
-                "job.failed",
-                &d,
-                serde_json::json!({"job_id": id, "reason": "lease expired on the last attempt"}),
-            )
-            .await?;
+            let detail =
+                serde_json::json!({"job_id": id, "reason": "lease expired on the last attempt"});
+            audit_in(&mut tx, "system", "job.lease_expired", &d, detail.clone()).await?;
+            audit_in(&mut tx, "system", "job.failed", &d, detail).await?;
         }
         let lock = match self.backend {
             Backend::Postgres => "FOR UPDATE SKIP LOCKED",
-            // SQLite has one writer: the UPDATE below is atomic as it stands.
+            // SQLite has one writer, and this transaction holds it since the UPDATE above.
             Backend::Sqlite => "",
         };
+        let Some(next) = sqlx::query(&format!(
+            "SELECT id, state, worker, attempts FROM verification_jobs \
+             WHERE (state = 'queued' OR (state = 'running' AND lease_expires_ms < $1)) \
+             AND attempts < max_attempts ORDER BY id LIMIT 1 {lock}"
+        ))
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?
+        else {
+            tx.commit().await?;
+            return Ok(None);
+        };
+        let next_id: i64 = next.try_get("id")?;
+        let was: String = next.try_get("state")?;
         let lease_id = random_hex(16);
         let row = sqlx::query(&format!(
             "UPDATE verification_jobs SET state = 'running', attempts = attempts + 1, worker = $1, \
-             lease_id = $2, lease_expires_ms = $3, updated_at = $4, claim_token_id = $6 \
-             WHERE id = (SELECT id FROM verification_jobs \
-                 WHERE (state = 'queued' OR (state = 'running' AND lease_expires_ms < $5)) \
-                 AND attempts < max_attempts ORDER BY id LIMIT 1 {lock}) \
-             RETURNING {JOB_COLS}"
+             lease_id = $2, lease_expires_ms = $3, updated_at = $4, claim_token_id = $5 \
+             WHERE id = $6 RETURNING {JOB_COLS}"
         ))
         .bind(worker)
         .bind(&lease_id)
         .bind(now + lease_ms)
         .bind(&stamp)
-        .bind(now)
         .bind(token_id)
+        .bind(next_id)
         .fetch_optional(&mut *tx)
         .await?;
         let job = row.as_ref().map(job_row).transpose()?;
+        if let (Some(j), true) = (&job, was == JobState::Running.as_str()) {
+            // The previous holder's lease ran out: it stopped heart-beating.
+            let before: Option<String> = next.try_get("worker")?;
+            let attempt: i64 = next.try_get("attempts")?;
+            audit_in(
+                &mut tx,
+                "system",
+                "job.lease_expired",
+                j.kernel_digest.as_str(),
+                serde_json::json!({"job_id": j.id, "attempt": attempt, "worker": before}),
+            )
+            .await?;
+        }
         if let Some(j) = &job {
             audit_in(
                 &mut tx,

@@ -86,6 +86,7 @@ pub struct AppState {
     pub store: Store,
     pub config: Arc<Config>,
     pub writes: Arc<WriteLimits>,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl AppState {
@@ -97,6 +98,7 @@ impl AppState {
                 config.write_burst,
             )),
             config: Arc::new(config),
+            metrics: Arc::new(crate::metrics::Metrics::new()),
         }
     }
 }
@@ -107,6 +109,7 @@ impl AppState {
 pub fn api_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(api::openapi::ApiDoc::openapi())
         .routes(routes!(api::healthz))
+        .routes(routes!(crate::metrics::metrics))
         .routes(routes!(api::openapi::openapi_json))
         .routes(routes!(api::kernels::list, api::kernels::submit))
         .routes(routes!(api::kernels::get_one))
@@ -147,6 +150,11 @@ pub fn app(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(CatchPanicLayer::custom(edge::panic_to_500))
         .layer(middleware::from_fn(edge::problems))
+        // Counted with the status the client gets (after the edge's rewriting).
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::metrics::track,
+        ))
         // Layers run bottom-up: a sane incoming x-request-id is kept (else a UUID is made), the
         // request's span carries it, one line per response is logged in that span, and the
         // id goes back in the response (every refusal of the edge too).

@@ -11,6 +11,7 @@ pub mod dashboard;
 pub mod edge;
 pub mod error;
 pub mod listener;
+pub mod metrics;
 pub mod protocol;
 pub mod request_id;
 pub mod resolve;
