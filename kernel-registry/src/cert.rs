@@ -1,0 +1,426 @@
+//! Verification certificates: a worker's ed25519 signature over claims that bind one report.
+//!
+//! The claims name the kernel (digest, name and version), the verdict (exactness class), where
+//! it was measured (architecture, device, driver, CUDA and NVRTC versions), with what (verifier
+//! and suite versions), the hash of the code each dtype ran, and the report itself: the SHA-256
+//! of its RFC 8785 (JCS) canonical JSON, so that any change to any figure of the report breaks
+//! the certificate. The signed bytes are the claims' JSON text exactly as carried in the
+//! certificate (`claims`), so no verifier has to re-serialise anything to check a signature.
+//!
+//! Anyone holding the report, the kernel's source and the signer's public key can check a
+//! certificate offline: [`Certificate::verify`] (signature, trusted key), then
+//! [`Claims::check_report`] (the report is the one signed and says what the claims say) and
+//! [`Claims::check_kernel`] (the source is the one verified).
+
+use crate::report::VerificationReport;
+use crate::{Arch, Digest};
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+/// The certificate format this module writes and reads.
+pub const FORMAT: &str = "kernelize-certificate/1";
+
+/// What a certificate asserts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Claims {
+    pub format: String,
+    /// SHA-256 (hex) of the report's RFC 8785 canonical JSON.
+    pub report_sha256: String,
+    pub kernel_digest: Digest,
+    /// `name@version`.
+    pub kernel: String,
+    /// The report's exactness class (its summary's, as the hub derives it from the cases).
+    pub class: String,
+    pub arch: Arch,
+    pub device: String,
+    pub driver_version: String,
+    pub cuda_version: String,
+    /// The NVRTC versions that compiled the kernel (one per distinct version, sorted).
+    pub nvrtc_versions: Vec<String>,
+    pub verifier_version: String,
+    pub suite_version: String,
+    /// Per dtype, the SHA-256 of the code the GPU ran.
+    pub compiled: Vec<CompiledHash>,
+    /// When the worker signed (RFC 3339).
+    pub signed_at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompiledHash {
+    pub dtype: String,
+    pub code_sha256: String,
+}
+
+/// A signed statement about one verification report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Hash)]
+#[serde(deny_unknown_fields)]
+pub struct Certificate {
+    /// The claims' JSON text: the exact bytes signed.
+    pub claims: String,
+    /// The signer's ed25519 public key (32 bytes, standard base64).
+    pub key: String,
+    /// The signature over `claims` (64 bytes, standard base64).
+    pub signature: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CertError {
+    #[error("the certificate's {what} is not valid base64 of {len} bytes")]
+    Encoding { what: &'static str, len: usize },
+    #[error("the certificate's key {0} is not a valid ed25519 public key")]
+    BadKey(String),
+    #[error("the signature does not verify: the claims, the signature or the key were changed")]
+    BadSignature,
+    #[error("the certificate is signed by key {0}, which is not among the trusted keys")]
+    Untrusted(String),
+    #[error("the certificate's claims are not {FORMAT} claims: {0}")]
+    BadClaims(String),
+    #[error("the report is not the one certified: {0}")]
+    ReportMismatch(String),
+    #[error("the kernel is not the one certified: {0}")]
+    KernelMismatch(String),
+}
+
+/// The SHA-256 (hex) of a JSON value's RFC 8785 canonical form.
+pub fn canonical_sha256(value: &serde_json::Value) -> String {
+    let bytes = serde_json_canonicalizer::to_vec(value).expect("a JSON value canonicalises");
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// The canonical digest of a report: what a certificate's `report_sha256` holds.
+pub fn report_sha256(report: &VerificationReport) -> String {
+    canonical_sha256(&serde_json::to_value(report).expect("a report serialises"))
+}
+
+/// A short, stable name for a public key (the first 16 hex digits of its SHA-256), for logs
+/// and messages.
+pub fn key_id(key_b64: &str) -> String {
+    hex::encode(&Sha256::digest(key_b64.as_bytes())[..8])
+}
+
+/// A public key as carried in certificates and registries.
+pub fn encode_key(key: &VerifyingKey) -> String {
+    B64.encode(key.as_bytes())
+}
+
+/// Parse a public key as carried in certificates and registries.
+pub fn decode_key(key_b64: &str) -> Result<VerifyingKey, CertError> {
+    let bytes: [u8; 32] = decode_exact(key_b64.trim(), "key")?;
+    VerifyingKey::from_bytes(&bytes).map_err(|_| CertError::BadKey(key_id(key_b64)))
+}
+
+/// A signing key from its 32 secret bytes, standard base64 (what `kernelize worker init`
+/// writes).
+pub fn decode_signing_key(secret_b64: &str) -> Result<SigningKey, CertError> {
+    let bytes: [u8; 32] = decode_exact(secret_b64.trim(), "secret key")?;
+    Ok(SigningKey::from_bytes(&bytes))
+}
+
+pub fn encode_signing_key(key: &SigningKey) -> String {
+    B64.encode(key.to_bytes())
+}
+
+fn decode_exact<const N: usize>(s: &str, what: &'static str) -> Result<[u8; N], CertError> {
+    B64.decode(s)
+        .ok()
+        .and_then(|v| <[u8; N]>::try_from(v).ok())
+        .ok_or(CertError::Encoding { what, len: N })
+}
+
+impl Claims {
+    /// The claims a worker makes about `report`, signed at `signed_at`.
+    pub fn of(report: &VerificationReport, signed_at: &str) -> Claims {
+        let mut nvrtc: Vec<String> = report
+            .compiled
+            .iter()
+            .map(|c| c.nvrtc_version.clone())
+            .collect();
+        nvrtc.sort();
+        nvrtc.dedup();
+        Claims {
+            format: FORMAT.to_string(),
+            report_sha256: report_sha256(report),
+            kernel_digest: report.kernel.digest.clone(),
+            kernel: format!("{}@{}", report.kernel.name, report.kernel.version),
+            class: report.summary.overall.class.to_string(),
+            arch: report.device.arch,
+            device: report.device.name.clone(),
+            driver_version: report.device.driver_version.clone(),
+            cuda_version: report.device.cuda_version.clone(),
+            nvrtc_versions: nvrtc,
+            verifier_version: report.verifier_version.clone(),
+            suite_version: report.suite_version.clone(),
+            compiled: report
+                .compiled
+                .iter()
+                .map(|c| CompiledHash {
+                    dtype: c.dtype.to_string(),
+                    code_sha256: c.code_sha256.clone(),
+                })
+                .collect(),
+            signed_at: signed_at.to_string(),
+        }
+    }
+
+    /// `report` is the report these claims were made of: its canonical digest is the one
+    /// signed, and every field the claims name says the same in the report.
+    pub fn check_report(&self, report: &VerificationReport) -> Result<(), CertError> {
+        let digest = report_sha256(report);
+        if digest != self.report_sha256 {
+            return Err(CertError::ReportMismatch(format!(
+                "its canonical SHA-256 is {digest}, the certificate's {}",
+                self.report_sha256
+            )));
+        }
+        let mine = Claims::of(report, &self.signed_at);
+        let fields: [(&str, String, String); 12] = [
+            ("format", self.format.clone(), mine.format),
+            (
+                "kernel_digest",
+                self.kernel_digest.to_string(),
+                mine.kernel_digest.to_string(),
+            ),
+            ("kernel", self.kernel.clone(), mine.kernel),
+            ("class", self.class.clone(), mine.class),
+            ("arch", self.arch.to_string(), mine.arch.to_string()),
+            ("device", self.device.clone(), mine.device),
+            (
+                "driver_version",
+                self.driver_version.clone(),
+                mine.driver_version,
+            ),
+            ("cuda_version", self.cuda_version.clone(), mine.cuda_version),
+            (
+                "nvrtc_versions",
+                self.nvrtc_versions.join(","),
+                mine.nvrtc_versions.join(","),
+            ),
+            (
+                "verifier_version",
+                self.verifier_version.clone(),
+                mine.verifier_version,
+            ),
+            (
+                "suite_version",
+                self.suite_version.clone(),
+                mine.suite_version,
+            ),
+            (
+                "compiled",
+                format!("{:?}", self.compiled),
+                format!("{:?}", mine.compiled),
+            ),
+        ];
+        for (field, claimed, actual) in fields {
+            if claimed != actual {
+                return Err(CertError::ReportMismatch(format!(
+                    "the certificate says {field} `{claimed}`, the report `{actual}`"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The kernel whose digest is `digest` (computed from its manifest and source) is the one
+    /// certified.
+    pub fn check_kernel(&self, digest: &Digest) -> Result<(), CertError> {
+        if *digest != self.kernel_digest {
+            return Err(CertError::KernelMismatch(format!(
+                "its digest is {digest}, the certificate's {}",
+                self.kernel_digest
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Certificate {
+    /// Sign `claims` with `key`.
+    pub fn sign(key: &SigningKey, claims: &Claims) -> Certificate {
+        let text = serde_json::to_string(claims).expect("claims serialise");
+        let sig: Signature = key.sign(text.as_bytes());
+        Certificate {
+            claims: text,
+            key: encode_key(&key.verifying_key()),
+            signature: B64.encode(sig.to_bytes()),
+        }
+    }
+
+    /// Check the signature and that the signer is trusted (`trusted`: public keys as carried,
+    /// compared after decoding), and return the claims.
+    pub fn verify(&self, trusted: &[String]) -> Result<Claims, CertError> {
+        let key = decode_key(&self.key)?;
+        let trusted_here = trusted
+            .iter()
+            .filter_map(|k| decode_key(k).ok())
+            .any(|k| k == key);
+        if !trusted_here {
+            return Err(CertError::Untrusted(key_id(&self.key)));
+        }
+        self.verify_signature()
+    }
+
+    /// Check the signature alone (against the key the certificate names) and return the
+    /// claims. Whether that key is trusted is the caller's question.
+    pub fn verify_signature(&self) -> Result<Claims, CertError> {
+        let key = decode_key(&self.key)?;
+        let sig: [u8; 64] = decode_exact(&self.signature, "signature")?;
+        key.verify_strict(self.claims.as_bytes(), &Signature::from_bytes(&sig))
+            .map_err(|_| CertError::BadSignature)?;
+        let claims: Claims =
+            serde_json::from_str(&self.claims).map_err(|e| CertError::BadClaims(e.to_string()))?;
+        if claims.format != FORMAT {
+            return Err(CertError::BadClaims(format!(
+                "format `{}`, expected `{FORMAT}`",
+                claims.format
+            )));
+        }
+        Ok(claims)
+    }
+
+    /// The signer's key id (see [`key_id`]).
+    pub fn key_id(&self) -> String {
+        key_id(&self.key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::tests_support::report_with;
+
+    fn key(seed: u8) -> SigningKey {
+        SigningKey::from_bytes(&[seed; 32])
+    }
+
+    fn signed() -> (VerificationReport, Certificate, String) {
+        let report = report_with(0, 0);
+        let k = key(7);
+        let cert = Certificate::sign(&k, &Claims::of(&report, "2026-11-23T08:00:00Z"));
+        let trusted = encode_key(&k.verifying_key());
+        (report, cert, trusted)
+    }
+
+    #[test]
+    fn a_certificate_round_trips_and_binds_its_report_and_kernel() {
+        let (report, cert, trusted) = signed();
+        let claims = cert.verify(std::slice::from_ref(&trusted)).unwrap();
+        assert_eq!(claims.kernel_digest, report.kernel.digest);
+        assert_eq!(claims.class, report.summary.overall.class.to_string());
+        claims.check_report(&report).unwrap();
+        claims.check_kernel(&report.kernel.digest).unwrap();
+        // Through JSON and back (as stored and served) it still verifies.
+        let back: Certificate =
+            serde_json::from_str(&serde_json::to_string(&cert).unwrap()).unwrap();
+        back.verify(&[trusted])
+            .unwrap()
+            .check_report(&report)
+            .unwrap();
+    }
+
+    #[test]
+    fn every_claim_is_bound_by_the_signature() {
+        let (_, cert, trusted) = signed();
+        let claims: serde_json::Value = serde_json::from_str(&cert.claims).unwrap();
+        let fields: Vec<String> = claims.as_object().unwrap().keys().cloned().collect();
+        assert_eq!(fields.len(), 14, "{fields:?}");
+        for field in fields {
+            let mut v = claims.clone();
+            v[&field] = match &v[&field] {
+                serde_json::Value::String(s) => serde_json::json!(format!("{s}x")),
+                serde_json::Value::Array(_) => serde_json::json!([]),
+                other => panic!("{field}: {other}"),
+            };
+            let forged = Certificate {
+                claims: serde_json::to_string(&v).unwrap(),
+                ..cert.clone()
+            };
+            assert_eq!(
+                forged.verify(std::slice::from_ref(&trusted)),
+                Err(CertError::BadSignature),
+                "changing {field} kept the signature valid"
+            );
+        }
+    }
+
+    #[test]
+    fn a_changed_report_kernel_key_or_signature_is_refused() {
+        let (report, cert, trusted) = signed();
+        let claims = cert.verify(std::slice::from_ref(&trusted)).unwrap();
+        // Any figure of the report.
+        let mut r = report.clone();
+        r.cases[0].exactness.as_mut().unwrap().mismatches += 1;
+        assert!(matches!(
+            claims.check_report(&r),
+            Err(CertError::ReportMismatch(_))
+        ));
+        let mut r = report.clone();
+        r.duration_s += 1.0;
+        assert!(matches!(
+            claims.check_report(&r),
+            Err(CertError::ReportMismatch(_))
+        ));
+        // Another kernel.
+        let other: Digest = format!("sha256:{}", "ab".repeat(32)).parse().unwrap();
+        assert!(matches!(
+            claims.check_kernel(&other),
+            Err(CertError::KernelMismatch(_))
+        ));
+        // Another signer, untrusted; the same signer's key swapped for another trusted one.
+        let mallory = Certificate::sign(&key(9), &claims);
+        assert!(matches!(
+            mallory.verify(std::slice::from_ref(&trusted)),
+            Err(CertError::Untrusted(_))
+        ));
+        let swapped = Certificate {
+            key: encode_key(&key(9).verifying_key()),
+            ..cert.clone()
+        };
+        assert_eq!(
+            swapped.verify(&[encode_key(&key(9).verifying_key())]),
+            Err(CertError::BadSignature)
+        );
+        // A flipped signature byte; garbage encodings.
+        let mut sig = B64.decode(&cert.signature).unwrap();
+        sig[10] ^= 1;
+        let flipped = Certificate {
+            signature: B64.encode(sig),
+            ..cert.clone()
+        };
+        assert_eq!(
+            flipped.verify(std::slice::from_ref(&trusted)),
+            Err(CertError::BadSignature)
+        );
+        let garbled = Certificate {
+            signature: "not base64!".into(),
+            ..cert.clone()
+        };
+        assert!(matches!(
+            garbled.verify(std::slice::from_ref(&trusted)),
+            Err(CertError::Encoding { .. })
+        ));
+    }
+
+    #[test]
+    fn claims_that_contradict_their_report_are_refused_even_when_signed() {
+        let (report, _, _) = signed();
+        let mut claims = Claims::of(&report, "2026-11-23T08:00:00Z");
+        claims.class = "bit_exact_liar".into();
+        let err = claims.check_report(&report).unwrap_err();
+        assert!(err.to_string().contains("says class"), "{err}");
+    }
+
+    #[test]
+    fn canonical_digests_ignore_key_order_and_number_spelling() {
+        let a: serde_json::Value = serde_json::from_str(r#"{"b": 1.0, "a": [1e2, "x"]}"#).unwrap();
+        let b: serde_json::Value = serde_json::from_str(r#"{"a": [100, "x"], "b": 1}"#).unwrap();
+        assert_eq!(canonical_sha256(&a), canonical_sha256(&b));
+        let c: serde_json::Value = serde_json::from_str(r#"{"a": [100, "x"], "b": 2}"#).unwrap();
+        assert_ne!(canonical_sha256(&a), canonical_sha256(&c));
+    }
+}
