@@ -310,6 +310,19 @@ impl Store {
         holder: &Holder<'_>,
         report: &VerificationReport,
     ) -> Result<i64> {
+        self.complete_job_certified(job_id, holder, report, None)
+            .await
+    }
+
+    /// `complete_job`, keeping the worker's certificate of the report with the verification.
+    /// The certificate is the caller's to check (`kernel_registry::cert`).
+    pub async fn complete_job_certified(
+        &self,
+        job_id: i64,
+        holder: &Holder<'_>,
+        report: &VerificationReport,
+        certificate: Option<&kernel_registry::cert::Certificate>,
+    ) -> Result<i64> {
         let actor = holder.actor;
         let stamp = now_rfc3339();
         let mut tx = self.pool.begin().await?;
@@ -340,7 +353,7 @@ impl Store {
         // The optional speeds go last, as SQL NULL when absent: sqlx 0.8's Any driver binds a
         // NULL f64 as float4 on PostgreSQL, which breaks the float8 statement it caches.
         let speeds = [s.gbps_4096x8192, s.gbps_32768x4096];
-        let mut next = 13;
+        let mut next = 14;
         let speed_sql: Vec<String> = speeds
             .iter()
             .map(|g| match g {
@@ -354,8 +367,8 @@ impl Store {
         let sql = format!(
             "INSERT INTO verifications (kernel_digest, job_id, arch, device_name, exactness_class, \
              max_ulp, max_mismatch_fraction, max_abs_diff, deterministic, batch_invariant, \
-             integrity_ok, report_json, created_at, gbps_4096x8192, gbps_32768x4096) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, {}, {}) RETURNING id",
+             integrity_ok, report_json, created_at, certificate, gbps_4096x8192, gbps_32768x4096) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, {}, {}) RETURNING id",
             speed_sql[0], speed_sql[1]
         );
         let mut insert = sqlx::query(&sql)
@@ -371,7 +384,8 @@ impl Store {
             .bind(s.batch_invariant as i64)
             .bind(s.integrity_ok as i64)
             .bind(serde_json::to_string(report).expect("report serialises"))
-            .bind(&stamp);
+            .bind(&stamp)
+            .bind(certificate.map(|c| serde_json::to_string(c).expect("certificate serialises")));
         for g in speeds.into_iter().flatten() {
             insert = insert.bind(g);
         }

@@ -16,6 +16,7 @@ pub mod testing;
 mod tokens;
 mod url;
 mod verifications;
+mod worker_keys;
 
 pub use audit::AuditEntry;
 pub use jobs::{Holder, JobRow, JobState, WidthJob, DEFAULT_MAX_ATTEMPTS};
@@ -24,6 +25,7 @@ pub use stats::{HubStats, MAX_WORKERS_LISTED};
 pub use tokens::{hash_token, Expiry, Revoked, TokenCheck, TokenInfo, DEFAULT_TOKEN_LIFETIME};
 pub use url::normalise_url;
 pub use verifications::VerificationRow;
+pub use worker_keys::WorkerKey;
 
 use kernel_registry::report::{coverage, VerificationReport};
 use sqlx::any::AnyPoolOptions;

@@ -19,6 +19,8 @@ pub struct VerificationRow {
     pub exactness_class: String,
     pub created_at: String,
     pub report: VerificationReport,
+    /// The worker's signed certificate of this report, when it sent one.
+    pub certificate: Option<kernel_registry::cert::Certificate>,
 }
 
 fn verification_row(r: &AnyRow) -> Result<VerificationRow> {
@@ -33,6 +35,11 @@ fn verification_row(r: &AnyRow) -> Result<VerificationRow> {
         created_at: r.try_get("created_at")?,
         report: serde_json::from_str(&json)
             .map_err(|e| StoreError::Corrupt(format!("verification report: {e}")))?,
+        certificate: r
+            .try_get::<Option<String>, _>("certificate")?
+            .map(|c| serde_json::from_str(&c))
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("verification certificate: {e}")))?,
     })
 }
 

@@ -45,6 +45,12 @@ pub enum Command {
     Submit(cmd::submit::SubmitArgs),
     /// Verify queued kernels on this host's GPU for a hub (one worker per GPU).
     Worker(cmd::worker::WorkerArgs),
+    /// Workers' signing keys: create one, register its public key on a hub, list them.
+    #[command(subcommand, name = "worker-key")]
+    WorkerKey(cmd::keys::WorkerKeyCommand),
+    /// Check a verification's signed certificate offline.
+    #[command(subcommand)]
+    Cert(cmd::keys::CertCommand),
     /// Exit 0 when a hub answers /healthz (and, with --gpu, this host has a usable GPU): for
     /// container health checks, which need no curl in the image.
     Health(cmd::health::HealthArgs),
@@ -69,6 +75,12 @@ impl Command {
             Command::Device(_) => "device",
             Command::Submit(_) => "submit",
             Command::Worker(_) => "worker",
+            Command::WorkerKey(cmd::keys::WorkerKeyCommand::Init { .. }) => "worker-key init",
+            Command::WorkerKey(cmd::keys::WorkerKeyCommand::Register { .. }) => {
+                "worker-key register"
+            }
+            Command::WorkerKey(cmd::keys::WorkerKeyCommand::List { .. }) => "worker-key list",
+            Command::Cert(_) => "cert verify",
             Command::Health(_) => "health",
             Command::Sandbox(_) => "__sandbox",
             Command::Conformance(_) => "__conformance",
@@ -102,6 +114,11 @@ pub struct ServeArgs {
     /// How long a worker's claim on a job lasts without a heartbeat, in seconds.
     #[arg(long, default_value_t = 120)]
     pub lease_seconds: u64,
+    /// Store only reports that come with a certificate signed by a registered worker key
+    /// (`kernelize worker-key register`); by default an unsigned report is stored without one,
+    /// while a certificate that does not verify is always refused.
+    #[arg(long, env = "KERNELIZE_REQUIRE_SIGNED_REPORTS")]
+    pub require_signed_reports: bool,
     /// The most verifications of unverified widths that /v1/resolve keeps queued or running at
     /// once (one per kernel and width; beyond the cap resolve answers without queueing).
     #[arg(long, default_value_t = 1000)]

@@ -2,6 +2,7 @@
 
 pub mod client;
 pub mod health;
+pub mod keys;
 pub mod submit;
 pub mod verify;
 pub mod worker;

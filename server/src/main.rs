@@ -41,6 +41,7 @@ fn main() -> ExitCode {
         Command::Device(a) => cmd::verify::device(a),
         Command::Sandbox(a) => cmd::verify::sandbox(a),
         Command::Conformance(a) => cmd::verify::conformance(a),
+        Command::Cert(c) => cmd::keys::cert_command(c),
         other => {
             // The verifier's sandbox processes inherit the GPU choice: set it before any
             // thread starts.
@@ -106,7 +107,12 @@ async fn run_async(command: Command) -> anyhow::Result<ExitCode> {
         Command::Submit(a) => cmd::submit::run(a).await,
         Command::Health(a) => cmd::health::run(a).await,
         Command::Worker(a) => cmd::worker::run(a).await,
-        Command::Verify(_) | Command::Device(_) | Command::Sandbox(_) | Command::Conformance(_) => {
+        Command::WorkerKey(c) => cmd::keys::worker_key(c).await,
+        Command::Verify(_)
+        | Command::Device(_)
+        | Command::Sandbox(_)
+        | Command::Conformance(_)
+        | Command::Cert(_) => {
             unreachable!("run synchronously")
         }
     }
@@ -266,6 +272,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             lease_ms: (a.lease_seconds.max(1) * 1000) as i64,
             max_pending_width_jobs: a.max_pending_width_jobs.min(i64::MAX as u64) as i64,
             min_suite_version: a.min_suite_version.clone(),
+            require_signed_reports: a.require_signed_reports,
             body_timeout: Duration::from_secs(a.body_timeout_s),
             write_rate_per_minute: a.write_rate_per_minute,
             write_burst: a.write_burst,
@@ -342,6 +349,7 @@ async fn start_embedded_worker(
         server: format!("http://{addr}"),
         token: Some(token),
         token_file: None,
+        key_file: None,
         gpu,
         drain: false,
         quick: false,

@@ -62,6 +62,12 @@ pub struct ReportRequest {
     /// derives its summary itself.
     #[schema(value_type = Object)]
     pub report: VerificationReport,
+    /// The worker's signed certificate of this report (`kernel_registry::cert`): stored and
+    /// served with the verification when it verifies against a registered worker key and
+    /// binds this report. Required by a hub run with `--require-signed-reports`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub certificate: Option<kernel_registry::cert::Certificate>,
 }
 
 /// 201 of `POST /v1/jobs/{id}/report`.

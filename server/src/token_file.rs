@@ -104,7 +104,7 @@ fn read_existing(path: &Path) -> anyhow::Result<Option<String>> {
 
 /// Write `token` to `path` readable by its owner only: a temporary file created with mode 0600
 /// in the same folder, then renamed over `path`, so a reader never sees half a token.
-fn write_private(path: &Path, token: &str) -> anyhow::Result<()> {
+pub(crate) fn write_private(path: &Path, token: &str) -> anyhow::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),

@@ -154,6 +154,75 @@ fn suite_cases(report: &VerificationReport, manifest: &Manifest) -> Option<Vec<P
     )
 }
 
+/// A report's certificate: signed by a registered, unrevoked worker key, over this report
+/// (whose summary must be the one its cases give: the hub stores what was signed) and this
+/// job's kernel. Without one, the report is refused when the hub requires signatures.
+async fn check_certificate(
+    st: &AppState,
+    who: &str,
+    job_id: i64,
+    digest: &kernel_registry::Digest,
+    b: &ReportRequest,
+    rederived: &[String],
+) -> Result<(), AppError> {
+    let Some(cert) = &b.certificate else {
+        if st.config.require_signed_reports {
+            return Err(AppError::unprocessable(
+                "this hub stores only signed reports: give the worker a key (`kernelize worker-key init --file KEY`), have an admin register its public key (`kernelize worker-key register`), and start the worker with `--key-file KEY`",
+            )
+            .with("field", "certificate"));
+        }
+        return Ok(());
+    };
+    let refuse = |status: StatusCode, why: String| async move {
+        st.store
+            .audit(
+                who,
+                "verification.certificate_refused",
+                digest.as_str(),
+                json!({"job_id": job_id, "key_id": cert.key_id(), "why": why}),
+            )
+            .await?;
+        Err::<(), AppError>(AppError::new(status, why).with("field", "certificate"))
+    };
+    match st.store.worker_key(&cert.key).await? {
+        None => {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "the certificate is signed by key {}, which is not registered on this hub; an admin registers it with `kernelize worker-key register`",
+                    cert.key_id()
+                ),
+            )
+            .await
+        }
+        Some(k) if k.revoked_at.is_some() => {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                format!("the certificate is signed by worker key `{}`, revoked", k.name),
+            )
+            .await
+        }
+        Some(_) => {}
+    }
+    let checked = cert.verify_signature().and_then(|claims| {
+        claims.check_kernel(digest)?;
+        claims.check_report(&b.report)
+    });
+    if let Err(e) = checked {
+        let also = if rederived.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (the report's summary was not the one its cases give: {})",
+                rederived.join(", ")
+            )
+        };
+        return refuse(StatusCode::UNPROCESSABLE_ENTITY, format!("{e}{also}")).await;
+    }
+    Ok(())
+}
+
 /// Post the verdict of a claimed job, with the lease and the token that claimed it. The report
 /// is checked against the job (kernel, suite and verifier versions, shapes), the device it
 /// names (known GPUs' architecture and peak bandwidth) and itself (every derived figure, every
@@ -220,7 +289,11 @@ pub async fn report(
     if !rederived.is_empty() {
         tracing::warn!(job = id, fields = ?rederived, "posted summary differed from its cases; stored the derived one");
     }
-    let vid = st.store.complete_job(id, &holder, &b.report).await?;
+    check_certificate(&st, &who, id, &job.kernel_digest, &b, &rederived).await?;
+    let vid = st
+        .store
+        .complete_job_certified(id, &holder, &b.report, b.certificate.as_ref())
+        .await?;
     if !rederived.is_empty() {
         st.store
             .audit(

@@ -33,6 +33,11 @@ pub struct WorkerArgs {
         group = "auth"
     )]
     pub token_file: Option<std::path::PathBuf>,
+    /// The worker's signing key (`kernelize worker-key init --file FILE` writes it): every
+    /// report is sent with a certificate signed by it. Its public key must be registered on
+    /// the hub (`kernelize worker-key register`).
+    #[arg(long, env = "KERNELIZE_WORKER_KEY_FILE", value_name = "FILE")]
+    pub key_file: Option<std::path::PathBuf>,
     /// Which GPU of this host to use (sets CUDA_VISIBLE_DEVICES for the verifier).
     #[arg(long)]
     pub gpu: Option<u32>,
@@ -77,8 +82,20 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
             "no usable CUDA GPU on this host: a worker needs one (libcuda.so.1 and a device)"
         );
     }
-    // Checked once at start: a bad --model or a missing harness is the operator's to fix.
+    // Checked once at start: a bad --model, a missing harness or an unreadable key is the
+    // operator's to fix.
     let model = a.model.options()?;
+    let key = a
+        .key_file
+        .as_deref()
+        .map(super::keys::read_signing_key)
+        .transpose()?;
+    if let Some(k) = &key {
+        tracing::info!(
+            key_id = %kernel_registry::cert::key_id(&kernel_registry::cert::encode_key(&k.verifying_key())),
+            "reports are signed"
+        );
+    }
     let client = Client::new(&a.server, Some(token))?;
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "host".into());
     let name = format!("{host}/gpu{}/pid{}", a.gpu.unwrap_or(0), std::process::id());
@@ -106,7 +123,7 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
             _ => return Err(problem(st, &body)),
         }
         let claim: ClaimResponse = decode("POST /v1/jobs/claim", body)?;
-        run_job(&client, &claim, a.quick, model.as_ref()).await?;
+        run_job(&client, &claim, a.quick, model.as_ref(), key.as_ref()).await?;
         done += 1;
     }
 }
@@ -123,6 +140,7 @@ async fn run_job(
     claim: &ClaimResponse,
     quick: bool,
     model: Option<&verifier::model::ModelOptions>,
+    key: Option<&ed25519_dalek::SigningKey>,
 ) -> anyhow::Result<()> {
     let id = claim.job.id;
     let lease = claim.lease_id.clone();
@@ -226,9 +244,15 @@ async fn run_job(
     }
     match result {
         Ok(report) => {
+            let certificate = key.map(|k| {
+                let claims =
+                    kernel_registry::cert::Claims::of(&report, &kernel_store::now_rfc3339());
+                kernel_registry::cert::Certificate::sign(k, &claims)
+            });
             let req = ReportRequest {
                 lease_id: lease.clone(),
                 report,
+                certificate,
             };
             let (st, body) = client.post(&format!("/v1/jobs/{id}/report"), &req).await?;
             match st {

@@ -1,0 +1,229 @@
+//! Worker keys and certificates: `kernelize worker-key init|register|list` and
+//! `kernelize cert verify`.
+//!
+//! A worker signs each report with its own ed25519 key (`worker-key init` writes it, mode
+//! 0600); an admin registers the public key on the hub's database (`worker-key register`); the
+//! hub stores a signed report only when its certificate verifies against a registered key, and
+//! serves the certificate with the verification. Anyone can then check a verification offline
+//! with `cert verify`, trusting the public keys they choose.
+
+use anyhow::Context;
+use clap::Subcommand;
+use ed25519_dalek::SigningKey;
+use kernel_registry::cert::{self, Certificate};
+use kernel_registry::report::VerificationReport;
+use kernel_registry::KernelBundle;
+use kernel_store::Store;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Subcommand, Debug)]
+pub enum WorkerKeyCommand {
+    /// Create a worker's signing key in FILE (mode 0600) and print its public key, which an
+    /// admin registers on the hub. An existing key is kept (its public key printed again).
+    Init {
+        /// Where to keep the secret key (give the worker `--key-file FILE`).
+        #[arg(long, value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Register a worker's public key on the hub's database, under a name shown in the audit
+    /// log: reports signed by it are accepted from then on.
+    Register {
+        /// A name for the key (the host and GPU, say).
+        #[arg(long)]
+        name: String,
+        /// The public key as `worker-key init` printed it.
+        #[arg(
+            long,
+            required_unless_present = "key_file",
+            conflicts_with = "key_file"
+        )]
+        public_key: Option<String>,
+        /// Or the worker's key file, whose public key is registered.
+        #[arg(long, value_name = "FILE")]
+        key_file: Option<PathBuf>,
+        #[command(flatten)]
+        db: crate::cli::DbArgs,
+    },
+    /// List the registered worker keys.
+    List {
+        #[command(flatten)]
+        db: crate::cli::DbArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CertCommand {
+    /// Check a verification's certificate offline: the signature, that the signer is one of
+    /// the keys you trust, that it certifies this very report (every figure), and with
+    /// --kernel that the kernel folder is the one verified. Exit 0 when all hold.
+    Verify {
+        /// A verification as the hub serves it (`GET /v1/verifications/{id}`): JSON with
+        /// `report` and `certificate`.
+        file: PathBuf,
+        /// A public key you trust (base64, as `worker-key init` prints it). Repeatable.
+        #[arg(
+            long = "trust",
+            value_name = "KEY",
+            required_unless_present = "trust_file"
+        )]
+        trust: Vec<String>,
+        /// A file of trusted public keys, one per line (`#` starts a comment).
+        #[arg(long, value_name = "FILE")]
+        trust_file: Option<PathBuf>,
+        /// A kernel folder (kernel.toml and its source) that must be the kernel certified.
+        #[arg(long, value_name = "DIR")]
+        kernel: Option<PathBuf>,
+    },
+}
+
+/// The signing key in `path` (as `worker-key init` wrote it).
+pub fn read_signing_key(path: &Path) -> anyhow::Result<SigningKey> {
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "reading the worker key {} (create one with `kernelize worker-key init --file {}`)",
+            path.display(),
+            path.display()
+        )
+    })?;
+    cert::decode_signing_key(&text)
+        .with_context(|| format!("the worker key file {} is not a key", path.display()))
+}
+
+pub async fn worker_key(c: WorkerKeyCommand) -> anyhow::Result<ExitCode> {
+    match c {
+        WorkerKeyCommand::Init { file } => {
+            let key = if file.exists() {
+                let k = read_signing_key(&file)?;
+                eprintln!("{} holds a key already; kept", file.display());
+                k
+            } else {
+                let mut secret = [0u8; 32];
+                rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut secret);
+                let k = SigningKey::from_bytes(&secret);
+                crate::token_file::write_private(&file, &cert::encode_signing_key(&k))?;
+                eprintln!(
+                    "worker key written to {} (mode 0600); register its public key on the hub:",
+                    file.display()
+                );
+                k
+            };
+            let public = cert::encode_key(&key.verifying_key());
+            eprintln!("  kernelize worker-key register --name NAME --public-key {public}");
+            println!("{public}");
+            Ok(ExitCode::SUCCESS)
+        }
+        WorkerKeyCommand::Register {
+            name,
+            public_key,
+            key_file,
+            db,
+        } => {
+            let public = match (public_key, key_file) {
+                (Some(p), _) => {
+                    cert::decode_key(&p).with_context(|| format!("--public-key {p}"))?;
+                    p.trim().to_string()
+                }
+                (None, Some(f)) => cert::encode_key(&read_signing_key(&f)?.verifying_key()),
+                (None, None) => anyhow::bail!("give --public-key KEY or --key-file FILE"),
+            };
+            let store = Store::open(&db.db).await?;
+            let registered = store.register_worker_key(&name, &public, "admin").await;
+            store.close().await;
+            let k = registered?;
+            eprintln!(
+                "worker key `{}` registered (id {}, key id {})",
+                k.name,
+                k.id,
+                cert::key_id(&k.public_key)
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        WorkerKeyCommand::List { db } => {
+            let store = Store::open(&db.db).await?;
+            let keys = store.worker_keys().await;
+            store.close().await;
+            println!(
+                "{:<5} {:<24} {:<17} {:<26} public key",
+                "id", "name", "key id", "registered"
+            );
+            for k in keys? {
+                let state = match &k.revoked_at {
+                    Some(at) => format!("  (revoked {at})"),
+                    None => String::new(),
+                };
+                println!(
+                    "{:<5} {:<24} {:<17} {:<26} {}{state}",
+                    k.id,
+                    k.name,
+                    cert::key_id(&k.public_key),
+                    k.created_at,
+                    k.public_key
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+pub fn cert_command(c: CertCommand) -> anyhow::Result<ExitCode> {
+    let CertCommand::Verify {
+        file,
+        mut trust,
+        trust_file,
+        kernel,
+    } = c;
+    if let Some(f) = &trust_file {
+        let text = std::fs::read_to_string(f)
+            .with_context(|| format!("reading the trusted keys {}", f.display()))?;
+        trust.extend(
+            text.lines()
+                .map(|l| l.split('#').next().unwrap_or("").trim())
+                .filter(|l| !l.is_empty())
+                .map(str::to_string),
+        );
+    }
+    for k in &trust {
+        cert::decode_key(k).with_context(|| format!("trusted key `{k}`"))?;
+    }
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
+    let Some(c) = v.get("certificate").filter(|c| !c.is_null()) else {
+        anyhow::bail!(
+            "{} has no certificate: the worker that verified it did not sign its report",
+            file.display()
+        );
+    };
+    let certificate: Certificate = serde_json::from_value(c.clone())
+        .with_context(|| format!("the certificate in {}", file.display()))?;
+    let report: VerificationReport = serde_json::from_value(v["report"].clone())
+        .with_context(|| format!("the report in {}", file.display()))?;
+    let claims = certificate
+        .verify(&trust)
+        .and_then(|claims| claims.check_report(&report).map(|_| claims))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    if let Some(dir) = &kernel {
+        let bundle = KernelBundle::load_dir(dir)
+            .with_context(|| format!("reading the kernel folder {}", dir.display()))?;
+        claims
+            .check_kernel(&bundle.digest())
+            .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    }
+    println!(
+        "certificate OK: {} ({}) {} on {} ({}), driver {}, CUDA {}, suite {}, signed by key {} at {}{}",
+        claims.kernel,
+        claims.kernel_digest,
+        claims.class,
+        claims.device,
+        claims.arch,
+        claims.driver_version,
+        claims.cuda_version,
+        claims.suite_version,
+        certificate.key_id(),
+        claims.signed_at,
+        if kernel.is_some() { "; the kernel folder is the one certified" } else { "" }
+    );
+    Ok(ExitCode::SUCCESS)
+}

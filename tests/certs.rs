@@ -1,0 +1,230 @@
+//! Signed verification certificates end to end, on SQLite and PostgreSQL: a worker key made
+//! and registered with the CLI, a signed report stored and served with its certificate, which
+//! `kernelize cert verify` checks offline; unregistered keys, tampered reports, another job's
+//! kernel and (with `--require-signed-reports`) unsigned reports refused.
+
+mod support;
+
+use kernel_registry::cert::{self, Certificate, Claims};
+use kernel_registry::VerificationReport;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::process::Command;
+use support::{bin, bundle_files, Backend, TestServer};
+
+both_backends!(signed_reports_are_stored_served_and_checked_offline);
+
+fn kernelize(args: &[&str]) -> std::process::Output {
+    Command::new(bin())
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+/// The report a worker posts for `claim`, with the summary its cases give (as the hub derives
+/// it), signed by `key` when given.
+fn signed_report(claim: &Value, key: Option<&ed25519_dalek::SigningKey>) -> (Value, Value) {
+    let v = support::recorded_report("recorded/silu_and_mul", claim, "sm_90");
+    let mut report: VerificationReport = serde_json::from_value(v).unwrap();
+    kernel_registry::report::rederive(&mut report);
+    let cert = key.map(|k| {
+        serde_json::to_value(Certificate::sign(
+            k,
+            &Claims::of(&report, "2026-11-23T08:30:00Z"),
+        ))
+        .unwrap()
+    });
+    (
+        serde_json::to_value(&report).unwrap(),
+        cert.unwrap_or(Value::Null),
+    )
+}
+
+async fn signed_reports_are_stored_served_and_checked_offline(b: Backend) {
+    let srv = TestServer::start(&b, &["--no-bundled"]).await;
+    let submit = srv.token("submit");
+    let worker = srv.token("worker");
+    for i in 0..5 {
+        let (m, s) = bundle_files(&format!("cert_k{i}"), "1.0.0", "");
+        let (st, _) = srv
+            .post("/v1/kernels", &submit, &json!({"manifest": m, "source": s}))
+            .await;
+        assert_eq!(st, StatusCode::CREATED);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("w.key");
+    let key_path = key_file.to_str().unwrap();
+
+    // The worker makes a key (mode 0600, kept on a second init); the admin registers it.
+    let out = kernelize(&["worker-key", "init", "--file", key_path]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let public = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&key_file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    let again = kernelize(&["worker-key", "init", "--file", key_path]);
+    assert_eq!(String::from_utf8(again.stdout).unwrap().trim(), public);
+    let reg = kernelize(&[
+        "worker-key",
+        "register",
+        "--name",
+        "gpu0",
+        "--key-file",
+        key_path,
+        "--db",
+        &srv.db_url,
+    ]);
+    assert!(
+        reg.status.success(),
+        "{}",
+        String::from_utf8_lossy(&reg.stderr)
+    );
+    let twice = kernelize(&[
+        "worker-key",
+        "register",
+        "--name",
+        "gpu0-again",
+        "--public-key",
+        &public,
+        "--db",
+        &srv.db_url,
+    ]);
+    assert!(!twice.status.success());
+    assert!(String::from_utf8_lossy(&twice.stderr).contains("registered already as `gpu0`"));
+    let list = kernelize(&["worker-key", "list", "--db", &srv.db_url]);
+    assert!(String::from_utf8_lossy(&list.stdout).contains(&public));
+    let key = cert::decode_signing_key(&std::fs::read_to_string(&key_file).unwrap()).unwrap();
+
+    let claim = || async {
+        let (st, c) = srv
+            .post("/v1/jobs/claim", &worker, &json!({"worker": "w"}))
+            .await;
+        assert_eq!(st, StatusCode::OK, "{c}");
+        c
+    };
+    let post = |c: &Value, report: &Value, certificate: &Value| {
+        let job = c["job"]["id"].as_i64().unwrap();
+        let body = json!({"lease_id": c["lease_id"], "report": report, "certificate": certificate});
+        let srv = &srv;
+        let worker = &worker;
+        async move {
+            srv.post(&format!("/v1/jobs/{job}/report"), worker, &body)
+                .await
+        }
+    };
+
+    // 1. Signed by the registered key: stored, served with its certificate, checked offline.
+    let c = claim().await;
+    let (report, certificate) = signed_report(&c, Some(&key));
+    let (st, r) = post(&c, &report, &certificate).await;
+    assert_eq!(st, StatusCode::CREATED, "{r}");
+    let (st, v) = srv.get(r["url"].as_str().unwrap()).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(v["certificate"], certificate);
+    let served = dir.path().join("verification.json");
+    std::fs::write(&served, serde_json::to_string(&v).unwrap()).unwrap();
+    let served = served.to_str().unwrap();
+    let ok = kernelize(&["cert", "verify", served, "--trust", &public]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).starts_with("certificate OK"));
+    // Offline, a changed figure, an untrusted signer and no trusted key at all are refused.
+    let mut tampered = v.clone();
+    tampered["report"]["cases"][0]["exactness"]["mismatches"] = json!(1);
+    let t = dir.path().join("tampered.json");
+    std::fs::write(&t, serde_json::to_string(&tampered).unwrap()).unwrap();
+    let bad = kernelize(&["cert", "verify", t.to_str().unwrap(), "--trust", &public]);
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("not the one certified"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    let other = cert::encode_key(&ed25519_dalek::SigningKey::from_bytes(&[3; 32]).verifying_key());
+    let untrusted = kernelize(&["cert", "verify", served, "--trust", &other]);
+    assert!(!untrusted.status.success());
+    assert!(String::from_utf8_lossy(&untrusted.stderr).contains("not among the trusted keys"));
+    assert!(!kernelize(&["cert", "verify", served]).status.success());
+
+    // 2. Signed by a key the hub does not know: 403, and the job stays the worker's.
+    let c = claim().await;
+    let stranger = ed25519_dalek::SigningKey::from_bytes(&[5; 32]);
+    let (report, certificate) = signed_report(&c, Some(&stranger));
+    let (st, p) = post(&c, &report, &certificate).await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
+    assert_eq!(p["field"], "certificate");
+    assert!(p["detail"].as_str().unwrap().contains("not registered"));
+    // 3. Signed, then a figure changed: 422.
+    let (mut report, certificate) = signed_report(&c, Some(&key));
+    report["duration_s"] = json!(report["duration_s"].as_f64().unwrap() + 1.0);
+    let (st, p) = post(&c, &report, &certificate).await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("not the one certified"),
+        "{p}"
+    );
+    // 4. A certificate of another job's report (another kernel) does not carry over.
+    let c2 = claim().await;
+    let (report2, _) = signed_report(&c2, None);
+    let (_, certificate_of_c) = signed_report(&c, Some(&key));
+    let (st, p) = post(&c2, &report2, &certificate_of_c).await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+    // The honest report of job c still goes through; unsigned is accepted by default.
+    let (report, certificate) = signed_report(&c, Some(&key));
+    assert_eq!(post(&c, &report, &certificate).await.0, StatusCode::CREATED);
+    assert_eq!(
+        post(&c2, &report2, &Value::Null).await.0,
+        StatusCode::CREATED
+    );
+    drop(srv);
+
+    // 5. A hub that requires signatures refuses unsigned reports.
+    let db_url = match &b {
+        Backend::Sqlite(_) => b.url(),
+        Backend::Postgres(u) => u.clone(),
+    };
+    let strict =
+        TestServer::start_on(&b, &db_url, &["--no-bundled", "--require-signed-reports"]).await;
+    let worker = strict.token("worker");
+    let (st, c) = strict
+        .post("/v1/jobs/claim", &worker, &json!({"worker": "w"}))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{c}");
+    let (report, _) = signed_report(&c, None);
+    let job = c["job"]["id"].as_i64().unwrap();
+    let (st, p) = strict
+        .post(
+            &format!("/v1/jobs/{job}/report"),
+            &worker,
+            &json!({"lease_id": c["lease_id"], "report": report}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+    assert!(p["detail"]
+        .as_str()
+        .unwrap()
+        .contains("only signed reports"));
+    let (_, certificate) = signed_report(&c, Some(&key));
+    let (st, p) = strict
+        .post(
+            &format!("/v1/jobs/{job}/report"),
+            &worker,
+            &json!({"lease_id": c["lease_id"], "report": report, "certificate": certificate}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{p}");
+}
