@@ -15,6 +15,10 @@ else
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q "torch>=2.8" "transformers>=4.45" pytest
 fi
+# The certificate checks (kernelize[certs]): ed25519 and RFC 8785 canonical JSON.
+if ! .venv/bin/python -c "import cryptography, rfc8785" 2>/dev/null; then
+  .venv/bin/python -m pip install -q "cryptography>=42" "rfc8785>=0.1.4"
+fi
 # schemathesis fuzzes the API from its OpenAPI document (tests/schemathesis.rs, run by
 # scripts/test after this).
 if [ -x .venv/bin/schemathesis ]; then

@@ -86,10 +86,44 @@ pub enum CertError {
     KernelMismatch(String),
 }
 
-/// The SHA-256 (hex) of a JSON value's RFC 8785 canonical form.
+/// The largest integer a JSON number (an IEEE double) holds exactly: 2^53 - 1.
+pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
+
+/// The SHA-256 (hex) of a JSON value's RFC 8785 canonical form, after writing every integer
+/// outside +-(2^53 - 1) as its decimal string. RFC 8785 formats numbers as IEEE doubles, which
+/// would round such integers (a report's seed is any u64): a seed changed by one would keep
+/// the digest. The Python client (`kernelize.certs`) computes the same digest.
 pub fn canonical_sha256(value: &serde_json::Value) -> String {
-    let bytes = serde_json_canonicalizer::to_vec(value).expect("a JSON value canonicalises");
+    let bytes = serde_json_canonicalizer::to_vec(&exact_integers(value))
+        .expect("a JSON value canonicalises");
     hex::encode(Sha256::digest(bytes))
+}
+
+fn exact_integers(v: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) if n.is_u64() || n.is_i64() => {
+            let safe = n
+                .as_u64()
+                .map(|u| u <= MAX_SAFE_INTEGER)
+                .unwrap_or_else(|| {
+                    n.as_i64()
+                        .is_some_and(|i| i.unsigned_abs() <= MAX_SAFE_INTEGER)
+                });
+            if safe {
+                v.clone()
+            } else {
+                Value::String(n.to_string())
+            }
+        }
+        Value::Array(items) => Value::Array(items.iter().map(exact_integers).collect()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, x)| (k.clone(), exact_integers(x)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
 }
 
 /// The canonical digest of a report: what a certificate's `report_sha256` holds.
@@ -413,6 +447,36 @@ mod tests {
         claims.class = "bit_exact_liar".into();
         let err = claims.check_report(&report).unwrap_err();
         assert!(err.to_string().contains("says class"), "{err}");
+    }
+
+    #[test]
+    fn integers_beyond_doubles_are_bound_exactly() {
+        let mut r = report_with(0, 0);
+        r.seed = u64::MAX - 1;
+        let a = report_sha256(&r);
+        r.seed = u64::MAX;
+        assert_ne!(
+            a,
+            report_sha256(&r),
+            "a seed changed by one kept the digest"
+        );
+        let big = serde_json::json!({"n": 9007199254740993u64});
+        let near = serde_json::json!({"n": 9007199254740992u64});
+        assert_ne!(canonical_sha256(&big), canonical_sha256(&near));
+    }
+
+    /// The digest the Python client must reproduce (python/tests/test_certs.py holds the
+    /// same value and input).
+    #[test]
+    fn the_canonical_digest_is_pinned() {
+        let v: serde_json::Value = serde_json::from_str(
+            r#"{"z": [1, 2.5, 1e21, 1.0, -0.0, "é\u0001"], "a": {"seed": 18446744073709551615, "f": 0.1}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            canonical_sha256(&v),
+            "185591ca3e49ce3f6071872be7ad55eaae24ba06bdd9edd02439ae3c715963e2"
+        );
     }
 
     #[test]

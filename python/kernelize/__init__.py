@@ -16,6 +16,7 @@ _EXPORTS = {
     "ManifestError": "digest",
     "HubSource": "sources", "LockSource": "sources", "DirSource": "sources", "Key": "sources",
     "HubError": "sources",
+    "CertificateError": "certs",
 }
 __all__ = list(_EXPORTS)
 __version__ = "0.1.0"

@@ -80,15 +80,19 @@ class Report:
         return "\n".join(lines)
 
 
-def _source(hub, lock, kernels_dir, names, wait_for_verification_s: float = 0.0):
+def _source(hub, lock, kernels_dir, names, wait_for_verification_s: float = 0.0,
+            trusted_keys: list[str] | None = None):
     given = [x is not None for x in (hub, lock, kernels_dir)]
     if sum(given) != 1:
         raise ValueError("give exactly one of hub=URL, lock=PATH or kernels_dir=PATH")
+    if trusted_keys and kernels_dir is not None:
+        raise ValueError("trusted_keys checks hub certificates: local kernel folders have none")
     if hub is not None:
-        return (HubSource(hub, wait_for_verification_s=wait_for_verification_s)
+        return (HubSource(hub, wait_for_verification_s=wait_for_verification_s,
+                          trusted_keys=trusted_keys)
                 if isinstance(hub, str) else hub)
     if lock is not None:
-        return LockSource(lock)
+        return LockSource(lock, trusted_keys=trusted_keys)
     return DirSource(kernels_dir, names)
 
 
@@ -163,7 +167,8 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
               kernels_dir: str | os.PathLike | None = None, names: list[str] | None = None,
               policy: str = "bit_exact", device=None, arch: str | None = None,
               dtype: str | None = None, swap: bool | None = None, verbose: bool = True,
-              fuse_gated_mlp: bool = True, wait_for_verification_s: float = 0.0) -> Report:
+              fuse_gated_mlp: bool = True, wait_for_verification_s: float = 0.0,
+              trusted_keys: list[str] | None = None) -> Report:
     """Replace every layer of `model` that has an approved kernel; return (and print) a report.
 
     One source: `hub=URL` (the resolve API), `lock=PATH` (a lock written by `kernelize.lock`,
@@ -184,8 +189,14 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     (default 0: do not wait) waits up to that many seconds for it and asks again, else the
     layer is kept this time. Either way the report (and a `kernelize` logger warning) names
     the layer, the width and the job's URL.
+
+    `trusted_keys` (base64 ed25519 public keys of GPU workers, as `kernelize worker-key init`
+    prints them): take a kernel only when its verification carries a certificate signed by one
+    of them that certifies that report and that very source (checked offline for a lock; a
+    lock's own `trusted_keys` are used when none are given). A kernel failing the check is kept
+    out with the reason; a lock whose certificates fail is refused (`CertificateError`).
     """
-    src = _source(hub, lock, kernels_dir, names, wait_for_verification_s)
+    src = _source(hub, lock, kernels_dir, names, wait_for_verification_s, trusted_keys)
     dev = _cuda_device(model, device)
     if swap is None:
         swap = dev is not None and torch.cuda.is_available()
@@ -219,15 +230,18 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
 def lock(model: nn.Module, hub: str, path: str | os.PathLike = "kernelize.lock.json", *,
          policy: str = "bit_exact", arch: str | None = None, device=None,
          dtype: str | None = None, fuse_gated_mlp: bool = True,
-         wait_for_verification_s: float = 0.0) -> dict:
+         wait_for_verification_s: float = 0.0, trusted_keys: list[str] | None = None) -> dict:
     """Resolve every replaceable layer against the hub and pin the answers (digests, with the
     kernels' content and evidence) in a lock file for `kernelize(model, lock=path)`.
-    `wait_for_verification_s`: as for `kernelize` (widths not yet verified)."""
-    src = (HubSource(hub, wait_for_verification_s=wait_for_verification_s)
+    `wait_for_verification_s`: as for `kernelize` (widths not yet verified). With
+    `trusted_keys`, only certified kernels are pinned, and the lock carries their certificates,
+    reports and the trusted keys, so that loading it checks them all offline."""
+    src = (HubSource(hub, wait_for_verification_s=wait_for_verification_s,
+                     trusted_keys=trusted_keys)
            if isinstance(hub, str) else hub)
     arch = _arch_of(_cuda_device(model, device), arch)
     _, cache, _ = _resolve_all(model, src, policy, arch, dtype, fuse_gated_mlp)
-    return write_lock(path, src.url, cache)
+    return write_lock(path, src.url, cache, trusted_keys=trusted_keys)
 
 
 def unkernelize(model: nn.Module) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .certs import CertificateError, verify
 from .digest import (
     DigestMismatch, canonical_manifest, check_digest, digest_of, normalize_digest,
     not_applicable, parse_manifest_toml,
@@ -83,8 +84,14 @@ class HubSource:
     600)`) gets the kernel once a GPU worker has verified the width."""
 
     def __init__(self, url: str, timeout: float = 30.0, token: str | None = None,
-                 wait_for_verification_s: float = 0.0, poll_s: float = 2.0):
+                 wait_for_verification_s: float = 0.0, poll_s: float = 2.0,
+                 trusted_keys: list[str] | None = None):
         self.url = url.rstrip("/")
+        # With trusted keys, a kernel is taken only when its verification carries a
+        # certificate signed by one of them that certifies that verification's report and
+        # this very source (certs.verify); the certificate and report go into the evidence
+        # (and so into a lock).
+        self.trusted_keys = list(trusted_keys or [])
         self.timeout = timeout
         self.token = token or os.environ.get("KERNELIZE_TOKEN")
         self.wait_for_verification_s = float(wait_for_verification_s)
@@ -176,9 +183,26 @@ class HubSource:
         evidence = {e: body.get(e) for e in ("policy", "class", "device", "verified_at",
                                              "verification_id", "verification_url", "speed",
                                              "coverage")}
+        if self.trusted_keys:
+            try:
+                evidence.update(self._certified(body, digest, label))
+            except CertificateError as e:
+                return Resolution(None, [str(e)] + list(body.get("excluded") or []))
         return Resolution(Resolved(k["name"], k["version"], digest, manifest, source,
                                    f"hub {self.url}", evidence),
                           list(body.get("excluded") or []), list(body.get("queued_jobs") or []))
+
+
+    def _certified(self, body: dict[str, Any], digest: str, label: str) -> dict[str, Any]:
+        """The resolved verification's certificate, checked against the trusted keys, its report
+        and the kernel's digest (the source was re-hashed to it)."""
+        vid = body.get("verification_id")
+        status, v = self._get(f"/v1/verifications/{vid}")
+        if status != 200:
+            raise HubError(f"GET /v1/verifications/{vid}: {status} {v.get('detail', v)}")
+        verify(v.get("certificate"), self.trusted_keys, report=v.get("report"), digest=digest,
+               what=f"{label}: the certificate of verification {vid}")
+        return {"certificate": v["certificate"], "report": v["report"]}
 
 
 LOCK_FORMAT = 1
@@ -188,7 +212,7 @@ class LockSource:
     """A lock file: resolutions pinned by digest, with the kernels' content, for offline use.
     Every kernel's digest is recomputed on load; one that does not match refuses the lock."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, trusted_keys: list[str] | None = None):
         self.path = Path(path)
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
@@ -210,6 +234,17 @@ class LockSource:
                 raise ValueError(f"{self.path}: resolution {key} pins {e['digest']}, "
                                  "which the lock does not hold")
             self.entries[key] = e
+        # Certificates: checked against the keys the caller trusts, else the lock's own
+        # (`trusted_keys`, written by kernelize.lock with trusted keys). A tampered report,
+        # source or key refuses the lock, as a tampered source does.
+        self.trusted_keys = list(trusted_keys or data.get("trusted_keys") or [])
+        if self.trusted_keys:
+            for key, e in self.entries.items():
+                if not e.get("digest"):
+                    continue
+                ev = e.get("evidence") or {}
+                verify(ev.get("certificate"), self.trusted_keys, report=ev.get("report"),
+                       digest=e["digest"], what=f"{self.path}: {e.get('kernel')} for {key}")
 
     def resolve(self, key: Key) -> Resolution:
         e = self.entries.get(key)
@@ -227,7 +262,8 @@ class LockSource:
                           list(e.get("excluded") or []))
 
 
-def write_lock(path: str | os.PathLike, hub: str, resolutions: dict[Key, Resolution]) -> dict:
+def write_lock(path: str | os.PathLike, hub: str, resolutions: dict[Key, Resolution],
+               trusted_keys: list[str] | None = None) -> dict:
     kernels: dict[str, Any] = {}
     entries = []
     for key, r in sorted(resolutions.items(), key=lambda kv: tuple(str(x) for x in kv[0].query().values())):
@@ -241,6 +277,8 @@ def write_lock(path: str | os.PathLike, hub: str, resolutions: dict[Key, Resolut
                                         "manifest": r.kernel.manifest, "source": r.kernel.source}
         entries.append(e)
     data = {"kernelize_lock": LOCK_FORMAT, "hub": hub, "resolutions": entries, "kernels": kernels}
+    if trusted_keys:
+        data["trusted_keys"] = list(trusted_keys)
     Path(path).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return data
 

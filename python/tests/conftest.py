@@ -106,10 +106,20 @@ class Hub:
             raw = e.read()
             return e.code, (json.loads(raw) if raw else None)
 
+    def worker_key(self, path: Path, name: str = "pytest-gpu") -> str:
+        """A worker key made with `kernelize worker-key init` and registered on this hub;
+        returns its public key."""
+        public = subprocess.run([str(BIN), "worker-key", "init", "--file", str(path)], cwd=REPO,
+                                check=True, capture_output=True, text=True).stdout.strip()
+        subprocess.run([str(BIN), "worker-key", "register", "--name", name, "--key-file",
+                        str(path), "--db", self.db], cwd=REPO, check=True, capture_output=True)
+        return public
+
     def verify_as_worker(self, kernel_names: set[str], arch: str = "sm_90",
-                         report: str = "exact") -> dict[str, str]:
+                         report: str = "exact", key_file: Path | None = None) -> dict[str, str]:
         """Claim jobs as a worker and post the recorded `report` for the named kernels (the
-        CI has no GPU: the report is re-targeted at each claimed kernel, see `retarget`).
+        CI has no GPU: the report is re-targeted at each claimed kernel, see `retarget`),
+        signed with `key_file` (`kernelize cert sign`) when given.
         Returns name -> digest of the kernels verified."""
         tok = self.token("worker")
         fixture = json.loads((REPO / "tests/fixtures/reports" / f"{report}.json").read_text())
@@ -123,8 +133,15 @@ class Hub:
             if name not in kernel_names:
                 continue  # left leased, never verified
             r = retarget(fixture, claim, arch)
-            status, body = self.call("POST", f"/v1/jobs/{claim['job']['id']}/report",
-                                     {"lease_id": claim["lease_id"], "report": r}, tok)
+            post = {"lease_id": claim["lease_id"], "report": r}
+            if key_file is not None:
+                unsigned = key_file.with_suffix(".report.json")
+                unsigned.write_text(json.dumps(r))
+                signed = json.loads(subprocess.run(
+                    [str(BIN), "cert", "sign", str(unsigned), "--key-file", str(key_file)],
+                    cwd=REPO, check=True, capture_output=True, text=True).stdout)
+                post.update(signed)
+            status, body = self.call("POST", f"/v1/jobs/{claim['job']['id']}/report", post, tok)
             assert status == 201, body
             done[name] = claim["kernel"]["digest"]
             if set(done) == kernel_names:

@@ -48,7 +48,7 @@ pub enum Command {
     /// Workers' signing keys: create one, register its public key on a hub, list them.
     #[command(subcommand, name = "worker-key")]
     WorkerKey(cmd::keys::WorkerKeyCommand),
-    /// Check a verification's signed certificate offline.
+    /// Sign a report with a worker key, or check a verification's certificate offline.
     #[command(subcommand)]
     Cert(cmd::keys::CertCommand),
     /// Exit 0 when a hub answers /healthz (and, with --gpu, this host has a usable GPU): for
@@ -80,7 +80,8 @@ impl Command {
                 "worker-key register"
             }
             Command::WorkerKey(cmd::keys::WorkerKeyCommand::List { .. }) => "worker-key list",
-            Command::Cert(_) => "cert verify",
+            Command::Cert(cmd::keys::CertCommand::Sign { .. }) => "cert sign",
+            Command::Cert(cmd::keys::CertCommand::Verify { .. }) => "cert verify",
             Command::Health(_) => "health",
             Command::Sandbox(_) => "__sandbox",
             Command::Conformance(_) => "__conformance",

@@ -54,6 +54,17 @@ pub enum WorkerKeyCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum CertCommand {
+    /// Sign a verification report with a worker key, for a report made elsewhere (`kernelize
+    /// verify --json FILE` on a GPU host) and posted by other means: prints the JSON
+    /// `{"report": ..., "certificate": ...}` to post as a job's report. The summary is first
+    /// derived from the cases, as the hub derives it (the hub stores what was signed).
+    Sign {
+        /// The report (JSON, as `kernelize verify --json` writes it).
+        report: PathBuf,
+        /// The worker key (`kernelize worker-key init --file FILE`).
+        #[arg(long, value_name = "FILE")]
+        key_file: PathBuf,
+    },
     /// Check a verification's certificate offline: the signature, that the signer is one of
     /// the keys you trust, that it certifies this very report (every figure), and with
     /// --kernel that the kernel folder is the one verified. Exit 0 when all hold.
@@ -167,12 +178,15 @@ pub async fn worker_key(c: WorkerKeyCommand) -> anyhow::Result<ExitCode> {
 }
 
 pub fn cert_command(c: CertCommand) -> anyhow::Result<ExitCode> {
-    let CertCommand::Verify {
-        file,
-        mut trust,
-        trust_file,
-        kernel,
-    } = c;
+    let (file, mut trust, trust_file, kernel) = match c {
+        CertCommand::Sign { report, key_file } => return sign(&report, &key_file),
+        CertCommand::Verify {
+            file,
+            trust,
+            trust_file,
+            kernel,
+        } => (file, trust, trust_file, kernel),
+    };
     if let Some(f) = &trust_file {
         let text = std::fs::read_to_string(f)
             .with_context(|| format!("reading the trusted keys {}", f.display()))?;
@@ -224,6 +238,27 @@ pub fn cert_command(c: CertCommand) -> anyhow::Result<ExitCode> {
         certificate.key_id(),
         claims.signed_at,
         if kernel.is_some() { "; the kernel folder is the one certified" } else { "" }
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn sign(report: &Path, key_file: &Path) -> anyhow::Result<ExitCode> {
+    let key = read_signing_key(key_file)?;
+    let text = std::fs::read_to_string(report)
+        .with_context(|| format!("reading the report {}", report.display()))?;
+    let mut r: VerificationReport = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a verification report", report.display()))?;
+    let changed = kernel_registry::report::rederive(&mut r);
+    if !changed.is_empty() {
+        eprintln!(
+            "the summary was re-derived from the cases ({}); the signed report holds the derived one",
+            changed.join(", ")
+        );
+    }
+    let certificate = Certificate::sign(&key, &cert::Claims::of(&r, &kernel_store::now_rfc3339()));
+    println!(
+        "{}",
+        serde_json::json!({"report": r, "certificate": certificate})
     );
     Ok(ExitCode::SUCCESS)
 }

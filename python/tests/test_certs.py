@@ -1,0 +1,118 @@
+"""Verification certificates in the client: kernels taken from a hub or a lock only when a
+trusted worker key certifies their report and source; every tampering refused. Against a real
+`kernelize serve`, with reports signed by `kernelize cert sign` (the CI has no GPU)."""
+
+import base64
+import copy
+import json
+
+import pytest
+
+import kernelize
+from kernelize import CertificateError
+from kernelize.certs import canonical_sha256, verify
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("cryptography")
+pytest.importorskip("rfc8785")
+
+
+def by_path(report):
+    return {e.path: e for e in report.entries}
+
+
+def test_the_canonical_digest_is_the_hubs():
+    # The same input and digest as kernel_registry::cert's the_canonical_digest_is_pinned.
+    v = json.loads(r'{"z": [1, 2.5, 1e21, 1.0, -0.0, "é\u0001"], '
+                   r'"a": {"seed": 18446744073709551615, "f": 0.1}}')
+    assert canonical_sha256(v) == "185591ca3e49ce3f6071872be7ad55eaae24ba06bdd9edd02439ae3c715963e2"
+    # a seed beyond doubles changed by one changes the digest
+    w = copy.deepcopy(v)
+    w["a"]["seed"] -= 1
+    assert canonical_sha256(w) != canonical_sha256(v)
+
+
+def test_hub_kernels_need_a_certificate_from_a_trusted_key(hub, tiny_llama, tmp_path):
+    key = tmp_path / "w.key"
+    public = hub.worker_key(key)
+    signed = hub.verify_as_worker({"rms_norm_llama"}, report="tiny/exact", key_file=key)
+    hub.verify_as_worker({"silu_and_mul", "silu_mul"}, report="tiny/exact")  # unsigned
+    rep = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False,
+                                      trusted_keys=[public]))
+    norm, mlp = rep["model.norm"], rep["model.layers.0.mlp"]
+    assert norm.status == "would replace" and norm.kernel.digest == signed["rms_norm_llama"]
+    cert = norm.kernel.evidence["certificate"]
+    assert json.loads(cert["claims"])["kernel_digest"] == signed["rms_norm_llama"]
+    assert mlp.status == "kept"
+    assert any("not signed by a worker key" in r for r in mlp.reasons), mlp.reasons
+    # without trusted keys the unsigned verification counts as before
+    plain = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False))
+    assert plain["model.layers.0.mlp"].status == "would replace"
+    # another key: nothing is trusted
+    other = base64.b64encode(bytes(range(32))).decode()
+    rep = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False,
+                                      trusted_keys=[other]))
+    assert rep["model.norm"].status == "kept"
+    assert any("not among the trusted keys" in r for r in rep["model.norm"].reasons)
+
+
+def test_a_certified_lock_is_checked_offline_and_refuses_tampering(hub, tiny_llama, tmp_path):
+    key = tmp_path / "w.key"
+    public = hub.worker_key(key)
+    hub.verify_as_worker({"rms_norm_llama", "silu_mul"}, report="tiny/exact", key_file=key)
+    path = tmp_path / "kernelize.lock.json"
+    kernelize.lock(tiny_llama, hub=hub.url, path=path, arch="sm_90", trusted_keys=[public])
+    hub.proc.terminate()
+    hub.proc.wait(10)  # offline from here on
+    data = json.loads(path.read_text())
+    assert data["trusted_keys"] == [public]
+    ok = by_path(kernelize.kernelize(tiny_llama, lock=path, arch="sm_90", verbose=False))
+    assert ok["model.norm"].status == "would replace"
+
+    def refused(change, match, **kw):
+        d = copy.deepcopy(data)
+        entry = next(e for e in d["resolutions"] if e.get("digest"))
+        change(d, entry)
+        bad = tmp_path / "bad.lock.json"
+        bad.write_text(json.dumps(d))
+        with pytest.raises(CertificateError, match=match):
+            kernelize.kernelize(tiny_llama, lock=bad, arch="sm_90", verbose=False, **kw)
+
+    def report_figure(d, e):
+        e["evidence"]["report"]["cases"][0]["exactness"]["mismatches"] += 1
+
+    def claimed_class(d, e):
+        c = json.loads(e["evidence"]["certificate"]["claims"])
+        c["class"] = "bit_exact"
+        c["kernel"] += "x"
+        e["evidence"]["certificate"]["claims"] = json.dumps(c)
+
+    def signer(d, e):
+        e["evidence"]["certificate"]["key"] = base64.b64encode(bytes(32)).decode()
+
+    def swapped(d, e):
+        # another kernel's (valid) certificate and report moved onto this entry
+        other = next(x for x in d["resolutions"] if x.get("digest") not in (None, e["digest"]))
+        e["evidence"]["certificate"] = other["evidence"]["certificate"]
+        e["evidence"]["report"] = other["evidence"]["report"]
+
+    def unsigned(d, e):
+        e["evidence"].pop("certificate")
+
+    refused(report_figure, "the report is not the one certified")
+    refused(claimed_class, "signature does not verify")
+    refused(signer, "not among the trusted keys|signature does not verify")
+    refused(unsigned, "none; the verification was not signed")
+    # trusting another key than the lock's own: the caller's keys win
+    other = base64.b64encode(bytes(range(32))).decode()
+    refused(lambda d, e: None, "not among the trusted keys", trusted_keys=[other])
+    refused(swapped, "the kernel is not the one certified")
+
+
+def test_verify_names_what_is_missing_or_malformed():
+    with pytest.raises(CertificateError, match="none"):
+        verify(None, ["x"])
+    with pytest.raises(CertificateError, match="not a certificate"):
+        verify({"claims": "{}"}, [base64.b64encode(bytes(32)).decode()])
+    with pytest.raises(CertificateError, match="not an ed25519 public key"):
+        verify({"claims": "{}", "key": "short", "signature": ""}, ["also-short"])
