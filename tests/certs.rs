@@ -12,7 +12,10 @@ use serde_json::{json, Value};
 use std::process::Command;
 use support::{bin, bundle_files, Backend, TestServer};
 
-both_backends!(signed_reports_are_stored_served_and_checked_offline);
+both_backends!(
+    signed_reports_are_stored_served_and_checked_offline,
+    bundled_certificates_make_a_fresh_hub_answer
+);
 
 fn kernelize(args: &[&str]) -> std::process::Output {
     Command::new(bin())
@@ -25,7 +28,15 @@ fn kernelize(args: &[&str]) -> std::process::Output {
 /// The report a worker posts for `claim`, with the summary its cases give (as the hub derives
 /// it), signed by `key` when given.
 fn signed_report(claim: &Value, key: Option<&ed25519_dalek::SigningKey>) -> (Value, Value) {
-    let v = support::recorded_report("recorded/silu_and_mul", claim, "sm_90");
+    signed_report_of("recorded/silu_and_mul", claim, key)
+}
+
+fn signed_report_of(
+    recorded: &str,
+    claim: &Value,
+    key: Option<&ed25519_dalek::SigningKey>,
+) -> (Value, Value) {
+    let v = support::recorded_report(recorded, claim, "sm_90");
     let mut report: VerificationReport = serde_json::from_value(v).unwrap();
     kernel_registry::report::rederive(&mut report);
     let cert = key.map(|k| {
@@ -227,4 +238,100 @@ async fn signed_reports_are_stored_served_and_checked_offline(b: Backend) {
         )
         .await;
     assert_eq!(st, StatusCode::CREATED, "{p}");
+}
+
+/// A kernels folder holding one bundled kernel and `certificates/` with a verification of it
+/// signed by `key` (and the key trusted), as the project ships its GPU runs' certificates.
+fn kernels_with_certificate(dir: &std::path::Path, key: &ed25519_dalek::SigningKey) -> Value {
+    let src = support::kernels_dir().join("rms_norm_llama");
+    let dst = dir.join("rms_norm_llama");
+    std::fs::create_dir_all(&dst).unwrap();
+    for f in ["kernel.toml", "kernel.cu"] {
+        std::fs::copy(src.join(f), dst.join(f)).unwrap();
+    }
+    let bundle = kernel_registry::KernelBundle::load_dir(&dst).unwrap();
+    let claim = json!({
+        "kernel": {"manifest_toml": std::fs::read_to_string(dst.join("kernel.toml")).unwrap(),
+                   "digest": bundle.digest()},
+        "job": {"shapes": []},
+    });
+    let (report, certificate) = signed_report_of("recorded/rms_norm_llama", &claim, Some(key));
+    let served = json!({"id": 7, "report": report, "certificate": certificate});
+    let certs = dir.join("certificates");
+    std::fs::create_dir_all(certs.join("sm_90")).unwrap();
+    std::fs::write(
+        certs.join("trusted-keys.txt"),
+        format!(
+            "# the project's GPU runs\n{}\n",
+            cert::encode_key(&key.verifying_key())
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        certs.join("sm_90/rms_norm_llama.json"),
+        serde_json::to_string(&served).unwrap(),
+    )
+    .unwrap();
+    served
+}
+
+async fn bundled_certificates_make_a_fresh_hub_answer(b: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let key = ed25519_dalek::SigningKey::from_bytes(&[11; 32]);
+    let served = kernels_with_certificate(dir.path(), &key);
+    let kernels = dir.path().to_str().unwrap();
+    let resolve =
+        "/v1/resolve?op=rms_norm&semantics=llama&dtype=bf16&arch=sm_90&cols=4096&policy=bit_exact";
+    let db_url = b.url();
+    let version = served["report"]["kernel"]["version"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    {
+        let srv = TestServer::start(&b, &["--kernels", kernels]).await;
+        let (st, r) = srv.get(resolve).await;
+        assert_eq!(st, StatusCode::OK, "{r}");
+        assert_eq!(r["kernel"]["name"], "rms_norm_llama");
+        let (_, v) = srv
+            .get(&format!("/v1/verifications/{}", r["verification_id"]))
+            .await;
+        assert_eq!(v["job_id"], Value::Null, "imported, not a job of this hub");
+        assert_eq!(v["certificate"], served["certificate"]);
+        let page = reqwest::get(srv.url(&format!("/kernels/rms_norm_llama/{version}")))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(page.contains("imported: recorded on the project"), "{page}");
+    }
+    // A restart imports nothing twice; a tampered file is refused, not imported.
+    let f = dir.path().join("certificates/sm_90/rms_norm_llama.json");
+    let mut tampered = served.clone();
+    tampered["report"]["duration_s"] = json!(1.0);
+    std::fs::write(
+        dir.path().join("certificates/sm_90/tampered.json"),
+        serde_json::to_string(&tampered).unwrap(),
+    )
+    .unwrap();
+    assert!(f.exists());
+    let srv = TestServer::start_on(&b, &db_url, &["--kernels", kernels]).await;
+    let (_, list) = srv
+        .get(&format!(
+            "/v1/kernels/rms_norm_llama/{version}/verifications"
+        ))
+        .await;
+    assert_eq!(
+        list["verifications"].as_array().map(Vec::len),
+        Some(1),
+        "{list}"
+    );
+    let actions = support::audit_actions(&b, &db_url).await;
+    assert_eq!(
+        actions
+            .iter()
+            .filter(|a| *a == "verification.imported")
+            .count(),
+        1
+    );
 }

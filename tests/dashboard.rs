@@ -288,7 +288,8 @@ fn escape(s: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_hub_says_how_to_get_verifications() {
     let b = Backend::sqlite();
-    let srv = TestServer::start(&b, &[]).await; // bundled kernels, all queued
+    // Bundled kernels, all queued, without the project's recorded verdicts.
+    let srv = TestServer::start(&b, &["--no-bundled-certificates"]).await;
     let home = html_ok(&srv, "/").await;
     assert!(home.contains("No verifications yet."), "{home}");
     assert!(home.contains("kernelize worker --server"));
@@ -301,6 +302,17 @@ async fn empty_hub_says_how_to_get_verifications() {
         .expect("kernels/silu");
     let k = html_ok(&srv, &format!("/kernels/silu/{}", silu.manifest.version)).await;
     assert!(k.contains("has not been verified yet"));
+    drop(srv);
+
+    // By default a fresh hub shows the verdicts recorded on the project's GPU run, imported.
+    let b = Backend::sqlite();
+    let srv = TestServer::start(&b, &[]).await;
+    let home = html_ok(&srv, "/").await;
+    assert!(!home.contains("No verifications yet."), "{home}");
+    let k = html_ok(&srv, &format!("/kernels/silu/{}", silu.manifest.version)).await;
+    assert!(k.contains("imported: recorded on the project"), "{k}");
+    assert!(k.contains("signed by worker key"), "{k}");
+    assert!(k.contains("NVIDIA H200"), "{k}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,11 +2,11 @@
 //! expires, retried up to `max_attempts`, completed with a verification record.
 
 use crate::audit::audit_in;
-use crate::codec::{finite_or, parse_col};
-use crate::verifications::insert_coverage_in;
+use crate::codec::parse_col;
+use crate::verifications::insert_verification_in;
 use crate::{now_ms, now_rfc3339, tokens::random_hex, Backend, Result, Store, StoreError};
 use kernel_registry::domain::Digest;
-use kernel_registry::report::{coverage, ShapeRequest, VerificationReport};
+use kernel_registry::report::{ShapeRequest, VerificationReport};
 use serde::{Deserialize, Serialize};
 use sqlx::any::AnyRow;
 use sqlx::Row;
@@ -350,52 +350,14 @@ impl Store {
             )));
         }
         let s = &report.summary.overall;
-        // The optional speeds go last, as SQL NULL when absent: sqlx 0.8's Any driver binds a
-        // NULL f64 as float4 on PostgreSQL, which breaks the float8 statement it caches.
-        let speeds = [s.gbps_4096x8192, s.gbps_32768x4096];
-        let mut next = 14;
-        let speed_sql: Vec<String> = speeds
-            .iter()
-            .map(|g| match g {
-                Some(_) => {
-                    next += 1;
-                    format!("${next}")
-                }
-                None => "NULL".to_string(),
-            })
-            .collect();
-        let sql = format!(
-            "INSERT INTO verifications (kernel_digest, job_id, arch, device_name, exactness_class, \
-             max_ulp, max_mismatch_fraction, max_abs_diff, deterministic, batch_invariant, \
-             integrity_ok, report_json, created_at, certificate, gbps_4096x8192, gbps_32768x4096) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, {}, {}) RETURNING id",
-            speed_sql[0], speed_sql[1]
-        );
-        let mut insert = sqlx::query(&sql)
-            .bind(&digest)
-            .bind(job_id)
-            .bind(report.device.arch.to_string())
-            .bind(&report.device.name)
-            .bind(s.class.to_string())
-            .bind(s.max_ulp.min(i64::MAX as u64) as i64)
-            .bind(finite_or(s.max_mismatch_fraction, 1.0))
-            .bind(finite_or(s.max_abs_diff, f64::MAX))
-            .bind(s.deterministic as i64)
-            .bind(s.batch_invariant as i64)
-            .bind(s.integrity_ok as i64)
-            .bind(serde_json::to_string(report).expect("report serialises"))
-            .bind(&stamp)
-            .bind(certificate.map(|c| serde_json::to_string(c).expect("certificate serialises")));
-        for g in speeds.into_iter().flatten() {
-            insert = insert.bind(g);
-        }
-        let vid: i64 = insert.fetch_one(&mut *tx).await?.try_get("id")?;
+        let vid =
+            insert_verification_in(&mut tx, &digest, Some(job_id), report, certificate, &stamp)
+                .await?;
         sqlx::query("UPDATE verification_jobs SET verification_id = $1 WHERE id = $2")
             .bind(vid)
             .bind(job_id)
             .execute(&mut *tx)
             .await?;
-        insert_coverage_in(&mut tx, vid, &coverage(report)).await?;
         audit_in(
             &mut tx,
             actor,

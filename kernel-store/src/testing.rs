@@ -38,7 +38,11 @@ pub async fn fresh_postgres_url(what: &str) -> Option<String> {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock after 1970")
         .as_nanos();
-    let db = format!("kz_test_{nanos:x}_{}", std::process::id());
+    // The clock alone can give two tests of one process the same name (its resolution is
+    // coarser than nanoseconds on some machines): a counter makes them distinct.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let db = format!("kz_test_{nanos:x}_{}_{n}", std::process::id());
     store
         .execute_raw(&format!("CREATE DATABASE {db}"))
         .await

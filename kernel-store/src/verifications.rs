@@ -1,10 +1,11 @@
 //! Verification records (immutable, one per completed job) and what each one covered.
 
-use crate::codec::{csv, parse_col, parse_csv};
+use crate::audit::audit_in;
+use crate::codec::{csv, finite_or, parse_col, parse_csv};
 use crate::kernels::{KernelQuery, KernelRow};
 use crate::{Result, Store, StoreError};
 use kernel_registry::domain::{Arch, DType, Digest, Op};
-use kernel_registry::report::{Coverage, VerificationReport};
+use kernel_registry::report::{coverage, Coverage, VerificationReport};
 use serde::Serialize;
 use sqlx::any::AnyRow;
 use sqlx::Row;
@@ -111,6 +112,51 @@ impl Store {
             .collect()
     }
 
+    /// Store a verification measured elsewhere and certified (a bundled certificate of the
+    /// project's GPU runs), for the stored kernel `digest`, unless this very certificate is
+    /// stored already. The certificate is the caller's to check. `Some(id)` when stored now.
+    pub async fn import_verification(
+        &self,
+        digest: &Digest,
+        report: &VerificationReport,
+        certificate: &kernel_registry::cert::Certificate,
+        actor: &str,
+    ) -> Result<Option<i64>> {
+        let text = serde_json::to_string(certificate).expect("certificate serialises");
+        let mut tx = self.pool.begin().await?;
+        let known = sqlx::query("SELECT id FROM verifications WHERE certificate = $1")
+            .bind(&text)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if known.is_some() {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        let stamp = crate::now_rfc3339();
+        let vid = insert_verification_in(
+            &mut tx,
+            digest.as_str(),
+            None,
+            report,
+            Some(certificate),
+            &stamp,
+        )
+        .await?;
+        audit_in(
+            &mut tx,
+            actor,
+            "verification.imported",
+            digest.as_str(),
+            serde_json::json!({
+                "verification_id": vid, "arch": report.device.arch, "device": report.device.name,
+                "class": report.summary.overall.class.to_string(), "key_id": certificate.key_id(),
+            }),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Some(vid))
+    }
+
     /// The newest verification of every kernel on `arch` (or on any arch), joined to its
     /// kernel, for the resolver and the dashboard.
     pub async fn latest_verifications(
@@ -166,4 +212,59 @@ pub(crate) async fn insert_coverage_in(
         .await?;
     }
     Ok(())
+}
+
+/// Insert a verification record and what it covered, in `tx`; its id. `job_id` is `None` for
+/// an imported verification (a bundled certificate), which no job of this hub produced.
+pub(crate) async fn insert_verification_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    digest: &str,
+    job_id: Option<i64>,
+    report: &VerificationReport,
+    certificate: Option<&kernel_registry::cert::Certificate>,
+    stamp: &str,
+) -> Result<i64> {
+    let s = &report.summary.overall;
+    // The optional speeds go last, as SQL NULL when absent: sqlx 0.8's Any driver binds a
+    // NULL f64 as float4 on PostgreSQL, which breaks the float8 statement it caches.
+    let speeds = [s.gbps_4096x8192, s.gbps_32768x4096];
+    let mut next = 14;
+    let speed_sql: Vec<String> = speeds
+        .iter()
+        .map(|g| match g {
+            Some(_) => {
+                next += 1;
+                format!("${next}")
+            }
+            None => "NULL".to_string(),
+        })
+        .collect();
+    let sql = format!(
+            "INSERT INTO verifications (kernel_digest, job_id, arch, device_name, exactness_class, \
+             max_ulp, max_mismatch_fraction, max_abs_diff, deterministic, batch_invariant, \
+             integrity_ok, report_json, created_at, certificate, gbps_4096x8192, gbps_32768x4096) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, {}, {}) RETURNING id",
+            speed_sql[0], speed_sql[1]
+        );
+    let mut insert = sqlx::query(&sql)
+        .bind(digest)
+        .bind(job_id)
+        .bind(report.device.arch.to_string())
+        .bind(&report.device.name)
+        .bind(s.class.to_string())
+        .bind(s.max_ulp.min(i64::MAX as u64) as i64)
+        .bind(finite_or(s.max_mismatch_fraction, 1.0))
+        .bind(finite_or(s.max_abs_diff, f64::MAX))
+        .bind(s.deterministic as i64)
+        .bind(s.batch_invariant as i64)
+        .bind(s.integrity_ok as i64)
+        .bind(serde_json::to_string(report).expect("report serialises"))
+        .bind(stamp)
+        .bind(certificate.map(|c| serde_json::to_string(c).expect("certificate serialises")));
+    for g in speeds.into_iter().flatten() {
+        insert = insert.bind(g);
+    }
+    let vid: i64 = insert.fetch_one(&mut **tx).await?.try_get("id")?;
+    insert_coverage_in(tx, vid, &coverage(report)).await?;
+    Ok(vid)
 }

@@ -150,13 +150,16 @@ class Hub:
         return done
 
 
-def _start(tmp: Path) -> Hub:
+def _start(tmp: Path, bundled_certificates: bool = False) -> Hub:
     binary = _binary()
     db = f"sqlite://{tmp / 'hub.db'}"
-    # Every known suite is accepted: the fixture reports are of suite 2026.1.
+    # Every known suite is accepted: the fixture reports are of suite 2026.1. The tests post
+    # their own verdicts: the project's recorded ones (kernels/certificates) are left out
+    # unless asked for.
+    extra = [] if bundled_certificates else ["--no-bundled-certificates"]
     proc = subprocess.Popen([str(binary), "serve", "--db", db, "--bind", "127.0.0.1:0",
                              "--kernels", str(REPO / "kernels"),
-                             "--min-suite-version", "2026.1"], cwd=REPO,
+                             "--min-suite-version", "2026.1", *extra], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=open(tmp / "serve.log", "wb"), text=True)
     deadline = time.time() + 60
     url = None
@@ -176,16 +179,28 @@ def _start(tmp: Path) -> Hub:
     return Hub(url, db, proc)
 
 
-@pytest.fixture
-def hub(tmp_path):
-    """A fresh hub per test (verifications posted by one test do not leak into another)."""
-    h = _start(tmp_path)
-    yield h
+def _stop(h: Hub) -> None:
     h.proc.terminate()
     try:
         h.proc.wait(10)
     except subprocess.TimeoutExpired:
         h.proc.kill()
+
+
+@pytest.fixture
+def hub(tmp_path):
+    """A fresh hub per test (verifications posted by one test do not leak into another)."""
+    h = _start(tmp_path)
+    yield h
+    _stop(h)
+
+
+@pytest.fixture
+def fresh_hub(tmp_path):
+    """A hub as a new user starts it: bundled kernels with the project's recorded verdicts."""
+    h = _start(tmp_path, bundled_certificates=True)
+    yield h
+    _stop(h)
 
 
 @pytest.fixture(scope="session")

@@ -116,3 +116,19 @@ def test_verify_names_what_is_missing_or_malformed():
         verify({"claims": "{}"}, [base64.b64encode(bytes(32)).decode()])
     with pytest.raises(CertificateError, match="not an ed25519 public key"):
         verify({"claims": "{}", "key": "short", "signature": ""}, ["also-short"])
+
+
+def test_a_fresh_hub_hands_out_the_bundled_certified_kernels(fresh_hub, tiny_llama):
+    from conftest import REPO
+    keys = [l.strip() for l in (REPO / "kernels/certificates/trusted-keys.txt").read_text().splitlines()
+            if l.strip() and not l.startswith("#")]
+    rep = by_path(kernelize.kernelize(tiny_llama, hub=fresh_hub.url, arch="sm_90", verbose=False,
+                                      trusted_keys=keys))
+    norm = rep["model.norm"]
+    assert norm.status == "would replace", norm.reasons
+    assert norm.kernel.name == "rms_norm_llama" and norm.kernel.evidence["device"] == "NVIDIA H200"
+    claims = json.loads(norm.kernel.evidence["certificate"]["claims"])
+    assert (claims["arch"], claims["class"]) == ("sm_90", "bit_exact")
+    # not on another architecture: the recorded verdicts are sm_90's
+    rep80 = by_path(kernelize.kernelize(tiny_llama, hub=fresh_hub.url, arch="sm_80", verbose=False))
+    assert rep80["model.norm"].status == "kept"

@@ -109,6 +109,10 @@ pub struct ServeArgs {
     /// Do not load bundled kernels.
     #[arg(long)]
     pub no_bundled: bool,
+    /// Load the bundled kernels without the verifications recorded on the project's GPU runs
+    /// (`KERNELS/certificates/`): every verdict then comes from this hub's own workers.
+    #[arg(long)]
+    pub no_bundled_certificates: bool,
     /// Require a token for reads too (by default reads are public).
     #[arg(long)]
     pub private_reads: bool,

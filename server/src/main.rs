@@ -261,6 +261,18 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         if a.kernels.is_dir() {
             let loaded = kernelize::bundled::load(&store, &a.kernels).await?;
             tracing::info!(new = loaded.new, unchanged = loaded.unchanged, dir = %a.kernels.display(), "bundled kernels loaded");
+            let certs = if a.no_bundled_certificates {
+                Default::default()
+            } else {
+                kernelize::bundled::import_certificates(&store, &a.kernels).await?
+            };
+            tracing::info!(
+                new = certs.new,
+                known = certs.known,
+                stale = certs.stale,
+                refused = certs.refused.len(),
+                "bundled certificates (verifications recorded on the project's GPU runs) imported"
+            );
         } else {
             tracing::warn!(dir = %a.kernels.display(), "no bundled kernels folder; pass --kernels DIR (or --no-bundled)");
         }

@@ -121,20 +121,16 @@ impl TestServer {
             ]
         };
         let mut cmd = Command::new(bin());
-        cmd.args([
-            "serve",
-            "--db",
-            db_url,
-            "--bind",
-            "127.0.0.1:0",
-            "--kernels",
-        ])
-        .arg(kernels_dir())
-        .args(oldest)
-        .args(extra)
-        .env("RUST_LOG", rust_log)
-        .stdout(Stdio::piped())
-        .stderr(stderr);
+        cmd.args(["serve", "--db", db_url, "--bind", "127.0.0.1:0"]);
+        // The repository's kernels unless `extra` names another folder.
+        if !extra.contains(&"--kernels") {
+            cmd.arg("--kernels").arg(kernels_dir());
+        }
+        cmd.args(oldest)
+            .args(extra)
+            .env("RUST_LOG", rust_log)
+            .stdout(Stdio::piped())
+            .stderr(stderr);
         configure(&mut cmd);
         let mut child = cmd.spawn().expect("spawning kernelize serve");
         let stdout = child.stdout.take().unwrap();

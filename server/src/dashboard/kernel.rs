@@ -196,6 +196,19 @@ fn verification(v: &VerificationRow, op: Op) -> Markup {
                 dt { "reference" } dd { (r.reference) }
                 dt { "started" } dd { (date(&r.started_at)) ", took " (format!("{:.1}", r.duration_s)) " s" }
                 dt { "record" } dd { a href={"/v1/verifications/" (v.id)} { "JSON" } }
+                dt { "origin" } dd.origin {
+                    @if v.job_id.is_some() { "verified by a worker of this hub (job " (v.job_id.unwrap_or_default()) ")" }
+                    @else { "imported: recorded on the project's GPU runs and shipped with the bundle" }
+                }
+                dt { "certificate" } dd.certificate {
+                    @match &v.certificate {
+                        Some(c) => {
+                            "signed by worker key " code { (c.key_id()) }
+                            " (check it offline: " code { "kernelize cert verify FILE --trust KEY" } ")"
+                        }
+                        None => { "none (the worker did not sign this report)" }
+                    }
+                }
             }
             table.verdicts {
                 thead { tr {

@@ -62,10 +62,10 @@ impl Axis {
             }
             Scale::Log10 => {
                 let (a, b) = (
-                    self.lo.log10().floor() as i32,
-                    self.hi.log10().ceil() as i32,
+                    exponent(self.lo.log10().floor()),
+                    exponent(self.hi.log10().ceil()),
                 );
-                let every = ((b - a) / 6).max(1);
+                let every = (b.saturating_sub(a) / 6).max(1);
                 (a..=b)
                     .filter(|e| (e - a) % every == 0)
                     .map(|e| (10f64.powi(e), format!("1e{e}")))
@@ -73,8 +73,11 @@ impl Axis {
                     .collect()
             }
             Scale::Log2 => {
-                let (a, b) = (self.lo.log2().floor() as i32, self.hi.log2().ceil() as i32);
-                let every = ((b - a) / 7).max(1);
+                let (a, b) = (
+                    exponent(self.lo.log2().floor()),
+                    exponent(self.hi.log2().ceil()),
+                );
+                let every = (b.saturating_sub(a) / 7).max(1);
                 (a..=b)
                     .filter(|e| (e - a) % every == 0)
                     .map(|e| (2f64.powi(e), short_num(2f64.powi(e))))
@@ -82,6 +85,16 @@ impl Axis {
                     .collect()
             }
         }
+    }
+}
+
+/// A tick exponent, bounded: a zero or subnormal bound (an error of 1e-320 in a real report)
+/// has a logarithm of -inf or near it, which must not wrap.
+fn exponent(e: f64) -> i32 {
+    if e.is_nan() {
+        0
+    } else {
+        e.clamp(-300.0, 300.0) as i32
     }
 }
 
@@ -211,10 +224,12 @@ fn log_range(vals: impl Iterator<Item = f64>) -> (f64, f64) {
     if !lo.is_finite() {
         return (1e-8, 1.0);
     }
-    (
-        10f64.powf(lo.log10().floor()),
-        10f64.powf(hi.log10().ceil().max(lo.log10().floor() + 1.0)),
-    )
+    // Subnormal values are drawn at 1e-300: 10^-324 would round to zero.
+    let (a, b) = (
+        lo.log10().floor().max(-300.0),
+        hi.log10().ceil().max(-299.0),
+    );
+    (10f64.powf(a), 10f64.powf(b.max(a + 1.0)))
 }
 
 /// Candidate error (y) against reference error (x), both vs the f64 oracle, log-log, with
@@ -335,6 +350,22 @@ mod tests {
         let at = svg.find("class=\"roofline\"").expect("a roofline");
         let y1 = svg[at..].find("y1=\"").unwrap() + at + 4;
         svg[y1..y1 + svg[y1..].find('"').unwrap()].parse().unwrap()
+    }
+
+    /// Errors of a real H200 report reach subnormals (4.9e-324): the plot draws them at its
+    /// lower edge instead of panicking on an exponent that wraps.
+    #[test]
+    fn subnormal_and_zero_errors_are_drawn() {
+        let pts = [
+            point(f64::from_bits(1), 1e-3),
+            point(0.0, 2e-310),
+            point(1e-2, 0.0),
+        ];
+        let svg = error_scatter("t", &pts, &["bf16".into()]).into_string();
+        assert!(svg.contains("<svg"));
+        assert!(!svg.contains("NaN") && !svg.contains("inf"), "{svg}");
+        assert_eq!(exponent(f64::NEG_INFINITY), -300);
+        assert_eq!(exponent(f64::NAN), 0);
     }
 
     #[test]
