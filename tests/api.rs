@@ -1273,17 +1273,36 @@ async fn serve_worker_keeps_one_token_across_restarts(b: Backend) {
     let mut args: Vec<&str> = vec!["--worker"];
     args.extend(extra.iter().map(String::as_str));
     let mut tokens = vec![];
+    let mut keys = vec![];
+    let key_file = file.with_file_name(format!(
+        "{}.key",
+        file.file_name().unwrap().to_string_lossy()
+    ));
     for _ in 0..2 {
         let mut srv = TestServer::start(&b, &args).await;
         // Answered once the embedded worker's token is settled (before serving starts).
         srv.get_json("/healthz").await;
         tokens.push(valid_worker_token(&srv.db_url, &file).await);
+        keys.push(std::fs::read_to_string(&key_file).expect("the embedded worker's key file"));
         srv.sigkill();
     }
     assert_eq!(
         tokens[0], tokens[1],
         "the second start must reuse the first start's token"
     );
+    // Its signing key too: kept beside the token (mode 0600) and registered once.
+    assert_eq!(keys[0], keys[1], "the second start must reuse the key");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&key_file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    let store = kernel_store::Store::connect(&b.url()).await.unwrap();
+    let registered = store.worker_keys().await.unwrap();
+    store.close().await;
+    assert_eq!(registered.len(), 1, "{registered:?}");
+    assert!(registered[0].name.starts_with("embedded-worker-"));
     assert_eq!(
         tokens_created(&b.url(), "embedded-worker").await,
         1,

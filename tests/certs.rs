@@ -203,11 +203,28 @@ async fn signed_reports_are_stored_served_and_checked_offline(b: Backend) {
     );
     drop(srv);
 
-    // 5. A hub that requires signatures refuses unsigned reports.
     let db_url = match &b {
         Backend::Sqlite(_) => b.url(),
         Backend::Postgres(u) => u.clone(),
     };
+    // 6. A hub that requires signatures refuses unsigned reports (signed by a key registered
+    // anew: gpu0 is revoked).
+    let fresh = ed25519_dalek::SigningKey::from_bytes(&[13; 32]);
+    let reg = kernelize(&[
+        "worker-key",
+        "register",
+        "--name",
+        "gpu1",
+        "--public-key",
+        &cert::encode_key(&fresh.verifying_key()),
+        "--db",
+        &db_url,
+    ]);
+    assert!(
+        reg.status.success(),
+        "{}",
+        String::from_utf8_lossy(&reg.stderr)
+    );
     let strict =
         TestServer::start_on(&b, &db_url, &["--no-bundled", "--require-signed-reports"]).await;
     let worker = strict.token("worker");
@@ -229,7 +246,7 @@ async fn signed_reports_are_stored_served_and_checked_offline(b: Backend) {
         .as_str()
         .unwrap()
         .contains("only signed reports"));
-    let (_, certificate) = signed_report(&c, Some(&key));
+    let (_, certificate) = signed_report(&c, Some(&fresh));
     let (st, p) = strict
         .post(
             &format!("/v1/jobs/{job}/report"),

@@ -28,8 +28,9 @@ fn key_row(r: &AnyRow) -> Result<WorkerKey> {
 }
 
 impl Store {
-    /// Register a worker's public key under `name` (audited). `Conflict` when the name or
-    /// the key is registered already. The key's encoding is the caller's to check.
+    /// Register a worker's public key under `name` (audited). The same name and key again is
+    /// no change (the registration is returned); `Conflict` when the name or the key is
+    /// registered otherwise. The key's encoding is the caller's to check.
     pub async fn register_worker_key(
         &self,
         name: &str,
@@ -47,9 +48,14 @@ impl Store {
         if let Some(r) = taken {
             let (n, k): (String, String) = (r.try_get("name")?, r.try_get("public_key")?);
             tx.rollback().await?;
-            return Err(StoreError::Conflict(if n == name && k == public_key {
-                format!("worker key `{name}` is registered already with this key")
-            } else if n == name {
+            if n == name && k == public_key {
+                // The same registration again (a set-up script run twice): nothing to do.
+                return self
+                    .worker_key(public_key)
+                    .await?
+                    .ok_or_else(|| StoreError::NotFound(format!("worker key `{name}`")));
+            }
+            return Err(StoreError::Conflict(if n == name {
                 format!("a worker key named `{name}` is registered already with another key; choose another name")
             } else {
                 format!("this public key is registered already as `{n}`")
@@ -86,6 +92,48 @@ impl Store {
             .as_ref()
             .map(key_row)
             .transpose()
+    }
+
+    /// Revoke the key named `name_or_id` (its name, or its id): reports signed by it are
+    /// refused from then on; verifications already stored keep their certificates. Audited.
+    pub async fn revoke_worker_key(&self, name_or_id: &str, actor: &str) -> Result<WorkerKey> {
+        let mut tx = self.pool.begin().await?;
+        let id = name_or_id.parse::<i64>().unwrap_or(-1);
+        let Some(row) = sqlx::query("SELECT * FROM worker_keys WHERE name = $1 OR id = $2")
+            .bind(name_or_id)
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?
+        else {
+            tx.rollback().await?;
+            return Err(StoreError::NotFound(format!(
+                "no worker key named `{name_or_id}` (`kernelize worker-key list` shows them)"
+            )));
+        };
+        let key = key_row(&row)?;
+        if key.revoked_at.is_some() {
+            tx.rollback().await?;
+            return Ok(key);
+        }
+        let row = sqlx::query(
+            "UPDATE worker_keys SET revoked_at = $1 WHERE id = $2 \
+             RETURNING id, name, public_key, created_at, revoked_at",
+        )
+        .bind(now_rfc3339())
+        .bind(key.id)
+        .fetch_one(&mut *tx)
+        .await?;
+        let key = key_row(&row)?;
+        audit_in(
+            &mut tx,
+            actor,
+            "worker_key.revoked",
+            &key.name,
+            serde_json::json!({"key_id": key.id}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(key)
     }
 
     pub async fn worker_keys(&self) -> Result<Vec<WorkerKey>> {

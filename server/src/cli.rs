@@ -80,6 +80,7 @@ impl Command {
                 "worker-key register"
             }
             Command::WorkerKey(cmd::keys::WorkerKeyCommand::List { .. }) => "worker-key list",
+            Command::WorkerKey(cmd::keys::WorkerKeyCommand::Revoke { .. }) => "worker-key revoke",
             Command::Cert(cmd::keys::CertCommand::Sign { .. }) => "cert sign",
             Command::Cert(cmd::keys::CertCommand::Verify { .. }) => "cert verify",
             Command::Health(_) => "health",

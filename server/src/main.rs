@@ -353,6 +353,15 @@ async fn start_embedded_worker(
                 .1
         }
     };
+    // Its signing key, beside the token file and reused the same way: its reports are signed.
+    let key_file = token_file.map(|f| {
+        let mut name = f.file_name().unwrap_or_default().to_os_string();
+        name.push(".key");
+        f.with_file_name(name)
+    });
+    let key = cmd::keys::ensure_registered_key(store, key_file.as_deref())
+        .await
+        .context("--worker: keeping the embedded worker's signing key")?;
     if !verifier::gpu_available() {
         tracing::warn!("--worker: no usable CUDA GPU on this host; jobs wait for an external `kernelize worker`");
         return Ok(());
@@ -362,6 +371,7 @@ async fn start_embedded_worker(
         token: Some(token),
         token_file: None,
         key_file: None,
+        key: Some(key),
         gpu,
         drain: false,
         quick: false,

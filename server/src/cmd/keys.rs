@@ -29,9 +29,9 @@ pub enum WorkerKeyCommand {
     /// Register a worker's public key on the hub's database, under a name shown in the audit
     /// log: reports signed by it are accepted from then on.
     Register {
-        /// A name for the key (the host and GPU, say).
+        /// A name for the key (the host and GPU, say); default `worker-KEYID`.
         #[arg(long)]
-        name: String,
+        name: Option<String>,
         /// The public key as `worker-key init` printed it.
         #[arg(
             long,
@@ -42,6 +42,14 @@ pub enum WorkerKeyCommand {
         /// Or the worker's key file, whose public key is registered.
         #[arg(long, value_name = "FILE")]
         key_file: Option<PathBuf>,
+        #[command(flatten)]
+        db: crate::cli::DbArgs,
+    },
+    /// Revoke a worker key (by name or id): reports it signs are refused from then on;
+    /// verifications already stored keep their certificates.
+    Revoke {
+        /// The key's name or id (`worker-key list`).
+        key: String,
         #[command(flatten)]
         db: crate::cli::DbArgs,
     },
@@ -86,6 +94,41 @@ pub enum CertCommand {
         #[arg(long, value_name = "DIR")]
         kernel: Option<PathBuf>,
     },
+}
+
+/// `serve --worker`'s key: the one in `path` (created, mode 0600, when missing; `None`: an
+/// in-memory database, a key for this process only), registered on `store` as `embedded-...`
+/// unless it is already; a key revoked on this database is replaced by a new one.
+pub async fn ensure_registered_key(
+    store: &Store,
+    path: Option<&Path>,
+) -> anyhow::Result<SigningKey> {
+    let fresh = || {
+        let mut secret = [0u8; 32];
+        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut secret);
+        SigningKey::from_bytes(&secret)
+    };
+    let mut key = match path {
+        Some(p) if p.exists() => read_signing_key(p)?,
+        _ => fresh(),
+    };
+    let public = |k: &SigningKey| cert::encode_key(&k.verifying_key());
+    if let Some(k) = store.worker_key(&public(&key)).await? {
+        if k.revoked_at.is_none() {
+            return Ok(key);
+        }
+        tracing::warn!(name = %k.name, "the embedded worker's key was revoked; making a new one");
+        key = fresh();
+    }
+    if let Some(p) = path {
+        crate::token_file::write_private(p, &cert::encode_signing_key(&key))?;
+    }
+    let name = format!("embedded-worker-{}", cert::key_id(&public(&key)));
+    store
+        .register_worker_key(&name, &public(&key), "system")
+        .await?;
+    tracing::info!(%name, file = ?path, "embedded worker key registered");
+    Ok(key)
 }
 
 /// The signing key in `path` (as `worker-key init` wrote it).
@@ -138,15 +181,35 @@ pub async fn worker_key(c: WorkerKeyCommand) -> anyhow::Result<ExitCode> {
                 (None, Some(f)) => cert::encode_key(&read_signing_key(&f)?.verifying_key()),
                 (None, None) => anyhow::bail!("give --public-key KEY or --key-file FILE"),
             };
+            let name = name.unwrap_or_else(|| format!("worker-{}", cert::key_id(&public)));
             let store = Store::open(&db.db).await?;
             let registered = store.register_worker_key(&name, &public, "admin").await;
             store.close().await;
             let k = registered?;
+            if let Some(at) = &k.revoked_at {
+                anyhow::bail!(
+                    "worker key `{}` was revoked at {at}; make a new key (`kernelize worker-key init --file NEW`) and register that",
+                    k.name
+                );
+            }
             eprintln!(
                 "worker key `{}` registered (id {}, key id {})",
                 k.name,
                 k.id,
                 cert::key_id(&k.public_key)
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        WorkerKeyCommand::Revoke { key, db } => {
+            let store = Store::open(&db.db).await?;
+            let revoked = store.revoke_worker_key(&key, "admin").await;
+            store.close().await;
+            let k = revoked?;
+            eprintln!(
+                "worker key `{}` (id {}) revoked at {}",
+                k.name,
+                k.id,
+                k.revoked_at.as_deref().unwrap_or("?")
             );
             Ok(ExitCode::SUCCESS)
         }

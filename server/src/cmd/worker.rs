@@ -38,6 +38,9 @@ pub struct WorkerArgs {
     /// the hub (`kernelize worker-key register`).
     #[arg(long, env = "KERNELIZE_WORKER_KEY_FILE", value_name = "FILE")]
     pub key_file: Option<std::path::PathBuf>,
+    /// The signing key itself (`serve --worker`'s embedded worker), instead of a file.
+    #[arg(skip)]
+    pub key: Option<ed25519_dalek::SigningKey>,
     /// Which GPU of this host to use (sets CUDA_VISIBLE_DEVICES for the verifier).
     #[arg(long)]
     pub gpu: Option<u32>,
@@ -85,11 +88,11 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     // Checked once at start: a bad --model, a missing harness or an unreadable key is the
     // operator's to fix.
     let model = a.model.options()?;
-    let key = a
-        .key_file
-        .as_deref()
-        .map(super::keys::read_signing_key)
-        .transpose()?;
+    let key = match (&a.key, &a.key_file) {
+        (Some(k), _) => Some(k.clone()),
+        (None, Some(f)) => Some(super::keys::read_signing_key(f)?),
+        (None, None) => None,
+    };
     if let Some(k) = &key {
         tracing::info!(
             key_id = %kernel_registry::cert::key_id(&kernel_registry::cert::encode_key(&k.verifying_key())),
