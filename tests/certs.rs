@@ -14,7 +14,8 @@ use support::{bin, bundle_files, Backend, TestServer};
 
 both_backends!(
     signed_reports_are_stored_served_and_checked_offline,
-    bundled_certificates_make_a_fresh_hub_answer
+    bundled_certificates_make_a_fresh_hub_answer,
+    confirmed_asks_for_independent_worker_keys
 );
 
 fn kernelize(args: &[&str]) -> std::process::Output {
@@ -351,4 +352,73 @@ async fn bundled_certificates_make_a_fresh_hub_answer(b: Backend) {
             .count(),
         1
     );
+}
+
+/// `confirmed:N`: N different worker keys must certify the class on the architecture.
+async fn confirmed_asks_for_independent_worker_keys(b: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let (k1, k2) = (
+        ed25519_dalek::SigningKey::from_bytes(&[21; 32]),
+        ed25519_dalek::SigningKey::from_bytes(&[22; 32]),
+    );
+    let served = kernels_with_certificate(dir.path(), &k1);
+    let kernels = dir.path().to_str().unwrap();
+    let resolve = |policy: &str| {
+        format!("/v1/resolve?op=rms_norm&semantics=llama&dtype=bf16&arch=sm_90&cols=4096&policy={policy}")
+    };
+    let db_url = b.url();
+    {
+        let srv = TestServer::start(&b, &["--kernels", kernels]).await;
+        assert_eq!(
+            srv.get(&resolve("bit_exact,confirmed:1")).await.0,
+            StatusCode::OK
+        );
+        let (st, r) = srv.get(&resolve("bit_exact,confirmed:2")).await;
+        assert_eq!(st, StatusCode::NOT_FOUND, "{r}");
+        let why = r["excluded"].to_string();
+        assert!(
+            why.contains("1 worker key(s) certify class bit_exact on sm_90, the policy asks for 2"),
+            "{why}"
+        );
+    }
+    // A second worker, with its own key, confirms the same verdict.
+    let report: VerificationReport = serde_json::from_value(served["report"].clone()).unwrap();
+    let second = Certificate::sign(&k2, &Claims::of(&report, "2026-11-23T09:00:00Z"));
+    let certs = dir.path().join("certificates");
+    std::fs::write(
+        certs.join("sm_90/rms_norm_llama-second-worker.json"),
+        serde_json::to_string(&json!({"report": report, "certificate": second})).unwrap(),
+    )
+    .unwrap();
+    let keys = std::fs::read_to_string(certs.join("trusted-keys.txt")).unwrap();
+    std::fs::write(
+        certs.join("trusted-keys.txt"),
+        format!("{keys}{}\n", cert::encode_key(&k2.verifying_key())),
+    )
+    .unwrap();
+    let srv = TestServer::start_on(&b, &db_url, &["--kernels", kernels]).await;
+    let (st, r) = srv.get(&resolve("bit_exact,confirmed:2")).await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    let (st, r) = srv.get(&resolve("bit_exact,confirmed:3")).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{r}");
+    // The approved list agrees with resolve.
+    let listed = |policy: &'static str| {
+        let srv = &srv;
+        async move {
+            let (_, l) = srv
+                .get(&format!(
+                    "/v1/kernels?op=rms_norm&arch=sm_90&policy={policy}"
+                ))
+                .await;
+            l["total"].as_i64().unwrap()
+        }
+    };
+    assert_eq!(listed("bit_exact,confirmed:2").await, 1);
+    assert_eq!(listed("bit_exact,confirmed:3").await, 0);
+    // One local run cannot show confirmations.
+    let v = kernelize(&["verify", kernels, "--policy", "bit_exact,confirmed:2"]);
+    assert!(!v.status.success());
+    assert!(String::from_utf8_lossy(&v.stderr).contains("which one run cannot show"));
+    // Unsigned verdicts confirm nothing: a policy without confirmed: still resolves.
+    assert_eq!(srv.get(&resolve("bit_exact")).await.0, StatusCode::OK);
 }

@@ -24,10 +24,14 @@ pub struct Policy {
     pub batch_invariant: bool,
     pub max_abs_diff: Option<f64>,
     pub max_mismatch_fraction: Option<f64>,
+    /// `confirmed:N`: at least N verifications on the architecture, certified by N different
+    /// worker keys, agree on the class (0: no such requirement). Checked by the resolver,
+    /// which sees every verification; a single report cannot show it.
+    pub confirmations: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("policy `{input}`: {message}. Write one of bit_exact, ulp:N, tolerance, argmax, optionally followed by ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X (e.g. `ulp:2,deterministic`)")]
+#[error("policy `{input}`: {message}. Write one of bit_exact, ulp:N, tolerance, argmax, optionally followed by ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X ,confirmed:N (e.g. `ulp:2,deterministic` or `bit_exact,confirmed:2`)")]
 pub struct PolicyError {
     pub input: String,
     pub message: String,
@@ -61,6 +65,7 @@ impl FromStr for Policy {
             batch_invariant: false,
             max_abs_diff: None,
             max_mismatch_fraction: None,
+            confirmations: 0,
         };
         for m in parts {
             let number = |v: &str| -> Result<f64, PolicyError> {
@@ -69,6 +74,18 @@ impl FromStr for Policy {
                     .filter(|x| x.is_finite() && *x >= 0.0)
                     .ok_or_else(|| err(format!("`{v}` is not a non-negative number")))
             };
+            if let Some(n) = m.strip_prefix("confirmed:") {
+                p.confirmations = n
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| (1..=100).contains(n))
+                    .ok_or_else(|| {
+                        err(format!(
+                            "`{n}` after confirmed: is not a count of workers from 1 to 100"
+                        ))
+                    })?;
+                continue;
+            }
             match m.split_once('=') {
                 None if m == "deterministic" => p.deterministic = true,
                 None if m == "batch_invariant" => p.batch_invariant = true,
@@ -106,6 +123,9 @@ impl fmt::Display for Policy {
         }
         if let Some(x) = self.max_mismatch_fraction {
             write!(f, ",max_mismatch_fraction={x}")?;
+        }
+        if self.confirmations > 0 {
+            write!(f, ",confirmed:{}", self.confirmations)?;
         }
         Ok(())
     }
@@ -237,6 +257,8 @@ mod tests {
             "tolerance,deterministic",
             "argmax,batch_invariant",
             "ulp:0,max_abs_diff=0.01,max_mismatch_fraction=0.001",
+            "bit_exact,confirmed:2",
+            "ulp:1,deterministic,confirmed:3",
         ] {
             assert_eq!(s.parse::<Policy>().unwrap().to_string(), s);
         }
@@ -247,6 +269,8 @@ mod tests {
             ("bit_exact,fast", "`fast` is not a modifier"),
             ("tolerance,max_abs_diff=-1", "non-negative"),
             ("tolerance,max_mismatch_fraction=2", "above 1"),
+            ("bit_exact,confirmed:0", "count of workers"),
+            ("bit_exact,confirmed:x", "count of workers"),
         ] {
             let e = bad.parse::<Policy>().unwrap_err().to_string();
             assert!(e.contains(says) && e.contains("ulp:N"), "{e}");

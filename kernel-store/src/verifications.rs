@@ -112,6 +112,36 @@ impl Store {
             .collect()
     }
 
+    /// The distinct worker keys (base64) whose certificates back a verification of `digest` on
+    /// `arch` with the overall class `class`: how many independent workers agree on it.
+    pub async fn certifying_keys(
+        &self,
+        digest: &Digest,
+        arch: Arch,
+        class: &str,
+    ) -> Result<Vec<String>> {
+        let mut keys: Vec<String> = sqlx::query(
+            "SELECT certificate FROM verifications WHERE kernel_digest = $1 AND arch = $2 \
+             AND exactness_class = $3 AND certificate IS NOT NULL",
+        )
+        .bind(digest.as_str())
+        .bind(arch.to_string())
+        .bind(class)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(|r| {
+            let text: String = r.try_get("certificate")?;
+            let c: kernel_registry::cert::Certificate = serde_json::from_str(&text)
+                .map_err(|e| StoreError::Corrupt(format!("verification certificate: {e}")))?;
+            Ok(c.key)
+        })
+        .collect::<Result<_>>()?;
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+
     /// Store a verification measured elsewhere and certified (a bundled certificate of the
     /// project's GPU runs), for the stored kernel `digest`, unless this very certificate is
     /// stored already. The certificate is the caller's to check. `Some(id)` when stored now.

@@ -304,6 +304,21 @@ pub async fn resolve_queueing(
             excluded.push(format!("{label}: {}", why.join("; ")));
             continue;
         }
+        let wanted = q.policy.confirmations as usize;
+        if wanted > 0 {
+            let keys = store
+                .certifying_keys(&k.digest, q.arch, &v.exactness_class)
+                .await?;
+            if keys.len() < wanted {
+                excluded.push(format!(
+                    "{label}: {} worker key(s) certify class {} on {}, the policy asks for {wanted} (confirmed:{wanted}): independent workers with their own registered keys must verify it",
+                    keys.len(),
+                    v.exactness_class,
+                    q.arch
+                ));
+                continue;
+            }
+        }
         let cov = store.coverage(v.id, Some(q.dtype)).await?;
         match covered_at(q.op, &cov, q) {
             Ok(at) => qualifying.push(candidate(k, &v, q, at)),

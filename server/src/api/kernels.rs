@@ -96,7 +96,16 @@ pub async fn list(
                     .max_by_key(|v| v.id);
                 let ok = newest.is_some_and(|v| {
                     let dts = dtype.map(|d| vec![d]).unwrap_or_else(|| k.dtypes.clone());
-                    dts.iter().any(|d| p.evaluate(&v.report, *d).is_ok())
+                    // confirmed:N: N worker keys certify the newest verdict's class there.
+                    let mut keys: Vec<&str> = vs
+                        .iter()
+                        .filter(|w| w.arch == v.arch && w.exactness_class == v.exactness_class)
+                        .filter_map(|w| w.certificate.as_ref().map(|c| c.key.as_str()))
+                        .collect();
+                    keys.sort_unstable();
+                    keys.dedup();
+                    keys.len() >= p.confirmations as usize
+                        && dts.iter().any(|d| p.evaluate(&v.report, *d).is_ok())
                 });
                 if ok {
                     approved.push(k);

@@ -109,7 +109,7 @@ param_schema!(
     PolicyText,
     "Policy",
     string_schema(
-        "An exactness policy: bit_exact, ulp:N, tolerance or argmax, then any of ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X (X a non-negative number; a fraction at most 1).",
+        "An exactness policy: bit_exact, ulp:N, tolerance or argmax, then any of ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X (X a non-negative number; a fraction at most 1) ,confirmed:N (N from 1 to 100 worker keys certifying the class).",
         None,
         Some(POLICY_PATTERN)
     )
@@ -153,6 +153,7 @@ pub static POLICY_PATTERN: &str = concat!(
     r"\+?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?",
     r"|max_mismatch_fraction=",
     r"\+?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?",
+    r"|confirmed:\+?0*([1-9][0-9]?|100)",
     r"))*$"
 );
 
@@ -315,6 +316,12 @@ mod tests {
                 ("argmax , deterministic", true),
                 ("ulp:+3", true),
                 ("tolerance,max_abs_diff=.5", true),
+                ("bit_exact,confirmed:2", true),
+                ("bit_exact,confirmed:100,deterministic", true),
+                ("bit_exact,confirmed:007", true),
+                ("bit_exact,confirmed:0", false),
+                ("bit_exact,confirmed:101", false),
+                ("bit_exact,confirmed:", false),
                 ("exact", false),
                 ("ulp:x", false),
                 ("ulp:", false),

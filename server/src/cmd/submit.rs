@@ -28,7 +28,7 @@ pub struct SubmitArgs {
     #[arg(long)]
     pub wait: bool,
     /// With --wait: exit non-zero unless the verdict meets this policy (e.g. bit_exact, ulp:2, tolerance).
-    #[arg(long, requires = "wait")]
+    #[arg(long, requires = "wait", value_parser = super::verify::one_report_policy)]
     pub policy: Option<Policy>,
     /// With --policy: the dtype the policy must hold for (default: every dtype of the kernel).
     #[arg(long, requires = "policy")]

@@ -30,7 +30,7 @@ pub struct VerifyArgs {
     pub path: std::path::PathBuf,
     /// Exit non-zero unless the report meets this policy for every verified dtype
     /// (e.g. `bit_exact`, `ulp:2,deterministic`, `tolerance`).
-    #[arg(long)]
+    #[arg(long, value_parser = one_report_policy)]
     pub policy: Option<Policy>,
     /// Only this dtype (bf16, f16, f32); repeat for several. Default: every entry.
     #[arg(long = "dtype")]
@@ -383,6 +383,21 @@ fn requested_coverage(report: &VerificationReport) -> (Vec<String>, Vec<String>)
         }
     }
     (lines, missing)
+}
+
+/// A policy one report can meet: `confirmed:N` counts certificates of several workers on a
+/// hub, which a single run cannot show.
+pub fn one_report_policy(s: &str) -> Result<Policy, String> {
+    let p: Policy = s
+        .parse()
+        .map_err(|e: kernel_registry::policy::PolicyError| e.to_string())?;
+    if p.confirmations > 0 {
+        return Err(format!(
+            "`confirmed:{}` counts the certificates of several workers on a hub, which one run cannot show: drop it here, and ask a hub with it (`GET /v1/resolve?...&policy={p}`)",
+            p.confirmations
+        ));
+    }
+    Ok(p)
 }
 
 pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
