@@ -110,6 +110,10 @@ pub struct JobRow {
     /// of an elementwise op): that width.
     #[serde(default)]
     pub width_cols: Option<i64>,
+    /// The architecture this job is for (`verify-request --arch`); `None`: any. Only a worker
+    /// declaring it gets the job, and its report must be from a GPU of it.
+    #[serde(default)]
+    pub arch: Option<kernel_registry::Arch>,
 }
 
 /// Who calls about a claimed job: the lease secret, the token presented (its id) and a name for
@@ -123,7 +127,7 @@ pub struct Holder<'a> {
 
 pub(crate) const JOB_COLS: &str =
     "id, kernel_digest, state, attempts, max_attempts, worker, lease_id, claim_token_id, \
-    lease_expires_ms, last_error, verification_id, created_at, updated_at, shapes, width_cols";
+    lease_expires_ms, last_error, verification_id, created_at, updated_at, shapes, width_cols, arch";
 
 fn job_row(r: &AnyRow) -> Result<JobRow> {
     Ok(JobRow {
@@ -143,6 +147,11 @@ fn job_row(r: &AnyRow) -> Result<JobRow> {
         shapes: serde_json::from_str(&r.try_get::<String, _>("shapes")?)
             .map_err(|e| StoreError::Corrupt(format!("job shapes: {e}")))?,
         width_cols: r.try_get("width_cols")?,
+        arch: r
+            .try_get::<Option<String>, _>("arch")?
+            .map(|a| a.parse())
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("job arch: {e}")))?,
     })
 }
 
@@ -181,6 +190,19 @@ impl Store {
         token_id: Option<i64>,
         lease_ms: i64,
     ) -> Result<Option<JobRow>> {
+        self.claim_job_on(worker, token_id, lease_ms, None).await
+    }
+
+    /// `claim_job` by a worker declaring its GPU's architecture: it gets jobs for any
+    /// architecture or for `arch`, of kernels that run there. A worker declaring none gets only
+    /// jobs for any architecture.
+    pub async fn claim_job_on(
+        &self,
+        worker: &str,
+        token_id: Option<i64>,
+        lease_ms: i64,
+        arch: Option<kernel_registry::Arch>,
+    ) -> Result<Option<JobRow>> {
         let now = now_ms();
         let stamp = now_rfc3339();
         let mut tx = self.pool.begin().await?;
@@ -207,15 +229,25 @@ impl Store {
             // SQLite has one writer, and this transaction holds it since the UPDATE above.
             Backend::Sqlite => "",
         };
-        let Some(next) = sqlx::query(&format!(
+        // Kernels list their architectures as ",sm_90,sm_80," ("" for any).
+        let for_arch = match arch {
+            Some(_) => {
+                "AND (arch IS NULL OR arch = $2) AND EXISTS (SELECT 1 FROM kernels k \
+                 WHERE k.digest = verification_jobs.kernel_digest \
+                 AND (k.archs = '' OR k.archs LIKE '%,' || $2 || ',%'))"
+            }
+            None => "AND arch IS NULL",
+        };
+        let sql = format!(
             "SELECT id, state, worker, attempts FROM verification_jobs \
              WHERE (state = 'queued' OR (state = 'running' AND lease_expires_ms < $1)) \
-             AND attempts < max_attempts ORDER BY id LIMIT 1 {lock}"
-        ))
-        .bind(now)
-        .fetch_optional(&mut *tx)
-        .await?
-        else {
+             AND attempts < max_attempts {for_arch} ORDER BY id LIMIT 1 {lock}"
+        );
+        let mut pick = sqlx::query(&sql).bind(now);
+        if let Some(a) = arch {
+            pick = pick.bind(a.to_string());
+        }
+        let Some(next) = pick.fetch_optional(&mut *tx).await? else {
             tx.commit().await?;
             return Ok(None);
         };
@@ -515,6 +547,68 @@ impl Store {
         .await?;
         tx.commit().await?;
         Ok(WidthJob::Queued(job))
+    }
+
+    /// Queue a verification of a stored kernel on `arch` (`kernelize verify-request`): the whole
+    /// suite, for a worker of that architecture; `(job, true)`. The pending job of this kernel
+    /// and arch is returned instead when there is one, `(job, false)`. Audited with `why`.
+    pub async fn queue_arch_job(
+        &self,
+        digest: &Digest,
+        arch: kernel_registry::Arch,
+        actor: &str,
+        why: &str,
+    ) -> Result<(JobRow, bool)> {
+        let pending = || async {
+            sqlx::query(&format!(
+                "SELECT {JOB_COLS} FROM verification_jobs WHERE kernel_digest = $1 AND arch = $2 \
+                 AND state IN ('queued', 'running') ORDER BY id LIMIT 1"
+            ))
+            .bind(digest.as_str())
+            .bind(arch.to_string())
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(job_row)
+            .transpose()
+        };
+        if let Some(j) = pending().await? {
+            return Ok((j, false));
+        }
+        let now = now_rfc3339();
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(&format!(
+            "INSERT INTO verification_jobs (kernel_digest, state, attempts, max_attempts, created_at, \
+             updated_at, arch) VALUES ($1, 'queued', 0, $2, $3, $4, $5) \
+             ON CONFLICT DO NOTHING RETURNING {JOB_COLS}"
+        ))
+        .bind(digest.as_str())
+        .bind(DEFAULT_MAX_ATTEMPTS)
+        .bind(&now)
+        .bind(&now)
+        .bind(arch.to_string())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            tx.rollback().await?;
+            return match pending().await? {
+                Some(j) => Ok((j, false)),
+                None => Err(StoreError::Conflict(format!(
+                    "a verification of {digest} on {arch} was queued and finished concurrently; ask again"
+                ))),
+            };
+        };
+        let job = job_row(&row)?;
+        audit_in(
+            &mut tx,
+            actor,
+            "job.queued_for_arch",
+            digest.as_str(),
+            serde_json::json!({"job_id": job.id, "arch": arch, "why": why}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok((job, true))
     }
 
     /// The pending (queued or running) width job of a kernel at `cols`, if any.

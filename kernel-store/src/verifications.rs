@@ -112,6 +112,20 @@ impl Store {
             .collect()
     }
 
+    /// The driver of the newest verification on `arch` that records one: what this hub's
+    /// workers of that architecture run now.
+    pub async fn newest_driver(&self, arch: Arch) -> Result<Option<String>> {
+        Ok(sqlx::query(
+            "SELECT driver_version FROM verifications WHERE arch = $1 \
+             AND driver_version IS NOT NULL ORDER BY id DESC LIMIT 1",
+        )
+        .bind(arch.to_string())
+        .fetch_optional(&self.pool)
+        .await?
+        .map(|r| r.try_get("driver_version"))
+        .transpose()?)
+    }
+
     /// The distinct worker keys (base64) whose certificates back a verification of `digest` on
     /// `arch` with the overall class `class`: how many independent workers agree on it.
     pub async fn certifying_keys(
@@ -258,7 +272,7 @@ pub(crate) async fn insert_verification_in(
     // The optional speeds go last, as SQL NULL when absent: sqlx 0.8's Any driver binds a
     // NULL f64 as float4 on PostgreSQL, which breaks the float8 statement it caches.
     let speeds = [s.gbps_4096x8192, s.gbps_32768x4096];
-    let mut next = 14;
+    let mut next = 15;
     let speed_sql: Vec<String> = speeds
         .iter()
         .map(|g| match g {
@@ -272,8 +286,9 @@ pub(crate) async fn insert_verification_in(
     let sql = format!(
             "INSERT INTO verifications (kernel_digest, job_id, arch, device_name, exactness_class, \
              max_ulp, max_mismatch_fraction, max_abs_diff, deterministic, batch_invariant, \
-             integrity_ok, report_json, created_at, certificate, gbps_4096x8192, gbps_32768x4096) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, {}, {}) RETURNING id",
+             integrity_ok, report_json, created_at, certificate, driver_version, gbps_4096x8192, \
+             gbps_32768x4096) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, {}, {}) RETURNING id",
             speed_sql[0], speed_sql[1]
         );
     let mut insert = sqlx::query(&sql)
@@ -290,7 +305,8 @@ pub(crate) async fn insert_verification_in(
         .bind(s.integrity_ok as i64)
         .bind(serde_json::to_string(report).expect("report serialises"))
         .bind(stamp)
-        .bind(certificate.map(|c| serde_json::to_string(c).expect("certificate serialises")));
+        .bind(certificate.map(|c| serde_json::to_string(c).expect("certificate serialises")))
+        .bind(&report.device.driver_version);
     for g in speeds.into_iter().flatten() {
         insert = insert.bind(g);
     }

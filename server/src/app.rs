@@ -117,6 +117,7 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(api::kernels::list, api::kernels::submit))
         .routes(routes!(api::kernels::get_one))
         .routes(routes!(api::kernels::verifications))
+        .routes(routes!(api::kernels::verify_request))
         .routes(routes!(api::kernels::source))
         .routes(routes!(api::jobs::verification))
         .routes(routes!(api::jobs::claim))

@@ -45,6 +45,9 @@ pub enum Command {
     Submit(cmd::submit::SubmitArgs),
     /// Verify queued kernels on this host's GPU for a hub (one worker per GPU).
     Worker(cmd::worker::WorkerArgs),
+    /// Queue a kernel's verification on an architecture (a new GPU, driver or suite), or with
+    /// --stale every kernel whose verdict there is stale (admin).
+    VerifyRequest(cmd::reverify::VerifyRequestArgs),
     /// Workers' signing keys: create one, register its public key on a hub, list them.
     #[command(subcommand, name = "worker-key")]
     WorkerKey(cmd::keys::WorkerKeyCommand),
@@ -81,6 +84,7 @@ impl Command {
             }
             Command::WorkerKey(cmd::keys::WorkerKeyCommand::List { .. }) => "worker-key list",
             Command::WorkerKey(cmd::keys::WorkerKeyCommand::Revoke { .. }) => "worker-key revoke",
+            Command::VerifyRequest(_) => "verify-request",
             Command::Cert(cmd::keys::CertCommand::Sign { .. }) => "cert sign",
             Command::Cert(cmd::keys::CertCommand::Verify { .. }) => "cert verify",
             Command::Health(_) => "health",

@@ -3,6 +3,7 @@
 pub mod client;
 pub mod health;
 pub mod keys;
+pub mod reverify;
 pub mod submit;
 pub mod verify;
 pub mod worker;

@@ -15,4 +15,5 @@ pub mod metrics;
 pub mod protocol;
 pub mod request_id;
 pub mod resolve;
+pub mod stale;
 pub mod token_file;

@@ -108,6 +108,7 @@ async fn run_async(command: Command) -> anyhow::Result<ExitCode> {
         Command::Health(a) => cmd::health::run(a).await,
         Command::Worker(a) => cmd::worker::run(a).await,
         Command::WorkerKey(c) => cmd::keys::worker_key(c).await,
+        Command::VerifyRequest(a) => cmd::reverify::run(a).await,
         Command::Verify(_)
         | Command::Device(_)
         | Command::Sandbox(_)

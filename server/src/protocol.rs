@@ -15,6 +15,26 @@ pub struct ClaimRequest {
     /// printable text, at most 200 characters.
     #[schema(max_length = 200, pattern = r"^[^\u0000-\u001f\u007f-\u009f]*$")]
     pub worker: String,
+    /// The worker's GPU architecture (`sm_90`): it then also gets jobs queued for that
+    /// architecture (`kernelize verify-request`), and only jobs of kernels that run there.
+    /// Without it, only jobs for any architecture.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, pattern = r"^sm_([3-9]|1[0-9]|20)[0-9]$")]
+    pub arch: Option<kernel_registry::Arch>,
+}
+
+/// `POST /v1/kernels/{name}/{version}/verify`: queue a verification of a stored kernel on an
+/// architecture (admin).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VerifyRequest {
+    /// The architecture to verify on (`sm_90`): a worker of it claims the job.
+    #[schema(value_type = String, pattern = r"^sm_([3-9]|1[0-9]|20)[0-9]$")]
+    pub arch: kernel_registry::Arch,
+    /// Why (shown in the audit log): a new GPU, a new driver, a new suite.
+    #[serde(default)]
+    #[schema(max_length = 500, pattern = r"^[^\u0000]*$")]
+    pub reason: Option<String>,
 }
 
 /// The longest worker name accepted.

@@ -51,7 +51,7 @@ pub async fn claim(
     let worker = format!("{who}/{name}");
     let Some(job) = st
         .store
-        .claim_job(&worker, caller.token_id, st.config.lease_ms)
+        .claim_job_on(&worker, caller.token_id, st.config.lease_ms, b.arch)
         .await?
     else {
         return Ok(StatusCode::NO_CONTENT.into_response());
@@ -289,6 +289,13 @@ pub async fn report(
     if !rederived.is_empty() {
         tracing::warn!(job = id, fields = ?rederived, "posted summary differed from its cases; stored the derived one");
     }
+    if let Some(a) = job.arch.filter(|a| *a != b.report.device.arch) {
+        return Err(AppError::unprocessable(format!(
+            "job {id} verifies the kernel on {a}, but the report was measured on {} ({}): claim jobs with the worker's own architecture",
+            b.report.device.arch, b.report.device.name
+        ))
+        .with("field", "report.device.arch"));
+    }
     check_certificate(&st, &who, id, &job.kernel_digest, &b, &rederived).await?;
     let vid = st
         .store
@@ -369,7 +376,7 @@ pub async fn verification(
         .await?
         .ok_or_else(|| AppError::not_found(format!("no verification {id}")))?;
     Ok(Json(
-        serde_json::to_value(v).expect("verification serialises"),
+        crate::stale::Staleness::new(&st.store).json(&v).await?,
     ))
 }
 

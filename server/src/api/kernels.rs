@@ -186,9 +186,60 @@ pub async fn verifications(
 ) -> Result<Json<Value>, AppError> {
     let k = find(&st, &name, &version).await?;
     let vs = st.store.verifications_for_kernel(&k.digest).await?;
+    let mut stale = crate::stale::Staleness::new(&st.store);
+    let mut out = Vec::with_capacity(vs.len());
+    for v in &vs {
+        out.push(stale.json(v).await?);
+    }
     Ok(Json(
-        json!({ "kernel": kernel_json(&k), "verifications": vs }),
+        json!({ "kernel": kernel_json(&k), "verifications": out }),
     ))
+}
+
+/// Queue a verification of a stored kernel on an architecture (admin): a new GPU, driver or
+/// suite. A worker that declares that architecture when it claims runs the whole suite. 201
+/// with the job; 200 with the pending one when a verification there is already queued.
+#[utoipa::path(post, path = "/v1/kernels/{name}/{version}/verify", tag = "jobs",
+    params(("name" = KernelName, Path), ("version" = KernelVersion, Path)),
+    request_body = crate::protocol::VerifyRequest,
+    responses((status = 201, description = "Queued"), (status = 200, description = "Already queued or running: that job"),
+        (status = 401, description = "No token, or an unknown, expired or revoked one"), (status = 403, description = "Token lacks scope admin"),
+        (status = 404, description = "No such kernel"),
+        (status = 422, description = "The kernel does not run on that architecture")),
+    security(("token" = [])))]
+pub async fn verify_request(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path((name, version)): Path<(String, String)>,
+    b: Result<Json<crate::protocol::VerifyRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, AppError> {
+    let actor = caller.require(Scope::Admin)?.to_string();
+    let Json(b) = b.map_err(rejection)?;
+    let k = find(&st, &name, &version).await?;
+    if !k.archs.is_empty() && !k.archs.contains(&b.arch) {
+        let runs_on: Vec<String> = k.archs.iter().map(|a| a.to_string()).collect();
+        return Err(AppError::unprocessable(format!(
+            "{name} {version} runs on {} only (its kernel.toml's constraints); it cannot be verified on {}",
+            runs_on.join(", "),
+            b.arch
+        ))
+        .with("field", "arch"));
+    }
+    let why = b.reason.as_deref().unwrap_or("requested");
+    let (job, new) = st
+        .store
+        .queue_arch_job(&k.digest, b.arch, &actor, why)
+        .await?;
+    let status = if new {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(json!({"job": job, "job_url": format!("/v1/jobs/{}", job.id)})),
+    )
+        .into_response())
 }
 
 /// A kernel's manifest and CUDA source by content digest (re-checked on read).

@@ -100,6 +100,11 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let client = Client::new(&a.server, Some(token))?;
+    // Declared at every claim: jobs queued for this architecture come here, and jobs of
+    // kernels that do not run here go to other workers.
+    let arch = verifier::device_info()
+        .map(|d| d.arch)
+        .map_err(|e| anyhow::anyhow!("reading this GPU's architecture: {e}"))?;
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "host".into());
     let name = format!("{host}/gpu{}/pid{}", a.gpu.unwrap_or(0), std::process::id());
     tracing::info!(server = client.base(), worker = %name, "worker started");
@@ -110,6 +115,7 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
                 "/v1/jobs/claim",
                 &ClaimRequest {
                     worker: name.clone(),
+                    arch: Some(arch),
                 },
             )
             .await?;

@@ -23,6 +23,11 @@ pub async fn page(
     })?;
     let src = st.store.source(&k.digest).await?;
     let verifications = st.store.verifications_for_kernel(&k.digest).await?;
+    let mut staleness = crate::stale::Staleness::new(&st.store);
+    let mut stale = Vec::with_capacity(verifications.len());
+    for v in &verifications {
+        stale.push(staleness.of(v).await?);
+    }
     let jobs = st.store.jobs_for_kernel(&k.digest).await?;
     let title = format!("{} {}", k.name, k.version);
     let body = html! {
@@ -61,7 +66,7 @@ pub async fn page(
                     code { "kernelize worker --server http://HUB:8080 --token TOKEN" } " on a GPU host, or " code { "kernelize serve --worker" } "." }
             }
         }
-        @for v in &verifications { (verification(v, k.op)) }
+        @for (v, why) in verifications.iter().zip(&stale) { (verification(v, k.op, why)) }
         h2 { "Source" }
         @match &src {
             Some(s) => {
@@ -127,7 +132,7 @@ fn coverage_table(v: &VerificationRow, op: Op) -> Markup {
     }
 }
 
-fn verification(v: &VerificationRow, op: Op) -> Markup {
+fn verification(v: &VerificationRow, op: Op, stale: &[String]) -> Markup {
     let r = &v.report;
     let dtypes: Vec<DType> = r.summary.per_dtype.keys().copied().collect();
     let series: Vec<String> = dtypes.iter().map(|d| d.to_string()).collect();
@@ -196,6 +201,12 @@ fn verification(v: &VerificationRow, op: Op) -> Markup {
                 dt { "reference" } dd { (r.reference) }
                 dt { "started" } dd { (date(&r.started_at)) ", took " (format!("{:.1}", r.duration_s)) " s" }
                 dt { "record" } dd { a href={"/v1/verifications/" (v.id)} { "JSON" } }
+                @if !stale.is_empty() {
+                    dt { "stale" } dd.stale {
+                        (stale.join("; "))
+                        " (re-verify: " code { "kernelize verify-request --stale --arch " (v.arch) } ")"
+                    }
+                }
                 dt { "origin" } dd.origin {
                     @if v.job_id.is_some() { "verified by a worker of this hub (job " (v.job_id.unwrap_or_default()) ")" }
                     @else { "imported: recorded on the project's GPU runs and shipped with the bundle" }

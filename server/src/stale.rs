@@ -1,0 +1,58 @@
+//! When a verdict is stale: measured by an older suite than this hub's verifier runs, or with
+//! another driver than the newest one this hub's workers of that architecture report. A stale
+//! verdict still counts (it is the newest evidence there is); the API and the dashboard say it
+//! is stale and why, and `kernelize verify-request --stale` queues its re-verification.
+
+use kernel_registry::Arch;
+use kernel_store::{Store, StoreError, VerificationRow};
+use std::collections::HashMap;
+
+/// Staleness checks for one request (the newest driver per architecture is read once).
+pub struct Staleness<'a> {
+    store: &'a Store,
+    suite: &'static str,
+    drivers: HashMap<Arch, Option<String>>,
+}
+
+impl<'a> Staleness<'a> {
+    pub fn new(store: &'a Store) -> Staleness<'a> {
+        Staleness {
+            store,
+            suite: verifier::cases::SUITE_VERSION,
+            drivers: HashMap::new(),
+        }
+    }
+
+    /// Why `v` is stale (empty: it is not).
+    pub async fn of(&mut self, v: &VerificationRow) -> Result<Vec<String>, StoreError> {
+        let mut why = Vec::new();
+        let r = &v.report;
+        if r.suite_version != self.suite {
+            why.push(format!(
+                "measured by suite {}; this hub's verifier runs suite {}",
+                r.suite_version, self.suite
+            ));
+        }
+        if !self.drivers.contains_key(&v.arch) {
+            let d = self.store.newest_driver(v.arch).await?;
+            self.drivers.insert(v.arch, d);
+        }
+        if let Some(newest) = self.drivers[&v.arch]
+            .as_deref()
+            .filter(|d| *d != r.device.driver_version)
+        {
+            why.push(format!(
+                "measured with driver {}; the newest verification on {} ran driver {newest}",
+                r.device.driver_version, v.arch
+            ));
+        }
+        Ok(why)
+    }
+
+    /// `v` as JSON with its `stale` reasons.
+    pub async fn json(&mut self, v: &VerificationRow) -> Result<serde_json::Value, StoreError> {
+        let mut j = serde_json::to_value(v).expect("verification serialises");
+        j["stale"] = serde_json::json!(self.of(v).await?);
+        Ok(j)
+    }
+}
