@@ -211,6 +211,8 @@ fn sample_body(path: &str, ctx: &Ctx) -> (Value, Auth) {
             (json!({"manifest": m, "source": s}), Auth::Submit)
         }
         "/v1/jobs/claim" => (json!({"worker": "edge-test"}), Auth::Worker),
+        // `reason` is optional: left out.
+        "/v1/kernels/{name}/{version}/verify" => (json!({"arch": "sm_90"}), Auth::Admin),
         "/v1/jobs/{id}/heartbeat" => (json!({"lease_id": ctx.lease}), Auth::Worker),
         "/v1/jobs/{id}/fail" => (
             json!({"lease_id": ctx.lease, "reason": "the GPU fell off the bus"}),
