@@ -1,7 +1,7 @@
 //! Signed verification certificates end to end, on SQLite and PostgreSQL: a worker key made
 //! and registered with the CLI, a signed report stored and served with its certificate, which
 //! `kernelize cert verify` checks offline; unregistered keys, tampered reports, another job's
-//! kernel and (with `--require-signed-reports`) unsigned reports refused.
+//! kernel and, by default (without `--accept-unsigned-reports`), unsigned reports refused.
 
 mod support;
 
@@ -195,7 +195,7 @@ async fn signed_reports_are_stored_served_and_checked_offline(b: Backend) {
     let (_, certificate_of_c) = signed_report(&c, Some(&key));
     let (st, p) = post(&c2, &report2, &certificate_of_c).await;
     assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
-    // The honest report of job c still goes through; unsigned is accepted by default.
+    // The honest report of job c still goes through; unsigned is accepted by a hub run with --accept-unsigned-reports (as here).
     let (report, certificate) = signed_report(&c, Some(&key));
     assert_eq!(post(&c, &report, &certificate).await.0, StatusCode::CREATED);
     assert_eq!(
@@ -208,7 +208,7 @@ async fn signed_reports_are_stored_served_and_checked_offline(b: Backend) {
         Backend::Sqlite(_) => b.url(),
         Backend::Postgres(u) => u.clone(),
     };
-    // 6. A hub that requires signatures refuses unsigned reports (signed by a key registered
+    // 6. A hub as it runs by default refuses unsigned reports (signed by a key registered
     // anew: gpu0 is revoked).
     let fresh = ed25519_dalek::SigningKey::from_bytes(&[13; 32]);
     let reg = kernelize(&[
@@ -226,8 +226,7 @@ async fn signed_reports_are_stored_served_and_checked_offline(b: Backend) {
         "{}",
         String::from_utf8_lossy(&reg.stderr)
     );
-    let strict =
-        TestServer::start_on(&b, &db_url, &["--no-bundled", "--require-signed-reports"]).await;
+    let strict = TestServer::start_on(&b, &db_url, &["--no-bundled", "--signed-only"]).await;
     let worker = strict.token("worker");
     let (st, c) = strict
         .post("/v1/jobs/claim", &worker, &json!({"worker": "w"}))
@@ -322,6 +321,28 @@ async fn bundled_certificates_make_a_fresh_hub_answer(b: Backend) {
             .await
             .unwrap();
         assert!(page.contains("imported: recorded on the project"), "{page}");
+        // A local worker's verdict supersedes the imported one.
+        let worker = srv.token("worker");
+        let (st, c) = srv
+            .post(
+                "/v1/jobs/claim",
+                &worker,
+                &json!({"worker": "local", "arch": "sm_90"}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::OK, "{c}");
+        let local = support::recorded_report("recorded/rms_norm_llama", &c, "sm_90");
+        let job = c["job"]["id"].as_i64().unwrap();
+        let (st, done) = srv
+            .post(
+                &format!("/v1/jobs/{job}/report"),
+                &worker,
+                &json!({"lease_id": c["lease_id"], "report": local}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "{done}");
+        let (_, again) = srv.get(resolve).await;
+        assert_eq!(again["verification_id"], done["verification_id"], "{again}");
     }
     // A restart imports nothing twice; a tampered file is refused, not imported.
     let f = dir.path().join("certificates/sm_90/rms_norm_llama.json");
@@ -339,9 +360,10 @@ async fn bundled_certificates_make_a_fresh_hub_answer(b: Backend) {
             "/v1/kernels/rms_norm_llama/{version}/verifications"
         ))
         .await;
+    // The imported one (not twice) and the local worker's.
     assert_eq!(
         list["verifications"].as_array().map(Vec::len),
-        Some(1),
+        Some(2),
         "{list}"
     );
     let actions = support::audit_actions(&b, &db_url).await;

@@ -34,7 +34,8 @@ pub struct Config {
     /// `kernel_registry::report::KNOWN_SUITES`; default: the verifier's current suite, the
     /// only one whose case list the hub can redraw and check).
     pub min_suite_version: String,
-    /// Refuse reports without a certificate from a registered worker key.
+    /// Refuse reports without a certificate from a registered worker key (the default;
+    /// `serve --accept-unsigned-reports` turns it off).
     pub require_signed_reports: bool,
     /// How long a request's body may take to arrive once its headers have (then 408).
     pub body_timeout: Duration,
@@ -51,7 +52,7 @@ impl Default for Config {
             lease_ms: 120_000,
             max_pending_width_jobs: 1000,
             min_suite_version: verifier::cases::SUITE_VERSION.to_string(),
-            require_signed_reports: false,
+            require_signed_reports: true,
             body_timeout: Duration::from_secs(30),
             write_rate_per_minute: 1200,
             write_burst: 1000,

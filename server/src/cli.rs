@@ -124,11 +124,12 @@ pub struct ServeArgs {
     /// How long a worker's claim on a job lasts without a heartbeat, in seconds.
     #[arg(long, default_value_t = 120)]
     pub lease_seconds: u64,
-    /// Store only reports that come with a certificate signed by a registered worker key
-    /// (`kernelize worker-key register`); by default an unsigned report is stored without one,
-    /// while a certificate that does not verify is always refused.
-    #[arg(long, env = "KERNELIZE_REQUIRE_SIGNED_REPORTS")]
-    pub require_signed_reports: bool,
+    /// Also store reports without a certificate (workers without a key, e.g. of an older
+    /// release). By default a report is stored only with a certificate signed by a registered
+    /// worker key (`kernelize worker-key init`, `worker-key register`, `worker --key-file`);
+    /// a certificate that does not verify is refused either way.
+    #[arg(long, env = "KERNELIZE_ACCEPT_UNSIGNED_REPORTS")]
+    pub accept_unsigned_reports: bool,
     /// The most verifications of unverified widths that /v1/resolve keeps queued or running at
     /// once (one per kernel and width; beyond the cap resolve answers without queueing).
     #[arg(long, default_value_t = 1000)]

@@ -285,7 +285,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             lease_ms: (a.lease_seconds.max(1) * 1000) as i64,
             max_pending_width_jobs: a.max_pending_width_jobs.min(i64::MAX as u64) as i64,
             min_suite_version: a.min_suite_version.clone(),
-            require_signed_reports: a.require_signed_reports,
+            require_signed_reports: !a.accept_unsigned_reports,
             body_timeout: Duration::from_secs(a.body_timeout_s),
             write_rate_per_minute: a.write_rate_per_minute,
             write_burst: a.write_burst,

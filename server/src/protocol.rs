@@ -84,7 +84,7 @@ pub struct ReportRequest {
     pub report: VerificationReport,
     /// The worker's signed certificate of this report (`kernel_registry::cert`): stored and
     /// served with the verification when it verifies against a registered worker key and
-    /// binds this report. Required by a hub run with `--require-signed-reports`.
+    /// binds this report. Required unless the hub runs with `--accept-unsigned-reports`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub certificate: Option<kernel_registry::cert::Certificate>,

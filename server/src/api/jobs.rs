@@ -168,7 +168,7 @@ async fn check_certificate(
     let Some(cert) = &b.certificate else {
         if st.config.require_signed_reports {
             return Err(AppError::unprocessable(
-                "this hub stores only signed reports: give the worker a key (`kernelize worker-key init --file KEY`), have an admin register its public key (`kernelize worker-key register`), and start the worker with `--key-file KEY`",
+                "this hub stores only signed reports: give the worker a key (`kernelize worker-key init --file KEY`), have an admin register its public key (`kernelize worker-key register --key-file KEY`), and start the worker with `--key-file KEY` (or run the hub with `--accept-unsigned-reports`)",
             )
             .with("field", "certificate"));
         }
