@@ -73,6 +73,8 @@ class Report:
                 extra = ", ".join(f"{k} {ev[k]}" for k in ("class", "device") if ev.get(k))
                 head += f" -> {e.kernel.label} {e.kernel.digest[:19]}…" + (f" ({extra})" if extra else "")
             lines.append(head)
+            for why in (e.kernel.evidence.get("stale") or []) if e.kernel else []:
+                lines.append(f"      ! stale verdict: {why}")
             if e.width_note:
                 lines.append(f"      * {e.width_note}")
             for r in e.reasons if e.status == "kept" else []:

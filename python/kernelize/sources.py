@@ -182,7 +182,7 @@ class HubSource:
         _check_matches(key, manifest, label)
         evidence = {e: body.get(e) for e in ("policy", "class", "device", "verified_at",
                                              "verification_id", "verification_url", "speed",
-                                             "coverage")}
+                                             "coverage", "stale")}
         if self.trusted_keys:
             try:
                 evidence.update(self._certified(body, digest, label))

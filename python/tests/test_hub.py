@@ -53,6 +53,9 @@ def test_verified_kernels_resolve_on_their_arch_only(hub, tiny_llama):
     assert norm.kernel.digest == digests["rms_norm_llama"]
     assert digest_of(norm.kernel.manifest, norm.kernel.source) == norm.kernel.digest
     assert norm.kernel.evidence["class"] and norm.kernel.evidence["verification_id"]
+    # the recorded report is of an older suite than the hub's verifier: the report says so
+    assert any("suite" in w for w in norm.kernel.evidence["stale"])
+    assert "! stale verdict: measured by suite" in str(rep)
     assert mlp.status == "would replace" and mlp.kernel.digest == digests["silu_and_mul"]
     assert len(rep.replaced) == 7
     # another architecture: the sm_90 evidence does not count
