@@ -93,11 +93,14 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         (None, Some(f)) => Some(super::keys::read_signing_key(f)?),
         (None, None) => None,
     };
-    if let Some(k) = &key {
-        tracing::info!(
+    match &key {
+        Some(k) => tracing::info!(
             key_id = %kernel_registry::cert::key_id(&kernel_registry::cert::encode_key(&k.verifying_key())),
             "reports are signed"
-        );
+        ),
+        None => tracing::warn!(
+            "no --key-file: reports are unsigned, and a hub stores them only when it runs with --accept-unsigned-reports"
+        ),
     }
     let client = Client::new(&a.server, Some(token))?;
     // Declared at every claim: jobs queued for this architecture come here, and jobs of
@@ -264,6 +267,14 @@ async fn run_job(
                 certificate,
             };
             let (st, body) = client.post(&format!("/v1/jobs/{id}/report"), &req).await?;
+            // Refused for its certificate (no key, an unregistered or revoked one): every
+            // report of this worker would be, so it stops rather than spend the queue's
+            // attempts; the job's lease runs out and another worker takes it.
+            if st.is_client_error() && body["field"] == "certificate" {
+                return Err(problem(st, &body).context(
+                    "the hub refused this worker's report for its certificate; give the worker a registered key (`kernelize worker-key init --file KEY`, `kernelize worker-key register --key-file KEY` on the hub's database, then `kernelize worker --key-file KEY`)",
+                ));
+            }
             match st {
                 StatusCode::CREATED => {
                     let r: ReportResponse = decode("POST /v1/jobs/{id}/report", body)?;
