@@ -494,10 +494,11 @@ impl Store {
         &self,
         digest: &Digest,
         shape: ShapeRequest,
+        arch: kernel_registry::Arch,
         max_pending: i64,
         actor: &str,
     ) -> Result<WidthJob> {
-        if let Some(j) = self.pending_width_job(digest, shape.cols).await? {
+        if let Some(j) = self.pending_width_job(digest, shape.cols, arch).await? {
             return Ok(WidthJob::Existing(j));
         }
         let pending: i64 = sqlx::query(
@@ -514,7 +515,7 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(&format!(
             "INSERT INTO verification_jobs (kernel_digest, state, attempts, max_attempts, created_at, \
-             updated_at, shapes, width_cols) VALUES ($1, 'queued', 0, $2, $3, $4, $5, $6) \
+             updated_at, shapes, width_cols, arch) VALUES ($1, 'queued', 0, $2, $3, $4, $5, $6, $7) \
              ON CONFLICT DO NOTHING RETURNING {JOB_COLS}"
         ))
         .bind(digest.as_str())
@@ -523,12 +524,13 @@ impl Store {
         .bind(&now)
         .bind(serde_json::to_string(&[shape]).expect("shapes serialise"))
         .bind(shape.cols as i64)
+        .bind(arch.to_string())
         .fetch_optional(&mut *tx)
         .await?;
         let Some(row) = row else {
             // A concurrent request queued it first.
             tx.rollback().await?;
-            return match self.pending_width_job(digest, shape.cols).await? {
+            return match self.pending_width_job(digest, shape.cols, arch).await? {
                 Some(j) => Ok(WidthJob::Existing(j)),
                 None => Err(StoreError::Conflict(format!(
                     "a verification of {digest} at cols {} was queued and finished concurrently; ask again",
@@ -542,7 +544,7 @@ impl Store {
             actor,
             "job.queued_for_width",
             digest.as_str(),
-            serde_json::json!({"job_id": job.id, "shape": shape.to_string()}),
+            serde_json::json!({"job_id": job.id, "shape": shape.to_string(), "arch": arch}),
         )
         .await?;
         tx.commit().await?;
@@ -612,13 +614,19 @@ impl Store {
     }
 
     /// The pending (queued or running) width job of a kernel at `cols`, if any.
-    pub async fn pending_width_job(&self, digest: &Digest, cols: u64) -> Result<Option<JobRow>> {
+    pub async fn pending_width_job(
+        &self,
+        digest: &Digest,
+        cols: u64,
+        arch: kernel_registry::Arch,
+    ) -> Result<Option<JobRow>> {
         sqlx::query(&format!(
             "SELECT {JOB_COLS} FROM verification_jobs WHERE kernel_digest = $1 AND width_cols = $2 \
-             AND state IN ('queued', 'running') ORDER BY id LIMIT 1"
+             AND arch = $3 AND state IN ('queued', 'running') ORDER BY id LIMIT 1"
         ))
         .bind(digest.as_str())
         .bind(cols as i64)
+        .bind(arch.to_string())
         .fetch_optional(&self.pool)
         .await?
         .as_ref()

@@ -177,8 +177,9 @@ async fn width_jobs_carry_shapes_and_are_bounded(s: Store) {
             .unwrap();
     }
     let shape = ShapeRequest::new(11008, 1, 64).unwrap();
+    let sm90: kernel_registry::Arch = "sm_90".parse().unwrap();
     let WidthJob::Queued(first) = s
-        .queue_width_job(&a.digest(), shape, 2, "anon")
+        .queue_width_job(&a.digest(), shape, sm90, 2, "anon")
         .await
         .unwrap()
     else {
@@ -189,7 +190,11 @@ async fn width_jobs_carry_shapes_and_are_bounded(s: Store) {
     // The same width again (other rows too): the pending job is reused, not re-queued.
     let other_rows = ShapeRequest::new(11008, 1, 512).unwrap();
     for sh in [shape, other_rows] {
-        match s.queue_width_job(&a.digest(), sh, 2, "anon").await.unwrap() {
+        match s
+            .queue_width_job(&a.digest(), sh, sm90, 2, "anon")
+            .await
+            .unwrap()
+        {
             WidthJob::Existing(j) => assert_eq!(j.id, first.id),
             other => panic!("expected the pending job, got {other:?}"),
         }
@@ -197,23 +202,45 @@ async fn width_jobs_carry_shapes_and_are_bounded(s: Store) {
     // Another width of the same kernel is another job; then the cap (2) is reached.
     let w2 = ShapeRequest::new(13824, 1, 64).unwrap();
     assert!(matches!(
-        s.queue_width_job(&a.digest(), w2, 2, "anon").await.unwrap(),
+        s.queue_width_job(&a.digest(), w2, sm90, 2, "anon")
+            .await
+            .unwrap(),
         WidthJob::Queued(_)
     ));
     assert!(matches!(
-        s.queue_width_job(&b.digest(), shape, 2, "anon")
+        s.queue_width_job(&b.digest(), shape, sm90, 2, "anon")
             .await
             .unwrap(),
         WidthJob::CapReached(2)
     ));
-    // The worker gets the shape list with its claim; once done, the width can be queued again.
-    let claimed = s.claim_job("w", None, 60_000).await.unwrap().unwrap();
+    // The width job is for the architecture the client asked about: a worker declaring none
+    // or another does not get it; one of sm_90 gets it with its shape list. Once done, the
+    // width can be queued again.
+    assert!(s.claim_job("w", None, 60_000).await.unwrap().is_none());
+    let sm80: kernel_registry::Arch = "sm_80".parse().unwrap();
+    assert!(s
+        .claim_job_on("w", None, 60_000, Some(sm80))
+        .await
+        .unwrap()
+        .is_none());
+    // (The same width on another architecture is another job: not capped here, being a test
+    // of the key, it is queued with a higher cap.)
+    assert!(matches!(
+        s.queue_width_job(&a.digest(), shape, sm80, 10, "anon").await.unwrap(),
+        WidthJob::Queued(ref j) if j.id != first.id && j.arch == Some(sm80)
+    ));
+    let claimed = s
+        .claim_job_on("w", None, 60_000, Some(sm90))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claimed.arch, Some(sm90));
     assert_eq!(
         (claimed.id, claimed.shapes.clone()),
         (first.id, vec![shape])
     );
     assert!(matches!(
-        s.queue_width_job(&a.digest(), shape, 10, "anon").await.unwrap(),
+        s.queue_width_job(&a.digest(), shape, sm90, 10, "anon").await.unwrap(),
         WidthJob::Existing(ref j) if j.id == first.id && j.state == JobState::Running
     ));
     let mut r = report(&a);
@@ -237,12 +264,12 @@ async fn width_jobs_carry_shapes_and_are_bounded(s: Store) {
         .iter()
         .any(|c| c.cols == 11008 && c.row_counts == vec![5]));
     assert!(s
-        .pending_width_job(&a.digest(), 11008)
+        .pending_width_job(&a.digest(), 11008, sm90)
         .await
         .unwrap()
         .is_none());
     assert!(matches!(
-        s.queue_width_job(&a.digest(), shape, 10, "anon").await.unwrap(),
+        s.queue_width_job(&a.digest(), shape, sm90, 10, "anon").await.unwrap(),
         WidthJob::Queued(ref j) if j.id != first.id
     ));
     let audit = s.audit_entries(100).await.unwrap();
@@ -251,6 +278,6 @@ async fn width_jobs_carry_shapes_and_are_bounded(s: Store) {
             .iter()
             .filter(|e| e.action == "job.queued_for_width")
             .count(),
-        3
+        4
     );
 }

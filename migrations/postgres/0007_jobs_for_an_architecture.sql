@@ -6,7 +6,14 @@
 -- is pending at a time.
 ALTER TABLE verification_jobs ADD COLUMN arch TEXT;
 CREATE UNIQUE INDEX jobs_one_pending_arch ON verification_jobs (kernel_digest, arch)
-    WHERE arch IS NOT NULL AND state IN ('queued', 'running');
+    WHERE arch IS NOT NULL AND width_cols IS NULL AND state IN ('queued', 'running');
+
+-- Width jobs (queued by /v1/resolve for a width not verified yet) are for the architecture the
+-- client asked about from now on: one pending per kernel, width and architecture. Those queued
+-- before this migration stay for any architecture.
+DROP INDEX jobs_one_pending_width;
+CREATE UNIQUE INDEX jobs_one_pending_width ON verification_jobs (kernel_digest, width_cols, COALESCE(arch, ''))
+    WHERE width_cols IS NOT NULL AND state IN ('queued', 'running');
 
 -- The driver a verification was measured with (from its report), so that the newest driver
 -- seen on an architecture is one indexed read: verdicts measured with another driver than the

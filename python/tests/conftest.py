@@ -125,7 +125,8 @@ class Hub:
         fixture = json.loads((REPO / "tests/fixtures/reports" / f"{report}.json").read_text())
         done: dict[str, str] = {}
         for _ in range(200):
-            status, claim = self.call("POST", "/v1/jobs/claim", {"worker": "pytest"}, tok)
+            status, claim = self.call("POST", "/v1/jobs/claim", {"worker": "pytest", "arch": arch},
+                                      tok)
             if status == 204:
                 break
             assert status == 200, claim

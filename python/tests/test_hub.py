@@ -227,7 +227,8 @@ def test_an_unverified_width_is_queued_and_the_client_can_wait_for_it(hub, tiny_
     def worker():
         time.sleep(1.5)
         for _ in range(200):
-            status, claim = hub.call("POST", "/v1/jobs/claim", {"worker": "pytest-width"}, tok)
+            status, claim = hub.call("POST", "/v1/jobs/claim", {"worker": "pytest-width", "arch": "sm_90"},
+                                     tok)
             if status == 204:
                 time.sleep(0.2)
                 continue

@@ -338,7 +338,7 @@ pub async fn resolve_queueing(
                     ),
                     (Some(qu), Ok(shape)) => {
                         let outcome = store
-                            .queue_width_job(&k.digest, shape, qu.max_pending, &qu.actor)
+                            .queue_width_job(&k.digest, shape, q.arch, qu.max_pending, &qu.actor)
                             .await?;
                         let (j, new) = match outcome {
                             WidthJob::Queued(j) => (j, true),

@@ -367,7 +367,9 @@ pub async fn claim_and_report(
         .post(
             "/v1/jobs/claim",
             worker,
-            &serde_json::json!({"worker": "test-worker"}),
+            // The recorded reports are of sm_90 GPUs: the worker says so, and gets the jobs
+            // queued for sm_90 too (widths a client on sm_90 asked for).
+            &serde_json::json!({"worker": "test-worker", "arch": "sm_90"}),
         )
         .await;
     assert_eq!(st, StatusCode::OK, "{claim}");
