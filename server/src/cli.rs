@@ -48,7 +48,7 @@ pub enum Command {
     /// Queue a kernel's verification on an architecture (a new GPU, driver or suite), or with
     /// --stale every kernel whose verdict there is stale (admin).
     VerifyRequest(cmd::reverify::VerifyRequestArgs),
-    /// Workers' signing keys: create one, register its public key on a hub, list them.
+    /// Workers' signing keys: create one, register its public key on a hub, list or revoke them.
     #[command(subcommand, name = "worker-key")]
     WorkerKey(cmd::keys::WorkerKeyCommand),
     /// Sign a report with a worker key, or check a verification's certificate offline.

@@ -11,7 +11,10 @@ use std::process::ExitCode;
 /// Queue a verification of a kernel (or, with --stale, of every kernel whose newest verdict on
 /// the architecture is stale) on an architecture: a worker of that architecture runs the suite.
 #[derive(clap::Args, Debug)]
-#[command(group = clap::ArgGroup::new("what").required(true).args(["kernel", "stale"]))]
+#[command(
+    group = clap::ArgGroup::new("what").required(true).args(["kernel", "stale"]),
+    after_help = "Examples:\n  kernelize verify-request rms_norm_llama 1.0.2 --arch sm_100 --reason \"new GPUs\" --server URL --token ADMIN\n  kernelize verify-request --stale --arch sm_90 --reason \"driver 590\" --server URL --token ADMIN"
+)]
 pub struct VerifyRequestArgs {
     /// The kernel: NAME VERSION.
     #[arg(num_args = 2, value_names = ["NAME", "VERSION"])]
