@@ -137,6 +137,15 @@ pub fn key_id(key_b64: &str) -> String {
     hex::encode(&Sha256::digest(key_b64.as_bytes())[..8])
 }
 
+/// The public keys of a trusted-keys file: one per line, `#` starts a comment.
+pub fn parse_key_list(text: &str) -> Vec<String> {
+    text.lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
 /// A public key as carried in certificates and registries.
 pub fn encode_key(key: &VerifyingKey) -> String {
     B64.encode(key.as_bytes())
@@ -447,6 +456,12 @@ mod tests {
         claims.class = "bit_exact_liar".into();
         let err = claims.check_report(&report).unwrap_err();
         assert!(err.to_string().contains("says class"), "{err}");
+    }
+
+    #[test]
+    fn key_lists_skip_comments_and_blank_lines() {
+        let keys = parse_key_list("# the project's run\nAAA= # gpu0\n\n  BBB=  \n#CCC=\n");
+        assert_eq!(keys, vec!["AAA=".to_string(), "BBB=".to_string()]);
     }
 
     #[test]

@@ -168,10 +168,14 @@ impl Store {
     ) -> Result<Option<i64>> {
         let text = serde_json::to_string(certificate).expect("certificate serialises");
         let mut tx = self.pool.begin().await?;
-        let known = sqlx::query("SELECT id FROM verifications WHERE certificate = $1")
-            .bind(&text)
-            .fetch_optional(&mut *tx)
-            .await?;
+        // By kernel first (indexed): only its verifications' certificates are compared.
+        let known = sqlx::query(
+            "SELECT id FROM verifications WHERE kernel_digest = $1 AND certificate = $2",
+        )
+        .bind(digest.as_str())
+        .bind(&text)
+        .fetch_optional(&mut *tx)
+        .await?;
         if known.is_some() {
             tx.rollback().await?;
             return Ok(None);

@@ -69,11 +69,7 @@ pub async fn import_certificates(store: &Store, dir: &Path) -> anyhow::Result<Im
     let Ok(keys) = std::fs::read_to_string(&keys_file) else {
         return Ok(done);
     };
-    let trusted: Vec<String> = keys
-        .lines()
-        .map(|l| l.split('#').next().unwrap_or("").trim().to_string())
-        .filter(|l| !l.is_empty())
-        .collect();
+    let trusted = kernel_registry::cert::parse_key_list(&keys);
     let mut files: Vec<_> = std::fs::read_dir(&root)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_dir())

@@ -37,9 +37,6 @@ pub struct VerifyRequest {
     pub reason: Option<String>,
 }
 
-/// The longest worker name accepted.
-pub const MAX_WORKER_NAME: usize = 200;
-
 /// The kernel a claimed job verifies: its digest and content.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClaimedKernel {

@@ -100,6 +100,8 @@ pub struct Candidate {
     pub speed: Option<SpeedAt>,
     pub coverage: CoverageAt,
     pub source_url: String,
+    /// Why the verdict used is stale (empty: it is not); see `crate::stale`.
+    pub stale: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -272,6 +274,7 @@ pub async fn resolve_queueing(
     let mut queued_jobs = Vec::new();
     let mut queue_full = None;
     let mut unverified_width = Vec::new();
+    let mut staleness = crate::stale::Staleness::new(store);
     for k in kernels {
         let label = format!("{} {}", k.name, k.version);
         if let Some(why) = shape_exclusion(&k, q) {
@@ -321,7 +324,10 @@ pub async fn resolve_queueing(
         }
         let cov = store.coverage(v.id, Some(q.dtype)).await?;
         match covered_at(q.op, &cov, q) {
-            Ok(at) => qualifying.push(candidate(k, &v, q, at)),
+            Ok(at) => {
+                let stale = staleness.of(&v).await?;
+                qualifying.push(candidate(k, &v, q, at, stale))
+            }
             Err(why) => {
                 unverified_width.push(label.clone());
                 let mut line = format!("{label}: {why}");
@@ -413,6 +419,7 @@ fn candidate(
     v: &kernel_store::VerificationRow,
     q: &Query,
     coverage: CoverageAt,
+    stale: Vec<String>,
 ) -> Candidate {
     let summary = v
         .report
@@ -430,6 +437,7 @@ fn candidate(
         verification_id: v.id,
         device: v.device_name.clone(),
         verified_at: v.created_at.clone(),
+        stale,
         kernel: k,
     }
 }

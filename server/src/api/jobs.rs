@@ -5,11 +5,10 @@
 //! (`kernel_registry::report::validate`), and its summary is the hub's own derivation.
 
 use crate::app::{AppState, Caller, Scope};
-use crate::edge::{self, Text};
 use crate::error::{rejection, AppError};
 use crate::protocol::{
     ClaimRequest, ClaimResponse, ClaimedKernel, FailRequest, HeartbeatRequest, HeartbeatResponse,
-    JobView, ReportRequest, ReportResponse, MAX_WORKER_NAME,
+    JobView, ReportRequest, ReportResponse,
 };
 use axum::extract::{rejection::JsonRejection, Path, State};
 use axum::http::StatusCode;
@@ -37,17 +36,9 @@ pub async fn claim(
 ) -> Result<Response, AppError> {
     let who = caller.require(Scope::Worker)?.to_string();
     let b = body(b)?;
-    // Checked before trimming: a newline or tab around the name is refused, as the document's
-    // pattern says, not quietly dropped.
-    edge::check_text("JSON field `worker`", "worker", &b.worker, Text::Line)?;
+    // The edge has held the body to `ClaimRequest`'s schema: one line of printable text, at
+    // most 200 characters.
     let name = b.worker.trim();
-    if name.chars().count() > MAX_WORKER_NAME {
-        return Err(AppError::unprocessable(format!(
-            "`worker` is {} characters; name the worker in at most {MAX_WORKER_NAME} (host and GPU)",
-            name.chars().count()
-        ))
-        .with("field", "worker"));
-    }
     let worker = format!("{who}/{name}");
     let Some(job) = st
         .store

@@ -70,18 +70,11 @@ pub async fn resolve(
         actor: c.actor().to_string(),
     };
     let r = resolve_queueing(&st.store, &query, Some(&queueing)).await?;
-    let stale = match &r.chosen {
-        Some(c) => match st.store.verification(c.verification_id).await? {
-            Some(v) => crate::stale::Staleness::new(&st.store).of(&v).await?,
-            None => Vec::new(),
-        },
-        None => Vec::new(),
-    };
     match r.chosen {
         Some(c) => Ok(Json(serde_json::json!({
             // The newest verdict on this architecture, stale or not: why it is stale, if so
             // (`kernelize verify-request --stale` queues its re-verification).
-            "stale": stale,
+            "stale": c.stale,
             "policy": query.policy.to_string(),
             "kernel": c.kernel,
             "digest": c.kernel.digest,

@@ -96,6 +96,13 @@ pub enum CertCommand {
     },
 }
 
+/// A new signing key from the operating system's random source.
+fn new_signing_key() -> SigningKey {
+    let mut secret = [0u8; 32];
+    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut secret);
+    SigningKey::from_bytes(&secret)
+}
+
 /// `serve --worker`'s key: the one in `path` (created, mode 0600, when missing; `None`: an
 /// in-memory database, a key for this process only), registered on `store` as `embedded-...`
 /// unless it is already; a key revoked on this database is replaced by a new one.
@@ -103,14 +110,9 @@ pub async fn ensure_registered_key(
     store: &Store,
     path: Option<&Path>,
 ) -> anyhow::Result<SigningKey> {
-    let fresh = || {
-        let mut secret = [0u8; 32];
-        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut secret);
-        SigningKey::from_bytes(&secret)
-    };
     let mut key = match path {
         Some(p) if p.exists() => read_signing_key(p)?,
-        _ => fresh(),
+        _ => new_signing_key(),
     };
     let public = |k: &SigningKey| cert::encode_key(&k.verifying_key());
     if let Some(k) = store.worker_key(&public(&key)).await? {
@@ -118,7 +120,7 @@ pub async fn ensure_registered_key(
             return Ok(key);
         }
         tracing::warn!(name = %k.name, "the embedded worker's key was revoked; making a new one");
-        key = fresh();
+        key = new_signing_key();
     }
     if let Some(p) = path {
         crate::token_file::write_private(p, &cert::encode_signing_key(&key))?;
@@ -152,9 +154,7 @@ pub async fn worker_key(c: WorkerKeyCommand) -> anyhow::Result<ExitCode> {
                 eprintln!("{} holds a key already; kept", file.display());
                 k
             } else {
-                let mut secret = [0u8; 32];
-                rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut secret);
-                let k = SigningKey::from_bytes(&secret);
+                let k = new_signing_key();
                 crate::token_file::write_private(&file, &cert::encode_signing_key(&k))?;
                 eprintln!(
                     "worker key written to {} (mode 0600); register its public key on the hub:",
@@ -253,12 +253,7 @@ pub fn cert_command(c: CertCommand) -> anyhow::Result<ExitCode> {
     if let Some(f) = &trust_file {
         let text = std::fs::read_to_string(f)
             .with_context(|| format!("reading the trusted keys {}", f.display()))?;
-        trust.extend(
-            text.lines()
-                .map(|l| l.split('#').next().unwrap_or("").trim())
-                .filter(|l| !l.is_empty())
-                .map(str::to_string),
-        );
+        trust.extend(cert::parse_key_list(&text));
     }
     for k in &trust {
         cert::decode_key(k).with_context(|| format!("trusted key `{k}`"))?;
