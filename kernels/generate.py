@@ -42,35 +42,37 @@ ENGINES = {
 
 # Launch rules (kernel.toml [[launch]]) per engine and order.
 MEAN_LAUNCH = """
-# cols <= 8160: eager's mean order has 32 lanes with 16 rows or more (up to 512 below 16
-# rows): one warp per row, 8 rows per block.
+# cols <= 8160: blocks of one warp per row for the paths that keep eager's 32 lanes in one warp
+# (cols <= 128; rows that are not whole 16-byte chunks); the staged engine (every other shape)
+# uses the block's 256 threads together. Persistent: the kernel loops over its rows.
 [[launch]]
 cols_max = 8160
 block = [32, 8]
-grid = "per_row"
-rows_per_block = 8
+grid = "persistent"
+blocks_per_sm = 3
 
-# larger rows: 512 lanes at every row count (16 warps of 32 with 16 rows or more, 1-8 warp-rows
-# of 512-64 lanes below): one 128-thread block per row, 4 lanes per thread.
+# larger rows: 512 lanes at every row count; one 128-thread block per row (4 lanes per thread)
+# where a row is not whole 16-byte chunks, the staged engine otherwise.
 [[launch]]
 block = 128
-grid = "per_row"
-rows_per_block = 1
+grid = "persistent"
+blocks_per_sm = 5
 """
 LN_LAUNCH = """
 # cols <= 2048: one warp per row (the 128 or 512 lanes of the layer-norm order, 4 or 16 per
-# thread), 8 rows per block.
+# thread) where rows are not whole 16-byte chunks; the staged engine otherwise. Persistent: the
+# kernel loops over its rows.
 [[launch]]
 cols_max = 2048
 block = [32, 8]
-grid = "per_row"
-rows_per_block = 8
+grid = "persistent"
+blocks_per_sm = 3
 
-# larger rows: one 128-thread block per row (1 or 4 lanes per thread).
+# larger rows: one 128-thread block per row (1 or 4 lanes per thread), or the staged engine.
 [[launch]]
 block = 128
-grid = "per_row"
-rows_per_block = 1
+grid = "persistent"
+blocks_per_sm = 5
 """
 CANONICAL_LAUNCH = """
 # cols <= 2048: one warp per row (the warp emulates the 256 canonical lanes, 8 per thread),
@@ -229,9 +231,13 @@ def _read(name: str) -> str:
 
 
 def min_blocks(k: K, dt: str) -> int:
-    """__launch_bounds__(256, N): row kernels at most 85 (f32: 128) registers, so that several
-    rows per SM are in flight; elementwise kernels 3 blocks."""
+    """__launch_bounds__(256, N): row kernels at most 85 registers (the canonical engine's f32:
+    128), so that several rows per SM are in flight, and every block of the eager engine's
+    persistent grid (3 blocks of 256 threads per SM) is resident at once; elementwise kernels 3
+    blocks."""
     if k.engine in ("elementwise", "gated"):
+        return 3
+    if k.engine == "eager":  # the persistent grid's blocks_per_sm (3) must all be resident
         return 3
     return 2 if dt == "f32" else 3
 

@@ -310,18 +310,39 @@ def gelu_tanh_mul_eager(g, u):
     return F.gelu(g, approximate="tanh") * u
 
 
+# Liger-Kernel (Triton) when it is importable (a wheel carried to the GPU machine, PYTHONPATH):
+# its functional RMSNorm in llama / gemma casting mode and its LayerNorm, as third-party baselines.
+try:
+    from liger_kernel.transformers import functional as LIGER  # noqa: N812
+except Exception:  # pragma: no cover - only on the GPU machine
+    LIGER = None
+
+
+def liger_baselines(key):
+    if LIGER is None:
+        return []
+    if key == ("rms_norm", "llama"):
+        return [("Liger RMSNorm (llama)", lambda x, w, eps: LIGER.liger_rms_norm(x, w, eps, 0.0, "llama", False))]
+    if key == ("rms_norm", "gemma"):
+        return [("Liger RMSNorm (gemma)",
+                 lambda x, w, eps: LIGER.liger_rms_norm(x, w, eps, 1.0, "gemma", False))]
+    if key[0] == "layer_norm":
+        return [("Liger LayerNorm", lambda x, w, b, eps: LIGER.liger_layer_norm(x, w, b, eps))]
+    return []
+
+
 # op/semantics -> (eager fn, [baselines (name, fn)])
 def baselines_for(key):
     if key == ("rms_norm", "llama"):
-        return hf_llama_rms, [("eager LlamaRMSNorm", hf_llama_rms), ("F.rms_norm", torch_rms)]
+        return hf_llama_rms, [("eager LlamaRMSNorm", hf_llama_rms), ("F.rms_norm", torch_rms)] + liger_baselines(key)
     if key == ("rms_norm", "gemma"):
-        return gemma_rms, [("eager GemmaRMSNorm", gemma_rms), ("F.rms_norm", torch_rms)]
+        return gemma_rms, [("eager GemmaRMSNorm", gemma_rms), ("F.rms_norm", torch_rms)] + liger_baselines(key)
     if key == ("rms_norm", "torch"):
         return torch_rms, [("F.rms_norm", torch_rms)]
     if key[0] == "fused_add_rms_norm":
         return fused_add_eager, [("eager add+LlamaRMSNorm", fused_add_eager)]
     if key[0] == "layer_norm":
-        return layer_norm_eager, [("nn.LayerNorm", layer_norm_eager)]
+        return layer_norm_eager, [("nn.LayerNorm", layer_norm_eager)] + liger_baselines(key)
     if key[0] == "silu":
         return F.silu, [("F.silu", F.silu)]
     if key[0] == "gelu":
@@ -666,7 +687,7 @@ def main():
                 cands = []
                 for name, fn in bls:
                     cands.append((name, "baseline", baseline_fn(op, fn, inp), lambda fn=fn, inp=inp: eager_out_with(op, fn, inp)))
-                    if dt in cdts and not args.no_compile_baselines:
+                    if dt in cdts and not args.no_compile_baselines and not name.startswith("Liger"):
                         ck = (name, key)
                         if ck not in compiled_cache:
                             compiled_cache[ck] = torch.compile(fn)

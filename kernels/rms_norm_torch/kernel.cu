@@ -112,6 +112,41 @@ template <typename T, bool VEC> struct Un {
 template <typename T> KZ_DEV bool kz_al(const void* p) {
   return (reinterpret_cast<size_t>(p) & (4 * sizeof(T) - 1)) == 0;
 }
+KZ_DEV bool kz_al16(const void* p) { return (reinterpret_cast<size_t>(p) & 15) == 0; }
+
+// 16 bytes of T as EPC = 16 / sizeof(T) elements (raw bits; the staged engine's unit of traffic)
+template <typename T> struct V16 {
+  static constexpr int EPC = 16 / (int)sizeof(T);
+  uint4 v;
+  KZ_DEV unsigned bits(int i) const {
+    const unsigned w = sizeof(T) == 2 ? ((i >> 1) == 0 ? v.x : (i >> 1) == 1 ? v.y : (i >> 1) == 2 ? v.z : v.w)
+                                      : (i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w);
+    if constexpr (sizeof(T) == 2) return (i & 1) ? (w >> 16) : (w & 0xffffu);
+    else return w;
+  }
+  KZ_DEV float f(int i) const { return KB<T>::f(bits(i)); }
+  KZ_DEV void set(int i, float x) {
+    const unsigned b = KB<T>::bits(x);
+    const int k = sizeof(T) == 2 ? i >> 1 : i;
+    unsigned& w = k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+    if constexpr (sizeof(T) == 2) w = (i & 1) ? ((w & 0xffffu) | (b << 16)) : ((w & 0xffff0000u) | b);
+    else w = b;
+  }
+};
+template <typename T> KZ_DEV V16<T> kz_ld16(const T* p) { V16<T> r; r.v = *reinterpret_cast<const uint4*>(p); return r; }
+template <typename T> KZ_DEV V16<T> kz_ldg16(const T* p) { V16<T> r; r.v = __ldg(reinterpret_cast<const uint4*>(p)); return r; }
+template <typename T> KZ_DEV void kz_st16(T* p, const V16<T>& x) { *reinterpret_cast<uint4*>(p) = x.v; }
+
+// The staged engine's shared memory (see "the staged engine" below): one static buffer for every
+// staged path, 42 KB, so that with the other paths' arrays a block stays under 48 KB.
+#define KZ_TILE_BYTES 32768
+#define KZ_LS_FLOATS 2048
+#define KZ_INV_N 512
+#define KZ_TILE_ROWS 8
+__shared__ __align__(16) unsigned char kz_tile[KZ_TILE_BYTES];
+__shared__ float kz_ls[KZ_LS_FLOATS];      // per lane: folded sums (mean order) or states (Welford)
+__shared__ float kz_prm[2 * KZ_TILE_ROWS];  // per row of a tile: its two row parameters
+__shared__ float kz_inv[KZ_INV_N];          // fl(1 / (i + 1)): WelfordDataLN's 1/n for n = i + 1
 
 // ---- row states ----------------------------------------------------------------------------------
 // Mean order: 4 accumulators per lane, folded ((a0 + a1) + a2) + a3 before the trees.
@@ -135,6 +170,7 @@ struct MeanP {
   float fac;     // MeanOps' factor: kz_mean_factor(rows, cols)
   typedef MeanS S;
   typedef float Prm;
+  static constexpr bool kMean = true;  // the mean order (the staged engine's trees)
   static constexpr bool kTail = true;  // VEC rows with cols % 4 != 0 have a tail (kz_rows: see there)
   KZ_DEV static S ident() { return S{0.0f, 0.0f, 0.0f, 0.0f}; }
   // element h of unit item k (VEC: slot = the element's index in the vector; else k & 3)
@@ -145,6 +181,8 @@ struct MeanP {
     else if (slot == 2) s.a2 = __fadd_rn(s.a2, q);
     else s.a3 = __fadd_rn(s.a3, q);
   }
+  KZ_DEV static void push_staged(S& s, float h, int slot, float) { push<true>(s, h, slot); }
+  KZ_DEV static float inv_at(i64) { return 0.0f; }
   KZ_DEV static S fold(S s) { s.a0 = __fadd_rn(__fadd_rn(__fadd_rn(s.a0, s.a1), s.a2), s.a3); return s; }
   template <bool VEC> KZ_DEV static S comb(S own, S other) { own.a0 = __fadd_rn(own.a0, other.a0); return own; }
   KZ_DEV static S shfl(S s, int off) { s.a0 = kz_shfl(s.a0, off); return s; }
@@ -182,6 +220,24 @@ struct MeanP {
     }
     y.st(out + row * cols + e, al);
   }
+  // the staged engine: EPC outputs from 16 bytes of h at column col (16-byte aligned weight)
+  KZ_DEV void wload(i64 col, V16<T>& wv, V16<T>&) const { wv = kz_ldg16(w + col); }
+  KZ_DEV void wprefetch(i64 col) const { asm volatile("prefetch.global.L2 [%0];" ::"l"(w + col)); }
+  KZ_DEV V16<T> out16(const V16<T>& h, const V16<T>& wv, const V16<T>&, Prm r) const {
+    V16<T> y;
+#pragma unroll
+    for (int i = 0; i < V16<T>::EPC; ++i) {
+      const float hf = h.f(i), wf = wv.f(i);
+      float o;
+      if constexpr (MODE == KZ_LLAMA) o = __fmul_rn(wf, KB<T>::rnd(__fmul_rn(hf, r)));
+      else if constexpr (MODE == KZ_GEMMA) o = __fmul_rn(__fmul_rn(hf, r), __fadd_rn(1.0f, wf));
+      else o = __fmul_rn(__fmul_rn(hf, r), wf);
+      y.set(i, o);
+    }
+    return y;
+  }
+  KZ_DEV static void put(float* d, Prm q) { d[0] = q; }
+  KZ_DEV static Prm get(const float* d) { return d[0]; }
 };
 
 // nn.LayerNorm (TORCH = false) and F.rms_norm (TORCH = true): the layer-norm order.
@@ -191,6 +247,7 @@ struct LnP {
   bool al, wal;
   typedef WelS S;
   struct Prm { float mean, rstd; };
+  static constexpr bool kMean = false;
   static constexpr bool kTail = false;
   KZ_DEV static S ident() { return S{0.0f, 0.0f, 0.0f}; }
   template <bool VEC> KZ_DEV static void push(S& s, float h, int) {
@@ -264,6 +321,49 @@ struct LnP {
   }
   template <bool VEC> KZ_DEV void load(Un<T, VEC>& u, i64 row, i64 e) const { u.ld(x + row * cols + e, al); }
   template <bool VEC> KZ_DEV void reload(Un<T, VEC>& u, i64 row, i64 e) const { u.ld(x + row * cols + e, al); }
+  // the staged engine's push of a 4-vector element: as push<true>, with WelfordDataLN's 1/n read
+  // from kz_inv (the same IEEE quotient fl(1/n): n is a small whole number) where it is there
+  // The staged engine's push of a 4-vector element: as push<true>, with WelfordDataLN's 1/n given
+  // (inv_at: the same IEEE quotient fl(1/n), from kz_inv where n is small). n is the element's
+  // count within its lane, known from its position, so the table is read off the data's path.
+  KZ_DEV static void push_staged(S& s, float h, int slot, float inv) {
+    if constexpr (TORCH) {
+      push<true>(s, h, slot);
+    } else {
+      const float d = __fsub_rn(h, s.mean);
+      s.n = __fadd_rn(s.n, 1.0f);
+      const float m = fmaf(d, inv, s.mean);
+      s.m2 = fmaf(d, __fsub_rn(h, m), s.m2);
+      s.mean = m;
+    }
+  }
+  // 1/n for the n-th element (n = k + 1) of a lane
+  KZ_DEV static float inv_at(i64 k) {
+    if constexpr (TORCH) return 0.0f;
+    else return k < KZ_INV_N ? kz_inv[k] : __fdiv_rn(1.0f, (float)(k + 1));
+  }
+  KZ_DEV void wload(i64 col, V16<T>& wv, V16<T>& bv) const {
+    wv = kz_ldg16(w + col);
+    if constexpr (!TORCH) bv = kz_ldg16(b + col);
+  }
+  KZ_DEV void wprefetch(i64 col) const {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(w + col));
+    if constexpr (!TORCH) asm volatile("prefetch.global.L2 [%0];" ::"l"(b + col));
+  }
+  KZ_DEV V16<T> out16(const V16<T>& h, const V16<T>& wv, const V16<T>& bv, Prm q) const {
+    V16<T> y;
+    if constexpr (TORCH) {
+#pragma unroll
+      for (int i = 0; i < V16<T>::EPC; ++i) y.set(i, __fmul_rn(__fmul_rn(h.f(i), q.rstd), wv.f(i)));
+    } else {
+#pragma unroll
+      for (int i = 0; i < V16<T>::EPC; ++i)
+        y.set(i, fmaf(__fmul_rn(__fsub_rn(h.f(i), q.mean), q.rstd), wv.f(i), bv.f(i)));
+    }
+    return y;
+  }
+  KZ_DEV static void put(float* d, Prm q) { d[0] = q.mean; d[1] = q.rstd; }
+  KZ_DEV static Prm get(const float* d) { Prm q; q.mean = d[0]; q.rstd = d[1]; return q; }
   template <bool VEC> KZ_DEV void store(const Un<T, VEC>& u, i64 row, i64 e, Prm q) const {
     Un<T, VEC> wv, y;
     wv.ld(w + e, wal);
@@ -613,6 +713,243 @@ __device__ __noinline__ void kz_mean_rows(const P p0, i64 rows, const KzCfg c, b
   }
 }
 
+
+// ---- the staged engine: rows through shared memory -----------------------------------------------
+// Used where every row is a whole number of 16-byte chunks (cols * sizeof(T) % 16 == 0; cols >
+// 128, 4-vector units) and every tensor is 16-byte aligned: every model width, and every row
+// count. The whole block copies a tile of whole rows (or, when one row is larger than the buffer,
+// a chunk of one row) into shared memory with cp.async, 16 bytes a thread at a time, so the loads
+// in flight live in no register and the memory side runs at full rate whatever the arithmetic's
+// order. Then the lanes of eager's order read their units from shared memory: exactly the lanes,
+// units and accumulators of kz_rows / kz_mean_rows (unit u of a row to lane u % lanes, in
+// increasing order within a lane; the mean order's config from kz_mean_cfg at the tensor's own
+// rows and cols). The lane results meet in shared memory, one warp per row runs eager's trees
+// (kz_mean_tree; kz_reduce for the layer-norm order), and every thread writes 16-byte chunks of
+// outputs. The grid is persistent: tiles of up to KZ_TILE_ROWS rows go round the blocks.
+
+KZ_DEV void kz_cp16(void* sdst, const void* gsrc) {
+  const unsigned sa = (unsigned)__cvta_generic_to_shared(sdst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gsrc) : "memory");
+}
+KZ_DEV void kz_cp_wait_all() { asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory"); }
+KZ_DEV int kz_tid() { return threadIdx.x + blockDim.x * threadIdx.y; }
+KZ_DEV int kz_nthreads() { return blockDim.x * blockDim.y; }
+
+// n elements of T from global src to shared dst (both 16-byte aligned, n * sizeof(T) % 16 == 0)
+template <typename T> KZ_DEV void kz_stage(T* dst, const T* src, i64 n) {
+  const int nt = kz_nthreads();
+  const i64 n16 = n * (i64)sizeof(T) / 16;
+  const uint4* sp = reinterpret_cast<const uint4*>(src);
+  uint4* dp = reinterpret_cast<uint4*>(dst);
+  for (i64 i = kz_tid(); i < n16; i += nt) kz_cp16(dp + i, sp + i);
+}
+
+// The fused add over n staged elements: s = round(x + residual) into x's tile, residual := s.
+template <typename T> KZ_DEV void kz_stage_add(T* xs, const T* rs, T* res, i64 n) {
+  constexpr int EPC = V16<T>::EPC;
+  const int nt = kz_nthreads();
+  for (i64 c = kz_tid(); c * EPC < n; c += nt) {
+    V16<T> a = kz_ld16(xs + c * EPC);
+    const V16<T> r = kz_ld16(rs + c * EPC);
+#pragma unroll
+    for (int i = 0; i < EPC; ++i) a.set(i, __fadd_rn(a.f(i), r.f(i)));
+    kz_st16(xs + c * EPC, a);
+    kz_st16(res + c * EPC, a);
+  }
+}
+
+// The outputs of the n elements from flat element e0 of row row0 on (a whole number of 16-byte
+// chunks, none across a row end): h from src (shared memory, or global for chunked rows), the
+// row's parameters from kz_prm.
+template <typename T, class P>
+KZ_DEV void kz_stage_out(const P& p, const T* src, i64 e0, i64 n, i64 row0) {
+  constexpr int EPC = V16<T>::EPC;
+  constexpr int U = (sizeof(T) == 2 && P::kMean) ? 4 : 2;  // chunks per thread in flight: loads before stores
+  const int nt = kz_nthreads();
+  const unsigned ucols = (unsigned)p.cols;
+  const unsigned c0 = (unsigned)(e0 - row0 * p.cols);
+  for (i64 cb = kz_tid(); cb * EPC < n; cb += U * nt) {
+    V16<T> h[U], wv[U], bv[U];
+    unsigned rl[U];
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const i64 c = cb + (i64)j * nt;
+      if (c * EPC < n) {
+        const unsigned q = c0 + (unsigned)(c * EPC);  // < 2^31: a tile or a chunk of one row
+        rl[j] = q / ucols;
+        h[j] = kz_ld16(src + c * EPC);
+        p.wload((i64)(q - rl[j] * ucols), wv[j], bv[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const i64 c = cb + (i64)j * nt;
+      if (c * EPC < n) kz_st16(p.out + e0 + c * EPC, p.out16(h[j], wv[j], bv[j], P::get(kz_prm + 2 * rl[j])));
+    }
+  }
+}
+
+// The weights (and bias) the first chunks of this thread's outputs need, into L2 while the tile
+// loads (a launch over few rows otherwise waits for them after the statistics).
+template <typename T, class P> KZ_DEV void kz_stage_prefetch(const P& p, i64 n) {
+  constexpr int EPC = V16<T>::EPC;
+  const int nt = kz_nthreads();
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const i64 c = kz_tid() + (i64)j * nt;
+    if (c * EPC < n && c * EPC < p.cols) p.wprefetch(c * EPC);
+  }
+}
+
+// One lane's units u = lane + lanes*k (k = 0, 1, ...) of the nun units at xs; m0 = the lane's
+// units before xs (chunked rows), so its m-th unit's element i is the lane's (4m + i + 1)-th.
+template <typename T, class P>
+KZ_DEV void kz_stage_lane(typename P::S& st, const T* xs, i64 nun, int lane, int lanes, i64 m0) {
+  i64 m = m0;
+#pragma unroll 4
+  for (i64 u = lane; u < nun; u += lanes, ++m) {
+    Un<T, true> un;
+    un.ld(xs + 4 * u, true);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) P::push_staged(st, un.f(i), i, P::inv_at(4 * m + i));
+  }
+}
+
+// The mean order's trees for nr rows whose lanes' folded sums are in kz_ls (row rl's lane l at
+// rl * lanes + l); K = lanes / 32. One warp per row; the row's parameter into kz_prm.
+template <int K, class P>
+KZ_DEV void kz_stage_mean_trees(const P& p, int nr, const KzCfg c) {
+  const int g = threadIdx.x & 31, warp = kz_tid() >> 5, nw = kz_nthreads() >> 5;
+  for (int rl = warp; rl < nr; rl += nw) {
+    float a[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) a[k] = kz_ls[rl * 32 * K + g + 32 * k];
+    typename P::S st = P::ident();
+    st.a0 = kz_mean_tree<K>(a, c.bw / 32, c.split);
+    if (g == 0) P::put(kz_prm + 2 * rl, p.template prm<true>(st));
+  }
+}
+template <class P>
+KZ_DEV void kz_stage_trees(const P& p, int nr, int lanes, const KzCfg c) {
+  if constexpr (P::kMean) {
+    if (lanes == 32) kz_stage_mean_trees<1>(p, nr, c);
+    else if (lanes == 64) kz_stage_mean_trees<2>(p, nr, c);
+    else if (lanes == 128) kz_stage_mean_trees<4>(p, nr, c);
+    else if (lanes == 256) kz_stage_mean_trees<8>(p, nr, c);
+    else kz_stage_mean_trees<16>(p, nr, c);
+  } else {  // the layer-norm order: 128 lanes, lane g + 32j of a row in thread g's st[j]
+    const int g = threadIdx.x & 31, warp = kz_tid() >> 5, nw = kz_nthreads() >> 5;
+    for (int rl = warp; rl < nr; rl += nw) {
+      typename P::S st[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float* d = kz_ls + 3 * (rl * 128 + g + 32 * j);
+        st[j].mean = d[0]; st[j].m2 = d[1]; st[j].n = d[2];
+      }
+      const typename P::Prm q = p.template prm<true>(kz_reduce<P, true, 32, 4>(st, nullptr));
+      if (g == 0) P::put(kz_prm + 2 * rl, q);
+    }
+  }
+}
+
+// a lane's state into kz_ls at slot
+template <class P> KZ_DEV void kz_ls_put(int slot, typename P::S st) {
+  if constexpr (P::kMean) {
+    kz_ls[slot] = P::fold(st).a0;
+  } else {
+    float* d = kz_ls + 3 * slot;
+    d[0] = st.mean; d[1] = st.m2; d[2] = st.n;
+  }
+}
+
+// The staged engine for one policy P: lanes per row (mean order: c.lanes; layer-norm order:
+// 128), x = the statistics' input (for the fused add: x, then s in the residual).
+template <typename T, class P, bool RESID>
+__device__ __noinline__ void kz_staged(const P p, const T* x, T* res, i64 rows, const KzCfg c) {
+  constexpr int EPC = V16<T>::EPC;
+  const int lanes = P::kMean ? c.lanes : 128;
+  const int lsf = P::kMean ? 1 : 3;  // floats of kz_ls per lane
+  const int t = kz_tid(), nt = kz_nthreads();
+  const i64 cols = p.cols, nun = cols / 4;
+  // one tensor's share of the tile buffer, in elements
+  const i64 budget = (i64)KZ_TILE_BYTES / (i64)sizeof(T) / (RESID ? 2 : 1);
+  T* xs = reinterpret_cast<T*>(kz_tile);
+  T* rs = xs + budget;
+  if constexpr (!P::kMean) {
+    for (int i = t; i < KZ_INV_N; i += nt) kz_inv[i] = __fdiv_rn(1.0f, (float)(i + 1));
+  }
+  if (cols <= budget) {
+    // tiles of whole rows
+    i64 R = budget / cols;
+    if (R > KZ_TILE_ROWS) R = KZ_TILE_ROWS;
+    if (R > KZ_LS_FLOATS / (lanes * lsf)) R = KZ_LS_FLOATS / (lanes * lsf);
+    const i64 share = (rows + gridDim.x - 1) / gridDim.x;  // few rows: spread them over blocks
+    if (R > share) R = share;
+    if (R < 1) R = 1;
+    const i64 ntiles = (rows + R - 1) / R;
+    for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+      const i64 row0 = tile * R;
+      const int nr = (int)(rows - row0 < R ? rows - row0 : R);
+      const i64 n = (i64)nr * cols;
+      __syncthreads();  // the previous tile's readers are done with the buffers
+      kz_stage(xs, x + row0 * cols, n);
+      if constexpr (RESID) kz_stage(rs, res + row0 * cols, n);
+      if (tile == blockIdx.x) kz_stage_prefetch<T, P>(p, n);
+      kz_cp_wait_all();
+      __syncthreads();
+      if constexpr (RESID) {
+        kz_stage_add(xs, rs, res + row0 * cols, n);
+        __syncthreads();
+      }
+      for (int slot = t; slot < nr * lanes; slot += nt) {
+        const int rl = slot / lanes, lane = slot - rl * lanes;
+        typename P::S st = P::ident();
+        kz_stage_lane<T, P>(st, xs + rl * cols, nun, lane, lanes, 0);
+        kz_ls_put<P>(slot, st);
+      }
+      __syncthreads();
+      kz_stage_trees<P>(p, nr, lanes, c);
+      __syncthreads();
+      kz_stage_out<T, P>(p, xs, row0 * cols, n, row0);
+    }
+  } else {
+    // one row at a time in chunks of cw elements (a whole number of lane rounds, so a unit's lane
+    // is the same counted from the chunk or from the row); the outputs re-read the row (L2)
+    const i64 cw = budget / (4 * lanes) * (4 * lanes);
+    for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+      typename P::S st[4];  // lanes t + nt*j; lanes <= 512 and nt >= 128
+#pragma unroll
+      for (int j = 0; j < 4; ++j) st[j] = P::ident();
+      for (i64 cs = 0; cs < cols; cs += cw) {
+        const i64 n = cols - cs < cw ? cols - cs : cw;
+        __syncthreads();
+        kz_stage(xs, x + row * cols + cs, n);
+        if constexpr (RESID) kz_stage(rs, res + row * cols + cs, n);
+        if (row == blockIdx.x && cs == 0) kz_stage_prefetch<T, P>(p, cols);
+        kz_cp_wait_all();
+        __syncthreads();
+        if constexpr (RESID) {
+          kz_stage_add(xs, rs, res + row * cols + cs, n);
+          __syncthreads();
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (t + nt * j < lanes) kz_stage_lane<T, P>(st[j], xs, n / 4, t + nt * j, lanes, cs / (4 * lanes));
+      }
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (t + nt * j < lanes) kz_ls_put<P>(t + nt * j, st[j]);
+      __syncthreads();
+      kz_stage_trees<P>(p, 1, lanes, c);
+      __syncthreads();
+      // global reads of what this block wrote (the residual) are ordered by the barrier
+      kz_stage_out<T, P>(p, RESID ? (const T*)res + row * cols : x + row * cols, row * cols, cols, row);
+    }
+  }
+  (void)EPC;
+}
+
 // Launch shapes (the manifests' [[launch]] rules):
 //   mean order: cols <= 8160: one warp per row (block [32, 8]); cols > 8160: one 128-thread
 //               block per row (the config has 512 lanes there at every row count).
@@ -629,6 +966,11 @@ KZ_DEV void kz_mean_norm(T* out, T* res, const T* x, const T* w, i64 rows, i64 c
   const i64 nv = cols / 4;
   const KzCfg c = kz_mean_cfg(rows, cols);
   if (blockDim.z != 1) __trap();
+  if (cols > 128 && (cols * (i64)sizeof(T)) % 16 == 0 && kz_al16(x) && kz_al16(out) && kz_al16(w) &&
+      (!RESID || kz_al16(res))) {
+    kz_staged<T, P, RESID>(p, x, res, rows, c);
+    return;
+  }
   // kz_rows: the configs of 16 rows and more with aligned row starts (cols <= 128 or cols % 4
   // == 0): 32 lanes (bw = min(last_pow2(cols), 32) when cols <= 128), or 512 lanes as 16 warps
   // of 32 (bw = 32, bh = 16). kz_mean_rows: every other config.
@@ -672,6 +1014,11 @@ KZ_DEV void kz_ln_order(T* out, const T* x, const T* w, const T* b, i64 rows, i6
   const bool al = vec && kz_al<T>(x) && kz_al<T>(out);
   const P p{out, x, w, b, cols, eps, al, kz_al<T>(w) && (TORCH || kz_al<T>(b))};
   if (blockDim.z != 1) __trap();
+  if (vec && cols > 128 && (cols * (i64)sizeof(T)) % 16 == 0 && kz_al16(x) && kz_al16(out) && kz_al16(w) &&
+      (TORCH || kz_al16(b))) {
+    kz_staged<T, P, false>(p, x, nullptr, rows, KzCfg{});
+    return;
+  }
   if (blockDim.x == 32) {
     // the launch rules send only cols <= 2048 here: the row always fits in registers
     if (cols > 2048) __trap();
@@ -704,7 +1051,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) rms_norm_torch_f16(__half* 
 #endif
 
 #if !defined(KERNELIZE_DTYPE_BF16) && !defined(KERNELIZE_DTYPE_F16)
-extern "C" __global__ void __launch_bounds__(256, 2) rms_norm_torch_f32(float* out, const float* x, const float* w, long long rows, long long cols, float eps) {
+extern "C" __global__ void __launch_bounds__(256, 3) rms_norm_torch_f32(float* out, const float* x, const float* w, long long rows, long long cols, float eps) {
   kz_ln_order<float, true>(out, x, w, nullptr, rows, cols, eps);
 }
 #endif
