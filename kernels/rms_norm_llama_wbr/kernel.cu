@@ -221,9 +221,8 @@ struct MeanP {
     y.st(out + row * cols + e, al);
   }
   // the staged engine: EPC outputs from 16 bytes of h at column col (16-byte aligned weight)
-  KZ_DEV void wload(i64 col, V16<T>& wv, V16<T>&) const { wv = kz_ldg16(w + col); }
-  KZ_DEV void wprefetch(i64 col) const { asm volatile("prefetch.global.L2 [%0];" ::"l"(w + col)); }
-  KZ_DEV V16<T> out16(const V16<T>& h, const V16<T>& wv, const V16<T>&, Prm r) const {
+  KZ_DEV V16<T> out16(const V16<T>& h, i64 col, Prm r) const {
+    const V16<T> wv = kz_ldg16(w + col);
     V16<T> y;
 #pragma unroll
     for (int i = 0; i < V16<T>::EPC; ++i) {
@@ -342,20 +341,14 @@ struct LnP {
     if constexpr (TORCH) return 0.0f;
     else return k < KZ_INV_N ? kz_inv[k] : __fdiv_rn(1.0f, (float)(k + 1));
   }
-  KZ_DEV void wload(i64 col, V16<T>& wv, V16<T>& bv) const {
-    wv = kz_ldg16(w + col);
-    if constexpr (!TORCH) bv = kz_ldg16(b + col);
-  }
-  KZ_DEV void wprefetch(i64 col) const {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(w + col));
-    if constexpr (!TORCH) asm volatile("prefetch.global.L2 [%0];" ::"l"(b + col));
-  }
-  KZ_DEV V16<T> out16(const V16<T>& h, const V16<T>& wv, const V16<T>& bv, Prm q) const {
+  KZ_DEV V16<T> out16(const V16<T>& h, i64 col, Prm q) const {
+    const V16<T> wv = kz_ldg16(w + col);
     V16<T> y;
     if constexpr (TORCH) {
 #pragma unroll
       for (int i = 0; i < V16<T>::EPC; ++i) y.set(i, __fmul_rn(__fmul_rn(h.f(i), q.rstd), wv.f(i)));
     } else {
+      const V16<T> bv = kz_ldg16(b + col);
 #pragma unroll
       for (int i = 0; i < V16<T>::EPC; ++i)
         y.set(i, fmaf(__fmul_rn(__fsub_rn(h.f(i), q.mean), q.rstd), wv.f(i), bv.f(i)));
@@ -764,40 +757,14 @@ template <typename T> KZ_DEV void kz_stage_add(T* xs, const T* rs, T* res, i64 n
 template <typename T, class P>
 KZ_DEV void kz_stage_out(const P& p, const T* src, i64 e0, i64 n, i64 row0) {
   constexpr int EPC = V16<T>::EPC;
-  constexpr int U = (sizeof(T) == 2 && P::kMean) ? 4 : 2;  // chunks per thread in flight: loads before stores
   const int nt = kz_nthreads();
   const unsigned ucols = (unsigned)p.cols;
   const unsigned c0 = (unsigned)(e0 - row0 * p.cols);
-  for (i64 cb = kz_tid(); cb * EPC < n; cb += U * nt) {
-    V16<T> h[U], wv[U], bv[U];
-    unsigned rl[U];
-#pragma unroll
-    for (int j = 0; j < U; ++j) {
-      const i64 c = cb + (i64)j * nt;
-      if (c * EPC < n) {
-        const unsigned q = c0 + (unsigned)(c * EPC);  // < 2^31: a tile or a chunk of one row
-        rl[j] = q / ucols;
-        h[j] = kz_ld16(src + c * EPC);
-        p.wload((i64)(q - rl[j] * ucols), wv[j], bv[j]);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < U; ++j) {
-      const i64 c = cb + (i64)j * nt;
-      if (c * EPC < n) kz_st16(p.out + e0 + c * EPC, p.out16(h[j], wv[j], bv[j], P::get(kz_prm + 2 * rl[j])));
-    }
-  }
-}
-
-// The weights (and bias) the first chunks of this thread's outputs need, into L2 while the tile
-// loads (a launch over few rows otherwise waits for them after the statistics).
-template <typename T, class P> KZ_DEV void kz_stage_prefetch(const P& p, i64 n) {
-  constexpr int EPC = V16<T>::EPC;
-  const int nt = kz_nthreads();
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const i64 c = kz_tid() + (i64)j * nt;
-    if (c * EPC < n && c * EPC < p.cols) p.wprefetch(c * EPC);
+  for (i64 c = kz_tid(); c * EPC < n; c += nt) {
+    const unsigned q = c0 + (unsigned)(c * EPC);  // < 2^31: a tile or a chunk of one row
+    const unsigned rl = q / ucols;
+    const V16<T> h = kz_ld16(src + c * EPC);
+    kz_st16(p.out + e0 + c * EPC, p.out16(h, (i64)(q - rl * ucols), P::get(kz_prm + 2 * rl)));
   }
 }
 
@@ -894,7 +861,6 @@ __device__ __noinline__ void kz_staged(const P p, const T* x, T* res, i64 rows, 
       __syncthreads();  // the previous tile's readers are done with the buffers
       kz_stage(xs, x + row0 * cols, n);
       if constexpr (RESID) kz_stage(rs, res + row0 * cols, n);
-      if (tile == blockIdx.x) kz_stage_prefetch<T, P>(p, n);
       kz_cp_wait_all();
       __syncthreads();
       if constexpr (RESID) {
@@ -925,7 +891,6 @@ __device__ __noinline__ void kz_staged(const P p, const T* x, T* res, i64 rows, 
         __syncthreads();
         kz_stage(xs, x + row * cols + cs, n);
         if constexpr (RESID) kz_stage(rs, res + row * cols + cs, n);
-        if (row == blockIdx.x && cs == 0) kz_stage_prefetch<T, P>(p, cols);
         kz_cp_wait_all();
         __syncthreads();
         if constexpr (RESID) {
