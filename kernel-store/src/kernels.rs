@@ -5,7 +5,7 @@ use crate::codec::{csv, parse_col, parse_csv};
 use crate::jobs::queue_job_in;
 use crate::{now_rfc3339, Result, Store, StoreError};
 use kernel_registry::domain::{Arch, DType, Digest, Op, Semantics};
-use kernel_registry::manifest::{digest_of, Constraints, KernelBundle, Manifest};
+use kernel_registry::manifest::{digest_of, Constraints, KernelBundle, Manifest, Runtime};
 use serde::Serialize;
 use sqlx::any::AnyRow;
 use sqlx::Row;
@@ -30,6 +30,9 @@ pub struct KernelRow {
     pub authors: Vec<String>,
     pub origin: String,
     pub created_at: String,
+    /// What executes the source (SPEC 2b); left out of the JSON for CUDA kernels.
+    #[serde(default, skip_serializing_if = "Runtime::is_cuda")]
+    pub runtime: Runtime,
 }
 
 impl KernelRow {
@@ -81,7 +84,7 @@ pub struct KernelQuery {
 
 pub(crate) const KERNEL_COLS: &str =
     "id, name, version, digest, op, semantics, dtypes, archs, cols_min, \
-    cols_max, cols_multiple_of, description, license, authors, origin, created_at";
+    cols_max, cols_multiple_of, description, license, authors, origin, created_at, runtime";
 
 fn kernel_row(r: &AnyRow) -> Result<KernelRow> {
     let authors: String = r.try_get("authors")?;
@@ -103,6 +106,11 @@ fn kernel_row(r: &AnyRow) -> Result<KernelRow> {
             .map_err(|e| StoreError::Corrupt(format!("authors: {e}")))?,
         origin: r.try_get("origin")?,
         created_at: r.try_get("created_at")?,
+        runtime: match r.try_get::<String, _>("runtime")?.as_str() {
+            "cuda" => Runtime::Cuda,
+            "python" => Runtime::Python,
+            other => return Err(StoreError::Corrupt(format!("runtime `{other}`"))),
+        },
     })
 }
 
@@ -133,8 +141,8 @@ impl Store {
         .await?;
         let inserted = sqlx::query(&format!(
             "INSERT INTO kernels (name, version, digest, op, semantics, dtypes, archs, cols_min, \
-             cols_max, cols_multiple_of, description, license, authors, origin, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
+             cols_max, cols_multiple_of, description, license, authors, origin, created_at, runtime) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
              ON CONFLICT DO NOTHING RETURNING {KERNEL_COLS}"
         ))
         .bind(&m.name)
@@ -152,6 +160,7 @@ impl Store {
         .bind(serde_json::to_string(&m.authors).expect("authors serialise"))
         .bind(origin)
         .bind(&now)
+        .bind(m.runtime.as_str())
         .fetch_optional(&mut *tx)
         .await?;
         let Some(row) = inserted else {

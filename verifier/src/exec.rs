@@ -2,7 +2,7 @@
 //! the metrics, the report and the policy checks build and are tested without one.
 
 use crate::cases::CaseSpec;
-use kernel_registry::report::{CaseReport, CompiledModule, DeviceInfo};
+use kernel_registry::report::{CaseReport, CompiledModule, DeviceInfo, PythonRuntime};
 use kernel_registry::KernelBundle;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -80,5 +80,9 @@ pub trait Executor {
     /// if needed. Executors that compile nothing have nothing to say.
     fn compiled(&mut self, _bundle: &KernelBundle) -> Result<Vec<CompiledModule>, ExecError> {
         Ok(Vec::new())
+    }
+    /// The interpreter and packages a Python candidate ran with (SPEC 2b); `None` for CUDA.
+    fn python_runtime(&mut self) -> Option<PythonRuntime> {
+        None
     }
 }

@@ -241,6 +241,7 @@ pub fn verify_with(
         model_notes: vec![],
         compiled,
         requested_shapes: opts.shapes.clone(),
+        python: exec.python_runtime(),
     })
 }
 
