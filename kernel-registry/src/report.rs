@@ -96,6 +96,10 @@ pub struct PythonRuntime {
     /// Each package of the manifest's `requires`, normalised name -> installed version
     /// (`importlib.metadata`); "missing" when it was not installed.
     pub packages: std::collections::BTreeMap<String, String>,
+    /// The isolation the child found itself in (network namespace, private directory, memory
+    /// limit), said plainly (docs/python-candidates.md).
+    #[serde(default)]
+    pub isolation: Vec<String>,
 }
 
 /// One compiled module of a verification: the dtype's entry, compiled with `options` by NVRTC

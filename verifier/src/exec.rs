@@ -24,6 +24,10 @@ pub enum ExecError {
     /// The isolated process running the kernel died or misbehaved.
     #[error("sandbox: {0}")]
     Sandbox(String),
+    /// A Python candidate raised, or returned something that is not the op's output (wrong
+    /// type, shape, dtype or device). Its process stays usable.
+    #[error("{what}: {message}")]
+    Candidate { what: String, message: String },
 }
 
 impl ExecError {
