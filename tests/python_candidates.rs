@@ -183,6 +183,26 @@ async fn reports_and_resolve_across_runtimes(b: Backend) {
     assert_eq!(st, StatusCode::BAD_REQUEST, "{p}");
     assert!(detail(&p).contains("`runtime`"), "{p}");
 
+    // The dashboard compares the field: both kernels in one table, the Python one marked.
+    let html = |path: &str| {
+        let url = srv.url(path);
+        async move { reqwest::get(url).await.unwrap().text().await.unwrap() }
+    };
+    let overview = html("/?op=silu").await;
+    assert!(
+        overview.contains("py_silu") && overview.contains("cuda_silu"),
+        "{overview}"
+    );
+    assert!(
+        overview.contains("a Python candidate (SPEC 2b)"),
+        "{overview}"
+    );
+    let page = html("/kernels/py_silu/1.0.0").await;
+    assert!(page.contains("id=\"runtime\""), "{page}");
+    assert!(!html("/kernels/cuda_silu/1.0.0")
+        .await
+        .contains("id=\"runtime\""));
+
     // Listing by policy covers both runtimes.
     let l = srv
         .get_json("/v1/kernels?op=silu&policy=ulp:1&dtype=bf16&arch=sm_90")
