@@ -11,6 +11,12 @@ PKG=$(mktemp -d)/site
 mkdir -p "$OUT" "$PKG"
 python3 -m pip install -q --no-deps --no-index --target "$PKG" .gpu-stage/wheels/liger_kernel-*.whl \
   > "$OUT/pip.log" 2>&1 || { echo "pip install failed:"; tail -5 "$OUT/pip.log"; }
+# The candidate's child runs `python3 -I` (no user site-packages): if torch lives there, pass it.
+EXTRA=()
+if ! python3 -I -c 'import torch' 2>/dev/null; then
+  EXTRA=(--candidate-packages "$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')")
+  echo "torch is not importable with -I: passing ${EXTRA[*]}"
+fi
 CANDS=("$@")
 [ ${#CANDS[@]} -gt 0 ] || CANDS=(liger_rms_norm_llama f_rms_norm_as_llama compile_llama_rms_norm
   liger_layer_norm compile_layer_norm liger_swiglu compile_silu_mul liger_geglu
@@ -27,7 +33,7 @@ MEM=32
 for c in "${CANDS[@]}"; do
   t0=$(date +%s)
   timeout "${PER_CANDIDATE_S:-60}" "$BIN" verify "kernels/third-party/$c" --quick --dtype bf16 \
-    --candidate-packages "$PKG" --candidate-memory-gib "$MEM" --json "$OUT/$c.json" \
+    --candidate-packages "$PKG" "${EXTRA[@]}" --candidate-memory-gib "$MEM" --json "$OUT/$c.json" \
     > "$OUT/$c.log" 2>&1
   rc=$?
   echo "$c: exit $rc in $(( $(date +%s) - t0 )) s"
