@@ -142,18 +142,44 @@ async fn reports_and_resolve_across_runtimes(b: Backend) {
     // A worker verifies both (the CI has no GPU: recorded reports, re-targeted at each job):
     // the Python candidate bit-exact at 3223 GB/s, the CUDA kernel 1 ulp off at 3327 GB/s. The
     // Python one's report says which interpreter and packages it ran with.
+    // The hub holds each report to the kernel's runtime: a Python candidate's names its Python
+    // environment and compiles nothing; a CUDA kernel's has no Python environment.
     for _ in 0..2 {
-        support::claim_and_report(&srv, &worker, |claim| {
-            if claim["kernel"]["digest"] == py["digest"] {
-                let mut r = support::recorded_report("recorded/silu_and_mul", claim, "sm_90");
-                r["python"] = json!({"python": "3.12.3", "torch": "2.11.0+cu130",
-                                     "packages": {"torch": "2.11.0+cu130"}});
-                r
-            } else {
-                support::recorded_report("recorded/silu_and_mul_fused", claim, "sm_90")
-            }
-        })
-        .await;
+        let (st, claim) = srv
+            .post(
+                "/v1/jobs/claim",
+                &worker,
+                &json!({"worker": "w", "arch": "sm_90"}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::OK, "{claim}");
+        let job = claim["job"]["id"].as_i64().unwrap();
+        let is_py = claim["kernel"]["digest"] == py["digest"];
+        let fixture = if is_py {
+            "recorded/silu_and_mul"
+        } else {
+            "recorded/silu_and_mul_fused"
+        };
+        let mut r = support::recorded_report(fixture, &claim, "sm_90");
+        let python = json!({"python": "3.12.3", "torch": "2.11.0+cu130",
+                            "packages": {"torch": "2.11.0+cu130"}, "isolation": []});
+        let post = |r: &Value| json!({"lease_id": claim["lease_id"], "report": r});
+        let url = format!("/v1/jobs/{job}/report");
+        if !is_py {
+            r["python"] = python.clone();
+        }
+        let (st, p) = srv.post(&url, &worker, &post(&r)).await;
+        assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+        assert!(p.to_string().contains("runtime is"), "{p}");
+        if is_py {
+            r["python"] = python;
+            // What a Python candidate's run records: no NVRTC modules.
+            r.as_object_mut().unwrap().remove("compiled");
+        } else {
+            r.as_object_mut().unwrap().remove("python");
+        }
+        let (st, p) = srv.post(&url, &worker, &post(&r)).await;
+        assert_eq!(st, StatusCode::CREATED, "{p}");
     }
     let q = "/v1/resolve?op=silu&dtype=bf16&arch=sm_90&cols=4096&rows=4096";
 

@@ -82,11 +82,27 @@ pub struct KernelQuery {
     pub offset: i64,
 }
 
+/// The columns of a kernel row, but `runtime` (migration 0009): what an insert returns, so that
+/// storing a CUDA kernel works on a database of any schema (upgrade tests store kernels in old
+/// schemas), the runtime being known from the manifest.
+const KERNEL_COLS_BASE: &str =
+    "id, name, version, digest, op, semantics, dtypes, archs, cols_min, \
+    cols_max, cols_multiple_of, description, license, authors, origin, created_at";
+
 pub(crate) const KERNEL_COLS: &str =
     "id, name, version, digest, op, semantics, dtypes, archs, cols_min, \
     cols_max, cols_multiple_of, description, license, authors, origin, created_at, runtime";
 
 fn kernel_row(r: &AnyRow) -> Result<KernelRow> {
+    let runtime = match r.try_get::<String, _>("runtime")?.as_str() {
+        "cuda" => Runtime::Cuda,
+        "python" => Runtime::Python,
+        other => return Err(StoreError::Corrupt(format!("runtime `{other}`"))),
+    };
+    kernel_row_of(r, runtime)
+}
+
+fn kernel_row_of(r: &AnyRow, runtime: Runtime) -> Result<KernelRow> {
     let authors: String = r.try_get("authors")?;
     Ok(KernelRow {
         id: r.try_get("id")?,
@@ -106,11 +122,7 @@ fn kernel_row(r: &AnyRow) -> Result<KernelRow> {
             .map_err(|e| StoreError::Corrupt(format!("authors: {e}")))?,
         origin: r.try_get("origin")?,
         created_at: r.try_get("created_at")?,
-        runtime: match r.try_get::<String, _>("runtime")?.as_str() {
-            "cuda" => Runtime::Cuda,
-            "python" => Runtime::Python,
-            other => return Err(StoreError::Corrupt(format!("runtime `{other}`"))),
-        },
+        runtime,
     })
 }
 
@@ -139,11 +151,16 @@ impl Store {
         .bind(&now)
         .execute(&mut *tx)
         .await?;
+        // A CUDA kernel leaves `runtime` to its default ('cuda').
+        let (runtime_col, runtime_val) = match m.runtime {
+            Runtime::Cuda => ("", ""),
+            Runtime::Python => (", runtime", ", 'python'"),
+        };
         let inserted = sqlx::query(&format!(
             "INSERT INTO kernels (name, version, digest, op, semantics, dtypes, archs, cols_min, \
-             cols_max, cols_multiple_of, description, license, authors, origin, created_at, runtime) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
-             ON CONFLICT DO NOTHING RETURNING {KERNEL_COLS}"
+             cols_max, cols_multiple_of, description, license, authors, origin, created_at{runtime_col}) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15{runtime_val}) \
+             ON CONFLICT DO NOTHING RETURNING {KERNEL_COLS_BASE}"
         ))
         .bind(&m.name)
         .bind(m.version.to_string())
@@ -160,7 +177,6 @@ impl Store {
         .bind(serde_json::to_string(&m.authors).expect("authors serialise"))
         .bind(origin)
         .bind(&now)
-        .bind(m.runtime.as_str())
         .fetch_optional(&mut *tx)
         .await?;
         let Some(row) = inserted else {
@@ -180,7 +196,7 @@ impl Store {
                 ))),
             };
         };
-        let kernel = kernel_row(&row)?;
+        let kernel = kernel_row_of(&row, m.runtime)?;
         let job_id = queue_job_in(&mut tx, &digest, &now).await?;
         audit_in(
             &mut tx,
