@@ -301,11 +301,7 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
                 cmd.env(k, v);
             }
         }
-        confine(
-            &mut cmd,
-            self.opts.memory_limit_bytes,
-            self.opts.require_network_isolation,
-        );
+        confine(&mut cmd, self.opts.memory_limit_bytes);
         let mut child = cmd.spawn().map_err(|e| {
             ExecError::Sandbox(format!(
                 "cannot start {} for the Python candidate: {e}",
@@ -410,10 +406,10 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
         };
         match self.call(&req, &format!("importing {}", m.name), self.opts.case_limit)? {
             PyResponse::Loaded(l) => {
-                if self.opts.require_network_isolation && !l.isolation[0].starts_with("isolated") {
+                let network = l.isolation.first().map(String::as_str).unwrap_or("unknown");
+                if self.opts.require_network_isolation && !network.starts_with("isolated") {
                     return Err(ExecError::Unavailable(format!(
-                        "the Python child is not network-isolated ({}); refusing to run a Python candidate",
-                        l.isolation[0]
+                        "the Python child is not network-isolated ({network}); refusing to run a Python candidate"
                     )));
                 }
                 self.runtime = Some(l);
@@ -443,7 +439,7 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
 /// make a user namespace) and under RLIMIT_DATA. Whether the namespace was had is checked by
 /// the child itself (`Loaded.isolation`).
 #[cfg(target_os = "linux")]
-fn confine(cmd: &mut Command, memory_limit_bytes: Option<u64>, _required: bool) {
+fn confine(cmd: &mut Command, memory_limit_bytes: Option<u64>) {
     use std::os::unix::process::CommandExt;
     // SAFETY: between fork and exec only async-signal-safe calls (unshare, setrlimit) run.
     unsafe {
@@ -465,7 +461,7 @@ fn confine(cmd: &mut Command, memory_limit_bytes: Option<u64>, _required: bool) 
 }
 
 #[cfg(not(target_os = "linux"))]
-fn confine(_cmd: &mut Command, _memory_limit_bytes: Option<u64>, _required: bool) {}
+fn confine(_cmd: &mut Command, _memory_limit_bytes: Option<u64>) {}
 
 impl<R: ReferenceLayers> Drop for PythonExecutor<R> {
     fn drop(&mut self) {

@@ -44,12 +44,14 @@ def answer(obj):
 
 
 def network_isolation():
-    """What network this process can reach, judged from its namespace's interfaces."""
+    """What network this process can reach, judged from the interfaces of its own network
+    namespace (asked of the kernel: /sys/class/net shows the namespace sysfs was mounted in)."""
+    import socket
     try:
-        ifaces = sorted(os.listdir("/sys/class/net"))
+        ifaces = sorted(name for _, name in socket.if_nameindex())
     except OSError as e:
-        return f"unknown (cannot list /sys/class/net: {e})"
-    if ifaces == ["lo"] or ifaces == []:
+        return f"unknown (cannot list the network interfaces: {e})"
+    if ifaces in (["lo"], []):
         return "isolated: a network namespace of its own, no interface but lo"
     return "NOT isolated: interfaces " + ", ".join(ifaces)
 
