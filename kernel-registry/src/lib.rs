@@ -9,6 +9,6 @@ pub mod policy;
 pub mod report;
 
 pub use domain::{Arch, DType, Digest, Op, ParseError, Semantics};
-pub use manifest::{KernelBundle, Manifest, ManifestError};
+pub use manifest::{KernelBundle, Manifest, ManifestError, Runtime};
 pub use policy::Policy;
 pub use report::VerificationReport;

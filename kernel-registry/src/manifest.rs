@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// Largest source file accepted (CUDA source, bytes).
+/// Largest source file accepted (CUDA or Python source, bytes).
 pub const MAX_SOURCE_BYTES: usize = 1 << 20;
 /// Largest manifest accepted (bytes).
 pub const MAX_MANIFEST_BYTES: usize = 64 << 10;
@@ -108,7 +108,39 @@ impl Constraints {
     }
 }
 
+/// What executes a kernel's source (SPEC 2b): NVRTC-compiled CUDA (the default), or a Python
+/// function called with PyTorch tensors in a child process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Runtime {
+    #[default]
+    Cuda,
+    Python,
+}
+
+impl Runtime {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Runtime::Cuda => "cuda",
+            Runtime::Python => "python",
+        }
+    }
+    pub fn is_cuda(&self) -> bool {
+        *self == Runtime::Cuda
+    }
+}
+
+impl std::fmt::Display for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Largest number of `requires` entries of a Python candidate.
+pub const MAX_REQUIRES: usize = 16;
+
 /// A checked manifest. Its serde form is the canonical encoding hashed into the digest.
+/// `runtime` and `requires` are left out of it for CUDA kernels (their digests predate them).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
     pub name: String,
@@ -123,6 +155,12 @@ pub struct Manifest {
     pub launch: Vec<LaunchRule>,
     pub constraints: Constraints,
     pub nvrtc_options: Vec<String>,
+    #[serde(default, skip_serializing_if = "Runtime::is_cuda")]
+    pub runtime: Runtime,
+    /// Python packages a Python candidate imports, each `name` plus version specifiers
+    /// (`liger-kernel==0.8.5`); empty for CUDA kernels.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requires: Vec<String>,
 }
 
 // ---- what the author writes -------------------------------------------------------------
@@ -139,11 +177,12 @@ struct RawManifest {
     license: String,
     source: String,
     entry: BTreeMap<String, String>,
-    launch: toml::Value,
+    launch: Option<toml::Value>,
     #[serde(default)]
     constraints: RawConstraints,
-    #[serde(default)]
-    nvrtc_options: Vec<String>,
+    nvrtc_options: Option<Vec<String>>,
+    runtime: Option<String>,
+    requires: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -298,9 +337,25 @@ impl Manifest {
         for (i, a) in raw.constraints.archs.iter().enumerate() {
             plain_text(&format!("constraints.archs[{i}]"), a, false)?;
         }
-        for (i, o) in raw.nvrtc_options.iter().enumerate() {
+        for (i, o) in raw.nvrtc_options.iter().flatten().enumerate() {
             plain_text(&format!("nvrtc_options[{i}]"), o, false)?;
         }
+        if let Some(r) = &raw.runtime {
+            plain_text("runtime", r, false)?;
+        }
+        for (i, r) in raw.requires.iter().flatten().enumerate() {
+            plain_text(&format!("requires[{i}]"), r, false)?;
+        }
+        let runtime = match raw.runtime.as_deref() {
+            None | Some("cuda") => Runtime::Cuda,
+            Some("python") => Runtime::Python,
+            Some(other) => {
+                return Err(fe(
+                    "runtime",
+                    format!("`{other}` is not valid: one of cuda, python"),
+                ))
+            }
+        };
         let name_ok = !raw.name.is_empty()
             && raw.name.len() <= 64
             && raw.name.bytes().enumerate().all(|(i, c)| {
@@ -351,7 +406,11 @@ impl Manifest {
                 "give an SPDX license expression, e.g. `Apache-2.0` or `MIT`",
             ));
         }
-        let src_ok = raw.source.ends_with(".cu")
+        let ext = match runtime {
+            Runtime::Cuda => "cu",
+            Runtime::Python => "py",
+        };
+        let src_ok = raw.source.ends_with(&format!(".{ext}"))
             && !raw.source.contains('/')
             && !raw.source.contains('\\')
             && !raw.source.starts_with('.');
@@ -359,9 +418,18 @@ impl Manifest {
             return Err(fe(
                 "source",
                 format!(
-                    "`{}` must be a `.cu` file name in the kernel's folder (no path), e.g. `kernel.cu`",
+                    "`{}` must be a `.{ext}` file name in the kernel's folder (no path), e.g. `kernel.{ext}` (runtime = \"{runtime}\")",
                     raw.source
                 ),
+            ));
+        }
+        if runtime == Runtime::Python {
+            return Self::check_python(raw, version, op, semantics);
+        }
+        if raw.requires.is_some() {
+            return Err(fe(
+                "requires",
+                "only a Python candidate (runtime = \"python\") names Python packages; remove it",
             ));
         }
 
@@ -400,7 +468,13 @@ impl Manifest {
                 ManifestError::Syntax(format!("`{field}`: {}", e.inner().message().trim()))
             })
         };
-        let raws = match raw.launch {
+        let Some(launch_value) = raw.launch else {
+            return Err(fe(
+                "launch",
+                "a CUDA kernel needs launch rules: `[launch]` or `[[launch]]` (docs/manifest.md)",
+            ));
+        };
+        let raws = match launch_value {
             toml::Value::Table(t) => vec![parse_rule(toml::Value::Table(t), "launch".into())?],
             toml::Value::Array(a) => a
                 .into_iter()
@@ -574,7 +648,8 @@ impl Manifest {
         archs.sort();
         archs.dedup();
 
-        for (i, o) in raw.nvrtc_options.iter().enumerate() {
+        let nvrtc_options = raw.nvrtc_options.unwrap_or_default();
+        for (i, o) in nvrtc_options.iter().enumerate() {
             let defined = o
                 .strip_prefix("--define-macro=")
                 .or_else(|| o.strip_prefix("-D"))
@@ -615,7 +690,119 @@ impl Manifest {
                 cols_multiple_of,
                 archs,
             },
-            nvrtc_options: raw.nvrtc_options,
+            nvrtc_options,
+            runtime: Runtime::Cuda,
+            requires: Vec::new(),
+        })
+    }
+
+    /// The rest of `check` for `runtime = "python"`: entries are Python function names, no
+    /// launch rules or NVRTC options, and `requires` lists the packages with versions.
+    fn check_python(
+        raw: RawManifest,
+        version: semver::Version,
+        op: Op,
+        semantics: Semantics,
+    ) -> Result<Manifest, ManifestError> {
+        if raw.launch.is_some() {
+            return Err(fe(
+                "launch",
+                "a Python candidate has no launch rules (the function launches its own kernels); remove it",
+            ));
+        }
+        if raw.nvrtc_options.is_some() {
+            return Err(fe(
+                "nvrtc_options",
+                "a Python candidate is not compiled by NVRTC; remove it",
+            ));
+        }
+        if raw.entry.is_empty() {
+            return Err(fe(
+                "entry",
+                "name one Python function per supported dtype, e.g. `[entry]\\nbf16 = \"rms_norm\"`",
+            ));
+        }
+        let mut entries = BTreeMap::new();
+        for (k, v) in &raw.entry {
+            let dt: DType = k
+                .parse()
+                .map_err(|e| fe(format!("entry.{k}"), format!("{e}")))?;
+            if !is_identifier(v) || v.starts_with("__") {
+                return Err(fe(
+                    format!("entry.{k}"),
+                    format!("`{v}` is not a Python function name (ASCII letters, digits and _, not starting with a digit or __)"),
+                ));
+            }
+            entries.insert(dt, v.clone());
+        }
+        let Some(requires) = raw.requires else {
+            return Err(fe(
+                "requires",
+                "list the Python packages the source imports, with versions, e.g. `requires = [\"torch>=2.5\"]`",
+            ));
+        };
+        if requires.is_empty() || requires.len() > MAX_REQUIRES {
+            return Err(fe(
+                "requires",
+                format!("list 1 to {MAX_REQUIRES} packages (at least the torch the source was written for)"),
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, r) in requires.iter().enumerate() {
+            let name = check_requirement(r).map_err(|m| fe(format!("requires[{i}]"), m))?;
+            if !seen.insert(name.clone()) {
+                return Err(fe(
+                    format!("requires[{i}]"),
+                    format!("package `{name}` is listed twice"),
+                ));
+            }
+        }
+        let c = raw.constraints;
+        let cols_min = c.cols_min.unwrap_or(1);
+        let cols_multiple_of = c.cols_multiple_of.unwrap_or(1);
+        if cols_min == 0 {
+            return Err(fe("constraints.cols_min", "must be at least 1"));
+        }
+        if cols_multiple_of == 0 {
+            return Err(fe("constraints.cols_multiple_of", "must be at least 1"));
+        }
+        if let Some(max) = c.cols_max {
+            if max < cols_min {
+                return Err(fe(
+                    "constraints.cols_max",
+                    format!("{max} is below cols_min {cols_min}"),
+                ));
+            }
+        }
+        let mut archs = Vec::new();
+        for (i, a) in c.archs.iter().enumerate() {
+            archs.push(
+                a.parse::<Arch>()
+                    .map_err(|e| fe(format!("constraints.archs[{i}]"), format!("{e}")))?,
+            );
+        }
+        archs.sort();
+        archs.dedup();
+        Ok(Manifest {
+            name: raw.name,
+            version,
+            op,
+            semantics,
+            description: raw.description.trim().to_string(),
+            authors: raw.authors,
+            license: raw.license.trim().to_string(),
+            source: raw.source,
+            entries,
+            launch: Vec::new(),
+            constraints: Constraints {
+                cols_min,
+                cols_max: c.cols_max,
+                cols_multiple_of,
+                archs,
+            },
+            nvrtc_options: Vec::new(),
+            runtime: Runtime::Python,
+            requires,
         })
     }
 
@@ -629,18 +816,31 @@ impl Manifest {
         self.constraints.not_applicable(cols, arch)
     }
 
-    /// The launch rule for a problem with `cols` columns.
-    pub fn launch_rule(&self, cols: u64) -> &LaunchRule {
+    /// The launch rule for a problem with `cols` columns; `None` for a Python candidate.
+    pub fn launch_rule(&self, cols: u64) -> Option<&LaunchRule> {
         self.launch
             .iter()
             .find(|r| r.cols_max.is_none_or(|m| cols <= m))
-            .unwrap_or_else(|| self.launch.last().expect("checked: at least one rule"))
+            .or(self.launch.last())
+    }
+
+    /// The package name of each `requires` entry (normalised as pip does: lowercase, `-`).
+    pub fn required_packages(&self) -> Vec<String> {
+        self.requires
+            .iter()
+            .filter_map(|r| check_requirement(r).ok())
+            .collect()
     }
 
     /// Grid, block and dynamic shared memory for `rows` x `cols` (for elementwise ops the
     /// element count is `rows * cols`). Fails when the grid would exceed CUDA's limits.
     pub fn launch_dims(&self, rows: u64, cols: u64, sm_count: u32) -> Result<LaunchDims, String> {
-        let rule = self.launch_rule(cols);
+        let Some(rule) = self.launch_rule(cols) else {
+            return Err(format!(
+                "{} is a {} candidate: it has no launch rules",
+                self.name, self.runtime
+            ));
+        };
         let threads = rule.block.iter().map(|&d| d as u64).product::<u64>();
         let blocks = match rule.grid {
             Grid::PerRow { rows_per_block } => rows.div_ceil(rows_per_block as u64),
@@ -692,10 +892,19 @@ impl KernelBundle {
         if let Some(at) = source.find('\0') {
             return Err(ManifestError::field(
                 "source",
-                format!("the source holds a NUL byte at byte {at}; a CUDA source is text"),
+                format!("the source holds a NUL byte at byte {at}; a source is text"),
             ));
         }
         for (dt, sym) in &manifest.entries {
+            if manifest.runtime == Runtime::Python && !defines_function(source, sym) {
+                return Err(ManifestError::field(
+                    format!("entry.{dt}"),
+                    format!(
+                        "function `{sym}` is not defined (`def {sym}(` at the start of a line) in {}",
+                        manifest.source
+                    ),
+                ));
+            }
             if !source.contains(sym.as_str()) {
                 return Err(ManifestError::field(
                     format!("entry.{dt}"),
@@ -710,7 +919,7 @@ impl KernelBundle {
         })
     }
 
-    /// Read `DIR/kernel.toml` and the source file it names.
+    /// Read `DIR/kernel.toml` and the source file it names (`.cu` or `.py`).
     pub fn load_dir(dir: &Path) -> Result<Self, ManifestError> {
         let mpath = dir.join("kernel.toml");
         let text = std::fs::read_to_string(&mpath).map_err(|e| {
@@ -735,6 +944,68 @@ impl KernelBundle {
     pub fn digest(&self) -> Digest {
         digest_of(&self.manifest, &self.source)
     }
+}
+
+/// Whether a Python source defines `name` at module level (`def name(` starting a line).
+fn defines_function(source: &str, name: &str) -> bool {
+    let want = format!("def {name}(");
+    source.lines().any(|l| l.starts_with(&want))
+}
+
+/// Check one `requires` entry, `name` then comma-separated version specifiers, each an
+/// operator (`==`, `>=`, `<=`, `~=`, `!=`, `<`, `>`) and a version (`liger-kernel==0.8.5`,
+/// `torch>=2.5,<3`); returns the package name normalised as pip does (lowercase, runs of
+/// `-_.` as `-`). Markers, extras and URLs are refused: the verifier installs nothing itself.
+pub fn check_requirement(r: &str) -> Result<String, String> {
+    let hint = "write `name` and version specifiers, e.g. `liger-kernel==0.8.5` or `torch>=2.5,<3`";
+    let end = r
+        .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+        .unwrap_or(r.len());
+    let (name, rest) = r.split_at(end);
+    let name_ok = !name.is_empty()
+        && name.len() <= 100
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if !name_ok {
+        return Err(format!("`{r}`: the package name is not valid; {hint}"));
+    }
+    if rest.trim().is_empty() {
+        return Err(format!(
+            "`{r}` gives no version; say which versions the source was written for, e.g. `{name}==1.2.3`"
+        ));
+    }
+    for spec in rest.split(',') {
+        let spec = spec.trim();
+        let op_len = ["==", ">=", "<=", "~=", "!=", "<", ">"]
+            .iter()
+            .find(|o| spec.starts_with(*o))
+            .map(|o| o.len());
+        let Some(op_len) = op_len else {
+            return Err(format!(
+                "`{r}`: `{spec}` is not a version specifier; {hint}"
+            ));
+        };
+        let v = spec[op_len..].trim();
+        let v_ok = !v.is_empty()
+            && v.starts_with(|c: char| c.is_ascii_digit())
+            && v.chars().all(|c| {
+                c.is_ascii_alphanumeric() || matches!(c, '.' | '*' | '+' | '!' | '-' | '_')
+            });
+        if !v_ok {
+            return Err(format!("`{r}`: `{v}` is not a version; {hint}"));
+        }
+    }
+    let mut norm = String::with_capacity(name.len());
+    for c in name.chars() {
+        if matches!(c, '-' | '_' | '.') {
+            if !norm.ends_with('-') {
+                norm.push('-');
+            }
+        } else {
+            norm.push(c.to_ascii_lowercase());
+        }
+    }
+    Ok(norm)
 }
 
 /// The canonical encoding hashed for a digest.

@@ -80,6 +80,26 @@ pub struct VerificationReport {
     /// hub job queued for an unverified width); their cases are in `cases` like the others.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub requested_shapes: Vec<ShapeRequest>,
+    /// A Python candidate's run (SPEC 2b): the interpreter, torch and the packages it required,
+    /// at the versions the verification ran with. Absent for CUDA kernels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<PythonRuntime>,
+}
+
+/// The Python environment a Python candidate was verified in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PythonRuntime {
+    /// `sys.version` of the child interpreter (first word).
+    pub python: String,
+    /// `torch.__version__`.
+    pub torch: String,
+    /// Each package of the manifest's `requires`, normalised name -> installed version
+    /// (`importlib.metadata`); "missing" when it was not installed.
+    pub packages: std::collections::BTreeMap<String, String>,
+    /// The isolation the child found itself in (network namespace, private directory, memory
+    /// limit), said plainly (docs/python-candidates.md).
+    #[serde(default)]
+    pub isolation: Vec<String>,
 }
 
 /// One compiled module of a verification: the dtype's entry, compiled with `options` by NVRTC
@@ -656,6 +676,7 @@ pub mod tests_support {
             model_notes: vec![],
             compiled: vec![],
             requested_shapes: vec![],
+            python: None,
         }
     }
 }

@@ -5,7 +5,7 @@ use crate::codec::{csv, parse_col, parse_csv};
 use crate::jobs::queue_job_in;
 use crate::{now_rfc3339, Result, Store, StoreError};
 use kernel_registry::domain::{Arch, DType, Digest, Op, Semantics};
-use kernel_registry::manifest::{digest_of, Constraints, KernelBundle, Manifest};
+use kernel_registry::manifest::{digest_of, Constraints, KernelBundle, Manifest, Runtime};
 use serde::Serialize;
 use sqlx::any::AnyRow;
 use sqlx::Row;
@@ -30,6 +30,9 @@ pub struct KernelRow {
     pub authors: Vec<String>,
     pub origin: String,
     pub created_at: String,
+    /// What executes the source (SPEC 2b); left out of the JSON for CUDA kernels.
+    #[serde(default, skip_serializing_if = "Runtime::is_cuda")]
+    pub runtime: Runtime,
 }
 
 impl KernelRow {
@@ -79,11 +82,27 @@ pub struct KernelQuery {
     pub offset: i64,
 }
 
-pub(crate) const KERNEL_COLS: &str =
+/// The columns of a kernel row, but `runtime` (migration 0009): what an insert returns, so that
+/// storing a CUDA kernel works on a database of any schema (upgrade tests store kernels in old
+/// schemas), the runtime being known from the manifest.
+const KERNEL_COLS_BASE: &str =
     "id, name, version, digest, op, semantics, dtypes, archs, cols_min, \
     cols_max, cols_multiple_of, description, license, authors, origin, created_at";
 
+pub(crate) const KERNEL_COLS: &str =
+    "id, name, version, digest, op, semantics, dtypes, archs, cols_min, \
+    cols_max, cols_multiple_of, description, license, authors, origin, created_at, runtime";
+
 fn kernel_row(r: &AnyRow) -> Result<KernelRow> {
+    let runtime = match r.try_get::<String, _>("runtime")?.as_str() {
+        "cuda" => Runtime::Cuda,
+        "python" => Runtime::Python,
+        other => return Err(StoreError::Corrupt(format!("runtime `{other}`"))),
+    };
+    kernel_row_of(r, runtime)
+}
+
+fn kernel_row_of(r: &AnyRow, runtime: Runtime) -> Result<KernelRow> {
     let authors: String = r.try_get("authors")?;
     Ok(KernelRow {
         id: r.try_get("id")?,
@@ -103,6 +122,7 @@ fn kernel_row(r: &AnyRow) -> Result<KernelRow> {
             .map_err(|e| StoreError::Corrupt(format!("authors: {e}")))?,
         origin: r.try_get("origin")?,
         created_at: r.try_get("created_at")?,
+        runtime,
     })
 }
 
@@ -131,11 +151,16 @@ impl Store {
         .bind(&now)
         .execute(&mut *tx)
         .await?;
+        // A CUDA kernel leaves `runtime` to its default ('cuda').
+        let (runtime_col, runtime_val) = match m.runtime {
+            Runtime::Cuda => ("", ""),
+            Runtime::Python => (", runtime", ", 'python'"),
+        };
         let inserted = sqlx::query(&format!(
             "INSERT INTO kernels (name, version, digest, op, semantics, dtypes, archs, cols_min, \
-             cols_max, cols_multiple_of, description, license, authors, origin, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
-             ON CONFLICT DO NOTHING RETURNING {KERNEL_COLS}"
+             cols_max, cols_multiple_of, description, license, authors, origin, created_at{runtime_col}) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15{runtime_val}) \
+             ON CONFLICT DO NOTHING RETURNING {KERNEL_COLS_BASE}"
         ))
         .bind(&m.name)
         .bind(m.version.to_string())
@@ -171,7 +196,7 @@ impl Store {
                 ))),
             };
         };
-        let kernel = kernel_row(&row)?;
+        let kernel = kernel_row_of(&row, m.runtime)?;
         let job_id = queue_job_in(&mut tx, &digest, &now).await?;
         audit_in(
             &mut tx,

@@ -17,6 +17,7 @@ _EXPORTS = {
     "HubSource": "sources", "LockSource": "sources", "DirSource": "sources", "Key": "sources",
     "HubError": "sources",
     "CertificateError": "certs",
+    "PythonNotAllowed": "pykernel",
 }
 __all__ = list(_EXPORTS)
 __version__ = "0.1.0"

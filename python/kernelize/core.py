@@ -83,7 +83,7 @@ class Report:
 
 
 def _source(hub, lock, kernels_dir, names, wait_for_verification_s: float = 0.0,
-            trusted_keys: list[str] | None = None):
+            trusted_keys: list[str] | None = None, allow_python: bool = False):
     given = [x is not None for x in (hub, lock, kernels_dir)]
     if sum(given) != 1:
         raise ValueError("give exactly one of hub=URL, lock=PATH or kernels_dir=PATH")
@@ -91,10 +91,10 @@ def _source(hub, lock, kernels_dir, names, wait_for_verification_s: float = 0.0,
         raise ValueError("trusted_keys checks hub certificates: local kernel folders have none")
     if hub is not None:
         return (HubSource(hub, wait_for_verification_s=wait_for_verification_s,
-                          trusted_keys=trusted_keys)
+                          trusted_keys=trusted_keys, allow_python=allow_python)
                 if isinstance(hub, str) else hub)
     if lock is not None:
-        return LockSource(lock, trusted_keys=trusted_keys)
+        return LockSource(lock, trusted_keys=trusted_keys, allow_python=allow_python)
     return DirSource(kernels_dir, names)
 
 
@@ -170,7 +170,7 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
               policy: str = "bit_exact", device=None, arch: str | None = None,
               dtype: str | None = None, swap: bool | None = None, verbose: bool = True,
               fuse_gated_mlp: bool = True, wait_for_verification_s: float = 0.0,
-              trusted_keys: list[str] | None = None) -> Report:
+              trusted_keys: list[str] | None = None, allow_python: bool = False) -> Report:
     """Replace every layer of `model` that has an approved kernel; return (and print) a report.
 
     One source: `hub=URL` (the resolve API), `lock=PATH` (a lock written by `kernelize.lock`,
@@ -197,8 +197,15 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     of them that certifies that report and that very source (checked offline for a lock; a
     lock's own `trusted_keys` are used when none are given). A kernel failing the check is kept
     out with the reason; a lock whose certificates fail is refused (`CertificateError`).
+
+    `allow_python=True` opts in to Python candidates (SPEC 2b: a kernel whose manifest says
+    `runtime = "python"`, e.g. Liger-Kernel's or a torch.compile'd layer): their source runs in
+    this process, with the packages their `requires` names (installed by you). Without it the
+    hub is not asked for them and a lock's are kept out, with the reason. A local
+    `kernels_dir` is your own code: its Python candidates are loaded as they are.
     """
-    src = _source(hub, lock, kernels_dir, names, wait_for_verification_s, trusted_keys)
+    src = _source(hub, lock, kernels_dir, names, wait_for_verification_s, trusted_keys,
+                  allow_python)
     dev = _cuda_device(model, device)
     if swap is None:
         swap = dev is not None and torch.cuda.is_available()
@@ -217,7 +224,8 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
             if getattr(s.module, _ORIG, None) is not None:
                 e.status, e.reasons = "kept", ["already kernelized; unkernelize first"]
             elif swap:
-                _patch(s, res.kernel, dev)
+                _patch(s, res.kernel, dev,
+                       allow_python=allow_python or isinstance(src, DirSource))
                 e.status = "replaced"
             else:
                 e.status = "would replace"
@@ -232,14 +240,15 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
 def lock(model: nn.Module, hub: str, path: str | os.PathLike = "kernelize.lock.json", *,
          policy: str = "bit_exact", arch: str | None = None, device=None,
          dtype: str | None = None, fuse_gated_mlp: bool = True,
-         wait_for_verification_s: float = 0.0, trusted_keys: list[str] | None = None) -> dict:
+         wait_for_verification_s: float = 0.0, trusted_keys: list[str] | None = None,
+         allow_python: bool = False) -> dict:
     """Resolve every replaceable layer against the hub and pin the answers (digests, with the
     kernels' content and evidence) in a lock file for `kernelize(model, lock=path)`.
     `wait_for_verification_s`: as for `kernelize` (widths not yet verified). With
     `trusted_keys`, only certified kernels are pinned, and the lock carries their certificates,
     reports and the trusted keys, so that loading it checks them all offline."""
     src = (HubSource(hub, wait_for_verification_s=wait_for_verification_s,
-                     trusted_keys=trusted_keys)
+                     trusted_keys=trusted_keys, allow_python=allow_python)
            if isinstance(hub, str) else hub)
     arch = _arch_of(_cuda_device(model, device), arch)
     _, cache, _ = _resolve_all(model, src, policy, arch, dtype, fuse_gated_mlp)
@@ -366,7 +375,7 @@ def _stand_in_run(op, key):
     return run
 
 
-def _patch(site: Site, k: Resolved, device: torch.device) -> None:
+def _patch(site: Site, k: Resolved, device: torch.device, allow_python: bool = False) -> None:
     """Swap `site.module`'s forward for the op's shared forward (above): on inputs the kernel
     takes it launches the kernel (eagerly: directly, `launch.RUNNERS`, no dispatcher round
     trip; while torch.compile traces: through the op's custom op, `ops.py`, one opaque node of
@@ -376,12 +385,15 @@ def _patch(site: Site, k: Resolved, device: torch.device) -> None:
         raise ValueError(site.op)
     orig_forward = m.forward  # bound: instance attribute or the class's method
     want = {v: k_ for k_, v in TORCH_DTYPES.items()}[site.dtype]
-    compiled = L.compiled(k.digest, k.manifest, k.source, site.dtype, device)
+    # Only a Python candidate needs the opt-in passed on (the CUDA call stays as it was).
+    opt_in = {"allow_python": allow_python} if L.is_python(k.manifest) else {}
+    compiled = L.compiled(k.digest, k.manifest, k.source, site.dtype, device, **opt_in)
     dev = compiled.device   # a CUDA device (the kernel was loaded there)
     key = ops.register(compiled)
     op = ops.op(site.op)
     # A stand-in `compiled` (CPU tests) always takes the op's registered implementation.
-    run = L.RUNNERS[site.op] if isinstance(compiled, L.CompiledKernel) else _stand_in_run(op, key)
+    run = (L.RUNNERS[site.op] if isinstance(compiled, (L.CompiledKernel, L.PythonKernel))
+           else _stand_in_run(op, key))
     index = dev.index if dev.type == "cuda" else -1  # Tensor.get_device(): -1 on the CPU
     # nn.RMSNorm(eps=None): F.rms_norm takes the opmath type's epsilon (f32)
     eps = float(site.eps if site.eps is not None else torch.finfo(torch.float32).eps) \

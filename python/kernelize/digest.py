@@ -40,6 +40,11 @@ MANIFEST_FIELDS = (
     "name", "version", "op", "semantics", "description", "authors", "license", "source",
     "entries", "launch", "constraints", "nvrtc_options",
 )
+# Left out of the canonical form of a CUDA kernel (`runtime` "cuda", `requires` empty), so that
+# CUDA digests made before Python candidates (SPEC 2b) hold.
+OPTIONAL_FIELDS = ("runtime", "requires")
+RUNTIMES = ("cuda", "python")
+MAX_REQUIRES = 16
 _ALLOWED_OPTION_PREFIXES = (
     "--use_fast_math", "-use_fast_math", "--fmad=", "-fmad=", "--ftz=", "-ftz=",
     "--prec-div=", "-prec-div=", "--prec-sqrt=", "-prec-sqrt=", "--maxrregcount=",
@@ -59,10 +64,14 @@ class ManifestError(ValueError):
 def canonical_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest with its keys in the Rust struct's order (what serde writes)."""
     missing = [f for f in MANIFEST_FIELDS if f not in manifest]
-    extra = [f for f in manifest if f not in MANIFEST_FIELDS]
+    extra = [f for f in manifest if f not in MANIFEST_FIELDS + OPTIONAL_FIELDS]
     if missing or extra:
         raise ManifestError(f"manifest fields: missing {missing}, unknown {extra}")
     m = {f: manifest[f] for f in MANIFEST_FIELDS}
+    if manifest.get("runtime", "cuda") != "cuda":
+        m["runtime"] = manifest["runtime"]
+    if manifest.get("requires"):
+        m["requires"] = list(manifest["requires"])
     m["entries"] = {d: manifest["entries"][d] for d in DTYPES if d in manifest["entries"]}
     if len(m["entries"]) != len(manifest["entries"]):
         raise ManifestError(f"entries: unknown dtype in {sorted(manifest['entries'])}")
@@ -167,13 +176,16 @@ def parse_manifest_toml(text: str) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as e:
         raise ManifestError(f"kernel.toml: {e}") from None
     known = {"name", "version", "op", "semantics", "description", "authors", "license",
-             "source", "entry", "launch", "constraints", "nvrtc_options"}
+             "source", "entry", "launch", "constraints", "nvrtc_options", "runtime", "requires"}
     for k in raw:
         if k not in known:
             raise ManifestError(f"kernel.toml: unknown field `{k}`")
-    for k in ("name", "version", "op", "description", "authors", "license", "source", "entry", "launch"):
+    for k in ("name", "version", "op", "description", "authors", "license", "source", "entry"):
         if k not in raw:
             raise ManifestError(f"kernel.toml: missing field `{k}`")
+    runtime = raw.get("runtime", "cuda")
+    if runtime not in RUNTIMES:
+        raise _fe("runtime", f"`{runtime}` is not valid: one of cuda, python")
     name = raw["name"]
     if not (isinstance(name, str) and 1 <= len(name) <= 64 and all(
             c.isascii() and (c.islower() or c.isdigit() or c == "_" or (i > 0 and c in "-."))
@@ -200,9 +212,17 @@ def parse_manifest_toml(text: str) -> dict[str, Any]:
     if not isinstance(lic, str) or not _rust_trim(lic):
         raise _fe("license", "give an SPDX license expression")
     source = raw["source"]
-    if not (isinstance(source, str) and source.endswith(".cu") and "/" not in source
+    ext = "cu" if runtime == "cuda" else "py"
+    if not (isinstance(source, str) and source.endswith("." + ext) and "/" not in source
             and "\\" not in source and not source.startswith(".")):
-        raise _fe("source", f"`{source}` must be a `.cu` file name in the kernel's folder")
+        raise _fe("source", f"`{source}` must be a `.{ext}` file name in the kernel's folder (no path)")
+    if runtime == "python":
+        return _parse_python(raw, name, version, op, semantics, _rust_trim(description), authors,
+                             _rust_trim(lic), source)
+    if "requires" in raw:
+        raise _fe("requires", "only a Python candidate (runtime = \"python\") names Python packages")
+    if "launch" not in raw:
+        raise _fe("launch", "a CUDA kernel needs launch rules: `[launch]` or `[[launch]]`")
     entry = raw["entry"]
     if not isinstance(entry, dict) or not entry:
         raise _fe("entry", "declare one entry symbol per supported dtype")
@@ -302,6 +322,102 @@ def parse_manifest_toml(text: str) -> dict[str, Any]:
                         "cols_multiple_of": cols_multiple_of, "archs": archs},
         "nvrtc_options": opts,
     })
+
+
+def _constraints(raw: dict[str, Any]) -> dict[str, Any]:
+    c = raw.get("constraints", {})
+    for k in c:
+        if k not in ("cols_min", "cols_max", "cols_multiple_of", "archs"):
+            raise ManifestError(f"kernel.toml: `constraints.{k}`: unknown field")
+    cols_min = c.get("cols_min", 1)
+    cols_multiple_of = c.get("cols_multiple_of", 1)
+    if cols_min == 0:
+        raise _fe("constraints.cols_min", "must be at least 1")
+    if cols_multiple_of == 0:
+        raise _fe("constraints.cols_multiple_of", "must be at least 1")
+    cols_max = c.get("cols_max")
+    if cols_max is not None and cols_max < cols_min:
+        raise _fe("constraints.cols_max", f"{cols_max} is below cols_min {cols_min}")
+    archs = []
+    for i, a in enumerate(c.get("archs", [])):
+        try:
+            archs.append(_arch_key(a))
+        except ValueError:
+            raise _fe(f"constraints.archs[{i}]", f"arch `{a}` is not valid") from None
+    return {"cols_min": cols_min, "cols_max": cols_max, "cols_multiple_of": cols_multiple_of,
+            "archs": [f"sm_{maj}{mi}" for (maj, mi) in sorted(set(archs))]}
+
+
+_REQ_OPS = ("==", ">=", "<=", "~=", "!=", "<", ">")
+
+
+def check_requirement(r: str) -> str:
+    """kernel-registry `check_requirement`: the pip-normalised package name of one `requires`
+    entry (`name` then comma-separated specifiers); ValueError says what is wrong."""
+    hint = "write `name` and version specifiers, e.g. `liger-kernel==0.8.5` or `torch>=2.5,<3`"
+    m = re.match(r"[A-Za-z0-9._-]*", r)
+    name, rest = m.group(0), r[m.end():]
+    if not (name and len(name) <= 100 and name[0].isascii() and name[0].isalnum()
+            and name[-1].isascii() and name[-1].isalnum()):
+        raise ValueError(f"`{r}`: the package name is not valid; {hint}")
+    if not _rust_trim(rest):
+        raise ValueError(f"`{r}` gives no version; say which versions the source was written for, "
+                         f"e.g. `{name}==1.2.3`")
+    for spec in rest.split(","):
+        spec = _rust_trim(spec)
+        op = next((o for o in _REQ_OPS if spec.startswith(o)), None)
+        if op is None:
+            raise ValueError(f"`{r}`: `{spec}` is not a version specifier; {hint}")
+        v = _rust_trim(spec[len(op):])
+        if not (v and v[0].isascii() and v[0].isdigit()
+                and re.fullmatch(r"[A-Za-z0-9.*+!_-]+", v)):
+            raise ValueError(f"`{r}`: `{v}` is not a version; {hint}")
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _parse_python(raw, name, version, op, semantics, description, authors, lic, source):
+    """Manifest::check_python: a Python candidate (SPEC 2b)."""
+    if "launch" in raw:
+        raise _fe("launch", "a Python candidate has no launch rules (the function launches its own kernels)")
+    if "nvrtc_options" in raw:
+        raise _fe("nvrtc_options", "a Python candidate is not compiled by NVRTC")
+    entry = raw["entry"]
+    if not isinstance(entry, dict) or not entry:
+        raise _fe("entry", "name one Python function per supported dtype")
+    entries = {}
+    for k, v in entry.items():
+        if k not in DTYPES:
+            raise _fe(f"entry.{k}", f"dtype `{k}` is not valid")
+        if (not isinstance(v, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v)
+                or v.startswith("__")):
+            raise _fe(f"entry.{k}", f"`{v}` is not a Python function name")
+        entries[k] = v
+    if "requires" not in raw:
+        raise _fe("requires", "list the Python packages the source imports, with versions")
+    requires = raw["requires"]
+    if (not isinstance(requires, list) or not requires or len(requires) > MAX_REQUIRES
+            or not all(isinstance(r, str) for r in requires)):
+        raise _fe("requires", f"list 1 to {MAX_REQUIRES} packages")
+    seen = set()
+    for i, r in enumerate(requires):
+        try:
+            pkg = check_requirement(r)
+        except ValueError as e:
+            raise _fe(f"requires[{i}]", str(e)) from None
+        if pkg in seen:
+            raise _fe(f"requires[{i}]", f"package `{pkg}` is listed twice")
+        seen.add(pkg)
+    return canonical_manifest({
+        "name": name, "version": version, "op": op, "semantics": semantics,
+        "description": description, "authors": authors, "license": lic, "source": source,
+        "entries": entries, "launch": [], "constraints": _constraints(raw), "nvrtc_options": [],
+        "runtime": "python", "requires": requires,
+    })
+
+
+def defines_function(source: str, name: str) -> bool:
+    """KernelBundle::from_parts's check of a Python candidate's entry: `def name(` starts a line."""
+    return any(line.startswith(f"def {name}(") for line in source.splitlines())
 
 
 def not_applicable(manifest: dict[str, Any], cols: int, arch: str | None) -> str | None:

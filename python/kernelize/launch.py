@@ -26,6 +26,7 @@ import torch
 from . import nvrtc as _nv
 from .digest import launch_dims
 from .nvrtc import NvrtcCompileError, NvrtcNotFound, entry_options  # noqa: F401 (re-exported)
+from .pykernel import PythonKernel, is_python
 
 _CACHE: dict[tuple[str, str, int], "CompiledKernel"] = {}
 _CACHE_LOCK = threading.Lock()
@@ -113,6 +114,8 @@ def _load_module(image: bytes, device: torch.device) -> ctypes.c_void_p:
 class CompiledKernel:
     """One entry symbol of one kernel, compiled for one device by NVRTC with the verifier's
     program name and options (`record` says which, and the SHA-256 of the code)."""
+
+    runtime = "cuda"
 
     def __init__(self, manifest: dict[str, Any], source: str, dtype: str, device: torch.device):
         self.manifest = manifest
@@ -289,8 +292,16 @@ def _current_stream(index: int) -> int:
 
 
 def compiled(digest: str, manifest: dict[str, Any], source: str, dtype: str,
-             device: torch.device) -> CompiledKernel:
-    """`dtype`'s entry of the kernel `digest`, compiled and loaded on `device` (once per process)."""
+             device: torch.device, allow_python: bool = False) -> CompiledKernel:
+    """`dtype`'s entry of the kernel `digest`, compiled and loaded on `device` (once per process).
+    A Python candidate (SPEC 2b) is loaded as a `pykernel.PythonKernel` instead, and only with
+    `allow_python` (its code runs in this process)."""
+    if is_python(manifest):
+        key = (digest, dtype, str(device))
+        with _CACHE_LOCK:
+            if key not in _CACHE:
+                _CACHE[key] = PythonKernel(digest, manifest, source, dtype, device, allow_python)
+            return _CACHE[key]
     key = (digest, dtype, device.index if device.index is not None else torch.cuda.current_device())
     with _CACHE_LOCK:
         if key not in _CACHE:
@@ -325,6 +336,8 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 
 def run_rms_norm(k: CompiledKernel, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    if isinstance(k, PythonKernel):
+        return k.rms_norm(x, w, eps)
     x = _aligned(x)
     w = _aligned(w)
     cols = x.shape[-1]
@@ -340,6 +353,8 @@ def run_fused_add_rms_norm(k: CompiledKernel, x: torch.Tensor, residual: torch.T
     """ABI (out, residual, x, w, rows, cols, eps): residual := x + residual in place,
     out = norm(residual). A residual that is not contiguous and aligned is computed in a copy
     and copied back."""
+    if isinstance(k, PythonKernel):
+        return k.fused_add_rms_norm(x, residual, w, eps)
     if residual.shape != x.shape:
         raise ValueError(f"fused_add_rms_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
     x, w = _aligned(x), _aligned(w)
@@ -355,6 +370,8 @@ def run_fused_add_rms_norm(k: CompiledKernel, x: torch.Tensor, residual: torch.T
 
 
 def run_layer_norm(k: CompiledKernel, x, w, b, eps: float) -> torch.Tensor:
+    if isinstance(k, PythonKernel):
+        return k.layer_norm(x, w, b, eps)
     x, w, b = _aligned(x), _aligned(w), _aligned(b)
     cols = x.shape[-1]
     rows = x.numel() // cols
@@ -365,6 +382,8 @@ def run_layer_norm(k: CompiledKernel, x, w, b, eps: float) -> torch.Tensor:
 
 
 def run_elementwise(k: CompiledKernel, x: torch.Tensor) -> torch.Tensor:
+    if isinstance(k, PythonKernel):
+        return k.elementwise(x)
     x = _aligned(x)
     out = torch.empty_like(x)
     n = x.numel()
@@ -376,6 +395,8 @@ def run_elementwise(k: CompiledKernel, x: torch.Tensor) -> torch.Tensor:
 
 
 def run_silu_and_mul(k: CompiledKernel, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    if isinstance(k, PythonKernel):
+        return k.silu_and_mul(g, u)
     cols = g.shape[-1]
     x = torch.cat([g, u], dim=-1)  # [rows, 2*cols], gate first (fresh, contiguous, aligned)
     rows = x.numel() // (2 * cols)
@@ -388,6 +409,8 @@ def run_silu_and_mul(k: CompiledKernel, g: torch.Tensor, u: torch.Tensor) -> tor
 def run_gated(k: CompiledKernel, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """silu_mul / gelu_tanh_mul, ABI (out, gate, up, rows, cols): gate and up of the same shape
     [..., cols], each made contiguous and 16-byte aligned on its own (no concatenation)."""
+    if isinstance(k, PythonKernel):
+        return k.gated(g, u)
     if g.shape != u.shape:
         raise ValueError(f"gated op: gate {tuple(g.shape)} and up {tuple(u.shape)} differ in shape")
     g, u = _aligned(g), _aligned(u)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .certs import CertificateError, verify
+from .pykernel import OPT_IN, is_python
 from .digest import (
     DigestMismatch, canonical_manifest, check_digest, digest_of, normalize_digest,
     not_applicable, parse_manifest_toml,
@@ -85,8 +86,12 @@ class HubSource:
 
     def __init__(self, url: str, timeout: float = 30.0, token: str | None = None,
                  wait_for_verification_s: float = 0.0, poll_s: float = 2.0,
-                 trusted_keys: list[str] | None = None):
+                 trusted_keys: list[str] | None = None, allow_python: bool = False):
         self.url = url.rstrip("/")
+        # Python candidates (SPEC 2b) run their code in this process: the hub is asked to
+        # consider them (`runtime=any`) only when the caller opted in, and one handed out
+        # anyway is refused.
+        self.allow_python = allow_python
         # With trusted keys, a kernel is taken only when its verification carries a
         # certificate signed by one of them that certifies that verification's report and
         # this very source (certs.verify); the certificate and report go into the evidence
@@ -167,7 +172,10 @@ class HubSource:
         return again
 
     def _resolve_once(self, key: Key) -> Resolution:
-        status, body = self._get("/v1/resolve?" + urllib.parse.urlencode(key.query()))
+        query = key.query()
+        if self.allow_python:
+            query["runtime"] = "any"
+        status, body = self._get("/v1/resolve?" + urllib.parse.urlencode(query))
         if status == 404:
             excluded = body.get("excluded") or [body.get("detail", "no kernel qualifies")]
             return Resolution(None, list(excluded), list(body.get("queued_jobs") or []))
@@ -180,6 +188,8 @@ class HubSource:
         if (manifest["name"], manifest["version"]) != (k["name"], k["version"]):
             raise DigestMismatch(f"{label}: the source is {manifest['name']} {manifest['version']}")
         _check_matches(key, manifest, label)
+        if is_python(manifest) and not self.allow_python:
+            return Resolution(None, [f"{label}: {OPT_IN}"] + list(body.get("excluded") or []))
         evidence = {e: body.get(e) for e in ("policy", "class", "device", "verified_at",
                                              "verification_id", "verification_url", "speed",
                                              "coverage", "stale")}
@@ -212,8 +222,10 @@ class LockSource:
     """A lock file: resolutions pinned by digest, with the kernels' content, for offline use.
     Every kernel's digest is recomputed on load; one that does not match refuses the lock."""
 
-    def __init__(self, path: str | os.PathLike, trusted_keys: list[str] | None = None):
+    def __init__(self, path: str | os.PathLike, trusted_keys: list[str] | None = None,
+                 allow_python: bool = False):
         self.path = Path(path)
+        self.allow_python = allow_python
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -257,6 +269,9 @@ class LockSource:
         digest = normalize_digest(e["digest"])
         manifest, source, k = self.kernels[digest]
         _check_matches(key, manifest, f"{self.path}: {digest}")
+        if is_python(manifest) and not self.allow_python:
+            return Resolution(None, [f"{manifest['name']} {manifest['version']} (locked): {OPT_IN}"]
+                              + list(e.get("excluded") or []))
         return Resolution(Resolved(manifest["name"], manifest["version"], digest, manifest, source,
                                    f"lock {self.path}", dict(e.get("evidence") or {})),
                           list(e.get("excluded") or []))
@@ -306,6 +321,9 @@ class DirSource:
                 manifest = parse_manifest_toml(text)
                 source = (d / manifest["source"]).read_text(encoding="utf-8")
                 for dt, sym in manifest["entries"].items():
+                    if is_python(manifest) and not any(
+                            line.startswith(f"def {sym}(") for line in source.splitlines()):
+                        raise ValueError(f"entry.{dt}: function `{sym}` is not defined in {manifest['source']}")
                     if sym not in source:
                         raise ValueError(f"entry.{dt}: symbol `{sym}` not in {manifest['source']}")
             except Exception as e:  # a broken folder is reported, not fatal

@@ -63,6 +63,12 @@ def retarget(report: dict, claim: dict, arch: str = "sm_90") -> dict:
     r["kernel"] = {"name": man["name"], "version": man["version"], "op": op, "semantics": sem,
                    "digest": claim["kernel"]["digest"]}
     r["requested_shapes"] = claim["job"]["shapes"]
+    if man.get("runtime") == "python":
+        # A Python candidate's run records its Python environment and compiles nothing (SPEC 2b;
+        # the hub checks both).
+        r.pop("compiled", None)
+        r["python"] = {"python": "3.12.3", "torch": "2.11.0+cu130",
+                       "packages": {"torch": "2.11.0+cu130"}, "isolation": []}
     copy = r["device"]["copy_gbps"]
     for c in r["cases"]:
         e = c.get("exactness")

@@ -177,6 +177,9 @@ pub fn app(state: AppState) -> Router {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
     Submit,
+    /// Submit Python candidates (SPEC 2b): they run arbitrary code on the workers, so a
+    /// `submit` token is not enough (docs/python-candidates.md).
+    SubmitPython,
     Worker,
     Admin,
 }
@@ -185,6 +188,7 @@ impl Scope {
     pub fn as_str(self) -> &'static str {
         match self {
             Scope::Submit => "submit",
+            Scope::SubmitPython => "submit-python",
             Scope::Worker => "worker",
             Scope::Admin => "admin",
         }
@@ -192,10 +196,11 @@ impl Scope {
     pub fn parse(s: &str) -> Result<Scope, String> {
         match s {
             "submit" => Ok(Scope::Submit),
+            "submit-python" => Ok(Scope::SubmitPython),
             "worker" => Ok(Scope::Worker),
             "admin" => Ok(Scope::Admin),
             _ => Err(format!(
-                "scope `{s}` is not valid: one of submit, worker, admin"
+                "scope `{s}` is not valid: one of submit, submit-python, worker, admin"
             )),
         }
     }

@@ -176,7 +176,7 @@ pub struct ServeArgs {
 pub enum TokenCommand {
     /// Create a token and print it once (only its hash is stored).
     Create {
-        /// Scope: submit (kernel authors' CI), worker (GPU workers), admin (everything). Repeatable.
+        /// Scope: submit (kernel authors' CI), submit-python (Python candidates: they run code on the workers), worker (GPU workers), admin (everything). Repeatable.
         #[arg(long = "scope", required = true)]
         scopes: Vec<String>,
         /// A name for the token, shown in the audit log and `token list` (not a number).

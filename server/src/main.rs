@@ -378,6 +378,12 @@ async fn start_embedded_worker(
         quick: false,
         poll_seconds: 2,
         model,
+        // Python candidates: the defaults (python3, no extra packages, limits of `worker`).
+        candidates: cmd::verify::PythonCandidateArgs {
+            candidate_case_limit_s: 300,
+            candidate_memory_gib: 32,
+            ..Default::default()
+        },
     };
     tokio::spawn(async move {
         if let Err(e) = cmd::worker::run(args).await {

@@ -13,7 +13,7 @@
 //! (kernel, width) and at most `max_pending` in all.
 
 use kernel_registry::report::{CaseReport, Coverage, ShapeRequest, VerificationReport};
-use kernel_registry::{Arch, DType, Op, Policy, Semantics};
+use kernel_registry::{Arch, DType, Op, Policy, Runtime, Semantics};
 use kernel_store::{KernelRow, Store, StoreError, WidthJob};
 use serde::Serialize;
 
@@ -26,6 +26,9 @@ pub struct Query {
     pub cols: u64,
     pub rows: Option<u64>,
     pub policy: Policy,
+    /// Python candidates (SPEC 2b) are considered too (`runtime=any`); by default only CUDA
+    /// kernels are, since running Python from a hub needs the client's opt-in.
+    pub include_python: bool,
 }
 
 /// The speed evidence at the measured shape nearest to the asked one.
@@ -277,6 +280,12 @@ pub async fn resolve_queueing(
     let mut staleness = crate::stale::Staleness::new(store);
     for k in kernels {
         let label = format!("{} {}", k.name, k.version);
+        if k.runtime == Runtime::Python && !q.include_python {
+            excluded.push(format!(
+                "{label}: a Python candidate (runtime = \"python\"); ask with runtime=any to consider Python candidates (a client runs them only when its caller opts in)"
+            ));
+            continue;
+        }
         if let Some(why) = shape_exclusion(&k, q) {
             excluded.push(format!("{label}: {why}"));
             continue;

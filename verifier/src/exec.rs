@@ -2,7 +2,7 @@
 //! the metrics, the report and the policy checks build and are tested without one.
 
 use crate::cases::CaseSpec;
-use kernel_registry::report::{CaseReport, CompiledModule, DeviceInfo};
+use kernel_registry::report::{CaseReport, CompiledModule, DeviceInfo, PythonRuntime};
 use kernel_registry::KernelBundle;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -24,6 +24,10 @@ pub enum ExecError {
     /// The isolated process running the kernel died or misbehaved.
     #[error("sandbox: {0}")]
     Sandbox(String),
+    /// A Python candidate raised, or returned something that is not the op's output (wrong
+    /// type, shape, dtype or device). Its process stays usable.
+    #[error("{what}: {message}")]
+    Candidate { what: String, message: String },
 }
 
 impl ExecError {
@@ -80,5 +84,9 @@ pub trait Executor {
     /// if needed. Executors that compile nothing have nothing to say.
     fn compiled(&mut self, _bundle: &KernelBundle) -> Result<Vec<CompiledModule>, ExecError> {
         Ok(Vec::new())
+    }
+    /// The interpreter and packages a Python candidate ran with (SPEC 2b); `None` for CUDA.
+    fn python_runtime(&mut self) -> Option<PythonRuntime> {
+        None
     }
 }

@@ -210,6 +210,78 @@ impl CudaExecutor {
     }
 }
 
+impl CudaExecutor {
+    /// The reference layer on `spec`'s own inputs (its seed, eps and shape), for a candidate
+    /// measured in another process (a Python candidate, `crate::python`): its output and updated
+    /// residual, and with `reps > 0` its median time with the L2 flushed (as the CUDA case runner
+    /// times it).
+    pub fn reference_case(
+        &mut self,
+        spec: &CaseSpec,
+        reps: u32,
+    ) -> Result<ReferenceOutputs, ExecError> {
+        let (op, dt) = (spec.op, spec.dtype);
+        let gpu = self.gpu()?;
+        let rd = reference_digest();
+        gpu.compile(&rd, "reference layers", REFERENCE_SOURCE, &[])?;
+        let f = gpu.function(&rd, &[], &reference_symbol(op, spec.semantics, dt))?;
+        let gpu = &*gpu;
+        let inp = cases::generate(spec);
+        let bufs = Bufs::upload(gpu, &inp)?;
+        let out = gpu.alloc((spec.rows * spec.cols) as usize * dt.size_bytes())?;
+        let d = reference_dims(op, spec.rows, spec.cols);
+        let args = abi_args(spec, bufs.ptrs(&out, bufs.residual.as_ref()), spec.rows);
+        let pristine_res = bufs
+            .residual
+            .as_ref()
+            .map(|r| gpu.download_vec(r))
+            .transpose()?;
+        let limit = Duration::from_secs(120);
+        gpu.launch("reference", f, d.grid, d.block, 0, &args, limit)?;
+        let res = bufs
+            .residual
+            .as_ref()
+            .map(|r| gpu.download_vec(r))
+            .transpose()?;
+        let out_host = gpu.download_vec(&out)?;
+        let median_us = if reps > 0 {
+            let mut prepare = || -> Result<(), ExecError> {
+                if let (Some(r), Some(p)) = (&bufs.residual, &pristine_res) {
+                    gpu.upload(r, p)?;
+                }
+                Ok(())
+            };
+            Some(gpu.time_launches(
+                "reference",
+                f,
+                d.grid,
+                d.block,
+                0,
+                &args,
+                reps as usize,
+                limit,
+                &mut prepare,
+                &mut |_| Ok(()),
+            )?)
+        } else {
+            None
+        };
+        Ok(ReferenceOutputs {
+            out: out_host,
+            residual: res,
+            median_us,
+        })
+    }
+}
+
+/// The reference layer's outputs for one case (and its time, when asked).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReferenceOutputs {
+    pub out: Vec<u8>,
+    pub residual: Option<Vec<u8>>,
+    pub median_us: Option<f64>,
+}
+
 impl Executor for CudaExecutor {
     fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
         Ok(self.gpu()?.info.clone())

@@ -4,7 +4,8 @@
 //!
 //! Layout: `cases` (the suite and its inputs), `numeric` (ulp, rounding, exactness),
 //! `oracle` (f64 truth), `exec` (the `Executor` trait: the GPU boundary), `cuda` + `gpu` (the
-//! CUDA executor and reference layers), `sandbox` (the child process), `verify` (a whole run),
+//! CUDA executor and reference layers), `sandbox` (the child process), `python` (Python
+//! candidates, SPEC 2b: their own child process and executor), `verify` (a whole run),
 //! `conformance` (built-in references against PyTorch eager outputs).
 
 pub mod cases;
@@ -17,6 +18,7 @@ pub mod measure;
 pub mod model;
 pub mod numeric;
 pub mod oracle;
+pub mod python;
 pub mod sandbox;
 pub mod verify;
 

@@ -31,6 +31,13 @@ pub enum Request {
         manifest_toml: String,
         source: String,
     },
+    /// The reference layer on a case's inputs, for a candidate measured elsewhere (a Python
+    /// candidate): outputs written to `dir/ref_out.bin` (and `dir/ref_residual.bin`).
+    Reference {
+        spec: CaseSpec,
+        reps: u32,
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -39,6 +46,10 @@ pub enum Response {
     Device(DeviceInfo),
     Case(Box<CaseReport>),
     Compiled(Vec<CompiledModule>),
+    /// The reference ran; its median time when `reps > 0`.
+    Reference {
+        median_us: Option<f64>,
+    },
     Error(ExecError),
 }
 
@@ -72,6 +83,27 @@ pub fn serve() -> anyhow::Result<()> {
                     Err(e) => Response::Error(e),
                 },
             },
+            Request::Reference { spec, reps, dir } => {
+                let written = exec.reference_case(&spec, reps).and_then(|r| {
+                    let write = |name: &str, bytes: &[u8]| {
+                        std::fs::write(dir.join(name), bytes).map_err(|e| {
+                            ExecError::Sandbox(format!(
+                                "cannot write {name} in {}: {e}",
+                                dir.display()
+                            ))
+                        })
+                    };
+                    write("ref_out.bin", &r.out)?;
+                    if let Some(res) = &r.residual {
+                        write("ref_residual.bin", res)?;
+                    }
+                    Ok(r.median_us)
+                });
+                match written {
+                    Ok(median_us) => Response::Reference { median_us },
+                    Err(e) => Response::Error(e),
+                }
+            }
             Request::Case {
                 manifest_toml,
                 source,
@@ -267,6 +299,46 @@ impl SandboxExecutor {
                 let c = self.child.take().expect("child");
                 Err(ExecError::Sandbox(format!("{what}: {}", c.kill())))
             }
+        }
+    }
+}
+
+impl crate::python::ReferenceLayers for SandboxExecutor {
+    fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
+        Executor::device_info(self)
+    }
+
+    fn reference(
+        &mut self,
+        spec: &CaseSpec,
+        _inputs: &crate::cases::CaseInputs,
+        reps: u32,
+        dir: &std::path::Path,
+    ) -> Result<crate::gpu::ReferenceOutputs, ExecError> {
+        let req = Request::Reference {
+            spec: spec.clone(),
+            reps,
+            dir: dir.to_path_buf(),
+        };
+        match self.call(&req, &format!("reference of {}", spec.id))? {
+            Response::Reference { median_us } => {
+                let read = |name: &str| {
+                    std::fs::read(dir.join(name)).map_err(|e| {
+                        ExecError::Sandbox(format!("the reference's {name} is unreadable: {e}"))
+                    })
+                };
+                Ok(crate::gpu::ReferenceOutputs {
+                    out: read("ref_out.bin")?,
+                    residual: if spec.op == kernel_registry::Op::FusedAddRmsNorm {
+                        Some(read("ref_residual.bin")?)
+                    } else {
+                        None
+                    },
+                    median_us,
+                })
+            }
+            Response::Error(e) => Err(e),
+            _ => Err(ExecError::Sandbox("unexpected answer".into())),
         }
     }
 }

@@ -3,12 +3,13 @@
 
 use crate::cases::{self, CaseSpec, SUITE_VERSION};
 use crate::exec::{ExecError, Executor, Limits};
+use crate::python::{PythonExecutor, PythonOptions};
 use crate::sandbox::SandboxExecutor;
 use kernel_registry::report::{
     CaseReport, CaseStatus, KernelRef, ShapeRequest, Summary, VerificationReport,
     REPORT_SCHEMA_VERSION,
 };
-use kernel_registry::{DType, KernelBundle};
+use kernel_registry::{DType, KernelBundle, Runtime};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -29,6 +30,8 @@ pub struct VerifyOptions {
     pub sandbox_exe: Option<PathBuf>,
     /// Shapes to verify besides the suite (each dtype); recorded in the report.
     pub shapes: Vec<ShapeRequest>,
+    /// How a Python candidate's child is started (default: `PythonOptions::default()`).
+    pub python: Option<PythonOptions>,
 }
 
 /// Where a verification stands, for progress bars.
@@ -64,8 +67,19 @@ pub fn verify_bundle(
             "the CUDA driver (libcuda.so.1) did not load or reports no device".into(),
         ));
     }
-    let mut exec = SandboxExecutor::new(opts.sandbox_exe.clone()).map_err(VerifyError::Exec)?;
-    verify_with(&mut exec, bundle, opts, progress)
+    let sandbox = SandboxExecutor::new(opts.sandbox_exe.clone()).map_err(VerifyError::Exec)?;
+    match bundle.manifest.runtime {
+        Runtime::Cuda => {
+            let mut exec = sandbox;
+            verify_with(&mut exec, bundle, opts, progress)
+        }
+        // The candidate in a Python child; the reference layers in the CUDA sandbox.
+        Runtime::Python => {
+            let mut exec = PythonExecutor::new(sandbox, opts.python.clone().unwrap_or_default())
+                .map_err(VerifyError::Exec)?;
+            verify_with(&mut exec, bundle, opts, progress)
+        }
+    }
 }
 
 /// The dtypes a run covers: the filter (each must have an entry) or all entries.
@@ -166,7 +180,10 @@ pub fn verify_with(
         let report = if let Some(why) = m.not_applicable(spec.constraint_size(), Some(device.arch))
         {
             case_skeleton(spec, CaseStatus::NotApplicable, Some(why))
-        } else if let Err(why) = m.launch_dims(spec.rows, spec.cols, device.sm_count) {
+        } else if let (Runtime::Cuda, Err(why)) = (
+            m.runtime,
+            m.launch_dims(spec.rows, spec.cols, device.sm_count),
+        ) {
             case_skeleton(spec, CaseStatus::Error, Some(format!("launch rule: {why}")))
         } else if consecutive_errors >= MAX_CONSECUTIVE_ERRORS {
             case_skeleton(
@@ -241,6 +258,7 @@ pub fn verify_with(
         model_notes: vec![],
         compiled,
         requested_shapes: opts.shapes.clone(),
+        python: exec.python_runtime(),
     })
 }
 

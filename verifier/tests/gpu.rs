@@ -50,6 +50,7 @@ fn run(rel: &str) -> Result<VerificationReport, String> {
         },
         sandbox_exe: None,
         shapes: Vec::new(),
+        python: None,
     };
     verify_bundle(&b, &opts, &mut |_| {}).map_err(|e| e.to_string())
 }

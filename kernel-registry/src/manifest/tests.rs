@@ -45,8 +45,8 @@ fn good_manifest_parses() {
     assert_eq!(m.semantics, Semantics::Llama);
     assert_eq!(m.dtypes(), vec![DType::Bf16, DType::F32]);
     assert_eq!(m.constraints.archs, vec![Arch::new(8, 0), Arch::new(9, 0)]);
-    assert_eq!(m.launch_rule(1024).block, [32, 8, 1]);
-    assert_eq!(m.launch_rule(1025).block, [1024, 1, 1]);
+    assert_eq!(m.launch_rule(1024).unwrap().block, [32, 8, 1]);
+    assert_eq!(m.launch_rule(1025).unwrap().block, [1024, 1, 1]);
     let d = m.launch_dims(100, 512, 132).unwrap();
     assert_eq!(d.grid, [13, 1, 1]);
     let d = m.launch_dims(100, 4096, 132).unwrap();
@@ -368,4 +368,271 @@ fn gated_ops_parse_with_default_semantics_and_launch_over_all_elements() {
     }
     let e = Manifest::parse(&with("op = \"rms_norm\"", "op = \"silu_and_mul2\"")).unwrap_err();
     assert!(e.to_string().contains("silu_mul, gelu_tanh_mul"), "{e}");
+}
+
+// ---- Python candidates (SPEC 2b) ---------------------------------------------------------
+
+pub(crate) const PY_GOOD: &str = r#"
+name = "liger_rms_norm_llama"
+version = "0.8.5"
+op = "rms_norm"
+semantics = "llama"
+description = "Liger-Kernel's RMSNorm, llama casting mode"
+authors = ["someone"]
+license = "BSD-2-Clause"
+runtime = "python"
+source = "kernel.py"
+requires = ["liger-kernel==0.8.5", "torch>=2.5,<3"]
+
+[entry]
+bf16 = "rms_norm"
+f32 = "rms_norm"
+
+[constraints]
+cols_max = 65536
+"#;
+
+pub(crate) const PY_SRC: &str =
+    "import torch\n\n\ndef rms_norm(x, weight, eps):\n    return torch.nn.functional.rms_norm(x, x.shape[-1:], weight, eps)\n";
+
+fn py_with(from: &str, to: &str) -> String {
+    assert!(PY_GOOD.contains(from), "fixture lacks {from}");
+    PY_GOOD.replacen(from, to, 1)
+}
+
+#[test]
+fn python_candidate_parses() {
+    let m = Manifest::parse(PY_GOOD).unwrap();
+    assert_eq!(m.runtime, Runtime::Python);
+    assert_eq!(m.requires, ["liger-kernel==0.8.5", "torch>=2.5,<3"]);
+    assert_eq!(m.required_packages(), ["liger-kernel", "torch"]);
+    assert!(m.launch.is_empty() && m.nvrtc_options.is_empty());
+    assert_eq!(m.entries[&DType::Bf16], "rms_norm");
+    assert!(m.launch_rule(4096).is_none());
+    assert!(m
+        .launch_dims(4, 4096, 132)
+        .unwrap_err()
+        .contains("no launch rules"));
+    let b = KernelBundle::from_parts(PY_GOOD, PY_SRC).unwrap();
+    // runtime and requires are part of the canonical form (and so of the digest)
+    let j = serde_json::to_string(&b.manifest).unwrap();
+    assert!(
+        j.ends_with(r#""runtime":"python","requires":["liger-kernel==0.8.5","torch>=2.5,<3"]}"#),
+        "{j}"
+    );
+    let other = py_with("\"torch>=2.5,<3\"", "\"torch>=2.6\"");
+    assert_ne!(
+        KernelBundle::from_parts(&other, PY_SRC).unwrap().digest(),
+        b.digest()
+    );
+}
+
+#[test]
+fn cuda_kernels_keep_their_canonical_form() {
+    // A CUDA manifest's JSON has no runtime or requires: digests made before SPEC 2b hold.
+    let m = Manifest::parse(GOOD).unwrap();
+    let j = serde_json::to_string(&m).unwrap();
+    assert!(!j.contains("runtime") && !j.contains("requires"), "{j}");
+    let explicit = with("source = \"k.cu\"", "source = \"k.cu\"\nruntime = \"cuda\"");
+    assert_eq!(
+        KernelBundle::from_parts(&explicit, SRC).unwrap().digest(),
+        KernelBundle::from_parts(GOOD, SRC).unwrap().digest()
+    );
+}
+
+#[test]
+fn bad_python_candidates_name_the_field() {
+    let launch = "\n[launch]\nblock = 256\ngrid = \"per_row\"\n";
+    let cases: Vec<(String, &str, &str)> = vec![
+        (
+            py_with("runtime = \"python\"", "runtime = \"triton\""),
+            "`runtime`",
+            "one of cuda, python",
+        ),
+        (
+            py_with("source = \"kernel.py\"", "source = \"kernel.cu\""),
+            "`source`",
+            "`.py` file",
+        ),
+        (
+            py_with("source = \"kernel.py\"", "source = \"../x/kernel.py\""),
+            "`source`",
+            "no path",
+        ),
+        (
+            py_with(
+                "requires = [\"liger-kernel==0.8.5\", \"torch>=2.5,<3\"]\n",
+                "",
+            ),
+            "`requires`",
+            "list the Python packages",
+        ),
+        (
+            py_with(
+                "requires = [\"liger-kernel==0.8.5\", \"torch>=2.5,<3\"]",
+                "requires = []",
+            ),
+            "`requires`",
+            "1 to 16",
+        ),
+        (
+            py_with("\"liger-kernel==0.8.5\"", "\"liger-kernel\""),
+            "`requires[0]`",
+            "gives no version",
+        ),
+        (
+            py_with(
+                "\"liger-kernel==0.8.5\"",
+                "\"liger-kernel @ https://x/y.whl\"",
+            ),
+            "`requires[0]`",
+            "not a version specifier",
+        ),
+        (
+            py_with("\"torch>=2.5,<3\"", "\"torch>=two\""),
+            "`requires[1]`",
+            "not a version",
+        ),
+        (
+            py_with("\"torch>=2.5,<3\"", "\"Liger_Kernel>=0.8\""),
+            "`requires[1]`",
+            "listed twice",
+        ),
+        (
+            py_with("\"torch>=2.5,<3\"", "\"-torch>=2\""),
+            "`requires[1]`",
+            "package name is not valid",
+        ),
+        (
+            py_with("\"torch>=2.5,<3\"", "\"torch>=2\\u0000\""),
+            "`requires[1]`",
+            "U+0000",
+        ),
+        (
+            py_with("bf16 = \"rms_norm\"", "bf16 = \"rms-norm\""),
+            "`entry.bf16`",
+            "not a Python function name",
+        ),
+        (
+            py_with("bf16 = \"rms_norm\"", "bf16 = \"__import__\""),
+            "`entry.bf16`",
+            "not a Python function name",
+        ),
+        (
+            py_with("bf16 = \"rms_norm\"", "bfloat16 = \"rms_norm\""),
+            "`entry.bfloat16`",
+            "dtype",
+        ),
+        (format!("{PY_GOOD}{launch}"), "`launch`", "no launch rules"),
+        (
+            py_with(
+                "runtime = \"python\"",
+                "runtime = \"python\"\nnvrtc_options = [\"--use_fast_math\"]",
+            ),
+            "`nvrtc_options`",
+            "not compiled by NVRTC",
+        ),
+        (
+            py_with("cols_max = 65536", "cols_max = 65536\ncols_min = 0"),
+            "`constraints.cols_min`",
+            "at least 1",
+        ),
+        (
+            py_with("runtime = \"python\"", "runtime = \"python\"\nextra = 1"),
+            "unknown field `extra`",
+            "expected one of",
+        ),
+        // a CUDA kernel may not name Python packages, and still needs launch rules
+        (
+            with(
+                "source = \"k.cu\"",
+                "source = \"k.cu\"\nrequires = [\"torch>=2\"]",
+            ),
+            "`requires`",
+            "only a Python candidate",
+        ),
+        (
+            GOOD.split("[[launch]]").next().unwrap().to_string(),
+            "`launch`",
+            "needs launch rules",
+        ),
+    ];
+    for (text, field, words) in cases {
+        let e = Manifest::parse(&text).unwrap_err().to_string();
+        assert!(
+            e.contains(field) && e.contains(words),
+            "want {field} / {words}, got: {e}\n{text}"
+        );
+    }
+    // The source must define each entry's function at module level.
+    let e = KernelBundle::from_parts(
+        PY_GOOD,
+        "def other(x, weight, eps):\n    return x\n# rms_norm\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("`entry.bf16`") && e.contains("def rms_norm("),
+        "{e}"
+    );
+}
+
+#[test]
+fn requirement_names_normalise_as_pip_does() {
+    assert_eq!(
+        check_requirement("Liger_Kernel==0.8.5").unwrap(),
+        "liger-kernel"
+    );
+    assert_eq!(check_requirement("a.b__c>=1.0,!=1.2.*").unwrap(), "a-b-c");
+    assert_eq!(check_requirement("torch >= 2.5").unwrap(), "torch");
+    assert!(check_requirement("torch>=2.5 ; python_version>'3'").is_err());
+}
+
+/// `python/tests/fixtures/python_digests.json`: Python candidates' canonical manifests and
+/// digests as this crate computes them, for the Python client's parser and digest to agree
+/// with (written here; `KERNELIZE_UPDATE_FIXTURES=1` rewrites it).
+#[test]
+fn python_digest_fixture_is_current() {
+    let third_party =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/third-party");
+    let mut cases = vec![serde_json::json!({
+        "name": "inline",
+        "manifest_toml": PY_GOOD,
+        "source": PY_SRC,
+        "manifest": Manifest::parse(PY_GOOD).unwrap(),
+        "digest": KernelBundle::from_parts(PY_GOOD, PY_SRC).unwrap().digest().to_string(),
+    })];
+    let mut dirs: Vec<_> = std::fs::read_dir(&third_party)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    dirs.sort();
+    for dir in dirs.iter().filter(|d| d.join("kernel.toml").exists()) {
+        let b = KernelBundle::load_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        cases.push(serde_json::json!({
+            "name": dir.file_name().unwrap().to_string_lossy(),
+            "manifest_toml": b.manifest_toml,
+            "source": b.source,
+            "manifest": b.manifest,
+            "digest": b.digest().to_string(),
+        }));
+    }
+    let want = serde_json::to_string_pretty(&serde_json::json!({
+        "comment": "Written by kernel-registry's test manifest::tests::python_digest_fixture_is_current (the inline candidate and kernels/third-party/*); do not edit: run KERNELIZE_UPDATE_FIXTURES=1 cargo test -p kernel-registry python_digest_fixture",
+        "cases": cases,
+    }))
+    .unwrap()
+        + "\n";
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../python/tests/fixtures/python_digests.json");
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    if have != want {
+        if std::env::var("KERNELIZE_UPDATE_FIXTURES").as_deref() == Ok("1") {
+            std::fs::write(&path, &want).unwrap();
+        } else {
+            panic!(
+                "{} is not current: run `KERNELIZE_UPDATE_FIXTURES=1 cargo test -p kernel-registry python_digest_fixture` and commit it",
+                path.display()
+            );
+        }
+    }
 }

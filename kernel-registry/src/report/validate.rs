@@ -14,7 +14,7 @@ use super::{
 };
 use crate::device::{self, PEAK_MARGIN};
 use crate::domain::{DType, Digest};
-use crate::manifest::Manifest;
+use crate::manifest::{Manifest, Runtime};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -66,6 +66,13 @@ pub struct ReportError {
 pub enum ReportErrorKind {
     SchemaVersion {
         got: u32,
+    },
+    /// A report whose execution record does not fit the kernel's runtime (SPEC 2b): a Python
+    /// candidate's names its Python environment and compiles nothing; a CUDA kernel's has no
+    /// Python environment.
+    Runtime {
+        runtime: Runtime,
+        why: &'static str,
     },
     /// The report names another kernel than the job's.
     KernelMismatch {
@@ -191,6 +198,10 @@ impl fmt::Display for ReportErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use ReportErrorKind::*;
         match self {
+            Runtime { runtime, why } => write!(
+                f,
+                "the kernel's runtime is {runtime}: {why}; post the report `kernelize verify` or `kernelize worker` wrote"
+            ),
             SchemaVersion { got } => write!(
                 f,
                 "report schema_version {got} is not {REPORT_SCHEMA_VERSION}; upgrade the worker's kernelize to this hub's version"
@@ -334,6 +345,7 @@ pub fn validate(report: &VerificationReport, want: &Expected<'_>) -> Result<(), 
         check_suite(report, planned, &mut out);
     }
     check_compiled(report, want.manifest, &mut out);
+    check_runtime(report, want.manifest, &mut out);
     check_models(report, want.manifest, &mut out);
     out.truncate(MAX_PROBLEMS);
     if out.is_empty() {
@@ -916,6 +928,43 @@ fn check_suite(r: &VerificationReport, planned: &[PlannedCase], out: &mut Vec<Re
                 seed: r.seed,
             },
         ));
+    }
+}
+
+fn check_runtime(r: &VerificationReport, m: &Manifest, out: &mut Vec<ReportError>) {
+    let runtime = m.runtime;
+    match runtime {
+        Runtime::Python => {
+            if r.python.is_none() {
+                out.push(err(
+                    "python",
+                    ReportErrorKind::Runtime {
+                        runtime,
+                        why: "its report records the Python environment it ran in",
+                    },
+                ));
+            }
+            if !r.compiled.is_empty() {
+                out.push(err(
+                    "compiled",
+                    ReportErrorKind::Runtime {
+                        runtime,
+                        why: "NVRTC compiles nothing of a Python candidate",
+                    },
+                ));
+            }
+        }
+        Runtime::Cuda => {
+            if r.python.is_some() {
+                out.push(err(
+                    "python",
+                    ReportErrorKind::Runtime {
+                        runtime,
+                        why: "a CUDA kernel runs in no Python environment",
+                    },
+                ));
+            }
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use axum::extract::{FromRequest, Multipart, Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use kernel_registry::{Arch, DType, Digest, KernelBundle, Policy};
+use kernel_registry::{Arch, DType, Digest, KernelBundle, Policy, Runtime};
 use kernel_store::{Inserted, KernelQuery, KernelRow};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -301,14 +301,14 @@ pub struct SubmitBody {
     pub source: String,
 }
 
-/// Submit a kernel (token scope `submit`): JSON `{manifest, source}` or multipart with parts
+/// Submit a kernel (token scope `submit`; `submit-python` for a Python candidate): JSON `{manifest, source}` or multipart with parts
 /// `manifest` and `source`. 201 with the digest and its verification job; 200 when exactly
 /// this content is already stored; 409 when the name and version hold other content.
 #[utoipa::path(post, path = "/v1/kernels", tag = "kernels",
     request_body(content((SubmitBody = "application/json"), (SubmitBody = "multipart/form-data")),
-        description = "The kernel.toml text and the CUDA source, as JSON or as multipart parts `manifest` and `source` (UTF-8, no NUL; the source at most 1 MiB)"),
+        description = "The kernel.toml text and the source (.cu, or .py for runtime = \"python\"), as JSON or as multipart parts `manifest` and `source` (UTF-8, no NUL; the source at most 1 MiB)"),
     responses((status = 201, description = "Stored; verification queued"), (status = 200, description = "Already stored"),
-        (status = 401, description = "No token"), (status = 403, description = "Token lacks scope submit"),
+        (status = 401, description = "No token"), (status = 403, description = "Token lacks scope submit (submit-python for a Python candidate)"),
         (status = 409, description = "Same name and version, other content"), (status = 413, description = "Body too large"),
         (status = 422, description = "The manifest or source is invalid; `field` names the field")),
     security(("token" = [])))]
@@ -317,7 +317,15 @@ pub async fn submit(
     caller: Caller,
     req: Request,
 ) -> Result<Response, AppError> {
-    let actor = caller.require(Scope::Submit)?.to_string();
+    // Either submit scope lets the body be read; which one the kernel needs is known once its
+    // manifest is parsed.
+    let actor = match caller.require(Scope::Submit) {
+        Ok(a) => a.to_string(),
+        Err(e) => match caller.require(Scope::SubmitPython) {
+            Ok(a) => a.to_string(),
+            Err(_) => return Err(e),
+        },
+    };
     let is_multipart = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -356,6 +364,20 @@ pub async fn submit(
             .0
     };
     let bundle = KernelBundle::from_parts(&body.manifest, &body.source)?;
+    match bundle.manifest.runtime {
+        // A Python candidate runs arbitrary code on the workers: only `submit-python`.
+        Runtime::Python => {
+            caller.require(Scope::SubmitPython).map_err(|mut e| {
+                e.detail.push_str(
+                    " (a kernel with runtime = \"python\" runs arbitrary code on the verifying workers; an admin grants `submit-python` with `kernelize token create --scope submit-python`)",
+                );
+                e.with("field", "runtime")
+            })?;
+        }
+        Runtime::Cuda => {
+            caller.require(Scope::Submit)?;
+        }
+    }
     let inserted = st.store.insert_kernel(&bundle, "submitted", &actor).await?;
     let (status, job_id) = match &inserted {
         Inserted::New { job_id, .. } => (StatusCode::CREATED, Some(*job_id)),

@@ -14,7 +14,16 @@ use std::collections::HashMap;
 pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
     known_params(
         q,
-        &["op", "semantics", "dtype", "arch", "cols", "rows", "policy"],
+        &[
+            "op",
+            "semantics",
+            "dtype",
+            "arch",
+            "cols",
+            "rows",
+            "policy",
+            "runtime",
+        ],
     )?;
     let op: Op = required(q, "op")?;
     let semantics = match param(q, "semantics")? {
@@ -37,6 +46,16 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
         cols,
         rows: param(q, "rows")?,
         policy: param(q, "policy")?.unwrap_or_else(|| "bit_exact".parse().expect("valid")),
+        include_python: match q.get("runtime").map(String::as_str) {
+            None | Some("cuda") => false,
+            Some("any") => true,
+            Some(other) => {
+                return Err(AppError::bad_request(format!(
+                    "query parameter `runtime`: `{other}` is not valid: cuda (the default: CUDA kernels only) or any (Python candidates too)"
+                ))
+                .with("field", "runtime"))
+            }
+        },
     })
 }
 
@@ -57,6 +76,7 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
         ("cols" = u64, Query, description = "columns (elements per row; element count for elementwise ops), at most 2^40", minimum = 1, maximum = 1099511627776_i64),
         ("rows" = Option<u64>, Query, description = "rows: picks the nearest measured speed; a queued width verification runs rows 1..max(64, rows); never gates", minimum = 1, maximum = 1099511627776_i64),
         ("policy" = Option<PolicyText>, Query, description = "bit_exact (default), ulp:N, tolerance, argmax, with ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X"),
+        ("runtime" = Option<String>, Query, description = "cuda (default: CUDA kernels only) or any (Python candidates too, SPEC 2b)"),
     ),
     responses((status = 200, description = "The chosen kernel with its evidence"), (status = 404, description = "No kernel qualifies; `excluded` says why each is out"), (status = 400, description = "A bad parameter")))]
 pub async fn resolve(
@@ -76,6 +96,7 @@ pub async fn resolve(
             // (`kernelize verify-request --stale` queues its re-verification).
             "stale": c.stale,
             "policy": query.policy.to_string(),
+            "runtime": c.kernel.runtime,
             "kernel": c.kernel,
             "digest": c.kernel.digest,
             "source_url": c.source_url,

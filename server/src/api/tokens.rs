@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 pub struct CreateTokenRequest {
     /// A name for the token, shown in the audit log and in `kernelize token list`.
     pub name: String,
-    /// Any of submit, worker, admin.
+    /// Any of submit, submit-python, worker, admin.
     pub scopes: Vec<String>,
     /// `90d`, `12h`, `30m`, `45s` or `never` (default 90d).
     #[serde(default)]
@@ -91,7 +91,7 @@ pub async fn create(
     let Json(b) = b.map_err(rejection)?;
     if b.scopes.is_empty() {
         return Err(AppError::unprocessable(
-            "a token needs at least one scope: submit, worker or admin",
+            "a token needs at least one scope: submit, submit-python, worker or admin",
         )
         .with("field", "scopes"));
     }

@@ -21,7 +21,7 @@ pub struct SubmitArgs {
     /// The hub's URL.
     #[arg(long, env = "KERNELIZE_SERVER")]
     pub server: String,
-    /// A token with scope `submit`.
+    /// A token with scope `submit` (`submit-python` for a Python candidate).
     #[arg(long, env = "KERNELIZE_TOKEN", hide_env_values = true)]
     pub token: String,
     /// Wait for the verdict of a GPU worker and print it.

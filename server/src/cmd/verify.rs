@@ -60,6 +60,46 @@ pub struct VerifyArgs {
     pub launch_limit_s: f64,
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub candidates: PythonCandidateArgs,
+}
+
+/// How a Python candidate (SPEC 2b) is run: its child process and what it may import.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PythonCandidateArgs {
+    /// Folders of Python packages a Python candidate may import, put first on its `sys.path`
+    /// (e.g. made with `pip install --no-deps --target DIR liger_kernel-0.8.5-py3-none-any.whl`).
+    /// Repeatable. The interpreter is --python's.
+    #[arg(long = "candidate-packages", value_name = "DIR")]
+    pub packages: Vec<std::path::PathBuf>,
+    /// Time limit of one case of a Python candidate (first import, Triton or Inductor
+    /// compilation, every call), seconds; the child is killed past it.
+    #[arg(long, default_value_t = 300)]
+    pub candidate_case_limit_s: u64,
+    /// Host memory (RLIMIT_DATA) of a Python candidate's child, GiB; 0: no limit.
+    #[arg(long, default_value_t = 32)]
+    pub candidate_memory_gib: u64,
+    /// Refuse to run a Python candidate unless its child has a network namespace of its own.
+    #[arg(long)]
+    pub require_network_isolation: bool,
+}
+
+impl PythonCandidateArgs {
+    pub fn options(&self, python: &str) -> verifier::python::PythonOptions {
+        verifier::python::PythonOptions {
+            python: python.into(),
+            package_dirs: self
+                .packages
+                .iter()
+                .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+                .collect(),
+            memory_limit_bytes: (self.candidate_memory_gib > 0)
+                .then_some(self.candidate_memory_gib << 30),
+            case_limit: std::time::Duration::from_secs(self.candidate_case_limit_s),
+            require_network_isolation: self.require_network_isolation,
+            ..Default::default()
+        }
+    }
 }
 
 /// Model-level verification (argmax agreement): the candidate substituted for every matching
@@ -417,6 +457,7 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         },
         sandbox_exe: None,
         shapes: shapes.clone(),
+        python: Some(args.candidates.options(&args.model.python)),
     };
     let bar = ProgressBar::new(0);
     bar.set_style(

@@ -55,6 +55,8 @@ pub struct WorkerArgs {
     pub poll_seconds: u64,
     #[command(flatten)]
     pub model: super::verify::ModelArgs,
+    #[command(flatten)]
+    pub candidates: super::verify::PythonCandidateArgs,
 }
 
 /// Call before any thread starts: the verifier's sandbox processes inherit it.
@@ -135,7 +137,16 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
             _ => return Err(problem(st, &body)),
         }
         let claim: ClaimResponse = decode("POST /v1/jobs/claim", body)?;
-        run_job(&client, &claim, a.quick, model.as_ref(), key.as_ref()).await?;
+        let python = a.candidates.options(&a.model.python);
+        run_job(
+            &client,
+            &claim,
+            a.quick,
+            model.as_ref(),
+            &python,
+            key.as_ref(),
+        )
+        .await?;
         done += 1;
     }
 }
@@ -152,6 +163,7 @@ async fn run_job(
     claim: &ClaimResponse,
     quick: bool,
     model: Option<&verifier::model::ModelOptions>,
+    python: &verifier::python::PythonOptions,
     key: Option<&ed25519_dalek::SigningKey>,
 ) -> anyhow::Result<()> {
     let id = claim.job.id;
@@ -214,6 +226,7 @@ async fn run_job(
     let opts = verifier::VerifyOptions {
         quick,
         shapes: shapes.clone(),
+        python: Some(python.clone()),
         ..Default::default()
     };
     let model = model.cloned();

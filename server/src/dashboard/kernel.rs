@@ -7,7 +7,7 @@ use crate::app::{AppState, Caller};
 use crate::error::AppError;
 use axum::extract::{Path, State};
 use kernel_registry::report::{coverage, percent, CaseStatus, ULP_BUCKETS};
-use kernel_registry::{DType, Op};
+use kernel_registry::{DType, Op, Runtime};
 use kernel_store::VerificationRow;
 use maud::{html, Markup};
 
@@ -35,6 +35,10 @@ pub async fn page(
         p.lead { (k.description) }
         dl.meta #manifest {
             dt { "op" } dd { (k.op) " (" (k.semantics) ")" }
+            // Python candidates (SPEC 2b) say so; CUDA is the default and goes unsaid.
+            @if k.runtime == Runtime::Python {
+                dt { "runtime" } dd #runtime { "python: a function of the source, run with its `requires` (docs/python-candidates.md)" }
+            }
             dt { "dtypes" } dd { (k.dtypes.iter().map(|d| d.as_str()).collect::<Vec<_>>().join(", ")) }
             dt { "archs" } dd { @if k.archs.is_empty() { "any" } @else { (k.archs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", ")) } }
             dt { "cols" } dd {

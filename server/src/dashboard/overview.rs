@@ -283,7 +283,10 @@ fn matrix(rows: &[Row]) -> Markup {
                             tr.group { td colspan="13" { (r.kernel.op) " · " (r.kernel.semantics) } }
                         }
                         tr {
-                            td { a href=(kernel_href(&r.kernel.name, &r.kernel.version)) title=(r.kernel.description) { (r.kernel.name) " " (r.kernel.version) } }
+                            td {
+                                a href=(kernel_href(&r.kernel.name, &r.kernel.version)) title=(r.kernel.description) { (r.kernel.name) " " (r.kernel.version) }
+                                @if r.kernel.runtime == kernel_registry::Runtime::Python { " " span.muted title="a Python candidate (SPEC 2b)" { "python" } }
+                            }
                             td { (r.dtype) }
                             td { (r.arch) }
                             td { (class_badge(r.verdict.class)) }

@@ -1,0 +1,87 @@
+"""Python candidates (SPEC 2b): the client's parser and digest against the Rust registry's
+(python/tests/fixtures/python_digests.json is written by a kernel-registry test)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kernelize.digest import (ManifestError, canonical_manifest, check_requirement, digest_of,
+                              parse_manifest_toml)
+
+FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "python_digests.json")
+                     .read_text(encoding="utf-8"))
+CASES = FIXTURE["cases"]
+GOOD = next(c for c in CASES if c["name"] == "inline")["manifest_toml"]
+
+
+def test_fixture_covers_the_third_party_candidates():
+    names = {c["name"] for c in CASES}
+    assert {"liger_rms_norm_llama", "liger_rms_norm_gemma", "liger_layer_norm", "liger_swiglu",
+            "liger_geglu", "compile_llama_rms_norm", "compile_gemma_rms_norm",
+            "compile_layer_norm", "compile_silu_mul", "f_rms_norm_as_llama"} <= names
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_python_candidates_hash_as_in_rust(case):
+    m = parse_manifest_toml(case["manifest_toml"])
+    assert m == canonical_manifest(case["manifest"])
+    assert m["runtime"] == "python" and m["requires"] and m["launch"] == []
+    assert digest_of(m, case["source"]) == case["digest"]
+    assert digest_of(case["manifest"], case["source"]) == case["digest"]
+
+
+def test_cuda_manifests_keep_no_runtime_key():
+    cuda = json.loads((Path(__file__).parent / "fixtures" / "digests.json").read_text())["cases"]
+    for c in cuda:
+        m = parse_manifest_toml(c["manifest_toml"])
+        assert "runtime" not in m and "requires" not in m
+        assert digest_of(m, c["source"]) == c["digest"]
+        explicit = parse_manifest_toml(c["manifest_toml"].replace(
+            'source = "kernel.cu"', 'source = "kernel.cu"\nruntime = "cuda"', 1))
+        assert digest_of(explicit, c["source"]) == c["digest"]
+
+
+REQ = 'requires = ["liger-kernel==0.8.5", "torch>=2.5,<3"]'
+
+
+@pytest.mark.parametrize("old,new,field,words", [
+    ('runtime = "python"', 'runtime = "triton"', "`runtime`", "one of cuda, python"),
+    ('source = "kernel.py"', 'source = "kernel.cu"', "`source`", "`.py` file"),
+    (REQ + "\n", "", "`requires`", "list the Python packages"),
+    (REQ, "requires = []", "`requires`", "1 to 16"),
+    ('"liger-kernel==0.8.5"', '"liger-kernel"', "`requires[0]`", "gives no version"),
+    ('"liger-kernel==0.8.5"', '"liger-kernel @ https://x/y.whl"', "`requires[0]`",
+     "not a version specifier"),
+    ('"torch>=2.5,<3"', '"torch>=two"', "`requires[1]`", "not a version"),
+    ('"torch>=2.5,<3"', '"Liger_Kernel>=0.8"', "`requires[1]`", "listed twice"),
+    ('bf16 = "rms_norm"', 'bf16 = "rms-norm"', "`entry.bf16`", "not a Python function name"),
+    ('bf16 = "rms_norm"', 'bf16 = "__import__"', "`entry.bf16`", "not a Python function name"),
+    ('runtime = "python"', 'runtime = "python"\nnvrtc_options = ["--use_fast_math"]',
+     "`nvrtc_options`", "not compiled by NVRTC"),
+    ("cols_max = 65536", "cols_max = 65536\ncols_min = 0", "`constraints.cols_min`", "at least 1"),
+    ('runtime = "python"', 'runtime = "python"\nextra = 1', "unknown field `extra`", ""),
+])
+def test_bad_python_candidates_name_the_field(old, new, field, words):
+    assert old in GOOD
+    with pytest.raises(ManifestError) as e:
+        parse_manifest_toml(GOOD.replace(old, new, 1))
+    assert field in str(e.value) and words in str(e.value), str(e.value)
+
+
+def test_launch_rules_are_refused_for_python_and_required_for_cuda():
+    with pytest.raises(ManifestError, match="`launch`.*no launch rules"):
+        parse_manifest_toml(GOOD + '\n[launch]\nblock = 256\ngrid = "per_row"\n')
+    cuda = GOOD.replace('runtime = "python"\n', "").replace('source = "kernel.py"', 'source = "k.cu"')
+    with pytest.raises(ManifestError, match="`requires`.*only a Python candidate"):
+        parse_manifest_toml(cuda)
+    with pytest.raises(ManifestError, match="`launch`.*needs launch rules"):
+        parse_manifest_toml(cuda.replace(REQ + "\n", ""))
+
+
+def test_requirement_names_normalise_as_pip_does():
+    assert check_requirement("Liger_Kernel==0.8.5") == "liger-kernel"
+    assert check_requirement("a.b__c>=1.0,!=1.2.*") == "a-b-c"
+    assert check_requirement("torch >= 2.5") == "torch"
+    with pytest.raises(ValueError):
+        check_requirement("torch>=2.5 ; python_version>'3'")

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Verify the third-party Python candidates (kernels/third-party, SPEC 2b) on the GPU machine:
+# Liger-Kernel from its PyPI wheel (carried in .gpu-stage/wheels, installed with
+# `pip install --no-deps --target`), torch.compile and F.rms_norm from the machine's torch.
+# Usage: scripts/gpu-python-candidates.sh OUT_DIR [CANDIDATE...]   (quick suite, bf16)
+# Needs target/release/kernelize (built elsewhere: the GPU machine has no Rust toolchain).
+set -u
+OUT=${1:?OUT_DIR}; shift
+BIN=${KERNELIZE_BIN:-target/release/kernelize}
+PKG=$(mktemp -d)/site
+mkdir -p "$OUT" "$PKG"
+python3 -m pip install -q --no-deps --no-index --target "$PKG" .gpu-stage/wheels/liger_kernel-*.whl \
+  > "$OUT/pip.log" 2>&1 || { echo "pip install failed:"; tail -5 "$OUT/pip.log"; }
+# The candidate's child runs `python3 -I` (no user site-packages): if torch lives there, pass it.
+EXTRA=()
+if ! python3 -I -c 'import torch' 2>/dev/null; then
+  EXTRA=(--candidate-packages "$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')")
+  echo "torch is not importable with -I: passing ${EXTRA[*]}"
+fi
+CANDS=("$@")
+[ ${#CANDS[@]} -gt 0 ] || CANDS=(liger_rms_norm_llama f_rms_norm_as_llama compile_llama_rms_norm
+  liger_layer_norm compile_layer_norm liger_swiglu compile_silu_mul liger_geglu
+  liger_rms_norm_gemma compile_gemma_rms_norm)
+{
+  date -u +"date %Y-%m-%dT%H:%M:%SZ"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sed 's/^/gpu /'
+  python3 -c 'import sys, torch, triton; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__, "cuda", torch.version.cuda)'
+  python3 -c 'import transformers; print("transformers", transformers.__version__)'
+  echo "command: scripts/gpu-python-candidates.sh OUT ${CANDS[*]} (kernelize verify --quick --dtype bf16 --candidate-packages PKG)"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+MEM=32
+for c in "${CANDS[@]}"; do
+  t0=$(date +%s)
+  timeout "${PER_CANDIDATE_S:-60}" "$BIN" verify "kernels/third-party/$c" --quick --dtype bf16 \
+    --candidate-packages "$PKG" "${EXTRA[@]}" --candidate-memory-gib "$MEM" --json "$OUT/$c.json" \
+    > "$OUT/$c.log" 2>&1
+  rc=$?
+  echo "$c: exit $rc in $(( $(date +%s) - t0 )) s"
+  if [ $rc -ne 0 ] && [ ! -s "$OUT/$c.json" ]; then tail -4 "$OUT/$c.log"; fi
+done
+python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+print(f"\n{'candidate':26} {'class':10} {'mism.frac':>9} {'max_ulp':>7} {'det':>4} {'batch':>5} {'integ':>5} {'GB/s@4096x8192':>14} {'speedup':>7}")
+for f in sorted(os.listdir(out)):
+    if not f.endswith(".json"):
+        continue
+    r = json.load(open(os.path.join(out, f)))
+    s = r["summary"]["overall"]
+    cases = [c for c in r["cases"] if c["status"] == "ran"]
+    mf = max((c["exactness"]["mismatch_fraction"] for c in cases if c.get("exactness")), default=float("nan"))
+    mu = max((c["exactness"]["max_ulp"] for c in cases if c.get("exactness")), default=-1)
+    det = all(c.get("deterministic", True) for c in cases)
+    bi = all(c.get("batch_invariant") is not False for c in cases)
+    sp = [c for c in cases if c.get("speed") and c["rows"] == 4096]
+    gb = f"{sp[0]['speed']['gbps']:.0f}" if sp else "-"
+    su = f"{sp[0]['speed']['speedup']:.2f}" if sp else "-"
+    errs = sum(1 for c in r["cases"] if c["status"] == "error")
+    print(f"{f[:-5]:26} {str(s['class'])[:10]:10} {mf:9.4f} {mu:7d} {str(det):>4} {str(bi):>5} {str(s['integrity_ok']):>5} {gb:>14} {su:>7}  errors={errs}")
+    print("   python:", json.dumps(r.get("python")))
+PY

@@ -1,0 +1,237 @@
+//! Python candidates (SPEC 2b, issue 16) over HTTP, on SQLite and on PostgreSQL: only a token
+//! of scope `submit-python` submits one, and reports and resolve work across runtimes.
+
+mod support;
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use support::{bundle_files, Backend, TestServer};
+
+both_backends!(
+    a_python_candidate_needs_the_submit_python_scope,
+    reports_and_resolve_across_runtimes,
+);
+
+/// A Python silu candidate (manifest, source).
+fn python_silu(name: &str) -> (String, String) {
+    (
+        format!(
+            r#"name = "{name}"
+version = "1.0.0"
+op = "silu"
+description = "F.silu from PyTorch"
+authors = ["tests"]
+license = "MIT"
+runtime = "python"
+source = "kernel.py"
+requires = ["torch>=2.4"]
+
+[entry]
+bf16 = "silu"
+"#
+        ),
+        "import torch.nn.functional as F\n\n\ndef silu(x):\n    return F.silu(x)\n".to_string(),
+    )
+}
+
+fn detail(p: &Value) -> &str {
+    p["detail"].as_str().unwrap_or_default()
+}
+
+async fn a_python_candidate_needs_the_submit_python_scope(b: Backend) {
+    let srv = TestServer::start(&b, &["--no-bundled"]).await;
+    let submit = srv.token("submit");
+    let python = srv.token("submit-python");
+    let (m, s) = python_silu("py_silu");
+    let body = json!({"manifest": m, "source": s});
+
+    // Without a token: 401; a `submit` token: 403 naming the scope and why.
+    let (st, p, _) = srv.post_raw("/v1/kernels", None, &body).await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED, "{p}");
+    let (st, p) = srv.post("/v1/kernels", &submit, &body).await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
+    assert!(
+        detail(&p).contains("submit-python") && detail(&p).contains("arbitrary code"),
+        "{p}"
+    );
+    assert_eq!(p["field"], "runtime", "{p}");
+    let (st, p) = srv.get("/v1/kernels/py_silu/1.0.0").await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "refused means not stored: {p}");
+
+    // `submit-python` submits it; the kernel says its runtime.
+    let (st, sub) = srv.post("/v1/kernels", &python, &body).await;
+    assert_eq!(st, StatusCode::CREATED, "{sub}");
+    assert_eq!(sub["kernel"]["runtime"], "python", "{sub}");
+    let k = srv.get_json("/v1/kernels/py_silu/1.0.0").await;
+    assert_eq!(k["runtime"], "python", "{k}");
+    let src = srv
+        .get_json(&format!("/v1/sources/{}", sub["digest"].as_str().unwrap()))
+        .await;
+    assert!(src.to_string().contains("def silu(x)"), "{src}");
+
+    // ... but not a CUDA kernel, which needs `submit`; CUDA kernels list no runtime.
+    let (cm, cs) = bundle_files("cuda_silu", "1.0.0", "");
+    let cuda = json!({"manifest": cm, "source": cs});
+    let (st, p) = srv.post("/v1/kernels", &python, &cuda).await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
+    assert!(detail(&p).contains("needs `submit`"), "{p}");
+    let (st, sub) = srv.post("/v1/kernels", &submit, &cuda).await;
+    assert_eq!(st, StatusCode::CREATED, "{sub}");
+    assert!(sub["kernel"].get("runtime").is_none(), "{sub}");
+
+    // A bad Python manifest is a problem naming the field.
+    let bad = json!({"manifest": m.replace("\"torch>=2.4\"", "\"torch\""), "source": s});
+    let (st, p) = srv.post("/v1/kernels", &python, &bad).await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+    assert_eq!(p["field"], "requires[0]", "{p}");
+    assert!(detail(&p).contains("gives no version"), "{p}");
+    let nodef = json!({"manifest": m, "source": "def other(x):\n    return x  # silu\n"});
+    let (st, p) = srv.post("/v1/kernels", &python, &nodef).await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+    assert_eq!(p["field"], "entry.bf16", "{p}");
+
+    // Tokens of the new scope are made and listed like any other.
+    let (st, p) = srv
+        .post(
+            "/v1/tokens",
+            &submit,
+            &json!({"name": "x", "scopes": ["submit-python"]}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
+    let admin = srv.token("admin");
+    let (st, p) = srv
+        .post(
+            "/v1/tokens",
+            &admin,
+            &json!({"name": "ci-python", "scopes": ["submit-python"]}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{p}");
+    let (st, p) = srv
+        .post(
+            "/v1/tokens",
+            &admin,
+            &json!({"name": "bad", "scopes": ["python"]}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+    assert!(detail(&p).contains("submit-python"), "{p}");
+}
+
+async fn reports_and_resolve_across_runtimes(b: Backend) {
+    let srv = TestServer::start(&b, &["--no-bundled"]).await;
+    let submit = srv.token("submit");
+    let python = srv.token("submit-python");
+    let worker = srv.token("worker");
+    let (m, s) = python_silu("py_silu");
+    let (st, py) = srv
+        .post("/v1/kernels", &python, &json!({"manifest": m, "source": s}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{py}");
+    let (cm, cs) = bundle_files("cuda_silu", "1.0.0", "");
+    let (st, cu) = srv
+        .post(
+            "/v1/kernels",
+            &submit,
+            &json!({"manifest": cm, "source": cs}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{cu}");
+
+    // A worker verifies both (the CI has no GPU: recorded reports, re-targeted at each job):
+    // the Python candidate bit-exact at 3223 GB/s, the CUDA kernel 1 ulp off at 3327 GB/s. The
+    // Python one's report says which interpreter and packages it ran with.
+    // The hub holds each report to the kernel's runtime: a Python candidate's names its Python
+    // environment and compiles nothing; a CUDA kernel's has no Python environment.
+    for _ in 0..2 {
+        let (st, claim) = srv
+            .post(
+                "/v1/jobs/claim",
+                &worker,
+                &json!({"worker": "w", "arch": "sm_90"}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::OK, "{claim}");
+        let job = claim["job"]["id"].as_i64().unwrap();
+        let is_py = claim["kernel"]["digest"] == py["digest"];
+        let fixture = if is_py {
+            "recorded/silu_and_mul"
+        } else {
+            "recorded/silu_and_mul_fused"
+        };
+        let mut r = support::recorded_report(fixture, &claim, "sm_90");
+        let python = json!({"python": "3.12.3", "torch": "2.11.0+cu130",
+                            "packages": {"torch": "2.11.0+cu130"}, "isolation": []});
+        let post = |r: &Value| json!({"lease_id": claim["lease_id"], "report": r});
+        let url = format!("/v1/jobs/{job}/report");
+        if !is_py {
+            r["python"] = python.clone();
+        }
+        let (st, p) = srv.post(&url, &worker, &post(&r)).await;
+        assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+        assert!(p.to_string().contains("runtime is"), "{p}");
+        if is_py {
+            r["python"] = python;
+            // What a Python candidate's run records: no NVRTC modules.
+            r.as_object_mut().unwrap().remove("compiled");
+        } else {
+            r.as_object_mut().unwrap().remove("python");
+        }
+        let (st, p) = srv.post(&url, &worker, &post(&r)).await;
+        assert_eq!(st, StatusCode::CREATED, "{p}");
+    }
+    let q = "/v1/resolve?op=silu&dtype=bf16&arch=sm_90&cols=4096&rows=4096";
+
+    // By default only CUDA kernels are considered: bit_exact finds none, and says why the
+    // Python candidate is out.
+    let (st, p) = srv.get(&format!("{q}&policy=bit_exact")).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{p}");
+    assert!(p.to_string().contains("ask with runtime=any"), "{p}");
+    // With runtime=any the Python candidate is the bit-exact one ...
+    let (st, r) = srv.get(&format!("{q}&policy=bit_exact&runtime=any")).await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(
+        (r["kernel"]["name"].as_str(), r["runtime"].as_str()),
+        (Some("py_silu"), Some("python"))
+    );
+    let v = srv.get_json(r["verification_url"].as_str().unwrap()).await;
+    assert_eq!(v["report"]["python"]["torch"], "2.11.0+cu130", "{v}");
+    // ... and at ulp:1 the faster CUDA kernel wins across runtimes, the Python one qualifying too.
+    let (st, r) = srv.get(&format!("{q}&policy=ulp:1&runtime=any")).await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(
+        (r["kernel"]["name"].as_str(), r["runtime"].as_str()),
+        (Some("cuda_silu"), Some("cuda"))
+    );
+    assert!(r["also_qualifying"].to_string().contains("py_silu"), "{r}");
+    let (st, p) = srv.get(&format!("{q}&runtime=triton")).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{p}");
+    assert!(detail(&p).contains("`runtime`"), "{p}");
+
+    // The dashboard compares the field: both kernels in one table, the Python one marked.
+    let html = |path: &str| {
+        let url = srv.url(path);
+        async move { reqwest::get(url).await.unwrap().text().await.unwrap() }
+    };
+    let overview = html("/?op=silu").await;
+    assert!(
+        overview.contains("py_silu") && overview.contains("cuda_silu"),
+        "{overview}"
+    );
+    assert!(
+        overview.contains("a Python candidate (SPEC 2b)"),
+        "{overview}"
+    );
+    let page = html("/kernels/py_silu/1.0.0").await;
+    assert!(page.contains("id=\"runtime\""), "{page}");
+    assert!(!html("/kernels/cuda_silu/1.0.0")
+        .await
+        .contains("id=\"runtime\""));
+
+    // Listing by policy covers both runtimes.
+    let l = srv
+        .get_json("/v1/kernels?op=silu&policy=ulp:1&dtype=bf16&arch=sm_90")
+        .await;
+    assert_eq!(l["total"], 2, "{l}");
+}

@@ -1,0 +1,777 @@
+//! Python candidates (SPEC 2b): an `Executor` that runs a candidate's function in a child Python
+//! process (`python_runner.py`, one typed JSON-lines protocol: `PyRequest` / `PyResponse`) on the
+//! inputs the CUDA case runner gives CUDA candidates (`cases::generate`: same seeds, eps and
+//! shapes), and measures it here with the same code: exactness and determinism (`numeric`),
+//! accuracy (`oracle`), batch invariance (`measure::batch::plan`'s compositions), speed
+//! (`measure::speed`, same roofline). The reference layer's outputs and time come from a
+//! `ReferenceLayers` (on a GPU: the CUDA sandbox), so the suite, reports, policies and storage do
+//! not care which runtime a kernel uses.
+//!
+//! Isolation (docs/python-candidates.md): the child runs in a private temporary directory with a
+//! scrubbed environment, in a network namespace of its own where the kernel allows one (Linux
+//! user namespaces), under an RLIMIT_DATA memory limit and a time limit per case; a crash or a
+//! hang kills that child only, the case is an error and the run goes on with a fresh child.
+
+use crate::cases::{self, CaseInputs, CaseSpec, HostTensor};
+use crate::exec::{ExecError, Executor, Limits};
+use crate::gpu::ReferenceOutputs;
+use crate::measure::{batch, determinism, integrity, speed};
+use crate::numeric::{compare, worst};
+use crate::oracle;
+use kernel_registry::report::{CaseReport, CaseStatus, DeviceInfo, PythonRuntime};
+use kernel_registry::{DType, Digest, KernelBundle, Op, Runtime};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The child's program, written into the private directory at start.
+pub const RUNNER_SOURCE: &str = include_str!("python_runner.py");
+
+/// Where the candidate's tensors run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PyDevice {
+    Cuda,
+    /// Protocol tests without a GPU (torch on the CPU).
+    Cpu,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PyRequest {
+    /// Import torch and the candidate's source; answer `Loaded`.
+    Load {
+        source_path: PathBuf,
+        entries: BTreeMap<DType, String>,
+        package_dirs: Vec<PathBuf>,
+        requires: Vec<String>,
+        device: PyDevice,
+    },
+    Case(PyCase),
+}
+
+/// One tensor file of a case: `dir/NAME.bin`, raw little-endian elements of the case's dtype.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PyTensor {
+    pub name: String,
+    pub shape: Vec<u64>,
+}
+
+/// A batch composition of `measure::batch::plan`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PyComposition {
+    pub name: String,
+    pub batches: Vec<Vec<u64>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PyCase {
+    pub function: String,
+    pub dtype: DType,
+    pub rows: u64,
+    /// Rows of the output (`rows`; for a batch the batch's).
+    pub out_rows: u64,
+    pub cols: u64,
+    pub eps: f32,
+    pub dir: PathBuf,
+    pub inputs: Vec<PyTensor>,
+    /// The function's arguments in order: input names, and `eps`.
+    pub args: Vec<String>,
+    /// Inputs the op updates in place (fused_add_rms_norm's residual); restored before each
+    /// call and written after it as `NAME{k}.bin`.
+    pub mutable: Vec<String>,
+    /// Calls whose outputs are written as `out{k}.bin` (3: determinism and the poison pair).
+    pub launches: u32,
+    pub poison_seed: u64,
+    pub compositions: Vec<PyComposition>,
+    /// Timed calls (0: speed not measured).
+    pub speed_reps: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PyResponse {
+    Loaded(PyLoaded),
+    Case(PyCaseResult),
+    Error(PyFailure),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PyLoaded {
+    pub python: String,
+    pub torch: String,
+    pub packages: BTreeMap<String, String>,
+    /// What isolation the child found itself in (network, directory, memory).
+    pub isolation: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PyUnwritten {
+    pub count: u64,
+    pub first: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PyTimed {
+    pub median_us: f64,
+    /// Timed calls whose output differed from the first call's.
+    pub bad: Vec<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PyCaseResult {
+    /// Output file names (without `.bin`), one per launch.
+    pub outputs: Vec<String>,
+    /// Integrity failures the child saw (inputs modified).
+    pub integrity: Vec<String>,
+    pub unwritten: Option<PyUnwritten>,
+    /// The first row that differed in another batch composition, said plainly.
+    pub batch: Option<String>,
+    pub timed: Option<PyTimed>,
+}
+
+/// Why the child could not give a case's outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PyFailureKind {
+    /// torch, a package or the source did not import, or an entry is missing.
+    Import,
+    /// The candidate raised.
+    Exception,
+    /// Not a tensor, or the wrong shape, dtype or device.
+    WrongOutput,
+    Protocol,
+    /// A bug of the runner.
+    Runner,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PyFailure {
+    pub kind: PyFailureKind,
+    pub message: String,
+}
+
+/// The reference layers for cases measured in another process.
+pub trait ReferenceLayers {
+    fn device_info(&mut self) -> Result<DeviceInfo, ExecError>;
+    /// The reference's outputs on `spec`'s inputs (`inputs` is `cases::generate(spec)`), and its
+    /// median time over `reps` runs when `reps > 0`; `dir` is a private folder for files.
+    fn reference(
+        &mut self,
+        spec: &CaseSpec,
+        inputs: &CaseInputs,
+        reps: u32,
+        dir: &Path,
+    ) -> Result<ReferenceOutputs, ExecError>;
+}
+
+/// The Python signature's arguments of `op` (SPEC 2b table), as names of `CaseInputs`' tensors
+/// (`HostTensor::name`: a gated op's `x` is named `gate`) and `eps`.
+pub fn python_args(op: Op) -> &'static [&'static str] {
+    match op {
+        Op::RmsNorm => &["x", "weight", "eps"],
+        Op::FusedAddRmsNorm => &["x", "residual", "weight", "eps"],
+        Op::LayerNorm => &["x", "weight", "bias", "eps"],
+        Op::Silu | Op::Gelu | Op::GeluTanh | Op::SiluAndMul => &["x"],
+        Op::SiluMul | Op::GeluTanhMul => &["gate", "up"],
+    }
+}
+
+/// How the child is started and confined.
+#[derive(Debug, Clone)]
+pub struct PythonOptions {
+    /// The interpreter (`python3` on PATH by default).
+    pub python: PathBuf,
+    pub device: PyDevice,
+    /// Folders put first on the child's `sys.path` (packages installed with `pip --target`).
+    pub package_dirs: Vec<PathBuf>,
+    /// RLIMIT_DATA of the child (host memory it may map writable); `None`: unlimited.
+    pub memory_limit_bytes: Option<u64>,
+    /// A case's whole exchange (import and compilation on the first, every call, batches and
+    /// timed calls) must finish within this, or the child is killed.
+    pub case_limit: Duration,
+    /// Refuse to run when the child cannot get a network namespace of its own.
+    pub require_network_isolation: bool,
+}
+
+impl Default for PythonOptions {
+    fn default() -> Self {
+        PythonOptions {
+            python: PathBuf::from("python3"),
+            device: PyDevice::Cuda,
+            package_dirs: Vec::new(),
+            memory_limit_bytes: Some(32 << 30),
+            case_limit: Duration::from_secs(300),
+            require_network_isolation: false,
+        }
+    }
+}
+
+struct PyChild {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    stderr_tail: Arc<Mutex<String>>,
+}
+
+impl PyChild {
+    fn kill(mut self) -> String {
+        let _ = self.child.kill();
+        let status = self.child.wait().ok();
+        let tail = self
+            .stderr_tail
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        let mut why = match status {
+            Some(s) => format!("the Python child ended ({s})"),
+            None => "the Python child ended".into(),
+        };
+        let tail = tail.trim();
+        if !tail.is_empty() {
+            why.push_str(&format!("; its stderr ends: {tail}"));
+        }
+        why
+    }
+}
+
+/// Runs Python candidates; the reference layers come from `R`.
+pub struct PythonExecutor<R: ReferenceLayers> {
+    pub opts: PythonOptions,
+    reference: R,
+    work: tempfile::TempDir,
+    child: Option<PyChild>,
+    /// The candidate the child has loaded.
+    loaded: Option<Digest>,
+    runtime: Option<PyLoaded>,
+    /// Children started so far (the first, and one after each crash or hang).
+    pub children_started: u32,
+}
+
+impl<R: ReferenceLayers> PythonExecutor<R> {
+    pub fn new(reference: R, opts: PythonOptions) -> Result<Self, ExecError> {
+        let work = tempfile::Builder::new()
+            .prefix("kernelize-python-")
+            .tempdir()
+            .map_err(|e| ExecError::Sandbox(format!("cannot make a private directory: {e}")))?;
+        std::fs::write(work.path().join("runner.py"), RUNNER_SOURCE)
+            .map_err(|e| ExecError::Sandbox(format!("cannot write the runner: {e}")))?;
+        Ok(PythonExecutor {
+            opts,
+            reference,
+            work,
+            child: None,
+            loaded: None,
+            runtime: None,
+            children_started: 0,
+        })
+    }
+
+    fn spawn(&mut self) -> Result<(), ExecError> {
+        let home = self.work.path().join("home");
+        std::fs::create_dir_all(&home)
+            .map_err(|e| ExecError::Sandbox(format!("cannot make {}: {e}", home.display())))?;
+        let mut cmd = Command::new(&self.opts.python);
+        cmd.arg("-I")
+            .arg(self.work.path().join("runner.py"))
+            .current_dir(&home)
+            .env_clear()
+            .env("HOME", &home)
+            .env("TMPDIR", &home)
+            // Triton and Inductor caches live in the private directory too.
+            .env("TRITON_CACHE_DIR", home.join("triton"))
+            .env("TORCHINDUCTOR_CACHE_DIR", home.join("inductor"))
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for k in [
+            "PATH",
+            "LD_LIBRARY_PATH",
+            "CUDA_VISIBLE_DEVICES",
+            "CUDA_HOME",
+            "CUDA_PATH",
+        ] {
+            if let Some(v) = std::env::var_os(k) {
+                cmd.env(k, v);
+            }
+        }
+        confine(&mut cmd, self.opts.memory_limit_bytes);
+        let mut child = cmd.spawn().map_err(|e| {
+            ExecError::Sandbox(format!(
+                "cannot start {} for the Python candidate: {e}",
+                self.opts.python.display()
+            ))
+        })?;
+        self.children_started += 1;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let mut stderr = child.stderr.take().expect("piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(l) = line else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let tail = Arc::new(Mutex::new(String::new()));
+        let t2 = tail.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                if let Ok(mut t) = t2.lock() {
+                    t.push_str(&String::from_utf8_lossy(&buf[..n]));
+                    if t.len() > 3000 {
+                        let cut = t.len() - 3000;
+                        let cut = (cut..t.len()).find(|&i| t.is_char_boundary(i)).unwrap_or(0);
+                        t.drain(..cut);
+                    }
+                }
+            }
+        });
+        self.child = Some(PyChild {
+            child,
+            stdin,
+            lines: rx,
+            stderr_tail: tail,
+        });
+        self.loaded = None;
+        Ok(())
+    }
+
+    /// One request, one answer; a child that hangs past `limit` or dies is killed and gone.
+    fn call(
+        &mut self,
+        req: &PyRequest,
+        what: &str,
+        limit: Duration,
+    ) -> Result<PyResponse, ExecError> {
+        if self.child.is_none() {
+            self.spawn()?;
+        }
+        let child = self.child.as_mut().expect("spawned");
+        let line = serde_json::to_string(req).expect("request serialises");
+        let sent = writeln!(child.stdin, "{line}").and_then(|_| child.stdin.flush());
+        let got = match sent {
+            Ok(()) => child.lines.recv_timeout(limit),
+            Err(_) => Err(RecvTimeoutError::Disconnected),
+        };
+        match got {
+            Ok(l) => serde_json::from_str(&l).map_err(|e| {
+                let c = self.child.take().expect("child");
+                ExecError::Sandbox(format!(
+                    "unreadable answer from the Python child ({e}): {l}; {}",
+                    c.kill()
+                ))
+            }),
+            Err(RecvTimeoutError::Timeout) => {
+                self.child.take().expect("child").kill();
+                Err(ExecError::Timeout {
+                    what: what.to_string(),
+                    limit_s: limit.as_secs_f64(),
+                })
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let c = self.child.take().expect("child");
+                Err(ExecError::Sandbox(format!("{what}: {}", c.kill())))
+            }
+        }
+    }
+
+    fn ensure_loaded(&mut self, bundle: &KernelBundle) -> Result<(), ExecError> {
+        let digest = bundle.digest();
+        if self.child.is_some() && self.loaded.as_ref() == Some(&digest) {
+            return Ok(());
+        }
+        let m = &bundle.manifest;
+        let src = self.work.path().join("candidate.py");
+        std::fs::write(&src, &bundle.source)
+            .map_err(|e| ExecError::Sandbox(format!("cannot write the source: {e}")))?;
+        let req = PyRequest::Load {
+            source_path: src,
+            entries: m.entries.clone(),
+            package_dirs: self.opts.package_dirs.clone(),
+            requires: m.requires.clone(),
+            device: self.opts.device,
+        };
+        match self.call(&req, &format!("importing {}", m.name), self.opts.case_limit)? {
+            PyResponse::Loaded(l) => {
+                let network = l.isolation.first().map(String::as_str).unwrap_or("unknown");
+                if self.opts.require_network_isolation && !network.starts_with("isolated") {
+                    return Err(ExecError::Unavailable(format!(
+                        "the Python child is not network-isolated ({network}); refusing to run a Python candidate"
+                    )));
+                }
+                self.runtime = Some(l);
+                self.loaded = Some(digest);
+                Ok(())
+            }
+            // An import failure is the candidate's: it fails every case the same way.
+            PyResponse::Error(f) => Err(ExecError::Compile {
+                what: format!("{} ({:?})", m.name, f.kind),
+                log: f.message,
+            }),
+            PyResponse::Case(_) => Err(ExecError::Sandbox("unexpected answer to load".into())),
+        }
+    }
+
+    fn case_dir(&self, spec: &CaseSpec) -> Result<PathBuf, ExecError> {
+        let dir = self.work.path().join("case");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            ExecError::Sandbox(format!("{}: cannot make {}: {e}", spec.id, dir.display()))
+        })?;
+        Ok(dir)
+    }
+}
+
+/// Start the child in its own network namespace (where the kernel lets an unprivileged process
+/// make a user namespace) and under RLIMIT_DATA. Whether the namespace was had is checked by
+/// the child itself (`Loaded.isolation`).
+#[cfg(target_os = "linux")]
+fn confine(cmd: &mut Command, memory_limit_bytes: Option<u64>) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec only async-signal-safe calls (unshare, setrlimit) run.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Best effort: refused inside many containers (the child reports it).
+            let _ = libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNET);
+            if let Some(b) = memory_limit_bytes {
+                let lim = libc::rlimit {
+                    rlim_cur: b as libc::rlim_t,
+                    rlim_max: b as libc::rlim_t,
+                };
+                if libc::setrlimit(libc::RLIMIT_DATA, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn confine(_cmd: &mut Command, _memory_limit_bytes: Option<u64>) {}
+
+impl<R: ReferenceLayers> Drop for PythonExecutor<R> {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.take() {
+            c.kill();
+        }
+    }
+}
+
+fn write_inputs(dir: &Path, spec: &CaseSpec, inp: &CaseInputs) -> Result<Vec<PyTensor>, ExecError> {
+    let x_cols = if spec.op == Op::SiluAndMul {
+        2 * spec.cols
+    } else {
+        spec.cols
+    };
+    let mut out = Vec::new();
+    let tensors: [(Option<&HostTensor>, Vec<u64>); 5] = [
+        (Some(&inp.x), vec![spec.rows, x_cols]),
+        (inp.up.as_ref(), vec![spec.rows, spec.cols]),
+        (inp.residual.as_ref(), vec![spec.rows, spec.cols]),
+        (inp.weight.as_ref(), vec![spec.cols]),
+        (inp.bias.as_ref(), vec![spec.cols]),
+    ];
+    for (t, shape) in tensors {
+        let Some(t) = t else { continue };
+        std::fs::write(dir.join(format!("{}.bin", t.name)), &t.bytes).map_err(|e| {
+            ExecError::Sandbox(format!("{}: cannot write {}: {e}", spec.id, t.name))
+        })?;
+        out.push(PyTensor {
+            name: t.name.to_string(),
+            shape,
+        });
+    }
+    Ok(out)
+}
+
+fn read_output(dir: &Path, name: &str, want_bytes: usize) -> Result<Vec<u8>, ExecError> {
+    let b = std::fs::read(dir.join(format!("{name}.bin")))
+        .map_err(|e| ExecError::Sandbox(format!("the child's {name}.bin is unreadable: {e}")))?;
+    if b.len() != want_bytes {
+        return Err(ExecError::Sandbox(format!(
+            "the child's {name}.bin holds {} bytes, not {want_bytes}",
+            b.len()
+        )));
+    }
+    Ok(b)
+}
+
+impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
+    fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
+        self.reference.device_info()
+    }
+
+    fn run_case(
+        &mut self,
+        bundle: &KernelBundle,
+        spec: &CaseSpec,
+        limits: &Limits,
+        copy_gbps: f64,
+    ) -> Result<CaseReport, ExecError> {
+        let m = &bundle.manifest;
+        if m.runtime != Runtime::Python {
+            return Err(ExecError::Sandbox(format!(
+                "{} is a {} kernel, not a Python candidate",
+                m.name, m.runtime
+            )));
+        }
+        let skeleton = crate::verify::case_skeleton(spec, CaseStatus::Ran, None);
+        if spec.large_index {
+            // Above 2^32 elements the CUDA runner makes and compares the data on the GPU; through
+            // files that is tens of GB per case.
+            return Ok(CaseReport {
+                status: CaseStatus::NotApplicable,
+                note: Some("above 2^32 elements: not run for Python candidates".into()),
+                ..skeleton
+            });
+        }
+        let function = m
+            .entries
+            .get(&spec.dtype)
+            .cloned()
+            .ok_or_else(|| ExecError::Compile {
+                what: m.name.clone(),
+                log: format!("no entry for {} in kernel.toml [entry]", spec.dtype),
+            })?;
+        self.ensure_loaded(bundle)?;
+        let (dt, op) = (spec.dtype, spec.op);
+        let dir = self.case_dir(spec)?;
+        let inp = cases::generate(spec);
+        let reps = if spec.measure_speed {
+            limits.speed_reps.max(3)
+        } else {
+            0
+        };
+        let reference = self.reference.reference(spec, &inp, reps, &dir)?;
+        let inputs = write_inputs(&dir, spec, &inp)?;
+        let mutable: Vec<String> = inp.residual.iter().map(|t| t.name.to_string()).collect();
+        let compositions = if spec.check_batch {
+            batch::plan(spec.rows, spec.seed)
+                .into_iter()
+                .map(|c| PyComposition {
+                    name: c.name.to_string(),
+                    batches: c.batches,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let req = PyRequest::Case(PyCase {
+            function: function.clone(),
+            dtype: dt,
+            rows: spec.rows,
+            out_rows: spec.rows,
+            cols: spec.cols,
+            eps: spec.eps,
+            dir: dir.clone(),
+            inputs,
+            args: python_args(op).iter().map(|s| s.to_string()).collect(),
+            mutable: mutable.clone(),
+            launches: 3,
+            poison_seed: spec.seed ^ 0x9e37_79b9_7f4a_7c15,
+            compositions,
+            speed_reps: reps,
+        });
+        let what = format!("{} ({function}) on {}", m.name, spec.id);
+        let r = match self.call(&req, &what, self.opts.case_limit)? {
+            PyResponse::Case(r) => r,
+            PyResponse::Error(f) => {
+                return Err(ExecError::Candidate {
+                    what,
+                    message: match f.kind {
+                        PyFailureKind::WrongOutput => format!("integrity: {}", f.message),
+                        _ => f.message,
+                    },
+                })
+            }
+            PyResponse::Loaded(_) => {
+                return Err(ExecError::Sandbox("unexpected answer to a case".into()))
+            }
+        };
+        let out_bytes = (spec.rows * spec.cols) as usize * dt.size_bytes();
+        let outs = r
+            .outputs
+            .iter()
+            .map(|o| read_output(&dir, o, out_bytes))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ress = match mutable.first() {
+            Some(name) => (0..outs.len())
+                .map(|k| read_output(&dir, &format!("{name}{k}"), out_bytes))
+                .collect::<Result<Vec<_>, _>>()?,
+            None => Vec::new(),
+        };
+        let _ = std::fs::remove_dir_all(&dir);
+        if outs.is_empty() {
+            return Err(ExecError::Sandbox("the child wrote no output".into()));
+        }
+
+        let mut integrity_failures = r.integrity;
+        if let Some(u) = &r.unwritten {
+            integrity_failures.push(integrity::unwritten_line(
+                u.count, u.first, spec.rows, spec.cols,
+            ));
+        }
+        let all: Vec<Vec<&[u8]>> = (0..outs.len())
+            .map(|k| {
+                std::iter::once(outs[k].as_slice())
+                    .chain(ress.get(k).map(|v| v.as_slice()))
+                    .collect()
+            })
+            .collect();
+        let differing = determinism::max_differing(dt, &all);
+        let deterministic = differing == 0;
+        let mut notes: Vec<String> = determinism::note(differing).into_iter().collect();
+        let exact_of = |k: usize| {
+            let mut pairs: Vec<(&[u8], &[u8])> = vec![(&outs[k], &reference.out)];
+            if let (Some(res), Some(rr)) = (ress.get(k), &reference.residual) {
+                pairs.push((res, rr));
+            }
+            compare(dt, &pairs)
+        };
+        let mut exactness = exact_of(0);
+        if !deterministic {
+            for k in 1..outs.len() {
+                exactness = worst(exactness, exact_of(k));
+            }
+        }
+        let accuracy = oracle::accuracy(spec, &inp, &outs[0], &reference.out);
+        let batch_invariant = spec.check_batch.then(|| r.batch.is_none());
+        notes.extend(r.batch);
+        let speed = match (&r.timed, reference.median_us) {
+            (Some(t), Some(ref_us)) => {
+                let s = speed::speed_of(
+                    op.bytes_moved(dt, spec.rows, spec.cols),
+                    t.median_us,
+                    ref_us,
+                    copy_gbps,
+                );
+                integrity_failures.extend(speed::wrong_timed_launches(&t.bad, reps as usize));
+                integrity_failures.extend(s.above_roofline());
+                Some(s)
+            }
+            _ => None,
+        };
+        Ok(CaseReport {
+            note: (!notes.is_empty()).then(|| notes.join("; ")),
+            exactness: Some(exactness),
+            accuracy: Some(accuracy),
+            deterministic: Some(deterministic),
+            batch_invariant,
+            integrity_failures,
+            speed,
+            ..skeleton
+        })
+    }
+
+    fn python_runtime(&mut self) -> Option<PythonRuntime> {
+        self.runtime.as_ref().map(|l| PythonRuntime {
+            python: l.python.clone(),
+            torch: l.torch.clone(),
+            packages: l.packages.clone(),
+            isolation: l.isolation.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_signatures_follow_spec_2b() {
+        // SPEC 2b's table: f(x, weight, eps), f(x, residual, weight, eps), f(x, weight, bias,
+        // eps), f(x), f(gate, up).
+        for &op in Op::ALL {
+            let want: &[&str] = match op {
+                Op::RmsNorm => &["x", "weight", "eps"],
+                Op::FusedAddRmsNorm => &["x", "residual", "weight", "eps"],
+                Op::LayerNorm => &["x", "weight", "bias", "eps"],
+                Op::SiluMul | Op::GeluTanhMul => &["gate", "up"],
+                _ => &["x"],
+            };
+            assert_eq!(python_args(op), want, "{op}");
+            assert_eq!(python_args(op).contains(&"eps"), op.takes_eps(), "{op}");
+            // Every tensor argument is one the case generates for the op.
+            let spec = crate::cases::suite(op, op.default_semantics(), &[DType::F32], true, 1, &[])
+                [0]
+            .clone();
+            let spec = CaseSpec {
+                rows: 2,
+                cols: 4,
+                ..spec
+            };
+            let inp = crate::cases::generate(&spec);
+            let names: Vec<&str> = [
+                Some(&inp.x),
+                inp.up.as_ref(),
+                inp.residual.as_ref(),
+                inp.weight.as_ref(),
+                inp.bias.as_ref(),
+            ]
+            .into_iter()
+            .flatten()
+            .map(|t| t.name)
+            .collect();
+            for a in python_args(op).iter().filter(|a| **a != "eps") {
+                assert!(names.contains(a), "{op}: no input `{a}` in {names:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_protocol_is_externally_tagged_json_lines() {
+        let req = PyRequest::Load {
+            source_path: "/t/c.py".into(),
+            entries: BTreeMap::from([(DType::Bf16, "f".to_string())]),
+            package_dirs: vec![],
+            requires: vec!["torch>=2".into()],
+            device: PyDevice::Cpu,
+        };
+        assert_eq!(
+            serde_json::to_string(&req).unwrap(),
+            r#"{"load":{"source_path":"/t/c.py","entries":{"bf16":"f"},"package_dirs":[],"requires":["torch>=2"],"device":"cpu"}}"#
+        );
+        let err: PyResponse = serde_json::from_str(
+            r#"{"error":{"kind":"wrong_output","message":"shape [1], expected [2]"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            err,
+            PyResponse::Error(PyFailure {
+                kind: PyFailureKind::WrongOutput,
+                message: "shape [1], expected [2]".into()
+            })
+        );
+        // The runner writes exactly the keys of PyCaseResult.
+        let ok: PyResponse = serde_json::from_str(
+            r#"{"case":{"outputs":["out0"],"integrity":[],"unwritten":{"count":2,"first":5},"batch":null,"timed":{"median_us":3.5,"bad":[]}}}"#,
+        )
+        .unwrap();
+        assert!(
+            matches!(ok, PyResponse::Case(r) if r.unwritten == Some(PyUnwritten { count: 2, first: 5 }))
+        );
+        for key in [
+            "\"outputs\"",
+            "\"integrity\"",
+            "\"unwritten\"",
+            "\"batch\"",
+            "\"timed\"",
+        ] {
+            assert!(RUNNER_SOURCE.contains(key), "python_runner.py lacks {key}");
+        }
+    }
+}

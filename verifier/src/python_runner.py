@@ -1,0 +1,295 @@
+"""The child side of kernelize's Python candidate runner (SPEC 2b; verifier/src/python.rs).
+
+The verifier starts `python3 -I THIS_FILE` in a private temporary directory and speaks JSON lines
+over stdin/stdout, one request, one answer, in the shapes of python.rs's `PyRequest` and
+`PyResponse` (serde's externally tagged enums: `{"load": {...}}` -> `{"loaded": {...}}`,
+`{"case": {...}}` -> `{"case": {...}}`, any failure -> `{"error": {"kind": ..., "message": ...}}`).
+Tensors travel as raw little-endian files in the case's folder, never through the pipe.
+
+It loads the candidate's source, calls its function on the case's inputs and checks what the
+verifier cannot see from outside: inputs unchanged, output type, shape, dtype and device, every
+element written (stale memory of PyTorch's caching allocator poisoned before each call). The
+measurements against the reference and the oracle are the verifier's, in Rust.
+"""
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import sys
+import time
+import traceback
+
+PROTOCOL = sys.stdout
+# The candidate's prints must not corrupt the protocol: everything else goes to stderr.
+sys.stdout = sys.stderr
+
+torch = None
+DEVICE = None
+MODULE = None
+DTYPES = {}
+
+
+class Failure(Exception):
+    def __init__(self, kind, message):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def answer(obj):
+    PROTOCOL.write(json.dumps(obj) + "\n")
+    PROTOCOL.flush()
+
+
+def network_isolation():
+    """What network this process can reach, judged from the interfaces of its own network
+    namespace (asked of the kernel: /sys/class/net shows the namespace sysfs was mounted in)."""
+    import socket
+    try:
+        ifaces = sorted(name for _, name in socket.if_nameindex())
+    except OSError as e:
+        return f"unknown (cannot list the network interfaces: {e})"
+    if ifaces in (["lo"], []):
+        return "isolated: a network namespace of its own, no interface but lo"
+    return "NOT isolated: interfaces " + ", ".join(ifaces)
+
+
+def load(req):
+    global torch, DEVICE, MODULE, DTYPES
+    for d in req["package_dirs"]:
+        sys.path.insert(0, d)
+    try:
+        import torch as t
+    except Exception as e:  # noqa: BLE001 - reported to the verifier
+        raise Failure("import", f"cannot import torch: {e}") from None
+    torch = t
+    DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+    if req["device"] == "cuda":
+        if not torch.cuda.is_available():
+            raise Failure("import", "torch.cuda.is_available() is False in the child")
+        DEVICE = torch.device("cuda", 0)
+    else:
+        DEVICE = torch.device("cpu")
+    spec = importlib.util.spec_from_file_location("kernelize_candidate", req["source_path"])
+    MODULE = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(MODULE)
+    except BaseException:  # noqa: BLE001 - anything the source raises is the candidate's
+        raise Failure("import", "importing the candidate failed:\n" + traceback.format_exc(limit=8)) from None
+    for dtype, fn in req["entries"].items():
+        if not callable(getattr(MODULE, fn, None)):
+            raise Failure("import", f"entry.{dtype}: the source defines no callable `{fn}`")
+    packages = {}
+    for r in req["requires"]:
+        name = re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", r).group(0)).lower()
+        try:
+            packages[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            packages[name] = "torch " + torch.__version__ if name == "torch" else "missing"
+    if "torch" in packages and packages["torch"].startswith("torch "):
+        packages["torch"] = torch.__version__
+    isolation = [network_isolation(), f"working directory {os.getcwd()} (private, removed after the run)"]
+    try:
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+        isolation.append("memory: RLIMIT_DATA " + ("unlimited" if soft == resource.RLIM_INFINITY
+                                                  else f"{soft >> 20} MiB"))
+    except Exception:  # noqa: BLE001
+        pass
+    return {"loaded": {"python": sys.version.split()[0], "torch": torch.__version__,
+                       "packages": packages, "isolation": isolation}}
+
+
+def read_tensor(folder, t, dtype):
+    with open(os.path.join(folder, t["name"] + ".bin"), "rb") as f:
+        raw = bytearray(f.read())
+    return torch.frombuffer(raw, dtype=dtype).reshape(t["shape"]).to(DEVICE)
+
+
+def write_tensor(folder, name, t):
+    with open(os.path.join(folder, name + ".bin"), "wb") as f:
+        f.write(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+
+
+def bits(t):
+    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def same_bits(a, b):
+    return a.shape == b.shape and bool(torch.equal(bits(a), bits(b)))
+
+
+def sync():
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def poison(nbytes, seed, invert):
+    """Fill `nbytes` of fresh device memory with a pattern and hand it back to the caching
+    allocator, so that an output the candidate allocates next (torch.empty) most likely starts
+    out holding it. The second launch uses the inverted pattern: an element never written then
+    holds bits that are the exact complement of launch 1's."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed & 0x7FFFFFFFFFFFFFFF)
+    buf = torch.randint(0, 256, (max(nbytes, 16),), dtype=torch.uint8, device=DEVICE, generator=g)
+    if invert:
+        torch.bitwise_not(buf, out=buf)
+    sync()
+    del buf
+
+
+def call(fn, args, c, what):
+    try:
+        with torch.no_grad():
+            out = fn(*args)
+        sync()
+    except BaseException:  # noqa: BLE001 - the candidate's exception, reported as such
+        raise Failure("exception", f"{what} raised:\n" + traceback.format_exc(limit=6)) from None
+    dtype = DTYPES[c["dtype"]]
+    want = [c["out_rows"], c["cols"]]
+    if not isinstance(out, torch.Tensor):
+        raise Failure("wrong_output", f"{what} returned {type(out).__name__}, not a tensor")
+    if list(out.shape) != [c["out_rows"], c["cols"]]:
+        raise Failure("wrong_output", f"{what} returned shape {list(out.shape)}, expected {want}")
+    if out.dtype != dtype:
+        raise Failure("wrong_output", f"{what} returned dtype {out.dtype}, expected {dtype}")
+    if out.device.type != DEVICE.type:
+        raise Failure("wrong_output", f"{what} returned a tensor on {out.device}, expected {DEVICE}")
+    return out.contiguous()
+
+
+def run_case(c):
+    dtype = DTYPES[c["dtype"]]
+    fn = getattr(MODULE, c["function"])
+    folder = c["dir"]
+    inputs = {t["name"]: read_tensor(folder, t, dtype) for t in c["inputs"]}
+    pristine = {k: v.clone() for k, v in inputs.items()}
+    mutable = set(c["mutable"])
+    eps = c["eps"]
+
+    def args_of(tensors):
+        return [eps if a == "eps" else tensors[a] for a in c["args"]]
+
+    out_bytes = c["out_rows"] * c["cols"] * torch.empty((), dtype=dtype).element_size()
+    integrity = []
+    outs = []
+    first = first_res = None
+    for k in range(c["launches"]):
+        for name in mutable:
+            inputs[name].copy_(pristine[name])
+        sync()
+        poison(out_bytes, c["poison_seed"], invert=(k == 1))
+        out = call(fn, args_of(inputs), c, f"call {k + 1} of `{c['function']}`")
+        write_tensor(folder, f"out{k}", out)
+        for name in sorted(mutable):
+            write_tensor(folder, f"{name}{k}", inputs[name])
+        for name, t in inputs.items():
+            if name not in mutable and not same_bits(t, pristine[name]):
+                n = int((bits(t) != bits(pristine[name])).sum())
+                integrity.append(f"input `{name}`: {n} elements changed by call {k + 1} (inputs must not be modified)")
+                t.copy_(pristine[name])
+        outs.append(f"out{k}")
+        if k == 0:
+            first = out
+            first_res = {name: inputs[name].clone() for name in mutable}
+        elif k == 1:
+            # Never written: launch 2's bits are the exact complement of launch 1's poison.
+            complement = (bits(first) ^ bits(out)) == -1
+            n = int(complement.sum())
+            if n:
+                at = int(complement.flatten().nonzero()[0])
+                c_unwritten = {"count": n, "first": at}
+                integrity.append({"unwritten": c_unwritten})
+            del out
+    result = {"outputs": outs, "integrity": [], "unwritten": None, "batch": None, "timed": None}
+    for x in integrity:
+        if isinstance(x, dict):
+            result["unwritten"] = x["unwritten"]
+        else:
+            result["integrity"].append(x)
+    if c["compositions"]:
+        result["batch"] = batch(fn, c, inputs, pristine, mutable, first, first_res, args_of)
+    if c["speed_reps"]:
+        result["timed"] = timed(fn, c, inputs, pristine, mutable, first, args_of, out_bytes)
+    return {"case": result}
+
+
+def batch(fn, c, inputs, pristine, mutable, first, first_res, args_of):
+    """Every row again in other batch compositions (python.rs sends verifier's batch::plan);
+    the first row whose bits differ from the case's own call, if any."""
+    for comp in c["compositions"]:
+        for b in comp["batches"]:
+            idx = torch.tensor(b, dtype=torch.long, device=DEVICE)
+            sub = {k: (pristine[k].index_select(0, idx).clone() if pristine[k].dim() == 2
+                       and pristine[k].shape[0] == c["rows"] else pristine[k])
+                   for k in inputs}
+            sub_c = dict(c, out_rows=len(b))
+            out = call(fn, args_of(sub), sub_c, f"`{c['function']}` on a batch of {len(b)} rows")
+            want = first.index_select(0, idx)
+            diff = (bits(out) != bits(want)).any(dim=1)
+            if mutable:
+                (name,) = mutable
+                diff |= (bits(sub[name]) != bits(first_res[name].index_select(0, idx))).any(dim=1)
+            if bool(diff.any()):
+                j = int(diff.nonzero()[0])
+                return (f"not batch-invariant: row {b[j]} differs when computed in composition "
+                        f"`{comp['name']}` (a batch of {len(b)} rows, at position {j})")
+    return None
+
+
+def timed(fn, c, inputs, pristine, mutable, first, args_of, out_bytes):
+    """Median time of `speed_reps` calls with the L2 flushed before each; every timed call's
+    output is checked against the case's first call."""
+    reps = c["speed_reps"]
+    if DEVICE.type == "cuda":
+        l2 = torch.cuda.get_device_properties(DEVICE).L2_cache_size
+        flush = torch.empty(max(2 * l2, 1 << 20), dtype=torch.uint8, device=DEVICE)
+    times, bad = [], []
+    for rep in range(reps):
+        for name in mutable:
+            inputs[name].copy_(pristine[name])
+        poison(out_bytes, c["poison_seed"] + rep + 2, invert=False)
+        if DEVICE.type == "cuda":
+            flush.zero_()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            with torch.no_grad():
+                out = fn(*args_of(inputs))
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        else:
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                out = fn(*args_of(inputs))
+            times.append((time.perf_counter() - t0) * 1e6)
+        if not (isinstance(out, torch.Tensor) and same_bits(out.contiguous(), first)):
+            bad.append(rep)
+    times.sort()
+    return {"median_us": times[len(times) // 2], "bad": bad}
+
+
+def main():
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            ((kind, body),) = json.loads(line).items()
+            if kind == "load":
+                answer(load(body))
+            elif kind == "case":
+                if MODULE is None:
+                    raise Failure("protocol", "a case before load")
+                answer(run_case(body))
+            else:
+                raise Failure("protocol", f"unknown request `{kind}`")
+        except Failure as f:
+            answer({"error": {"kind": f.kind, "message": f.message}})
+        except BaseException:  # noqa: BLE001 - a bug of ours, or the candidate's beyond a call
+            answer({"error": {"kind": "runner", "message": traceback.format_exc(limit=8)}})
+
+
+if __name__ == "__main__":
+    main()

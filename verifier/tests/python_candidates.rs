@@ -1,0 +1,316 @@
+//! The Python candidate runner (SPEC 2b) against fake candidates, on the CPU: torch runs them in
+//! the child, a host reference (the f64 oracle, rounded) stands in for the GPU's reference
+//! layers. Success, an exception, a wrong shape, a wrong dtype, a hang killed, a crash, an input
+//! modified, a batch-dependent output. Needs a Python with torch (`KERNELIZE_PYTHON`, else
+//! `python3`); without one every test says so loudly and checks nothing else.
+
+use kernel_registry::report::{CaseStatus, DeviceInfo};
+use kernel_registry::{Arch, DType, KernelBundle, Op, Semantics};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use verifier::cases::{self, CaseInputs, CaseSpec};
+use verifier::gpu::ReferenceOutputs;
+use verifier::numeric::{from_f32, round_f64, set_bits};
+use verifier::python::{PyDevice, PythonExecutor, PythonOptions, ReferenceLayers};
+use verifier::{ExecError, Executor, Limits};
+
+fn python() -> Option<PathBuf> {
+    let py = PathBuf::from(std::env::var_os("KERNELIZE_PYTHON").unwrap_or("python3".into()));
+    let ok = std::process::Command::new(&py)
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!(
+            "SKIPPED: {} cannot import torch; set KERNELIZE_PYTHON to a Python with torch to run the Python runner's tests",
+            py.display()
+        );
+    }
+    ok.then_some(py)
+}
+
+/// The reference computed on the host: the oracle, rounded to the dtype.
+struct HostReference;
+
+impl ReferenceLayers for HostReference {
+    fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
+        Ok(DeviceInfo {
+            name: "CPU (test)".into(),
+            arch: Arch::new(9, 0),
+            sm_count: 1,
+            driver_version: "0".into(),
+            cuda_version: "0".into(),
+            copy_gbps: 1e6,
+        })
+    }
+    fn reference(
+        &mut self,
+        spec: &CaseSpec,
+        inputs: &CaseInputs,
+        _reps: u32,
+        _dir: &Path,
+    ) -> Result<ReferenceOutputs, ExecError> {
+        let n = (spec.rows * spec.cols) as usize;
+        // Row-wise ops take whole rows as ranges.
+        let cols = spec.cols as usize;
+        let rows: Vec<(usize, usize)> = (0..spec.rows as usize).map(|r| (r * cols, cols)).collect();
+        let truth = verifier::oracle::oracle(spec, inputs, &rows);
+        let mut out = vec![0u8; n * spec.dtype.size_bytes()];
+        for (i, v) in truth.iter().enumerate() {
+            set_bits(
+                spec.dtype,
+                &mut out,
+                i,
+                from_f32(spec.dtype, round_f64(spec.dtype, *v)),
+            );
+        }
+        Ok(ReferenceOutputs {
+            out,
+            residual: None,
+            median_us: Some(1000.0),
+        })
+    }
+}
+
+const TOML: &str = r#"
+name = "fake_py_rms"
+version = "1.0.0"
+op = "rms_norm"
+semantics = "llama"
+description = "a fake Python candidate"
+authors = ["tests"]
+license = "MIT"
+runtime = "python"
+source = "kernel.py"
+requires = ["torch>=2.0"]
+
+[entry]
+bf16 = "rms_norm"
+f32 = "rms_norm"
+"#;
+
+/// Eager HF LlamaRMSNorm, with `body` run first (it may return early).
+fn candidate(body: &str) -> KernelBundle {
+    let src = format!(
+        "import os\nimport time\n\nimport torch\n\n\ndef rms_norm(x, weight, eps):\n{body}\n    h = x.float()\n    v = h.pow(2).mean(-1, keepdim=True)\n    return weight * (h * torch.rsqrt(v + eps)).to(x.dtype)\n"
+    );
+    KernelBundle::from_parts(TOML, &src).unwrap()
+}
+
+fn spec(rows: u64, cols: u64) -> CaseSpec {
+    let mut s =
+        cases::suite(Op::RmsNorm, Semantics::Llama, &[DType::Bf16], true, 7, &[])[0].clone();
+    (s.rows, s.cols) = (rows, cols);
+    s.measure_speed = true;
+    s.check_batch = true;
+    s.large_index = false;
+    s
+}
+
+fn executor(py: PathBuf, case_limit: Duration) -> PythonExecutor<HostReference> {
+    PythonExecutor::new(
+        HostReference,
+        PythonOptions {
+            python: py,
+            device: PyDevice::Cpu,
+            case_limit,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+const LIMITS: Limits = Limits {
+    launch_s: 5.0,
+    speed_reps: 3,
+};
+
+#[test]
+fn an_eager_candidate_is_measured_like_a_cuda_one() {
+    let Some(py) = python() else { return };
+    let mut ex = executor(py, Duration::from_secs(120));
+    let s = spec(24, 64);
+    let c = ex.run_case(&candidate(""), &s, &LIMITS, 1e6).unwrap();
+    assert_eq!(c.status, CaseStatus::Ran, "{c:?}");
+    assert!(
+        c.integrity_failures.is_empty(),
+        "{:?}",
+        c.integrity_failures
+    );
+    assert_eq!(c.deterministic, Some(true));
+    assert_eq!(c.batch_invariant, Some(true), "{:?}", c.note);
+    let e = c.exactness.as_ref().unwrap();
+    assert_eq!(e.elements, 24 * 64);
+    // Eager rounds twice; the host reference once: a few 1-ulp differences at most.
+    assert!(e.max_ulp <= 2, "{e:?}");
+    assert!(c.accuracy.is_some());
+    let sp = c.speed.as_ref().unwrap();
+    assert!(
+        sp.median_us > 0.0 && sp.reference_median_us == 1000.0,
+        "{sp:?}"
+    );
+    assert_eq!(sp.bytes_moved, Op::RmsNorm.bytes_moved(DType::Bf16, 24, 64));
+    // The report says what ran it.
+    let rt = ex.python_runtime().unwrap();
+    assert!(
+        !rt.torch.is_empty() && rt.packages.contains_key("torch"),
+        "{rt:?}"
+    );
+    // Where this kernel lets an unprivileged process make a user namespace, the child has a
+    // network namespace of its own; elsewhere the report says it has not.
+    let userns = std::process::Command::new("unshare")
+        .args(["--user", "--net", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    let want = if userns { "isolated: " } else { "NOT isolated" };
+    assert!(rt.isolation[0].starts_with(want), "{rt:?}");
+    assert!(
+        rt.isolation
+            .iter()
+            .any(|l| l.starts_with("memory: RLIMIT_DATA 32768 MiB")),
+        "{rt:?}"
+    );
+    assert_eq!(ex.children_started, 1);
+}
+
+#[test]
+fn failures_of_the_candidate_are_reported_and_the_child_goes_on() {
+    let Some(py) = python() else { return };
+    let mut ex = executor(py, Duration::from_secs(120));
+    let s = spec(8, 32);
+    let cases: [(&str, &[&str]); 4] = [
+        (
+            "    raise RuntimeError('boom')",
+            &["raised", "RuntimeError: boom"],
+        ),
+        (
+            "    return x[:, :-1].contiguous()",
+            &["integrity", "shape [8, 31], expected [8, 32]"],
+        ),
+        (
+            "    return x.float() * 1.0",
+            &["integrity", "dtype torch.float32", "torch.bfloat16"],
+        ),
+        (
+            "    return [x]",
+            &["integrity", "returned list, not a tensor"],
+        ),
+    ];
+    for (body, words) in cases {
+        let e = ex.run_case(&candidate(body), &s, &LIMITS, 1e6).unwrap_err();
+        assert!(matches!(e, ExecError::Candidate { .. }), "{body}: {e:?}");
+        assert!(!e.context_broken());
+        let m = e.to_string();
+        for w in words {
+            assert!(m.contains(w), "{body}: `{w}` not in {m}");
+        }
+    }
+    // One child served all of them (each source loaded in turn).
+    assert_eq!(ex.children_started, 1);
+}
+
+#[test]
+fn a_modified_input_is_an_integrity_failure() {
+    let Some(py) = python() else { return };
+    let mut ex = executor(py, Duration::from_secs(120));
+    let c = ex
+        .run_case(&candidate("    x.mul_(2)"), &spec(8, 32), &LIMITS, 1e6)
+        .unwrap();
+    assert!(
+        c.integrity_failures
+            .iter()
+            .any(|f| f.contains("input `x`") && f.contains("changed by call 1")),
+        "{:?}",
+        c.integrity_failures
+    );
+}
+
+#[test]
+fn a_batch_dependent_output_is_not_batch_invariant() {
+    let Some(py) = python() else { return };
+    let mut ex = executor(py, Duration::from_secs(120));
+    let body = "    if x.shape[0] < 4:\n        return (weight * x * 0.5).to(x.dtype)";
+    let c = ex
+        .run_case(&candidate(body), &spec(16, 32), &LIMITS, 1e6)
+        .unwrap();
+    assert_eq!(c.batch_invariant, Some(false));
+    assert!(
+        c.note.as_deref().unwrap().contains("not batch-invariant"),
+        "{:?}",
+        c.note
+    );
+    assert!(c.integrity_failures.is_empty());
+}
+
+#[test]
+fn a_hung_or_crashed_child_is_killed_and_the_next_case_runs() {
+    let Some(py) = python() else { return };
+    let mut ex = executor(py, Duration::from_secs(20));
+    let s = spec(8, 32);
+    // Warm the child up (torch imported) so that the limit below times the hang only.
+    ex.run_case(&candidate(""), &s, &LIMITS, 1e6).unwrap();
+    ex.opts.case_limit = Duration::from_secs(3);
+    let t0 = std::time::Instant::now();
+    let e = ex
+        .run_case(&candidate("    time.sleep(600)"), &s, &LIMITS, 1e6)
+        .unwrap_err();
+    assert!(
+        matches!(e, ExecError::Timeout { limit_s, .. } if limit_s == 3.0),
+        "{e:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    ex.opts.case_limit = Duration::from_secs(120);
+    let e = ex
+        .run_case(&candidate("    os._exit(7)"), &s, &LIMITS, 1e6)
+        .unwrap_err();
+    assert!(
+        matches!(&e, ExecError::Sandbox(m) if m.contains("exit status: 7")),
+        "{e:?}"
+    );
+    // A fresh child for the next case.
+    let c = ex.run_case(&candidate(""), &s, &LIMITS, 1e6).unwrap();
+    assert_eq!(c.status, CaseStatus::Ran);
+    assert_eq!(ex.children_started, 3);
+}
+
+#[test]
+fn the_verifier_loop_runs_a_python_candidate_through_the_same_suite() {
+    let Some(py) = python() else { return };
+    let mut ex = executor(py, Duration::from_secs(120));
+    // A quick suite restricted to small requested shapes is still too big for CI's CPU: the
+    // constraints leave only the narrow cases applicable.
+    let toml = TOML.replace(
+        "f32 = \"rms_norm\"\n",
+        "f32 = \"rms_norm\"\n\n[constraints]\ncols_max = 128\n",
+    );
+    let src = candidate("").source;
+    let b = KernelBundle::from_parts(&toml, &src).unwrap();
+    let opts = verifier::VerifyOptions {
+        dtypes: Some(vec![DType::Bf16]),
+        quick: true,
+        seed: Some(3),
+        limits: LIMITS,
+        ..Default::default()
+    };
+    let r = verifier::verify_with(&mut ex, &b, &opts, &mut |_| {}).unwrap();
+    let ran: Vec<_> = r
+        .cases
+        .iter()
+        .filter(|c| c.status == CaseStatus::Ran)
+        .collect();
+    assert!(!ran.is_empty(), "{:?}", r.cases);
+    assert!(ran
+        .iter()
+        .all(|c| c.integrity_failures.is_empty() && c.cols <= 128));
+    assert!(
+        r.cases.iter().all(|c| c.status != CaseStatus::Error),
+        "{:?}",
+        r.cases
+    );
+    let p = r
+        .python
+        .as_ref()
+        .expect("the report records the Python runtime");
+    assert!(p.packages.contains_key("torch"));
+    assert_eq!(r.kernel.digest, b.digest());
+}
