@@ -83,7 +83,7 @@ pub(crate) const KERNEL_COLS: &str =
     "id, name, version, digest, op, semantics, dtypes, archs, cols_min, \
     cols_max, cols_multiple_of, description, license, authors, origin, created_at";
 
-fn kernel_row(r: &AnyRow) -> Result<KernelRow> {
+pub(crate) fn kernel_row(r: &AnyRow) -> Result<KernelRow> {
     let authors: String = r.try_get("authors")?;
     Ok(KernelRow {
         id: r.try_get("id")?,

@@ -76,49 +76,9 @@ pub async fn list(
     };
     let (kernels, total) = match &policy {
         None => st.store.list_kernels(&query).await?,
-        Some(p) => {
-            // Approval needs each kernel's verdict: filter the whole set, then page.
-            let all = st
-                .store
-                .list_kernels(&KernelQuery {
-                    limit: i64::MAX,
-                    offset: 0,
-                    ..query.clone()
-                })
-                .await?
-                .0;
-            let mut approved = Vec::new();
-            for k in all {
-                let vs = st.store.verifications_for_kernel(&k.digest).await?;
-                let newest = vs
-                    .iter()
-                    .filter(|v| arch.is_none_or(|a| v.arch == a))
-                    .max_by_key(|v| v.id);
-                let ok = newest.is_some_and(|v| {
-                    let dts = dtype.map(|d| vec![d]).unwrap_or_else(|| k.dtypes.clone());
-                    // confirmed:N: N worker keys certify the newest verdict's class there.
-                    let mut keys: Vec<&str> = vs
-                        .iter()
-                        .filter(|w| w.arch == v.arch && w.exactness_class == v.exactness_class)
-                        .filter_map(|w| w.certificate.as_ref().map(|c| c.key.as_str()))
-                        .collect();
-                    keys.sort_unstable();
-                    keys.dedup();
-                    keys.len() >= p.confirmations as usize
-                        && dts.iter().any(|d| p.evaluate(&v.report, *d).is_ok())
-                });
-                if ok {
-                    approved.push(k);
-                }
-            }
-            let total = approved.len() as i64;
-            let page = approved
-                .into_iter()
-                .skip(offset as usize)
-                .take(limit as usize)
-                .collect();
-            (page, total)
-        }
+        // Approval is a condition on the newest verdicts' indexed columns: one page and one
+        // count, however many kernels are stored.
+        Some(p) => st.store.approved_kernels(&query, p).await?,
     };
     let next = (offset + limit < total).then(|| offset + limit);
     Ok(Json(json!({

@@ -58,7 +58,7 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
         ("rows" = Option<u64>, Query, description = "rows: picks the nearest measured speed; a queued width verification runs rows 1..max(64, rows); never gates", minimum = 1, maximum = 1099511627776_i64),
         ("policy" = Option<PolicyText>, Query, description = "bit_exact (default), ulp:N, tolerance, argmax, with ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X"),
     ),
-    responses((status = 200, description = "The chosen kernel with its evidence"), (status = 404, description = "No kernel qualifies; `excluded` says why each is out"), (status = 400, description = "A bad parameter")))]
+    responses((status = 200, description = "The chosen kernel with its evidence"), (status = 404, description = "No kernel qualifies; `excluded` says why each is out (the first 100; `excluded_total` counts all)"), (status = 400, description = "A bad parameter")))]
 pub async fn resolve(
     State(st): State<AppState>,
     c: Caller,
@@ -89,17 +89,23 @@ pub async fn resolve(
             "coverage": c.coverage,
             "also_qualifying": r.also_qualifying,
             "excluded": r.excluded,
+            "excluded_total": r.excluded_total,
             "queued_jobs": r.queued_jobs,
             "queue_full": r.queue_full,
         }))),
         None => {
-            let n = r.excluded.len();
+            let n = r.excluded_total;
             let detail = if n == 0 {
                 format!(
                     "no kernel is registered for {} ({}); keep your reference layer",
                     query.op, query.semantics
                 )
             } else {
+                let more = if n > r.excluded.len() {
+                    format!(" (the first {} of {n})", r.excluded.len())
+                } else {
+                    String::new()
+                };
                 let queued = if r.queued_jobs.is_empty() {
                     String::new()
                 } else {
@@ -113,13 +119,14 @@ pub async fn resolve(
                     )
                 };
                 format!(
-                    "no kernel meets `{}` for {} ({}) {} on {} at cols={}; keep your reference layer. Why each is out: {}{queued}",
+                    "no kernel meets `{}` for {} ({}) {} on {} at cols={}; keep your reference layer. Why each is out{more}: {}{queued}",
                     query.policy, query.op, query.semantics, query.dtype, query.arch, query.cols,
                     r.excluded.join(" | ")
                 )
             };
             Err(AppError::not_found(detail)
                 .with("excluded", r.excluded)
+                .with("excluded_total", r.excluded_total)
                 .with(
                     "queued_jobs",
                     serde_json::to_value(&r.queued_jobs).expect("serialises"),
