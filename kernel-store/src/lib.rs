@@ -23,8 +23,8 @@ pub use audit::AuditEntry;
 pub use jobs::{Holder, JobRow, JobState, WidthJob, DEFAULT_MAX_ATTEMPTS};
 pub use kernels::{Inserted, KernelQuery, KernelRow, StoredSource};
 pub use newest::{
-    policy_condition, GlanceCell, MatrixFilter, MatrixRow, NewestVerdict, UnverifiedKernel,
-    VerdictOn, HEADLINE_COLS, HEADLINE_ROWS,
+    policy_condition, CandidateKernel, GlanceCell, MatrixFilter, MatrixRow, NewestVerdict,
+    UnverifiedKernel, VerdictOn, VerdictParts, HEADLINE_COLS, HEADLINE_ROWS,
 };
 pub use stats::{HubStats, MAX_WORKERS_LISTED};
 pub use tokens::{hash_token, Expiry, Revoked, TokenCheck, TokenInfo, DEFAULT_TOKEN_LIFETIME};

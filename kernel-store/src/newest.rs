@@ -66,12 +66,13 @@ pub(crate) async fn insert_summary_in(
     digest: &str,
     report: &VerificationReport,
     certificate: Option<&Certificate>,
+    created_at: &str,
 ) -> Result<()> {
     let requested = csv(report.requested_shapes.iter().map(|s| s.cols));
     sqlx::query(
         "INSERT INTO verification_facts (verification_id, kernel_digest, arch, class, \
-         suite_version, driver_version, cert_key, requested_cols) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+         suite_version, driver_version, cert_key, requested_cols, device_name, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
     )
     .bind(verification_id)
     .bind(digest)
@@ -81,6 +82,8 @@ pub(crate) async fn insert_summary_in(
     .bind(&report.device.driver_version)
     .bind(certificate.map(|c| c.key.clone()))
     .bind(requested)
+    .bind(&report.device.name)
+    .bind(created_at)
     .execute(&mut **tx)
     .await?;
     for (dtype, v) in &report.summary.per_dtype {
@@ -219,14 +222,26 @@ const CERTIFYING_KEYS: &str = "(SELECT COUNT(DISTINCT c.cert_key) FROM verificat
      AND c.cert_key IS NOT NULL)";
 
 /// A kernel of a resolve's candidate set with its newest verification on the asked
-/// architecture, read from the summary tables (no report).
+/// architecture, read from the summary tables (no report, no verdict text).
 #[derive(Debug, Clone)]
 pub struct NewestVerdict {
-    pub kernel: KernelRow,
+    pub kernel: CandidateKernel,
     /// `None`: not verified on the architecture.
     pub on: Option<VerdictOn>,
     /// The architectures it was verified on (when `on` is `None`), sorted as text.
     pub elsewhere: Vec<Arch>,
+}
+
+/// What a resolve needs of a candidate kernel before it is chosen (`Store::kernel_by_digest`
+/// reads the rest for the one that is).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CandidateKernel {
+    pub id: i64,
+    pub name: String,
+    pub version: String,
+    pub digest: kernel_registry::Digest,
+    pub dtypes: Vec<DType>,
+    pub constraints: kernel_registry::manifest::Constraints,
 }
 
 /// The newest verification of a kernel on an architecture, as the summary tables hold it.
@@ -247,47 +262,24 @@ pub struct VerdictOn {
     pub certifying_keys: i64,
     /// Widths a caller asked this verification for.
     pub requested_cols: Vec<u64>,
-    verdict_json: Option<String>,
-    models_json: Option<String>,
 }
 
-impl VerdictOn {
-    /// The dtype's verdict (`None`: no case of the dtype ran).
-    pub fn verdict(&self) -> Result<Option<Verdict>> {
-        self.verdict_json
-            .as_deref()
-            .map(serde_json::from_str)
-            .transpose()
-            .map_err(|e| {
-                StoreError::Corrupt(format!(
-                    "verification {}: verdict: {e}",
-                    self.verification_id
-                ))
-            })
-    }
+/// A verification's verdict for one dtype (`None`: no case of it ran) and its model-level
+/// measurements of that dtype: what `Policy::evaluate_parts` reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VerdictParts {
+    pub verdict: Option<Verdict>,
+    pub models: Vec<ModelReport>,
+}
 
-    /// The dtype's model-level measurements.
-    pub fn models(&self) -> Result<Vec<ModelReport>> {
-        match self.models_json.as_deref() {
-            None => Ok(vec![]),
-            Some(j) => serde_json::from_str(j).map_err(|e| {
-                StoreError::Corrupt(format!(
-                    "verification {}: models: {e}",
-                    self.verification_id
-                ))
-            }),
-        }
-    }
-
-    /// Why the dtype's verdict fails `policy` (empty: it passes), from the stored parts.
-    pub fn why_not(&self, policy: &Policy, dtype: DType) -> Result<Vec<String>> {
-        let verdict = self.verdict()?;
-        let models = self.models()?;
-        let refs: Vec<&ModelReport> = models.iter().collect();
-        Ok(policy
-            .evaluate_parts(verdict.as_ref(), &refs, dtype)
+impl VerdictParts {
+    /// Why the verdict fails `policy` (empty: it passes).
+    pub fn why_not(&self, policy: &Policy, dtype: DType) -> Vec<String> {
+        let refs: Vec<&ModelReport> = self.models.iter().collect();
+        policy
+            .evaluate_parts(self.verdict.as_ref(), &refs, dtype)
             .err()
-            .unwrap_or_default())
+            .unwrap_or_default()
     }
 }
 
@@ -382,7 +374,8 @@ impl Store {
     /// from their reports. Returns how many verifications it filled.
     pub async fn backfill_summaries(&self) -> Result<usize> {
         let rows = sqlx::query(
-            "SELECT v.id, v.kernel_digest, v.report_json, v.certificate FROM verifications v \
+            "SELECT v.id, v.kernel_digest, v.report_json, v.certificate, v.created_at \
+             FROM verifications v \
              WHERE NOT EXISTS (SELECT 1 FROM verification_facts f WHERE f.verification_id = v.id) \
              ORDER BY v.id",
         )
@@ -400,7 +393,8 @@ impl Store {
                 .map(|c| serde_json::from_str(&c))
                 .transpose()
                 .map_err(|e| StoreError::Corrupt(format!("verification {id}: certificate: {e}")))?;
-            insert_summary_in(&mut tx, id, &digest, &report, cert.as_ref()).await?;
+            let created_at: String = r.try_get("created_at")?;
+            insert_summary_in(&mut tx, id, &digest, &report, cert.as_ref(), &created_at).await?;
         }
         tx.commit().await?;
         Ok(rows.len())
@@ -433,19 +427,18 @@ impl Store {
             "CAST(0 AS BIGINT)"
         };
         let sql = format!(
-            "SELECT {kc}, n.verification_id AS v_id, v.device_name AS v_device, \
-             v.created_at AS v_created_at, v.exactness_class AS v_class, \
+            "SELECT k.id, k.name, k.version, k.digest, k.dtypes, k.archs, k.cols_min, \
+             k.cols_max, k.cols_multiple_of, n.verification_id AS v_id, \
+             f.device_name AS v_device, f.created_at AS v_created_at, f.class AS v_class, \
              f.suite_version AS v_suite, f.driver_version AS v_driver, \
-             f.requested_cols AS v_requested, d.verdict_json, d.models_json, \
+             f.requested_cols AS v_requested, \
              CASE WHEN d.verification_id IS NOT NULL AND {cond} THEN CAST(1 AS BIGINT) ELSE CAST(0 AS BIGINT) END AS passes, \
              CASE WHEN n.verification_id IS NULL THEN CAST(0 AS BIGINT) ELSE {keys} END AS certifying_keys \
              FROM kernels k \
              LEFT JOIN {NEWEST_ON_ARCH} \
-             LEFT JOIN verifications v ON v.id = n.verification_id \
              LEFT JOIN verification_facts f ON f.verification_id = n.verification_id \
              LEFT JOIN verification_verdicts d ON d.verification_id = n.verification_id AND d.dtype = $2 \
-             WHERE k.op = $3 AND k.semantics = $4 ORDER BY k.op, k.semantics, k.name, k.id",
-            kc = k_cols(),
+             WHERE k.op = $3 AND k.semantics = $4 ORDER BY k.name, k.id",
             cond = policy_condition(policy),
         );
         let rows = sqlx::query(&sql)
@@ -458,7 +451,19 @@ impl Store {
         let mut out = Vec::with_capacity(rows.len());
         let mut unverified = false;
         for r in &rows {
-            let kernel = kernel_row(r)?;
+            let kernel = CandidateKernel {
+                id: r.try_get("id")?,
+                name: r.try_get("name")?,
+                version: r.try_get("version")?,
+                digest: parse_col(r, "digest")?,
+                dtypes: parse_csv(&r.try_get::<String, _>("dtypes")?)?,
+                constraints: kernel_registry::manifest::Constraints {
+                    cols_min: r.try_get::<i64, _>("cols_min")? as u64,
+                    cols_max: r.try_get::<Option<i64>, _>("cols_max")?.map(|c| c as u64),
+                    cols_multiple_of: r.try_get::<i64, _>("cols_multiple_of")? as u64,
+                    archs: parse_csv(&r.try_get::<String, _>("archs")?)?,
+                },
+            };
             let on = match r.try_get::<Option<i64>, _>("v_id")? {
                 None => {
                     unverified = true;
@@ -467,9 +472,15 @@ impl Store {
                 Some(id) => Some(VerdictOn {
                     verification_id: id,
                     arch,
-                    device_name: r.try_get("v_device")?,
-                    created_at: r.try_get("v_created_at")?,
-                    class: r.try_get("v_class")?,
+                    device_name: r
+                        .try_get::<Option<String>, _>("v_device")?
+                        .unwrap_or_default(),
+                    created_at: r
+                        .try_get::<Option<String>, _>("v_created_at")?
+                        .unwrap_or_default(),
+                    class: r
+                        .try_get::<Option<String>, _>("v_class")?
+                        .unwrap_or_default(),
                     suite_version: r
                         .try_get::<Option<String>, _>("v_suite")?
                         .unwrap_or_default(),
@@ -482,8 +493,6 @@ impl Store {
                     )?,
                     passes: r.try_get::<i64, _>("passes")? == 1,
                     certifying_keys: r.try_get("certifying_keys")?,
-                    verdict_json: r.try_get("verdict_json")?,
-                    models_json: r.try_get("models_json")?,
                 }),
             };
             out.push(NewestVerdict {
@@ -516,6 +525,58 @@ impl Store {
                     nv.elsewhere = a;
                 }
             }
+        }
+        Ok(out)
+    }
+
+    /// The `dtype` verdict and model measurements of each of `ids` (one query): for the lines
+    /// that say why a verdict fails a policy, and the chosen kernel's summary.
+    pub async fn verdict_parts(
+        &self,
+        ids: &[i64],
+        dtype: DType,
+    ) -> Result<HashMap<i64, VerdictParts>> {
+        let mut out: HashMap<i64, VerdictParts> = ids
+            .iter()
+            .map(|id| {
+                (
+                    *id,
+                    VerdictParts {
+                        verdict: None,
+                        models: vec![],
+                    },
+                )
+            })
+            .collect();
+        if ids.is_empty() {
+            return Ok(out);
+        }
+        let sql = format!(
+            "SELECT verification_id, verdict_json, models_json FROM verification_verdicts \
+             WHERE dtype = $1 AND verification_id IN ({})",
+            ids_list(ids)
+        );
+        for r in sqlx::query(&sql)
+            .bind(dtype.as_str())
+            .fetch_all(&self.pool)
+            .await?
+        {
+            let id: i64 = r.try_get("verification_id")?;
+            let corrupt = |what: &str, e: serde_json::Error| {
+                StoreError::Corrupt(format!("verification {id}: {what}: {e}"))
+            };
+            let verdict: Verdict = serde_json::from_str(&r.try_get::<String, _>("verdict_json")?)
+                .map_err(|e| corrupt("verdict", e))?;
+            let models: Vec<ModelReport> =
+                serde_json::from_str(&r.try_get::<String, _>("models_json")?)
+                    .map_err(|e| corrupt("models", e))?;
+            out.insert(
+                id,
+                VerdictParts {
+                    verdict: Some(verdict),
+                    models,
+                },
+            );
         }
         Ok(out)
     }
@@ -636,6 +697,69 @@ impl Store {
         Ok((rows.iter().map(kernel_row).collect::<Result<_>>()?, total))
     }
 
+    /// Kernels matching `q`'s filters (its `arch` is the architecture asked about) whose newest
+    /// verdict on that architecture is stale — measured by another suite than `suite`, or with
+    /// another driver than `newest_driver` — or that were verified elsewhere but never there:
+    /// a page of them in list order with the suite and driver of that verdict (`None`: never
+    /// verified there), and their total.
+    pub async fn stale_on(
+        &self,
+        arch: Arch,
+        q: &KernelQuery,
+        suite: &str,
+        newest_driver: Option<&str>,
+    ) -> Result<(Vec<(KernelRow, Option<(String, String)>)>, i64)> {
+        let mut binds = vec![arch.to_string()];
+        let mut conds = kernel_conditions(
+            &KernelQuery {
+                arch: Some(arch),
+                ..q.clone()
+            },
+            &mut binds,
+        );
+        binds.push(suite.to_string());
+        let mut stale = format!("f.suite_version <> ${}", binds.len());
+        if let Some(d) = newest_driver {
+            binds.push(d.to_string());
+            stale.push_str(&format!(" OR f.driver_version <> ${}", binds.len()));
+        }
+        conds.push(format!(
+            "((n.verification_id IS NOT NULL AND ({stale})) OR (n.verification_id IS NULL AND \
+             EXISTS (SELECT 1 FROM newest_verifications o WHERE o.kernel_digest = k.digest)))"
+        ));
+        let from = format!(
+            "FROM kernels k LEFT JOIN {NEWEST_ON_ARCH} \
+             LEFT JOIN verification_facts f ON f.verification_id = n.verification_id WHERE {}",
+            conds.join(" AND ")
+        );
+        let total = self
+            .count_with(&format!("SELECT COUNT(*) {from}"), &binds)
+            .await?;
+        let sql = format!(
+            "SELECT {}, f.suite_version AS v_suite, f.driver_version AS v_driver {from} \
+             ORDER BY k.op, k.semantics, k.name, k.id LIMIT ${} OFFSET ${}",
+            k_cols(),
+            binds.len() + 1,
+            binds.len() + 2
+        );
+        let mut query = sqlx::query(&sql);
+        for b in &binds {
+            query = query.bind(b.clone());
+        }
+        let rows = query
+            .bind(q.limit)
+            .bind(q.offset)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let suite: Option<String> = r.try_get("v_suite")?;
+            let driver: Option<String> = r.try_get("v_driver")?;
+            out.push((kernel_row(r)?, suite.zip(driver)));
+        }
+        Ok((out, total))
+    }
+
     /// A page of the dashboard's matrix: every kernel's newest verdict per architecture and
     /// dtype (filtered), sorted by op, semantics, dtype, arch, class, then fastest first; with
     /// the number of rows in all.
@@ -651,7 +775,7 @@ impl Store {
             .await?;
         let sql = format!(
             "SELECT {kc}, d.dtype AS m_dtype, n.arch AS m_arch, d.verdict_json, \
-             v.device_name AS m_device, v.created_at AS m_created_at, \
+             f.device_name AS m_device, f.created_at AS m_created_at, \
              s.rows AS s_rows, s.cols AS s_cols, s.gbps, s.median_us, s.copy_fraction, s.speedup \
              {from} ORDER BY {op}, {sem}, {dt}, LENGTH(n.arch), n.arch, d.class_rank, d.class_ulp, \
              COALESCE(s.gbps, 0) DESC, k.name, k.id LIMIT ${l} OFFSET ${o}",
@@ -803,18 +927,31 @@ impl Store {
             query = query.bind(b.clone());
         }
         let rows = query.bind(limit).bind(offset).fetch_all(&self.pool).await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let kernel = kernel_row(r)?;
-            // One indexed read per listed kernel (a page at most).
-            let mut archs: Vec<Arch> =
-                sqlx::query("SELECT arch FROM newest_verifications WHERE kernel_digest = $1")
-                    .bind(kernel.digest.as_str())
-                    .fetch_all(&self.pool)
-                    .await?
-                    .iter()
-                    .map(|r| parse_col(r, "arch"))
-                    .collect::<Result<_>>()?;
+        let kernels = rows.iter().map(kernel_row).collect::<Result<Vec<_>>>()?;
+        // The architectures each listed kernel was verified on, in one query.
+        let mut verified_on: HashMap<String, Vec<Arch>> = HashMap::new();
+        if !kernels.is_empty() {
+            let marks: Vec<String> = (1..=kernels.len()).map(|i| format!("${i}")).collect();
+            let sql = format!(
+                "SELECT kernel_digest, arch FROM newest_verifications WHERE kernel_digest IN ({})",
+                marks.join(", ")
+            );
+            let mut query = sqlx::query(&sql);
+            for k in &kernels {
+                query = query.bind(k.digest.as_str());
+            }
+            for r in query.fetch_all(&self.pool).await? {
+                verified_on
+                    .entry(r.try_get("kernel_digest")?)
+                    .or_default()
+                    .push(parse_col(&r, "arch")?);
+            }
+        }
+        let mut out = Vec::with_capacity(kernels.len());
+        for kernel in kernels {
+            let mut archs = verified_on
+                .remove(kernel.digest.as_str())
+                .unwrap_or_default();
             archs.sort();
             let no_dtype_ran = match f.arch {
                 Some(a) => archs.contains(&a),
@@ -863,7 +1000,7 @@ fn matrix_from(f: MatrixFilter) -> (String, Vec<String>) {
     (
         format!(
             "FROM kernels k JOIN newest_verifications n ON n.kernel_digest = k.digest \
-             JOIN verifications v ON v.id = n.verification_id \
+             JOIN verification_facts f ON f.verification_id = n.verification_id \
              JOIN verification_verdicts d ON d.verification_id = n.verification_id \
              LEFT JOIN verification_speeds s ON s.verification_id = d.verification_id \
              AND s.dtype = d.dtype AND s.headline = 1 WHERE {}",

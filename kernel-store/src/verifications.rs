@@ -306,6 +306,6 @@ pub(crate) async fn insert_verification_in(
     }
     let vid: i64 = insert.fetch_one(&mut **tx).await?.try_get("id")?;
     insert_coverage_in(tx, vid, &coverage(report)).await?;
-    crate::newest::insert_summary_in(tx, vid, digest, report, certificate).await?;
+    crate::newest::insert_summary_in(tx, vid, digest, report, certificate, stamp).await?;
     Ok(vid)
 }

@@ -239,6 +239,18 @@ async fn resolve_candidates_match(s: &Store) {
                     let want: Vec<_> = kernels.iter().map(|k| k.id).collect();
                     assert_eq!(names, want, "candidates in list order");
                     for (c, k) in fast.iter().zip(&kernels) {
+                        assert_eq!(
+                            (
+                                &c.kernel.name,
+                                &c.kernel.version,
+                                &c.kernel.digest,
+                                &c.kernel.dtypes
+                            ),
+                            (&k.name, &k.version, &k.digest, &k.dtypes)
+                        );
+                        assert_eq!(c.kernel.constraints, k.constraints());
+                    }
+                    for (c, k) in fast.iter().zip(&kernels) {
                         let ctx = format!("{} {arch} {dtype} `{p}`", k.name);
                         let slow = newest_slow(s, k, Some(arch)).await;
                         match (&c.on, slow) {
@@ -268,13 +280,19 @@ async fn resolve_candidates_match(s: &Store) {
                                 assert_eq!(on.created_at, v.created_at, "{ctx}");
                                 let slow = p.evaluate(&v.report, dtype);
                                 assert_eq!(on.passes, slow.is_ok(), "{ctx}: {slow:?}");
+                                let parts = s
+                                    .verdict_parts(&[v.id], dtype)
+                                    .await
+                                    .unwrap()
+                                    .remove(&v.id)
+                                    .unwrap();
                                 assert_eq!(
-                                    on.why_not(&p, dtype).unwrap(),
+                                    parts.why_not(&p, dtype),
                                     slow.err().unwrap_or_default(),
                                     "{ctx}"
                                 );
                                 assert_eq!(
-                                    on.verdict().unwrap().as_ref(),
+                                    parts.verdict.as_ref(),
                                     v.report.summary.per_dtype.get(&dtype),
                                     "{ctx}"
                                 );
@@ -548,6 +566,56 @@ async fn matrix_matches(s: &Store) {
     }
 }
 
+/// `verify-request --stale`'s list by index equals the old per-kernel walk: newest verdict on
+/// the arch read in full, stale by suite or driver, or verified only elsewhere.
+async fn stale_list_matches(s: &Store) {
+    for arch in [SM90, SM80, SM100] {
+        let driver = s.newest_driver(arch).await.unwrap();
+        for suite in ["1", "2"] {
+            let mut slow = vec![];
+            for k in all_kernels(
+                s,
+                KernelQuery {
+                    arch: Some(arch),
+                    ..Default::default()
+                },
+            )
+            .await
+            {
+                let all = s.verifications_for_kernel(&k.digest).await.unwrap();
+                match newest_slow(s, &k, Some(arch)).await {
+                    Some(v) => {
+                        let r = &v.report;
+                        if r.suite_version != suite
+                            || driver
+                                .as_deref()
+                                .is_some_and(|d| d != r.device.driver_version)
+                        {
+                            slow.push((
+                                k.id,
+                                Some((r.suite_version.clone(), r.device.driver_version.clone())),
+                            ));
+                        }
+                    }
+                    None if !all.is_empty() => slow.push((k.id, None)),
+                    None => {}
+                }
+            }
+            let q = KernelQuery {
+                limit: 1000,
+                ..Default::default()
+            };
+            let (fast, total) = s
+                .stale_on(arch, &q, suite, driver.as_deref())
+                .await
+                .unwrap();
+            let fast: Vec<_> = fast.into_iter().map(|(k, v)| (k.id, v)).collect();
+            assert_eq!(fast, slow, "{arch} suite {suite}");
+            assert_eq!(total as usize, slow.len());
+        }
+    }
+}
+
 async fn index_answers_like_the_reports(s: Store) {
     fixture(&s).await;
     let g = s.answer_generation().await.unwrap();
@@ -607,6 +675,7 @@ async fn upgrade_backfills(s: Store) {
     resolve_candidates_match(&s).await;
     policy_list_matches(&s).await;
     matrix_matches(&s).await;
+    stale_list_matches(&s).await;
 }
 
 async fn sqlite() -> (Store, tempfile::TempDir) {

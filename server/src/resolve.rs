@@ -15,7 +15,7 @@
 use kernel_registry::report::{nearest_speed, Coverage, ShapeRequest};
 pub use kernel_registry::report::{speed_at, SpeedAt};
 use kernel_registry::{Arch, DType, Op, Policy, Semantics};
-use kernel_store::{KernelRow, Store, StoreError, VerdictOn, WidthJob};
+use kernel_store::{CandidateKernel, KernelRow, Store, StoreError, VerdictOn, WidthJob};
 use serde::Serialize;
 use std::collections::HashMap;
 
@@ -116,11 +116,11 @@ pub struct Resolution {
 
 /// Why `k` cannot serve the query at all (wrong dtype, shape or arch), before any verdict.
 /// Decided from the stored row: no source is read for it.
-fn shape_exclusion(k: &KernelRow, q: &Query) -> Option<String> {
+fn shape_exclusion(k: &CandidateKernel, q: &Query) -> Option<String> {
     if !k.dtypes.contains(&q.dtype) {
         return Some(format!("has no {} entry", q.dtype));
     }
-    k.constraints().not_applicable(q.cols, Some(q.arch))
+    k.constraints.not_applicable(q.cols, Some(q.arch))
 }
 
 /// Whether `cov` (one verification's coverage for the dtype) covers the asked width; `Err`
@@ -229,7 +229,7 @@ pub async fn resolve_queueing(
         .newest_verdicts(q.op, q.semantics, q.arch, q.dtype, &q.policy)
         .await?;
     let wanted = q.policy.confirmations as i64;
-    let meets = |k: &KernelRow, v: &VerdictOn| {
+    let meets = |k: &CandidateKernel, v: &VerdictOn| {
         shape_exclusion(k, q).is_none() && v.passes && v.certifying_keys >= wanted
     };
     let ids: Vec<i64> = candidates
@@ -242,7 +242,7 @@ pub async fn resolve_queueing(
     let mut queued_jobs = Vec::new();
     let mut queue_full = None;
     let mut unverified_width = Vec::new();
-    let mut qualifying: Vec<(KernelRow, VerdictOn, CoverageAt)> = Vec::new();
+    let mut qualifying: Vec<(CandidateKernel, VerdictOn, CoverageAt)> = Vec::new();
     for c in candidates {
         let k = c.kernel;
         let label = format!("{} {}", k.name, k.version);
@@ -265,12 +265,8 @@ pub async fn resolve_queueing(
             continue;
         };
         if !v.passes {
-            if excluded.wants_line() {
-                let why = v.why_not(&q.policy, q.dtype)?;
-                excluded.push(|| format!("{label}: {}", why.join("; ")));
-            } else {
-                excluded.count();
-            }
+            // Why, from its verdict: read after the loop for the lines listed.
+            excluded.push_why_not(label, v.verification_id);
             continue;
         }
         if v.certifying_keys < wanted {
@@ -340,7 +336,7 @@ pub async fn resolve_queueing(
         .map(|(_, v, _)| v.verification_id)
         .collect();
     let mut speeds: HashMap<i64, Vec<SpeedAt>> = store.speeds_of(&ids, q.dtype).await?;
-    let mut ranked: Vec<(KernelRow, VerdictOn, CoverageAt, Option<SpeedAt>)> = qualifying
+    let mut ranked: Vec<(CandidateKernel, VerdictOn, CoverageAt, Option<SpeedAt>)> = qualifying
         .into_iter()
         .map(|(k, v, at)| {
             let s = speeds.remove(&v.verification_id).unwrap_or_default();
@@ -354,13 +350,32 @@ pub async fn resolve_queueing(
         g(&b.3).total_cmp(&g(&a.3))
     });
     let mut it = ranked.into_iter();
-    let chosen = match it.next() {
+    let chosen = it.next();
+    // The verdicts the answer shows: the chosen one's and those of the failing lines listed.
+    let mut ids = excluded.why_not_ids();
+    ids.extend(chosen.as_ref().map(|(_, v, _, _)| v.verification_id));
+    let mut parts = store.verdict_parts(&ids, q.dtype).await?;
+    let excluded_total = excluded.total;
+    let excluded_lines = excluded.render(&mut parts, q);
+    let chosen = match chosen {
         None => None,
         Some((k, v, at, speed)) => {
             let stale = crate::stale::Staleness::new(store)
                 .of_parts(v.arch, &v.suite_version, &v.driver_version)
                 .await?;
-            Some(candidate(k, &v, q, at, speed, stale)?)
+            let kernel = store.kernel_by_digest(&k.digest).await?.ok_or_else(|| {
+                StoreError::NotFound(format!("kernel {} {} is gone", k.name, k.version))
+            })?;
+            let verdict = parts
+                .remove(&v.verification_id)
+                .and_then(|p| p.verdict)
+                .ok_or_else(|| {
+                    StoreError::Corrupt(format!(
+                        "verification {} passed a policy for {} without a verdict for it",
+                        v.verification_id, q.dtype
+                    ))
+                })?;
+            Some(candidate(kernel, &v, verdict, at, speed, stale))
         }
     };
     let also_qualifying = it
@@ -374,8 +389,8 @@ pub async fn resolve_queueing(
     Ok(Resolution {
         chosen,
         also_qualifying,
-        excluded_total: excluded.total,
-        excluded: excluded.lines,
+        excluded_total,
+        excluded: excluded_lines,
         queued_jobs,
         queue_full,
         unverified_width,
@@ -386,11 +401,18 @@ pub async fn resolve_queueing(
 /// a group holds); `excluded_total` counts them all.
 pub const MAX_EXCLUDED_LISTED: usize = 100;
 
-/// The excluded lines of a resolve: the first `MAX_EXCLUDED_LISTED` written out, all counted.
+/// The excluded lines of a resolve: the first `MAX_EXCLUDED_LISTED` kept (a failing verdict's
+/// line is written once its verdict is read, for all of them in one query), all counted.
 #[derive(Default)]
 struct Excluded {
-    lines: Vec<String>,
+    lines: Vec<Line>,
     total: usize,
+}
+
+enum Line {
+    Ready(String),
+    /// `label`: why verification `id`'s verdict fails the policy.
+    WhyNot(String, i64),
 }
 
 impl Excluded {
@@ -399,31 +421,56 @@ impl Excluded {
     }
     fn push(&mut self, line: impl FnOnce() -> String) {
         if self.wants_line() {
-            self.lines.push(line());
+            self.lines.push(Line::Ready(line()));
         }
         self.total += 1;
     }
-    fn count(&mut self) {
+    fn push_why_not(&mut self, label: String, verification_id: i64) {
+        if self.wants_line() {
+            self.lines.push(Line::WhyNot(label, verification_id));
+        }
         self.total += 1;
+    }
+    fn why_not_ids(&self) -> Vec<i64> {
+        self.lines
+            .iter()
+            .filter_map(|l| match l {
+                Line::WhyNot(_, id) => Some(*id),
+                Line::Ready(_) => None,
+            })
+            .collect()
+    }
+    fn render(
+        self,
+        parts: &mut HashMap<i64, kernel_store::VerdictParts>,
+        q: &Query,
+    ) -> Vec<String> {
+        self.lines
+            .into_iter()
+            .map(|l| match l {
+                Line::Ready(s) => s,
+                Line::WhyNot(label, id) => {
+                    let why = parts
+                        .get(&id)
+                        .map(|p| p.why_not(&q.policy, q.dtype))
+                        .unwrap_or_default();
+                    format!("{label}: {}", why.join("; "))
+                }
+            })
+            .collect()
     }
 }
 
 fn candidate(
-    k: KernelRow,
+    kernel: KernelRow,
     v: &VerdictOn,
-    q: &Query,
+    summary: kernel_registry::report::Verdict,
     coverage: CoverageAt,
     speed: Option<SpeedAt>,
     stale: Vec<String>,
-) -> Result<Candidate, StoreError> {
-    let summary = v.verdict()?.ok_or_else(|| {
-        StoreError::Corrupt(format!(
-            "verification {} passed a policy for {} without a verdict for it",
-            v.verification_id, q.dtype
-        ))
-    })?;
-    Ok(Candidate {
-        source_url: format!("/v1/sources/{}", k.digest),
+) -> Candidate {
+    Candidate {
+        source_url: format!("/v1/sources/{}", kernel.digest),
         speed,
         coverage,
         class: summary.class.to_string(),
@@ -432,6 +479,6 @@ fn candidate(
         device: v.device_name.clone(),
         verified_at: v.created_at.clone(),
         stale,
-        kernel: k,
-    })
+        kernel,
+    }
 }

@@ -35,6 +35,7 @@ fn kernel_json(k: &KernelRow) -> Value {
         ("dtype" = Option<DTypeName>, Query, description = "filter by supported dtype"),
         ("arch" = Option<ArchName>, Query, description = "filter by declared arch (kernels declaring none match any)"),
         ("policy" = Option<PolicyText>, Query, description = "only approved kernels: verified and meeting this policy"),
+        ("stale" = Option<bool>, Query, description = "with `arch`: only kernels whose newest verdict there is stale (an older suite or another driver than the newest seen there), or that were verified elsewhere but never there; each lists its reasons in `stale`"),
         ("limit" = Option<i64>, Query, description = "page size, default 50", minimum = 1, maximum = 500),
         ("offset" = Option<i64>, Query, description = "items to skip, default 0", minimum = 0, maximum = 2147483647),
     ),
@@ -43,7 +44,7 @@ pub async fn list(
     State(st): State<AppState>,
     _c: Caller,
     Query(q): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Response, AppError> {
     known_params(
         &q,
         &[
@@ -52,6 +53,7 @@ pub async fn list(
             "dtype",
             "arch",
             "policy",
+            "stale",
             "limit",
             "offset",
         ],
@@ -74,6 +76,21 @@ pub async fn list(
         limit,
         offset,
     };
+    // A policy's list is kept until the store changes (`crate::answers`).
+    let cached = match &policy {
+        None => None,
+        Some(_) => {
+            let key = crate::answers::AnswerCache::key("/v1/kernels", &q);
+            let generation = st.store.answer_generation().await?;
+            if let Some(a) = st.answers.get(&key, generation) {
+                return Ok(crate::answers::json_response(a));
+            }
+            Some((key, generation))
+        }
+    };
+    if param::<bool>(&q, "stale")?.unwrap_or(false) {
+        return stale_list(&st, query, policy.is_some()).await;
+    }
     let (kernels, total) = match &policy {
         None => st.store.list_kernels(&query).await?,
         // Approval is a condition on the newest verdicts' indexed columns: one page and one
@@ -81,14 +98,68 @@ pub async fn list(
         Some(p) => st.store.approved_kernels(&query, p).await?,
     };
     let next = (offset + limit < total).then(|| offset + limit);
-    Ok(Json(json!({
+    let answer = json!({
         "kernels": kernels.iter().map(kernel_json).collect::<Vec<_>>(),
         "total": total,
         "limit": limit,
         "offset": offset,
         "next_offset": next,
         "policy": policy.map(|p| p.to_string()),
-    })))
+    });
+    Ok(match cached {
+        Some((key, generation)) => st.answers.put(key, generation, &answer),
+        None => Json(answer).into_response(),
+    })
+}
+
+/// `GET /v1/kernels?arch=A&stale=true`: kernels to verify again on `arch` (read by index; the
+/// reasons are `crate::stale`'s).
+async fn stale_list(
+    st: &AppState,
+    query: KernelQuery,
+    with_policy: bool,
+) -> Result<Response, AppError> {
+    let Some(arch) = query.arch else {
+        return Err(AppError::bad_request(
+            "query parameter `stale` needs `arch`: stale on which architecture? e.g. ?arch=sm_90&stale=true",
+        )
+        .with("field", "arch"));
+    };
+    if with_policy {
+        return Err(AppError::bad_request(
+            "query parameters `stale` and `policy` cannot be combined: ask for one of them",
+        )
+        .with("field", "stale"));
+    }
+    let suite = verifier::cases::SUITE_VERSION;
+    let driver = st.store.newest_driver(arch).await?;
+    let (rows, total) = st
+        .store
+        .stale_on(arch, &query, suite, driver.as_deref())
+        .await?;
+    let mut staleness = crate::stale::Staleness::new(&st.store);
+    let mut kernels = Vec::with_capacity(rows.len());
+    for (k, newest) in rows {
+        let why = match newest {
+            Some((suite, driver)) => staleness.of_parts(arch, &suite, &driver).await?,
+            None => vec![format!("verified elsewhere, never on {arch}")],
+        };
+        let mut v = kernel_json(&k);
+        v["stale"] = json!(why);
+        kernels.push(v);
+    }
+    let (limit, offset) = (query.limit, query.offset);
+    let next = (offset + limit < total).then(|| offset + limit);
+    Ok(Json(json!({
+        "kernels": kernels,
+        "total": total,
+        "limit": limit,
+        "offset": offset,
+        "next_offset": next,
+        "policy": null,
+        "stale_on": arch,
+    }))
+    .into_response())
 }
 
 async fn find(st: &AppState, name: &str, version: &str) -> Result<KernelRow, AppError> {

@@ -2,10 +2,12 @@
 
 use super::openapi::{ArchName, DTypeName, OpName, PolicyText, SemanticsName};
 use super::{known_params, param, required};
+use crate::answers::AnswerCache;
 use crate::app::{AppState, Caller};
 use crate::error::AppError;
 use crate::resolve::{resolve_queueing, Query, Queueing};
 use axum::extract::{Query as Q, State};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kernel_registry::Op;
 use std::collections::HashMap;
@@ -63,15 +65,23 @@ pub async fn resolve(
     State(st): State<AppState>,
     c: Caller,
     Q(q): Q<HashMap<String, String>>,
-) -> Result<Json<serde_json::Value>, AppError> {
+) -> Result<Response, AppError> {
     let query = parse_query(&q)?;
+    // An answer that queued nothing is kept until the store changes (`crate::answers`).
+    let key = AnswerCache::key("/v1/resolve", &q);
+    let generation = st.store.answer_generation().await?;
+    if let Some(a) = st.answers.get(&key, generation) {
+        return Ok(crate::answers::json_response(a));
+    }
     let queueing = Queueing {
         max_pending: st.config.max_pending_width_jobs,
         actor: c.actor().to_string(),
     };
     let r = resolve_queueing(&st.store, &query, Some(&queueing)).await?;
+    let keep = r.queued_jobs.is_empty() && r.unverified_width.is_empty() && r.queue_full.is_none();
     match r.chosen {
-        Some(c) => Ok(Json(serde_json::json!({
+        Some(c) => {
+            let answer = serde_json::json!({
             // The newest verdict on this architecture, stale or not: why it is stale, if so
             // (`kernelize verify-request --stale` queues its re-verification).
             "stale": c.stale,
@@ -92,7 +102,12 @@ pub async fn resolve(
             "excluded_total": r.excluded_total,
             "queued_jobs": r.queued_jobs,
             "queue_full": r.queue_full,
-        }))),
+            });
+            if keep {
+                return Ok(st.answers.put(key, generation, &answer));
+            }
+            Ok(Json(answer).into_response())
+        }
         None => {
             let n = r.excluded_total;
             let detail = if n == 0 {

@@ -7,11 +7,12 @@ use crate::error::AppError;
 use axum::extract::{Query, State};
 use kernel_registry::{Arch, DType, Op, Semantics};
 use kernel_store::{
-    GlanceCell, JobRow, KernelQuery, KernelRow, MatrixFilter, MatrixRow, HEADLINE_COLS,
-    HEADLINE_ROWS,
+    GlanceCell, JobRow, KernelQuery, KernelRow, MatrixFilter, MatrixRow, UnverifiedKernel,
+    HEADLINE_COLS, HEADLINE_ROWS,
 };
 use maud::{html, Markup};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 struct Unverified {
     kernel: KernelRow,
@@ -45,46 +46,51 @@ pub async fn page(
         .into());
     }
     let f = MatrixFilter { op, dtype, arch };
-    // A bounded number of indexed queries, whatever the number of kernels: a page of the
-    // matrix, the glance aggregates, the architectures, a page of the awaiting kernels.
-    let (rows, total_rows) = st.store.matrix_page(f, limit, offset).await?;
-    let glance = if total_rows > 0 {
-        st.store.glance(f).await?
-    } else {
-        vec![]
+    // What the store says is kept until it changes (`crate::answers`); job states are read
+    // fresh for the awaiting kernels shown.
+    let generation = st.store.answer_generation().await?;
+    let key = format!("{op:?}|{dtype:?}|{arch:?}|{limit}|{offset}|{uoffset}");
+    let data = match st.overview.get(&key, generation) {
+        Some(d) => d,
+        None => {
+            let d = Arc::new(OverviewData::read(&st, f, limit, offset, uoffset).await?);
+            st.overview.insert(key, generation, d.clone());
+            d
+        }
     };
-    let mut archs_seen: BTreeSet<Arch> = st.store.archs_verified(f).await?.into_iter().collect();
-    let (unverified_kernels, total_unverified) =
-        st.store.unverified_page(f, limit, uoffset).await?;
+    let OverviewData {
+        rows,
+        total_rows,
+        glance,
+        archs,
+        unverified: unverified_kernels,
+        total_unverified,
+        total_kernels,
+    } = data.as_ref();
+    let (total_rows, total_unverified) = (*total_rows, *total_unverified);
+    let mut archs_seen: BTreeSet<Arch> = archs.iter().copied().collect();
+    let waiting: Vec<&kernel_registry::Digest> = unverified_kernels
+        .iter()
+        .filter(|u| !u.no_dtype_ran)
+        .map(|u| &u.kernel.digest)
+        .collect();
+    let mut jobs = st.store.newest_jobs(&waiting).await?;
     let mut unverified = Vec::with_capacity(unverified_kernels.len());
     for u in unverified_kernels {
         let job = if u.no_dtype_ran {
             None
         } else {
-            st.store.jobs_for_kernel(&u.kernel.digest).await?.pop()
+            jobs.remove(&u.kernel.digest)
         };
         unverified.push(Unverified {
             note: u
                 .no_dtype_ran
                 .then_some("verified, but no case of any dtype ran: see the kernel page"),
-            only_on: u.only_on,
-            kernel: u.kernel,
+            only_on: u.only_on.clone(),
+            kernel: u.kernel.clone(),
             job,
         });
     }
-    let total_kernels = if total_rows == 0 {
-        st.store
-            .list_kernels(&KernelQuery {
-                op,
-                dtype,
-                limit: 1,
-                ..Default::default()
-            })
-            .await?
-            .1
-    } else {
-        0
-    };
     if let Some(a) = arch {
         archs_seen.insert(a);
     }
@@ -119,11 +125,11 @@ pub async fn page(
         }
         (filters(op, dtype, arch, &archs_seen))
         @if total_rows == 0 {
-            (empty_state(total_kernels as usize, op.is_some() || dtype.is_some() || arch.is_some()))
+            (empty_state(*total_kernels as usize, op.is_some() || dtype.is_some() || arch.is_some()))
         } @else {
-            (summary(&glance))
+            (summary(glance))
             h2 { "All verdicts " span.muted { "(" (total_rows) " rows)" } }
-            (matrix(&rows))
+            (matrix(rows))
             (pager("matrix-pages", offset, limit, rows.len(), total_rows, |o| link(o, uoffset)))
         }
         @if total_unverified > 0 {
@@ -133,6 +139,61 @@ pub async fn page(
         }
     };
     Ok(layout("Verification matrix", Nav::Overview, body))
+}
+
+/// What the overview shows of the store for one filter and page.
+pub struct OverviewData {
+    rows: Vec<MatrixRow>,
+    total_rows: i64,
+    glance: Vec<GlanceCell>,
+    archs: Vec<Arch>,
+    unverified: Vec<UnverifiedKernel>,
+    total_unverified: i64,
+    /// Kernels matching the filter (read only when no row does: the empty state says it).
+    total_kernels: i64,
+}
+
+impl OverviewData {
+    /// A bounded number of indexed queries, whatever the number of kernels: a page of the
+    /// matrix, the glance aggregates, the architectures, a page of the awaiting kernels.
+    async fn read(
+        st: &AppState,
+        f: MatrixFilter,
+        limit: i64,
+        offset: i64,
+        uoffset: i64,
+    ) -> Result<OverviewData, kernel_store::StoreError> {
+        let (rows, total_rows) = st.store.matrix_page(f, limit, offset).await?;
+        let glance = if total_rows > 0 {
+            st.store.glance(f).await?
+        } else {
+            vec![]
+        };
+        let archs = st.store.archs_verified(f).await?;
+        let (unverified, total_unverified) = st.store.unverified_page(f, limit, uoffset).await?;
+        let total_kernels = if total_rows == 0 {
+            st.store
+                .list_kernels(&KernelQuery {
+                    op: f.op,
+                    dtype: f.dtype,
+                    limit: 1,
+                    ..Default::default()
+                })
+                .await?
+                .1
+        } else {
+            0
+        };
+        Ok(OverviewData {
+            rows,
+            total_rows,
+            glance,
+            archs,
+            unverified,
+            total_unverified,
+            total_kernels,
+        })
+    }
 }
 
 /// "rows a-b of n" with links to the previous and next pages (nothing when one page holds all).
