@@ -648,37 +648,23 @@ impl Store {
         q: &KernelQuery,
         policy: &Policy,
     ) -> Result<(Vec<KernelRow>, i64)> {
-        let mut binds = Vec::new();
-        let mut conds = kernel_conditions(q, &mut binds);
-        match q.arch {
-            Some(a) => {
-                binds.push(a.to_string());
-                conds.push(format!("n.arch = ${}", binds.len()));
-            }
-            None => conds.push(NEWEST_ANY_ARCH.into()),
-        }
-        let dtype_cond = match q.dtype {
-            Some(d) => {
-                binds.push(d.to_string());
-                format!("d.dtype = ${}", binds.len())
-            }
-            None => "k.dtypes LIKE '%,' || d.dtype || ',%'".into(),
-        };
-        conds.push(format!(
-            "EXISTS (SELECT 1 FROM verification_verdicts d WHERE d.verification_id = n.verification_id \
-             AND {dtype_cond} AND {})",
-            policy_condition(policy)
-        ));
-        if policy.confirmations > 0 {
-            conds.push(format!("{CERTIFYING_KEYS} >= {}", policy.confirmations));
-        }
-        let from = format!(
-            "FROM kernels k JOIN newest_verifications n ON n.kernel_digest = k.digest WHERE {}",
-            conds.join(" AND ")
-        );
-        let total = self
-            .count_with(&format!("SELECT COUNT(*) {from}"), &binds)
-            .await?;
+        Ok((
+            self.approved_page(q, policy).await?,
+            self.approved_count(q, policy).await?,
+        ))
+    }
+
+    /// How many kernels `approved_kernels` finds in all (one count).
+    pub async fn approved_count(&self, q: &KernelQuery, policy: &Policy) -> Result<i64> {
+        let (from, binds) = approved_from(q, policy);
+        self.count_with(&format!("SELECT COUNT(*) {from}"), &binds)
+            .await
+    }
+
+    /// One page of `approved_kernels` (kernels walked in list order by index until the page is
+    /// full).
+    pub async fn approved_page(&self, q: &KernelQuery, policy: &Policy) -> Result<Vec<KernelRow>> {
+        let (from, binds) = approved_from(q, policy);
         let sql = format!(
             "SELECT {} {from} ORDER BY k.op, k.semantics, k.name, k.id LIMIT ${} OFFSET ${}",
             k_cols(),
@@ -694,7 +680,7 @@ impl Store {
             .bind(q.offset)
             .fetch_all(&self.pool)
             .await?;
-        Ok((rows.iter().map(kernel_row).collect::<Result<_>>()?, total))
+        rows.iter().map(kernel_row).collect()
     }
 
     /// Kernels matching `q`'s filters (its `arch` is the architecture asked about) whose newest
@@ -974,6 +960,44 @@ impl Store {
         }
         Ok(q.fetch_one(&self.pool).await?.try_get(0)?)
     }
+}
+
+/// `FROM ... WHERE ...` of the policy-filtered list, with its binds. `CROSS JOIN` keeps the
+/// kernels outermost on SQLite (walked in list order by `kernels_list_order`); PostgreSQL plans
+/// it as any inner join.
+fn approved_from(q: &KernelQuery, policy: &Policy) -> (String, Vec<String>) {
+    let mut binds = Vec::new();
+    let mut conds = kernel_conditions(q, &mut binds);
+    conds.push("n.kernel_digest = k.digest".into());
+    match q.arch {
+        Some(a) => {
+            binds.push(a.to_string());
+            conds.push(format!("n.arch = ${}", binds.len()));
+        }
+        None => conds.push(NEWEST_ANY_ARCH.into()),
+    }
+    let dtype_cond = match q.dtype {
+        Some(d) => {
+            binds.push(d.to_string());
+            format!("d.dtype = ${}", binds.len())
+        }
+        None => "k.dtypes LIKE '%,' || d.dtype || ',%'".into(),
+    };
+    conds.push(format!(
+        "EXISTS (SELECT 1 FROM verification_verdicts d WHERE d.verification_id = n.verification_id \
+         AND {dtype_cond} AND {})",
+        policy_condition(policy)
+    ));
+    if policy.confirmations > 0 {
+        conds.push(format!("{CERTIFYING_KEYS} >= {}", policy.confirmations));
+    }
+    (
+        format!(
+            "FROM kernels k CROSS JOIN newest_verifications n WHERE {}",
+            conds.join(" AND ")
+        ),
+        binds,
+    )
 }
 
 /// `FROM ... WHERE ...` of the matrix's rows (kernel `k`, newest verification `n` per arch,

@@ -158,14 +158,16 @@ async fn seed_one(s: &Store, t: &KernelBundle, i: usize) -> anyhow::Result<()> {
                 .claim_job_on("load-seed", None, 600_000, Some(arch))
                 .await?
             else {
-                bail!("no job to claim for {}", k.manifest.name);
+                // Another writer claimed this kernel's job: it completes it.
+                break None;
             };
             if job.kernel_digest == k.digest() {
-                break job;
+                break Some(job);
             }
             // Another writer's kernel: complete it with its own report.
             complete(s, &job).await?;
         };
+        let Some(job) = job else { continue };
         let lease = job.lease_id.clone().expect("a claimed job has a lease");
         let holder = Holder {
             lease_id: &lease,

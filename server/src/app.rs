@@ -92,6 +92,8 @@ pub struct AppState {
     pub writes: Arc<WriteLimits>,
     pub metrics: Arc<crate::metrics::Metrics>,
     pub answers: Arc<crate::answers::AnswerCache>,
+    /// Totals of policy-filtered lists, per filter (whatever the page).
+    pub counts: Arc<crate::answers::GenerationCache<i64>>,
     /// The dashboard overview's store reads, per filter and page.
     pub overview: Arc<crate::answers::GenerationCache<Arc<crate::dashboard::OverviewData>>>,
 }
@@ -108,6 +110,7 @@ impl AppState {
             metrics: Arc::new(crate::metrics::Metrics::new()),
             answers: Arc::default(),
             overview: Arc::default(),
+            counts: Arc::default(),
         }
     }
 }

@@ -95,7 +95,23 @@ pub async fn list(
         None => st.store.list_kernels(&query).await?,
         // Approval is a condition on the newest verdicts' indexed columns: one page and one
         // count, however many kernels are stored.
-        Some(p) => st.store.approved_kernels(&query, p).await?,
+        Some(p) => {
+            // The total does not depend on the page: kept per filter until the store changes.
+            let mut filters = q.clone();
+            filters.remove("limit");
+            filters.remove("offset");
+            let key = crate::answers::AnswerCache::key("/v1/kernels#total", &filters);
+            let generation = cached.as_ref().map(|(_, g)| *g).unwrap_or_default();
+            let total = match st.counts.get(&key, generation) {
+                Some(n) => n,
+                None => {
+                    let n = st.store.approved_count(&query, p).await?;
+                    st.counts.insert(key, generation, n);
+                    n
+                }
+            };
+            (st.store.approved_page(&query, p).await?, total)
+        }
     };
     let next = (offset + limit < total).then(|| offset + limit);
     let answer = json!({
