@@ -109,7 +109,7 @@ fn report(k: &KernelBundle, arch: Arch, j: usize, speed: f64) -> VerificationRep
     r.device.arch = arch;
     r.device.driver_version = ["570", "580"][j % 2].into();
     r.suite_version = ["1", "2"][(j / 2) % 2].into();
-    if j % 5 == 0 {
+    if j.is_multiple_of(5) {
         r.summary.per_dtype.remove(&DType::F16);
     }
     r
@@ -405,6 +405,9 @@ async fn policy_list_matches(s: &Store) {
     }
 }
 
+/// Kernels verified, kernels bit-exact and the best bit-exact GB/s of one glance cell.
+type Cell = (BTreeSet<i64>, BTreeSet<i64>, Option<f64>);
+
 type SlowRow = (
     String,
     String,
@@ -520,10 +523,7 @@ async fn matrix_matches(s: &Store) {
                 assert_eq!(paged, whole, "{ctx} paged");
 
                 // At a glance: per op, semantics and dtype.
-                let mut cells: BTreeMap<
-                    (Op, Semantics, DType),
-                    (BTreeSet<i64>, BTreeSet<i64>, Option<f64>),
-                > = BTreeMap::new();
+                let mut cells: BTreeMap<(Op, Semantics, DType), Cell> = BTreeMap::new();
                 for r in &fast {
                     let c = cells
                         .entry((r.kernel.op, r.kernel.semantics, r.dtype))

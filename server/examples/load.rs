@@ -143,7 +143,7 @@ async fn seed_one(s: &Store, t: &KernelBundle, i: usize) -> anyhow::Result<()> {
     let k = copy_of(t, i)?;
     s.insert_kernel(&k, "submitted", "load-seed").await?;
     let mut archs = vec![SM90];
-    if i % 4 == 0 {
+    if i.is_multiple_of(4) {
         archs.push(SM100);
     }
     for arch in archs {
