@@ -485,6 +485,30 @@ async fn policy_gating_and_arch(b: Backend) {
         "{p}"
     );
     assert_eq!(p["excluded"].as_array().unwrap().len(), 3, "{p}");
+    assert_eq!(p["excluded_total"], 3, "{p}");
+
+    // Answers are kept until the store changes: a new verification changes them at once.
+    let approved = "/v1/kernels?policy=bit_exact&arch=sm_90&dtype=bf16";
+    let (_, l) = srv.get(approved).await;
+    assert_eq!(l["total"], 1, "{l}");
+    let admin = srv.token("admin");
+    let (st, j) = srv
+        .post(
+            "/v1/kernels/g_old/1.0.0/verify",
+            &admin,
+            &json!({"arch": "sm_90"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{j}");
+    verify_next(&srv, &worker, EXACT_FASTEST, "sm_90").await;
+    let (st, r) = srv.get(&q("bit_exact")).await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(
+        r["kernel"]["name"], "g_old",
+        "the newer verdict answers: {r}"
+    );
+    let (_, l) = srv.get(approved).await;
+    assert_eq!(l["total"], 2, "{l}");
 }
 
 async fn argmax_policy_needs_a_model_level_measurement(b: Backend) {

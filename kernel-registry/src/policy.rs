@@ -3,7 +3,7 @@
 //! This is the one implementation: the CLI, the worker and the resolver all call it.
 
 use crate::domain::DType;
-use crate::report::{percent, Verdict, VerificationReport, ULP_INFINITE};
+use crate::report::{percent, ModelReport, Verdict, VerificationReport, ULP_INFINITE};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -146,12 +146,24 @@ impl Policy {
     /// Does the verdict for `dtype` in this report meet the policy? `Err` holds every reason
     /// it does not, each a sentence a person can act on.
     pub fn evaluate(&self, report: &VerificationReport, dtype: DType) -> Result<(), Vec<String>> {
-        let Some(v) = report.summary.per_dtype.get(&dtype) else {
+        let models: Vec<&ModelReport> = report.model.iter().filter(|m| m.dtype == dtype).collect();
+        self.evaluate_parts(report.summary.per_dtype.get(&dtype), &models, dtype)
+    }
+
+    /// `evaluate` from the parts of a report it reads: the dtype's verdict (`None`: no case of
+    /// the dtype) and the model-level measurements of the dtype. The store keeps these parts
+    /// apart from the report, so the resolver explains a verdict without reading the report.
+    pub fn evaluate_parts(
+        &self,
+        verdict: Option<&Verdict>,
+        models: &[&ModelReport],
+        dtype: DType,
+    ) -> Result<(), Vec<String>> {
+        let Some(v) = verdict else {
             return Err(vec![format!("not verified for {dtype}")]);
         };
         let mut why = self.evaluate_verdict(v);
         if self.requirement == Requirement::Argmax {
-            let models: Vec<_> = report.model.iter().filter(|m| m.dtype == dtype).collect();
             if models.is_empty() {
                 why.push(format!("no model-level (argmax) measurement for {dtype}"));
             }

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
+pub mod speed;
 pub mod validate;
+pub use speed::{nearest_speed, speed_at, timed_cases, SpeedAt};
 pub use validate::{
     rederive, validate, Expected, PlannedCase, ReportError, ReportErrorKind, KNOWN_SUITES,
 };

@@ -180,6 +180,32 @@ impl Store {
         .collect()
     }
 
+    /// The newest job of each of `digests` (one query), for a page of kernels.
+    pub async fn newest_jobs(
+        &self,
+        digests: &[&Digest],
+    ) -> Result<std::collections::HashMap<Digest, JobRow>> {
+        let mut out = std::collections::HashMap::new();
+        if digests.is_empty() {
+            return Ok(out);
+        }
+        let marks: Vec<String> = (1..=digests.len()).map(|i| format!("${i}")).collect();
+        let sql = format!(
+            "SELECT {JOB_COLS} FROM verification_jobs WHERE id IN (SELECT MAX(id) FROM \
+             verification_jobs WHERE kernel_digest IN ({}) GROUP BY kernel_digest)",
+            marks.join(", ")
+        );
+        let mut q = sqlx::query(&sql);
+        for d in digests {
+            q = q.bind(d.as_str());
+        }
+        for r in q.fetch_all(&self.pool).await? {
+            let j = job_row(&r)?;
+            out.insert(j.kernel_digest.clone(), j);
+        }
+        Ok(out)
+    }
+
     /// Atomically claim the oldest claimable job for `worker`, presenting the API token
     /// `token_id`, with a lease of `lease_ms`. A running job whose lease expired is claimable
     /// again while it has attempts left; one with none left is failed with its reason. The

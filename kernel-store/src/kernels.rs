@@ -93,7 +93,7 @@ pub(crate) const KERNEL_COLS: &str =
     "id, name, version, digest, op, semantics, dtypes, archs, cols_min, \
     cols_max, cols_multiple_of, description, license, authors, origin, created_at, runtime";
 
-fn kernel_row(r: &AnyRow) -> Result<KernelRow> {
+pub(crate) fn kernel_row(r: &AnyRow) -> Result<KernelRow> {
     let runtime = match r.try_get::<String, _>("runtime")?.as_str() {
         "cuda" => Runtime::Cuda,
         "python" => Runtime::Python,

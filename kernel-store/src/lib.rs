@@ -11,6 +11,7 @@ mod audit;
 mod codec;
 mod jobs;
 mod kernels;
+mod newest;
 mod stats;
 pub mod testing;
 mod tokens;
@@ -21,6 +22,10 @@ mod worker_keys;
 pub use audit::AuditEntry;
 pub use jobs::{Holder, JobRow, JobState, WidthJob, DEFAULT_MAX_ATTEMPTS};
 pub use kernels::{Inserted, KernelQuery, KernelRow, StoredSource};
+pub use newest::{
+    policy_condition, CandidateKernel, GlanceCell, MatrixFilter, MatrixRow, NewestVerdict,
+    UnverifiedKernel, VerdictOn, VerdictParts, HEADLINE_COLS, HEADLINE_ROWS,
+};
 pub use stats::{HubStats, MAX_WORKERS_LISTED};
 pub use tokens::{hash_token, Expiry, Revoked, TokenCheck, TokenInfo, DEFAULT_TOKEN_LIFETIME};
 pub use url::normalise_url;
@@ -159,6 +164,7 @@ impl Store {
             Backend::Postgres => POSTGRES_MIGRATIONS.run(&self.pool).await?,
         }
         self.backfill_coverage().await?;
+        self.backfill_summaries().await?;
         Ok(())
     }
 

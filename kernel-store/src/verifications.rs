@@ -2,9 +2,8 @@
 
 use crate::audit::audit_in;
 use crate::codec::{csv, finite_or, parse_col, parse_csv};
-use crate::kernels::{KernelQuery, KernelRow};
 use crate::{Result, Store, StoreError};
-use kernel_registry::domain::{Arch, DType, Digest, Op};
+use kernel_registry::domain::{Arch, DType, Digest};
 use kernel_registry::report::{coverage, Coverage, VerificationReport};
 use serde::Serialize;
 use sqlx::any::AnyRow;
@@ -205,37 +204,28 @@ impl Store {
         Ok(Some(vid))
     }
 
-    /// The newest verification of every kernel on `arch` (or on any arch), joined to its
-    /// kernel, for the resolver and the dashboard.
-    pub async fn latest_verifications(
+    /// Store a verification of the stored kernel `digest` without a job (load seeding and
+    /// tests build large stores this way; the hub itself stores verifications only from jobs
+    /// and checked certificates). Its id.
+    #[doc(hidden)]
+    pub async fn seed_verification(
         &self,
-        op: Option<Op>,
-        arch: Option<Arch>,
-    ) -> Result<Vec<(KernelRow, VerificationRow)>> {
-        let kernels = self
-            .list_kernels(&KernelQuery {
-                op,
-                limit: i64::MAX,
-                ..Default::default()
-            })
-            .await?
-            .0;
-        let mut out = Vec::new();
-        for k in kernels {
-            let mut q = String::from("SELECT * FROM verifications WHERE kernel_digest = $1");
-            if arch.is_some() {
-                q.push_str(" AND arch = $2");
-            }
-            q.push_str(" ORDER BY id DESC LIMIT 1");
-            let mut query = sqlx::query(&q).bind(k.digest.as_str());
-            if let Some(a) = arch {
-                query = query.bind(a.to_string());
-            }
-            if let Some(r) = query.fetch_optional(&self.pool).await? {
-                out.push((k, verification_row(&r)?));
-            }
-        }
-        Ok(out)
+        digest: &Digest,
+        report: &VerificationReport,
+        certificate: Option<&kernel_registry::cert::Certificate>,
+    ) -> Result<i64> {
+        let mut tx = self.pool.begin().await?;
+        let id = insert_verification_in(
+            &mut tx,
+            digest.as_str(),
+            None,
+            report,
+            certificate,
+            &crate::now_rfc3339(),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(id)
     }
 }
 
@@ -316,5 +306,6 @@ pub(crate) async fn insert_verification_in(
     }
     let vid: i64 = insert.fetch_one(&mut **tx).await?.try_get("id")?;
     insert_coverage_in(tx, vid, &coverage(report)).await?;
+    crate::newest::insert_summary_in(tx, vid, digest, report, certificate, stamp).await?;
     Ok(vid)
 }

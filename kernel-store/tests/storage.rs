@@ -316,16 +316,15 @@ async fn jobs_lease_expire_and_complete_once(s: Store) {
         s.job(job_id).await.unwrap().unwrap().verification_id,
         Some(vid)
     );
-    let latest = s
-        .latest_verifications(Some(Op::Silu), Some("sm_90".parse().unwrap()))
-        .await
-        .unwrap();
-    assert_eq!(latest.len(), 1);
-    assert!(s
-        .latest_verifications(None, Some("sm_80".parse().unwrap()))
-        .await
-        .unwrap()
-        .is_empty());
+    let f = |arch: &str| kernel_store::MatrixFilter {
+        op: Some(Op::Silu),
+        dtype: None,
+        arch: Some(arch.parse().unwrap()),
+    };
+    let (rows, total) = s.matrix_page(f("sm_90"), 10, 0).await.unwrap();
+    assert_eq!((rows.len(), total), (1, 1));
+    assert_eq!(rows[0].kernel.digest, k.digest());
+    assert_eq!(s.matrix_page(f("sm_80"), 10, 0).await.unwrap().1, 0);
 }
 
 /// Speeds are optional in a report (a shape too large for the device has none). Each mix of

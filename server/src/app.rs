@@ -91,6 +91,11 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub writes: Arc<WriteLimits>,
     pub metrics: Arc<crate::metrics::Metrics>,
+    pub answers: Arc<crate::answers::AnswerCache>,
+    /// Totals of policy-filtered lists, per filter (whatever the page).
+    pub counts: Arc<crate::answers::GenerationCache<i64>>,
+    /// The dashboard overview's store reads, per filter and page.
+    pub overview: Arc<crate::answers::GenerationCache<Arc<crate::dashboard::OverviewData>>>,
 }
 
 impl AppState {
@@ -103,6 +108,9 @@ impl AppState {
             )),
             config: Arc::new(config),
             metrics: Arc::new(crate::metrics::Metrics::new()),
+            answers: Arc::default(),
+            overview: Arc::default(),
+            counts: Arc::default(),
         }
     }
 }

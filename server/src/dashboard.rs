@@ -3,6 +3,7 @@
 
 mod kernel;
 mod overview;
+pub use overview::OverviewData;
 mod plot;
 mod policy;
 

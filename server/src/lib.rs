@@ -2,6 +2,7 @@
 //! `kernelize` binary. A request goes `listener` -> `app` (its route list) -> `edge` ->
 //! `api::*` -> `kernel_store`; a job goes `api::jobs` -> `cmd::worker` -> `verifier`.
 
+pub mod answers;
 pub mod api;
 pub mod app;
 pub mod bundled;

@@ -12,10 +12,12 @@
 //! verification of exactly that width (the suite plus the shape), at most one pending per
 //! (kernel, width) and at most `max_pending` in all.
 
-use kernel_registry::report::{CaseReport, Coverage, ShapeRequest, VerificationReport};
+use kernel_registry::report::{nearest_speed, Coverage, ShapeRequest};
+pub use kernel_registry::report::{speed_at, SpeedAt};
 use kernel_registry::{Arch, DType, Op, Policy, Runtime, Semantics};
-use kernel_store::{KernelRow, Store, StoreError, WidthJob};
+use kernel_store::{CandidateKernel, KernelRow, Store, StoreError, VerdictOn, WidthJob};
 use serde::Serialize;
+use std::collections::HashMap;
 
 #[derive(Debug, Clone)]
 pub struct Query {
@@ -29,17 +31,6 @@ pub struct Query {
     /// Python candidates (SPEC 2b) are considered too (`runtime=any`); by default only CUDA
     /// kernels are, since running Python from a hub needs the client's opt-in.
     pub include_python: bool,
-}
-
-/// The speed evidence at the measured shape nearest to the asked one.
-#[derive(Debug, Clone, Serialize)]
-pub struct SpeedAt {
-    pub rows: u64,
-    pub cols: u64,
-    pub gbps: f64,
-    pub median_us: f64,
-    pub copy_fraction: f64,
-    pub speedup: f64,
 }
 
 /// What the chosen kernel's verification covered at the asked width.
@@ -112,8 +103,11 @@ pub struct Resolution {
     pub chosen: Option<Candidate>,
     /// Other qualifying kernels, fastest first.
     pub also_qualifying: Vec<String>,
-    /// One line per kernel that was not chosen because it does not qualify.
+    /// One line per kernel that was not chosen because it does not qualify: the first
+    /// `MAX_EXCLUDED_LISTED` of them (in list order).
     pub excluded: Vec<String>,
+    /// How many kernels were excluded in all.
+    pub excluded_total: usize,
     /// Verifications of the asked width queued (or pending already) for kernels that would
     /// qualify but were not verified at it.
     pub queued_jobs: Vec<QueuedJob>,
@@ -123,45 +117,13 @@ pub struct Resolution {
     pub unverified_width: Vec<String>,
 }
 
-/// The case of `dtype` with speed nearest (in log scale) to rows x cols.
-pub fn speed_at(
-    report: &VerificationReport,
-    dtype: DType,
-    rows: Option<u64>,
-    cols: u64,
-) -> Option<SpeedAt> {
-    let dist = |c: &CaseReport| {
-        let dc = ((c.cols.max(1) as f64) / (cols.max(1) as f64)).log2().abs();
-        let dr = rows
-            .map(|r| ((c.rows.max(1) as f64) / (r.max(1) as f64)).log2().abs() * 0.5)
-            .unwrap_or(0.0);
-        dc + dr
-    };
-    report
-        .cases
-        .iter()
-        .filter(|c| c.dtype == dtype && c.speed.is_some())
-        .min_by(|a, b| dist(a).total_cmp(&dist(b)))
-        .map(|c| {
-            let s = c.speed.as_ref().expect("filtered");
-            SpeedAt {
-                rows: c.rows,
-                cols: c.cols,
-                gbps: s.gbps,
-                median_us: s.median_us,
-                copy_fraction: s.copy_fraction,
-                speedup: s.speedup,
-            }
-        })
-}
-
 /// Why `k` cannot serve the query at all (wrong dtype, shape or arch), before any verdict.
 /// Decided from the stored row: no source is read for it.
-fn shape_exclusion(k: &KernelRow, q: &Query) -> Option<String> {
+fn shape_exclusion(k: &CandidateKernel, q: &Query) -> Option<String> {
     if !k.dtypes.contains(&q.dtype) {
         return Some(format!("has no {} entry", q.dtype));
     }
-    k.constraints().not_applicable(q.cols, Some(q.arch))
+    k.constraints.not_applicable(q.cols, Some(q.arch))
 }
 
 /// Whether `cov` (one verification's coverage for the dtype) covers the asked width; `Err`
@@ -264,89 +226,78 @@ pub async fn resolve_queueing(
     q: &Query,
     queueing: Option<&Queueing>,
 ) -> Result<Resolution, StoreError> {
-    let (kernels, _) = store
-        .list_kernels(&kernel_store::KernelQuery {
-            op: Some(q.op),
-            semantics: Some(q.semantics),
-            limit: i64::MAX,
-            ..Default::default()
-        })
+    // Every candidate with its newest verdict on the arch and the policy's check of it, in
+    // one query; then the coverage and speeds of those that pass, in one query each.
+    let candidates = store
+        .newest_verdicts(q.op, q.semantics, q.arch, q.dtype, &q.policy)
         .await?;
-    let mut qualifying: Vec<Candidate> = Vec::new();
-    let mut excluded = Vec::new();
+    let wanted = q.policy.confirmations as i64;
+    let meets = |k: &CandidateKernel, v: &VerdictOn| {
+        shape_exclusion(k, q).is_none() && v.passes && v.certifying_keys >= wanted
+    };
+    let ids: Vec<i64> = candidates
+        .iter()
+        .filter_map(|c| c.on.as_ref().filter(|v| meets(&c.kernel, v)))
+        .map(|v| v.verification_id)
+        .collect();
+    let mut coverage = store.coverage_of(&ids, q.dtype).await?;
+    let mut excluded = Excluded::default();
     let mut queued_jobs = Vec::new();
     let mut queue_full = None;
     let mut unverified_width = Vec::new();
-    let mut staleness = crate::stale::Staleness::new(store);
-    for k in kernels {
+    let mut qualifying: Vec<(CandidateKernel, VerdictOn, CoverageAt)> = Vec::new();
+    for c in candidates {
+        let k = c.kernel;
         let label = format!("{} {}", k.name, k.version);
         if k.runtime == Runtime::Python && !q.include_python {
-            excluded.push(format!(
+            excluded.push(|| format!(
                 "{label}: a Python candidate (runtime = \"python\"); ask with runtime=any to consider Python candidates (a client runs them only when its caller opts in)"
             ));
             continue;
         }
         if let Some(why) = shape_exclusion(&k, q) {
-            excluded.push(format!("{label}: {why}"));
+            excluded.push(|| format!("{label}: {why}"));
             continue;
         }
-        // Only the newest verification on the arch is read in full.
-        let archs = store.verification_archs(&k.digest).await?;
-        let newest = archs.iter().find(|(_, a)| *a == q.arch).map(|(id, _)| *id);
-        let v = match newest {
-            Some(id) => store.verification(id).await?,
-            None => None,
-        };
-        let Some(v) = v else {
-            let elsewhere: Vec<String> = archs.iter().map(|(_, a)| a.to_string()).collect();
-            excluded.push(if elsewhere.is_empty() {
-                format!(
-                    "{label}: never verified; a kernel that was never verified is never handed out"
-                )
-            } else {
-                format!(
-                    "{label}: not verified on {} (only on {})",
-                    q.arch,
-                    dedup(elsewhere).join(", ")
-                )
+        let Some(v) = c.on else {
+            let elsewhere = c.elsewhere;
+            excluded.push(|| {
+                if elsewhere.is_empty() {
+                    format!(
+                        "{label}: never verified; a kernel that was never verified is never handed out"
+                    )
+                } else {
+                    let on: Vec<String> = elsewhere.iter().map(|a| a.to_string()).collect();
+                    format!("{label}: not verified on {} (only on {})", q.arch, on.join(", "))
+                }
             });
             continue;
         };
-        if let Err(why) = q.policy.evaluate(&v.report, q.dtype) {
-            excluded.push(format!("{label}: {}", why.join("; ")));
+        if !v.passes {
+            // Why, from its verdict: read after the loop for the lines listed.
+            excluded.push_why_not(label, v.verification_id);
             continue;
         }
-        let wanted = q.policy.confirmations as usize;
-        if wanted > 0 {
-            let keys = store
-                .certifying_keys(&k.digest, q.arch, &v.exactness_class)
-                .await?;
-            if keys.len() < wanted {
-                excluded.push(format!(
-                    "{label}: {} worker key(s) certify class {} on {}, the policy asks for {wanted} (confirmed:{wanted}): independent workers with their own registered keys must verify it",
-                    keys.len(),
-                    v.exactness_class,
-                    q.arch
-                ));
-                continue;
-            }
+        if v.certifying_keys < wanted {
+            excluded.push(|| format!(
+                "{label}: {} worker key(s) certify class {} on {}, the policy asks for {wanted} (confirmed:{wanted}): independent workers with their own registered keys must verify it",
+                v.certifying_keys, v.class, q.arch
+            ));
+            continue;
         }
-        let cov = store.coverage(v.id, Some(q.dtype)).await?;
+        let cov = coverage.remove(&v.verification_id).unwrap_or_default();
         match covered_at(q.op, &cov, q) {
-            Ok(at) => {
-                let stale = staleness.of(&v).await?;
-                qualifying.push(candidate(k, &v, q, at, stale))
-            }
+            Ok(at) => qualifying.push((k, v, at)),
             Err(why) => {
                 unverified_width.push(label.clone());
                 let mut line = format!("{label}: {why}");
                 let shape = width_shape(q.op, q);
-                let asked_before = v.report.requested_shapes.iter().any(|s| s.cols == q.cols);
+                let asked_before = v.requested_cols.contains(&q.cols);
                 match (queueing, shape) {
                     (_, Err(e)) => line.push_str(&format!("; cannot queue a verification of this width: {e}")),
                     (_, Ok(_)) if asked_before => line.push_str(&format!(
                         "; verification {} was asked for cols {} and did not cover it (its cases there did not run), so it is not queued again: see /v1/verifications/{}",
-                        v.id, q.cols, v.id
+                        v.verification_id, q.cols, v.verification_id
                     )),
                     (None, Ok(_)) => line.push_str(
                         "; GET /v1/resolve with this width queues a verification of it",
@@ -364,7 +315,7 @@ pub async fn resolve_queueing(
                                 );
                                 line.push_str(&format!("; not queued: {why}"));
                                 queue_full = Some(why);
-                                excluded.push(line);
+                                excluded.push(|| line);
                                 continue;
                             }
                         };
@@ -385,68 +336,158 @@ pub async fn resolve_queueing(
                         });
                     }
                 }
-                excluded.push(line);
+                excluded.push(|| line);
             }
         }
     }
-    qualifying.sort_by(|a, b| {
-        let g = |c: &Candidate| c.speed.as_ref().map(|s| s.gbps).unwrap_or(0.0);
-        g(b).total_cmp(&g(a))
+    let ids: Vec<i64> = qualifying
+        .iter()
+        .map(|(_, v, _)| v.verification_id)
+        .collect();
+    let mut speeds: HashMap<i64, Vec<SpeedAt>> = store.speeds_of(&ids, q.dtype).await?;
+    let mut ranked: Vec<(CandidateKernel, VerdictOn, CoverageAt, Option<SpeedAt>)> = qualifying
+        .into_iter()
+        .map(|(k, v, at)| {
+            let s = speeds.remove(&v.verification_id).unwrap_or_default();
+            let speed = nearest_speed(s, q.rows, q.cols);
+            (k, v, at, speed)
+        })
+        .collect();
+    // Fastest first; a stable sort keeps list order among equals.
+    ranked.sort_by(|a, b| {
+        let g = |s: &Option<SpeedAt>| s.as_ref().map(|s| s.gbps).unwrap_or(0.0);
+        g(&b.3).total_cmp(&g(&a.3))
     });
-    let mut it = qualifying.into_iter();
+    let mut it = ranked.into_iter();
     let chosen = it.next();
+    // The verdicts the answer shows: the chosen one's and those of the failing lines listed.
+    let mut ids = excluded.why_not_ids();
+    ids.extend(chosen.as_ref().map(|(_, v, _, _)| v.verification_id));
+    let mut parts = store.verdict_parts(&ids, q.dtype).await?;
+    let excluded_total = excluded.total;
+    let excluded_lines = excluded.render(&mut parts, q);
+    let chosen = match chosen {
+        None => None,
+        Some((k, v, at, speed)) => {
+            let stale = crate::stale::Staleness::new(store)
+                .of_parts(v.arch, &v.suite_version, &v.driver_version)
+                .await?;
+            let kernel = store.kernel_by_digest(&k.digest).await?.ok_or_else(|| {
+                StoreError::NotFound(format!("kernel {} {} is gone", k.name, k.version))
+            })?;
+            let verdict = parts
+                .remove(&v.verification_id)
+                .and_then(|p| p.verdict)
+                .ok_or_else(|| {
+                    StoreError::Corrupt(format!(
+                        "verification {} passed a policy for {} without a verdict for it",
+                        v.verification_id, q.dtype
+                    ))
+                })?;
+            Some(candidate(kernel, &v, verdict, at, speed, stale))
+        }
+    };
     let also_qualifying = it
-        .map(|c| {
-            let speed = c
-                .speed
+        .map(|(k, _, _, speed)| {
+            let speed = speed
                 .map(|s| format!("{:.0} GB/s at {}x{}", s.gbps, s.rows, s.cols))
                 .unwrap_or_else(|| "no speed measured".into());
-            format!(
-                "{} {}: qualifies, slower ({speed})",
-                c.kernel.name, c.kernel.version
-            )
+            format!("{} {}: qualifies, slower ({speed})", k.name, k.version)
         })
         .collect();
     Ok(Resolution {
         chosen,
         also_qualifying,
-        excluded,
+        excluded_total,
+        excluded: excluded_lines,
         queued_jobs,
         queue_full,
         unverified_width,
     })
 }
 
-fn dedup(mut v: Vec<String>) -> Vec<String> {
-    v.sort();
-    v.dedup();
-    v
+/// The most lines `Resolution::excluded` lists (the answer stays bounded however many kernels
+/// a group holds); `excluded_total` counts them all.
+pub const MAX_EXCLUDED_LISTED: usize = 100;
+
+/// The excluded lines of a resolve: the first `MAX_EXCLUDED_LISTED` kept (a failing verdict's
+/// line is written once its verdict is read, for all of them in one query), all counted.
+#[derive(Default)]
+struct Excluded {
+    lines: Vec<Line>,
+    total: usize,
+}
+
+enum Line {
+    Ready(String),
+    /// `label`: why verification `id`'s verdict fails the policy.
+    WhyNot(String, i64),
+}
+
+impl Excluded {
+    fn wants_line(&self) -> bool {
+        self.lines.len() < MAX_EXCLUDED_LISTED
+    }
+    fn push(&mut self, line: impl FnOnce() -> String) {
+        if self.wants_line() {
+            self.lines.push(Line::Ready(line()));
+        }
+        self.total += 1;
+    }
+    fn push_why_not(&mut self, label: String, verification_id: i64) {
+        if self.wants_line() {
+            self.lines.push(Line::WhyNot(label, verification_id));
+        }
+        self.total += 1;
+    }
+    fn why_not_ids(&self) -> Vec<i64> {
+        self.lines
+            .iter()
+            .filter_map(|l| match l {
+                Line::WhyNot(_, id) => Some(*id),
+                Line::Ready(_) => None,
+            })
+            .collect()
+    }
+    fn render(
+        self,
+        parts: &mut HashMap<i64, kernel_store::VerdictParts>,
+        q: &Query,
+    ) -> Vec<String> {
+        self.lines
+            .into_iter()
+            .map(|l| match l {
+                Line::Ready(s) => s,
+                Line::WhyNot(label, id) => {
+                    let why = parts
+                        .get(&id)
+                        .map(|p| p.why_not(&q.policy, q.dtype))
+                        .unwrap_or_default();
+                    format!("{label}: {}", why.join("; "))
+                }
+            })
+            .collect()
+    }
 }
 
 fn candidate(
-    k: KernelRow,
-    v: &kernel_store::VerificationRow,
-    q: &Query,
+    kernel: KernelRow,
+    v: &VerdictOn,
+    summary: kernel_registry::report::Verdict,
     coverage: CoverageAt,
+    speed: Option<SpeedAt>,
     stale: Vec<String>,
 ) -> Candidate {
-    let summary = v
-        .report
-        .summary
-        .per_dtype
-        .get(&q.dtype)
-        .cloned()
-        .unwrap_or_else(|| v.report.summary.overall.clone());
     Candidate {
-        source_url: format!("/v1/sources/{}", k.digest),
-        speed: speed_at(&v.report, q.dtype, q.rows, q.cols),
+        source_url: format!("/v1/sources/{}", kernel.digest),
+        speed,
         coverage,
         class: summary.class.to_string(),
         summary,
-        verification_id: v.id,
+        verification_id: v.verification_id,
         device: v.device_name.clone(),
         verified_at: v.created_at.clone(),
         stale,
-        kernel: k,
+        kernel,
     }
 }

@@ -25,25 +25,32 @@ impl<'a> Staleness<'a> {
 
     /// Why `v` is stale (empty: it is not).
     pub async fn of(&mut self, v: &VerificationRow) -> Result<Vec<String>, StoreError> {
-        let mut why = Vec::new();
         let r = &v.report;
-        if r.suite_version != self.suite {
+        self.of_parts(v.arch, &r.suite_version, &r.device.driver_version)
+            .await
+    }
+
+    /// Why a verdict on `arch` measured by `suite` with `driver` is stale (empty: it is not).
+    pub async fn of_parts(
+        &mut self,
+        arch: Arch,
+        suite: &str,
+        driver: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut why = Vec::new();
+        if suite != self.suite {
             why.push(format!(
-                "measured by suite {}; this hub's verifier runs suite {}",
-                r.suite_version, self.suite
+                "measured by suite {suite}; this hub's verifier runs suite {}",
+                self.suite
             ));
         }
-        if !self.drivers.contains_key(&v.arch) {
-            let d = self.store.newest_driver(v.arch).await?;
-            self.drivers.insert(v.arch, d);
+        if !self.drivers.contains_key(&arch) {
+            let d = self.store.newest_driver(arch).await?;
+            self.drivers.insert(arch, d);
         }
-        if let Some(newest) = self.drivers[&v.arch]
-            .as_deref()
-            .filter(|d| *d != r.device.driver_version)
-        {
+        if let Some(newest) = self.drivers[&arch].as_deref().filter(|d| *d != driver) {
             why.push(format!(
-                "measured with driver {}; the newest verification on {} ran driver {newest}",
-                r.device.driver_version, v.arch
+                "measured with driver {driver}; the newest verification on {arch} ran driver {newest}"
             ));
         }
         Ok(why)

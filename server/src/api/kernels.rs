@@ -35,6 +35,7 @@ fn kernel_json(k: &KernelRow) -> Value {
         ("dtype" = Option<DTypeName>, Query, description = "filter by supported dtype"),
         ("arch" = Option<ArchName>, Query, description = "filter by declared arch (kernels declaring none match any)"),
         ("policy" = Option<PolicyText>, Query, description = "only approved kernels: verified and meeting this policy"),
+        ("stale" = Option<bool>, Query, description = "with `arch`: only kernels whose newest verdict there is stale (an older suite or another driver than the newest seen there), or that were verified elsewhere but never there; each lists its reasons in `stale`"),
         ("limit" = Option<i64>, Query, description = "page size, default 50", minimum = 1, maximum = 500),
         ("offset" = Option<i64>, Query, description = "items to skip, default 0", minimum = 0, maximum = 2147483647),
     ),
@@ -43,7 +44,7 @@ pub async fn list(
     State(st): State<AppState>,
     _c: Caller,
     Query(q): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Response, AppError> {
     known_params(
         &q,
         &[
@@ -52,6 +53,7 @@ pub async fn list(
             "dtype",
             "arch",
             "policy",
+            "stale",
             "limit",
             "offset",
         ],
@@ -74,61 +76,106 @@ pub async fn list(
         limit,
         offset,
     };
+    // A policy's list is kept until the store changes (`crate::answers`).
+    let cached = match &policy {
+        None => None,
+        Some(_) => {
+            let key = crate::answers::AnswerCache::key("/v1/kernels", &q);
+            let generation = st.store.answer_generation().await?;
+            if let Some(a) = st.answers.get(&key, generation) {
+                return Ok(crate::answers::json_response(a));
+            }
+            Some((key, generation))
+        }
+    };
+    if param::<bool>(&q, "stale")?.unwrap_or(false) {
+        return stale_list(&st, query, policy.is_some()).await;
+    }
     let (kernels, total) = match &policy {
         None => st.store.list_kernels(&query).await?,
+        // Approval is a condition on the newest verdicts' indexed columns: one page and one
+        // count, however many kernels are stored.
         Some(p) => {
-            // Approval needs each kernel's verdict: filter the whole set, then page.
-            let all = st
-                .store
-                .list_kernels(&KernelQuery {
-                    limit: i64::MAX,
-                    offset: 0,
-                    ..query.clone()
-                })
-                .await?
-                .0;
-            let mut approved = Vec::new();
-            for k in all {
-                let vs = st.store.verifications_for_kernel(&k.digest).await?;
-                let newest = vs
-                    .iter()
-                    .filter(|v| arch.is_none_or(|a| v.arch == a))
-                    .max_by_key(|v| v.id);
-                let ok = newest.is_some_and(|v| {
-                    let dts = dtype.map(|d| vec![d]).unwrap_or_else(|| k.dtypes.clone());
-                    // confirmed:N: N worker keys certify the newest verdict's class there.
-                    let mut keys: Vec<&str> = vs
-                        .iter()
-                        .filter(|w| w.arch == v.arch && w.exactness_class == v.exactness_class)
-                        .filter_map(|w| w.certificate.as_ref().map(|c| c.key.as_str()))
-                        .collect();
-                    keys.sort_unstable();
-                    keys.dedup();
-                    keys.len() >= p.confirmations as usize
-                        && dts.iter().any(|d| p.evaluate(&v.report, *d).is_ok())
-                });
-                if ok {
-                    approved.push(k);
+            // The total does not depend on the page: kept per filter until the store changes.
+            let mut filters = q.clone();
+            filters.remove("limit");
+            filters.remove("offset");
+            let key = crate::answers::AnswerCache::key("/v1/kernels#total", &filters);
+            let generation = cached.as_ref().map(|(_, g)| *g).unwrap_or_default();
+            let total = match st.counts.get(&key, generation) {
+                Some(n) => n,
+                None => {
+                    let n = st.store.approved_count(&query, p).await?;
+                    st.counts.insert(key, generation, n);
+                    n
                 }
-            }
-            let total = approved.len() as i64;
-            let page = approved
-                .into_iter()
-                .skip(offset as usize)
-                .take(limit as usize)
-                .collect();
-            (page, total)
+            };
+            (st.store.approved_page(&query, p).await?, total)
         }
     };
     let next = (offset + limit < total).then(|| offset + limit);
-    Ok(Json(json!({
+    let answer = json!({
         "kernels": kernels.iter().map(kernel_json).collect::<Vec<_>>(),
         "total": total,
         "limit": limit,
         "offset": offset,
         "next_offset": next,
         "policy": policy.map(|p| p.to_string()),
-    })))
+    });
+    Ok(match cached {
+        Some((key, generation)) => st.answers.put(key, generation, &answer),
+        None => Json(answer).into_response(),
+    })
+}
+
+/// `GET /v1/kernels?arch=A&stale=true`: kernels to verify again on `arch` (read by index; the
+/// reasons are `crate::stale`'s).
+async fn stale_list(
+    st: &AppState,
+    query: KernelQuery,
+    with_policy: bool,
+) -> Result<Response, AppError> {
+    let Some(arch) = query.arch else {
+        return Err(AppError::bad_request(
+            "query parameter `stale` needs `arch`: stale on which architecture? e.g. ?arch=sm_90&stale=true",
+        )
+        .with("field", "arch"));
+    };
+    if with_policy {
+        return Err(AppError::bad_request(
+            "query parameters `stale` and `policy` cannot be combined: ask for one of them",
+        )
+        .with("field", "stale"));
+    }
+    let suite = verifier::cases::SUITE_VERSION;
+    let driver = st.store.newest_driver(arch).await?;
+    let (rows, total) = st
+        .store
+        .stale_on(arch, &query, suite, driver.as_deref())
+        .await?;
+    let mut staleness = crate::stale::Staleness::new(&st.store);
+    let mut kernels = Vec::with_capacity(rows.len());
+    for (k, newest) in rows {
+        let why = match newest {
+            Some((suite, driver)) => staleness.of_parts(arch, &suite, &driver).await?,
+            None => vec![format!("verified elsewhere, never on {arch}")],
+        };
+        let mut v = kernel_json(&k);
+        v["stale"] = json!(why);
+        kernels.push(v);
+    }
+    let (limit, offset) = (query.limit, query.offset);
+    let next = (offset + limit < total).then(|| offset + limit);
+    Ok(Json(json!({
+        "kernels": kernels,
+        "total": total,
+        "limit": limit,
+        "offset": offset,
+        "next_offset": next,
+        "policy": null,
+        "stale_on": arch,
+    }))
+    .into_response())
 }
 
 async fn find(st: &AppState, name: &str, version: &str) -> Result<KernelRow, AppError> {

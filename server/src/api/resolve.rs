@@ -2,10 +2,12 @@
 
 use super::openapi::{ArchName, DTypeName, OpName, PolicyText, SemanticsName};
 use super::{known_params, param, required};
+use crate::answers::AnswerCache;
 use crate::app::{AppState, Caller};
 use crate::error::AppError;
 use crate::resolve::{resolve_queueing, Query, Queueing};
 use axum::extract::{Query as Q, State};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kernel_registry::Op;
 use std::collections::HashMap;
@@ -78,20 +80,28 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
         ("policy" = Option<PolicyText>, Query, description = "bit_exact (default), ulp:N, tolerance, argmax, with ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X"),
         ("runtime" = Option<String>, Query, description = "cuda (default: CUDA kernels only) or any (Python candidates too, SPEC 2b)"),
     ),
-    responses((status = 200, description = "The chosen kernel with its evidence"), (status = 404, description = "No kernel qualifies; `excluded` says why each is out"), (status = 400, description = "A bad parameter")))]
+    responses((status = 200, description = "The chosen kernel with its evidence"), (status = 404, description = "No kernel qualifies; `excluded` says why each is out (the first 100; `excluded_total` counts all)"), (status = 400, description = "A bad parameter")))]
 pub async fn resolve(
     State(st): State<AppState>,
     c: Caller,
     Q(q): Q<HashMap<String, String>>,
-) -> Result<Json<serde_json::Value>, AppError> {
+) -> Result<Response, AppError> {
     let query = parse_query(&q)?;
+    // An answer that queued nothing is kept until the store changes (`crate::answers`).
+    let key = AnswerCache::key("/v1/resolve", &q);
+    let generation = st.store.answer_generation().await?;
+    if let Some(a) = st.answers.get(&key, generation) {
+        return Ok(crate::answers::json_response(a));
+    }
     let queueing = Queueing {
         max_pending: st.config.max_pending_width_jobs,
         actor: c.actor().to_string(),
     };
     let r = resolve_queueing(&st.store, &query, Some(&queueing)).await?;
+    let keep = r.queued_jobs.is_empty() && r.unverified_width.is_empty() && r.queue_full.is_none();
     match r.chosen {
-        Some(c) => Ok(Json(serde_json::json!({
+        Some(c) => {
+            let answer = serde_json::json!({
             // The newest verdict on this architecture, stale or not: why it is stale, if so
             // (`kernelize verify-request --stale` queues its re-verification).
             "stale": c.stale,
@@ -110,17 +120,28 @@ pub async fn resolve(
             "coverage": c.coverage,
             "also_qualifying": r.also_qualifying,
             "excluded": r.excluded,
+            "excluded_total": r.excluded_total,
             "queued_jobs": r.queued_jobs,
             "queue_full": r.queue_full,
-        }))),
+            });
+            if keep {
+                return Ok(st.answers.put(key, generation, &answer));
+            }
+            Ok(Json(answer).into_response())
+        }
         None => {
-            let n = r.excluded.len();
+            let n = r.excluded_total;
             let detail = if n == 0 {
                 format!(
                     "no kernel is registered for {} ({}); keep your reference layer",
                     query.op, query.semantics
                 )
             } else {
+                let more = if n > r.excluded.len() {
+                    format!(" (the first {} of {n})", r.excluded.len())
+                } else {
+                    String::new()
+                };
                 let queued = if r.queued_jobs.is_empty() {
                     String::new()
                 } else {
@@ -134,13 +155,14 @@ pub async fn resolve(
                     )
                 };
                 format!(
-                    "no kernel meets `{}` for {} ({}) {} on {} at cols={}; keep your reference layer. Why each is out: {}{queued}",
+                    "no kernel meets `{}` for {} ({}) {} on {} at cols={}; keep your reference layer. Why each is out{more}: {}{queued}",
                     query.policy, query.op, query.semantics, query.dtype, query.arch, query.cols,
                     r.excluded.join(" | ")
                 )
             };
             Err(AppError::not_found(detail)
                 .with("excluded", r.excluded)
+                .with("excluded_total", r.excluded_total)
                 .with(
                     "queued_jobs",
                     serde_json::to_value(&r.queued_jobs).expect("serialises"),

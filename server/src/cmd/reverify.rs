@@ -92,7 +92,8 @@ pub async fn run(a: VerifyRequestArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// (name, version, why) of every kernel whose newest verdict on `arch` is stale.
+/// (name, version, why) of every kernel whose newest verdict on `arch` is stale, as the hub
+/// lists them (`GET /v1/kernels?arch=A&stale=true`, a page of 500 at a time).
 async fn stale_kernels(
     client: &Client,
     arch: Arch,
@@ -101,53 +102,25 @@ async fn stale_kernels(
     let mut offset = 0;
     loop {
         let (st, page) = client
-            .get(&format!("/v1/kernels?limit=500&offset={offset}"))
+            .get(&format!(
+                "/v1/kernels?arch={arch}&stale=true&limit=500&offset={offset}"
+            ))
             .await?;
         if st != StatusCode::OK {
             return Err(problem(st, &page));
         }
         for k in page["kernels"].as_array().into_iter().flatten() {
-            let (name, version) = (
-                k["name"].as_str().unwrap_or_default(),
-                k["version"].as_str().unwrap_or_default(),
-            );
-            let runs_here = k["archs"]
-                .as_array()
-                .is_none_or(|a| a.is_empty() || a.iter().any(|x| x == arch.to_string().as_str()));
-            if !runs_here {
-                continue;
-            }
-            let (st, vs) = client
-                .get(&format!("/v1/kernels/{name}/{version}/verifications"))
-                .await?;
-            if st != StatusCode::OK {
-                return Err(problem(st, &vs));
-            }
-            let all: Vec<&Value> = vs["verifications"]
+            let why: Vec<&str> = k["stale"]
                 .as_array()
                 .into_iter()
                 .flatten()
+                .filter_map(Value::as_str)
                 .collect();
-            let newest_here = all.iter().find(|v| v["arch"] == arch.to_string().as_str());
-            match newest_here {
-                Some(v) => {
-                    let why: Vec<&str> = v["stale"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(Value::as_str)
-                        .collect();
-                    if !why.is_empty() {
-                        out.push((name.to_string(), version.to_string(), why.join("; ")));
-                    }
-                }
-                None if !all.is_empty() => out.push((
-                    name.to_string(),
-                    version.to_string(),
-                    format!("verified elsewhere, never on {arch}"),
-                )),
-                None => {}
-            }
+            out.push((
+                k["name"].as_str().unwrap_or_default().to_string(),
+                k["version"].as_str().unwrap_or_default().to_string(),
+                why.join("; "),
+            ));
         }
         match page["next_offset"].as_i64() {
             Some(n) => offset = n,

@@ -3,27 +3,16 @@
 use super::{class_badge, date, frac, gbps, kernel_href, layout, opt_param, roofline, ulp, Nav};
 use super::{sci, PageError};
 use crate::app::{AppState, Caller};
-use crate::resolve::{speed_at, SpeedAt};
+use crate::error::AppError;
 use axum::extract::{Query, State};
-use kernel_registry::report::{ExactnessClass, Verdict};
 use kernel_registry::{Arch, DType, Op, Semantics};
-use kernel_store::{JobRow, KernelQuery, KernelRow};
+use kernel_store::{
+    GlanceCell, JobRow, KernelQuery, KernelRow, MatrixFilter, MatrixRow, UnverifiedKernel,
+    HEADLINE_COLS, HEADLINE_ROWS,
+};
 use maud::{html, Markup};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-
-/// The shape whose speed the matrix shows (the nearest measured one is used).
-const HEADLINE_ROWS: u64 = 4096;
-const HEADLINE_COLS: u64 = 8192;
-
-struct Row {
-    kernel: KernelRow,
-    dtype: DType,
-    arch: Arch,
-    verdict: Verdict,
-    speed: Option<SpeedAt>,
-    device: String,
-    verified_at: String,
-}
+use std::sync::Arc;
 
 struct Unverified {
     kernel: KernelRow,
@@ -35,6 +24,10 @@ struct Unverified {
     note: Option<&'static str>,
 }
 
+/// Matrix rows per page, by default and at most; the awaiting list pages by the same size.
+const PAGE_ROWS: i64 = 200;
+const MAX_PAGE_ROWS: i64 = 1000;
+
 pub async fn page(
     State(st): State<AppState>,
     _caller: Caller,
@@ -43,97 +36,86 @@ pub async fn page(
     let op: Option<Op> = opt_param(&q, "op")?;
     let dtype: Option<DType> = opt_param(&q, "dtype")?;
     let arch: Option<Arch> = opt_param(&q, "arch")?;
-
-    let (kernels, _) = st
-        .store
-        .list_kernels(&KernelQuery {
-            op,
-            dtype,
-            limit: i64::MAX,
-            ..Default::default()
-        })
-        .await?;
-    let total_kernels = kernels.len();
-    let mut rows = Vec::new();
-    let mut unverified = Vec::new();
-    let mut archs_seen = BTreeSet::new();
-    for k in kernels {
-        let vs = st.store.verifications_for_kernel(&k.digest).await?;
-        // Newest verification per architecture (ids grow with time).
-        let mut newest: BTreeMap<Arch, &kernel_store::VerificationRow> = BTreeMap::new();
-        for v in &vs {
-            archs_seen.insert(v.arch);
-            let e = newest.entry(v.arch).or_insert(v);
-            if v.id > e.id {
-                *e = v;
-            }
-        }
-        newest.retain(|a, _| arch.is_none_or(|want| *a == want));
-        if newest.is_empty() {
-            let job = st.store.jobs_for_kernel(&k.digest).await?.pop();
-            unverified.push(Unverified {
-                only_on: vs
-                    .iter()
-                    .map(|v| v.arch)
-                    .collect::<BTreeSet<_>>()
-                    .into_iter()
-                    .collect(),
-                kernel: k,
-                job,
-                note: None,
-            });
-            continue;
-        }
-        let before = rows.len();
-        for (a, v) in newest {
-            for (dt, verdict) in &v.report.summary.per_dtype {
-                if dtype.is_some_and(|want| want != *dt) {
-                    continue;
-                }
-                rows.push(Row {
-                    kernel: k.clone(),
-                    dtype: *dt,
-                    arch: a,
-                    verdict: verdict.clone(),
-                    speed: speed_at(&v.report, *dt, Some(HEADLINE_ROWS), HEADLINE_COLS),
-                    device: v.device_name.clone(),
-                    verified_at: v.created_at.clone(),
-                });
-            }
-        }
-        if rows.len() == before && dtype.is_none() {
-            unverified.push(Unverified {
-                kernel: k,
-                job: None,
-                only_on: vec![],
-                note: Some("verified, but no case of any dtype ran: see the kernel page"),
-            });
-        }
+    let limit: i64 = opt_param(&q, "limit")?.unwrap_or(PAGE_ROWS);
+    let offset: i64 = opt_param(&q, "offset")?.unwrap_or(0);
+    let uoffset: i64 = opt_param(&q, "uoffset")?.unwrap_or(0);
+    if !(1..=MAX_PAGE_ROWS).contains(&limit) || offset < 0 || uoffset < 0 {
+        return Err(AppError::bad_request(format!(
+            "`limit` must be 1..={MAX_PAGE_ROWS}, `offset` and `uoffset` >= 0"
+        ))
+        .into());
     }
-    rows.sort_by(|a, b| {
-        (
-            a.kernel.op,
-            a.kernel.semantics,
-            a.dtype,
-            a.arch,
-            a.verdict.class,
-        )
-            .cmp(&(
-                b.kernel.op,
-                b.kernel.semantics,
-                b.dtype,
-                b.arch,
-                b.verdict.class,
-            ))
-            .then_with(|| {
-                let g = |r: &Row| r.speed.as_ref().map(|s| s.gbps).unwrap_or(0.0);
-                g(b).total_cmp(&g(a))
-            })
-            .then_with(|| a.kernel.name.cmp(&b.kernel.name))
-    });
+    let f = MatrixFilter { op, dtype, arch };
+    // What the store says is kept until it changes (`crate::answers`); job states are read
+    // fresh for the awaiting kernels shown.
+    let generation = st.store.answer_generation().await?;
+    let key = format!("{op:?}|{dtype:?}|{arch:?}|{limit}|{offset}|{uoffset}");
+    let data = match st.overview.get(&key, generation) {
+        Some(d) => d,
+        None => {
+            let d = Arc::new(OverviewData::read(&st, f, limit, offset, uoffset).await?);
+            st.overview.insert(key, generation, d.clone());
+            d
+        }
+    };
+    let OverviewData {
+        rows,
+        total_rows,
+        glance,
+        archs,
+        unverified: unverified_kernels,
+        total_unverified,
+        total_kernels,
+    } = data.as_ref();
+    let (total_rows, total_unverified) = (*total_rows, *total_unverified);
+    let mut archs_seen: BTreeSet<Arch> = archs.iter().copied().collect();
+    let waiting: Vec<&kernel_registry::Digest> = unverified_kernels
+        .iter()
+        .filter(|u| !u.no_dtype_ran)
+        .map(|u| &u.kernel.digest)
+        .collect();
+    let mut jobs = st.store.newest_jobs(&waiting).await?;
+    let mut unverified = Vec::with_capacity(unverified_kernels.len());
+    for u in unverified_kernels {
+        let job = if u.no_dtype_ran {
+            None
+        } else {
+            jobs.remove(&u.kernel.digest)
+        };
+        unverified.push(Unverified {
+            note: u
+                .no_dtype_ran
+                .then_some("verified, but no case of any dtype ran: see the kernel page"),
+            only_on: u.only_on.clone(),
+            kernel: u.kernel.clone(),
+            job,
+        });
+    }
     if let Some(a) = arch {
         archs_seen.insert(a);
     }
+    let link = |off: i64, uoff: i64| {
+        let mut parts = vec![];
+        if let Some(o) = op {
+            parts.push(format!("op={o}"));
+        }
+        if let Some(d) = dtype {
+            parts.push(format!("dtype={d}"));
+        }
+        if let Some(a) = arch {
+            parts.push(format!("arch={a}"));
+        }
+        if limit != PAGE_ROWS {
+            parts.push(format!("limit={limit}"));
+        }
+        if off > 0 {
+            parts.push(format!("offset={off}"));
+        }
+        if uoff > 0 {
+            parts.push(format!("uoffset={uoff}"));
+        }
+        format!("/?{}", parts.join("&"))
+    };
 
     let body = html! {
         h1 { "Verification matrix" }
@@ -142,19 +124,96 @@ pub async fn page(
             "Speed is at the measured shape nearest " (HEADLINE_ROWS) "x" (HEADLINE_COLS) "; the roofline is this device's measured copy bandwidth."
         }
         (filters(op, dtype, arch, &archs_seen))
-        @if rows.is_empty() {
-            (empty_state(total_kernels, op.is_some() || dtype.is_some() || arch.is_some()))
+        @if total_rows == 0 {
+            (empty_state(*total_kernels as usize, op.is_some() || dtype.is_some() || arch.is_some()))
         } @else {
-            (summary(&rows))
-            h2 { "All verdicts " span.muted { "(" (rows.len()) " rows)" } }
-            (matrix(&rows))
+            (summary(glance))
+            h2 { "All verdicts " span.muted { "(" (total_rows) " rows)" } }
+            (matrix(rows))
+            (pager("matrix-pages", offset, limit, rows.len(), total_rows, |o| link(o, uoffset)))
         }
-        @if !unverified.is_empty() {
-            h2 { "Awaiting verification " span.muted { "(" (unverified.len()) " kernels, never handed out)" } }
+        @if total_unverified > 0 {
+            h2 { "Awaiting verification " span.muted { "(" (total_unverified) " kernels, never handed out)" } }
             (unverified_table(&unverified, arch))
+            (pager("awaiting-pages", uoffset, limit, unverified.len(), total_unverified, |o| link(offset, o)))
         }
     };
     Ok(layout("Verification matrix", Nav::Overview, body))
+}
+
+/// What the overview shows of the store for one filter and page.
+pub struct OverviewData {
+    rows: Vec<MatrixRow>,
+    total_rows: i64,
+    glance: Vec<GlanceCell>,
+    archs: Vec<Arch>,
+    unverified: Vec<UnverifiedKernel>,
+    total_unverified: i64,
+    /// Kernels matching the filter (read only when no row does: the empty state says it).
+    total_kernels: i64,
+}
+
+impl OverviewData {
+    /// A bounded number of indexed queries, whatever the number of kernels: a page of the
+    /// matrix, the glance aggregates, the architectures, a page of the awaiting kernels.
+    async fn read(
+        st: &AppState,
+        f: MatrixFilter,
+        limit: i64,
+        offset: i64,
+        uoffset: i64,
+    ) -> Result<OverviewData, kernel_store::StoreError> {
+        let (rows, total_rows) = st.store.matrix_page(f, limit, offset).await?;
+        let glance = if total_rows > 0 {
+            st.store.glance(f).await?
+        } else {
+            vec![]
+        };
+        let archs = st.store.archs_verified(f).await?;
+        let (unverified, total_unverified) = st.store.unverified_page(f, limit, uoffset).await?;
+        let total_kernels = if total_rows == 0 {
+            st.store
+                .list_kernels(&KernelQuery {
+                    op: f.op,
+                    dtype: f.dtype,
+                    limit: 1,
+                    ..Default::default()
+                })
+                .await?
+                .1
+        } else {
+            0
+        };
+        Ok(OverviewData {
+            rows,
+            total_rows,
+            glance,
+            archs,
+            unverified,
+            total_unverified,
+            total_kernels,
+        })
+    }
+}
+
+/// "rows a-b of n" with links to the previous and next pages (nothing when one page holds all).
+fn pager(
+    id: &str,
+    offset: i64,
+    limit: i64,
+    shown: usize,
+    total: i64,
+    href: impl Fn(i64) -> String,
+) -> Markup {
+    html! {
+        @if offset > 0 || offset + limit < total {
+            p.pager id=(id) {
+                (offset + 1) "–" (offset + shown as i64) " of " (total) " "
+                @if offset > 0 { a rel="prev" href=(href((offset - limit).max(0))) { "previous" } " " }
+                @if offset + limit < total { a rel="next" href=(href(offset + limit)) { "next" } }
+            }
+        }
+    }
 }
 
 fn filters(
@@ -205,30 +264,15 @@ fn empty_state(total_kernels: usize, filtered: bool) -> Markup {
 }
 
 /// Ops x dtypes at a glance: how many kernels are verified, how many bit-exact, the best GB/s.
-fn summary(rows: &[Row]) -> Markup {
-    #[derive(Default)]
-    struct Cell {
-        kernels: BTreeSet<String>,
-        exact: BTreeSet<String>,
-        best_exact_gbps: Option<f64>,
-    }
-    let mut cells: BTreeMap<(Op, Semantics), BTreeMap<DType, Cell>> = BTreeMap::new();
-    for r in rows {
-        let c = cells
-            .entry((r.kernel.op, r.kernel.semantics))
+fn summary(cells: &[GlanceCell]) -> Markup {
+    let mut by_group: BTreeMap<(Op, Semantics), BTreeMap<DType, &GlanceCell>> = BTreeMap::new();
+    for c in cells {
+        by_group
+            .entry((c.op, c.semantics))
             .or_default()
-            .entry(r.dtype)
-            .or_default();
-        let label = format!("{} {}", r.kernel.name, r.kernel.version);
-        c.kernels.insert(label.clone());
-        if r.verdict.class == ExactnessClass::BitExact {
-            c.exact.insert(label);
-            if let Some(s) = &r.speed {
-                c.best_exact_gbps = Some(c.best_exact_gbps.unwrap_or(0.0).max(s.gbps));
-            }
-        }
+            .insert(c.dtype, c);
     }
-    let dtypes: BTreeSet<DType> = rows.iter().map(|r| r.dtype).collect();
+    let dtypes: BTreeSet<DType> = cells.iter().map(|c| c.dtype).collect();
     html! {
         h2 { "At a glance" }
         table #glance {
@@ -237,15 +281,15 @@ fn summary(rows: &[Row]) -> Markup {
                 @for d in &dtypes { th { (d) ": bit-exact / verified, fastest bit-exact" } }
             } }
             tbody {
-                @for ((op, sem), by_dtype) in &cells {
+                @for ((op, sem), by_dtype) in &by_group {
                     tr {
                         td { a href={"/?op=" (op)} { (op) } " " span.muted { "(" (sem) ")" } }
                         @for d in &dtypes {
                             @match by_dtype.get(d) {
                                 None => td.muted { "—" },
                                 Some(c) => td {
-                                    (c.exact.len()) " / " (c.kernels.len())
-                                    @if let Some(g) = c.best_exact_gbps { ", " (gbps(g)) " GB/s" }
+                                    (c.bit_exact) " / " (c.kernels)
+                                    @if let Some(g) = c.best_bit_exact_gbps { ", " (gbps(g)) " GB/s" }
                                 },
                             }
                         }
@@ -256,7 +300,7 @@ fn summary(rows: &[Row]) -> Markup {
     }
 }
 
-fn matrix(rows: &[Row]) -> Markup {
+fn matrix(rows: &[MatrixRow]) -> Markup {
     // A group header row before the first row of each op and semantics.
     let starts: Vec<bool> = rows
         .iter()
@@ -302,7 +346,7 @@ fn matrix(rows: &[Row]) -> Markup {
                                 },
                                 None => { td.num.muted { "—" } td.muted { "not measured" } td.num.muted { "—" } td {} },
                             }
-                            td { (r.device) }
+                            td { (r.device_name) }
                             td { (date(&r.verified_at)) }
                         }
                     }

@@ -1,0 +1,1064 @@
+//! The newest verification per kernel and architecture, and what a policy is checked against,
+//! read by index: the one place the API's policy list, the resolver and the dashboard get
+//! verdicts from. `newest_verifications` is kept by a trigger in the transaction that stores a
+//! verification; the per-dtype verdicts, speeds and facts are written beside it
+//! (`insert_summary_in`), and computed from stored reports for older databases
+//! (`Store::backfill_summaries`). A policy's per-report check becomes a SQL condition
+//! (`policy_condition`), which tests compare with `Policy::evaluate` on the full reports.
+
+use crate::codec::{csv, parse_col, parse_csv};
+use crate::kernels::{kernel_row, KernelQuery, KernelRow, KERNEL_COLS};
+use crate::{Result, Store, StoreError};
+use kernel_registry::cert::Certificate;
+use kernel_registry::policy::Requirement;
+use kernel_registry::report::{
+    nearest_speed, timed_cases, Coverage, ExactnessClass, ModelReport, SpeedAt, Verdict,
+    VerificationReport, ULP_INFINITE,
+};
+use kernel_registry::{Arch, DType, Op, Policy, Semantics};
+use sqlx::any::AnyRow;
+use sqlx::Row;
+use std::collections::HashMap;
+
+/// The shape whose speed the dashboard's matrix shows (the nearest measured one).
+pub const HEADLINE_ROWS: u64 = 4096;
+pub const HEADLINE_COLS: u64 = 8192;
+
+/// The join that picks, for kernel `k`, its newest verification `n` on the architecture bound
+/// as `$1`.
+const NEWEST_ON_ARCH: &str = "newest_verifications n ON n.kernel_digest = k.digest AND n.arch = $1";
+/// The condition that keeps, for kernel `k`, only its newest verification on any architecture.
+const NEWEST_ANY_ARCH: &str = "n.verification_id = (SELECT MAX(m.verification_id) \
+     FROM newest_verifications m WHERE m.kernel_digest = k.digest)";
+
+fn class_rank(c: ExactnessClass) -> (i64, i64) {
+    match c {
+        ExactnessClass::BitExact => (0, 0),
+        ExactnessClass::MaxUlp(n) => (1, n.min(i64::MAX as u64) as i64),
+        ExactnessClass::Tolerance => (2, 0),
+        ExactnessClass::Fails => (3, 0),
+    }
+}
+
+fn clamp_u64(x: u64) -> i64 {
+    x.min(i64::MAX as u64) as i64
+}
+
+/// A float as a SQL literal: NULL for NaN (which no backend stores alike), else the shortest
+/// text that reads back as the same double.
+fn float_sql(x: f64) -> String {
+    if x.is_nan() {
+        "NULL".into()
+    } else if x == f64::INFINITY {
+        "1e308".into()
+    } else if x == f64::NEG_INFINITY {
+        "-1e308".into()
+    } else {
+        format!("{x:?}")
+    }
+}
+
+/// Store what the index-backed reads need of a verification (its per-dtype verdicts, timed
+/// cases and facts), inside the caller's transaction.
+pub(crate) async fn insert_summary_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    verification_id: i64,
+    digest: &str,
+    report: &VerificationReport,
+    certificate: Option<&Certificate>,
+    created_at: &str,
+) -> Result<()> {
+    let requested = csv(report.requested_shapes.iter().map(|s| s.cols));
+    sqlx::query(
+        "INSERT INTO verification_facts (verification_id, kernel_digest, arch, class, \
+         suite_version, driver_version, cert_key, requested_cols, device_name, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+    )
+    .bind(verification_id)
+    .bind(digest)
+    .bind(report.device.arch.to_string())
+    .bind(report.summary.overall.class.to_string())
+    .bind(&report.suite_version)
+    .bind(&report.device.driver_version)
+    .bind(certificate.map(|c| c.key.clone()))
+    .bind(requested)
+    .bind(&report.device.name)
+    .bind(created_at)
+    .execute(&mut **tx)
+    .await?;
+    for (dtype, v) in &report.summary.per_dtype {
+        let models: Vec<&ModelReport> = report.model.iter().filter(|m| m.dtype == *dtype).collect();
+        let (rank, ulp) = class_rank(v.class);
+        // The two floats are literals: sqlx's Any driver binds a NULL f64 as float4 on
+        // PostgreSQL, and NaN has no portable stored form.
+        let sql = format!(
+            "INSERT INTO verification_verdicts (verification_id, dtype, class, class_rank, \
+             class_ulp, cases_run, integrity_ok, mismatches, nonfinite_parity, deterministic, \
+             batch_invariant, within_tolerance, max_ulp, models, argmax_failures, verdict_json, \
+             models_json, max_abs_diff, max_mismatch_fraction) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, {}, {})",
+            float_sql(v.max_abs_diff),
+            float_sql(v.max_mismatch_fraction)
+        );
+        sqlx::query(&sql)
+            .bind(verification_id)
+            .bind(dtype.to_string())
+            .bind(v.class.to_string())
+            .bind(rank)
+            .bind(ulp)
+            .bind(v.cases_run as i64)
+            .bind(v.integrity_ok as i64)
+            .bind(clamp_u64(v.mismatches))
+            .bind(v.nonfinite_parity as i64)
+            .bind(v.deterministic as i64)
+            .bind(v.batch_invariant as i64)
+            .bind(v.within_tolerance as i64)
+            .bind(clamp_u64(v.max_ulp))
+            .bind(models.len() as i64)
+            // `m < 1.0` exactly as the policy reads it (NaN does not fail it).
+            .bind(
+                models
+                    .iter()
+                    .filter(|m| m.argmax_match_fraction < 1.0)
+                    .count() as i64,
+            )
+            .bind(serde_json::to_string(v).expect("verdict serialises"))
+            .bind(serde_json::to_string(&models).expect("models serialise"))
+            .execute(&mut **tx)
+            .await?;
+    }
+    // Every dtype's timed cases (the report's speeds, whatever its summary says).
+    for dtype in DType::ALL {
+        let timed: Vec<(usize, SpeedAt)> = timed_cases(report, *dtype).collect();
+        let headline = nearest_speed(
+            timed.iter().map(|(_, s)| s.clone()),
+            Some(HEADLINE_ROWS),
+            HEADLINE_COLS,
+        );
+        let mut marked = false;
+        for (i, s) in &timed {
+            let is_headline = !marked && headline.as_ref() == Some(s);
+            marked |= is_headline;
+            let sql = format!(
+                "INSERT INTO verification_speeds (verification_id, dtype, case_index, rows, cols, \
+                 headline, gbps, median_us, copy_fraction, speedup) \
+                 VALUES ($1, $2, $3, $4, $5, $6, {}, {}, {}, {})",
+                float_sql(s.gbps),
+                float_sql(s.median_us),
+                float_sql(s.copy_fraction),
+                float_sql(s.speedup)
+            );
+            if [s.gbps, s.median_us, s.copy_fraction, s.speedup]
+                .iter()
+                .any(|x| x.is_nan())
+            {
+                continue; // a timed case without a measurement has no speed to compare
+            }
+            sqlx::query(&sql)
+                .bind(verification_id)
+                .bind(dtype.to_string())
+                .bind(*i as i64)
+                .bind(clamp_u64(s.rows))
+                .bind(clamp_u64(s.cols))
+                .bind(is_headline as i64)
+                .execute(&mut **tx)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// The SQL condition on a `verification_verdicts` row `d` that holds exactly when
+/// `policy.evaluate_parts` passes for it (`confirmed:N` is not part of it: it needs other
+/// verifications). Numbers are written as literals (the policy parser admits only finite ones).
+pub fn policy_condition(policy: &Policy) -> String {
+    let mut c = vec!["d.cases_run > 0".to_string(), "d.integrity_ok = 1".into()];
+    match policy.requirement {
+        Requirement::BitExact => {
+            c.push("d.mismatches = 0 AND d.nonfinite_parity = 1 AND d.deterministic = 1".into())
+        }
+        Requirement::Ulp(n) => {
+            // Stored max_ulp is clamped to 2^63-1, which stands for ULP_INFINITE (2^64-1): a
+            // bound at or above the clamp fails only the infinite distance (none, at the top).
+            if n == ULP_INFINITE {
+                c.push("d.nonfinite_parity = 1".into());
+            } else if n >= i64::MAX as u64 {
+                c.push("d.nonfinite_parity = 1 AND d.max_ulp < 9223372036854775807".into());
+            } else {
+                c.push(format!("d.nonfinite_parity = 1 AND d.max_ulp <= {n}"));
+            }
+        }
+        Requirement::Tolerance => c.push("d.within_tolerance = 1".into()),
+        Requirement::Argmax => c.push("d.models > 0 AND d.argmax_failures = 0".into()),
+    }
+    if policy.deterministic {
+        c.push("d.deterministic = 1".into());
+    }
+    if policy.batch_invariant {
+        c.push("d.batch_invariant = 1".into());
+    }
+    if let Some(x) = policy.max_abs_diff {
+        // NaN (stored NULL) fails.
+        c.push(format!(
+            "d.max_abs_diff IS NOT NULL AND d.max_abs_diff <= {}",
+            float_sql(x)
+        ));
+    }
+    if let Some(x) = policy.max_mismatch_fraction {
+        // NaN (stored NULL) passes, as `NaN > x` is false.
+        c.push(format!(
+            "(d.max_mismatch_fraction IS NULL OR d.max_mismatch_fraction <= {})",
+            float_sql(x)
+        ));
+    }
+    format!("({})", c.join(" AND "))
+}
+
+/// How many distinct worker keys certify, on `n.arch`, the class of verification `n`'s overall
+/// verdict for kernel `k` (`confirmed:N`).
+const CERTIFYING_KEYS: &str = "(SELECT COUNT(DISTINCT c.cert_key) FROM verification_facts c \
+     JOIN verification_facts nf ON nf.verification_id = n.verification_id \
+     WHERE c.kernel_digest = k.digest AND c.arch = nf.arch AND c.class = nf.class \
+     AND c.cert_key IS NOT NULL)";
+
+/// A kernel of a resolve's candidate set with its newest verification on the asked
+/// architecture, read from the summary tables (no report, no verdict text).
+#[derive(Debug, Clone)]
+pub struct NewestVerdict {
+    pub kernel: CandidateKernel,
+    /// `None`: not verified on the architecture.
+    pub on: Option<VerdictOn>,
+    /// The architectures it was verified on (when `on` is `None`), sorted as text.
+    pub elsewhere: Vec<Arch>,
+}
+
+/// What a resolve needs of a candidate kernel before it is chosen (`Store::kernel_by_digest`
+/// reads the rest for the one that is).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CandidateKernel {
+    pub id: i64,
+    pub name: String,
+    pub version: String,
+    pub digest: kernel_registry::Digest,
+    pub dtypes: Vec<DType>,
+    pub constraints: kernel_registry::manifest::Constraints,
+    /// CUDA or Python (SPEC 2b): resolve considers Python candidates only when asked to.
+    pub runtime: kernel_registry::Runtime,
+}
+
+/// The newest verification of a kernel on an architecture, as the summary tables hold it.
+#[derive(Debug, Clone)]
+pub struct VerdictOn {
+    pub verification_id: i64,
+    pub arch: Arch,
+    pub device_name: String,
+    pub created_at: String,
+    /// The overall class.
+    pub class: String,
+    pub suite_version: String,
+    pub driver_version: String,
+    /// Whether the dtype's verdict meets the policy (not counting `confirmed:N`).
+    pub passes: bool,
+    /// Distinct worker keys certifying `class` on the architecture (counted only when the
+    /// policy asks for confirmations; else 0).
+    pub certifying_keys: i64,
+    /// Widths a caller asked this verification for.
+    pub requested_cols: Vec<u64>,
+}
+
+/// A verification's verdict for one dtype (`None`: no case of it ran) and its model-level
+/// measurements of that dtype: what `Policy::evaluate_parts` reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VerdictParts {
+    pub verdict: Option<Verdict>,
+    pub models: Vec<ModelReport>,
+}
+
+impl VerdictParts {
+    /// Why the verdict fails `policy` (empty: it passes).
+    pub fn why_not(&self, policy: &Policy, dtype: DType) -> Vec<String> {
+        let refs: Vec<&ModelReport> = self.models.iter().collect();
+        policy
+            .evaluate_parts(self.verdict.as_ref(), &refs, dtype)
+            .err()
+            .unwrap_or_default()
+    }
+}
+
+/// One row of the dashboard's matrix: a kernel's newest verdict on an architecture for a dtype.
+#[derive(Debug, Clone)]
+pub struct MatrixRow {
+    pub kernel: KernelRow,
+    pub dtype: DType,
+    pub arch: Arch,
+    pub verdict: Verdict,
+    pub speed: Option<SpeedAt>,
+    pub device_name: String,
+    pub verified_at: String,
+}
+
+/// Per op, semantics and dtype: how many kernels have a newest verdict, how many of them are
+/// bit-exact on some architecture, and the fastest bit-exact headline speed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GlanceCell {
+    pub op: Op,
+    pub semantics: Semantics,
+    pub dtype: DType,
+    pub kernels: i64,
+    pub bit_exact: i64,
+    pub best_bit_exact_gbps: Option<f64>,
+}
+
+/// A kernel without a verdict on the dashboard's filter.
+#[derive(Debug, Clone)]
+pub struct UnverifiedKernel {
+    pub kernel: KernelRow,
+    /// Architectures it was verified on (none on the filtered one).
+    pub only_on: Vec<Arch>,
+    /// Verified (on the filter) but no case of any dtype ran.
+    pub no_dtype_ran: bool,
+}
+
+/// The dashboard matrix's filters.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MatrixFilter {
+    pub op: Option<Op>,
+    pub dtype: Option<DType>,
+    pub arch: Option<Arch>,
+}
+
+/// `CASE col WHEN 'a' THEN 0 ... END`: sorts a text column in the enum's order.
+fn rank_case(col: &str, names: impl IntoIterator<Item = &'static str>) -> String {
+    let arms: Vec<String> = names
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| format!("WHEN '{n}' THEN {i}"))
+        .collect();
+    format!("CASE {col} {} ELSE 999 END", arms.join(" "))
+}
+
+fn ids_list(ids: &[i64]) -> String {
+    ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// `WHERE` conditions on kernel `k` from a `KernelQuery`'s filters, with their bind values.
+fn kernel_conditions(q: &KernelQuery, binds: &mut Vec<String>) -> Vec<String> {
+    let mut conds = Vec::new();
+    if let Some(op) = q.op {
+        binds.push(op.to_string());
+        conds.push(format!("k.op = ${}", binds.len()));
+    }
+    if let Some(s) = q.semantics {
+        binds.push(s.to_string());
+        conds.push(format!("k.semantics = ${}", binds.len()));
+    }
+    if let Some(d) = q.dtype {
+        binds.push(format!("%,{d},%"));
+        conds.push(format!("k.dtypes LIKE ${}", binds.len()));
+    }
+    if let Some(a) = q.arch {
+        binds.push(format!("%,{a},%"));
+        conds.push(format!("(k.archs = '' OR k.archs LIKE ${})", binds.len()));
+    }
+    conds
+}
+
+fn k_cols() -> String {
+    KERNEL_COLS
+        .split(',')
+        .map(|c| format!("k.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Store {
+    /// Verdicts, speeds and facts for verifications stored before migration 0008, computed
+    /// from their reports. Returns how many verifications it filled.
+    pub async fn backfill_summaries(&self) -> Result<usize> {
+        let rows = sqlx::query(
+            "SELECT v.id, v.kernel_digest, v.report_json, v.certificate, v.created_at \
+             FROM verifications v \
+             WHERE NOT EXISTS (SELECT 1 FROM verification_facts f WHERE f.verification_id = v.id) \
+             ORDER BY v.id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut tx = self.pool.begin().await?;
+        for r in &rows {
+            let id: i64 = r.try_get("id")?;
+            let digest: String = r.try_get("kernel_digest")?;
+            let json: String = r.try_get("report_json")?;
+            let report: VerificationReport = serde_json::from_str(&json)
+                .map_err(|e| StoreError::Corrupt(format!("verification {id}: report: {e}")))?;
+            let cert: Option<Certificate> = r
+                .try_get::<Option<String>, _>("certificate")?
+                .map(|c| serde_json::from_str(&c))
+                .transpose()
+                .map_err(|e| StoreError::Corrupt(format!("verification {id}: certificate: {e}")))?;
+            let created_at: String = r.try_get("created_at")?;
+            insert_summary_in(&mut tx, id, &digest, &report, cert.as_ref(), &created_at).await?;
+        }
+        tx.commit().await?;
+        Ok(rows.len())
+    }
+
+    /// The generation of stored answers: it changes in every transaction that stores a kernel
+    /// or a verification, so an answer computed from the store stays right while it reads the
+    /// same.
+    pub async fn answer_generation(&self) -> Result<i64> {
+        Ok(sqlx::query("SELECT n FROM answer_generation WHERE id = 1")
+            .fetch_one(&self.pool)
+            .await?
+            .try_get("n")?)
+    }
+
+    /// Every kernel of `op` and `semantics`, in list order, with its newest verification on
+    /// `arch` and whether that verification's `dtype` verdict meets `policy`: a resolve's
+    /// candidates, in two queries whatever their number.
+    pub async fn newest_verdicts(
+        &self,
+        op: Op,
+        semantics: Semantics,
+        arch: Arch,
+        dtype: DType,
+        policy: &Policy,
+    ) -> Result<Vec<NewestVerdict>> {
+        let keys = if policy.confirmations > 0 {
+            CERTIFYING_KEYS
+        } else {
+            "CAST(0 AS BIGINT)"
+        };
+        let sql = format!(
+            "SELECT k.id, k.name, k.version, k.digest, k.dtypes, k.archs, k.cols_min, \
+             k.cols_max, k.cols_multiple_of, k.runtime, n.verification_id AS v_id, \
+             f.device_name AS v_device, f.created_at AS v_created_at, f.class AS v_class, \
+             f.suite_version AS v_suite, f.driver_version AS v_driver, \
+             f.requested_cols AS v_requested, \
+             CASE WHEN d.verification_id IS NOT NULL AND {cond} THEN CAST(1 AS BIGINT) ELSE CAST(0 AS BIGINT) END AS passes, \
+             CASE WHEN n.verification_id IS NULL THEN CAST(0 AS BIGINT) ELSE {keys} END AS certifying_keys \
+             FROM kernels k \
+             LEFT JOIN {NEWEST_ON_ARCH} \
+             LEFT JOIN verification_facts f ON f.verification_id = n.verification_id \
+             LEFT JOIN verification_verdicts d ON d.verification_id = n.verification_id AND d.dtype = $2 \
+             WHERE k.op = $3 AND k.semantics = $4 ORDER BY k.name, k.id",
+            cond = policy_condition(policy),
+        );
+        let rows = sqlx::query(&sql)
+            .bind(arch.to_string())
+            .bind(dtype.as_str())
+            .bind(op.as_str())
+            .bind(semantics.as_str())
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        let mut unverified = false;
+        for r in &rows {
+            let kernel = CandidateKernel {
+                id: r.try_get("id")?,
+                name: r.try_get("name")?,
+                version: r.try_get("version")?,
+                digest: parse_col(r, "digest")?,
+                dtypes: parse_csv(&r.try_get::<String, _>("dtypes")?)?,
+                constraints: kernel_registry::manifest::Constraints {
+                    cols_min: r.try_get::<i64, _>("cols_min")? as u64,
+                    cols_max: r.try_get::<Option<i64>, _>("cols_max")?.map(|c| c as u64),
+                    cols_multiple_of: r.try_get::<i64, _>("cols_multiple_of")? as u64,
+                    archs: parse_csv(&r.try_get::<String, _>("archs")?)?,
+                },
+                runtime: match r.try_get::<String, _>("runtime")?.as_str() {
+                    "cuda" => kernel_registry::Runtime::Cuda,
+                    "python" => kernel_registry::Runtime::Python,
+                    other => return Err(StoreError::Corrupt(format!("runtime `{other}`"))),
+                },
+            };
+            let on = match r.try_get::<Option<i64>, _>("v_id")? {
+                None => {
+                    unverified = true;
+                    None
+                }
+                Some(id) => Some(VerdictOn {
+                    verification_id: id,
+                    arch,
+                    device_name: r
+                        .try_get::<Option<String>, _>("v_device")?
+                        .unwrap_or_default(),
+                    created_at: r
+                        .try_get::<Option<String>, _>("v_created_at")?
+                        .unwrap_or_default(),
+                    class: r
+                        .try_get::<Option<String>, _>("v_class")?
+                        .unwrap_or_default(),
+                    suite_version: r
+                        .try_get::<Option<String>, _>("v_suite")?
+                        .unwrap_or_default(),
+                    driver_version: r
+                        .try_get::<Option<String>, _>("v_driver")?
+                        .unwrap_or_default(),
+                    requested_cols: parse_csv(
+                        &r.try_get::<Option<String>, _>("v_requested")?
+                            .unwrap_or_default(),
+                    )?,
+                    passes: r.try_get::<i64, _>("passes")? == 1,
+                    certifying_keys: r.try_get("certifying_keys")?,
+                }),
+            };
+            out.push(NewestVerdict {
+                kernel,
+                on,
+                elsewhere: vec![],
+            });
+        }
+        if unverified {
+            let mut elsewhere: HashMap<String, Vec<Arch>> = HashMap::new();
+            for r in sqlx::query(
+                "SELECT n.kernel_digest, n.arch FROM newest_verifications n \
+                 JOIN kernels k ON k.digest = n.kernel_digest \
+                 WHERE k.op = $1 AND k.semantics = $2 AND n.arch <> $3",
+            )
+            .bind(op.as_str())
+            .bind(semantics.as_str())
+            .bind(arch.to_string())
+            .fetch_all(&self.pool)
+            .await?
+            {
+                elsewhere
+                    .entry(r.try_get("kernel_digest")?)
+                    .or_default()
+                    .push(parse_col(&r, "arch")?);
+            }
+            for nv in out.iter_mut().filter(|nv| nv.on.is_none()) {
+                if let Some(mut a) = elsewhere.remove(nv.kernel.digest.as_str()) {
+                    a.sort_by_key(|a| a.to_string());
+                    nv.elsewhere = a;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The `dtype` verdict and model measurements of each of `ids` (one query): for the lines
+    /// that say why a verdict fails a policy, and the chosen kernel's summary.
+    pub async fn verdict_parts(
+        &self,
+        ids: &[i64],
+        dtype: DType,
+    ) -> Result<HashMap<i64, VerdictParts>> {
+        let mut out: HashMap<i64, VerdictParts> = ids
+            .iter()
+            .map(|id| {
+                (
+                    *id,
+                    VerdictParts {
+                        verdict: None,
+                        models: vec![],
+                    },
+                )
+            })
+            .collect();
+        if ids.is_empty() {
+            return Ok(out);
+        }
+        let sql = format!(
+            "SELECT verification_id, verdict_json, models_json FROM verification_verdicts \
+             WHERE dtype = $1 AND verification_id IN ({})",
+            ids_list(ids)
+        );
+        for r in sqlx::query(&sql)
+            .bind(dtype.as_str())
+            .fetch_all(&self.pool)
+            .await?
+        {
+            let id: i64 = r.try_get("verification_id")?;
+            let corrupt = |what: &str, e: serde_json::Error| {
+                StoreError::Corrupt(format!("verification {id}: {what}: {e}"))
+            };
+            let verdict: Verdict = serde_json::from_str(&r.try_get::<String, _>("verdict_json")?)
+                .map_err(|e| corrupt("verdict", e))?;
+            let models: Vec<ModelReport> =
+                serde_json::from_str(&r.try_get::<String, _>("models_json")?)
+                    .map_err(|e| corrupt("models", e))?;
+            out.insert(
+                id,
+                VerdictParts {
+                    verdict: Some(verdict),
+                    models,
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    /// The coverage of `dtype` of each of `ids` (one query), each sorted by cols.
+    pub async fn coverage_of(
+        &self,
+        ids: &[i64],
+        dtype: DType,
+    ) -> Result<HashMap<i64, Vec<Coverage>>> {
+        let mut out: HashMap<i64, Vec<Coverage>> = HashMap::new();
+        if ids.is_empty() {
+            return Ok(out);
+        }
+        let sql = format!(
+            "SELECT verification_id, dtype, cols, rows_min, rows_max, row_counts \
+             FROM verification_coverage WHERE dtype = $1 AND verification_id IN ({}) \
+             ORDER BY verification_id, cols",
+            ids_list(ids)
+        );
+        for r in sqlx::query(&sql)
+            .bind(dtype.as_str())
+            .fetch_all(&self.pool)
+            .await?
+        {
+            let i = |c: &str| -> Result<u64> { Ok(r.try_get::<i64, _>(c)? as u64) };
+            out.entry(r.try_get("verification_id")?)
+                .or_default()
+                .push(Coverage {
+                    dtype: parse_col(&r, "dtype")?,
+                    cols: i("cols")?,
+                    rows_min: i("rows_min")?,
+                    rows_max: i("rows_max")?,
+                    row_counts: parse_csv(&r.try_get::<String, _>("row_counts")?)?,
+                });
+        }
+        Ok(out)
+    }
+
+    /// The timed cases of `dtype` of each of `ids` (one query), in case order.
+    pub async fn speeds_of(&self, ids: &[i64], dtype: DType) -> Result<HashMap<i64, Vec<SpeedAt>>> {
+        let mut out: HashMap<i64, Vec<SpeedAt>> = HashMap::new();
+        if ids.is_empty() {
+            return Ok(out);
+        }
+        let sql = format!(
+            "SELECT verification_id, rows, cols, gbps, median_us, copy_fraction, speedup \
+             FROM verification_speeds WHERE dtype = $1 AND verification_id IN ({}) \
+             ORDER BY verification_id, case_index",
+            ids_list(ids)
+        );
+        for r in sqlx::query(&sql)
+            .bind(dtype.as_str())
+            .fetch_all(&self.pool)
+            .await?
+        {
+            out.entry(r.try_get("verification_id")?)
+                .or_default()
+                .push(speed_row(&r)?);
+        }
+        Ok(out)
+    }
+
+    /// Kernels matching `q`'s filters whose newest verification (on `q.arch` if given, else on
+    /// any architecture) meets `policy` for `dtype` (or for one of the kernel's dtypes), and
+    /// has `confirmed:N` certifications: a page of them in list order, with their total.
+    pub async fn approved_kernels(
+        &self,
+        q: &KernelQuery,
+        policy: &Policy,
+    ) -> Result<(Vec<KernelRow>, i64)> {
+        Ok((
+            self.approved_page(q, policy).await?,
+            self.approved_count(q, policy).await?,
+        ))
+    }
+
+    /// How many kernels `approved_kernels` finds in all (one count).
+    pub async fn approved_count(&self, q: &KernelQuery, policy: &Policy) -> Result<i64> {
+        let (from, binds) = approved_from(q, policy);
+        self.count_with(&format!("SELECT COUNT(*) {from}"), &binds)
+            .await
+    }
+
+    /// One page of `approved_kernels` (kernels walked in list order by index until the page is
+    /// full).
+    pub async fn approved_page(&self, q: &KernelQuery, policy: &Policy) -> Result<Vec<KernelRow>> {
+        let (from, binds) = approved_from(q, policy);
+        let sql = format!(
+            "SELECT {} {from} ORDER BY k.op, k.semantics, k.name, k.id LIMIT ${} OFFSET ${}",
+            k_cols(),
+            binds.len() + 1,
+            binds.len() + 2
+        );
+        let mut list = sqlx::query(&sql);
+        for b in &binds {
+            list = list.bind(b.clone());
+        }
+        let rows = list
+            .bind(q.limit)
+            .bind(q.offset)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(kernel_row).collect()
+    }
+
+    /// Kernels matching `q`'s filters (its `arch` is the architecture asked about) whose newest
+    /// verdict on that architecture is stale — measured by another suite than `suite`, or with
+    /// another driver than `newest_driver` — or that were verified elsewhere but never there:
+    /// a page of them in list order with the suite and driver of that verdict (`None`: never
+    /// verified there), and their total.
+    pub async fn stale_on(
+        &self,
+        arch: Arch,
+        q: &KernelQuery,
+        suite: &str,
+        newest_driver: Option<&str>,
+    ) -> Result<(Vec<(KernelRow, Option<(String, String)>)>, i64)> {
+        let mut binds = vec![arch.to_string()];
+        let mut conds = kernel_conditions(
+            &KernelQuery {
+                arch: Some(arch),
+                ..q.clone()
+            },
+            &mut binds,
+        );
+        binds.push(suite.to_string());
+        let mut stale = format!("f.suite_version <> ${}", binds.len());
+        if let Some(d) = newest_driver {
+            binds.push(d.to_string());
+            stale.push_str(&format!(" OR f.driver_version <> ${}", binds.len()));
+        }
+        conds.push(format!(
+            "((n.verification_id IS NOT NULL AND ({stale})) OR (n.verification_id IS NULL AND \
+             EXISTS (SELECT 1 FROM newest_verifications o WHERE o.kernel_digest = k.digest)))"
+        ));
+        let from = format!(
+            "FROM kernels k LEFT JOIN {NEWEST_ON_ARCH} \
+             LEFT JOIN verification_facts f ON f.verification_id = n.verification_id WHERE {}",
+            conds.join(" AND ")
+        );
+        let total = self
+            .count_with(&format!("SELECT COUNT(*) {from}"), &binds)
+            .await?;
+        let sql = format!(
+            "SELECT {}, f.suite_version AS v_suite, f.driver_version AS v_driver {from} \
+             ORDER BY k.op, k.semantics, k.name, k.id LIMIT ${} OFFSET ${}",
+            k_cols(),
+            binds.len() + 1,
+            binds.len() + 2
+        );
+        let mut query = sqlx::query(&sql);
+        for b in &binds {
+            query = query.bind(b.clone());
+        }
+        let rows = query
+            .bind(q.limit)
+            .bind(q.offset)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let suite: Option<String> = r.try_get("v_suite")?;
+            let driver: Option<String> = r.try_get("v_driver")?;
+            out.push((kernel_row(r)?, suite.zip(driver)));
+        }
+        Ok((out, total))
+    }
+
+    /// A page of the dashboard's matrix: every kernel's newest verdict per architecture and
+    /// dtype (filtered), sorted by op, semantics, dtype, arch, class, then fastest first; with
+    /// the number of rows in all.
+    pub async fn matrix_page(
+        &self,
+        f: MatrixFilter,
+        limit: i64,
+        offset: i64,
+    ) -> Result<(Vec<MatrixRow>, i64)> {
+        let (from, binds) = matrix_from(f);
+        let total = self
+            .count_with(&format!("SELECT COUNT(*) {from}"), &binds)
+            .await?;
+        let sql = format!(
+            "SELECT {kc}, d.dtype AS m_dtype, n.arch AS m_arch, d.verdict_json, \
+             f.device_name AS m_device, f.created_at AS m_created_at, \
+             s.rows AS s_rows, s.cols AS s_cols, s.gbps, s.median_us, s.copy_fraction, s.speedup \
+             {from} ORDER BY {op}, {sem}, {dt}, LENGTH(n.arch), n.arch, d.class_rank, d.class_ulp, \
+             COALESCE(s.gbps, 0) DESC, k.name, k.id LIMIT ${l} OFFSET ${o}",
+            kc = k_cols(),
+            op = rank_case("k.op", Op::ALL.iter().map(|o| o.as_str())),
+            sem = rank_case("k.semantics", Semantics::ALL.iter().map(|s| s.as_str())),
+            dt = rank_case("d.dtype", DType::ALL.iter().map(|d| d.as_str())),
+            l = binds.len() + 1,
+            o = binds.len() + 2,
+        );
+        let mut query = sqlx::query(&sql);
+        for b in &binds {
+            query = query.bind(b.clone());
+        }
+        let rows = query.bind(limit).bind(offset).fetch_all(&self.pool).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let json: String = r.try_get("verdict_json")?;
+            out.push(MatrixRow {
+                kernel: kernel_row(r)?,
+                dtype: parse_col(r, "m_dtype")?,
+                arch: parse_col(r, "m_arch")?,
+                verdict: serde_json::from_str(&json)
+                    .map_err(|e| StoreError::Corrupt(format!("verdict: {e}")))?,
+                speed: match r.try_get::<Option<i64>, _>("s_rows")? {
+                    None => None,
+                    Some(_) => Some(speed_row_prefixed(r)?),
+                },
+                device_name: r.try_get("m_device")?,
+                verified_at: r.try_get("m_created_at")?,
+            });
+        }
+        Ok((out, total))
+    }
+
+    /// The matrix's "at a glance" cells (one aggregate query), in op, semantics, dtype order.
+    pub async fn glance(&self, f: MatrixFilter) -> Result<Vec<GlanceCell>> {
+        let (from, binds) = matrix_from(f);
+        let sql = format!(
+            "SELECT k.op, k.semantics, d.dtype, COUNT(DISTINCT k.id) AS kernels, \
+             COUNT(DISTINCT CASE WHEN d.class_rank = 0 THEN k.id END) AS bit_exact, \
+             MAX(CASE WHEN d.class_rank = 0 THEN s.gbps END) AS best \
+             {from} GROUP BY k.op, k.semantics, d.dtype"
+        );
+        let mut query = sqlx::query(&sql);
+        for b in &binds {
+            query = query.bind(b.clone());
+        }
+        let mut cells = query
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|r| {
+                Ok(GlanceCell {
+                    op: parse_col(r, "op")?,
+                    semantics: parse_col(r, "semantics")?,
+                    dtype: parse_col(r, "dtype")?,
+                    kernels: r.try_get("kernels")?,
+                    bit_exact: r.try_get("bit_exact")?,
+                    best_bit_exact_gbps: r.try_get("best")?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        cells.sort_by_key(|c| (c.op, c.semantics, c.dtype));
+        Ok(cells)
+    }
+
+    /// Every architecture some kernel matching the filter's op and dtype was verified on.
+    pub async fn archs_verified(&self, f: MatrixFilter) -> Result<Vec<Arch>> {
+        let mut binds = Vec::new();
+        let mut conds = kernel_conditions(
+            &KernelQuery {
+                op: f.op,
+                dtype: f.dtype,
+                ..Default::default()
+            },
+            &mut binds,
+        );
+        conds.push("TRUE".into());
+        let sql = format!(
+            "SELECT DISTINCT n.arch FROM newest_verifications n JOIN kernels k ON k.digest = n.kernel_digest \
+             WHERE {}",
+            conds.join(" AND ")
+        );
+        let mut query = sqlx::query(&sql);
+        for b in &binds {
+            query = query.bind(b.clone());
+        }
+        let mut archs = query
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|r| parse_col(r, "arch"))
+            .collect::<Result<Vec<Arch>>>()?;
+        archs.sort();
+        Ok(archs)
+    }
+
+    /// A page of the kernels (matching the filter's op and dtype) that have no matrix row: not
+    /// verified (on the filter's arch), or verified there without any dtype's case running
+    /// (listed only without a dtype filter); with how many there are in all.
+    pub async fn unverified_page(
+        &self,
+        f: MatrixFilter,
+        limit: i64,
+        offset: i64,
+    ) -> Result<(Vec<UnverifiedKernel>, i64)> {
+        let mut binds = Vec::new();
+        let mut conds = kernel_conditions(
+            &KernelQuery {
+                op: f.op,
+                dtype: f.dtype,
+                ..Default::default()
+            },
+            &mut binds,
+        );
+        let on_arch = match f.arch {
+            Some(a) => {
+                binds.push(a.to_string());
+                format!(" AND n.arch = ${}", binds.len())
+            }
+            None => String::new(),
+        };
+        let verified = format!(
+            "EXISTS (SELECT 1 FROM newest_verifications n WHERE n.kernel_digest = k.digest{on_arch})"
+        );
+        let has_rows = format!(
+            "EXISTS (SELECT 1 FROM newest_verifications n JOIN verification_verdicts d \
+             ON d.verification_id = n.verification_id WHERE n.kernel_digest = k.digest{on_arch})"
+        );
+        let which = if f.dtype.is_none() {
+            format!("NOT {has_rows}")
+        } else {
+            format!("NOT {verified}")
+        };
+        conds.push(which);
+        let from = format!("FROM kernels k WHERE {}", conds.join(" AND "));
+        let total = self
+            .count_with(&format!("SELECT COUNT(*) {from}"), &binds)
+            .await?;
+        let sql = format!(
+            "SELECT {} {from} ORDER BY k.op, k.semantics, k.name, k.id LIMIT ${} OFFSET ${}",
+            k_cols(),
+            binds.len() + 1,
+            binds.len() + 2
+        );
+        let mut query = sqlx::query(&sql);
+        for b in &binds {
+            query = query.bind(b.clone());
+        }
+        let rows = query.bind(limit).bind(offset).fetch_all(&self.pool).await?;
+        let kernels = rows.iter().map(kernel_row).collect::<Result<Vec<_>>>()?;
+        // The architectures each listed kernel was verified on, in one query.
+        let mut verified_on: HashMap<String, Vec<Arch>> = HashMap::new();
+        if !kernels.is_empty() {
+            let marks: Vec<String> = (1..=kernels.len()).map(|i| format!("${i}")).collect();
+            let sql = format!(
+                "SELECT kernel_digest, arch FROM newest_verifications WHERE kernel_digest IN ({})",
+                marks.join(", ")
+            );
+            let mut query = sqlx::query(&sql);
+            for k in &kernels {
+                query = query.bind(k.digest.as_str());
+            }
+            for r in query.fetch_all(&self.pool).await? {
+                verified_on
+                    .entry(r.try_get("kernel_digest")?)
+                    .or_default()
+                    .push(parse_col(&r, "arch")?);
+            }
+        }
+        let mut out = Vec::with_capacity(kernels.len());
+        for kernel in kernels {
+            let mut archs = verified_on
+                .remove(kernel.digest.as_str())
+                .unwrap_or_default();
+            archs.sort();
+            let no_dtype_ran = match f.arch {
+                Some(a) => archs.contains(&a),
+                None => !archs.is_empty(),
+            };
+            let only_on = if no_dtype_ran { vec![] } else { archs };
+            out.push(UnverifiedKernel {
+                kernel,
+                only_on,
+                no_dtype_ran,
+            });
+        }
+        Ok((out, total))
+    }
+
+    async fn count_with(&self, sql: &str, binds: &[String]) -> Result<i64> {
+        let mut q = sqlx::query(sql);
+        for b in binds {
+            q = q.bind(b.clone());
+        }
+        Ok(q.fetch_one(&self.pool).await?.try_get(0)?)
+    }
+}
+
+/// `FROM ... WHERE ...` of the policy-filtered list, with its binds. `CROSS JOIN` keeps the
+/// kernels outermost on SQLite (walked in list order by `kernels_list_order`); PostgreSQL plans
+/// it as any inner join.
+fn approved_from(q: &KernelQuery, policy: &Policy) -> (String, Vec<String>) {
+    let mut binds = Vec::new();
+    let mut conds = kernel_conditions(q, &mut binds);
+    conds.push("n.kernel_digest = k.digest".into());
+    match q.arch {
+        Some(a) => {
+            binds.push(a.to_string());
+            conds.push(format!("n.arch = ${}", binds.len()));
+        }
+        None => conds.push(NEWEST_ANY_ARCH.into()),
+    }
+    let dtype_cond = match q.dtype {
+        Some(d) => {
+            binds.push(d.to_string());
+            format!("d.dtype = ${}", binds.len())
+        }
+        None => "k.dtypes LIKE '%,' || d.dtype || ',%'".into(),
+    };
+    conds.push(format!(
+        "EXISTS (SELECT 1 FROM verification_verdicts d WHERE d.verification_id = n.verification_id \
+         AND {dtype_cond} AND {})",
+        policy_condition(policy)
+    ));
+    if policy.confirmations > 0 {
+        conds.push(format!("{CERTIFYING_KEYS} >= {}", policy.confirmations));
+    }
+    (
+        format!(
+            "FROM kernels k CROSS JOIN newest_verifications n WHERE {}",
+            conds.join(" AND ")
+        ),
+        binds,
+    )
+}
+
+/// `FROM ... WHERE ...` of the matrix's rows (kernel `k`, newest verification `n` per arch,
+/// verdict `d` per dtype, headline speed `s`), with its binds.
+fn matrix_from(f: MatrixFilter) -> (String, Vec<String>) {
+    let mut binds = Vec::new();
+    let mut conds = kernel_conditions(
+        &KernelQuery {
+            op: f.op,
+            dtype: f.dtype,
+            ..Default::default()
+        },
+        &mut binds,
+    );
+    if let Some(a) = f.arch {
+        binds.push(a.to_string());
+        conds.push(format!("n.arch = ${}", binds.len()));
+    }
+    if let Some(d) = f.dtype {
+        binds.push(d.to_string());
+        conds.push(format!("d.dtype = ${}", binds.len()));
+    }
+    conds.push("TRUE".into());
+    (
+        format!(
+            "FROM kernels k JOIN newest_verifications n ON n.kernel_digest = k.digest \
+             JOIN verification_facts f ON f.verification_id = n.verification_id \
+             JOIN verification_verdicts d ON d.verification_id = n.verification_id \
+             LEFT JOIN verification_speeds s ON s.verification_id = d.verification_id \
+             AND s.dtype = d.dtype AND s.headline = 1 WHERE {}",
+            conds.join(" AND ")
+        ),
+        binds,
+    )
+}
+
+fn speed_row(r: &AnyRow) -> Result<SpeedAt> {
+    Ok(SpeedAt {
+        rows: r.try_get::<i64, _>("rows")? as u64,
+        cols: r.try_get::<i64, _>("cols")? as u64,
+        gbps: r.try_get("gbps")?,
+        median_us: r.try_get("median_us")?,
+        copy_fraction: r.try_get("copy_fraction")?,
+        speedup: r.try_get("speedup")?,
+    })
+}
+
+fn speed_row_prefixed(r: &AnyRow) -> Result<SpeedAt> {
+    Ok(SpeedAt {
+        rows: r.try_get::<i64, _>("s_rows")? as u64,
+        cols: r.try_get::<i64, _>("s_cols")? as u64,
+        gbps: r.try_get("gbps")?,
+        median_us: r.try_get("median_us")?,
+        copy_fraction: r.try_get("copy_fraction")?,
+        speedup: r.try_get("speedup")?,
+    })
+}

@@ -1,0 +1,719 @@
+//! The index-backed reads (newest verdicts, the policy as SQL, the dashboard's matrix) against
+//! their slow, obviously-right twins — every verification of every kernel read in full and
+//! `Policy::evaluate` on each report, as the API did before migration 0008 — on a mixed
+//! fixture (ops, semantics, archs, classes, superseded and stale verdicts, argmax models,
+//! large differences, certificates for confirmed:N), on SQLite and PostgreSQL, fresh and upgraded.
+
+use kernel_registry::cert::Certificate;
+use kernel_registry::report::tests_support::case;
+use kernel_registry::report::{
+    speed_at, CaseReport, ExactnessClass, ModelReport, Summary, Verdict, ULP_INFINITE,
+};
+use kernel_registry::{Arch, DType, KernelBundle, Op, Policy, Semantics, VerificationReport};
+use kernel_store::{KernelQuery, KernelRow, MatrixFilter, Store, VerificationRow};
+use std::collections::{BTreeMap, BTreeSet};
+
+fn bundle(i: usize) -> KernelBundle {
+    let (op, semantics, grid) = match i % 3 {
+        0 => (
+            "silu",
+            "",
+            "grid = \"per_element\"\nelements_per_thread = 4",
+        ),
+        1 => (
+            "rms_norm",
+            "semantics = \"llama\"",
+            "grid = \"per_row\"\nrows_per_block = 1",
+        ),
+        _ => (
+            "rms_norm",
+            "semantics = \"gemma\"",
+            "grid = \"per_row\"\nrows_per_block = 1",
+        ),
+    };
+    // Names out of insertion order, and two versions of one name.
+    let name = if i == 22 {
+        "k07".to_string() // kernel 1's name, another version
+    } else {
+        format!("k{:02}", (i * 7) % 24)
+    };
+    let version = if i == 22 { "2.0.0" } else { "1.0.0" };
+    let toml = format!(
+        "name = \"{name}\"\nversion = \"{version}\"\nop = \"{op}\"\n{semantics}\n\
+         description = \"test kernel {i}\"\nauthors = [\"tests\"]\nlicense = \"MIT\"\n\
+         source = \"k.cu\"\n[entry]\nbf16 = \"k_bf16\"\nf16 = \"k_f16\"\n\
+         [launch]\nblock = 256\n{grid}\n"
+    );
+    let src = format!(
+        "extern \"C\" __global__ void k_bf16() {{ /* {i} */ }}\n\
+         extern \"C\" __global__ void k_f16() {{ }}\n"
+    );
+    KernelBundle::from_parts(&toml, &src).unwrap_or_else(|e| panic!("{toml}: {e}"))
+}
+
+fn model(dtype: DType, argmax: f64) -> ModelReport {
+    serde_json::from_value(serde_json::json!({
+        "model_name": "tiny", "model_digest": "d", "dtype": dtype, "tokens": 64,
+        "layers_replaced": 2, "max_logit_abs_diff": 0.1, "argmax_match_fraction": argmax,
+        "top5_overlap": 1.0, "mean_kl": 0.0,
+    }))
+    .unwrap()
+}
+
+/// The `j`-th verdict shape of the fixture: each exercises another part of a policy.
+fn cases_for(j: usize, speed: f64) -> (Vec<CaseReport>, Vec<ModelReport>) {
+    let mut bf = case("bf16/4096x8192/normal", DType::Bf16, 0, 0);
+    let mut f16 = case("f16/4096x8192/normal", DType::F16, 0, 0);
+    let mut models = vec![];
+    match j % 12 {
+        0 => {}
+        1 => bf = case("bf16/4096x8192/normal", DType::Bf16, 10, 1),
+        2 => bf = case("bf16/4096x8192/normal", DType::Bf16, 100, 3),
+        3 => bf = case("bf16/4096x8192/normal", DType::Bf16, 500, ULP_INFINITE),
+        4 => bf.deterministic = Some(false),
+        5 => bf.batch_invariant = Some(false),
+        6 => {
+            bf = case("bf16/4096x8192/normal", DType::Bf16, 3, 2);
+            // Reports are JSON: a NaN difference cannot be stored, a large one can.
+            bf.exactness.as_mut().unwrap().max_abs_diff = 5.0;
+        }
+        7 => bf.integrity_failures = vec!["wrote outside the output".into()],
+        8 => models = vec![model(DType::Bf16, 1.0), model(DType::F16, 0.75)],
+        9 => models = vec![model(DType::Bf16, 0.5)],
+        10 => f16 = case("f16/4096x8192/normal", DType::F16, 40, 2),
+        _ => bf = case("bf16/4096x8192/normal", DType::Bf16, 60, 1),
+    }
+    let mut cases = vec![bf, f16];
+    // A second, smaller timed shape so the nearest speed depends on the query.
+    let mut small = case("bf16/64x1024/normal", DType::Bf16, 0, 0);
+    (small.rows, small.cols) = (64, 1024);
+    small.exactness = cases[0].exactness.clone();
+    cases.push(small);
+    for (n, c) in cases.iter_mut().enumerate() {
+        if let Some(s) = c.speed.as_mut() {
+            s.gbps = speed + n as f64;
+        }
+    }
+    (cases, models)
+}
+
+fn report(k: &KernelBundle, arch: Arch, j: usize, speed: f64) -> VerificationReport {
+    let mut r = kernel_registry::report::tests_support::report_with(0, 0);
+    let (cases, models) = cases_for(j, speed);
+    r.summary = Summary::from_cases(&cases);
+    r.cases = cases;
+    r.model = models;
+    r.kernel.digest = k.digest();
+    r.kernel.op = k.manifest.op;
+    r.kernel.semantics = k.manifest.semantics;
+    r.device.arch = arch;
+    r.device.driver_version = ["570", "580"][j % 2].into();
+    r.suite_version = ["1", "2"][(j / 2) % 2].into();
+    if j.is_multiple_of(5) {
+        r.summary.per_dtype.remove(&DType::F16);
+    }
+    r
+}
+
+fn cert(key: &str, n: usize) -> Certificate {
+    Certificate {
+        claims: format!("{{\"n\":{n}}}"),
+        key: key.into(),
+        signature: format!("sig-{n}"),
+    }
+}
+
+const SM80: Arch = Arch { major: 8, minor: 0 };
+const SM90: Arch = Arch { major: 9, minor: 0 };
+const SM100: Arch = Arch {
+    major: 10,
+    minor: 0,
+};
+
+/// 24 kernels over three op groups: some never verified, some on one arch or two, some
+/// re-verified (the newest verdict differs from the older one), some certified by one or two
+/// worker keys.
+async fn fixture(s: &Store) {
+    let mut n = 0;
+    for i in 0..24 {
+        let k = bundle(i);
+        s.insert_kernel(&k, "submitted", "tests").await.unwrap();
+        if i % 6 == 5 {
+            continue; // never verified
+        }
+        for (a, arch) in [SM90, SM80].into_iter().enumerate() {
+            if a == 1 && i % 3 != 0 {
+                continue;
+            }
+            let versions = 1 + (i + a) % 3;
+            for v in 0..versions {
+                n += 1;
+                let j = i + 5 * v + a;
+                let r = report(&k, arch, j, 1000.0 + ((i * 37 + v * 11) % 50) as f64 * 10.0);
+                let c = match (i + v) % 4 {
+                    0 => Some(cert("key-a", n)),
+                    1 => Some(cert("key-b", n)),
+                    _ => None,
+                };
+                s.seed_verification(&k.digest(), &r, c.as_ref())
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}
+
+fn policies() -> Vec<Policy> {
+    [
+        "bit_exact",
+        "ulp:0",
+        "ulp:1",
+        "ulp:2",
+        "ulp:18446744073709551615",
+        "ulp:9223372036854775807",
+        "tolerance",
+        "argmax",
+        "bit_exact,deterministic",
+        "tolerance,batch_invariant",
+        "ulp:4,max_abs_diff=0.01",
+        "ulp:4,max_abs_diff=1",
+        "tolerance,max_mismatch_fraction=0.05",
+        "bit_exact,confirmed:2",
+        "ulp:1,confirmed:1",
+        "tolerance,confirmed:2",
+    ]
+    .iter()
+    .map(|p| p.parse().unwrap())
+    .collect()
+}
+
+async fn all_kernels(s: &Store, q: KernelQuery) -> Vec<KernelRow> {
+    s.list_kernels(&KernelQuery {
+        limit: i64::MAX,
+        offset: 0,
+        ..q
+    })
+    .await
+    .unwrap()
+    .0
+}
+
+/// The slow twin: every verification of the kernel, in full.
+async fn newest_slow(s: &Store, k: &KernelRow, arch: Option<Arch>) -> Option<VerificationRow> {
+    s.verifications_for_kernel(&k.digest)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|v| arch.is_none_or(|a| v.arch == a))
+        .max_by_key(|v| v.id)
+}
+
+async fn keys_slow(s: &Store, k: &KernelRow, v: &VerificationRow) -> usize {
+    s.certifying_keys(&k.digest, v.arch, &v.exactness_class)
+        .await
+        .unwrap()
+        .len()
+}
+
+async fn resolve_candidates_match(s: &Store) {
+    let groups = [
+        (Op::Silu, Semantics::Default),
+        (Op::RmsNorm, Semantics::Llama),
+        (Op::RmsNorm, Semantics::Gemma),
+    ];
+    for (op, sem) in groups {
+        let kernels = all_kernels(
+            s,
+            KernelQuery {
+                op: Some(op),
+                semantics: Some(sem),
+                ..Default::default()
+            },
+        )
+        .await;
+        for arch in [SM90, SM80, SM100] {
+            for dtype in [DType::Bf16, DType::F16] {
+                for p in policies() {
+                    let fast = s.newest_verdicts(op, sem, arch, dtype, &p).await.unwrap();
+                    let names: Vec<_> = fast.iter().map(|c| c.kernel.id).collect();
+                    let want: Vec<_> = kernels.iter().map(|k| k.id).collect();
+                    assert_eq!(names, want, "candidates in list order");
+                    for (c, k) in fast.iter().zip(&kernels) {
+                        assert_eq!(
+                            (
+                                &c.kernel.name,
+                                &c.kernel.version,
+                                &c.kernel.digest,
+                                &c.kernel.dtypes
+                            ),
+                            (&k.name, &k.version, &k.digest, &k.dtypes)
+                        );
+                        assert_eq!(c.kernel.constraints, k.constraints());
+                    }
+                    for (c, k) in fast.iter().zip(&kernels) {
+                        let ctx = format!("{} {arch} {dtype} `{p}`", k.name);
+                        let slow = newest_slow(s, k, Some(arch)).await;
+                        match (&c.on, slow) {
+                            (None, None) => {
+                                let mut elsewhere: Vec<String> = s
+                                    .verifications_for_kernel(&k.digest)
+                                    .await
+                                    .unwrap()
+                                    .iter()
+                                    .map(|v| v.arch.to_string())
+                                    .collect();
+                                elsewhere.sort();
+                                elsewhere.dedup();
+                                let got: Vec<String> =
+                                    c.elsewhere.iter().map(|a| a.to_string()).collect();
+                                assert_eq!(got, elsewhere, "{ctx}");
+                            }
+                            (Some(on), Some(v)) => {
+                                assert_eq!(on.verification_id, v.id, "{ctx}");
+                                assert_eq!(on.class, v.exactness_class, "{ctx}");
+                                assert_eq!(on.suite_version, v.report.suite_version, "{ctx}");
+                                assert_eq!(
+                                    on.driver_version, v.report.device.driver_version,
+                                    "{ctx}"
+                                );
+                                assert_eq!(on.device_name, v.device_name, "{ctx}");
+                                assert_eq!(on.created_at, v.created_at, "{ctx}");
+                                let slow = p.evaluate(&v.report, dtype);
+                                assert_eq!(on.passes, slow.is_ok(), "{ctx}: {slow:?}");
+                                let parts = s
+                                    .verdict_parts(&[v.id], dtype)
+                                    .await
+                                    .unwrap()
+                                    .remove(&v.id)
+                                    .unwrap();
+                                assert_eq!(
+                                    parts.why_not(&p, dtype),
+                                    slow.err().unwrap_or_default(),
+                                    "{ctx}"
+                                );
+                                assert_eq!(
+                                    parts.verdict.as_ref(),
+                                    v.report.summary.per_dtype.get(&dtype),
+                                    "{ctx}"
+                                );
+                                if p.confirmations > 0 {
+                                    assert_eq!(
+                                        on.certifying_keys as usize,
+                                        keys_slow(s, k, &v).await,
+                                        "{ctx}"
+                                    );
+                                }
+                                // Speeds and coverage by index equal the report's.
+                                let speeds = s.speeds_of(&[v.id], dtype).await.unwrap();
+                                for (rows, cols) in
+                                    [(Some(4096), 8192), (Some(64), 1000), (None, 2048)]
+                                {
+                                    let fast = kernel_registry::report::nearest_speed(
+                                        speeds.get(&v.id).cloned().unwrap_or_default(),
+                                        rows,
+                                        cols,
+                                    );
+                                    assert_eq!(
+                                        fast,
+                                        speed_at(&v.report, dtype, rows, cols),
+                                        "{ctx}"
+                                    );
+                                }
+                                assert_eq!(
+                                    s.coverage_of(&[v.id], dtype)
+                                        .await
+                                        .unwrap()
+                                        .remove(&v.id)
+                                        .unwrap_or_default(),
+                                    s.coverage(v.id, Some(dtype)).await.unwrap(),
+                                    "{ctx}"
+                                );
+                            }
+                            (fast, slow) => panic!("{ctx}: fast {fast:?}, slow {slow:?}"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The policy list as the API computed it before: filter every kernel by its newest
+/// verification read in full, then page.
+async fn approved_slow(s: &Store, q: &KernelQuery, p: &Policy) -> Vec<KernelRow> {
+    let mut out = vec![];
+    for k in all_kernels(s, q.clone()).await {
+        let vs = s.verifications_for_kernel(&k.digest).await.unwrap();
+        let Some(v) = vs
+            .iter()
+            .filter(|v| q.arch.is_none_or(|a| v.arch == a))
+            .max_by_key(|v| v.id)
+        else {
+            continue;
+        };
+        let dts = q.dtype.map(|d| vec![d]).unwrap_or_else(|| k.dtypes.clone());
+        let mut keys: Vec<&str> = vs
+            .iter()
+            .filter(|w| w.arch == v.arch && w.exactness_class == v.exactness_class)
+            .filter_map(|w| w.certificate.as_ref().map(|c| c.key.as_str()))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        if keys.len() >= p.confirmations as usize
+            && dts.iter().any(|d| p.evaluate(&v.report, *d).is_ok())
+        {
+            out.push(k);
+        }
+    }
+    out
+}
+
+async fn policy_list_matches(s: &Store) {
+    for p in policies() {
+        for op in [None, Some(Op::RmsNorm)] {
+            for dtype in [None, Some(DType::Bf16), Some(DType::F16)] {
+                for arch in [None, Some(SM90), Some(SM80)] {
+                    let q = KernelQuery {
+                        op,
+                        dtype,
+                        arch,
+                        limit: 1000,
+                        offset: 0,
+                        ..Default::default()
+                    };
+                    let ctx = format!("`{p}` {op:?} {dtype:?} {arch:?}");
+                    let slow = approved_slow(s, &q, &p).await;
+                    let (fast, total) = s.approved_kernels(&q, &p).await.unwrap();
+                    assert_eq!(fast, slow, "{ctx}");
+                    assert_eq!(total as usize, slow.len(), "{ctx}");
+                    // Pages of 3 add up to the whole.
+                    let mut paged = vec![];
+                    for offset in (0..slow.len().max(1)).step_by(3) {
+                        let q = KernelQuery {
+                            limit: 3,
+                            offset: offset as i64,
+                            ..q.clone()
+                        };
+                        let (page, t) = s.approved_kernels(&q, &p).await.unwrap();
+                        assert_eq!(t, total, "{ctx}");
+                        paged.extend(page);
+                    }
+                    assert_eq!(paged, slow, "{ctx} paged");
+                }
+            }
+        }
+    }
+}
+
+/// Kernels verified, kernels bit-exact and the best bit-exact GB/s of one glance cell.
+type Cell = (BTreeSet<i64>, BTreeSet<i64>, Option<f64>);
+
+type SlowRow = (
+    String,
+    String,
+    DType,
+    Arch,
+    ExactnessClass,
+    Option<f64>,
+    Verdict,
+);
+
+/// The dashboard's matrix as it was computed before: every verification of every kernel.
+async fn matrix_slow(s: &Store, f: MatrixFilter) -> (Vec<SlowRow>, Vec<(String, Vec<Arch>, bool)>) {
+    let mut rows: Vec<(KernelRow, SlowRow)> = vec![];
+    let mut unverified = vec![];
+    for k in all_kernels(
+        s,
+        KernelQuery {
+            op: f.op,
+            dtype: f.dtype,
+            ..Default::default()
+        },
+    )
+    .await
+    {
+        let vs = s.verifications_for_kernel(&k.digest).await.unwrap();
+        let mut newest: BTreeMap<Arch, &VerificationRow> = BTreeMap::new();
+        for v in &vs {
+            let e = newest.entry(v.arch).or_insert(v);
+            if v.id > e.id {
+                *e = v;
+            }
+        }
+        newest.retain(|a, _| f.arch.is_none_or(|want| *a == want));
+        if newest.is_empty() {
+            let only_on: BTreeSet<Arch> = vs.iter().map(|v| v.arch).collect();
+            unverified.push((k.name.clone(), only_on.into_iter().collect(), false));
+            continue;
+        }
+        let before = rows.len();
+        for (a, v) in newest {
+            for (dt, verdict) in &v.report.summary.per_dtype {
+                if f.dtype.is_some_and(|want| want != *dt) {
+                    continue;
+                }
+                let speed = speed_at(&v.report, *dt, Some(4096), 8192).map(|s| s.gbps);
+                rows.push((
+                    k.clone(),
+                    (
+                        k.name.clone(),
+                        k.version.clone(),
+                        *dt,
+                        a,
+                        verdict.class,
+                        speed,
+                        verdict.clone(),
+                    ),
+                ));
+            }
+        }
+        if rows.len() == before && f.dtype.is_none() {
+            unverified.push((k.name.clone(), vec![], true));
+        }
+    }
+    rows.sort_by(|(ka, a), (kb, b)| {
+        (ka.op, ka.semantics, a.2, a.3, a.4)
+            .cmp(&(kb.op, kb.semantics, b.2, b.3, b.4))
+            .then_with(|| b.5.unwrap_or(0.0).total_cmp(&a.5.unwrap_or(0.0)))
+            .then_with(|| a.0.cmp(&b.0))
+    });
+    (rows.into_iter().map(|(_, r)| r).collect(), unverified)
+}
+
+fn same_verdict(a: &Verdict, b: &Verdict) -> bool {
+    // NaN compares unequal to itself: compare the JSON (NaN is written as null).
+    serde_json::to_string(a).unwrap() == serde_json::to_string(b).unwrap()
+}
+
+async fn matrix_matches(s: &Store) {
+    for op in [None, Some(Op::Silu), Some(Op::RmsNorm)] {
+        for dtype in [None, Some(DType::Bf16), Some(DType::F16)] {
+            for arch in [None, Some(SM90), Some(SM80), Some(SM100)] {
+                let f = MatrixFilter { op, dtype, arch };
+                let ctx = format!("{f:?}");
+                let (slow, slow_unverified) = matrix_slow(s, f).await;
+                let (fast, total) = s.matrix_page(f, 1000, 0).await.unwrap();
+                assert_eq!(total as usize, slow.len(), "{ctx}");
+                assert_eq!(fast.len(), slow.len(), "{ctx}");
+                for (x, y) in fast.iter().zip(&slow) {
+                    assert_eq!(
+                        (
+                            &x.kernel.name,
+                            &x.kernel.version,
+                            x.dtype,
+                            x.arch,
+                            x.verdict.class
+                        ),
+                        (&y.0, &y.1, y.2, y.3, y.4),
+                        "{ctx}"
+                    );
+                    assert_eq!(x.speed.as_ref().map(|s| s.gbps), y.5, "{ctx}");
+                    assert!(same_verdict(&x.verdict, &y.6), "{ctx}");
+                }
+                let mut paged = vec![];
+                for offset in (0..slow.len().max(1)).step_by(4) {
+                    let (page, t) = s.matrix_page(f, 4, offset as i64).await.unwrap();
+                    assert_eq!(t, total);
+                    paged.extend(page.into_iter().map(|r| (r.kernel.id, r.dtype, r.arch)));
+                }
+                let whole: Vec<_> = fast
+                    .iter()
+                    .map(|r| (r.kernel.id, r.dtype, r.arch))
+                    .collect();
+                assert_eq!(paged, whole, "{ctx} paged");
+
+                // At a glance: per op, semantics and dtype.
+                let mut cells: BTreeMap<(Op, Semantics, DType), Cell> = BTreeMap::new();
+                for r in &fast {
+                    let c = cells
+                        .entry((r.kernel.op, r.kernel.semantics, r.dtype))
+                        .or_default();
+                    c.0.insert(r.kernel.id);
+                    if r.verdict.class == ExactnessClass::BitExact {
+                        c.1.insert(r.kernel.id);
+                        if let Some(sp) = &r.speed {
+                            c.2 = Some(c.2.unwrap_or(0.0).max(sp.gbps));
+                        }
+                    }
+                }
+                let glance: Vec<_> = s
+                    .glance(f)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|c| {
+                        (
+                            (c.op, c.semantics, c.dtype),
+                            (c.kernels, c.bit_exact, c.best_bit_exact_gbps),
+                        )
+                    })
+                    .collect();
+                let want: Vec<_> = cells
+                    .into_iter()
+                    .map(|(k, (a, b, g))| (k, (a.len() as i64, b.len() as i64, g)))
+                    .collect();
+                assert_eq!(glance, want, "{ctx} glance");
+
+                let (unverified, utotal) = s.unverified_page(f, 1000, 0).await.unwrap();
+                let got: Vec<_> = unverified
+                    .iter()
+                    .map(|u| (u.kernel.name.clone(), u.only_on.clone(), u.no_dtype_ran))
+                    .collect();
+                assert_eq!(got, slow_unverified, "{ctx} awaiting");
+                assert_eq!(utotal as usize, slow_unverified.len(), "{ctx} awaiting");
+            }
+        }
+    }
+}
+
+/// `verify-request --stale`'s list by index equals the old per-kernel walk: newest verdict on
+/// the arch read in full, stale by suite or driver, or verified only elsewhere.
+async fn stale_list_matches(s: &Store) {
+    for arch in [SM90, SM80, SM100] {
+        let driver = s.newest_driver(arch).await.unwrap();
+        for suite in ["1", "2"] {
+            let mut slow = vec![];
+            for k in all_kernels(
+                s,
+                KernelQuery {
+                    arch: Some(arch),
+                    ..Default::default()
+                },
+            )
+            .await
+            {
+                let all = s.verifications_for_kernel(&k.digest).await.unwrap();
+                match newest_slow(s, &k, Some(arch)).await {
+                    Some(v) => {
+                        let r = &v.report;
+                        if r.suite_version != suite
+                            || driver
+                                .as_deref()
+                                .is_some_and(|d| d != r.device.driver_version)
+                        {
+                            slow.push((
+                                k.id,
+                                Some((r.suite_version.clone(), r.device.driver_version.clone())),
+                            ));
+                        }
+                    }
+                    None if !all.is_empty() => slow.push((k.id, None)),
+                    None => {}
+                }
+            }
+            let q = KernelQuery {
+                limit: 1000,
+                ..Default::default()
+            };
+            let (fast, total) = s
+                .stale_on(arch, &q, suite, driver.as_deref())
+                .await
+                .unwrap();
+            let fast: Vec<_> = fast.into_iter().map(|(k, v)| (k.id, v)).collect();
+            assert_eq!(fast, slow, "{arch} suite {suite}");
+            assert_eq!(total as usize, slow.len());
+        }
+    }
+}
+
+async fn index_answers_like_the_reports(s: Store) {
+    fixture(&s).await;
+    let g = s.answer_generation().await.unwrap();
+    assert!(
+        g > 24,
+        "each stored kernel and verification moves the generation: {g}"
+    );
+    resolve_candidates_match(&s).await;
+    policy_list_matches(&s).await;
+    matrix_matches(&s).await;
+    assert_eq!(
+        s.answer_generation().await.unwrap(),
+        g,
+        "reads do not move it"
+    );
+}
+
+/// A database from before migration 0008: its verifications get their newest rows, verdicts,
+/// speeds and facts on upgrade, and answer as the reports do.
+async fn upgrade_backfills(s: Store) {
+    s.migrate_to(7).await.unwrap();
+    let mut n = 0;
+    for i in 0..9 {
+        let k = bundle(i);
+        s.insert_kernel(&k, "submitted", "tests").await.unwrap();
+        for v in 0..(1 + i % 3) {
+            n += 1;
+            let arch = if v == 2 { SM80 } else { SM90 };
+            let r = report(&k, arch, i + v, 900.0 + (i * 13 % 7) as f64);
+            let c = (i % 2 == 0).then(|| cert(if v == 0 { "key-a" } else { "key-b" }, n));
+            let json = |x: &str| x.replace('\'', "''");
+            s.execute_raw(&format!(
+                "INSERT INTO verifications (kernel_digest, job_id, arch, device_name, \
+                 exactness_class, max_ulp, max_mismatch_fraction, max_abs_diff, deterministic, \
+                 batch_invariant, integrity_ok, report_json, created_at, certificate, driver_version) \
+                 VALUES ('{}', NULL, '{arch}', 'test', '{}', 0, 0, 0, 1, 1, 1, '{}', '2026-01-0{}T00:00:00Z', {}, '{}')",
+                k.digest(),
+                r.summary.overall.class,
+                json(&serde_json::to_string(&r).unwrap()),
+                1 + v,
+                c.map(|c| format!("'{}'", json(&serde_json::to_string(&c).unwrap())))
+                    .unwrap_or_else(|| "NULL".into()),
+                r.device.driver_version,
+            ))
+            .await
+            .unwrap();
+        }
+    }
+    s.migrate().await.unwrap();
+    assert_eq!(
+        s.scalar_raw("SELECT COUNT(*) FROM verification_facts")
+            .await
+            .unwrap(),
+        n as i64
+    );
+    assert_eq!(s.backfill_summaries().await.unwrap(), 0, "filled once");
+    resolve_candidates_match(&s).await;
+    policy_list_matches(&s).await;
+    matrix_matches(&s).await;
+    stale_list_matches(&s).await;
+}
+
+async fn sqlite() -> (Store, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("k.db").display());
+    let s = Store::connect(&url).await.unwrap();
+    (s, dir)
+}
+
+async fn postgres() -> Option<Store> {
+    let url = kernel_store::testing::fresh_postgres_url("newest-verdict test").await?;
+    Some(Store::connect(&url).await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn index_answers_like_the_reports_on_sqlite() {
+    let (s, _dir) = sqlite().await;
+    s.migrate().await.unwrap();
+    index_answers_like_the_reports(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn index_answers_like_the_reports_on_postgres() {
+    if let Some(s) = postgres().await {
+        s.migrate().await.unwrap();
+        index_answers_like_the_reports(s).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_backfills_on_sqlite() {
+    let (s, _dir) = sqlite().await;
+    upgrade_backfills(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_backfills_on_postgres() {
+    if let Some(s) = postgres().await {
+        upgrade_backfills(s).await;
+    }
+}

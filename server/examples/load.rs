@@ -1,0 +1,336 @@
+//! The load probe of issue 17 (run by `scripts/load`): `seed` fills a store with N kernels,
+//! each verified, through the store's own API (the path a worker's report takes after the
+//! HTTP edge); `run` measures one route of a running `kernelize serve` on a loopback address
+//! with a bounded number of concurrent keep-alive clients for a bounded time and count, and
+//! prints one JSON line (requests, errors, req/s, p50/p99 latency).
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use kernel_registry::report::tests_support::{case, report_with};
+use kernel_registry::report::{Summary, ULP_INFINITE};
+use kernel_registry::{Arch, KernelBundle};
+use kernel_store::{Holder, Store};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Store N kernels (copies of the bundled ones under new names) and one verification of
+    /// each on sm_90 (every fourth also on sm_100), through a claimed job as a worker does.
+    Seed {
+        #[arg(long)]
+        db: String,
+        #[arg(long, default_value_t = 10_000)]
+        kernels: usize,
+        #[arg(long, default_value = "kernels")]
+        templates: PathBuf,
+        /// Kernels stored at once (PostgreSQL takes several writers).
+        #[arg(long, default_value_t = 1)]
+        writers: usize,
+    },
+    /// GET the paths (round robin; `{n}` in a path becomes the request's number) for at most
+    /// `seconds` and at most `max_requests`, from `concurrency` keep-alive clients.
+    Run {
+        /// Base URL: loopback only.
+        #[arg(long)]
+        url: String,
+        #[arg(long = "path", required = true)]
+        paths: Vec<String>,
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        #[arg(long, default_value_t = 200_000)]
+        max_requests: u64,
+        /// A name for the output line.
+        #[arg(long)]
+        label: String,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Seed {
+            db,
+            kernels,
+            templates,
+            writers,
+        } => seed(&db, kernels, &templates, writers).await,
+        Cmd::Run {
+            url,
+            paths,
+            concurrency,
+            seconds,
+            max_requests,
+            label,
+        } => run(&url, paths, concurrency, seconds, max_requests, &label).await,
+    }
+}
+
+const SM90: Arch = Arch { major: 9, minor: 0 };
+const SM100: Arch = Arch {
+    major: 10,
+    minor: 0,
+};
+
+fn templates(dir: &std::path::Path) -> anyhow::Result<Vec<KernelBundle>> {
+    let mut out = vec![];
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("kernel.toml").is_file())
+        .collect();
+    dirs.sort();
+    for d in dirs {
+        out.push(KernelBundle::load_dir(&d).with_context(|| format!("{}", d.display()))?);
+    }
+    if out.is_empty() {
+        bail!("no kernel folders in {}", dir.display());
+    }
+    Ok(out)
+}
+
+/// Copy `t` under a new name (and so a new digest).
+fn copy_of(t: &KernelBundle, i: usize) -> anyhow::Result<KernelBundle> {
+    let name = &t.manifest.name;
+    let toml = t.manifest_toml.replacen(
+        &format!("name = \"{name}\""),
+        &format!("name = \"{name}_load_{i:05}\""),
+        1,
+    );
+    let source = format!("{}\n// load copy {i}\n", t.source);
+    Ok(KernelBundle::from_parts(&toml, &source)?)
+}
+
+/// A report of `k` on `arch`: every dtype of the kernel at cols 1024, 4096 and 8192 (4096
+/// rows), with a class that cycles through bit-exact, 1 ulp, 3 ulp and failing among the copies
+/// of each template.
+fn report_of(k: &KernelBundle, arch: Arch, i: usize) -> kernel_registry::VerificationReport {
+    let (mism, ulp) = [(0, 0), (10, 1), (100, 3), (500, ULP_INFINITE)][(i / 16) % 4];
+    let mut cases = vec![];
+    for dtype in k.manifest.dtypes() {
+        for cols in [1024u64, 4096, 8192] {
+            let mut c = case(&format!("{dtype}/4096x{cols}/normal"), dtype, mism, ulp);
+            c.cols = cols;
+            if let Some(s) = c.speed.as_mut() {
+                s.gbps = 1000.0 + ((i * 7919) % 2000) as f64 + cols as f64 / 100.0;
+            }
+            cases.push(c);
+        }
+    }
+    let mut r = report_with(0, 0);
+    r.summary = Summary::from_cases(&cases);
+    r.cases = cases;
+    r.kernel.name = k.manifest.name.clone();
+    r.kernel.version = k.manifest.version.to_string();
+    r.kernel.digest = k.digest();
+    r.kernel.op = k.manifest.op;
+    r.kernel.semantics = k.manifest.semantics;
+    r.device.arch = arch;
+    r.device.name = "load-seed".into();
+    r.suite_version = verifier::cases::SUITE_VERSION.into();
+    r
+}
+
+async fn seed_one(s: &Store, t: &KernelBundle, i: usize) -> anyhow::Result<()> {
+    let k = copy_of(t, i)?;
+    s.insert_kernel(&k, "submitted", "load-seed").await?;
+    let mut archs = vec![SM90];
+    if i.is_multiple_of(4) {
+        archs.push(SM100);
+    }
+    for arch in archs {
+        // The job this kernel's store queued (or the arch job below): claimed and completed as
+        // a worker's report is, minus the HTTP edge.
+        if arch != SM90 {
+            s.queue_arch_job(&k.digest(), arch, "load-seed", "load")
+                .await?;
+        }
+        let job = loop {
+            let Some(job) = s
+                .claim_job_on("load-seed", None, 600_000, Some(arch))
+                .await?
+            else {
+                // Another writer claimed this kernel's job: it completes it.
+                break None;
+            };
+            if job.kernel_digest == k.digest() {
+                break Some(job);
+            }
+            // Another writer's kernel: complete it with its own report.
+            complete(s, &job).await?;
+        };
+        let Some(job) = job else { continue };
+        let lease = job.lease_id.clone().expect("a claimed job has a lease");
+        let holder = Holder {
+            lease_id: &lease,
+            token_id: None,
+            actor: "load-seed",
+        };
+        s.complete_job(job.id, &holder, &report_of(&k, arch, i))
+            .await?;
+    }
+    Ok(())
+}
+
+async fn complete(s: &Store, job: &kernel_store::JobRow) -> anyhow::Result<()> {
+    let k = s
+        .kernel_by_digest(&job.kernel_digest)
+        .await?
+        .expect("stored");
+    let i: usize = k
+        .name
+        .rsplit('_')
+        .next()
+        .unwrap_or("0")
+        .parse()
+        .unwrap_or(0);
+    let src = s.source(&k.digest).await?.expect("stored");
+    let bundle = KernelBundle::from_parts(&src.manifest_toml, &src.source)?;
+    let arch = job.arch.unwrap_or(SM90);
+    let lease = job.lease_id.clone().expect("lease");
+    let holder = Holder {
+        lease_id: &lease,
+        token_id: None,
+        actor: "load-seed",
+    };
+    s.complete_job(job.id, &holder, &report_of(&bundle, arch, i))
+        .await?;
+    Ok(())
+}
+
+async fn seed(db: &str, n: usize, dir: &std::path::Path, writers: usize) -> anyhow::Result<()> {
+    let ts = Arc::new(templates(dir)?);
+    let s = Store::open(db).await?;
+    let t0 = Instant::now();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = vec![];
+    for _ in 0..writers.max(1) {
+        let (s, ts, next) = (s.clone(), ts.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= n {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                seed_one(&s, &ts[i % ts.len()], i).await?;
+                if (i + 1) % 1000 == 0 {
+                    eprintln!("seeded {} kernels in {:.0?}", i + 1, t0.elapsed());
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    // Jobs left over by writers racing for claims are completed too: every kernel is verified.
+    while let Some(job) = s.claim_job_on("load-seed", None, 600_000, None).await? {
+        complete(&s, &job).await?;
+    }
+    let kernels = s.scalar_raw("SELECT COUNT(*) FROM kernels").await?;
+    let verified = s
+        .scalar_raw("SELECT COUNT(DISTINCT kernel_digest) FROM verifications")
+        .await?;
+    let verifications = s.scalar_raw("SELECT COUNT(*) FROM verifications").await?;
+    println!(
+        "{{\"kernels\": {kernels}, \"verified_kernels\": {verified}, \"verifications\": {verifications}, \"seconds\": {:.1}}}",
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+async fn run(
+    url: &str,
+    paths: Vec<String>,
+    concurrency: usize,
+    seconds: u64,
+    max_requests: u64,
+    label: &str,
+) -> anyhow::Result<()> {
+    let host = reqwest::Url::parse(url)?;
+    if !matches!(host.host_str(), Some("127.0.0.1" | "localhost" | "[::1]")) {
+        bail!("the load probe only targets loopback addresses, not {url}");
+    }
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(concurrency)
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    let paths = Arc::new(paths);
+    let issued = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let t0 = Instant::now();
+    let mut tasks = vec![];
+    for _ in 0..concurrency {
+        let (client, paths, issued, base) = (
+            client.clone(),
+            paths.clone(),
+            issued.clone(),
+            url.to_string(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut lat_us = vec![];
+            let mut errors = 0u64;
+            let mut bytes = 0u64;
+            while Instant::now() < deadline {
+                let n = issued.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n >= max_requests {
+                    break;
+                }
+                let path = paths[(n as usize) % paths.len()].replace("{n}", &(n + 1).to_string());
+                let t = Instant::now();
+                match client.get(format!("{base}{path}")).send().await {
+                    Ok(r) => {
+                        let ok = r.status().is_success();
+                        let body = r.bytes().await.map(|b| b.len()).unwrap_or(0);
+                        bytes += body as u64;
+                        if !ok {
+                            errors += 1;
+                        }
+                    }
+                    Err(_) => errors += 1,
+                }
+                lat_us.push(t.elapsed().as_micros() as u64);
+            }
+            (lat_us, errors, bytes)
+        }));
+    }
+    let mut lat = vec![];
+    let (mut errors, mut bytes) = (0, 0);
+    for t in tasks {
+        let (l, e, b) = t.await?;
+        lat.extend(l);
+        errors += e;
+        bytes += b;
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    lat.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if lat.is_empty() {
+            return 0.0;
+        }
+        let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
+        lat[i] as f64 / 1000.0
+    };
+    println!(
+        "{}",
+        serde_json::json!({
+            "label": label,
+            "requests": lat.len(),
+            "errors": errors,
+            "seconds": (elapsed * 100.0).round() / 100.0,
+            "rps": (lat.len() as f64 / elapsed).round(),
+            "p50_ms": (pct(0.50) * 100.0).round() / 100.0,
+            "p99_ms": (pct(0.99) * 100.0).round() / 100.0,
+            "mean_bytes": if lat.is_empty() { 0 } else { bytes / lat.len() as u64 },
+            "concurrency": concurrency,
+        })
+    );
+    Ok(())
+}
