@@ -82,7 +82,7 @@ pub struct KernelQuery {
     pub offset: i64,
 }
 
-/// The columns of a kernel row, but `runtime` (migration 0009): what an insert returns, so that
+/// The columns of a kernel row, but `runtime` (migration 0011): what an insert returns, so that
 /// storing a CUDA kernel works on a database of any schema (upgrade tests store kernels in old
 /// schemas), the runtime being known from the manifest.
 const KERNEL_COLS_BASE: &str =
