@@ -720,11 +720,21 @@ __device__ __noinline__ void kz_mean_rows(const P p0, i64 rows, const KzCfg c, b
 // (kz_mean_tree; kz_reduce for the layer-norm order), and every thread writes 16-byte chunks of
 // outputs. The grid is persistent: tiles of up to KZ_TILE_ROWS rows go round the blocks.
 
+// (Without __CUDA_ARCH__, i.e. the CPU harness of python/tests/test_mean_order_on_cpu.py: a plain
+// 16-byte copy, the same bytes.)
 KZ_DEV void kz_cp16(void* sdst, const void* gsrc) {
+#ifdef __CUDA_ARCH__
   const unsigned sa = (unsigned)__cvta_generic_to_shared(sdst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gsrc) : "memory");
+#else
+  *reinterpret_cast<uint4*>(sdst) = *reinterpret_cast<const uint4*>(gsrc);
+#endif
 }
-KZ_DEV void kz_cp_wait_all() { asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory"); }
+KZ_DEV void kz_cp_wait_all() {
+#ifdef __CUDA_ARCH__
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
 KZ_DEV int kz_tid() { return threadIdx.x + blockDim.x * threadIdx.y; }
 KZ_DEV int kz_nthreads() { return blockDim.x * blockDim.y; }
 

@@ -26,12 +26,15 @@
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 
 struct uint3 { unsigned x, y, z; };
 struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };
 inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
+// __ldg: a read-only load (the staged engine's weight loads)
+template <typename V> inline V __ldg(const V* p) { return *p; }
 
 inline uint3 threadIdx, blockIdx, blockDim, gridDim;
 
