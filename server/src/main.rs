@@ -52,7 +52,14 @@ fn main() -> ExitCode {
             }
             tokio::runtime::Runtime::new()
                 .context("starting the async runtime")
-                .and_then(|rt| rt.block_on(run_async(other)))
+                .and_then(|rt| {
+                    let result = rt.block_on(run_async(other));
+                    // Do not wait for background tasks without end: sqlx's pool maintenance
+                    // task can spin at exit (sqlx #3645; seen here as a `token create` that
+                    // printed its token, then ran at 100% CPU for 12 minutes).
+                    rt.shutdown_timeout(std::time::Duration::from_secs(5));
+                    result
+                })
         }
     };
     match result {
