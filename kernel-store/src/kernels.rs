@@ -94,12 +94,16 @@ pub(crate) const KERNEL_COLS: &str =
     cols_max, cols_multiple_of, description, license, authors, origin, created_at, runtime";
 
 pub(crate) fn kernel_row(r: &AnyRow) -> Result<KernelRow> {
-    let runtime = match r.try_get::<String, _>("runtime")?.as_str() {
-        "cuda" => Runtime::Cuda,
-        "python" => Runtime::Python,
-        other => return Err(StoreError::Corrupt(format!("runtime `{other}`"))),
-    };
-    kernel_row_of(r, runtime)
+    kernel_row_of(r, runtime_of(r)?)
+}
+
+/// A row's `runtime` column (migration 0011).
+pub(crate) fn runtime_of(r: &AnyRow) -> Result<Runtime> {
+    match r.try_get::<String, _>("runtime")?.as_str() {
+        "cuda" => Ok(Runtime::Cuda),
+        "python" => Ok(Runtime::Python),
+        other => Err(StoreError::Corrupt(format!("runtime `{other}`"))),
+    }
 }
 
 fn kernel_row_of(r: &AnyRow, runtime: Runtime) -> Result<KernelRow> {

@@ -7,7 +7,7 @@
 //! (`policy_condition`), which tests compare with `Policy::evaluate` on the full reports.
 
 use crate::codec::{csv, parse_col, parse_csv};
-use crate::kernels::{kernel_row, KernelQuery, KernelRow, KERNEL_COLS};
+use crate::kernels::{kernel_row, runtime_of, KernelQuery, KernelRow, KERNEL_COLS};
 use crate::{Result, Store, StoreError};
 use kernel_registry::cert::Certificate;
 use kernel_registry::policy::Requirement;
@@ -465,11 +465,7 @@ impl Store {
                     cols_multiple_of: r.try_get::<i64, _>("cols_multiple_of")? as u64,
                     archs: parse_csv(&r.try_get::<String, _>("archs")?)?,
                 },
-                runtime: match r.try_get::<String, _>("runtime")?.as_str() {
-                    "cuda" => kernel_registry::Runtime::Cuda,
-                    "python" => kernel_registry::Runtime::Python,
-                    other => return Err(StoreError::Corrupt(format!("runtime `{other}`"))),
-                },
+                runtime: runtime_of(r)?,
             };
             let on = match r.try_get::<Option<i64>, _>("v_id")? {
                 None => {

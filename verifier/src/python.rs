@@ -18,15 +18,15 @@ use crate::gpu::ReferenceOutputs;
 use crate::measure::{batch, determinism, integrity, speed};
 use crate::numeric::{compare, worst};
 use crate::oracle;
+use crate::sandbox::ChildProc;
 use kernel_registry::report::{CaseReport, CaseStatus, DeviceInfo, PythonRuntime};
 use kernel_registry::{DType, Digest, KernelBundle, Op, Runtime};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
 /// The child's program, written into the private directory at start.
@@ -212,40 +212,12 @@ impl Default for PythonOptions {
     }
 }
 
-struct PyChild {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Receiver<String>,
-    stderr_tail: Arc<Mutex<String>>,
-}
-
-impl PyChild {
-    fn kill(mut self) -> String {
-        let _ = self.child.kill();
-        let status = self.child.wait().ok();
-        let tail = self
-            .stderr_tail
-            .lock()
-            .map(|s| s.clone())
-            .unwrap_or_default();
-        let mut why = match status {
-            Some(s) => format!("the Python child ended ({s})"),
-            None => "the Python child ended".into(),
-        };
-        let tail = tail.trim();
-        if !tail.is_empty() {
-            why.push_str(&format!("; its stderr ends: {tail}"));
-        }
-        why
-    }
-}
-
 /// Runs Python candidates; the reference layers come from `R`.
 pub struct PythonExecutor<R: ReferenceLayers> {
     pub opts: PythonOptions,
     reference: R,
     work: tempfile::TempDir,
-    child: Option<PyChild>,
+    child: Option<ChildProc>,
     /// The candidate the child has loaded.
     loaded: Option<Digest>,
     runtime: Option<PyLoaded>,
@@ -302,49 +274,14 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
             }
         }
         confine(&mut cmd, self.opts.memory_limit_bytes);
-        let mut child = cmd.spawn().map_err(|e| {
+        let child = cmd.spawn().map_err(|e| {
             ExecError::Sandbox(format!(
                 "cannot start {} for the Python candidate: {e}",
                 self.opts.python.display()
             ))
         })?;
         self.children_started += 1;
-        let stdin = child.stdin.take().expect("piped");
-        let stdout = child.stdout.take().expect("piped");
-        let mut stderr = child.stderr.take().expect("piped");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(l) = line else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let tail = Arc::new(Mutex::new(String::new()));
-        let t2 = tail.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = stderr.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                if let Ok(mut t) = t2.lock() {
-                    t.push_str(&String::from_utf8_lossy(&buf[..n]));
-                    if t.len() > 3000 {
-                        let cut = t.len() - 3000;
-                        let cut = (cut..t.len()).find(|&i| t.is_char_boundary(i)).unwrap_or(0);
-                        t.drain(..cut);
-                    }
-                }
-            }
-        });
-        self.child = Some(PyChild {
-            child,
-            stdin,
-            lines: rx,
-            stderr_tail: tail,
-        });
+        self.child = Some(ChildProc::attach(child, "the Python child", 3000, false));
         self.loaded = None;
         Ok(())
     }

@@ -146,15 +146,71 @@ pub fn serve() -> anyhow::Result<()> {
     Ok(())
 }
 
-struct ChildProc {
+/// A child process spoken to by JSON lines: its stdin, its stdout as lines on a channel, and
+/// the tail of its stderr (kept for the error when it dies). Used by the CUDA sandbox and by
+/// the Python candidates' runner (`crate::python`).
+pub(crate) struct ChildProc {
     child: Child,
-    stdin: ChildStdin,
-    lines: Receiver<String>,
+    pub(crate) stdin: ChildStdin,
+    pub(crate) lines: Receiver<String>,
     stderr_tail: Arc<Mutex<String>>,
+    /// What the child is, for messages: "sandbox process", "the Python child".
+    what: &'static str,
 }
 
 impl ChildProc {
-    fn kill(mut self) -> String {
+    /// Take the piped stdio of a spawned child: a thread turns stdout into lines, another keeps
+    /// the last `tail_bytes` of stderr (and passes it through to ours when `pass_stderr`).
+    pub(crate) fn attach(
+        mut child: Child,
+        what: &'static str,
+        tail_bytes: usize,
+        pass_stderr: bool,
+    ) -> ChildProc {
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let mut stderr = child.stderr.take().expect("piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(l) = line else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let tail = Arc::new(Mutex::new(String::new()));
+        let t2 = tail.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                if pass_stderr {
+                    let _ = std::io::stderr().write_all(&buf[..n]);
+                }
+                if let Ok(mut t) = t2.lock() {
+                    t.push_str(&String::from_utf8_lossy(&buf[..n]));
+                    if t.len() > tail_bytes {
+                        let cut = t.len() - tail_bytes;
+                        let cut = (cut..t.len()).find(|&i| t.is_char_boundary(i)).unwrap_or(0);
+                        t.drain(..cut);
+                    }
+                }
+            }
+        });
+        ChildProc {
+            child,
+            stdin,
+            lines: rx,
+            stderr_tail: tail,
+            what,
+        }
+    }
+
+    /// Kill the child and say how it ended, with the end of its stderr.
+    pub(crate) fn kill(mut self) -> String {
         let _ = self.child.kill();
         let status = self.child.wait().ok();
         let tail = self
@@ -163,8 +219,8 @@ impl ChildProc {
             .map(|s| s.clone())
             .unwrap_or_default();
         let mut why = match status {
-            Some(s) => format!("sandbox process ended ({s})"),
-            None => "sandbox process ended".into(),
+            Some(s) => format!("{} ended ({s})", self.what),
+            None => format!("{} ended", self.what),
         };
         if !tail.trim().is_empty() {
             why.push_str(&format!("; its stderr ends: {}", tail.trim()));
@@ -201,7 +257,7 @@ impl SandboxExecutor {
 
     fn spawn(&mut self) -> Result<&mut ChildProc, ExecError> {
         if self.child.is_none() {
-            let mut child = Command::new(&self.exe)
+            let child = Command::new(&self.exe)
                 .arg("__sandbox")
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -214,51 +270,9 @@ impl SandboxExecutor {
                     ))
                 })?;
             self.children_started += 1;
-            let stdin = child.stdin.take().expect("piped");
-            let stdout = child.stdout.take().expect("piped");
-            let mut stderr = child.stderr.take().expect("piped");
-            let (tx, rx) = mpsc::channel();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stdout).lines() {
-                    match line {
-                        Ok(l) => {
-                            if tx.send(l).is_err() {
-                                break;
-                            }
-                        }
-                        Err(_) => break,
-                    }
-                }
-            });
-            let tail = Arc::new(Mutex::new(String::new()));
-            let t2 = tail.clone();
             // With KERNELIZE_TRACE the child's phase timings pass through to our stderr.
             let pass = std::env::var_os("KERNELIZE_TRACE").is_some();
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = stderr.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    if pass {
-                        let _ = std::io::stderr().write_all(&buf[..n]);
-                    }
-                    if let Ok(mut t) = t2.lock() {
-                        t.push_str(&String::from_utf8_lossy(&buf[..n]));
-                        if t.len() > 2000 {
-                            let cut = t.len() - 2000;
-                            let cut = (cut..t.len()).find(|&i| t.is_char_boundary(i)).unwrap_or(0);
-                            t.drain(..cut);
-                        }
-                    }
-                }
-            });
-            self.child = Some(ChildProc {
-                child,
-                stdin,
-                lines: rx,
-                stderr_tail: tail,
-            });
+            self.child = Some(ChildProc::attach(child, "sandbox process", 2000, pass));
         }
         Ok(self.child.as_mut().expect("spawned"))
     }
