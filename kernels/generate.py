@@ -143,11 +143,7 @@ KERNELS = [
       docs/reference-semantics.md), var = sum * (float(rows) / float(rows*cols)) (MeanOps'
       factor), r = rsqrtf(var + eps), n = round(x * r), y = round(w * n) (two roundings, as
       eager). Like eager, a row's bits can depend on the batch's row count below 16 rows and on
-      the row's position when cols % 4 != 0: not batch-invariant. One warp per row up to 8160
-      columns, one 128-thread block per row above. From 16 rows on (aligned rows) the row is
-      kept in registers up to 2048 (f32: 1024) / 8192 (f32: 4096) columns and streamed twice
-      beyond; the other configurations (1-15 rows, rows that start off a 16-byte boundary)
-      stream it twice.""", MEAN_RMS),
+      the row's position when cols % 4 != 0: not batch-invariant. Rows that are whole 16-byte chunks (every model width) go through shared memory: the block copies a tile of rows (or chunks of one long row) with cp.async, eager's lanes sum from there, one warp per row runs eager's trees, all threads write 16-byte outputs; persistent grid. Other rows (cols <= 128, odd widths, misaligned tensors): one warp per row up to 8160 columns, one 128-thread block per row above.""", MEAN_RMS),
     K("rms_norm_gemma", "rms_norm", "gemma", "eager", MEAN_LAUNCH, "kz_mean_norm<T, KZ_GEMMA, false>",
       """Fast exact Gemma RMSNorm: y = round(x * r * (1 + w)), r = rsqrtf(mean(x^2) + eps) in
       eager's mean order at the tensor's own shape, as rms_norm_llama (every row count; not
@@ -157,21 +153,17 @@ KERNELS = [
       """Fast exact F.rms_norm (eager's _fused_rms_norm): cols % 4 == 0: r = rsqrtf(sum/cols + eps)
       with the sum of fma(x, x, .) over 128 lanes of 4-vectors; otherwise r = rsqrtf(mean^2 + var
       + eps) from a Welford over 512 lanes, as eager's two layer-norm kernels do
-      (docs/reference-semantics.md). y = round(x * r * w), one rounding. One warp per row up to
-      2048 columns, one 128-thread block per row above.""", LN_RMS),
+      (docs/reference-semantics.md). y = round(x * r * w), one rounding. Rows that are whole 16-byte chunks (every model width) go through shared memory: the block copies a tile of rows (or chunks of one long row) with cp.async, eager's lanes sum from there, one warp per row runs eager's trees, all threads write 16-byte outputs; persistent grid. Other rows (cols <= 128, odd widths, misaligned tensors): one warp per row up to 2048 columns, one 128-thread block per row above.""", LN_RMS),
     K("fused_add_rms_norm", "fused_add_rms_norm", None, "eager", MEAN_LAUNCH, "kz_mean_norm<T, KZ_LLAMA, true>",
       """Fast exact fused residual add + LlamaRMSNorm: s = round(x + residual), residual := s
       (in place), out = round(w * round(s * r)), r from eager's mean order over s^2 at the
       tensor's own shape, as rms_norm_llama (every row count; not batch-invariant, as eager;
-      docs/reference-semantics.md). Reads x and residual once and writes the residual once;
-      rows that are streamed re-read s from the residual for the outputs. Same structure as
-      rms_norm_llama."""),
+      docs/reference-semantics.md). Reads x and residual once and writes the residual once; rows longer than the buffer re-read s from the residual for the outputs. Same structure as rms_norm_llama."""),
     K("layer_norm", "layer_norm", None, "eager", LN_LAUNCH, "kz_ln_order<T, false>",
       """Fast exact nn.LayerNorm: per-row Welford statistics in eager's own order
       (docs/reference-semantics.md): cols % 4 == 0: 128 lanes of 4-vectors with eager's
       WelfordDataLN update and combine; otherwise 512 lanes with WelfordOps; rstd =
-      rsqrtf(m2/n + eps), y = round(fma((x - mean) * rstd, w, b)). One warp per row up to 2048
-      columns, one 128-thread block per row above; the row kept in registers up to 8192 columns."""),
+      rsqrtf(m2/n + eps), y = round(fma((x - mean) * rstd, w, b)). Rows that are whole 16-byte chunks (every model width) go through shared memory: the block copies a tile of rows (or chunks of one long row) with cp.async, eager's lanes sum from there, one warp per row runs eager's trees, all threads write 16-byte outputs; persistent grid. Other rows (cols <= 128, odd widths, misaligned tensors): one warp per row up to 2048 columns, one 128-thread block per row above."""),
     K("silu", "silu", None, "elementwise", EW_LAUNCH, "kz_unary<T, KZ_SILU>",
       """Fast exact SiLU: y = round(h / (1 + expf(-h))) with accurate expf and IEEE division,
       32 elements (bf16/f16) per thread in 4 16-byte loads issued before use."""),

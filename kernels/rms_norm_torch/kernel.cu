@@ -843,7 +843,6 @@ template <class P> KZ_DEV void kz_ls_put(int slot, typename P::S st) {
 // 128), x = the statistics' input (for the fused add: x, then s in the residual).
 template <typename T, class P, bool RESID>
 __device__ __noinline__ void kz_staged(const P p, const T* x, T* res, i64 rows, const KzCfg c) {
-  constexpr int EPC = V16<T>::EPC;
   const int lanes = P::kMean ? c.lanes : 128;
   const int lsf = P::kMean ? 1 : 3;  // floats of kz_ls per lane
   const int t = kz_tid(), nt = kz_nthreads();
@@ -922,7 +921,6 @@ __device__ __noinline__ void kz_staged(const P p, const T* x, T* res, i64 rows, 
       kz_stage_out<T, P>(p, RESID ? (const T*)res + row * cols : x + row * cols, row * cols, cols, row);
     }
   }
-  (void)EPC;
 }
 
 // Launch shapes (the manifests' [[launch]] rules):
