@@ -51,12 +51,12 @@ block = [32, 8]
 grid = "persistent"
 blocks_per_sm = 3
 
-# larger rows: 512 lanes at every row count; one 128-thread block per row (4 lanes per thread)
+# larger rows: 512 lanes at every row count; one 256-thread block per row (2 lanes per thread)
 # where a row is not whole 16-byte chunks, the staged engine otherwise.
 [[launch]]
-block = 128
+block = 256
 grid = "persistent"
-blocks_per_sm = 5
+blocks_per_sm = 3
 """
 LN_LAUNCH = """
 # cols <= 2048: one warp per row (the 128 or 512 lanes of the layer-norm order, 4 or 16 per
@@ -143,7 +143,7 @@ KERNELS = [
       docs/reference-semantics.md), var = sum * (float(rows) / float(rows*cols)) (MeanOps'
       factor), r = rsqrtf(var + eps), n = round(x * r), y = round(w * n) (two roundings, as
       eager). Like eager, a row's bits can depend on the batch's row count below 16 rows and on
-      the row's position when cols % 4 != 0: not batch-invariant. Rows that are whole 16-byte chunks (every model width) go through shared memory: the block copies a tile of rows (or chunks of one long row) with cp.async, eager's lanes sum from there, one warp per row runs eager's trees, all threads write 16-byte outputs; persistent grid. Other rows (cols <= 128, odd widths, misaligned tensors): one warp per row up to 8160 columns, one 128-thread block per row above.""", MEAN_RMS),
+      the row's position when cols % 4 != 0: not batch-invariant. Rows that are whole 16-byte chunks (every model width) go through shared memory: the block copies a tile of rows (or chunks of one long row) with cp.async, eager's lanes sum from there, one warp per row runs eager's trees, all threads write 16-byte outputs; persistent grid. Other rows (cols <= 128, odd widths, misaligned tensors): one warp per row up to 8160 columns, one 256-thread block per row above.""", MEAN_RMS),
     K("rms_norm_gemma", "rms_norm", "gemma", "eager", MEAN_LAUNCH, "kz_mean_norm<T, KZ_GEMMA, false>",
       """Fast exact Gemma RMSNorm: y = round(x * r * (1 + w)), r = rsqrtf(mean(x^2) + eps) in
       eager's mean order at the tensor's own shape, as rms_norm_llama (every row count; not

@@ -113,6 +113,11 @@ template <typename T> KZ_DEV bool kz_al(const void* p) {
   return (reinterpret_cast<size_t>(p) & (4 * sizeof(T) - 1)) == 0;
 }
 KZ_DEV bool kz_al16(const void* p) { return (reinterpret_cast<size_t>(p) & 15) == 0; }
+KZ_DEV void kz_prefetch_l2(const void* p) {
+#ifdef __CUDA_ARCH__
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
 
 // 16 bytes of T as EPC = 16 / sizeof(T) elements (raw bits; the staged engine's unit of traffic)
 template <typename T> struct V16 {
@@ -139,7 +144,11 @@ template <typename T> KZ_DEV void kz_st16(T* p, const V16<T>& x) { *reinterpret_
 
 // The staged engine's shared memory (see "the staged engine" below): one static buffer for every
 // staged path, 42 KB, so that with the other paths' arrays a block stays under 48 KB.
+// (scripts/staged_tune.py measured the alternatives on the H200: a double-buffered tile, and
+// 64-96 KB tiles in dynamic shared memory, were slower; see bench/RESULTS.md.)
+#ifndef KZ_TILE_BYTES
 #define KZ_TILE_BYTES 32768
+#endif
 #define KZ_LS_FLOATS 2048
 #define KZ_INV_N 512
 #define KZ_TILE_ROWS 8
@@ -221,8 +230,12 @@ struct MeanP {
     y.st(out + row * cols + e, al);
   }
   // the staged engine: EPC outputs from 16 bytes of h at column col (16-byte aligned weight)
-  KZ_DEV V16<T> out16(const V16<T>& h, i64 col, Prm r) const {
-    const V16<T> wv = kz_ldg16(w + col);
+  // the weight's 16 bytes at column col (kz_stage_out_rows: loaded once for a tile's rows)
+  struct Wt { V16<T> w; };
+  KZ_DEV Wt wld(i64 col) const { return Wt{kz_ldg16(w + col)}; }
+  KZ_DEV V16<T> out16(const V16<T>& h, i64 col, Prm r) const { return out16w(h, wld(col), r); }
+  KZ_DEV V16<T> out16w(const V16<T>& h, const Wt& wt, Prm r) const {
+    const V16<T>& wv = wt.w;
     V16<T> y;
 #pragma unroll
     for (int i = 0; i < V16<T>::EPC; ++i) {
@@ -234,6 +247,10 @@ struct MeanP {
       y.set(i, o);
     }
     return y;
+  }
+  // the weight's lines that thread t of nt reads in the outputs, to L2 (before the first tile)
+  KZ_DEV void prefetch_cols(int t, int nt) const {
+    for (i64 c = (i64)t * (128 / sizeof(T)); c < cols; c += (i64)nt * (128 / sizeof(T))) kz_prefetch_l2(w + c);
   }
   KZ_DEV static void put(float* d, Prm q) { d[0] = q; }
   KZ_DEV static Prm get(const float* d) { return d[0]; }
@@ -341,19 +358,34 @@ struct LnP {
     if constexpr (TORCH) return 0.0f;
     else return k < KZ_INV_N ? kz_inv[k] : __fdiv_rn(1.0f, (float)(k + 1));
   }
-  KZ_DEV V16<T> out16(const V16<T>& h, i64 col, Prm q) const {
-    const V16<T> wv = kz_ldg16(w + col);
+  // the weight's (and bias's) 16 bytes at column col
+  struct Wt { V16<T> w, b; };
+  KZ_DEV Wt wld(i64 col) const {
+    Wt t;
+    t.w = kz_ldg16(w + col);
+    if constexpr (!TORCH) t.b = kz_ldg16(b + col);
+    return t;
+  }
+  KZ_DEV V16<T> out16(const V16<T>& h, i64 col, Prm q) const { return out16w(h, wld(col), q); }
+  KZ_DEV V16<T> out16w(const V16<T>& h, const Wt& wt, Prm q) const {
+    const V16<T>& wv = wt.w;
     V16<T> y;
     if constexpr (TORCH) {
 #pragma unroll
       for (int i = 0; i < V16<T>::EPC; ++i) y.set(i, __fmul_rn(__fmul_rn(h.f(i), q.rstd), wv.f(i)));
     } else {
-      const V16<T> bv = kz_ldg16(b + col);
+      const V16<T>& bv = wt.b;
 #pragma unroll
       for (int i = 0; i < V16<T>::EPC; ++i)
         y.set(i, fmaf(__fmul_rn(__fsub_rn(h.f(i), q.mean), q.rstd), wv.f(i), bv.f(i)));
     }
     return y;
+  }
+  KZ_DEV void prefetch_cols(int t, int nt) const {
+    for (i64 c = (i64)t * (128 / sizeof(T)); c < cols; c += (i64)nt * (128 / sizeof(T))) {
+      kz_prefetch_l2(w + c);
+      if constexpr (!TORCH) kz_prefetch_l2(b + c);
+    }
   }
   KZ_DEV static void put(float* d, Prm q) { d[0] = q.mean; d[1] = q.rstd; }
   KZ_DEV static Prm get(const float* d) { Prm q; q.mean = d[0]; q.rstd = d[1]; return q; }
@@ -619,7 +651,7 @@ __device__ __noinline__ void kz_mean_out(const P p, const KzRow r, const typenam
 // The mean order for any config c (used where kz_rows's fixed trees are not eager's: fewer than
 // 16 rows, and rows whose start is not 16-byte aligned in eager's f32 tensor):
 //   G = 32: one warp per row, L = c.lanes / 32 lanes per thread (1 .. 16): lane g + 32*j.
-//   G = 128: one block per row, c.lanes = 512, L = 4: lane g + 128*j; the folded lane sums meet
+//   G = 256: one block per row, c.lanes = 512, L = 2: lane g + 256*j; the folded lane sums meet
 //            in shared memory and warp 0 runs the trees (16 lanes per thread).
 // Thread g's units are g + G*k (k < nc), unit k in lane k % L as its (k / L)-th unit. Its lanes
 // are summed LG at a time (one pass over the row per LG lanes, so that at most 8 lanes of 4
@@ -738,13 +770,19 @@ KZ_DEV void kz_cp_wait_all() {
 KZ_DEV int kz_tid() { return threadIdx.x + blockDim.x * threadIdx.y; }
 KZ_DEV int kz_nthreads() { return blockDim.x * blockDim.y; }
 
+// The index type of the staged loops over one tile (at most the tile buffer's elements): int for
+// the plain norms, 64-bit for the fused add, which measured faster so on the H200
+// (scripts/staged_tune.py; the layer norm the other way round).
+template <bool RESID> struct KzIdx { typedef int I; };
+template <> struct KzIdx<true> { typedef i64 I; };
+
 // n elements of T from global src to shared dst (both 16-byte aligned, n * sizeof(T) % 16 == 0)
-template <typename T> KZ_DEV void kz_stage(T* dst, const T* src, i64 n) {
+template <typename I, typename T> KZ_DEV void kz_stage(T* dst, const T* src, i64 n) {
   const int nt = kz_nthreads();
-  const i64 n16 = n * (i64)sizeof(T) / 16;
   const uint4* sp = reinterpret_cast<const uint4*>(src);
   uint4* dp = reinterpret_cast<uint4*>(dst);
-  for (i64 i = kz_tid(); i < n16; i += nt) kz_cp16(dp + i, sp + i);
+  const I n16 = (I)(n * (i64)sizeof(T) / 16);
+  for (I i = kz_tid(); i < n16; i += nt) kz_cp16(dp + i, sp + i);
 }
 
 // The fused add over n staged elements: s = round(x + residual) into x's tile, residual := s.
@@ -778,13 +816,38 @@ KZ_DEV void kz_stage_out(const P& p, const T* src, i64 e0, i64 n, i64 row0) {
   }
 }
 
+// The outputs of a tile of nr whole rows at src (shared memory) starting at row row0:
+// thread t takes 16-byte column chunk c and the rows r0, r0 + rstep, .. of it, so that its weight
+// (and bias) chunk is read once per tile and no element index is divided by cols. With fewer
+// chunks per row than threads, the threads split the rows too (cpr chunks x nt / cpr row groups).
+template <typename T, class P>
+KZ_DEV void kz_stage_out_rows(const P& p, const T* src, i64 row0, int nr) {
+  constexpr int EPC = V16<T>::EPC;
+  const int nt = kz_nthreads(), t = kz_tid();
+  const int cols = (int)p.cols;  // a whole row fits the tile buffer
+  const int cpr = cols / EPC;
+  const int groups = cpr >= nt ? 1 : nt / cpr;
+  if (t >= groups * (cpr >= nt ? nt : cpr)) return;
+  const int c0 = cpr >= nt ? t : t % cpr, r0 = cpr >= nt ? 0 : t / cpr;
+  T* out = p.out + row0 * p.cols;
+  for (int c = c0; c < cpr; c += (cpr >= nt ? nt : cpr)) {
+    const int col = c * EPC;
+    const typename P::Wt wt = p.wld(col);
+    for (int rl = r0; rl < nr; rl += groups) {
+      const V16<T> h = kz_ld16(src + rl * cols + col);
+      kz_st16(out + (i64)rl * cols + col, p.out16w(h, wt, P::get(kz_prm + 2 * rl)));
+    }
+  }
+}
+
 // One lane's units u = lane + lanes*k (k = 0, 1, ...) of the nun units at xs; m0 = the lane's
 // units before xs (chunked rows), so its m-th unit's element i is the lane's (4m + i + 1)-th.
-template <typename T, class P>
+template <typename I, typename T, class P>
 KZ_DEV void kz_stage_lane(typename P::S& st, const T* xs, i64 nun, int lane, int lanes, i64 m0) {
-  i64 m = m0;
+  I m = (I)m0;
+  const I nu = (I)nun;
 #pragma unroll 4
-  for (i64 u = lane; u < nun; u += lanes, ++m) {
+  for (I u = lane; u < nu; u += lanes, ++m) {
     Un<T, true> un;
     un.ld(xs + 4 * u, true);
 #pragma unroll
@@ -843,6 +906,7 @@ template <class P> KZ_DEV void kz_ls_put(int slot, typename P::S st) {
 // 128), x = the statistics' input (for the fused add: x, then s in the residual).
 template <typename T, class P, bool RESID>
 __device__ __noinline__ void kz_staged(const P p, const T* x, T* res, i64 rows, const KzCfg c) {
+  typedef typename KzIdx<RESID>::I I;
   const int lanes = P::kMean ? c.lanes : 128;
   const int lsf = P::kMean ? 1 : 3;  // floats of kz_ls per lane
   const int t = kz_tid(), nt = kz_nthreads();
@@ -863,13 +927,16 @@ __device__ __noinline__ void kz_staged(const P p, const T* x, T* res, i64 rows, 
     if (R > share) R = share;
     if (R < 1) R = 1;
     const i64 ntiles = (rows + R - 1) / R;
+    bool first = true;
     for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
       const i64 row0 = tile * R;
       const int nr = (int)(rows - row0 < R ? rows - row0 : R);
       const i64 n = (i64)nr * cols;
       __syncthreads();  // the previous tile's readers are done with the buffers
-      kz_stage(xs, x + row0 * cols, n);
-      if constexpr (RESID) kz_stage(rs, res + row0 * cols, n);
+      kz_stage<I>(xs, x + row0 * cols, n);
+      if constexpr (RESID) kz_stage<I>(rs, res + row0 * cols, n);
+      if (first) p.prefetch_cols(t, nt);  // while the first tile loads
+      first = false;
       kz_cp_wait_all();
       __syncthreads();
       if constexpr (RESID) {
@@ -879,18 +946,19 @@ __device__ __noinline__ void kz_staged(const P p, const T* x, T* res, i64 rows, 
       for (int slot = t; slot < nr * lanes; slot += nt) {
         const int rl = slot / lanes, lane = slot - rl * lanes;
         typename P::S st = P::ident();
-        kz_stage_lane<T, P>(st, xs + rl * cols, nun, lane, lanes, 0);
+        kz_stage_lane<I, T, P>(st, xs + rl * cols, nun, lane, lanes, 0);
         kz_ls_put<P>(slot, st);
       }
       __syncthreads();
       kz_stage_trees<P>(p, nr, lanes, c);
       __syncthreads();
-      kz_stage_out<T, P>(p, xs, row0 * cols, n, row0);
+      kz_stage_out_rows<T, P>(p, xs, row0, nr);
     }
   } else {
     // one row at a time in chunks of cw elements (a whole number of lane rounds, so a unit's lane
     // is the same counted from the chunk or from the row); the outputs re-read the row (L2)
     const i64 cw = budget / (4 * lanes) * (4 * lanes);
+    if (blockIdx.x < rows) p.prefetch_cols(t, nt);
     for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
       typename P::S st[4];  // lanes t + nt*j; lanes <= 512 and nt >= 128
 #pragma unroll
@@ -898,8 +966,8 @@ __device__ __noinline__ void kz_staged(const P p, const T* x, T* res, i64 rows, 
       for (i64 cs = 0; cs < cols; cs += cw) {
         const i64 n = cols - cs < cw ? cols - cs : cw;
         __syncthreads();
-        kz_stage(xs, x + row * cols + cs, n);
-        if constexpr (RESID) kz_stage(rs, res + row * cols + cs, n);
+        kz_stage<I>(xs, x + row * cols + cs, n);
+        if constexpr (RESID) kz_stage<I>(rs, res + row * cols + cs, n);
         kz_cp_wait_all();
         __syncthreads();
         if constexpr (RESID) {
@@ -908,7 +976,7 @@ __device__ __noinline__ void kz_staged(const P p, const T* x, T* res, i64 rows, 
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-          if (t + nt * j < lanes) kz_stage_lane<T, P>(st[j], xs, n / 4, t + nt * j, lanes, cs / (4 * lanes));
+          if (t + nt * j < lanes) kz_stage_lane<i64, T, P>(st[j], xs, n / 4, t + nt * j, lanes, cs / (4 * lanes));
       }
       __syncthreads();
 #pragma unroll
@@ -924,7 +992,7 @@ __device__ __noinline__ void kz_staged(const P p, const T* x, T* res, i64 rows, 
 }
 
 // Launch shapes (the manifests' [[launch]] rules):
-//   mean order: cols <= 8160: one warp per row (block [32, 8]); cols > 8160: one 128-thread
+//   mean order: cols <= 8160: one warp per row (block [32, 8]); cols > 8160: one 256-thread
 //               block per row (the config has 512 lanes there at every row count).
 //   layer-norm order: cols <= 2048: one warp per row (block [32, 8]; 4 lanes per thread when
 //               cols % 4 == 0, else 16); larger: one 128-thread block per row (1 or 4 lanes).
@@ -969,13 +1037,13 @@ KZ_DEV void kz_mean_norm(T* out, T* res, const T* x, const T* w, i64 rows, i64 c
     } else {
       kz_mean_rows<T, P, true, 32, 16>(p, rows, c, bal);
     }
-  } else {  // 512 lanes: one 128-thread block per row, 4 lanes per thread
-    if (blockDim.x != 128 || blockDim.y != 1 || c.lanes != 512) __trap();
+  } else {  // 512 lanes: one 256-thread block per row, 2 lanes per thread (g and g + 256)
+    if (blockDim.x != 256 || blockDim.y != 1 || c.lanes != 512) __trap();
     if (c.bh == 16 && cols % 4 == 0) {
-      if (nv <= NB * 128) kz_rows<T, P, true, 128, 4, NB>(p, rows, 128);
-      else kz_rows<T, P, true, 128, 4, 0>(p, rows, 128);
+      if (nv <= NB * 256) kz_rows<T, P, true, 256, 2, NB>(p, rows, 256);
+      else kz_rows<T, P, true, 256, 2, 0>(p, rows, 256);
     } else {
-      kz_mean_rows<T, P, true, 128, 4>(p, rows, c, bal);
+      kz_mean_rows<T, P, true, 256, 2>(p, rows, c, bal);
     }
   }
 }
