@@ -139,6 +139,7 @@ template <typename T> KZ_DEV void kz_st16(T* p, const V16<T>& x) { *reinterpret_
 __shared__ __align__(16) unsigned char kz_tile[KZ_TILE_BYTES];
 __shared__ float kz_ls[KZ_LS_FLOATS];      // per lane: folded sums (mean order) or states (Welford)
 __shared__ float kz_prm[2 * KZ_TILE_ROWS];  // per row of a tile: its two row parameters
+__shared__ float kz_red[16 * KZ_TILE_ROWS];  // per lane-warp of a tile's rows: its tree result
 __shared__ float kz_inv[KZ_INV_N];          // fl(1 / (i + 1)): WelfordDataLN's 1/n for n = i + 1
 
 // ---- row states ----------------------------------------------------------------------------------
@@ -176,6 +177,7 @@ struct MeanP {
   }
   KZ_DEV static void push_staged(S& s, float h, int slot, float) { push<true>(s, h, slot); }
   KZ_DEV static float inv_at(i64) { return 0.0f; }
+  KZ_DEV static float inv_tab(int) { return 0.0f; }
   KZ_DEV static S fold(S s) { s.a0 = __fadd_rn(__fadd_rn(__fadd_rn(s.a0, s.a1), s.a2), s.a3); return s; }
   template <bool VEC> KZ_DEV static S comb(S own, S other) { own.a0 = __fadd_rn(own.a0, other.a0); return own; }
   KZ_DEV static S shfl(S s, int off) { s.a0 = kz_shfl(s.a0, off); return s; }
@@ -321,8 +323,6 @@ struct LnP {
   }
   template <bool VEC> KZ_DEV void load(Un<T, VEC>& u, i64 row, i64 e) const { u.ld(x + row * cols + e, al); }
   template <bool VEC> KZ_DEV void reload(Un<T, VEC>& u, i64 row, i64 e) const { u.ld(x + row * cols + e, al); }
-  // the staged engine's push of a 4-vector element: as push<true>, with WelfordDataLN's 1/n read
-  // from kz_inv (the same IEEE quotient fl(1/n): n is a small whole number) where it is there
   // The staged engine's push of a 4-vector element: as push<true>, with WelfordDataLN's 1/n given
   // (inv_at: the same IEEE quotient fl(1/n), from kz_inv where n is small). n is the element's
   // count within its lane, known from its position, so the table is read off the data's path.
@@ -337,7 +337,11 @@ struct LnP {
       s.mean = m;
     }
   }
-  // 1/n for the n-th element (n = k + 1) of a lane
+  // 1/n for the n-th element (n = k + 1) of a lane; inv_tab: k < KZ_INV_N
+  KZ_DEV static float inv_tab(int k) {
+    if constexpr (TORCH) return 0.0f;
+    else return kz_inv[k];
+  }
   KZ_DEV static float inv_at(i64 k) {
     if constexpr (TORCH) return 0.0f;
     else return k < KZ_INV_N ? kz_inv[k] : __fdiv_rn(1.0f, (float)(k + 1));
@@ -826,12 +830,21 @@ KZ_DEV void kz_stage_out_rows(const P& p, const T* src, i64 row0, int nr) {
 
 // One lane's units u = lane + lanes*k (k = 0, 1, ...) of the nun units at xs; m0 = the lane's
 // units before xs (chunked rows), so its m-th unit's element i is the lane's (4m + i + 1)-th.
+// (The lane's first KZ_INV_N / 4 units read 1/n from the table without a test; in the layer-norm
+// order a whole row in the tile has at most 32 units a lane, so only chunked rows go past them.)
 template <typename I, typename T, class P>
 KZ_DEV void kz_stage_lane(typename P::S& st, const T* xs, i64 nun, int lane, int lanes, i64 m0) {
   I m = (I)m0;
   const I nu = (I)nun;
+  I u = lane;
 #pragma unroll 4
-  for (I u = lane; u < nu; u += lanes, ++m) {
+  for (; u < nu && m < KZ_INV_N / 4; u += lanes, ++m) {
+    Un<T, true> un;
+    un.ld(xs + 4 * u, true);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) P::push_staged(st, un.f(i), i, P::inv_tab((int)(4 * m + i)));
+  }
+  for (; u < nu; u += lanes, ++m) {
     Un<T, true> un;
     un.ld(xs + 4 * u, true);
 #pragma unroll
@@ -839,12 +852,40 @@ KZ_DEV void kz_stage_lane(typename P::S& st, const T* xs, i64 nun, int lane, int
   }
 }
 
-// The mean order's trees for nr rows whose lanes' folded sums are in kz_ls (row rl's lane l at
-// rl * lanes + l); K = lanes / 32. One warp per row; the row's parameter into kz_prm.
+// The trees of the nr rows of a tile, from their lanes' states in kz_ls (row rl's lane l at
+// rl * lanes + l), each row's parameters into kz_prm.
+// Where eager's block is 32 lanes wide (bw == 32: the mean order from 16 rows on, and the
+// layer-norm order), a tree is: each lane-warp (lanes 32k .. 32k + 31) shuffles 16 .. 1, then the
+// lane-warp results are combined by halving (k with k + o, o = K/2 .. 1). The lane-warps of all
+// the tile's rows are shared out over all the block's warps (kz_red holds their results), then
+// one thread per row runs the halving: the same operations in the same order as one warp running
+// kz_mean_tree / kz_reduce, which is what the other mean-order blocks (bw > 32, 1-15 rows) do.
 template <int K, class P>
 KZ_DEV void kz_stage_mean_trees(const P& p, int nr, const KzCfg c) {
   const int g = threadIdx.x & 31, warp = kz_tid() >> 5, nw = kz_nthreads() >> 5;
-  for (int rl = warp; rl < nr; rl += nw) {
+  if (c.bw == 32) {
+    for (int pr = warp; pr < nr * K; pr += nw) {  // pr = rl * K + k: row rl's lane-warp k
+      float v = kz_ls[pr * 32 + g];
+#pragma unroll
+      for (int off = 16; off >= 1; off >>= 1) v = __fadd_rn(v, kz_shfl(v, off));
+      if (g == 0) kz_red[pr] = v;
+    }
+    __syncthreads();
+    for (int rl = kz_tid(); rl < nr; rl += kz_nthreads()) {
+      float a[K];
+#pragma unroll
+      for (int k = 0; k < K; ++k) a[k] = kz_red[rl * K + k];
+#pragma unroll
+      for (int o = K / 2; o >= 1; o >>= 1)  // K > 1 only with split (lanes = bw * bh)
+#pragma unroll
+        for (int k = 0; k < o; ++k) a[k] = __fadd_rn(a[k], a[k + o]);
+      typename P::S st = P::ident();
+      st.a0 = a[0];
+      P::put(kz_prm + 2 * rl, p.template prm<true>(st));
+    }
+    return;
+  }
+  for (int rl = warp; rl < nr; rl += nw) {  // one warp per row
     float a[K];
 #pragma unroll
     for (int k = 0; k < K; ++k) a[k] = kz_ls[rl * 32 * K + g + 32 * k];
@@ -861,17 +902,32 @@ KZ_DEV void kz_stage_trees(const P& p, int nr, int lanes, const KzCfg c) {
     else if (lanes == 128) kz_stage_mean_trees<4>(p, nr, c);
     else if (lanes == 256) kz_stage_mean_trees<8>(p, nr, c);
     else kz_stage_mean_trees<16>(p, nr, c);
-  } else {  // the layer-norm order: 128 lanes, lane g + 32j of a row in thread g's st[j]
+  } else {  // the layer-norm order: 128 lanes = 4 lane-warps a row (kz_reduce<P, true, 32, 4>)
     const int g = threadIdx.x & 31, warp = kz_tid() >> 5, nw = kz_nthreads() >> 5;
-    for (int rl = warp; rl < nr; rl += nw) {
+    for (int pr = warp; pr < nr * 4; pr += nw) {  // pr = rl * 4 + j: lanes 32j .. of row rl
+      const float* d = kz_ls + 3 * (pr * 32 + g);
+      typename P::S st;
+      st.mean = d[0]; st.m2 = d[1]; st.n = d[2];
+      st = P::fold(st);
+#pragma unroll
+      for (int off = 16; off >= 1; off >>= 1) st = P::template comb<true>(st, P::shfl(st, off));
+      if (g == 0) {
+        kz_red[3 * pr] = st.mean; kz_red[3 * pr + 1] = st.m2; kz_red[3 * pr + 2] = st.n;
+      }
+    }
+    __syncthreads();
+    for (int rl = kz_tid(); rl < nr; rl += kz_nthreads()) {
       typename P::S st[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float* d = kz_ls + 3 * (rl * 128 + g + 32 * j);
+        const float* d = kz_red + 3 * (rl * 4 + j);
         st[j].mean = d[0]; st[j].m2 = d[1]; st[j].n = d[2];
       }
-      const typename P::Prm q = p.template prm<true>(kz_reduce<P, true, 32, 4>(st, nullptr));
-      if (g == 0) P::put(kz_prm + 2 * rl, q);
+#pragma unroll
+      for (int off = 2; off >= 1; off >>= 1)
+#pragma unroll
+        for (int j = 0; j < off; ++j) st[j] = P::template comb<true>(st[j], st[j + off]);
+      P::put(kz_prm + 2 * rl, p.template prm<true>(st[0]));
     }
   }
 }
@@ -892,6 +948,7 @@ template <typename T, class P, bool RESID>
 __device__ __noinline__ void kz_staged(const P p, const T* x, T* res, i64 rows, const KzCfg c) {
   typedef typename KzIdx<RESID>::I I;
   const int lanes = P::kMean ? c.lanes : 128;
+  const int lsh = __ffs(lanes) - 1;
   const int lsf = P::kMean ? 1 : 3;  // floats of kz_ls per lane
   const int t = kz_tid(), nt = kz_nthreads();
   const i64 cols = p.cols, nun = cols / 4;
@@ -928,7 +985,7 @@ __device__ __noinline__ void kz_staged(const P p, const T* x, T* res, i64 rows, 
         __syncthreads();
       }
       for (int slot = t; slot < nr * lanes; slot += nt) {
-        const int rl = slot / lanes, lane = slot - rl * lanes;
+        const int rl = slot >> lsh, lane = slot & (lanes - 1);  // lanes: a power of two
         typename P::S st = P::ident();
         kz_stage_lane<I, T, P>(st, xs + rl * cols, nun, lane, lanes, 0);
         kz_ls_put<P>(slot, st);

@@ -35,6 +35,8 @@ inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 // __ldg: a read-only load (the staged engine's weight loads)
 template <typename V> inline V __ldg(const V* p) { return *p; }
+// __ffs: the position of the lowest set bit, 1-based, 0 for 0 (the staged engine's lanes shift)
+inline int __ffs(int x) { return __builtin_ffs(x); }
 
 inline uint3 threadIdx, blockIdx, blockDim, gridDim;
 
