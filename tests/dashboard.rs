@@ -254,6 +254,36 @@ async fn overview_kernel_and_policy_pages() {
     assert!(!tol.contains("data-op=\"rms_norm\""), "op filter");
     let on_sm80 = html_ok(&srv, "/policy?dtype=bf16&arch=sm_80&cols=8192&op=silu").await;
     assert!(row_of(&on_sm80, "silu").contains("silu_old 1.0.0"));
+    // The field: every candidate side by side per op, dtype and arch.
+    let field = html_ok(&srv, "/field").await;
+    assert_escaped(&field);
+    for needle in [
+        "The field",
+        "silu · default · bf16 · sm_90",
+        "silu · default · bf16 · sm_80",
+        "silu_exact 1.0.0",
+        "silu_off 1.0.0",
+        "silu_old 1.0.0",
+        "data-runtime=\"CUDA\"",
+        "not measured", // no model level in these fixtures
+        "72%",
+        "resolve across runtimes",
+    ] {
+        assert!(field.contains(needle), "the field lacks `{needle}`");
+    }
+    assert!(
+        !field.contains("silu_pending"),
+        "never verified: not in the field"
+    );
+    snapshot("field", &field);
+    let (st, bad) = page(&srv, "/field?dtype=f8").await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert!(bad.contains("query parameter `dtype`"), "{bad}");
+    assert!(
+        home.contains("href=\"/field\""),
+        "the overview links the field"
+    );
+
     let (st, bad) = page(&srv, "/policy?policy=ulp:x&dtype=bf16&arch=sm_90&cols=8192").await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert!(
@@ -319,7 +349,7 @@ async fn empty_hub_says_how_to_get_verifications() {
 async fn private_reads_cover_the_pages() {
     let (_b, srv) = populated(&["--private-reads"]).await;
     let reader = srv.token("submit");
-    for path in ["/", "/kernels/silu_exact/1.0.0", "/policy"] {
+    for path in ["/", "/kernels/silu_exact/1.0.0", "/policy", "/field"] {
         let (st, _) = page(&srv, path).await;
         assert_eq!(st, StatusCode::UNAUTHORIZED, "{path} without a token");
         let r = srv
@@ -500,6 +530,18 @@ async fn pages_in_headless_chromium() {
                 "25.0% of elements differ",
             ],
             3,
+        ),
+        (
+            "field",
+            "/field".to_string(),
+            vec![
+                "The field",
+                "silu_off 1.0.0",
+                "silu_old 1.0.0",
+                "max 1 ulp",
+                "72%",
+            ],
+            0,
         ),
         (
             "policy",
