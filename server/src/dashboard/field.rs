@@ -186,7 +186,7 @@ fn table(rows: &[FieldRow]) -> Markup {
                                 (Some(a), Some(d)) => {
                                     td.num.model title=(models_title(r)) { (frac(a)) }
                                     td.num.model { (sci(d)) }
-                                    td.wrap.muted { (r.models.iter().map(|m| m.model_name.as_str()).collect::<Vec<_>>().join(", ")) }
+                                    td.muted { (r.models.iter().map(|m| m.model_name.as_str()).collect::<Vec<_>>().join(", ")) }
                                 },
                                 _ => { td.num.muted { "—" } td.num.muted { "—" } td.muted { "not measured" } },
                             }
