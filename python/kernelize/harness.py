@@ -493,7 +493,17 @@ def measure(kernel: Kernel, model_dir: Path, dtype: str, text: str, args, device
         core.unkernelize(model)
         run["dry_run"] = True
     else:
-        cand = _forward_logits(model, ids)
+        try:
+            cand = _forward_logits(model, ids)
+        except Exception as e:
+            if not kernel.is_python:
+                raise
+            # The candidate's own code raised (or returned a wrong output): say whose it is.
+            traceback.print_exc(file=sys.stderr)
+            core.unkernelize(model)
+            raise HarnessError(f"the Python candidate {kernel.manifest['name']} failed inside "
+                               f"{name} ({dtype}): {type(e).__name__}: {e} (its traceback is "
+                               "above)") from None
         counts = core.launch_counts(model)
         core.unkernelize(model)
         launches = sum(counts.get(p, 0) for p in replaced)

@@ -427,13 +427,15 @@ def test_python_candidate_failures_are_clear(tmp_path, models, capsys, clean_sys
     k = _py_candidate(tmp_path, "raises", "def rms_norm(x, weight, eps):\n"
                       "    raise RuntimeError('candidate bug')\n")
     rc, _, _ = _run_cpu(tmp_path, k, [models["llama"]])
-    assert rc == 1 and "candidate bug" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 1 and "the Python candidate raises failed inside tiny-llama (bf16)" in err
+    assert "RuntimeError: candidate bug" in err
     # a wrong output shape is refused by the swapped forward, naming the candidate
     k = _py_candidate(tmp_path, "bad_shape", "def rms_norm(x, weight, eps):\n"
                       "    return x[:1]\n")
     rc, _, _ = _run_cpu(tmp_path, k, [models["llama"]])
     err = capsys.readouterr().err
-    assert rc == 1 and "bad_shape: returned" in err
+    assert rc == 1 and "the Python candidate bad_shape failed" in err and "bad_shape: returned" in err
 
 
 def test_require_network_isolation_refuses_before_running_the_candidate(tmp_path, models, capsys,
