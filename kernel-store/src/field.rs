@@ -11,6 +11,7 @@ use crate::{Result, Store, StoreError};
 use kernel_registry::report::{ModelReport, SpeedAt, Verdict};
 use kernel_registry::{Arch, DType, Op, Semantics};
 use sqlx::Row;
+use std::collections::HashMap;
 
 /// One candidate of the field: a kernel's newest verdict on an architecture for a dtype, with
 /// the model-level measurements of that dtype (empty: not measured).
@@ -28,6 +29,11 @@ pub struct FieldRow {
 }
 
 impl FieldRow {
+    /// The group it belongs to.
+    pub fn group(&self) -> FieldGroup {
+        (self.kernel.op, self.kernel.semantics, self.dtype, self.arch)
+    }
+
     /// The lowest argmax match fraction over the models measured (`None`: none was).
     pub fn worst_argmax(&self) -> Option<f64> {
         self.models
@@ -84,7 +90,40 @@ fn field_from(f: MatrixFilter) -> (String, Vec<String>) {
     )
 }
 
+/// A group of the field: op, semantics, dtype and architecture.
+pub type FieldGroup = (Op, Semantics, DType, Arch);
+
 impl Store {
+    /// Per group of the field (filtered as `field_page`), the headline GB/s of its fastest
+    /// bit-exact kernel (one aggregate query): what the other candidates' speed is compared with.
+    pub async fn field_fastest_exact(&self, f: MatrixFilter) -> Result<HashMap<FieldGroup, f64>> {
+        let (from, binds) = field_from(f);
+        let sql = format!(
+            "SELECT k.op, k.semantics, d.dtype, n.arch, \
+             MAX(CASE WHEN d.class_rank = 0 THEN s.gbps END) AS best \
+             {from} GROUP BY k.op, k.semantics, d.dtype, n.arch"
+        );
+        let mut query = sqlx::query(&sql);
+        for b in &binds {
+            query = query.bind(b.clone());
+        }
+        let mut out = HashMap::new();
+        for r in query.fetch_all(&self.pool).await? {
+            if let Some(best) = r.try_get::<Option<f64>, _>("best")? {
+                out.insert(
+                    (
+                        parse_col(&r, "op")?,
+                        parse_col(&r, "semantics")?,
+                        parse_col(&r, "dtype")?,
+                        parse_col(&r, "arch")?,
+                    ),
+                    best,
+                );
+            }
+        }
+        Ok(out)
+    }
+
     /// A page of the field (filtered by op, dtype and arch), grouped by op, semantics, dtype and
     /// architecture, best class first, then fastest; with the number of rows in all.
     pub async fn field_page(

@@ -21,7 +21,7 @@ mod verifications;
 mod worker_keys;
 
 pub use audit::AuditEntry;
-pub use field::FieldRow;
+pub use field::{FieldGroup, FieldRow};
 pub use jobs::{Holder, JobRow, JobState, WidthJob, DEFAULT_MAX_ATTEMPTS};
 pub use kernels::{Inserted, KernelQuery, KernelRow, StoredSource};
 pub use newest::{

@@ -10,7 +10,7 @@ use crate::app::{AppState, Caller};
 use crate::error::AppError;
 use axum::extract::{Query, State};
 use kernel_registry::{Arch, DType, Op, Runtime};
-use kernel_store::{FieldRow, MatrixFilter, HEADLINE_COLS, HEADLINE_ROWS};
+use kernel_store::{FieldGroup, FieldRow, MatrixFilter, HEADLINE_COLS, HEADLINE_ROWS};
 use maud::{html, Markup};
 use std::collections::HashMap;
 
@@ -36,6 +36,11 @@ pub async fn page(
     }
     let f = MatrixFilter { op, dtype, arch };
     let (rows, total) = st.store.field_page(f, limit, offset).await?;
+    let fastest_exact = if total > 0 {
+        st.store.field_fastest_exact(f).await?
+    } else {
+        HashMap::new()
+    };
     let mut archs = st.store.archs_verified(f).await?;
     if let Some(a) = arch.filter(|a| !archs.contains(a)) {
         archs.push(a);
@@ -77,7 +82,7 @@ pub async fn page(
             }
         } @else {
             h2 { "Candidates " span.muted { "(" (total) " rows)" } }
-            (table(&rows))
+            (table(&rows, &fastest_exact))
             (pager("field-pages", offset, limit, rows.len(), total, link))
         }
     };
@@ -142,12 +147,11 @@ fn models_title(r: &FieldRow) -> String {
         .join("\n")
 }
 
-fn table(rows: &[FieldRow]) -> Markup {
-    let group = |r: &FieldRow| (r.kernel.op, r.kernel.semantics, r.dtype, r.arch);
+fn table(rows: &[FieldRow], fastest_exact: &HashMap<FieldGroup, f64>) -> Markup {
     let starts: Vec<bool> = rows
         .iter()
         .enumerate()
-        .map(|(i, r)| i == 0 || group(&rows[i - 1]) != group(r))
+        .map(|(i, r)| i == 0 || rows[i - 1].group() != r.group())
         .collect();
     html! {
         div.scroll {
@@ -160,13 +164,14 @@ fn table(rows: &[FieldRow]) -> Markup {
                     th.num title="largest logit change over the models measured" { "max logit diff" }
                     th { "models" }
                     th.num { "GB/s" } th { "of copy roofline" } th.num { "speedup vs ref" }
+                    th.num title="GB/s over the fastest bit-exact kernel's of this op, dtype and architecture" { "vs fastest bit-exact" }
                     th { "shape" } th { "device" } th { "verified" }
                 } }
                 tbody {
                     @for (r, start) in rows.iter().zip(&starts) {
                         @if *start {
                             tr.group data-op=(r.kernel.op) data-dtype=(r.dtype) data-arch=(r.arch) {
-                                td colspan="15" {
+                                td colspan="16" {
                                     (r.kernel.op) " · " (r.kernel.semantics) " · " (r.dtype) " · " (r.arch) " "
                                     a href={"/policy?op=" (r.kernel.op) "&dtype=" (r.dtype) "&arch=" (r.arch) "&runtime=any"} {
                                         "resolve across runtimes"
@@ -195,9 +200,13 @@ fn table(rows: &[FieldRow]) -> Markup {
                                     td.num { (gbps(s.gbps)) }
                                     td { (roofline(s.copy_fraction)) }
                                     td.num { (format!("{:.2}x", s.speedup)) }
+                                    @match fastest_exact.get(&r.group()) {
+                                        Some(best) if *best > 0.0 => td.num.vs-exact { (format!("{:.2}x", s.gbps / best)) },
+                                        _ => td.num.muted title="no bit-exact kernel of this group has a measured speed" { "—" },
+                                    }
                                     td.muted { (s.rows) "x" (s.cols) }
                                 },
-                                None => { td.num.muted { "—" } td.muted { "not measured" } td.num.muted { "—" } td {} },
+                                None => { td.num.muted { "—" } td.muted { "not measured" } td.num.muted { "—" } td.num.muted { "—" } td {} },
                             }
                             td { (r.device_name) }
                             td { (date(&r.verified_at)) }
