@@ -923,8 +923,7 @@ grid = "per_element"
         std::fs::write(
             &py,
             format!(
-                "#!/bin/sh
-printf '%s\\n' \"$@\" > {a}\nenv > {e}\npwd >> {e}\n\
+                "#!/bin/sh\nprintf '%s\\n' \"$@\" > {a}\nenv > {e}\npwd >> {e}\n\
                  while [ $# -gt 0 ]; do case \"$1\" in --out-dir) out=\"$2\"; shift;; esac; shift; done\n\
                  cp {p}/* \"$out\"/\n",
                 a = args.display(),
