@@ -456,3 +456,22 @@ def test_a_cuda_kernel_still_needs_cuda_without_dry_run(tmp_path, models, capsys
     with pytest.raises(SystemExit) as e:
         _run_cpu(tmp_path, KERNELS / "rms_norm_llama", [models["llama"]])
     assert e.value.code == 2 and "launches on a CUDA device" in capsys.readouterr().err
+
+
+def test_kernelize_on_the_cpu_swaps_python_candidates_only(models):
+    model = harness.load_model(models["llama"], "bf16", torch.device("cpu"))
+    rep = core.kernelize(model, kernels_dir=KERNELS / "rms_norm_llama", device="cpu", swap=True,
+                         arch="sm_90", verbose=False)
+    norms = [e for e in rep.entries if e.op == "rms_norm"]
+    assert len(norms) == 5 and all(e.status == "kept" for e in norms)
+    assert "a CUDA kernel launches on a CUDA device" in norms[0].reasons[0]
+    rep = core.kernelize(model, kernels_dir=KERNELS / "third-party" / "f_rms_norm_as_llama",
+                         device="cpu", swap=True, arch="sm_90", verbose=False)
+    assert [e.status for e in rep.entries if e.op == "rms_norm"] == ["replaced"] * 5
+    _logits(model, _ids(8))
+    assert sorted(core.launch_counts(model).values()) == [1] * 5
+    assert core.unkernelize(model) == 5
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match='device="cpu"'):
+            core.kernelize(model, kernels_dir=KERNELS / "third-party" / "f_rms_norm_as_llama",
+                           swap=True, arch="sm_90", verbose=False)
