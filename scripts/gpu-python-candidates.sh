@@ -3,6 +3,8 @@
 # Liger-Kernel from its PyPI wheel (carried in .gpu-stage/wheels, installed with
 # `pip install --no-deps --target`), torch.compile and F.rms_norm from the machine's torch.
 # Usage: scripts/gpu-python-candidates.sh OUT_DIR [CANDIDATE...]   (quick suite, bf16)
+# MODELS=models also runs the model level (each candidate in the shipped tiny models, in the
+# same confined child as its cases; give PER_CANDIDATE_S room for it, e.g. 300).
 # Needs target/release/kernelize (built elsewhere: the GPU machine has no Rust toolchain).
 set -u
 OUT=${1:?OUT_DIR}; shift
@@ -17,6 +19,10 @@ if ! python3 -I -c 'import torch' 2>/dev/null; then
   EXTRA=(--candidate-packages "$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')")
   echo "torch is not importable with -I: passing ${EXTRA[*]}"
 fi
+MODEL_ARGS=()
+if [ -n "${MODELS:-}" ]; then
+  MODEL_ARGS=(--model "$MODELS")
+fi
 CANDS=("$@")
 [ ${#CANDS[@]} -gt 0 ] || CANDS=(liger_rms_norm_llama f_rms_norm_as_llama compile_llama_rms_norm
   liger_layer_norm compile_layer_norm liger_swiglu compile_silu_mul liger_geglu
@@ -26,14 +32,14 @@ CANDS=("$@")
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sed 's/^/gpu /'
   python3 -c 'import sys, torch, triton; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__, "cuda", torch.version.cuda)'
   python3 -c 'import transformers; print("transformers", transformers.__version__)'
-  echo "command: scripts/gpu-python-candidates.sh OUT ${CANDS[*]} (kernelize verify --quick --dtype bf16 --candidate-packages PKG)"
+  echo "command: MODELS=${MODELS:-} scripts/gpu-python-candidates.sh OUT ${CANDS[*]} (kernelize verify --quick --dtype bf16 --candidate-packages PKG ${MODEL_ARGS[*]})"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 MEM=32
 for c in "${CANDS[@]}"; do
   t0=$(date +%s)
   timeout "${PER_CANDIDATE_S:-60}" "$BIN" verify "kernels/third-party/$c" --quick --dtype bf16 \
-    --candidate-packages "$PKG" "${EXTRA[@]}" --candidate-memory-gib "$MEM" --json "$OUT/$c.json" \
+    --candidate-packages "$PKG" "${EXTRA[@]}" "${MODEL_ARGS[@]}" --candidate-memory-gib "$MEM" --json "$OUT/$c.json" \
     > "$OUT/$c.log" 2>&1
   rc=$?
   echo "$c: exit $rc in $(( $(date +%s) - t0 )) s"
@@ -59,4 +65,9 @@ for f in sorted(os.listdir(out)):
     errs = sum(1 for c in r["cases"] if c["status"] == "error")
     print(f"{f[:-5]:26} {str(s['class'])[:10]:10} {mf:9.4f} {mu:7d} {str(det):>4} {str(bi):>5} {str(s['integrity_ok']):>5} {gb:>14} {su:>7}  errors={errs}")
     print("   python:", json.dumps(r.get("python")))
+    for m in r.get("model", []):
+        print(f"   model {m['model_name']:12} {m['dtype']:5} max logit diff {m['max_logit_abs_diff']:.3e}"
+              f"  argmax {m['argmax_match_fraction']:.4f}  top5 {m['top5_overlap']:.4f}  KL {m['mean_kl']:.2e}")
+    for n in r.get("model_notes", []):
+        print("   model note:", n)
 PY

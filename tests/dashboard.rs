@@ -78,13 +78,65 @@ async fn verify_next(srv: &TestServer, worker: &str, fixture: &str, arch: &str) 
 
 const HOSTILE: &str = "<script>alert('owned')</script> & \"quoted\" <b>bold</b>";
 
+/// A Python candidate (SPEC 2b) of silu, submitted with a `submit-python` token and verified on
+/// sm_90 from the `one_ulp_fast` fixture at half its speed (1 ulp off, 1500 GB/s), with a
+/// model-level measurement (argmax kept at 504 of 512 positions, logits moved by 0.074): test
+/// data shaped like a Python candidate's report (its Python environment, no NVRTC modules).
+async fn submit_python_candidate(srv: &TestServer, worker: &str) {
+    let manifest = r#"name = "silu_compiled"
+version = "1.0.0"
+op = "silu"
+description = "torch.compile of F.silu (a Python candidate)"
+authors = ["tests"]
+license = "MIT"
+runtime = "python"
+source = "kernel.py"
+requires = ["torch>=2.5"]
+
+[entry]
+bf16 = "silu"
+"#;
+    let source = "import torch\nimport torch.nn.functional as F\n\n\ndef silu(x):\n    return torch.compile(F.silu)(x)\n";
+    let (st, v) = srv
+        .post(
+            "/v1/kernels",
+            &srv.token("submit-python"),
+            &json!({"manifest": manifest, "source": source}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    support::claim_and_report(srv, worker, |claim| {
+        let mut r = swept_report("one_ulp_fast", claim, "sm_90");
+        for c in r["cases"].as_array_mut().unwrap() {
+            if let Some(sp) = c.get_mut("speed").filter(|s| s.is_object()) {
+                for k in ["gbps", "speedup"] {
+                    sp[k] = json!(sp[k].as_f64().unwrap() * 0.5);
+                }
+            }
+        }
+        support::retarget(&mut r, claim, "sm_90");
+        r.as_object_mut().unwrap().remove("compiled");
+        r["python"] = json!({"python": "3.12.3", "torch": "2.9.0",
+            "packages": {"torch": "2.9.0"}, "isolation": []});
+        r["model"] = json!([{"model_name": "tiny-llama",
+            "model_digest": format!("sha256:{}", "b".repeat(64)), "dtype": "bf16",
+            "tokens": 512, "layers_replaced": 4, "max_logit_abs_diff": 0.074,
+            "argmax_match_fraction": 504.0 / 512.0, "top5_overlap": 1.0, "mean_kl": 1e-4}]);
+        r
+    })
+    .await;
+}
+
 /// Four silu kernels: exact (sm_90), 1 ulp off but faster (sm_90, with a hostile
-/// description), exact and fastest but verified only on sm_80, and one never verified.
+/// description), exact and fastest but verified only on sm_80, and one never verified; and a
+/// Python candidate, 1 ulp off and slower, measured at the model level too.
 async fn populated(extra: &[&str]) -> (Backend, TestServer) {
     let b = Backend::sqlite();
     let srv = TestServer::start(&b, &[&["--no-bundled"], extra].concat()).await;
     let submit_t = srv.token("submit");
     let worker = srv.token("worker");
+    // First: jobs are claimed oldest first, and silu_pending's stays queued.
+    submit_python_candidate(&srv, &worker).await;
     for (name, desc, fixture, arch) in [
         ("silu_exact", "eager-exact SiLU", Some("exact"), "sm_90"),
         ("silu_off", HOSTILE, Some("one_ulp_fast"), "sm_90"),
@@ -228,8 +280,11 @@ async fn overview_kernel_and_policy_pages() {
     )
     .await;
     snapshot("policy", &p);
+    // The explorer resolves across runtimes: the API's answer with runtime=any.
     let api = srv
-        .get_json("/v1/resolve?op=silu&dtype=bf16&arch=sm_90&cols=8192&rows=4096&policy=bit_exact")
+        .get_json(
+            "/v1/resolve?op=silu&dtype=bf16&arch=sm_90&cols=8192&rows=4096&policy=bit_exact&runtime=any",
+        )
         .await;
     assert_eq!(api["kernel"]["name"], "silu_exact");
     let silu_row = row_of(&p, "silu");
@@ -254,6 +309,44 @@ async fn overview_kernel_and_policy_pages() {
     assert!(!tol.contains("data-op=\"rms_norm\""), "op filter");
     let on_sm80 = html_ok(&srv, "/policy?dtype=bf16&arch=sm_80&cols=8192&op=silu").await;
     assert!(row_of(&on_sm80, "silu").contains("silu_old 1.0.0"));
+    // The field: every candidate side by side per op, dtype and arch.
+    let field = html_ok(&srv, "/field").await;
+    assert_escaped(&field);
+    for needle in [
+        "The field",
+        "silu · default · bf16 · sm_90",
+        "silu · default · bf16 · sm_80",
+        "silu_exact 1.0.0",
+        "silu_off 1.0.0",
+        "silu_old 1.0.0",
+        "data-runtime=\"CUDA\"",
+        "not measured", // the CUDA fixtures have no model level
+        "data-runtime=\"Python\"",
+        "silu_compiled 1.0.0",
+        "98.4%",   // its argmax match
+        "7.40e-2", // its max logit diff
+        "1500",    // its GB/s
+        "72%",
+        "resolve across runtimes",
+        "vs fastest bit-exact",
+        "1.20x", // silu_off's 3000 GB/s over silu_exact's 2500, on sm_90
+        "0.60x", // silu_compiled's 1500 over the same
+    ] {
+        assert!(field.contains(needle), "the field lacks `{needle}`");
+    }
+    assert!(
+        !field.contains("silu_pending"),
+        "never verified: not in the field"
+    );
+    snapshot("field", &field);
+    let (st, bad) = page(&srv, "/field?dtype=f8").await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert!(bad.contains("query parameter `dtype`"), "{bad}");
+    assert!(
+        home.contains("href=\"/field\""),
+        "the overview links the field"
+    );
+
     let (st, bad) = page(&srv, "/policy?policy=ulp:x&dtype=bf16&arch=sm_90&cols=8192").await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert!(
@@ -319,7 +412,7 @@ async fn empty_hub_says_how_to_get_verifications() {
 async fn private_reads_cover_the_pages() {
     let (_b, srv) = populated(&["--private-reads"]).await;
     let reader = srv.token("submit");
-    for path in ["/", "/kernels/silu_exact/1.0.0", "/policy"] {
+    for path in ["/", "/kernels/silu_exact/1.0.0", "/policy", "/field"] {
         let (st, _) = page(&srv, path).await;
         assert_eq!(st, StatusCode::UNAUTHORIZED, "{path} without a token");
         let r = srv
@@ -369,6 +462,18 @@ async fn hundreds_of_verdicts_stay_one_table() {
     assert!(home.contains(&format!("({n} rows)")));
     let sm80 = html_ok(&srv, "/?arch=sm_80").await;
     assert_eq!(matrix_rows(&sm80), n / 2);
+    // The field reads the same rows in one page query: every candidate, paged.
+    let t = std::time::Instant::now();
+    let field = html_ok(&srv, "/field").await;
+    assert!(
+        t.elapsed().as_secs_f64() < 5.0,
+        "the field took {:?}",
+        t.elapsed()
+    );
+    assert!(field.contains(&format!("({n} rows)")), "{field}");
+    let page = html_ok(&srv, "/field?limit=50&offset=100").await;
+    assert!(page.contains(&format!("101–120 of {n}")), "{page}");
+    assert_eq!(page.matches("<a href=\"/kernels/").count(), 20);
     assert!(sm80.contains("Awaiting verification </h2>") || sm80.contains("not verified on sm_80"));
 }
 
@@ -500,6 +605,21 @@ async fn pages_in_headless_chromium() {
                 "25.0% of elements differ",
             ],
             3,
+        ),
+        (
+            "field",
+            "/field".to_string(),
+            vec![
+                "The field",
+                "silu_off 1.0.0",
+                "silu_old 1.0.0",
+                "silu_compiled 1.0.0",
+                "Python",
+                "98.4%",
+                "max 1 ulp",
+                "72%",
+            ],
+            0,
         ),
         (
             "policy",

@@ -719,6 +719,7 @@ fn hostile_table(doc: &Value, ctx: &Ctx) -> Vec<Probe> {
     routes.extend([
         "/".to_string(),
         "/policy".into(),
+        "/field".into(),
         "/kernels/hostile_k/1.0.0".into(),
     ]);
     for r in &routes {

@@ -178,6 +178,16 @@ async fn reports_and_resolve_across_runtimes(b: Backend) {
         } else {
             r.as_object_mut().unwrap().remove("python");
         }
+        // The model level (test data): the Python candidate keeps the argmax at 504 of 512
+        // positions and moves the logits by 0.074; the CUDA kernel changes nothing.
+        let (argmax, diff) = if is_py {
+            (504.0 / 512.0, 0.074)
+        } else {
+            (1.0, 0.0)
+        };
+        r["model"] = json!([{"model_name": "tiny-llama", "model_digest": format!("sha256:{}", "a".repeat(64)),
+            "dtype": "bf16", "tokens": 512, "layers_replaced": 4, "max_logit_abs_diff": diff,
+            "argmax_match_fraction": argmax, "top5_overlap": 1.0, "mean_kl": 1e-4}]);
         let (st, p) = srv.post(&url, &worker, &post(&r)).await;
         assert_eq!(st, StatusCode::CREATED, "{p}");
     }
@@ -228,6 +238,71 @@ async fn reports_and_resolve_across_runtimes(b: Backend) {
     assert!(!html("/kernels/cuda_silu/1.0.0")
         .await
         .contains("id=\"runtime\""));
+
+    // The field: per op, dtype and arch, both runtimes side by side with exactness, model-level
+    // agreement and speed against the roofline; the bit-exact one first.
+    let field = html("/field?op=silu").await;
+    let table = &field[field.find("id=\"field\"").expect("a field table")..];
+    let (py_at, cu_at) = (
+        table.find("py_silu 1.0.0").unwrap(),
+        table.find("cuda_silu 1.0.0").unwrap(),
+    );
+    assert!(py_at < cu_at, "the bit-exact candidate first: {field}");
+    for needle in [
+        "silu · default · bf16 · sm_90",
+        "href=\"/policy?op=silu&amp;dtype=bf16&amp;arch=sm_90&amp;runtime=any\"",
+        "data-runtime=\"Python\"",
+        "data-runtime=\"CUDA\"",
+        "98.4%",   // the Python candidate's argmax match
+        "7.40e-2", // its max logit diff
+        "100.0%",  // the CUDA kernel's argmax match
+        "tiny-llama",
+        "bit-exact",
+        "max 1 ulp",
+        "of this device's measured copy bandwidth",
+    ] {
+        assert!(
+            field.contains(needle),
+            "the field lacks `{needle}`: {field}"
+        );
+    }
+    assert!(overview.contains("href=\"/field?op=silu\""), "{overview}");
+    let one = html("/field?op=silu&limit=1").await;
+    assert!(
+        one.contains("1–1 of 2") && one.contains("offset=1"),
+        "{one}"
+    );
+    assert!(!one.contains("cuda_silu 1.0.0"), "{one}");
+    assert!(html("/field?op=silu&limit=1&offset=1")
+        .await
+        .contains("cuda_silu 1.0.0"));
+    assert!(html("/field?op=silu&dtype=f32")
+        .await
+        .contains("No verification matches these filters"));
+    let r = reqwest::get(srv.url("/field?limit=0")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    // The policy explorer resolves across runtimes by default (the Python candidate is the
+    // bit-exact one) and says what a client without the opt-in gets with runtime=cuda.
+    let chosen = |p: &str| -> String {
+        let at = p.find("class=\"chosen\"").expect("a chosen cell");
+        p[at..].chars().take(400).collect()
+    };
+    let explorer = "/policy?op=silu&dtype=bf16&arch=sm_90&cols=4096&rows=4096";
+    let p = html(&format!("{explorer}&policy=bit_exact")).await;
+    let c = chosen(&p);
+    assert!(c.contains("py_silu 1.0.0") && c.contains(">python<"), "{c}");
+    assert!(
+        p.contains("&amp;runtime=any\""),
+        "the JSON link asks the same: {p}"
+    );
+    let p = html(&format!("{explorer}&policy=bit_exact&runtime=cuda")).await;
+    assert!(chosen(&p).contains("none"), "{p}");
+    assert!(p.contains("ask with runtime=any"), "{p}");
+    let p = html(&format!("{explorer}&policy=ulp:1")).await;
+    assert!(
+        chosen(&p).contains("cuda_silu 1.0.0"),
+        "the faster CUDA kernel wins at ulp:1: {p}"
+    );
 
     // Listing by policy covers both runtimes.
     let l = srv

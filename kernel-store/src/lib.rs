@@ -9,6 +9,7 @@
 
 mod audit;
 mod codec;
+mod field;
 mod jobs;
 mod kernels;
 mod newest;
@@ -20,6 +21,7 @@ mod verifications;
 mod worker_keys;
 
 pub use audit::AuditEntry;
+pub use field::{FieldGroup, FieldRow};
 pub use jobs::{Holder, JobRow, JobState, WidthJob, DEFAULT_MAX_ATTEMPTS};
 pub use kernels::{Inserted, KernelQuery, KernelRow, StoredSource};
 pub use newest::{

@@ -176,7 +176,8 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     One source: `hub=URL` (the resolve API), `lock=PATH` (a lock written by `kernelize.lock`,
     offline) or `kernels_dir=PATH` (local kernel folders, unverified; `names` picks among them).
     `swap=None` swaps when the model is on a CUDA device and reports "would replace" otherwise;
-    `swap=True` without CUDA raises. `dtype` overrides the dtype asked for (default: the
+    `swap=True` without CUDA raises, except with `device="cpu"`, which swaps Python candidates
+    only (their PyTorch code runs on CPU tensors; CUDA kernels are kept, with the reason). `dtype` overrides the dtype asked for (default: the
     layers' parameter dtype). Calls whose input does not fit the kernel (other dtype or
     device, autograd, sizes outside its constraints) run the original forward;
     `launch_counts(model)` tells how many calls of each swapped layer ran the kernel.
@@ -207,11 +208,15 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     src = _source(hub, lock, kernels_dir, names, wait_for_verification_s, trusted_keys,
                   allow_python)
     dev = _cuda_device(model, device)
+    # A Python candidate is PyTorch code: with an explicit device="cpu" it runs on CPU tensors
+    # (the model-level harness's CPU tests); CUDA kernels stay kept there.
+    on_cpu = device is not None and torch.device(device).type == "cpu"
     if swap is None:
         swap = dev is not None and torch.cuda.is_available()
-    elif swap and (dev is None or not torch.cuda.is_available()):
+    elif swap and (dev is None or not torch.cuda.is_available()) and not on_cpu:
         raise RuntimeError("swap=True needs the model on a CUDA device (kernels launch on the GPU); "
-                           "without CUDA kernelize can only report what it would replace")
+                           "without CUDA kernelize can only report what it would replace "
+                           "(device=\"cpu\" swaps Python candidates only)")
     arch = _arch_of(dev, arch)
     src_label = f"hub {src.url}" if isinstance(src, HubSource) else (
         f"lock {src.path}" if isinstance(src, LockSource) else f"dir {src.path}")
@@ -223,8 +228,11 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
         if res.kernel is not None:
             if getattr(s.module, _ORIG, None) is not None:
                 e.status, e.reasons = "kept", ["already kernelized; unkernelize first"]
+            elif swap and dev is None and not L.is_python(res.kernel.manifest):
+                e.status, e.reasons = "kept", [
+                    "a CUDA kernel launches on a CUDA device; this model runs on the CPU"]
             elif swap:
-                _patch(s, res.kernel, dev,
+                _patch(s, res.kernel, dev if dev is not None else torch.device("cpu"),
                        allow_python=allow_python or isinstance(src, DirSource))
                 e.status = "replaced"
             else:

@@ -8,6 +8,7 @@ it writes:
     python3 -m kernelize.harness --kernel KERNEL_DIR --model MODEL_DIR [--model MODEL_DIR2 ...]
         --dtype bf16[,f16,f32] --text EVAL_TEXT_FILE --out-dir OUT_DIR
         [--device cuda] [--max-tokens 512] [--arch sm_90] [--dry-run]
+        [--package-dir DIR ...] [--require-network-isolation]
 
 For each model x dtype: load the model (transformers `AutoModelForCausalLM`) in that dtype,
 adapt it so that its layers compute the kernel's op and semantics where a clean equivalent
@@ -26,6 +27,16 @@ it). Progress goes to stderr; stdout stays empty.
 `--dry-run` does everything but the launch (no CUDA needed with `--device cpu --arch sm_90`):
 it loads, adapts, runs the eager forward and reports what would be replaced, writing
 summary.json without logits. The CPU tests use it; the product path always launches.
+
+A Python candidate (SPEC 2b, `runtime = "python"` in kernel.toml) is measured the same way: its
+`.py` source is loaded once per dtype (`pykernel.PythonKernel`) and its function is called in
+place of every matching layer's forward (the same matching and adaptation as a CUDA kernel's).
+`--package-dir DIR` (repeatable) puts folders of the packages it imports first on `sys.path`
+(before torch is imported); summary.json then says which versions ran and what isolation the
+process found itself in (`python`). `--require-network-isolation` refuses to load the candidate
+unless this process has a network namespace of its own (the verifier starts it in one where the
+kernel allows it: verifier/src/model.rs). Being PyTorch code, a Python candidate also runs on the
+CPU (`--device cpu --arch sm_90` without `--dry-run`), which the CPU tests use.
 
 Tokenizer convention: a config.json with `"kernelize_tokenizer": "bytes"` (the models in
 models/) means token ids are the UTF-8 bytes of the text (vocab 256); otherwise the model
@@ -320,6 +331,11 @@ class Kernel:
     dir: Path
     manifest: dict[str, Any]
     digest: str
+    source: str = ""
+
+    @property
+    def is_python(self) -> bool:
+        return self.manifest.get("runtime", "cuda") == "python"
 
     @property
     def op(self) -> str:
@@ -345,8 +361,70 @@ def load_kernel(path: Path) -> Kernel:
     except (ValueError, OSError) as e:
         raise HarnessError(f"--kernel {path}: {e}. Fix the manifest or source (`kernelize "
                            "verify` reports the same problems).") from None
-    manifest, _, digest = src.kernels[0]
-    return Kernel(path, manifest, digest)
+    manifest, source, digest = src.kernels[0]
+    return Kernel(path, manifest, digest, source)
+
+
+def _declared_runtime(path: Path) -> str:
+    """The runtime kernel.toml declares ("cuda" when it cannot be read: loading it later says
+    why)."""
+    try:
+        import tomllib
+        with open(path / "kernel.toml", "rb") as f:
+            return str(tomllib.load(f).get("runtime", "cuda"))
+    except Exception:  # noqa: BLE001 - only a hint for argument checks
+        return "cuda"
+
+
+def network_isolation() -> str:
+    """What network this process can reach, judged from the interfaces of its own network
+    namespace (the wording of verifier/src/python_runner.py's check, which the report quotes)."""
+    import socket
+    try:
+        ifaces = sorted(name for _, name in socket.if_nameindex())
+    except OSError as e:
+        return f"unknown (cannot list the network interfaces: {e})"
+    if ifaces in (["lo"], []):
+        return "isolated: a network namespace of its own, no interface but lo"
+    return "NOT isolated: interfaces " + ", ".join(ifaces)
+
+
+def load_python_candidate(kernel: Kernel, dtypes: list[str], device, require_isolation: bool
+                          ) -> dict[str, Any]:
+    """Import a Python candidate's source once per dtype (the objects kernelize swaps in later,
+    from launch's cache) and say what ran: interpreter, torch, each required package's installed
+    version ("missing" when absent) and the isolation found."""
+    import torch
+
+    from . import launch
+    from .pykernel import package_versions
+    isolation = [network_isolation(), f"working directory {os.getcwd()}"]
+    with contextlib.suppress(Exception):
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+        isolation.append("memory: RLIMIT_DATA " + ("unlimited" if soft == resource.RLIM_INFINITY
+                                                  else f"{soft >> 20} MiB"))
+    if require_isolation and not isolation[0].startswith("isolated"):
+        raise HarnessError(f"--require-network-isolation: this process is {isolation[0]}; "
+                           "refusing to run the Python candidate's code. Run it where "
+                           "unprivileged user namespaces are allowed, or drop the flag.")
+    packages = package_versions(kernel.manifest)
+    for dtype in dtypes:
+        if dtype not in kernel.manifest["entries"]:
+            continue
+        try:
+            launch.compiled(kernel.digest, kernel.manifest, kernel.source, dtype, device,
+                            allow_python=True)
+        except Exception as e:  # noqa: BLE001 - anything the source raises is the candidate's
+            missing = [k for k, v in packages.items() if v == "missing"]
+            raise HarnessError(
+                f"importing the Python candidate {kernel.manifest['name']} ({dtype}) failed: "
+                f"{type(e).__name__}: {e}"
+                + (f". Not installed here: {', '.join(missing)}; install them into a folder "
+                   "(pip install --no-deps --target DIR WHEEL) and pass --package-dir DIR "
+                   "(kernelize verify: --candidate-packages DIR)" if missing else "")) from None
+    return {"python": sys.version.split()[0], "torch": torch.__version__,
+            "packages": packages, "isolation": isolation}
 
 
 def _forward_logits(model, ids):
@@ -390,8 +468,10 @@ def measure(kernel: Kernel, model_dir: Path, dtype: str, text: str, args, device
                     + f" (it has: {_site_summary(found)}; adaptation: {ad.describe()})")
     ids = torch.tensor(ids_list, dtype=torch.long, device=device)
     eager = _forward_logits(model, ids)
+    # A Python candidate runs where the model is, the CPU included (CPU tests).
     rep = core.kernelize(model, kernels_dir=kernel.dir, swap=not args.dry_run,
-                         device=device if device.type == "cuda" else None, arch=arch,
+                         device=device if device.type == "cuda" or kernel.is_python else None,
+                         arch=arch,
                          verbose=False, fuse_gated_mlp=ad.fuse_gated_mlp)
     ours = [e for e in rep.entries
             if (e.op == kernel.op or kernel.op in e.tried) and e.semantics == kernel.semantics]
@@ -413,7 +493,17 @@ def measure(kernel: Kernel, model_dir: Path, dtype: str, text: str, args, device
         core.unkernelize(model)
         run["dry_run"] = True
     else:
-        cand = _forward_logits(model, ids)
+        try:
+            cand = _forward_logits(model, ids)
+        except Exception as e:
+            if not kernel.is_python:
+                raise
+            # The candidate's own code raised (or returned a wrong output): say whose it is.
+            traceback.print_exc(file=sys.stderr)
+            core.unkernelize(model)
+            raise HarnessError(f"the Python candidate {kernel.manifest['name']} failed inside "
+                               f"{name} ({dtype}): {type(e).__name__}: {e} (its traceback is "
+                               "above)") from None
         counts = core.launch_counts(model)
         core.unkernelize(model)
         launches = sum(counts.get(p, 0) for p in replaced)
@@ -489,6 +579,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", help="sm_XY for the kernel's constraints (default: the device's)")
     p.add_argument("--dry-run", action="store_true",
                    help="no launch: report what would be replaced (works on the CPU)")
+    p.add_argument("--package-dir", action="append", type=Path, default=[],
+                   help="a folder of packages a Python candidate imports, put first on sys.path; "
+                        "repeat for several")
+    p.add_argument("--require-network-isolation", action="store_true",
+                   help="refuse to run a Python candidate without a network namespace of its own")
     return p
 
 
@@ -499,11 +594,15 @@ def main(argv: list[str] | None = None) -> int:
     names = [m.resolve().name for m in args.model]
     if len(set(names)) != len(names):
         p.error(f"--model folders must have distinct names (outputs are named after them): {names}")
-    if not args.device.startswith("cuda") and not args.dry_run:
+    python_candidate = _declared_runtime(args.kernel) == "python"
+    if not args.device.startswith("cuda") and not args.dry_run and not python_candidate:
         p.error(f"--device {args.device}: the kernel launches on a CUDA device; use --device "
                 "cuda, or --dry-run to check models and matching without a GPU")
-    if not args.device.startswith("cuda") and args.dry_run and not args.arch:
-        p.error("--dry-run without CUDA needs --arch (e.g. sm_90) for the kernel's constraints")
+    if not args.device.startswith("cuda") and not args.arch:
+        p.error(f"--device {args.device} needs --arch (e.g. sm_90) for the kernel's constraints")
+    # Before anything imports torch: a candidate's packages (a torch among them) come first.
+    for d in reversed(args.package_dir):
+        sys.path.insert(0, str(d.resolve()))
     with contextlib.redirect_stdout(sys.stderr):  # libraries that print must not use stdout
         return _run(args)
 
@@ -545,6 +644,17 @@ def _run(args) -> int:
             arch, device_name = args.arch, str(device)
         stage = "reading the kernel"
         kernel = load_kernel(args.kernel)
+        python_info = None
+        if kernel.is_python:
+            stage = "loading the Python candidate"
+            python_info = load_python_candidate(kernel, args.dtypes, device,
+                                                args.require_network_isolation)
+            log(f"Python candidate: python {python_info['python']}, torch "
+                f"{python_info['torch']}, packages {python_info['packages']}; "
+                f"{python_info['isolation'][0]}")
+        elif args.package_dir or args.require_network_isolation:
+            log("--package-dir and --require-network-isolation apply to Python candidates "
+                "only; this kernel is CUDA")
         stage = "reading the text"
         try:
             text = args.text.read_text(encoding="utf-8")
@@ -582,10 +692,13 @@ def _run(args) -> int:
             "dry_run": bool(args.dry_run),
             "kernel": {"name": kernel.manifest["name"], "version": kernel.manifest["version"],
                        "op": kernel.op, "semantics": kernel.semantics, "digest": kernel.digest,
+                       "runtime": "python" if kernel.is_python else "cuda",
                        "dir": str(args.kernel.resolve())},
             "text": str(args.text.resolve()), "max_tokens": args.max_tokens,
             "runs": runs, "skipped": skipped,
         }
+        if python_info is not None:
+            summary["python"] = python_info
         tmp = summary_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
         os.replace(tmp, summary_path)

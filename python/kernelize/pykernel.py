@@ -29,15 +29,32 @@ def is_python(manifest: dict[str, Any]) -> bool:
     return manifest.get("runtime", "cuda") == "python"
 
 
+def _package_name(requirement: str) -> str:
+    """pip's normalised name of a `requires` entry (`Liger_Kernel==0.8.5` -> `liger-kernel`)."""
+    return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement).group(0)).lower()
+
+
 def missing_packages(manifest: dict[str, Any]) -> list[str]:
     """The `requires` packages not installed here (by pip-normalised name)."""
     out = []
     for r in manifest.get("requires", []):
-        name = re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", r).group(0)).lower()
         try:
-            importlib.metadata.version(name)
+            importlib.metadata.version(_package_name(r))
         except importlib.metadata.PackageNotFoundError:
             out.append(r)
+    return out
+
+
+def package_versions(manifest: dict[str, Any]) -> dict[str, str]:
+    """Each `requires` package's installed version here, "missing" when it is not installed
+    (torch: the imported one's version, which a source build may not register)."""
+    out = {}
+    for r in manifest.get("requires", []):
+        name = _package_name(r)
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = torch.__version__ if name == "torch" else "missing"
     return out
 
 

@@ -309,3 +309,169 @@ def test_gelu_tanh_goes_into_act_fn_of_gemma_mlps_and_gelu_leaves_them_fused():
     # in the MLPs (no gated op is erf GELU)
     assert harness.adapt_model(model, "gelu_tanh_mul", "default").fuse_gated_mlp
     assert harness.adapt_model(model, "gelu", "default").fuse_gated_mlp
+
+
+# ---- Python candidates (SPEC 2b): the function swapped in, on the CPU ------------------------
+
+PY_TOML = """name = "{name}"
+version = "1.0.0"
+op = "rms_norm"
+semantics = "llama"
+description = "a fake Python candidate"
+authors = ["tests"]
+license = "MIT"
+runtime = "python"
+source = "kernel.py"
+requires = [{requires}]
+
+[entry]
+bf16 = "rms_norm"
+f32 = "rms_norm"
+"""
+
+
+def _py_candidate(root, name, body, requires='"torch>=2.0"'):
+    d = root / name
+    d.mkdir()
+    (d / "kernel.toml").write_text(PY_TOML.format(name=name, requires=requires))
+    (d / "kernel.py").write_text(body)
+    return d
+
+
+def _fake_package(root):
+    """A package folder as `pip install --target` leaves it: the module and its dist-info.
+    Its rms_norm is eager HF LlamaRMSNorm, so a candidate calling it is bit-exact."""
+    pkgs = root / "pkgs"
+    (pkgs / "kz_fake_norms").mkdir(parents=True)
+    (pkgs / "kz_fake_norms" / "__init__.py").write_text(
+        "import torch\n\nCALLS = []\n\n\ndef llama_rms_norm(x, weight, eps):\n"
+        "    CALLS.append(tuple(x.shape))\n"
+        "    h = x.float()\n"
+        "    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)\n"
+        "    return weight * h.to(x.dtype)\n")
+    (pkgs / "kz_fake_norms-1.2.3.dist-info").mkdir()
+    (pkgs / "kz_fake_norms-1.2.3.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: kz_fake_norms\nVersion: 1.2.3\n")
+    return pkgs
+
+
+@pytest.fixture
+def clean_sys_path(monkeypatch):
+    """--package-dir changes sys.path (and imports) of this process; undo both."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield
+    sys.modules.pop("kz_fake_norms", None)
+
+
+def _run_cpu(tmp_path, kernel, model_dirs, *extra, dtype="bf16"):
+    return _run(tmp_path, kernel, model_dirs, "--device", "cpu", "--arch", "sm_90", *extra,
+                dtype=dtype, dry=False)
+
+
+def test_python_candidate_function_replaces_each_matching_layer(tmp_path, models, capsys,
+                                                                clean_sys_path):
+    pkgs = _fake_package(tmp_path)
+    k = _py_candidate(tmp_path, "fake_llama_norm",
+                      "import kz_fake_norms\n\n\ndef rms_norm(x, weight, eps):\n"
+                      "    return kz_fake_norms.llama_rms_norm(x, weight, eps)\n",
+                      requires='"kz-fake-norms==1.2.3", "torch>=2.0"')
+    rc, s, out = _run_cpu(tmp_path, k, [models["llama"], models["gpt2-gelu"]],
+                          "--package-dir", str(pkgs), dtype="bf16,f32")
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert s["dry_run"] is False and s["kernel"]["runtime"] == "python"
+    import importlib.metadata
+    assert s["python"]["packages"] == {"kz-fake-norms": "1.2.3",
+                                       "torch": importlib.metadata.version("torch")}
+    assert s["python"]["torch"] == torch.__version__
+    assert s["python"]["isolation"][0].split(":")[0] in ("isolated", "NOT isolated", "unknown")
+    assert [(r["model_name"], r["dtype"]) for r in s["runs"]] == [("tiny-llama", "bf16"),
+                                                                   ("tiny-llama", "f32")]
+    import kz_fake_norms  # the package the candidate imported, from --package-dir
+    assert kz_fake_norms.__file__.startswith(str(pkgs))
+    for r in s["runs"]:
+        # every RMSNorm (2 per layer, the final norm) called the function once per forward
+        assert r["layers_replaced"] == 5 and r["kernel_launches"] == 5, r
+        assert r["replaced_never_launched"] == [] and r["eager_repeat_identical"] is True
+        # eager LlamaRMSNorm's own formula: the logits are the same bits
+        assert r["bit_identical"] is True, r
+        assert (out / r["file"]).is_file()
+    assert len(kz_fake_norms.CALLS) == 10 and kz_fake_norms.CALLS[0] == (96, 64)
+    assert "tiny-gpt2-gelu" in {k["model_name"] for k in s["skipped"]}
+
+
+def test_f_rms_norm_posing_as_llama_moves_the_logits_on_the_cpu(tmp_path, models):
+    """The shipped third-party candidate, as the verifier's model level runs it: F.rms_norm
+    rounds once where LlamaRMSNorm rounds twice, so the bf16 logits differ."""
+    from safetensors.torch import load_file
+    rc, s, out = _run_cpu(tmp_path, KERNELS / "third-party" / "f_rms_norm_as_llama",
+                          [models["llama"]])
+    assert rc == 0
+    r = s["runs"][0]
+    assert r["kernel_launches"] == 5 and r["bit_identical"] is False
+    t = load_file(str(out / r["file"]))
+    assert not torch.equal(t["eager_logits"], t["candidate_logits"])
+    assert (t["eager_logits"] - t["candidate_logits"]).abs().max() < 1.0
+
+
+def test_python_candidate_failures_are_clear(tmp_path, models, capsys, clean_sys_path):
+    # its package not installed (no --package-dir): exit 1, naming it and the flag
+    k = _py_candidate(tmp_path, "needs_pkg", "import kz_fake_norms\n\n\ndef rms_norm(x, weight, eps):\n"
+                      "    return x\n", requires='"kz-fake-norms==1.2.3"')
+    rc, s, _ = _run_cpu(tmp_path, k, [models["llama"]])
+    err = capsys.readouterr().err
+    assert rc == 1 and s is None
+    assert "importing the Python candidate needs_pkg" in err and "ModuleNotFoundError" in err
+    assert "kz-fake-norms" in err and "--package-dir" in err
+    # a function that raises fails the run with its exception (the candidate's, not ours)
+    k = _py_candidate(tmp_path, "raises", "def rms_norm(x, weight, eps):\n"
+                      "    raise RuntimeError('candidate bug')\n")
+    rc, _, _ = _run_cpu(tmp_path, k, [models["llama"]])
+    err = capsys.readouterr().err
+    assert rc == 1 and "the Python candidate raises failed inside tiny-llama (bf16)" in err
+    assert "RuntimeError: candidate bug" in err
+    # a wrong output shape is refused by the swapped forward, naming the candidate
+    k = _py_candidate(tmp_path, "bad_shape", "def rms_norm(x, weight, eps):\n"
+                      "    return x[:1]\n")
+    rc, _, _ = _run_cpu(tmp_path, k, [models["llama"]])
+    err = capsys.readouterr().err
+    assert rc == 1 and "the Python candidate bad_shape failed" in err and "bad_shape: returned" in err
+
+
+def test_require_network_isolation_refuses_before_running_the_candidate(tmp_path, models, capsys,
+                                                                        monkeypatch):
+    marker = tmp_path / "ran"
+    k = _py_candidate(tmp_path, "marks", f"open({str(marker)!r}, 'w').close()\n\n\n"
+                      "def rms_norm(x, weight, eps):\n    return x\n")
+    monkeypatch.setattr(harness, "network_isolation", lambda: "NOT isolated: interfaces eth0, lo")
+    rc, _, _ = _run_cpu(tmp_path, k, [models["llama"]], "--require-network-isolation")
+    assert rc == 1 and "refusing to run the Python candidate" in capsys.readouterr().err
+    assert not marker.exists(), "the candidate's code ran"
+    monkeypatch.setattr(harness, "network_isolation", lambda: "isolated: a network namespace of its own, no interface but lo")
+    rc, s, _ = _run_cpu(tmp_path, k, [models["llama"]], "--require-network-isolation")
+    assert rc == 0 and marker.exists() and s["python"]["isolation"][0].startswith("isolated")
+
+
+def test_a_cuda_kernel_still_needs_cuda_without_dry_run(tmp_path, models, capsys):
+    with pytest.raises(SystemExit) as e:
+        _run_cpu(tmp_path, KERNELS / "rms_norm_llama", [models["llama"]])
+    assert e.value.code == 2 and "launches on a CUDA device" in capsys.readouterr().err
+
+
+def test_kernelize_on_the_cpu_swaps_python_candidates_only(models):
+    model = harness.load_model(models["llama"], "bf16", torch.device("cpu"))
+    rep = core.kernelize(model, kernels_dir=KERNELS / "rms_norm_llama", device="cpu", swap=True,
+                         arch="sm_90", verbose=False)
+    norms = [e for e in rep.entries if e.op == "rms_norm"]
+    assert len(norms) == 5 and all(e.status == "kept" for e in norms)
+    assert "a CUDA kernel launches on a CUDA device" in norms[0].reasons[0]
+    rep = core.kernelize(model, kernels_dir=KERNELS / "third-party" / "f_rms_norm_as_llama",
+                         device="cpu", swap=True, arch="sm_90", verbose=False)
+    assert [e.status for e in rep.entries if e.op == "rms_norm"] == ["replaced"] * 5
+    _logits(model, _ids(8))
+    assert sorted(core.launch_counts(model).values()) == [1] * 5
+    assert core.unkernelize(model) == 5
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match='device="cpu"'):
+            core.kernelize(model, kernels_dir=KERNELS / "third-party" / "f_rms_norm_as_llama",
+                           swap=True, arch="sm_90", verbose=False)

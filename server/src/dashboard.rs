@@ -1,6 +1,7 @@
 //! The verification dashboard: server-rendered HTML (maud, which escapes every interpolated
 //! value) with plots as SVG drawn on the server, so it needs no network and no JavaScript.
 
+mod field;
 mod kernel;
 mod overview;
 pub use overview::OverviewData;
@@ -19,6 +20,7 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/", get(overview::page))
         .route("/kernels/{name}/{version}", get(kernel::page))
+        .route("/field", get(field::page))
         .route("/policy", get(policy::page))
 }
 
@@ -59,6 +61,7 @@ impl IntoResponse for PageError {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Nav {
     Overview,
+    Field,
     Kernel,
     Policy,
     None,
@@ -124,6 +127,7 @@ fn layout(title: &str, nav: Nav, body: Markup) -> Markup {
                     a.brand href="/" { "kernelize" }
                     nav {
                         a class=(tab(Nav::Overview)) href="/" { "Verification matrix" }
+                        a class=(tab(Nav::Field)) href="/field" { "The field" }
                         @if nav == Nav::Kernel { a.current { "Kernel" } }
                         a class=(tab(Nav::Policy)) href="/policy" { "Policy explorer" }
                         a href="/openapi.json" { "API" }

@@ -6,9 +6,15 @@
 //! with its eager layers and again with the candidate swapped in, and writes both logit tensors
 //! as safetensors plus a `summary.json`. The metrics (max logit abs diff, argmax match, top-5
 //! overlap, mean KL) are computed here, in f64, by one function (`logit_metrics`).
+//!
+//! A Python candidate (SPEC 2b) runs its own code inside the harness, so for one the harness is
+//! started confined as the case runner's child is (`python::confined_python`: private directory,
+//! scrubbed environment, network namespace where allowed, RLIMIT_DATA), with the candidate's
+//! package folders (`--package-dir`) and, when asked, `--require-network-isolation`.
 
+use crate::python::{confined_python, PyDevice, PythonOptions};
 use kernel_registry::report::ModelReport;
-use kernel_registry::{DType, KernelBundle};
+use kernel_registry::{DType, KernelBundle, Runtime};
 use safetensors::{Dtype as StDtype, SafeTensors};
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
@@ -32,6 +38,10 @@ pub struct ModelOptions {
     pub max_tokens: u32,
     /// The whole harness run (all models and dtypes) must end within this.
     pub timeout: Duration,
+    /// For a Python candidate: its package folders, the child's memory limit, whether network
+    /// isolation is required, and the device (`PyDevice::Cpu`: CPU tests). The interpreter is
+    /// `python` above; the case limit does not apply (`timeout` does).
+    pub python_candidate: PythonOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +68,9 @@ pub struct ModelOutcome {
     pub skipped: Vec<Skipped>,
     /// Things a reader of the measurements must know (e.g. a non-deterministic eager model).
     pub warnings: Vec<String>,
+    /// For a Python candidate: what the harness ran it with (interpreter, torch, packages,
+    /// isolation), as one line.
+    pub python: Option<String>,
     pub seconds: f64,
 }
 
@@ -67,7 +80,51 @@ struct Summary {
     runs: Vec<Run>,
     #[serde(default)]
     skipped: Vec<SkipEntry>,
+    /// Present for a Python candidate.
+    #[serde(default)]
+    python: Option<HarnessPython>,
 }
+
+/// What the harness says it ran a Python candidate with (`harness.load_python_candidate`).
+#[derive(Debug, Deserialize)]
+struct HarnessPython {
+    python: String,
+    torch: String,
+    #[serde(default)]
+    packages: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    isolation: Vec<String>,
+}
+
+impl HarnessPython {
+    fn line(&self) -> String {
+        let pk: Vec<String> = self
+            .packages
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        format!(
+            "model level ran the Python candidate in a confined child: python {}, torch {}{}; {}",
+            self.python,
+            self.torch,
+            if pk.is_empty() {
+                String::new()
+            } else {
+                format!(", {}", pk.join(", "))
+            },
+            if self.isolation.is_empty() {
+                "isolation unknown".to_string()
+            } else {
+                self.isolation.join("; ")
+            }
+        )
+    }
+}
+
+/// Runs the harness as a module with `-I` (which ignores PYTHONPATH): argv[1] is the folder
+/// holding the `kernelize` package, the rest the harness's arguments.
+const HARNESS_BOOTSTRAP: &str = "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); \
+     runpy.run_module('kernelize.harness', run_name='__main__', alter_sys=True)";
 
 #[derive(Debug, Deserialize)]
 struct Run {
@@ -321,40 +378,72 @@ pub fn run_models(
     }
     write_bundle(bundle, &kdir)?;
     let dts: Vec<&str> = dtypes.iter().map(|d| d.as_str()).collect();
-    let mut cmd = Command::new(&opts.python);
-    cmd.arg("-m")
-        .arg("kernelize.harness")
-        .arg("--kernel")
+    let python_candidate = bundle.manifest.runtime == Runtime::Python;
+    // The confined child works in its private directory: every path is absolute.
+    let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let mut cmd = if python_candidate {
+        let home = work.path().join("home");
+        std::fs::create_dir_all(&home)
+            .map_err(|e| ModelError::Setup(format!("creating {}: {e}", home.display())))?;
+        let pc = &opts.python_candidate;
+        let mut cmd = confined_python(Path::new(&opts.python), &home, pc.memory_limit_bytes);
+        // transformers reads only the local model folders; never reach for the Hub.
+        cmd.env("HF_HUB_OFFLINE", "1")
+            .arg("-c")
+            .arg(HARNESS_BOOTSTRAP)
+            .arg(abs(&opts.python_path));
+        for d in &pc.package_dirs {
+            cmd.arg("--package-dir").arg(abs(d));
+        }
+        if pc.require_network_isolation {
+            cmd.arg("--require-network-isolation");
+        }
+        if pc.device == PyDevice::Cpu {
+            // CPU tests: the candidate's function on CPU tensors; constraints as on sm_90.
+            cmd.args(["--device", "cpu", "--arch", "sm_90"]);
+        }
+        cmd
+    } else {
+        let mut cmd = Command::new(&opts.python);
+        cmd.arg("-m").arg("kernelize.harness");
+        let pp = match std::env::var_os("PYTHONPATH") {
+            Some(old) if !old.is_empty() => {
+                let mut v = opts.python_path.clone().into_os_string();
+                v.push(":");
+                v.push(old);
+                v
+            }
+            _ => opts.python_path.clone().into_os_string(),
+        };
+        cmd.env("PYTHONPATH", pp);
+        cmd
+    };
+    cmd.arg("--kernel")
         .arg(&kdir)
         .arg("--dtype")
         .arg(dts.join(","))
         .arg("--text")
-        .arg(&opts.text)
+        .arg(abs(&opts.text))
         .arg("--out-dir")
         .arg(&odir)
         .arg("--max-tokens")
         .arg(opts.max_tokens.to_string());
     for m in &opts.models {
-        cmd.arg("--model").arg(m);
+        cmd.arg("--model").arg(abs(m));
     }
-    let pp = match std::env::var_os("PYTHONPATH") {
-        Some(old) if !old.is_empty() => {
-            let mut v = opts.python_path.clone().into_os_string();
-            v.push(":");
-            v.push(old);
-            v
-        }
-        _ => opts.python_path.clone().into_os_string(),
-    };
-    cmd.env("PYTHONPATH", pp)
-        .stdin(Stdio::null())
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     progress(&format!(
-        "model level: {} model(s) x {} with {} -m kernelize.harness",
+        "model level: {} model(s) x {} with {} -m kernelize.harness{}",
         opts.models.len(),
         dts.join(","),
-        opts.python
+        opts.python,
+        if python_candidate {
+            " (Python candidate: confined child)"
+        } else {
+            ""
+        }
     ));
     let mut child = cmd.spawn().map_err(|e| {
         ModelError::Setup(format!(
@@ -423,7 +512,16 @@ pub fn run_models(
             .map_err(|e| ModelError::Output(format!("{}: {e}", summary_path.display())))?,
     )
     .map_err(|e| ModelError::Output(format!("summary.json: {e}")))?;
-    let mut out = ModelOutcome::default();
+    let mut out = ModelOutcome {
+        python: summary.python.as_ref().map(HarnessPython::line),
+        ..ModelOutcome::default()
+    };
+    if python_candidate && out.python.is_none() {
+        return Err(ModelError::Output(
+            "summary.json of a Python candidate's run does not say what it ran with (`python`)"
+                .into(),
+        ));
+    }
     for r in summary.runs {
         let digest = digests
             .iter()
@@ -505,6 +603,7 @@ pub fn attach(
                     .model_notes
                     .push(format!("{m}{dts}: not measured: {r}"));
             }
+            report.model_notes.extend(o.python.iter().cloned());
             report.model_notes.extend(o.warnings.iter().cloned());
             report.model_notes.push(format!(
                 "model level: {} measurement(s) in {:.1} s",
@@ -702,6 +801,7 @@ mod tests {
             python_path: d.path().to_path_buf(),
             max_tokens: 16,
             timeout: Duration::from_secs(20),
+            python_candidate: PythonOptions::default(),
         };
         let bundle = KernelBundle::from_parts(
             r#"
@@ -801,6 +901,100 @@ grid = "per_element"
             e.contains("could not start") && e.contains("--python"),
             "{e}"
         );
+    }
+
+    /// A Python candidate's harness is started confined, as the case runner's child is: `-I`,
+    /// the kernelize package as a path argument, its package folders, a private directory and
+    /// a scrubbed environment; what it ran with becomes a model note.
+    #[cfg(unix)]
+    #[test]
+    fn a_python_candidates_harness_is_confined_and_gets_its_packages() {
+        use std::os::unix::fs::PermissionsExt;
+        let (d, mut opts, _) = setup();
+        let prep = d.path().join("prep");
+        let mut summary: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(prep.join("summary.json")).unwrap()).unwrap();
+        summary["python"] = serde_json::json!({"python": "3.12.3", "torch": "2.9.0",
+            "packages": {"liger-kernel": "0.8.5"},
+            "isolation": ["isolated: a network namespace of its own, no interface but lo"]});
+        std::fs::write(prep.join("summary.json"), summary.to_string()).unwrap();
+        let (args, env) = (d.path().join("args.txt"), d.path().join("env.txt"));
+        let py = d.path().join("fake-python");
+        std::fs::write(
+            &py,
+            format!(
+                "#!/bin/sh\nprintf '%s\\n' \"$@\" > {a}\nenv > {e}\npwd >> {e}\n\
+                 while [ $# -gt 0 ]; do case \"$1\" in --out-dir) out=\"$2\"; shift;; esac; shift; done\n\
+                 cp {p}/* \"$out\"/\n",
+                a = args.display(),
+                e = env.display(),
+                p = prep.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&py, std::fs::Permissions::from_mode(0o755)).unwrap();
+        opts.python = py.display().to_string();
+        let pkgs = d.path().join("pkgs");
+        opts.python_candidate = PythonOptions {
+            package_dirs: vec![pkgs.clone()],
+            require_network_isolation: true,
+            ..Default::default()
+        };
+        let bundle = KernelBundle::from_parts(
+            r#"
+name = "py"
+version = "0.1.0"
+op = "silu"
+description = "t"
+authors = ["t"]
+license = "MIT"
+runtime = "python"
+source = "k.py"
+requires = ["liger-kernel==0.8.5"]
+[entry]
+bf16 = "silu"
+"#,
+            "def silu(x):\n    return x\n",
+        )
+        .unwrap();
+        let mut report = kernel_registry::report::tests_support::report_with(0, 0);
+        attach(&mut report, &bundle, &opts, &mut |_| {}).unwrap();
+        assert_eq!(report.model.len(), 1);
+        assert!(
+            report.model_notes.iter().any(|n| n
+                == "model level ran the Python candidate in a confined child: python 3.12.3, torch 2.9.0, liger-kernel 0.8.5; isolated: a network namespace of its own, no interface but lo"),
+            "{:?}",
+            report.model_notes
+        );
+        let args = std::fs::read_to_string(&args).unwrap();
+        let args: Vec<&str> = args.lines().collect();
+        assert_eq!(&args[..2], ["-I", "-c"], "{args:?}");
+        assert_eq!(args[2], HARNESS_BOOTSTRAP);
+        assert_eq!(args[3], opts.python_path.display().to_string());
+        let at = args.iter().position(|a| *a == "--package-dir").unwrap();
+        assert_eq!(args[at + 1], pkgs.display().to_string());
+        assert!(args.contains(&"--require-network-isolation"), "{args:?}");
+        assert!(
+            !args.contains(&"--device"),
+            "on the GPU by default: {args:?}"
+        );
+        let env = std::fs::read_to_string(&env).unwrap();
+        let cwd = env.lines().last().unwrap();
+        assert!(cwd.ends_with("/home"), "{env}");
+        assert!(env.contains(&format!("HOME={cwd}\n")), "{env}");
+        assert!(env.contains("HF_HUB_OFFLINE=1"), "{env}");
+        assert!(!env.contains("PYTHONPATH="), "{env}");
+        if std::env::var_os("CARGO_MANIFEST_DIR").is_some() {
+            assert!(!env.contains("CARGO_MANIFEST_DIR="), "{env}");
+        }
+
+        // A Python candidate's summary must say what it ran with.
+        summary.as_object_mut().unwrap().remove("python");
+        std::fs::write(prep.join("summary.json"), summary.to_string()).unwrap();
+        let e = run_models(&bundle, &[DType::Bf16], &opts, &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not say what it ran with"), "{e}");
     }
 
     #[cfg(unix)]

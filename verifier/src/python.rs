@@ -248,32 +248,11 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
         let home = self.work.path().join("home");
         std::fs::create_dir_all(&home)
             .map_err(|e| ExecError::Sandbox(format!("cannot make {}: {e}", home.display())))?;
-        let mut cmd = Command::new(&self.opts.python);
-        cmd.arg("-I")
-            .arg(self.work.path().join("runner.py"))
-            .current_dir(&home)
-            .env_clear()
-            .env("HOME", &home)
-            .env("TMPDIR", &home)
-            // Triton and Inductor caches live in the private directory too.
-            .env("TRITON_CACHE_DIR", home.join("triton"))
-            .env("TORCHINDUCTOR_CACHE_DIR", home.join("inductor"))
-            .env("PYTHONDONTWRITEBYTECODE", "1")
+        let mut cmd = confined_python(&self.opts.python, &home, self.opts.memory_limit_bytes);
+        cmd.arg(self.work.path().join("runner.py"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        for k in [
-            "PATH",
-            "LD_LIBRARY_PATH",
-            "CUDA_VISIBLE_DEVICES",
-            "CUDA_HOME",
-            "CUDA_PATH",
-        ] {
-            if let Some(v) = std::env::var_os(k) {
-                cmd.env(k, v);
-            }
-        }
-        confine(&mut cmd, self.opts.memory_limit_bytes);
         let child = cmd.spawn().map_err(|e| {
             ExecError::Sandbox(format!(
                 "cannot start {} for the Python candidate: {e}",
@@ -370,6 +349,47 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
         })?;
         Ok(dir)
     }
+}
+
+/// The variables of this process a confined child gets (everything else is scrubbed: tokens
+/// such as `KERNELIZE_TOKEN`, `PYTHON*`, proxies).
+pub const PASSED_ENV: [&str; 5] = [
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_HOME",
+    "CUDA_PATH",
+];
+
+/// `python -I ...` confined as every process that runs a Python candidate's code is (the case
+/// runner's child, and the model-level harness for a Python candidate): the working directory,
+/// `HOME`, `TMPDIR` and the Triton and Inductor caches in `home` (a private directory the caller
+/// makes and removes), an environment scrubbed to `PASSED_ENV`, and on Linux a network
+/// namespace of its own where the kernel allows one and RLIMIT_DATA (`confine`). `-I` ignores
+/// `PYTHON*` variables and the user's site-packages. The caller adds the program and its stdio.
+pub fn confined_python(python: &Path, home: &Path, memory_limit_bytes: Option<u64>) -> Command {
+    // A relative path such as `python/.venv/bin/python` means from here, not from `home`.
+    let python = if python.components().count() > 1 {
+        std::path::absolute(python).unwrap_or_else(|_| python.to_path_buf())
+    } else {
+        python.to_path_buf()
+    };
+    let mut cmd = Command::new(python);
+    cmd.arg("-I")
+        .current_dir(home)
+        .env_clear()
+        .env("HOME", home)
+        .env("TMPDIR", home)
+        .env("TRITON_CACHE_DIR", home.join("triton"))
+        .env("TORCHINDUCTOR_CACHE_DIR", home.join("inductor"))
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    for k in PASSED_ENV {
+        if let Some(v) = std::env::var_os(k) {
+            cmd.env(k, v);
+        }
+    }
+    confine(&mut cmd, memory_limit_bytes);
+    cmd
 }
 
 /// Start the child in its own network namespace (where the kernel lets an unprivileged process

@@ -314,3 +314,190 @@ fn the_verifier_loop_runs_a_python_candidate_through_the_same_suite() {
     assert!(p.packages.contains_key("torch"));
     assert_eq!(r.kernel.digest, b.digest());
 }
+
+// ---- model level: the harness swaps the candidate's function into a real (tiny) model ------
+
+/// A tiny random Llama (2 layers, 5 RMSNorms, byte tokens) saved as a checkpoint folder by
+/// `py`, or `None` (said loudly) when that Python has no transformers.
+fn tiny_llama(py: &Path, dir: &Path) -> Option<PathBuf> {
+    let out = dir.join("tiny-llama");
+    let script = format!(
+        "import torch, transformers\n\
+         torch.manual_seed(0)\n\
+         cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=160, \
+         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, \
+         max_position_embeddings=64, rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None)\n\
+         m = transformers.LlamaForCausalLM(cfg)\n\
+         with torch.no_grad():\n\
+         \x20   for mod in m.modules():\n\
+         \x20       if 'RMSNorm' in type(mod).__name__:\n\
+         \x20           mod.weight.copy_((1 + 0.2 * torch.randn_like(mod.weight)).clamp(0.5, 2))\n\
+         m.config.kernelize_tokenizer = 'bytes'\n\
+         m.save_pretrained({:?})\n",
+        out.display().to_string()
+    );
+    let o = std::process::Command::new(py)
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    if !o.status.success() {
+        eprintln!(
+            "SKIPPED: {} cannot save a tiny Llama (transformers missing?): {}",
+            py.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        return None;
+    }
+    Some(out)
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+#[test]
+fn model_level_runs_the_python_function_in_a_confined_harness() {
+    let Some(py) = python() else { return };
+    let d = tempfile::tempdir().unwrap();
+    let Some(model) = tiny_llama(&py, d.path()) else {
+        return;
+    };
+    std::fs::write(
+        d.path().join("eval.txt"),
+        "The quick brown fox jumps over the lazy dog, and then it runs away.",
+    )
+    .unwrap();
+    // A package folder as `pip install --target` leaves it, holding the candidate's function:
+    // F.rms_norm (one rounding where LlamaRMSNorm rounds twice), and a record of what the
+    // process it runs in looks like.
+    let pkgs = d.path().join("pkgs");
+    std::fs::create_dir_all(pkgs.join("kz_probe")).unwrap();
+    std::fs::create_dir_all(pkgs.join("kz_probe-0.3.0.dist-info")).unwrap();
+    std::fs::write(
+        pkgs.join("kz_probe-0.3.0.dist-info/METADATA"),
+        "Metadata-Version: 2.1\nName: kz_probe\nVersion: 0.3.0\n",
+    )
+    .unwrap();
+    let probe = d.path().join("probe.json");
+    std::fs::write(
+        pkgs.join("kz_probe/__init__.py"),
+        format!(
+            "import json, os, sys\nimport torch.nn.functional as F\n\n\
+             with open({:?}, 'w') as f:\n\
+             \x20   json.dump({{'env': sorted(os.environ), 'cwd': os.getcwd(), \
+             'home': os.environ.get('HOME'), 'isolated_flag': sys.flags.isolated}}, f)\n\n\
+             CALLS = 0\n\n\n\
+             def rms_norm(x, weight, eps):\n\
+             \x20   global CALLS\n\
+             \x20   CALLS += 1\n\
+             \x20   return F.rms_norm(x, x.shape[-1:], weight, eps)\n",
+            probe.display().to_string()
+        ),
+    )
+    .unwrap();
+    let toml = TOML.replace("fake_py_rms", "probe_rms").replace(
+        "requires = [\"torch>=2.0\"]",
+        "requires = [\"kz-probe==0.3.0\", \"torch>=2.0\"]",
+    );
+    let bundle = KernelBundle::from_parts(
+        &toml,
+        "import kz_probe\n\n\ndef rms_norm(x, weight, eps):\n    return kz_probe.rms_norm(x, weight, eps)\n",
+    )
+    .unwrap();
+    let opts = verifier::model::ModelOptions {
+        models: vec![model.clone()],
+        text: d.path().join("eval.txt"),
+        python: py.display().to_string(),
+        python_path: repo().join("python"),
+        max_tokens: 64,
+        timeout: Duration::from_secs(300),
+        python_candidate: PythonOptions {
+            python: py.clone(),
+            device: PyDevice::Cpu,
+            package_dirs: vec![pkgs.clone()],
+            ..Default::default()
+        },
+    };
+    let mut lines = vec![];
+    let o = verifier::model::run_models(&bundle, &[DType::Bf16, DType::F32], &opts, &mut |l| {
+        lines.push(l.to_string())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", lines.join("\n")));
+    assert_eq!(o.reports.len(), 2, "{:?} {lines:?}", o.skipped);
+    for r in &o.reports {
+        assert_eq!(
+            (r.model_name.as_str(), r.layers_replaced),
+            ("tiny-llama", 5)
+        );
+        assert_eq!(r.tokens, 64);
+        assert!((0.0..=1.0).contains(&r.argmax_match_fraction), "{r:?}");
+        assert!(
+            r.max_logit_abs_diff.is_finite() && r.mean_kl >= 0.0,
+            "{r:?}"
+        );
+    }
+    // bf16: F.rms_norm is not LlamaRMSNorm, so the logits move (by a little).
+    let bf16 = o.reports.iter().find(|r| r.dtype == DType::Bf16).unwrap();
+    assert!(
+        bf16.max_logit_abs_diff > 0.0 && bf16.max_logit_abs_diff < 1.0,
+        "{bf16:?}"
+    );
+    // What it ran with, for the report's model notes.
+    let ran = o.python.as_deref().unwrap();
+    assert!(
+        ran.contains("kz-probe 0.3.0")
+            && ran.contains("torch ")
+            && ran.contains("memory: RLIMIT_DATA 32768 MiB"),
+        "{ran}"
+    );
+    // The confinement the case runner's child gets: -I, a private working directory and HOME
+    // (removed after the run), an environment scrubbed to PATH, LD_LIBRARY_PATH and CUDA's.
+    let p: serde_json::Value = serde_json::from_slice(&std::fs::read(&probe).unwrap()).unwrap();
+    assert_eq!(p["isolated_flag"], 1, "{p}");
+    let cwd = p["cwd"].as_str().unwrap();
+    assert_eq!(p["home"].as_str(), Some(cwd), "{p}");
+    assert!(
+        !Path::new(cwd).exists(),
+        "the private directory is removed: {p}"
+    );
+    let env: Vec<&str> = p["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(
+        !env.contains(&"CARGO_MANIFEST_DIR") && !env.contains(&"PYTHONPATH"),
+        "{env:?}"
+    );
+    for k in &env {
+        let allowed = verifier::python::PASSED_ENV.contains(k)
+            || [
+                "HOME",
+                "TMPDIR",
+                "TRITON_CACHE_DIR",
+                "TORCHINDUCTOR_CACHE_DIR",
+                "PYTHONDONTWRITEBYTECODE",
+                "HF_HUB_OFFLINE",
+                "LC_CTYPE",
+            ]
+            .contains(k);
+        // torch and transformers may set a few of their own variables at import time.
+        let libs = k.starts_with("KMP_") || k.starts_with("OMP_") || k.starts_with("TOKENIZERS_");
+        assert!(allowed || libs, "`{k}` reached the child: {env:?}");
+    }
+
+    // A failing import says so, with the harness's message.
+    let mut bad = opts.clone();
+    bad.python_candidate.package_dirs.clear();
+    let e = verifier::model::run_models(&bundle, &[DType::Bf16], &bad, &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("importing the Python candidate probe_rms") && e.contains("--package-dir"),
+        "{e}"
+    );
+}

@@ -131,6 +131,18 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
+    /// `options`, with a Python candidate's package folders and confinement from `candidates`
+    /// (the model-level run of a Python candidate runs its code too).
+    pub fn options_with(
+        &self,
+        candidates: &PythonCandidateArgs,
+    ) -> anyhow::Result<Option<verifier::model::ModelOptions>> {
+        Ok(self.options()?.map(|mut m| {
+            m.python_candidate = candidates.options(&self.python);
+            m
+        }))
+    }
+
     /// `None` when no model was asked for; an error says what is missing and how to fix it.
     pub fn options(&self) -> anyhow::Result<Option<verifier::model::ModelOptions>> {
         if self.models.is_empty() {
@@ -176,6 +188,7 @@ impl ModelArgs {
             python_path,
             max_tokens: self.max_tokens,
             timeout: Duration::from_secs(self.model_timeout_s),
+            python_candidate: Default::default(),
         }))
     }
 }
@@ -446,7 +459,7 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let bundle = KernelBundle::load_dir(&args.path)
         .with_context(|| format!("loading the kernel in {}", args.path.display()))?;
     // Checked before the GPU work so that a typo does not cost a whole run.
-    let model_opts = args.model.options()?;
+    let model_opts = args.model.options_with(&args.candidates)?;
     let opts = VerifyOptions {
         dtypes: (!args.dtypes.is_empty()).then(|| args.dtypes.clone()),
         quick: args.quick,

@@ -89,7 +89,7 @@ pub async fn run(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     // Checked once at start: a bad --model, a missing harness or an unreadable key is the
     // operator's to fix.
-    let model = a.model.options()?;
+    let model = a.model.options_with(&a.candidates)?;
     let key = match (&a.key, &a.key_file) {
         (Some(k), _) => Some(k.clone()),
         (None, Some(f)) => Some(super::keys::read_signing_key(f)?),

@@ -123,6 +123,10 @@ pub async fn page(
             "Every kernel's newest verdict per GPU architecture and dtype, measured against the eager reference layer and an f64 oracle. "
             "Speed is at the measured shape nearest " (HEADLINE_ROWS) "x" (HEADLINE_COLS) "; the roofline is this device's measured copy bandwidth."
         }
+        p #field-link {
+            a href=(field_href(op, dtype, arch)) { "Compare the field" }
+            ": every candidate of an op side by side, CUDA kernels and Python candidates (Liger-Kernel, torch.compile, PyTorch's fused functions), with model-level agreement."
+        }
         (filters(op, dtype, arch, &archs_seen))
         @if total_rows == 0 {
             (empty_state(*total_kernels as usize, op.is_some() || dtype.is_some() || arch.is_some()))
@@ -139,6 +143,25 @@ pub async fn page(
         }
     };
     Ok(layout("Verification matrix", Nav::Overview, body))
+}
+
+/// The field page with the overview's filters.
+fn field_href(op: Option<Op>, dtype: Option<DType>, arch: Option<Arch>) -> String {
+    let mut parts = vec![];
+    if let Some(o) = op {
+        parts.push(format!("op={o}"));
+    }
+    if let Some(d) = dtype {
+        parts.push(format!("dtype={d}"));
+    }
+    if let Some(a) = arch {
+        parts.push(format!("arch={a}"));
+    }
+    if parts.is_empty() {
+        "/field".into()
+    } else {
+        format!("/field?{}", parts.join("&"))
+    }
 }
 
 /// What the overview shows of the store for one filter and page.
@@ -197,7 +220,7 @@ impl OverviewData {
 }
 
 /// "rows a-b of n" with links to the previous and next pages (nothing when one page holds all).
-fn pager(
+pub(super) fn pager(
     id: &str,
     offset: i64,
     limit: i64,

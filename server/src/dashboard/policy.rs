@@ -1,6 +1,8 @@
 //! `/policy`: the policy explorer. For a policy, dtype, arch and shape, what every op resolves
 //! to and why each other kernel is out — computed by `resolve::resolve` from a query parsed by
-//! `api::resolve::parse_query`, so it is the answer `/v1/resolve` gives.
+//! `api::resolve::parse_query`, so it is the answer `/v1/resolve` gives. It resolves across
+//! runtimes by default (`runtime=any`: CUDA kernels and Python candidates compete); `runtime=cuda`
+//! shows what a client that did not opt in to Python candidates gets.
 
 use super::{class_badge, date, gbps, kernel_href, layout, roofline, Nav, PageError};
 use crate::api::resolve::parse_query;
@@ -13,13 +15,19 @@ use kernel_registry::{DType, Op, Semantics};
 use maud::html;
 use std::collections::HashMap;
 
-const DEFAULTS: [(&str, &str); 4] = [
+const DEFAULTS: [(&str, &str); 5] = [
     ("policy", "bit_exact"),
     ("dtype", "bf16"),
     ("arch", "sm_90"),
     ("cols", "4096"),
+    ("runtime", "any"),
 ];
-const PARAMS: [&str; 6] = ["policy", "dtype", "arch", "cols", "rows", "op"];
+const PARAMS: [&str; 7] = ["policy", "dtype", "arch", "cols", "rows", "op", "runtime"];
+/// The `runtime` choices: (value, label).
+const RUNTIMES: [(&str, &str); 2] = [
+    ("any", "any: CUDA kernels and Python candidates"),
+    ("cuda", "cuda: what a client without the Python opt-in gets"),
+];
 const POLICIES: [&str; 7] = [
     "bit_exact",
     "bit_exact,deterministic,batch_invariant",
@@ -93,10 +101,13 @@ fn render(
         StatusCode::OK
     };
     let dtype = v("dtype");
+    let runtime = v("runtime");
     let body = html! {
         h1 { "Policy explorer" }
         p.lead { "Which kernel each op resolves to under a policy, on an architecture, for a shape — and why every other kernel is out. "
-            "This is the answer " code { "GET /v1/resolve" } " gives (the same function computes it); a kernel never verified on the architecture is never handed out." }
+            "This is the answer " code { "GET /v1/resolve" } " gives (the same function computes it); a kernel never verified on the architecture is never handed out. "
+            "With runtime any, CUDA kernels and Python candidates (Liger-Kernel, torch.compile, PyTorch's fused functions) compete: the fastest that meets the policy wins, whatever runs it; "
+            "a client is handed a Python candidate only when its caller opts in. " a href="/field" { "Compare the field." } }
         form.filters method="get" action="/policy" {
             label { "policy"
                 input name="policy" value=(v("policy")) list="policies" size="34";
@@ -117,6 +128,9 @@ fn render(
                     @for o in Op::ALL { option value=(o) selected[o.as_str() == v("op")] { (o) } }
                 }
             }
+            label { "runtime"
+                select name="runtime" { @for (r, label) in RUNTIMES { option value=(r) selected[r == runtime] { (label) } } }
+            }
             button type="submit" { "Resolve" }
         }
         @match &answers {
@@ -133,7 +147,10 @@ fn render(
                                 td { (op) " " span.muted { "(" (sem) ")" } br; a.muted href=(url) { "JSON" } }
                                 @match &r.chosen {
                                     Some(c) => {
-                                        td.chosen { a href=(kernel_href(&c.kernel.name, &c.kernel.version)) { strong { (c.kernel.name) " " (c.kernel.version) } } }
+                                        td.chosen {
+                                            a href=(kernel_href(&c.kernel.name, &c.kernel.version)) { strong { (c.kernel.name) " " (c.kernel.version) } }
+                                            @if c.kernel.runtime == kernel_registry::Runtime::Python { " " span.muted.runtime title="a Python candidate (SPEC 2b)" { "python" } }
+                                        }
                                         td { (class_badge(c.summary.class)) }
                                         @match &c.speed {
                                             Some(s) => {
@@ -177,10 +194,19 @@ fn render(
 
 /// The `/v1/resolve` URL of the same question.
 fn api_url(q: &HashMap<String, String>) -> String {
-    let mut parts: Vec<String> = ["op", "semantics", "dtype", "arch", "cols", "rows", "policy"]
-        .iter()
-        .filter_map(|k| q.get(*k).map(|v| format!("{k}={}", encode(v))))
-        .collect();
+    let mut parts: Vec<String> = [
+        "op",
+        "semantics",
+        "dtype",
+        "arch",
+        "cols",
+        "rows",
+        "policy",
+        "runtime",
+    ]
+    .iter()
+    .filter_map(|k| q.get(*k).map(|v| format!("{k}={}", encode(v))))
+    .collect();
     parts.dedup();
     format!("/v1/resolve?{}", parts.join("&"))
 }

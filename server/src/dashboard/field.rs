@@ -1,0 +1,219 @@
+//! `/field`: the field compared — per op, dtype and architecture, every kernel side by side
+//! whatever its runtime (bundled CUDA kernels, Python candidates: Liger-Kernel, `torch.compile`,
+//! PyTorch's fused functions), with exactness, model-level agreement and speed against the
+//! roofline, and a link to the policy explorer resolving across runtimes.
+
+use super::overview::pager;
+use super::{class_badge, date, frac, gbps, kernel_href, layout, opt_param, roofline, sci, ulp};
+use super::{Nav, PageError};
+use crate::app::{AppState, Caller};
+use crate::error::AppError;
+use axum::extract::{Query, State};
+use kernel_registry::{Arch, DType, Op, Runtime};
+use kernel_store::{FieldGroup, FieldRow, MatrixFilter, HEADLINE_COLS, HEADLINE_ROWS};
+use maud::{html, Markup};
+use std::collections::HashMap;
+
+/// Rows per page, by default and at most.
+const PAGE_ROWS: i64 = 200;
+const MAX_PAGE_ROWS: i64 = 1000;
+
+pub async fn page(
+    State(st): State<AppState>,
+    _caller: Caller,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Markup, PageError> {
+    let op: Option<Op> = opt_param(&q, "op")?;
+    let dtype: Option<DType> = opt_param(&q, "dtype")?;
+    let arch: Option<Arch> = opt_param(&q, "arch")?;
+    let limit: i64 = opt_param(&q, "limit")?.unwrap_or(PAGE_ROWS);
+    let offset: i64 = opt_param(&q, "offset")?.unwrap_or(0);
+    if !(1..=MAX_PAGE_ROWS).contains(&limit) || offset < 0 {
+        return Err(AppError::bad_request(format!(
+            "`limit` must be 1..={MAX_PAGE_ROWS}, `offset` >= 0"
+        ))
+        .into());
+    }
+    let f = MatrixFilter { op, dtype, arch };
+    let (rows, total) = st.store.field_page(f, limit, offset).await?;
+    let fastest_exact = if total > 0 {
+        st.store.field_fastest_exact(f).await?
+    } else {
+        HashMap::new()
+    };
+    let mut archs = st.store.archs_verified(f).await?;
+    if let Some(a) = arch.filter(|a| !archs.contains(a)) {
+        archs.push(a);
+        archs.sort();
+    }
+    let link = |off: i64| {
+        let mut parts = vec![];
+        if let Some(o) = op {
+            parts.push(format!("op={o}"));
+        }
+        if let Some(d) = dtype {
+            parts.push(format!("dtype={d}"));
+        }
+        if let Some(a) = arch {
+            parts.push(format!("arch={a}"));
+        }
+        if limit != PAGE_ROWS {
+            parts.push(format!("limit={limit}"));
+        }
+        if off > 0 {
+            parts.push(format!("offset={off}"));
+        }
+        format!("/field?{}", parts.join("&"))
+    };
+    let body = html! {
+        h1 { "The field" }
+        p.lead {
+            "Every kernel of an op side by side, whatever runs it: the bundled CUDA kernels and Python candidates "
+            "(Liger-Kernel's Triton kernels, " code { "torch.compile" } "'d layers, PyTorch's fused functions), measured by the same suite. "
+            "Per op, dtype and GPU architecture, each kernel's newest verdict against the eager reference layer; "
+            "the model level (the kernel in every matching layer of a small real model: argmax agreement and the largest logit change), where measured; "
+            "and speed at the measured shape nearest " (HEADLINE_ROWS) "x" (HEADLINE_COLS) " as a fraction of this device's copy bandwidth (the roofline)."
+        }
+        (filters(op, dtype, arch, &archs))
+        @if total == 0 {
+            div.note #no-field {
+                p { "No verification matches these filters. " a href="/field" { "Show all." } }
+                p { "Kernels appear here once a GPU worker has verified them (see " a href="/" { "the verification matrix" } ")." }
+            }
+        } @else {
+            h2 { "Candidates " span.muted { "(" (total) " rows)" } }
+            (table(&rows, &fastest_exact))
+            (pager("field-pages", offset, limit, rows.len(), total, link))
+        }
+    };
+    Ok(layout("The field", Nav::Field, body))
+}
+
+fn filters(op: Option<Op>, dtype: Option<DType>, arch: Option<Arch>, archs: &[Arch]) -> Markup {
+    html! {
+        form.filters method="get" action="/field" {
+            label { "op"
+                select name="op" {
+                    option value="" { "all" }
+                    @for o in Op::ALL { option value=(o) selected[op == Some(*o)] { (o) } }
+                }
+            }
+            label { "dtype"
+                select name="dtype" {
+                    option value="" { "all" }
+                    @for d in DType::ALL { option value=(d) selected[dtype == Some(*d)] { (d) } }
+                }
+            }
+            label { "arch"
+                select name="arch" {
+                    option value="" { "all" }
+                    @for a in archs { option value=(a) selected[arch == Some(*a)] { (a) } }
+                }
+            }
+            button type="submit" { "Filter" }
+            @if op.is_some() || dtype.is_some() || arch.is_some() { a href="/field" { "clear" } }
+        }
+    }
+}
+
+/// What runs the kernel, in a person's words.
+fn runtime_label(r: Runtime) -> (&'static str, &'static str) {
+    match r {
+        Runtime::Cuda => ("CUDA", "a CUDA kernel of the hub's ABI, compiled with NVRTC"),
+        Runtime::Python => (
+            "Python",
+            "a Python candidate (SPEC 2b): a function of its .py source, e.g. a Triton kernel, torch.compile or a PyTorch function",
+        ),
+    }
+}
+
+/// One line per model measured, for the model cells' tooltip.
+fn models_title(r: &FieldRow) -> String {
+    r.models
+        .iter()
+        .map(|m| {
+            format!(
+                "{}: argmax {}, max logit diff {}, top-5 {}, KL {}, {} layer(s), {} tokens",
+                m.model_name,
+                frac(m.argmax_match_fraction),
+                sci(m.max_logit_abs_diff),
+                frac(m.top5_overlap),
+                sci(m.mean_kl),
+                m.layers_replaced,
+                m.tokens
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn table(rows: &[FieldRow], fastest_exact: &HashMap<FieldGroup, f64>) -> Markup {
+    let starts: Vec<bool> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| i == 0 || rows[i - 1].group() != r.group())
+        .collect();
+    html! {
+        div.scroll {
+            table #field {
+                thead { tr {
+                    th { "kernel" } th { "runtime" } th { "exactness" }
+                    th.num title="largest fraction of elements differing from the reference in any case" { "mismatch" }
+                    th.num { "max ulp" } th.num { "max abs diff" }
+                    th.num title="lowest fraction of positions whose argmax is the eager model's, over the models measured" { "argmax match" }
+                    th.num title="largest logit change over the models measured" { "max logit diff" }
+                    th { "models" }
+                    th.num { "GB/s" } th { "of copy roofline" } th.num { "speedup vs ref" }
+                    th.num title="GB/s over the fastest bit-exact kernel's of this op, dtype and architecture" { "vs fastest bit-exact" }
+                    th { "shape" } th { "device" } th { "verified" }
+                } }
+                tbody {
+                    @for (r, start) in rows.iter().zip(&starts) {
+                        @if *start {
+                            tr.group data-op=(r.kernel.op) data-dtype=(r.dtype) data-arch=(r.arch) {
+                                td colspan="16" {
+                                    (r.kernel.op) " · " (r.kernel.semantics) " · " (r.dtype) " · " (r.arch) " "
+                                    a href={"/policy?op=" (r.kernel.op) "&dtype=" (r.dtype) "&arch=" (r.arch) "&runtime=any"} {
+                                        "resolve across runtimes"
+                                    }
+                                }
+                            }
+                        }
+                        @let (rt, rt_title) = runtime_label(r.kernel.runtime);
+                        tr data-runtime=(rt) {
+                            td { a href=(kernel_href(&r.kernel.name, &r.kernel.version)) title=(r.kernel.description) { (r.kernel.name) " " (r.kernel.version) } }
+                            td title=(rt_title) { (rt) }
+                            td { (class_badge(r.verdict.class)) }
+                            td.num { (frac(r.verdict.max_mismatch_fraction)) }
+                            td.num { (ulp(r.verdict.max_ulp)) }
+                            td.num { (sci(r.verdict.max_abs_diff)) }
+                            @match (r.worst_argmax(), r.worst_logit_diff()) {
+                                (Some(a), Some(d)) => {
+                                    td.num.model title=(models_title(r)) { (frac(a)) }
+                                    td.num.model { (sci(d)) }
+                                    td.muted { (r.models.iter().map(|m| m.model_name.as_str()).collect::<Vec<_>>().join(", ")) }
+                                },
+                                _ => { td.num.muted { "—" } td.num.muted { "—" } td.muted { "not measured" } },
+                            }
+                            @match &r.speed {
+                                Some(s) => {
+                                    td.num { (gbps(s.gbps)) }
+                                    td { (roofline(s.copy_fraction)) }
+                                    td.num { (format!("{:.2}x", s.speedup)) }
+                                    @match fastest_exact.get(&r.group()) {
+                                        Some(best) if *best > 0.0 => td.num.vs-exact { (format!("{:.2}x", s.gbps / best)) },
+                                        _ => td.num.muted title="no bit-exact kernel of this group has a measured speed" { "—" },
+                                    }
+                                    td.muted { (s.rows) "x" (s.cols) }
+                                },
+                                None => { td.num.muted { "—" } td.muted { "not measured" } td.num.muted { "—" } td.num.muted { "—" } td {} },
+                            }
+                            td { (r.device_name) }
+                            td { (date(&r.verified_at)) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
