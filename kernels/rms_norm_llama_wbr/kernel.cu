@@ -879,7 +879,7 @@ KZ_DEV void kz_stage_lane(typename P::S& st, const T* xs, i64 nun, int lane, int
 template <int K, class P>
 KZ_DEV void kz_stage_mean_trees(const P& p, int nr, const KzCfg c) {
   const int g = threadIdx.x & 31, warp = kz_tid() >> 5, nw = kz_nthreads() >> 5;
-  if (c.bw == 32) {
+  if (K > 1 && c.bw == 32) {  // (K == 1: one lane-warp a row, nothing to share out)
     for (int pr = warp; pr < nr * K; pr += nw) {  // pr = rl * K + k: row rl's lane-warp k
       float v = kz_ls[pr * 32 + g];
 #pragma unroll
