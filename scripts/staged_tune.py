@@ -47,6 +47,8 @@ VARIANTS = {
     # 256 threads at every width (for the layer-norm order: only valid where the staged engine
     # takes the rows, which the tuning inputs guarantee: aligned, whole 16-byte chunks)
     "256x3": ([], lambda cols: rule_small([32, 8], 3)),
+    # the fused add's tile loops with int instead of 64-bit indices
+    "resid_i32": (["-DKZ_RESID_IDX64=0"], None),
 }
 # (Measured and dropped on 2026-11-24, H200: a double-buffered tile, 64-96 KB tiles in dynamic
 # shared memory, were 5-40% slower at 4096x8192 and 32768x4096; bench/RESULTS.md.)
@@ -81,6 +83,8 @@ def main():
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--kernels-dir", default=os.path.join(B.ROOT, "kernels"),
+                    help="the kernel folders (e.g. an earlier release's, to compare)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
@@ -101,7 +105,7 @@ def main():
     def build(kv):
         k, v = kv
         defines, override = VARIANTS[v]
-        var = Variant(os.path.join(B.ROOT, "kernels", k), v, defines, override, args.dtype)
+        var = Variant(os.path.join(args.kernels_dir, k), v, defines, override, args.dtype)
         try:
             var.compile(arch)
         except Exception as e:  # a variant that does not build is reported, not fatal

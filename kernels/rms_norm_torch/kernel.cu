@@ -182,6 +182,7 @@ struct MeanP {
   typedef float Prm;
   static constexpr bool kMean = true;  // the mean order (the staged engine's trees)
   static constexpr bool kTail = true;  // VEC rows with cols % 4 != 0 have a tail (kz_rows: see there)
+  static constexpr bool kInv = false;  // the staged lanes need no 1/n
   KZ_DEV static S ident() { return S{0.0f, 0.0f, 0.0f, 0.0f}; }
   // element h of unit item k (VEC: slot = the element's index in the vector; else k & 3)
   template <bool VEC> KZ_DEV static void push(S& s, float h, int slot) {
@@ -267,6 +268,7 @@ struct LnP {
   struct Prm { float mean, rstd; };
   static constexpr bool kMean = false;
   static constexpr bool kTail = false;
+  static constexpr bool kInv = !TORCH;  // WelfordDataLN's 1/n in the staged lanes
   KZ_DEV static S ident() { return S{0.0f, 0.0f, 0.0f}; }
   template <bool VEC> KZ_DEV static void push(S& s, float h, int) {
     if constexpr (VEC && TORCH) {  // _fused_rms_norm, vectorized: sum of fma(x, x, .)
@@ -777,8 +779,13 @@ KZ_DEV int kz_nthreads() { return blockDim.x * blockDim.y; }
 // The index type of the staged loops over one tile (at most the tile buffer's elements): int for
 // the plain norms, 64-bit for the fused add, which measured faster so on the H200
 // (scripts/staged_tune.py; the layer norm the other way round).
+#ifndef KZ_RESID_IDX64
+#define KZ_RESID_IDX64 1
+#endif
 template <bool RESID> struct KzIdx { typedef int I; };
+#if KZ_RESID_IDX64
 template <> struct KzIdx<true> { typedef i64 I; };
+#endif
 
 // n elements of T from global src to shared dst (both 16-byte aligned, n * sizeof(T) % 16 == 0)
 template <typename I, typename T> KZ_DEV void kz_stage(T* dst, const T* src, i64 n) {
@@ -853,13 +860,16 @@ KZ_DEV void kz_stage_lane(typename P::S& st, const T* xs, i64 nun, int lane, int
   I m = (I)m0;
   const I nu = (I)nun;
   I u = lane;
+  if constexpr (P::kInv) {
 #pragma unroll 4
-  for (; u < nu && m < KZ_INV_N / 4; u += lanes, ++m) {
-    Un<T, true> un;
-    un.ld(xs + 4 * u, true);
+    for (; u < nu && m < KZ_INV_N / 4; u += lanes, ++m) {
+      Un<T, true> un;
+      un.ld(xs + 4 * u, true);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) P::push_staged(st, un.f(i), i, P::inv_tab((int)(4 * m + i)));
+      for (int i = 0; i < 4; ++i) P::push_staged(st, un.f(i), i, P::inv_tab((int)(4 * m + i)));
+    }
   }
+#pragma unroll 4
   for (; u < nu; u += lanes, ++m) {
     Un<T, true> un;
     un.ld(xs + 4 * u, true);
