@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import sys
 import types
 from typing import Any
 
@@ -74,7 +75,15 @@ class PythonKernel:
         name = "kernelize_candidate_" + digest.split(":")[-1][:16]
         mod = types.ModuleType(name)
         mod.__file__ = f"<kernelize {manifest['name']} {manifest['version']} {digest}>"
-        exec(compile(source, mod.__file__, "exec"), mod.__dict__)  # noqa: S102 - opted in
+        # importable by its name, as an imported module is: torch.compile'd functions of the
+        # source are traced by Dynamo, which imports a function's module by name to read its
+        # globals (compile(silu(g) * u) failed in a model on the GPU machine without this)
+        sys.modules[name] = mod
+        try:
+            exec(compile(source, mod.__file__, "exec"), mod.__dict__)  # noqa: S102 - opted in
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
         fn = getattr(mod, manifest["entries"][dtype], None)
         if not callable(fn):
             raise ValueError(f"{manifest['name']}: entry.{dtype} `{manifest['entries'][dtype]}` "

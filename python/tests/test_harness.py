@@ -475,3 +475,38 @@ def test_kernelize_on_the_cpu_swaps_python_candidates_only(models):
         with pytest.raises(RuntimeError, match='device="cpu"'):
             core.kernelize(model, kernels_dir=KERNELS / "third-party" / "f_rms_norm_as_llama",
                            swap=True, arch="sm_90", verbose=False)
+
+
+def test_a_compiled_python_candidate_runs_in_the_models(tmp_path, models):
+    """A candidate whose function is torch.compile'd reads its module's globals by the module's
+    name while Dynamo traces: the loaded source must be importable under that name (it was not,
+    and compile(silu(g) * u) failed at the model level on the GPU machine)."""
+    k = _py_candidate(tmp_path, "compiled_llama_norm",
+                      "import torch\nimport torch.nn.functional as F\n\nSCALE = 1.0\n\n\n"
+                      "@torch.compile\n"
+                      "def _norm(x, weight, eps):\n"
+                      "    h = F.relu(x.float()) * 0.0 + x.float() * SCALE\n"
+                      "    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)\n"
+                      "    return weight * h.to(x.dtype)\n\n\n"
+                      "def rms_norm(x, weight, eps):\n"
+                      "    return _norm(x, weight, eps)\n")
+    rc, s, _ = _run_cpu(tmp_path, k, [models["llama"]])
+    assert rc == 0, s
+    r = s["runs"][0]
+    assert r["kernel_launches"] == 5 and r["replaced_never_launched"] == []
+
+
+def test_a_loaded_python_candidate_is_importable_by_its_module_name(tmp_path):
+    """Dynamo imports a traced function's module by name (importlib.import_module) to read its
+    globals; the client's loader registers the candidate's module under its name."""
+    import importlib
+
+    from kernelize.digest import digest_of, parse_manifest_toml
+    from kernelize.pykernel import PythonKernel
+    k = _py_candidate(tmp_path, "named_module", "VALUE = 41\n\n\ndef rms_norm(x, weight, eps):\n"
+                      "    return x\n")
+    man = parse_manifest_toml((k / "kernel.toml").read_text())
+    src = (k / "kernel.py").read_text()
+    pk = PythonKernel(digest_of(man, src), man, src, "bf16", torch.device("cpu"), allow_python=True)
+    mod = importlib.import_module(pk.module.__name__)
+    assert mod is pk.module and mod.VALUE == 41

@@ -74,6 +74,7 @@ def load(req):
         DEVICE = torch.device("cpu")
     spec = importlib.util.spec_from_file_location("kernelize_candidate", req["source_path"])
     MODULE = importlib.util.module_from_spec(spec)
+    sys.modules["kernelize_candidate"] = MODULE  # importable by name (Dynamo reads globals so)
     try:
         spec.loader.exec_module(MODULE)
     except BaseException:  # noqa: BLE001 - anything the source raises is the candidate's
