@@ -13,18 +13,33 @@ use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// The most answers kept at once (per cache).
+/// The most answers kept at once (per cache, unless it is made with another bound).
 pub const MAX_ANSWERS: usize = 4096;
+
+/// The most resolve rankings, and the most policy lists' ids, kept at once: each grows with
+/// its group (a ranking holds every qualifying kernel's coverage and speeds, ~1 KB each; a
+/// list 8 bytes per kernel), so fewer of them are kept than answers.
+pub const MAX_KEPT_LISTS: usize = 256;
 
 /// Values computed from the store, each kept with the generation it was computed at.
 pub struct GenerationCache<T> {
     answers: Mutex<HashMap<String, (i64, T)>>,
+    /// The most values kept at once.
+    max: usize,
 }
 
 impl<T> Default for GenerationCache<T> {
     fn default() -> Self {
+        GenerationCache::bounded(MAX_ANSWERS)
+    }
+}
+
+impl<T> GenerationCache<T> {
+    /// A cache of at most `max` values (for large ones: a resolve's ranking, a list's ids).
+    pub fn bounded(max: usize) -> Self {
         GenerationCache {
             answers: Mutex::new(HashMap::new()),
+            max: max.max(1),
         }
     }
 }
@@ -41,7 +56,7 @@ impl<T: Clone> GenerationCache<T> {
 
     pub fn insert(&self, key: String, generation: i64, value: T) {
         let mut answers = self.answers.lock().expect("answer cache lock");
-        if answers.len() >= MAX_ANSWERS && !answers.contains_key(&key) {
+        if answers.len() >= self.max && !answers.contains_key(&key) {
             answers.clear();
         }
         answers.insert(key, (generation, value));

@@ -5,12 +5,13 @@ use super::{known_params, param, required};
 use crate::answers::AnswerCache;
 use crate::app::{AppState, Caller};
 use crate::error::AppError;
-use crate::resolve::{resolve_queueing, Query, Queueing};
+use crate::resolve::{Query, Queueing};
 use axum::extract::{Query as Q, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kernel_registry::Op;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Parse the resolve query (shared with the dashboard's policy explorer).
 pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
@@ -80,25 +81,43 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
         ("policy" = Option<PolicyText>, Query, description = "bit_exact (default), ulp:N, tolerance, argmax, with ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X"),
         ("runtime" = Option<String>, Query, description = "cuda (default: CUDA kernels only) or any (Python candidates too, SPEC 2b)"),
     ),
-    responses((status = 200, description = "The chosen kernel with its evidence"), (status = 404, description = "No kernel qualifies; `excluded` says why each is out (the first 100; `excluded_total` counts all)"), (status = 400, description = "A bad parameter")))]
+    responses((status = 200, description = "The chosen kernel with its evidence; `also_qualifying` lists the first 100 other qualifying kernels, fastest first (`also_qualifying_total` counts all)"), (status = 404, description = "No kernel qualifies; `excluded` says why each is out (the first 100; `excluded_total` counts all)"), (status = 400, description = "A bad parameter")))]
 pub async fn resolve(
     State(st): State<AppState>,
     c: Caller,
     Q(q): Q<HashMap<String, String>>,
 ) -> Result<Response, AppError> {
     let query = parse_query(&q)?;
-    // An answer that queued nothing is kept until the store changes (`crate::answers`).
-    let key = AnswerCache::key("/v1/resolve", &q);
     let generation = st.store.answer_generation().await?;
-    if let Some(a) = st.answers.get(&key, generation) {
-        return Ok(crate::answers::json_response(a));
+    // An answer without `rows` that queued nothing is kept as text until the store changes
+    // (`crate::answers`); one with `rows` is derived from the kept ranking of its query (a
+    // distinct `rows` per ask would otherwise fill the cache with near-copies).
+    let key = AnswerCache::key("/v1/resolve", &q);
+    let keep_text = query.rows.is_none();
+    if keep_text {
+        if let Some(a) = st.answers.get(&key, generation) {
+            return Ok(crate::answers::json_response(a));
+        }
     }
-    let queueing = Queueing {
-        max_pending: st.config.max_pending_width_jobs,
-        actor: c.actor().to_string(),
+    let mut unshaped = q.clone();
+    unshaped.remove("rows");
+    let ranking_key = AnswerCache::key("/v1/resolve#ranking", &unshaped);
+    let rank = match st.rankings.get(&ranking_key, generation) {
+        Some(r) => r,
+        None => {
+            let queueing = Queueing {
+                max_pending: st.config.max_pending_width_jobs,
+                actor: c.actor().to_string(),
+            };
+            let r = Arc::new(crate::resolve::ranking(&st.store, &query, Some(&queueing)).await?);
+            if r.keepable() {
+                st.rankings.insert(ranking_key, generation, r.clone());
+            }
+            r
+        }
     };
-    let r = resolve_queueing(&st.store, &query, Some(&queueing)).await?;
-    let keep = r.queued_jobs.is_empty() && r.unverified_width.is_empty() && r.queue_full.is_none();
+    let r = rank.resolution(&st.store, &query).await?;
+    let keep = keep_text && rank.keepable();
     match r.chosen {
         Some(c) => {
             let answer = serde_json::json!({
@@ -119,6 +138,7 @@ pub async fn resolve(
             "speed": c.speed,
             "coverage": c.coverage,
             "also_qualifying": r.also_qualifying,
+            "also_qualifying_total": r.also_qualifying_total,
             "excluded": r.excluded,
             "excluded_total": r.excluded_total,
             "queued_jobs": r.queued_jobs,
