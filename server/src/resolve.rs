@@ -246,8 +246,30 @@ struct Qualifying {
     /// Its verification's coverage of the dtype (it covers the asked width).
     coverage: Vec<Coverage>,
     /// Its verification's timed cases of the dtype, in case order.
-    speeds: Vec<SpeedAt>,
+    cases: Vec<TimedCase>,
 }
+
+/// A timed case of a qualifying kernel, with what ranking by it for any `rows` needs.
+#[derive(Debug, Clone)]
+struct TimedCase {
+    speed: SpeedAt,
+    /// Its distance from the query's `cols`, as `nearest_speed` computes it.
+    cols_distance: f64,
+    /// Where its row count is in `Ranking::case_rows`.
+    rows_at: usize,
+    /// The kernel's `also_qualifying` line when this case is its nearest.
+    line: String,
+}
+
+/// Which timed case of each qualifying kernel (in list order) is nearest a query's rows x
+/// cols (`None`: it has none): all of an answer that `rows` decides, but for the chosen
+/// kernel's row coverage.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Shape(Vec<Option<u32>>);
+
+/// The most answer texts a ranking keeps (one per `Shape`; one per ranking when every kernel
+/// ran the same row counts).
+const MAX_TEXTS_PER_RANKING: usize = 8;
 
 /// What the answer shows of a chosen kernel beyond its ranking's row, read once per ranking.
 #[derive(Debug)]
@@ -272,8 +294,12 @@ pub struct Ranking {
     queued_jobs: Vec<QueuedJob>,
     queue_full: Option<String>,
     unverified_width: Vec<String>,
+    /// Every row count of the qualifying kernels' timed cases, sorted.
+    case_rows: Vec<u64>,
     /// The chosen kernels' rows, verdicts and staleness, by verification id, as they are read.
     chosen: Mutex<HashMap<i64, Arc<ChosenParts>>>,
+    /// Answer texts without the chosen kernel's coverage, per shape (`crate::api::resolve`).
+    texts: Mutex<HashMap<Shape, bytes::Bytes>>,
 }
 
 /// The store's part of resolving `q`: every candidate with its newest verdict on the arch and
@@ -349,7 +375,7 @@ pub async fn ranking(
                 digest: k.digest,
                 verdict: v,
                 coverage: cov,
-                speeds: vec![],
+                cases: vec![],
             }),
             Err(why) => {
                 unverified_width.push(label.clone());
@@ -408,10 +434,27 @@ pub async fn ranking(
         .map(|k| k.verdict.verification_id)
         .collect();
     let mut speeds: HashMap<i64, Vec<SpeedAt>> = store.speeds_of(&ids, q.dtype).await?;
+    let mut case_rows: Vec<u64> = speeds.values().flatten().map(|s| s.rows).collect();
+    case_rows.sort_unstable();
+    case_rows.dedup();
     for k in &mut qualifying {
-        k.speeds = speeds
+        let timed = speeds
             .remove(&k.verdict.verification_id)
             .unwrap_or_default();
+        k.cases = timed
+            .into_iter()
+            .map(|speed| TimedCase {
+                cols_distance: ((speed.cols.max(1) as f64) / (q.cols.max(1) as f64))
+                    .log2()
+                    .abs(),
+                rows_at: case_rows.binary_search(&speed.rows).unwrap_or_default(),
+                line: format!(
+                    "{}: qualifies, slower ({:.0} GB/s at {}x{})",
+                    k.label, speed.gbps, speed.rows, speed.cols
+                ),
+                speed,
+            })
+            .collect();
     }
     // The verdicts of the failing lines listed.
     let mut parts = store
@@ -425,7 +468,9 @@ pub async fn ranking(
         queued_jobs,
         queue_full,
         unverified_width,
+        case_rows,
         chosen: Mutex::default(),
+        texts: Mutex::default(),
     })
 }
 
@@ -436,37 +481,120 @@ impl Ranking {
         self.queued_jobs.is_empty() && self.unverified_width.is_empty() && self.queue_full.is_none()
     }
 
+    /// Which timed case of each qualifying kernel is nearest `q`'s rows x cols: what
+    /// `nearest_speed` picks, from distances computed once per ranking (cols) and once per
+    /// row count (rows).
+    pub fn shape(&self, q: &Query) -> Shape {
+        let rows_distance: Vec<f64> = self
+            .case_rows
+            .iter()
+            .map(|&c| {
+                q.rows
+                    .map(|r| ((c.max(1) as f64) / (r.max(1) as f64)).log2().abs() * 0.5)
+                    .unwrap_or(0.0)
+            })
+            .collect();
+        Shape(
+            self.qualifying
+                .iter()
+                .map(|k| {
+                    // The first of equally near cases, as `Iterator::min_by` keeps it.
+                    let mut best: Option<(u32, f64)> = None;
+                    for (i, c) in k.cases.iter().enumerate() {
+                        let d = c.cols_distance + rows_distance[c.rows_at];
+                        if best.is_none_or(|(_, b)| d.total_cmp(&b).is_lt()) {
+                            best = Some((i as u32, d));
+                        }
+                    }
+                    best.map(|(i, _)| i)
+                })
+                .collect(),
+        )
+    }
+
+    /// The qualifying kernels with their nearest case for `shape`, fastest first (a stable
+    /// sort keeps list order among equals).
+    fn ranked<'a>(&'a self, shape: &Shape) -> Vec<(&'a Qualifying, Option<&'a TimedCase>)> {
+        let mut ranked: Vec<(&Qualifying, Option<&TimedCase>)> = self
+            .qualifying
+            .iter()
+            .zip(&shape.0)
+            .map(|(k, i)| (k, i.map(|i| &k.cases[i as usize])))
+            .collect();
+        let g = |c: &Option<&TimedCase>| c.map(|c| c.speed.gbps).unwrap_or(0.0);
+        ranked.sort_by(|a, b| g(&b.1).total_cmp(&g(&a.1)));
+        ranked
+    }
+
+    /// The chosen kernel's coverage of `q`'s shape (`None`: nothing qualifies): the one part
+    /// of an answer that `shape` does not decide.
+    pub fn chosen_coverage(
+        &self,
+        shape: &Shape,
+        q: &Query,
+    ) -> Result<Option<CoverageAt>, StoreError> {
+        // The first of the fastest, as the stable sort of `ranked` puts it first.
+        let g = |i: &Option<u32>, k: &Qualifying| {
+            i.map(|i| k.cases[i as usize].speed.gbps).unwrap_or(0.0)
+        };
+        let mut chosen: Option<(&Qualifying, f64)> = None;
+        for (k, i) in self.qualifying.iter().zip(&shape.0) {
+            let gbps = g(i, k);
+            if chosen.is_none_or(|(_, best)| gbps.total_cmp(&best).is_gt()) {
+                chosen = Some((k, gbps));
+            }
+        }
+        chosen.map(|(k, _)| Self::coverage_of(k, q)).transpose()
+    }
+
+    fn coverage_of(k: &Qualifying, q: &Query) -> Result<CoverageAt, StoreError> {
+        covered_at(q.op, &k.coverage, q).map_err(|why| {
+            StoreError::Corrupt(format!(
+                "{} qualified at cols {} and then did not: {why}",
+                k.label, q.cols
+            ))
+        })
+    }
+
+    /// The answer text kept for `shape`, if any.
+    pub fn kept_text(&self, shape: &Shape) -> Option<bytes::Bytes> {
+        self.texts_lock().get(shape).cloned()
+    }
+
+    /// Keep an answer text for `shape` (at most `MAX_TEXTS_PER_RANKING`).
+    pub fn keep_text(&self, shape: Shape, text: bytes::Bytes) {
+        let mut texts = self.texts_lock();
+        if texts.len() >= MAX_TEXTS_PER_RANKING {
+            texts.clear();
+        }
+        texts.insert(shape, text);
+    }
+
     /// The answer for `q` (the query this ranking was made for, with any `rows`): the
     /// qualifying kernels ranked by their speed nearest `rows` x `cols`, the fastest chosen.
     /// Reads the store only for a chosen kernel not chosen before from this ranking.
     pub async fn resolution(&self, store: &Store, q: &Query) -> Result<Resolution, StoreError> {
-        let mut ranked: Vec<(&Qualifying, Option<SpeedAt>)> = self
-            .qualifying
-            .iter()
-            .map(|k| (k, nearest_speed(k.speeds.iter().cloned(), q.rows, q.cols)))
-            .collect();
-        // Fastest first; a stable sort keeps list order among equals.
-        ranked.sort_by(|a, b| {
-            let g = |s: &Option<SpeedAt>| s.as_ref().map(|s| s.gbps).unwrap_or(0.0);
-            g(&b.1).total_cmp(&g(&a.1))
-        });
-        let mut it = ranked.into_iter();
+        self.resolution_at(store, q, &self.shape(q)).await
+    }
+
+    /// `resolution` for `shape` (`self.shape(q)`).
+    pub async fn resolution_at(
+        &self,
+        store: &Store,
+        q: &Query,
+        shape: &Shape,
+    ) -> Result<Resolution, StoreError> {
+        let mut it = self.ranked(shape).into_iter();
         let chosen = match it.next() {
             None => None,
-            Some((k, speed)) => {
+            Some((k, case)) => {
                 let parts = self.chosen_parts(store, k, q).await?;
-                let at = covered_at(q.op, &k.coverage, q).map_err(|why| {
-                    StoreError::Corrupt(format!(
-                        "{} qualified at cols {} and then did not: {why}",
-                        k.label, q.cols
-                    ))
-                })?;
                 Some(candidate(
                     parts.kernel.clone(),
                     &k.verdict,
                     parts.verdict.clone(),
-                    at,
-                    speed,
+                    Self::coverage_of(k, q)?,
+                    case.map(|c| c.speed.clone()),
                     parts.stale.clone(),
                 ))
             }
@@ -474,11 +602,9 @@ impl Ranking {
         let also_qualifying_total = it.len();
         let also_qualifying = it
             .take(MAX_ALSO_QUALIFYING_LISTED)
-            .map(|(k, speed)| {
-                let speed = speed
-                    .map(|s| format!("{:.0} GB/s at {}x{}", s.gbps, s.rows, s.cols))
-                    .unwrap_or_else(|| "no speed measured".into());
-                format!("{}: qualifies, slower ({speed})", k.label)
+            .map(|(k, case)| match case {
+                Some(c) => c.line.clone(),
+                None => format!("{}: qualifies, slower (no speed measured)", k.label),
             })
             .collect();
         Ok(Resolution {
@@ -532,9 +658,13 @@ impl Ranking {
         Ok(parts)
     }
 
+    // A panic while holding either lock leaves a map of complete entries: still good to read.
     fn chosen_lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Arc<ChosenParts>>> {
-        // A panic while holding it leaves a map of complete entries: still good to read.
         self.chosen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn texts_lock(&self) -> std::sync::MutexGuard<'_, HashMap<Shape, bytes::Bytes>> {
+        self.texts.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -738,8 +868,25 @@ mod tests {
                         Some(4096),
                         Some(1 << 30),
                     ] {
+                        // Each kernel's case is the one `nearest_speed` picks from its speeds.
+                        let shape = kept.shape(&q(rows));
+                        for (k, i) in kept.qualifying.iter().zip(&shape.0) {
+                            let speeds = k.cases.iter().map(|c| c.speed.clone());
+                            assert_eq!(
+                                i.map(|i| k.cases[i as usize].speed.clone()),
+                                nearest_speed(speeds, rows, cols),
+                                "{} rows {rows:?}",
+                                k.label
+                            );
+                        }
                         let fresh = resolve(s, &q(rows)).await.unwrap();
                         let derived = kept.resolution(s, &q(rows)).await.unwrap();
+                        let coverage = kept.chosen_coverage(&shape, &q(rows)).unwrap();
+                        assert_eq!(
+                            serde_json::to_value(&coverage).unwrap(),
+                            serde_json::to_value(fresh.chosen.as_ref().map(|c| &c.coverage))
+                                .unwrap()
+                        );
                         let (fresh, derived) = (
                             serde_json::to_value(&fresh).unwrap(),
                             serde_json::to_value(&derived).unwrap(),
