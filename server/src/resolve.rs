@@ -12,8 +12,8 @@
 //! verification of exactly that width (the suite plus the shape), at most one pending per
 //! (kernel, width) and at most `max_pending` in all.
 
-use kernel_registry::report::{nearest_speed, Coverage, ShapeRequest};
 pub use kernel_registry::report::{speed_at, SpeedAt};
+use kernel_registry::report::{Coverage, ShapeRequest};
 use kernel_registry::{Arch, DType, Op, Policy, Runtime, Semantics};
 use kernel_store::{CandidateKernel, KernelRow, Store, StoreError, VerdictOn, WidthJob};
 use serde::Serialize;
@@ -247,22 +247,25 @@ struct Qualifying {
     coverage: Vec<Coverage>,
     /// Its verification's timed cases of the dtype, in case order.
     cases: Vec<TimedCase>,
+    /// Where the shapes of its cases are in `Ranking::layouts`.
+    layout: usize,
 }
 
-/// A timed case of a qualifying kernel, with what ranking by it for any `rows` needs.
+/// A timed case of a qualifying kernel, and its `also_qualifying` line when it is the
+/// kernel's nearest.
 #[derive(Debug, Clone)]
 struct TimedCase {
     speed: SpeedAt,
-    /// Its distance from the query's `cols`, as `nearest_speed` computes it.
-    cols_distance: f64,
-    /// Where its row count is in `Ranking::case_rows`.
-    rows_at: usize,
-    /// The kernel's `also_qualifying` line when this case is its nearest.
     line: String,
 }
 
-/// Which timed case of each qualifying kernel (in list order) is nearest a query's rows x
-/// cols (`None`: it has none): all of an answer that `rows` decides, but for the chosen
+/// The shapes of a kernel's timed cases, in case order, as ranking by them needs: each
+/// one's distance from the query's `cols` (as `nearest_speed` computes it) and where its row
+/// count is in `Ranking::case_rows`. Kernels verified by one suite share one.
+type Layout = Vec<(f64, usize)>;
+
+/// Which timed case of each layout is nearest a query's rows x cols (`None`: it has none), so
+/// of each qualifying kernel: all of an answer that `rows` decides, but for the chosen
 /// kernel's row coverage.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Shape(Vec<Option<u32>>);
@@ -296,6 +299,8 @@ pub struct Ranking {
     unverified_width: Vec<String>,
     /// Every row count of the qualifying kernels' timed cases, sorted.
     case_rows: Vec<u64>,
+    /// The distinct layouts of the qualifying kernels' timed cases.
+    layouts: Vec<Layout>,
     /// The chosen kernels' rows, verdicts and staleness, by verification id, as they are read.
     chosen: Mutex<HashMap<i64, Arc<ChosenParts>>>,
     /// Answer texts without the chosen kernel's coverage, per shape (`crate::api::resolve`).
@@ -376,6 +381,7 @@ pub async fn ranking(
                 verdict: v,
                 coverage: cov,
                 cases: vec![],
+                layout: 0,
             }),
             Err(why) => {
                 unverified_width.push(label.clone());
@@ -437,17 +443,30 @@ pub async fn ranking(
     let mut case_rows: Vec<u64> = speeds.values().flatten().map(|s| s.rows).collect();
     case_rows.sort_unstable();
     case_rows.dedup();
+    let mut layouts: Vec<Layout> = vec![];
+    let mut layout_of: HashMap<Vec<(u64, usize)>, usize> = HashMap::new();
     for k in &mut qualifying {
         let timed = speeds
             .remove(&k.verdict.verification_id)
             .unwrap_or_default();
+        let layout: Layout = timed
+            .iter()
+            .map(|s| {
+                let cols_distance = ((s.cols.max(1) as f64) / (q.cols.max(1) as f64))
+                    .log2()
+                    .abs();
+                let rows_at = case_rows.binary_search(&s.rows).unwrap_or_default();
+                (cols_distance, rows_at)
+            })
+            .collect();
+        let bits = layout.iter().map(|(d, r)| (d.to_bits(), *r)).collect();
+        k.layout = *layout_of.entry(bits).or_insert_with(|| {
+            layouts.push(layout);
+            layouts.len() - 1
+        });
         k.cases = timed
             .into_iter()
             .map(|speed| TimedCase {
-                cols_distance: ((speed.cols.max(1) as f64) / (q.cols.max(1) as f64))
-                    .log2()
-                    .abs(),
-                rows_at: case_rows.binary_search(&speed.rows).unwrap_or_default(),
                 line: format!(
                     "{}: qualifies, slower ({:.0} GB/s at {}x{})",
                     k.label, speed.gbps, speed.rows, speed.cols
@@ -469,6 +488,7 @@ pub async fn ranking(
         queue_full,
         unverified_width,
         case_rows,
+        layouts,
         chosen: Mutex::default(),
         texts: Mutex::default(),
     })
@@ -495,13 +515,13 @@ impl Ranking {
             })
             .collect();
         Shape(
-            self.qualifying
+            self.layouts
                 .iter()
-                .map(|k| {
+                .map(|layout| {
                     // The first of equally near cases, as `Iterator::min_by` keeps it.
                     let mut best: Option<(u32, f64)> = None;
-                    for (i, c) in k.cases.iter().enumerate() {
-                        let d = c.cols_distance + rows_distance[c.rows_at];
+                    for (i, (cols_distance, rows_at)) in layout.iter().enumerate() {
+                        let d = cols_distance + rows_distance[*rows_at];
                         if best.is_none_or(|(_, b)| d.total_cmp(&b).is_lt()) {
                             best = Some((i as u32, d));
                         }
@@ -512,14 +532,18 @@ impl Ranking {
         )
     }
 
+    /// `k`'s nearest case for `shape`.
+    fn case_of<'a>(k: &'a Qualifying, shape: &Shape) -> Option<&'a TimedCase> {
+        shape.0[k.layout].map(|i| &k.cases[i as usize])
+    }
+
     /// The qualifying kernels with their nearest case for `shape`, fastest first (a stable
     /// sort keeps list order among equals).
     fn ranked<'a>(&'a self, shape: &Shape) -> Vec<(&'a Qualifying, Option<&'a TimedCase>)> {
         let mut ranked: Vec<(&Qualifying, Option<&TimedCase>)> = self
             .qualifying
             .iter()
-            .zip(&shape.0)
-            .map(|(k, i)| (k, i.map(|i| &k.cases[i as usize])))
+            .map(|k| (k, Self::case_of(k, shape)))
             .collect();
         let g = |c: &Option<&TimedCase>| c.map(|c| c.speed.gbps).unwrap_or(0.0);
         ranked.sort_by(|a, b| g(&b.1).total_cmp(&g(&a.1)));
@@ -534,12 +558,9 @@ impl Ranking {
         q: &Query,
     ) -> Result<Option<CoverageAt>, StoreError> {
         // The first of the fastest, as the stable sort of `ranked` puts it first.
-        let g = |i: &Option<u32>, k: &Qualifying| {
-            i.map(|i| k.cases[i as usize].speed.gbps).unwrap_or(0.0)
-        };
         let mut chosen: Option<(&Qualifying, f64)> = None;
-        for (k, i) in self.qualifying.iter().zip(&shape.0) {
-            let gbps = g(i, k);
+        for k in &self.qualifying {
+            let gbps = Self::case_of(k, shape).map_or(0.0, |c| c.speed.gbps);
             if chosen.is_none_or(|(_, best)| gbps.total_cmp(&best).is_gt()) {
                 chosen = Some((k, gbps));
             }
@@ -762,20 +783,23 @@ fn candidate(
 mod tests {
     use super::*;
     use kernel_registry::report::tests_support::{case, report_with};
-    use kernel_registry::report::{Summary, ULP_INFINITE};
+    use kernel_registry::report::{nearest_speed, Summary, ULP_INFINITE};
     use kernel_registry::KernelBundle;
     use kernel_store::Holder;
 
     const SM90: Arch = Arch { major: 9, minor: 0 };
 
-    /// Kernel `i`'s report: bf16 at cols 1024 and 4096, rows 1, 64 and 4096, with speeds that
-    /// rank the kernels differently at each row count, and a class that cycles through
-    /// bit-exact, 1 ulp, 3 ulp and failing.
+    /// Kernel `i`'s report: bf16 at cols 1024 and 4096, rows 1, 64 (not every fifth kernel)
+    /// and 4096, with speeds that rank the kernels differently at each row count, and a class
+    /// that cycles through bit-exact, 1 ulp, 3 ulp and failing.
     fn report_of(k: &KernelBundle, i: usize) -> kernel_registry::VerificationReport {
         let (mism, ulp) = [(0, 0), (10, 1), (100, 3), (500, ULP_INFINITE)][i % 4];
         let mut cases = vec![];
         for cols in [1024u64, 4096] {
             for (r, rows) in [1u64, 64, 4096].into_iter().enumerate() {
+                if i % 5 == 0 && rows == 64 {
+                    continue; // another layout of cases
+                }
                 let mut c = case(
                     &format!("bf16/{rows}x{cols}/normal"),
                     DType::Bf16,
@@ -870,10 +894,10 @@ mod tests {
                     ] {
                         // Each kernel's case is the one `nearest_speed` picks from its speeds.
                         let shape = kept.shape(&q(rows));
-                        for (k, i) in kept.qualifying.iter().zip(&shape.0) {
+                        for k in &kept.qualifying {
                             let speeds = k.cases.iter().map(|c| c.speed.clone());
                             assert_eq!(
-                                i.map(|i| k.cases[i as usize].speed.clone()),
+                                Ranking::case_of(k, &shape).map(|c| c.speed.clone()),
                                 nearest_speed(speeds, rows, cols),
                                 "{} rows {rows:?}",
                                 k.label
