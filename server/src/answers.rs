@@ -1,7 +1,8 @@
-//! Answers computed from the store (a resolve, a policy-filtered list), kept while the store's
-//! answer generation stays the same: every transaction that stores a kernel or a verification
-//! moves it (a trigger of migration 0008), on every replica, so a kept answer is the one the
-//! store would give now. A hit costs one indexed read of the generation.
+//! Answers computed from the store (a resolve, a policy-filtered list), and what they are
+//! derived from (a resolve's ranking, a list's ids, a count), kept while the store's answer
+//! generation stays the same: every transaction that stores a kernel or a verification moves
+//! it (a trigger of migration 0008), on every replica, so a kept answer is the one the store
+//! would give now. A hit costs one indexed read of the generation.
 //!
 //! A plain map behind a mutex: entries of an older generation are never served, and the map is
 //! emptied when it reaches its bound (a least-recently-used order would buy little here: the
