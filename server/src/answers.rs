@@ -18,8 +18,10 @@ use std::sync::Mutex;
 pub const MAX_ANSWERS: usize = 4096;
 
 /// The most resolve rankings, and the most policy lists' ids, kept at once: each grows with
-/// its group (a ranking holds every qualifying kernel's coverage and speeds, ~1 KB each; a
-/// list 8 bytes per kernel), so fewer of them are kept than answers.
+/// its group (a ranking holds every qualifying kernel's coverage, speeds and lines, ~1 KB
+/// each, and up to 8 answer texts; a list 8 bytes per kernel), so fewer of them are kept than
+/// answers. Estimated, not measured: at 10,000 kernels (groups of up to 1,250) ~300 MB if
+/// every kept ranking were of a largest group; the load probe's 33 queries keep ~15 MB.
 pub const MAX_KEPT_LISTS: usize = 256;
 
 /// Values computed from the store, each kept with the generation it was computed at.
