@@ -270,8 +270,8 @@ type Layout = Vec<(f64, usize)>;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Shape(Vec<Option<u32>>);
 
-/// The most answer texts a ranking keeps (one per `Shape`; one per ranking when every kernel
-/// ran the same row counts).
+/// The most answer texts a ranking keeps (one per `Shape`: a few per ranking, one when every
+/// timed case ran one row count; past the bound they are dropped and made again in memory).
 const MAX_TEXTS_PER_RANKING: usize = 8;
 
 /// What the answer shows of a chosen kernel beyond its ranking's row, read once per ranking.
