@@ -239,6 +239,34 @@ impl Store {
         .transpose()
     }
 
+    /// How many kernels are stored.
+    pub async fn kernel_count(&self) -> Result<i64> {
+        Ok(sqlx::query("SELECT COUNT(*) AS n FROM kernels")
+            .fetch_one(&self.pool)
+            .await?
+            .try_get("n")?)
+    }
+
+    /// The kernels with these ids, in the order given (ids not stored are skipped): one query
+    /// by primary key, for a page of a list whose ids were read before.
+    pub async fn kernels_by_ids(&self, ids: &[i64]) -> Result<Vec<KernelRow>> {
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
+        let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+        let rows = sqlx::query(&format!(
+            "SELECT {KERNEL_COLS} FROM kernels WHERE id IN ({})",
+            list.join(",")
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut by_id: std::collections::HashMap<i64, KernelRow> = rows
+            .iter()
+            .map(|r| kernel_row(r).map(|k| (k.id, k)))
+            .collect::<Result<_>>()?;
+        Ok(ids.iter().filter_map(|id| by_id.remove(id)).collect())
+    }
+
     /// Kernels matching the filters, newest name/version order, with the total count.
     pub async fn list_kernels(&self, q: &KernelQuery) -> Result<(Vec<KernelRow>, i64)> {
         // Filters are bound in a fixed order so the `$n` numbering is ascending in the text.

@@ -664,6 +664,22 @@ impl Store {
             .await
     }
 
+    /// The ids of every kernel `approved_kernels` finds (whatever `q`'s page), in list order:
+    /// one query, for a caller that keeps them and reads pages by id (`kernels_by_ids`).
+    pub async fn approved_ids(&self, q: &KernelQuery, policy: &Policy) -> Result<Vec<i64>> {
+        let (from, binds) = approved_from(q, policy);
+        let sql = format!("SELECT k.id {from} ORDER BY k.op, k.semantics, k.name, k.id");
+        let mut list = sqlx::query(&sql);
+        for b in &binds {
+            list = list.bind(b.clone());
+        }
+        list.fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|r| Ok(r.try_get("id")?))
+            .collect()
+    }
+
     /// One page of `approved_kernels` (kernels walked in list order by index until the page is
     /// full).
     pub async fn approved_page(&self, q: &KernelQuery, policy: &Policy) -> Result<Vec<KernelRow>> {

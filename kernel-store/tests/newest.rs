@@ -399,6 +399,15 @@ async fn policy_list_matches(s: &Store) {
                         paged.extend(page);
                     }
                     assert_eq!(paged, slow, "{ctx} paged");
+                    // The ids of the whole list, read back by id in their order.
+                    let ids = s.approved_ids(&q, &p).await.unwrap();
+                    assert_eq!(ids.len() as i64, total, "{ctx} ids");
+                    let page = &ids[ids.len() / 3..];
+                    assert_eq!(
+                        s.kernels_by_ids(page).await.unwrap(),
+                        slow[ids.len() / 3..],
+                        "{ctx} by ids"
+                    );
                 }
             }
         }

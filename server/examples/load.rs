@@ -35,8 +35,9 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         writers: usize,
     },
-    /// GET the paths (round robin; `{n}` in a path becomes the request's number) for at most
-    /// `seconds` and at most `max_requests`, from `concurrency` keep-alive clients.
+    /// GET the paths (round robin; `{n}` in a path becomes the request's number, `{n%M}` that
+    /// number modulo M) for at most `seconds` and at most `max_requests`, from `concurrency`
+    /// keep-alive clients.
     Run {
         /// Base URL: loopback only.
         #[arg(long)]
@@ -246,6 +247,18 @@ async fn seed(db: &str, n: usize, dir: &std::path::Path, writers: usize) -> anyh
     Ok(())
 }
 
+/// `path` with `{n}` replaced by the request's number `n` and `{n%M}` by `n` modulo `M` (a
+/// new page each request that stays inside a list of known length).
+fn fill(path: &str, n: u64) -> String {
+    let mut out = path.replace("{n}", &n.to_string());
+    while let Some(i) = out.find("{n%") {
+        let Some(j) = out[i..].find('}') else { break };
+        let m: u64 = out[i + 3..i + j].parse().unwrap_or(u64::MAX).max(1);
+        out.replace_range(i..i + j + 1, &(n % m).to_string());
+    }
+    out
+}
+
 async fn run(
     url: &str,
     paths: Vec<String>,
@@ -283,7 +296,7 @@ async fn run(
                 if n >= max_requests {
                     break;
                 }
-                let path = paths[(n as usize) % paths.len()].replace("{n}", &(n + 1).to_string());
+                let path = fill(&paths[(n as usize) % paths.len()], n + 1);
                 let t = Instant::now();
                 match client.get(format!("{base}{path}")).send().await {
                     Ok(r) => {

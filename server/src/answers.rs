@@ -1,7 +1,8 @@
-//! Answers computed from the store (a resolve, a policy-filtered list), kept while the store's
-//! answer generation stays the same: every transaction that stores a kernel or a verification
-//! moves it (a trigger of migration 0008), on every replica, so a kept answer is the one the
-//! store would give now. A hit costs one indexed read of the generation.
+//! Answers computed from the store (a resolve, a policy-filtered list), and what they are
+//! derived from (a resolve's ranking, a list's ids, a count), kept while the store's answer
+//! generation stays the same: every transaction that stores a kernel or a verification moves
+//! it (a trigger of migration 0008), on every replica, so a kept answer is the one the store
+//! would give now. A hit costs one indexed read of the generation.
 //!
 //! A plain map behind a mutex: entries of an older generation are never served, and the map is
 //! emptied when it reaches its bound (a least-recently-used order would buy little here: the
@@ -13,18 +14,35 @@ use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// The most answers kept at once (per cache).
+/// The most answers kept at once (per cache, unless it is made with another bound).
 pub const MAX_ANSWERS: usize = 4096;
+
+/// The most resolve rankings, and the most policy lists' ids, kept at once: each grows with
+/// its group (a ranking holds every qualifying kernel's coverage, speeds and lines, ~1 KB
+/// each, and up to 8 answer texts; a list 8 bytes per kernel), so fewer of them are kept than
+/// answers. Estimated, not measured: at 10,000 kernels (groups of up to 1,250) ~300 MB if
+/// every kept ranking were of a largest group; the load probe's 33 queries keep ~15 MB.
+pub const MAX_KEPT_LISTS: usize = 256;
 
 /// Values computed from the store, each kept with the generation it was computed at.
 pub struct GenerationCache<T> {
     answers: Mutex<HashMap<String, (i64, T)>>,
+    /// The most values kept at once.
+    max: usize,
 }
 
 impl<T> Default for GenerationCache<T> {
     fn default() -> Self {
+        GenerationCache::bounded(MAX_ANSWERS)
+    }
+}
+
+impl<T> GenerationCache<T> {
+    /// A cache of at most `max` values (for large ones: a resolve's ranking, a list's ids).
+    pub fn bounded(max: usize) -> Self {
         GenerationCache {
             answers: Mutex::new(HashMap::new()),
+            max: max.max(1),
         }
     }
 }
@@ -41,7 +59,7 @@ impl<T: Clone> GenerationCache<T> {
 
     pub fn insert(&self, key: String, generation: i64, value: T) {
         let mut answers = self.answers.lock().expect("answer cache lock");
-        if answers.len() >= MAX_ANSWERS && !answers.contains_key(&key) {
+        if answers.len() >= self.max && !answers.contains_key(&key) {
             answers.clear();
         }
         answers.insert(key, (generation, value));

@@ -92,8 +92,12 @@ pub struct AppState {
     pub writes: Arc<WriteLimits>,
     pub metrics: Arc<crate::metrics::Metrics>,
     pub answers: Arc<crate::answers::AnswerCache>,
-    /// Totals of policy-filtered lists, per filter (whatever the page).
+    /// Counts (`/healthz`'s kernels), per what is counted.
     pub counts: Arc<crate::answers::GenerationCache<i64>>,
+    /// Rankings of resolves (every field of the query but `rows`), per query.
+    pub rankings: Arc<crate::answers::GenerationCache<Arc<crate::resolve::Ranking>>>,
+    /// The ids of policy-filtered lists in list order, per filter (whatever the page).
+    pub approved: Arc<crate::answers::GenerationCache<Arc<Vec<i64>>>>,
     /// The dashboard overview's store reads, per filter and page.
     pub overview: Arc<crate::answers::GenerationCache<Arc<crate::dashboard::OverviewData>>>,
 }
@@ -111,6 +115,12 @@ impl AppState {
             answers: Arc::default(),
             overview: Arc::default(),
             counts: Arc::default(),
+            rankings: Arc::new(crate::answers::GenerationCache::bounded(
+                crate::answers::MAX_KEPT_LISTS,
+            )),
+            approved: Arc::new(crate::answers::GenerationCache::bounded(
+                crate::answers::MAX_KEPT_LISTS,
+            )),
         }
     }
 }

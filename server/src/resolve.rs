@@ -12,12 +12,13 @@
 //! verification of exactly that width (the suite plus the shape), at most one pending per
 //! (kernel, width) and at most `max_pending` in all.
 
-use kernel_registry::report::{nearest_speed, Coverage, ShapeRequest};
 pub use kernel_registry::report::{speed_at, SpeedAt};
+use kernel_registry::report::{Coverage, ShapeRequest};
 use kernel_registry::{Arch, DType, Op, Policy, Runtime, Semantics};
 use kernel_store::{CandidateKernel, KernelRow, Store, StoreError, VerdictOn, WidthJob};
 use serde::Serialize;
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 #[derive(Debug, Clone)]
 pub struct Query {
@@ -101,8 +102,10 @@ pub struct Candidate {
 #[derive(Debug, Clone, Serialize)]
 pub struct Resolution {
     pub chosen: Option<Candidate>,
-    /// Other qualifying kernels, fastest first.
+    /// Other qualifying kernels, fastest first: the first `MAX_ALSO_QUALIFYING_LISTED`.
     pub also_qualifying: Vec<String>,
+    /// How many other kernels qualify in all.
+    pub also_qualifying_total: usize,
     /// One line per kernel that was not chosen because it does not qualify: the first
     /// `MAX_EXCLUDED_LISTED` of them (in list order).
     pub excluded: Vec<String>,
@@ -226,8 +229,93 @@ pub async fn resolve_queueing(
     q: &Query,
     queueing: Option<&Queueing>,
 ) -> Result<Resolution, StoreError> {
-    // Every candidate with its newest verdict on the arch and the policy's check of it, in
-    // one query; then the coverage and speeds of those that pass, in one query each.
+    ranking(store, q, queueing)
+        .await?
+        .resolution(store, q)
+        .await
+}
+
+/// A kernel that qualifies for a ranking's query, with what ranking it by a shape and
+/// answering with it need.
+#[derive(Debug, Clone)]
+struct Qualifying {
+    /// `name version`.
+    label: String,
+    digest: kernel_registry::Digest,
+    verdict: VerdictOn,
+    /// Its verification's coverage of the dtype (it covers the asked width).
+    coverage: Vec<Coverage>,
+    /// Its verification's timed cases of the dtype, in case order.
+    cases: Vec<TimedCase>,
+    /// Where the shapes of its cases are in `Ranking::layouts`.
+    layout: usize,
+}
+
+/// A timed case of a qualifying kernel, and its `also_qualifying` line when it is the
+/// kernel's nearest.
+#[derive(Debug, Clone)]
+struct TimedCase {
+    speed: SpeedAt,
+    line: String,
+}
+
+/// The shapes of a kernel's timed cases, in case order, as ranking by them needs: each
+/// one's distance from the query's `cols` (as `nearest_speed` computes it) and where its row
+/// count is in `Ranking::case_rows`. Kernels verified by one suite share one.
+type Layout = Vec<(f64, usize)>;
+
+/// Which timed case of each layout is nearest a query's rows x cols (`None`: it has none), so
+/// of each qualifying kernel: all of an answer that `rows` decides, but for the chosen
+/// kernel's row coverage.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Shape(Vec<Option<u32>>);
+
+/// The most answer texts a ranking keeps (one per `Shape`: a few per ranking, one when every
+/// timed case ran one row count; past the bound they are dropped and made again in memory).
+const MAX_TEXTS_PER_RANKING: usize = 8;
+
+/// What the answer shows of a chosen kernel beyond its ranking's row, read once per ranking.
+#[derive(Debug)]
+struct ChosenParts {
+    kernel: KernelRow,
+    verdict: kernel_registry::report::Verdict,
+    stale: Vec<String>,
+}
+
+/// The part of a resolve that the store decides: which kernels qualify for (op, semantics,
+/// dtype, arch, width, policy, runtime), with their speeds, and why each other one is out.
+/// The asked `rows` plays no part in it (it never gates, SPEC section 4): it only picks each
+/// kernel's nearest measured speed, so `Ranking::resolution` answers any `rows` from one
+/// ranking in memory. A ranking that queued nothing (`Ranking::keepable`) stays right while
+/// the store's answer generation does (`crate::answers`).
+#[derive(Debug)]
+pub struct Ranking {
+    /// In list order.
+    qualifying: Vec<Qualifying>,
+    excluded: Vec<String>,
+    excluded_total: usize,
+    queued_jobs: Vec<QueuedJob>,
+    queue_full: Option<String>,
+    unverified_width: Vec<String>,
+    /// Every row count of the qualifying kernels' timed cases, sorted.
+    case_rows: Vec<u64>,
+    /// The distinct layouts of the qualifying kernels' timed cases.
+    layouts: Vec<Layout>,
+    /// The chosen kernels' rows, verdicts and staleness, by verification id, as they are read.
+    chosen: Mutex<HashMap<i64, Arc<ChosenParts>>>,
+    /// Answer texts without the chosen kernel's coverage, per shape (`crate::api::resolve`).
+    texts: Mutex<HashMap<Shape, bytes::Bytes>>,
+}
+
+/// The store's part of resolving `q`: every candidate with its newest verdict on the arch and
+/// the policy's check of it in one query, then the coverage and speeds of those that pass and
+/// the verdicts of the failing lines listed, in one query each. Queues verifications of an
+/// unverified width when `queueing` allows (a ranking that did is not `keepable`).
+pub async fn ranking(
+    store: &Store,
+    q: &Query,
+    queueing: Option<&Queueing>,
+) -> Result<Ranking, StoreError> {
     let candidates = store
         .newest_verdicts(q.op, q.semantics, q.arch, q.dtype, &q.policy)
         .await?;
@@ -245,7 +333,7 @@ pub async fn resolve_queueing(
     let mut queued_jobs = Vec::new();
     let mut queue_full = None;
     let mut unverified_width = Vec::new();
-    let mut qualifying: Vec<(CandidateKernel, VerdictOn, CoverageAt)> = Vec::new();
+    let mut qualifying: Vec<Qualifying> = Vec::new();
     for c in candidates {
         let k = c.kernel;
         let label = format!("{} {}", k.name, k.version);
@@ -287,7 +375,14 @@ pub async fn resolve_queueing(
         }
         let cov = coverage.remove(&v.verification_id).unwrap_or_default();
         match covered_at(q.op, &cov, q) {
-            Ok(at) => qualifying.push((k, v, at)),
+            Ok(_) => qualifying.push(Qualifying {
+                label,
+                digest: k.digest,
+                verdict: v,
+                coverage: cov,
+                cases: vec![],
+                layout: 0,
+            }),
             Err(why) => {
                 unverified_width.push(label.clone());
                 let mut line = format!("{label}: {why}");
@@ -342,69 +437,261 @@ pub async fn resolve_queueing(
     }
     let ids: Vec<i64> = qualifying
         .iter()
-        .map(|(_, v, _)| v.verification_id)
+        .map(|k| k.verdict.verification_id)
         .collect();
     let mut speeds: HashMap<i64, Vec<SpeedAt>> = store.speeds_of(&ids, q.dtype).await?;
-    let mut ranked: Vec<(CandidateKernel, VerdictOn, CoverageAt, Option<SpeedAt>)> = qualifying
-        .into_iter()
-        .map(|(k, v, at)| {
-            let s = speeds.remove(&v.verification_id).unwrap_or_default();
-            let speed = nearest_speed(s, q.rows, q.cols);
-            (k, v, at, speed)
-        })
-        .collect();
-    // Fastest first; a stable sort keeps list order among equals.
-    ranked.sort_by(|a, b| {
-        let g = |s: &Option<SpeedAt>| s.as_ref().map(|s| s.gbps).unwrap_or(0.0);
-        g(&b.3).total_cmp(&g(&a.3))
-    });
-    let mut it = ranked.into_iter();
-    let chosen = it.next();
-    // The verdicts the answer shows: the chosen one's and those of the failing lines listed.
-    let mut ids = excluded.why_not_ids();
-    ids.extend(chosen.as_ref().map(|(_, v, _, _)| v.verification_id));
-    let mut parts = store.verdict_parts(&ids, q.dtype).await?;
+    let mut case_rows: Vec<u64> = speeds.values().flatten().map(|s| s.rows).collect();
+    case_rows.sort_unstable();
+    case_rows.dedup();
+    let mut layouts: Vec<Layout> = vec![];
+    let mut layout_of: HashMap<Vec<(u64, usize)>, usize> = HashMap::new();
+    for k in &mut qualifying {
+        let timed = speeds
+            .remove(&k.verdict.verification_id)
+            .unwrap_or_default();
+        let layout: Layout = timed
+            .iter()
+            .map(|s| {
+                let cols_distance = ((s.cols.max(1) as f64) / (q.cols.max(1) as f64))
+                    .log2()
+                    .abs();
+                let rows_at = case_rows.binary_search(&s.rows).unwrap_or_default();
+                (cols_distance, rows_at)
+            })
+            .collect();
+        let bits = layout.iter().map(|(d, r)| (d.to_bits(), *r)).collect();
+        k.layout = *layout_of.entry(bits).or_insert_with(|| {
+            layouts.push(layout);
+            layouts.len() - 1
+        });
+        k.cases = timed
+            .into_iter()
+            .map(|speed| TimedCase {
+                line: format!(
+                    "{}: qualifies, slower ({:.0} GB/s at {}x{})",
+                    k.label, speed.gbps, speed.rows, speed.cols
+                ),
+                speed,
+            })
+            .collect();
+    }
+    // The verdicts of the failing lines listed.
+    let mut parts = store
+        .verdict_parts(&excluded.why_not_ids(), q.dtype)
+        .await?;
     let excluded_total = excluded.total;
-    let excluded_lines = excluded.render(&mut parts, q);
-    let chosen = match chosen {
-        None => None,
-        Some((k, v, at, speed)) => {
-            let stale = crate::stale::Staleness::new(store)
-                .of_parts(v.arch, &v.suite_version, &v.driver_version)
-                .await?;
-            let kernel = store.kernel_by_digest(&k.digest).await?.ok_or_else(|| {
-                StoreError::NotFound(format!("kernel {} {} is gone", k.name, k.version))
-            })?;
-            let verdict = parts
-                .remove(&v.verification_id)
-                .and_then(|p| p.verdict)
-                .ok_or_else(|| {
-                    StoreError::Corrupt(format!(
-                        "verification {} passed a policy for {} without a verdict for it",
-                        v.verification_id, q.dtype
-                    ))
-                })?;
-            Some(candidate(kernel, &v, verdict, at, speed, stale))
-        }
-    };
-    let also_qualifying = it
-        .map(|(k, _, _, speed)| {
-            let speed = speed
-                .map(|s| format!("{:.0} GB/s at {}x{}", s.gbps, s.rows, s.cols))
-                .unwrap_or_else(|| "no speed measured".into());
-            format!("{} {}: qualifies, slower ({speed})", k.name, k.version)
-        })
-        .collect();
-    Ok(Resolution {
-        chosen,
-        also_qualifying,
+    Ok(Ranking {
+        qualifying,
+        excluded: excluded.render(&mut parts, q),
         excluded_total,
-        excluded: excluded_lines,
         queued_jobs,
         queue_full,
         unverified_width,
+        case_rows,
+        layouts,
+        chosen: Mutex::default(),
+        texts: Mutex::default(),
     })
 }
+
+impl Ranking {
+    /// Whether this ranking may be kept for later asks: it queued nothing and found every
+    /// policy-meeting kernel verified at the width (so nothing in it depends on `rows`).
+    pub fn keepable(&self) -> bool {
+        self.queued_jobs.is_empty() && self.unverified_width.is_empty() && self.queue_full.is_none()
+    }
+
+    /// Which timed case of each qualifying kernel is nearest `q`'s rows x cols: what
+    /// `nearest_speed` picks, from distances computed once per ranking (cols) and once per
+    /// row count (rows).
+    pub fn shape(&self, q: &Query) -> Shape {
+        let rows_distance: Vec<f64> = self
+            .case_rows
+            .iter()
+            .map(|&c| {
+                q.rows
+                    .map(|r| ((c.max(1) as f64) / (r.max(1) as f64)).log2().abs() * 0.5)
+                    .unwrap_or(0.0)
+            })
+            .collect();
+        Shape(
+            self.layouts
+                .iter()
+                .map(|layout| {
+                    // The first of equally near cases, as `Iterator::min_by` keeps it.
+                    let mut best: Option<(u32, f64)> = None;
+                    for (i, (cols_distance, rows_at)) in layout.iter().enumerate() {
+                        let d = cols_distance + rows_distance[*rows_at];
+                        if best.is_none_or(|(_, b)| d.total_cmp(&b).is_lt()) {
+                            best = Some((i as u32, d));
+                        }
+                    }
+                    best.map(|(i, _)| i)
+                })
+                .collect(),
+        )
+    }
+
+    /// `k`'s nearest case for `shape`.
+    fn case_of<'a>(k: &'a Qualifying, shape: &Shape) -> Option<&'a TimedCase> {
+        shape.0[k.layout].map(|i| &k.cases[i as usize])
+    }
+
+    /// The qualifying kernels with their nearest case for `shape`, fastest first (a stable
+    /// sort keeps list order among equals).
+    fn ranked<'a>(&'a self, shape: &Shape) -> Vec<(&'a Qualifying, Option<&'a TimedCase>)> {
+        let mut ranked: Vec<(&Qualifying, Option<&TimedCase>)> = self
+            .qualifying
+            .iter()
+            .map(|k| (k, Self::case_of(k, shape)))
+            .collect();
+        let g = |c: &Option<&TimedCase>| c.map(|c| c.speed.gbps).unwrap_or(0.0);
+        ranked.sort_by(|a, b| g(&b.1).total_cmp(&g(&a.1)));
+        ranked
+    }
+
+    /// The chosen kernel's coverage of `q`'s shape (`None`: nothing qualifies): the one part
+    /// of an answer that `shape` does not decide.
+    pub fn chosen_coverage(
+        &self,
+        shape: &Shape,
+        q: &Query,
+    ) -> Result<Option<CoverageAt>, StoreError> {
+        // The first of the fastest, as the stable sort of `ranked` puts it first.
+        let mut chosen: Option<(&Qualifying, f64)> = None;
+        for k in &self.qualifying {
+            let gbps = Self::case_of(k, shape).map_or(0.0, |c| c.speed.gbps);
+            if chosen.is_none_or(|(_, best)| gbps.total_cmp(&best).is_gt()) {
+                chosen = Some((k, gbps));
+            }
+        }
+        chosen.map(|(k, _)| Self::coverage_of(k, q)).transpose()
+    }
+
+    fn coverage_of(k: &Qualifying, q: &Query) -> Result<CoverageAt, StoreError> {
+        covered_at(q.op, &k.coverage, q).map_err(|why| {
+            StoreError::Corrupt(format!(
+                "{} qualified at cols {} and then did not: {why}",
+                k.label, q.cols
+            ))
+        })
+    }
+
+    /// The answer text kept for `shape`, if any.
+    pub fn kept_text(&self, shape: &Shape) -> Option<bytes::Bytes> {
+        self.texts_lock().get(shape).cloned()
+    }
+
+    /// Keep an answer text for `shape` (at most `MAX_TEXTS_PER_RANKING`).
+    pub fn keep_text(&self, shape: Shape, text: bytes::Bytes) {
+        let mut texts = self.texts_lock();
+        if texts.len() >= MAX_TEXTS_PER_RANKING {
+            texts.clear();
+        }
+        texts.insert(shape, text);
+    }
+
+    /// The answer for `q` (the query this ranking was made for, with any `rows`): the
+    /// qualifying kernels ranked by their speed nearest `rows` x `cols`, the fastest chosen.
+    /// Reads the store only for a chosen kernel not chosen before from this ranking.
+    pub async fn resolution(&self, store: &Store, q: &Query) -> Result<Resolution, StoreError> {
+        self.resolution_at(store, q, &self.shape(q)).await
+    }
+
+    /// `resolution` for `shape` (`self.shape(q)`).
+    pub async fn resolution_at(
+        &self,
+        store: &Store,
+        q: &Query,
+        shape: &Shape,
+    ) -> Result<Resolution, StoreError> {
+        let mut it = self.ranked(shape).into_iter();
+        let chosen = match it.next() {
+            None => None,
+            Some((k, case)) => {
+                let parts = self.chosen_parts(store, k, q).await?;
+                Some(candidate(
+                    parts.kernel.clone(),
+                    &k.verdict,
+                    parts.verdict.clone(),
+                    Self::coverage_of(k, q)?,
+                    case.map(|c| c.speed.clone()),
+                    parts.stale.clone(),
+                ))
+            }
+        };
+        let also_qualifying_total = it.len();
+        let also_qualifying = it
+            .take(MAX_ALSO_QUALIFYING_LISTED)
+            .map(|(k, case)| match case {
+                Some(c) => c.line.clone(),
+                None => format!("{}: qualifies, slower (no speed measured)", k.label),
+            })
+            .collect();
+        Ok(Resolution {
+            chosen,
+            also_qualifying,
+            also_qualifying_total,
+            excluded: self.excluded.clone(),
+            excluded_total: self.excluded_total,
+            queued_jobs: self.queued_jobs.clone(),
+            queue_full: self.queue_full.clone(),
+            unverified_width: self.unverified_width.clone(),
+        })
+    }
+
+    /// `k`'s stored row, its verdict for the dtype and why it is stale: read on its first
+    /// choice from this ranking, kept with it after.
+    async fn chosen_parts(
+        &self,
+        store: &Store,
+        k: &Qualifying,
+        q: &Query,
+    ) -> Result<Arc<ChosenParts>, StoreError> {
+        let v = &k.verdict;
+        if let Some(p) = self.chosen_lock().get(&v.verification_id) {
+            return Ok(p.clone());
+        }
+        let stale = crate::stale::Staleness::new(store)
+            .of_parts(v.arch, &v.suite_version, &v.driver_version)
+            .await?;
+        let kernel = store
+            .kernel_by_digest(&k.digest)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("kernel {} is gone", k.label)))?;
+        let verdict = store
+            .verdict_parts(&[v.verification_id], q.dtype)
+            .await?
+            .remove(&v.verification_id)
+            .and_then(|p| p.verdict)
+            .ok_or_else(|| {
+                StoreError::Corrupt(format!(
+                    "verification {} passed a policy for {} without a verdict for it",
+                    v.verification_id, q.dtype
+                ))
+            })?;
+        let parts = Arc::new(ChosenParts {
+            kernel,
+            verdict,
+            stale,
+        });
+        self.chosen_lock().insert(v.verification_id, parts.clone());
+        Ok(parts)
+    }
+
+    // A panic while holding either lock leaves a map of complete entries: still good to read.
+    fn chosen_lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Arc<ChosenParts>>> {
+        self.chosen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn texts_lock(&self) -> std::sync::MutexGuard<'_, HashMap<Shape, bytes::Bytes>> {
+        self.texts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The most lines `Resolution::also_qualifying` lists (fastest first);
+/// `also_qualifying_total` counts them all.
+pub const MAX_ALSO_QUALIFYING_LISTED: usize = 100;
 
 /// The most lines `Resolution::excluded` lists (the answer stays bounded however many kernels
 /// a group holds); `excluded_total` counts them all.
@@ -489,5 +776,175 @@ fn candidate(
         verified_at: v.created_at.clone(),
         stale,
         kernel,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kernel_registry::report::tests_support::{case, report_with};
+    use kernel_registry::report::{nearest_speed, Summary, ULP_INFINITE};
+    use kernel_registry::KernelBundle;
+    use kernel_store::Holder;
+
+    const SM90: Arch = Arch { major: 9, minor: 0 };
+
+    /// Kernel `i`'s report: bf16 at cols 1024 and 4096, rows 1, 64 (not every fifth kernel)
+    /// and 4096, with speeds that rank the kernels differently at each row count, and a class
+    /// that cycles through bit-exact, 1 ulp, 3 ulp and failing.
+    fn report_of(k: &KernelBundle, i: usize) -> kernel_registry::VerificationReport {
+        let (mism, ulp) = [(0, 0), (10, 1), (100, 3), (500, ULP_INFINITE)][i % 4];
+        let mut cases = vec![];
+        for cols in [1024u64, 4096] {
+            for (r, rows) in [1u64, 64, 4096].into_iter().enumerate() {
+                if i.is_multiple_of(5) && rows == 64 {
+                    continue; // another layout of cases
+                }
+                let mut c = case(
+                    &format!("bf16/{rows}x{cols}/normal"),
+                    DType::Bf16,
+                    mism,
+                    ulp,
+                );
+                c.rows = rows;
+                c.cols = cols;
+                if let Some(s) = c.speed.as_mut() {
+                    // Kernel i is fastest at row count r when i % 3 == r, with ties elsewhere.
+                    s.gbps = 1000.0 + 500.0 * ((i + 3 - r) % 3) as f64 + (i / 12) as f64;
+                }
+                cases.push(c);
+            }
+        }
+        let mut r = report_with(0, 0);
+        r.summary = Summary::from_cases(&cases);
+        r.cases = cases;
+        r.kernel.name = k.manifest.name.clone();
+        r.kernel.version = k.manifest.version.to_string();
+        r.kernel.digest = k.digest();
+        r.kernel.op = k.manifest.op;
+        r.kernel.semantics = k.manifest.semantics;
+        r.device.arch = SM90;
+        r
+    }
+
+    /// `n` copies of the bundled rms_norm (llama) kernel, each but the last verified on sm_90.
+    async fn seed(s: &Store, n: usize) {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/rms_norm_llama");
+        let t = KernelBundle::load_dir(&dir).unwrap();
+        for i in 0..n {
+            let name = &t.manifest.name;
+            let toml = t.manifest_toml.replacen(
+                &format!("name = \"{name}\""),
+                &format!("name = \"{name}_{i:03}\""),
+                1,
+            );
+            let k =
+                KernelBundle::from_parts(&toml, &format!("{}\n// copy {i}\n", t.source)).unwrap();
+            s.insert_kernel(&k, "submitted", "test").await.unwrap();
+            if i + 1 == n {
+                continue;
+            }
+            let job = s
+                .claim_job_on("test", None, 600_000, Some(SM90))
+                .await
+                .unwrap()
+                .expect("the kernel's job");
+            let lease = job.lease_id.clone().unwrap();
+            let holder = Holder {
+                lease_id: &lease,
+                token_id: None,
+                actor: "test",
+            };
+            s.complete_job(job.id, &holder, &report_of(&k, i))
+                .await
+                .unwrap();
+        }
+    }
+
+    /// The fast path's twin: an answer derived from a ranking made for one `rows` (or none)
+    /// is the answer resolving the query afresh gives, whatever the `rows`.
+    async fn kept_rankings_answer_as_a_fresh_resolve(s: &Store) {
+        seed(s, 30).await;
+        let mut chosen = std::collections::BTreeSet::new();
+        for policy in ["bit_exact", "ulp:1", "tolerance", "ulp:0,batch_invariant"] {
+            for cols in [1024u64, 4096] {
+                let q = |rows: Option<u64>| Query {
+                    op: Op::RmsNorm,
+                    semantics: Semantics::Llama,
+                    dtype: DType::Bf16,
+                    arch: SM90,
+                    cols,
+                    rows,
+                    policy: policy.parse().unwrap(),
+                    include_python: false,
+                };
+                for made_for in [None, Some(1), Some(4096)] {
+                    let kept = ranking(s, &q(made_for), None).await.unwrap();
+                    assert!(kept.keepable());
+                    for rows in [
+                        None,
+                        Some(1),
+                        Some(2),
+                        Some(8),
+                        Some(64),
+                        Some(500),
+                        Some(4096),
+                        Some(1 << 30),
+                    ] {
+                        // Each kernel's case is the one `nearest_speed` picks from its speeds.
+                        let shape = kept.shape(&q(rows));
+                        for k in &kept.qualifying {
+                            let speeds = k.cases.iter().map(|c| c.speed.clone());
+                            assert_eq!(
+                                Ranking::case_of(k, &shape).map(|c| c.speed.clone()),
+                                nearest_speed(speeds, rows, cols),
+                                "{} rows {rows:?}",
+                                k.label
+                            );
+                        }
+                        let fresh = resolve(s, &q(rows)).await.unwrap();
+                        let derived = kept.resolution(s, &q(rows)).await.unwrap();
+                        let coverage = kept.chosen_coverage(&shape, &q(rows)).unwrap();
+                        assert_eq!(
+                            serde_json::to_value(&coverage).unwrap(),
+                            serde_json::to_value(fresh.chosen.as_ref().map(|c| &c.coverage))
+                                .unwrap()
+                        );
+                        let (fresh, derived) = (
+                            serde_json::to_value(&fresh).unwrap(),
+                            serde_json::to_value(&derived).unwrap(),
+                        );
+                        assert_eq!(
+                            derived, fresh,
+                            "{policy} cols {cols} rows {rows:?} from {made_for:?}"
+                        );
+                        chosen.insert(fresh["chosen"]["kernel"]["name"].to_string());
+                    }
+                }
+            }
+        }
+        assert!(
+            chosen.len() >= 3,
+            "the rows must change the choice: {chosen:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn kept_rankings_answer_as_a_fresh_resolve_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&format!("sqlite://{}/t.db", dir.path().display()))
+            .await
+            .unwrap();
+        kept_rankings_answer_as_a_fresh_resolve(&s).await;
+    }
+
+    #[tokio::test]
+    async fn kept_rankings_answer_as_a_fresh_resolve_postgres() {
+        let Some(url) = kernel_store::testing::fresh_postgres_url("resolve rankings").await else {
+            return;
+        };
+        let s = Store::open(&url).await.unwrap();
+        kept_rankings_answer_as_a_fresh_resolve(&s).await;
     }
 }

@@ -16,6 +16,7 @@ use kernel_store::{Inserted, KernelQuery, KernelRow};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 const MAX_PAGE: i64 = 500;
 
@@ -76,7 +77,8 @@ pub async fn list(
         limit,
         offset,
     };
-    // A policy's list is kept until the store changes (`crate::answers`).
+    // A policy's list is kept until the store changes (`crate::answers`): its first page as
+    // text, and the ids of the whole list, from which any other page is read by id.
     let cached = match &policy {
         None => None,
         Some(_) => {
@@ -93,24 +95,29 @@ pub async fn list(
     }
     let (kernels, total) = match &policy {
         None => st.store.list_kernels(&query).await?,
-        // Approval is a condition on the newest verdicts' indexed columns: one page and one
-        // count, however many kernels are stored.
+        // Approval is a condition on the newest verdicts' indexed columns: the whole list's
+        // ids in one query, kept per filter until the store changes (they do not depend on
+        // the page); then a page by id.
         Some(p) => {
-            // The total does not depend on the page: kept per filter until the store changes.
             let mut filters = q.clone();
             filters.remove("limit");
             filters.remove("offset");
-            let key = crate::answers::AnswerCache::key("/v1/kernels#total", &filters);
+            let key = crate::answers::AnswerCache::key("/v1/kernels#ids", &filters);
             let generation = cached.as_ref().map(|(_, g)| *g).unwrap_or_default();
-            let total = match st.counts.get(&key, generation) {
-                Some(n) => n,
+            let ids = match st.approved.get(&key, generation) {
+                Some(ids) => ids,
                 None => {
-                    let n = st.store.approved_count(&query, p).await?;
-                    st.counts.insert(key, generation, n);
-                    n
+                    let ids = Arc::new(st.store.approved_ids(&query, p).await?);
+                    st.approved.insert(key, generation, ids.clone());
+                    ids
                 }
             };
-            (st.store.approved_page(&query, p).await?, total)
+            let from = usize::try_from(offset).unwrap_or(usize::MAX).min(ids.len());
+            let to = from.saturating_add(limit as usize).min(ids.len());
+            (
+                st.store.kernels_by_ids(&ids[from..to]).await?,
+                ids.len() as i64,
+            )
         }
     };
     let next = (offset + limit < total).then(|| offset + limit);
@@ -122,6 +129,8 @@ pub async fn list(
         "next_offset": next,
         "policy": policy.map(|p| p.to_string()),
     });
+    // Only first pages are kept as text: a new page each ask would fill the cache.
+    let cached = cached.filter(|_| offset == 0);
     Ok(match cached {
         Some((key, generation)) => st.answers.put(key, generation, &answer),
         None => Json(answer).into_response(),

@@ -5,12 +5,13 @@ use super::{known_params, param, required};
 use crate::answers::AnswerCache;
 use crate::app::{AppState, Caller};
 use crate::error::AppError;
-use crate::resolve::{resolve_queueing, Query, Queueing};
+use crate::resolve::{Query, Queueing};
 use axum::extract::{Query as Q, State};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
+use bytes::Bytes;
 use kernel_registry::Op;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Parse the resolve query (shared with the dashboard's policy explorer).
 pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
@@ -80,55 +81,94 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
         ("policy" = Option<PolicyText>, Query, description = "bit_exact (default), ulp:N, tolerance, argmax, with ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X"),
         ("runtime" = Option<String>, Query, description = "cuda (default: CUDA kernels only) or any (Python candidates too, SPEC 2b)"),
     ),
-    responses((status = 200, description = "The chosen kernel with its evidence"), (status = 404, description = "No kernel qualifies; `excluded` says why each is out (the first 100; `excluded_total` counts all)"), (status = 400, description = "A bad parameter")))]
+    responses((status = 200, description = "The chosen kernel with its evidence; `also_qualifying` lists the first 100 other qualifying kernels, fastest first (`also_qualifying_total` counts all)"), (status = 404, description = "No kernel qualifies; `excluded` says why each is out (the first 100; `excluded_total` counts all)"), (status = 400, description = "A bad parameter")))]
 pub async fn resolve(
     State(st): State<AppState>,
     c: Caller,
     Q(q): Q<HashMap<String, String>>,
 ) -> Result<Response, AppError> {
     let query = parse_query(&q)?;
-    // An answer that queued nothing is kept until the store changes (`crate::answers`).
-    let key = AnswerCache::key("/v1/resolve", &q);
     let generation = st.store.answer_generation().await?;
-    if let Some(a) = st.answers.get(&key, generation) {
-        return Ok(crate::answers::json_response(a));
-    }
-    let queueing = Queueing {
-        max_pending: st.config.max_pending_width_jobs,
-        actor: c.actor().to_string(),
-    };
-    let r = resolve_queueing(&st.store, &query, Some(&queueing)).await?;
-    let keep = r.queued_jobs.is_empty() && r.unverified_width.is_empty() && r.queue_full.is_none();
-    match r.chosen {
-        Some(c) => {
-            let answer = serde_json::json!({
-            // The newest verdict on this architecture, stale or not: why it is stale, if so
-            // (`kernelize verify-request --stale` queues its re-verification).
-            "stale": c.stale,
-            "policy": query.policy.to_string(),
-            "runtime": c.kernel.runtime,
-            "kernel": c.kernel,
-            "digest": c.kernel.digest,
-            "source_url": c.source_url,
-            "verification_id": c.verification_id,
-            "verification_url": format!("/v1/verifications/{}", c.verification_id),
-            "device": c.device,
-            "verified_at": c.verified_at,
-            "class": c.class,
-            "summary": c.summary,
-            "speed": c.speed,
-            "coverage": c.coverage,
-            "also_qualifying": r.also_qualifying,
-            "excluded": r.excluded,
-            "excluded_total": r.excluded_total,
-            "queued_jobs": r.queued_jobs,
-            "queue_full": r.queue_full,
-            });
-            if keep {
-                return Ok(st.answers.put(key, generation, &answer));
-            }
-            Ok(Json(answer).into_response())
+    // An answer without `rows` that queued nothing is kept as text until the store changes
+    // (`crate::answers`); one with `rows` is derived from the kept ranking of its query (a
+    // distinct `rows` per ask would otherwise fill the cache with near-copies).
+    let key = AnswerCache::key("/v1/resolve", &q);
+    let keep_text = query.rows.is_none();
+    if keep_text {
+        if let Some(a) = st.answers.get(&key, generation) {
+            return Ok(crate::answers::json_response(a));
         }
+    }
+    let mut unshaped = q.clone();
+    unshaped.remove("rows");
+    let ranking_key = AnswerCache::key("/v1/resolve#ranking", &unshaped);
+    let rank = match st.rankings.get(&ranking_key, generation) {
+        Some(r) => r,
+        None => {
+            let queueing = Queueing {
+                max_pending: st.config.max_pending_width_jobs,
+                actor: c.actor().to_string(),
+            };
+            let r = Arc::new(crate::resolve::ranking(&st.store, &query, Some(&queueing)).await?);
+            if r.keepable() {
+                st.rankings.insert(ranking_key, generation, r.clone());
+            }
+            r
+        }
+    };
+    let keep = keep_text && rank.keepable();
+    // The answer is its ranking's text for this shape (which case of each kernel is nearest
+    // `rows`), kept with the ranking, plus the chosen kernel's coverage of `rows`.
+    let shape = rank.shape(&query);
+    if let Some(coverage) = rank.chosen_coverage(&shape, &query)? {
+        let text = match rank.kept_text(&shape) {
+            Some(t) => t,
+            None => {
+                let r = rank.resolution_at(&st.store, &query, &shape).await?;
+                let c = r.chosen.ok_or_else(|| {
+                    AppError::from(kernel_store::StoreError::Corrupt(
+                        "a ranking chose a kernel and then did not".into(),
+                    ))
+                })?;
+                let answer = serde_json::json!({
+                // The newest verdict on this architecture, stale or not: why it is stale, if
+                // so (`kernelize verify-request --stale` queues its re-verification).
+                "stale": c.stale,
+                "policy": query.policy.to_string(),
+                "runtime": c.kernel.runtime,
+                "kernel": c.kernel,
+                "digest": c.kernel.digest,
+                "source_url": c.source_url,
+                "verification_id": c.verification_id,
+                "verification_url": format!("/v1/verifications/{}", c.verification_id),
+                "device": c.device,
+                "verified_at": c.verified_at,
+                "class": c.class,
+                "summary": c.summary,
+                "speed": c.speed,
+                "also_qualifying": r.also_qualifying,
+                "also_qualifying_total": r.also_qualifying_total,
+                "excluded": r.excluded,
+                "excluded_total": r.excluded_total,
+                "queued_jobs": r.queued_jobs,
+                "queue_full": r.queue_full,
+                });
+                let t = Bytes::from(serde_json::to_vec(&answer).expect("answer serialises"));
+                rank.keep_text(shape, t.clone());
+                t
+            }
+        };
+        let answer = with_field(&text, "coverage", &coverage);
+        if keep {
+            st.answers.insert(key, generation, answer.clone());
+        }
+        return Ok(crate::answers::json_response(answer));
+    }
+    let r = rank.resolution_at(&st.store, &query, &shape).await?;
+    match r.chosen {
+        Some(_) => Err(AppError::from(kernel_store::StoreError::Corrupt(
+            "a ranking chose no kernel and then did".into(),
+        ))),
         None => {
             let n = r.excluded_total;
             let detail = if n == 0 {
@@ -169,5 +209,28 @@ pub async fn resolve(
                 )
                 .with("queue_full", r.queue_full))
         }
+    }
+}
+
+/// `object` (the JSON text of a non-empty object) with `field` set to `value` appended.
+fn with_field(object: &[u8], field: &str, value: &impl serde::Serialize) -> Bytes {
+    let mut out = Vec::with_capacity(object.len() + 512);
+    out.extend_from_slice(object.strip_suffix(b"}").expect("a JSON object"));
+    out.push(b',');
+    serde_json::to_writer(&mut out, field).expect("a key serialises");
+    out.push(b':');
+    serde_json::to_writer(&mut out, value).expect("a value serialises");
+    out.push(b'}');
+    Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_field_appended_to_an_object_reads_back() {
+        let text = serde_json::to_vec(&serde_json::json!({"a": 1, "b": [2]})).unwrap();
+        let out = super::with_field(&text, "c", &serde_json::json!({"d": "e\"}"}));
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v, serde_json::json!({"a": 1, "b": [2], "c": {"d": "e\"}"}}));
     }
 }

@@ -179,6 +179,9 @@ fn render(
                                     @if r.also_qualifying.is_empty() && r.excluded.is_empty() { span.muted { "—" } }
                                     ul.why {
                                         @for line in &r.also_qualifying { li { (line) } }
+                                        @if r.also_qualifying_total > r.also_qualifying.len() {
+                                            li.muted { "… and " (r.also_qualifying_total - r.also_qualifying.len()) " more qualify, slower" }
+                                        }
                                         @for line in &r.excluded { li { (line) } }
                                     }
                                 }
