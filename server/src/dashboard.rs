@@ -195,6 +195,37 @@ fn roofline(fraction: f64) -> Markup {
     }
 }
 
+/// A dashboard page's address with the filters that are set (`op`, `dtype`, `arch`), then the
+/// paging parameters that differ from their defaults (`(name, value, default)`).
+fn filter_href(
+    path: &str,
+    op: Option<kernel_registry::Op>,
+    dtype: Option<kernel_registry::DType>,
+    arch: Option<kernel_registry::Arch>,
+    paging: &[(&str, i64, i64)],
+) -> String {
+    let mut parts = vec![];
+    if let Some(o) = op {
+        parts.push(format!("op={o}"));
+    }
+    if let Some(d) = dtype {
+        parts.push(format!("dtype={d}"));
+    }
+    if let Some(a) = arch {
+        parts.push(format!("arch={a}"));
+    }
+    for (name, value, default) in paging {
+        if value != default {
+            parts.push(format!("{name}={value}"));
+        }
+    }
+    if parts.is_empty() {
+        path.into()
+    } else {
+        format!("{path}?{}", parts.join("&"))
+    }
+}
+
 fn kernel_href(name: &str, version: &str) -> String {
     // Names and versions are restricted to URL-safe characters by the manifest parser.
     format!("/kernels/{name}/{version}")

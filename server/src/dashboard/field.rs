@@ -47,23 +47,8 @@ pub async fn page(
         archs.sort();
     }
     let link = |off: i64| {
-        let mut parts = vec![];
-        if let Some(o) = op {
-            parts.push(format!("op={o}"));
-        }
-        if let Some(d) = dtype {
-            parts.push(format!("dtype={d}"));
-        }
-        if let Some(a) = arch {
-            parts.push(format!("arch={a}"));
-        }
-        if limit != PAGE_ROWS {
-            parts.push(format!("limit={limit}"));
-        }
-        if off > 0 {
-            parts.push(format!("offset={off}"));
-        }
-        format!("/field?{}", parts.join("&"))
+        let paging = [("limit", limit, PAGE_ROWS), ("offset", off, 0)];
+        super::filter_href("/field", op, dtype, arch, &paging)
     };
     let body = html! {
         h1 { "The field" }

@@ -95,26 +95,12 @@ pub async fn page(
         archs_seen.insert(a);
     }
     let link = |off: i64, uoff: i64| {
-        let mut parts = vec![];
-        if let Some(o) = op {
-            parts.push(format!("op={o}"));
-        }
-        if let Some(d) = dtype {
-            parts.push(format!("dtype={d}"));
-        }
-        if let Some(a) = arch {
-            parts.push(format!("arch={a}"));
-        }
-        if limit != PAGE_ROWS {
-            parts.push(format!("limit={limit}"));
-        }
-        if off > 0 {
-            parts.push(format!("offset={off}"));
-        }
-        if uoff > 0 {
-            parts.push(format!("uoffset={uoff}"));
-        }
-        format!("/?{}", parts.join("&"))
+        let paging = [
+            ("limit", limit, PAGE_ROWS),
+            ("offset", off, 0),
+            ("uoffset", uoff, 0),
+        ];
+        super::filter_href("/", op, dtype, arch, &paging)
     };
 
     let body = html! {
@@ -147,21 +133,7 @@ pub async fn page(
 
 /// The field page with the overview's filters.
 fn field_href(op: Option<Op>, dtype: Option<DType>, arch: Option<Arch>) -> String {
-    let mut parts = vec![];
-    if let Some(o) = op {
-        parts.push(format!("op={o}"));
-    }
-    if let Some(d) = dtype {
-        parts.push(format!("dtype={d}"));
-    }
-    if let Some(a) = arch {
-        parts.push(format!("arch={a}"));
-    }
-    if parts.is_empty() {
-        "/field".into()
-    } else {
-        format!("/field?{}", parts.join("&"))
-    }
+    super::filter_href("/field", op, dtype, arch, &[])
 }
 
 /// What the overview shows of the store for one filter and page.
