@@ -13,21 +13,21 @@ use kernel_registry::Op;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// The query parameters of `/v1/resolve` (the dashboard's policy explorer links to the same).
+pub const PARAMS: [&str; 8] = [
+    "op",
+    "semantics",
+    "dtype",
+    "arch",
+    "cols",
+    "rows",
+    "policy",
+    "runtime",
+];
+
 /// Parse the resolve query (shared with the dashboard's policy explorer).
 pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
-    known_params(
-        q,
-        &[
-            "op",
-            "semantics",
-            "dtype",
-            "arch",
-            "cols",
-            "rows",
-            "policy",
-            "runtime",
-        ],
-    )?;
+    known_params(q, &PARAMS)?;
     let op: Op = required(q, "op")?;
     let semantics = match param(q, "semantics")? {
         Some(s) => op

@@ -197,19 +197,10 @@ fn render(
 
 /// The `/v1/resolve` URL of the same question.
 fn api_url(q: &HashMap<String, String>) -> String {
-    let mut parts: Vec<String> = [
-        "op",
-        "semantics",
-        "dtype",
-        "arch",
-        "cols",
-        "rows",
-        "policy",
-        "runtime",
-    ]
-    .iter()
-    .filter_map(|k| q.get(*k).map(|v| format!("{k}={}", encode(v))))
-    .collect();
+    let mut parts: Vec<String> = crate::api::resolve::PARAMS
+        .iter()
+        .filter_map(|k| q.get(*k).map(|v| format!("{k}={}", encode(v))))
+        .collect();
     parts.dedup();
     format!("/v1/resolve?{}", parts.join("&"))
 }
