@@ -2,11 +2,12 @@
 //! candidates such as Liger's, `torch.compile`'d layers, PyTorch's fused functions), with its
 //! newest verdict per architecture and dtype, its headline speed and its model-level
 //! measurements, read from the summary tables in one page query and one count (no report is
-//! read). Kept apart from `newest.rs` on purpose: it only reads what that module writes.
+//! read). It reads what `newest.rs` writes, through the matrix's own query (`matrix_from`,
+//! `matrix_select`) with the model-level column added.
 
 use crate::codec::parse_col;
-use crate::kernels::{kernel_row, KernelRow, KERNEL_COLS};
-use crate::newest::MatrixFilter;
+use crate::kernels::{kernel_row, KernelRow};
+use crate::newest::{matrix_from, matrix_select, speed_row_prefixed, MatrixFilter};
 use crate::{Result, Store, StoreError};
 use kernel_registry::report::{ModelReport, SpeedAt, Verdict};
 use kernel_registry::{Arch, DType, Op, Semantics};
@@ -51,45 +52,6 @@ impl FieldRow {
     }
 }
 
-/// `CASE col WHEN 'a' THEN 0 ... END`: sorts a text column in the enum's order.
-fn enum_order(col: &str, names: impl IntoIterator<Item = &'static str>) -> String {
-    let arms: Vec<String> = names
-        .into_iter()
-        .enumerate()
-        .map(|(i, n)| format!("WHEN '{n}' THEN {i}"))
-        .collect();
-    format!("CASE {col} {} ELSE 999 END", arms.join(" "))
-}
-
-/// `FROM ... WHERE ...` of the field's rows, with its binds.
-fn field_from(f: MatrixFilter) -> (String, Vec<String>) {
-    let mut binds: Vec<String> = Vec::new();
-    let mut conds = vec!["TRUE".to_string()];
-    if let Some(op) = f.op {
-        binds.push(op.to_string());
-        conds.push(format!("k.op = ${}", binds.len()));
-    }
-    if let Some(a) = f.arch {
-        binds.push(a.to_string());
-        conds.push(format!("n.arch = ${}", binds.len()));
-    }
-    if let Some(d) = f.dtype {
-        binds.push(d.to_string());
-        conds.push(format!("d.dtype = ${}", binds.len()));
-    }
-    (
-        format!(
-            "FROM kernels k JOIN newest_verifications n ON n.kernel_digest = k.digest \
-             JOIN verification_facts f ON f.verification_id = n.verification_id \
-             JOIN verification_verdicts d ON d.verification_id = n.verification_id \
-             LEFT JOIN verification_speeds s ON s.verification_id = d.verification_id \
-             AND s.dtype = d.dtype AND s.headline = 1 WHERE {}",
-            conds.join(" AND ")
-        ),
-        binds,
-    )
-}
-
 /// A group of the field: op, semantics, dtype and architecture.
 pub type FieldGroup = (Op, Semantics, DType, Arch);
 
@@ -97,7 +59,7 @@ impl Store {
     /// Per group of the field (filtered as `field_page`), the headline GB/s of its fastest
     /// bit-exact kernel (one aggregate query): what the other candidates' speed is compared with.
     pub async fn field_fastest_exact(&self, f: MatrixFilter) -> Result<HashMap<FieldGroup, f64>> {
-        let (from, binds) = field_from(f);
+        let (from, binds) = matrix_from(f);
         let sql = format!(
             "SELECT k.op, k.semantics, d.dtype, n.arch, \
              MAX(CASE WHEN d.class_rank = 0 THEN s.gbps END) AS best \
@@ -132,30 +94,11 @@ impl Store {
         limit: i64,
         offset: i64,
     ) -> Result<(Vec<FieldRow>, i64)> {
-        let (from, binds) = field_from(f);
-        let count_sql = format!("SELECT COUNT(*) {from}");
-        let mut count = sqlx::query(&count_sql);
-        for b in &binds {
-            count = count.bind(b.clone());
-        }
-        let total: i64 = count.fetch_one(&self.pool).await?.try_get(0)?;
-        let kc: Vec<String> = KERNEL_COLS
-            .split(',')
-            .map(|c| format!("k.{}", c.trim()))
-            .collect();
-        let sql = format!(
-            "SELECT {kc}, d.dtype AS m_dtype, n.arch AS m_arch, d.verdict_json, d.models_json, \
-             f.device_name AS m_device, f.created_at AS m_created_at, \
-             s.rows AS s_rows, s.cols AS s_cols, s.gbps, s.median_us, s.copy_fraction, s.speedup \
-             {from} ORDER BY {op}, {sem}, {dt}, LENGTH(n.arch), n.arch, d.class_rank, d.class_ulp, \
-             COALESCE(s.gbps, 0) DESC, k.name, k.id LIMIT ${l} OFFSET ${o}",
-            kc = kc.join(", "),
-            op = enum_order("k.op", Op::ALL.iter().map(|o| o.as_str())),
-            sem = enum_order("k.semantics", Semantics::ALL.iter().map(|s| s.as_str())),
-            dt = enum_order("d.dtype", DType::ALL.iter().map(|d| d.as_str())),
-            l = binds.len() + 1,
-            o = binds.len() + 2,
-        );
+        let (from, binds) = matrix_from(f);
+        let total = self
+            .count_with(&format!("SELECT COUNT(*) {from}"), &binds)
+            .await?;
+        let sql = matrix_select(", d.models_json", &from, binds.len());
         let mut query = sqlx::query(&sql);
         for b in &binds {
             query = query.bind(b.clone());
@@ -174,14 +117,7 @@ impl Store {
                     .map_err(|e| corrupt("models", e))?;
             let speed = match r.try_get::<Option<i64>, _>("s_rows")? {
                 None => None,
-                Some(rows) => Some(SpeedAt {
-                    rows: rows as u64,
-                    cols: r.try_get::<i64, _>("s_cols")? as u64,
-                    gbps: r.try_get("gbps")?,
-                    median_us: r.try_get("median_us")?,
-                    copy_fraction: r.try_get("copy_fraction")?,
-                    speedup: r.try_get("speedup")?,
-                }),
+                Some(_) => Some(speed_row_prefixed(r)?),
             };
             out.push(FieldRow {
                 dtype: parse_col(r, "m_dtype")?,

@@ -778,19 +778,7 @@ impl Store {
         let total = self
             .count_with(&format!("SELECT COUNT(*) {from}"), &binds)
             .await?;
-        let sql = format!(
-            "SELECT {kc}, d.dtype AS m_dtype, n.arch AS m_arch, d.verdict_json, \
-             f.device_name AS m_device, f.created_at AS m_created_at, \
-             s.rows AS s_rows, s.cols AS s_cols, s.gbps, s.median_us, s.copy_fraction, s.speedup \
-             {from} ORDER BY {op}, {sem}, {dt}, LENGTH(n.arch), n.arch, d.class_rank, d.class_ulp, \
-             COALESCE(s.gbps, 0) DESC, k.name, k.id LIMIT ${l} OFFSET ${o}",
-            kc = k_cols(),
-            op = rank_case("k.op", Op::ALL.iter().map(|o| o.as_str())),
-            sem = rank_case("k.semantics", Semantics::ALL.iter().map(|s| s.as_str())),
-            dt = rank_case("d.dtype", DType::ALL.iter().map(|d| d.as_str())),
-            l = binds.len() + 1,
-            o = binds.len() + 2,
-        );
+        let sql = matrix_select("", &from, binds.len());
         let mut query = sqlx::query(&sql);
         for b in &binds {
             query = query.bind(b.clone());
@@ -972,7 +960,7 @@ impl Store {
         Ok((out, total))
     }
 
-    async fn count_with(&self, sql: &str, binds: &[String]) -> Result<i64> {
+    pub(crate) async fn count_with(&self, sql: &str, binds: &[String]) -> Result<i64> {
         let mut q = sqlx::query(sql);
         for b in binds {
             q = q.bind(b.clone());
@@ -1021,7 +1009,7 @@ fn approved_from(q: &KernelQuery, policy: &Policy) -> (String, Vec<String>) {
 
 /// `FROM ... WHERE ...` of the matrix's rows (kernel `k`, newest verification `n` per arch,
 /// verdict `d` per dtype, headline speed `s`), with its binds.
-fn matrix_from(f: MatrixFilter) -> (String, Vec<String>) {
+pub(crate) fn matrix_from(f: MatrixFilter) -> (String, Vec<String>) {
     let mut binds = Vec::new();
     let mut conds = kernel_conditions(
         &KernelQuery {
@@ -1053,6 +1041,26 @@ fn matrix_from(f: MatrixFilter) -> (String, Vec<String>) {
     )
 }
 
+/// The matrix's page query over `from` (`matrix_from`, with `nbinds` binds before the limit and
+/// offset): each row's kernel, dtype, arch, verdict, device, time and headline speed, plus
+/// `extra` columns (e.g. `", d.models_json"`), in the matrix's order (op, semantics, dtype, arch,
+/// class, fastest first).
+pub(crate) fn matrix_select(extra: &str, from: &str, nbinds: usize) -> String {
+    format!(
+        "SELECT {kc}, d.dtype AS m_dtype, n.arch AS m_arch, d.verdict_json{extra}, \
+         f.device_name AS m_device, f.created_at AS m_created_at, \
+         s.rows AS s_rows, s.cols AS s_cols, s.gbps, s.median_us, s.copy_fraction, s.speedup \
+         {from} ORDER BY {op}, {sem}, {dt}, LENGTH(n.arch), n.arch, d.class_rank, d.class_ulp, \
+         COALESCE(s.gbps, 0) DESC, k.name, k.id LIMIT ${l} OFFSET ${o}",
+        kc = k_cols(),
+        op = rank_case("k.op", Op::ALL.iter().map(|o| o.as_str())),
+        sem = rank_case("k.semantics", Semantics::ALL.iter().map(|s| s.as_str())),
+        dt = rank_case("d.dtype", DType::ALL.iter().map(|d| d.as_str())),
+        l = nbinds + 1,
+        o = nbinds + 2,
+    )
+}
+
 fn speed_row(r: &AnyRow) -> Result<SpeedAt> {
     Ok(SpeedAt {
         rows: r.try_get::<i64, _>("rows")? as u64,
@@ -1064,7 +1072,7 @@ fn speed_row(r: &AnyRow) -> Result<SpeedAt> {
     })
 }
 
-fn speed_row_prefixed(r: &AnyRow) -> Result<SpeedAt> {
+pub(crate) fn speed_row_prefixed(r: &AnyRow) -> Result<SpeedAt> {
     Ok(SpeedAt {
         rows: r.try_get::<i64, _>("s_rows")? as u64,
         cols: r.try_get::<i64, _>("s_cols")? as u64,
