@@ -38,3 +38,13 @@ pub(crate) fn finite_or(x: f64, or: f64) -> f64 {
         or
     }
 }
+
+/// `sql` with its text binds applied in order (the dynamic-filter queries of the store).
+pub(crate) fn bound<'q>(
+    sql: &'q str,
+    binds: &'q [String],
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>> {
+    binds
+        .iter()
+        .fold(sqlx::query(sql), |q, b| q.bind(b.as_str()))
+}

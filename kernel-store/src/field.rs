@@ -5,7 +5,7 @@
 //! read). It reads what `newest.rs` writes, through the matrix's own query (`matrix_from`,
 //! `matrix_select`) with the model-level column added.
 
-use crate::codec::parse_col;
+use crate::codec::{bound, parse_col};
 use crate::kernels::{kernel_row, KernelRow};
 use crate::newest::{matrix_from, matrix_select, speed_row_prefixed, MatrixFilter};
 use crate::{Result, Store, StoreError};
@@ -65,10 +65,7 @@ impl Store {
              MAX(CASE WHEN d.class_rank = 0 THEN s.gbps END) AS best \
              {from} GROUP BY k.op, k.semantics, d.dtype, n.arch"
         );
-        let mut query = sqlx::query(&sql);
-        for b in &binds {
-            query = query.bind(b.clone());
-        }
+        let query = bound(&sql, &binds);
         let mut out = HashMap::new();
         for r in query.fetch_all(&self.pool).await? {
             if let Some(best) = r.try_get::<Option<f64>, _>("best")? {
@@ -99,10 +96,7 @@ impl Store {
             .count_with(&format!("SELECT COUNT(*) {from}"), &binds)
             .await?;
         let sql = matrix_select(", d.models_json", &from, binds.len());
-        let mut query = sqlx::query(&sql);
-        for b in &binds {
-            query = query.bind(b.clone());
-        }
+        let query = bound(&sql, &binds);
         let rows = query.bind(limit).bind(offset).fetch_all(&self.pool).await?;
         let mut out = Vec::with_capacity(rows.len());
         for r in &rows {

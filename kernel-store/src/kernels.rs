@@ -1,7 +1,7 @@
 //! Kernels and their sources: stored once by content digest, immutable, listed by the API.
 
 use crate::audit::audit_in;
-use crate::codec::{csv, parse_col, parse_csv};
+use crate::codec::{bound, csv, parse_col, parse_csv};
 use crate::jobs::queue_job_in;
 use crate::{now_rfc3339, Result, Store, StoreError};
 use kernel_registry::domain::{Arch, DType, Digest, Op, Semantics};
@@ -294,10 +294,7 @@ impl Store {
             format!("WHERE {}", conds.join(" AND "))
         };
         let count_sql = format!("SELECT COUNT(*) AS n FROM kernels {filter}");
-        let mut count = sqlx::query(&count_sql);
-        for b in &binds {
-            count = count.bind(b.clone());
-        }
+        let count = bound(&count_sql, &binds);
         let total: i64 = count.fetch_one(&self.pool).await?.try_get("n")?;
         let n = binds.len();
         let sql = format!(
@@ -305,10 +302,7 @@ impl Store {
             n + 1,
             n + 2
         );
-        let mut list = sqlx::query(&sql);
-        for b in &binds {
-            list = list.bind(b.clone());
-        }
+        let list = bound(&sql, &binds);
         let rows = list
             .bind(q.limit)
             .bind(q.offset)

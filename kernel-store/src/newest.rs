@@ -6,7 +6,7 @@
 //! (`Store::backfill_summaries`). A policy's per-report check becomes a SQL condition
 //! (`policy_condition`), which tests compare with `Policy::evaluate` on the full reports.
 
-use crate::codec::{csv, parse_col, parse_csv};
+use crate::codec::{bound, csv, parse_col, parse_csv};
 use crate::kernels::{kernel_row, runtime_of, KernelQuery, KernelRow, KERNEL_COLS};
 use crate::{Result, Store, StoreError};
 use kernel_registry::cert::Certificate;
@@ -669,10 +669,7 @@ impl Store {
     pub async fn approved_ids(&self, q: &KernelQuery, policy: &Policy) -> Result<Vec<i64>> {
         let (from, binds) = approved_from(q, policy);
         let sql = format!("SELECT k.id {from} ORDER BY k.op, k.semantics, k.name, k.id");
-        let mut list = sqlx::query(&sql);
-        for b in &binds {
-            list = list.bind(b.clone());
-        }
+        let list = bound(&sql, &binds);
         list.fetch_all(&self.pool)
             .await?
             .iter()
@@ -690,10 +687,7 @@ impl Store {
             binds.len() + 1,
             binds.len() + 2
         );
-        let mut list = sqlx::query(&sql);
-        for b in &binds {
-            list = list.bind(b.clone());
-        }
+        let list = bound(&sql, &binds);
         let rows = list
             .bind(q.limit)
             .bind(q.offset)
@@ -747,10 +741,7 @@ impl Store {
             binds.len() + 1,
             binds.len() + 2
         );
-        let mut query = sqlx::query(&sql);
-        for b in &binds {
-            query = query.bind(b.clone());
-        }
+        let query = bound(&sql, &binds);
         let rows = query
             .bind(q.limit)
             .bind(q.offset)
@@ -779,10 +770,7 @@ impl Store {
             .count_with(&format!("SELECT COUNT(*) {from}"), &binds)
             .await?;
         let sql = matrix_select("", &from, binds.len());
-        let mut query = sqlx::query(&sql);
-        for b in &binds {
-            query = query.bind(b.clone());
-        }
+        let query = bound(&sql, &binds);
         let rows = query.bind(limit).bind(offset).fetch_all(&self.pool).await?;
         let mut out = Vec::with_capacity(rows.len());
         for r in &rows {
@@ -813,10 +801,7 @@ impl Store {
              MAX(CASE WHEN d.class_rank = 0 THEN s.gbps END) AS best \
              {from} GROUP BY k.op, k.semantics, d.dtype"
         );
-        let mut query = sqlx::query(&sql);
-        for b in &binds {
-            query = query.bind(b.clone());
-        }
+        let query = bound(&sql, &binds);
         let mut cells = query
             .fetch_all(&self.pool)
             .await?
@@ -853,10 +838,7 @@ impl Store {
              WHERE {}",
             conds.join(" AND ")
         );
-        let mut query = sqlx::query(&sql);
-        for b in &binds {
-            query = query.bind(b.clone());
-        }
+        let query = bound(&sql, &binds);
         let mut archs = query
             .fetch_all(&self.pool)
             .await?
@@ -915,10 +897,7 @@ impl Store {
             binds.len() + 1,
             binds.len() + 2
         );
-        let mut query = sqlx::query(&sql);
-        for b in &binds {
-            query = query.bind(b.clone());
-        }
+        let query = bound(&sql, &binds);
         let rows = query.bind(limit).bind(offset).fetch_all(&self.pool).await?;
         let kernels = rows.iter().map(kernel_row).collect::<Result<Vec<_>>>()?;
         // The architectures each listed kernel was verified on, in one query.
@@ -961,11 +940,7 @@ impl Store {
     }
 
     pub(crate) async fn count_with(&self, sql: &str, binds: &[String]) -> Result<i64> {
-        let mut q = sqlx::query(sql);
-        for b in binds {
-            q = q.bind(b.clone());
-        }
-        Ok(q.fetch_one(&self.pool).await?.try_get(0)?)
+        Ok(bound(sql, binds).fetch_one(&self.pool).await?.try_get(0)?)
     }
 }
 
