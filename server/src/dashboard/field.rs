@@ -3,7 +3,7 @@
 //! PyTorch's fused functions), with exactness, model-level agreement and speed against the
 //! roofline, and a link to the policy explorer resolving across runtimes.
 
-use super::overview::pager;
+use super::overview::{filters, pager};
 use super::{class_badge, date, frac, gbps, kernel_href, layout, opt_param, roofline, sci, ulp};
 use super::{Nav, PageError};
 use crate::app::{AppState, Caller};
@@ -59,7 +59,7 @@ pub async fn page(
             "the model level (the kernel in every matching layer of a small real model: argmax agreement and the largest logit change), where measured; "
             "and speed at the measured shape nearest " (HEADLINE_ROWS) "x" (HEADLINE_COLS) " as a fraction of this device's copy bandwidth (the roofline)."
         }
-        (filters(op, dtype, arch, &archs))
+        (filters("/field", op, dtype, arch, &archs))
         @if total == 0 {
             div.note #no-field {
                 p { "No verification matches these filters. " a href="/field" { "Show all." } }
@@ -72,33 +72,6 @@ pub async fn page(
         }
     };
     Ok(layout("The field", Nav::Field, body))
-}
-
-fn filters(op: Option<Op>, dtype: Option<DType>, arch: Option<Arch>, archs: &[Arch]) -> Markup {
-    html! {
-        form.filters method="get" action="/field" {
-            label { "op"
-                select name="op" {
-                    option value="" { "all" }
-                    @for o in Op::ALL { option value=(o) selected[op == Some(*o)] { (o) } }
-                }
-            }
-            label { "dtype"
-                select name="dtype" {
-                    option value="" { "all" }
-                    @for d in DType::ALL { option value=(d) selected[dtype == Some(*d)] { (d) } }
-                }
-            }
-            label { "arch"
-                select name="arch" {
-                    option value="" { "all" }
-                    @for a in archs { option value=(a) selected[arch == Some(*a)] { (a) } }
-                }
-            }
-            button type="submit" { "Filter" }
-            @if op.is_some() || dtype.is_some() || arch.is_some() { a href="/field" { "clear" } }
-        }
-    }
 }
 
 /// What runs the kernel, in a person's words.

@@ -113,7 +113,7 @@ pub async fn page(
             a href=(field_href(op, dtype, arch)) { "Compare the field" }
             ": every candidate of an op side by side, CUDA kernels and Python candidates (Liger-Kernel, torch.compile, PyTorch's fused functions), with model-level agreement."
         }
-        (filters(op, dtype, arch, &archs_seen))
+        (filters("/", op, dtype, arch, &archs_seen))
         @if total_rows == 0 {
             (empty_state(*total_kernels as usize, op.is_some() || dtype.is_some() || arch.is_some()))
         } @else {
@@ -211,14 +211,17 @@ pub(super) fn pager(
     }
 }
 
-fn filters(
+/// The op / dtype / arch filter form of a page at `path` (the overview, the field), with the
+/// architectures to offer.
+pub(super) fn filters<'a>(
+    path: &str,
     op: Option<Op>,
     dtype: Option<DType>,
     arch: Option<Arch>,
-    archs: &BTreeSet<Arch>,
+    archs: impl IntoIterator<Item = &'a Arch>,
 ) -> Markup {
     html! {
-        form.filters method="get" action="/" {
+        form.filters method="get" action=(path) {
             label { "op"
                 select name="op" {
                     option value="" { "all" }
@@ -238,7 +241,7 @@ fn filters(
                 }
             }
             button type="submit" { "Filter" }
-            @if op.is_some() || dtype.is_some() || arch.is_some() { a href="/" { "clear" } }
+            @if op.is_some() || dtype.is_some() || arch.is_some() { a href=(path) { "clear" } }
         }
     }
 }
