@@ -645,6 +645,27 @@ pub mod tests_support {
         }
     }
 
+    /// A report of kernel `k` on `arch` made of `cases` (the summary derived from them), the
+    /// rest as `report_with`.
+    pub fn report_of_cases(
+        k: &crate::KernelBundle,
+        arch: Arch,
+        cases: Vec<CaseReport>,
+    ) -> VerificationReport {
+        let mut r = report_with(0, 0);
+        r.summary = Summary::from_cases(&cases);
+        r.cases = cases;
+        r.kernel = KernelRef {
+            name: k.manifest.name.clone(),
+            version: k.manifest.version.to_string(),
+            digest: k.digest(),
+            op: k.manifest.op,
+            semantics: k.manifest.semantics,
+        };
+        r.device.arch = arch;
+        r
+    }
+
     /// A one-case bf16 report with `mism` of 1000 elements differing by up to `ulp`.
     pub fn report_with(mism: u64, ulp: u64) -> VerificationReport {
         let cases = vec![case("bf16/4096x8192/normal", DType::Bf16, mism, ulp)];

@@ -6,8 +6,8 @@
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use kernel_registry::report::tests_support::{case, report_with};
-use kernel_registry::report::{Summary, ULP_INFINITE};
+use kernel_registry::report::tests_support::{case, report_of_cases};
+use kernel_registry::report::ULP_INFINITE;
 use kernel_registry::{Arch, KernelBundle};
 use kernel_store::{Holder, Store};
 use std::path::PathBuf;
@@ -126,15 +126,7 @@ fn report_of(k: &KernelBundle, arch: Arch, i: usize) -> kernel_registry::Verific
             cases.push(c);
         }
     }
-    let mut r = report_with(0, 0);
-    r.summary = Summary::from_cases(&cases);
-    r.cases = cases;
-    r.kernel.name = k.manifest.name.clone();
-    r.kernel.version = k.manifest.version.to_string();
-    r.kernel.digest = k.digest();
-    r.kernel.op = k.manifest.op;
-    r.kernel.semantics = k.manifest.semantics;
-    r.device.arch = arch;
+    let mut r = report_of_cases(k, arch, cases);
     r.device.name = "load-seed".into();
     r.suite_version = verifier::cases::SUITE_VERSION.into();
     r

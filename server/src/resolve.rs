@@ -782,8 +782,8 @@ fn candidate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kernel_registry::report::tests_support::{case, report_with};
-    use kernel_registry::report::{nearest_speed, Summary, ULP_INFINITE};
+    use kernel_registry::report::tests_support::{case, report_of_cases};
+    use kernel_registry::report::{nearest_speed, ULP_INFINITE};
     use kernel_registry::KernelBundle;
     use kernel_store::Holder;
 
@@ -815,16 +815,7 @@ mod tests {
                 cases.push(c);
             }
         }
-        let mut r = report_with(0, 0);
-        r.summary = Summary::from_cases(&cases);
-        r.cases = cases;
-        r.kernel.name = k.manifest.name.clone();
-        r.kernel.version = k.manifest.version.to_string();
-        r.kernel.digest = k.digest();
-        r.kernel.op = k.manifest.op;
-        r.kernel.semantics = k.manifest.semantics;
-        r.device.arch = SM90;
-        r
+        report_of_cases(k, SM90, cases)
     }
 
     /// `n` copies of the bundled rms_norm (llama) kernel, each but the last verified on sm_90.
