@@ -478,9 +478,10 @@ def test_kernelize_on_the_cpu_swaps_python_candidates_only(models):
 
 
 def test_a_compiled_python_candidate_runs_in_the_models(tmp_path, models):
-    """A candidate whose function is torch.compile'd reads its module's globals by the module's
-    name while Dynamo traces: the loaded source must be importable under that name (it was not,
-    and compile(silu(g) * u) failed at the model level on the GPU machine)."""
+    """A candidate whose function is torch.compile'd (Inductor on the CPU) runs in every matching
+    layer. Coverage, not the regression test: this passed on the CPU before the loader registered
+    the module too; the ModuleNotFoundError was seen on the GPU machine only, and
+    test_a_loaded_python_candidate_is_importable_by_its_module_name fails without the fix."""
     k = _py_candidate(tmp_path, "compiled_llama_norm",
                       "import torch\nimport torch.nn.functional as F\n\nSCALE = 1.0\n\n\n"
                       "@torch.compile\n"
