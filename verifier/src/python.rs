@@ -231,8 +231,6 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
             .prefix("kernelize-python-")
             .tempdir()
             .map_err(|e| ExecError::Sandbox(format!("cannot make a private directory: {e}")))?;
-        std::fs::write(work.path().join("runner.py"), RUNNER_SOURCE)
-            .map_err(|e| ExecError::Sandbox(format!("cannot write the runner: {e}")))?;
         Ok(PythonExecutor {
             opts,
             reference,
@@ -248,6 +246,10 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
         let home = self.work.path().join("home");
         std::fs::create_dir_all(&home)
             .map_err(|e| ExecError::Sandbox(format!("cannot make {}: {e}", home.display())))?;
+        // Written anew for every child: an earlier child ran the candidate's code as the same
+        // user and may have replaced the file (then crashed to have its runner started).
+        std::fs::write(self.work.path().join("runner.py"), RUNNER_SOURCE)
+            .map_err(|e| ExecError::Sandbox(format!("cannot write the runner: {e}")))?;
         let mut cmd = confined_python(&self.opts.python, &home, self.opts.memory_limit_bytes);
         cmd.arg(self.work.path().join("runner.py"))
             .stdin(Stdio::piped())
@@ -260,7 +262,7 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
             ))
         })?;
         self.children_started += 1;
-        self.child = Some(ChildProc::attach(child, "the Python child", 3000, false));
+        self.child = Some(ChildProc::attach(child, "the Python child", 3000, false).in_own_group());
         self.loaded = None;
         Ok(())
     }
@@ -341,6 +343,40 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
         }
     }
 
+    /// The reference layers' outputs and time on `spec`, computed after the candidate's calls
+    /// (its outputs already read) with the candidate's process group stopped: nothing of the
+    /// candidate runs while the reference is timed (it cannot load the GPU to make the
+    /// reference look slow) or while the reference's files exist (it cannot read them as an
+    /// answer key for a later call). The files are removed before the child continues.
+    fn reference_frozen(
+        &mut self,
+        spec: &CaseSpec,
+        inp: &cases::CaseInputs,
+        reps: u32,
+    ) -> Result<ReferenceOutputs, ExecError> {
+        struct Thaw<'a>(Option<&'a ChildProc>);
+        impl Drop for Thaw<'_> {
+            fn drop(&mut self) {
+                if let Some(c) = self.0 {
+                    c.freeze(false);
+                }
+            }
+        }
+        let dir = self.work.path().join("reference");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            ExecError::Sandbox(format!("{}: cannot make {}: {e}", spec.id, dir.display()))
+        })?;
+        let child = self.child.as_ref();
+        if let Some(c) = child {
+            c.freeze(true);
+        }
+        let _thaw = Thaw(child);
+        let r = self.reference.reference(spec, inp, reps, &dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        r
+    }
+
     fn case_dir(&self, spec: &CaseSpec) -> Result<PathBuf, ExecError> {
         let dir = self.work.path().join("case");
         let _ = std::fs::remove_dir_all(&dir);
@@ -398,6 +434,8 @@ pub fn confined_python(python: &Path, home: &Path, memory_limit_bytes: Option<u6
 #[cfg(target_os = "linux")]
 fn confine(cmd: &mut Command, memory_limit_bytes: Option<u64>) {
     use std::os::unix::process::CommandExt;
+    // A process group of its own: the verifier stops and kills the child with its descendants.
+    cmd.process_group(0);
     // SAFETY: between fork and exec only async-signal-safe calls (unshare, setrlimit) run.
     unsafe {
         cmd.pre_exec(move || {
@@ -513,7 +551,6 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
         } else {
             0
         };
-        let reference = self.reference.reference(spec, &inp, reps, &dir)?;
         let inputs = write_inputs(&dir, spec, &inp)?;
         let mutable: Vec<String> = inp.residual.iter().map(|t| t.name.to_string()).collect();
         let compositions = if spec.check_batch {
@@ -575,6 +612,7 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
         if outs.is_empty() {
             return Err(ExecError::Sandbox("the child wrote no output".into()));
         }
+        let reference = self.reference_frozen(spec, &inp, reps)?;
 
         let mut integrity_failures = r.integrity;
         if let Some(u) = &r.unwritten {

@@ -38,6 +38,42 @@ class Failure(Exception):
         self.message = message
 
 
+# What the runner's checks rely on, captured before the candidate is imported (`guard_baseline`)
+# and compared after the import and after every call: a candidate that replaces one of them (to
+# hide a modified input, fake a timing or a comparison) fails the case. Best effort: code in this
+# process can always change it in ways this does not see (SPEC 2b, docs/python-candidates.md).
+GUARDED_RUNNER = ("answer", "bits", "same_bits", "sync", "poison", "call", "run_case", "batch",
+                  "timed", "write_tensor", "read_tensor", "check_guard", "rolled", "PROTOCOL")
+GUARD = {}
+
+
+def guard_objects():
+    import builtins
+    g = globals()
+    objs = {f"runner `{n}`": g[n] for n in GUARDED_RUNNER}
+    objs.update({f"torch.{n}": getattr(torch, n) for n in
+                 ("equal", "empty", "randint", "bitwise_not", "tensor", "frombuffer", "roll", "no_grad")})
+    for n in ("clone", "contiguous", "view", "copy_", "index_select", "any", "sum", "__ne__",
+              "__eq__", "__xor__", "cpu", "numpy", "nonzero", "flatten", "to", "zero_"):
+        objs[f"torch.Tensor.{n}"] = getattr(torch.Tensor, n)
+    if hasattr(torch, "cuda"):
+        objs["torch.cuda.synchronize"] = torch.cuda.synchronize
+        objs["torch.cuda.Event"] = torch.cuda.Event
+        objs["torch.cuda.Event.record"] = torch.cuda.Event.record
+        objs["torch.cuda.Event.elapsed_time"] = torch.cuda.Event.elapsed_time
+    objs.update({"json.dumps": json.dumps, "time.perf_counter": time.perf_counter,
+                 "builtins.open": builtins.open, "builtins.isinstance": builtins.isinstance,
+                 "builtins.int": builtins.int, "builtins.bool": builtins.bool})
+    return objs
+
+
+def check_guard(what):
+    changed = sorted(k for k, v in guard_objects().items() if GUARD.get(k) is not v)
+    if changed:
+        raise Failure("wrong_output", f"{what} changed the verifier's process: {', '.join(changed)} "
+                      "replaced (a candidate must not patch the runner or torch)")
+
+
 def answer(obj):
     PROTOCOL.write(json.dumps(obj) + "\n")
     PROTOCOL.flush()
@@ -75,10 +111,16 @@ def load(req):
     spec = importlib.util.spec_from_file_location("kernelize_candidate", req["source_path"])
     MODULE = importlib.util.module_from_spec(spec)
     sys.modules["kernelize_candidate"] = MODULE  # importable by name (Dynamo reads globals so)
+    GUARD.clear()
+    GUARD.update(guard_objects())
     try:
         spec.loader.exec_module(MODULE)
     except BaseException:  # noqa: BLE001 - anything the source raises is the candidate's
         raise Failure("import", "importing the candidate failed:\n" + traceback.format_exc(limit=8)) from None
+    try:
+        check_guard("importing the candidate")
+    except Failure as f:
+        raise Failure("import", f.message) from None
     for dtype, fn in req["entries"].items():
         if not callable(getattr(MODULE, fn, None)):
             raise Failure("import", f"entry.{dtype}: the source defines no callable `{fn}`")
@@ -141,12 +183,20 @@ def poison(nbytes, seed, invert):
 
 
 def call(fn, args, c, what):
+    snap = None
     try:
         with torch.no_grad():
             out = fn(*args)
+            # A copy queued on the caller's stream right away: it sees the output as the next op
+            # of a model would. Work left on another stream that the caller's stream does not
+            # wait for is a race: the copy then differs from the output read after a device-wide
+            # synchronisation.
+            if DEVICE.type == "cuda" and isinstance(out, torch.Tensor) and out.device.type == "cuda":
+                snap = out.detach().clone()
         sync()
     except BaseException:  # noqa: BLE001 - the candidate's exception, reported as such
         raise Failure("exception", f"{what} raised:\n" + traceback.format_exc(limit=6)) from None
+    check_guard(what)
     dtype = DTYPES[c["dtype"]]
     want = [c["out_rows"], c["cols"]]
     if not isinstance(out, torch.Tensor):
@@ -157,6 +207,11 @@ def call(fn, args, c, what):
         raise Failure("wrong_output", f"{what} returned dtype {out.dtype}, expected {dtype}")
     if out.device.type != DEVICE.type:
         raise Failure("wrong_output", f"{what} returned a tensor on {out.device}, expected {DEVICE}")
+    if snap is not None and not same_bits(snap, out):
+        n = int((bits(snap.contiguous()) != bits(out.contiguous())).sum())
+        raise Failure("wrong_output", f"{what} returned an output that was not complete in the caller's "
+                      f"stream order ({n} elements changed after the call returned): work on another "
+                      "stream that the current stream does not wait for")
     return out.contiguous()
 
 
@@ -176,12 +231,20 @@ def run_case(c):
     integrity = []
     outs = []
     first = first_res = None
+    held = []  # every call's output, kept alive as a caller that still uses it would
     for k in range(c["launches"]):
         for name in mutable:
             inputs[name].copy_(pristine[name])
         sync()
         poison(out_bytes, c["poison_seed"], invert=(k == 1))
         out = call(fn, args_of(inputs), c, f"call {k + 1} of `{c['function']}`")
+        ptr = out.untyped_storage().data_ptr()
+        for j, h in enumerate(held):
+            if h.untyped_storage().data_ptr() == ptr:
+                integrity.append(f"output: call {k + 1} returned the memory of call {j + 1}'s output, "
+                                 "which the caller still holds (each call must return a new tensor)")
+                break
+        held.append(out)
         write_tensor(folder, f"out{k}", out)
         for name in sorted(mutable):
             write_tensor(folder, f"{name}{k}", inputs[name])
@@ -192,7 +255,7 @@ def run_case(c):
                 t.copy_(pristine[name])
         outs.append(f"out{k}")
         if k == 0:
-            first = out
+            first = out.clone()
             first_res = {name: inputs[name].clone() for name in mutable}
         elif k == 1:
             # Never written: launch 2's bits are the exact complement of launch 1's poison.
@@ -202,7 +265,7 @@ def run_case(c):
                 at = int(complement.flatten().nonzero()[0])
                 c_unwritten = {"count": n, "first": at}
                 integrity.append({"unwritten": c_unwritten})
-            del out
+    del held, out
     result = {"outputs": outs, "integrity": [], "unwritten": None, "batch": None, "timed": None}
     for x in integrity:
         if isinstance(x, dict):
@@ -239,17 +302,29 @@ def batch(fn, c, inputs, pristine, mutable, first, first_res, args_of):
     return None
 
 
+def rolled(t, k, rows):
+    """`t` with its rows rotated by `k` when it is one of the case's row-major tensors."""
+    return torch.roll(t, k, 0) if t.dim() == 2 and t.shape[0] == rows and rows > 1 else t
+
+
 def timed(fn, c, inputs, pristine, mutable, first, args_of, out_bytes):
     """Median time of `speed_reps` calls with the L2 flushed before each; every timed call's
-    output is checked against the case's first call."""
+    output is checked. Timed call `r` gets the case's rows rotated by `r + 1` (in the same
+    tensors, written before the timer starts), so that a candidate which keeps an earlier
+    output (by address, by version or by content) and hands it back is wrong, not fast; its
+    output must be the first call's rows rotated alike (rows are computed independently)."""
     reps = c["speed_reps"]
+    rows = c["rows"]
     if DEVICE.type == "cuda":
         l2 = torch.cuda.get_device_properties(DEVICE).L2_cache_size
         flush = torch.empty(max(2 * l2, 1 << 20), dtype=torch.uint8, device=DEVICE)
     times, bad = [], []
     for rep in range(reps):
-        for name in mutable:
-            inputs[name].copy_(pristine[name])
+        k = (rep + 1) % rows if rows > 1 else 0
+        for name, t in inputs.items():
+            if name in mutable or t.dim() == 2:
+                t.copy_(rolled(pristine[name], k, rows))
+        want = rolled(first, k, rows)
         poison(out_bytes, c["poison_seed"] + rep + 2, invert=False)
         if DEVICE.type == "cuda":
             flush.zero_()
@@ -266,8 +341,11 @@ def timed(fn, c, inputs, pristine, mutable, first, args_of, out_bytes):
             with torch.no_grad():
                 out = fn(*args_of(inputs))
             times.append((time.perf_counter() - t0) * 1e6)
-        if not (isinstance(out, torch.Tensor) and same_bits(out.contiguous(), first)):
+        if not (isinstance(out, torch.Tensor) and same_bits(out.contiguous(), want)):
             bad.append(rep)
+        check_guard(f"timed call {rep + 1} of `{c['function']}`")
+    for name, t in inputs.items():
+        t.copy_(pristine[name])
     times.sort()
     return {"median_us": times[len(times) // 2], "bad": bad}
 

@@ -156,6 +156,8 @@ pub(crate) struct ChildProc {
     stderr_tail: Arc<Mutex<String>>,
     /// What the child is, for messages: "sandbox process", "the Python child".
     what: &'static str,
+    /// The child leads a process group of its own (`in_own_group`): signals go to the group.
+    group: bool,
 }
 
 impl ChildProc {
@@ -206,11 +208,42 @@ impl ChildProc {
             lines: rx,
             stderr_tail: tail,
             what,
+            group: false,
         }
     }
 
+    /// Mark a child spawned with `process_group(0)`: `kill` and `freeze` then reach its
+    /// descendants too (those that did not leave the group).
+    pub(crate) fn in_own_group(mut self) -> Self {
+        self.group = true;
+        self
+    }
+
+    /// Stop (SIGSTOP) or continue (SIGCONT) the child's process group, so that nothing it runs
+    /// (threads included) can act while something else is measured. A stopped group orphaned by
+    /// our death gets SIGHUP and SIGCONT from the kernel.
+    #[cfg(unix)]
+    pub(crate) fn freeze(&self, frozen: bool) {
+        let sig = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
+        let pid = self.child.id() as libc::pid_t;
+        // SAFETY: kill(2) with a pid of our own child (or its group) and a valid signal.
+        unsafe {
+            libc::kill(if self.group { -pid } else { pid }, sig);
+        }
+    }
+
+    #[cfg(not(unix))]
+    pub(crate) fn freeze(&self, _frozen: bool) {}
+
     /// Kill the child and say how it ended, with the end of its stderr.
     pub(crate) fn kill(mut self) -> String {
+        #[cfg(unix)]
+        if self.group {
+            // SAFETY: kill(2) of our own child's process group.
+            unsafe {
+                libc::kill(-(self.child.id() as libc::pid_t), libc::SIGKILL);
+            }
+        }
         let _ = self.child.kill();
         let status = self.child.wait().ok();
         let tail = self

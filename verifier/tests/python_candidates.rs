@@ -1,8 +1,10 @@
 //! The Python candidate runner (SPEC 2b) against fake candidates, on the CPU: torch runs them in
 //! the child, a host reference (the f64 oracle, rounded) stands in for the GPU's reference
 //! layers. Success, an exception, a wrong shape, a wrong dtype, a hang killed, a crash, an input
-//! modified, a batch-dependent output. Needs a Python with torch (`KERNELIZE_PYTHON`, else
-//! `python3`); without one every test says so loudly and checks nothing else.
+//! modified, a batch-dependent output; and every hostile candidate of
+//! `fixtures/python-hostile` caught. Needs a Python with torch (`KERNELIZE_PYTHON`, else
+//! `python3`; `scripts/test` passes python/.venv's); without one every test says so loudly and
+//! checks nothing else, or fails when `KERNELIZE_REQUIRE_PYTHON=1` (CI).
 
 use kernel_registry::report::{CaseStatus, DeviceInfo};
 use kernel_registry::{Arch, DType, KernelBundle, Op, Semantics};
@@ -20,6 +22,12 @@ fn python() -> Option<PathBuf> {
         .args(["-c", "import torch"])
         .output()
         .is_ok_and(|o| o.status.success());
+    if !ok && std::env::var_os("KERNELIZE_REQUIRE_PYTHON").is_some_and(|v| v == "1") {
+        panic!(
+            "{} cannot import torch and KERNELIZE_REQUIRE_PYTHON=1: set KERNELIZE_PYTHON to a Python with torch (scripts/test uses python/.venv)",
+            py.display()
+        );
+    }
     if !ok {
         eprintln!(
             "SKIPPED: {} cannot import torch; set KERNELIZE_PYTHON to a Python with torch to run the Python runner's tests",
@@ -48,7 +56,7 @@ impl ReferenceLayers for HostReference {
         spec: &CaseSpec,
         inputs: &CaseInputs,
         _reps: u32,
-        _dir: &Path,
+        dir: &Path,
     ) -> Result<ReferenceOutputs, ExecError> {
         let n = (spec.rows * spec.cols) as usize;
         // Row-wise ops take whole rows as ranges.
@@ -64,6 +72,9 @@ impl ReferenceLayers for HostReference {
                 from_f32(spec.dtype, round_f64(spec.dtype, *v)),
             );
         }
+        // As the GPU's reference layers do (the sandbox writes its outputs to `dir`): the
+        // answer-key candidate looks for this file.
+        std::fs::write(dir.join("ref_out.bin"), &out).unwrap();
         Ok(ReferenceOutputs {
             out,
             residual: None,
@@ -500,4 +511,166 @@ fn model_level_runs_the_python_function_in_a_confined_harness() {
         e.contains("importing the Python candidate probe_rms") && e.contains("--package-dir"),
         "{e}"
     );
+}
+
+// ---- hostile candidates: verifier/tests/fixtures/python-hostile, each with its expect.toml -----
+
+/// The Python executor with every case timed (the suite times only GPU-sized shapes, which the
+/// CPU cannot run here): the timed calls' checks run too.
+struct TimeEveryCase(PythonExecutor<HostReference>);
+
+impl Executor for TimeEveryCase {
+    fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
+        self.0.device_info()
+    }
+    fn run_case(
+        &mut self,
+        bundle: &KernelBundle,
+        spec: &CaseSpec,
+        limits: &Limits,
+        copy_gbps: f64,
+    ) -> Result<kernel_registry::report::CaseReport, ExecError> {
+        let mut spec = spec.clone();
+        spec.measure_speed = true;
+        self.0.run_case(bundle, &spec, limits, copy_gbps)
+    }
+    fn python_runtime(&mut self) -> Option<kernel_registry::report::PythonRuntime> {
+        self.0.python_runtime()
+    }
+}
+
+/// What `expect` misses in `r` (the rules of scripts/python_hostile_check.py, which checks the
+/// same files on the GPU, where `gpu_class` and `gpu_text` replace `class` and `text`).
+fn missed(expect: &toml::Table, r: &kernel_registry::VerificationReport) -> Vec<String> {
+    let v = &r.summary.overall;
+    let mut out = Vec::new();
+    if let Some(c) = expect.get("class").and_then(|c| c.as_str()) {
+        if v.class.to_string() != c {
+            out.push(format!("class {}, expected {c}", v.class));
+        }
+    }
+    for (key, got) in [
+        ("deterministic", v.deterministic),
+        ("integrity_ok", v.integrity_ok),
+    ] {
+        if let Some(want) = expect.get(key).and_then(|x| x.as_bool()) {
+            if got != want {
+                out.push(format!("{key} {got}, expected {want}: {:?}", v.problems));
+            }
+        }
+    }
+    let texts: Vec<String> = match expect.get("text") {
+        Some(toml::Value::String(t)) => vec![t.clone()],
+        Some(toml::Value::Array(a)) => a
+            .iter()
+            .filter_map(|t| t.as_str().map(String::from))
+            .collect(),
+        _ => vec![],
+    };
+    if !texts.is_empty() {
+        let lines: Vec<&str> = v
+            .problems
+            .iter()
+            .map(String::as_str)
+            .chain(r.cases.iter().flat_map(|c| {
+                c.integrity_failures
+                    .iter()
+                    .map(String::as_str)
+                    .chain(c.note.as_deref())
+            }))
+            .collect();
+        if !texts
+            .iter()
+            .any(|t| lines.iter().any(|l| l.contains(t.as_str())))
+        {
+            out.push(format!("no line says any of {texts:?}: {lines:?}"));
+        }
+    }
+    if let Some(above) = expect.get("mismatch_above").and_then(|x| x.as_float()) {
+        if v.max_mismatch_fraction.partial_cmp(&above) != Some(std::cmp::Ordering::Greater) {
+            out.push(format!(
+                "largest mismatch fraction {}, expected above {above}",
+                v.max_mismatch_fraction
+            ));
+        }
+    }
+    if let Some(below) = expect.get("wrong_below_rows").and_then(|x| x.as_integer()) {
+        let small: Vec<_> = r
+            .cases
+            .iter()
+            .filter(|c| c.status == CaseStatus::Ran && (c.rows as i64) < below)
+            .filter_map(|c| c.exactness.as_ref())
+            .collect();
+        if small.is_empty() || small.iter().any(|e| e.mismatch_fraction <= 0.25) {
+            out.push(format!(
+                "the cases below {below} rows were not all found wrong"
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_hostile_python_candidate_is_caught_and_the_control_passes() {
+    let Some(py) = python() else { return };
+    let root = repo().join("verifier/tests/fixtures/python-hostile");
+    let mut names: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("expect.toml").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(
+        names.len() >= 15 && names.contains(&"control".to_string()),
+        "{names:?}"
+    );
+    let mut failures = Vec::new();
+    for name in &names {
+        let dir = root.join(name);
+        let expect: toml::Table =
+            toml::from_str(&std::fs::read_to_string(dir.join("expect.toml")).unwrap()).unwrap();
+        if expect.get("gpu_only").and_then(|x| x.as_bool()) == Some(true) {
+            eprintln!("{name}: needs a GPU (checked by scripts/python_hostile_check.py there)");
+            continue;
+        }
+        // The suite narrowed to what CI's CPU runs in seconds: widths up to 128.
+        let b = KernelBundle::load_dir(&dir).unwrap();
+        let toml = format!("{}\n[constraints]\ncols_max = 128\n", b.manifest_toml);
+        let b = KernelBundle::from_parts(&toml, &b.source).unwrap();
+        let limit = if name == "hangs" { 6 } else { 120 };
+        let mut ex = TimeEveryCase(executor(py.clone(), Duration::from_secs(limit)));
+        let opts = verifier::VerifyOptions {
+            dtypes: Some(vec![DType::Bf16]),
+            quick: true,
+            seed: Some(5),
+            limits: LIMITS,
+            ..Default::default()
+        };
+        match verifier::verify_with(&mut ex, &b, &opts, &mut |_| {}) {
+            Ok(r) => {
+                let m = missed(&expect, &r);
+                eprintln!(
+                    "{name}: {} ({}){}",
+                    r.summary.overall.class,
+                    r.summary
+                        .overall
+                        .problems
+                        .first()
+                        .map(String::as_str)
+                        .unwrap_or(""),
+                    if m.is_empty() {
+                        "".into()
+                    } else {
+                        format!(" MISSED: {m:?}")
+                    }
+                );
+                if !m.is_empty() {
+                    failures.push(format!("{name}: {m:?}"));
+                }
+            }
+            Err(e) => failures.push(format!("{name}: verify failed: {e}")),
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
