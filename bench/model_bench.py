@@ -138,6 +138,36 @@ def run_decode(model, prompts, new_tokens: int, reps: int, compiled: bool) -> di
     return r
 
 
+def interleaved(model, prompts, prefill, new_tokens: int, pairs: int, kernelize_fn) -> dict:
+    """Eager and kernelized timed alternately on the same model (unkernelize / kernelize
+    between them), `pairs` times per shape: the ratio kernelized / eager of each pair, so that a
+    machine that drifts during the run (other tenants, clocks) moves both sides of a ratio
+    alike. Returns per shape the eager and kernelized medians and the median of the ratios
+    (speed: > 1 means kernelized is faster)."""
+    import kernelize
+    out = {}
+    with torch.no_grad():
+        shapes = [(f"prefill {k}", lambda ids=ids: model(ids, use_cache=False).logits) for k, ids in prefill.items()]
+        shapes += [(f"decode b{b}", lambda ids=ids: model.generate(ids, max_new_tokens=new_tokens,
+                                                                     min_new_tokens=new_tokens, do_sample=False))
+                   for b, ids in prompts.items()]
+        for name, fn in shapes:
+            t_e, t_k = [], []
+            for _ in range(pairs):
+                kernelize.unkernelize(model)
+                fn()
+                t_e.append(timed(fn, 1)[0])
+                kernelize_fn()
+                fn()
+                t_k.append(timed(fn, 1)[0])
+            ratios = sorted(e / k for e, k in zip(t_e, t_k))
+            out[name] = {"eager_ms": statistics.median(t_e), "kernelized_ms": statistics.median(t_k),
+                         "speedup_median": statistics.median(ratios), "speedup_min": ratios[0],
+                         "speedup_max": ratios[-1], "pairs": pairs}
+    kernelize.unkernelize(model)
+    return out
+
+
 def compare(ref: dict, got: dict) -> dict:
     c = {"prefill": {}, "decode": {}}
     for k, v in got["prefill"].items():
@@ -158,6 +188,9 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="1x512 and 1x... only, 16 new tokens, 2 reps")
+    ap.add_argument("--pairs", type=int, default=5,
+                    help="after the modes: eager and kernelized timed alternately this many times per "
+                         "shape, the ratio taken per pair (0: skip)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("model_bench.py: no CUDA device: nothing measured", file=sys.stderr)
@@ -219,6 +252,19 @@ def main() -> int:
                   " ".join(f"{k} {v['ms']:.2f} ms" for k, v in res[mode]["prefill"].items()) + " | " +
                   " ".join(f"b{k} {v['tokens_per_s']:.0f} tok/s" for k, v in res[mode]["decode"].items())),
                   flush=True)
+        if a.pairs and "eager" in modes and "kernelized" in modes:
+            try:
+                def swap():
+                    kernelize.kernelize(model, kernels_dir=str(kernels), names=names, verbose=False)
+                if swapped is not None:
+                    kernelize.unkernelize(model)
+                    swapped = None
+                res["interleaved"] = interleaved(model, prompts, prefill, a.new_tokens, a.pairs, swap)
+                print(f"{arch} interleaved kernelized/eager speedup: " + ", ".join(
+                    f"{k} {v['speedup_median']:.2f}x ({v['speedup_min']:.2f}-{v['speedup_max']:.2f})"
+                    for k, v in res["interleaved"].items()), flush=True)
+            except Exception as e:  # noqa: BLE001
+                res["interleaved"] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
         row = {"arch": arch, "params": params, "modes": {}}
         for mode in modes:
             m = res.get(mode, {})
@@ -233,6 +279,7 @@ def main() -> int:
             if "launch_counts" in m:
                 entry["launch_counts"] = m["launch_counts"]
             row["modes"][mode] = entry
+        row["interleaved"] = res.get("interleaved")
         row["kernelize_report"] = res.get("kernelize_report")
         row["seconds"] = time.perf_counter() - t_arch
         table.append(row)
@@ -260,6 +307,16 @@ def main() -> int:
             same = " / ".join("yes" if v["decode"][k]["tokens_identical"] else "NO" for k in v["decode"]) if v else "-"
             print(f"| {row['arch']} | {mode} | {p.get('1x512', 0):.2f} | {p.get('8x2048', float('nan')):.2f} | "
                   f"{d.get('b1', 0):.0f} | {d.get('b8', 0):.0f} | {diff} | {am} | {same} |")
+    rows = [(r["arch"], r["interleaved"]) for r in table if r.get("interleaved") and "error" not in r["interleaved"]]
+    if rows:
+        print()
+        print("Interleaved (eager and kernelized alternately on one model; median of the per-pair ratios, min-max):")
+        print("| arch | shape | eager | kernelized | kernelized speedup |")
+        print("| --- | --- | --- | --- | --- |")
+        for arch, iv in rows:
+            for k, v in iv.items():
+                print(f"| {arch} | {k} | {v['eager_ms']:.2f} ms | {v['kernelized_ms']:.2f} ms | "
+                      f"{v['speedup_median']:.2f}x ({v['speedup_min']:.2f}-{v['speedup_max']:.2f}, {v['pairs']} pairs) |")
     return 0
 
 
