@@ -2,7 +2,8 @@
 # Verify the third-party Python candidates (kernels/third-party, SPEC 2b) on the GPU machine:
 # Liger-Kernel from its PyPI wheel (carried in .gpu-stage/wheels, installed with
 # `pip install --no-deps --target`), torch.compile and F.rms_norm from the machine's torch.
-# Usage: scripts/gpu-python-candidates.sh OUT_DIR [CANDIDATE...]   (quick suite, bf16)
+# Usage: scripts/gpu-python-candidates.sh OUT_DIR [CANDIDATE...]   (quick suite, bf16;
+# DTYPES="f16 f32" verifies those dtypes instead, each candidate's entries permitting)
 # MODELS=models also runs the model level (each candidate in the shipped tiny models, in the
 # same confined child as its cases; give PER_CANDIDATE_S room for it, e.g. 300).
 # Needs target/release/kernelize (built elsewhere: the GPU machine has no Rust toolchain).
@@ -23,6 +24,8 @@ MODEL_ARGS=()
 if [ -n "${MODELS:-}" ]; then
   MODEL_ARGS=(--model "$MODELS")
 fi
+DT_ARGS=()
+for d in ${DTYPES:-bf16}; do DT_ARGS+=(--dtype "$d"); done
 CANDS=("$@")
 [ ${#CANDS[@]} -gt 0 ] || CANDS=(liger_rms_norm_llama f_rms_norm_as_llama compile_llama_rms_norm
   liger_layer_norm compile_layer_norm liger_swiglu compile_silu_mul liger_geglu
@@ -32,13 +35,13 @@ CANDS=("$@")
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sed 's/^/gpu /'
   python3 -c 'import sys, torch, triton; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__, "cuda", torch.version.cuda)'
   python3 -c 'import transformers; print("transformers", transformers.__version__)'
-  echo "command: MODELS=${MODELS:-} scripts/gpu-python-candidates.sh OUT ${CANDS[*]} (kernelize verify --quick --dtype bf16 --candidate-packages PKG ${MODEL_ARGS[*]})"
+  echo "command: MODELS=${MODELS:-} DTYPES=\"${DTYPES:-bf16}\" scripts/gpu-python-candidates.sh OUT ${CANDS[*]} (kernelize verify --quick ${DT_ARGS[*]} --candidate-packages PKG ${MODEL_ARGS[*]})"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 MEM=32
 for c in "${CANDS[@]}"; do
   t0=$(date +%s)
-  timeout "${PER_CANDIDATE_S:-60}" "$BIN" verify "kernels/third-party/$c" --quick --dtype bf16 \
+  timeout "${PER_CANDIDATE_S:-60}" "$BIN" verify "kernels/third-party/$c" --quick "${DT_ARGS[@]}" \
     --candidate-packages "$PKG" "${EXTRA[@]}" "${MODEL_ARGS[@]}" --candidate-memory-gib "$MEM" --json "$OUT/$c.json" \
     > "$OUT/$c.log" 2>&1
   rc=$?
@@ -48,22 +51,18 @@ done
 python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]
-print(f"\n{'candidate':26} {'class':10} {'mism.frac':>9} {'max_ulp':>7} {'det':>4} {'batch':>5} {'integ':>5} {'GB/s@4096x8192':>14} {'speedup':>7}")
+print(f"\n{'candidate':26} {'dtype':5} {'class':10} {'mism.frac':>9} {'max_ulp':>7} {'det':>4} {'batch':>5} {'integ':>5} {'GB/s@4096x8192':>14} {'speedup':>7}")
 for f in sorted(os.listdir(out)):
     if not f.endswith(".json"):
         continue
     r = json.load(open(os.path.join(out, f)))
-    s = r["summary"]["overall"]
-    cases = [c for c in r["cases"] if c["status"] == "ran"]
-    mf = max((c["exactness"]["mismatch_fraction"] for c in cases if c.get("exactness")), default=float("nan"))
-    mu = max((c["exactness"]["max_ulp"] for c in cases if c.get("exactness")), default=-1)
-    det = all(c.get("deterministic", True) for c in cases)
-    bi = all(c.get("batch_invariant") is not False for c in cases)
-    sp = [c for c in cases if c.get("speed") and c["rows"] == 4096]
-    gb = f"{sp[0]['speed']['gbps']:.0f}" if sp else "-"
-    su = f"{sp[0]['speed']['speedup']:.2f}" if sp else "-"
-    errs = sum(1 for c in r["cases"] if c["status"] == "error")
-    print(f"{f[:-5]:26} {str(s['class'])[:10]:10} {mf:9.4f} {mu:7d} {str(det):>4} {str(bi):>5} {str(s['integrity_ok']):>5} {gb:>14} {su:>7}  errors={errs}")
+    for dt, v in r["summary"]["per_dtype"].items():
+        gb = v.get("gbps_4096x8192")
+        su = v.get("speedup_4096x8192")
+        errs = sum(1 for c in r["cases"] if c["status"] == "error" and c["dtype"] == dt)
+        print(f"{f[:-5]:26} {dt:5} {str(v['class'])[:10]:10} {v['max_mismatch_fraction']:9.4f} {v['max_ulp']:7d} "
+              f"{str(v['deterministic']):>4} {str(v['batch_invariant']):>5} {str(v['integrity_ok']):>5} "
+              f"{'-' if gb is None else f'{gb:.0f}':>14} {'-' if su is None else f'{su:.2f}':>7}  errors={errs}")
     print("   python:", json.dumps(r.get("python")))
     for m in r.get("model", []):
         print(f"   model {m['model_name']:12} {m['dtype']:5} max logit diff {m['max_logit_abs_diff']:.3e}"
