@@ -334,8 +334,15 @@ def timed(fn, c, inputs, pristine, mutable, first, args_of, out_bytes):
             with torch.no_grad():
                 out = fn(*args_of(inputs))
             end.record()
+            # After the timer, in the caller's stream order (as in `call`): work the candidate left
+            # on another stream would be outside the events' window, a time it did not pay.
+            snap = out.detach().clone() if isinstance(out, torch.Tensor) and out.is_cuda else None
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end) * 1e3)
+            if snap is not None and not same_bits(snap, out):
+                raise Failure("wrong_output", f"timed call {rep + 1} of `{c['function']}` returned an output "
+                              "that was not complete in the caller's stream order: work on another stream "
+                              "that the current stream does not wait for (the CUDA events did not time it)")
         else:
             t0 = time.perf_counter()
             with torch.no_grad():
