@@ -79,7 +79,10 @@ def main():
     ap.add_argument("--case-limit-s", type=int, default=20,
                     help="--candidate-case-limit-s of each verify (the hang's limit)")
     ap.add_argument("--timeout-s", type=int, default=240, help="the whole verify of one candidate")
-    a = ap.parse_args()
+    a = ap.parse_intermixed_args()
+    if not os.access(a.bin, os.X_OK):
+        sys.exit(f"python_hostile_check.py: {a.bin} is not an executable kernelize; build it "
+                 "(scripts/build-release) or pass --bin PATH")
     os.makedirs(a.out, exist_ok=True)
     names = a.names or sorted(n for n in os.listdir(a.fixtures) if os.path.isfile(os.path.join(a.fixtures, n, "expect.toml")))
     try:
