@@ -361,16 +361,13 @@ def timed(fn, c, inputs, pristine, mutable, first, args_of, out_bytes):
                           "complete in the caller's stream order: work on another stream that the current "
                           "stream does not wait for (the CUDA events did not time it)")
         if not (isinstance(out, torch.Tensor) and same_bits(out.contiguous(), want)):
-            if checked:
-                raise Failure("wrong_output", f"the timed launches left a wrong output (timed call {call_no + 1} of "
-                              f"`{c['function']}`): the kernel computes differently when it is timed or called "
-                              "repeatedly")
-            bad.append(rep)
+            # The checked call counts as the timed slot it took (the last one when it came last).
+            bad.append(min(rep, reps - 1))
         check_guard(f"timed call {call_no + 1} of `{c['function']}`")
     for name, t in inputs.items():
         t.copy_(pristine[name])
     times.sort()
-    return {"median_us": times[len(times) // 2], "bad": bad}
+    return {"median_us": times[len(times) // 2], "bad": sorted(set(bad))}
 
 
 def main():
