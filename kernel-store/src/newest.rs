@@ -223,7 +223,7 @@ const CERTIFYING_KEYS: &str = "(SELECT COUNT(DISTINCT c.cert_key) FROM verificat
 
 /// A kernel of a resolve's candidate set with its newest verification on the asked
 /// architecture, read from the summary tables (no report, no verdict text).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct NewestVerdict {
     pub kernel: CandidateKernel,
     /// `None`: not verified on the architecture.
@@ -247,7 +247,7 @@ pub struct CandidateKernel {
 }
 
 /// The newest verification of a kernel on an architecture, as the summary tables hold it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct VerdictOn {
     pub verification_id: i64,
     pub arch: Arch,
@@ -1036,7 +1036,7 @@ pub(crate) fn matrix_select(extra: &str, from: &str, nbinds: usize) -> String {
     )
 }
 
-fn speed_row(r: &AnyRow) -> Result<SpeedAt> {
+pub(crate) fn speed_row(r: &AnyRow) -> Result<SpeedAt> {
     Ok(SpeedAt {
         rows: r.try_get::<i64, _>("rows")? as u64,
         cols: r.try_get::<i64, _>("cols")? as u64,

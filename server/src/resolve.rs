@@ -15,7 +15,9 @@
 pub use kernel_registry::report::{speed_at, SpeedAt};
 use kernel_registry::report::{Coverage, ShapeRequest};
 use kernel_registry::{Arch, DType, Op, Policy, Runtime, Semantics};
-use kernel_store::{CandidateKernel, KernelRow, Store, StoreError, VerdictOn, WidthJob};
+use kernel_store::{
+    CandidateKernel, KernelRow, Store, StoreError, VerdictOn, VerdictSource, WidthJob,
+};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -308,15 +310,30 @@ pub struct Ranking {
 }
 
 /// The store's part of resolving `q`: every candidate with its newest verdict on the arch and
-/// the policy's check of it in one query, then the coverage and speeds of those that pass and
-/// the verdicts of the failing lines listed, in one query each. Queues verifications of an
-/// unverified width when `queueing` allows (a ranking that did is not `keepable`).
+/// the policy's check of it, then the coverage and speeds of those that pass and the verdicts
+/// of the failing lines listed, read from the store's verdict index (in memory, brought to the
+/// store's answer generation). Queues verifications of an unverified width when `queueing`
+/// allows (a ranking that did is not `keepable`).
 pub async fn ranking(
     store: &Store,
     q: &Query,
     queueing: Option<&Queueing>,
 ) -> Result<Ranking, StoreError> {
-    let candidates = store
+    let generation = store.answer_generation().await?;
+    let index = store.verdict_index(generation).await?;
+    ranking_from(VerdictSource::Index(index), store, q, queueing).await
+}
+
+/// `ranking` with its candidates and verdicts read from `source`: the index, or the database
+/// (one query for the candidates and the policy's check, then one each for coverage, speeds
+/// and the failing lines' verdicts), the twin the tests compare it with.
+pub async fn ranking_from(
+    source: VerdictSource<'_>,
+    store: &Store,
+    q: &Query,
+    queueing: Option<&Queueing>,
+) -> Result<Ranking, StoreError> {
+    let candidates = source
         .newest_verdicts(q.op, q.semantics, q.arch, q.dtype, &q.policy)
         .await?;
     let wanted = q.policy.confirmations as i64;
@@ -328,7 +345,7 @@ pub async fn ranking(
         .filter_map(|c| c.on.as_ref().filter(|v| meets(&c.kernel, v)))
         .map(|v| v.verification_id)
         .collect();
-    let mut coverage = store.coverage_of(&ids, q.dtype).await?;
+    let mut coverage = source.coverage_of(&ids, q.dtype).await?;
     let mut excluded = Excluded::default();
     let mut queued_jobs = Vec::new();
     let mut queue_full = None;
@@ -439,7 +456,7 @@ pub async fn ranking(
         .iter()
         .map(|k| k.verdict.verification_id)
         .collect();
-    let mut speeds: HashMap<i64, Vec<SpeedAt>> = store.speeds_of(&ids, q.dtype).await?;
+    let mut speeds: HashMap<i64, Vec<SpeedAt>> = source.speeds_of(&ids, q.dtype).await?;
     let mut case_rows: Vec<u64> = speeds.values().flatten().map(|s| s.rows).collect();
     case_rows.sort_unstable();
     case_rows.dedup();
@@ -476,7 +493,7 @@ pub async fn ranking(
             .collect();
     }
     // The verdicts of the failing lines listed.
-    let mut parts = store
+    let mut parts = source
         .verdict_parts(&excluded.why_not_ids(), q.dtype)
         .await?;
     let excluded_total = excluded.total;
