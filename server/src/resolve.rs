@@ -912,6 +912,18 @@ mod tests {
                             );
                         }
                         let fresh = resolve(s, &q(rows)).await.unwrap();
+                        // The index's answer is the SQL twin's.
+                        let sql = ranking_from(VerdictSource::Sql(s), s, &q(rows), None)
+                            .await
+                            .unwrap()
+                            .resolution(s, &q(rows))
+                            .await
+                            .unwrap();
+                        assert_eq!(
+                            serde_json::to_value(&sql).unwrap(),
+                            serde_json::to_value(&fresh).unwrap(),
+                            "{policy} cols {cols} rows {rows:?}: index and SQL"
+                        );
                         let derived = kept.resolution(s, &q(rows)).await.unwrap();
                         let coverage = kept.chosen_coverage(&shape, &q(rows)).unwrap();
                         assert_eq!(
@@ -936,6 +948,142 @@ mod tests {
             chosen.len() >= 3,
             "the rows must change the choice: {chosen:?}"
         );
+    }
+
+    /// The answer from the verdict index and from the SQL twin, as JSON.
+    async fn both(s: &Store, q: &Query) -> (serde_json::Value, serde_json::Value) {
+        let sql = ranking_from(VerdictSource::Sql(s), s, q, None)
+            .await
+            .unwrap()
+            .resolution(s, q)
+            .await
+            .unwrap();
+        let index = resolve(s, q).await.unwrap();
+        (
+            serde_json::to_value(&index).unwrap(),
+            serde_json::to_value(&sql).unwrap(),
+        )
+    }
+
+    /// Every write is in the next answer from the index (which follows the store a write at a
+    /// time): a new verification, a new kernel, a verification certified by a worker key (for
+    /// `confirmed:N`); and the answer is the SQL twin's after each.
+    async fn the_index_follows_every_write(s: &Store) {
+        seed(s, 12).await; // the last kernel is stored, not verified
+        let q = |policy: &str| Query {
+            op: Op::RmsNorm,
+            semantics: Semantics::Llama,
+            dtype: DType::Bf16,
+            arch: SM90,
+            cols: 4096,
+            rows: Some(64),
+            policy: policy.parse().unwrap(),
+            include_python: false,
+        };
+        let policies = ["bit_exact", "ulp:3", "tolerance", "bit_exact,confirmed:1"];
+        let mut before = vec![];
+        for p in policies {
+            let (index, sql) = both(s, &q(p)).await;
+            assert_eq!(index, sql, "{p}");
+            before.push(index);
+        }
+        let lines = |a: &serde_json::Value| a["excluded"].to_string();
+        assert!(
+            lines(&before[0]).contains("rms_norm_llama_011"),
+            "{}",
+            before[0]
+        );
+        assert!(
+            lines(&before[0]).contains("never verified"),
+            "{}",
+            before[0]
+        );
+
+        // A new verification of the unverified kernel (bit-exact and the fastest).
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/rms_norm_llama");
+        let t = KernelBundle::load_dir(&dir).unwrap();
+        let copy = |i: usize, name: &str| {
+            let toml = t.manifest_toml.replacen(
+                &format!("name = \"{}\"", t.manifest.name),
+                &format!("name = \"{name}\""),
+                1,
+            );
+            KernelBundle::from_parts(&toml, &format!("{}\n// copy {i}\n", t.source)).unwrap()
+        };
+        let k11 = copy(11, "rms_norm_llama_011");
+        let mut r = report_of(&k11, 12 * 100); // bit-exact, the fastest at every row count
+        for c in r.cases.iter_mut() {
+            if let Some(sp) = c.speed.as_mut() {
+                sp.gbps = 9000.0;
+            }
+        }
+        s.seed_verification(&k11.digest(), &r, None).await.unwrap();
+        let (index, sql) = both(s, &q("bit_exact")).await;
+        assert_eq!(index, sql);
+        assert_eq!(
+            index["chosen"]["kernel"]["name"], "rms_norm_llama_011",
+            "{index}"
+        );
+        assert!(!lines(&index).contains("never verified"), "{index}");
+
+        // A new kernel, never verified: one more excluded line, in list order (its name sorts
+        // first).
+        let first = copy(99, "a_rms_norm_first");
+        s.insert_kernel(&first, "submitted", "test").await.unwrap();
+        for p in policies {
+            let (index, sql) = both(s, &q(p)).await;
+            assert_eq!(index, sql, "{p}");
+            assert!(
+                index["excluded"][0]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("a_rms_norm_first 1.0.0: never verified"),
+                "{index}"
+            );
+        }
+
+        // confirmed:1: nothing is certified yet; a verification certified by a worker key
+        // makes its kernel qualify.
+        let (index, _) = both(s, &q("bit_exact,confirmed:1")).await;
+        assert!(index["chosen"].is_null(), "{index}");
+        let cert = kernel_registry::cert::Certificate {
+            claims: "{}".into(),
+            key: "worker-key-1".into(),
+            signature: "sig".into(),
+        };
+        let k4 = copy(4, "rms_norm_llama_004");
+        s.seed_verification(&k4.digest(), &report_of(&k4, 4), Some(&cert))
+            .await
+            .unwrap();
+        let (index, sql) = both(s, &q("bit_exact,confirmed:1")).await;
+        assert_eq!(index, sql);
+        assert_eq!(
+            index["chosen"]["kernel"]["name"], "rms_norm_llama_004",
+            "{index}"
+        );
+        for p in policies {
+            let (index, sql) = both(s, &q(p)).await;
+            assert_eq!(index, sql, "{p}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_index_follows_every_write_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&format!("sqlite://{}/t.db", dir.path().display()))
+            .await
+            .unwrap();
+        the_index_follows_every_write(&s).await;
+    }
+
+    #[tokio::test]
+    async fn the_index_follows_every_write_postgres() {
+        let Some(url) = kernel_store::testing::fresh_postgres_url("resolve index").await else {
+            return;
+        };
+        let s = Store::open(&url).await.unwrap();
+        the_index_follows_every_write(&s).await;
     }
 
     #[tokio::test]
