@@ -42,7 +42,7 @@ impl std::fmt::Debug for VerdictIndex {
 struct Index {
     /// The generation held (`None`: not loaded yet).
     generation: Option<i64>,
-    kernels: HashMap<i64, Arc<Kernel>>,
+    kernels: HashMap<i64, Kernel>,
     by_digest: HashMap<String, i64>,
     /// Op groups in list order (op, then semantics, as the database sorts them), each with its
     /// kernels' ids in list order (name, then id).
@@ -63,25 +63,27 @@ struct Group {
 }
 
 struct Kernel {
-    candidate: CandidateKernel,
+    candidate: Arc<CandidateKernel>,
     op: Op,
     semantics: Semantics,
+    /// Its newest verification per architecture (from `Index::newest`, by `Index::refresh`).
+    newest: Vec<Arc<Entry>>,
 }
 
 /// A verification as the resolve and the policy list read it.
 struct Entry {
     id: i64,
     arch: Arch,
-    class: String,
-    suite_version: String,
-    driver_version: String,
-    requested_cols: Vec<u64>,
-    device_name: String,
-    created_at: String,
+    class: Arc<str>,
+    suite_version: Arc<str>,
+    driver_version: Arc<str>,
+    requested_cols: Arc<[u64]>,
+    device_name: Arc<str>,
+    created_at: Arc<str>,
     /// Per dtype with a verdict.
     verdicts: Vec<DtypeVerdict>,
-    /// Sorted by dtype, then cols.
-    coverage: Vec<Coverage>,
+    /// Per dtype, sorted by cols.
+    coverage: Vec<(DType, Arc<[Coverage]>)>,
     /// Per dtype, in case order.
     speeds: Vec<(DType, SpeedAt)>,
 }
@@ -89,7 +91,8 @@ struct Entry {
 struct DtypeVerdict {
     dtype: DType,
     cols: VerdictCols,
-    parts: VerdictParts,
+    /// Boxed: the policy walks `cols` of many verdicts and reads few of these.
+    parts: Box<VerdictParts>,
 }
 
 /// The columns of `verification_verdicts` that `policy_condition` reads, as stored.
@@ -151,27 +154,45 @@ impl Entry {
     }
 }
 
-impl Index {
-    fn newest_on(&self, digest: &str, arch: Arch) -> Option<&Arc<Entry>> {
-        let (_, id) = self.newest.get(digest)?.iter().find(|(a, _)| *a == arch)?;
-        self.entries.get(id)
+impl Kernel {
+    fn newest_on(&self, arch: Arch) -> Option<&Arc<Entry>> {
+        self.newest.iter().find(|e| e.arch == arch)
     }
 
-    fn newest_any(&self, digest: &str) -> Option<&Arc<Entry>> {
-        let id = self.newest.get(digest)?.iter().map(|(_, id)| *id).max()?;
-        self.entries.get(&id)
+    fn newest_any(&self) -> Option<&Arc<Entry>> {
+        self.newest.iter().max_by_key(|e| e.id)
+    }
+}
+
+impl Index {
+    /// Point the kernel of `digest` (if stored) at its newest verifications.
+    fn refresh(&mut self, digest: &str) {
+        let Some(k) = self
+            .by_digest
+            .get(digest)
+            .and_then(|id| self.kernels.get_mut(id))
+        else {
+            return;
+        };
+        k.newest = self
+            .newest
+            .get(digest)
+            .into_iter()
+            .flatten()
+            .filter_map(|(_, id)| self.entries.get(id).cloned())
+            .collect();
     }
 
     fn certifying_keys(&self, digest: &str, e: &Entry) -> i64 {
         self.keys
-            .get(&(digest.to_string(), e.arch, e.class.clone()))
+            .get(&(digest.to_string(), e.arch, e.class.to_string()))
             .map_or(0, |k| k.len() as i64)
     }
 
     fn add_kernel(&mut self, k: Kernel) {
         self.by_digest
             .insert(k.candidate.digest.as_str().to_string(), k.candidate.id);
-        self.kernels.insert(k.candidate.id, Arc::new(k));
+        self.kernels.insert(k.candidate.id, k);
     }
 
     fn add_facts(&mut self, f: &Facts) {
@@ -223,7 +244,7 @@ const FACTS_SELECT: &str = "SELECT verification_id, kernel_digest, arch, class, 
 
 fn kernel_of(r: &AnyRow) -> Result<Kernel> {
     Ok(Kernel {
-        candidate: CandidateKernel {
+        candidate: Arc::new(CandidateKernel {
             id: r.try_get("id")?,
             name: r.try_get("name")?,
             version: r.try_get("version")?,
@@ -236,9 +257,10 @@ fn kernel_of(r: &AnyRow) -> Result<Kernel> {
                 archs: parse_csv(&r.try_get::<String, _>("archs")?)?,
             },
             runtime: runtime_of(r)?,
-        },
+        }),
         op: parse_col(r, "op")?,
         semantics: parse_col(r, "semantics")?,
+        newest: vec![],
     })
 }
 
@@ -330,6 +352,10 @@ impl Store {
         ix.groups = self
             .order_groups(&[], groups, HashMap::new(), &known)
             .await?;
+        let digests: Vec<String> = ix.by_digest.keys().cloned().collect();
+        for d in &digests {
+            ix.refresh(d);
+        }
         ix.generation = Some(generation);
         *index.write() = ix;
         Ok(())
@@ -355,7 +381,7 @@ impl Store {
                 verification_ids.push(id);
             }
         }
-        let mut kernels = vec![];
+        let mut kernels: Vec<Kernel> = vec![];
         for chunk in kernel_ids.chunks(CHUNK) {
             for r in sqlx::query(&format!(
                 "{KERNEL_SELECT} WHERE id IN ({})",
@@ -403,6 +429,12 @@ impl Store {
             known.extend(kernels.iter().map(|k| k.candidate.id));
             Some(self.order_groups(&order, touched, kept, &known).await?)
         };
+        let mut touched: HashSet<String> = facts.values().map(|f| f.digest.clone()).collect();
+        touched.extend(
+            kernels
+                .iter()
+                .map(|k| k.candidate.digest.as_str().to_string()),
+        );
         let mut ix = index.write();
         for k in kernels {
             ix.add_kernel(k);
@@ -412,6 +444,9 @@ impl Store {
         }
         for (id, e) in entries {
             ix.entries.entry(id).or_insert(e);
+        }
+        for d in &touched {
+            ix.refresh(d);
         }
         if let Some(groups) = groups {
             ix.groups = groups;
@@ -466,13 +501,13 @@ impl Store {
                         max_abs_diff: r.try_get("max_abs_diff")?,
                         max_mismatch_fraction: r.try_get("max_mismatch_fraction")?,
                     },
-                    parts: VerdictParts {
+                    parts: Box::new(VerdictParts {
                         verdict: Some(verdict),
                         models,
-                    },
+                    }),
                 });
             }
-            let mut coverage: HashMap<i64, Vec<Coverage>> = HashMap::new();
+            let mut coverage: HashMap<i64, Vec<(DType, Vec<Coverage>)>> = HashMap::new();
             for r in sqlx::query(&format!(
                 "SELECT verification_id, dtype, cols, rows_min, rows_max, row_counts \
                  FROM verification_coverage WHERE verification_id IN ({list}) \
@@ -482,16 +517,18 @@ impl Store {
             .await?
             {
                 let i = |c: &str| -> Result<u64> { Ok(r.try_get::<i64, _>(c)? as u64) };
-                coverage
-                    .entry(r.try_get("verification_id")?)
-                    .or_default()
-                    .push(Coverage {
-                        dtype: parse_col(&r, "dtype")?,
-                        cols: i("cols")?,
-                        rows_min: i("rows_min")?,
-                        rows_max: i("rows_max")?,
-                        row_counts: parse_csv(&r.try_get::<String, _>("row_counts")?)?,
-                    });
+                let c = Coverage {
+                    dtype: parse_col(&r, "dtype")?,
+                    cols: i("cols")?,
+                    rows_min: i("rows_min")?,
+                    rows_max: i("rows_max")?,
+                    row_counts: parse_csv(&r.try_get::<String, _>("row_counts")?)?,
+                };
+                let per_dtype = coverage.entry(r.try_get("verification_id")?).or_default();
+                match per_dtype.last_mut() {
+                    Some((d, cs)) if *d == c.dtype => cs.push(c),
+                    _ => per_dtype.push((c.dtype, vec![c])),
+                }
             }
             let mut speeds: HashMap<i64, Vec<(DType, SpeedAt)>> = HashMap::new();
             for r in sqlx::query(&format!(
@@ -516,14 +553,19 @@ impl Store {
                     Arc::new(Entry {
                         id: *id,
                         arch: f.arch,
-                        class: f.class.clone(),
-                        suite_version: f.suite_version.clone(),
-                        driver_version: f.driver_version.clone(),
-                        requested_cols: f.requested_cols.clone(),
-                        device_name: f.device_name.clone(),
-                        created_at: f.created_at.clone(),
+                        class: f.class.as_str().into(),
+                        suite_version: f.suite_version.as_str().into(),
+                        driver_version: f.driver_version.as_str().into(),
+                        requested_cols: f.requested_cols.as_slice().into(),
+                        device_name: f.device_name.as_str().into(),
+                        created_at: f.created_at.as_str().into(),
                         verdicts: verdicts.remove(id).unwrap_or_default(),
-                        coverage: coverage.remove(id).unwrap_or_default(),
+                        coverage: coverage
+                            .remove(id)
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(d, c)| (d, c.into()))
+                            .collect(),
                         speeds: speeds.remove(id).unwrap_or_default(),
                     }),
                 );
@@ -630,7 +672,7 @@ impl VerdictIndex {
                 continue;
             };
             let digest = k.candidate.digest.as_str();
-            let on = ix.newest_on(digest, arch).map(|e| VerdictOn {
+            let on = k.newest_on(arch).map(|e| VerdictOn {
                 verification_id: e.id,
                 arch,
                 device_name: e.device_name.clone(),
@@ -649,11 +691,7 @@ impl VerdictIndex {
             let elsewhere = match on {
                 Some(_) => vec![],
                 None => {
-                    let mut a: Vec<Arch> = ix
-                        .newest
-                        .get(digest)
-                        .map(|n| n.iter().map(|(a, _)| *a).filter(|a| *a != arch).collect())
-                        .unwrap_or_default();
+                    let mut a: Vec<Arch> = k.newest.iter().map(|e| e.arch).collect();
                     a.sort_by_key(|a| a.to_string());
                     a
                 }
@@ -668,20 +706,16 @@ impl VerdictIndex {
     }
 
     /// `Store::coverage_of` from memory.
-    pub fn coverage_of(&self, ids: &[i64], dtype: DType) -> HashMap<i64, Vec<Coverage>> {
+    pub fn coverage_of(&self, ids: &[i64], dtype: DType) -> HashMap<i64, Arc<[Coverage]>> {
         let ix = self.read();
-        let mut out = HashMap::new();
+        let mut out = HashMap::with_capacity(ids.len());
         for id in ids {
-            if let Some(e) = ix.entries.get(id) {
-                let c: Vec<Coverage> = e
-                    .coverage
-                    .iter()
-                    .filter(|c| c.dtype == dtype)
-                    .cloned()
-                    .collect();
-                if !c.is_empty() {
-                    out.insert(*id, c);
-                }
+            let c = ix
+                .entries
+                .get(id)
+                .and_then(|e| e.coverage.iter().find(|(d, _)| *d == dtype));
+            if let Some((_, c)) = c {
+                out.insert(*id, c.clone());
             }
         }
         out
@@ -716,7 +750,7 @@ impl VerdictIndex {
                     .entries
                     .get(id)
                     .and_then(|e| e.verdict(dtype))
-                    .map(|d| d.parts.clone())
+                    .map(|d| (*d.parts).clone())
                     .unwrap_or(VerdictParts {
                         verdict: None,
                         models: vec![],
@@ -751,8 +785,8 @@ impl VerdictIndex {
                 }
                 let digest = c.digest.as_str();
                 let newest = match q.arch {
-                    Some(a) => ix.newest_on(digest, a),
-                    None => ix.newest_any(digest),
+                    Some(a) => k.newest_on(a),
+                    None => k.newest_any(),
                 };
                 let Some(e) = newest else {
                     continue;
@@ -801,7 +835,7 @@ impl VerdictSource<'_> {
         &self,
         ids: &[i64],
         dtype: DType,
-    ) -> Result<HashMap<i64, Vec<Coverage>>> {
+    ) -> Result<HashMap<i64, Arc<[Coverage]>>> {
         match self {
             VerdictSource::Sql(s) => s.coverage_of(ids, dtype).await,
             VerdictSource::Index(i) => Ok(i.coverage_of(ids, dtype)),

@@ -285,14 +285,14 @@ async fn resolve_candidates_match(s: &Store) {
                             }
                             (Some(on), Some(v)) => {
                                 assert_eq!(on.verification_id, v.id, "{ctx}");
-                                assert_eq!(on.class, v.exactness_class, "{ctx}");
-                                assert_eq!(on.suite_version, v.report.suite_version, "{ctx}");
+                                assert_eq!(&*on.class, v.exactness_class, "{ctx}");
+                                assert_eq!(&*on.suite_version, v.report.suite_version, "{ctx}");
                                 assert_eq!(
-                                    on.driver_version, v.report.device.driver_version,
+                                    &*on.driver_version, v.report.device.driver_version,
                                     "{ctx}"
                                 );
-                                assert_eq!(on.device_name, v.device_name, "{ctx}");
-                                assert_eq!(on.created_at, v.created_at, "{ctx}");
+                                assert_eq!(&*on.device_name, v.device_name, "{ctx}");
+                                assert_eq!(&*on.created_at, v.created_at, "{ctx}");
                                 let slow = p.evaluate(&v.report, dtype);
                                 assert_eq!(on.passes, slow.is_ok(), "{ctx}: {slow:?}");
                                 let parts = s
@@ -340,7 +340,7 @@ async fn resolve_candidates_match(s: &Store) {
                                         .unwrap()
                                         .remove(&v.id)
                                         .unwrap_or_default(),
-                                    s.coverage(v.id, Some(dtype)).await.unwrap(),
+                                    s.coverage(v.id, Some(dtype)).await.unwrap().into(),
                                     "{ctx}"
                                 );
                             }

@@ -246,19 +246,29 @@ struct Qualifying {
     digest: kernel_registry::Digest,
     verdict: VerdictOn,
     /// Its verification's coverage of the dtype (it covers the asked width).
-    coverage: Vec<Coverage>,
+    coverage: Arc<[Coverage]>,
     /// Its verification's timed cases of the dtype, in case order.
     cases: Vec<TimedCase>,
     /// Where the shapes of its cases are in `Ranking::layouts`.
     layout: usize,
 }
 
-/// A timed case of a qualifying kernel, and its `also_qualifying` line when it is the
-/// kernel's nearest.
+/// A timed case of a qualifying kernel.
 #[derive(Debug, Clone)]
 struct TimedCase {
     speed: SpeedAt,
-    line: String,
+}
+
+impl TimedCase {
+    /// Its `also_qualifying` line when it is the kernel's nearest (written for the lines
+    /// listed only: a group's kernels have thousands of cases).
+    fn line(&self, k: &Qualifying) -> String {
+        let speed = &self.speed;
+        format!(
+            "{}: qualifies, slower ({:.0} GB/s at {}x{})",
+            k.label, speed.gbps, speed.rows, speed.cols
+        )
+    }
 }
 
 /// The shapes of a kernel's timed cases, in case order, as ranking by them needs: each
@@ -394,7 +404,7 @@ pub async fn ranking_from(
         match covered_at(q.op, &cov, q) {
             Ok(_) => qualifying.push(Qualifying {
                 label,
-                digest: k.digest,
+                digest: k.digest.clone(),
                 verdict: v,
                 coverage: cov,
                 cases: vec![],
@@ -481,16 +491,7 @@ pub async fn ranking_from(
             layouts.push(layout);
             layouts.len() - 1
         });
-        k.cases = timed
-            .into_iter()
-            .map(|speed| TimedCase {
-                line: format!(
-                    "{}: qualifies, slower ({:.0} GB/s at {}x{})",
-                    k.label, speed.gbps, speed.rows, speed.cols
-                ),
-                speed,
-            })
-            .collect();
+        k.cases = timed.into_iter().map(|speed| TimedCase { speed }).collect();
     }
     // The verdicts of the failing lines listed.
     let mut parts = source
@@ -641,7 +642,7 @@ impl Ranking {
         let also_qualifying = it
             .take(MAX_ALSO_QUALIFYING_LISTED)
             .map(|(k, case)| match case {
-                Some(c) => c.line.clone(),
+                Some(c) => c.line(k),
                 None => format!("{}: qualifies, slower (no speed measured)", k.label),
             })
             .collect();
@@ -789,8 +790,8 @@ fn candidate(
         class: summary.class.to_string(),
         summary,
         verification_id: v.verification_id,
-        device: v.device_name.clone(),
-        verified_at: v.created_at.clone(),
+        device: v.device_name.to_string(),
+        verified_at: v.created_at.to_string(),
         stale,
         kernel,
     }
