@@ -1035,11 +1035,9 @@ mod tests {
         for p in policies {
             let (index, sql) = both(s, &q(p)).await;
             assert_eq!(index, sql, "{p}");
+            let first = index["excluded"][0].as_str().unwrap();
             assert!(
-                index["excluded"][0]
-                    .as_str()
-                    .unwrap()
-                    .starts_with("a_rms_norm_first 1.0.0: never verified"),
+                first.starts_with("a_rms_norm_first ") && first.contains(": never verified"),
                 "{index}"
             );
         }
