@@ -119,16 +119,33 @@ impl Timings {
     }
 }
 
+/// This process's resident memory (Linux; 0 elsewhere).
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 async fn profile(db: &str, asks: u64, dir: &std::path::Path) -> anyhow::Result<()> {
     use kernel_registry::{DType, Op, Policy, Semantics};
     use kernel_store::{KernelQuery, VerdictSource};
     use kernelize::resolve::{ranking_from, Query};
     let s = Store::open(db).await?;
     let mut t = Timings::default();
+    let rss_before = rss_kib();
     let t0 = Instant::now();
     let g = s.answer_generation().await?;
     let index = s.verdict_index(g).await?;
     t.add("index: first load (whole store)", t0);
+    println!(
+        "{{\"part\": \"index: resident memory it added\", \"mib\": {:.0}}}",
+        (rss_kib().saturating_sub(rss_before)) as f64 / 1024.0
+    );
     for n in 0..asks {
         let policy: Policy = format!("ulp:{}", 1000 + n).parse()?;
         let q = Query {
