@@ -1,8 +1,8 @@
 //! The newest verdicts of every kernel in memory, kept up to date a write at a time: what a
 //! resolve ranks and the policy list filters, so that the first ask of a query after a write
-//! reads no group or list from the database. `VerdictIndex::at` brings it to a generation: the
-//! first time with a full read (in chunks), then with the kernels and verifications that
-//! `answer_changes` (migration 0012) lists since the generation it holds, a few rows per write
+//! reads no group or list from the database. `Store::verdict_index` brings it to a generation:
+//! the first time with a full read (in chunks), then with the kernels and verifications that
+//! `answer_changes` (migration 0012) lists since the generation it holds, a few rows per write,
 //! on every replica. Kernels and verification summaries are immutable, so an entry once read
 //! stays right. The SQL reads of `crate::newest` are its twin (tests compare them).
 
