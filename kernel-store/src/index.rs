@@ -85,7 +85,7 @@ struct Entry {
     /// Per dtype, sorted by cols.
     coverage: Vec<(DType, Arc<[Coverage]>)>,
     /// Per dtype, in case order.
-    speeds: Vec<(DType, SpeedAt)>,
+    speeds: Vec<(DType, Arc<[SpeedAt]>)>,
 }
 
 struct DtypeVerdict {
@@ -189,6 +189,47 @@ impl Index {
             .map_or(0, |k| k.len() as i64)
     }
 
+    /// `k` as a resolve's candidate on `arch`, with its newest verification there (`newest`).
+    fn candidate(
+        &self,
+        k: &Kernel,
+        newest: Option<&Arc<Entry>>,
+        arch: Arch,
+        dtype: DType,
+        policy: &Policy,
+    ) -> NewestVerdict {
+        let digest = k.candidate.digest.as_str();
+        let on = newest.map(|e| VerdictOn {
+            verification_id: e.id,
+            arch,
+            device_name: e.device_name.clone(),
+            created_at: e.created_at.clone(),
+            class: e.class.clone(),
+            suite_version: e.suite_version.clone(),
+            driver_version: e.driver_version.clone(),
+            passes: e.verdict(dtype).is_some_and(|d| passes(&d.cols, policy)),
+            certifying_keys: if policy.confirmations > 0 {
+                self.certifying_keys(digest, e)
+            } else {
+                0
+            },
+            requested_cols: e.requested_cols.clone(),
+        });
+        let elsewhere = match on {
+            Some(_) => vec![],
+            None => {
+                let mut a: Vec<Arch> = k.newest.iter().map(|e| e.arch).collect();
+                a.sort_by_key(|a| a.to_string());
+                a
+            }
+        };
+        NewestVerdict {
+            kernel: k.candidate.clone(),
+            on,
+            elsewhere,
+        }
+    }
+
     fn add_kernel(&mut self, k: Kernel) {
         self.by_digest
             .insert(k.candidate.digest.as_str().to_string(), k.candidate.id);
@@ -221,6 +262,15 @@ impl Index {
         ids.sort_unstable();
         ids
     }
+}
+
+/// A resolve's candidate with its verdict's coverage and timed cases of the asked dtype (empty:
+/// none, or not verified on the architecture).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankingInput {
+    pub candidate: NewestVerdict,
+    pub coverage: Arc<[Coverage]>,
+    pub speeds: Arc<[SpeedAt]>,
 }
 
 /// A `verification_facts` row.
@@ -530,7 +580,7 @@ impl Store {
                     _ => per_dtype.push((c.dtype, vec![c])),
                 }
             }
-            let mut speeds: HashMap<i64, Vec<(DType, SpeedAt)>> = HashMap::new();
+            let mut speeds: HashMap<i64, Vec<(DType, Vec<SpeedAt>)>> = HashMap::new();
             for r in sqlx::query(&format!(
                 "SELECT verification_id, dtype, rows, cols, gbps, median_us, copy_fraction, \
                  speedup FROM verification_speeds WHERE verification_id IN ({list}) \
@@ -539,10 +589,13 @@ impl Store {
             .fetch_all(&self.pool)
             .await?
             {
-                speeds
-                    .entry(r.try_get("verification_id")?)
-                    .or_default()
-                    .push((parse_col(&r, "dtype")?, crate::newest::speed_row(&r)?));
+                let (dtype, speed): (DType, SpeedAt) =
+                    (parse_col(&r, "dtype")?, crate::newest::speed_row(&r)?);
+                let per_dtype = speeds.entry(r.try_get("verification_id")?).or_default();
+                match per_dtype.last_mut() {
+                    Some((d, ss)) if *d == dtype => ss.push(speed),
+                    _ => per_dtype.push((dtype, vec![speed])),
+                }
             }
             for id in chunk {
                 let Some(f) = facts.get(id) else {
@@ -566,7 +619,12 @@ impl Store {
                             .into_iter()
                             .map(|(d, c)| (d, c.into()))
                             .collect(),
-                        speeds: speeds.remove(id).unwrap_or_default(),
+                        speeds: speeds
+                            .remove(id)
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(d, s)| (d, s.into()))
+                            .collect(),
                     }),
                 );
             }
@@ -671,36 +729,7 @@ impl VerdictIndex {
             let Some(k) = ix.kernels.get(id) else {
                 continue;
             };
-            let digest = k.candidate.digest.as_str();
-            let on = k.newest_on(arch).map(|e| VerdictOn {
-                verification_id: e.id,
-                arch,
-                device_name: e.device_name.clone(),
-                created_at: e.created_at.clone(),
-                class: e.class.clone(),
-                suite_version: e.suite_version.clone(),
-                driver_version: e.driver_version.clone(),
-                passes: e.verdict(dtype).is_some_and(|d| passes(&d.cols, policy)),
-                certifying_keys: if policy.confirmations > 0 {
-                    ix.certifying_keys(digest, e)
-                } else {
-                    0
-                },
-                requested_cols: e.requested_cols.clone(),
-            });
-            let elsewhere = match on {
-                Some(_) => vec![],
-                None => {
-                    let mut a: Vec<Arch> = k.newest.iter().map(|e| e.arch).collect();
-                    a.sort_by_key(|a| a.to_string());
-                    a
-                }
-            };
-            out.push(NewestVerdict {
-                kernel: k.candidate.clone(),
-                on,
-                elsewhere,
-            });
+            out.push(ix.candidate(k, k.newest_on(arch), arch, dtype, policy));
         }
         out
     }
@@ -724,19 +753,59 @@ impl VerdictIndex {
     /// `Store::speeds_of` from memory.
     pub fn speeds_of(&self, ids: &[i64], dtype: DType) -> HashMap<i64, Vec<SpeedAt>> {
         let ix = self.read();
-        let mut out = HashMap::new();
+        let mut out = HashMap::with_capacity(ids.len());
         for id in ids {
-            if let Some(e) = ix.entries.get(id) {
-                let s: Vec<SpeedAt> = e
-                    .speeds
-                    .iter()
-                    .filter(|(d, _)| *d == dtype)
-                    .map(|(_, s)| s.clone())
-                    .collect();
-                if !s.is_empty() {
-                    out.insert(*id, s);
-                }
+            let s = ix
+                .entries
+                .get(id)
+                .and_then(|e| e.speeds.iter().find(|(d, _)| *d == dtype));
+            if let Some((_, s)) = s {
+                out.insert(*id, s.to_vec());
             }
+        }
+        out
+    }
+
+    /// `newest_verdicts` with each verdict's coverage and timed cases of `dtype` (empty when it
+    /// has none), in one pass: what a resolve ranks.
+    pub fn ranking_inputs(
+        &self,
+        op: Op,
+        semantics: Semantics,
+        arch: Arch,
+        dtype: DType,
+        policy: &Policy,
+    ) -> Vec<RankingInput> {
+        let ix = self.read();
+        let Some(group) = ix
+            .groups
+            .iter()
+            .find(|g| g.op == op && g.semantics == semantics)
+        else {
+            return vec![];
+        };
+        let mut out = Vec::with_capacity(group.ids.len());
+        for id in &group.ids {
+            let Some(k) = ix.kernels.get(id) else {
+                continue;
+            };
+            let newest = k.newest_on(arch);
+            let of = |e: &Arc<Entry>| -> (Arc<[Coverage]>, Arc<[SpeedAt]>) {
+                let c = e.coverage.iter().find(|(d, _)| *d == dtype);
+                let s = e.speeds.iter().find(|(d, _)| *d == dtype);
+                (
+                    c.map_or_else(|| Arc::from([]), |(_, c)| c.clone()),
+                    s.map_or_else(|| Arc::from([]), |(_, s)| s.clone()),
+                )
+            };
+            let (coverage, speeds) = newest
+                .map(of)
+                .unwrap_or_else(|| (Arc::from([]), Arc::from([])));
+            out.push(RankingInput {
+                candidate: ix.candidate(k, newest, arch, dtype, policy),
+                coverage,
+                speeds,
+            });
         }
         out
     }
@@ -828,6 +897,47 @@ impl VerdictSource<'_> {
         match self {
             VerdictSource::Sql(s) => s.newest_verdicts(op, semantics, arch, dtype, policy).await,
             VerdictSource::Index(i) => Ok(i.newest_verdicts(op, semantics, arch, dtype, policy)),
+        }
+    }
+
+    /// The candidates with their coverage and timed cases (`RankingInput`): from the index in
+    /// one pass, or from the database in three queries.
+    pub async fn ranking_inputs(
+        &self,
+        op: Op,
+        semantics: Semantics,
+        arch: Arch,
+        dtype: DType,
+        policy: &Policy,
+    ) -> Result<Vec<RankingInput>> {
+        match self {
+            VerdictSource::Sql(s) => {
+                let candidates = s
+                    .newest_verdicts(op, semantics, arch, dtype, policy)
+                    .await?;
+                let ids: Vec<i64> = candidates
+                    .iter()
+                    .filter_map(|c| c.on.as_ref().map(|v| v.verification_id))
+                    .collect();
+                let mut coverage = s.coverage_of(&ids, dtype).await?;
+                let mut speeds = s.speeds_of(&ids, dtype).await?;
+                Ok(candidates
+                    .into_iter()
+                    .map(|c| {
+                        let id = c.on.as_ref().map(|v| v.verification_id);
+                        RankingInput {
+                            coverage: id
+                                .and_then(|id| coverage.remove(&id))
+                                .unwrap_or_else(|| Arc::from([])),
+                            speeds: id
+                                .and_then(|id| speeds.remove(&id))
+                                .map_or_else(|| Arc::from([]), Arc::from),
+                            candidate: c,
+                        }
+                    })
+                    .collect())
+            }
+            VerdictSource::Index(i) => Ok(i.ranking_inputs(op, semantics, arch, dtype, policy)),
         }
     }
 

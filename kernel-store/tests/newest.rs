@@ -10,7 +10,7 @@ use kernel_registry::report::{
     speed_at, CaseReport, ExactnessClass, ModelReport, Summary, Verdict, ULP_INFINITE,
 };
 use kernel_registry::{Arch, DType, KernelBundle, Op, Policy, Semantics, VerificationReport};
-use kernel_store::{KernelQuery, KernelRow, MatrixFilter, Store, VerificationRow};
+use kernel_store::{KernelQuery, KernelRow, MatrixFilter, Store, VerdictSource, VerificationRow};
 use std::collections::{BTreeMap, BTreeSet};
 
 fn bundle(i: usize) -> KernelBundle {
@@ -676,6 +676,17 @@ async fn verdict_index_matches_sql(s: &Store) {
                 for p in policies() {
                     let ctx = format!("{op} {sem} {arch} {dtype} `{p}`");
                     let sql = s.newest_verdicts(op, sem, arch, dtype, &p).await.unwrap();
+                    assert_eq!(
+                        VerdictSource::Index(index)
+                            .ranking_inputs(op, sem, arch, dtype, &p)
+                            .await
+                            .unwrap(),
+                        VerdictSource::Sql(s)
+                            .ranking_inputs(op, sem, arch, dtype, &p)
+                            .await
+                            .unwrap(),
+                        "{ctx}"
+                    );
                     assert_eq!(
                         index.newest_verdicts(op, sem, arch, dtype, &p),
                         sql,

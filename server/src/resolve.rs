@@ -247,28 +247,20 @@ struct Qualifying {
     verdict: VerdictOn,
     /// Its verification's coverage of the dtype (it covers the asked width).
     coverage: Arc<[Coverage]>,
-    /// Its verification's timed cases of the dtype, in case order.
-    cases: Vec<TimedCase>,
+    /// Its verification's timed cases of the dtype, in case order (shared with the verdict
+    /// index).
+    cases: Arc<[SpeedAt]>,
     /// Where the shapes of its cases are in `Ranking::layouts`.
     layout: usize,
 }
 
-/// A timed case of a qualifying kernel.
-#[derive(Debug, Clone)]
-struct TimedCase {
-    speed: SpeedAt,
-}
-
-impl TimedCase {
-    /// Its `also_qualifying` line when it is the kernel's nearest (written for the lines
-    /// listed only: a group's kernels have thousands of cases).
-    fn line(&self, k: &Qualifying) -> String {
-        let speed = &self.speed;
-        format!(
-            "{}: qualifies, slower ({:.0} GB/s at {}x{})",
-            k.label, speed.gbps, speed.rows, speed.cols
-        )
-    }
+/// `k`'s `also_qualifying` line when `speed` is its nearest case (written for the lines listed
+/// only: a group's kernels have thousands of cases).
+fn also_line(k: &Qualifying, speed: &SpeedAt) -> String {
+    format!(
+        "{}: qualifies, slower ({:.0} GB/s at {}x{})",
+        k.label, speed.gbps, speed.rows, speed.cols
+    )
 }
 
 /// The shapes of a kernel's timed cases, in case order, as ranking by them needs: each
@@ -344,24 +336,16 @@ pub async fn ranking_from(
     queueing: Option<&Queueing>,
 ) -> Result<Ranking, StoreError> {
     let candidates = source
-        .newest_verdicts(q.op, q.semantics, q.arch, q.dtype, &q.policy)
+        .ranking_inputs(q.op, q.semantics, q.arch, q.dtype, &q.policy)
         .await?;
     let wanted = q.policy.confirmations as i64;
-    let meets = |k: &CandidateKernel, v: &VerdictOn| {
-        shape_exclusion(k, q).is_none() && v.passes && v.certifying_keys >= wanted
-    };
-    let ids: Vec<i64> = candidates
-        .iter()
-        .filter_map(|c| c.on.as_ref().filter(|v| meets(&c.kernel, v)))
-        .map(|v| v.verification_id)
-        .collect();
-    let mut coverage = source.coverage_of(&ids, q.dtype).await?;
     let mut excluded = Excluded::default();
     let mut queued_jobs = Vec::new();
     let mut queue_full = None;
     let mut unverified_width = Vec::new();
     let mut qualifying: Vec<Qualifying> = Vec::new();
-    for c in candidates {
+    for input in candidates {
+        let c = input.candidate;
         let k = c.kernel;
         let label = format!("{} {}", k.name, k.version);
         if k.runtime == Runtime::Python && !q.include_python {
@@ -400,14 +384,14 @@ pub async fn ranking_from(
             ));
             continue;
         }
-        let cov = coverage.remove(&v.verification_id).unwrap_or_default();
+        let cov = input.coverage;
         match covered_at(q.op, &cov, q) {
             Ok(_) => qualifying.push(Qualifying {
                 label,
                 digest: k.digest.clone(),
                 verdict: v,
                 coverage: cov,
-                cases: vec![],
+                cases: input.speeds,
                 layout: 0,
             }),
             Err(why) => {
@@ -462,21 +446,17 @@ pub async fn ranking_from(
             }
         }
     }
-    let ids: Vec<i64> = qualifying
+    let mut case_rows: Vec<u64> = qualifying
         .iter()
-        .map(|k| k.verdict.verification_id)
+        .flat_map(|k| k.cases.iter().map(|s| s.rows))
         .collect();
-    let mut speeds: HashMap<i64, Vec<SpeedAt>> = source.speeds_of(&ids, q.dtype).await?;
-    let mut case_rows: Vec<u64> = speeds.values().flatten().map(|s| s.rows).collect();
     case_rows.sort_unstable();
     case_rows.dedup();
     let mut layouts: Vec<Layout> = vec![];
     let mut layout_of: HashMap<Vec<(u64, usize)>, usize> = HashMap::new();
     for k in &mut qualifying {
-        let timed = speeds
-            .remove(&k.verdict.verification_id)
-            .unwrap_or_default();
-        let layout: Layout = timed
+        let layout: Layout = k
+            .cases
             .iter()
             .map(|s| {
                 let cols_distance = ((s.cols.max(1) as f64) / (q.cols.max(1) as f64))
@@ -491,7 +471,6 @@ pub async fn ranking_from(
             layouts.push(layout);
             layouts.len() - 1
         });
-        k.cases = timed.into_iter().map(|speed| TimedCase { speed }).collect();
     }
     // The verdicts of the failing lines listed.
     let mut parts = source
@@ -551,19 +530,19 @@ impl Ranking {
     }
 
     /// `k`'s nearest case for `shape`.
-    fn case_of<'a>(k: &'a Qualifying, shape: &Shape) -> Option<&'a TimedCase> {
+    fn case_of<'a>(k: &'a Qualifying, shape: &Shape) -> Option<&'a SpeedAt> {
         shape.0[k.layout].map(|i| &k.cases[i as usize])
     }
 
     /// The qualifying kernels with their nearest case for `shape`, fastest first (a stable
     /// sort keeps list order among equals).
-    fn ranked<'a>(&'a self, shape: &Shape) -> Vec<(&'a Qualifying, Option<&'a TimedCase>)> {
-        let mut ranked: Vec<(&Qualifying, Option<&TimedCase>)> = self
+    fn ranked<'a>(&'a self, shape: &Shape) -> Vec<(&'a Qualifying, Option<&'a SpeedAt>)> {
+        let mut ranked: Vec<(&Qualifying, Option<&SpeedAt>)> = self
             .qualifying
             .iter()
             .map(|k| (k, Self::case_of(k, shape)))
             .collect();
-        let g = |c: &Option<&TimedCase>| c.map(|c| c.speed.gbps).unwrap_or(0.0);
+        let g = |c: &Option<&SpeedAt>| c.map(|c| c.gbps).unwrap_or(0.0);
         ranked.sort_by(|a, b| g(&b.1).total_cmp(&g(&a.1)));
         ranked
     }
@@ -578,7 +557,7 @@ impl Ranking {
         // The first of the fastest, as the stable sort of `ranked` puts it first.
         let mut chosen: Option<(&Qualifying, f64)> = None;
         for k in &self.qualifying {
-            let gbps = Self::case_of(k, shape).map_or(0.0, |c| c.speed.gbps);
+            let gbps = Self::case_of(k, shape).map_or(0.0, |c| c.gbps);
             if chosen.is_none_or(|(_, best)| gbps.total_cmp(&best).is_gt()) {
                 chosen = Some((k, gbps));
             }
@@ -633,7 +612,7 @@ impl Ranking {
                     &k.verdict,
                     parts.verdict.clone(),
                     Self::coverage_of(k, q)?,
-                    case.map(|c| c.speed.clone()),
+                    case.cloned(),
                     parts.stale.clone(),
                 ))
             }
@@ -642,7 +621,7 @@ impl Ranking {
         let also_qualifying = it
             .take(MAX_ALSO_QUALIFYING_LISTED)
             .map(|(k, case)| match case {
-                Some(c) => c.line(k),
+                Some(c) => also_line(k, c),
                 None => format!("{}: qualifies, slower (no speed measured)", k.label),
             })
             .collect();
@@ -904,9 +883,9 @@ mod tests {
                         // Each kernel's case is the one `nearest_speed` picks from its speeds.
                         let shape = kept.shape(&q(rows));
                         for k in &kept.qualifying {
-                            let speeds = k.cases.iter().map(|c| c.speed.clone());
+                            let speeds = k.cases.iter().cloned();
                             assert_eq!(
-                                Ranking::case_of(k, &shape).map(|c| c.speed.clone()),
+                                Ranking::case_of(k, &shape).cloned(),
                                 nearest_speed(speeds, rows, cols),
                                 "{} rows {rows:?}",
                                 k.label
