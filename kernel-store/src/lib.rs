@@ -10,6 +10,7 @@
 mod audit;
 mod codec;
 mod field;
+mod index;
 mod jobs;
 mod kernels;
 mod newest;
@@ -22,6 +23,7 @@ mod worker_keys;
 
 pub use audit::AuditEntry;
 pub use field::{FieldGroup, FieldRow};
+pub use index::{RankingInput, VerdictIndex, VerdictSource};
 pub use jobs::{Holder, JobRow, JobState, WidthJob, DEFAULT_MAX_ATTEMPTS};
 pub use kernels::{Inserted, KernelQuery, KernelRow, StoredSource};
 pub use newest::{
@@ -114,6 +116,8 @@ pub fn now_ms() -> i64 {
 pub struct Store {
     pool: AnyPool,
     backend: Backend,
+    /// The newest verdicts in memory (`VerdictIndex`), shared by the store's clones.
+    index: std::sync::Arc<VerdictIndex>,
 }
 
 impl Store {
@@ -153,7 +157,11 @@ impl Store {
                 .execute(&pool)
                 .await?;
         }
-        Ok(Store { pool, backend })
+        Ok(Store {
+            pool,
+            backend,
+            index: Default::default(),
+        })
     }
 
     pub fn backend(&self) -> Backend {

@@ -19,6 +19,7 @@ use kernel_registry::{Arch, DType, Op, Policy, Semantics};
 use sqlx::any::AnyRow;
 use sqlx::Row;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// The shape whose speed the dashboard's matrix shows (the nearest measured one).
 pub const HEADLINE_ROWS: u64 = 4096;
@@ -223,9 +224,10 @@ const CERTIFYING_KEYS: &str = "(SELECT COUNT(DISTINCT c.cert_key) FROM verificat
 
 /// A kernel of a resolve's candidate set with its newest verification on the asked
 /// architecture, read from the summary tables (no report, no verdict text).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct NewestVerdict {
-    pub kernel: CandidateKernel,
+    /// Shared with the verdict index (a group's candidates are read for every ranking).
+    pub kernel: Arc<CandidateKernel>,
     /// `None`: not verified on the architecture.
     pub on: Option<VerdictOn>,
     /// The architectures it was verified on (when `on` is `None`), sorted as text.
@@ -247,23 +249,24 @@ pub struct CandidateKernel {
 }
 
 /// The newest verification of a kernel on an architecture, as the summary tables hold it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct VerdictOn {
     pub verification_id: i64,
     pub arch: Arch,
-    pub device_name: String,
-    pub created_at: String,
+    // Shared text (the verdict index hands out a group's verdicts for every ranking).
+    pub device_name: Arc<str>,
+    pub created_at: Arc<str>,
     /// The overall class.
-    pub class: String,
-    pub suite_version: String,
-    pub driver_version: String,
+    pub class: Arc<str>,
+    pub suite_version: Arc<str>,
+    pub driver_version: Arc<str>,
     /// Whether the dtype's verdict meets the policy (not counting `confirmed:N`).
     pub passes: bool,
     /// Distinct worker keys certifying `class` on the architecture (counted only when the
     /// policy asks for confirmations; else 0).
     pub certifying_keys: i64,
     /// Widths a caller asked this verification for.
-    pub requested_cols: Vec<u64>,
+    pub requested_cols: Arc<[u64]>,
 }
 
 /// A verification's verdict for one dtype (`None`: no case of it ran) and its model-level
@@ -453,7 +456,12 @@ impl Store {
         let mut out = Vec::with_capacity(rows.len());
         let mut unverified = false;
         for r in &rows {
-            let kernel = CandidateKernel {
+            let text = |c: &str| -> Result<Arc<str>> {
+                Ok(r.try_get::<Option<String>, _>(c)?
+                    .unwrap_or_default()
+                    .into())
+            };
+            let kernel = Arc::new(CandidateKernel {
                 id: r.try_get("id")?,
                 name: r.try_get("name")?,
                 version: r.try_get("version")?,
@@ -466,7 +474,7 @@ impl Store {
                     archs: parse_csv(&r.try_get::<String, _>("archs")?)?,
                 },
                 runtime: runtime_of(r)?,
-            };
+            });
             let on = match r.try_get::<Option<i64>, _>("v_id")? {
                 None => {
                     unverified = true;
@@ -475,25 +483,12 @@ impl Store {
                 Some(id) => Some(VerdictOn {
                     verification_id: id,
                     arch,
-                    device_name: r
-                        .try_get::<Option<String>, _>("v_device")?
-                        .unwrap_or_default(),
-                    created_at: r
-                        .try_get::<Option<String>, _>("v_created_at")?
-                        .unwrap_or_default(),
-                    class: r
-                        .try_get::<Option<String>, _>("v_class")?
-                        .unwrap_or_default(),
-                    suite_version: r
-                        .try_get::<Option<String>, _>("v_suite")?
-                        .unwrap_or_default(),
-                    driver_version: r
-                        .try_get::<Option<String>, _>("v_driver")?
-                        .unwrap_or_default(),
-                    requested_cols: parse_csv(
-                        &r.try_get::<Option<String>, _>("v_requested")?
-                            .unwrap_or_default(),
-                    )?,
+                    device_name: text("v_device")?,
+                    created_at: text("v_created_at")?,
+                    class: text("v_class")?,
+                    suite_version: text("v_suite")?,
+                    driver_version: text("v_driver")?,
+                    requested_cols: parse_csv::<u64>(&text("v_requested")?)?.into(),
                     passes: r.try_get::<i64, _>("passes")? == 1,
                     certifying_keys: r.try_get("certifying_keys")?,
                 }),
@@ -589,10 +584,10 @@ impl Store {
         &self,
         ids: &[i64],
         dtype: DType,
-    ) -> Result<HashMap<i64, Vec<Coverage>>> {
+    ) -> Result<HashMap<i64, Arc<[Coverage]>>> {
         let mut out: HashMap<i64, Vec<Coverage>> = HashMap::new();
         if ids.is_empty() {
-            return Ok(out);
+            return Ok(HashMap::new());
         }
         let sql = format!(
             "SELECT verification_id, dtype, cols, rows_min, rows_max, row_counts \
@@ -616,7 +611,7 @@ impl Store {
                     row_counts: parse_csv(&r.try_get::<String, _>("row_counts")?)?,
                 });
         }
-        Ok(out)
+        Ok(out.into_iter().map(|(id, c)| (id, c.into())).collect())
     }
 
     /// The timed cases of `dtype` of each of `ids` (one query), in case order.
@@ -1036,7 +1031,7 @@ pub(crate) fn matrix_select(extra: &str, from: &str, nbinds: usize) -> String {
     )
 }
 
-fn speed_row(r: &AnyRow) -> Result<SpeedAt> {
+pub(crate) fn speed_row(r: &AnyRow) -> Result<SpeedAt> {
     Ok(SpeedAt {
         rows: r.try_get::<i64, _>("rows")? as u64,
         cols: r.try_get::<i64, _>("cols")? as u64,

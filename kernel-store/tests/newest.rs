@@ -10,7 +10,7 @@ use kernel_registry::report::{
     speed_at, CaseReport, ExactnessClass, ModelReport, Summary, Verdict, ULP_INFINITE,
 };
 use kernel_registry::{Arch, DType, KernelBundle, Op, Policy, Semantics, VerificationReport};
-use kernel_store::{KernelQuery, KernelRow, MatrixFilter, Store, VerificationRow};
+use kernel_store::{KernelQuery, KernelRow, MatrixFilter, Store, VerdictSource, VerificationRow};
 use std::collections::{BTreeMap, BTreeSet};
 
 fn bundle(i: usize) -> KernelBundle {
@@ -134,10 +134,24 @@ const SM100: Arch = Arch {
 /// re-verified (the newest verdict differs from the older one), some certified by one or two
 /// worker keys.
 async fn fixture(s: &Store) {
+    fixture_with(s, false).await
+}
+
+/// `fixture`, bringing the store's verdict index up to date after every write when `catch_up`
+/// (so that it is built a write at a time).
+async fn fixture_with(s: &Store, catch_up: bool) {
+    let caught_up = || async {
+        if catch_up {
+            let g = s.answer_generation().await.unwrap();
+            let index = s.verdict_index(g).await.unwrap();
+            assert_eq!(index.generation(), Some(g));
+        }
+    };
     let mut n = 0;
     for i in 0..24 {
         let k = bundle(i);
         s.insert_kernel(&k, "submitted", "tests").await.unwrap();
+        caught_up().await;
         if i % 6 == 5 {
             continue; // never verified
         }
@@ -158,6 +172,7 @@ async fn fixture(s: &Store) {
                 s.seed_verification(&k.digest(), &r, c.as_ref())
                     .await
                     .unwrap();
+                caught_up().await;
             }
         }
     }
@@ -270,14 +285,14 @@ async fn resolve_candidates_match(s: &Store) {
                             }
                             (Some(on), Some(v)) => {
                                 assert_eq!(on.verification_id, v.id, "{ctx}");
-                                assert_eq!(on.class, v.exactness_class, "{ctx}");
-                                assert_eq!(on.suite_version, v.report.suite_version, "{ctx}");
+                                assert_eq!(&*on.class, v.exactness_class, "{ctx}");
+                                assert_eq!(&*on.suite_version, v.report.suite_version, "{ctx}");
                                 assert_eq!(
-                                    on.driver_version, v.report.device.driver_version,
+                                    &*on.driver_version, v.report.device.driver_version,
                                     "{ctx}"
                                 );
-                                assert_eq!(on.device_name, v.device_name, "{ctx}");
-                                assert_eq!(on.created_at, v.created_at, "{ctx}");
+                                assert_eq!(&*on.device_name, v.device_name, "{ctx}");
+                                assert_eq!(&*on.created_at, v.created_at, "{ctx}");
                                 let slow = p.evaluate(&v.report, dtype);
                                 assert_eq!(on.passes, slow.is_ok(), "{ctx}: {slow:?}");
                                 let parts = s
@@ -325,7 +340,7 @@ async fn resolve_candidates_match(s: &Store) {
                                         .unwrap()
                                         .remove(&v.id)
                                         .unwrap_or_default(),
-                                    s.coverage(v.id, Some(dtype)).await.unwrap(),
+                                    s.coverage(v.id, Some(dtype)).await.unwrap().into(),
                                     "{ctx}"
                                 );
                             }
@@ -642,6 +657,119 @@ async fn index_answers_like_the_reports(s: Store) {
     );
 }
 
+/// The verdict index in memory (`Store::verdict_index`) answers every read a resolve and the
+/// policy list make of it exactly as the SQL reads do (which the tests above hold to the
+/// reports).
+async fn verdict_index_matches_sql(s: &Store) {
+    let g = s.answer_generation().await.unwrap();
+    let index = s.verdict_index(g).await.unwrap();
+    assert!(index.generation().is_some_and(|h| h >= g));
+    let groups = [
+        (Op::Silu, Semantics::Default),
+        (Op::RmsNorm, Semantics::Llama),
+        (Op::RmsNorm, Semantics::Gemma),
+        (Op::LayerNorm, Semantics::Default),
+    ];
+    for (op, sem) in groups {
+        for arch in [SM90, SM80, SM100] {
+            for dtype in [DType::Bf16, DType::F16, DType::F32] {
+                for p in policies() {
+                    let ctx = format!("{op} {sem} {arch} {dtype} `{p}`");
+                    let sql = s.newest_verdicts(op, sem, arch, dtype, &p).await.unwrap();
+                    assert_eq!(
+                        VerdictSource::Index(index)
+                            .ranking_inputs(op, sem, arch, dtype, &p)
+                            .await
+                            .unwrap(),
+                        VerdictSource::Sql(s)
+                            .ranking_inputs(op, sem, arch, dtype, &p)
+                            .await
+                            .unwrap(),
+                        "{ctx}"
+                    );
+                    assert_eq!(
+                        index.newest_verdicts(op, sem, arch, dtype, &p),
+                        sql,
+                        "{ctx}"
+                    );
+                    let ids: Vec<i64> = sql
+                        .iter()
+                        .filter_map(|c| c.on.as_ref().map(|v| v.verification_id))
+                        .collect();
+                    assert_eq!(
+                        index.coverage_of(&ids, dtype),
+                        s.coverage_of(&ids, dtype).await.unwrap(),
+                        "{ctx}"
+                    );
+                    assert_eq!(
+                        index.speeds_of(&ids, dtype),
+                        s.speeds_of(&ids, dtype).await.unwrap(),
+                        "{ctx}"
+                    );
+                    assert_eq!(
+                        index.verdict_parts(&ids, dtype),
+                        s.verdict_parts(&ids, dtype).await.unwrap(),
+                        "{ctx}"
+                    );
+                }
+            }
+        }
+    }
+    for p in policies() {
+        for (op, semantics) in [
+            (None, None),
+            (Some(Op::RmsNorm), None),
+            (Some(Op::RmsNorm), Some(Semantics::Gemma)),
+            (Some(Op::Silu), None),
+        ] {
+            for dtype in [None, Some(DType::Bf16), Some(DType::F16), Some(DType::F32)] {
+                for arch in [None, Some(SM90), Some(SM80), Some(SM100)] {
+                    let q = KernelQuery {
+                        op,
+                        semantics,
+                        dtype,
+                        arch,
+                        ..Default::default()
+                    };
+                    assert_eq!(
+                        index.approved_ids(&q, &p),
+                        s.approved_ids(&q, &p).await.unwrap(),
+                        "`{p}` {op:?} {semantics:?} {dtype:?} {arch:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The index built a write at a time (caught up after every kernel and verification stored)
+/// and the index read whole by another store on the same database answer alike, and as the
+/// SQL reads do.
+async fn verdict_index_answers_like_sql(s: Store, url: &str) {
+    let g = s.answer_generation().await.unwrap();
+    s.verdict_index(g).await.unwrap(); // loaded empty
+    fixture_with(&s, true).await;
+    verdict_index_matches_sql(&s).await;
+    let fresh = Store::connect(url).await.unwrap();
+    verdict_index_matches_sql(&fresh).await;
+    // A write after the load is read by the next catch-up, on either store.
+    let b = bundle(24);
+    let toml = b
+        .manifest_toml
+        .replacen("name = \"k00\"", "name = \"a_first\"", 1);
+    let k = KernelBundle::from_parts(&toml, &b.source).unwrap();
+    s.insert_kernel(&k, "submitted", "tests").await.unwrap();
+    s.seed_verification(
+        &k.digest(),
+        &report(&k, SM90, 3, 1234.0),
+        Some(&cert("key-c", 99)),
+    )
+    .await
+    .unwrap();
+    verdict_index_matches_sql(&fresh).await;
+    verdict_index_matches_sql(&s).await;
+}
+
 /// A database from before migration 0008: its verifications get their newest rows, verdicts,
 /// speeds and facts on upgrade, and answer as the reports do.
 async fn upgrade_backfills(s: Store) {
@@ -685,6 +813,7 @@ async fn upgrade_backfills(s: Store) {
     policy_list_matches(&s).await;
     matrix_matches(&s).await;
     stale_list_matches(&s).await;
+    verdict_index_matches_sql(&s).await;
 }
 
 async fn sqlite() -> (Store, tempfile::TempDir) {
@@ -711,6 +840,22 @@ async fn index_answers_like_the_reports_on_postgres() {
     if let Some(s) = postgres().await {
         s.migrate().await.unwrap();
         index_answers_like_the_reports(s).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdict_index_answers_like_sql_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("k.db").display());
+    let s = Store::open(&url).await.unwrap();
+    verdict_index_answers_like_sql(s, &url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdict_index_answers_like_sql_on_postgres() {
+    if let Some(url) = kernel_store::testing::fresh_postgres_url("verdict index test").await {
+        let s = Store::open(&url).await.unwrap();
+        verdict_index_answers_like_sql(s, &url).await;
     }
 }
 

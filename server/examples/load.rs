@@ -54,6 +54,18 @@ enum Cmd {
         #[arg(long)]
         label: String,
     },
+    /// Time the parts of the first ask of a ranking and of a policy list on a seeded store
+    /// (`policy=ulp:N`, a new N each ask): the SQL reads (the twin), the verdict index's, the
+    /// answer's JSON; then what the index's catch-up after one stored kernel and one stored
+    /// verification costs. Writes that kernel: run it on a copy of the database.
+    Profile {
+        #[arg(long)]
+        db: String,
+        #[arg(long, default_value_t = 20)]
+        asks: u64,
+        #[arg(long, default_value = "kernels")]
+        templates: PathBuf,
+    },
 }
 
 #[tokio::main]
@@ -73,7 +85,164 @@ async fn main() -> anyhow::Result<()> {
             max_requests,
             label,
         } => run(&url, paths, concurrency, seconds, max_requests, &label).await,
+        Cmd::Profile {
+            db,
+            asks,
+            templates,
+        } => profile(&db, asks, &templates).await,
     }
+}
+
+/// Medians of named timings, in milliseconds.
+#[derive(Default)]
+struct Timings(Vec<(&'static str, Vec<f64>)>);
+
+impl Timings {
+    fn add(&mut self, name: &'static str, t: Instant) {
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, v)) => v.push(ms),
+            None => self.0.push((name, vec![ms])),
+        }
+    }
+    fn print(&self) {
+        for (name, v) in &self.0 {
+            let mut v = v.clone();
+            v.sort_by(f64::total_cmp);
+            println!(
+                "{{\"part\": \"{name}\", \"n\": {}, \"median_ms\": {:.3}, \"max_ms\": {:.3}}}",
+                v.len(),
+                v[v.len() / 2],
+                v[v.len() - 1]
+            );
+        }
+    }
+}
+
+/// This process's resident memory (Linux; 0 elsewhere).
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+async fn profile(db: &str, asks: u64, dir: &std::path::Path) -> anyhow::Result<()> {
+    use kernel_registry::{DType, Op, Policy, Semantics};
+    use kernel_store::{KernelQuery, VerdictSource};
+    use kernelize::resolve::{ranking_from, Query};
+    let s = Store::open(db).await?;
+    let mut t = Timings::default();
+    let rss_before = rss_kib();
+    let t0 = Instant::now();
+    let g = s.answer_generation().await?;
+    let index = s.verdict_index(g).await?;
+    t.add("index: first load (whole store)", t0);
+    println!(
+        "{{\"part\": \"index: resident memory it added\", \"mib\": {:.0}}}",
+        (rss_kib().saturating_sub(rss_before)) as f64 / 1024.0
+    );
+    for n in 0..asks {
+        let policy: Policy = format!("ulp:{}", 1000 + n).parse()?;
+        let q = Query {
+            op: Op::RmsNorm,
+            semantics: Semantics::Llama,
+            dtype: DType::Bf16,
+            arch: SM90,
+            cols: 4096,
+            rows: None,
+            policy: policy.clone(),
+            include_python: false,
+        };
+        // The SQL twin, read by read.
+        let t0 = Instant::now();
+        let c = s
+            .newest_verdicts(q.op, q.semantics, q.arch, q.dtype, &policy)
+            .await?;
+        t.add("sql: newest_verdicts (candidates + policy)", t0);
+        let passing: Vec<i64> = c
+            .iter()
+            .filter_map(|c| {
+                c.on.as_ref()
+                    .filter(|v| v.passes)
+                    .map(|v| v.verification_id)
+            })
+            .collect();
+        let failing: Vec<i64> = c
+            .iter()
+            .filter_map(|c| {
+                c.on.as_ref()
+                    .filter(|v| !v.passes)
+                    .map(|v| v.verification_id)
+            })
+            .take(100)
+            .collect();
+        let t0 = Instant::now();
+        s.coverage_of(&passing, q.dtype).await?;
+        t.add("sql: coverage_of (qualifying)", t0);
+        let t0 = Instant::now();
+        s.speeds_of(&passing, q.dtype).await?;
+        t.add("sql: speeds_of (qualifying)", t0);
+        let t0 = Instant::now();
+        s.verdict_parts(&failing, q.dtype).await?;
+        t.add("sql: verdict_parts (100 failing lines)", t0);
+        let t0 = Instant::now();
+        let r = ranking_from(VerdictSource::Sql(&s), &s, &q, None).await?;
+        t.add("sql: whole ranking", t0);
+        let t0 = Instant::now();
+        let answer = r.resolution(&s, &q).await?;
+        t.add("answer from a ranking (chosen kernel's reads)", t0);
+        let t0 = Instant::now();
+        let json = serde_json::to_vec(&answer)?;
+        t.add("answer's JSON", t0);
+        let t0 = Instant::now();
+        let c = index.newest_verdicts(q.op, q.semantics, q.arch, q.dtype, &policy);
+        t.add("index: newest_verdicts", t0);
+        let t0 = Instant::now();
+        index.coverage_of(&passing, q.dtype);
+        t.add("index: coverage_of", t0);
+        let t0 = Instant::now();
+        index.speeds_of(&passing, q.dtype);
+        t.add("index: speeds_of", t0);
+        let t0 = Instant::now();
+        index.verdict_parts(&failing, q.dtype);
+        t.add("index: verdict_parts", t0);
+        drop(c);
+        let t0 = Instant::now();
+        let r = ranking_from(VerdictSource::Index(index), &s, &q, None).await?;
+        t.add("index: whole ranking", t0);
+        let again = serde_json::to_vec(&r.resolution(&s, &q).await?)?;
+        anyhow::ensure!(again == json, "the index and SQL answers differ");
+        let list = KernelQuery::default();
+        let t0 = Instant::now();
+        let ids = s.approved_ids(&list, &policy).await?;
+        t.add("sql: approved_ids (whole policy list)", t0);
+        let t0 = Instant::now();
+        let fast = index.approved_ids(&list, &policy);
+        t.add("index: approved_ids (whole policy list)", t0);
+        anyhow::ensure!(fast == ids, "the index and SQL lists differ");
+        let t0 = Instant::now();
+        s.kernels_by_ids(&ids[..ids.len().min(100)]).await?;
+        t.add("a page of 100 kernels by id", t0);
+    }
+    // One write, then the catch-up that reads it.
+    let ts = templates(dir)?;
+    let k = copy_of(&ts[0], 900_000 + (g as usize % 1000))?;
+    s.insert_kernel(&k, "submitted", "load-profile").await?;
+    let t0 = Instant::now();
+    s.verdict_index(s.answer_generation().await?).await?;
+    t.add("index: catch-up after a stored kernel", t0);
+    s.seed_verification(&k.digest(), &report_of(&k, SM90, 0), None)
+        .await?;
+    let t0 = Instant::now();
+    s.verdict_index(s.answer_generation().await?).await?;
+    t.add("index: catch-up after a stored verification", t0);
+    t.print();
+    Ok(())
 }
 
 const SM90: Arch = Arch { major: 9, minor: 0 };

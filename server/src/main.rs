@@ -285,6 +285,27 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             tracing::warn!(dir = %a.kernels.display(), "no bundled kernels folder; pass --kernels DIR (or --no-bundled)");
         }
     }
+    // The verdict index (resolve and the policy list read it) is read whole in the
+    // background, a chunk of rows per query, while the server starts answering: the first
+    // resolve waits for it instead of reading it itself.
+    {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let t0 = std::time::Instant::now();
+            let loaded = match store.answer_generation().await {
+                Ok(g) => store.verdict_index(g).await.map(|_| ()),
+                Err(e) => Err(e),
+            };
+            match loaded {
+                Ok(()) => {
+                    tracing::info!(ms = t0.elapsed().as_millis() as u64, "verdict index loaded")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "verdict index not loaded (the first resolve loads it)")
+                }
+            }
+        });
+    }
     let state = AppState::new(
         store.clone(),
         Config {

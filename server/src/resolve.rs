@@ -15,7 +15,9 @@
 pub use kernel_registry::report::{speed_at, SpeedAt};
 use kernel_registry::report::{Coverage, ShapeRequest};
 use kernel_registry::{Arch, DType, Op, Policy, Runtime, Semantics};
-use kernel_store::{CandidateKernel, KernelRow, Store, StoreError, VerdictOn, WidthJob};
+use kernel_store::{
+    CandidateKernel, KernelRow, Store, StoreError, VerdictOn, VerdictSource, WidthJob,
+};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -244,19 +246,21 @@ struct Qualifying {
     digest: kernel_registry::Digest,
     verdict: VerdictOn,
     /// Its verification's coverage of the dtype (it covers the asked width).
-    coverage: Vec<Coverage>,
-    /// Its verification's timed cases of the dtype, in case order.
-    cases: Vec<TimedCase>,
+    coverage: Arc<[Coverage]>,
+    /// Its verification's timed cases of the dtype, in case order (shared with the verdict
+    /// index).
+    cases: Arc<[SpeedAt]>,
     /// Where the shapes of its cases are in `Ranking::layouts`.
     layout: usize,
 }
 
-/// A timed case of a qualifying kernel, and its `also_qualifying` line when it is the
-/// kernel's nearest.
-#[derive(Debug, Clone)]
-struct TimedCase {
-    speed: SpeedAt,
-    line: String,
+/// `k`'s `also_qualifying` line when `speed` is its nearest case (written for the lines listed
+/// only: a group's kernels have thousands of cases).
+fn also_line(k: &Qualifying, speed: &SpeedAt) -> String {
+    format!(
+        "{}: qualifies, slower ({:.0} GB/s at {}x{})",
+        k.label, speed.gbps, speed.rows, speed.cols
+    )
 }
 
 /// The shapes of a kernel's timed cases, in case order, as ranking by them needs: each
@@ -308,33 +312,40 @@ pub struct Ranking {
 }
 
 /// The store's part of resolving `q`: every candidate with its newest verdict on the arch and
-/// the policy's check of it in one query, then the coverage and speeds of those that pass and
-/// the verdicts of the failing lines listed, in one query each. Queues verifications of an
-/// unverified width when `queueing` allows (a ranking that did is not `keepable`).
+/// the policy's check of it, then the coverage and speeds of those that pass and the verdicts
+/// of the failing lines listed, read from the store's verdict index (in memory, brought to the
+/// store's answer generation). Queues verifications of an unverified width when `queueing`
+/// allows (a ranking that did is not `keepable`).
 pub async fn ranking(
     store: &Store,
     q: &Query,
     queueing: Option<&Queueing>,
 ) -> Result<Ranking, StoreError> {
-    let candidates = store
-        .newest_verdicts(q.op, q.semantics, q.arch, q.dtype, &q.policy)
+    let generation = store.answer_generation().await?;
+    let index = store.verdict_index(generation).await?;
+    ranking_from(VerdictSource::Index(index), store, q, queueing).await
+}
+
+/// `ranking` with its candidates and verdicts read from `source`: the index, or the database
+/// (one query for the candidates and the policy's check, then one each for coverage, speeds
+/// and the failing lines' verdicts), the twin the tests compare it with.
+pub async fn ranking_from(
+    source: VerdictSource<'_>,
+    store: &Store,
+    q: &Query,
+    queueing: Option<&Queueing>,
+) -> Result<Ranking, StoreError> {
+    let candidates = source
+        .ranking_inputs(q.op, q.semantics, q.arch, q.dtype, &q.policy)
         .await?;
     let wanted = q.policy.confirmations as i64;
-    let meets = |k: &CandidateKernel, v: &VerdictOn| {
-        shape_exclusion(k, q).is_none() && v.passes && v.certifying_keys >= wanted
-    };
-    let ids: Vec<i64> = candidates
-        .iter()
-        .filter_map(|c| c.on.as_ref().filter(|v| meets(&c.kernel, v)))
-        .map(|v| v.verification_id)
-        .collect();
-    let mut coverage = store.coverage_of(&ids, q.dtype).await?;
     let mut excluded = Excluded::default();
     let mut queued_jobs = Vec::new();
     let mut queue_full = None;
     let mut unverified_width = Vec::new();
     let mut qualifying: Vec<Qualifying> = Vec::new();
-    for c in candidates {
+    for input in candidates {
+        let c = input.candidate;
         let k = c.kernel;
         let label = format!("{} {}", k.name, k.version);
         if k.runtime == Runtime::Python && !q.include_python {
@@ -373,14 +384,14 @@ pub async fn ranking(
             ));
             continue;
         }
-        let cov = coverage.remove(&v.verification_id).unwrap_or_default();
+        let cov = input.coverage;
         match covered_at(q.op, &cov, q) {
             Ok(_) => qualifying.push(Qualifying {
                 label,
-                digest: k.digest,
+                digest: k.digest.clone(),
                 verdict: v,
                 coverage: cov,
-                cases: vec![],
+                cases: input.speeds,
                 layout: 0,
             }),
             Err(why) => {
@@ -435,21 +446,17 @@ pub async fn ranking(
             }
         }
     }
-    let ids: Vec<i64> = qualifying
+    let mut case_rows: Vec<u64> = qualifying
         .iter()
-        .map(|k| k.verdict.verification_id)
+        .flat_map(|k| k.cases.iter().map(|s| s.rows))
         .collect();
-    let mut speeds: HashMap<i64, Vec<SpeedAt>> = store.speeds_of(&ids, q.dtype).await?;
-    let mut case_rows: Vec<u64> = speeds.values().flatten().map(|s| s.rows).collect();
     case_rows.sort_unstable();
     case_rows.dedup();
     let mut layouts: Vec<Layout> = vec![];
     let mut layout_of: HashMap<Vec<(u64, usize)>, usize> = HashMap::new();
     for k in &mut qualifying {
-        let timed = speeds
-            .remove(&k.verdict.verification_id)
-            .unwrap_or_default();
-        let layout: Layout = timed
+        let layout: Layout = k
+            .cases
             .iter()
             .map(|s| {
                 let cols_distance = ((s.cols.max(1) as f64) / (q.cols.max(1) as f64))
@@ -464,19 +471,9 @@ pub async fn ranking(
             layouts.push(layout);
             layouts.len() - 1
         });
-        k.cases = timed
-            .into_iter()
-            .map(|speed| TimedCase {
-                line: format!(
-                    "{}: qualifies, slower ({:.0} GB/s at {}x{})",
-                    k.label, speed.gbps, speed.rows, speed.cols
-                ),
-                speed,
-            })
-            .collect();
     }
     // The verdicts of the failing lines listed.
-    let mut parts = store
+    let mut parts = source
         .verdict_parts(&excluded.why_not_ids(), q.dtype)
         .await?;
     let excluded_total = excluded.total;
@@ -533,19 +530,19 @@ impl Ranking {
     }
 
     /// `k`'s nearest case for `shape`.
-    fn case_of<'a>(k: &'a Qualifying, shape: &Shape) -> Option<&'a TimedCase> {
+    fn case_of<'a>(k: &'a Qualifying, shape: &Shape) -> Option<&'a SpeedAt> {
         shape.0[k.layout].map(|i| &k.cases[i as usize])
     }
 
     /// The qualifying kernels with their nearest case for `shape`, fastest first (a stable
     /// sort keeps list order among equals).
-    fn ranked<'a>(&'a self, shape: &Shape) -> Vec<(&'a Qualifying, Option<&'a TimedCase>)> {
-        let mut ranked: Vec<(&Qualifying, Option<&TimedCase>)> = self
+    fn ranked<'a>(&'a self, shape: &Shape) -> Vec<(&'a Qualifying, Option<&'a SpeedAt>)> {
+        let mut ranked: Vec<(&Qualifying, Option<&SpeedAt>)> = self
             .qualifying
             .iter()
             .map(|k| (k, Self::case_of(k, shape)))
             .collect();
-        let g = |c: &Option<&TimedCase>| c.map(|c| c.speed.gbps).unwrap_or(0.0);
+        let g = |c: &Option<&SpeedAt>| c.map(|c| c.gbps).unwrap_or(0.0);
         ranked.sort_by(|a, b| g(&b.1).total_cmp(&g(&a.1)));
         ranked
     }
@@ -560,7 +557,7 @@ impl Ranking {
         // The first of the fastest, as the stable sort of `ranked` puts it first.
         let mut chosen: Option<(&Qualifying, f64)> = None;
         for k in &self.qualifying {
-            let gbps = Self::case_of(k, shape).map_or(0.0, |c| c.speed.gbps);
+            let gbps = Self::case_of(k, shape).map_or(0.0, |c| c.gbps);
             if chosen.is_none_or(|(_, best)| gbps.total_cmp(&best).is_gt()) {
                 chosen = Some((k, gbps));
             }
@@ -615,7 +612,7 @@ impl Ranking {
                     &k.verdict,
                     parts.verdict.clone(),
                     Self::coverage_of(k, q)?,
-                    case.map(|c| c.speed.clone()),
+                    case.cloned(),
                     parts.stale.clone(),
                 ))
             }
@@ -624,7 +621,7 @@ impl Ranking {
         let also_qualifying = it
             .take(MAX_ALSO_QUALIFYING_LISTED)
             .map(|(k, case)| match case {
-                Some(c) => c.line.clone(),
+                Some(c) => also_line(k, c),
                 None => format!("{}: qualifies, slower (no speed measured)", k.label),
             })
             .collect();
@@ -772,8 +769,8 @@ fn candidate(
         class: summary.class.to_string(),
         summary,
         verification_id: v.verification_id,
-        device: v.device_name.clone(),
-        verified_at: v.created_at.clone(),
+        device: v.device_name.to_string(),
+        verified_at: v.created_at.to_string(),
         stale,
         kernel,
     }
@@ -886,15 +883,27 @@ mod tests {
                         // Each kernel's case is the one `nearest_speed` picks from its speeds.
                         let shape = kept.shape(&q(rows));
                         for k in &kept.qualifying {
-                            let speeds = k.cases.iter().map(|c| c.speed.clone());
+                            let speeds = k.cases.iter().cloned();
                             assert_eq!(
-                                Ranking::case_of(k, &shape).map(|c| c.speed.clone()),
+                                Ranking::case_of(k, &shape).cloned(),
                                 nearest_speed(speeds, rows, cols),
                                 "{} rows {rows:?}",
                                 k.label
                             );
                         }
                         let fresh = resolve(s, &q(rows)).await.unwrap();
+                        // The index's answer is the SQL twin's.
+                        let sql = ranking_from(VerdictSource::Sql(s), s, &q(rows), None)
+                            .await
+                            .unwrap()
+                            .resolution(s, &q(rows))
+                            .await
+                            .unwrap();
+                        assert_eq!(
+                            serde_json::to_value(&sql).unwrap(),
+                            serde_json::to_value(&fresh).unwrap(),
+                            "{policy} cols {cols} rows {rows:?}: index and SQL"
+                        );
                         let derived = kept.resolution(s, &q(rows)).await.unwrap();
                         let coverage = kept.chosen_coverage(&shape, &q(rows)).unwrap();
                         assert_eq!(
@@ -919,6 +928,140 @@ mod tests {
             chosen.len() >= 3,
             "the rows must change the choice: {chosen:?}"
         );
+    }
+
+    /// The answer from the verdict index and from the SQL twin, as JSON.
+    async fn both(s: &Store, q: &Query) -> (serde_json::Value, serde_json::Value) {
+        let sql = ranking_from(VerdictSource::Sql(s), s, q, None)
+            .await
+            .unwrap()
+            .resolution(s, q)
+            .await
+            .unwrap();
+        let index = resolve(s, q).await.unwrap();
+        (
+            serde_json::to_value(&index).unwrap(),
+            serde_json::to_value(&sql).unwrap(),
+        )
+    }
+
+    /// Every write is in the next answer from the index (which follows the store a write at a
+    /// time): a new verification, a new kernel, a verification certified by a worker key (for
+    /// `confirmed:N`); and the answer is the SQL twin's after each.
+    async fn the_index_follows_every_write(s: &Store) {
+        seed(s, 12).await; // the last kernel is stored, not verified
+        let q = |policy: &str| Query {
+            op: Op::RmsNorm,
+            semantics: Semantics::Llama,
+            dtype: DType::Bf16,
+            arch: SM90,
+            cols: 4096,
+            rows: Some(64),
+            policy: policy.parse().unwrap(),
+            include_python: false,
+        };
+        let policies = ["bit_exact", "ulp:3", "tolerance", "bit_exact,confirmed:1"];
+        let mut before = vec![];
+        for p in policies {
+            let (index, sql) = both(s, &q(p)).await;
+            assert_eq!(index, sql, "{p}");
+            before.push(index);
+        }
+        let lines = |a: &serde_json::Value| a["excluded"].to_string();
+        assert!(
+            lines(&before[0]).contains("rms_norm_llama_011"),
+            "{}",
+            before[0]
+        );
+        assert!(
+            lines(&before[0]).contains("never verified"),
+            "{}",
+            before[0]
+        );
+
+        // A new verification of the unverified kernel (bit-exact and the fastest).
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/rms_norm_llama");
+        let t = KernelBundle::load_dir(&dir).unwrap();
+        let copy = |i: usize, name: &str| {
+            let toml = t.manifest_toml.replacen(
+                &format!("name = \"{}\"", t.manifest.name),
+                &format!("name = \"{name}\""),
+                1,
+            );
+            KernelBundle::from_parts(&toml, &format!("{}\n// copy {i}\n", t.source)).unwrap()
+        };
+        let k11 = copy(11, "rms_norm_llama_011");
+        let mut r = report_of(&k11, 12 * 100); // bit-exact, the fastest at every row count
+        for c in r.cases.iter_mut() {
+            if let Some(sp) = c.speed.as_mut() {
+                sp.gbps = 9000.0;
+            }
+        }
+        s.seed_verification(&k11.digest(), &r, None).await.unwrap();
+        let (index, sql) = both(s, &q("bit_exact")).await;
+        assert_eq!(index, sql);
+        assert_eq!(
+            index["chosen"]["kernel"]["name"], "rms_norm_llama_011",
+            "{index}"
+        );
+        assert!(!lines(&index).contains("never verified"), "{index}");
+
+        // A new kernel, never verified: one more excluded line, in list order (its name sorts
+        // first).
+        let first = copy(99, "a_rms_norm_first");
+        s.insert_kernel(&first, "submitted", "test").await.unwrap();
+        for p in policies {
+            let (index, sql) = both(s, &q(p)).await;
+            assert_eq!(index, sql, "{p}");
+            let first = index["excluded"][0].as_str().unwrap();
+            assert!(
+                first.starts_with("a_rms_norm_first ") && first.contains(": never verified"),
+                "{index}"
+            );
+        }
+
+        // confirmed:1: nothing is certified yet; a verification certified by a worker key
+        // makes its kernel qualify.
+        let (index, _) = both(s, &q("bit_exact,confirmed:1")).await;
+        assert!(index["chosen"].is_null(), "{index}");
+        let cert = kernel_registry::cert::Certificate {
+            claims: "{}".into(),
+            key: "worker-key-1".into(),
+            signature: "sig".into(),
+        };
+        let k4 = copy(4, "rms_norm_llama_004");
+        s.seed_verification(&k4.digest(), &report_of(&k4, 4), Some(&cert))
+            .await
+            .unwrap();
+        let (index, sql) = both(s, &q("bit_exact,confirmed:1")).await;
+        assert_eq!(index, sql);
+        assert_eq!(
+            index["chosen"]["kernel"]["name"], "rms_norm_llama_004",
+            "{index}"
+        );
+        for p in policies {
+            let (index, sql) = both(s, &q(p)).await;
+            assert_eq!(index, sql, "{p}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_index_follows_every_write_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&format!("sqlite://{}/t.db", dir.path().display()))
+            .await
+            .unwrap();
+        the_index_follows_every_write(&s).await;
+    }
+
+    #[tokio::test]
+    async fn the_index_follows_every_write_postgres() {
+        let Some(url) = kernel_store::testing::fresh_postgres_url("resolve index").await else {
+            return;
+        };
+        let s = Store::open(&url).await.unwrap();
+        the_index_follows_every_write(&s).await;
     }
 
     #[tokio::test]

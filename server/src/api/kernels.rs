@@ -95,9 +95,9 @@ pub async fn list(
     }
     let (kernels, total) = match &policy {
         None => st.store.list_kernels(&query).await?,
-        // Approval is a condition on the newest verdicts' indexed columns: the whole list's
-        // ids in one query, kept per filter until the store changes (they do not depend on
-        // the page); then a page by id.
+        // Approval is checked on the store's verdict index in memory (`Store::verdict_index`,
+        // brought up to date a write at a time): the whole list's ids, kept per filter until
+        // the store changes (they do not depend on the page); then a page by id.
         Some(p) => {
             let mut filters = q.clone();
             filters.remove("limit");
@@ -107,7 +107,8 @@ pub async fn list(
             let ids = match st.approved.get(&key, generation) {
                 Some(ids) => ids,
                 None => {
-                    let ids = Arc::new(st.store.approved_ids(&query, p).await?);
+                    let index = st.store.verdict_index(generation).await?;
+                    let ids = Arc::new(index.approved_ids(&query, p));
                     st.approved.insert(key, generation, ids.clone());
                     ids
                 }

@@ -1,0 +1,972 @@
+//! The newest verdicts of every kernel in memory, kept up to date a write at a time: what a
+//! resolve ranks and the policy list filters, so that the first ask of a query after a write
+//! reads no group or list from the database. `Store::verdict_index` brings it to a generation:
+//! the first time with a full read (in chunks), then with the kernels and verifications that
+//! `answer_changes` (migration 0012) lists since the generation it holds, a few rows per write,
+//! on every replica. Kernels and verification summaries are immutable, so an entry once read
+//! stays right. The SQL reads of `crate::newest` are its twin (tests compare them).
+
+use crate::codec::{parse_col, parse_csv};
+use crate::kernels::runtime_of;
+use crate::newest::{CandidateKernel, NewestVerdict, VerdictOn, VerdictParts};
+use crate::{KernelQuery, Result, Store, StoreError};
+use kernel_registry::policy::Requirement;
+use kernel_registry::report::{Coverage, ModelReport, SpeedAt, Verdict, ULP_INFINITE};
+use kernel_registry::{Arch, DType, Op, Policy, Semantics};
+use sqlx::any::AnyRow;
+use sqlx::Row;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, RwLock};
+
+/// Rows read per query while loading or catching up (SQLite has one connection: each query
+/// holds it for a few milliseconds at most).
+const CHUNK: usize = 256;
+
+/// The in-memory verdicts of a store (one per `Store`, shared by its clones).
+#[derive(Default)]
+pub struct VerdictIndex {
+    state: RwLock<Index>,
+    /// One catch-up at a time (the others wait and find it done).
+    catching_up: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for VerdictIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerdictIndex")
+            .field("generation", &self.read().generation)
+            .finish()
+    }
+}
+
+#[derive(Default)]
+struct Index {
+    /// The generation held (`None`: not loaded yet).
+    generation: Option<i64>,
+    kernels: HashMap<i64, Kernel>,
+    by_digest: HashMap<String, i64>,
+    /// Op groups in list order (op, then semantics, as the database sorts them), each with its
+    /// kernels' ids in list order (name, then id).
+    groups: Vec<Group>,
+    /// Per kernel digest: the newest verification id per architecture.
+    newest: HashMap<String, Vec<(Arch, i64)>>,
+    /// Verifications read (every newest one, and those they replaced since the load).
+    entries: HashMap<i64, Arc<Entry>>,
+    /// Distinct certifying keys per kernel digest, architecture and overall class (all
+    /// verifications, for `confirmed:N`).
+    keys: HashMap<(String, Arch, String), BTreeSet<String>>,
+}
+
+struct Group {
+    op: Op,
+    semantics: Semantics,
+    ids: Vec<i64>,
+}
+
+struct Kernel {
+    candidate: Arc<CandidateKernel>,
+    op: Op,
+    semantics: Semantics,
+    /// Its newest verification per architecture (from `Index::newest`, by `Index::refresh`).
+    newest: Vec<Arc<Entry>>,
+}
+
+/// A verification as the resolve and the policy list read it.
+struct Entry {
+    id: i64,
+    arch: Arch,
+    class: Arc<str>,
+    suite_version: Arc<str>,
+    driver_version: Arc<str>,
+    requested_cols: Arc<[u64]>,
+    device_name: Arc<str>,
+    created_at: Arc<str>,
+    /// Per dtype with a verdict.
+    verdicts: Vec<DtypeVerdict>,
+    /// Per dtype, sorted by cols.
+    coverage: Vec<(DType, Arc<[Coverage]>)>,
+    /// Per dtype, in case order.
+    speeds: Vec<(DType, Arc<[SpeedAt]>)>,
+}
+
+struct DtypeVerdict {
+    dtype: DType,
+    cols: VerdictCols,
+    /// Boxed: the policy walks `cols` of many verdicts and reads few of these.
+    parts: Box<VerdictParts>,
+}
+
+/// The columns of `verification_verdicts` that `policy_condition` reads, as stored.
+#[derive(Debug, Clone)]
+struct VerdictCols {
+    cases_run: i64,
+    integrity_ok: i64,
+    mismatches: i64,
+    nonfinite_parity: i64,
+    deterministic: i64,
+    batch_invariant: i64,
+    within_tolerance: i64,
+    max_ulp: i64,
+    models: i64,
+    argmax_failures: i64,
+    max_abs_diff: Option<f64>,
+    max_mismatch_fraction: Option<f64>,
+}
+
+/// `policy_condition` in memory, over the same stored columns: true exactly when the SQL
+/// condition holds for the row.
+fn passes(d: &VerdictCols, policy: &Policy) -> bool {
+    if !(d.cases_run > 0 && d.integrity_ok == 1) {
+        return false;
+    }
+    let requirement = match policy.requirement {
+        Requirement::BitExact => {
+            d.mismatches == 0 && d.nonfinite_parity == 1 && d.deterministic == 1
+        }
+        Requirement::Ulp(n) => {
+            d.nonfinite_parity == 1
+                && if n == ULP_INFINITE {
+                    true
+                } else if n >= i64::MAX as u64 {
+                    d.max_ulp < i64::MAX
+                } else {
+                    d.max_ulp <= n as i64
+                }
+        }
+        Requirement::Tolerance => d.within_tolerance == 1,
+        Requirement::Argmax => d.models > 0 && d.argmax_failures == 0,
+    };
+    requirement
+        && (!policy.deterministic || d.deterministic == 1)
+        && (!policy.batch_invariant || d.batch_invariant == 1)
+        // NaN (stored NULL) fails a bound on the absolute difference and passes one on the
+        // mismatch fraction, as in SQL.
+        && policy
+            .max_abs_diff
+            .is_none_or(|x| d.max_abs_diff.is_some_and(|v| v <= x))
+        && policy
+            .max_mismatch_fraction
+            .is_none_or(|x| d.max_mismatch_fraction.is_none_or(|v| v <= x))
+}
+
+impl Entry {
+    fn verdict(&self, dtype: DType) -> Option<&DtypeVerdict> {
+        self.verdicts.iter().find(|v| v.dtype == dtype)
+    }
+}
+
+impl Kernel {
+    fn newest_on(&self, arch: Arch) -> Option<&Arc<Entry>> {
+        self.newest.iter().find(|e| e.arch == arch)
+    }
+
+    fn newest_any(&self) -> Option<&Arc<Entry>> {
+        self.newest.iter().max_by_key(|e| e.id)
+    }
+}
+
+impl Index {
+    /// Point the kernel of `digest` (if stored) at its newest verifications.
+    fn refresh(&mut self, digest: &str) {
+        let Some(k) = self
+            .by_digest
+            .get(digest)
+            .and_then(|id| self.kernels.get_mut(id))
+        else {
+            return;
+        };
+        k.newest = self
+            .newest
+            .get(digest)
+            .into_iter()
+            .flatten()
+            .filter_map(|(_, id)| self.entries.get(id).cloned())
+            .collect();
+    }
+
+    fn certifying_keys(&self, digest: &str, e: &Entry) -> i64 {
+        self.keys
+            .get(&(digest.to_string(), e.arch, e.class.to_string()))
+            .map_or(0, |k| k.len() as i64)
+    }
+
+    /// `k` as a resolve's candidate on `arch`, with its newest verification there (`newest`).
+    fn candidate(
+        &self,
+        k: &Kernel,
+        newest: Option<&Arc<Entry>>,
+        arch: Arch,
+        dtype: DType,
+        policy: &Policy,
+    ) -> NewestVerdict {
+        let digest = k.candidate.digest.as_str();
+        let on = newest.map(|e| VerdictOn {
+            verification_id: e.id,
+            arch,
+            device_name: e.device_name.clone(),
+            created_at: e.created_at.clone(),
+            class: e.class.clone(),
+            suite_version: e.suite_version.clone(),
+            driver_version: e.driver_version.clone(),
+            passes: e.verdict(dtype).is_some_and(|d| passes(&d.cols, policy)),
+            certifying_keys: if policy.confirmations > 0 {
+                self.certifying_keys(digest, e)
+            } else {
+                0
+            },
+            requested_cols: e.requested_cols.clone(),
+        });
+        let elsewhere = match on {
+            Some(_) => vec![],
+            None => {
+                let mut a: Vec<Arch> = k.newest.iter().map(|e| e.arch).collect();
+                a.sort_by_key(|a| a.to_string());
+                a
+            }
+        };
+        NewestVerdict {
+            kernel: k.candidate.clone(),
+            on,
+            elsewhere,
+        }
+    }
+
+    fn add_kernel(&mut self, k: Kernel) {
+        self.by_digest
+            .insert(k.candidate.digest.as_str().to_string(), k.candidate.id);
+        self.kernels.insert(k.candidate.id, k);
+    }
+
+    fn add_facts(&mut self, f: &Facts) {
+        if let Some(key) = &f.cert_key {
+            self.keys
+                .entry((f.digest.clone(), f.arch, f.class.clone()))
+                .or_default()
+                .insert(key.clone());
+        }
+        let newest = self.newest.entry(f.digest.clone()).or_default();
+        match newest.iter_mut().find(|(a, _)| *a == f.arch) {
+            Some((_, id)) => *id = (*id).max(f.id),
+            None => newest.push((f.arch, f.id)),
+        }
+    }
+
+    /// The verification ids that are newest somewhere but not read yet.
+    fn missing_entries(&self) -> Vec<i64> {
+        let mut ids: Vec<i64> = self
+            .newest
+            .values()
+            .flatten()
+            .map(|(_, id)| *id)
+            .filter(|id| !self.entries.contains_key(id))
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+}
+
+/// A resolve's candidate with its verdict's coverage and timed cases of the asked dtype (empty:
+/// none, or not verified on the architecture).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankingInput {
+    pub candidate: NewestVerdict,
+    pub coverage: Arc<[Coverage]>,
+    pub speeds: Arc<[SpeedAt]>,
+}
+
+/// A `verification_facts` row.
+struct Facts {
+    id: i64,
+    digest: String,
+    arch: Arch,
+    class: String,
+    suite_version: String,
+    driver_version: String,
+    cert_key: Option<String>,
+    requested_cols: Vec<u64>,
+    device_name: String,
+    created_at: String,
+}
+
+const KERNEL_SELECT: &str = "SELECT id, name, version, digest, op, semantics, dtypes, archs, \
+     cols_min, cols_max, cols_multiple_of, runtime FROM kernels";
+const FACTS_SELECT: &str = "SELECT verification_id, kernel_digest, arch, class, suite_version, \
+     driver_version, cert_key, requested_cols, device_name, created_at FROM verification_facts";
+
+fn kernel_of(r: &AnyRow) -> Result<Kernel> {
+    Ok(Kernel {
+        candidate: Arc::new(CandidateKernel {
+            id: r.try_get("id")?,
+            name: r.try_get("name")?,
+            version: r.try_get("version")?,
+            digest: parse_col(r, "digest")?,
+            dtypes: parse_csv(&r.try_get::<String, _>("dtypes")?)?,
+            constraints: kernel_registry::manifest::Constraints {
+                cols_min: r.try_get::<i64, _>("cols_min")? as u64,
+                cols_max: r.try_get::<Option<i64>, _>("cols_max")?.map(|c| c as u64),
+                cols_multiple_of: r.try_get::<i64, _>("cols_multiple_of")? as u64,
+                archs: parse_csv(&r.try_get::<String, _>("archs")?)?,
+            },
+            runtime: runtime_of(r)?,
+        }),
+        op: parse_col(r, "op")?,
+        semantics: parse_col(r, "semantics")?,
+        newest: vec![],
+    })
+}
+
+fn facts_of(r: &AnyRow) -> Result<Facts> {
+    Ok(Facts {
+        id: r.try_get("verification_id")?,
+        digest: r.try_get("kernel_digest")?,
+        arch: parse_col(r, "arch")?,
+        class: r.try_get("class")?,
+        suite_version: r.try_get("suite_version")?,
+        driver_version: r.try_get("driver_version")?,
+        cert_key: r.try_get("cert_key")?,
+        requested_cols: parse_csv(&r.try_get::<String, _>("requested_cols")?)?,
+        device_name: r.try_get("device_name")?,
+        created_at: r.try_get("created_at")?,
+    })
+}
+
+fn ids_list(ids: &[i64]) -> String {
+    ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+}
+
+impl Store {
+    /// The verdict index, brought to at least `generation` (the store's answer generation as
+    /// the caller read it).
+    pub async fn verdict_index(&self, generation: i64) -> Result<&VerdictIndex> {
+        let index = &*self.index;
+        if index.read().generation.is_some_and(|g| g >= generation) {
+            return Ok(index);
+        }
+        let _one = index.catching_up.lock().await;
+        let held = index.read().generation;
+        match held {
+            Some(g) if g >= generation => {}
+            Some(g) => self.catch_up(index, g, generation).await?,
+            None => self.load_index(index).await?,
+        }
+        Ok(index)
+    }
+
+    /// Read everything, in chunks: every kernel, every verification's facts, and the verdicts,
+    /// coverage and speeds of the newest ones.
+    async fn load_index(&self, index: &VerdictIndex) -> Result<()> {
+        // Changes after this generation may be read here too; catching up reads them again,
+        // and adding a kernel or a verification twice changes nothing.
+        let generation = self.answer_generation().await?;
+        let mut ix = Index::default();
+        let mut after = i64::MIN;
+        loop {
+            let rows = sqlx::query(&format!(
+                "{KERNEL_SELECT} WHERE id > $1 ORDER BY id LIMIT {CHUNK}"
+            ))
+            .bind(after)
+            .fetch_all(&self.pool)
+            .await?;
+            for r in &rows {
+                let k = kernel_of(r)?;
+                after = k.candidate.id;
+                ix.add_kernel(k);
+            }
+            if rows.len() < CHUNK {
+                break;
+            }
+        }
+        let mut facts = HashMap::new();
+        let mut after = i64::MIN;
+        loop {
+            let rows = sqlx::query(&format!(
+                "{FACTS_SELECT} WHERE verification_id > $1 ORDER BY verification_id LIMIT {CHUNK}"
+            ))
+            .bind(after)
+            .fetch_all(&self.pool)
+            .await?;
+            for r in &rows {
+                let f = facts_of(r)?;
+                after = f.id;
+                ix.add_facts(&f);
+                facts.insert(f.id, f);
+            }
+            if rows.len() < CHUNK {
+                break;
+            }
+        }
+        let newest = ix.missing_entries();
+        ix.entries = self.read_entries(&newest, &facts).await?;
+        let groups: HashSet<(Op, Semantics)> =
+            ix.kernels.values().map(|k| (k.op, k.semantics)).collect();
+        let known: HashSet<i64> = ix.kernels.keys().copied().collect();
+        ix.groups = self
+            .order_groups(&[], groups, HashMap::new(), &known)
+            .await?;
+        let digests: Vec<String> = ix.by_digest.keys().cloned().collect();
+        for d in &digests {
+            ix.refresh(d);
+        }
+        ix.generation = Some(generation);
+        *index.write() = ix;
+        Ok(())
+    }
+
+    /// Read what changed after generation `held` up to `generation` and apply it.
+    async fn catch_up(&self, index: &VerdictIndex, held: i64, generation: i64) -> Result<()> {
+        let rows = sqlx::query(
+            "SELECT kernel_id, verification_id FROM answer_changes WHERE n > $1 AND n <= $2 \
+             ORDER BY n",
+        )
+        .bind(held)
+        .bind(generation)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut kernel_ids = vec![];
+        let mut verification_ids = vec![];
+        for r in &rows {
+            if let Some(id) = r.try_get::<Option<i64>, _>("kernel_id")? {
+                kernel_ids.push(id);
+            }
+            if let Some(id) = r.try_get::<Option<i64>, _>("verification_id")? {
+                verification_ids.push(id);
+            }
+        }
+        let mut kernels: Vec<Kernel> = vec![];
+        for chunk in kernel_ids.chunks(CHUNK) {
+            for r in sqlx::query(&format!(
+                "{KERNEL_SELECT} WHERE id IN ({})",
+                ids_list(chunk)
+            ))
+            .fetch_all(&self.pool)
+            .await?
+            {
+                kernels.push(kernel_of(&r)?);
+            }
+        }
+        let mut facts = HashMap::new();
+        for chunk in verification_ids.chunks(CHUNK) {
+            for r in sqlx::query(&format!(
+                "{FACTS_SELECT} WHERE verification_id IN ({})",
+                ids_list(chunk)
+            ))
+            .fetch_all(&self.pool)
+            .await?
+            {
+                let f = facts_of(&r)?;
+                facts.insert(f.id, f);
+            }
+        }
+        let entries = self.read_entries(&verification_ids, &facts).await?;
+        // The op groups that gained a kernel are read again in list order (the database's
+        // order of text, whatever its collation). Only this task changes the index meanwhile.
+        let groups = if kernels.is_empty() {
+            None
+        } else {
+            let touched: HashSet<(Op, Semantics)> =
+                kernels.iter().map(|k| (k.op, k.semantics)).collect();
+            let (order, kept, mut known) = {
+                let ix = index.read();
+                let order: Vec<(Op, Semantics)> =
+                    ix.groups.iter().map(|g| (g.op, g.semantics)).collect();
+                let kept: HashMap<(Op, Semantics), Vec<i64>> = ix
+                    .groups
+                    .iter()
+                    .map(|g| ((g.op, g.semantics), g.ids.clone()))
+                    .collect();
+                let known: HashSet<i64> = ix.kernels.keys().copied().collect();
+                (order, kept, known)
+            };
+            known.extend(kernels.iter().map(|k| k.candidate.id));
+            Some(self.order_groups(&order, touched, kept, &known).await?)
+        };
+        let mut touched: HashSet<String> = facts.values().map(|f| f.digest.clone()).collect();
+        touched.extend(
+            kernels
+                .iter()
+                .map(|k| k.candidate.digest.as_str().to_string()),
+        );
+        let mut ix = index.write();
+        for k in kernels {
+            ix.add_kernel(k);
+        }
+        for f in facts.values() {
+            ix.add_facts(f);
+        }
+        for (id, e) in entries {
+            ix.entries.entry(id).or_insert(e);
+        }
+        for d in &touched {
+            ix.refresh(d);
+        }
+        if let Some(groups) = groups {
+            ix.groups = groups;
+        }
+        ix.generation = Some(generation);
+        Ok(())
+    }
+
+    /// The verdicts, coverage and speeds of `ids` (with their `facts`), in chunks.
+    async fn read_entries(
+        &self,
+        ids: &[i64],
+        facts: &HashMap<i64, Facts>,
+    ) -> Result<HashMap<i64, Arc<Entry>>> {
+        let mut out = HashMap::new();
+        for chunk in ids.chunks(CHUNK) {
+            let list = ids_list(chunk);
+            let mut verdicts: HashMap<i64, Vec<DtypeVerdict>> = HashMap::new();
+            for r in sqlx::query(&format!(
+                "SELECT verification_id, dtype, cases_run, integrity_ok, mismatches, \
+                 nonfinite_parity, deterministic, batch_invariant, within_tolerance, max_ulp, \
+                 models, argmax_failures, max_abs_diff, max_mismatch_fraction, verdict_json, \
+                 models_json FROM verification_verdicts WHERE verification_id IN ({list})"
+            ))
+            .fetch_all(&self.pool)
+            .await?
+            {
+                let id: i64 = r.try_get("verification_id")?;
+                let corrupt = |what: &str, e: serde_json::Error| {
+                    StoreError::Corrupt(format!("verification {id}: {what}: {e}"))
+                };
+                let verdict: Verdict =
+                    serde_json::from_str(&r.try_get::<String, _>("verdict_json")?)
+                        .map_err(|e| corrupt("verdict", e))?;
+                let models: Vec<ModelReport> =
+                    serde_json::from_str(&r.try_get::<String, _>("models_json")?)
+                        .map_err(|e| corrupt("models", e))?;
+                let i = |c: &str| -> Result<i64> { Ok(r.try_get::<i64, _>(c)?) };
+                verdicts.entry(id).or_default().push(DtypeVerdict {
+                    dtype: parse_col(&r, "dtype")?,
+                    cols: VerdictCols {
+                        cases_run: i("cases_run")?,
+                        integrity_ok: i("integrity_ok")?,
+                        mismatches: i("mismatches")?,
+                        nonfinite_parity: i("nonfinite_parity")?,
+                        deterministic: i("deterministic")?,
+                        batch_invariant: i("batch_invariant")?,
+                        within_tolerance: i("within_tolerance")?,
+                        max_ulp: i("max_ulp")?,
+                        models: i("models")?,
+                        argmax_failures: i("argmax_failures")?,
+                        max_abs_diff: r.try_get("max_abs_diff")?,
+                        max_mismatch_fraction: r.try_get("max_mismatch_fraction")?,
+                    },
+                    parts: Box::new(VerdictParts {
+                        verdict: Some(verdict),
+                        models,
+                    }),
+                });
+            }
+            let mut coverage: HashMap<i64, Vec<(DType, Vec<Coverage>)>> = HashMap::new();
+            for r in sqlx::query(&format!(
+                "SELECT verification_id, dtype, cols, rows_min, rows_max, row_counts \
+                 FROM verification_coverage WHERE verification_id IN ({list}) \
+                 ORDER BY verification_id, dtype, cols"
+            ))
+            .fetch_all(&self.pool)
+            .await?
+            {
+                let i = |c: &str| -> Result<u64> { Ok(r.try_get::<i64, _>(c)? as u64) };
+                let c = Coverage {
+                    dtype: parse_col(&r, "dtype")?,
+                    cols: i("cols")?,
+                    rows_min: i("rows_min")?,
+                    rows_max: i("rows_max")?,
+                    row_counts: parse_csv(&r.try_get::<String, _>("row_counts")?)?,
+                };
+                let per_dtype = coverage.entry(r.try_get("verification_id")?).or_default();
+                match per_dtype.last_mut() {
+                    Some((d, cs)) if *d == c.dtype => cs.push(c),
+                    _ => per_dtype.push((c.dtype, vec![c])),
+                }
+            }
+            let mut speeds: HashMap<i64, Vec<(DType, Vec<SpeedAt>)>> = HashMap::new();
+            for r in sqlx::query(&format!(
+                "SELECT verification_id, dtype, rows, cols, gbps, median_us, copy_fraction, \
+                 speedup FROM verification_speeds WHERE verification_id IN ({list}) \
+                 ORDER BY verification_id, dtype, case_index"
+            ))
+            .fetch_all(&self.pool)
+            .await?
+            {
+                let (dtype, speed): (DType, SpeedAt) =
+                    (parse_col(&r, "dtype")?, crate::newest::speed_row(&r)?);
+                let per_dtype = speeds.entry(r.try_get("verification_id")?).or_default();
+                match per_dtype.last_mut() {
+                    Some((d, ss)) if *d == dtype => ss.push(speed),
+                    _ => per_dtype.push((dtype, vec![speed])),
+                }
+            }
+            for id in chunk {
+                let Some(f) = facts.get(id) else {
+                    continue; // no facts: not a verification the reads know
+                };
+                out.insert(
+                    *id,
+                    Arc::new(Entry {
+                        id: *id,
+                        arch: f.arch,
+                        class: f.class.as_str().into(),
+                        suite_version: f.suite_version.as_str().into(),
+                        driver_version: f.driver_version.as_str().into(),
+                        requested_cols: f.requested_cols.as_slice().into(),
+                        device_name: f.device_name.as_str().into(),
+                        created_at: f.created_at.as_str().into(),
+                        verdicts: verdicts.remove(id).unwrap_or_default(),
+                        coverage: coverage
+                            .remove(id)
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(d, c)| (d, c.into()))
+                            .collect(),
+                        speeds: speeds
+                            .remove(id)
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(d, s)| (d, s.into()))
+                            .collect(),
+                    }),
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    /// The op groups in list order: `order` (the order held) when it has every group of
+    /// `reread`, else the database's order of (op, semantics); the groups in `reread` with
+    /// their kernel ids read again in list order (only ids in `known`), the others from
+    /// `kept`.
+    async fn order_groups(
+        &self,
+        order: &[(Op, Semantics)],
+        reread: HashSet<(Op, Semantics)>,
+        mut kept: HashMap<(Op, Semantics), Vec<i64>>,
+        known: &HashSet<i64>,
+    ) -> Result<Vec<Group>> {
+        let order: Vec<(Op, Semantics)> = if reread.iter().all(|g| order.contains(g)) {
+            order.to_vec()
+        } else {
+            let mut all = vec![];
+            for r in sqlx::query(
+                "SELECT op, semantics FROM kernels GROUP BY op, semantics ORDER BY op, semantics",
+            )
+            .fetch_all(&self.pool)
+            .await?
+            {
+                let g = (parse_col(&r, "op")?, parse_col(&r, "semantics")?);
+                // A group stored after the generation read has no kernel known yet.
+                if order.contains(&g) || reread.contains(&g) {
+                    all.push(g);
+                }
+            }
+            all
+        };
+        let mut out = vec![];
+        for g in order {
+            let ids = if reread.contains(&g) {
+                let mut ids = vec![];
+                for r in sqlx::query(
+                    "SELECT id FROM kernels WHERE op = $1 AND semantics = $2 ORDER BY name, id",
+                )
+                .bind(g.0.as_str())
+                .bind(g.1.as_str())
+                .fetch_all(&self.pool)
+                .await?
+                {
+                    let id: i64 = r.try_get("id")?;
+                    if known.contains(&id) {
+                        ids.push(id);
+                    }
+                }
+                ids
+            } else {
+                kept.remove(&g).unwrap_or_default()
+            };
+            out.push(Group {
+                op: g.0,
+                semantics: g.1,
+                ids,
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl VerdictIndex {
+    // A panic while holding the lock leaves whole entries only: still good to read.
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Index> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Index> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The generation this index holds (`None`: not loaded).
+    pub fn generation(&self) -> Option<i64> {
+        self.read().generation
+    }
+
+    /// `Store::newest_verdicts` from memory.
+    pub fn newest_verdicts(
+        &self,
+        op: Op,
+        semantics: Semantics,
+        arch: Arch,
+        dtype: DType,
+        policy: &Policy,
+    ) -> Vec<NewestVerdict> {
+        let ix = self.read();
+        let Some(group) = ix
+            .groups
+            .iter()
+            .find(|g| g.op == op && g.semantics == semantics)
+        else {
+            return vec![];
+        };
+        let mut out = Vec::with_capacity(group.ids.len());
+        for id in &group.ids {
+            let Some(k) = ix.kernels.get(id) else {
+                continue;
+            };
+            out.push(ix.candidate(k, k.newest_on(arch), arch, dtype, policy));
+        }
+        out
+    }
+
+    /// `Store::coverage_of` from memory.
+    pub fn coverage_of(&self, ids: &[i64], dtype: DType) -> HashMap<i64, Arc<[Coverage]>> {
+        let ix = self.read();
+        let mut out = HashMap::with_capacity(ids.len());
+        for id in ids {
+            let c = ix
+                .entries
+                .get(id)
+                .and_then(|e| e.coverage.iter().find(|(d, _)| *d == dtype));
+            if let Some((_, c)) = c {
+                out.insert(*id, c.clone());
+            }
+        }
+        out
+    }
+
+    /// `Store::speeds_of` from memory.
+    pub fn speeds_of(&self, ids: &[i64], dtype: DType) -> HashMap<i64, Vec<SpeedAt>> {
+        let ix = self.read();
+        let mut out = HashMap::with_capacity(ids.len());
+        for id in ids {
+            let s = ix
+                .entries
+                .get(id)
+                .and_then(|e| e.speeds.iter().find(|(d, _)| *d == dtype));
+            if let Some((_, s)) = s {
+                out.insert(*id, s.to_vec());
+            }
+        }
+        out
+    }
+
+    /// `newest_verdicts` with each verdict's coverage and timed cases of `dtype` (empty when it
+    /// has none), in one pass: what a resolve ranks.
+    pub fn ranking_inputs(
+        &self,
+        op: Op,
+        semantics: Semantics,
+        arch: Arch,
+        dtype: DType,
+        policy: &Policy,
+    ) -> Vec<RankingInput> {
+        let ix = self.read();
+        let Some(group) = ix
+            .groups
+            .iter()
+            .find(|g| g.op == op && g.semantics == semantics)
+        else {
+            return vec![];
+        };
+        let mut out = Vec::with_capacity(group.ids.len());
+        for id in &group.ids {
+            let Some(k) = ix.kernels.get(id) else {
+                continue;
+            };
+            let newest = k.newest_on(arch);
+            let of = |e: &Arc<Entry>| -> (Arc<[Coverage]>, Arc<[SpeedAt]>) {
+                let c = e.coverage.iter().find(|(d, _)| *d == dtype);
+                let s = e.speeds.iter().find(|(d, _)| *d == dtype);
+                (
+                    c.map_or_else(|| Arc::from([]), |(_, c)| c.clone()),
+                    s.map_or_else(|| Arc::from([]), |(_, s)| s.clone()),
+                )
+            };
+            let (coverage, speeds) = newest
+                .map(of)
+                .unwrap_or_else(|| (Arc::from([]), Arc::from([])));
+            out.push(RankingInput {
+                candidate: ix.candidate(k, newest, arch, dtype, policy),
+                coverage,
+                speeds,
+            });
+        }
+        out
+    }
+
+    /// `Store::verdict_parts` from memory (for verifications it holds; others have no verdict).
+    pub fn verdict_parts(&self, ids: &[i64], dtype: DType) -> HashMap<i64, VerdictParts> {
+        let ix = self.read();
+        ids.iter()
+            .map(|id| {
+                let parts = ix
+                    .entries
+                    .get(id)
+                    .and_then(|e| e.verdict(dtype))
+                    .map(|d| (*d.parts).clone())
+                    .unwrap_or(VerdictParts {
+                        verdict: None,
+                        models: vec![],
+                    });
+                (*id, parts)
+            })
+            .collect()
+    }
+
+    /// `Store::approved_ids` from memory: the ids of the kernels matching `q`'s filters whose
+    /// newest verification (on `q.arch`, else on any architecture) meets `policy`, in list
+    /// order.
+    pub fn approved_ids(&self, q: &KernelQuery, policy: &Policy) -> Vec<i64> {
+        let ix = self.read();
+        let mut out = vec![];
+        for g in &ix.groups {
+            if q.op.is_some_and(|op| op != g.op) || q.semantics.is_some_and(|s| s != g.semantics) {
+                continue;
+            }
+            for id in &g.ids {
+                let Some(k) = ix.kernels.get(id) else {
+                    continue;
+                };
+                let c = &k.candidate;
+                if q.dtype.is_some_and(|d| !c.dtypes.contains(&d)) {
+                    continue;
+                }
+                if q.arch.is_some_and(|a| {
+                    !c.constraints.archs.is_empty() && !c.constraints.archs.contains(&a)
+                }) {
+                    continue;
+                }
+                let digest = c.digest.as_str();
+                let newest = match q.arch {
+                    Some(a) => k.newest_on(a),
+                    None => k.newest_any(),
+                };
+                let Some(e) = newest else {
+                    continue;
+                };
+                let meets = e.verdicts.iter().any(|d| {
+                    q.dtype
+                        .map_or(c.dtypes.contains(&d.dtype), |want| d.dtype == want)
+                        && passes(&d.cols, policy)
+                });
+                if meets
+                    && (policy.confirmations == 0
+                        || ix.certifying_keys(digest, e) >= policy.confirmations as i64)
+                {
+                    out.push(*id);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Where a resolve reads its candidates and their verdicts: the database (the twin the tests
+/// compare with) or the index in memory.
+#[derive(Clone, Copy, Debug)]
+pub enum VerdictSource<'a> {
+    Sql(&'a Store),
+    Index(&'a VerdictIndex),
+}
+
+impl VerdictSource<'_> {
+    pub async fn newest_verdicts(
+        &self,
+        op: Op,
+        semantics: Semantics,
+        arch: Arch,
+        dtype: DType,
+        policy: &Policy,
+    ) -> Result<Vec<NewestVerdict>> {
+        match self {
+            VerdictSource::Sql(s) => s.newest_verdicts(op, semantics, arch, dtype, policy).await,
+            VerdictSource::Index(i) => Ok(i.newest_verdicts(op, semantics, arch, dtype, policy)),
+        }
+    }
+
+    /// The candidates with their coverage and timed cases (`RankingInput`): from the index in
+    /// one pass, or from the database in three queries.
+    pub async fn ranking_inputs(
+        &self,
+        op: Op,
+        semantics: Semantics,
+        arch: Arch,
+        dtype: DType,
+        policy: &Policy,
+    ) -> Result<Vec<RankingInput>> {
+        match self {
+            VerdictSource::Sql(s) => {
+                let candidates = s
+                    .newest_verdicts(op, semantics, arch, dtype, policy)
+                    .await?;
+                let ids: Vec<i64> = candidates
+                    .iter()
+                    .filter_map(|c| c.on.as_ref().map(|v| v.verification_id))
+                    .collect();
+                let mut coverage = s.coverage_of(&ids, dtype).await?;
+                let mut speeds = s.speeds_of(&ids, dtype).await?;
+                Ok(candidates
+                    .into_iter()
+                    .map(|c| {
+                        let id = c.on.as_ref().map(|v| v.verification_id);
+                        RankingInput {
+                            coverage: id
+                                .and_then(|id| coverage.remove(&id))
+                                .unwrap_or_else(|| Arc::from([])),
+                            speeds: id
+                                .and_then(|id| speeds.remove(&id))
+                                .map_or_else(|| Arc::from([]), Arc::from),
+                            candidate: c,
+                        }
+                    })
+                    .collect())
+            }
+            VerdictSource::Index(i) => Ok(i.ranking_inputs(op, semantics, arch, dtype, policy)),
+        }
+    }
+
+    pub async fn coverage_of(
+        &self,
+        ids: &[i64],
+        dtype: DType,
+    ) -> Result<HashMap<i64, Arc<[Coverage]>>> {
+        match self {
+            VerdictSource::Sql(s) => s.coverage_of(ids, dtype).await,
+            VerdictSource::Index(i) => Ok(i.coverage_of(ids, dtype)),
+        }
+    }
+
+    pub async fn speeds_of(&self, ids: &[i64], dtype: DType) -> Result<HashMap<i64, Vec<SpeedAt>>> {
+        match self {
+            VerdictSource::Sql(s) => s.speeds_of(ids, dtype).await,
+            VerdictSource::Index(i) => Ok(i.speeds_of(ids, dtype)),
+        }
+    }
+
+    pub async fn verdict_parts(
+        &self,
+        ids: &[i64],
+        dtype: DType,
+    ) -> Result<HashMap<i64, VerdictParts>> {
+        match self {
+            VerdictSource::Sql(s) => s.verdict_parts(ids, dtype).await,
+            VerdictSource::Index(i) => Ok(i.verdict_parts(ids, dtype)),
+        }
+    }
+}
