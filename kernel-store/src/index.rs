@@ -165,6 +165,16 @@ impl Kernel {
 }
 
 impl Index {
+    /// The kernels of the op group (`op`, `semantics`) in list order (none for a group not
+    /// stored).
+    fn group(&self, op: Op, semantics: Semantics) -> impl Iterator<Item = &Kernel> + '_ {
+        self.groups
+            .iter()
+            .find(|g| g.op == op && g.semantics == semantics)
+            .into_iter()
+            .flat_map(move |g| g.ids.iter().filter_map(move |id| self.kernels.get(id)))
+    }
+
     /// Point the kernel of `digest` (if stored) at its newest verifications.
     fn refresh(&mut self, digest: &str) {
         let Some(k) = self
@@ -717,21 +727,9 @@ impl VerdictIndex {
         policy: &Policy,
     ) -> Vec<NewestVerdict> {
         let ix = self.read();
-        let Some(group) = ix
-            .groups
-            .iter()
-            .find(|g| g.op == op && g.semantics == semantics)
-        else {
-            return vec![];
-        };
-        let mut out = Vec::with_capacity(group.ids.len());
-        for id in &group.ids {
-            let Some(k) = ix.kernels.get(id) else {
-                continue;
-            };
-            out.push(ix.candidate(k, k.newest_on(arch), arch, dtype, policy));
-        }
-        out
+        ix.group(op, semantics)
+            .map(|k| ix.candidate(k, k.newest_on(arch), arch, dtype, policy))
+            .collect()
     }
 
     /// `Store::coverage_of` from memory.
@@ -777,18 +775,8 @@ impl VerdictIndex {
         policy: &Policy,
     ) -> Vec<RankingInput> {
         let ix = self.read();
-        let Some(group) = ix
-            .groups
-            .iter()
-            .find(|g| g.op == op && g.semantics == semantics)
-        else {
-            return vec![];
-        };
-        let mut out = Vec::with_capacity(group.ids.len());
-        for id in &group.ids {
-            let Some(k) = ix.kernels.get(id) else {
-                continue;
-            };
+        let mut out = Vec::new();
+        for k in ix.group(op, semantics) {
             let newest = k.newest_on(arch);
             let of = |e: &Arc<Entry>| -> (Arc<[Coverage]>, Arc<[SpeedAt]>) {
                 let c = e.coverage.iter().find(|(d, _)| *d == dtype);
