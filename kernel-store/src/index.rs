@@ -7,7 +7,6 @@
 //! stays right. The SQL reads of `crate::newest` are its twin (tests compare them).
 
 use crate::codec::{parse_col, parse_csv};
-use crate::kernels::runtime_of;
 use crate::newest::{CandidateKernel, NewestVerdict, VerdictOn, VerdictParts};
 use crate::{KernelQuery, Result, Store, StoreError};
 use kernel_registry::policy::Requirement;
@@ -304,20 +303,7 @@ const FACTS_SELECT: &str = "SELECT verification_id, kernel_digest, arch, class, 
 
 fn kernel_of(r: &AnyRow) -> Result<Kernel> {
     Ok(Kernel {
-        candidate: Arc::new(CandidateKernel {
-            id: r.try_get("id")?,
-            name: r.try_get("name")?,
-            version: r.try_get("version")?,
-            digest: parse_col(r, "digest")?,
-            dtypes: parse_csv(&r.try_get::<String, _>("dtypes")?)?,
-            constraints: kernel_registry::manifest::Constraints {
-                cols_min: r.try_get::<i64, _>("cols_min")? as u64,
-                cols_max: r.try_get::<Option<i64>, _>("cols_max")?.map(|c| c as u64),
-                cols_multiple_of: r.try_get::<i64, _>("cols_multiple_of")? as u64,
-                archs: parse_csv(&r.try_get::<String, _>("archs")?)?,
-            },
-            runtime: runtime_of(r)?,
-        }),
+        candidate: Arc::new(CandidateKernel::of_row(r)?),
         op: parse_col(r, "op")?,
         semantics: parse_col(r, "semantics")?,
         newest: vec![],

@@ -248,6 +248,27 @@ pub struct CandidateKernel {
     pub runtime: kernel_registry::Runtime,
 }
 
+impl CandidateKernel {
+    /// From a row of `kernels` (its id, name, version, digest, dtypes, constraint columns and
+    /// runtime), as the SQL reads and the verdict index read it.
+    pub(crate) fn of_row(r: &AnyRow) -> Result<Self> {
+        Ok(CandidateKernel {
+            id: r.try_get("id")?,
+            name: r.try_get("name")?,
+            version: r.try_get("version")?,
+            digest: parse_col(r, "digest")?,
+            dtypes: parse_csv(&r.try_get::<String, _>("dtypes")?)?,
+            constraints: kernel_registry::manifest::Constraints {
+                cols_min: r.try_get::<i64, _>("cols_min")? as u64,
+                cols_max: r.try_get::<Option<i64>, _>("cols_max")?.map(|c| c as u64),
+                cols_multiple_of: r.try_get::<i64, _>("cols_multiple_of")? as u64,
+                archs: parse_csv(&r.try_get::<String, _>("archs")?)?,
+            },
+            runtime: runtime_of(r)?,
+        })
+    }
+}
+
 /// The newest verification of a kernel on an architecture, as the summary tables hold it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VerdictOn {
@@ -461,20 +482,7 @@ impl Store {
                     .unwrap_or_default()
                     .into())
             };
-            let kernel = Arc::new(CandidateKernel {
-                id: r.try_get("id")?,
-                name: r.try_get("name")?,
-                version: r.try_get("version")?,
-                digest: parse_col(r, "digest")?,
-                dtypes: parse_csv(&r.try_get::<String, _>("dtypes")?)?,
-                constraints: kernel_registry::manifest::Constraints {
-                    cols_min: r.try_get::<i64, _>("cols_min")? as u64,
-                    cols_max: r.try_get::<Option<i64>, _>("cols_max")?.map(|c| c as u64),
-                    cols_multiple_of: r.try_get::<i64, _>("cols_multiple_of")? as u64,
-                    archs: parse_csv(&r.try_get::<String, _>("archs")?)?,
-                },
-                runtime: runtime_of(r)?,
-            });
+            let kernel = Arc::new(CandidateKernel::of_row(r)?);
             let on = match r.try_get::<Option<i64>, _>("v_id")? {
                 None => {
                     unverified = true;
