@@ -230,6 +230,24 @@ impl ChildProc {
         unsafe {
             libc::kill(if self.group { -pid } else { pid }, sig);
         }
+        // A signal is delivered asynchronously: wait (up to 200 ms) until the kernel shows the
+        // child stopped, so that nothing of it runs once this returns.
+        #[cfg(target_os = "linux")]
+        if frozen {
+            let stat = format!("/proc/{pid}/stat");
+            for _ in 0..400 {
+                let stopped = std::fs::read_to_string(&stat).ok().is_some_and(|s| {
+                    // pid (comm) STATE ...: the state follows the last ')'.
+                    s.rsplit_once(')')
+                        .and_then(|(_, rest)| rest.trim_start().chars().next())
+                        .is_some_and(|c| c == 'T' || c == 't')
+                });
+                if stopped {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(500));
+            }
+        }
     }
 
     #[cfg(not(unix))]
@@ -437,6 +455,70 @@ impl Executor for SandboxExecutor {
             Response::Compiled(c) => Ok(c),
             Response::Error(e) => Err(e),
             _ => Err(ExecError::Sandbox("unexpected answer".into())),
+        }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+
+    fn state(pid: u32) -> char {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let (_, rest) = s.rsplit_once(')').unwrap();
+        rest.trim_start().chars().next().unwrap()
+    }
+
+    #[test]
+    fn a_frozen_child_group_is_stopped_until_thawed_and_killed_whole() {
+        // A shell (the group's leader) with a child of its own in the group.
+        let child = Command::new("sh")
+            .args(["-c", "sleep 30 & echo $!; wait"])
+            .process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let leader = child.id();
+        let c = ChildProc::attach(child, "test child", 100, false).in_own_group();
+        let grandchild: u32 = c
+            .lines
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap()
+            .parse()
+            .unwrap();
+        c.freeze(true);
+        assert_eq!(
+            state(leader),
+            'T',
+            "the leader is stopped when freeze returns"
+        );
+        let t0 = std::time::Instant::now();
+        while state(grandchild) != 'T' {
+            assert!(
+                t0.elapsed() < Duration::from_secs(2),
+                "the group's other member is stopped"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        c.freeze(false);
+        let t0 = std::time::Instant::now();
+        while state(leader) == 'T' || state(grandchild) == 'T' {
+            assert!(t0.elapsed() < Duration::from_secs(2), "thawed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        c.kill();
+        let t0 = std::time::Instant::now();
+        while std::fs::read_to_string(format!("/proc/{grandchild}/stat"))
+            .is_ok_and(|s| !s.contains(") Z"))
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(2),
+                "killing the child kills its group"
+            );
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }
