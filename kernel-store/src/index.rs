@@ -151,6 +151,22 @@ impl Entry {
     fn verdict(&self, dtype: DType) -> Option<&DtypeVerdict> {
         self.verdicts.iter().find(|v| v.dtype == dtype)
     }
+
+    /// The coverage of `dtype`, sorted by cols (`None`: no case of it ran).
+    fn coverage_at(&self, dtype: DType) -> Option<&Arc<[Coverage]>> {
+        self.coverage
+            .iter()
+            .find(|(d, _)| *d == dtype)
+            .map(|(_, c)| c)
+    }
+
+    /// The timed cases of `dtype`, in case order (`None`: none).
+    fn speeds_at(&self, dtype: DType) -> Option<&Arc<[SpeedAt]>> {
+        self.speeds
+            .iter()
+            .find(|(d, _)| *d == dtype)
+            .map(|(_, s)| s)
+    }
 }
 
 impl Kernel {
@@ -721,33 +737,17 @@ impl VerdictIndex {
     /// `Store::coverage_of` from memory.
     pub fn coverage_of(&self, ids: &[i64], dtype: DType) -> HashMap<i64, Arc<[Coverage]>> {
         let ix = self.read();
-        let mut out = HashMap::with_capacity(ids.len());
-        for id in ids {
-            let c = ix
-                .entries
-                .get(id)
-                .and_then(|e| e.coverage.iter().find(|(d, _)| *d == dtype));
-            if let Some((_, c)) = c {
-                out.insert(*id, c.clone());
-            }
-        }
-        out
+        ids.iter()
+            .filter_map(|id| Some((*id, ix.entries.get(id)?.coverage_at(dtype)?.clone())))
+            .collect()
     }
 
     /// `Store::speeds_of` from memory.
     pub fn speeds_of(&self, ids: &[i64], dtype: DType) -> HashMap<i64, Vec<SpeedAt>> {
         let ix = self.read();
-        let mut out = HashMap::with_capacity(ids.len());
-        for id in ids {
-            let s = ix
-                .entries
-                .get(id)
-                .and_then(|e| e.speeds.iter().find(|(d, _)| *d == dtype));
-            if let Some((_, s)) = s {
-                out.insert(*id, s.to_vec());
-            }
-        }
-        out
+        ids.iter()
+            .filter_map(|id| Some((*id, ix.entries.get(id)?.speeds_at(dtype)?.to_vec())))
+            .collect()
     }
 
     /// `newest_verdicts` with each verdict's coverage and timed cases of `dtype` (empty when it
@@ -764,21 +764,14 @@ impl VerdictIndex {
         let mut out = Vec::new();
         for k in ix.group(op, semantics) {
             let newest = k.newest_on(arch);
-            let of = |e: &Arc<Entry>| -> (Arc<[Coverage]>, Arc<[SpeedAt]>) {
-                let c = e.coverage.iter().find(|(d, _)| *d == dtype);
-                let s = e.speeds.iter().find(|(d, _)| *d == dtype);
-                (
-                    c.map_or_else(|| Arc::from([]), |(_, c)| c.clone()),
-                    s.map_or_else(|| Arc::from([]), |(_, s)| s.clone()),
-                )
-            };
-            let (coverage, speeds) = newest
-                .map(of)
-                .unwrap_or_else(|| (Arc::from([]), Arc::from([])));
             out.push(RankingInput {
                 candidate: ix.candidate(k, newest, arch, dtype, policy),
-                coverage,
-                speeds,
+                coverage: newest
+                    .and_then(|e| e.coverage_at(dtype).cloned())
+                    .unwrap_or_else(|| Arc::from([])),
+                speeds: newest
+                    .and_then(|e| e.speeds_at(dtype).cloned())
+                    .unwrap_or_else(|| Arc::from([])),
             });
         }
         out
@@ -860,20 +853,6 @@ pub enum VerdictSource<'a> {
 }
 
 impl VerdictSource<'_> {
-    pub async fn newest_verdicts(
-        &self,
-        op: Op,
-        semantics: Semantics,
-        arch: Arch,
-        dtype: DType,
-        policy: &Policy,
-    ) -> Result<Vec<NewestVerdict>> {
-        match self {
-            VerdictSource::Sql(s) => s.newest_verdicts(op, semantics, arch, dtype, policy).await,
-            VerdictSource::Index(i) => Ok(i.newest_verdicts(op, semantics, arch, dtype, policy)),
-        }
-    }
-
     /// The candidates with their coverage and timed cases (`RankingInput`): from the index in
     /// one pass, or from the database in three queries.
     pub async fn ranking_inputs(
@@ -912,24 +891,6 @@ impl VerdictSource<'_> {
                     .collect())
             }
             VerdictSource::Index(i) => Ok(i.ranking_inputs(op, semantics, arch, dtype, policy)),
-        }
-    }
-
-    pub async fn coverage_of(
-        &self,
-        ids: &[i64],
-        dtype: DType,
-    ) -> Result<HashMap<i64, Arc<[Coverage]>>> {
-        match self {
-            VerdictSource::Sql(s) => s.coverage_of(ids, dtype).await,
-            VerdictSource::Index(i) => Ok(i.coverage_of(ids, dtype)),
-        }
-    }
-
-    pub async fn speeds_of(&self, ids: &[i64], dtype: DType) -> Result<HashMap<i64, Vec<SpeedAt>>> {
-        match self {
-            VerdictSource::Sql(s) => s.speeds_of(ids, dtype).await,
-            VerdictSource::Index(i) => Ok(i.speeds_of(ids, dtype)),
         }
     }
 
