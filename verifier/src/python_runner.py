@@ -38,10 +38,11 @@ class Failure(Exception):
         self.message = message
 
 
-# What the runner's checks rely on, captured before the candidate is imported (`guard_baseline`)
-# and compared after the import, after every untimed call and once after the timed calls: a candidate that replaces one of them (to
-# hide a modified input, fake a timing or a comparison) fails the case. Best effort: code in this
-# process can always change it in ways this does not see (SPEC 2b, docs/python-candidates.md).
+# What the runner's checks rely on, captured (`guard_objects`, into GUARD) before the candidate
+# is imported and compared (`check_guard`) after the import, after every untimed call and once
+# after the timed calls: a candidate that replaces one of them (to hide a modified input, fake a
+# timing or a comparison) fails the case. Best effort: code in this process can always change it
+# in ways this does not see (SPEC 2b, docs/python-candidates.md).
 GUARDED_RUNNER = ("answer", "bits", "same_bits", "sync", "poison", "call", "run_case", "batch",
                   "timed", "write_tensor", "read_tensor", "check_guard", "rolled", "PROTOCOL")
 GUARD = {}
