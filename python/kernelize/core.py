@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from . import launch as L
 from . import ops
@@ -332,19 +332,65 @@ def _fwd_layer_norm(self, x, *a, **kw):
 
 def _fwd_elementwise(self, x, *a, **kw):
     key, _, _, want, index = self._kz
-    if a or kw or not _ok(x, want, index):
+    # `_ok(x, want, index)`, inline
+    if (a or kw or not isinstance(x, Tensor) or x.dtype is not want or x.get_device() != index
+            or (x.requires_grad and torch.is_grad_enabled())):
         return self._kz_orig(x, *a, **kw)
-    n = x.numel()
-    fits = self._kz_fits  # element count -> within the kernel's constraints
+    if _is_compiling():
+        if not _fits(self, x.numel()):
+            return self._kz_orig(x)
+        return self._kz_op(x, key)
+    # Eagerly: one lookup by shape gives the prepared launch (built on the first call of the
+    # shape, `_elementwise_launch`), or False where the kernel does not apply.
+    preps = self._kz_preps
+    prep = preps.get(x.shape)
+    if prep is None:
+        prep = preps[x.shape] = _elementwise_launch(self, x)
+    if prep is False:
+        return self._kz_orig(x)
+    self.__dict__[_LAUNCHES] += 1
+    if prep is True:  # no prepared launch (a Python candidate, no C launcher, no elements)
+        return self._kz_run(self._kz_compiled, x)
+    # The C launcher's path of `launch.run_elementwise`, inline: it is the whole per-call cost
+    # of a layer whose eager counterpart is one aten op.
+    p = x.data_ptr()
+    if p & 15 or not x.is_contiguous():
+        x = L.aligned(x)
+        p = x.data_ptr()
+    out = _empty_like(x)
+    launch, prepared = prep
+    res = launch(prepared, _raw_stream(index), out.data_ptr(), p)
+    if res:
+        self._kz_compiled.failed(res)
+    return out
+
+
+def _fits(self, n: int) -> bool:
+    """Whether `n` elements are within the kernel's constraints (kept per count)."""
+    fits = self._kz_fits
     fit = fits.get(n)
     if fit is None:
         fit = fits[n] = not not_applicable(self._kernelize_kernel.manifest, n, None)
-    if not fit:
-        return self._kz_orig(x, *a, **kw)
-    if torch.compiler.is_compiling():
-        return self._kz_op(x, key)
-    self.__dict__[_LAUNCHES] += 1
-    return self._kz_run(self._kz_compiled, x)
+    return fit
+
+
+def _elementwise_launch(self, x) -> Any:
+    """What `_fwd_elementwise` keeps for x's shape: False where the kernel does not apply to
+    its element count; (C launcher's launch, prepared arguments) for the inline launch; True
+    for the runner's path."""
+    n = x.numel()
+    if not _fits(self, n):
+        return False
+    k = self._kz_compiled
+    cols = x.shape[-1] if x.dim() else 1
+    prepared = getattr(k, "prepared", None)
+    prep = prepared(n // cols, cols, 2, (n,)) if n and prepared is not None else None
+    return (k.stub_launch, prep) if prep is not None else True
+
+
+_is_compiling = torch.compiler.is_compiling
+_empty_like = torch.empty_like
+_raw_stream = L.current_stream_fn()
 
 
 def _fwd_gated(self, x, *a, **kw):
@@ -374,7 +420,7 @@ _FORWARDS = {
     "silu_mul": _fwd_gated,
     "gelu_tanh_mul": _fwd_gated,
 }
-_KZ_ATTRS = ("_kz", "_kz_orig", "_kz_op", "_kz_run", "_kz_compiled", "_kz_fits")
+_KZ_ATTRS = ("_kz", "_kz_orig", "_kz_op", "_kz_run", "_kz_compiled", "_kz_fits", "_kz_preps")
 
 
 def _stand_in_run(op, key):
@@ -411,5 +457,5 @@ def _patch(site: Site, k: Resolved, device: torch.device, allow_python: bool = F
     d["_kernelize_kernel"] = k
     d[_LAUNCHES] = 0
     d.update(_kz=(key, site.cols, eps, want, index), _kz_orig=orig_forward, _kz_op=op,
-             _kz_run=run, _kz_compiled=compiled, _kz_fits={})
+             _kz_run=run, _kz_compiled=compiled, _kz_fits={}, _kz_preps={})
     d["forward"] = types.MethodType(_FORWARDS[site.op], m)

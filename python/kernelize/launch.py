@@ -187,6 +187,23 @@ class CompiledKernel:
         if res != 0:
             _check(self.lib, res, f"launching {self.entry}")
 
+    def prepared(self, rows: int, cols: int, n_tensors: int, scalars: tuple) -> bytes | None:
+        """The C launcher's prepared launch of (rows, cols, scalars), for a caller that launches
+        it itself: `self.stub_launch(prep, stream, *pointers)` (check a nonzero result with
+        `failed`). None without the C launcher."""
+        if self._stub is None:
+            return None
+        prep = self._prepared.get((rows, cols, scalars))
+        return prep if prep is not None else self._prepare(rows, cols, n_tensors, scalars)
+
+    @property
+    def stub_launch(self) -> Any:
+        return self._stub.launch
+
+    def failed(self, res: int) -> None:
+        """Raise for `res`, a nonzero CUresult of a launch of this kernel."""
+        _check(self.lib, res, f"launching {self.entry}")
+
     def _prepare(self, rows: int, cols: int, n_tensors: int, scalars: tuple) -> tuple:
         if self._cu_launch is None:
             self._cu_launch = _cu_launch(self.lib)
@@ -291,6 +308,11 @@ def _current_stream(index: int) -> int:
     return torch.cuda.current_stream(index).cuda_stream
 
 
+def current_stream_fn() -> Any:
+    """`_current_stream` without its own Python frame where PyTorch has the raw getter."""
+    return _RAW_STREAM if _RAW_STREAM is not None else _current_stream
+
+
 def compiled(digest: str, manifest: dict[str, Any], source: str, dtype: str,
              device: torch.device, allow_python: bool = False) -> CompiledKernel:
     """`dtype`'s entry of the kernel `digest`, compiled and loaded on `device` (once per process).
@@ -328,7 +350,8 @@ def compile_records() -> list[dict[str, Any]]:
     return [dict(k.record, digest=d, device=i) for (d, _, i), k in sorted(_CACHE.items())]
 
 
-def _aligned(t: torch.Tensor) -> torch.Tensor:
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """t if it is contiguous and 16-byte aligned, else a copy that is."""
     if t.is_contiguous() and not t.data_ptr() & 15:
         return t
     t = t.contiguous()
@@ -338,8 +361,8 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 def run_rms_norm(k: CompiledKernel, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     if isinstance(k, PythonKernel):
         return k.rms_norm(x, w, eps)
-    x = _aligned(x)
-    w = _aligned(w)
+    x = aligned(x)
+    w = aligned(w)
     cols = x.shape[-1]
     rows = x.numel() // cols
     out = torch.empty_like(x)
@@ -357,8 +380,8 @@ def run_fused_add_rms_norm(k: CompiledKernel, x: torch.Tensor, residual: torch.T
         return k.fused_add_rms_norm(x, residual, w, eps)
     if residual.shape != x.shape:
         raise ValueError(f"fused_add_rms_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
-    x, w = _aligned(x), _aligned(w)
-    res = _aligned(residual)
+    x, w = aligned(x), aligned(w)
+    res = aligned(residual)
     cols = x.shape[-1]
     rows = x.numel() // cols
     out = torch.empty_like(x)
@@ -372,7 +395,7 @@ def run_fused_add_rms_norm(k: CompiledKernel, x: torch.Tensor, residual: torch.T
 def run_layer_norm(k: CompiledKernel, x, w, b, eps: float) -> torch.Tensor:
     if isinstance(k, PythonKernel):
         return k.layer_norm(x, w, b, eps)
-    x, w, b = _aligned(x), _aligned(w), _aligned(b)
+    x, w, b = aligned(x), aligned(w), aligned(b)
     cols = x.shape[-1]
     rows = x.numel() // cols
     out = torch.empty_like(x)
@@ -384,7 +407,7 @@ def run_layer_norm(k: CompiledKernel, x, w, b, eps: float) -> torch.Tensor:
 def run_elementwise(k: CompiledKernel, x: torch.Tensor) -> torch.Tensor:
     if isinstance(k, PythonKernel):
         return k.elementwise(x)
-    x = _aligned(x)
+    x = aligned(x)
     out = torch.empty_like(x)
     n = x.numel()
     if n:
@@ -413,7 +436,7 @@ def run_gated(k: CompiledKernel, g: torch.Tensor, u: torch.Tensor) -> torch.Tens
         return k.gated(g, u)
     if g.shape != u.shape:
         raise ValueError(f"gated op: gate {tuple(g.shape)} and up {tuple(u.shape)} differ in shape")
-    g, u = _aligned(g), _aligned(u)
+    g, u = aligned(g), aligned(u)
     cols = g.shape[-1] if g.dim() else 1
     rows = g.numel() // cols if cols else 0
     out = torch.empty_like(g)

@@ -8,6 +8,7 @@ import shutil
 import threading
 
 import pytest
+import torch
 
 from kernelize import launch
 
@@ -105,3 +106,57 @@ def test_without_a_compiler_the_client_uses_ctypes(tmp_path, monkeypatch, caplog
         assert launch.c_launcher(FakeCuda(1, "")) is None
     assert "no C compiler" in caplog.text
     monkeypatch.setattr(launch, "_STUB", None)
+
+
+def _cpu_compiled(stub, cuda, manifest):
+    """A CompiledKernel of `manifest` on the CPU (device index -1, as `Tensor.get_device` says
+    there) whose cuLaunchKernel is `cuda`'s recorder: what the swapped forward launches."""
+    k = object.__new__(launch.CompiledKernel)
+    k.__dict__.update(manifest=manifest, dtype="bf16", entry="e", device=torch.device("cpu"),
+                      sm_count=132, _smem_optin=0, lib=cuda, func=ctypes.c_void_p(0xF00),
+                      _index=-1, _smem_configured=0, _prepared={}, _lock=threading.Lock(),
+                      _cu_launch=None, _stub=stub)
+    return k
+
+
+def test_swapped_elementwise_layer_launches_inline(stub, monkeypatch):
+    """nn.SiLU's swapped forward launches through the C launcher itself (no runner, one
+    prepared launch per shape): the output is a new tensor of x's shape, the kernel gets
+    (out, x, n) on the current stream, a misaligned x is copied first, a count the kernel
+    does not take runs the original forward, and a failed launch raises."""
+    from kernelize import core
+    from kernelize.discover import Site
+    from kernelize.sources import Resolved
+
+    cuda = FakeCuda(2, "l")
+    stub.init(ctypes.cast(cuda.cuLaunchKernel, ctypes.c_void_p).value)
+    manifest = {"name": "silu_fake", "op": "silu", "entries": {"bf16": "e"},
+                "constraints": {"cols_min": 1, "cols_max": None, "cols_multiple_of": 8,
+                                "archs": []}}
+    k = _cpu_compiled(stub, cuda, manifest)
+    monkeypatch.setattr(launch, "compiled", lambda *a, **kw: k)
+    monkeypatch.setattr(launch, "launch_dims", lambda m, r, c, s: ((r, 1, 1), (128, 1, 1), 0))
+    monkeypatch.setattr(core, "_raw_stream", lambda index: 0x5EA)
+    m = torch.nn.SiLU()
+    site = Site(path="act", module=m, op="silu", semantics="default", cols=64, dtype="bf16")
+    core._patch(site, Resolved("silu_fake", "1", "d" * 64, manifest, "", "dir"), torch.device("cpu"))
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        out = m(x)
+        assert out.shape == x.shape and out.dtype == x.dtype and out.data_ptr() != x.data_ptr()
+        (c,) = cuda.calls
+        assert c["ptrs"] == [out.data_ptr(), x.data_ptr()] and c["scalars"] == [192]
+        assert c["stream"] == 0x5EA and c["dims"][:3] == (3, 1, 1) and c["func"] == 0xF00
+        m(x)
+        assert len(m._kz_preps) == 1 and len(cuda.calls) == 2  # prepared once per shape
+        odd = torch.randn(3 * 64 + 1, dtype=torch.bfloat16)[1:].view(3, 64)  # 2-byte offset
+        m(odd)
+        assert cuda.calls[-1]["ptrs"][1] % 16 == 0 and cuda.calls[-1]["ptrs"][1] != odd.data_ptr()
+        y = torch.randn(3, 63, dtype=torch.bfloat16)  # 189 elements: not a multiple of 8
+        assert torch.equal(m(y), torch.nn.functional.silu(y)) and len(cuda.calls) == 3
+        assert core.launch_counts(m) == {"<root>": 3}
+    failing = FakeCuda(2, "l", result=700)
+    stub.init(ctypes.cast(failing.cuLaunchKernel, ctypes.c_void_p).value)
+    cuda.cuGetErrorString = lambda res, out: 0  # no name for it: "?"
+    with torch.no_grad(), pytest.raises(RuntimeError, match="launching e: CUDA error 700"):
+        m(x)
