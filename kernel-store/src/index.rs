@@ -90,8 +90,9 @@ struct Entry {
 struct DtypeVerdict {
     dtype: DType,
     cols: VerdictCols,
-    /// Boxed: the policy walks `cols` of many verdicts and reads few of these.
-    parts: Box<VerdictParts>,
+    /// Shared: the policy walks `cols` of many verdicts and reads few of these, which a
+    /// resolve's failing lines then hold without a copy.
+    parts: Arc<VerdictParts>,
 }
 
 /// The columns of `verification_verdicts` that `policy_condition` reads, as stored.
@@ -145,6 +146,17 @@ fn passes(d: &VerdictCols, policy: &Policy) -> bool {
         && policy
             .max_mismatch_fraction
             .is_none_or(|x| d.max_mismatch_fraction.is_none_or(|v| v <= x))
+}
+
+/// A verdict of one dtype as a policy checks it: `passes` is the SQL policy condition
+/// (`policy_condition`) over the stored columns, in memory.
+#[derive(Debug, Clone)]
+pub struct VerdictCheck(VerdictCols);
+
+impl VerdictCheck {
+    pub fn passes(&self, policy: &Policy) -> bool {
+        passes(&self.0, policy)
+    }
 }
 
 impl Entry {
@@ -215,13 +227,15 @@ impl Index {
     }
 
     /// `k` as a resolve's candidate on `arch`, with its newest verification there (`newest`).
+    /// Without a policy: `passes` is false and `certifying_keys` is counted (see
+    /// `VerdictIndex::policy_free_inputs`).
     fn candidate(
         &self,
         k: &Kernel,
         newest: Option<&Arc<Entry>>,
         arch: Arch,
         dtype: DType,
-        policy: &Policy,
+        policy: Option<&Policy>,
     ) -> NewestVerdict {
         let digest = k.candidate.digest.as_str();
         let on = newest.map(|e| VerdictOn {
@@ -232,8 +246,8 @@ impl Index {
             class: e.class.clone(),
             suite_version: e.suite_version.clone(),
             driver_version: e.driver_version.clone(),
-            passes: e.verdict(dtype).is_some_and(|d| passes(&d.cols, policy)),
-            certifying_keys: if policy.confirmations > 0 {
+            passes: policy.is_some_and(|p| e.verdict(dtype).is_some_and(|d| passes(&d.cols, p))),
+            certifying_keys: if policy.is_none_or(|p| p.confirmations > 0) {
                 self.certifying_keys(digest, e)
             } else {
                 0
@@ -252,6 +266,25 @@ impl Index {
             kernel: k.candidate.clone(),
             on,
             elsewhere,
+        }
+    }
+
+    fn ranking_input(
+        &self,
+        k: &Kernel,
+        newest: Option<&Arc<Entry>>,
+        arch: Arch,
+        dtype: DType,
+        policy: Option<&Policy>,
+    ) -> RankingInput {
+        RankingInput {
+            candidate: self.candidate(k, newest, arch, dtype, policy),
+            coverage: newest
+                .and_then(|e| e.coverage_at(dtype).cloned())
+                .unwrap_or_else(|| Arc::from([])),
+            speeds: newest
+                .and_then(|e| e.speeds_at(dtype).cloned())
+                .unwrap_or_else(|| Arc::from([])),
         }
     }
 
@@ -563,7 +596,7 @@ impl Store {
                         max_abs_diff: r.try_get("max_abs_diff")?,
                         max_mismatch_fraction: r.try_get("max_mismatch_fraction")?,
                     },
-                    parts: Box::new(VerdictParts {
+                    parts: Arc::new(VerdictParts {
                         verdict: Some(verdict),
                         models,
                     }),
@@ -730,7 +763,7 @@ impl VerdictIndex {
     ) -> Vec<NewestVerdict> {
         let ix = self.read();
         ix.group(op, semantics)
-            .map(|k| ix.candidate(k, k.newest_on(arch), arch, dtype, policy))
+            .map(|k| ix.candidate(k, k.newest_on(arch), arch, dtype, Some(policy)))
             .collect()
     }
 
@@ -764,21 +797,37 @@ impl VerdictIndex {
         let mut out = Vec::new();
         for k in ix.group(op, semantics) {
             let newest = k.newest_on(arch);
-            out.push(RankingInput {
-                candidate: ix.candidate(k, newest, arch, dtype, policy),
-                coverage: newest
-                    .and_then(|e| e.coverage_at(dtype).cloned())
-                    .unwrap_or_else(|| Arc::from([])),
-                speeds: newest
-                    .and_then(|e| e.speeds_at(dtype).cloned())
-                    .unwrap_or_else(|| Arc::from([])),
-            });
+            out.push(ix.ranking_input(k, newest, arch, dtype, Some(policy)));
         }
         out
     }
 
-    /// `Store::verdict_parts` from memory (for verifications it holds; others have no verdict).
-    pub fn verdict_parts(&self, ids: &[i64], dtype: DType) -> HashMap<i64, VerdictParts> {
+    /// `ranking_inputs` for any policy: each candidate's `passes` is false and its
+    /// `certifying_keys` counted, with its dtype's `VerdictCheck` (`None`: no verdict of the
+    /// dtype on the architecture, so no policy passes it). A ranking for a policy is then a
+    /// pass over these in memory (the server keeps them per answer generation).
+    pub fn policy_free_inputs(
+        &self,
+        op: Op,
+        semantics: Semantics,
+        arch: Arch,
+        dtype: DType,
+    ) -> Vec<(RankingInput, Option<VerdictCheck>)> {
+        let ix = self.read();
+        ix.group(op, semantics)
+            .map(|k| {
+                let newest = k.newest_on(arch);
+                let check = newest
+                    .and_then(|e| e.verdict(dtype))
+                    .map(|d| VerdictCheck(d.cols.clone()));
+                (ix.ranking_input(k, newest, arch, dtype, None), check)
+            })
+            .collect()
+    }
+
+    /// `Store::verdict_parts` from memory (for verifications it holds; others have no verdict),
+    /// shared with the index.
+    pub fn verdict_parts(&self, ids: &[i64], dtype: DType) -> HashMap<i64, Arc<VerdictParts>> {
         let ix = self.read();
         ids.iter()
             .map(|id| {
@@ -786,10 +835,12 @@ impl VerdictIndex {
                     .entries
                     .get(id)
                     .and_then(|e| e.verdict(dtype))
-                    .map(|d| (*d.parts).clone())
-                    .unwrap_or(VerdictParts {
-                        verdict: None,
-                        models: vec![],
+                    .map(|d| d.parts.clone())
+                    .unwrap_or_else(|| {
+                        Arc::new(VerdictParts {
+                            verdict: None,
+                            models: vec![],
+                        })
                     });
                 (*id, parts)
             })
@@ -898,9 +949,14 @@ impl VerdictSource<'_> {
         &self,
         ids: &[i64],
         dtype: DType,
-    ) -> Result<HashMap<i64, VerdictParts>> {
+    ) -> Result<HashMap<i64, Arc<VerdictParts>>> {
         match self {
-            VerdictSource::Sql(s) => s.verdict_parts(ids, dtype).await,
+            VerdictSource::Sql(s) => Ok(s
+                .verdict_parts(ids, dtype)
+                .await?
+                .into_iter()
+                .map(|(id, p)| (id, Arc::new(p)))
+                .collect()),
             VerdictSource::Index(i) => Ok(i.verdict_parts(ids, dtype)),
         }
     }

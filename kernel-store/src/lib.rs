@@ -23,7 +23,7 @@ mod worker_keys;
 
 pub use audit::AuditEntry;
 pub use field::{FieldGroup, FieldRow};
-pub use index::{RankingInput, VerdictIndex, VerdictSource};
+pub use index::{RankingInput, VerdictCheck, VerdictIndex, VerdictSource};
 pub use jobs::{Holder, JobRow, JobState, WidthJob, DEFAULT_MAX_ATTEMPTS};
 pub use kernels::{Inserted, KernelQuery, KernelRow, StoredSource};
 pub use newest::{

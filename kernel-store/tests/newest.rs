@@ -707,7 +707,11 @@ async fn verdict_index_matches_sql(s: &Store) {
                         "{ctx}"
                     );
                     assert_eq!(
-                        index.verdict_parts(&ids, dtype),
+                        index
+                            .verdict_parts(&ids, dtype)
+                            .into_iter()
+                            .map(|(id, p)| (id, (*p).clone()))
+                            .collect::<std::collections::HashMap<_, _>>(),
                         s.verdict_parts(&ids, dtype).await.unwrap(),
                         "{ctx}"
                     );

@@ -134,8 +134,9 @@ fn rss_kib() -> u64 {
 async fn profile(db: &str, asks: u64, dir: &std::path::Path) -> anyhow::Result<()> {
     use kernel_registry::{DType, Op, Policy, Semantics};
     use kernel_store::{KernelQuery, VerdictSource};
-    use kernelize::resolve::{ranking_from, Query};
+    use kernelize::resolve::{ranking, ranking_from, PoolCache, Query};
     let s = Store::open(db).await?;
+    let pools = PoolCache::default();
     let mut t = Timings::default();
     let rss_before = rss_kib();
     let t0 = Instant::now();
@@ -217,6 +218,15 @@ async fn profile(db: &str, asks: u64, dir: &std::path::Path) -> anyhow::Result<(
         t.add("index: whole ranking", t0);
         let again = serde_json::to_vec(&r.resolution(&s, &q).await?)?;
         anyhow::ensure!(again == json, "the index and SQL answers differ");
+        // What `serve` does: the policy over the pool kept for the query's group and width
+        // (made by the first ask, then kept until a write).
+        let t0 = Instant::now();
+        let r = ranking(&s, &q, None, Some(&pools)).await?;
+        t.add("index: ranking over a kept pool (a new policy)", t0);
+        let t0 = Instant::now();
+        let kept = serde_json::to_vec(&r.resolution(&s, &q).await?)?;
+        t.add("answer from a ranking over a kept pool", t0);
+        anyhow::ensure!(kept == json, "the kept pool's and SQL answers differ");
         let list = KernelQuery::default();
         let t0 = Instant::now();
         let ids = s.approved_ids(&list, &policy).await?;

@@ -96,6 +96,9 @@ pub struct AppState {
     pub counts: Arc<crate::answers::GenerationCache<i64>>,
     /// Rankings of resolves (every field of the query but `rows`), per query.
     pub rankings: Arc<crate::answers::GenerationCache<Arc<crate::resolve::Ranking>>>,
+    /// What rankings are made from (every field of the query but policy, rows and runtime),
+    /// so that a policy never asked before is ranked in memory.
+    pub pools: Arc<crate::resolve::PoolCache>,
     /// The ids of policy-filtered lists in list order, per filter (whatever the page).
     pub approved: Arc<crate::answers::GenerationCache<Arc<Vec<i64>>>>,
     /// The dashboard overview's store reads, per filter and page.
@@ -116,6 +119,9 @@ impl AppState {
             overview: Arc::default(),
             counts: Arc::default(),
             rankings: Arc::new(crate::answers::GenerationCache::bounded(
+                crate::answers::MAX_KEPT_LISTS,
+            )),
+            pools: Arc::new(crate::answers::GenerationCache::bounded(
                 crate::answers::MAX_KEPT_LISTS,
             )),
             approved: Arc::new(crate::answers::GenerationCache::bounded(

@@ -12,6 +12,12 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
+/// mimalloc instead of the system allocator: a resolve ranked for a policy never asked before
+/// writes a few hundred short lines, and glibc's malloc spent about a quarter of the server's
+/// time on them under load (`perf`, bench/LOAD.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| "info,sqlx=warn,tower_http=info".into());

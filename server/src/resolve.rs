@@ -16,7 +16,8 @@ pub use kernel_registry::report::{speed_at, SpeedAt};
 use kernel_registry::report::{Coverage, ShapeRequest};
 use kernel_registry::{Arch, DType, Op, Policy, Runtime, Semantics};
 use kernel_store::{
-    CandidateKernel, KernelRow, Store, StoreError, VerdictOn, VerdictSource, WidthJob,
+    CandidateKernel, KernelRow, RankingInput, Store, StoreError, VerdictCheck, VerdictOn,
+    VerdictSource, WidthJob,
 };
 use serde::Serialize;
 use std::collections::HashMap;
@@ -231,26 +232,28 @@ pub async fn resolve_queueing(
     q: &Query,
     queueing: Option<&Queueing>,
 ) -> Result<Resolution, StoreError> {
-    ranking(store, q, queueing)
+    ranking(store, q, queueing, None)
         .await?
         .resolution(store, q)
         .await
 }
 
-/// A kernel that qualifies for a ranking's query, with what ranking it by a shape and
+/// A kernel of a pool verified on its architecture, with what ranking it by a shape and
 /// answering with it need.
 #[derive(Debug, Clone)]
 struct Qualifying {
     /// `name version`.
-    label: String,
+    label: Arc<str>,
     digest: kernel_registry::Digest,
+    /// Its newest verdict on the arch (`passes` is not read: the policy is checked by
+    /// `Passes`).
     verdict: VerdictOn,
-    /// Its verification's coverage of the dtype (it covers the asked width).
+    /// Its verification's coverage of the dtype.
     coverage: Arc<[Coverage]>,
     /// Its verification's timed cases of the dtype, in case order (shared with the verdict
     /// index).
     cases: Arc<[SpeedAt]>,
-    /// Where the shapes of its cases are in `Ranking::layouts`.
+    /// Where the shapes of its cases are in `Pool::layouts` (covered kernels only).
     layout: usize,
 }
 
@@ -265,12 +268,12 @@ fn also_line(k: &Qualifying, speed: &SpeedAt) -> String {
 
 /// The shapes of a kernel's timed cases, in case order, as ranking by them needs: each
 /// one's distance from the query's `cols` (as `nearest_speed` computes it) and where its row
-/// count is in `Ranking::case_rows`. Kernels verified by one suite share one.
+/// count is in `Pool::case_rows`. Kernels verified by one suite share one.
 type Layout = Vec<(f64, usize)>;
 
 /// Which timed case of each layout is nearest a query's rows x cols (`None`: it has none), so
-/// of each qualifying kernel: all of an answer that `rows` decides, but for the chosen
-/// kernel's row coverage.
+/// of each covered kernel: all of an answer that `rows` decides, but for the chosen kernel's
+/// row coverage.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Shape(Vec<Option<u32>>);
 
@@ -278,12 +281,211 @@ pub struct Shape(Vec<Option<u32>>);
 /// timed case ran one row count; past the bound they are dropped and made again in memory).
 const MAX_TEXTS_PER_RANKING: usize = 8;
 
-/// What the answer shows of a chosen kernel beyond its ranking's row, read once per ranking.
+/// The most speed orders a pool keeps (one per `Shape`, as the texts).
+const MAX_ORDERS_PER_POOL: usize = 64;
+
+/// What the answer shows of a chosen kernel beyond its ranking's row, read once per pool.
 #[derive(Debug)]
 struct ChosenParts {
     kernel: KernelRow,
     verdict: kernel_registry::report::Verdict,
     stale: Vec<String>,
+}
+
+/// How a pool entry's verdict meets a policy.
+#[derive(Debug)]
+enum Passes {
+    /// As read from the database for the one policy the pool was read for (the SQL twin).
+    Read(bool),
+    /// Checked in memory for any policy (`None`: no verdict of the dtype, so none passes).
+    Check(Option<VerdictCheck>),
+}
+
+impl Passes {
+    fn passes(&self, policy: &Policy) -> bool {
+        match self {
+            Passes::Read(p) => *p,
+            Passes::Check(c) => c.as_ref().is_some_and(|c| c.passes(policy)),
+        }
+    }
+}
+
+/// One candidate of a pool, in list order: what the policy does not decide.
+#[derive(Debug)]
+struct PoolEntry {
+    label: Arc<str>,
+    python: bool,
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    /// Out whatever the policy (it cannot serve the shape, or was never verified on the
+    /// arch): its excluded line.
+    Out(String),
+    Verified {
+        k: Box<Qualifying>,
+        passes: Passes,
+        /// `Err`: why its coverage does not reach the asked width.
+        covered: Result<(), String>,
+    },
+}
+
+/// The candidates of an op group on one (arch, dtype, width), each with its newest verdict
+/// there, its coverage of the width and its timed cases: everything of a ranking but the
+/// policy's check, so a ranking for any policy is one pass over it in memory. The server keeps
+/// pools per answer generation (`PoolCache`); a policy never seen before then costs that pass,
+/// not a read of the group.
+#[derive(Debug)]
+pub struct Pool {
+    entries: Vec<PoolEntry>,
+    /// Every row count of the covered kernels' timed cases, sorted.
+    case_rows: Vec<u64>,
+    /// The distinct layouts of the covered kernels' timed cases.
+    layouts: Vec<Layout>,
+    /// Per shape: the covered entries, fastest first (list order among equals).
+    orders: Mutex<HashMap<Shape, Arc<[u32]>>>,
+    /// The chosen kernels' rows, verdicts and staleness, by verification id, as they are read.
+    chosen: Mutex<HashMap<i64, Arc<ChosenParts>>>,
+}
+
+/// Pools kept per answer generation, by `Pool::key`.
+pub type PoolCache = crate::answers::GenerationCache<Arc<Pool>>;
+
+impl Pool {
+    /// The key of `q`'s pool: the query without its policy, rows and runtime.
+    pub fn key(q: &Query) -> String {
+        format!("{}|{}|{}|{}|{}", q.op, q.semantics, q.arch, q.dtype, q.cols)
+    }
+
+    /// The pool of `q`'s group from `inputs` (list order).
+    fn new(inputs: Vec<(RankingInput, Passes)>, q: &Query) -> Pool {
+        let mut entries = Vec::with_capacity(inputs.len());
+        for (input, passes) in inputs {
+            let c = input.candidate;
+            let k = c.kernel;
+            let label: Arc<str> = Arc::from(format!("{} {}", k.name, k.version));
+            let python = k.runtime == Runtime::Python;
+            let kind = if let Some(why) = shape_exclusion(&k, q) {
+                Kind::Out(format!("{label}: {why}"))
+            } else {
+                match c.on {
+                    None if c.elsewhere.is_empty() => Kind::Out(format!(
+                        "{label}: never verified; a kernel that was never verified is never handed out"
+                    )),
+                    None => {
+                        let on: Vec<String> = c.elsewhere.iter().map(|a| a.to_string()).collect();
+                        Kind::Out(format!(
+                            "{label}: not verified on {} (only on {})",
+                            q.arch,
+                            on.join(", ")
+                        ))
+                    }
+                    Some(v) => Kind::Verified {
+                        covered: covered_at(q.op, &input.coverage, q).map(|_| ()),
+                        k: Box::new(Qualifying {
+                            label: label.clone(),
+                            digest: k.digest.clone(),
+                            verdict: v,
+                            coverage: input.coverage,
+                            cases: input.speeds,
+                            layout: usize::MAX,
+                        }),
+                        passes,
+                    },
+                }
+            };
+            entries.push(PoolEntry {
+                label,
+                python,
+                kind,
+            });
+        }
+        let mut case_rows: Vec<u64> = entries
+            .iter()
+            .filter_map(Self::covered)
+            .flat_map(|k| k.cases.iter().map(|s| s.rows))
+            .collect();
+        case_rows.sort_unstable();
+        case_rows.dedup();
+        let mut layouts: Vec<Layout> = vec![];
+        let mut layout_of: HashMap<Vec<(u64, usize)>, usize> = HashMap::new();
+        for e in &mut entries {
+            let Kind::Verified {
+                k, covered: Ok(()), ..
+            } = &mut e.kind
+            else {
+                continue;
+            };
+            let layout: Layout = k
+                .cases
+                .iter()
+                .map(|s| {
+                    let cols_distance = ((s.cols.max(1) as f64) / (q.cols.max(1) as f64))
+                        .log2()
+                        .abs();
+                    let rows_at = case_rows.binary_search(&s.rows).unwrap_or_default();
+                    (cols_distance, rows_at)
+                })
+                .collect();
+            let bits = layout.iter().map(|(d, r)| (d.to_bits(), *r)).collect();
+            k.layout = *layout_of.entry(bits).or_insert_with(|| {
+                layouts.push(layout);
+                layouts.len() - 1
+            });
+        }
+        Pool {
+            entries,
+            case_rows,
+            layouts,
+            orders: Mutex::default(),
+            chosen: Mutex::default(),
+        }
+    }
+
+    /// The entry's kernel if it is verified and covers the width.
+    fn covered(e: &PoolEntry) -> Option<&Qualifying> {
+        match &e.kind {
+            Kind::Verified {
+                k, covered: Ok(()), ..
+            } => Some(k),
+            _ => None,
+        }
+    }
+
+    /// Entry `i`'s kernel (`i` from `order` or a ranking's members: a covered entry).
+    fn kernel(&self, i: u32) -> &Qualifying {
+        Self::covered(&self.entries[i as usize]).expect("a ranked entry is covered")
+    }
+
+    /// The covered entries fastest first by their nearest case for `shape` (a stable sort:
+    /// list order among equals), made once per shape.
+    fn order(&self, shape: &Shape) -> Arc<[u32]> {
+        if let Some(o) = self.orders_lock().get(shape) {
+            return o.clone();
+        }
+        let g = |i: &u32| Ranking::case_of(self.kernel(*i), shape).map_or(0.0, |c| c.gbps);
+        let mut order: Vec<u32> = (0..self.entries.len() as u32)
+            .filter(|i| Self::covered(&self.entries[*i as usize]).is_some())
+            .collect();
+        order.sort_by(|a, b| g(b).total_cmp(&g(a)));
+        let order: Arc<[u32]> = Arc::from(order);
+        let mut orders = self.orders_lock();
+        if orders.len() >= MAX_ORDERS_PER_POOL {
+            orders.clear();
+        }
+        orders.insert(shape.clone(), order.clone());
+        order
+    }
+
+    // A panic while holding either lock leaves a map of complete entries: still good to read.
+    fn orders_lock(&self) -> std::sync::MutexGuard<'_, HashMap<Shape, Arc<[u32]>>> {
+        self.orders.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn chosen_lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Arc<ChosenParts>>> {
+        self.chosen.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// The part of a resolve that the store decides: which kernels qualify for (op, semantics,
@@ -294,89 +496,122 @@ struct ChosenParts {
 /// the store's answer generation does (`crate::answers`).
 #[derive(Debug)]
 pub struct Ranking {
-    /// In list order.
-    qualifying: Vec<Qualifying>,
+    pool: Arc<Pool>,
+    /// Per pool entry: whether it qualifies (meets the policy and covers the width).
+    member: Vec<bool>,
+    /// How many do.
+    qualifying_total: usize,
     excluded: Vec<String>,
     excluded_total: usize,
     queued_jobs: Vec<QueuedJob>,
     queue_full: Option<String>,
     unverified_width: Vec<String>,
-    /// Every row count of the qualifying kernels' timed cases, sorted.
-    case_rows: Vec<u64>,
-    /// The distinct layouts of the qualifying kernels' timed cases.
-    layouts: Vec<Layout>,
-    /// The chosen kernels' rows, verdicts and staleness, by verification id, as they are read.
-    chosen: Mutex<HashMap<i64, Arc<ChosenParts>>>,
     /// Answer texts without the chosen kernel's coverage, per shape (`crate::api::resolve`).
     texts: Mutex<HashMap<Shape, bytes::Bytes>>,
 }
 
-/// The store's part of resolving `q`: every candidate with its newest verdict on the arch and
-/// the policy's check of it, then the coverage and speeds of those that pass and the verdicts
-/// of the failing lines listed, read from the store's verdict index (in memory, brought to the
-/// store's answer generation). Queues verifications of an unverified width when `queueing`
-/// allows (a ranking that did is not `keepable`).
+/// The store's part of resolving `q`: every candidate with its newest verdict on the arch,
+/// coverage and speeds, from the store's verdict index (in memory, brought to the store's
+/// answer generation) as a `Pool` (kept in `pools` per generation when given), then the
+/// policy's check of each and the verdicts of the failing lines listed. Queues verifications
+/// of an unverified width when `queueing` allows (a ranking that did is not `keepable`).
 pub async fn ranking(
     store: &Store,
     q: &Query,
     queueing: Option<&Queueing>,
+    pools: Option<&PoolCache>,
 ) -> Result<Ranking, StoreError> {
     let generation = store.answer_generation().await?;
-    let index = store.verdict_index(generation).await?;
-    ranking_from(VerdictSource::Index(index), store, q, queueing).await
+    ranking_at(store, generation, q, queueing, pools).await
 }
 
-/// `ranking` with its candidates and verdicts read from `source`: the index, or the database
-/// (one query for the candidates and the policy's check, then one each for coverage, speeds
-/// and the failing lines' verdicts), the twin the tests compare it with.
+/// `ranking` at the answer `generation` the caller read (the store's now, or older).
+pub async fn ranking_at(
+    store: &Store,
+    generation: i64,
+    q: &Query,
+    queueing: Option<&Queueing>,
+    pools: Option<&PoolCache>,
+) -> Result<Ranking, StoreError> {
+    let index = store.verdict_index(generation).await?;
+    let key = Pool::key(q);
+    let pool = match pools.and_then(|p| p.get(&key, generation)) {
+        Some(p) => p,
+        None => {
+            let inputs = index
+                .policy_free_inputs(q.op, q.semantics, q.arch, q.dtype)
+                .into_iter()
+                .map(|(i, check)| (i, Passes::Check(check)))
+                .collect();
+            let p = Arc::new(Pool::new(inputs, q));
+            if let Some(pools) = pools {
+                pools.insert(key, generation, p.clone());
+            }
+            p
+        }
+    };
+    rank(pool, VerdictSource::Index(index), store, q, queueing).await
+}
+
+/// `ranking` with its candidates and verdicts read from `source` for `q`'s policy: the index,
+/// or the database (one query for the candidates and the policy's check, then one each for
+/// coverage, speeds and the failing lines' verdicts), the twin the tests compare it with.
 pub async fn ranking_from(
     source: VerdictSource<'_>,
     store: &Store,
     q: &Query,
     queueing: Option<&Queueing>,
 ) -> Result<Ranking, StoreError> {
-    let candidates = source
+    let inputs = source
         .ranking_inputs(q.op, q.semantics, q.arch, q.dtype, &q.policy)
-        .await?;
+        .await?
+        .into_iter()
+        .map(|i| {
+            let passes = Passes::Read(i.candidate.on.as_ref().is_some_and(|v| v.passes));
+            (i, passes)
+        })
+        .collect();
+    rank(Arc::new(Pool::new(inputs, q)), source, store, q, queueing).await
+}
+
+/// `q`'s policy over `pool`: which kernels qualify, and why each other one is out.
+async fn rank(
+    pool: Arc<Pool>,
+    source: VerdictSource<'_>,
+    store: &Store,
+    q: &Query,
+    queueing: Option<&Queueing>,
+) -> Result<Ranking, StoreError> {
     let wanted = q.policy.confirmations as i64;
     let mut excluded = Excluded::default();
     let mut queued_jobs = Vec::new();
     let mut queue_full = None;
     let mut unverified_width = Vec::new();
-    let mut qualifying: Vec<Qualifying> = Vec::new();
-    for input in candidates {
-        let c = input.candidate;
-        let k = c.kernel;
-        let label = format!("{} {}", k.name, k.version);
-        if k.runtime == Runtime::Python && !q.include_python {
+    let mut member = vec![false; pool.entries.len()];
+    let mut qualifying_total = 0;
+    for (i, e) in pool.entries.iter().enumerate() {
+        let label = &e.label;
+        if e.python && !q.include_python {
             excluded.push(|| format!(
                 "{label}: a Python candidate (runtime = \"python\"); ask with runtime=any to consider Python candidates (a client runs them only when its caller opts in)"
             ));
             continue;
         }
-        if let Some(why) = shape_exclusion(&k, q) {
-            excluded.push(|| format!("{label}: {why}"));
-            continue;
-        }
-        let Some(v) = c.on else {
-            let elsewhere = c.elsewhere;
-            excluded.push(|| {
-                if elsewhere.is_empty() {
-                    format!(
-                        "{label}: never verified; a kernel that was never verified is never handed out"
-                    )
-                } else {
-                    let on: Vec<String> = elsewhere.iter().map(|a| a.to_string()).collect();
-                    format!("{label}: not verified on {} (only on {})", q.arch, on.join(", "))
+        let (k, covered) = match &e.kind {
+            Kind::Out(line) => {
+                excluded.push(|| line.clone());
+                continue;
+            }
+            Kind::Verified { k, passes, covered } => {
+                if !passes.passes(&q.policy) {
+                    // Why, from its verdict: read after the loop for the lines listed.
+                    excluded.push_why_not(label.to_string(), k.verdict.verification_id);
+                    continue;
                 }
-            });
-            continue;
+                (k, covered)
+            }
         };
-        if !v.passes {
-            // Why, from its verdict: read after the loop for the lines listed.
-            excluded.push_why_not(label, v.verification_id);
-            continue;
-        }
+        let v = &k.verdict;
         if v.certifying_keys < wanted {
             excluded.push(|| format!(
                 "{label}: {} worker key(s) certify class {} on {}, the policy asks for {wanted} (confirmed:{wanted}): independent workers with their own registered keys must verify it",
@@ -384,93 +619,59 @@ pub async fn ranking_from(
             ));
             continue;
         }
-        let cov = input.coverage;
-        match covered_at(q.op, &cov, q) {
-            Ok(_) => qualifying.push(Qualifying {
-                label,
-                digest: k.digest.clone(),
-                verdict: v,
-                coverage: cov,
-                cases: input.speeds,
-                layout: 0,
-            }),
-            Err(why) => {
-                unverified_width.push(label.clone());
-                let mut line = format!("{label}: {why}");
-                let shape = width_shape(q.op, q);
-                let asked_before = v.requested_cols.contains(&q.cols);
-                match (queueing, shape) {
-                    (_, Err(e)) => line.push_str(&format!("; cannot queue a verification of this width: {e}")),
-                    (_, Ok(_)) if asked_before => line.push_str(&format!(
-                        "; verification {} was asked for cols {} and did not cover it (its cases there did not run), so it is not queued again: see /v1/verifications/{}",
-                        v.verification_id, q.cols, v.verification_id
-                    )),
-                    (None, Ok(_)) => line.push_str(
-                        "; GET /v1/resolve with this width queues a verification of it",
-                    ),
-                    (Some(qu), Ok(shape)) => {
-                        let outcome = store
-                            .queue_width_job(&k.digest, shape, q.arch, qu.max_pending, &qu.actor)
-                            .await?;
-                        let (j, new) = match outcome {
-                            WidthJob::Queued(j) => (j, true),
-                            WidthJob::Existing(j) => (j, false),
-                            WidthJob::CapReached(n) => {
-                                let why = format!(
-                                    "{n} verifications of unverified widths are pending (the cap); nothing more is queued until workers finish some: ask again later"
-                                );
-                                line.push_str(&format!("; not queued: {why}"));
-                                queue_full = Some(why);
-                                excluded.push(|| line);
-                                continue;
-                            }
-                        };
-                        let shown = j.shapes.first().copied().unwrap_or(shape);
-                        line.push_str(&format!(
-                            "; a verification of {shown} is {} (job {}, /v1/jobs/{})",
-                            j.state,
-                            j.id,
-                            j.id
-                        ));
-                        queued_jobs.push(QueuedJob {
-                            kernel: label.clone(),
-                            digest: k.digest.clone(),
-                            job_id: j.id,
-                            job_url: format!("/v1/jobs/{}", j.id),
-                            shape: shown.to_string(),
-                            new,
-                        });
+        let Err(why) = covered else {
+            member[i] = true;
+            qualifying_total += 1;
+            continue;
+        };
+        unverified_width.push(label.to_string());
+        let mut line = format!("{label}: {why}");
+        let shape = width_shape(q.op, q);
+        let asked_before = v.requested_cols.contains(&q.cols);
+        match (queueing, shape) {
+            (_, Err(e)) => line.push_str(&format!("; cannot queue a verification of this width: {e}")),
+            (_, Ok(_)) if asked_before => line.push_str(&format!(
+                "; verification {} was asked for cols {} and did not cover it (its cases there did not run), so it is not queued again: see /v1/verifications/{}",
+                v.verification_id, q.cols, v.verification_id
+            )),
+            (None, Ok(_)) => line.push_str(
+                "; GET /v1/resolve with this width queues a verification of it",
+            ),
+            (Some(qu), Ok(shape)) => {
+                let outcome = store
+                    .queue_width_job(&k.digest, shape, q.arch, qu.max_pending, &qu.actor)
+                    .await?;
+                let (j, new) = match outcome {
+                    WidthJob::Queued(j) => (j, true),
+                    WidthJob::Existing(j) => (j, false),
+                    WidthJob::CapReached(n) => {
+                        let why = format!(
+                            "{n} verifications of unverified widths are pending (the cap); nothing more is queued until workers finish some: ask again later"
+                        );
+                        line.push_str(&format!("; not queued: {why}"));
+                        queue_full = Some(why);
+                        excluded.push(|| line);
+                        continue;
                     }
-                }
-                excluded.push(|| line);
+                };
+                let shown = j.shapes.first().copied().unwrap_or(shape);
+                line.push_str(&format!(
+                    "; a verification of {shown} is {} (job {}, /v1/jobs/{})",
+                    j.state,
+                    j.id,
+                    j.id
+                ));
+                queued_jobs.push(QueuedJob {
+                    kernel: label.to_string(),
+                    digest: k.digest.clone(),
+                    job_id: j.id,
+                    job_url: format!("/v1/jobs/{}", j.id),
+                    shape: shown.to_string(),
+                    new,
+                });
             }
         }
-    }
-    let mut case_rows: Vec<u64> = qualifying
-        .iter()
-        .flat_map(|k| k.cases.iter().map(|s| s.rows))
-        .collect();
-    case_rows.sort_unstable();
-    case_rows.dedup();
-    let mut layouts: Vec<Layout> = vec![];
-    let mut layout_of: HashMap<Vec<(u64, usize)>, usize> = HashMap::new();
-    for k in &mut qualifying {
-        let layout: Layout = k
-            .cases
-            .iter()
-            .map(|s| {
-                let cols_distance = ((s.cols.max(1) as f64) / (q.cols.max(1) as f64))
-                    .log2()
-                    .abs();
-                let rows_at = case_rows.binary_search(&s.rows).unwrap_or_default();
-                (cols_distance, rows_at)
-            })
-            .collect();
-        let bits = layout.iter().map(|(d, r)| (d.to_bits(), *r)).collect();
-        k.layout = *layout_of.entry(bits).or_insert_with(|| {
-            layouts.push(layout);
-            layouts.len() - 1
-        });
+        excluded.push(|| line);
     }
     // The verdicts of the failing lines listed.
     let mut parts = source
@@ -478,15 +679,14 @@ pub async fn ranking_from(
         .await?;
     let excluded_total = excluded.total;
     Ok(Ranking {
-        qualifying,
+        pool,
+        member,
+        qualifying_total,
         excluded: excluded.render(&mut parts, q),
         excluded_total,
         queued_jobs,
         queue_full,
         unverified_width,
-        case_rows,
-        layouts,
-        chosen: Mutex::default(),
         texts: Mutex::default(),
     })
 }
@@ -503,6 +703,7 @@ impl Ranking {
     /// row count (rows).
     pub fn shape(&self, q: &Query) -> Shape {
         let rows_distance: Vec<f64> = self
+            .pool
             .case_rows
             .iter()
             .map(|&c| {
@@ -512,7 +713,8 @@ impl Ranking {
             })
             .collect();
         Shape(
-            self.layouts
+            self.pool
+                .layouts
                 .iter()
                 .map(|layout| {
                     // The first of equally near cases, as `Iterator::min_by` keeps it.
@@ -534,17 +736,12 @@ impl Ranking {
         shape.0[k.layout].map(|i| &k.cases[i as usize])
     }
 
-    /// The qualifying kernels with their nearest case for `shape`, fastest first (a stable
-    /// sort keeps list order among equals).
-    fn ranked<'a>(&'a self, shape: &Shape) -> Vec<(&'a Qualifying, Option<&'a SpeedAt>)> {
-        let mut ranked: Vec<(&Qualifying, Option<&SpeedAt>)> = self
-            .qualifying
-            .iter()
-            .map(|k| (k, Self::case_of(k, shape)))
-            .collect();
-        let g = |c: &Option<&SpeedAt>| c.map(|c| c.gbps).unwrap_or(0.0);
-        ranked.sort_by(|a, b| g(&b.1).total_cmp(&g(&a.1)));
-        ranked
+    /// The qualifying kernels, in list order.
+    #[cfg(test)]
+    fn qualifying(&self) -> impl Iterator<Item = &Qualifying> + '_ {
+        (0..self.member.len() as u32)
+            .filter(|i| self.member[*i as usize])
+            .map(|i| self.pool.kernel(i))
     }
 
     /// The chosen kernel's coverage of `q`'s shape (`None`: nothing qualifies): the one part
@@ -554,15 +751,12 @@ impl Ranking {
         shape: &Shape,
         q: &Query,
     ) -> Result<Option<CoverageAt>, StoreError> {
-        // The first of the fastest, as the stable sort of `ranked` puts it first.
-        let mut chosen: Option<(&Qualifying, f64)> = None;
-        for k in &self.qualifying {
-            let gbps = Self::case_of(k, shape).map_or(0.0, |c| c.gbps);
-            if chosen.is_none_or(|(_, best)| gbps.total_cmp(&best).is_gt()) {
-                chosen = Some((k, gbps));
-            }
-        }
-        chosen.map(|(k, _)| Self::coverage_of(k, q)).transpose()
+        // The first of the fastest, as `ranked` puts it first.
+        let order = self.pool.order(shape);
+        let chosen = order.iter().find(|i| self.member[**i as usize]);
+        chosen
+            .map(|i| Self::coverage_of(self.pool.kernel(*i), q))
+            .transpose()
     }
 
     fn coverage_of(k: &Qualifying, q: &Query) -> Result<CoverageAt, StoreError> {
@@ -602,29 +796,8 @@ impl Ranking {
         q: &Query,
         shape: &Shape,
     ) -> Result<Resolution, StoreError> {
-        let mut it = self.ranked(shape).into_iter();
-        let chosen = match it.next() {
-            None => None,
-            Some((k, case)) => {
-                let parts = self.chosen_parts(store, k, q).await?;
-                Some(candidate(
-                    parts.kernel.clone(),
-                    &k.verdict,
-                    parts.verdict.clone(),
-                    Self::coverage_of(k, q)?,
-                    case.cloned(),
-                    parts.stale.clone(),
-                ))
-            }
-        };
-        let also_qualifying_total = it.len();
-        let also_qualifying = it
-            .take(MAX_ALSO_QUALIFYING_LISTED)
-            .map(|(k, case)| match case {
-                Some(c) => also_line(k, c),
-                None => format!("{}: qualifies, slower (no speed measured)", k.label),
-            })
-            .collect();
+        let (chosen, also_qualifying, also_qualifying_total) =
+            self.ranked_at(store, q, shape).await?;
         Ok(Resolution {
             chosen,
             also_qualifying,
@@ -637,8 +810,91 @@ impl Ranking {
         })
     }
 
+    /// `/v1/resolve`'s answer for `q` at `shape` as JSON text, without the chosen kernel's
+    /// coverage (the caller adds it for `q`'s rows); `None` when nothing qualifies. Written
+    /// from the ranking's parts as they are (no copy of its lines).
+    pub async fn answer_text(
+        &self,
+        store: &Store,
+        q: &Query,
+        shape: &Shape,
+    ) -> Result<Option<bytes::Bytes>, StoreError> {
+        let (chosen, also_qualifying, also_qualifying_total) =
+            self.ranked_at(store, q, shape).await?;
+        let Some(c) = chosen else {
+            return Ok(None);
+        };
+        let answer = Answer {
+            also_qualifying: &also_qualifying,
+            also_qualifying_total,
+            class: &c.class,
+            device: &c.device,
+            digest: &c.kernel.digest,
+            excluded: &self.excluded,
+            excluded_total: self.excluded_total,
+            kernel: &c.kernel,
+            policy: q.policy.to_string(),
+            queue_full: &self.queue_full,
+            queued_jobs: &self.queued_jobs,
+            runtime: c.kernel.runtime,
+            source_url: &c.source_url,
+            speed: &c.speed,
+            // The newest verdict on this architecture, stale or not: why it is stale, if so
+            // (`kernelize verify-request --stale` queues its re-verification).
+            stale: &c.stale,
+            summary: &c.summary,
+            verification_id: c.verification_id,
+            verification_url: format!("/v1/verifications/{}", c.verification_id),
+            verified_at: &c.verified_at,
+        };
+        Ok(Some(bytes::Bytes::from(
+            serde_json::to_vec(&answer).expect("an answer serialises"),
+        )))
+    }
+
+    /// The chosen kernel at `shape`, the lines of the next `MAX_ALSO_QUALIFYING_LISTED`
+    /// fastest, and how many others qualify.
+    async fn ranked_at(
+        &self,
+        store: &Store,
+        q: &Query,
+        shape: &Shape,
+    ) -> Result<(Option<Candidate>, Vec<String>, usize), StoreError> {
+        let listed: Vec<(&Qualifying, Option<&SpeedAt>)> = self
+            .pool
+            .order(shape)
+            .iter()
+            .filter(|i| self.member[**i as usize])
+            .take(1 + MAX_ALSO_QUALIFYING_LISTED)
+            .map(|i| {
+                let k = self.pool.kernel(*i);
+                (k, Self::case_of(k, shape))
+            })
+            .collect();
+        let mut it = listed.into_iter();
+        let Some((k, case)) = it.next() else {
+            return Ok((None, vec![], 0));
+        };
+        let parts = self.chosen_parts(store, k, q).await?;
+        let chosen = candidate(
+            parts.kernel.clone(),
+            &k.verdict,
+            parts.verdict.clone(),
+            Self::coverage_of(k, q)?,
+            case.cloned(),
+            parts.stale.clone(),
+        );
+        let also_qualifying = it
+            .map(|(k, case)| match case {
+                Some(c) => also_line(k, c),
+                None => format!("{}: qualifies, slower (no speed measured)", k.label),
+            })
+            .collect();
+        Ok((Some(chosen), also_qualifying, self.qualifying_total - 1))
+    }
+
     /// `k`'s stored row, its verdict for the dtype and why it is stale: read on its first
-    /// choice from this ranking, kept with it after.
+    /// choice from this ranking's pool, kept with the pool after.
     async fn chosen_parts(
         &self,
         store: &Store,
@@ -646,7 +902,7 @@ impl Ranking {
         q: &Query,
     ) -> Result<Arc<ChosenParts>, StoreError> {
         let v = &k.verdict;
-        if let Some(p) = self.chosen_lock().get(&v.verification_id) {
+        if let Some(p) = self.pool.chosen_lock().get(&v.verification_id) {
             return Ok(p.clone());
         }
         let stale = crate::stale::Staleness::new(store)
@@ -672,14 +928,13 @@ impl Ranking {
             verdict,
             stale,
         });
-        self.chosen_lock().insert(v.verification_id, parts.clone());
+        self.pool
+            .chosen_lock()
+            .insert(v.verification_id, parts.clone());
         Ok(parts)
     }
 
-    // A panic while holding either lock leaves a map of complete entries: still good to read.
-    fn chosen_lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Arc<ChosenParts>>> {
-        self.chosen.lock().unwrap_or_else(|e| e.into_inner())
-    }
+    // A panic while holding the lock leaves a map of complete entries: still good to read.
 
     fn texts_lock(&self) -> std::sync::MutexGuard<'_, HashMap<Shape, bytes::Bytes>> {
         self.texts.lock().unwrap_or_else(|e| e.into_inner())
@@ -735,7 +990,7 @@ impl Excluded {
     }
     fn render(
         self,
-        parts: &mut HashMap<i64, kernel_store::VerdictParts>,
+        parts: &mut HashMap<i64, Arc<kernel_store::VerdictParts>>,
         q: &Query,
     ) -> Vec<String> {
         self.lines
@@ -752,6 +1007,31 @@ impl Excluded {
             })
             .collect()
     }
+}
+
+/// `/v1/resolve`'s answer to a query some kernel qualifies for (`Ranking::answer_text`; keys
+/// in the order the answer has always had them).
+#[derive(Serialize)]
+struct Answer<'a> {
+    also_qualifying: &'a [String],
+    also_qualifying_total: usize,
+    class: &'a str,
+    device: &'a str,
+    digest: &'a kernel_registry::Digest,
+    excluded: &'a [String],
+    excluded_total: usize,
+    kernel: &'a KernelRow,
+    policy: String,
+    queue_full: &'a Option<String>,
+    queued_jobs: &'a [QueuedJob],
+    runtime: Runtime,
+    source_url: &'a str,
+    speed: &'a Option<SpeedAt>,
+    stale: &'a [String],
+    summary: &'a kernel_registry::report::Verdict,
+    verification_id: i64,
+    verification_url: String,
+    verified_at: &'a str,
 }
 
 fn candidate(
@@ -855,6 +1135,8 @@ mod tests {
     async fn kept_rankings_answer_as_a_fresh_resolve(s: &Store) {
         seed(s, 30).await;
         let mut chosen = std::collections::BTreeSet::new();
+        // One pool per width serves every policy and rows below.
+        let pools = PoolCache::default();
         for policy in ["bit_exact", "ulp:1", "tolerance", "ulp:0,batch_invariant"] {
             for cols in [1024u64, 4096] {
                 let q = |rows: Option<u64>| Query {
@@ -868,7 +1150,7 @@ mod tests {
                     include_python: false,
                 };
                 for made_for in [None, Some(1), Some(4096)] {
-                    let kept = ranking(s, &q(made_for), None).await.unwrap();
+                    let kept = ranking(s, &q(made_for), None, None).await.unwrap();
                     assert!(kept.keepable());
                     for rows in [
                         None,
@@ -882,7 +1164,7 @@ mod tests {
                     ] {
                         // Each kernel's case is the one `nearest_speed` picks from its speeds.
                         let shape = kept.shape(&q(rows));
-                        for k in &kept.qualifying {
+                        for k in kept.qualifying() {
                             let speeds = k.cases.iter().cloned();
                             assert_eq!(
                                 Ranking::case_of(k, &shape).cloned(),
@@ -892,6 +1174,17 @@ mod tests {
                             );
                         }
                         let fresh = resolve(s, &q(rows)).await.unwrap();
+                        let pooled = ranking(s, &q(rows), None, Some(&pools))
+                            .await
+                            .unwrap()
+                            .resolution(s, &q(rows))
+                            .await
+                            .unwrap();
+                        assert_eq!(
+                            serde_json::to_value(&pooled).unwrap(),
+                            serde_json::to_value(&fresh).unwrap(),
+                            "{policy} cols {cols} rows {rows:?}: a kept pool"
+                        );
                         // The index's answer is the SQL twin's.
                         let sql = ranking_from(VerdictSource::Sql(s), s, &q(rows), None)
                             .await
@@ -931,6 +1224,9 @@ mod tests {
     }
 
     /// The answer from the verdict index and from the SQL twin, as JSON.
+    /// The index's answer is made from `POOLS`, kept across every call of a test (so a pool
+    /// made for one policy ranks the next ones, until a write moves the generation), and is
+    /// compared with a fresh pool's too.
     async fn both(s: &Store, q: &Query) -> (serde_json::Value, serde_json::Value) {
         let sql = ranking_from(VerdictSource::Sql(s), s, q, None)
             .await
@@ -938,11 +1234,19 @@ mod tests {
             .resolution(s, q)
             .await
             .unwrap();
-        let index = resolve(s, q).await.unwrap();
-        (
-            serde_json::to_value(&index).unwrap(),
-            serde_json::to_value(&sql).unwrap(),
-        )
+        let kept = ranking(s, q, None, Some(&POOLS.with(|p| p.clone())))
+            .await
+            .unwrap()
+            .resolution(s, q)
+            .await
+            .unwrap();
+        let index = serde_json::to_value(resolve(s, q).await.unwrap()).unwrap();
+        assert_eq!(serde_json::to_value(&kept).unwrap(), index, "a kept pool");
+        (index, serde_json::to_value(&sql).unwrap())
+    }
+
+    thread_local! {
+        static POOLS: Arc<PoolCache> = Arc::new(PoolCache::default());
     }
 
     /// Every write is in the next answer from the index (which follows the store a write at a

@@ -109,7 +109,16 @@ pub async fn resolve(
                 max_pending: st.config.max_pending_width_jobs,
                 actor: c.actor().to_string(),
             };
-            let r = Arc::new(crate::resolve::ranking(&st.store, &query, Some(&queueing)).await?);
+            let r = Arc::new(
+                crate::resolve::ranking_at(
+                    &st.store,
+                    generation,
+                    &query,
+                    Some(&queueing),
+                    Some(&st.pools),
+                )
+                .await?,
+            );
             if r.keepable() {
                 st.rankings.insert(ranking_key, generation, r.clone());
             }
@@ -124,36 +133,14 @@ pub async fn resolve(
         let text = match rank.kept_text(&shape) {
             Some(t) => t,
             None => {
-                let r = rank.resolution_at(&st.store, &query, &shape).await?;
-                let c = r.chosen.ok_or_else(|| {
-                    AppError::from(kernel_store::StoreError::Corrupt(
-                        "a ranking chose a kernel and then did not".into(),
-                    ))
-                })?;
-                let answer = serde_json::json!({
-                // The newest verdict on this architecture, stale or not: why it is stale, if
-                // so (`kernelize verify-request --stale` queues its re-verification).
-                "stale": c.stale,
-                "policy": query.policy.to_string(),
-                "runtime": c.kernel.runtime,
-                "kernel": c.kernel,
-                "digest": c.kernel.digest,
-                "source_url": c.source_url,
-                "verification_id": c.verification_id,
-                "verification_url": format!("/v1/verifications/{}", c.verification_id),
-                "device": c.device,
-                "verified_at": c.verified_at,
-                "class": c.class,
-                "summary": c.summary,
-                "speed": c.speed,
-                "also_qualifying": r.also_qualifying,
-                "also_qualifying_total": r.also_qualifying_total,
-                "excluded": r.excluded,
-                "excluded_total": r.excluded_total,
-                "queued_jobs": r.queued_jobs,
-                "queue_full": r.queue_full,
-                });
-                let t = Bytes::from(serde_json::to_vec(&answer).expect("answer serialises"));
+                let t = rank
+                    .answer_text(&st.store, &query, &shape)
+                    .await?
+                    .ok_or_else(|| {
+                        AppError::from(kernel_store::StoreError::Corrupt(
+                            "a ranking chose a kernel and then did not".into(),
+                        ))
+                    })?;
                 rank.keep_text(shape, t.clone());
                 t
             }
