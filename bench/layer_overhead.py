@@ -6,7 +6,9 @@
 On a CUDA machine, for each layer (HF LlamaRMSNorm, nn.RMSNorm = F.rms_norm, nn.LayerNorm,
 nn.SiLU, HF LlamaMLP's activation-and-mul) at a decode shape (1 row) and prefill shapes, eager
 and kernelized (the bundled exact kernel from `--kernels`, loaded as a local kernel folder) are
-timed three ways, each in the same process and interleaved so that ratios compare like with like:
+timed three ways, each in the same process and interleaved (each one first in every other repeat)
+so that ratios compare like with like; a ratio is the median over the repeats of the ratio within
+one repeat (the columns' times are the medians of each side):
 
 - `cpu_us`: CPU time to issue one call (wall time of N back-to-back calls, no synchronisation
   inside, divided by N; the GPU queue is drained first and N is below the queue depth). This is
@@ -148,8 +150,9 @@ def main() -> int:
                     for _ in range(20):
                         f(x)
                 m = {k: {"eager": [], "kernelized": []} for k in ("cpu_us", "b2b_us", "event_us")}
-                for _ in range(a.repeats):
-                    for label, f in (("eager", eager), ("kernelized", kz)):
+                for rep in range(a.repeats):
+                    pair = (("eager", eager), ("kernelized", kz))
+                    for label, f in (pair if rep % 2 == 0 else pair[::-1]):  # each goes first half the time
                         m["cpu_us"][label].append(time_cpu(f, x, a.calls))
                         m["b2b_us"][label].append(time_b2b(f, x, a.calls))
                         m["event_us"][label].append(time_event(f, x, max(50, a.calls // 5)))
@@ -158,7 +161,12 @@ def main() -> int:
                  "mismatched": mism, "kernel_launched_calls": launched}
             for k, v in m.items():
                 r[k] = {lab: statistics.median(vals) for lab, vals in v.items()}
-                r[k]["ratio"] = r[k]["kernelized"] / r[k]["eager"]
+                # The ratio within each repeat (eager and kernelized measured next to each
+                # other), median over the repeats: robust to the host's load drifting between
+                # repeats, which moves both alike.
+                r[k]["ratio"] = statistics.median(
+                    kv / ev for ev, kv in zip(v["eager"], v["kernelized"]))
+                r[k]["ratios"] = [round(kv / ev, 4) for ev, kv in zip(v["eager"], v["kernelized"])]
             results.append(r)
             print(f"{name:26s} {rows:5d}x{width:<5d} exact={exact} " + "  ".join(
                 f"{k} {r[k]['eager']:.1f}/{r[k]['kernelized']:.1f} ({r[k]['ratio']:.2f}x)" for k in m), flush=True)
