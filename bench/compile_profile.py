@@ -4,12 +4,14 @@
     PYTHONPATH=python python3 bench/compile_profile.py OUT_DIR [--arch llama] [--new-tokens 8]
 
 On a CUDA machine, for one architecture of `bench/model_bench.py` (same config, random weights)
-in two modes, torch.compile and kernelize + torch.compile, compiled as model_bench compiles them:
+in two modes (`--modes`, default torch.compile and kernelize + torch.compile), compiled as
+model_bench compiles them:
 
 - prefill 1x512 under regional compilation (each decoder block compiled): three forwards under
   `torch.profiler`, after two warm-up forwards;
-- greedy decode with transformers' static cache (`generate` compiles the forward with CUDA
-  graphs): one `generate` of `--new-tokens` tokens under the profiler, after a warm-up one.
+- greedy decode (compiled modes: with transformers' static cache, `generate` compiling the
+  forward with CUDA graphs): one `generate` of `--new-tokens` tokens under the profiler, after a
+  warm-up one.
 
 For each it records the CUDA kernels launched (count and GPU time per forward or per generated
 token, by name) and the CPU time of the top operators, writes OUT_DIR/compile_profile.json and
@@ -70,6 +72,8 @@ def main() -> int:
     ap.add_argument("--arch", default="llama")
     ap.add_argument("--kernels", default=str(ROOT / "kernels"))
     ap.add_argument("--new-tokens", type=int, default=8)
+    ap.add_argument("--modes", default="compile,kernelized+compile",
+                    help="two of eager, kernelized, compile, kernelized+compile (the second is compared with the first)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("compile_profile.py: no CUDA device: nothing measured", file=sys.stderr)
@@ -85,10 +89,13 @@ def main() -> int:
     res = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "cuda": torch.version.cuda, "arch": a.arch, "command": " ".join(sys.argv)}}
-    for mode in ("compile", "kernelized+compile"):
+    modes = a.modes.split(",")
+    for mode in modes:
+        compiled = mode.endswith("compile")
         if mode.startswith("kernelized"):
             kernelize.kernelize(model, kernels_dir=str(kernels), names=names, verbose=False)
-        mb.compile_blocks(model)
+        if compiled:
+            mb.compile_blocks(model)
         r = {}
         with torch.no_grad():
             pre = lambda: model(ids, use_cache=False).logits
@@ -96,8 +103,9 @@ def main() -> int:
                 pre()
             r["prefill 1x512"] = profile(pre, 3)
             mb.uncompile_blocks(model)
+            extra = {"cache_implementation": "static"} if compiled else {}
             gen = lambda: model.generate(prompt, max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens,
-                                         do_sample=False, cache_implementation="static")
+                                         do_sample=False, **extra)
             gen()
             p = profile(gen, 1)
             for k in ("kernels_per_step", "gpu_us_per_step"):
@@ -112,23 +120,24 @@ def main() -> int:
         res[mode] = r
     (out / "compile_profile.json").write_text(json.dumps(res, indent=1))
     print(f"\n{res['meta']['device']}, torch {res['meta']['torch']}, {a.arch}, {res['meta']['date']}")
+    first, second = modes[0], modes[-1]
     print("| phase | mode | wall ms per step | CUDA kernels per step | GPU us per step |")
     print("| --- | --- | ---: | ---: | ---: |")
-    for phase in res["compile"]:
-        for mode in ("compile", "kernelized+compile"):
+    for phase in res[first]:
+        for mode in modes:
             p = res[mode][phase]
             print(f"| {phase} | {mode} | {p['wall_ms_per_step']:.2f} | {p['kernels_per_step']:.1f} "
                   f"| {p['gpu_us_per_step']:.1f} |")
-    for phase in res["compile"]:
-        a_, b_ = res["compile"][phase]["kernels"], res["kernelized+compile"][phase]["kernels"]
-        print(f"\n{phase}: kernels whose count per step differs (compile -> kernelized+compile)")
+    for phase in res[first]:
+        a_, b_ = res[first][phase]["kernels"], res[second][phase]["kernels"]
+        print(f"\n{phase}: kernels whose count per step differs ({first} -> {second})")
         diff = [(k, a_.get(k, {}).get("per_step", 0), b_.get(k, {}).get("per_step", 0),
                  a_.get(k, {}).get("gpu_us_per_step", 0), b_.get(k, {}).get("gpu_us_per_step", 0))
                 for k in set(a_) | set(b_)]
         diff = [d for d in diff if abs(d[1] - d[2]) > 1e-9]
         for k, ca, cb, ua, ub in sorted(diff, key=lambda d: -abs(d[4] - d[3]))[:14]:
             print(f"  {ca:6.1f} -> {cb:6.1f}  ({ua:8.1f} -> {ub:8.1f} us)  {k[:90]}")
-        for mode in ("compile", "kernelized+compile"):
+        for mode in modes:
             top = res[mode][phase]["top_cpu"][:6]
             print(f"  top CPU ({mode}): " + "; ".join(f"{t['name'][:40]} {t['self_cpu_us']/1e3:.1f} ms" for t in top))
     return 0
