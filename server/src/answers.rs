@@ -17,11 +17,13 @@ use std::sync::Mutex;
 /// The most answers kept at once (per cache, unless it is made with another bound).
 pub const MAX_ANSWERS: usize = 4096;
 
-/// The most resolve rankings, and the most policy lists' ids, kept at once: each grows with
-/// its group (a ranking holds every qualifying kernel's coverage, speeds and lines, ~1 KB
-/// each, and up to 8 answer texts; a list 8 bytes per kernel), so fewer of them are kept than
-/// answers. Estimated, not measured: at 10,000 kernels (groups of up to 1,250) ~300 MB if
-/// every kept ranking were of a largest group; the load probe's 33 queries keep ~15 MB.
+/// The most resolve pools, resolve rankings and policy lists' ids kept at once (each cache):
+/// each grows with its group, so fewer of them are kept than answers. A pool holds per kernel
+/// of its group a label, a verdict, shared pointers to the index's coverage and timed cases,
+/// and an excluded line (~0.5 KB), plus its speed orders; a ranking a flag per pool entry, up
+/// to 100 excluded lines and up to 8 answer texts (~20 KB each); a list 8 bytes per kernel.
+/// Estimated, not measured: at 10,000 kernels (groups of up to 1,250) up to ~160 MB of pools
+/// and ~45 MB of rankings if every kept one were of a largest group.
 pub const MAX_KEPT_LISTS: usize = 256;
 
 /// Values computed from the store, each kept with the generation it was computed at.
