@@ -1174,26 +1174,16 @@ mod tests {
                             );
                         }
                         let fresh = resolve(s, &q(rows)).await.unwrap();
-                        let pooled = ranking(s, &q(rows), None, Some(&pools))
-                            .await
-                            .unwrap()
-                            .resolution(s, &q(rows))
-                            .await
-                            .unwrap();
+                        let pooled = ranking(s, &q(rows), None, Some(&pools)).await;
                         assert_eq!(
-                            serde_json::to_value(&pooled).unwrap(),
+                            answer(pooled, s, &q(rows)).await,
                             serde_json::to_value(&fresh).unwrap(),
                             "{policy} cols {cols} rows {rows:?}: a kept pool"
                         );
                         // The index's answer is the SQL twin's.
-                        let sql = ranking_from(VerdictSource::Sql(s), s, &q(rows), None)
-                            .await
-                            .unwrap()
-                            .resolution(s, &q(rows))
-                            .await
-                            .unwrap();
+                        let sql = ranking_from(VerdictSource::Sql(s), s, &q(rows), None).await;
                         assert_eq!(
-                            serde_json::to_value(&sql).unwrap(),
+                            answer(sql, s, &q(rows)).await,
                             serde_json::to_value(&fresh).unwrap(),
                             "{policy} cols {cols} rows {rows:?}: index and SQL"
                         );
@@ -1228,21 +1218,17 @@ mod tests {
     /// made for one policy ranks the next ones, until a write moves the generation), and is
     /// compared with a fresh pool's too.
     async fn both(s: &Store, q: &Query) -> (serde_json::Value, serde_json::Value) {
-        let sql = ranking_from(VerdictSource::Sql(s), s, q, None)
-            .await
-            .unwrap()
-            .resolution(s, q)
-            .await
-            .unwrap();
-        let kept = ranking(s, q, None, Some(&POOLS.with(|p| p.clone())))
-            .await
-            .unwrap()
-            .resolution(s, q)
-            .await
-            .unwrap();
+        let sql = answer(ranking_from(VerdictSource::Sql(s), s, q, None).await, s, q).await;
+        let pools = POOLS.with(|p| p.clone());
+        let kept = answer(ranking(s, q, None, Some(&pools)).await, s, q).await;
         let index = serde_json::to_value(resolve(s, q).await.unwrap()).unwrap();
-        assert_eq!(serde_json::to_value(&kept).unwrap(), index, "a kept pool");
-        (index, serde_json::to_value(&sql).unwrap())
+        assert_eq!(kept, index, "a kept pool");
+        (index, sql)
+    }
+
+    /// The answer to `q` from a ranking made for it, as JSON.
+    async fn answer(r: Result<Ranking, StoreError>, s: &Store, q: &Query) -> serde_json::Value {
+        serde_json::to_value(r.unwrap().resolution(s, q).await.unwrap()).unwrap()
     }
 
     thread_local! {
