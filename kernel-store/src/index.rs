@@ -403,42 +403,22 @@ impl Store {
         // and adding a kernel or a verification twice changes nothing.
         let generation = self.answer_generation().await?;
         let mut ix = Index::default();
-        let mut after = i64::MIN;
-        loop {
-            let rows = sqlx::query(&format!(
-                "{KERNEL_SELECT} WHERE id > $1 ORDER BY id LIMIT {CHUNK}"
-            ))
-            .bind(after)
-            .fetch_all(&self.pool)
-            .await?;
-            for r in &rows {
-                let k = kernel_of(r)?;
-                after = k.candidate.id;
-                ix.add_kernel(k);
-            }
-            if rows.len() < CHUNK {
-                break;
-            }
-        }
+        self.each_in_chunks(KERNEL_SELECT, "id", |r| {
+            let k = kernel_of(r)?;
+            let id = k.candidate.id;
+            ix.add_kernel(k);
+            Ok(id)
+        })
+        .await?;
         let mut facts = HashMap::new();
-        let mut after = i64::MIN;
-        loop {
-            let rows = sqlx::query(&format!(
-                "{FACTS_SELECT} WHERE verification_id > $1 ORDER BY verification_id LIMIT {CHUNK}"
-            ))
-            .bind(after)
-            .fetch_all(&self.pool)
-            .await?;
-            for r in &rows {
-                let f = facts_of(r)?;
-                after = f.id;
-                ix.add_facts(&f);
-                facts.insert(f.id, f);
-            }
-            if rows.len() < CHUNK {
-                break;
-            }
-        }
+        self.each_in_chunks(FACTS_SELECT, "verification_id", |r| {
+            let f = facts_of(r)?;
+            let id = f.id;
+            ix.add_facts(&f);
+            facts.insert(id, f);
+            Ok(id)
+        })
+        .await?;
         let newest = ix.missing_entries();
         ix.entries = self.read_entries(&newest, &facts).await?;
         let groups: HashSet<(Op, Semantics)> =
@@ -454,6 +434,27 @@ impl Store {
         ix.generation = Some(generation);
         *index.write() = ix;
         Ok(())
+    }
+
+    /// Every row of `select` (a query without a WHERE clause) in order of its column `key`,
+    /// `CHUNK` rows per query (keyset paging), each given to `each`, which returns its key.
+    async fn each_in_chunks(
+        &self,
+        select: &str,
+        key: &str,
+        mut each: impl FnMut(&AnyRow) -> Result<i64>,
+    ) -> Result<()> {
+        let sql = format!("{select} WHERE {key} > $1 ORDER BY {key} LIMIT {CHUNK}");
+        let mut after = i64::MIN;
+        loop {
+            let rows = sqlx::query(&sql).bind(after).fetch_all(&self.pool).await?;
+            for r in &rows {
+                after = each(r)?;
+            }
+            if rows.len() < CHUNK {
+                return Ok(());
+            }
+        }
     }
 
     /// Read what changed after generation `held` up to `generation` and apply it.
