@@ -167,7 +167,7 @@ class CompiledKernel:
         reused; a call refills the pointer slots in place and calls `cuLaunchKernel` on the
         current stream (never the null stream: it is ordered with PyTorch's work, and recorded
         while a CUDA graph captures)."""
-        prep = self._prepared.get((rows, cols, scalars))
+        prep = self._prepared.get((rows, cols, scalars))  # `_lookup`, inline: the hot path
         if prep is None:
             prep = self._prepare(rows, cols, len(tensors), scalars)
         index = self._index
@@ -191,10 +191,7 @@ class CompiledKernel:
         """The C launcher's prepared launch of (rows, cols, scalars), for a caller that launches
         it itself: `self.stub_launch(prep, stream, *pointers)` (check a nonzero result with
         `failed`). None without the C launcher."""
-        if self._stub is None:
-            return None
-        prep = self._prepared.get((rows, cols, scalars))
-        return prep if prep is not None else self._prepare(rows, cols, n_tensors, scalars)
+        return None if self._stub is None else self._lookup(rows, cols, n_tensors, scalars)
 
     @property
     def stub_launch(self) -> Any:
@@ -204,7 +201,12 @@ class CompiledKernel:
         """Raise for `res`, a nonzero CUresult of a launch of this kernel."""
         _check(self.lib, res, f"launching {self.entry}")
 
-    def _prepare(self, rows: int, cols: int, n_tensors: int, scalars: tuple) -> tuple:
+    def _lookup(self, rows: int, cols: int, n_tensors: int, scalars: tuple) -> Any:
+        """The launch of (rows, cols, scalars) prepared on its first call, kept after."""
+        prep = self._prepared.get((rows, cols, scalars))
+        return prep if prep is not None else self._prepare(rows, cols, n_tensors, scalars)
+
+    def _prepare(self, rows: int, cols: int, n_tensors: int, scalars: tuple) -> Any:
         if self._cu_launch is None:
             self._cu_launch = _cu_launch(self.lib)
         grid, block, smem = launch_dims(self.manifest, rows, cols, self.sm_count)
