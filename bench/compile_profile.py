@@ -36,7 +36,8 @@ import model_bench as mb  # noqa: E402  (the same models and compile recipes)
 
 
 def kernels_of(prof) -> tuple[collections.Counter, dict[str, float]]:
-    """CUDA kernels the profile saw: count and total GPU microseconds per name."""
+    """The profile's events on the GPU (kernels, and the copies and memsets among them): count
+    and total GPU microseconds per name."""
     count, us = collections.Counter(), collections.defaultdict(float)
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
