@@ -18,6 +18,8 @@ _EXPORTS = {
     "HubError": "sources",
     "CertificateError": "certs",
     "PythonNotAllowed": "pykernel",
+    "exact_compile": "exact", "compile_state": "exact",
+    "diff": "locate", "Divergence": "locate",
 }
 __all__ = list(_EXPORTS)
 __version__ = "0.1.0"

@@ -51,6 +51,7 @@ class Report:
     arch: str | None
     swapped: bool
     entries: list[Entry] = field(default_factory=list)
+    compile: Any = None   # exact.CompileState when kernelize(..., compile=...) was asked
 
     @property
     def replaced(self) -> list[Entry]:
@@ -79,6 +80,8 @@ class Report:
                 lines.append(f"      * {e.width_note}")
             for r in e.reasons if e.status == "kept" else []:
                 lines.append(f"      - {r}")
+        if self.compile is not None:
+            lines.append(f"  {self.compile}")
         return "\n".join(lines)
 
 
@@ -170,8 +173,17 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
               policy: str = "bit_exact", device=None, arch: str | None = None,
               dtype: str | None = None, swap: bool | None = None, verbose: bool = True,
               fuse_gated_mlp: bool = True, wait_for_verification_s: float = 0.0,
-              trusted_keys: list[str] | None = None, allow_python: bool = False) -> Report:
+              trusted_keys: list[str] | None = None, allow_python: bool = False,
+              compile: bool | str = False) -> Report:
     """Replace every layer of `model` that has an approved kernel; return (and print) a report.
+
+    `compile=True` (or a torch.compile mode: `"default"`, `"reduce-overhead"` for CUDA graphs)
+    then compiles the model in place with the exact backend (`kernelize.exact_compile`,
+    docs/compile.md): the swapped layers stay opaque custom ops, every reduction and
+    math-library function inductor would compute differently runs eager's own kernel, the
+    pattern rewrites are off and eager's roundings are kept, so the compiled model computes
+    eager's bits while inductor fuses the rest. `report.compile` says what was done (or why the
+    model was left eager: no torch.compile on this platform).
 
     One source: `hub=URL` (the resolve API), `lock=PATH` (a lock written by `kernelize.lock`,
     offline) or `kernels_dir=PATH` (local kernel folders, unverified; `names` picks among them).
@@ -240,6 +252,9 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
         rep.entries.append(e)
     for sk in found.skipped:
         rep.entries.append(Entry(sk.path, sk.cls, "?", "default", None, 0, "kept", None, [sk.reason]))
+    if compile:
+        from .exact import exact_compile
+        rep.compile = exact_compile(model, None if compile is True else str(compile))
     if verbose:
         print(rep)
     return rep
@@ -264,7 +279,10 @@ def lock(model: nn.Module, hub: str, path: str | os.PathLike = "kernelize.lock.j
 
 
 def unkernelize(model: nn.Module) -> int:
-    """Restore the original forwards; returns how many layers were restored."""
+    """Restore the original forwards (and undo `compile=`); returns how many layers were
+    restored."""
+    if model.__dict__.pop("_kernelize_compile", None) is not None:
+        model._compiled_call_impl = None
     n = 0
     for m in model.modules():
         orig = m.__dict__.get(_ORIG)

@@ -1,0 +1,297 @@
+"""Exact compile: torch.compile's fusions with eager's bits (docs/compile.md, issue 31).
+
+Inductor changes a model's numbers in four ways (docs/spec.md section 7):
+
+1. **Reductions in its own order** (sum, mean, softmax, the norms' statistics): a fused Triton
+   reduction adds in another order than eager's reduce kernel, so the last bit moves.
+2. **Decompositions** that compute a different formula (`native_layer_norm` as `var_mean`
+   arithmetic, PyTorch PR 177163).
+3. **Pattern replacements** (matmul -> div -> softmax -> matmul into scaled-dot-product
+   attention, pytorch#179578; einsum projections, pytorch#179575).
+4. **Pointwise code that is not eager's**: fused bf16/f16 ops computed in f32 without eager's
+   intermediate roundings, approximate division, flushed subnormals, and its own `exp`,
+   `sigmoid`, `tanh`, `erf`, `sin`, `cos`, ... (Triton's math library, not CUDA's).
+
+The exact backend (`backend`, registered with dynamo as "kernelize_exact") closes each:
+
+1. and 4. (math library): the ops of `EAGER_OPS` are not decomposed and are lowered as
+   *fallbacks*, i.e. inductor calls eager's own ATen kernel for them. Where kernelize has
+   swapped a layer for a verified exact kernel, that kernel is an opaque custom op
+   (`kernelize::launch_*`) and inductor never sees the reduction at all.
+2. `EAGER_OPS` includes the ops whose decompositions change bits (their decomposition is
+   removed from the table handed to AOT autograd).
+3. `EXACT_CONFIG`: the pattern matcher off.
+4. (roundings): `EXACT_CONFIG`: eager's casts emulated, division rounded as eager, no
+   flush-to-zero, PyTorch's libdevice where this torch has those switches.
+
+Everything else (the adds, multiplies, casts, copies, views and the graph around them) is left
+to inductor, and so is CUDA-graph capture (`mode="reduce-overhead"`). `max-autotune` modes are
+refused: they replace cuBLAS matmuls by Triton templates that reduce in another order.
+
+The configuration is applied per compilation (inductor's `config_patches`, and the lowering
+table patched only while this backend lowers a graph), so plain `torch.compile` in the same
+process is untouched. Inductor's FX graph cache and AOT autograd's cache are off for these
+compilations: the patched lowerings are not part of their keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+# ---- what the exact backend changes -------------------------------------------------------
+
+#: Inductor configuration applied to every exact compilation; a name this torch does not have
+#: is left out (`exact_config()` says which were applied).
+EXACT_CONFIG: dict[str, Any] = {
+    # 3. no pattern replacements (SDPA patterns, mm/bias rewrites, einsum rewrites, ...)
+    "pattern_matcher": False,
+    # 4. eager's intermediate roundings: a bf16/f16 op's result is rounded before the next op
+    "emulate_precision_casts": True,
+    # 4. x / y rounded as eager's IEEE division (Triton's default is the approximate div.full)
+    "eager_numerics.division_rounding": True,
+    # 4. no flush-to-zero of subnormals (eager's kernels keep them)
+    "eager_numerics.disable_ftz": True,
+    # 4. the CUDA toolkit's libdevice (torch >= 2.13; the ops it would matter for are fallbacks)
+    "eager_numerics.use_pytorch_libdevice": True,
+    "use_fast_math": False,
+    # the patched lowerings are not part of the FX graph cache's key
+    "fx_graph_cache": False,
+    "fx_graph_remote_cache": False,
+}
+
+#: ATen ops the exact backend leaves to eager's own kernels (by overload packet name), and why.
+EAGER_OPS: dict[str, str] = {
+    **{name: "a reduction: inductor adds in another order than eager's kernel" for name in (
+        "sum", "mean", "nansum", "prod", "var", "var_mean", "std", "std_mean", "logsumexp",
+        "cumsum", "cumprod", "logcumsumexp", "norm", "linalg_vector_norm", "_softmax",
+        "_log_softmax", "_safe_softmax")},
+    **{name: "a normalisation: its decomposition computes other statistics than eager's kernel "
+             "(PyTorch PR 177163)" for name in (
+        "native_layer_norm", "native_group_norm", "_fused_rms_norm", "native_batch_norm",
+        "_native_batch_norm_legit", "_native_batch_norm_legit_no_training")},
+    **{name: "a math-library function: Triton's differs from the CUDA one eager calls" for name in (
+        "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sigmoid", "silu", "gelu",
+        "tanh", "erf", "erfc", "erfinv", "sin", "cos", "tan", "asin", "acos", "atan", "atan2",
+        "sinh", "cosh", "asinh", "acosh", "atanh", "rsqrt", "reciprocal", "softplus", "mish",
+        "elu", "selu", "celu", "hardswish", "hardsigmoid", "logit", "lgamma", "digamma")},
+    "pow": "a math-library function unless the exponent is 2 (which both compute as x * x)",
+}
+
+_STATE = "_kernelize_compile"
+_MAX_AUTOTUNE = ("max-autotune", "max-autotune-no-cudagraphs")
+_LOCK = threading.RLock()
+
+
+def _has_config(name: str) -> bool:
+    from torch._inductor import config as ic
+    obj: Any = ic
+    parts = name.split(".")
+    for p in parts[:-1]:
+        obj = getattr(obj, p, None)
+        if obj is None:
+            return False
+    return hasattr(obj, parts[-1])
+
+
+def exact_config() -> dict[str, Any]:
+    """The part of `EXACT_CONFIG` this torch has (inductor's `config_patches`)."""
+    return {k: v for k, v in EXACT_CONFIG.items() if _has_config(k)}
+
+
+def eager_overloads() -> list[Any]:
+    """Every overload of every op of `EAGER_OPS` that this torch has."""
+    out = []
+    for name in EAGER_OPS:
+        packet = getattr(torch.ops.aten, name, None)
+        if packet is None:
+            continue
+        for ov in packet.overloads():
+            out.append(getattr(packet, ov))
+    return out
+
+
+def exact_decompositions() -> dict[Any, Callable]:
+    """Inductor's decomposition table without the ops of `EAGER_OPS` (those reach lowering
+    whole and are lowered as fallbacks to eager's kernels)."""
+    from torch._inductor.decomposition import select_decomp_table
+    keep = set(EAGER_OPS)
+    return {op: fn for op, fn in select_decomp_table().items()
+            if getattr(getattr(op, "overloadpacket", None), "__name__", None) not in keep}
+
+
+def _pow_exponent_two(args: tuple, kwargs: dict) -> bool:
+    exp = args[1] if len(args) > 1 else kwargs.get("exponent")
+    return isinstance(exp, (int, float)) and not isinstance(exp, bool) and exp == 2
+
+
+@contextlib.contextmanager
+def eager_lowerings() -> Iterator[None]:
+    """While lowering: every overload of `EAGER_OPS` becomes a fallback to its ATen kernel
+    (`pow` with exponent 2 keeps inductor's lowering: eager computes it as x * x too)."""
+    from torch._inductor import lowering as low
+    with _LOCK:
+        saved: dict[Any, Any] = {}
+        try:
+            for ov in eager_overloads():
+                saved[ov] = low.lowerings.get(ov)
+                handler = low.fallback_handler(ov, add_to_fallback_set=False)
+                if ov.overloadpacket.__name__ == "pow" and saved[ov] is not None:
+                    handler = _pow_handler(saved[ov], handler)
+                low.lowerings[ov] = handler
+            yield
+        finally:
+            for ov, old in saved.items():
+                if old is None:
+                    low.lowerings.pop(ov, None)
+                else:
+                    low.lowerings[ov] = old
+
+
+def _pow_handler(lowered, fallback):
+    def handler(*args, **kwargs):
+        return (lowered if _pow_exponent_two(args, kwargs) else fallback)(*args, **kwargs)
+    handler._is_fallback_handler = True  # type: ignore[attr-defined]
+    return handler
+
+
+# ---- the backend --------------------------------------------------------------------------
+
+def _config_patches(mode: str | None, options: dict | None, dynamic: bool | None) -> dict:
+    if mode in _MAX_AUTOTUNE:
+        raise ValueError(
+            f"exact compile does not take mode={mode!r}: max-autotune replaces cuBLAS matmuls by "
+            "Triton templates that reduce in another order than eager; use mode=None (default) or "
+            "\"reduce-overhead\" (CUDA graphs)")
+    from torch._inductor import list_mode_options
+    patches: dict[str, Any] = {}
+    if mode not in (None, "default"):
+        patches.update(list_mode_options(mode, dynamic))
+    patches.update(options or {})
+    return patches
+
+
+def make_backend(config: dict[str, Any] | None = None, eager_ops: bool = True) -> Callable:
+    """An inductor backend with `config` (default: `exact_config()`) patched in and, with
+    `eager_ops`, the ops of `EAGER_OPS` left to eager's kernels. `backend` is the whole exact
+    backend; the divergence locator (`kernelize.diff`) builds the parts one at a time to say
+    which one a difference needs."""
+    fixed = exact_config() if config is None else dict(config)
+
+    def compile_exact(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | None = None,
+                      options: dict | None = None, **_: Any) -> Callable:
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+        patches = _config_patches(mode, options, None)
+        patches.update(fixed)   # exactness wins over the caller's options
+        if not eager_ops:
+            return compile_fx(gm, example_inputs, config_patches=patches)
+
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            # Lowering runs here: for the forward now, for a backward when first needed.
+            with eager_lowerings():
+                return compile_fx_inner(*args, **kwargs)
+
+        with _no_aot_cache():
+            return compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches,
+                              decompositions=exact_decompositions())
+
+    return compile_exact
+
+
+#: A `torch.compile` backend: inductor with eager's bits (the module doc says how).
+#: `torch.compile(model, backend=kernelize.exact.backend, mode=...)`, or
+#: `backend="kernelize_exact"` once `kernelize.exact` is imported.
+backend = make_backend()
+backend.__name__ = "kernelize_exact"
+
+
+@contextlib.contextmanager
+def _no_aot_cache() -> Iterator[None]:
+    from torch._functorch import config as fc
+    if hasattr(fc, "enable_autograd_cache"):
+        with fc.patch(enable_autograd_cache=False):
+            yield
+    else:  # pragma: no cover - older torch
+        yield
+
+
+def _register() -> None:
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+    if "kernelize_exact" not in _BACKENDS:
+        register_backend(compiler_fn=backend, name="kernelize_exact")
+
+
+_register()
+
+
+# ---- entry points -------------------------------------------------------------------------
+
+@dataclass
+class CompileState:
+    """What `exact_compile` did to a model: `mode`, or why it left the model eager."""
+    compiled: bool
+    mode: str | None
+    reason: str | None = None
+
+    def __str__(self) -> str:
+        if self.compiled:
+            return f"exact compile: inductor with eager's bits, mode {self.mode or 'default'}"
+        return f"exact compile: not compiled ({self.reason}); the model runs eagerly"
+
+
+def unavailable(device: torch.device | None) -> str | None:
+    """Why torch.compile cannot run here, or None."""
+    try:
+        import torch._dynamo
+        if hasattr(torch._dynamo, "is_dynamo_supported") and not torch._dynamo.is_dynamo_supported():
+            return "torch.compile is not supported on this Python or platform"
+    except Exception as e:  # pragma: no cover - a broken install
+        return f"torch._dynamo does not import: {e}"
+    if device is not None and device.type == "cpu":
+        from torch._inductor import config as ic
+        cxx = getattr(getattr(ic, "cpp", None), "cxx", (None, "g++"))
+        names = [c for c in (cxx if isinstance(cxx, tuple) else (cxx,)) if c]
+        if not any(shutil.which(c) for c in names) and not shutil.which("g++") \
+                and not shutil.which("c++"):
+            return "inductor needs a C++ compiler on the CPU and none was found"
+    return None
+
+
+def _module_device(model: torch.nn.Module) -> torch.device | None:
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    return None
+
+
+def exact_compile(model: torch.nn.Module, mode: str | None = None, *, dynamic: bool | None = None,
+                  fullgraph: bool = False, inplace: bool = True) -> CompileState:
+    """Compile `model` with the exact backend: `model.compile(...)` in place (the module keeps
+    its type, parameters and state_dict keys), or, with `inplace=False`, nothing is changed
+    and `state.module` is not set: use `torch.compile(model, backend="kernelize_exact")`.
+
+    `mode`: None/"default" or "reduce-overhead" (CUDA graphs). Where torch.compile cannot run
+    (`unavailable`), the model is left eager and the state says why."""
+    _config_patches(mode, None, dynamic)   # refuses max-autotune before anything is changed
+    why = unavailable(_module_device(model))
+    if why is not None:
+        state = CompileState(False, mode, why)
+        model.__dict__[_STATE] = state
+        return state
+    state = CompileState(True, mode)
+    if inplace:
+        model.compile(backend=backend, mode=mode, dynamic=dynamic, fullgraph=fullgraph)
+        model.__dict__[_STATE] = state
+    return state
+
+
+def compile_state(model: torch.nn.Module) -> CompileState | None:
+    """What `exact_compile` (or `kernelize(..., compile=...)`) did to `model`, if anything."""
+    return model.__dict__.get(_STATE)
