@@ -1,0 +1,363 @@
+#!/usr/bin/env python3
+"""Exact compile on the GPU (issue 31): bits against eager, the divergence locator, and speed.
+
+    python3 bench/exact_compile.py OUT_DIR --phase exact|locate|speed [--archs ...] [--dtypes ...]
+
+Phases (each writes OUT_DIR/<phase>.json and prints a markdown table last):
+
+- `exact`: the three seed models (kernelize.seeds) and the five architectures (Llama, Qwen2,
+  Mistral, Gemma, GPT-2; small configs, random seeded weights) plus the shipped trained tiny
+  models, in bf16, f16 and f32. Candidates: plain `torch.compile` (inductor, default mode),
+  `exact_compile` (the exact backend alone), `kernelize(compile=True)` (the bundled exact kernels
+  from ./kernels as opaque ops, then the exact backend) and its `"reduce-overhead"` mode.
+  Prefill (2 x 64 tokens) and greedy decode (3 steps with the KV cache); every candidate's
+  logits compared bit for bit with eager's (elements that differ, max abs diff).
+- `locate`: `kernelize.diff` on the seed models and a tiny Llama under plain compile.
+- `speed`: about 1B-parameter models, random weights, bf16: eager, kernelize, torch.compile and
+  kernelize(compile=True), each in default and reduce-overhead mode; prefill 1x512 and 8x2048
+  (CUDA events, median), and one decode step at batch 1 and 8 against a static KV cache of 512
+  positions (the same step replayed: CUDA-graph-able, GPU time per token).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+
+import kernelize as K  # noqa: E402
+from kernelize import seeds  # noqa: E402
+from kernelize.locate import compare, diff  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+EXACT = ["rms_norm_llama", "rms_norm_gemma", "rms_norm_torch", "fused_add_rms_norm", "layer_norm",
+         "silu", "gelu", "gelu_tanh", "silu_mul", "gelu_tanh_mul", "silu_and_mul"]
+DEV = "cuda"
+torch._dynamo.config.cache_size_limit = 64
+if hasattr(torch._dynamo.config, "recompile_limit"):
+    torch._dynamo.config.recompile_limit = 64
+
+
+def arch_config(arch: str, size: str):
+    import transformers as T
+    small = size == "small"
+    h, inter, layers = (256, 768, 2) if small else (2048, 5632, 22)
+    common = dict(vocab_size=512 if small else 32000, hidden_size=h, intermediate_size=inter,
+                  num_hidden_layers=layers, max_position_embeddings=4096)
+    if arch == "llama":  # TinyLlama-1.1B
+        return T.LlamaConfig(**common, num_attention_heads=4 if small else 32,
+                             num_key_value_heads=2 if small else 4, rms_norm_eps=1e-5)
+    if arch == "qwen2":  # Qwen2.5-1.5B
+        if not small:
+            common.update(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+                          num_hidden_layers=28)
+        return T.Qwen2Config(**common, num_attention_heads=4 if small else 12,
+                             num_key_value_heads=2, rms_norm_eps=1e-6, tie_word_embeddings=True)
+    if arch == "mistral":  # Mistral-architecture at ~1B (hidden 2048, 16 layers)
+        if not small:
+            common.update(intermediate_size=7168, num_hidden_layers=16)
+        return T.MistralConfig(**common, num_attention_heads=4 if small else 16,
+                               num_key_value_heads=2 if small else 8, rms_norm_eps=1e-5,
+                               sliding_window=None)
+    if arch == "gemma":  # Gemma-2B
+        if not small:
+            common.update(vocab_size=256000, intermediate_size=16384, num_hidden_layers=18)
+        return T.GemmaConfig(**common, num_attention_heads=4 if small else 8, num_key_value_heads=1,
+                             head_dim=64 if small else 256, hidden_activation="gelu_pytorch_tanh",
+                             rms_norm_eps=1e-6)
+    if arch == "gpt2":  # GPT-2 large
+        return T.GPT2Config(n_embd=h if small else 1280, n_layer=layers if small else 36,
+                            n_head=4 if small else 20, n_positions=4096,
+                            vocab_size=common["vocab_size"] if small else 50257)
+    raise SystemExit(f"unknown arch {arch!r}")
+
+
+def build_arch(arch: str, size: str, dtype, device="cuda"):
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    with torch.device(device):
+        m = AutoModelForCausalLM.from_config(arch_config(arch, size), dtype=dtype)
+    return m.eval()
+
+
+def shipped(name: str, dtype, device="cuda"):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(ROOT / "models" / name, dtype=dtype).to(device).eval()
+
+
+# ---- candidates -----------------------------------------------------------------------------
+
+ROWS_FILE: Path | None = None
+
+
+def emit(row: dict) -> None:
+    """Print a row and append it to OUT_DIR/<phase>.rows.jsonl (kept if the run is cut short)."""
+    print(row, flush=True)
+    if ROWS_FILE is not None:
+        with ROWS_FILE.open("a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+
+
+def candidate(base, how: str):
+    """A copy of `base` made into the candidate `how` (the copy is what runs)."""
+    m = copy.deepcopy(base)
+    if how == "compile":
+        m.compile()
+    elif how == "exact":
+        K.exact_compile(m)
+    elif how in ("kernelize+exact", "kernelize+exact-ro"):
+        K.kernelize(m, kernels_dir=ROOT / "kernels", names=EXACT, verbose=False,
+                    compile=True if how == "kernelize+exact" else "reduce-overhead")
+    elif how == "kernelize":
+        K.kernelize(m, kernels_dir=ROOT / "kernels", names=EXACT, verbose=False)
+    elif how == "exact-regional":
+        # each decoder block and the final norm compiled on its own (PyTorch's regional recipe)
+        inner = getattr(m, "model", None) or getattr(m, "transformer")
+        for blk in list(getattr(inner, "layers", None) or getattr(inner, "h")):
+            K.exact_compile(blk)
+    elif how == "compile-ro":
+        m.compile(mode="reduce-overhead")
+    else:
+        raise ValueError(how)
+    return m
+
+
+def lm_steps(model, ids, steps: int, static: bool = False):
+    """Prefill then `steps` greedy decode steps with a fresh KV cache: the prefill's logits and
+    each step's. `static`: transformers' StaticCache with explicit cache positions (the recipe
+    for CUDA graphs: every decode step has the same shapes), each call starting a new CUDA-graph
+    step."""
+    from transformers import StaticCache
+    out = []
+    kw: dict = {}
+    n = ids.shape[1]
+    mark = getattr(torch.compiler, "cudagraph_mark_step_begin", lambda: None)
+    with torch.no_grad():
+        if static:
+            kw = dict(past_key_values=StaticCache(config=model.config, max_cache_len=n + steps + 1))
+            kw["cache_position"] = torch.arange(n, device=ids.device)
+        mark()
+        r = model(ids, use_cache=True, **kw)
+        full = r.logits.float().clone()
+        cache = r.past_key_values
+        tok = r.logits[:, -1].argmax(-1, keepdim=True)
+        for i in range(steps):
+            if static:
+                kw["cache_position"] = torch.tensor([n + i], device=ids.device)
+            mark()
+            r = model(tok, past_key_values=cache, use_cache=True,
+                      **{k: v for k, v in kw.items() if k != "past_key_values"})
+            out.append(r.logits[:, -1].float().clone())
+            tok = r.logits[:, -1].argmax(-1, keepdim=True)
+    return full, out
+
+
+def phase_exact(a) -> list[dict]:
+    rows = []
+    hows = a.candidates.split(",")
+    for dt in a.dtypes.split(","):
+        dtype = DTYPES[dt]
+        for name in seeds.SEEDS:
+            base, x = seeds.build(name, dtype, DEV)
+            with torch.no_grad():
+                ref = base(x)
+            for how in hows:
+                t0 = time.perf_counter()
+                try:
+                    m = candidate(base, how)
+                    with torch.no_grad():
+                        m(x)
+                        got = m(x)   # second call: CUDA graphs replay
+                    d = compare(ref, got)
+                    rows.append(dict(model=f"seed:{name}", dtype=dt, candidate=how, phase="forward",
+                                     mismatched=d.mismatched, numel=d.numel,
+                                     max_abs_diff=d.max_abs_diff, s=time.perf_counter() - t0))
+                except Exception as e:
+                    rows.append(dict(model=f"seed:{name}", dtype=dt, candidate=how, error=repr(e)[:300]))
+                    traceback.print_exc()
+                emit(rows[-1])
+                torch._dynamo.reset()
+        models = [(f"arch:{arch}", lambda arch=arch: build_arch(arch, "small", dtype, DEV))
+                  for arch in a.archs.split(",")]
+        models += [(f"shipped:{n}", lambda n=n: shipped(n, dtype, DEV)) for n in ("tiny-llama", "tiny-gpt2")
+                   if (ROOT / "models" / n / "model.safetensors").is_file()]
+        for label, make in models:
+            base = make()
+            g = torch.Generator().manual_seed(7)
+            ids = torch.randint(0, min(256, base.config.vocab_size), (2, 64), generator=g).to(DEV)
+            refs = {False: lm_steps(base, ids, a.decode_steps)}
+            for how in hows:
+                static = how.endswith("-ro")
+                if static not in refs:
+                    refs[static] = lm_steps(base, ids, a.decode_steps, static=True)
+                ref_full, ref_steps = refs[static]
+                t0 = time.perf_counter()
+                try:
+                    m = candidate(base, how)
+                    full, steps = lm_steps(m, ids, a.decode_steps, static=static)
+                    dp = compare(ref_full, full)
+                    dd = compare(torch.stack(ref_steps), torch.stack(steps))
+                    rows.append(dict(model=label, dtype=dt, candidate=how,
+                                     prefill_mismatched=dp.mismatched, prefill_max_abs=dp.max_abs_diff,
+                                     decode_mismatched=dd.mismatched, decode_max_abs=dd.max_abs_diff,
+                                     numel=dp.numel + dd.numel, s=time.perf_counter() - t0))
+                except Exception as e:
+                    rows.append(dict(model=label, dtype=dt, candidate=how, error=repr(e)[:300]))
+                    traceback.print_exc()
+                emit(rows[-1])
+                torch._dynamo.reset()
+    return rows
+
+
+def phase_locate(a) -> list[dict]:
+    rows = []
+    cand = a.candidates
+    for dt in a.dtypes.split(","):
+        for name in (seeds.SEEDS if a.seeds else ()):
+            m, x = seeds.build(name, DTYPES[dt], DEV)
+            t0 = time.perf_counter()
+            r = diff(m, x, cand)
+            print(f"== seed {name} {dt}\n{r}", flush=True)
+            rows.append(dict(model=f"seed:{name}", dtype=dt, s=time.perf_counter() - t0, **r.to_json()))
+            torch._dynamo.reset()
+        for arch in a.archs.split(","):
+            m = build_arch(arch, "small", DTYPES[dt], DEV)
+            ids = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(3)).to(DEV)
+            t0 = time.perf_counter()
+            r = diff(m, ids, cand, kwargs={"use_cache": False})
+            print(f"== arch {arch} {dt} {cand}\n{r}", flush=True)
+            rows.append(dict(model=f"arch:{arch}", dtype=dt, s=time.perf_counter() - t0, **r.to_json()))
+            torch._dynamo.reset()
+    return rows
+
+
+def timed_ms(fn, reps: int) -> float:
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ts = []
+    for _ in range(reps):
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    return statistics.median(ts)
+
+
+def phase_speed(a) -> list[dict]:
+    from transformers import StaticCache
+    rows = []
+    hows = a.candidates.split(",")
+    for arch in a.archs.split(","):
+        base = build_arch(arch, "large", torch.bfloat16)
+        g = torch.Generator().manual_seed(5)
+        for how in hows:
+            row = dict(arch=arch, candidate=how)
+            try:
+                m = base if how == "eager" else candidate(base, how)
+                with torch.no_grad():
+                    for b, s in ((1, 512), (8, 2048)) if not a.quick else ((1, 512),):
+                        ids = torch.randint(0, 1000, (b, s), generator=g).cuda()
+                        t0 = time.perf_counter()
+                        m(ids, use_cache=False)
+                        m(ids, use_cache=False)
+                        torch.cuda.synchronize()
+                        row[f"prefill_{b}x{s}_first_s"] = time.perf_counter() - t0
+                        row[f"prefill_{b}x{s}_ms"] = timed_ms(lambda: m(ids, use_cache=False), a.reps)
+                    for b in (1, 8):
+                        cache = StaticCache(config=m.config, max_cache_len=576)
+                        ids = torch.randint(0, 1000, (b, 512), generator=g).cuda()
+                        m(ids, past_key_values=cache, use_cache=True,
+                          cache_position=torch.arange(512, device="cuda"))
+                        tok = torch.randint(0, 1000, (b, 1), generator=g).cuda()
+                        pos = torch.tensor([512], device="cuda")
+                        step = lambda: m(tok, past_key_values=cache, use_cache=True, cache_position=pos)
+                        t0 = time.perf_counter()
+                        for _ in range(3):
+                            step()
+                        torch.cuda.synchronize()
+                        row[f"decode_b{b}_first_s"] = time.perf_counter() - t0
+                        row[f"decode_b{b}_ms"] = timed_ms(step, a.reps * 4)
+            except Exception as e:
+                row["error"] = repr(e)[:300]
+                traceback.print_exc()
+            emit(row)
+            rows.append(row)
+            del m
+            torch._dynamo.reset()
+            torch.cuda.empty_cache()
+    return rows
+
+
+def table(phase: str, rows: list[dict]) -> str:
+    out = []
+    if phase == "exact":
+        out.append("| model | dtype | candidate | prefill: elements differing | max abs | decode: differing | max abs |")
+        out.append("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+        for r in rows:
+            if "error" in r:
+                out.append(f"| {r['model']} | {r['dtype']} | {r['candidate']} | error: {r['error'][:80]} | | | |")
+            elif "mismatched" in r:
+                out.append(f"| {r['model']} | {r['dtype']} | {r['candidate']} | {r['mismatched']} of {r['numel']} | {r['max_abs_diff']:.3g} | | |")
+            else:
+                out.append(f"| {r['model']} | {r['dtype']} | {r['candidate']} | {r['prefill_mismatched']} | {r['prefill_max_abs']:.3g} | {r['decode_mismatched']} | {r['decode_max_abs']:.3g} |")
+    elif phase == "locate":
+        out.append("| model | dtype | module | op | responsible | s |")
+        out.append("| --- | --- | --- | --- | --- | ---: |")
+        for r in rows:
+            out.append(f"| {r['model']} | {r['dtype']} | {'identical' if r['identical'] else r['module'] or '<model>'} | {r.get('op')} | {r.get('rewrite')} | {r['s']:.0f} |")
+    else:
+        keys = sorted({k for r in rows for k in r if k.endswith("_ms")})
+        out.append("| arch | candidate | " + " | ".join(keys) + " |")
+        out.append("| --- | --- | " + " | ".join("---:" for _ in keys) + " |")
+        for r in rows:
+            out.append(f"| {r['arch']} | {r['candidate']} | " + " | ".join(
+                f"{r[k]:.3f}" if k in r else "-" for k in keys) + (f" error {r['error'][:60]}" if "error" in r else "") + " |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out")
+    p.add_argument("--phase", choices=["exact", "locate", "speed"], required=True)
+    p.add_argument("--archs", default="llama,qwen2,mistral,gemma,gpt2")
+    p.add_argument("--dtypes", default="bf16,f16,f32")
+    p.add_argument("--candidates", default=None)
+    p.add_argument("--decode-steps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--no-seeds", dest="seeds", action="store_false", help="locate: architectures only")
+    p.add_argument("--device", default="cuda", help="cpu: a dry run of the exact and locate phases")
+    a = p.parse_args()
+    global DEV
+    DEV = a.device
+    if a.candidates is None:
+        a.candidates = {"exact": "compile,exact,kernelize+exact,kernelize+exact-ro",
+                        "locate": "inductor",
+                        "speed": "eager,kernelize,compile,kernelize+exact,compile-ro,kernelize+exact-ro"}[a.phase]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    import transformers
+    env = dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), device=torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
+               torch=torch.__version__, cuda=torch.version.cuda, transformers=transformers.__version__,
+               command=" ".join(sys.argv))
+    print(env, flush=True)
+    global ROWS_FILE
+    ROWS_FILE = out / f"{a.phase}.rows.jsonl"
+    rows = {"exact": phase_exact, "locate": phase_locate, "speed": phase_speed}[a.phase](a)
+    (out / f"{a.phase}.json").write_text(json.dumps(dict(env=env, rows=rows), indent=1, default=str))
+    print("\n" + json.dumps(env))
+    print(table(a.phase, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

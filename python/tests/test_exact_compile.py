@@ -1,0 +1,230 @@
+"""Exact compile and the divergence locator on the CPU (issue 31; docs/compile.md).
+
+Inductor compiles for the CPU too (C++), with the same decompositions, pattern matcher and
+reduction lowerings that change bits on the GPU, so the seed models show the same differences
+here: plain torch.compile moves f32 outputs, the exact backend does not. The GPU run of the
+same questions is `bench/exact_compile.py` (docs/gpu-runs/2026-11-26-s8)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from kernelize import exact, seeds
+from kernelize import locate
+from kernelize.core import kernelize, unkernelize
+
+pytestmark = pytest.mark.skipif(exact.unavailable(torch.device("cpu")) is not None,
+                                reason=f"SKIPPED: {exact.unavailable(torch.device('cpu'))}")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _inductor_config_snapshot() -> dict:
+    from torch._inductor import config as ic
+    return {k: ic.__getattr__(k) if "." not in k else getattr(getattr(ic, k.split(".")[0]), k.split(".")[1])
+            for k in exact.exact_config()}
+
+
+# ---- the configuration --------------------------------------------------------------------
+
+def test_config_is_applied_per_compilation_and_restored():
+    before = _inductor_config_snapshot()
+    from torch._inductor import lowering as low
+    mean = torch.ops.aten.mean.dim
+    lowered = low.lowerings.get(mean)
+    seen = {}
+
+    def spy(gm, example_inputs, **kw):
+        # inside the exact backend's inner compile the lowering of mean is the fallback
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+        def inner(*a, **k):
+            with exact.eager_lowerings():
+                seen["mean"] = low.lowerings.get(mean)
+                seen["fallback"] = getattr(seen["mean"], "_is_fallback_handler", False)
+                from torch._inductor import config as ic
+                seen["emulate"] = ic.emulate_precision_casts
+                seen["pattern_matcher"] = ic.pattern_matcher
+                return compile_fx_inner(*a, **k)
+        return compile_fx(gm, example_inputs, inner_compile=inner,
+                          config_patches=exact.exact_config(),
+                          decompositions=exact.exact_decompositions())
+
+    f = torch.compile(lambda x: x.pow(2).mean(-1, keepdim=True) * x, backend=spy)
+    x = torch.randn(8, 64)
+    f(x)
+    assert seen == {"mean": seen["mean"], "fallback": True, "emulate": True, "pattern_matcher": False}
+    # everything is as it was afterwards: the lowering table and inductor's config
+    assert low.lowerings.get(mean) is lowered
+    assert _inductor_config_snapshot() == before
+
+
+def test_decompositions_leave_the_eager_ops_whole():
+    table = exact.exact_decompositions()
+    names = {getattr(op, "overloadpacket", op).__name__ for op in table}
+    for op in ("native_layer_norm", "_softmax", "var_mean", "sigmoid", "gelu"):
+        assert op not in names, op
+    # the rest of inductor's table is still there (the fusions stay)
+    assert len(table) > 100
+
+
+def test_max_autotune_is_refused():
+    m = nn.Linear(4, 4)
+    with pytest.raises(ValueError, match="max-autotune"):
+        exact.exact_compile(m, mode="max-autotune")
+    assert exact.compile_state(m) is None
+
+
+def test_unavailable_leaves_the_model_eager(monkeypatch):
+    monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
+    m = nn.Linear(4, 4)
+    st = exact.exact_compile(m)
+    assert not st.compiled and "not supported" in st.reason
+    assert getattr(m, "_compiled_call_impl", None) is None
+    assert "runs eagerly" in str(st)
+
+
+def test_backend_is_registered_by_name():
+    from torch._dynamo.backends.registry import lookup_backend
+    assert lookup_backend("kernelize_exact") is exact.backend
+
+
+# ---- the seed models: plain compile differs, exact compile does not (f32, CPU) ----------------
+
+@pytest.mark.parametrize("name", list(seeds.SEEDS))
+def test_seed_model_builds_and_exact_compile_keeps_eager_bits(name):
+    model, x = seeds.build(name, torch.float32)
+    with torch.no_grad():
+        ref = model(x)
+        assert ref.shape == x.shape
+        compiled = copy.deepcopy(model)
+        st = exact.exact_compile(compiled)
+        assert st.compiled and exact.compile_state(compiled) is st
+        got = compiled(x)
+    assert locate.compare(ref, got).identical
+
+
+def test_plain_compile_moves_the_layer_norm_seed():
+    # the difference exact compile removes is real here: PR 177163's case under plain inductor
+    model, x = seeds.build("linear_layer_norm", torch.float32)
+    with torch.no_grad():
+        d = locate.compare(model(x), torch.compile(model)(x))
+    assert d.mismatched > 0
+
+
+def test_kernelize_compile_true_on_a_tiny_llama(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        ref = model(ids, use_cache=False).logits
+    # no kernels on the CPU: every layer is kept, and the model is compiled exactly
+    rep = kernelize(model, kernels_dir="kernels", arch="sm_90", verbose=False, compile=True)
+    assert rep.compile is not None and rep.compile.compiled
+    assert "exact compile" in str(rep)
+    from torch._dynamo.utils import counters
+    counters.clear()
+    with torch.no_grad():
+        got = model(ids, use_cache=False).logits
+    assert counters["stats"]["unique_graphs"] >= 1          # it was compiled
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert locate.compare(ref, got).identical
+    unkernelize(model)
+    assert exact.compile_state(model) is None and model._compiled_call_impl is None
+
+
+# ---- the divergence locator ---------------------------------------------------------------
+
+class _Perturbed(nn.Module):
+    """A LayerNorm that computes its statistics in two passes (a var_mean LayerNorm)."""
+
+    def __init__(self, ln: nn.LayerNorm):
+        super().__init__()
+        self.weight, self.bias, self.eps = ln.weight, ln.bias, ln.eps
+
+    def forward(self, x):
+        var, mean = torch.var_mean(x, -1, keepdim=True, correction=0)
+        return (x - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias
+
+
+def test_locator_names_a_perturbed_module_and_its_op():
+    model, x = seeds.build("linear_layer_norm", torch.float32)
+    cand = copy.deepcopy(model)
+    cand.norm = _Perturbed(cand.norm)
+    r = locate.diff(model, x, cand)
+    assert not r.identical
+    assert r.module == "norm"
+    # eager runs native_layer_norm where the candidate runs var_mean: named, with the ops
+    assert r.op == "var_mean" and r.eager_ops[0] == "native_layer_norm"
+    assert "norm" in str(r) and "var_mean" in str(r)
+
+
+def test_locator_names_an_op_that_computes_other_bits():
+    class Scale(nn.Module):
+        def __init__(self, k):
+            super().__init__()
+            self.k = k
+
+        def forward(self, x):
+            return torch.relu(x) * self.k
+
+    class Net(nn.Module):
+        def __init__(self, k):
+            super().__init__()
+            self.a = nn.Linear(8, 8)
+            self.s = Scale(k)
+
+        def forward(self, x):
+            return self.s(self.a(x))
+
+    torch.manual_seed(0)
+    model = Net(2.0)
+    cand = copy.deepcopy(model)
+    cand.s.k = 2.0000002   # one ulp-ish perturbation of the second op's operand
+    r = locate.diff(model, torch.randn(4, 8), cand)
+    assert r.module == "s" and r.op == "mul"   # relu before it matches
+    assert r.op_delta.mismatched > 0
+
+
+def test_locator_says_identical_for_identical_models():
+    model, x = seeds.build("attention", torch.float32)
+    r = locate.diff(model, x, copy.deepcopy(model))
+    assert r.identical and "identical" in str(r)
+    with pytest.raises(ValueError, match="copy"):
+        locate.diff(model, x, model)
+
+
+def test_locator_under_inductor_names_layer_norm_and_the_rewrite():
+    model, x = seeds.build("linear_layer_norm", torch.float32)
+    r = locate.diff(model, x, "inductor")
+    assert not r.identical
+    assert r.module == "norm" and r.op == "aten.native_layer_norm"
+    assert "native_layer_norm" in r.rewrite
+    # and under the exact backend the same model is identical
+    assert locate.diff(model, x, "exact", ops=False).identical
+
+
+def test_compare_counts_like_the_verifier():
+    a = torch.tensor([1.0, -0.0, float("nan"), 2.0])
+    b = torch.tensor([1.0, 0.0, float("nan"), 2.0000002])
+    d = locate.compare(a, b)
+    assert d.mismatched == 1 and d.max_ulp == 1   # +0 == -0, NaN == NaN, one ulp at 2.0
+    assert locate.compare((a,), [a]).note      # another structure
+
+
+def test_diff_cli_on_a_seed_model(capsys):
+    rc = locate.main(["--seed-model", "linear_layer_norm", "--dtype", "f32", "--device", "cpu",
+                      "--candidate", "exact", "--no-ops"])
+    assert rc == 0 and "identical" in capsys.readouterr().out
