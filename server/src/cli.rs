@@ -57,6 +57,9 @@ pub enum Command {
     /// Exit 0 when a hub answers /healthz (and, with --gpu, this host has a usable GPU): for
     /// container health checks, which need no curl in the image.
     Health(cmd::health::HealthArgs),
+    /// Name the first module and op where torch.compile (or kernelize's kernels) departs from
+    /// eager on a model (runs the Python divergence locator; `kernelize diff -- --help`).
+    Diff(cmd::diff::DiffArgs),
     #[command(name = "__sandbox", hide = true)]
     Sandbox(cmd::verify::SandboxArgs),
     /// Internal: compare the built-in reference layers with PyTorch eager outputs.
@@ -88,6 +91,7 @@ impl Command {
             Command::Cert(cmd::keys::CertCommand::Sign { .. }) => "cert sign",
             Command::Cert(cmd::keys::CertCommand::Verify { .. }) => "cert verify",
             Command::Health(_) => "health",
+            Command::Diff(_) => "diff",
             Command::Sandbox(_) => "__sandbox",
             Command::Conformance(_) => "__conformance",
         }

@@ -48,6 +48,7 @@ fn main() -> ExitCode {
         Command::Sandbox(a) => cmd::verify::sandbox(a),
         Command::Conformance(a) => cmd::verify::conformance(a),
         Command::Cert(c) => cmd::keys::cert_command(c),
+        Command::Diff(a) => cmd::diff::run(a),
         other => {
             // The verifier's sandbox processes inherit the GPU choice: set it before any
             // thread starts.
@@ -126,6 +127,7 @@ async fn run_async(command: Command) -> anyhow::Result<ExitCode> {
         | Command::Device(_)
         | Command::Sandbox(_)
         | Command::Conformance(_)
+        | Command::Diff(_)
         | Command::Cert(_) => {
             unreachable!("run synchronously")
         }
