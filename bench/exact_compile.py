@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 
 import kernelize as K  # noqa: E402
-from kernelize import seeds  # noqa: E402
+from kernelize import exact as _exact, seeds  # noqa: E402
 from kernelize.locate import compare, diff  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -119,6 +119,10 @@ def candidate(base, how: str):
                     compile=True if how == "kernelize+exact" else "reduce-overhead")
     elif how == "kernelize":
         K.kernelize(m, kernels_dir=ROOT / "kernels", names=EXACT, verbose=False)
+    elif how == "compile-regional":
+        # plain inductor, each block compiled on its own (PyTorch's recipe for large models)
+        for blk in _exact.blocks(m):
+            blk.compile()
     elif how == "exact-regional":
         # each decoder block and the final norm compiled on its own (PyTorch's regional recipe)
         inner = getattr(m, "model", None) or getattr(m, "transformer")

@@ -182,8 +182,10 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     docs/compile.md): the swapped layers stay opaque custom ops, every reduction and
     math-library function inductor would compute differently runs eager's own kernel, the
     pattern rewrites are off and eager's roundings are kept, so the compiled model computes
-    eager's bits while inductor fuses the rest. `report.compile` says what was done (or why the
-    model was left eager: no torch.compile on this platform).
+    eager's bits while inductor fuses the rest. A model with a repeated stack of blocks (a
+    transformer's decoder layers) is compiled block by block, its own code around them eager
+    (`exact_compile`'s `regional`). `report.compile` says what was done (or why the model was
+    left eager: no torch.compile on this platform).
 
     One source: `hub=URL` (the resolve API), `lock=PATH` (a lock written by `kernelize.lock`,
     offline) or `kernels_dir=PATH` (local kernel folders, unverified; `names` picks among them).
@@ -281,8 +283,8 @@ def lock(model: nn.Module, hub: str, path: str | os.PathLike = "kernelize.lock.j
 def unkernelize(model: nn.Module) -> int:
     """Restore the original forwards (and undo `compile=`); returns how many layers were
     restored."""
-    if model.__dict__.pop("_kernelize_compile", None) is not None:
-        model._compiled_call_impl = None
+    from .exact import uncompile
+    uncompile(model)
     n = 0
     for m in model.modules():
         orig = m.__dict__.get(_ORIG)

@@ -14,6 +14,9 @@ Inductor changes a model's numbers in four ways (docs/spec.md section 7):
 
 The exact backend (`backend`, registered with dynamo as "kernelize_exact") closes each:
 
+0. Scaled-dot-product attention is called as eager calls it (`eager_sdpa`, below): while
+   tracing, PyTorch would pick and decompose its backend for the traced shapes.
+
 1. and 4. (math library): the ops of `EAGER_OPS` are not decomposed and are lowered as
    *fallbacks*, i.e. inductor calls eager's own ATen kernel for them. Where kernelize has
    swapped a layer for a verified exact kernel, that kernel is an opaque custom op
@@ -82,6 +85,59 @@ EAGER_OPS: dict[str, str] = {
         "elu", "selu", "celu", "hardswish", "hardsigmoid", "logit", "lgamma", "digamma")},
     "pow": "a math-library function unless the exponent is 2 (which both compute as x * x)",
 }
+
+# ---- attention: scaled-dot-product attention as eager runs it -------------------------------
+
+# `F.scaled_dot_product_attention` is a composite: while tracing, PyTorch picks its backend
+# (flash, memory-efficient, math) for the traced shapes and decomposes it, and inductor lowers
+# what it picked; eager picks at each call. In f32 on an H100 the two picks differ and so do the
+# logits of every model that attends through SDPA (docs/compile.md). The exact backend replaces
+# each SDPA call of the graph it is given by this custom op, which inductor cannot look into:
+# the call runs eagerly, picking its backend as eager does. Its output is made contiguous (the
+# fake implementation says so, and a copy keeps the values).
+
+@torch.library.custom_op("kernelize::eager_sdpa", mutates_args=())
+def eager_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attn_mask: torch.Tensor | None, dropout_p: float, is_causal: bool,
+               scale: float | None, enable_gqa: bool) -> torch.Tensor:
+    kw = {"enable_gqa": True} if enable_gqa else {}
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+        scale=scale, **kw).contiguous()
+
+
+@eager_sdpa.register_fake
+def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    return query.new_empty((*query.shape[:-1], value.shape[-1]))
+
+
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None,
+                  "enable_gqa": False}
+
+
+def opaque_sdpa(gm: torch.fx.GraphModule) -> int:
+    """Replace every scaled-dot-product-attention call of a dynamo graph by `eager_sdpa`;
+    returns how many were replaced."""
+    targets = {torch.nn.functional.scaled_dot_product_attention,
+               getattr(torch._C._nn, "scaled_dot_product_attention", None)}
+    n_replaced = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in targets:
+            continue
+        vals = dict(zip(_SDPA_ARGS, node.args))
+        vals.update(node.kwargs)
+        args = tuple(vals.get(k, _SDPA_DEFAULTS.get(k)) for k in _SDPA_ARGS)
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_function(torch.ops.kernelize.eager_sdpa.default, args)
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        n_replaced += 1
+    if n_replaced:
+        gm.recompile()
+    return n_replaced
+
 
 _STATE = "_kernelize_compile"
 _MAX_AUTOTUNE = ("max-autotune", "max-autotune-no-cudagraphs")
@@ -191,6 +247,7 @@ def make_backend(config: dict[str, Any] | None = None, eager_ops: bool = True) -
         patches.update(fixed)   # exactness wins over the caller's options
         if not eager_ops:
             return compile_fx(gm, example_inputs, config_patches=patches)
+        opaque_sdpa(gm)
 
         def inner(*args: Any, **kwargs: Any) -> Any:
             # Lowering runs here: for the forward now, for a backward when first needed.
@@ -238,10 +295,12 @@ class CompileState:
     compiled: bool
     mode: str | None
     reason: str | None = None
+    regions: int = 0     # blocks compiled one by one (0: the whole model)
 
     def __str__(self) -> str:
         if self.compiled:
-            return f"exact compile: inductor with eager's bits, mode {self.mode or 'default'}"
+            where = f"{self.regions} blocks compiled one by one" if self.regions else "the whole model"
+            return f"exact compile: inductor with eager's bits, mode {self.mode or 'default'}, {where}"
         return f"exact compile: not compiled ({self.reason}); the model runs eagerly"
 
 
@@ -271,11 +330,32 @@ def _module_device(model: torch.nn.Module) -> torch.device | None:
     return None
 
 
+def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks of the model's repeated stacks: the members of every `nn.ModuleList` of at
+    least two modules of one class (a transformer's decoder layers), outermost lists only."""
+    found: list[torch.nn.Module] = []
+    skip: set[int] = set()
+    for _, m in model.named_modules():
+        if id(m) in skip:
+            continue
+        if isinstance(m, torch.nn.ModuleList) and len(m) >= 2 and len({type(b) for b in m}) == 1:
+            found.extend(m)
+            skip.update(id(x) for b in m for x in b.modules())
+    return found
+
+
 def exact_compile(model: torch.nn.Module, mode: str | None = None, *, dynamic: bool | None = None,
-                  fullgraph: bool = False, inplace: bool = True) -> CompileState:
-    """Compile `model` with the exact backend: `model.compile(...)` in place (the module keeps
-    its type, parameters and state_dict keys), or, with `inplace=False`, nothing is changed
-    and `state.module` is not set: use `torch.compile(model, backend="kernelize_exact")`.
+                  fullgraph: bool = False, regional: bool | None = None) -> CompileState:
+    """Compile `model` in place with the exact backend (`nn.Module.compile`: the module keeps its
+    type, parameters and state_dict keys).
+
+    `regional` (default: when the model has a repeated stack of blocks, `blocks(model)`): each
+    block is compiled on its own, as PyTorch recommends for large models (one compilation serves
+    every block), and the model's own code around them (embeddings, attention masks, rotary
+    tables, final norm, head) runs eagerly. That is also what keeps eager's bits there:
+    transformers builds attention masks differently while being traced (an explicit mask where
+    eager passes `is_causal`), which changes attention's bits in f32 (docs/compile.md).
+    `regional=False` compiles the whole model.
 
     `mode`: None/"default" or "reduce-overhead" (CUDA graphs). Where torch.compile cannot run
     (`unavailable`), the model is left eager and the state says why."""
@@ -285,11 +365,26 @@ def exact_compile(model: torch.nn.Module, mode: str | None = None, *, dynamic: b
         state = CompileState(False, mode, why)
         model.__dict__[_STATE] = state
         return state
-    state = CompileState(True, mode)
-    if inplace:
-        model.compile(backend=backend, mode=mode, dynamic=dynamic, fullgraph=fullgraph)
-        model.__dict__[_STATE] = state
+    regions = blocks(model) if regional is not False else []
+    if regional and not regions:
+        raise ValueError("regional=True: the model has no repeated stack of blocks "
+                         "(an nn.ModuleList of two or more modules of one class)")
+    state = CompileState(True, mode, regions=len(regions))
+    for m in regions or [model]:
+        m.compile(backend=backend, mode=mode, dynamic=dynamic, fullgraph=fullgraph)
+        m.__dict__[_STATE] = state
+    model.__dict__[_STATE] = state
     return state
+
+
+def uncompile(model: torch.nn.Module) -> bool:
+    """Undo `exact_compile` on `model` (and its blocks); whether there was anything to undo."""
+    if model.__dict__.pop(_STATE, None) is None:
+        return False
+    for m in model.modules():
+        if m.__dict__.pop(_STATE, None) is not None or m is model:
+            m._compiled_call_impl = None
+    return True
 
 
 def compile_state(model: torch.nn.Module) -> CompileState | None:

@@ -133,7 +133,10 @@ def test_kernelize_compile_true_on_a_tiny_llama(tmp_path):
     # no kernels on the CPU: every layer is kept, and the model is compiled exactly
     rep = kernelize(model, kernels_dir="kernels", arch="sm_90", verbose=False, compile=True)
     assert rep.compile is not None and rep.compile.compiled
-    assert "exact compile" in str(rep)
+    # the decoder layers are compiled one by one, the model's own code stays eager
+    assert rep.compile.regions == 2 and "2 blocks" in str(rep)
+    assert all(b._compiled_call_impl is not None for b in model.model.layers)
+    assert getattr(model, "_compiled_call_impl", None) is None
     from torch._dynamo.utils import counters
     counters.clear()
     with torch.no_grad():
@@ -142,7 +145,21 @@ def test_kernelize_compile_true_on_a_tiny_llama(tmp_path):
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     assert locate.compare(ref, got).identical
     unkernelize(model)
-    assert exact.compile_state(model) is None and model._compiled_call_impl is None
+    assert exact.compile_state(model) is None
+    assert all(b._compiled_call_impl is None for b in model.model.layers)
+
+
+def test_whole_model_compile_and_blocks():
+    model, x = seeds.build("linear_layer_norm", torch.float32)
+    assert exact.blocks(model) == []
+    with pytest.raises(ValueError, match="no repeated stack"):
+        exact.exact_compile(model, regional=True)
+    st = exact.exact_compile(model)          # no blocks: the whole model
+    assert st.regions == 0 and model._compiled_call_impl is not None
+    assert exact.uncompile(model) and model._compiled_call_impl is None
+    stack = nn.Sequential(nn.ModuleList([nn.Linear(4, 4) for _ in range(3)]),
+                          nn.ModuleList([nn.Linear(4, 4), nn.ReLU()]))
+    assert exact.blocks(stack) == list(stack[0])
 
 
 # ---- the divergence locator ---------------------------------------------------------------
@@ -228,3 +245,29 @@ def test_diff_cli_on_a_seed_model(capsys):
     rc = locate.main(["--seed-model", "linear_layer_norm", "--dtype", "f32", "--device", "cpu",
                       "--candidate", "exact", "--no-ops"])
     assert rc == 0 and "identical" in capsys.readouterr().out
+
+
+def test_attention_through_sdpa_is_called_as_eager_calls_it():
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(32, 96)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(2, 8, 3, 4, 8).permute(2, 0, 3, 1, 4)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    torch.manual_seed(0)
+    m, x = Attn().eval(), torch.randn(2, 8, 32)
+    replaced = []
+
+    def spy(gm, example_inputs, **kw):
+        replaced.append(exact.opaque_sdpa(gm))
+        assert "kernelize.eager_sdpa" in gm.code
+        return exact.backend(gm, example_inputs, **kw)
+
+    with torch.no_grad():
+        ref = m(x)
+        got = torch.compile(m, backend=spy, fullgraph=True)(x)
+    assert replaced == [1]
+    assert locate.compare(ref, got).identical
