@@ -370,7 +370,13 @@ def _compile_run(backend: Any, gm: torch.fx.GraphModule, tensors: list[Tensor],
 
 def _op_by_prefix(res: Divergence, module: nn.Module, call: _Call, candidate: str,
                   max_ops: int) -> None:
-    gm, tensors = _trace(module, call)
+    try:
+        gm, tensors = _trace(module, call)
+    except Exception as e:   # data-dependent Python (a transformers model's mask code), ...
+        res.rewrite = (f"the op was not searched: {res.module or '<model>'} cannot be traced into "
+                       f"ATen ops ({type(e).__name__}: {str(e).splitlines()[0][:160]}); its "
+                       "children each match, so the difference comes from compiling them together")
+        return
     env: dict[str, Any] = {}
 
     class Rec(torch.fx.Interpreter):

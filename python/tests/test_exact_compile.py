@@ -271,3 +271,18 @@ def test_attention_through_sdpa_is_called_as_eager_calls_it():
         got = torch.compile(m, backend=spy, fullgraph=True)(x)
     assert replaced == [1]
     assert locate.compare(ref, got).identical
+
+
+def test_kernelize_diff_command_runs_the_locator():
+    # `kernelize diff -- ARGS` runs `python3 -m kernelize.locate ARGS` with this Python and the
+    # repository's package; its exit code is the locator's (1: a divergence was found)
+    import subprocess
+    import sys
+
+    from conftest import REPO, _binary
+    out = subprocess.run([str(_binary()), "diff", "--python", sys.executable, "--python-path",
+                          str(REPO / "python"), "--", "--seed-model", "linear_layer_norm",
+                          "--dtype", "f32", "--device", "cpu", "--candidate", "inductor",
+                          "--no-ops"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "first module: norm (LayerNorm)" in out.stdout
