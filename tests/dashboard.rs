@@ -331,6 +331,11 @@ async fn overview_kernel_and_policy_pages() {
         "vs fastest bit-exact",
         "1.20x", // silu_off's 3000 GB/s over silu_exact's 2500, on sm_90
         "0.60x", // silu_compiled's 1500 over the same
+        // torch.compile's rewrites (docs/compile-rewrites.json), plain inductor and exact compile
+        "torch.compile's rewrites",
+        "transformers LlamaRMSNorm",
+        "<strong>bit_exact</strong>",
+        "pytorch#179578",
     ] {
         assert!(field.contains(needle), "the field lacks `{needle}`");
     }

@@ -286,3 +286,17 @@ def test_kernelize_diff_command_runs_the_locator():
                           "--no-ops"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 1, out.stderr[-2000:]
     assert "first module: norm (LayerNorm)" in out.stdout
+
+
+def test_the_committed_rewrite_table_is_the_one_its_records_give(tmp_path):
+    # docs/compile-rewrites.json (the dashboard's field page builds it in) from the GPU run's
+    # records, by scripts/compile_rewrites.py
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    out = tmp_path / "rewrites.json"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "compile_rewrites.py"), "--out", str(out)],
+                   check=True, capture_output=True)
+    assert out.read_text() == (REPO / "docs" / "compile-rewrites.json").read_text(), \
+        "docs/compile-rewrites.json is stale: run python3 scripts/compile_rewrites.py"

@@ -12,7 +12,9 @@ use axum::extract::{Query, State};
 use kernel_registry::{Arch, DType, Op, Runtime};
 use kernel_store::{FieldGroup, FieldRow, MatrixFilter, HEADLINE_COLS, HEADLINE_ROWS};
 use maud::{html, Markup};
+use serde::Deserialize;
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 /// Rows per page, by default and at most.
 const PAGE_ROWS: i64 = 200;
@@ -70,6 +72,7 @@ pub async fn page(
             (table(&rows, &fastest_exact))
             (pager("field-pages", offset, limit, rows.len(), total, link))
         }
+        (rewrites_section())
     };
     Ok(layout("The field", Nav::Field, body))
 }
@@ -173,5 +176,91 @@ fn table(rows: &[FieldRow], fastest_exact: &HashMap<FieldGroup, f64>) -> Markup 
                 }
             }
         }
+    }
+}
+
+/// torch.compile's rewrites against eager's bits, plain inductor and kernelize's exact compile
+/// (docs/compile.md): `docs/compile-rewrites.json`, written by `scripts/compile_rewrites.py`
+/// from a GPU run's records and built into the binary.
+const REWRITES_JSON: &str = include_str!("../../../docs/compile-rewrites.json");
+
+#[derive(Deserialize)]
+struct RewriteTable {
+    device: String,
+    torch: String,
+    date: String,
+    rewrites: Vec<Rewrite>,
+}
+
+#[derive(Deserialize)]
+struct Rewrite {
+    subject: String,
+    rewrite: String,
+    dtypes: String,
+    measured: String,
+    inductor: String,
+    exact: String,
+    evidence: String,
+}
+
+fn rewrite_table() -> &'static RewriteTable {
+    static TABLE: OnceLock<RewriteTable> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        serde_json::from_str(REWRITES_JSON)
+            .expect("docs/compile-rewrites.json parses (a unit test checks it)")
+    })
+}
+
+fn rewrites_section() -> Markup {
+    let t = rewrite_table();
+    html! {
+        h2 #compile-rewrites { "torch.compile's rewrites" }
+        p {
+            "What Inductor does to eager's bits, layer by layer and model by model, and what kernelize's exact compile "
+            "(" code { "kernelize(model, compile=True)" } ": reductions, normalisations, math functions and attention as eager's own kernels, "
+            "no pattern rewrites, eager's roundings) does instead. Measured on " (t.device) " with torch " (t.torch) " on " (t.date) "; "
+            "see docs/compile.md."
+        }
+        div.scroll {
+            table #rewrites {
+                thead { tr {
+                    th { "layer or model" } th { "what Inductor rewrites" } th { "dtype" } th { "measured by" }
+                    th { "torch.compile" } th { "exact compile" } th { "evidence" }
+                } }
+                tbody {
+                    @for r in &t.rewrites {
+                        tr {
+                            td { (r.subject) } td.muted { (r.rewrite) } td { (r.dtypes) } td.muted { (r.measured) }
+                            td { (r.inductor) }
+                            td { @if r.exact == "bit_exact" || r.exact == "bit-identical" { strong { (r.exact) } } @else { (r.exact) } }
+                            td.muted { (r.evidence) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rewrite_table_parses_and_has_every_layer() {
+        let t = rewrite_table();
+        assert!(t.rewrites.len() >= 4);
+        for subject in [
+            "LlamaRMSNorm",
+            "nn.LayerNorm",
+            "silu(gate) * up",
+            "pytorch#179578",
+        ] {
+            assert!(
+                t.rewrites.iter().any(|r| r.subject.contains(subject)),
+                "no row for {subject}"
+            );
+        }
+        assert!(!t.torch.is_empty() && !t.device.is_empty());
     }
 }

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Write docs/compile-rewrites.json, the table of torch.compile's rewrites that the dashboard's
+field page and docs/compile.md show: per layer or model, what plain inductor does to eager's
+bits and what kernelize's exact compile does, with the evidence (the records of an H100 run).
+
+    python3 scripts/compile_rewrites.py [RUN_DIR] [--out FILE]   (default: docs/gpu-runs/2026-11-26-s8)
+
+A Python test writes it again into a temporary file and compares, so the committed table is
+always the one its records give.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+_ARGS = [a for a in sys.argv[1:]]
+OUT = Path(_ARGS.pop(_ARGS.index("--out") + 1)) if "--out" in _ARGS else ROOT / "docs" / "compile-rewrites.json"
+_ARGS = [a for a in _ARGS if a != "--out"]
+RUN = Path(_ARGS[0]) if _ARGS else ROOT / "docs" / "gpu-runs" / "2026-11-26-s8"
+ENV = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "transformers": "5.17.0",
+       "date": "2026-11-26"}
+
+LAYERS = [  # (what, rewrite, plain candidate, exact candidate)
+    ("transformers LlamaRMSNorm", "the reduction of mean() and the fused rounding of the weight product",
+     "compile_llama_rms_norm", "exact_compile_llama_rms_norm"),
+    ("transformers GemmaRMSNorm", "the reduction of mean()", "compile_gemma_rms_norm",
+     "exact_compile_gemma_rms_norm"),
+    ("nn.LayerNorm", "native_layer_norm decomposed into var_mean arithmetic (PR 177163)",
+     "compile_layer_norm", "exact_compile_layer_norm"),
+    ("silu(gate) * up (the gated MLP)", "the intermediate rounding of silu() dropped in the fusion",
+     "compile_silu_mul", "exact_compile_silu_mul"),
+]
+MODELS = [  # (model key in the rows, what, rewrite)
+    ("seed:attention", "matmul -> div -> softmax -> dropout -> matmul (pytorch#179578)",
+     "the softmax reduction (and, with the pattern matcher, SDPA)"),
+    ("seed:einsum_mha", "einsum projections with a bias add (pytorch#179575)",
+     "the softmax reduction and einsum rewrites"),
+    ("seed:linear_layer_norm", "Linear -> LayerNorm(1024) -> Linear (PR 177163)",
+     "native_layer_norm decomposed into var_mean arithmetic"),
+    ("arch:llama", "Llama architecture (prefill and decode logits)", "RMSNorm reductions, fused roundings, SDPA picked while tracing"),
+    ("arch:qwen2", "Qwen2 architecture", "as Llama"),
+    ("arch:mistral", "Mistral architecture", "as Llama"),
+    ("arch:gemma", "Gemma architecture", "as Llama, tanh-GELU"),
+    ("arch:gpt2", "GPT-2 architecture", "LayerNorm decomposition, GELU"),
+]
+
+
+def verdict(path: Path) -> str:
+    v = json.loads(path.read_text())["summary"]["per_dtype"]["bf16"]
+    frac = v.get("max_mismatch_fraction") or 0
+    return v["class"] + (f", up to {100 * frac:.2g}% of a case's elements" if frac else "")
+
+
+def rows_of(pattern: str) -> dict:
+    out = {}
+    for f in sorted(RUN.glob(pattern)):
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            out[(r["model"], r["dtype"], r["candidate"])] = r
+    return out
+
+
+def bits(r: dict | None) -> str:
+    if r is None:
+        return "not measured"
+    if "error" in r:
+        return "did not run"
+    n = r.get("mismatched", r.get("prefill_mismatched", 0) + r.get("decode_mismatched", 0))
+    total = r["numel"]
+    mx = r.get("max_abs_diff", max(r.get("prefill_max_abs", 0), r.get("decode_max_abs", 0)))
+    return "bit-identical" if n == 0 else f"{n} of {total} output elements differ (max {mx:.2g})"
+
+
+def main() -> int:
+    entries = []
+    for what, rewrite, plain, exact in LAYERS:
+        entries.append(dict(subject=what, rewrite=rewrite, dtypes="bf16",
+                            measured="kernelize verify --quick (31 cases against the eager reference)",
+                            inductor=verdict(RUN / "rewrites" / f"{plain}.json"),
+                            exact=verdict(RUN / "rewrites" / f"{exact}.json"),
+                            evidence=f"docs/gpu-runs/{RUN.name}/rewrites/"))
+    plain = {**rows_of("run1-*.rows.jsonl"), **rows_of("run2-exact-f*-part.rows.jsonl"),
+             **rows_of("run3-exact-*.rows.jsonl")}
+    final = rows_of("run7-*.rows.jsonl")
+    for key, what, rewrite in MODELS:
+        for dt in ("bf16", "f16", "f32"):
+            entries.append(dict(subject=what, rewrite=rewrite, dtypes=dt,
+                                measured="logits bit for bit against eager (bench/exact_compile.py)",
+                                inductor=bits(plain.get((key, dt, "compile"))),
+                                exact=bits(final.get((key, dt, "kernelize+exact"))),
+                                evidence=f"docs/gpu-runs/{RUN.name}/"))
+    out = OUT
+    out.write_text(json.dumps({**ENV, "rewrites": entries}, indent=1) + "\n")
+    print(f"wrote {out} ({len(entries)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
