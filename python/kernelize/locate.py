@@ -321,7 +321,8 @@ def _op_by_dispatch(res: Divergence, module: nn.Module, cand: Callable, call: _C
 
 _NO_COMPUTE = {"view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "unsqueeze",
                "squeeze", "slice", "select", "detach", "alias", "clone", "contiguous", "split",
-               "split_with_sizes", "unbind", "as_strided", "_to_copy_noop", "lift_fresh_copy"}
+               "split_with_sizes", "unbind", "as_strided", "_to_copy_noop", "lift_fresh_copy",
+               "getitem", "size", "dim", "stride"}
 
 
 def _trace(module: nn.Module, call: _Call) -> tuple[torch.fx.GraphModule, list[Tensor]]:
@@ -368,15 +369,36 @@ def _compile_run(backend: Any, gm: torch.fx.GraphModule, tensors: list[Tensor],
         return fn(*_clone(tensors))
 
 
-def _op_by_prefix(res: Divergence, module: nn.Module, call: _Call, candidate: str,
-                  max_ops: int) -> None:
-    try:
-        gm, tensors = _trace(module, call)
-    except Exception as e:   # data-dependent Python (a transformers model's mask code), ...
-        res.rewrite = (f"the op was not searched: {res.module or '<model>'} cannot be traced into "
-                       f"ATen ops ({type(e).__name__}: {str(e).splitlines()[0][:160]}); its "
-                       "children each match, so the difference comes from compiling them together")
-        return
+def _dynamo_graphs(module: nn.Module, call: _Call) -> list[tuple[torch.fx.GraphModule, list]]:
+    """The graphs dynamo captures from the module's call (data-dependent Python splits them),
+    each with the inputs it was called with."""
+    graphs: list[tuple[torch.fx.GraphModule, list]] = []
+
+    def capture(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        graphs.append((gm, _clone(list(example_inputs))))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(module, backend=capture)(*_clone(call.args), **_clone(call.kwargs))
+    torch._dynamo.reset()
+    return graphs
+
+
+def _node_name(n: torch.fx.Node) -> str:
+    if n.op == "call_method":
+        return f"Tensor.{n.target}"
+    t = n.target
+    packet = getattr(t, "overloadpacket", None)
+    if packet is not None:
+        return _qualified(t)
+    mod = getattr(t, "__module__", None) or ""
+    name = getattr(t, "__name__", str(t))
+    return f"{mod.replace('torch._C._nn', 'torch.nn.functional')}.{name}" if mod else name
+
+
+def _first_differing_node(gm: torch.fx.GraphModule, tensors: list, backend: Any,
+                          max_ops: int) -> tuple[torch.fx.Node, torch.fx.GraphModule, Delta, Any] | None:
     env: dict[str, Any] = {}
 
     class Rec(torch.fx.Interpreter):
@@ -387,22 +409,46 @@ def _op_by_prefix(res: Divergence, module: nn.Module, call: _Call, candidate: st
 
     with torch.no_grad():
         Rec(gm).run(*_clone(tensors))
-    backend = _backend_fn(candidate)
-    nodes = [n for n in gm.graph.nodes if n.op == "call_function"
-             and getattr(getattr(n.target, "overloadpacket", None), "__name__", "") not in _NO_COMPUTE]
-    for i, n in enumerate(nodes[:max_ops]):
+    def computes(n: torch.fx.Node) -> bool:
+        name = (n.target if isinstance(n.target, str) else
+                getattr(getattr(n.target, "overloadpacket", None), "__name__", None)
+                or getattr(n.target, "__name__", ""))
+        return (n.op in ("call_function", "call_method") and name not in _NO_COMPUTE
+                and any(isinstance(v, Tensor) for v in pytree.tree_leaves(env.get(n.name))))
+
+    nodes = [n for n in gm.graph.nodes if computes(n)]
+    for n in nodes[:max_ops]:
         pg = _prefix(gm, n)
         d = compare(env[n.name], _compile_run(backend, pg, tensors))
-        if d.identical:
+        if not d.identical:
+            return n, pg, d, env[n.name]
+    return None
+
+
+def _op_by_prefix(res: Divergence, module: nn.Module, call: _Call, candidate: str,
+                  max_ops: int) -> None:
+    backend = _backend_fn(candidate)
+    try:
+        graphs = [_trace(module, call)]
+        how = "ATen ops"
+    except Exception:   # data-dependent Python (a transformers model's mask code), ...
+        # dynamo's own graphs of the call instead (split where the Python is data-dependent)
+        graphs = _dynamo_graphs(module, call)
+        how = "dynamo's graphs"
+    for gm, tensors in graphs:
+        found = _first_differing_node(gm, tensors, backend, max_ops)
+        if found is None:
             continue
-        res.op, res.op_index, res.op_delta = _qualified(n.target), i, d
+        n, pg, d, want = found
+        res.op, res.op_delta = _node_name(n), d
+        res.op_index = [x for x in gm.graph.nodes].index(n)
         if candidate == "inductor":
-            res.rewrite = _which_switch(pg, tensors, env[n.name], _qualified(n.target))
+            res.rewrite = _which_switch(pg, tensors, want, res.op)
         elif candidate == "exact":
             res.rewrite = "exact compile itself: an op it does not yet keep eager's (report it)"
         return
-    res.rewrite = ("no single op's value differs when the module is traced alone; the difference "
-                   "needs the module's calls as the model makes them")
+    res.rewrite = (f"no single op's value differs when the module is traced alone (as {how}); "
+                   "the difference needs the module's calls as the model makes them")
 
 
 def _which_switch(pg: torch.fx.GraphModule, tensors: list[Tensor], want: Any, op: str) -> str:

@@ -300,3 +300,28 @@ def test_the_committed_rewrite_table_is_the_one_its_records_give(tmp_path):
                    check=True, capture_output=True)
     assert out.read_text() == (REPO / "docs" / "compile-rewrites.json").read_text(), \
         "docs/compile-rewrites.json is stale: run python3 scripts/compile_rewrites.py"
+
+
+def test_locator_names_the_op_of_a_module_make_fx_cannot_trace():
+    # data-dependent Python in the module's own code (as in transformers' mask building): the
+    # op is found in dynamo's graphs instead
+    class Gate(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(64, 64)
+            self.w = nn.Parameter(torch.randn(64))
+            self.b = nn.Parameter(torch.randn(64))
+
+        def forward(self, x):
+            h = self.a(x)
+            if (h > -1e30).all():       # data-dependent (an exact reduction)
+                h = h * 1.0
+            return torch.nn.functional.layer_norm(h, (64,), self.w, self.b, 1e-5)
+
+    torch.manual_seed(0)
+    m = Gate().eval()
+    x = torch.randn(512, 64) * 3 + 1
+    r = locate.diff(m, x, "inductor")
+    assert not r.identical and r.module == ""
+    assert r.op is not None and "layer_norm" in r.op, r
+    assert "layer_norm" in r.rewrite
