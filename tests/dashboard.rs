@@ -78,7 +78,7 @@ async fn verify_next(srv: &TestServer, worker: &str, fixture: &str, arch: &str) 
 
 const HOSTILE: &str = "<script>alert('owned')</script> & \"quoted\" <b>bold</b>";
 
-/// A Python candidate (SPEC 2b) of silu, submitted with a `submit-python` token and verified on
+/// A Python candidate (docs/spec.md section 2b) of silu, submitted with a `submit-python` token and verified on
 /// sm_90 from the `one_ulp_fast` fixture at half its speed (1 ulp off, 1500 GB/s), with a
 /// model-level measurement (argmax kept at 504 of 512 positions, logits moved by 0.074): test
 /// data shaped like a Python candidate's report (its Python environment, no NVRTC modules).

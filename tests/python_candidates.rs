@@ -1,4 +1,4 @@
-//! Python candidates (SPEC 2b, issue 16) over HTTP, on SQLite and on PostgreSQL: only a token
+//! Python candidates (docs/spec.md section 2b, issue 16) over HTTP, on SQLite and on PostgreSQL: only a token
 //! of scope `submit-python` submits one, and reports and resolve work across runtimes.
 
 mod support;

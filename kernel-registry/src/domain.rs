@@ -1,4 +1,4 @@
-//! Newtypes for the words of SPEC section 2, parsed once at the edge.
+//! Newtypes for the words of docs/spec.md section 2, parsed once at the edge.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
@@ -53,7 +53,7 @@ macro_rules! word_enum {
 }
 
 word_enum!(
-    /// The operations of SPEC section 2 (gelu and gelu_tanh counted as two entry names).
+    /// The operations of docs/spec.md section 2 (gelu and gelu_tanh counted as two entry names).
     Op, "op", {
         RmsNorm => "rms_norm",
         FusedAddRmsNorm => "fused_add_rms_norm",
@@ -78,7 +78,7 @@ word_enum!(
 );
 
 word_enum!(
-    /// Storage dtype T of SPEC section 2.
+    /// Storage dtype T of docs/spec.md section 2.
     DType, "dtype", {
         Bf16 => "bf16",
         F16 => "f16",
@@ -113,7 +113,7 @@ impl Op {
     pub fn is_gated(self) -> bool {
         matches!(self, Op::SiluMul | Op::GeluTanhMul)
     }
-    /// The kernel ABI of SPEC section 2: the entry's parameters after its name, `T` standing
+    /// The kernel ABI of docs/spec.md section 2: the entry's parameters after its name, `T` standing
     /// for the dtype's C type ([`DType::cuda_type`]). The one description of the ABI: the
     /// verifier builds its launch arguments from these names (`gpu::abi_args`), and
     /// `python/tests/fixtures/abi.json` (checked by a test here) carries them to the generator

@@ -108,7 +108,7 @@ impl Constraints {
     }
 }
 
-/// What executes a kernel's source (SPEC 2b): NVRTC-compiled CUDA (the default), or a Python
+/// What executes a kernel's source (docs/spec.md section 2b): NVRTC-compiled CUDA (the default), or a Python
 /// function called with PyTorch tensors in a child process.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

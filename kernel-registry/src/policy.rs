@@ -1,4 +1,4 @@
-//! Exactness policies (SPEC section 4), parsed from strings such as `bit_exact`,
+//! Exactness policies (docs/spec.md section 4), parsed from strings such as `bit_exact`,
 //! `ulp:2,deterministic` or `tolerance,max_abs_diff=0.01`, and evaluated on reports.
 //! This is the one implementation: the CLI, the worker and the resolver all call it.
 

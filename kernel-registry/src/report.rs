@@ -82,7 +82,7 @@ pub struct VerificationReport {
     /// hub job queued for an unverified width); their cases are in `cases` like the others.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub requested_shapes: Vec<ShapeRequest>,
-    /// A Python candidate's run (SPEC 2b): the interpreter, torch and the packages it required,
+    /// A Python candidate's run (docs/spec.md section 2b): the interpreter, torch and the packages it required,
     /// at the versions the verification ran with. Absent for CUDA kernels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python: Option<PythonRuntime>,

@@ -30,7 +30,7 @@ pub struct KernelRow {
     pub authors: Vec<String>,
     pub origin: String,
     pub created_at: String,
-    /// What executes the source (SPEC 2b); left out of the JSON for CUDA kernels.
+    /// What executes the source (docs/spec.md section 2b); left out of the JSON for CUDA kernels.
     #[serde(default, skip_serializing_if = "Runtime::is_cuda")]
     pub runtime: Runtime,
 }

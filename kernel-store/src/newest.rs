@@ -244,7 +244,7 @@ pub struct CandidateKernel {
     pub digest: kernel_registry::Digest,
     pub dtypes: Vec<DType>,
     pub constraints: kernel_registry::manifest::Constraints,
-    /// CUDA or Python (SPEC 2b): resolve considers Python candidates only when asked to.
+    /// CUDA or Python (docs/spec.md section 2b): resolve considers Python candidates only when asked to.
     pub runtime: kernel_registry::Runtime,
 }
 

@@ -213,7 +213,7 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     lock's own `trusted_keys` are used when none are given). A kernel failing the check is kept
     out with the reason; a lock whose certificates fail is refused (`CertificateError`).
 
-    `allow_python=True` opts in to Python candidates (SPEC 2b: a kernel whose manifest says
+    `allow_python=True` opts in to Python candidates (docs/spec.md section 2b: a kernel whose manifest says
     `runtime = "python"`, e.g. Liger-Kernel's or a torch.compile'd layer): their source runs in
     this process, with the packages their `requires` names (installed by you). Without it the
     hub is not asked for them and a lock's are kept out, with the reason. A local

@@ -41,7 +41,7 @@ MANIFEST_FIELDS = (
     "entries", "launch", "constraints", "nvrtc_options",
 )
 # Left out of the canonical form of a CUDA kernel (`runtime` "cuda", `requires` empty), so that
-# CUDA digests made before Python candidates (SPEC 2b) hold.
+# CUDA digests made before Python candidates (docs/spec.md section 2b) hold.
 OPTIONAL_FIELDS = ("runtime", "requires")
 RUNTIMES = ("cuda", "python")
 MAX_REQUIRES = 16
@@ -376,7 +376,7 @@ def check_requirement(r: str) -> str:
 
 
 def _parse_python(raw, name, version, op, semantics, description, authors, lic, source):
-    """Manifest::check_python: a Python candidate (SPEC 2b)."""
+    """Manifest::check_python: a Python candidate (docs/spec.md section 2b)."""
     if "launch" in raw:
         raise _fe("launch", "a Python candidate has no launch rules (the function launches its own kernels)")
     if "nvrtc_options" in raw:

@@ -3,7 +3,7 @@
 Recognition is by class (nn.RMSNorm, nn.LayerNorm, nn.SiLU, nn.GELU, HF classes) and is then
 confirmed by a probe: the layer's own forward runs on a small bf16 input on the CPU (on a
 copy, with random weights) and must equal, bit for bit, the eager formula of exactly one
-semantics of SPEC section 2. A layer that matches none is left alone, with the reason.
+semantics of docs/spec.md section 2. A layer that matches none is left alone, with the reason.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def classify_activation(m: nn.Module) -> tuple[str | None, str]:
                   f"({diffs[best]} of 2048 probe elements differ)")
 
 
-# The gated MLP ops, by the activation of the gate (SPEC section 2): HF LlamaMLP, Qwen2MLP,
+# The gated MLP ops, by the activation of the gate (docs/spec.md section 2): HF LlamaMLP, Qwen2MLP,
 # MistralMLP (SiLU) and GemmaMLP, Gemma2MLP, Gemma3MLP (gelu_pytorch_tanh).
 GATED_OPS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul"}
 

@@ -1,5 +1,5 @@
 """Model-level measurement of one kernel: the logits of small real models, eager and with the
-kernel substituted for every matching layer (SPEC section 3, "model level").
+kernel substituted for every matching layer (docs/spec.md section 3, "model level").
 
 The Rust verifier (`kernelize verify KERNEL_DIR --model DIR ...`) runs this as a child process
 and computes the metrics (max logit abs diff, argmax match, top-5 overlap, KL) from the files
@@ -28,7 +28,7 @@ it). Progress goes to stderr; stdout stays empty.
 it loads, adapts, runs the eager forward and reports what would be replaced, writing
 summary.json without logits. The CPU tests use it; the product path always launches.
 
-A Python candidate (SPEC 2b, `runtime = "python"` in kernel.toml) is measured the same way: its
+A Python candidate (docs/spec.md section 2b, `runtime = "python"` in kernel.toml) is measured the same way: its
 `.py` source is loaded once per dtype (`pykernel.PythonKernel`) and its function is called in
 place of every matching layer's forward (the same matching and adaptation as a CUDA kernel's).
 `--package-dir DIR` (repeatable) puts folders of the packages it imports first on `sys.path`

@@ -4,7 +4,7 @@ Each dtype's entry is compiled by NVRTC (`nvrtc.py`, ctypes on libnvrtc) as its 
 with the verifier's program name and option list, and NVRTC's CUBIN is loaded with
 `cuModuleLoadData`: the client runs the very code the verification report hashed
 (`compiled[].code_sha256`; `CompiledKernel.record` has the client's). The launch goes through
-`cuLaunchKernel`, because the ABI (SPEC section 2) takes `long long` sizes and a `float` eps.
+`cuLaunchKernel`, because the ABI (docs/spec.md section 2) takes `long long` sizes and a `float` eps.
 """
 
 from __future__ import annotations
@@ -318,7 +318,7 @@ def current_stream_fn() -> Any:
 def compiled(digest: str, manifest: dict[str, Any], source: str, dtype: str,
              device: torch.device, allow_python: bool = False) -> CompiledKernel:
     """`dtype`'s entry of the kernel `digest`, compiled and loaded on `device` (once per process).
-    A Python candidate (SPEC 2b) is loaded as a `pykernel.PythonKernel` instead, and only with
+    A Python candidate (docs/spec.md section 2b) is loaded as a `pykernel.PythonKernel` instead, and only with
     `allow_python` (its code runs in this process)."""
     if is_python(manifest):
         key = (digest, dtype, str(device))

@@ -1,4 +1,4 @@
-"""Python candidates (SPEC 2b) in the client: a kernel whose manifest says `runtime = "python"`
+"""Python candidates (docs/spec.md section 2b) in the client: a kernel whose manifest says `runtime = "python"`
 is a function of its `.py` source, called with the layer's tensors as `[rows, cols]` contiguous
 tensors. Loading one runs its code in this process, so the client does it only when the caller
 opted in (`kernelize(..., allow_python=True)`); sources refuse it otherwise

@@ -88,7 +88,7 @@ class HubSource:
                  wait_for_verification_s: float = 0.0, poll_s: float = 2.0,
                  trusted_keys: list[str] | None = None, allow_python: bool = False):
         self.url = url.rstrip("/")
-        # Python candidates (SPEC 2b) run their code in this process: the hub is asked to
+        # Python candidates (docs/spec.md section 2b) run their code in this process: the hub is asked to
         # consider them (`runtime=any`) only when the caller opted in, and one handed out
         # anyway is refused.
         self.allow_python = allow_python

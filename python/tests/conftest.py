@@ -64,7 +64,7 @@ def retarget(report: dict, claim: dict, arch: str = "sm_90") -> dict:
                    "digest": claim["kernel"]["digest"]}
     r["requested_shapes"] = claim["job"]["shapes"]
     if man.get("runtime") == "python":
-        # A Python candidate's run records its Python environment and compiles nothing (SPEC 2b;
+        # A Python candidate's run records its Python environment and compiles nothing (docs/spec.md section 2b;
         # the hub checks both).
         r.pop("compiled", None)
         r["python"] = {"python": "3.12.3", "torch": "2.11.0+cu130",

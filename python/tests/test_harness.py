@@ -311,7 +311,7 @@ def test_gelu_tanh_goes_into_act_fn_of_gemma_mlps_and_gelu_leaves_them_fused():
     assert harness.adapt_model(model, "gelu", "default").fuse_gated_mlp
 
 
-# ---- Python candidates (SPEC 2b): the function swapped in, on the CPU ------------------------
+# ---- Python candidates (docs/spec.md section 2b): the function swapped in, on the CPU ------------------------
 
 PY_TOML = """name = "{name}"
 version = "1.0.0"

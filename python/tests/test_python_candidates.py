@@ -1,4 +1,4 @@
-"""Python candidates (SPEC 2b) in the client: from a hub or a lock only with the caller's
+"""Python candidates (docs/spec.md section 2b) in the client: from a hub or a lock only with the caller's
 opt-in (`allow_python=True`), and called like a compiled kernel. No GPU: kernelize reports
 what it would replace, and the candidate's function is called on the CPU directly."""
 

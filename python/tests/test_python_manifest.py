@@ -1,4 +1,4 @@
-"""Python candidates (SPEC 2b): the client's parser and digest against the Rust registry's
+"""Python candidates (docs/spec.md section 2b): the client's parser and digest against the Rust registry's
 (python/tests/fixtures/python_digests.json is written by a kernel-registry test)."""
 
 import json

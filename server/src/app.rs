@@ -201,7 +201,7 @@ pub fn app(state: AppState) -> Router {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
     Submit,
-    /// Submit Python candidates (SPEC 2b): they run arbitrary code on the workers, so a
+    /// Submit Python candidates (docs/spec.md section 2b): they run arbitrary code on the workers, so a
     /// `submit` token is not enough (docs/python-candidates.md).
     SubmitPython,
     Worker,

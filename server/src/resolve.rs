@@ -2,7 +2,7 @@
 //! a policy for a shape — or, when none does, one line per candidate saying why.
 //! The HTTP API, the dashboard's policy explorer and the Python client all get this answer.
 //!
-//! Shape-exact (SPEC section 4): a kernel is handed out only at a width its newest
+//! Shape-exact (docs/spec.md section 4): a kernel is handed out only at a width its newest
 //! verification on the architecture covered for the dtype — for row-wise ops the row length
 //! `cols` itself (a case with that `cols` ran); for elementwise ops (`silu`, `gelu`,
 //! `gelu_tanh`, whose ABI takes one element count `n`, the query's `cols`) any `n` up to the
@@ -32,7 +32,7 @@ pub struct Query {
     pub cols: u64,
     pub rows: Option<u64>,
     pub policy: Policy,
-    /// Python candidates (SPEC 2b) are considered too (`runtime=any`); by default only CUDA
+    /// Python candidates (docs/spec.md section 2b) are considered too (`runtime=any`); by default only CUDA
     /// kernels are, since running Python from a hub needs the client's opt-in.
     pub include_python: bool,
 }
@@ -490,7 +490,7 @@ impl Pool {
 
 /// The part of a resolve that the store decides: which kernels qualify for (op, semantics,
 /// dtype, arch, width, policy, runtime), with their speeds, and why each other one is out.
-/// The asked `rows` plays no part in it (it never gates, SPEC section 4): it only picks each
+/// The asked `rows` plays no part in it (it never gates, docs/spec.md section 4): it only picks each
 /// kernel's nearest measured speed, so `Ranking::resolution` answers any `rows` from one
 /// ranking in memory. A ranking that queued nothing (`Ranking::keepable`) stays right while
 /// the store's answer generation does (`crate::answers`).

@@ -1,4 +1,4 @@
-//! The test suite (SPEC section 3): which (dtype, shape, distribution) cases a kernel is run on,
+//! The test suite (docs/spec.md section 3): which (dtype, shape, distribution) cases a kernel is run on,
 //! and the inputs of each case, drawn from a seed so that any run can be replayed exactly.
 
 use crate::numeric::{from_f32, set_bits};
@@ -14,7 +14,7 @@ use std::fmt;
 /// Bumped whenever the case list, the input distributions or the reference semantics change.
 pub const SUITE_VERSION: &str = "2026.3";
 
-/// Input distributions of SPEC section 3.
+/// Input distributions of docs/spec.md section 3.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Dist {

@@ -126,7 +126,7 @@ fn par_copy(dst: &mut [u8], src: &[u8]) {
         .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
-/// One kernel argument, as the ABI tables of SPEC section 2 name them.
+/// One kernel argument, as the ABI tables of docs/spec.md section 2 name them.
 #[derive(Debug, Clone, Copy)]
 pub enum Arg {
     Ptr(u64),

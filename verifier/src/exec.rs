@@ -85,7 +85,7 @@ pub trait Executor {
     fn compiled(&mut self, _bundle: &KernelBundle) -> Result<Vec<CompiledModule>, ExecError> {
         Ok(Vec::new())
     }
-    /// The interpreter and packages a Python candidate ran with (SPEC 2b); `None` for CUDA.
+    /// The interpreter and packages a Python candidate ran with (docs/spec.md section 2b); `None` for CUDA.
     fn python_runtime(&mut self) -> Option<PythonRuntime> {
         None
     }

@@ -93,7 +93,7 @@ pub(crate) struct Ptrs {
     pub bias: Option<u64>,
 }
 
-/// Kernel arguments in the ABI order of SPEC section 2, built from the one description of it
+/// Kernel arguments in the ABI order of docs/spec.md section 2, built from the one description of it
 /// (`Op::abi_names`): `rows` rows of the tensors at `t`, the case's `eps`.
 pub(crate) fn abi_args(spec: &CaseSpec, t: Ptrs, rows: u64) -> Vec<Arg> {
     let cols = spec.cols;

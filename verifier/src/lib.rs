@@ -1,11 +1,11 @@
 //! The GPU verifier: runs a candidate kernel on CUDA against the built-in reference layers and
 //! an f64 oracle, in an isolated process, and records what it measured as a
-//! `VerificationReport` (SPEC section 3).
+//! `VerificationReport` (docs/spec.md section 3).
 //!
 //! Layout: `cases` (the suite and its inputs), `numeric` (ulp, rounding, exactness),
 //! `oracle` (f64 truth), `exec` (the `Executor` trait: the GPU boundary), `cuda` + `gpu` (the
 //! CUDA executor and reference layers), `sandbox` (the child process), `python` (Python
-//! candidates, SPEC 2b: their own child process and executor), `verify` (a whole run),
+//! candidates, docs/spec.md section 2b: their own child process and executor), `verify` (a whole run),
 //! `conformance` (built-in references against PyTorch eager outputs).
 
 pub mod cases;

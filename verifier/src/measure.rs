@@ -1,4 +1,4 @@
-//! One case, as a sequence of named measurements (SPEC section 3): the candidate's launches
+//! One case, as a sequence of named measurements (docs/spec.md section 3): the candidate's launches
 //! (outputs poisoned afresh each time), then the reference (after the candidate, so its output
 //! never lives on the device while the candidate runs), then integrity, determinism, exactness,
 //! accuracy, batch invariance and speed, each in its own module. Runs in the sandbox child.

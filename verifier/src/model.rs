@@ -7,7 +7,7 @@
 //! as safetensors plus a `summary.json`. The metrics (max logit abs diff, argmax match, top-5
 //! overlap, mean KL) are computed here, in f64, by one function (`logit_metrics`).
 //!
-//! A Python candidate (SPEC 2b) runs its own code inside the harness, so for one the harness is
+//! A Python candidate (docs/spec.md section 2b) runs its own code inside the harness, so for one the harness is
 //! started confined as the case runner's child is (`python::confined_python`: private directory,
 //! scrubbed environment, network namespace where allowed, RLIMIT_DATA), with the candidate's
 //! package folders (`--package-dir`) and, when asked, `--require-network-isolation`.

@@ -1,4 +1,4 @@
-//! The f64 oracle: every op of SPEC section 2 computed in f64 with no intermediate rounding
+//! The f64 oracle: every op of docs/spec.md section 2 computed in f64 with no intermediate rounding
 //! (the "truth" both the candidate and the reference are measured against), on a sample of
 //! output elements, and the accuracy metrics against it.
 

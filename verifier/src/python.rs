@@ -1,4 +1,4 @@
-//! Python candidates (SPEC 2b): an `Executor` that runs a candidate's function in a child Python
+//! Python candidates (docs/spec.md section 2b): an `Executor` that runs a candidate's function in a child Python
 //! process (`python_runner.py`, one typed JSON-lines protocol: `PyRequest` / `PyResponse`) on the
 //! inputs the CUDA case runner gives CUDA candidates (`cases::generate`: same seeds, eps and
 //! shapes), and measures it here with the same code: exactness and determinism (`numeric`),
@@ -170,7 +170,7 @@ pub trait ReferenceLayers {
     ) -> Result<ReferenceOutputs, ExecError>;
 }
 
-/// The Python signature's arguments of `op` (SPEC 2b table), as names of `CaseInputs`' tensors
+/// The Python signature's arguments of `op` (docs/spec.md section 2b table), as names of `CaseInputs`' tensors
 /// (`HostTensor::name`: a gated op's `x` is named `gate`) and `eps`.
 pub fn python_args(op: Op) -> &'static [&'static str] {
     match op {
@@ -688,7 +688,7 @@ mod tests {
 
     #[test]
     fn python_signatures_follow_spec_2b() {
-        // SPEC 2b's table: f(x, weight, eps), f(x, residual, weight, eps), f(x, weight, bias,
+        // docs/spec.md section 2b's table: f(x, weight, eps), f(x, residual, weight, eps), f(x, weight, bias,
         // eps), f(x), f(gate, up).
         for &op in Op::ALL {
             let want: &[&str] = match op {

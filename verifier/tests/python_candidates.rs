@@ -1,4 +1,4 @@
-//! The Python candidate runner (SPEC 2b) against fake candidates, on the CPU: torch runs them in
+//! The Python candidate runner (docs/spec.md section 2b) against fake candidates, on the CPU: torch runs them in
 //! the child, a host reference (the f64 oracle, rounded) stands in for the GPU's reference
 //! layers. Success, an exception, a wrong shape, a wrong dtype, a hang killed, a crash, an input
 //! modified, a batch-dependent output; and every hostile candidate of

@@ -370,7 +370,7 @@ fn gated_ops_parse_with_default_semantics_and_launch_over_all_elements() {
     assert!(e.to_string().contains("silu_mul, gelu_tanh_mul"), "{e}");
 }
 
-// ---- Python candidates (SPEC 2b) ---------------------------------------------------------
+// ---- Python candidates (docs/spec.md section 2b) ---------------------------------------------------------
 
 pub(crate) const PY_GOOD: &str = r#"
 name = "liger_rms_norm_llama"
@@ -429,7 +429,7 @@ fn python_candidate_parses() {
 
 #[test]
 fn cuda_kernels_keep_their_canonical_form() {
-    // A CUDA manifest's JSON has no runtime or requires: digests made before SPEC 2b hold.
+    // A CUDA manifest's JSON has no runtime or requires: digests made before docs/spec.md section 2b hold.
     let m = Manifest::parse(GOOD).unwrap();
     let j = serde_json::to_string(&m).unwrap();
     assert!(!j.contains("runtime") && !j.contains("requires"), "{j}");

@@ -6,7 +6,7 @@
 //! What this cannot catch: a report whose raw measurements (times, mismatch counts) are made up
 //! but consistent. Those are bounded here (by the device's roofline, the case shapes, the
 //! suite's case list) and bound to the worker token that claimed the job; signed certificates
-//! (SPEC section 6) are what would bind them to a GPU.
+//! (docs/spec.md section 6) are what would bind them to a GPU.
 
 use super::{
     CaseReport, CaseStatus, Exactness, ShapeRequest, Speed, Summary, Verdict, VerificationReport,
@@ -67,7 +67,7 @@ pub enum ReportErrorKind {
     SchemaVersion {
         got: u32,
     },
-    /// A report whose execution record does not fit the kernel's runtime (SPEC 2b): a Python
+    /// A report whose execution record does not fit the kernel's runtime (docs/spec.md section 2b): a Python
     /// candidate's names its Python environment and compiles nothing; a CUDA kernel's has no
     /// Python environment.
     Runtime {
@@ -570,7 +570,7 @@ fn check_case(
             }
         }
         CaseStatus::NotApplicable => {
-            // The large-index case runs where device memory allows (SPEC section 3); a verifier
+            // The large-index case runs where device memory allows (docs/spec.md section 3); a verifier
             // marks it not applicable on a smaller device.
             if excluded.is_none() && !is_large_index(c) {
                 out.push(err(

@@ -64,7 +64,7 @@ pub struct VerifyArgs {
     pub candidates: PythonCandidateArgs,
 }
 
-/// How a Python candidate (SPEC 2b) is run: its child process and what it may import.
+/// How a Python candidate (docs/spec.md section 2b) is run: its child process and what it may import.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct PythonCandidateArgs {
     /// Folders of Python packages a Python candidate may import, put first on its `sys.path`

@@ -35,7 +35,7 @@ pub async fn page(
         p.lead { (k.description) }
         dl.meta #manifest {
             dt { "op" } dd { (k.op) " (" (k.semantics) ")" }
-            // Python candidates (SPEC 2b) say so; CUDA is the default and goes unsaid.
+            // Python candidates (docs/spec.md section 2b) say so; CUDA is the default and goes unsaid.
             @if k.runtime == Runtime::Python {
                 dt { "runtime" } dd #runtime { "python: a function of the source, run with its `requires` (docs/python-candidates.md)" }
             }
