@@ -118,13 +118,17 @@ _SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scal
 
 def opaque_sdpa(gm: torch.fx.GraphModule) -> int:
     """Replace every scaled-dot-product-attention call of a dynamo graph by `eager_sdpa`;
-    returns how many were replaced."""
+    returns how many were replaced. Calls traced under autograd (an output that requires grad)
+    are left as they are: the custom op has no backward (training is issue 30)."""
     targets = {torch.nn.functional.scaled_dot_product_attention,
                getattr(torch._C._nn, "scaled_dot_product_attention", None)}
     n_replaced = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in targets:
             continue
+        out = node.meta.get("example_value")
+        if getattr(out, "requires_grad", False):
+            continue   # under autograd: `eager_sdpa` has no backward, SDPA stays as traced
         vals = dict(zip(_SDPA_ARGS, node.args))
         vals.update(node.kwargs)
         args = tuple(vals.get(k, _SDPA_DEFAULTS.get(k)) for k in _SDPA_ARGS)

@@ -325,3 +325,27 @@ def test_locator_names_the_op_of_a_module_make_fx_cannot_trace():
     assert not r.identical and r.module == ""
     assert r.op is not None and "layer_norm" in r.op, r
     assert "layer_norm" in r.rewrite
+
+
+def test_sdpa_under_autograd_stays_traced_and_trains():
+    # eager_sdpa has no backward: under autograd the call is left to inductor, and training works
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(16, 48)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(2, 4, 3, 2, 8).permute(2, 0, 3, 1, 4)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    torch.manual_seed(0)
+    m = Attn()
+    replaced = []
+
+    def spy(gm, example_inputs, **kw):
+        replaced.append(exact.opaque_sdpa(gm))
+        return exact.backend(gm, example_inputs, **kw)
+
+    out = torch.compile(m, backend=spy)(torch.randn(2, 4, 16))
+    out.sum().backward()
+    assert replaced == [0] and m.qkv.weight.grad is not None
