@@ -233,11 +233,15 @@ def diff(model: nn.Module, inputs: Any, candidate: Any = "inductor", *, kwargs: 
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     kwargs = kwargs or {}
     make, label = _transform(candidate, model)
-    calls, order, eager_out = _record(model, args, kwargs)
+    calls, order, _ = _record(model, args, kwargs)
     modules = dict(model.named_modules())
 
     def run(path: str) -> Delta:
         c = calls[path]
+        if isinstance(candidate, str):
+            # a fresh dynamo per module: the decoder layers share one forward, and past the
+            # recompile limit dynamo would run the rest eagerly (and call them identical)
+            torch._dynamo.reset()
         fn = make(path, modules[path])
         with torch.no_grad():
             out = fn(*_clone(c.args), **_clone(c.kwargs))
