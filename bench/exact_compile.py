@@ -48,36 +48,31 @@ if hasattr(torch._dynamo.config, "recompile_limit"):
 
 
 def arch_config(arch: str, size: str):
+    """A transformers config: "large" is model_bench.py's ~1B published configs (Mistral: the
+    Llama one with Mistral's classes, 16 layers); "small" a 2-layer, hidden-256 one of each."""
     import transformers as T
-    small = size == "small"
-    h, inter, layers = (256, 768, 2) if small else (2048, 5632, 22)
-    common = dict(vocab_size=512 if small else 32000, hidden_size=h, intermediate_size=inter,
-                  num_hidden_layers=layers, max_position_embeddings=4096)
-    if arch == "llama":  # TinyLlama-1.1B
-        return T.LlamaConfig(**common, num_attention_heads=4 if small else 32,
-                             num_key_value_heads=2 if small else 4, rms_norm_eps=1e-5)
-    if arch == "qwen2":  # Qwen2.5-1.5B
-        if not small:
-            common.update(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
-                          num_hidden_layers=28)
-        return T.Qwen2Config(**common, num_attention_heads=4 if small else 12,
-                             num_key_value_heads=2, rms_norm_eps=1e-6, tie_word_embeddings=True)
-    if arch == "mistral":  # Mistral-architecture at ~1B (hidden 2048, 16 layers)
-        if not small:
-            common.update(intermediate_size=7168, num_hidden_layers=16)
-        return T.MistralConfig(**common, num_attention_heads=4 if small else 16,
-                               num_key_value_heads=2 if small else 8, rms_norm_eps=1e-5,
-                               sliding_window=None)
-    if arch == "gemma":  # Gemma-2B
-        if not small:
-            common.update(vocab_size=256000, intermediate_size=16384, num_hidden_layers=18)
-        return T.GemmaConfig(**common, num_attention_heads=4 if small else 8, num_key_value_heads=1,
-                             head_dim=64 if small else 256, hidden_activation="gelu_pytorch_tanh",
-                             rms_norm_eps=1e-6)
-    if arch == "gpt2":  # GPT-2 large
-        return T.GPT2Config(n_embd=h if small else 1280, n_layer=layers if small else 36,
-                            n_head=4 if small else 20, n_positions=4096,
-                            vocab_size=common["vocab_size"] if small else 50257)
+    if size != "small" and arch != "mistral":
+        from model_bench import config
+        return config(arch)
+    if size != "small":
+        return T.MistralConfig(vocab_size=32000, hidden_size=2048, intermediate_size=7168,
+                               num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=8,
+                               max_position_embeddings=4096, rms_norm_eps=1e-5, sliding_window=None)
+    common = dict(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
+                  max_position_embeddings=4096)
+    if arch == "llama":
+        return T.LlamaConfig(**common, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5)
+    if arch == "qwen2":
+        return T.Qwen2Config(**common, num_attention_heads=4, num_key_value_heads=2,
+                             rms_norm_eps=1e-6, tie_word_embeddings=True)
+    if arch == "mistral":
+        return T.MistralConfig(**common, num_attention_heads=4, num_key_value_heads=2,
+                               rms_norm_eps=1e-5, sliding_window=None)
+    if arch == "gemma":
+        return T.GemmaConfig(**common, num_attention_heads=4, num_key_value_heads=1, head_dim=64,
+                             hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6)
+    if arch == "gpt2":
+        return T.GPT2Config(n_embd=256, n_layer=2, n_head=4, n_positions=4096, vocab_size=512)
     raise SystemExit(f"unknown arch {arch!r}")
 
 
