@@ -42,8 +42,10 @@ class Resolved:
     name: str
     version: str
     digest: str
-    manifest: dict[str, Any]
-    source: str
+    # the manifest and the source stay out of the repr: `print(report.replaced)` would print
+    # every kernel's whole CUDA source
+    manifest: dict[str, Any] = field(repr=False)
+    source: str = field(repr=False)
     origin: str                      # "hub URL", "lock PATH", "dir PATH"
     evidence: dict[str, Any] = field(default_factory=dict)  # class, device, verification_id, speed
 

@@ -158,3 +158,11 @@ def test_activations_and_layernorm_without_affine():
     assert ops == {"1": "silu", "2": "gelu", "3": "gelu_tanh", "4": "layer_norm"}
     assert any(s.path == "5" and "affine" in s.reason for s in d.skipped)
     assert classify_activation(nn.ReLU())[0] is None
+
+
+def test_a_resolved_kernel_prints_without_its_source():
+    from kernelize.sources import Resolved
+    r = Resolved("k", "1.0.0", "sha256:" + "0" * 64, {"name": "k"}, "x" * 100_000, "dir /k",
+                 {"class": "bit_exact"})
+    text = repr(r)
+    assert "k" in text and "bit_exact" in text and len(text) < 500
