@@ -118,11 +118,9 @@ def candidate(base, how: str):
         # plain inductor, each block compiled on its own (PyTorch's recipe for large models)
         for blk in _exact.blocks(m):
             blk.compile()
-    elif how == "exact-regional":
-        # each decoder block and the final norm compiled on its own (PyTorch's regional recipe)
-        inner = getattr(m, "model", None) or getattr(m, "transformer")
-        for blk in list(getattr(inner, "layers", None) or getattr(inner, "h")):
-            K.exact_compile(blk)
+    elif how == "exact-whole":
+        # the whole model as one graph (exact_compile's regional=False)
+        K.exact_compile(m, regional=False)
     elif how == "compile-ro":
         m.compile(mode="reduce-overhead")
     else:

@@ -33,8 +33,8 @@ refused: they replace cuBLAS matmuls by Triton templates that reduce in another 
 
 The configuration is applied per compilation (inductor's `config_patches`, and the lowering
 table patched only while this backend lowers a graph), so plain `torch.compile` in the same
-process is untouched. Inductor's FX graph cache and AOT autograd's cache are off for these
-compilations: the patched lowerings are not part of their keys.
+process is untouched. Inductor's FX graph caches and AOT autograd's cache are off while the
+lowering table is patched: the patch is not part of their keys.
 """
 
 from __future__ import annotations
@@ -63,10 +63,11 @@ EXACT_CONFIG: dict[str, Any] = {
     # 4. the CUDA toolkit's libdevice (torch >= 2.13; the ops it would matter for are fallbacks)
     "eager_numerics.use_pytorch_libdevice": True,
     "use_fast_math": False,
-    # the patched lowerings are not part of the FX graph cache's key
-    "fx_graph_cache": False,
-    "fx_graph_remote_cache": False,
 }
+
+#: With the lowering table patched (`eager_lowerings`), inductor's FX graph caches are off: the
+#: patch is not part of their key, so a cached graph would come back with the other lowering.
+_NO_GRAPH_CACHE = {"fx_graph_cache": False, "fx_graph_remote_cache": False}
 
 #: ATen ops the exact backend leaves to eager's own kernels (by overload packet name), and why.
 EAGER_OPS: dict[str, str] = {
@@ -78,7 +79,8 @@ EAGER_OPS: dict[str, str] = {
              "(PyTorch PR 177163)" for name in (
         "native_layer_norm", "native_group_norm", "_fused_rms_norm", "native_batch_norm",
         "_native_batch_norm_legit", "_native_batch_norm_legit_no_training")},
-    **{name: "a math-library function: Triton's differs from the CUDA one eager calls" for name in (
+    **{name: "a math-library function: Triton's may differ from the CUDA one eager calls (each is "
+             "a fallback by rule; not each was seen to differ)" for name in (
         "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sigmoid", "silu", "gelu",
         "tanh", "erf", "erfc", "erfinv", "sin", "cos", "tan", "asin", "acos", "atan", "atan2",
         "sinh", "cosh", "asinh", "acosh", "atanh", "rsqrt", "reciprocal", "softplus", "mish",
@@ -251,6 +253,7 @@ def make_backend(config: dict[str, Any] | None = None, eager_ops: bool = True) -
         patches.update(fixed)   # exactness wins over the caller's options
         if not eager_ops:
             return compile_fx(gm, example_inputs, config_patches=patches)
+        patches.update({k: v for k, v in _NO_GRAPH_CACHE.items() if _has_config(k)})
         opaque_sdpa(gm)
 
         def inner(*args: Any, **kwargs: Any) -> Any:
@@ -318,10 +321,9 @@ def unavailable(device: torch.device | None) -> str | None:
         return f"torch._dynamo does not import: {e}"
     if device is not None and device.type == "cpu":
         from torch._inductor import config as ic
-        cxx = getattr(getattr(ic, "cpp", None), "cxx", (None, "g++"))
+        cxx = getattr(getattr(ic, "cpp", None), "cxx", ())
         names = [c for c in (cxx if isinstance(cxx, tuple) else (cxx,)) if c]
-        if not any(shutil.which(c) for c in names) and not shutil.which("g++") \
-                and not shutil.which("c++"):
+        if not any(shutil.which(c) for c in (*names, "g++", "c++")):
             return "inductor needs a C++ compiler on the CPU and none was found"
     return None
 

@@ -129,6 +129,20 @@ def _backend_fn(name: str) -> Any:
 
 def _transform(candidate: Any, model: nn.Module) -> tuple[Callable[[str, nn.Module], Callable], str]:
     """(path, eager module) -> the candidate's callable for it, and a label."""
+    if candidate == "exact":
+        # exact compile as users get it (`exact_compile`: a transformer block by block), applied
+        # to the module for the call and undone after
+        from . import exact
+
+        def make_exact(path: str, m: nn.Module) -> Callable:
+            def call(*a: Any, **kw: Any) -> Any:
+                exact.exact_compile(m)
+                try:
+                    return m(*a, **kw)
+                finally:
+                    exact.uncompile(m)
+            return call
+        return make_exact, "kernelize.exact_compile"
     if isinstance(candidate, str):
         b = _backend_fn(candidate)
         return (lambda path, m: torch.compile(m, backend=b)), f"torch.compile(backend={candidate!r})"

@@ -29,40 +29,38 @@ def _fresh_dynamo():
 
 
 def _inductor_config_snapshot() -> dict:
+    import functools
+
     from torch._inductor import config as ic
-    return {k: ic.__getattr__(k) if "." not in k else getattr(getattr(ic, k.split(".")[0]), k.split(".")[1])
-            for k in exact.exact_config()}
+    return {k: functools.reduce(getattr, k.split("."), ic) for k in exact.exact_config()}
 
 
 # ---- the configuration --------------------------------------------------------------------
 
-def test_config_is_applied_per_compilation_and_restored():
+def test_config_is_applied_per_compilation_and_restored(monkeypatch):
+    # the real backend: inside its inner compile (where lowering runs) mean's lowering is the
+    # fallback, the exact config and no graph cache are in force; afterwards nothing is changed
     before = _inductor_config_snapshot()
+    from torch._inductor import compile_fx as cfx
+    from torch._inductor import config as ic
     from torch._inductor import lowering as low
     mean = torch.ops.aten.mean.dim
     lowered = low.lowerings.get(mean)
     seen = {}
+    real_inner = cfx.compile_fx_inner
 
-    def spy(gm, example_inputs, **kw):
-        # inside the exact backend's inner compile the lowering of mean is the fallback
-        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+    def spy_inner(*a, **k):
+        seen["fallback"] = getattr(low.lowerings.get(mean), "_is_fallback_handler", False)
+        seen["emulate"] = ic.emulate_precision_casts
+        seen["pattern_matcher"] = ic.pattern_matcher
+        seen["fx_graph_cache"] = ic.fx_graph_cache
+        return real_inner(*a, **k)
 
-        def inner(*a, **k):
-            with exact.eager_lowerings():
-                seen["mean"] = low.lowerings.get(mean)
-                seen["fallback"] = getattr(seen["mean"], "_is_fallback_handler", False)
-                from torch._inductor import config as ic
-                seen["emulate"] = ic.emulate_precision_casts
-                seen["pattern_matcher"] = ic.pattern_matcher
-                return compile_fx_inner(*a, **k)
-        return compile_fx(gm, example_inputs, inner_compile=inner,
-                          config_patches=exact.exact_config(),
-                          decompositions=exact.exact_decompositions())
-
-    f = torch.compile(lambda x: x.pow(2).mean(-1, keepdim=True) * x, backend=spy)
-    x = torch.randn(8, 64)
-    f(x)
-    assert seen == {"mean": seen["mean"], "fallback": True, "emulate": True, "pattern_matcher": False}
+    monkeypatch.setattr(cfx, "compile_fx_inner", spy_inner)
+    f = torch.compile(lambda x: x.pow(2).mean(-1, keepdim=True) * x, backend=exact.backend)
+    f(torch.randn(8, 64))
+    assert seen == {"fallback": True, "emulate": True, "pattern_matcher": False,
+                    "fx_graph_cache": False}
     # everything is as it was afterwards: the lowering table and inductor's config
     assert low.lowerings.get(mean) is lowered
     assert _inductor_config_snapshot() == before
