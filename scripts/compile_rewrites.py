@@ -22,28 +22,31 @@ RUN = Path(_ARGS[0]) if _ARGS else ROOT / "docs" / "gpu-runs" / "2026-11-26-s8"
 ENV = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "transformers": "5.17.0",
        "date": "2026-11-26"}
 
+# "what Inductor rewrites": what the divergence locator named on the GPU (run2-locate-*.json,
+# run5/run6 probes), or "not located" where it was not run.
 LAYERS = [  # (what, rewrite, plain candidate, exact candidate)
-    ("transformers LlamaRMSNorm", "the reduction of mean() and the fused rounding of the weight product",
+    ("transformers LlamaRMSNorm", "the mean() reduction (located in a Llama's model.norm)",
      "compile_llama_rms_norm", "exact_compile_llama_rms_norm"),
-    ("transformers GemmaRMSNorm", "the reduction of mean()", "compile_gemma_rms_norm",
+    ("transformers GemmaRMSNorm", "not located", "compile_gemma_rms_norm",
      "exact_compile_gemma_rms_norm"),
-    ("nn.LayerNorm", "native_layer_norm decomposed into var_mean arithmetic (PR 177163)",
+    ("nn.LayerNorm", "native_layer_norm's decomposition/lowering (located; PR 177163)",
      "compile_layer_norm", "exact_compile_layer_norm"),
-    ("silu(gate) * up (the gated MLP)", "the intermediate rounding of silu() dropped in the fusion",
+    ("silu(gate) * up (the gated MLP)", "not located",
      "compile_silu_mul", "exact_compile_silu_mul"),
 ]
 MODELS = [  # (model key in the rows, what, rewrite)
     ("seed:attention", "matmul -> div -> softmax -> dropout -> matmul (pytorch#179578)",
-     "the softmax reduction (and, with the pattern matcher, SDPA)"),
+     "the softmax (located; bf16: its division, f32: its lowering)"),
     ("seed:einsum_mha", "einsum projections with a bias add (pytorch#179575)",
-     "the softmax reduction and einsum rewrites"),
+     "the softmax's lowering (located)"),
     ("seed:linear_layer_norm", "Linear -> LayerNorm(1024) -> Linear (PR 177163)",
-     "native_layer_norm decomposed into var_mean arithmetic"),
-    ("arch:llama", "Llama architecture (prefill and decode logits)", "RMSNorm reductions, fused roundings, SDPA picked while tracing"),
-    ("arch:qwen2", "Qwen2 architecture", "as Llama"),
-    ("arch:mistral", "Mistral architecture", "as Llama"),
-    ("arch:gemma", "Gemma architecture", "as Llama, tanh-GELU"),
-    ("arch:gpt2", "GPT-2 architecture", "LayerNorm decomposition, GELU"),
+     "native_layer_norm's decomposition/lowering (located)"),
+    ("arch:llama", "Llama architecture (prefill and decode logits)",
+     "the RMSNorm mean (located); in f32 also attention's backend picked while tracing (probe)"),
+    ("arch:qwen2", "Qwen2 architecture", "not located"),
+    ("arch:mistral", "Mistral architecture", "not located"),
+    ("arch:gemma", "Gemma architecture", "not located"),
+    ("arch:gpt2", "GPT-2 architecture", "not located"),
 ]
 
 
