@@ -52,6 +52,7 @@ class Report:
     swapped: bool
     entries: list[Entry] = field(default_factory=list)
     compile: Any = None   # exact.CompileState when kernelize(..., compile=...) was asked
+    notes: list[str] = field(default_factory=list)   # what else kernelize set on the model
 
     @property
     def replaced(self) -> list[Entry]:
@@ -82,6 +83,7 @@ class Report:
                 lines.append(f"      - {r}")
         if self.compile is not None:
             lines.append(f"  {self.compile}")
+        lines.extend(f"  {n}" for n in self.notes)
         return "\n".join(lines)
 
 
@@ -257,6 +259,11 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     if compile:
         from .exact import exact_compile
         rep.compile = exact_compile(model, None if compile is True else str(compile))
+    elif any(e.status == "replaced" for e in rep.entries):
+        from .exact import hold_generate_compile
+        note = hold_generate_compile(model)
+        if note:
+            rep.notes.append(note + "; kernelize(..., compile=True) compiles with eager's bits")
     if verbose:
         print(rep)
     return rep
@@ -283,8 +290,9 @@ def lock(model: nn.Module, hub: str, path: str | os.PathLike = "kernelize.lock.j
 def unkernelize(model: nn.Module) -> int:
     """Restore the original forwards (and undo `compile=`); returns how many layers were
     restored."""
-    from .exact import uncompile
+    from .exact import release_generate_compile, uncompile
     uncompile(model)
+    release_generate_compile(model)
     n = 0
     for m in model.modules():
         orig = m.__dict__.get(_ORIG)

@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
@@ -303,11 +304,15 @@ class CompileState:
     mode: str | None
     reason: str | None = None
     regions: int = 0     # blocks compiled one by one (0: the whole model)
+    #: what exact_compile set on the model besides compiling it (undone by `uncompile`)
+    notes: list[str] = field(default_factory=list)
+    _undo: list[Callable[[], None]] = field(default_factory=list, repr=False, compare=False)
 
     def __str__(self) -> str:
         if self.compiled:
             where = f"{self.regions} blocks compiled one by one" if self.regions else "the whole model"
-            return f"exact compile: inductor with eager's bits, mode {self.mode or 'default'}, {where}"
+            text = f"exact compile: inductor with eager's bits, mode {self.mode or 'default'}, {where}"
+            return "; ".join([text, *self.notes])
         return f"exact compile: not compiled ({self.reason}); the model runs eagerly"
 
 
@@ -378,15 +383,180 @@ def exact_compile(model: torch.nn.Module, mode: str | None = None, *, dynamic: b
     state = CompileState(True, mode, regions=len(regions))
     for m in regions or [model]:
         m.compile(backend=backend, mode=mode, dynamic=dynamic, fullgraph=fullgraph)
+        m._compiled_call_impl = _with_eager_branches(m._compiled_call_impl)
         m.__dict__[_STATE] = state
+    note = hold_generate_compile(model)
+    if note:
+        state.notes.append(note)
+        state._undo.append(lambda: release_generate_compile(model))
+    if regions and mode == "reduce-overhead":
+        _cuda_graph_steps(model, state)
     model.__dict__[_STATE] = state
     return state
 
 
+_GENERATE_COMPILE = "_kernelize_generate_compile"
+
+
+# Library code that takes another path while it is being compiled computes other bits even
+# where every op is exact. transformers' SDPA attention does, at a decode step with a grouped
+# KV cache and a mask (its static cache always has one): eagerly it folds the query heads that
+# share a KV head into one attention call (`pack_gqa`), compiled it repeats the keys and values
+# per head (`repeat_kv`), and the attention kernel then reduces the scores in another order.
+# While an exact-compiled block runs (and so while dynamo traces it), that module is told it is
+# not being compiled; dynamo guards on the function it reads, so a plain torch.compile of the
+# same code, which reads the original, gets a compilation of its own.
+_EAGER_BRANCHES = ("transformers.integrations.sdpa_attention",)
+_branch_depth = [0]
+_branch_saved: list[tuple[Any, Any]] = []
+
+
+def _not_compiling() -> bool:
+    return False
+
+
+def _with_eager_branches(compiled: Callable) -> Callable:
+    import functools
+
+    @functools.wraps(compiled)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with _LOCK:
+            if _branch_depth[0] == 0:
+                for name in _EAGER_BRANCHES:
+                    mod = sys.modules.get(name)
+                    if mod is not None and hasattr(mod, "is_torchdynamo_compiling"):
+                        _branch_saved.append((mod, mod.is_torchdynamo_compiling))
+                        mod.is_torchdynamo_compiling = _not_compiling
+            _branch_depth[0] += 1
+        try:
+            return compiled(*args, **kwargs)
+        finally:
+            with _LOCK:
+                _branch_depth[0] -= 1
+                if _branch_depth[0] == 0:
+                    while _branch_saved:
+                        mod, fn = _branch_saved.pop()
+                        mod.is_torchdynamo_compiling = fn
+
+    return call
+
+
+def hold_generate_compile(model: torch.nn.Module) -> str | None:
+    """transformers' `generate` compiles the model's whole forward with plain inductor when it
+    decodes into a static cache (its "auto-compile"); that compilation would wrap kernelize's
+    layers and exact compile's blocks and give the model inductor's numbers again. Turn it off
+    (undone by `release_generate_compile`); a note saying so, or None where there was none."""
+    gc = getattr(model, "generation_config", None)
+    if gc is None or not hasattr(gc, "disable_compile") or gc.disable_compile:
+        return None
+    gc.disable_compile = True
+    model.__dict__[_GENERATE_COMPILE] = gc
+    return "transformers' own torch.compile in generate() turned off (it changes eager's bits)"
+
+
+def release_generate_compile(model: torch.nn.Module) -> None:
+    gc = model.__dict__.pop(_GENERATE_COMPILE, None)
+    if gc is not None:
+        gc.disable_compile = False
+
+
+def _cuda_graph_steps(model: torch.nn.Module, state: CompileState) -> None:
+    """Make regional CUDA graphs work as a user calls the model: one forward is one step.
+
+    - CUDA-graph trees start a new "generation" at every entry into compiled code, and a new
+      generation may reuse the memory of the previous one's outputs; compiled block by block,
+      block k+1 would overwrite block k's output while it is still in use. A forward therefore
+      begins one step (`torch.compiler.cudagraph_mark_step_begin()`), and afterwards the trees'
+      own rule is restored where the user had not been marking steps.
+    - transformers' static KV cache allocates its tensors on first use, which would then happen
+      inside a captured block (its outputs, overwritten by the next step): the forward gives an
+      uninitialised static cache its tensors first, eagerly (transformers' `early_initialization`).
+    - A dynamic KV cache grows by concatenation inside the blocks, so it cannot live in CUDA-graph
+      memory: passing one is refused with what to do instead, and `generate()` is set to use a
+      static cache (transformers' recipe for CUDA graphs) unless the model names another."""
+    saved: list[int | None] = []
+
+    def before(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        cache = kwargs.get("past_key_values", kwargs.get("cache"))   # `cache`: transformers >= 5.24
+        if cache is not None:
+            _static_cache_ready(module, cache, args, kwargs)
+        saved.append(_begin_step())
+
+    def after(module: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+        if saved:
+            _end_step(saved.pop())
+
+    handles = [model.register_forward_pre_hook(before, with_kwargs=True),
+               model.register_forward_hook(after, with_kwargs=True, always_call=True)]
+    state._undo.append(lambda: [h.remove() for h in handles])
+    gc = getattr(model, "generation_config", None)
+    if gc is not None and hasattr(gc, "cache_implementation") and gc.cache_implementation is None:
+        gc.cache_implementation = "static"
+        state._undo.append(lambda: setattr(gc, "cache_implementation", None))
+        state.notes.append("generate() decodes into a static KV cache (CUDA graphs need one)")
+
+
+_STEP = [0]   # the last step number handed out (negative, as CUDA-graph trees count marks)
+
+
+def _begin_step() -> int | None:
+    """Begin a CUDA-graph step; what `_end_step` needs to restore the trees' own rule."""
+    from torch._inductor import cudagraph_trees as cgt
+    box = getattr(cgt, "MarkStepBox", None)
+    if box is None or box.mark_step_counter != 0:   # the user marks steps (or a torch without
+        torch.compiler.cudagraph_mark_step_begin()  # the counter): mark one more
+        return None
+    _STEP[0] -= 1   # a number no step has had, so the trees see a new generation
+    box.mark_step_counter = _STEP[0]
+    return 0
+
+
+def _end_step(prior: int | None) -> None:
+    if prior is not None:
+        from torch._inductor import cudagraph_trees as cgt
+        cgt.MarkStepBox.mark_step_counter = prior   # the trees' own rule: a compiled call, a step
+
+
+def _static_cache_ready(model: torch.nn.Module, cache: Any, args: tuple, kwargs: dict) -> None:
+    """Refuse a KV cache that cannot live in CUDA-graph memory; initialise a static one."""
+    inner = getattr(cache, "self_attention_cache", cache)
+    kind = type(inner).__name__
+    if kind == "DynamicCache" or not getattr(inner, "is_compileable", True):
+        raise ValueError(
+            f"exact compile with mode='reduce-overhead' (CUDA graphs) needs a static KV cache, and "
+            f"this call passed a {kind}: its tensors grow every step, so they cannot be kept in "
+            "CUDA-graph memory. Pass past_key_values=transformers.StaticCache(config=model.config, "
+            "max_cache_len=N), call generate(..., cache_implementation='static'), or compile with "
+            "mode=None")
+    layers = getattr(inner, "layers", None) or ()
+    if not hasattr(inner, "early_initialization") or all(
+            getattr(layer, "is_initialized", True) for layer in layers):
+        return
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if ids is None:
+        ids = kwargs.get("inputs_embeds")
+    param = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if ids is None or param is None:
+        return   # transformers initialises it on first use (inside the first captured block)
+    shape = model._get_static_cache_init_shape() if hasattr(
+        model, "_get_static_cache_init_shape") else None
+    if shape is None:
+        cfg = model.config.get_text_config(decoder=True) if hasattr(
+            model.config, "get_text_config") else model.config
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        shape = heads, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    inner.early_initialization(batch_size=ids.shape[0], num_heads=shape[0], head_dim=shape[1],
+                               dtype=param.dtype, device=param.device)
+
+
 def uncompile(model: torch.nn.Module) -> bool:
     """Undo `exact_compile` on `model` (and its blocks); whether there was anything to undo."""
-    if model.__dict__.pop(_STATE, None) is None:
+    state = model.__dict__.pop(_STATE, None)
+    if state is None:
         return False
+    for undo in reversed(state._undo):
+        undo()
+    state._undo.clear()
     for m in model.modules():
         if m.__dict__.pop(_STATE, None) is not None or m is model:
             m._compiled_call_impl = None

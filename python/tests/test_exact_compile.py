@@ -147,6 +147,79 @@ def test_kernelize_compile_true_on_a_tiny_llama(tmp_path):
     assert all(b._compiled_call_impl is None for b in model.model.layers)
 
 
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _greedy(model, ids, steps, cache):
+    """Prefill then `steps` greedy decode steps into `cache`: every step's last logits."""
+    n = ids.shape[1]
+    out = []
+    with torch.no_grad():
+        r = model(ids, past_key_values=cache, use_cache=True, cache_position=torch.arange(n))
+        for i in range(steps):
+            out.append(r.logits[:, -1].clone())
+            tok = r.logits[:, -1].argmax(-1, keepdim=True)
+            r = model(tok, past_key_values=cache, use_cache=True,
+                      cache_position=torch.tensor([n + i]))
+    return torch.stack(out)
+
+
+def test_reduce_overhead_steps_and_the_static_cache():
+    """CUDA graphs, block by block: each forward is one CUDA-graph step (the trees' own rule
+    restored after it), an uninitialised static cache gets its tensors before the first block
+    runs, a dynamic cache is refused with what to do, and generate() is steered to a static
+    cache and kept from compiling the model again with plain inductor. (The CPU runs no CUDA
+    graphs; the GPU check runs the same calls captured.)"""
+    from torch._inductor import cudagraph_trees as cgt
+    from transformers import DynamicCache, StaticCache
+    model = _tiny_llama()
+    ids = torch.randint(0, 64, (2, 8))
+    ref = _greedy(model, ids, 3, StaticCache(config=model.config, max_cache_len=16))
+    gc = model.generation_config
+    assert gc.cache_implementation is None and not gc.disable_compile
+    st = exact.exact_compile(model, "reduce-overhead")
+    assert st.regions == 2 and gc.cache_implementation == "static" and gc.disable_compile
+    assert "static KV cache" in str(st) and "turned off" in str(st)
+
+    seen = []   # what the first block sees of the step and the cache
+    cache = StaticCache(config=model.config, max_cache_len=16)
+    hook = model.model.layers[0].register_forward_pre_hook(lambda m, a: seen.append(
+        (cgt.MarkStepBox.mark_step_counter, all(x.is_initialized for x in cache.layers))))
+    got = _greedy(model, ids, 3, cache)
+    hook.remove()
+    # identical at the decode steps too, where transformers' SDPA takes another path when it
+    # knows it is compiled (the blocks are told it is not, and only while they run)
+    assert locate.compare(ref, got).identical
+    from transformers.integrations import sdpa_attention
+    from transformers.utils.import_utils import is_torchdynamo_compiling
+    assert sdpa_attention.is_torchdynamo_compiling is is_torchdynamo_compiling
+    assert len(seen) == 4 and all(step < 0 and ready for step, ready in seen)
+    assert len({step for step, _ in seen}) == 4            # a new step every forward
+    assert cgt.MarkStepBox.mark_step_counter == 0          # the trees' own rule afterwards
+
+    with pytest.raises(ValueError, match="needs a static KV cache.*StaticCache"):
+        with torch.no_grad():
+            model(ids, past_key_values=DynamicCache(), use_cache=True)
+    assert cgt.MarkStepBox.mark_step_counter == 0
+
+    exact.uncompile(model)
+    assert gc.cache_implementation is None and not gc.disable_compile
+    assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+def test_kernelize_keeps_generate_from_compiling_the_model_again():
+    model = _tiny_llama()
+    rep = kernelize(model, kernels_dir="kernels", arch="sm_90", verbose=False, compile=True)
+    assert model.generation_config.disable_compile and "turned off" in str(rep)
+    unkernelize(model)
+    assert not model.generation_config.disable_compile
+
+
 def test_whole_model_compile_and_blocks():
     model, x = seeds.build("linear_layer_norm", torch.float32)
     assert exact.blocks(model) == []
