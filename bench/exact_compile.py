@@ -42,6 +42,8 @@ DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 EXACT = ["rms_norm_llama", "rms_norm_gemma", "rms_norm_torch", "fused_add_rms_norm", "layer_norm",
          "silu", "gelu", "gelu_tanh", "silu_mul", "gelu_tanh_mul", "silu_and_mul"]
 DEV = "cuda"
+VOCAB_IDS = 1000   # token ids the speed phase draws from
+ARCH = None   # the CUDA device's; "sm_90" for a CPU dry run (nothing is swapped there)
 torch._dynamo.config.cache_size_limit = 64
 if hasattr(torch._dynamo.config, "recompile_limit"):
     torch._dynamo.config.recompile_limit = 64
@@ -102,22 +104,26 @@ def emit(row: dict) -> None:
             f.write(json.dumps(row, default=str) + "\n")
 
 
+PLAIN = ("compile", "compile-ro", "compile-regional", "compile-regional-ro")
+
+
 def candidate(base, how: str):
-    """A copy of `base` made into the candidate `how` (the copy is what runs)."""
+    """A copy of `base` made into the candidate `how` (the copy is what runs). transformers'
+    generate() is kept from compiling any candidate on its own (each is what it names)."""
     m = copy.deepcopy(base)
     if how == "compile":
         m.compile()
     elif how == "exact":
         K.exact_compile(m)
     elif how in ("kernelize+exact", "kernelize+exact-ro"):
-        K.kernelize(m, kernels_dir=ROOT / "kernels", names=EXACT, verbose=False,
+        K.kernelize(m, kernels_dir=ROOT / "kernels", names=EXACT, verbose=False, arch=ARCH,
                     compile=True if how == "kernelize+exact" else "reduce-overhead")
     elif how == "kernelize":
-        K.kernelize(m, kernels_dir=ROOT / "kernels", names=EXACT, verbose=False)
-    elif how == "compile-regional":
+        K.kernelize(m, kernels_dir=ROOT / "kernels", names=EXACT, verbose=False, arch=ARCH)
+    elif how in ("compile-regional", "compile-regional-ro"):
         # plain inductor, each block compiled on its own (PyTorch's recipe for large models)
         for blk in _exact.blocks(m):
-            blk.compile()
+            blk.compile(mode="reduce-overhead" if how.endswith("-ro") else None)
     elif how == "exact-whole":
         # the whole model as one graph (exact_compile's regional=False)
         K.exact_compile(m, regional=False)
@@ -125,24 +131,42 @@ def candidate(base, how: str):
         m.compile(mode="reduce-overhead")
     else:
         raise ValueError(how)
+    if how in PLAIN and how.endswith("-ro"):
+        # the recipe a user of plain compile follows for CUDA graphs: one step per forward
+        # (needed block by block; harmless whole) -- exact_compile does this itself
+        m.register_forward_pre_hook(lambda *_: torch.compiler.cudagraph_mark_step_begin())
+    gc = getattr(m, "generation_config", None)
+    if gc is not None and hasattr(gc, "disable_compile"):
+        gc.disable_compile = True
     return m
 
 
-def lm_steps(model, ids, steps: int, static: bool = False):
+def static_cache(model, batch: int, max_len: int, recipe: bool):
+    """transformers' StaticCache; `recipe`: initialised before the first (compiled) call, as
+    transformers' CUDA-graph recipe does for plain compile (exact_compile does it itself)."""
+    from transformers import StaticCache
+    cache = StaticCache(config=model.config, max_cache_len=max_len)
+    if recipe:
+        cfg = model.config
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        p = next(model.parameters())
+        cache.early_initialization(batch_size=batch, num_heads=heads, head_dim=head_dim,
+                                   dtype=p.dtype, device=p.device)
+    return cache
+
+
+def lm_steps(model, ids, steps: int, static: bool = False, recipe: bool = False):
     """Prefill then `steps` greedy decode steps with a fresh KV cache: the prefill's logits and
     each step's. `static`: transformers' StaticCache with explicit cache positions (the recipe
-    for CUDA graphs: every decode step has the same shapes), each call starting a new CUDA-graph
-    step."""
-    from transformers import StaticCache
+    for CUDA graphs: every decode step has the same shapes)."""
     out = []
     kw: dict = {}
     n = ids.shape[1]
-    mark = getattr(torch.compiler, "cudagraph_mark_step_begin", lambda: None)
     with torch.no_grad():
         if static:
-            kw = dict(past_key_values=StaticCache(config=model.config, max_cache_len=n + steps + 1))
+            kw = dict(past_key_values=static_cache(model, ids.shape[0], n + steps + 1, recipe))
             kw["cache_position"] = torch.arange(n, device=ids.device)
-        mark()
         r = model(ids, use_cache=True, **kw)
         full = r.logits.float().clone()
         cache = r.past_key_values
@@ -150,12 +174,21 @@ def lm_steps(model, ids, steps: int, static: bool = False):
         for i in range(steps):
             if static:
                 kw["cache_position"] = torch.tensor([n + i], device=ids.device)
-            mark()
             r = model(tok, past_key_values=cache, use_cache=True,
                       **{k: v for k, v in kw.items() if k != "past_key_values"})
             out.append(r.logits[:, -1].float().clone())
             tok = r.logits[:, -1].argmax(-1, keepdim=True)
     return full, out
+
+
+def generated(model, ids, new: int):
+    """greedy generate() into a static cache (transformers makes it): tokens and every step's
+    logits."""
+    with torch.no_grad():
+        g = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                           cache_implementation="static", output_logits=True,
+                           return_dict_in_generate=True, pad_token_id=0)
+    return g.sequences, torch.stack([x.float() for x in g.logits])
 
 
 def phase_exact(a) -> list[dict]:
@@ -192,25 +225,39 @@ def phase_exact(a) -> list[dict]:
             g = torch.Generator().manual_seed(7)
             ids = torch.randint(0, min(256, base.config.vocab_size), (2, 64), generator=g).to(DEV)
             refs = {False: lm_steps(base, ids, a.decode_steps)}
+            gen_ref = None
             for how in hows:
                 static = how.endswith("-ro")
                 if static not in refs:
                     refs[static] = lm_steps(base, ids, a.decode_steps, static=True)
                 ref_full, ref_steps = refs[static]
                 t0 = time.perf_counter()
+                m = None
                 try:
                     m = candidate(base, how)
-                    full, steps = lm_steps(m, ids, a.decode_steps, static=static)
+                    full, steps = lm_steps(m, ids, a.decode_steps, static=static,
+                                           recipe=how in PLAIN)
                     dp = compare(ref_full, full)
                     dd = compare(torch.stack(ref_steps), torch.stack(steps))
                     rows.append(dict(model=label, dtype=dt, candidate=how,
                                      prefill_mismatched=dp.mismatched, prefill_max_abs=dp.max_abs_diff,
                                      decode_mismatched=dd.mismatched, decode_max_abs=dd.max_abs_diff,
                                      numel=dp.numel + dd.numel, s=time.perf_counter() - t0))
+                    if a.generate and how not in PLAIN:
+                        # as a user decodes: generate() into the static cache it makes itself
+                        if gen_ref is None:
+                            base.generation_config.disable_compile = True
+                            gen_ref = generated(base, ids, a.generate)
+                        seq, logits = generated(m, ids, a.generate)
+                        dg = compare(gen_ref[1], logits)
+                        rows[-1].update(generate_tokens_same=bool(torch.equal(seq, gen_ref[0])),
+                                        generate_mismatched=dg.mismatched,
+                                        generate_max_abs=dg.max_abs_diff, generate_numel=dg.numel)
                 except Exception as e:
                     rows.append(dict(model=label, dtype=dt, candidate=how, error=repr(e)[:300]))
                     traceback.print_exc()
                 emit(rows[-1])
+                del m
                 torch._dynamo.reset()
     return rows
 
@@ -250,7 +297,6 @@ def timed_ms(fn, reps: int) -> float:
 
 
 def phase_speed(a) -> list[dict]:
-    from transformers import StaticCache
     rows = []
     hows = a.candidates.split(",")
     for arch in a.archs.split(","):
@@ -258,23 +304,27 @@ def phase_speed(a) -> list[dict]:
         g = torch.Generator().manual_seed(5)
         for how in hows:
             row = dict(arch=arch, candidate=how)
+            m = None
             try:
                 m = base if how == "eager" else candidate(base, how)
+                if how == "eager":
+                    m.generation_config.disable_compile = True
                 with torch.no_grad():
                     for b, s in ((1, 512), (8, 2048)) if not a.quick else ((1, 512),):
-                        ids = torch.randint(0, 1000, (b, s), generator=g).cuda()
+                        ids = torch.randint(0, VOCAB_IDS, (b, s), generator=g).cuda()
                         t0 = time.perf_counter()
-                        m(ids, use_cache=False)
-                        m(ids, use_cache=False)
+                        for _ in range(3):   # CUDA graphs: warm-up, record, replay
+                            m(ids, use_cache=False)
                         torch.cuda.synchronize()
                         row[f"prefill_{b}x{s}_first_s"] = time.perf_counter() - t0
                         row[f"prefill_{b}x{s}_ms"] = timed_ms(lambda: m(ids, use_cache=False), a.reps)
                     for b in (1, 8):
-                        cache = StaticCache(config=m.config, max_cache_len=576)
-                        ids = torch.randint(0, 1000, (b, 512), generator=g).cuda()
+                        # the same cache initialised before the first call for every candidate
+                        cache = static_cache(m, b, 576, recipe=True)
+                        ids = torch.randint(0, VOCAB_IDS, (b, 512), generator=g).cuda()
                         m(ids, past_key_values=cache, use_cache=True,
                           cache_position=torch.arange(512, device="cuda"))
-                        tok = torch.randint(0, 1000, (b, 1), generator=g).cuda()
+                        tok = torch.randint(0, VOCAB_IDS, (b, 1), generator=g).cuda()
                         pos = torch.tensor([512], device="cuda")
                         step = lambda: m(tok, past_key_values=cache, use_cache=True, cache_position=pos)
                         t0 = time.perf_counter()
@@ -283,6 +333,15 @@ def phase_speed(a) -> list[dict]:
                         torch.cuda.synchronize()
                         row[f"decode_b{b}_first_s"] = time.perf_counter() - t0
                         row[f"decode_b{b}_ms"] = timed_ms(step, a.reps * 4)
+                    if a.generate:
+                        # tokens/s of greedy generation: a 512-token prompt, `generate` new tokens
+                        ids = torch.randint(0, VOCAB_IDS, (1, 512), generator=g).cuda()
+                        generated(m, ids, a.generate)   # warm-up (compiles, records)
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        generated(m, ids, a.generate)
+                        torch.cuda.synchronize()
+                        row["generate_b1_tok_s"] = a.generate / (time.perf_counter() - t0)
             except Exception as e:
                 row["error"] = repr(e)[:300]
                 traceback.print_exc()
@@ -305,14 +364,17 @@ def table(phase: str, rows: list[dict]) -> str:
             elif "mismatched" in r:
                 out.append(f"| {r['model']} | {r['dtype']} | {r['candidate']} | {r['mismatched']} of {r['numel']} | {r['max_abs_diff']:.3g} | | |")
             else:
-                out.append(f"| {r['model']} | {r['dtype']} | {r['candidate']} | {r['prefill_mismatched']} | {r['prefill_max_abs']:.3g} | {r['decode_mismatched']} | {r['decode_max_abs']:.3g} |")
+                gen = (f" generate: {'same' if r['generate_tokens_same'] else 'OTHER'} tokens, "
+                       f"{r['generate_mismatched']} of {r['generate_numel']} logits differ"
+                       if "generate_numel" in r else "")
+                out.append(f"| {r['model']} | {r['dtype']} | {r['candidate']} | {r['prefill_mismatched']} | {r['prefill_max_abs']:.3g} | {r['decode_mismatched']} | {r['decode_max_abs']:.3g}{gen} |")
     elif phase == "locate":
         out.append("| model | dtype | module | op | responsible | s |")
         out.append("| --- | --- | --- | --- | --- | ---: |")
         for r in rows:
             out.append(f"| {r['model']} | {r['dtype']} | {'identical' if r['identical'] else r['module'] or '<model>'} | {r.get('op')} | {r.get('rewrite')} | {r['s']:.0f} |")
     else:
-        keys = sorted({k for r in rows for k in r if k.endswith("_ms")})
+        keys = sorted({k for r in rows for k in r if k.endswith(("_ms", "_tok_s"))})
         out.append("| arch | candidate | " + " | ".join(keys) + " |")
         out.append("| --- | --- | " + " | ".join("---:" for _ in keys) + " |")
         for r in rows:
@@ -331,15 +393,20 @@ def main() -> int:
     p.add_argument("--decode-steps", type=int, default=3)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--generate", type=int, default=0, metavar="N",
+                   help="exact: also greedy generate() N tokens into a static cache and compare "
+                        "tokens and logits; speed: tokens/s of generating N tokens at batch 1")
     p.add_argument("--no-seeds", dest="seeds", action="store_false", help="locate: architectures only")
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the exact and locate phases")
     a = p.parse_args()
-    global DEV
+    global DEV, ARCH
     DEV = a.device
+    ARCH = "sm_90" if DEV == "cpu" else None
     if a.candidates is None:
         a.candidates = {"exact": "compile,exact,kernelize+exact,kernelize+exact-ro",
                         "locate": "inductor",
-                        "speed": "eager,kernelize,compile,kernelize+exact,compile-ro,kernelize+exact-ro"}[a.phase]
+                        "speed": "eager,kernelize,compile-regional,kernelize+exact,compile-regional-ro,"
+                         "compile-ro,kernelize+exact-ro"}[a.phase]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     import transformers
