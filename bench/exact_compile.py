@@ -256,6 +256,9 @@ def phase_exact(a) -> list[dict]:
                 except Exception as e:
                     rows.append(dict(model=label, dtype=dt, candidate=how, error=repr(e)[:300]))
                     traceback.print_exc()
+                from torch._dynamo.utils import counters
+                rows[-1]["cudagraph_skips"] = counters["inductor"].get("cudagraph_skips", 0)
+                counters.clear()
                 emit(rows[-1])
                 del m
                 torch._dynamo.reset()
@@ -345,6 +348,10 @@ def phase_speed(a) -> list[dict]:
             except Exception as e:
                 row["error"] = repr(e)[:300]
                 traceback.print_exc()
+            from torch._dynamo.utils import counters
+            # graphs inductor compiled but left out of CUDA graphs (and why, in the log)
+            row["cudagraph_skips"] = counters["inductor"].get("cudagraph_skips", 0)
+            counters.clear()
             emit(row)
             rows.append(row)
             del m
