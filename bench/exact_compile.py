@@ -124,6 +124,10 @@ def candidate(base, how: str):
         # plain inductor, each block compiled on its own (PyTorch's recipe for large models)
         for blk in _exact.blocks(m):
             blk.compile(mode="reduce-overhead" if how.endswith("-ro") else None)
+    elif how == "kernelize+exact-whole-ro":
+        # kernels, then the whole model as one exact graph under CUDA graphs
+        K.kernelize(m, kernels_dir=ROOT / "kernels", names=EXACT, verbose=False, arch=ARCH)
+        K.exact_compile(m, "reduce-overhead", regional=False)
     elif how == "exact-whole":
         # the whole model as one graph (exact_compile's regional=False)
         K.exact_compile(m, regional=False)
