@@ -383,14 +383,16 @@ def exact_compile(model: torch.nn.Module, mode: str | None = None, *, dynamic: b
     state = CompileState(True, mode, regions=len(regions))
     for m in regions or [model]:
         m.compile(backend=backend, mode=mode, dynamic=dynamic, fullgraph=fullgraph)
-        m._compiled_call_impl = _with_eager_branches(m._compiled_call_impl)
+        whole = not regions and mode == "reduce-overhead"
+        m._compiled_call_impl = _with_eager_branches(m._compiled_call_impl,
+                                                     model if whole else None)
         m.__dict__[_STATE] = state
     note = hold_generate_compile(model)
     if note:
         state.notes.append(note)
         state._undo.append(lambda: release_generate_compile(model))
-    if regions and mode == "reduce-overhead":
-        _cuda_graph_steps(model, state)
+    if mode == "reduce-overhead":
+        _cuda_graph_steps(model, state, hooks=bool(regions))
     model.__dict__[_STATE] = state
     return state
 
@@ -415,11 +417,18 @@ def _not_compiling() -> bool:
     return False
 
 
-def _with_eager_branches(compiled: Callable) -> Callable:
+def _with_eager_branches(compiled: Callable, cached: torch.nn.Module | None = None) -> Callable:
+    """`compiled` (a module's compiled call) run with `_EAGER_BRANCHES` told it is not compiled;
+    `cached`: the whole model compiled for CUDA graphs, whose KV cache is made ready here, before
+    the compiled code runs (`_static_cache_ready`)."""
     import functools
 
     @functools.wraps(compiled)
     def call(*args: Any, **kwargs: Any) -> Any:
+        if cached is not None:
+            cache = kwargs.get("past_key_values", kwargs.get("cache"))
+            if cache is not None:
+                _static_cache_ready(cached, cache, args, kwargs)
         with _LOCK:
             if _branch_depth[0] == 0:
                 for name in _EAGER_BRANCHES:
@@ -460,8 +469,10 @@ def release_generate_compile(model: torch.nn.Module) -> None:
         gc.disable_compile = False
 
 
-def _cuda_graph_steps(model: torch.nn.Module, state: CompileState) -> None:
-    """Make regional CUDA graphs work as a user calls the model: one forward is one step.
+def _cuda_graph_steps(model: torch.nn.Module, state: CompileState, hooks: bool) -> None:
+    """Make CUDA graphs work as a user calls the model; `hooks` (compiled block by block): one
+    forward is one step. (The whole model compiled is one step by itself, and its KV cache is
+    made ready by its compiled call's wrapper, `_with_eager_branches`.)
 
     - CUDA-graph trees start a new "generation" at every entry into compiled code, and a new
       generation may reuse the memory of the previous one's outputs; compiled block by block,
@@ -486,9 +497,10 @@ def _cuda_graph_steps(model: torch.nn.Module, state: CompileState) -> None:
         if saved:
             _end_step(saved.pop())
 
-    handles = [model.register_forward_pre_hook(before, with_kwargs=True),
-               model.register_forward_hook(after, with_kwargs=True, always_call=True)]
-    state._undo.append(lambda: [h.remove() for h in handles])
+    if hooks:
+        handles = [model.register_forward_pre_hook(before, with_kwargs=True),
+                   model.register_forward_hook(after, with_kwargs=True, always_call=True)]
+        state._undo.append(lambda: [h.remove() for h in handles])
     gc = getattr(model, "generation_config", None)
     if gc is not None and hasattr(gc, "cache_implementation") and gc.cache_implementation is None:
         gc.cache_implementation = "static"
