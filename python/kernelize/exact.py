@@ -383,9 +383,9 @@ def exact_compile(model: torch.nn.Module, mode: str | None = None, *, dynamic: b
     state = CompileState(True, mode, regions=len(regions))
     for m in regions or [model]:
         m.compile(backend=backend, mode=mode, dynamic=dynamic, fullgraph=fullgraph)
-        whole = not regions and mode == "reduce-overhead"
-        m._compiled_call_impl = _with_eager_branches(m._compiled_call_impl,
-                                                     model if whole else None)
+        m._compiled_call_impl = _with_eager_branches(
+            m._compiled_call_impl, None if regions else model,
+            ready_cache=mode == "reduce-overhead")
         m.__dict__[_STATE] = state
     note = hold_generate_compile(model)
     if note:
@@ -401,41 +401,72 @@ _GENERATE_COMPILE = "_kernelize_generate_compile"
 
 
 # Library code that takes another path while it is being compiled computes other bits even
-# where every op is exact. transformers' SDPA attention does, at a decode step with a grouped
-# KV cache and a mask (its static cache always has one): eagerly it folds the query heads that
-# share a KV head into one attention call (`pack_gqa`), compiled it repeats the keys and values
-# per head (`repeat_kv`), and the attention kernel then reduces the scores in another order.
-# While an exact-compiled block runs (and so while dynamo traces it), that module is told it is
-# not being compiled; dynamo guards on the function it reads, so a plain torch.compile of the
-# same code, which reads the original, gets a compilation of its own.
+# where every op is exact. Two places in transformers do, and exact-compiled code is kept on
+# eager's path in both, only while it runs (dynamo guards on the functions it reads, so a plain
+# torch.compile of the same code, which reads the originals, gets a compilation of its own):
+#
+# - its SDPA attention, at a decode step with a grouped KV cache and a mask (its static cache
+#   always has one): eagerly it folds the query heads that share a KV head into one attention
+#   call (`pack_gqa`), compiled it repeats the keys and values per head (`repeat_kv`), and the
+#   attention kernel then reduces the scores in another order. That module is told it is not
+#   being compiled (`_EAGER_BRANCHES`).
+# - its attention masks (the whole model compiled): eagerly the mask builder reads the static
+#   cache's position and passes no mask (SDPA's `is_causal`) where it can, traced it cannot read
+#   it and builds an explicit mask, and the attention kernel for a mask reduces in another order.
+#   The mask builders the model's modules call run eagerly (a graph break around each;
+#   `_mask_builders`). Compiled block by block the masks are built outside the blocks anyway.
 _EAGER_BRANCHES = ("transformers.integrations.sdpa_attention",)
 _branch_depth = [0]
-_branch_saved: list[tuple[Any, Any]] = []
+_branch_saved: list[tuple[Any, str, Any]] = []
+_DISABLED: dict[int, Callable] = {}   # one eager wrapper per mask builder (a stable guard)
 
 
 def _not_compiling() -> bool:
     return False
 
 
-def _with_eager_branches(compiled: Callable, cached: torch.nn.Module | None = None) -> Callable:
-    """`compiled` (a module's compiled call) run with `_EAGER_BRANCHES` told it is not compiled;
-    `cached`: the whole model compiled for CUDA graphs, whose KV cache is made ready here, before
-    the compiled code runs (`_static_cache_ready`)."""
+def _mask_builders(model: torch.nn.Module) -> list[tuple[Any, str, Callable]]:
+    """(module, name, eager wrapper) for each transformers mask builder that the modules defining
+    `model`'s classes import."""
+    mu = sys.modules.get("transformers.masking_utils")
+    if mu is None:
+        return []
+    makers = {id(f) for n, f in vars(mu).items() if n.startswith("create_") and callable(f)}
+    found = []
+    for mod in {sys.modules.get(type(m).__module__) for m in model.modules()}:
+        for name, fn in list(vars(mod).items()) if mod is not None else ():
+            if id(fn) in makers:
+                wrapper = _DISABLED.setdefault(id(fn), torch.compiler.disable(fn))
+                found.append((mod, name, wrapper))
+    return found
+
+
+def _with_eager_branches(compiled: Callable, whole: torch.nn.Module | None = None,
+                         ready_cache: bool = False) -> Callable:
+    """`compiled` (a module's compiled call) run on eager's paths (above); `whole`: the whole
+    model compiled, whose mask builders run eagerly, and with `ready_cache` (CUDA graphs) whose KV
+    cache is made ready here, before the compiled code runs (`_static_cache_ready`)."""
     import functools
+    masks: list[list[tuple[Any, str, Callable]]] = []
 
     @functools.wraps(compiled)
     def call(*args: Any, **kwargs: Any) -> Any:
-        if cached is not None:
+        if ready_cache and whole is not None:
             cache = kwargs.get("past_key_values", kwargs.get("cache"))
             if cache is not None:
-                _static_cache_ready(cached, cache, args, kwargs)
+                _static_cache_ready(whole, cache, args, kwargs)
+        if whole is not None and not masks:
+            masks.append(_mask_builders(whole))
         with _LOCK:
             if _branch_depth[0] == 0:
+                patches = [(mod, name, val) for mod, name, val in masks[0]] if masks else []
                 for name in _EAGER_BRANCHES:
                     mod = sys.modules.get(name)
                     if mod is not None and hasattr(mod, "is_torchdynamo_compiling"):
-                        _branch_saved.append((mod, mod.is_torchdynamo_compiling))
-                        mod.is_torchdynamo_compiling = _not_compiling
+                        patches.append((mod, "is_torchdynamo_compiling", _not_compiling))
+                for mod, name, val in patches:
+                    _branch_saved.append((mod, name, getattr(mod, name)))
+                    setattr(mod, name, val)
             _branch_depth[0] += 1
         try:
             return compiled(*args, **kwargs)
@@ -444,8 +475,8 @@ def _with_eager_branches(compiled: Callable, cached: torch.nn.Module | None = No
                 _branch_depth[0] -= 1
                 if _branch_depth[0] == 0:
                     while _branch_saved:
-                        mod, fn = _branch_saved.pop()
-                        mod.is_torchdynamo_compiling = fn
+                        mod, name, val = _branch_saved.pop()
+                        setattr(mod, name, val)
 
     return call
 

@@ -212,6 +212,35 @@ def test_reduce_overhead_steps_and_the_static_cache():
     assert not model._forward_pre_hooks and not model._forward_hooks
 
 
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_whole_model_keeps_eager_masks(mode):
+    """The whole model compiled: transformers' mask builder runs eagerly (a graph break), because
+    traced it builds an explicit mask where eager passes none, and the attention's bits move
+    (105 of 128 prefill logits in f32 before). Prefill and decode into a static cache, and a
+    forward without a cache, are identical with eager; the builder is the original again after
+    the call."""
+    import sys
+    from transformers import StaticCache
+    from torch._dynamo.utils import counters
+    model = _tiny_llama()
+    ids = torch.randint(0, 64, (2, 8))
+    ref = _greedy(model, ids, 3, StaticCache(config=model.config, max_cache_len=16))
+    with torch.no_grad():
+        ref_nocache = model(ids, use_cache=False).logits
+    builder = sys.modules[type(model).__module__].create_causal_mask
+    st = exact.exact_compile(model, mode, regional=False)
+    assert st.regions == 0
+    counters.clear()
+    got = _greedy(model, ids, 3, StaticCache(config=model.config, max_cache_len=16))
+    with torch.no_grad():
+        got_nocache = model(ids, use_cache=False).logits
+    assert locate.compare(ref, got).identical
+    assert locate.compare(ref_nocache, got_nocache).identical
+    breaks = dict(counters["graph_break"])
+    assert breaks and all("create_causal_mask" in why for why in breaks), breaks
+    assert sys.modules[type(model).__module__].create_causal_mask is builder
+
+
 def test_kernelize_keeps_generate_from_compiling_the_model_again():
     model = _tiny_llama()
     rep = kernelize(model, kernels_dir="kernels", arch="sm_90", verbose=False, compile=True)
