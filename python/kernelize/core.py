@@ -451,6 +451,17 @@ _FORWARDS = {
 _KZ_ATTRS = ("_kz", "_kz_orig", "_kz_op", "_kz_run", "_kz_compiled", "_kz_fits", "_kz_preps")
 
 
+class _Prepared(dict):
+    """A swapped elementwise layer's prepared launches by input shape (ctypes argument arrays
+    refilled on every call): a copied model starts with none and prepares its own."""
+
+    def __copy__(self) -> "_Prepared":
+        return _Prepared()
+
+    def __deepcopy__(self, memo: dict) -> "_Prepared":
+        return _Prepared()
+
+
 def _stand_in_run(op, key):
     def run(_compiled, *args):
         return op(*args, key)
@@ -485,5 +496,5 @@ def _patch(site: Site, k: Resolved, device: torch.device, allow_python: bool = F
     d["_kernelize_kernel"] = k
     d[_LAUNCHES] = 0
     d.update(_kz=(key, site.cols, eps, want, index), _kz_orig=orig_forward, _kz_op=op,
-             _kz_run=run, _kz_compiled=compiled, _kz_fits={}, _kz_preps={})
+             _kz_run=run, _kz_compiled=compiled, _kz_fits={}, _kz_preps=_Prepared())
     d["forward"] = types.MethodType(_FORWARDS[site.op], m)

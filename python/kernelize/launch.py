@@ -117,6 +117,14 @@ class CompiledKernel:
 
     runtime = "cuda"
 
+    # A loaded kernel is a process-wide resource (ctypes handles into the CUDA driver, filed
+    # under a key in `ops`): a copied model shares it, as it shares the kernel's code.
+    def __copy__(self) -> "CompiledKernel":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "CompiledKernel":
+        return self
+
     def __init__(self, manifest: dict[str, Any], source: str, dtype: str, device: torch.device):
         self.manifest = manifest
         self.dtype = dtype

@@ -64,6 +64,13 @@ class PythonKernel:
 
     runtime = "python"
 
+    # Loaded once per process (`launch.compiled`'s cache, a key in `ops`): copies share it.
+    def __copy__(self) -> "PythonKernel":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "PythonKernel":
+        return self
+
     def __init__(self, digest: str, manifest: dict[str, Any], source: str, dtype: str,
                  device: torch.device, allow_python: bool):
         if not allow_python:

@@ -10,6 +10,8 @@ CPU, so that the swapped forwards call the custom ops on CPU tensors.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -496,3 +498,36 @@ def test_a_gated_launch_makes_each_input_contiguous_and_refuses_other_shapes():
     # nothing to launch for an empty batch
     e = torch.empty(0, 8, dtype=torch.float16)
     assert launch.run_gated(k, e, e).shape == (0, 8) and len(k.calls) == 1
+
+
+def test_a_kernelized_model_deep_copies(cpu_kernels, small_llama):
+    """copy.deepcopy of a kernelized model (issue 27 item 7: it failed with "ctypes objects
+    containing pointers cannot be pickled"): the copy shares each loaded kernel (a process-wide
+    resource holding CUDA driver handles), starts with no prepared launches of its own, computes
+    the same logits, and is undone on its own."""
+    import ctypes
+    model = small_llama
+    ids = torch.randint(0, 128, (1, 12))
+    sites = _patch_all(model)
+    # what a real load leaves on a swapped layer: a CompiledKernel holding ctypes handles, and
+    # prepared launches holding ctypes argument arrays
+    real = object.__new__(launch.CompiledKernel)
+    real.func = ctypes.c_void_p(1234)
+    for s in sites:
+        s.module.__dict__["_kz_compiled"] = real
+        s.module.__dict__["_kz_preps"][(1, 64)] = (None, (ctypes.c_void_p * 3)())
+    with torch.no_grad():
+        want = model(input_ids=ids, use_cache=False).logits
+    twin = copy.deepcopy(model)
+    for s in sites:
+        name = next(n for n, m in model.named_modules() if m is s.module)
+        t = twin.get_submodule(name)
+        assert t.__dict__["_kz_compiled"] is real                      # shared, not copied
+        assert t.__dict__["_kz_preps"] == {} and type(t.__dict__["_kz_preps"]) is type(
+            s.module.__dict__["_kz_preps"])                             # prepared afresh
+        assert t.forward.__self__ is t                                  # bound to the copy
+    with torch.no_grad():
+        assert torch.equal(twin(input_ids=ids, use_cache=False).logits, want)
+    assert kernelize.unkernelize(twin) == 7
+    assert all("_kz" in s.module.__dict__ for s in sites)              # the original still swapped
+    assert kernelize.unkernelize(model) == 7
