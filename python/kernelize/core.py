@@ -134,6 +134,7 @@ def _resolve_all(model, source, policy, arch, dtype,
     found = discover(model, dtype, fuse_gated_mlp=fuse_gated_mlp)
     cache: dict[Key, Resolution] = {}
     plan = []
+    events: dict[tuple, list[str]] = {}   # one log line per unverified width, not per layer
     for s in found.sites:
         if s.dtype is None:
             plan.append((s, None, Resolution(None, ["dtype is not bf16, f16 or f32"]), [s.op]))
@@ -148,8 +149,8 @@ def _resolve_all(model, source, policy, arch, dtype,
             if r.width_note:
                 then = ("replacing it" if r.kernel else
                         f"trying {cands[i + 1].op}" if i + 1 < len(cands) else "keeping the layer")
-                log.warning("kernelize: %s [%s %s, cols=%d]: %s; %s", cand.path, cand.op, key.dtype,
-                            cand.cols, r.width_note, then)
+                events.setdefault((cand.op, key.dtype, cand.cols, r.width_note, then),
+                                  []).append(cand.path)
             tried.append((cand, key, r))
             if r.kernel is not None:
                 break
@@ -167,6 +168,9 @@ def _resolve_all(model, source, policy, arch, dtype,
                            [j for t in tried for j in t[2].queued_jobs],
                            "; ".join(notes) if notes else None)
         plan.append((cand, key, r, ops))
+    for (op, dt, cols, note, then), paths in events.items():
+        where = paths[0] if len(paths) == 1 else f"{paths[0]} ... {paths[-1]} ({len(paths)} layers)"
+        log.warning("kernelize: %s [%s %s, cols=%d]: %s; %s", where, op, dt, cols, note, then)
     return found, cache, plan
 
 

@@ -209,6 +209,9 @@ def test_an_unverified_width_is_queued_and_the_client_can_wait_for_it(hub, tiny_
     logged = [r.getMessage() for r in caplog.records if r.name == "kernelize"]
     assert any("model.norm" in m and "cols=64" in m and job_url in m and "keeping the layer" in m
                for m in logged), logged
+    # one line for the event, not one per layer (issue 27 item 7)
+    assert sum("cols=64" in m and "rms_norm" in m for m in logged) == 1, logged
+    assert any("layers)" in m for m in logged), logged
     # every rms_norm layer asked for the same width: one job, not one per layer
     assert len({e.width_note for e in rep.values() if e.width_note}) == 1
 
