@@ -147,12 +147,33 @@ fn check_body_schema(schema: &BodySchema, v: &serde_json::Value) -> Result<(), A
     } else {
         format!("JSON field `{field}`")
     };
+    // The message quotes the value that broke the rule: never more than a short prefix of it,
+    // so that a large body is not sent back to its sender.
+    let mut msg = err.to_string();
+    let value = err.instance().to_string();
+    if value.len() > MAX_ECHO {
+        let cut = (0..=MAX_ECHO)
+            .rev()
+            .find(|&i| value.is_char_boundary(i))
+            .unwrap_or(0);
+        let short = format!("{}… ({} bytes)", &value[..cut], value.len());
+        msg = msg.replacen(&value, &short, 1);
+        if msg.len() > 4 * MAX_ECHO {
+            msg = format!(
+                "{short} breaks the rule at `{}`",
+                err.schema_path().as_str()
+            );
+        }
+    }
     Err(AppError::unprocessable(format!(
-        "{what} breaks the request schema: {err}; see `{}` in /openapi.json",
+        "{what} breaks the request schema: {msg}; see `{}` in /openapi.json",
         schema.name
     ))
     .with("field", field.as_str()))
 }
+
+/// The most of a refused value an error message quotes (bytes).
+const MAX_ECHO: usize = 120;
 
 fn is_integer(schema: &serde_json::Value) -> bool {
     match &schema["type"] {
@@ -401,8 +422,30 @@ fn too_large(max: usize) -> AppError {
 /// still sending when the connection closes may see a reset instead of the answer.
 const DRAIN_BYTES: usize = 8 << 20;
 
-async fn read_body(mut body: Body, edge: &Edge) -> Result<Bytes, AppError> {
-    let deadline = tokio::time::Instant::now() + edge.body_timeout;
+async fn read_body(body: Body, edge: &Edge) -> Result<Bytes, AppError> {
+    read(body, edge.max_body_bytes, edge.body_timeout, true).await
+}
+
+/// Read a request's body and drop it, under the edge's limits (408, 413): a request refused
+/// before its body is looked at (`app::authenticate_first`) still reads what its client sends,
+/// so that the client gets the answer rather than a reset connection.
+pub async fn drain(
+    body: Body,
+    max_body_bytes: usize,
+    body_timeout: Duration,
+) -> Result<(), AppError> {
+    read(body, max_body_bytes, body_timeout, false)
+        .await
+        .map(|_| ())
+}
+
+async fn read(
+    mut body: Body,
+    max_body_bytes: usize,
+    body_timeout: Duration,
+    keep: bool,
+) -> Result<Bytes, AppError> {
+    let deadline = tokio::time::Instant::now() + body_timeout;
     let mut data = BytesMut::new();
     let mut seen = 0usize;
     loop {
@@ -412,7 +455,7 @@ async fn read_body(mut body: Body, edge: &Edge) -> Result<Bytes, AppError> {
                     StatusCode::REQUEST_TIMEOUT,
                     format!(
                         "the request body did not arrive within {} s; send the whole body at once (the connection is closed)",
-                        edge.body_timeout.as_secs_f64()
+                        body_timeout.as_secs_f64()
                     ),
                 )
                 .header(header::CONNECTION, HeaderValue::from_static("close")))
@@ -428,15 +471,17 @@ async fn read_body(mut body: Body, edge: &Edge) -> Result<Bytes, AppError> {
         };
         if let Ok(chunk) = frame.into_data() {
             seen = seen.saturating_add(chunk.len());
-            if seen <= edge.max_body_bytes {
-                data.extend_from_slice(&chunk);
-            } else if seen > edge.max_body_bytes + DRAIN_BYTES {
+            if seen <= max_body_bytes {
+                if keep {
+                    data.extend_from_slice(&chunk);
+                }
+            } else if seen > max_body_bytes + DRAIN_BYTES {
                 break;
             }
         }
     }
-    if seen > edge.max_body_bytes {
-        return Err(too_large(edge.max_body_bytes));
+    if seen > max_body_bytes {
+        return Err(too_large(max_body_bytes));
     }
     Ok(data.freeze())
 }
