@@ -27,8 +27,14 @@ The exact backend (`backend`, registered with dynamo as "kernelize_exact") close
 4. (roundings): `EXACT_CONFIG`: eager's casts emulated, division rounded as eager, no
    flush-to-zero, PyTorch's libdevice where this torch has those switches.
 
+5. Library code that takes another path when it knows it is compiled (transformers' SDPA
+   attention and mask builders) is kept on eager's path while exact-compiled code runs
+   (`_with_eager_branches`), and transformers' `generate()` is kept from compiling the model
+   again with plain inductor (`hold_generate_compile`).
+
 Everything else (the adds, multiplies, casts, copies, views and the graph around them) is left
-to inductor, and so is CUDA-graph capture (`mode="reduce-overhead"`). `max-autotune` modes are
+to inductor, and so is CUDA-graph capture (`mode="reduce-overhead"`; a forward is one
+CUDA-graph step and the KV cache must be static, `_cuda_graph_steps`). `max-autotune` modes are
 refused: they replace cuBLAS matmuls by Triton templates that reduce in another order.
 
 The configuration is applied per compilation (inductor's `config_patches`, and the lowering
@@ -397,9 +403,6 @@ def exact_compile(model: torch.nn.Module, mode: str | None = None, *, dynamic: b
     return state
 
 
-_GENERATE_COMPILE = "_kernelize_generate_compile"
-
-
 # Library code that takes another path while it is being compiled computes other bits even
 # where every op is exact. Two places in transformers do, and exact-compiled code is kept on
 # eager's path in both, only while it runs (dynamo guards on the functions it reads, so a plain
@@ -479,6 +482,9 @@ def _with_eager_branches(compiled: Callable, whole: torch.nn.Module | None = Non
                         setattr(mod, name, val)
 
     return call
+
+
+_GENERATE_COMPILE = "_kernelize_generate_compile"
 
 
 def hold_generate_compile(model: torch.nn.Module) -> str | None:
