@@ -1216,3 +1216,57 @@ async fn the_token_is_checked_before_the_body_and_refusals_do_not_echo_it() {
         assert!(st == StatusCode::NO_CONTENT || st.is_success(), "{st} {p}");
     }
 }
+
+/// Stored strings have documented limits enforced alike on both backends, lifetimes are parsed
+/// strictly, and a query parameter is given once (issue 27 item 11): a 2,700-character token
+/// name answered 500 on PostgreSQL and was stored on SQLite; `expires_in: "never "` meant never;
+/// `?limit=1&limit=2` took the last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn limits_hold_alike_on_both_backends() {
+    for b in [Some(Backend::sqlite()), Backend::postgres().await]
+        .into_iter()
+        .flatten()
+    {
+        let srv = TestServer::start(&b, &["--no-bundled"]).await;
+        let admin = srv.token("admin");
+        let long_name = "n".repeat(2700);
+        let (st, p) = srv
+            .post(
+                "/v1/tokens",
+                &admin,
+                &json!({"name": long_name, "scopes": ["worker"]}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+        assert_eq!(p["field"], "name", "{p}");
+        let (st, p) = srv
+            .post(
+                "/v1/tokens",
+                &admin,
+                &json!({"name": "n".repeat(200), "scopes": ["worker"]}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "200 characters are allowed: {p}");
+        for bad in ["never ", " 90d", "90d\t"] {
+            let (st, p) = srv
+                .post(
+                    "/v1/tokens",
+                    &admin,
+                    &json!({"name": "t", "scopes": ["worker"], "expires_in": bad}),
+                )
+                .await;
+            assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{bad:?}: {p}");
+            assert_eq!(p["field"], "expires_in", "{p}");
+        }
+        let r = reqwest::get(srv.url("/v1/kernels?limit=1&limit=2"))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        let p: Value = r.json().await.unwrap();
+        assert_eq!(p["field"], "limit", "{p}");
+        assert!(
+            p["detail"].as_str().unwrap().contains("more than once"),
+            "{p}"
+        );
+    }
+}

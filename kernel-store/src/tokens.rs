@@ -35,10 +35,18 @@ pub enum Expiry {
     After { ms: i64 },
 }
 
+/// The longest token name (characters), on every backend (PostgreSQL's index on the name
+/// cannot hold much more than 2,700 bytes; SQLite would store any length).
+pub const MAX_TOKEN_NAME: usize = 200;
+
 impl FromStr for Expiry {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let s = s.trim();
+        if s.trim() != s {
+            return Err(format!(
+                "`{s}` has spaces around it: write the lifetime alone (e.g. `90d` or `never`)"
+            ));
+        }
         if s == "never" {
             return Ok(Expiry::Never);
         }
@@ -166,6 +174,12 @@ impl Store {
         if name.is_empty() || name.parse::<i64>().is_ok() {
             return Err(StoreError::Invalid(format!(
                 "token name `{name}` must be non-empty and not a number (numbers name token ids in `kernelize token revoke`)"
+            )));
+        }
+        if name.chars().count() > MAX_TOKEN_NAME {
+            return Err(StoreError::Invalid(format!(
+                "a token name is at most {MAX_TOKEN_NAME} characters; this one has {}",
+                name.chars().count()
             )));
         }
         let token = format!("kz_{}", random_hex(24));

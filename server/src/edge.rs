@@ -279,6 +279,7 @@ async fn check(
     // Query parameters: decoded as axum's `Query` decodes them, but refusing what is not UTF-8
     // rather than replacing it.
     if let Some(query) = req.uri().query() {
+        let mut seen: HashSet<String> = HashSet::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             let key = decode_component(k).map_err(|_| {
@@ -287,6 +288,12 @@ async fn check(
                 ))
             })?;
             check_text("a query parameter's name", &key, &key, Text::Line)?;
+            if is_api && !seen.insert(key.clone()) {
+                return Err(AppError::bad_request(format!(
+                    "query parameter `{key}` is given more than once; give it once"
+                ))
+                .with("field", key.as_str()));
+            }
             if is_api && !declared_queries.contains(&key) {
                 let takes = if declared_queries.is_empty() {
                     "this route takes none".to_string()

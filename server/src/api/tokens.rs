@@ -14,11 +14,13 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTokenRequest {
-    /// A name for the token, shown in the audit log and in `kernelize token list`.
+    /// A name for the token, shown in the audit log and in `kernelize token list`: one line of
+    /// printable text, at most 200 characters.
+    #[schema(max_length = 200, pattern = r"^[^\u0000-\u001f\u007f-\u009f]*$")]
     pub name: String,
     /// Any of submit, submit-python, worker, admin.
     pub scopes: Vec<String>,
-    /// `90d`, `12h`, `30m`, `45s` or `never` (default 90d).
+    /// `90d`, `12h`, `30m`, `45s` or `never` (default 90d), exactly: no spaces around it.
     #[serde(default)]
     pub expires_in: Option<String>,
 }
