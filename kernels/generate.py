@@ -99,7 +99,7 @@ grid = "per_element"
 elements_per_thread = 32
 """
 
-# The ABI of each op (SPEC section 2): the entry's parameters and the engine call's arguments.
+# The ABI of each op (docs/spec.md section 2): the entry's parameters and the engine call's arguments.
 SIGS = {
     "rms_norm": ("T* out, const T* x, const T* w, long long rows, long long cols, float eps", "out, x, w, rows, cols, eps"),
     "fused_add_rms_norm": ("T* out, T* residual, const T* x, const T* w, long long rows, long long cols, float eps",

@@ -230,7 +230,7 @@ async fn reports_and_resolve_across_runtimes(b: Backend) {
         "{overview}"
     );
     assert!(
-        overview.contains("a Python candidate (SPEC 2b)"),
+        overview.contains("a Python candidate (docs/spec.md section 2b)"),
         "{overview}"
     );
     let page = html("/kernels/py_silu/1.0.0").await;

@@ -401,7 +401,7 @@ mod tests {
             })
             .collect();
         let want = serde_json::to_string_pretty(&serde_json::json!({
-            "comment": "Written by kernel-registry's test domain::tests::abi_fixture_for_python_is_current from Op (SPEC section 2); do not edit: change Op and run KERNELIZE_UPDATE_FIXTURES=1 cargo test -p kernel-registry abi_fixture",
+            "comment": "Written by kernel-registry's test domain::tests::abi_fixture_for_python_is_current from Op (docs/spec.md section 2); do not edit: change Op and run KERNELIZE_UPDATE_FIXTURES=1 cargo test -p kernel-registry abi_fixture",
             "ops": ops,
         }))
         .unwrap()

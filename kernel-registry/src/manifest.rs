@@ -41,7 +41,7 @@ impl ManifestError {
     }
 }
 
-/// How the grid is sized from the problem (SPEC: launch rule).
+/// How the grid is sized from the problem (docs/spec.md section 2: the launch rule).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Grid {

@@ -79,7 +79,7 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
         ("cols" = u64, Query, description = "columns (elements per row; element count for elementwise ops), at most 2^40", minimum = 1, maximum = 1099511627776_i64),
         ("rows" = Option<u64>, Query, description = "rows: picks the nearest measured speed; a queued width verification runs rows 1..max(64, rows); never gates", minimum = 1, maximum = 1099511627776_i64),
         ("policy" = Option<PolicyText>, Query, description = "bit_exact (default), ulp:N, tolerance, argmax, with ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X"),
-        ("runtime" = Option<String>, Query, description = "cuda (default: CUDA kernels only) or any (Python candidates too, SPEC 2b)"),
+        ("runtime" = Option<String>, Query, description = "cuda (default: CUDA kernels only) or any (Python candidates too, docs/spec.md section 2b)"),
     ),
     responses((status = 200, description = "The chosen kernel with its evidence; `also_qualifying` lists the first 100 other qualifying kernels, fastest first (`also_qualifying_total` counts all)"), (status = 404, description = "No kernel qualifies; `excluded` says why each is out (the first 100; `excluded_total` counts all)"), (status = 400, description = "A bad parameter")))]
 pub async fn resolve(

@@ -83,7 +83,7 @@ fn runtime_label(r: Runtime) -> (&'static str, &'static str) {
         Runtime::Cuda => ("CUDA", "a CUDA kernel of the hub's ABI, compiled with NVRTC"),
         Runtime::Python => (
             "Python",
-            "a Python candidate (SPEC 2b): a function of its .py source, e.g. a Triton kernel, torch.compile or a PyTorch function",
+            "a Python candidate (docs/spec.md section 2b): a function of its .py source, e.g. a Triton kernel, torch.compile or a PyTorch function",
         ),
     }
 }

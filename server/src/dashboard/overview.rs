@@ -327,7 +327,7 @@ fn matrix(rows: &[MatrixRow]) -> Markup {
                         tr {
                             td {
                                 a href=(kernel_href(&r.kernel.name, &r.kernel.version)) title=(r.kernel.description) { (r.kernel.name) " " (r.kernel.version) }
-                                @if r.kernel.runtime == kernel_registry::Runtime::Python { " " span.muted title="a Python candidate (SPEC 2b)" { "python" } }
+                                @if r.kernel.runtime == kernel_registry::Runtime::Python { " " span.muted title="a Python candidate (docs/spec.md section 2b)" { "python" } }
                             }
                             td { (r.dtype) }
                             td { (r.arch) }

@@ -149,7 +149,7 @@ fn render(
                                     Some(c) => {
                                         td.chosen {
                                             a href=(kernel_href(&c.kernel.name, &c.kernel.version)) { strong { (c.kernel.name) " " (c.kernel.version) } }
-                                            @if c.kernel.runtime == kernel_registry::Runtime::Python { " " span.muted.runtime title="a Python candidate (SPEC 2b)" { "python" } }
+                                            @if c.kernel.runtime == kernel_registry::Runtime::Python { " " span.muted.runtime title="a Python candidate (docs/spec.md section 2b)" { "python" } }
                                         }
                                         td { (class_badge(c.summary.class)) }
                                         @match &c.speed {
