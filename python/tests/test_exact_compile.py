@@ -241,6 +241,19 @@ def test_whole_model_keeps_eager_masks(mode):
     assert sys.modules[type(model).__module__].create_causal_mask is builder
 
 
+def test_hold_generate_compile_is_undone_and_leaves_a_users_choice():
+    model = _tiny_llama()
+    gc = model.generation_config
+    assert "turned off" in exact.hold_generate_compile(model) and gc.disable_compile
+    assert exact.hold_generate_compile(model) is None          # held already: nothing more
+    exact.release_generate_compile(model)
+    assert not gc.disable_compile
+    gc.disable_compile = True                                  # the user's own setting
+    assert exact.hold_generate_compile(model) is None
+    exact.release_generate_compile(model)
+    assert gc.disable_compile                                  # kept as the user set it
+
+
 def test_kernelize_keeps_generate_from_compiling_the_model_again():
     model = _tiny_llama()
     rep = kernelize(model, kernels_dir="kernels", arch="sm_90", verbose=False, compile=True)
