@@ -111,22 +111,22 @@ def candidate(base, how: str):
     """A copy of `base` made into the candidate `how` (the copy is what runs). transformers'
     generate() is kept from compiling any candidate on its own (each is what it names)."""
     m = copy.deepcopy(base)
+    bundled = dict(kernels_dir=ROOT / "kernels", names=EXACT, verbose=False, arch=ARCH)
     if how == "compile":
         m.compile()
     elif how == "exact":
         K.exact_compile(m)
     elif how in ("kernelize+exact", "kernelize+exact-ro"):
-        K.kernelize(m, kernels_dir=ROOT / "kernels", names=EXACT, verbose=False, arch=ARCH,
-                    compile=True if how == "kernelize+exact" else "reduce-overhead")
+        K.kernelize(m, **bundled, compile=True if how == "kernelize+exact" else "reduce-overhead")
     elif how == "kernelize":
-        K.kernelize(m, kernels_dir=ROOT / "kernels", names=EXACT, verbose=False, arch=ARCH)
+        K.kernelize(m, **bundled)
     elif how in ("compile-regional", "compile-regional-ro"):
         # plain inductor, each block compiled on its own (PyTorch's recipe for large models)
         for blk in _exact.blocks(m):
             blk.compile(mode="reduce-overhead" if how.endswith("-ro") else None)
     elif how == "kernelize+exact-whole-ro":
         # kernels, then the whole model as one exact graph under CUDA graphs
-        K.kernelize(m, kernels_dir=ROOT / "kernels", names=EXACT, verbose=False, arch=ARCH)
+        K.kernelize(m, **bundled)
         K.exact_compile(m, "reduce-overhead", regional=False)
     elif how == "exact-whole":
         # the whole model as one graph (exact_compile's regional=False)
@@ -151,13 +151,23 @@ def static_cache(model, batch: int, max_len: int, recipe: bool):
     from transformers import StaticCache
     cache = StaticCache(config=model.config, max_cache_len=max_len)
     if recipe:
-        cfg = model.config
-        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        p = next(model.parameters())
-        cache.early_initialization(batch_size=batch, num_heads=heads, head_dim=head_dim,
-                                   dtype=p.dtype, device=p.device)
+        _exact.init_static_cache(model, cache, batch)
     return cache
+
+
+def decode_step(m, batch: int, g: torch.Generator, prefill: int | None = 512):
+    """One decode step at position 512 against a static cache of 576 positions, initialised up
+    front for every candidate, as a callable (the same step each call: CUDA-graph-able).
+    `prefill`: fill the cache with that many prompt tokens first (None: leave it zeros, which
+    costs the same per step and compiles no prefill shape)."""
+    cache = static_cache(m, batch, 576, recipe=True)
+    if prefill:
+        ids = torch.randint(0, VOCAB_IDS, (batch, prefill), generator=g).cuda()
+        m(ids, past_key_values=cache, use_cache=True,
+          cache_position=torch.arange(prefill, device="cuda"))
+    tok = torch.randint(0, VOCAB_IDS, (batch, 1), generator=g).cuda()
+    pos = torch.tensor([512], device="cuda")
+    return lambda: m(tok, past_key_values=cache, use_cache=True, cache_position=pos)
 
 
 def lm_steps(model, ids, steps: int, static: bool = False, recipe: bool = False):
@@ -326,14 +336,7 @@ def phase_speed(a) -> list[dict]:
                         row[f"prefill_{b}x{s}_first_s"] = time.perf_counter() - t0
                         row[f"prefill_{b}x{s}_ms"] = timed_ms(lambda: m(ids, use_cache=False), a.reps)
                     for b in (1, 8):
-                        # the same cache initialised before the first call for every candidate
-                        cache = static_cache(m, b, 576, recipe=True)
-                        ids = torch.randint(0, VOCAB_IDS, (b, 512), generator=g).cuda()
-                        m(ids, past_key_values=cache, use_cache=True,
-                          cache_position=torch.arange(512, device="cuda"))
-                        tok = torch.randint(0, VOCAB_IDS, (b, 1), generator=g).cuda()
-                        pos = torch.tensor([512], device="cuda")
-                        step = lambda: m(tok, past_key_values=cache, use_cache=True, cache_position=pos)
+                        step = decode_step(m, b, g)
                         t0 = time.perf_counter()
                         for _ in range(3):
                             step()

@@ -27,14 +27,8 @@ import exact_compile as B  # noqa: E402
 
 def profile_step(m, batch: int, steps: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
-    cache = B.static_cache(m, batch, 576, recipe=True)
-    tok = torch.randint(0, 1000, (batch, 1), generator=torch.Generator().manual_seed(5)).cuda()
-    pos = torch.tensor([512], device="cuda")
-
-    def step():
-        return m(tok, past_key_values=cache, use_cache=True, cache_position=pos)
-
     with torch.no_grad():
+        step = B.decode_step(m, batch, torch.Generator().manual_seed(5), prefill=None)
         t0 = time.perf_counter()
         for _ in range(4):
             step()

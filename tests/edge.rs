@@ -1172,10 +1172,7 @@ fn open_sockets(pid: u32) -> usize {
 /// short prefix of the value (issue 27 item 10).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_token_is_checked_before_the_body_and_refusals_do_not_echo_it() {
-    for b in [Some(Backend::sqlite()), Backend::postgres().await]
-        .into_iter()
-        .flatten()
-    {
+    for b in backends().await {
         let srv = TestServer::start(&b, &["--no-bundled"]).await;
         let worker = srv.token("worker");
         let big = Value::Array(vec![json!(1); 900_000]); // about 1.8 MB of JSON
@@ -1223,10 +1220,7 @@ async fn the_token_is_checked_before_the_body_and_refusals_do_not_echo_it() {
 /// `?limit=1&limit=2` took the last.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn limits_hold_alike_on_both_backends() {
-    for b in [Some(Backend::sqlite()), Backend::postgres().await]
-        .into_iter()
-        .flatten()
-    {
+    for b in backends().await {
         let srv = TestServer::start(&b, &["--no-bundled"]).await;
         let admin = srv.token("admin");
         let long_name = "n".repeat(2700);
@@ -1269,4 +1263,12 @@ async fn limits_hold_alike_on_both_backends() {
             "{p}"
         );
     }
+}
+
+/// SQLite, and PostgreSQL where it is reachable.
+async fn backends() -> Vec<Backend> {
+    [Some(Backend::sqlite()), Backend::postgres().await]
+        .into_iter()
+        .flatten()
+        .collect()
 }

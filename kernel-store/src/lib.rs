@@ -31,7 +31,9 @@ pub use newest::{
     UnverifiedKernel, VerdictOn, VerdictParts, HEADLINE_COLS, HEADLINE_ROWS,
 };
 pub use stats::{HubStats, MAX_WORKERS_LISTED};
-pub use tokens::{hash_token, Expiry, Revoked, TokenCheck, TokenInfo, DEFAULT_TOKEN_LIFETIME};
+pub use tokens::{
+    hash_token, Expiry, Revoked, TokenCheck, TokenInfo, DEFAULT_TOKEN_LIFETIME, MAX_TOKEN_NAME,
+};
 pub use url::normalise_url;
 pub use verifications::VerificationRow;
 pub use worker_keys::WorkerKey;

@@ -450,24 +450,27 @@ def _with_eager_branches(compiled: Callable, whole: torch.nn.Module | None = Non
     model compiled, whose mask builders run eagerly, and with `ready_cache` (CUDA graphs) whose KV
     cache is made ready here, before the compiled code runs (`_static_cache_ready`)."""
     import functools
-    masks: list[list[tuple[Any, str, Callable]]] = []
+    found: list[list[tuple[Any, str, Callable]]] = []   # the patches, found on the first call
+
+    def patches() -> list[tuple[Any, str, Callable]]:
+        if not found:
+            todo = _mask_builders(whole) if whole is not None else []
+            for name in _EAGER_BRANCHES:
+                mod = sys.modules.get(name)
+                if mod is not None and hasattr(mod, "is_torchdynamo_compiling"):
+                    todo.append((mod, "is_torchdynamo_compiling", _not_compiling))
+            found.append(todo)
+        return found[0]
 
     @functools.wraps(compiled)
     def call(*args: Any, **kwargs: Any) -> Any:
         if ready_cache and whole is not None:
-            cache = kwargs.get("past_key_values", kwargs.get("cache"))
+            cache = _kv_cache(kwargs)
             if cache is not None:
                 _static_cache_ready(whole, cache, args, kwargs)
-        if whole is not None and not masks:
-            masks.append(_mask_builders(whole))
         with _LOCK:
             if _branch_depth[0] == 0:
-                patches = [(mod, name, val) for mod, name, val in masks[0]] if masks else []
-                for name in _EAGER_BRANCHES:
-                    mod = sys.modules.get(name)
-                    if mod is not None and hasattr(mod, "is_torchdynamo_compiling"):
-                        patches.append((mod, "is_torchdynamo_compiling", _not_compiling))
-                for mod, name, val in patches:
+                for mod, name, val in patches():
                     _branch_saved.append((mod, name, getattr(mod, name)))
                     setattr(mod, name, val)
             _branch_depth[0] += 1
@@ -522,17 +525,17 @@ def _cuda_graph_steps(model: torch.nn.Module, state: CompileState, hooks: bool) 
     - A dynamic KV cache grows by concatenation inside the blocks, so it cannot live in CUDA-graph
       memory: passing one is refused with what to do instead, and `generate()` is set to use a
       static cache (transformers' recipe for CUDA graphs) unless the model names another."""
-    saved: list[int | None] = []
+    owned: list[bool] = []   # per forward in progress: whether it began the trees' step count
 
     def before(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        cache = kwargs.get("past_key_values", kwargs.get("cache"))   # `cache`: transformers >= 5.24
+        cache = _kv_cache(kwargs)
         if cache is not None:
             _static_cache_ready(module, cache, args, kwargs)
-        saved.append(_begin_step())
+        owned.append(_begin_step())
 
     def after(module: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
-        if saved:
-            _end_step(saved.pop())
+        if owned and owned.pop():
+            _end_step()
 
     if hooks:
         handles = [model.register_forward_pre_hook(before, with_kwargs=True),
@@ -548,22 +551,27 @@ def _cuda_graph_steps(model: torch.nn.Module, state: CompileState, hooks: bool) 
 _STEP = [0]   # the last step number handed out (negative, as CUDA-graph trees count marks)
 
 
-def _begin_step() -> int | None:
-    """Begin a CUDA-graph step; what `_end_step` needs to restore the trees' own rule."""
+def _begin_step() -> bool:
+    """Begin a CUDA-graph step; whether this began the step count (`_end_step` then restores
+    the trees' own rule: a compiled call, a step)."""
     from torch._inductor import cudagraph_trees as cgt
     box = getattr(cgt, "MarkStepBox", None)
     if box is None or box.mark_step_counter != 0:   # the user marks steps (or a torch without
         torch.compiler.cudagraph_mark_step_begin()  # the counter): mark one more
-        return None
+        return False
     _STEP[0] -= 1   # a number no step has had, so the trees see a new generation
     box.mark_step_counter = _STEP[0]
-    return 0
+    return True
 
 
-def _end_step(prior: int | None) -> None:
-    if prior is not None:
-        from torch._inductor import cudagraph_trees as cgt
-        cgt.MarkStepBox.mark_step_counter = prior   # the trees' own rule: a compiled call, a step
+def _end_step() -> None:
+    from torch._inductor import cudagraph_trees as cgt
+    cgt.MarkStepBox.mark_step_counter = 0
+
+
+def _kv_cache(kwargs: dict) -> Any:
+    """The KV cache a forward was given (`cache=` from transformers 5.24, `past_key_values=`)."""
+    return kwargs.get("past_key_values", kwargs.get("cache"))
 
 
 def _static_cache_ready(model: torch.nn.Module, cache: Any, args: tuple, kwargs: dict) -> None:
@@ -577,16 +585,25 @@ def _static_cache_ready(model: torch.nn.Module, cache: Any, args: tuple, kwargs:
             "CUDA-graph memory. Pass past_key_values=transformers.StaticCache(config=model.config, "
             "max_cache_len=N), call generate(..., cache_implementation='static'), or compile with "
             "mode=None")
-    layers = getattr(inner, "layers", None) or ()
-    if not hasattr(inner, "early_initialization") or all(
-            getattr(layer, "is_initialized", True) for layer in layers):
-        return
     ids = kwargs.get("input_ids", args[0] if args else None)
     if ids is None:
         ids = kwargs.get("inputs_embeds")
+    if ids is not None:
+        init_static_cache(model, inner, ids.shape[0])
+    # else transformers initialises it on first use (inside the first captured block)
+
+
+def init_static_cache(model: torch.nn.Module, cache: Any, batch: int) -> None:
+    """Give transformers' static KV cache `cache` its tensors now, for `batch` sequences of
+    `model` (transformers' `early_initialization`), where it has not got them yet: otherwise it
+    allocates them on first use, inside whatever compiled code runs first."""
+    layers = getattr(cache, "layers", None) or ()
+    if not hasattr(cache, "early_initialization") or all(
+            getattr(layer, "is_initialized", True) for layer in layers):
+        return
     param = next((p for p in model.parameters() if p.is_floating_point()), None)
-    if ids is None or param is None:
-        return   # transformers initialises it on first use (inside the first captured block)
+    if param is None:
+        return
     shape = model._get_static_cache_init_shape() if hasattr(
         model, "_get_static_cache_init_shape") else None
     if shape is None:
@@ -594,7 +611,7 @@ def _static_cache_ready(model: torch.nn.Module, cache: Any, args: tuple, kwargs:
             model.config, "get_text_config") else model.config
         heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         shape = heads, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    inner.early_initialization(batch_size=ids.shape[0], num_heads=shape[0], head_dim=shape[1],
+    cache.early_initialization(batch_size=batch, num_heads=shape[0], head_dim=shape[1],
                                dtype=param.dtype, device=param.device)
 
 

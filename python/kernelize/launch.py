@@ -26,7 +26,7 @@ import torch
 from . import nvrtc as _nv
 from .digest import launch_dims
 from .nvrtc import NvrtcCompileError, NvrtcNotFound, entry_options  # noqa: F401 (re-exported)
-from .pykernel import PythonKernel, is_python
+from .pykernel import PythonKernel, SharedOnCopy, is_python
 
 _CACHE: dict[tuple[str, str, int], "CompiledKernel"] = {}
 _CACHE_LOCK = threading.Lock()
@@ -111,19 +111,11 @@ def _load_module(image: bytes, device: torch.device) -> ctypes.c_void_p:
     return module
 
 
-class CompiledKernel:
+class CompiledKernel(SharedOnCopy):
     """One entry symbol of one kernel, compiled for one device by NVRTC with the verifier's
     program name and options (`record` says which, and the SHA-256 of the code)."""
 
     runtime = "cuda"
-
-    # A loaded kernel is a process-wide resource (ctypes handles into the CUDA driver, filed
-    # under a key in `ops`): a copied model shares it, as it shares the kernel's code.
-    def __copy__(self) -> "CompiledKernel":
-        return self
-
-    def __deepcopy__(self, memo: dict) -> "CompiledKernel":
-        return self
 
     def __init__(self, manifest: dict[str, Any], source: str, dtype: str, device: torch.device):
         self.manifest = manifest

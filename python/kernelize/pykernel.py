@@ -59,17 +59,22 @@ def package_versions(manifest: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-class PythonKernel:
+class SharedOnCopy:
+    """A loaded kernel is a process-wide resource (loaded once, `launch.compiled`'s cache, filed
+    under a key in `ops`; a CUDA one holds ctypes handles into the driver): a copied model shares
+    it, as it shares the kernel's code."""
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo: dict):
+        return self
+
+
+class PythonKernel(SharedOnCopy):
     """One dtype's function of a Python candidate, loaded as a module of its own."""
 
     runtime = "python"
-
-    # Loaded once per process (`launch.compiled`'s cache, a key in `ops`): copies share it.
-    def __copy__(self) -> "PythonKernel":
-        return self
-
-    def __deepcopy__(self, memo: dict) -> "PythonKernel":
-        return self
 
     def __init__(self, digest: str, manifest: dict[str, Any], source: str, dtype: str,
                  device: torch.device, allow_python: bool):

@@ -120,11 +120,7 @@ def test_plain_compile_moves_the_layer_norm_seed():
 
 
 def test_kernelize_compile_true_on_a_tiny_llama(tmp_path):
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    model = LlamaForCausalLM(cfg).eval()
+    model = _tiny_llama()
     ids = torch.randint(0, 64, (2, 16))
     with torch.no_grad():
         ref = model(ids, use_cache=False).logits
@@ -360,18 +356,22 @@ def test_diff_cli_on_a_seed_model(capsys):
     assert rc == 0 and "identical" in capsys.readouterr().out
 
 
+class _Attn(nn.Module):
+    """Self-attention through `F.scaled_dot_product_attention`: x (2, seq, heads * 8)."""
+
+    def __init__(self, seq: int, heads: int, causal: bool):
+        super().__init__()
+        self.seq, self.heads, self.causal = seq, heads, causal
+        self.qkv = nn.Linear(heads * 8, 3 * heads * 8)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, self.seq, 3, self.heads, 8).permute(2, 0, 3, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+
+
 def test_attention_through_sdpa_is_called_as_eager_calls_it():
-    class Attn(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.qkv = nn.Linear(32, 96)
-
-        def forward(self, x):
-            q, k, v = self.qkv(x).view(2, 8, 3, 4, 8).permute(2, 0, 3, 1, 4)
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-
     torch.manual_seed(0)
-    m, x = Attn().eval(), torch.randn(2, 8, 32)
+    m, x = _Attn(seq=8, heads=4, causal=True).eval(), torch.randn(2, 8, 32)
     replaced = []
 
     def spy(gm, example_inputs, **kw):
@@ -442,17 +442,8 @@ def test_locator_names_the_op_of_a_module_make_fx_cannot_trace():
 
 def test_sdpa_under_autograd_stays_traced_and_trains():
     # eager_sdpa has no backward: under autograd the call is left to inductor, and training works
-    class Attn(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.qkv = nn.Linear(16, 48)
-
-        def forward(self, x):
-            q, k, v = self.qkv(x).view(2, 4, 3, 2, 8).permute(2, 0, 3, 1, 4)
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
-
     torch.manual_seed(0)
-    m = Attn()
+    m = _Attn(seq=4, heads=2, causal=False)
     replaced = []
 
     def spy(gm, example_inputs, **kw):

@@ -10,7 +10,6 @@ use axum::http::request::Parts;
 use axum::http::{header, Method, StatusCode};
 use axum::{middleware, Router};
 use kernel_store::{Store, TokenCheck};
-use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tower_http::catch_panic::CatchPanicLayer;
@@ -174,11 +173,11 @@ pub fn app(state: AppState) -> Router {
     ));
     let (api, _) = api_routes().split_for_parts();
     api.merge(crate::dashboard::routes())
-        .route_layer(middleware::from_fn_with_state(edge, edge::guard))
+        .route_layer(middleware::from_fn_with_state(edge.clone(), edge::guard))
         // Runs before the edge (route layers run outermost last-added first): an operation
         // that needs a token checks it before its body is read.
         .route_layer(middleware::from_fn_with_state(
-            state.clone(),
+            (state.clone(), edge),
             authenticate_first,
         ))
         .method_not_allowed_fallback(edge::method_not_allowed)
@@ -237,37 +236,19 @@ impl Scope {
     }
 }
 
-/// The operations the OpenAPI document says need a token (`security`), by (method, route).
-fn secured() -> &'static HashSet<(Method, String)> {
-    static SECURED: OnceLock<HashSet<(Method, String)>> = OnceLock::new();
-    SECURED.get_or_init(|| {
-        let doc = serde_json::to_value(openapi()).expect("the OpenAPI document serialises");
-        let mut found = HashSet::new();
-        for (path, item) in doc["paths"].as_object().into_iter().flatten() {
-            for (method, op) in item.as_object().into_iter().flatten() {
-                let secured = op["security"].as_array().is_some_and(|s| !s.is_empty());
-                if let (true, Ok(m)) = (secured, method.to_uppercase().parse::<Method>()) {
-                    found.insert((m, path.clone()));
-                }
-            }
-        }
-        found
-    })
-}
-
 /// An operation that needs a token has it checked before anything else of the request is
 /// read: an unauthenticated request is refused (401) before its body is received, parsed or
 /// held to the schema. The caller found is handed to the handler (`Caller`'s extractor takes it
 /// from the request's extensions), so the token is looked up once.
 async fn authenticate_first(
-    State(state): State<AppState>,
+    State((state, edge)): State<(AppState, Arc<Edge>)>,
     matched: Option<axum::extract::MatchedPath>,
     req: axum::extract::Request,
     next: middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     let route = matched.map(|m| m.as_str().to_string()).unwrap_or_default();
-    if !secured().contains(&(req.method().clone(), route)) {
+    if !edge.needs_token(req.method(), &route) {
         return next.run(req).await;
     }
     let (mut parts, body) = req.into_parts();
@@ -286,7 +267,7 @@ async fn authenticate_first(
         Err(e) => e,
     };
     // The body is read and dropped, never parsed (the client then gets this answer, not a reset).
-    match edge::drain(body, MAX_BODY_BYTES, state.config.body_timeout).await {
+    match edge::drain(body, &edge).await {
         Ok(()) => refusal.into_response(),
         Err(e) => e.into_response(),
     }

@@ -41,6 +41,8 @@ pub struct Edge {
     api_routes: HashSet<String>,
     /// The JSON request body schema per (method, route), with its name for messages.
     bodies: HashMap<(Method, String), BodySchema>,
+    /// The operations that need a token (the document's `security`).
+    secured: HashSet<(Method, String)>,
     pub max_body_bytes: usize,
     pub body_timeout: Duration,
 }
@@ -71,6 +73,7 @@ impl Edge {
         let mut queries = HashMap::new();
         let mut api_routes = HashSet::new();
         let mut bodies = HashMap::new();
+        let mut secured = HashSet::new();
         for (path, item) in doc["paths"].as_object().into_iter().flatten() {
             api_routes.insert(path.clone());
             for (method, op) in item.as_object().into_iter().flatten() {
@@ -97,6 +100,9 @@ impl Edge {
                 if !json_body.is_null() {
                     bodies.insert((method.clone(), path.clone()), body_schema(&doc, json_body));
                 }
+                if op["security"].as_array().is_some_and(|s| !s.is_empty()) {
+                    secured.insert((method.clone(), path.clone()));
+                }
                 integers.insert((method, path.clone()), ints);
             }
         }
@@ -105,9 +111,20 @@ impl Edge {
             queries,
             api_routes,
             bodies,
+            secured,
             max_body_bytes,
             body_timeout,
         }
+    }
+
+    /// Whether the operation `method` `route` needs a token (HEAD is GET's).
+    pub fn needs_token(&self, method: &Method, route: &str) -> bool {
+        let method = if method == Method::HEAD {
+            Method::GET
+        } else {
+            method.clone()
+        };
+        self.secured.contains(&(method, route.to_string()))
     }
 }
 
@@ -436,12 +453,8 @@ async fn read_body(body: Body, edge: &Edge) -> Result<Bytes, AppError> {
 /// Read a request's body and drop it, under the edge's limits (408, 413): a request refused
 /// before its body is looked at (`app::authenticate_first`) still reads what its client sends,
 /// so that the client gets the answer rather than a reset connection.
-pub async fn drain(
-    body: Body,
-    max_body_bytes: usize,
-    body_timeout: Duration,
-) -> Result<(), AppError> {
-    read(body, max_body_bytes, body_timeout, false)
+pub async fn drain(body: Body, edge: &Edge) -> Result<(), AppError> {
+    read(body, edge.max_body_bytes, edge.body_timeout, false)
         .await
         .map(|_| ())
 }

@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 #[serde(deny_unknown_fields)]
 pub struct CreateTokenRequest {
     /// A name for the token, shown in the audit log and in `kernelize token list`: one line of
-    /// printable text, at most 200 characters.
+    /// printable text, at most 200 characters (`kernel_store::MAX_TOKEN_NAME`; utoipa takes only
+    /// a literal here, and a test holds the two equal).
     #[schema(max_length = 200, pattern = r"^[^\u0000-\u001f\u007f-\u009f]*$")]
     pub name: String,
     /// Any of submit, submit-python, worker, admin.
@@ -138,4 +139,20 @@ pub async fn revoke(
         already_revoked: r.already,
         requeued_jobs: r.requeued_jobs,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    /// The schema's limit on a token name is the store's (utoipa takes only a literal).
+    #[test]
+    fn the_documented_name_limit_is_the_stores() {
+        let doc = serde_json::to_value(crate::app::openapi()).unwrap();
+        let max =
+            &doc["components"]["schemas"]["CreateTokenRequest"]["properties"]["name"]["maxLength"];
+        assert_eq!(
+            max.as_u64(),
+            Some(kernel_store::MAX_TOKEN_NAME as u64),
+            "{max}"
+        );
+    }
 }
