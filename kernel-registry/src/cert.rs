@@ -1,5 +1,13 @@
 //! Verification certificates: a worker's ed25519 signature over claims that bind one report.
 //!
+//! Two formats. [`FORMAT_JOB`] (`kernelize-certificate/2`), what a worker signs for a hub's
+//! job: the claims also name the job's id and the nonce the hub handed out with the claim, so
+//! that a certificate is valid for that one claim of that one job on that one hub, and a valid
+//! certificate posted again for another job (a replay) is refused. [`FORMAT_UNBOUND`]
+//! (`kernelize-certificate/1`): no job, what `kernelize cert sign` writes without `--job` for
+//! verifications a hub imports (the bundled GPU runs' certificates); still read everywhere,
+//! refused by a hub's job-report endpoint.
+//!
 //! The claims name the kernel (digest, name and version), the verdict (exactness class), where
 //! it was measured (architecture, device, driver, CUDA and NVRTC versions), with what (verifier
 //! and suite versions), the hash of the code each dtype ran, and the report itself: the SHA-256
@@ -20,14 +28,27 @@ use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-/// The certificate format this module writes and reads.
-pub const FORMAT: &str = "kernelize-certificate/1";
+/// The format of certificates bound to no job: read everywhere, accepted by a hub only where
+/// it imports verifications measured elsewhere (bundled certificates), never for a job's report.
+pub const FORMAT_UNBOUND: &str = "kernelize-certificate/1";
+/// The format a worker signs for a hub's job: the claims name the job id and the claim's nonce.
+pub const FORMAT_JOB: &str = "kernelize-certificate/2";
+/// Every format this module reads.
+pub const FORMATS: [&str; 2] = [FORMAT_UNBOUND, FORMAT_JOB];
 
 /// What a certificate asserts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Claims {
+    /// [`FORMAT_UNBOUND`] or [`FORMAT_JOB`].
     pub format: String,
+    /// [`FORMAT_JOB`] only: the id of the hub's job this report answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<i64>,
+    /// [`FORMAT_JOB`] only: the nonce the hub handed out with the claim of that job (fresh at
+    /// every claim, so a certificate of an earlier claim of the same job does not carry over).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
     /// SHA-256 (hex) of the report's RFC 8785 canonical JSON.
     pub report_sha256: String,
     pub kernel_digest: Digest,
@@ -78,8 +99,11 @@ pub enum CertError {
     BadSignature,
     #[error("the certificate is signed by key {0}, which is not among the trusted keys")]
     Untrusted(String),
-    #[error("the certificate's claims are not {FORMAT} claims: {0}")]
+    #[error("the certificate's claims are not valid certificate claims: {0}")]
     BadClaims(String),
+    /// A valid certificate presented for another job or claim than the one it names.
+    #[error("{0}")]
+    NotForThisJob(String),
     #[error("the report is not the one certified: {0}")]
     ReportMismatch(String),
     #[error("the kernel is not the one certified: {0}")]
@@ -176,7 +200,25 @@ fn decode_exact<const N: usize>(s: &str, what: &'static str) -> Result<[u8; N], 
 }
 
 impl Claims {
-    /// The claims a worker makes about `report`, signed at `signed_at`.
+    /// The claims a worker makes about `report` for the hub's job `job_id`, claimed with
+    /// `nonce`, signed at `signed_at` ([`FORMAT_JOB`]).
+    pub fn for_job(
+        report: &VerificationReport,
+        signed_at: &str,
+        job_id: i64,
+        nonce: &str,
+    ) -> Claims {
+        Claims {
+            format: FORMAT_JOB.to_string(),
+            job_id: Some(job_id),
+            nonce: Some(nonce.to_string()),
+            ..Claims::of(report, signed_at)
+        }
+    }
+
+    /// The claims about `report` bound to no job ([`FORMAT_UNBOUND`]), signed at `signed_at`:
+    /// for verifications a hub imports (`kernelize cert sign` without `--job`), never for a
+    /// job's report.
     pub fn of(report: &VerificationReport, signed_at: &str) -> Claims {
         let mut nvrtc: Vec<String> = report
             .compiled
@@ -186,7 +228,9 @@ impl Claims {
         nvrtc.sort();
         nvrtc.dedup();
         Claims {
-            format: FORMAT.to_string(),
+            format: FORMAT_UNBOUND.to_string(),
+            job_id: None,
+            nonce: None,
             report_sha256: report_sha256(report),
             kernel_digest: report.kernel.digest.clone(),
             kernel: format!("{}@{}", report.kernel.name, report.kernel.version),
@@ -221,8 +265,7 @@ impl Claims {
             )));
         }
         let mine = Claims::of(report, &self.signed_at);
-        let fields: [(&str, String, String); 12] = [
-            ("format", self.format.clone(), mine.format),
+        let fields: [(&str, String, String); 11] = [
             (
                 "kernel_digest",
                 self.kernel_digest.to_string(),
@@ -267,6 +310,51 @@ impl Claims {
             }
         }
         Ok(())
+    }
+
+    /// Claims from their JSON text: a known format, and the job binding exactly when the format
+    /// has one (a /1 certificate naming a job, or a /2 one naming none, is malformed).
+    pub fn parse(text: &str) -> Result<Claims, CertError> {
+        let claims: Claims =
+            serde_json::from_str(text).map_err(|e| CertError::BadClaims(e.to_string()))?;
+        match (
+            claims.format.as_str(),
+            claims.job_id,
+            claims.nonce.as_deref(),
+        ) {
+            (FORMAT_UNBOUND, None, None) => Ok(claims),
+            (FORMAT_UNBOUND, ..) => Err(CertError::BadClaims(format!(
+                "format `{FORMAT_UNBOUND}` names no job, but these claims carry `job_id` or `nonce`"
+            ))),
+            (FORMAT_JOB, Some(id), Some(nonce)) if id > 0 && !nonce.is_empty() => Ok(claims),
+            (FORMAT_JOB, ..) => Err(CertError::BadClaims(format!(
+                "format `{FORMAT_JOB}` needs a positive `job_id` and a non-empty `nonce`"
+            ))),
+            (other, ..) => Err(CertError::BadClaims(format!(
+                "format `{other}`, expected one of {}",
+                FORMATS.join(", ")
+            ))),
+        }
+    }
+
+    /// These claims were made for the hub's job `job_id` as claimed with `nonce` (the job's
+    /// current claim). Refused: claims bound to no job ([`FORMAT_UNBOUND`]), to another job,
+    /// or to another claim of this job (an earlier attempt's nonce).
+    pub fn check_job(&self, job_id: i64, nonce: &str) -> Result<(), CertError> {
+        const FIX: &str = "a certificate is valid only for the job and claim it was issued for; claim the job, verify it and sign the report with the job id and the nonce of that claim";
+        match (self.job_id, self.nonce.as_deref()) {
+            (None, _) | (_, None) => Err(CertError::NotForThisJob(format!(
+                "the certificate ({}) names no job: a job's report needs a `{FORMAT_JOB}` certificate naming job {job_id} and its claim's nonce (a worker of this release signs one; `{FORMAT_UNBOUND}` certificates are accepted only where a hub imports bundled verifications); {FIX}",
+                self.format
+            ))),
+            (Some(named), _) if named != job_id => Err(CertError::NotForThisJob(format!(
+                "the certificate names job {named}, this is job {job_id}: {FIX}"
+            ))),
+            (Some(_), Some(n)) if n != nonce => Err(CertError::NotForThisJob(format!(
+                "the certificate names job {job_id} but another claim of it (nonce {n}, not the current claim's): {FIX}"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// The kernel whose digest is `digest` (computed from its manifest and source) is the one
@@ -315,15 +403,7 @@ impl Certificate {
         let sig: [u8; 64] = decode_exact(&self.signature, "signature")?;
         key.verify_strict(self.claims.as_bytes(), &Signature::from_bytes(&sig))
             .map_err(|_| CertError::BadSignature)?;
-        let claims: Claims =
-            serde_json::from_str(&self.claims).map_err(|e| CertError::BadClaims(e.to_string()))?;
-        if claims.format != FORMAT {
-            return Err(CertError::BadClaims(format!(
-                "format `{}`, expected `{FORMAT}`",
-                claims.format
-            )));
-        }
-        Ok(claims)
+        Claims::parse(&self.claims)
     }
 
     /// The signer's key id (see [`key_id`]).
@@ -368,26 +448,106 @@ mod tests {
 
     #[test]
     fn every_claim_is_bound_by_the_signature() {
-        let (_, cert, trusted) = signed();
-        let claims: serde_json::Value = serde_json::from_str(&cert.claims).unwrap();
-        let fields: Vec<String> = claims.as_object().unwrap().keys().cloned().collect();
-        assert_eq!(fields.len(), 14, "{fields:?}");
-        for field in fields {
-            let mut v = claims.clone();
-            v[&field] = match &v[&field] {
-                serde_json::Value::String(s) => serde_json::json!(format!("{s}x")),
-                serde_json::Value::Array(_) => serde_json::json!([]),
-                other => panic!("{field}: {other}"),
-            };
-            let forged = Certificate {
-                claims: serde_json::to_string(&v).unwrap(),
-                ..cert.clone()
-            };
-            assert_eq!(
-                forged.verify(std::slice::from_ref(&trusted)),
-                Err(CertError::BadSignature),
-                "changing {field} kept the signature valid"
-            );
+        let (report, unbound, trusted) = signed();
+        let bound = Certificate::sign(
+            &key(7),
+            &Claims::for_job(&report, "2026-11-23T08:00:00Z", 12, "00ff"),
+        );
+        for (cert, n) in [(unbound, 14), (bound, 16)] {
+            let claims: serde_json::Value = serde_json::from_str(&cert.claims).unwrap();
+            let fields: Vec<String> = claims.as_object().unwrap().keys().cloned().collect();
+            assert_eq!(fields.len(), n, "{fields:?}");
+            for field in fields {
+                let mut v = claims.clone();
+                v[&field] = match &v[&field] {
+                    serde_json::Value::String(s) => serde_json::json!(format!("{s}x")),
+                    serde_json::Value::Array(_) => serde_json::json!([]),
+                    serde_json::Value::Number(n) => serde_json::json!(n.as_i64().unwrap() + 1),
+                    other => panic!("{field}: {other}"),
+                };
+                let forged = Certificate {
+                    claims: serde_json::to_string(&v).unwrap(),
+                    ..cert.clone()
+                };
+                assert_eq!(
+                    forged.verify(std::slice::from_ref(&trusted)),
+                    Err(CertError::BadSignature),
+                    "changing {field} kept the signature valid"
+                );
+            }
+        }
+    }
+
+    /// Format /1 claims name no job, /2 claims name a job and a nonce; both are read, each
+    /// only in its own shape, and nothing else is.
+    #[test]
+    fn claims_formats_and_their_job_binding() {
+        let report = report_with(0, 0);
+        let k = key(7);
+        let trusted = [encode_key(&k.verifying_key())];
+        let sign_json = |v: serde_json::Value| {
+            let text = serde_json::to_string(&v).unwrap();
+            Certificate {
+                signature: B64.encode(k.sign(text.as_bytes()).to_bytes()),
+                claims: text,
+                key: trusted[0].clone(),
+            }
+        };
+        // /1: read, bound to no job, so refused for any job.
+        let v1 = Certificate::sign(&k, &Claims::of(&report, "2026-11-23T08:00:00Z"));
+        let c1 = v1.verify(&trusted).unwrap();
+        assert_eq!(c1.format, FORMAT_UNBOUND);
+        assert_eq!((c1.job_id, c1.nonce.as_deref()), (None, None));
+        assert!(!v1.claims.contains("job_id") && !v1.claims.contains("nonce"));
+        c1.check_report(&report).unwrap();
+        let e = c1.check_job(12, "00ff").unwrap_err();
+        assert!(
+            matches!(e, CertError::NotForThisJob(ref m) if m.contains("names no job")),
+            "{e}"
+        );
+        // /2: read, binds its job and nonce, and the report as /1 does.
+        let v2 = Certificate::sign(
+            &k,
+            &Claims::for_job(&report, "2026-11-23T08:00:00Z", 12, "00ff"),
+        );
+        let c2 = v2.verify(&trusted).unwrap();
+        assert_eq!(c2.format, FORMAT_JOB);
+        assert_eq!((c2.job_id, c2.nonce.as_deref()), (Some(12), Some("00ff")));
+        c2.check_report(&report).unwrap();
+        c2.check_job(12, "00ff").unwrap();
+        let e = c2.check_job(13, "00ff").unwrap_err().to_string();
+        assert!(
+            e.contains("names job 12, this is job 13") && e.contains("claim the job"),
+            "{e}"
+        );
+        let e = c2.check_job(12, "abcd").unwrap_err().to_string();
+        assert!(e.contains("another claim of it"), "{e}");
+        // The binding must match the format: each shape below is signed, yet refused.
+        let mut base: serde_json::Value = serde_json::from_str(&v2.claims).unwrap();
+        let mut cases = Vec::new();
+        let mut v = base.clone();
+        v["format"] = serde_json::json!(FORMAT_UNBOUND);
+        cases.push(("/1 naming a job", v));
+        let mut v = base.clone();
+        v.as_object_mut().unwrap().remove("nonce");
+        cases.push(("/2 without a nonce", v));
+        let mut v = base.clone();
+        v.as_object_mut().unwrap().remove("job_id");
+        cases.push(("/2 without a job", v));
+        let mut v = base.clone();
+        v["nonce"] = serde_json::json!("");
+        cases.push(("/2 with an empty nonce", v));
+        let mut v = base.clone();
+        v["job_id"] = serde_json::json!(0);
+        cases.push(("/2 with job 0", v));
+        let mut v = base.clone();
+        v["format"] = serde_json::json!("kernelize-certificate/3");
+        cases.push(("an unknown format", v));
+        base["extra"] = serde_json::json!("x");
+        cases.push(("an unknown field", base));
+        for (what, v) in cases {
+            let e = sign_json(v).verify(&trusted).unwrap_err();
+            assert!(matches!(e, CertError::BadClaims(_)), "{what}: {e:?}");
         }
     }
 

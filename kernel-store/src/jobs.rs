@@ -98,6 +98,11 @@ pub struct JobRow {
     /// fail the job.
     #[serde(skip)]
     pub claim_token_id: Option<i64>,
+    /// The nonce handed out with the current claim (fresh at every claim, 128 random bits,
+    /// hex): the claimant's certificate must name it with the job id. Given to the claimant
+    /// alone, with its lease (`ClaimResponse::nonce`), not in the public job JSON.
+    #[serde(skip)]
+    pub claim_nonce: Option<String>,
     pub lease_expires_ms: Option<i64>,
     pub last_error: Option<String>,
     pub verification_id: Option<i64>,
@@ -116,6 +121,36 @@ pub struct JobRow {
     pub arch: Option<kernel_registry::Arch>,
 }
 
+/// The condition (SQL) that the caller holds a job's lease: running, its lease id (parameter
+/// `$n`), the token that claimed it (`$n+1`) and a lease that has not expired at `now` (`$n+2`,
+/// milliseconds, from Rust, so that both backends compare the same integers). A lease is held
+/// up to and including its `lease_expires_ms`; `claim_job_on` takes it over only after
+/// (`lease_expires_ms < now`).
+fn held(n: usize) -> String {
+    format!(
+        "lease_id = ${n} AND state = 'running' AND COALESCE(claim_token_id, -1) = COALESCE(${}, -1) \
+         AND lease_expires_ms >= ${}",
+        n + 1,
+        n + 2
+    )
+}
+
+/// `held`, on a job read already.
+fn holds(j: &JobRow, holder: &Holder<'_>, now: i64) -> bool {
+    j.state == JobState::Running
+        && j.lease_id.as_deref() == Some(holder.lease_id)
+        && j.claim_token_id == holder.token_id
+        && j.lease_expires_ms.is_some_and(|e| e >= now)
+}
+
+/// A claim's nonce: 128 bits from the operating system's CSPRNG, hex.
+fn claim_nonce() -> String {
+    use rand::RngCore;
+    let mut b = [0u8; 16];
+    rand::rngs::OsRng.fill_bytes(&mut b);
+    hex::encode(b)
+}
+
 /// Who calls about a claimed job: the lease secret, the token presented (its id) and a name for
 /// the audit log. Heartbeat, report and fail need both the lease and the token that claimed it.
 #[derive(Debug, Clone, Copy)]
@@ -127,7 +162,8 @@ pub struct Holder<'a> {
 
 pub(crate) const JOB_COLS: &str =
     "id, kernel_digest, state, attempts, max_attempts, worker, lease_id, claim_token_id, \
-    lease_expires_ms, last_error, verification_id, created_at, updated_at, shapes, width_cols, arch";
+    lease_expires_ms, last_error, verification_id, created_at, updated_at, shapes, width_cols, arch, \
+    claim_nonce";
 
 fn job_row(r: &AnyRow) -> Result<JobRow> {
     Ok(JobRow {
@@ -139,6 +175,7 @@ fn job_row(r: &AnyRow) -> Result<JobRow> {
         worker: r.try_get("worker")?,
         lease_id: r.try_get("lease_id")?,
         claim_token_id: r.try_get("claim_token_id")?,
+        claim_nonce: r.try_get("claim_nonce")?,
         lease_expires_ms: r.try_get("lease_expires_ms")?,
         last_error: r.try_get("last_error")?,
         verification_id: r.try_get("verification_id")?,
@@ -280,16 +317,18 @@ impl Store {
         let next_id: i64 = next.try_get("id")?;
         let was: String = next.try_get("state")?;
         let lease_id = random_hex(16);
+        let nonce = claim_nonce();
         let row = sqlx::query(&format!(
             "UPDATE verification_jobs SET state = 'running', attempts = attempts + 1, worker = $1, \
-             lease_id = $2, lease_expires_ms = $3, updated_at = $4, claim_token_id = $5 \
-             WHERE id = $6 RETURNING {JOB_COLS}"
+             lease_id = $2, lease_expires_ms = $3, updated_at = $4, claim_token_id = $5, \
+             claim_nonce = $6 WHERE id = $7 RETURNING {JOB_COLS}"
         ))
         .bind(worker)
         .bind(&lease_id)
         .bind(now + lease_ms)
         .bind(&stamp)
         .bind(token_id)
+        .bind(&nonce)
         .bind(next_id)
         .fetch_optional(&mut *tx)
         .await?;
@@ -321,20 +360,23 @@ impl Store {
         Ok(job)
     }
 
-    /// Extend a lease. `Conflict` when the lease is no longer this claimant's (it expired and
-    /// another worker claimed the job, or the job ended): the worker must stop. `Forbidden`
-    /// (audited) when the lease is presented with another token than the one that claimed it.
+    /// Extend a lease. `Conflict` when the lease is no longer this claimant's (it expired,
+    /// whether or not another worker claimed the job since, or the job ended): the worker must
+    /// stop. `Forbidden` (audited) when the lease is presented with another token than the one
+    /// that claimed it.
     pub async fn heartbeat(&self, job_id: i64, holder: &Holder<'_>, lease_ms: i64) -> Result<()> {
-        let r = sqlx::query(
+        let now = now_ms();
+        let r = sqlx::query(&format!(
             "UPDATE verification_jobs SET lease_expires_ms = $1, updated_at = $2 \
-             WHERE id = $3 AND lease_id = $4 AND state = 'running' \
-             AND COALESCE(claim_token_id, -1) = COALESCE($5, -1) RETURNING id",
-        )
-        .bind(now_ms() + lease_ms)
+             WHERE id = $3 AND {} RETURNING id",
+            held(4)
+        ))
+        .bind(now + lease_ms)
         .bind(now_rfc3339())
         .bind(job_id)
         .bind(holder.lease_id)
         .bind(holder.token_id)
+        .bind(now)
         .fetch_optional(&self.pool)
         .await?;
         match r {
@@ -343,17 +385,12 @@ impl Store {
         }
     }
 
-    /// The job, when `holder` holds its lease with the token that claimed it; otherwise why
-    /// not, as `complete_job` would answer (a token mismatch is audited).
+    /// The job, when `holder` holds its unexpired lease with the token that claimed it;
+    /// otherwise why not, as `complete_job` would answer (a token mismatch is audited).
     pub async fn check_holder(&self, job_id: i64, holder: &Holder<'_>) -> Result<JobRow> {
+        let now = now_ms();
         match self.job(job_id).await? {
-            Some(j)
-                if j.state == JobState::Running
-                    && j.lease_id.as_deref() == Some(holder.lease_id)
-                    && j.claim_token_id == holder.token_id =>
-            {
-                Ok(j)
-            }
+            Some(j) if holds(&j, holder, now) => Ok(j),
             _ => Err(self.lease_problem(job_id, holder, "report").await?),
         }
     }
@@ -384,15 +421,19 @@ impl Store {
         let actor = holder.actor;
         let stamp = now_rfc3339();
         let mut tx = self.pool.begin().await?;
-        let Some(r) = sqlx::query(
+        // The lease, its token and its expiry checked in the same statement that ends the job:
+        // a claim's lease and nonce change together, so a certificate the caller checked
+        // against the claim `check_holder` returned is bound to the claim completed here.
+        let Some(r) = sqlx::query(&format!(
             "UPDATE verification_jobs SET state = 'done', lease_expires_ms = NULL, updated_at = $1 \
-             WHERE id = $2 AND lease_id = $3 AND state = 'running' \
-             AND COALESCE(claim_token_id, -1) = COALESCE($4, -1) RETURNING kernel_digest",
-        )
+             WHERE id = $2 AND {} RETURNING kernel_digest",
+            held(3)
+        ))
         .bind(&stamp)
         .bind(job_id)
         .bind(holder.lease_id)
         .bind(holder.token_id)
+        .bind(now_ms())
         .fetch_optional(&mut *tx)
         .await?
         else {
@@ -441,15 +482,16 @@ impl Store {
             "UPDATE verification_jobs SET \
              state = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'queued' END, \
              last_error = $1, lease_id = NULL, lease_expires_ms = NULL, claim_token_id = NULL, \
-             updated_at = $2 \
-             WHERE id = $3 AND lease_id = $4 AND state = 'running' \
-             AND COALESCE(claim_token_id, -1) = COALESCE($5, -1) RETURNING {JOB_COLS}"
+             claim_nonce = NULL, updated_at = $2 \
+             WHERE id = $3 AND {} RETURNING {JOB_COLS}",
+            held(4)
         ))
         .bind(reason)
         .bind(&stamp)
         .bind(job_id)
         .bind(holder.lease_id)
         .bind(holder.token_id)
+        .bind(now_ms())
         .fetch_optional(&mut *tx)
         .await?
         else {
@@ -478,6 +520,7 @@ impl Store {
         holder: &Holder<'_>,
         action: &str,
     ) -> Result<StoreError> {
+        let now = now_ms();
         Ok(match self.job(job_id).await? {
             None => StoreError::NotFound(format!("no verification job {job_id}")),
             Some(j) if j.state == JobState::Done => StoreError::Conflict(format!(
@@ -501,6 +544,20 @@ impl Store {
                 .await?;
                 StoreError::Forbidden(format!(
                     "job {job_id} was claimed by another worker token: its {action} is accepted only from the token that claimed it, with its lease (a lease id alone is no credential); this attempt is recorded in the audit log. Claim a job with your own token (POST /v1/jobs/claim)"
+                ))
+            }
+            Some(j)
+                if j.state == JobState::Running
+                    && j.lease_id.as_deref() == Some(holder.lease_id)
+                    && j.lease_expires_ms.is_some_and(|e| e < now) =>
+            {
+                let ago = now - j.lease_expires_ms.unwrap_or(now);
+                StoreError::Conflict(format!(
+                    "job {job_id}'s lease expired {}.{:03} s ago without a heartbeat (attempt {} of {}): an expired lease is refused for heartbeat, report and fail, whether or not another worker has claimed the job since; stop working on it, claim a job again (POST /v1/jobs/claim), and heartbeat well within the claim's lease_ms",
+                    ago / 1000,
+                    ago % 1000,
+                    j.attempts,
+                    j.max_attempts
                 ))
             }
             Some(j) => StoreError::Conflict(format!(
@@ -691,8 +748,8 @@ pub(crate) async fn requeue_claims_of_in(
     let rows = sqlx::query(
         "UPDATE verification_jobs SET state = 'queued', \
          attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END, \
-         lease_id = NULL, lease_expires_ms = NULL, claim_token_id = NULL, last_error = $1, \
-         updated_at = $2 WHERE state = 'running' AND claim_token_id = $3 \
+         lease_id = NULL, lease_expires_ms = NULL, claim_token_id = NULL, claim_nonce = NULL, \
+         last_error = $1, updated_at = $2 WHERE state = 'running' AND claim_token_id = $3 \
          RETURNING id, kernel_digest",
     )
     .bind(reason)

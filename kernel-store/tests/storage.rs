@@ -67,6 +67,7 @@ both_backends!(
     schema_refuses_changes_to_records,
     jobs_lease_expire_and_complete_once,
     jobs_fail_after_their_last_attempt,
+    expired_leases_are_refused_and_each_claim_has_its_nonce,
     concurrent_claims_take_each_job_once,
     tokens_store_only_hashes,
     claims_are_bound_to_the_token_that_made_them,
@@ -360,6 +361,103 @@ async fn reports_with_and_without_speeds_are_recorded_in_any_order(s: Store) {
             (a, b)
         );
     }
+}
+
+/// Issue 26: a lease that expired is refused for heartbeat, report (`check_holder` and
+/// `complete_job`) and fail, though no other worker claimed the job since; the job is left as
+/// it was, for the next claim, which gets a new lease and a new nonce.
+async fn expired_leases_are_refused_and_each_claim_has_its_nonce(s: Store) {
+    let k = bundle("silu_expired", "1.0.0", "");
+    let Inserted::New { job_id, .. } = s.insert_kernel(&k, "submitted", "tests").await.unwrap()
+    else {
+        panic!()
+    };
+    let a = s.claim_job("worker-a", None, 100).await.unwrap().unwrap();
+    let nonce_a = a.claim_nonce.clone().unwrap();
+    assert_eq!(nonce_a.len(), 32, "128 bits, hex: {nonce_a}");
+    assert!(nonce_a.chars().all(|c| c.is_ascii_hexdigit()), "{nonce_a}");
+    let lease_a = a.lease_id.clone().unwrap();
+    // Held: it heart-beats and checks out.
+    s.heartbeat(job_id, &untokened(&lease_a), 100)
+        .await
+        .unwrap();
+    s.check_holder(job_id, &untokened(&lease_a)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let expired = |e: StoreError| {
+        assert!(
+            matches!(e, StoreError::Conflict(ref m) if m.contains("lease expired")
+                && m.contains("whether or not another worker has claimed the job")
+                && m.contains("stop working on it")),
+            "{e}"
+        );
+    };
+    expired(
+        s.heartbeat(job_id, &untokened(&lease_a), 60_000)
+            .await
+            .unwrap_err(),
+    );
+    expired(
+        s.check_holder(job_id, &untokened(&lease_a))
+            .await
+            .unwrap_err(),
+    );
+    expired(
+        s.complete_job(job_id, &untokened(&lease_a), &report_for(&k))
+            .await
+            .unwrap_err(),
+    );
+    expired(
+        s.fail_job(job_id, &untokened(&lease_a), "gave up late")
+            .await
+            .unwrap_err(),
+    );
+    // Nothing changed: still running on the expired lease, no verification, no error.
+    let j = s.job(job_id).await.unwrap().unwrap();
+    assert_eq!(
+        (j.state, j.attempts, j.verification_id, j.last_error),
+        (JobState::Running, 1, None, None)
+    );
+    assert!(s
+        .verifications_for_kernel(&k.digest())
+        .await
+        .unwrap()
+        .is_empty());
+    // The next claim (the same worker again) gets a new lease and a new nonce; the old lease
+    // stays refused.
+    let b = s
+        .claim_job("worker-a", None, 60_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((b.id, b.attempts), (job_id, 2));
+    let nonce_b = b.claim_nonce.clone().unwrap();
+    assert_ne!(nonce_b, nonce_a);
+    assert_ne!(b.lease_id.as_deref(), Some(lease_a.as_str()));
+    assert!(matches!(
+        s.heartbeat(job_id, &untokened(&lease_a), 60_000).await,
+        Err(StoreError::Conflict(_))
+    ));
+    // A failed claim gives its nonce up; the claim after it has another.
+    let lease_b = b.lease_id.clone().unwrap();
+    let j = s
+        .fail_job(job_id, &untokened(&lease_b), "no GPU")
+        .await
+        .unwrap();
+    assert_eq!((j.state, j.claim_nonce), (JobState::Queued, None));
+    let c = s
+        .claim_job("worker-c", None, 60_000)
+        .await
+        .unwrap()
+        .unwrap();
+    let nonce_c = c.claim_nonce.clone().unwrap();
+    assert!(nonce_c != nonce_a && nonce_c != nonce_b);
+    s.complete_job(
+        job_id,
+        &untokened(c.lease_id.as_deref().unwrap()),
+        &report_for(&k),
+    )
+    .await
+    .unwrap();
 }
 
 async fn jobs_fail_after_their_last_attempt(s: Store) {
