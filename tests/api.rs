@@ -29,6 +29,7 @@ both_backends!(
     policy_gating_and_arch,
     argmax_policy_needs_a_model_level_measurement,
     leases_expire_and_no_job_completes_twice,
+    an_expired_lease_is_refused_though_nobody_claimed_again,
     many_submissions_with_four_workers,
     openapi_covers_every_route,
     submit_cli_waits_and_gates_on_policy,
@@ -648,6 +649,77 @@ async fn leases_expire_and_no_job_completes_twice(b: Backend) {
         )
         .await;
     assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+}
+
+/// Issue 26: a lease that expired is refused for heartbeat, report and fail (409, saying so),
+/// though no other worker claimed the job again; the job is left running on it for the next
+/// claim, which gets a new lease and a new nonce.
+async fn an_expired_lease_is_refused_though_nobody_claimed_again(b: Backend) {
+    let srv = TestServer::start(&b, &["--no-bundled", "--lease-seconds", "1"]).await;
+    let submit = srv.token("submit");
+    let worker = srv.token("worker");
+    let (m, s) = bundle_files("expired_k", "1.0.0", "");
+    srv.post("/v1/kernels", &submit, &json!({"manifest": m, "source": s}))
+        .await;
+    let (st, a) = srv
+        .post("/v1/jobs/claim", &worker, &json!({"worker": "a"}))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{a}");
+    let job = a["job"]["id"].as_i64().unwrap();
+    let report = support::recorded_report(EXACT, &a, "sm_90");
+    tokio::time::sleep(std::time::Duration::from_millis(1300)).await;
+    for (route, body) in [
+        ("heartbeat", json!({"lease_id": a["lease_id"]})),
+        (
+            "report",
+            json!({"lease_id": a["lease_id"], "report": report}),
+        ),
+        (
+            "fail",
+            json!({"lease_id": a["lease_id"], "reason": "gave up late"}),
+        ),
+    ] {
+        let (st, p, ctype) = srv
+            .post_raw(&format!("/v1/jobs/{job}/{route}"), Some(&worker), &body)
+            .await;
+        assert_eq!(st, StatusCode::CONFLICT, "{route}: {p}");
+        assert_eq!(ctype, "application/problem+json", "{route}");
+        assert!(
+            detail(&p).contains(&format!("job {job}'s lease expired"))
+                && detail(&p).contains("stop working on it"),
+            "{route}: {p}"
+        );
+    }
+    let j: Value = srv.get_json(&format!("/v1/jobs/{job}")).await;
+    assert_eq!(
+        (
+            j["state"].as_str(),
+            j["attempts"].as_i64(),
+            &j["last_error"]
+        ),
+        (Some("running"), Some(1), &Value::Null),
+        "nothing changed: {j}"
+    );
+    // The next claim takes the job over with a new lease and nonce; it reports in time.
+    let (st, b2) = srv
+        .post("/v1/jobs/claim", &worker, &json!({"worker": "a"}))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{b2}");
+    assert_eq!(
+        (b2["job"]["id"].as_i64(), b2["job"]["attempts"].as_i64()),
+        (Some(job), Some(2))
+    );
+    assert_ne!(b2["lease_id"], a["lease_id"]);
+    assert!(b2["nonce"].is_string() && b2["nonce"] != a["nonce"], "{b2}");
+    let report = support::recorded_report(EXACT, &b2, "sm_90");
+    let (st, r) = srv
+        .post(
+            &format!("/v1/jobs/{job}/report"),
+            &worker,
+            &json!({"lease_id": b2["lease_id"], "report": report}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{r}");
 }
 
 async fn many_submissions_with_four_workers(b: Backend) {

@@ -1,7 +1,9 @@
 //! Signed verification certificates end to end, on SQLite and PostgreSQL: a worker key made
 //! and registered with the CLI, a signed report stored and served with its certificate, which
 //! `kernelize cert verify` checks offline; unregistered keys, tampered reports, another job's
-//! kernel and, by default (without `--accept-unsigned-reports`), unsigned reports refused.
+//! kernel and, by default (without `--accept-unsigned-reports`), unsigned reports refused; a
+//! certificate bound to its job and claim (issue 26), a valid one replayed for another job
+//! refused and audited, never stored nor counted twice.
 
 mod support;
 
@@ -15,7 +17,8 @@ use support::{bin, bundle_files, Backend, TestServer};
 both_backends!(
     signed_reports_are_stored_served_and_checked_offline,
     bundled_certificates_make_a_fresh_hub_answer,
-    confirmed_asks_for_independent_worker_keys
+    confirmed_asks_for_independent_worker_keys,
+    certificates_are_bound_to_their_job_and_claim
 );
 
 fn kernelize(args: &[&str]) -> std::process::Output {
@@ -27,26 +30,37 @@ fn kernelize(args: &[&str]) -> std::process::Output {
 }
 
 /// The report a worker posts for `claim`, with the summary its cases give (as the hub derives
-/// it), signed by `key` when given.
+/// it), signed by `key` when given, for the claim's job and nonce (as a worker signs).
 fn signed_report(claim: &Value, key: Option<&ed25519_dalek::SigningKey>) -> (Value, Value) {
-    signed_report_of("recorded/silu_and_mul", claim, key)
+    let job = claim["job"]["id"].as_i64().unwrap();
+    let nonce = claim["nonce"].as_str().expect("a claim hands out a nonce");
+    signed_report_with("recorded/silu_and_mul", claim, key, |r| {
+        Claims::for_job(r, "2026-11-23T08:30:00Z", job, nonce)
+    })
 }
 
+/// `recorded` for `claim`, signed by `key` with claims bound to no job (format /1, as
+/// `kernelize cert sign` writes for bundled certificates).
 fn signed_report_of(
     recorded: &str,
     claim: &Value,
     key: Option<&ed25519_dalek::SigningKey>,
 ) -> (Value, Value) {
+    signed_report_with(recorded, claim, key, |r| {
+        Claims::of(r, "2026-11-23T08:30:00Z")
+    })
+}
+
+fn signed_report_with(
+    recorded: &str,
+    claim: &Value,
+    key: Option<&ed25519_dalek::SigningKey>,
+    claims: impl Fn(&VerificationReport) -> Claims,
+) -> (Value, Value) {
     let v = support::recorded_report(recorded, claim, "sm_90");
     let mut report: VerificationReport = serde_json::from_value(v).unwrap();
     kernel_registry::report::rederive(&mut report);
-    let cert = key.map(|k| {
-        serde_json::to_value(Certificate::sign(
-            k,
-            &Claims::of(&report, "2026-11-23T08:30:00Z"),
-        ))
-        .unwrap()
-    });
+    let cert = key.map(|k| serde_json::to_value(Certificate::sign(k, &claims(&report))).unwrap());
     (
         serde_json::to_value(&report).unwrap(),
         cert.unwrap_or(Value::Null),
@@ -443,4 +457,224 @@ async fn confirmed_asks_for_independent_worker_keys(b: Backend) {
     assert!(String::from_utf8_lossy(&v.stderr).contains("which one run cannot show"));
     // Unsigned verdicts confirm nothing: a policy without confirmed: still resolves.
     assert_eq!(srv.get(&resolve("bit_exact")).await.0, StatusCode::OK);
+}
+
+/// A worker token named `name`, made with the CLI.
+fn worker_token(db_url: &str, name: &str) -> String {
+    let out = kernelize(&[
+        "token", "create", "--scope", "worker", "--name", name, "--db", db_url,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// Register `key`'s public key as worker key `name`.
+fn register_key(db_url: &str, name: &str, key: &ed25519_dalek::SigningKey) {
+    let reg = kernelize(&[
+        "worker-key",
+        "register",
+        "--name",
+        name,
+        "--public-key",
+        &cert::encode_key(&key.verifying_key()),
+        "--db",
+        db_url,
+    ]);
+    assert!(
+        reg.status.success(),
+        "{}",
+        String::from_utf8_lossy(&reg.stderr)
+    );
+}
+
+/// Issue 26: each claim hands out a fresh nonce, and a report's certificate must name its job
+/// and that nonce. The public report and certificate of one verification, posted unchanged
+/// with another worker token to a new job of the same kernel, is refused (403, audited) and
+/// nothing is stored, so it never counts towards `confirmed:N`; so are an unbound (/1)
+/// certificate and one naming the job but another claim's nonce. The second worker's own
+/// certificate then counts as a second key.
+async fn certificates_are_bound_to_their_job_and_claim(b: Backend) {
+    let srv = TestServer::start(&b, &["--no-bundled", "--signed-only"]).await;
+    let (submit, admin) = (srv.token("submit"), srv.token("admin"));
+    let (alice, mallory) = (
+        worker_token(&srv.db_url, "gpu-alice"),
+        worker_token(&srv.db_url, "gpu-mallory"),
+    );
+    let (ka, km) = (
+        ed25519_dalek::SigningKey::from_bytes(&[31; 32]),
+        ed25519_dalek::SigningKey::from_bytes(&[32; 32]),
+    );
+    register_key(&srv.db_url, "alice", &ka);
+    register_key(&srv.db_url, "mallory", &km);
+    let (m, s) = bundle_files("replayed_k", "1.0.0", "");
+    let (st, r) = srv
+        .post("/v1/kernels", &submit, &json!({"manifest": m, "source": s}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{r}");
+    let claim = |token: &String| {
+        let (srv, token) = (&srv, token.clone());
+        async move {
+            let (st, c) = srv
+                .post(
+                    "/v1/jobs/claim",
+                    &token,
+                    &json!({"worker": "w", "arch": "sm_90"}),
+                )
+                .await;
+            assert_eq!(st, StatusCode::OK, "{c}");
+            c
+        }
+    };
+    let post = |token: &String, c: &Value, report: &Value, certificate: &Value| {
+        let job = c["job"]["id"].as_i64().unwrap();
+        let body = json!({"lease_id": c["lease_id"], "report": report, "certificate": certificate});
+        let (srv, token) = (&srv, token.clone());
+        async move {
+            srv.post(&format!("/v1/jobs/{job}/report"), &token, &body)
+                .await
+        }
+    };
+    let resolve = |n: u32| {
+        let srv = &srv;
+        async move {
+            srv.get(&format!(
+                "/v1/resolve?op=silu&dtype=bf16&arch=sm_90&cols=4096&policy=bit_exact,confirmed:{n}"
+            ))
+            .await
+        }
+    };
+
+    // 1. Alice verifies job 1: the claim's nonce (128 bits, hex) is hers alone, not in the
+    // public job; her certificate names the job and the nonce, and is stored.
+    let c1 = claim(&alice).await;
+    let (job1, nonce1) = (
+        c1["job"]["id"].as_i64().unwrap(),
+        c1["nonce"].as_str().unwrap().to_string(),
+    );
+    assert!(
+        nonce1.len() == 32 && nonce1.chars().all(|c| c.is_ascii_hexdigit()),
+        "{nonce1}"
+    );
+    let public = srv.get_json(&format!("/v1/jobs/{job1}")).await;
+    assert!(!public.to_string().contains(&nonce1), "{public}");
+    let (report1, cert1) = signed_report(&c1, Some(&ka));
+    let (st, r) = post(&alice, &c1, &report1, &cert1).await;
+    assert_eq!(st, StatusCode::CREATED, "{r}");
+    let served = srv.get_json(r["url"].as_str().unwrap()).await;
+    let claims: Value =
+        serde_json::from_str(served["certificate"]["claims"].as_str().unwrap()).unwrap();
+    assert_eq!(claims["format"], cert::FORMAT_JOB);
+    assert_eq!(
+        (claims["job_id"].as_i64(), claims["nonce"].as_str()),
+        (Some(job1), Some(nonce1.as_str()))
+    );
+    assert_eq!(resolve(1).await.0, StatusCode::OK);
+
+    // 2. An admin queues the kernel again; Mallory claims that job 2 with her own token.
+    let (st, q) = srv
+        .post(
+            "/v1/kernels/replayed_k/1.0.0/verify",
+            &admin,
+            &json!({"arch": "sm_90", "reason": "confirmation"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{q}");
+    let c2 = claim(&mallory).await;
+    let (job2, nonce2) = (
+        c2["job"]["id"].as_i64().unwrap(),
+        c2["nonce"].as_str().unwrap().to_string(),
+    );
+    assert_eq!(job2, q["job"]["id"].as_i64().unwrap());
+    assert_ne!(nonce2, nonce1, "a new claim gets a new nonce");
+
+    // 3. She posts Alice's public report and certificate unchanged: refused, audited.
+    let report_served = served["report"].clone();
+    let (st, p) = post(&mallory, &c2, &report_served, &served["certificate"]).await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
+    assert_eq!(p["field"], "certificate");
+    let d = p["detail"].as_str().unwrap();
+    assert!(
+        d.contains(&format!("names job {job1}, this is job {job2}")) && d.contains("claim the job"),
+        "{d}"
+    );
+    // 4. Alice's report with an unbound (/1) certificate, signed by Mallory's own registered
+    // key: refused too (such certificates are for imports only).
+    let mut r1: VerificationReport = serde_json::from_value(report_served.clone()).unwrap();
+    kernel_registry::report::rederive(&mut r1);
+    let unbound = serde_json::to_value(Certificate::sign(
+        &km,
+        &Claims::of(&r1, "2026-11-27T00:00:00Z"),
+    ))
+    .unwrap();
+    let (st, p) = post(&mallory, &c2, &report_served, &unbound).await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
+    assert!(
+        p["detail"].as_str().unwrap().contains("names no job"),
+        "{p}"
+    );
+    // 5. Named for job 2 but with job 1's nonce (another claim): refused.
+    let stale = serde_json::to_value(Certificate::sign(
+        &km,
+        &Claims::for_job(&r1, "2026-11-27T00:00:00Z", job2, &nonce1),
+    ))
+    .unwrap();
+    let (st, p) = post(&mallory, &c2, &report_served, &stale).await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
+    assert!(
+        p["detail"].as_str().unwrap().contains("another claim"),
+        "{p}"
+    );
+
+    // Nothing was stored: one verification, job 2 still Mallory's, one key certifies.
+    let list = srv
+        .get_json("/v1/kernels/replayed_k/1.0.0/verifications")
+        .await;
+    assert_eq!(
+        list["verifications"].as_array().map(Vec::len),
+        Some(1),
+        "{list}"
+    );
+    let j2 = srv.get_json(&format!("/v1/jobs/{job2}")).await;
+    assert_eq!(
+        (j2["state"].as_str(), j2["verification_id"].as_i64()),
+        (Some("running"), None)
+    );
+    let (st, r) = resolve(2).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{r}");
+    assert!(
+        r["excluded"]
+            .to_string()
+            .contains("1 worker key(s) certify"),
+        "{r}"
+    );
+    // The refusals are in the audit log, the replay with the job it was issued for.
+    let store = kernel_store::Store::connect(&srv.db_url).await.unwrap();
+    let refused: Vec<Value> = store
+        .audit_entries(10_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.action == "verification.certificate_refused")
+        .map(|e| e.detail)
+        .collect();
+    store.close().await;
+    assert_eq!(refused.len(), 3, "{refused:?}");
+    assert!(refused.iter().all(|d| d["job_id"] == job2), "{refused:?}");
+    assert!(
+        refused
+            .iter()
+            .any(|d| d["certificate_job_id"] == job1 && d["certificate_nonce"] == nonce1.as_str()),
+        "{refused:?}"
+    );
+
+    // 6. Mallory's own verification of job 2, bound to her claim, counts as a second key.
+    let (report2, cert2) = signed_report(&c2, Some(&km));
+    let (st, r) = post(&mallory, &c2, &report2, &cert2).await;
+    assert_eq!(st, StatusCode::CREATED, "{r}");
+    assert_eq!(resolve(2).await.0, StatusCode::OK);
+    assert_eq!(resolve(3).await.0, StatusCode::NOT_FOUND);
 }

@@ -45,14 +45,20 @@ pub struct ClaimedKernel {
     pub source: String,
 }
 
-/// 200 of `POST /v1/jobs/claim`: the job, its lease (a secret shared with the hub only) and
-/// the kernel. Heartbeat, report and fail need the lease and the token that claimed it.
+/// 200 of `POST /v1/jobs/claim`: the job, its lease (a secret shared with the hub only), the
+/// claim's nonce and the kernel. Heartbeat, report and fail need the lease and the token that
+/// claimed it, before the lease expires.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClaimResponse {
     pub job: JobRow,
     pub lease_id: String,
     /// How long the lease lasts without a heartbeat.
     pub lease_ms: i64,
+    /// Fresh at every claim (128 random bits, hex): the report's certificate must name it with
+    /// the job id (`kernelize-certificate/2`). Absent from hubs older than issue 26, whose
+    /// workers sign `kernelize-certificate/1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
     pub kernel: ClaimedKernel,
 }
 
@@ -79,9 +85,10 @@ pub struct ReportRequest {
     /// derives its summary itself.
     #[schema(value_type = Object)]
     pub report: VerificationReport,
-    /// The worker's signed certificate of this report (`kernel_registry::cert`): stored and
-    /// served with the verification when it verifies against a registered worker key and
-    /// binds this report. Required unless the hub runs with `--accept-unsigned-reports`.
+    /// The worker's signed certificate of this report (`kernel_registry::cert`, format
+    /// `kernelize-certificate/2`): stored and served with the verification when it verifies
+    /// against a registered worker key, binds this report and names this job and the nonce of
+    /// its current claim. Required unless the hub runs with `--accept-unsigned-reports`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub certificate: Option<kernel_registry::cert::Certificate>,

@@ -1,7 +1,10 @@
 //! Verification jobs for GPU workers (token scope `worker`), and verification records.
 //!
 //! A claim records the token that made it: heartbeat, report and fail are accepted only from
-//! that token with the claim's lease. A report is checked against its job before it is stored
+//! that token with the claim's lease, and only before the lease expires (409 after, whether or
+//! not another worker claimed the job since). Each claim hands out a fresh nonce: a report's
+//! certificate must name the job and that nonce, so that a valid certificate posted for another
+//! job (a replay) is refused (403, audited). A report is checked against its job before it is stored
 //! (`kernel_registry::report::validate`), and its summary is the hub's own derivation.
 
 use crate::app::{AppState, Caller, Scope};
@@ -23,10 +26,11 @@ fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, AppError> {
     b.map(|Json(t)| t).map_err(rejection)
 }
 
-/// Claim the oldest waiting job with a lease. 200 with the job, its lease and the kernel to
-/// verify; 204 when there is no work. Only the token that claims a job may report on it.
+/// Claim the oldest waiting job with a lease. 200 with the job, its lease, the claim's nonce
+/// (which the report's certificate must name with the job id) and the kernel to verify; 204
+/// when there is no work. Only the token that claims a job may report on it.
 #[utoipa::path(post, path = "/v1/jobs/claim", tag = "jobs", request_body = ClaimRequest,
-    responses((status = 200, description = "A job with its lease and kernel"), (status = 204, description = "No job waiting"),
+    responses((status = 200, description = "A job with its lease (`lease_id`, `lease_ms`), the claim's `nonce` and the kernel"), (status = 204, description = "No job waiting"),
         (status = 401, description = "No token, or an unknown, expired or revoked one"), (status = 403, description = "Token lacks scope worker")),
     security(("token" = [])))]
 pub async fn claim(
@@ -56,6 +60,7 @@ pub async fn claim(
     Ok(Json(ClaimResponse {
         lease_id,
         lease_ms: st.config.lease_ms,
+        nonce: job.claim_nonce.clone(),
         kernel: ClaimedKernel {
             digest: job.kernel_digest.clone(),
             manifest_toml: src.manifest_toml,
@@ -83,11 +88,12 @@ pub async fn get_job(
     Ok(Json(job.into()))
 }
 
-/// Extend a lease. 409 when the lease was lost: stop working on the job; 403 when the lease
-/// is presented with another token than the one that claimed the job.
+/// Extend a lease. 409 when the lease expired (whether or not another worker claimed the job
+/// since) or was lost: stop working on the job; 403 when the lease is presented with another
+/// token than the one that claimed the job.
 #[utoipa::path(post, path = "/v1/jobs/{id}/heartbeat", tag = "jobs", params(("id" = i64, Path, minimum = 1)), request_body = HeartbeatRequest,
     responses((status = 200, description = "Lease extended"), (status = 403, description = "Another token claimed the job"), (status = 404, description = "No such job"),
-        (status = 409, description = "Lease lost")),
+        (status = 409, description = "Lease expired or lost")),
     security(("token" = [])))]
 pub async fn heartbeat(
     State(st): State<AppState>,
@@ -145,17 +151,20 @@ fn suite_cases(report: &VerificationReport, manifest: &Manifest) -> Option<Vec<P
     )
 }
 
-/// A report's certificate: signed by a registered, unrevoked worker key, over this report
-/// (whose summary must be the one its cases give: the hub stores what was signed) and this
-/// job's kernel. Without one, the report is refused when the hub requires signatures.
+/// A report's certificate: signed by a registered, unrevoked worker key (else 403), over this
+/// report (whose summary must be the one its cases give: the hub stores what was signed) and
+/// this job's kernel (else 422), naming this job and the nonce of its current claim (else 403:
+/// a valid certificate presented for another job or claim is a replay, refused like another
+/// token's lease). Every refusal is audited. Without a certificate, the report is refused when
+/// the hub requires signatures.
 async fn check_certificate(
     st: &AppState,
     who: &str,
-    job_id: i64,
-    digest: &kernel_registry::Digest,
+    job: &kernel_store::JobRow,
     b: &ReportRequest,
     rederived: &[String],
 ) -> Result<(), AppError> {
+    let (job_id, digest) = (job.id, &job.kernel_digest);
     let Some(cert) = &b.certificate else {
         if st.config.require_signed_reports {
             return Err(AppError::unprocessable(
@@ -166,12 +175,18 @@ async fn check_certificate(
         return Ok(());
     };
     let refuse = |status: StatusCode, why: String| async move {
+        // The job and nonce the certificate names, when its claims parse: a replay's trace.
+        let named = kernel_registry::cert::Claims::parse(&cert.claims).ok();
         st.store
             .audit(
                 who,
                 "verification.certificate_refused",
                 digest.as_str(),
-                json!({"job_id": job_id, "key_id": cert.key_id(), "why": why}),
+                json!({
+                    "job_id": job_id, "key_id": cert.key_id(), "why": why,
+                    "certificate_job_id": named.as_ref().and_then(|c| c.job_id),
+                    "certificate_nonce": named.as_ref().and_then(|c| c.nonce.clone()),
+                }),
             )
             .await?;
         Err::<(), AppError>(AppError::new(status, why).with("field", "certificate"))
@@ -198,18 +213,28 @@ async fn check_certificate(
     }
     let checked = cert.verify_signature().and_then(|claims| {
         claims.check_kernel(digest)?;
-        claims.check_report(&b.report)
+        claims.check_report(&b.report)?;
+        Ok(claims)
     });
-    if let Err(e) = checked {
-        let also = if rederived.is_empty() {
-            String::new()
-        } else {
-            format!(
-                " (the report's summary was not the one its cases give: {})",
-                rederived.join(", ")
-            )
-        };
-        return refuse(StatusCode::UNPROCESSABLE_ENTITY, format!("{e}{also}")).await;
+    let claims = match checked {
+        Ok(c) => c,
+        Err(e) => {
+            let also = if rederived.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (the report's summary was not the one its cases give: {})",
+                    rederived.join(", ")
+                )
+            };
+            return refuse(StatusCode::UNPROCESSABLE_ENTITY, format!("{e}{also}")).await;
+        }
+    };
+    // `check_holder` returned the job as claimed now; `complete_job_certified` ends it only
+    // under the same lease, which changes with the nonce.
+    let nonce = job.claim_nonce.as_deref().unwrap_or_default();
+    if let Err(e) = claims.check_job(job_id, nonce) {
+        return refuse(StatusCode::FORBIDDEN, e.to_string()).await;
     }
     Ok(())
 }
@@ -218,10 +243,13 @@ async fn check_certificate(
 /// is checked against the job (kernel, suite and verifier versions, shapes), the device it
 /// names (known GPUs' architecture and peak bandwidth) and itself (every derived figure, every
 /// count and speed against the shapes and the roofline, the suite's case list where the hub
-/// can draw it); its summary is derived here from its cases, never taken on trust.
+/// can draw it); its summary is derived here from its cases, never taken on trust. Its
+/// certificate must name this job and the nonce of the claim (403 otherwise, audited).
 #[utoipa::path(post, path = "/v1/jobs/{id}/report", tag = "jobs", params(("id" = i64, Path, minimum = 1)), request_body = ReportRequest,
-    responses((status = 201, description = "Recorded"), (status = 403, description = "Another token claimed the job"), (status = 404, description = "No such job"),
-        (status = 409, description = "Lease lost or job already complete"),
+    responses((status = 201, description = "Recorded"),
+        (status = 403, description = "Another token claimed the job; or the certificate's key is not registered or revoked; or the certificate was issued for another job or claim, or names none (a replay; audited)"),
+        (status = 404, description = "No such job"),
+        (status = 409, description = "Lease expired or lost, or job already complete"),
         (status = 422, description = "The report does not fit the job or holds impossible values; `field` names the first, `problems` lists them")),
     security(("token" = [])))]
 pub async fn report(
@@ -287,7 +315,7 @@ pub async fn report(
         ))
         .with("field", "report.device.arch"));
     }
-    check_certificate(&st, &who, id, &job.kernel_digest, &b, &rederived).await?;
+    check_certificate(&st, &who, &job, &b, &rederived).await?;
     let vid = st
         .store
         .complete_job_certified(id, &holder, &b.report, b.certificate.as_ref())
@@ -334,7 +362,7 @@ pub async fn report(
 /// Give up on a claimed job with a reason; it is queued again while attempts remain.
 #[utoipa::path(post, path = "/v1/jobs/{id}/fail", tag = "jobs", params(("id" = i64, Path, minimum = 1)), request_body = FailRequest,
     responses((status = 200, description = "Re-queued or failed"), (status = 403, description = "Another token claimed the job"), (status = 404, description = "No such job"),
-        (status = 409, description = "Lease lost")),
+        (status = 409, description = "Lease expired or lost")),
     security(("token" = [])))]
 pub async fn fail(
     State(st): State<AppState>,

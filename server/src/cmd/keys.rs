@@ -64,14 +64,23 @@ pub enum WorkerKeyCommand {
 pub enum CertCommand {
     /// Sign a verification report with a worker key, for a report made elsewhere (`kernelize
     /// verify --json FILE` on a GPU host) and posted by other means: prints the JSON
-    /// `{"report": ..., "certificate": ...}` to post as a job's report. The summary is first
-    /// derived from the cases, as the hub derives it (the hub stores what was signed).
+    /// `{"report": ..., "certificate": ...}`. With --job and --nonce (the claim's), the
+    /// certificate is bound to that job and claim, as a job's report needs; without them it is
+    /// bound to none (format /1), which a hub accepts only as a bundled certificate it imports.
+    /// The summary is first derived from the cases, as the hub derives it (the hub stores what
+    /// was signed).
     Sign {
         /// The report (JSON, as `kernelize verify --json` writes it).
         report: PathBuf,
         /// The worker key (`kernelize worker-key init --file FILE`).
         #[arg(long, value_name = "FILE")]
         key_file: PathBuf,
+        /// The id of the job the report answers (the claim's `job.id`).
+        #[arg(long, value_name = "ID", requires = "nonce", value_parser = clap::value_parser!(i64).range(1..))]
+        job: Option<i64>,
+        /// The nonce the hub handed out with the claim (the claim's `nonce`).
+        #[arg(long, value_name = "NONCE", requires = "job")]
+        nonce: Option<String>,
     },
     /// Check a verification's certificate offline: the signature, that the signer is one of
     /// the keys you trust, that it certifies this very report (every figure), and with
@@ -242,7 +251,12 @@ pub async fn worker_key(c: WorkerKeyCommand) -> anyhow::Result<ExitCode> {
 
 pub fn cert_command(c: CertCommand) -> anyhow::Result<ExitCode> {
     let (file, mut trust, trust_file, kernel) = match c {
-        CertCommand::Sign { report, key_file } => return sign(&report, &key_file),
+        CertCommand::Sign {
+            report,
+            key_file,
+            job,
+            nonce,
+        } => return sign(&report, &key_file, job.zip(nonce)),
         CertCommand::Verify {
             file,
             trust,
@@ -284,7 +298,7 @@ pub fn cert_command(c: CertCommand) -> anyhow::Result<ExitCode> {
             .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
     }
     println!(
-        "certificate OK: {} ({}) {} on {} ({}), driver {}, CUDA {}, suite {}, signed by key {} at {}{}",
+        "certificate OK: {} ({}) {} on {} ({}), driver {}, CUDA {}, suite {}, signed by key {} at {}{}{}",
         claims.kernel,
         claims.kernel_digest,
         claims.class,
@@ -295,12 +309,16 @@ pub fn cert_command(c: CertCommand) -> anyhow::Result<ExitCode> {
         claims.suite_version,
         certificate.key_id(),
         claims.signed_at,
+        claims
+            .job_id
+            .map(|j| format!(", for job {j} (bound to its claim's nonce)"))
+            .unwrap_or_default(),
         if kernel.is_some() { "; the kernel folder is the one certified" } else { "" }
     );
     Ok(ExitCode::SUCCESS)
 }
 
-fn sign(report: &Path, key_file: &Path) -> anyhow::Result<ExitCode> {
+fn sign(report: &Path, key_file: &Path, job: Option<(i64, String)>) -> anyhow::Result<ExitCode> {
     let key = read_signing_key(key_file)?;
     let text = std::fs::read_to_string(report)
         .with_context(|| format!("reading the report {}", report.display()))?;
@@ -313,7 +331,12 @@ fn sign(report: &Path, key_file: &Path) -> anyhow::Result<ExitCode> {
             changed.join(", ")
         );
     }
-    let certificate = Certificate::sign(&key, &cert::Claims::of(&r, &kernel_store::now_rfc3339()));
+    let at = kernel_store::now_rfc3339();
+    let claims = match &job {
+        Some((id, nonce)) => cert::Claims::for_job(&r, &at, *id, nonce),
+        None => cert::Claims::of(&r, &at),
+    };
+    let certificate = Certificate::sign(&key, &claims);
     println!(
         "{}",
         serde_json::json!({"report": r, "certificate": certificate})

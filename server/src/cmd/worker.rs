@@ -269,9 +269,14 @@ async fn run_job(
     }
     match result {
         Ok(report) => {
+            // Bound to this job and this claim's nonce; a hub older than issue 26 hands out
+            // no nonce and reads only unbound (/1) certificates.
             let certificate = key.map(|k| {
-                let claims =
-                    kernel_registry::cert::Claims::of(&report, &kernel_store::now_rfc3339());
+                let at = kernel_store::now_rfc3339();
+                let claims = match &claim.nonce {
+                    Some(nonce) => kernel_registry::cert::Claims::for_job(&report, &at, id, nonce),
+                    None => kernel_registry::cert::Claims::of(&report, &at),
+                };
                 kernel_registry::cert::Certificate::sign(k, &claims)
             });
             let req = ReportRequest {
