@@ -3,8 +3,11 @@
 A GPU worker signs each report with its own ed25519 key; the hub serves the certificate with
 the verification. A certificate's claims bind the report by the SHA-256 of its RFC 8785
 canonical JSON (integers outside +-(2^53 - 1) written as decimal strings first, as the hub
-does), the kernel digest, the class and where and with what it was measured. `verify` checks
-all of it against the public keys the caller trusts. Needs the `cryptography` and `rfc8785`
+does), the kernel digest, the class and where and with what it was measured. Two formats are
+read: `kernelize-certificate/2`, whose claims also name the hub's job and the nonce of its claim
+(what a worker signs for a job: the hub refuses a certificate replayed for another job), and
+`kernelize-certificate/1`, bound to no job (the bundled certificates of the project's GPU runs,
+imported by a hub). `verify` checks all of it against the public keys the caller trusts. Needs the `cryptography` and `rfc8785`
 packages (`pip install 'kernelize[certs]'`), imported only when a certificate is checked.
 """
 from __future__ import annotations
@@ -16,7 +19,9 @@ from typing import Any, Iterable
 
 from .digest import normalize_digest
 
-FORMAT = "kernelize-certificate/1"
+FORMAT_UNBOUND = "kernelize-certificate/1"
+FORMAT_JOB = "kernelize-certificate/2"
+FORMATS = (FORMAT_UNBOUND, FORMAT_JOB)
 MAX_SAFE_INTEGER = 2**53 - 1
 
 
@@ -92,6 +97,26 @@ def _report_claims(report: dict) -> dict[str, Any]:
     }
 
 
+def _check_format(claims: Any, what: str) -> None:
+    """A known format, bound to a job exactly when the format says (the hub's `Claims::parse`)."""
+    if not isinstance(claims, dict):
+        raise CertificateError(f"{what}: the claims are not a JSON object")
+    fmt = claims.get("format")
+    bound = [k for k in ("job_id", "nonce") if claims.get(k) is not None]
+    if fmt == FORMAT_UNBOUND:
+        if bound:
+            raise CertificateError(f"{what}: format {fmt!r} names no job, but the claims carry "
+                                   f"{', '.join(bound)}")
+    elif fmt == FORMAT_JOB:
+        job, nonce = claims.get("job_id"), claims.get("nonce")
+        if (not isinstance(job, int) or isinstance(job, bool) or job <= 0
+                or not isinstance(nonce, str) or not nonce):
+            raise CertificateError(f"{what}: format {fmt!r} needs a positive job_id and a "
+                                   "non-empty nonce")
+    else:
+        raise CertificateError(f"{what}: format {fmt!r}, expected one of {', '.join(FORMATS)}")
+
+
 def verify(certificate: dict | None, trusted_keys: Iterable[str], *, report: dict | None = None,
            digest: str | None = None, what: str = "the certificate") -> dict[str, Any]:
     """Check `certificate` (as the hub serves it: claims, key, signature) and return its claims.
@@ -123,8 +148,7 @@ def verify(certificate: dict | None, trusted_keys: Iterable[str], *, report: dic
         raise CertificateError(f"{what}: the signature does not verify (the claims, the "
                                "signature or the key were changed)") from None
     claims = json.loads(claims_text)
-    if claims.get("format") != FORMAT:
-        raise CertificateError(f"{what}: format {claims.get('format')!r}, expected {FORMAT!r}")
+    _check_format(claims, what)
     if report is not None:
         got = canonical_sha256(report)
         if got != claims["report_sha256"]:

@@ -125,7 +125,8 @@ class Hub:
                          report: str = "exact", key_file: Path | None = None) -> dict[str, str]:
         """Claim jobs as a worker and post the recorded `report` for the named kernels (the
         CI has no GPU: the report is re-targeted at each claimed kernel, see `retarget`),
-        signed with `key_file` (`kernelize cert sign`) when given.
+        signed with `key_file` for the claimed job (`kernelize cert sign --job --nonce`) when
+        given.
         Returns name -> digest of the kernels verified."""
         tok = self.token("worker")
         fixture = json.loads((REPO / "tests/fixtures/reports" / f"{report}.json").read_text())
@@ -145,7 +146,8 @@ class Hub:
                 unsigned = key_file.with_suffix(".report.json")
                 unsigned.write_text(json.dumps(r))
                 signed = json.loads(subprocess.run(
-                    [str(BIN), "cert", "sign", str(unsigned), "--key-file", str(key_file)],
+                    [str(BIN), "cert", "sign", str(unsigned), "--key-file", str(key_file),
+                     "--job", str(claim["job"]["id"]), "--nonce", claim["nonce"]],
                     cwd=REPO, check=True, capture_output=True, text=True).stdout)
                 post.update(signed)
             status, body = self.call("POST", f"/v1/jobs/{claim['job']['id']}/report", post, tok)

@@ -132,3 +132,50 @@ def test_a_fresh_hub_hands_out_the_bundled_certified_kernels(fresh_hub, tiny_lla
     # not on another architecture: the recorded verdicts are sm_90's
     rep80 = by_path(kernelize.kernelize(tiny_llama, hub=fresh_hub.url, arch="sm_80", verbose=False))
     assert rep80["model.norm"].status == "kept"
+
+
+def _signed(claims: dict):
+    """A certificate over `claims` by a fresh key, and that key (base64)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+    k = Ed25519PrivateKey.generate()
+    public = base64.b64encode(k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
+    text = json.dumps(claims)
+    cert = {"claims": text, "key": public,
+            "signature": base64.b64encode(k.sign(text.encode())).decode()}
+    return cert, public
+
+
+def test_both_certificate_formats_are_read_each_in_its_own_shape():
+    # Issue 26: /2 names the hub's job and its claim's nonce, /1 (bundled) names none.
+    base = {"report_sha256": "00" * 32, "kernel_digest": "sha256:" + "ab" * 32, "kernel": "k@1.0.0",
+            "class": "bit_exact", "signed_at": "2026-11-27T00:00:00Z"}
+    for claims in ({"format": "kernelize-certificate/1", **base},
+                   {"format": "kernelize-certificate/2", "job_id": 12, "nonce": "00ff", **base}):
+        cert, public = _signed(claims)
+        assert verify(cert, [public]) == claims
+    for claims, why in [
+        ({"format": "kernelize-certificate/1", "job_id": 12, **base}, "names no job"),
+        ({"format": "kernelize-certificate/2", "job_id": 12, **base}, "needs a positive job_id"),
+        ({"format": "kernelize-certificate/2", "nonce": "00ff", **base}, "needs a positive job_id"),
+        ({"format": "kernelize-certificate/2", "job_id": 0, "nonce": "00ff", **base},
+         "needs a positive job_id"),
+        ({"format": "kernelize-certificate/2", "job_id": 12, "nonce": "", **base},
+         "needs a positive job_id"),
+        ({"format": "kernelize-certificate/3", **base}, "expected one of"),
+    ]:
+        cert, public = _signed(claims)
+        with pytest.raises(CertificateError, match=why):
+            verify(cert, [public])
+
+
+def test_a_workers_certificate_names_its_job_and_claim(hub, tmp_path):
+    key = tmp_path / "w.key"
+    public = hub.worker_key(key)
+    signed = hub.verify_as_worker({"rms_norm_llama"}, report="tiny/exact", key_file=key)
+    status, v = hub.call("GET", "/v1/verifications/1")
+    assert status == 200, v
+    claims = verify(v["certificate"], [public], report=v["report"], digest=signed["rms_norm_llama"])
+    assert claims["format"] == "kernelize-certificate/2"
+    assert claims["job_id"] == v["job_id"]
+    assert len(claims["nonce"]) == 32 and int(claims["nonce"], 16) >= 0
