@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import os
@@ -14,7 +15,7 @@ from torch import Tensor, nn
 
 from . import launch as L
 from . import ops
-from .digest import not_applicable
+from .digest import check_digest, not_applicable
 from .discover import TORCH_DTYPES, Discovery, Site, discover
 from .sources import DirSource, HubSource, Key, LockSource, Resolution, Resolved, write_lock
 
@@ -22,7 +23,6 @@ log = logging.getLogger("kernelize")
 
 _ORIG = "_kernelize_original_forward"
 _LAUNCHES = "_kernelize_launches"  # how many calls of a swapped layer ran the kernel
-_NO_INSTANCE_FORWARD = object()
 
 
 @dataclass
@@ -302,14 +302,11 @@ def unkernelize(model: nn.Module) -> int:
         orig = m.__dict__.get(_ORIG)
         if orig is None:
             continue
-        if orig is _NO_INSTANCE_FORWARD:
+        if orig is _NoInstanceForward:
             m.__dict__.pop("forward", None)
         else:
             m.__dict__["forward"] = orig
-        del m.__dict__[_ORIG]
-        m.__dict__.pop("_kernelize_kernel", None)
-        m.__dict__.pop(_LAUNCHES, None)
-        for attr in _KZ_ATTRS:
+        for attr in _KZ_STATE:
             m.__dict__.pop(attr, None)
         n += 1
     return n
@@ -477,28 +474,104 @@ def _patch(site: Site, k: Resolved, device: torch.device, allow_python: bool = F
     takes it launches the kernel (eagerly: directly, `launch.RUNNERS`, no dispatcher round
     trip; while torch.compile traces: through the op's custom op, `ops.py`, one opaque node of
     the graph, capturable in a CUDA graph), on any other input it runs the original forward."""
-    m = site.module
     if site.op not in _FORWARDS:  # pragma: no cover
         raise ValueError(site.op)
-    orig_forward = m.forward  # bound: instance attribute or the class's method
-    want = {v: k_ for k_, v in TORCH_DTYPES.items()}[site.dtype]
-    # Only a Python candidate needs the opt-in passed on (the CUDA call stays as it was).
-    opt_in = {"allow_python": allow_python} if L.is_python(k.manifest) else {}
-    compiled = L.compiled(k.digest, k.manifest, k.source, site.dtype, device, **opt_in)
-    dev = compiled.device   # a CUDA device (the kernel was loaded there)
-    key = ops.register(compiled)
-    op = ops.op(site.op)
-    # A stand-in `compiled` (CPU tests) always takes the op's registered implementation.
-    run = (L.RUNNERS[site.op] if isinstance(compiled, (L.CompiledKernel, L.PythonKernel))
-           else _stand_in_run(op, key))
-    index = dev.index if dev.type == "cuda" else -1  # Tensor.get_device(): -1 on the CPU
     # nn.RMSNorm(eps=None): F.rms_norm takes the opmath type's epsilon (f32)
     eps = float(site.eps if site.eps is not None else torch.finfo(torch.float32).eps) \
         if site.op == "rms_norm" else 0.0
+    m = site.module
+    _install(m, k, (site.op, site.dtype, site.cols, eps, str(device), allow_python),
+             m.__dict__.get("forward", _NoInstanceForward))
+
+
+def _install(m: nn.Module, k: Resolved, swap: tuple, prior: Any) -> None:
+    """Load `k` for `swap` = (op, dtype, cols, eps, device, allow_python) and put the swapped
+    forward on `m`; `prior`: m's own instance `forward` before, or `_NoInstanceForward`."""
+    op_name, dtype, cols, eps, device, allow_python = swap
+    want = {v: k_ for k_, v in TORCH_DTYPES.items()}[dtype]
+    # Only a Python candidate needs the opt-in passed on (the CUDA call stays as it was).
+    opt_in = {"allow_python": allow_python} if L.is_python(k.manifest) else {}
+    compiled = L.compiled(k.digest, k.manifest, k.source, dtype, torch.device(device), **opt_in)
+    dev = compiled.device   # a CUDA device (the kernel was loaded there)
+    key = ops.register(compiled)
+    op = ops.op(op_name)
+    # A stand-in `compiled` (CPU tests) always takes the op's registered implementation.
+    run = (L.RUNNERS[op_name] if isinstance(compiled, (L.CompiledKernel, L.PythonKernel))
+           else _stand_in_run(op, key))
+    index = dev.index if dev.type == "cuda" else -1  # Tensor.get_device(): -1 on the CPU
+    orig_forward = types.MethodType(type(m).forward, m) if prior is _NoInstanceForward else prior
     d = m.__dict__
-    d[_ORIG] = d.get("forward", _NO_INSTANCE_FORWARD)
+    d[_ORIG] = prior
     d["_kernelize_kernel"] = k
     d[_LAUNCHES] = 0
-    d.update(_kz=(key, site.cols, eps, want, index), _kz_orig=orig_forward, _kz_op=op,
-             _kz_run=run, _kz_compiled=compiled, _kz_fits={}, _kz_preps=_Prepared())
-    d["forward"] = types.MethodType(_FORWARDS[site.op], m)
+    d.update(_kz=(key, cols, eps, want, index), _kz_orig=orig_forward, _kz_op=op,
+             _kz_run=run, _kz_compiled=compiled, _kz_fits={}, _kz_preps=_Prepared(),
+             _kz_swap=(op_name, dtype, cols, eps, str(dev), allow_python))
+    d["__getstate__"] = types.MethodType(_getstate, m)
+    d["forward"] = types.MethodType(_FORWARDS[op_name], m)
+
+
+# ---- copying and pickling a swapped layer ------------------------------------------------
+#
+# A swapped layer holds a loaded kernel (a process-wide resource: CUDA driver handles, a key in
+# `ops`' table of this process), so it is pickled without it: its instance `__getstate__`
+# (`_getstate`, found by pickle and copy before the class's) leaves kernelize's attributes out
+# and puts a `_Reswap` where its `forward` is. Unpickling a `_Reswap` loads the kernel again in
+# the loading process from the manifest and source the layer carries (digest checked again)
+# and gives the swapped forward back; where that fails (no CUDA there, another device count),
+# the layer runs its original forward and a warning says why, once per kernel and reason.
+# copy.deepcopy keeps today's rule: the copy shares the loaded kernel (`SharedOnCopy`) and
+# prepares its own launches (`_Prepared`).
+
+_KZ_STATE = (_ORIG, "_kernelize_kernel", _LAUNCHES, "_kz_swap", "__getstate__", *_KZ_ATTRS)
+
+
+class _NoInstanceForward:
+    """`_ORIG` of a layer whose forward was its class's (a class: copies and pickles as itself)."""
+
+
+def _getstate(self: nn.Module) -> dict:
+    state = {k: v for k, v in self.__dict__.items() if k not in _KZ_STATE}
+    state["forward"] = _Reswap(self)
+    return state
+
+
+class _Reswap:
+    """A swapped layer's `forward` in its pickled (or copied) state; see above."""
+
+    def __init__(self, m: nn.Module):
+        self.m = m
+
+    def __reduce__(self):
+        d = self.m.__dict__
+        return (_reswap, (self.m, d["_kernelize_kernel"], d["_kz_swap"], d[_ORIG]))
+
+    def __deepcopy__(self, memo: dict):
+        y, d = memo[id(self.m)], self.m.__dict__
+        for name in _KZ_STATE:
+            if name in d:
+                y.__dict__[name] = copy.deepcopy(d[name], memo)
+        return copy.deepcopy(d["forward"], memo)
+
+    def __call__(self, *a, **kw):  # a shallow copy (copy.copy) calls through the original
+        return self.m.forward(*a, **kw)
+
+
+_LOAD_WARNED: set[tuple] = set()
+
+
+def _reswap(m: nn.Module, k: Resolved, swap: tuple, prior: Any) -> Any:
+    """Unpickling a swapped layer (before its state is set): load its kernel here and return
+    its swapped forward; where it cannot be loaded, its original forward, with a warning."""
+    try:
+        check_digest(k.manifest, k.source, k.digest, f"{k.label} carried by a pickled layer")
+        _install(m, k, swap, prior)
+        return m.__dict__["forward"]
+    except Exception as e:  # noqa: BLE001 (any failure: the layer runs its original forward)
+        why = f"{type(e).__name__}: {e}"
+        if (k.digest, swap, why) not in _LOAD_WARNED:
+            _LOAD_WARNED.add((k.digest, swap, why))
+            log.warning("kernelize: a loaded %s keeps its original forward: %s (%s, %s) could "
+                        "not be loaded here (%s); later layers with this kernel: the same",
+                        type(m).__name__, k.label, swap[0], swap[1], why)
+        return types.MethodType(type(m).forward, m) if prior is _NoInstanceForward else prior

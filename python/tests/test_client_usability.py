@@ -1,0 +1,179 @@
+"""The client as a user handles it (issue 27): a kernelized model pickles (`torch.save`) and
+loads in another process, its state_dict is the original's, parameterless layers take the
+dtype of the call, and `kernelize.get_kernel` hands out one kernel as a plain callable.
+
+No GPU here: the kernels that really run are Python candidates (docs/spec.md section 2b), which
+`kernelize(..., device="cpu", swap=True)` swaps on CPU tensors; a CUDA kernel is swapped with a
+CPU stand-in only where a test needs a layer holding one (its load in another process, which
+has no CUDA, is what is checked)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernelize
+from conftest import REPO
+from kernelize import core, launch
+from kernelize.discover import discover
+from kernelize.sources import DirSource, Key
+
+transformers = pytest.importorskip("transformers")
+
+KERNELS = REPO / "kernels"
+PY_RMS = KERNELS / "third-party" / "f_rms_norm_as_llama"   # a Python candidate (F.rms_norm)
+
+
+def _llama():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=160,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+
+
+NORMS = ["model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",
+         "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm",
+         "model.norm"]
+
+
+def _run_child(code: str, tmp_path) -> subprocess.CompletedProcess:
+    """`code` in a fresh Python process (nothing loaded, no monkeypatch), with the package."""
+    script = tmp_path / "child.py"
+    script.write_text(code)
+    env = {"PYTHONPATH": str(REPO / "python"), "PATH": "/usr/bin:/bin",
+           "KERNELIZE_C_LAUNCHER": "0", "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+# ---- 1. pickle, torch.save, state_dict -------------------------------------------------------
+
+def test_a_kernelized_model_saves_and_loads_in_another_process_with_its_kernels(tmp_path):
+    model = _llama()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rep = kernelize.kernelize(model, kernels_dir=PY_RMS, device="cpu", swap=True,
+                              arch="sm_90", verbose=False)
+    assert sorted(e.path for e in rep.entries if e.status == "replaced") == sorted(NORMS)
+    # the kernel wrappers add no keys and change no values of the state_dict
+    after = model.state_dict()
+    assert list(after) == list(before)
+    assert all(torch.equal(after[k], before[k]) for k in before)
+
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(input_ids=ids, use_cache=False).logits
+    torch.save(model, tmp_path / "model.pt")
+    torch.save({"ids": ids, "want": want}, tmp_path / "io.pt")
+    r = _run_child("""
+import json, torch, kernelize
+model = torch.load("model.pt", weights_only=False)
+io = torch.load("io.pt")
+with torch.no_grad():
+    got = model(input_ids=io["ids"], use_cache=False).logits
+print(json.dumps({"equal": torch.equal(got, io["want"]),
+                  "launches": kernelize.launch_counts(model),
+                  "kernels": sorted({m._kernelize_kernel.label for m in model.modules()
+                                     if "_kernelize_kernel" in m.__dict__}),
+                  "keys": list(model.state_dict()),
+                  "restored": kernelize.unkernelize(model)}))
+""", tmp_path)
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    # the loaded model launched the kernel in every norm (once each), as the original did
+    assert out == {"equal": True, "launches": {p: 1 for p in NORMS},
+                   "kernels": ["f_rms_norm_as_llama 1.0.0"], "keys": list(before),
+                   "restored": 5}
+    assert "original forward" not in r.stderr
+
+
+def test_pickle_round_trip_in_process_is_swapped_and_undone_on_its_own():
+    model = _llama()
+    kernelize.kernelize(model, kernels_dir=PY_RMS, device="cpu", swap=True, arch="sm_90",
+                        verbose=False)
+    twin = pickle.loads(pickle.dumps(model))
+    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model(input_ids=ids, use_cache=False).logits
+        assert torch.equal(twin(input_ids=ids, use_cache=False).logits, want)
+    assert kernelize.launch_counts(twin) == {p: 1 for p in NORMS}
+    for p in NORMS:  # bound to the loaded layer, not to the pickled one
+        assert twin.get_submodule(p).forward.__self__ is twin.get_submodule(p)
+    assert kernelize.unkernelize(twin) == 5
+    assert kernelize.launch_counts(twin) == {} and kernelize.launch_counts(model) != {}
+    assert all("forward" not in twin.get_submodule(p).__dict__ for p in NORMS)
+    pickle.dumps(twin)  # an unkernelized layer pickles as a plain one
+    with torch.no_grad():
+        plain = twin(input_ids=ids, use_cache=False).logits
+    kernelize.unkernelize(model)
+    with torch.no_grad():
+        assert torch.equal(plain, model(input_ids=ids, use_cache=False).logits)
+
+
+class _FakeLoaded:
+    """A CUDA kernel 'loaded' on cuda:0 (this process only; CPU inputs fall back)."""
+    device = torch.device("cuda", 0)
+
+    def __init__(self, manifest):
+        self.manifest = manifest
+
+
+def test_a_cuda_kernel_loaded_where_it_cannot_run_keeps_the_original_forward(tmp_path,
+                                                                           monkeypatch):
+    """A model saved with a CUDA kernel, loaded on a machine without CUDA: it loads, every
+    layer runs its original forward, and one warning line says why."""
+    model = _llama()
+    src = DirSource(KERNELS / "rms_norm_llama")
+    monkeypatch.setattr(launch, "compiled", lambda digest, manifest, *a, **k: _FakeLoaded(manifest))
+    for s in discover(model).sites:
+        if s.op == "rms_norm":
+            res = src.resolve(Key("rms_norm", "llama", "bf16", "sm_90", 64, "bit_exact"))
+            core._patch(s, res.kernel, torch.device("cuda", 0))
+    assert sorted(kernelize.launch_counts(model)) == sorted(NORMS)
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():  # CPU inputs: the swapped layers run their original forward
+        want = model(input_ids=ids, use_cache=False).logits
+    torch.save(model, tmp_path / "model.pt")
+    torch.save({"ids": ids, "want": want}, tmp_path / "io.pt")
+    r = _run_child("""
+import json, torch, kernelize
+model = torch.load("model.pt", weights_only=False)
+io = torch.load("io.pt")
+with torch.no_grad():
+    got = model(input_ids=io["ids"], use_cache=False).logits
+print(json.dumps({"equal": torch.equal(got, io["want"]),
+                  "launches": kernelize.launch_counts(model)}))
+""", tmp_path)
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"equal": True, "launches": {}}
+    warned = [line for line in r.stderr.splitlines() if "keeps its original forward" in line]
+    assert len(warned) == 1, r.stderr   # one line for the five layers
+    assert res.kernel.label in warned[0] and "LlamaRMSNorm" in warned[0]
+
+
+def test_a_tampered_kernel_in_a_pickle_is_not_loaded(caplog):
+    model = _llama()
+    kernelize.kernelize(model, kernels_dir=PY_RMS, device="cpu", swap=True, arch="sm_90",
+                        verbose=False)
+    k = model.model.norm._kernelize_kernel
+    data = pickle.dumps(model)
+    evil = k.source.replace("weight, eps)", "weight,2e-1)")   # same length: a valid pickle
+    assert evil != k.source and data.count(k.source.encode()) == 1
+    data = data.replace(k.source.encode(), evil.encode())
+    with caplog.at_level(logging.WARNING, logger="kernelize"):
+        twin = pickle.loads(data)
+    assert kernelize.launch_counts(twin) == {}
+    assert any("DigestMismatch" in r.getMessage() for r in caplog.records), caplog.text
+    kernelize.unkernelize(model)
+    ids = torch.randint(0, 128, (1, 5))
+    with torch.no_grad():
+        assert torch.equal(twin(input_ids=ids, use_cache=False).logits,
+                           model(input_ids=ids, use_cache=False).logits)
