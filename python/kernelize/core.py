@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import logging
 import os
@@ -42,6 +43,9 @@ class Entry:
     # Every op asked for this layer, in order (a gated MLP: silu_mul, then silu_and_mul);
     # `op` is the one whose kernel was taken, or the first when none was.
     tried: list[str] = field(default_factory=list)
+    # A parameterless layer resolved for each dtype, loaded for the dtype of its calls: this
+    # entry is its `dtype` one (see `_fwd_by_call`).
+    by_call: bool = False
 
 
 @dataclass
@@ -63,12 +67,15 @@ class Report:
         return [e for e in self.entries if e.status == "kept"]
 
     def __str__(self) -> str:
-        lines = [f"kernelize: {len(self.replaced)} of {len(self.entries)} layers "
+        # layers, not entries: a parameterless layer has one entry per dtype
+        n_replaced = len({e.path for e in self.replaced})
+        lines = [f"kernelize: {n_replaced} of {len({e.path for e in self.entries})} layers "
                  f"{'replaced' if self.swapped else 'would be replaced (not swapped: no CUDA)'}"
                  f" | {self.source} | policy {self.policy} | arch {self.arch}"]
         for e in self.entries:
             what = f"{e.op}" + (f" ({e.semantics})" if e.semantics != "default" else "")
-            head = (f"  {e.status:13} {e.path} [{e.cls}: {what}, {e.dtype}, cols={e.cols}]"
+            dt = f"{e.dtype} calls" if e.by_call else e.dtype
+            head = (f"  {e.status:13} {e.path} [{e.cls}: {what}, {dt}, cols={e.cols}]"
                     if e.op != "?" else f"  {e.status:13} {e.path} [{e.cls}]")
             if e.kernel:
                 ev = e.kernel.evidence
@@ -130,48 +137,64 @@ def _resolve_all(model, source, policy, arch, dtype,
     """Resolve every site; a site with no qualifying kernel tries its alternatives in order
     (a gated SiLU MLP: silu_mul, then silu_and_mul). The plan holds, per site, the site taken
     (the alternative whose kernel qualified, else the site itself), its key and resolution
-    (when none qualified: every candidate's reasons) and the ops tried."""
+    (when none qualified: every candidate's reasons), the ops tried, and whether the site is
+    one dtype of a parameterless layer that takes the dtype of its calls: such a layer (nn.SiLU
+    alone, where no parameter says the dtype) is resolved for bf16, f16 and f32."""
     found = discover(model, dtype, fuse_gated_mlp=fuse_gated_mlp)
     cache: dict[Key, Resolution] = {}
     plan = []
     events: dict[tuple, list[str]] = {}   # one log line per unverified width, not per layer
-    for s in found.sites:
-        if s.dtype is None:
-            plan.append((s, None, Resolution(None, ["dtype is not bf16, f16 or f32"]), [s.op]))
+    for site in found.sites:
+        by_call = site.dtype is None and site.op in _BY_CALL_OPS and not any(
+            True for _ in site.module.parameters())
+        if site.dtype is None and not by_call:
+            plan.append((site, None, Resolution(None, ["dtype is not bf16, f16 or f32"]),
+                         [site.op], False))
             continue
-        tried = []
-        cands = [s, *s.alternatives]
-        for i, cand in enumerate(cands):
-            key = Key(cand.op, cand.semantics, cand.dtype or s.dtype, arch, cand.cols, policy)
-            if key not in cache:
-                cache[key] = source.resolve(key)
-            r = cache[key]
-            if r.width_note:
-                then = ("replacing it" if r.kernel else
-                        f"trying {cands[i + 1].op}" if i + 1 < len(cands) else "keeping the layer")
-                events.setdefault((cand.op, key.dtype, cand.cols, r.width_note, then),
-                                  []).append(cand.path)
-            tried.append((cand, key, r))
-            if r.kernel is not None:
-                break
-        ops = [c.op for c, _, _ in tried]
-        cand, key, r = tried[-1]
-        if r.kernel is not None and len(tried) > 1:
-            # an alternative was taken: the report still says why the earlier ops were not
-            r = Resolution(r.kernel, [x for t in tried for x in t[2].excluded], r.queued_jobs,
-                           r.width_note)
-        if r.kernel is None and len(tried) > 1:
-            # none qualified: the layer is reported as its first op, with every candidate's why
-            cand, key = tried[0][0], tried[0][1]
-            notes = [t[2].width_note for t in tried if t[2].width_note]
-            r = Resolution(None, [x for t in tried for x in t[2].excluded],
-                           [j for t in tried for j in t[2].queued_jobs],
-                           "; ".join(notes) if notes else None)
-        plan.append((cand, key, r, ops))
+        for s in [dataclasses.replace(site, dtype=dt) for dt in _CALL_DTYPES] if by_call else [site]:
+            plan.append(_resolve_site(s, source, policy, arch, cache, events) + (by_call,))
     for (op, dt, cols, note, then), paths in events.items():
         where = paths[0] if len(paths) == 1 else f"{paths[0]} ... {paths[-1]} ({len(paths)} layers)"
         log.warning("kernelize: %s [%s %s, cols=%d]: %s; %s", where, op, dt, cols, note, then)
     return found, cache, plan
+
+
+_BY_CALL_OPS = ("silu", "gelu", "gelu_tanh")   # elementwise: no weight to take a dtype from
+_CALL_DTYPES = ("bf16", "f16", "f32")
+
+
+def _resolve_site(s: Site, source, policy: str, arch: str, cache: dict[Key, Resolution],
+                  events: dict[tuple, list[str]]) -> tuple:
+    """(site taken, key, resolution, ops tried) of one site: see `_resolve_all`."""
+    tried = []
+    cands = [s, *s.alternatives]
+    for i, cand in enumerate(cands):
+        key = Key(cand.op, cand.semantics, cand.dtype or s.dtype, arch, cand.cols, policy)
+        if key not in cache:
+            cache[key] = source.resolve(key)
+        r = cache[key]
+        if r.width_note:
+            then = ("replacing it" if r.kernel else
+                    f"trying {cands[i + 1].op}" if i + 1 < len(cands) else "keeping the layer")
+            events.setdefault((cand.op, key.dtype, cand.cols, r.width_note, then),
+                              []).append(cand.path)
+        tried.append((cand, key, r))
+        if r.kernel is not None:
+            break
+    ops = [c.op for c, _, _ in tried]
+    cand, key, r = tried[-1]
+    if r.kernel is not None and len(tried) > 1:
+        # an alternative was taken: the report still says why the earlier ops were not
+        r = Resolution(r.kernel, [x for t in tried for x in t[2].excluded], r.queued_jobs,
+                       r.width_note)
+    if r.kernel is None and len(tried) > 1:
+        # none qualified: the layer is reported as its first op, with every candidate's why
+        cand, key = tried[0][0], tried[0][1]
+        notes = [t[2].width_note for t in tried if t[2].width_note]
+        r = Resolution(None, [x for t in tried for x in t[2].excluded],
+                       [j for t in tried for j in t[2].queued_jobs],
+                       "; ".join(notes) if notes else None)
+    return cand, key, r, ops
 
 
 def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLike | None = None,
@@ -198,7 +221,8 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     `swap=None` swaps when the model is on a CUDA device and reports "would replace" otherwise;
     `swap=True` without CUDA raises, except with `device="cpu"`, which swaps Python candidates
     only (their PyTorch code runs on CPU tensors; CUDA kernels are kept, with the reason). `dtype` overrides the dtype asked for (default: the
-    layers' parameter dtype). Calls whose input does not fit the kernel (other dtype or
+    layers' parameter dtype; a layer with none, such as nn.SiLU() alone, takes the dtype of each
+    call: resolved for bf16, f16 and f32, loaded at the first call in each). Calls whose input does not fit the kernel (other dtype or
     device, autograd, sizes outside its constraints) run the original forward;
     `launch_counts(model)` tells how many calls of each swapped layer ran the kernel.
     A gated MLP (HF LlamaMLP, Qwen2MLP, MistralMLP; GemmaMLP, Gemma2/3) is replaced by the
@@ -242,22 +266,33 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
         f"lock {src.path}" if isinstance(src, LockSource) else f"dir {src.path}")
     found, _, plan = _resolve_all(model, src, policy, arch, dtype, fuse_gated_mlp)
     rep = Report(src_label, policy, arch, swap)
-    for s, key, res, tried in plan:
+    where = dev if dev is not None else torch.device("cpu")
+    opted_in = allow_python or isinstance(src, DirSource)
+    by_call: dict[int, tuple[Site, dict]] = {}   # a parameterless layer: dtype -> kernel or why not
+    for s, key, res, tried, per_dtype in plan:
         e = Entry(s.path, type(s.module).__name__, s.op, s.semantics, s.dtype, s.cols,
-                  "kept", res.kernel, list(res.excluded), s.how, res.width_note, tried)
+                  "kept", res.kernel, list(res.excluded), s.how, res.width_note, tried, per_dtype)
         if res.kernel is not None:
             if getattr(s.module, _ORIG, None) is not None:
                 e.status, e.reasons = "kept", ["already kernelized; unkernelize first"]
             elif swap and dev is None and not L.is_python(res.kernel.manifest):
                 e.status, e.reasons = "kept", [
                     "a CUDA kernel launches on a CUDA device; this model runs on the CPU"]
+            elif swap and per_dtype:
+                e.status = "replaced"   # loaded at the first call in this dtype
             elif swap:
-                _patch(s, res.kernel, dev if dev is not None else torch.device("cpu"),
-                       allow_python=allow_python or isinstance(src, DirSource))
+                _patch(s, res.kernel, where, allow_python=opted_in)
                 e.status = "replaced"
             else:
                 e.status = "would replace"
+        if per_dtype and swap:
+            kernels = by_call.setdefault(id(s.module), (s, {}))[1]
+            kernels[s.dtype] = e.kernel if e.status == "replaced" else e.reasons
         rep.entries.append(e)
+    for s, kernels in by_call.values():
+        if any(isinstance(k, Resolved) for k in kernels.values()):
+            _install_by_call(s.module, kernels, (s.op, None, s.cols, 0.0, str(where), opted_in),
+                             s.module.__dict__.get("forward", _NoInstanceForward))
     for sk in found.skipped:
         rep.entries.append(Entry(sk.path, sk.cls, "?", "default", None, 0, "kept", None, [sk.reason]))
     if compile:
@@ -317,7 +352,8 @@ def launch_counts(model: nn.Module) -> dict[str, int]:
     kernel. A layer at 0 has always fallen back to its original forward (the input's dtype,
     device, shape or element count did not fit), so the kernel has not been exercised.
     Only eager calls are counted: calls through torch.compile (and CUDA graph replays) are not."""
-    return {path or "<root>": m.__dict__.get(_LAUNCHES, 0)
+    return {path or "<root>": m.__dict__.get(_LAUNCHES, 0) + sum(
+                per.__dict__[_LAUNCHES] for per in m.__dict__.get("_kz_dtypes", {}).values() if per)
             for path, m in model.named_modules() if m.__dict__.get(_ORIG) is not None}
 
 
@@ -487,6 +523,20 @@ def _patch(site: Site, k: Resolved, device: torch.device, allow_python: bool = F
 def _install(m: nn.Module, k: Resolved, swap: tuple, prior: Any) -> None:
     """Load `k` for `swap` = (op, dtype, cols, eps, device, allow_python) and put the swapped
     forward on `m`; `prior`: m's own instance `forward` before, or `_NoInstanceForward`."""
+    d = m.__dict__
+    d.update(_loaded(k, swap, _orig_forward(m, prior)))
+    d[_ORIG] = prior
+    d["__getstate__"] = types.MethodType(_getstate, m)
+    d["forward"] = types.MethodType(_FORWARDS[swap[0]], m)
+
+
+def _orig_forward(m: nn.Module, prior: Any) -> Any:
+    return types.MethodType(type(m).forward, m) if prior is _NoInstanceForward else prior
+
+
+def _loaded(k: Resolved, swap: tuple, orig_forward: Any) -> dict[str, Any]:
+    """What a swapped forward reads from its layer: `k` loaded for `swap`, its custom op, key,
+    runner and constants."""
     op_name, dtype, cols, eps, device, allow_python = swap
     want = {v: k_ for k_, v in TORCH_DTYPES.items()}[dtype]
     # Only a Python candidate needs the opt-in passed on (the CUDA call stays as it was).
@@ -499,16 +549,64 @@ def _install(m: nn.Module, k: Resolved, swap: tuple, prior: Any) -> None:
     run = (L.RUNNERS[op_name] if isinstance(compiled, (L.CompiledKernel, L.PythonKernel))
            else _stand_in_run(op, key))
     index = dev.index if dev.type == "cuda" else -1  # Tensor.get_device(): -1 on the CPU
-    orig_forward = types.MethodType(type(m).forward, m) if prior is _NoInstanceForward else prior
+    return {"_kernelize_kernel": k, _LAUNCHES: 0, "_kz": (key, cols, eps, want, index),
+            "_kz_orig": orig_forward, "_kz_op": op, "_kz_run": run, "_kz_compiled": compiled,
+            "_kz_fits": {}, "_kz_preps": _Prepared(),
+            "_kz_swap": (op_name, dtype, cols, eps, str(dev), allow_python)}
+
+
+# ---- a parameterless layer takes the dtype of its calls --------------------------------------
+#
+# nn.SiLU() alone has no parameter to say its dtype: it is resolved for bf16, f16 and f32
+# (`_resolve_all`) and swapped for all three at once. Its forward keeps, per dtype of its calls,
+# the kernel loaded for that dtype (an object with what the shared elementwise forward reads
+# from a swapped layer, `_ByDtype`), loaded at the first eager call in the dtype; a dtype with
+# no kernel (none qualified, another dtype such as float64, or it failed to load) runs the
+# original forward, and the `kernelize` logger says so once per layer and dtype.
+
+class _ByDtype:
+    """One dtype's loaded kernel of a layer swapped by the dtype of its calls."""
+
+
+def _install_by_call(m: nn.Module, kernels: dict[str, Any], swap: tuple, prior: Any) -> None:
+    """`kernels`: dtype -> the Resolved kernel, or the reasons none is taken."""
     d = m.__dict__
-    d[_ORIG] = prior
-    d["_kernelize_kernel"] = k
+    d.update(_kernelize_kernel={dt: k for dt, k in kernels.items() if isinstance(k, Resolved)},
+             _kz_orig=_orig_forward(m, prior), _kz_swap=swap, _kz_by_call=dict(kernels),
+             _kz_dtypes={})
     d[_LAUNCHES] = 0
-    d.update(_kz=(key, cols, eps, want, index), _kz_orig=orig_forward, _kz_op=op,
-             _kz_run=run, _kz_compiled=compiled, _kz_fits={}, _kz_preps=_Prepared(),
-             _kz_swap=(op_name, dtype, cols, eps, str(dev), allow_python))
+    d[_ORIG] = prior
     d["__getstate__"] = types.MethodType(_getstate, m)
-    d["forward"] = types.MethodType(_FORWARDS[op_name], m)
+    d["forward"] = types.MethodType(_fwd_by_call, m)
+
+
+def _fwd_by_call(self, x, *a, **kw):
+    per = self._kz_dtypes.get(x.dtype) if isinstance(x, Tensor) else False
+    if per is None:
+        if _is_compiling():   # loaded eagerly only (call once in the dtype before compiling)
+            return self._kz_orig(x, *a, **kw)
+        per = self._kz_dtypes[x.dtype] = _load_by_call(self, x.dtype)
+    if per is False:
+        return self._kz_orig(x, *a, **kw)
+    return _fwd_elementwise(per, x, *a, **kw)
+
+
+def _load_by_call(m: nn.Module, dtype: torch.dtype) -> Any:
+    """`m`'s kernel for calls in `dtype` (a `_ByDtype`), or False (said once) where none runs."""
+    op, _, cols, eps, device, allow_python = m._kz_swap
+    dt = TORCH_DTYPES.get(dtype)
+    k = m._kz_by_call.get(dt) if dt else [f"{dtype} is not bf16, f16 or f32"]
+    if isinstance(k, Resolved):
+        try:
+            per = _ByDtype()
+            per.__dict__.update(_loaded(k, (op, dt, cols, eps, device, allow_python), m._kz_orig))
+            return per
+        except Exception as e:  # noqa: BLE001 (any failure: the original forward, said once)
+            k = [f"{k.label} could not be loaded ({type(e).__name__}: {e})"]
+    log.warning("kernelize: %s [%s] called in %s: no kernel (%s); its calls in %s run its "
+                "original forward", type(m).__name__, op, dt or dtype, "; ".join(k) or "none qualified",
+                dt or dtype)
+    return False
 
 
 # ---- copying and pickling a swapped layer ------------------------------------------------
@@ -523,7 +621,8 @@ def _install(m: nn.Module, k: Resolved, swap: tuple, prior: Any) -> None:
 # copy.deepcopy keeps today's rule: the copy shares the loaded kernel (`SharedOnCopy`) and
 # prepares its own launches (`_Prepared`).
 
-_KZ_STATE = (_ORIG, "_kernelize_kernel", _LAUNCHES, "_kz_swap", "__getstate__", *_KZ_ATTRS)
+_KZ_STATE = (_ORIG, "_kernelize_kernel", _LAUNCHES, "_kz_swap", "__getstate__", "_kz_by_call",
+             "_kz_dtypes", *_KZ_ATTRS)
 
 
 class _NoInstanceForward:
@@ -544,6 +643,8 @@ class _Reswap:
 
     def __reduce__(self):
         d = self.m.__dict__
+        if "_kz_by_call" in d:   # loaded at the first call in each dtype, as before
+            return (_install_by_call_again, (self.m, d["_kz_by_call"], d["_kz_swap"], d[_ORIG]))
         return (_reswap, (self.m, d["_kernelize_kernel"], d["_kz_swap"], d[_ORIG]))
 
     def __deepcopy__(self, memo: dict):
@@ -575,3 +676,17 @@ def _reswap(m: nn.Module, k: Resolved, swap: tuple, prior: Any) -> Any:
                         "not be loaded here (%s); later layers with this kernel: the same",
                         type(m).__name__, k.label, swap[0], swap[1], why)
         return types.MethodType(type(m).forward, m) if prior is _NoInstanceForward else prior
+
+
+def _install_by_call_again(m: nn.Module, kernels: dict[str, Any], swap: tuple, prior: Any) -> Any:
+    """Unpickling a layer swapped by the dtype of its calls: the digests checked again now, the
+    kernels loaded at the first call in each dtype."""
+    kernels = dict(kernels)
+    for dt, k in kernels.items():
+        if isinstance(k, Resolved):
+            try:
+                check_digest(k.manifest, k.source, k.digest, f"{k.label} carried by a pickled layer")
+            except Exception as e:  # noqa: BLE001
+                kernels[dt] = [f"{type(e).__name__}: {e}"]
+    _install_by_call(m, kernels, swap, prior)
+    return m.__dict__["forward"]

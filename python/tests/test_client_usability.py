@@ -9,6 +9,7 @@ has no CUDA, is what is checked)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import pickle
@@ -177,3 +178,94 @@ def test_a_tampered_kernel_in_a_pickle_is_not_loaded(caplog):
     with torch.no_grad():
         assert torch.equal(twin(input_ids=ids, use_cache=False).logits,
                            model(input_ids=ids, use_cache=False).logits)
+
+
+# ---- 2. a parameterless layer takes the dtype of the call -----------------------------------
+
+SILU_TOML = '''name = "py_silu"
+version = "1.0.0"
+op = "silu"
+description = "F.silu as a Python candidate"
+authors = ["tests"]
+license = "MIT"
+runtime = "python"
+source = "kernel.py"
+requires = ["torch>=2.4"]
+
+[entry]
+bf16 = "silu"
+f32 = "silu"
+'''
+SILU_SOURCE = "import torch.nn.functional as F\n\n\ndef silu(x):\n    return F.silu(x)\n"
+
+
+@pytest.fixture
+def py_silu(tmp_path):
+    """A Python candidate for silu with bf16 and f32 entries (none for f16)."""
+    d = tmp_path / "kernels" / "py_silu"
+    d.mkdir(parents=True)
+    (d / "kernel.toml").write_text(SILU_TOML)
+    (d / "kernel.py").write_text(SILU_SOURCE)
+    return d
+
+
+def test_a_parameterless_layer_takes_the_dtype_of_each_call(py_silu, caplog):
+    act = nn.SiLU()
+    rep = kernelize.kernelize(act, kernels_dir=py_silu, device="cpu", swap=True, arch="sm_90",
+                              verbose=False)
+    # resolved for each dtype: one entry per dtype, all of the one layer
+    assert [(e.dtype, e.status, e.by_call) for e in rep.entries] == [
+        ("bf16", "replaced", True), ("f16", "kept", True), ("f32", "replaced", True)]
+    assert rep.entries[1].reasons == ["py_silu 1.0.0: has no f16 entry"]
+    assert str(rep).splitlines()[0].startswith("kernelize: 1 of 1 layers replaced")
+    assert "[SiLU: silu, bf16 calls, cols=" in str(rep)
+    assert kernelize.launch_counts(act) == {"<root>": 0}   # nothing loaded before a call
+
+    g = torch.Generator().manual_seed(4)
+    with caplog.at_level(logging.WARNING, logger="kernelize"):
+        for dt, launched in [(torch.bfloat16, 1), (torch.float32, 2), (torch.float16, 2),
+                             (torch.float16, 2), (torch.float64, 2), (torch.bfloat16, 3),
+                             (torch.float64, 3)]:
+            x = (torch.randn(3, 5, generator=g) * 4).to(dt)
+            assert torch.equal(act(x), F.silu(x)), dt
+            assert kernelize.launch_counts(act) == {"<root>": launched}, dt
+    said = [r.getMessage() for r in caplog.records]
+    # a dtype with no kernel runs the original forward and says so once
+    assert len(said) == 2, said
+    assert "called in f16: no kernel (py_silu 1.0.0: has no f16 entry)" in said[0]
+    assert "called in torch.float64" in said[1] and "not bf16, f16 or f32" in said[1]
+    # loaded for bf16 and f32 only, each once
+    loaded = act.__dict__["_kz_dtypes"]
+    assert {dt: bool(v) for dt, v in loaded.items()} == {
+        torch.bfloat16: True, torch.float32: True, torch.float16: False, torch.float64: False}
+    assert kernelize.unkernelize(act) == 1
+    assert "forward" not in act.__dict__ and kernelize.launch_counts(act) == {}
+
+
+def test_a_layer_swapped_by_call_dtype_copies_and_pickles(py_silu):
+    act = nn.SiLU()
+    kernelize.kernelize(act, kernels_dir=py_silu, device="cpu", swap=True, arch="sm_90",
+                        verbose=False)
+    x = torch.randn(2, 6).to(torch.bfloat16)
+    act(x)
+    twin, clone = pickle.loads(pickle.dumps(act)), copy.deepcopy(act)
+    for m in (twin, clone):
+        assert torch.equal(m(x), F.silu(x))
+        assert torch.equal(m(x.float()), F.silu(x.float()))
+    assert kernelize.launch_counts(twin) == {"<root>": 2}        # loaded afresh, counts afresh
+    assert kernelize.launch_counts(clone) == {"<root>": 3}       # the copy keeps the count
+    assert kernelize.launch_counts(act) == {"<root>": 1}
+    assert kernelize.unkernelize(twin) == kernelize.unkernelize(clone) == 1
+    assert kernelize.launch_counts(act) == {"<root>": 1}
+
+
+def test_a_parameterless_layer_with_a_dtype_given_is_resolved_for_that_dtype_only(py_silu):
+    rep = kernelize.kernelize(nn.SiLU(), kernels_dir=py_silu, dtype="bf16", arch="sm_90",
+                              verbose=False)
+    assert [(e.dtype, e.status, e.by_call) for e in rep.entries] == [
+        ("bf16", "would replace", False)]
+    # a layer with parameters of another dtype is not a parameterless one: kept, as before
+    rep = kernelize.kernelize(nn.LayerNorm(8).double(), kernels_dir=KERNELS / "layer_norm",
+                              arch="sm_90", verbose=False)
+    assert [(e.dtype, e.status, e.reasons) for e in rep.entries] == [
+        (None, "kept", ["dtype is not bf16, f16 or f32"])]
