@@ -11,7 +11,8 @@ from typing import Any
 
 _EXPORTS = {
     "kernelize": "core", "unkernelize": "core", "lock": "core", "launch_counts": "core",
-    "Report": "core", "Entry": "core",
+    "Report": "core", "Entry": "core", "get_kernel": "core", "Kernel": "core",
+    "KernelNotFound": "core",
     "digest_of": "digest", "parse_manifest_toml": "digest", "DigestMismatch": "digest",
     "ManifestError": "digest",
     "HubSource": "sources", "LockSource": "sources", "DirSource": "sources", "Key": "sources",

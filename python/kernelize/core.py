@@ -262,8 +262,7 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
                            "without CUDA kernelize can only report what it would replace "
                            "(device=\"cpu\" swaps Python candidates only)")
     arch = _arch_of(dev, arch)
-    src_label = f"hub {src.url}" if isinstance(src, HubSource) else (
-        f"lock {src.path}" if isinstance(src, LockSource) else f"dir {src.path}")
+    src_label = _label(src)
     found, _, plan = _resolve_all(model, src, policy, arch, dtype, fuse_gated_mlp)
     rep = Report(src_label, policy, arch, swap)
     where = dev if dev is not None else torch.device("cpu")
@@ -306,6 +305,114 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     if verbose:
         print(rep)
     return rep
+
+
+class KernelNotFound(LookupError):
+    """`get_kernel`: no kernel qualifies for the op, dtype and width asked (the message has the
+    source's reasons; `reasons` lists them)."""
+
+    def __init__(self, message: str, reasons: list[str]):
+        super().__init__(message)
+        self.reasons = reasons
+
+
+# The Python signature of each op's call (what the runners in `launch` take after the kernel).
+_ARGS = {"rms_norm": ("x", "weight", "eps"), "fused_add_rms_norm": ("x", "residual", "weight", "eps"),
+         "layer_norm": ("x", "weight", "bias", "eps"), "silu": ("x",), "gelu": ("x",),
+         "gelu_tanh": ("x",), "silu_and_mul": ("gate", "up"), "silu_mul": ("gate", "up"),
+         "gelu_tanh_mul": ("gate", "up")}
+
+
+class Kernel:
+    """One kernel, loaded, as a plain function of its op's tensors (what `get_kernel` returns):
+    `rms_norm(x, weight, eps)`, `fused_add_rms_norm(x, residual, weight, eps)` (updates
+    `residual` in place), `layer_norm(x, weight, bias, eps)`, `silu(x)` / `gelu(x)` /
+    `gelu_tanh(x)`, `silu_and_mul(gate, up)` / `silu_mul(gate, up)` / `gelu_tanh_mul(gate, up)`;
+    returns the output. It launches as a swapped layer does (`launch.RUNNERS`; while
+    torch.compile traces, the op's custom op) and refuses an input it was not resolved for:
+    another dtype, another row length (elementwise ops: an element count outside the
+    kernel's constraints). `evidence`: the kernel, its digest and the source's evidence (class,
+    device, verification id, ...)."""
+
+    def __init__(self, op: str, kernel: Resolved, compiled: Any, dtype: str, cols: int):
+        self.op, self.kernel, self.compiled, self.dtype, self.cols = op, kernel, compiled, dtype, cols
+        self.key = ops.register(compiled)
+        self.evidence = {**kernel.evidence, "kernel": f"{kernel.name}@{kernel.version}",
+                         "digest": kernel.digest, "origin": kernel.origin}
+        self._want = {v: k for k, v in TORCH_DTYPES.items()}[dtype]
+        self.__name__ = op
+
+    def __repr__(self) -> str:
+        return (f"<kernelize {self.op} kernel {self.evidence['kernel']} {self.kernel.digest[:19]}… "
+                f"({self.dtype}, cols={self.cols}, on {self.compiled.device})>")
+
+    def __call__(self, *args, **kwargs):
+        names = _ARGS[self.op]
+        if len(args) > len(names) or set(kwargs) - set(names[len(args):]):
+            raise TypeError(f"{self.op}{names}: got {len(args)} arguments and {sorted(kwargs)}")
+        vals = list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs]
+        if len(vals) != len(names):
+            raise TypeError(f"{self.op}{names}: missing {names[len(vals):]}")
+        x = vals[0]
+        for n, t in zip(names, vals):
+            if isinstance(t, Tensor) and t.dtype is not self._want:
+                raise ValueError(f"{self.op}: {n} is {t.dtype}; this kernel was resolved for {self.dtype}")
+        if self.op in _BY_CALL_OPS:
+            why = not_applicable(self.kernel.manifest, x.numel(), None)
+            if why:
+                raise ValueError(f"{self.op}: {x.numel()} elements: {why}")
+        elif x.shape[-1] != self.cols:
+            raise ValueError(f"{self.op}: rows of {x.shape[-1]}; this kernel was resolved (and "
+                             f"verified) for cols={self.cols}: get_kernel(..., cols={x.shape[-1]})")
+        if _is_compiling():
+            return ops.op(self.op)(*vals, self.key)
+        return L.RUNNERS[self.op](self.compiled, *vals)
+
+
+def get_kernel(op: str, *, dtype: str, cols: int, semantics: str | None = None,
+               hub: str | None = None, lock: str | os.PathLike | None = None,
+               kernels_dir: str | os.PathLike | None = None, names: list[str] | None = None,
+               policy: str = "bit_exact", arch: str | None = None, device=None,
+               trusted_keys: list[str] | None = None, allow_python: bool = False,
+               wait_for_verification_s: float = 0.0) -> Kernel:
+    """The kernel for (`op`, `semantics`, `dtype`, `cols`) that meets `policy` on `arch`,
+    resolved as `kernelize` resolves a layer (one source: `hub`, `lock` or `kernels_dir`; the
+    same checks: digest recomputed, `trusted_keys` certificates, the Python opt-in), loaded on
+    `device` (default: the current CUDA device; a Python candidate may be given "cpu"), as a
+    plain callable (`Kernel`). `semantics` defaults to `llama` for rms_norm, else `default`.
+    Raises `KernelNotFound` with the source's reasons when none qualifies."""
+    if op not in _ARGS:
+        raise ValueError(f"unknown op {op!r}: one of {sorted(_ARGS)}")
+    if dtype not in _CALL_DTYPES:
+        raise ValueError(f"dtype {dtype!r}: one of {list(_CALL_DTYPES)}")
+    src = _source(hub, lock, kernels_dir, names, wait_for_verification_s, trusted_keys,
+                  allow_python)
+    dev = torch.device(device) if device is not None else (
+        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None)
+    arch = _arch_of(dev if dev is not None and dev.type == "cuda" else None, arch)
+    sem = semantics or ("llama" if op == "rms_norm" else "default")
+    site = Site(f"get_kernel({op})", None, op, sem, int(cols), dtype)
+    _, key, res, _ = _resolve_site(site, src, policy, arch, {}, {})
+    if res.kernel is None:
+        reasons = list(res.excluded) + ([res.width_note] if res.width_note else [])
+        raise KernelNotFound(
+            f"no {op} ({sem}) kernel for {dtype}, cols={cols} on {arch} meets {policy} "
+            f"({_label(src)}): " + ("; ".join(reasons) or "none qualifies"), reasons)
+    k = res.kernel
+    if not L.is_python(k.manifest) and (dev is None or dev.type != "cuda"
+                                        or not torch.cuda.is_available()):
+        raise RuntimeError(f"{k.label} is a CUDA kernel: loading it needs a CUDA device "
+                           f"(device={device!r}, CUDA available: {torch.cuda.is_available()})")
+    opt_in = {"allow_python": allow_python or isinstance(src, DirSource)} \
+        if L.is_python(k.manifest) else {}
+    compiled = L.compiled(k.digest, k.manifest, k.source, dtype,
+                          dev if dev is not None else torch.device("cpu"), **opt_in)
+    return Kernel(op, k, compiled, dtype, int(cols))
+
+
+def _label(src) -> str:
+    return f"hub {src.url}" if isinstance(src, HubSource) else (
+        f"lock {src.path}" if isinstance(src, LockSource) else f"dir {src.path}")
 
 
 def lock(model: nn.Module, hub: str, path: str | os.PathLike = "kernelize.lock.json", *,

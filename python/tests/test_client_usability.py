@@ -269,3 +269,72 @@ def test_a_parameterless_layer_with_a_dtype_given_is_resolved_for_that_dtype_onl
                               arch="sm_90", verbose=False)
     assert [(e.dtype, e.status, e.reasons) for e in rep.entries] == [
         (None, "kept", ["dtype is not bf16, f16 or f32"])]
+
+
+# ---- 3. get_kernel: one verified kernel as a plain callable ----------------------------------
+
+def test_get_kernel_from_a_local_folder_is_a_plain_function(py_silu):
+    f = kernelize.get_kernel("silu", dtype="bf16", cols=64, kernels_dir=py_silu, device="cpu",
+                             arch="sm_90")
+    x = (torch.randn(3, 64, generator=torch.Generator().manual_seed(5)) * 4).to(torch.bfloat16)
+    assert torch.equal(f(x), F.silu(x))
+    assert f.evidence["kernel"] == "py_silu@1.0.0"
+    assert f.evidence["digest"] == f.kernel.digest and f.evidence["digest"].startswith("sha256:")
+    assert f.evidence["class"] == "unverified local kernel (policy not checked)"
+    assert "py_silu@1.0.0" in repr(f) and "bf16" in repr(f)
+    with pytest.raises(ValueError, match="resolved for bf16"):
+        f(x.float())
+    # no kernel: the op, dtype, width and the source's reasons
+    with pytest.raises(kernelize.KernelNotFound,
+                       match=r"no silu \(default\) kernel for f16, cols=64 on sm_90 .*"
+                             r"py_silu 1.0.0: has no f16 entry") as e:
+        kernelize.get_kernel("silu", dtype="f16", cols=64, kernels_dir=py_silu, device="cpu",
+                             arch="sm_90")
+    assert e.value.reasons == ["py_silu 1.0.0: has no f16 entry"]
+    # a CUDA kernel needs CUDA to be loaded: said, not a crash inside NVRTC
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="is a CUDA kernel: loading it needs a CUDA device"):
+            kernelize.get_kernel("rms_norm", dtype="bf16", cols=64, kernels_dir=KERNELS,
+                                 names=["rms_norm_llama"], arch="sm_90")
+
+
+def test_get_kernel_from_the_hub_and_a_lock(hub, tmp_path):
+    from test_python_candidates import submit   # the Python candidate py_rms (F.rms_norm)
+    digest = submit(hub)
+    ask = dict(dtype="bf16", cols=64, hub=hub.url, arch="sm_90", device="cpu", allow_python=True)
+    with pytest.raises(kernelize.KernelNotFound,
+                       match=r"no rms_norm \(llama\) kernel for bf16, cols=64 on sm_90") as e:
+        kernelize.get_kernel("rms_norm", **ask)
+    assert any(r.startswith("py_rms 1.0.0: never verified") for r in e.value.reasons), e.value.reasons
+    assert any(r.startswith("rms_norm_llama ") for r in e.value.reasons), e.value.reasons
+
+    assert hub.verify_as_worker({"py_rms"}, report="tiny/exact") == {"py_rms": digest}
+    rms = kernelize.get_kernel("rms_norm", **ask)
+    assert rms.evidence["kernel"] == "py_rms@1.0.0" and rms.evidence["digest"] == digest
+    assert rms.evidence["class"] and rms.evidence["verification_id"]
+    g = torch.Generator().manual_seed(6)
+    x, w = torch.randn(2, 7, 64, generator=g).bfloat16(), torch.randn(64, generator=g).bfloat16()
+    assert torch.equal(rms(x, w, eps=1e-6), F.rms_norm(x, (64,), w, 1e-6))
+    with pytest.raises(ValueError, match="cols=64"):
+        rms(torch.randn(2, 32).bfloat16(), w[:32], 1e-6)
+    # without the opt-in the hub is not asked for Python candidates
+    with pytest.raises(kernelize.KernelNotFound):
+        kernelize.get_kernel("rms_norm", **{**ask, "allow_python": False})
+
+    # the same kernel from a lock, offline
+    path = tmp_path / "kernelize.lock.json"
+    kernelize.lock(_llama(), hub=hub.url, path=path, arch="sm_90", allow_python=True)
+    _stop_hub(hub)   # offline from here
+    locked = kernelize.get_kernel("rms_norm", dtype="bf16", cols=64, lock=path, arch="sm_90",
+                                  device="cpu", allow_python=True)
+    assert locked.evidence["digest"] == digest
+    assert locked.evidence["verification_id"] == rms.evidence["verification_id"]
+    assert torch.equal(locked(x, w, 1e-6), rms(x, w, 1e-6))
+    with pytest.raises(kernelize.KernelNotFound, match="not in lock"):
+        kernelize.get_kernel("rms_norm", dtype="bf16", cols=128, lock=path, arch="sm_90",
+                             device="cpu", allow_python=True)
+
+
+def _stop_hub(hub):
+    from conftest import _stop
+    _stop(hub)
