@@ -285,12 +285,13 @@ async fn run_job(
                 certificate,
             };
             let (st, body) = client.post(&format!("/v1/jobs/{id}/report"), &req).await?;
-            // Refused for its certificate (no key, an unregistered or revoked one): every
-            // report of this worker would be, so it stops rather than spend the queue's
-            // attempts; the job's lease runs out and another worker takes it.
+            // Refused for its certificate (no key, an unregistered or revoked one, or one the
+            // hub does not take as bound to this job): every report of this worker would be, so
+            // it stops rather than spend the queue's attempts; the job's lease runs out and
+            // another worker takes it.
             if st.is_client_error() && body["field"] == "certificate" {
                 return Err(problem(st, &body).context(
-                    "the hub refused this worker's report for its certificate; give the worker a registered key (`kernelize worker-key init --file KEY`, `kernelize worker-key register --key-file KEY` on the hub's database, then `kernelize worker --key-file KEY`)",
+                    "the hub refused this worker's report for its certificate; give the worker a registered key (`kernelize worker-key init --file KEY`, `kernelize worker-key register --key-file KEY` on the hub's database, then `kernelize worker --key-file KEY`), and run the worker of the hub's release (it signs certificates bound to the job and its claim)",
                 ));
             }
             match st {
