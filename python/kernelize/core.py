@@ -47,6 +47,23 @@ class Entry:
     # entry is its `dtype` one (see `_fwd_by_call`).
     by_call: bool = False
 
+    def line(self) -> str:
+        """The layer, what it computes and the kernel taken, on one line (the report's)."""
+        what = f"{self.op}" + (f" ({self.semantics})" if self.semantics != "default" else "")
+        dt = f"{self.dtype} calls" if self.by_call else self.dtype
+        head = (f"{self.path} [{self.cls}: {what}, {dt}, cols={self.cols}]"
+                if self.op != "?" else f"{self.path} [{self.cls}]")
+        if self.kernel:
+            ev = self.kernel.evidence
+            extra = ", ".join(f"{k} {ev[k]}" for k in ("class", "device") if ev.get(k))
+            head += f" -> {self.kernel.label} {self.kernel.digest[:19]}…" + (f" ({extra})" if extra else "")
+        return head
+
+    def __repr__(self) -> str:
+        # one line: `print(report.replaced)` reads as the report does (the kernel's manifest,
+        # source, certificate and report are on `kernel`)
+        return f"<{self.status}: {self.line()}>"
+
 
 @dataclass
 class Report:
@@ -73,15 +90,7 @@ class Report:
                  f"{'replaced' if self.swapped else 'would be replaced (not swapped: no CUDA)'}"
                  f" | {self.source} | policy {self.policy} | arch {self.arch}"]
         for e in self.entries:
-            what = f"{e.op}" + (f" ({e.semantics})" if e.semantics != "default" else "")
-            dt = f"{e.dtype} calls" if e.by_call else e.dtype
-            head = (f"  {e.status:13} {e.path} [{e.cls}: {what}, {dt}, cols={e.cols}]"
-                    if e.op != "?" else f"  {e.status:13} {e.path} [{e.cls}]")
-            if e.kernel:
-                ev = e.kernel.evidence
-                extra = ", ".join(f"{k} {ev[k]}" for k in ("class", "device") if ev.get(k))
-                head += f" -> {e.kernel.label} {e.kernel.digest[:19]}…" + (f" ({extra})" if extra else "")
-            lines.append(head)
+            lines.append(f"  {e.status:13} {e.line()}")
             for why in (e.kernel.evidence.get("stale") or []) if e.kernel else []:
                 lines.append(f"      ! stale verdict: {why}")
             if e.width_note:

@@ -338,3 +338,19 @@ def test_get_kernel_from_the_hub_and_a_lock(hub, tmp_path):
 def _stop_hub(hub):
     from conftest import _stop
     _stop(hub)
+
+
+# ---- the report's entries print as lines ------------------------------------------------------
+
+def test_print_report_replaced_is_one_readable_line_per_layer():
+    model = _llama()
+    rep = kernelize.kernelize(model, kernels_dir=KERNELS, names=["rms_norm_llama", "silu_mul"],
+                              arch="sm_90", verbose=False)
+    text = repr(rep.replaced)
+    k = next(e.kernel for e in rep.replaced if e.path == "model.norm")
+    assert len(rep.replaced) == 7 and k.source and k.source[:200] not in text
+    assert len(text) < 250 * 7, text
+    assert repr(rep.entries[0]) == f"<would replace: {rep.entries[0].line()}>"
+    assert f"<would replace: model.norm [LlamaRMSNorm: rms_norm (llama), bf16, cols=64] -> {k.label} " in text
+    # the report's lines are the same lines
+    assert all(f"  would replace {e.line()}" in str(rep).splitlines() for e in rep.replaced)
