@@ -26,6 +26,7 @@ from conftest import REPO
 from kernelize import core, launch
 from kernelize.discover import discover
 from kernelize.sources import DirSource, Key
+from test_custom_op import CpuStandIn, cpu_stand_ins  # noqa: F401 (a fixture: CPU ops)
 
 transformers = pytest.importorskip("transformers")
 
@@ -354,3 +355,30 @@ def test_print_report_replaced_is_one_readable_line_per_layer():
     assert f"<would replace: model.norm [LlamaRMSNorm: rms_norm (llama), bf16, cols=64] -> {k.label} " in text
     # the report's lines are the same lines
     assert all(f"  would replace {e.line()}" in str(rep).splitlines() for e in rep.replaced)
+
+
+def test_a_layer_swapped_by_call_dtype_compiles_without_graph_breaks(monkeypatch, cpu_stand_ins):
+    """Under torch.compile (fullgraph): a dtype loaded by an eager call is one custom-op node;
+    a dtype first seen while tracing runs the original forward (loading is eager only)."""
+    monkeypatch.setattr(launch, "compiled", lambda digest, manifest, *a, **k: CpuStandIn(manifest))
+    k = DirSource(KERNELS / "silu").resolve(Key("silu", "default", "bf16", "sm_90", 64,
+                                                "bit_exact")).kernel
+    act = nn.SiLU()
+    core._install_by_call(act, {"bf16": k, "f16": ["none qualified"], "f32": k},
+                          ("silu", None, 64, 0.0, "cpu", False), core._NoInstanceForward)
+    x = torch.randn(4, 64).bfloat16()
+    assert torch.equal(act(x), F.silu(x)) and kernelize.launch_counts(act) == {"<root>": 1}
+    graphs = []
+
+    def backend(gm, example):
+        graphs.append(gm.code)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(act, backend=backend, fullgraph=True)
+    assert torch.equal(compiled(x), F.silu(x))
+    assert "torch.ops.kernelize.launch_silu(" in graphs[-1]
+    for dt in (torch.float32, torch.float16):
+        assert torch.equal(compiled(x.to(dt)), F.silu(x.to(dt)))
+        assert "launch_silu" not in graphs[-1], dt
+    torch._dynamo.reset()
