@@ -395,9 +395,10 @@ impl Store {
         }
     }
 
-    /// Record the verdict of a claimed job. Refused when the lease is not the caller's (the
-    /// job was claimed again, or already completed), when it is presented with another token
-    /// than the one that claimed the job (audited), or when the report is for another kernel.
+    /// Record the verdict of a claimed job. Refused when the lease is not the caller's (it
+    /// expired, the job was claimed again, or already completed), when it is presented with
+    /// another token than the one that claimed the job (audited), or when the report is for
+    /// another kernel.
     /// The report's contents are the caller's to check (`kernel_registry::report::validate`).
     pub async fn complete_job(
         &self,
@@ -473,7 +474,8 @@ impl Store {
     }
 
     /// A worker gives up on its job (e.g. no GPU can run it). The job is queued again while it
-    /// has attempts left, else failed with `reason`.
+    /// has attempts left, else failed with `reason`. Refused (`Conflict`) once the lease
+    /// expired: the next claim takes the job over.
     pub async fn fail_job(&self, job_id: i64, holder: &Holder<'_>, reason: &str) -> Result<JobRow> {
         let actor = holder.actor;
         let stamp = now_rfc3339();
