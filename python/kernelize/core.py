@@ -734,8 +734,8 @@ def _load_by_call(m: nn.Module, dtype: torch.dtype) -> Any:
 # the loading process from the manifest and source the layer carries (digest checked again)
 # and gives the swapped forward back; where that fails (no CUDA there, another device count),
 # the layer runs its original forward and a warning says why, once per kernel and reason.
-# copy.deepcopy keeps today's rule: the copy shares the loaded kernel (`SharedOnCopy`) and
-# prepares its own launches (`_Prepared`).
+# copy.deepcopy (`_Reswap.__deepcopy__`): the copy shares the loaded kernel (`SharedOnCopy`)
+# and prepares its own launches (`_Prepared`).
 
 _KZ_STATE = (_ORIG, "_kernelize_kernel", _LAUNCHES, "_kz_swap", "__getstate__", "_kz_by_call",
              "_kz_dtypes", *_KZ_ATTRS)
@@ -791,7 +791,7 @@ def _reswap(m: nn.Module, k: Resolved, swap: tuple, prior: Any) -> Any:
             log.warning("kernelize: a loaded %s keeps its original forward: %s (%s, %s) could "
                         "not be loaded here (%s); later layers with this kernel: the same",
                         type(m).__name__, k.label, swap[0], swap[1], why)
-        return types.MethodType(type(m).forward, m) if prior is _NoInstanceForward else prior
+        return _orig_forward(m, prior)
 
 
 def _install_by_call_again(m: nn.Module, kernels: dict[str, Any], swap: tuple, prior: Any) -> Any:

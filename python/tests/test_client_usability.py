@@ -34,6 +34,13 @@ KERNELS = REPO / "kernels"
 PY_RMS = KERNELS / "third-party" / "f_rms_norm_as_llama"   # a Python candidate (F.rms_norm)
 
 
+@pytest.fixture(autouse=True)
+def _own_kernel_cache(monkeypatch):
+    """The kernels these tests load stay out of the process-wide cache (`launch._CACHE`) that
+    other test files look at."""
+    monkeypatch.setattr(launch, "_CACHE", dict(launch._CACHE))
+
+
 def _llama():
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=160,
