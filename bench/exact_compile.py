@@ -124,10 +124,15 @@ def candidate(base, how: str):
         # plain inductor, each block compiled on its own (PyTorch's recipe for large models)
         for blk in _exact.blocks(m):
             blk.compile(mode="reduce-overhead" if how.endswith("-ro") else None)
-    elif how == "kernelize+exact-whole-ro":
-        # kernels, then the whole model as one exact graph under CUDA graphs
+    elif how == "kernelize+exact-regional-ro":
+        # kernels, then block by block under CUDA graphs (the reduce-overhead default before
+        # session 10)
         K.kernelize(m, **bundled)
-        K.exact_compile(m, "reduce-overhead", regional=False)
+        K.exact_compile(m, "reduce-overhead", regional=True)
+    elif how in ("kernelize+exact-whole", "kernelize+exact-whole-ro"):
+        # kernels, then the whole model as one exact graph (-ro: under CUDA graphs)
+        K.kernelize(m, **bundled)
+        K.exact_compile(m, "reduce-overhead" if how.endswith("-ro") else None, regional=False)
     elif how == "exact-whole":
         # the whole model as one graph (exact_compile's regional=False)
         K.exact_compile(m, regional=False)

@@ -220,10 +220,12 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     docs/compile.md): the swapped layers stay opaque custom ops, every reduction and
     math-library function inductor would compute differently runs eager's own kernel, the
     pattern rewrites are off and eager's roundings are kept, so the compiled model computes
-    eager's bits while inductor fuses the rest. A model with a repeated stack of blocks (a
-    transformer's decoder layers) is compiled block by block, its own code around them eager
-    (`exact_compile`'s `regional`). `report.compile` says what was done (or why the model was
-    left eager: no torch.compile on this platform).
+    eager's bits while inductor fuses the rest. Under "reduce-overhead" the whole model is
+    compiled (one CUDA graph per forward); in default mode a model with a repeated stack of
+    blocks (a transformer's decoder layers) is compiled block by block, its own code around them
+    eager (`exact_compile`'s `regional`; call `exact_compile` yourself to choose).
+    `report.compile` says what was done (or why the model was left eager: no torch.compile on
+    this platform).
 
     One source: `hub=URL` (the resolve API), `lock=PATH` (a lock written by `kernelize.lock`,
     offline) or `kernels_dir=PATH` (local kernel folders, unverified; `names` picks among them).

@@ -166,7 +166,7 @@ def _greedy(model, ids, steps, cache):
 
 
 def test_reduce_overhead_steps_and_the_static_cache():
-    """CUDA graphs, block by block: each forward is one CUDA-graph step (the trees' own rule
+    """CUDA graphs, block by block (regional=True): each forward is one CUDA-graph step (the trees' own rule
     restored after it), an uninitialised static cache gets its tensors before the first block
     runs, a dynamic cache is refused with what to do, and generate() is steered to a static
     cache and kept from compiling the model again with plain inductor. (The CPU runs no CUDA
@@ -178,7 +178,7 @@ def test_reduce_overhead_steps_and_the_static_cache():
     ref = _greedy(model, ids, 3, StaticCache(config=model.config, max_cache_len=16))
     gc = model.generation_config
     assert gc.cache_implementation is None and not gc.disable_compile
-    st = exact.exact_compile(model, "reduce-overhead")
+    st = exact.exact_compile(model, "reduce-overhead", regional=True)
     assert st.regions == 2 and gc.cache_implementation == "static" and gc.disable_compile
     assert "static KV cache" in str(st) and "turned off" in str(st)
 
@@ -224,7 +224,8 @@ def test_whole_model_keeps_eager_masks(mode):
     with torch.no_grad():
         ref_nocache = model(ids, use_cache=False).logits
     builder = sys.modules[type(model).__module__].create_causal_mask
-    st = exact.exact_compile(model, mode, regional=False)
+    # under reduce-overhead the whole model is the default (one CUDA graph per forward)
+    st = exact.exact_compile(model, mode, **({"regional": False} if mode is None else {}))
     assert st.regions == 0
     counters.clear()
     got = _greedy(model, ids, 3, StaticCache(config=model.config, max_cache_len=16))
