@@ -57,9 +57,10 @@ pub enum Command {
     /// Exit 0 when a hub answers /healthz (and, with --gpu, this host has a usable GPU): for
     /// container health checks, which need no curl in the image.
     Health(cmd::health::HealthArgs),
-    /// Name the first module and op where torch.compile (or kernelize's kernels) departs from
-    /// eager on a model (runs the Python divergence locator; `kernelize diff -- --help`).
-    Diff(cmd::diff::DiffArgs),
+    // `diff` and `lock` run the Python client's programs; their help text (with examples) is
+    // on their argument structs in cmd/python.rs.
+    Diff(cmd::python::DiffArgs),
+    Lock(cmd::python::LockArgs),
     #[command(name = "__sandbox", hide = true)]
     Sandbox(cmd::verify::SandboxArgs),
     /// Internal: compare the built-in reference layers with PyTorch eager outputs.
@@ -92,6 +93,7 @@ impl Command {
             Command::Cert(cmd::keys::CertCommand::Verify { .. }) => "cert verify",
             Command::Health(_) => "health",
             Command::Diff(_) => "diff",
+            Command::Lock(_) => "lock",
             Command::Sandbox(_) => "__sandbox",
             Command::Conformance(_) => "__conformance",
         }
@@ -223,4 +225,43 @@ pub enum TokenCommand {
         #[command(flatten)]
         db: DbArgs,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `kernelize lock` and `kernelize diff` hand everything after `--` to the client's program.
+    #[test]
+    fn lock_and_diff_pass_their_arguments_on() {
+        let args = [
+            "--project",
+            "app/pyproject.toml",
+            "--hub",
+            "http://hub:8080",
+        ];
+        let lock = Cli::try_parse_from(["kernelize", "lock", "--"].iter().chain(&args)).unwrap();
+        assert_eq!(lock.command.name(), "lock");
+        let Command::Lock(a) = lock.command else {
+            panic!("not lock: {:?}", lock.command)
+        };
+        assert_eq!(a.py.args, args);
+        let diff = Cli::try_parse_from([
+            "kernelize",
+            "diff",
+            "--python",
+            "py",
+            "--",
+            "--seed-model",
+            "x",
+        ])
+        .unwrap();
+        let Command::Diff(d) = diff.command else {
+            panic!("not diff: {:?}", diff.command)
+        };
+        assert_eq!(
+            (d.py.python.as_str(), d.py.args),
+            ("py", vec!["--seed-model".to_string(), "x".into()])
+        );
+    }
 }

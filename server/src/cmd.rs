@@ -1,9 +1,9 @@
 //! The CLI's subcommands beyond `serve`.
 
 pub mod client;
-pub mod diff;
 pub mod health;
 pub mod keys;
+pub mod python;
 pub mod reverify;
 pub mod submit;
 pub mod verify;

@@ -48,7 +48,8 @@ fn main() -> ExitCode {
         Command::Sandbox(a) => cmd::verify::sandbox(a),
         Command::Conformance(a) => cmd::verify::conformance(a),
         Command::Cert(c) => cmd::keys::cert_command(c),
-        Command::Diff(a) => cmd::diff::run(a),
+        Command::Diff(a) => cmd::python::diff(a),
+        Command::Lock(a) => cmd::python::lock(a),
         other => {
             // The verifier's sandbox processes inherit the GPU choice: set it before any
             // thread starts.
@@ -128,6 +129,7 @@ async fn run_async(command: Command) -> anyhow::Result<ExitCode> {
         | Command::Sandbox(_)
         | Command::Conformance(_)
         | Command::Diff(_)
+        | Command::Lock(_)
         | Command::Cert(_) => {
             unreachable!("run synchronously")
         }
