@@ -27,7 +27,7 @@ both_backends!(
     acknowledged_writes_survive_sigkill,
     submit_claim_report_resolve,
     policy_gating_and_arch,
-    argmax_policy_needs_a_model_level_measurement,
+    argmax_policy_needs_a_model_measurement_unless_bit_exact,
     leases_expire_and_no_job_completes_twice,
     an_expired_lease_is_refused_though_nobody_claimed_again,
     many_submissions_with_four_workers,
@@ -512,13 +512,15 @@ async fn policy_gating_and_arch(b: Backend) {
     assert_eq!(l["total"], 2, "{l}");
 }
 
-async fn argmax_policy_needs_a_model_level_measurement(b: Backend) {
+async fn argmax_policy_needs_a_model_measurement_unless_bit_exact(b: Backend) {
     let srv = TestServer::start(&b, &["--no-bundled"]).await;
     let submit = srv.token("submit");
     let worker = srv.token("worker");
-    // Faster but measured per layer only, and slower with its argmax measured in a model.
+    // Bit-exact and fastest, measured per layer only; 1 ulp off, measured per layer only; and
+    // slower with its argmax measured in a model.
     for (name, fixture) in [
         ("m_layer_only", EXACT_FASTEST),
+        ("m_off", ONE_ULP_FASTER),
         ("m_in_model", EXACT_WITH_MODEL),
     ] {
         // The model-level report ran bf16, f16 and f32: the kernel has the three entries.
@@ -540,14 +542,19 @@ async fn argmax_policy_needs_a_model_level_measurement(b: Backend) {
         .get("/v1/resolve?op=silu&dtype=bf16&arch=sm_90&cols=8192&policy=argmax")
         .await;
     assert_eq!(st, StatusCode::OK, "{r}");
-    assert_eq!(r["kernel"]["name"], "m_in_model", "{r}");
+    // A bit-exact kernel changes no output, so no argmax: it needs no model-level measurement
+    // (argmax, the weaker policy, hands out what bit_exact hands out: the faster one).
+    assert_eq!(r["kernel"]["name"], "m_layer_only", "{r}");
+    assert!(
+        r["also_qualifying"].to_string().contains("m_in_model"),
+        "{r}"
+    );
     let excluded = r["excluded"].to_string();
     assert!(
-        excluded.contains("m_layer_only 1.0.0")
-            && excluded.contains("no model-level (argmax) measurement for bf16"),
+        excluded.contains("m_off 1.0.0")
+            && excluded.contains("no model-level (argmax) measurement for bf16, and not bit-exact"),
         "{excluded}"
     );
-    // bit_exact does not look at the model: the faster one wins there.
     let (_, r) = srv
         .get("/v1/resolve?op=silu&dtype=bf16&arch=sm_90&cols=8192&policy=bit_exact")
         .await;

@@ -142,6 +142,14 @@ impl From<Policy> for String {
     }
 }
 
+/// `bit_exact`'s per-case requirement: no element differs, NaN/Inf where eager has them, the
+/// same bits on every launch. The one statement of it for the policy, the verdict index and
+/// its SQL (`kernel_store`'s `passes` and `policy_condition` state the same over the stored
+/// columns).
+pub fn bit_exact(v: &Verdict) -> bool {
+    v.mismatches == 0 && v.nonfinite_parity && v.deterministic
+}
+
 impl Policy {
     /// Does the verdict for `dtype` in this report meet the policy? `Err` holds every reason
     /// it does not, each a sentence a person can act on.
@@ -164,8 +172,15 @@ impl Policy {
         };
         let mut why = self.evaluate_verdict(v);
         if self.requirement == Requirement::Argmax {
-            if models.is_empty() {
-                why.push(format!("no model-level (argmax) measurement for {dtype}"));
+            // A kernel bit-exact in every case changes no output of any model, so no argmax
+            // either: it meets argmax without a model-level measurement (so that argmax, the
+            // weaker policy, never hands out less than bit_exact). A measurement, where there
+            // is one, decides.
+            if models.is_empty() && !bit_exact(v) {
+                why.push(format!(
+                    "no model-level (argmax) measurement for {dtype}, and not bit-exact (a \
+                     bit-exact kernel meets argmax without one: it changes no output)"
+                ));
             }
             for m in models {
                 if m.argmax_match_fraction < 1.0 {
@@ -320,8 +335,84 @@ mod tests {
         assert!(frac.evaluate(&off_by_one, DType::Bf16).is_err());
         // Not verified for f16: never satisfies anything.
         assert!(bit.evaluate(&exact, DType::F16).unwrap_err()[0].contains("not verified for f16"));
-        // argmax needs a model-level measurement.
+        // argmax needs a model-level measurement, unless the kernel is bit-exact (it changes
+        // no output, so no argmax).
         let am: Policy = "argmax".parse().unwrap();
-        assert!(am.evaluate(&exact, DType::Bf16).unwrap_err()[0].contains("no model-level"));
+        assert!(am.evaluate(&exact, DType::Bf16).is_ok());
+        let why = am.evaluate(&off_by_one, DType::Bf16).unwrap_err();
+        assert!(
+            why[0].contains("no model-level (argmax) measurement for bf16"),
+            "{why:?}"
+        );
+    }
+
+    /// A verdict whose fields agree with each other, as the verifier's summaries do: no
+    /// mismatch means no ulp distance and within tolerance, NaN parity as drawn.
+    fn verdict(mismatches: u64, ulp: u64, flags: [bool; 5]) -> Verdict {
+        let [nonfinite_parity, deterministic, batch_invariant, tolerance, integrity_ok] = flags;
+        let mut v = report_with(0, 0).summary.overall;
+        v.mismatches = mismatches;
+        v.max_ulp = if mismatches == 0 { 0 } else { ulp.max(1) };
+        v.nonfinite_parity = nonfinite_parity;
+        v.deterministic = deterministic;
+        v.batch_invariant = batch_invariant;
+        v.within_tolerance = mismatches == 0 || tolerance;
+        v.integrity_ok = integrity_ok;
+        v
+    }
+
+    proptest::proptest! {
+        /// Policies are monotone: a weaker requirement never refuses what a stronger one
+        /// accepts, with the same modifiers (bit_exact >= ulp:N >= ulp:M for M >= N;
+        /// bit_exact >= tolerance; bit_exact >= argmax), with and without a model-level
+        /// measurement (a bit-exact kernel's keeps the argmax).
+        #[test]
+        fn a_weaker_policy_never_hands_out_less(
+            mismatches in proptest::prop_oneof![proptest::strategy::Just(0u64), 1u64..1000],
+            ulp in 0u64..8,
+            flags in proptest::array::uniform5(proptest::bool::ANY),
+            n in 0u64..6,
+            m in 0u64..6,
+            argmax in proptest::option::of(0.9f64..=1.0),
+            modifiers in proptest::sample::select(vec!["", ",deterministic", ",batch_invariant", ",max_abs_diff=0.5"]),
+        ) {
+            let v = verdict(mismatches, ulp, flags);
+            let mut model = report_with(0, 0);
+            model.model = argmax
+                .map(|a| model_report(if bit_exact(&v) { 1.0 } else { a }))
+                .into_iter()
+                .collect();
+            let models: Vec<&ModelReport> = model.model.iter().collect();
+            let ok = |p: String| p.parse::<Policy>().unwrap()
+                .evaluate_parts(Some(&v), &models, DType::Bf16).is_ok();
+            let (lo, hi) = (n.min(m), n.max(m));
+            let chains = [
+                (format!("bit_exact{modifiers}"), format!("ulp:{lo}{modifiers}")),
+                (format!("ulp:{lo}{modifiers}"), format!("ulp:{hi}{modifiers}")),
+                (format!("bit_exact{modifiers}"), format!("tolerance{modifiers}")),
+                (format!("bit_exact{modifiers}"), format!("argmax{modifiers}")),
+            ];
+            for (strong, weak) in chains {
+                proptest::prop_assert!(!ok(strong.clone()) || ok(weak.clone()),
+                    "{strong} accepts {v:?} but {weak} refuses it");
+            }
+        }
+    }
+
+    /// A model-level measurement in bf16 keeping the argmax at `fraction` of the tokens.
+    fn model_report(fraction: f64) -> ModelReport {
+        ModelReport {
+            model_name: "tiny".into(),
+            model_digest: "0".into(),
+            dtype: DType::Bf16,
+            tokens: 512,
+            layers_replaced: 9,
+            max_logit_abs_diff: if fraction < 1.0 { 0.1 } else { 0.0 },
+            argmax_match_fraction: fraction,
+            top5_overlap: 1.0,
+            mean_kl: 0.0,
+            eager_mean_top1_prob: None,
+            adaptation: None,
+        }
     }
 }

@@ -118,10 +118,9 @@ fn passes(d: &VerdictCols, policy: &Policy) -> bool {
     if !(d.cases_run > 0 && d.integrity_ok == 1) {
         return false;
     }
+    let bit_exact = d.mismatches == 0 && d.nonfinite_parity == 1 && d.deterministic == 1;
     let requirement = match policy.requirement {
-        Requirement::BitExact => {
-            d.mismatches == 0 && d.nonfinite_parity == 1 && d.deterministic == 1
-        }
+        Requirement::BitExact => bit_exact,
         Requirement::Ulp(n) => {
             d.nonfinite_parity == 1
                 && if n == ULP_INFINITE {
@@ -133,7 +132,14 @@ fn passes(d: &VerdictCols, policy: &Policy) -> bool {
                 }
         }
         Requirement::Tolerance => d.within_tolerance == 1,
-        Requirement::Argmax => d.models > 0 && d.argmax_failures == 0,
+        // measured, every model kept its argmax; unmeasured, bit-exact (policy.rs)
+        Requirement::Argmax => {
+            if d.models > 0 {
+                d.argmax_failures == 0
+            } else {
+                bit_exact
+            }
+        }
     };
     requirement
         && (!policy.deterministic || d.deterministic == 1)

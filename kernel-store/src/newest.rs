@@ -169,15 +169,16 @@ pub(crate) async fn insert_summary_in(
     Ok(())
 }
 
+/// `kernel_registry::policy::bit_exact` over the stored columns.
+const BIT_EXACT: &str = "d.mismatches = 0 AND d.nonfinite_parity = 1 AND d.deterministic = 1";
+
 /// The SQL condition on a `verification_verdicts` row `d` that holds exactly when
 /// `policy.evaluate_parts` passes for it (`confirmed:N` is not part of it: it needs other
 /// verifications). Numbers are written as literals (the policy parser admits only finite ones).
 pub fn policy_condition(policy: &Policy) -> String {
     let mut c = vec!["d.cases_run > 0".to_string(), "d.integrity_ok = 1".into()];
     match policy.requirement {
-        Requirement::BitExact => {
-            c.push("d.mismatches = 0 AND d.nonfinite_parity = 1 AND d.deterministic = 1".into())
-        }
+        Requirement::BitExact => c.push(BIT_EXACT.into()),
         Requirement::Ulp(n) => {
             // Stored max_ulp is clamped to 2^63-1, which stands for ULP_INFINITE (2^64-1): a
             // bound at or above the clamp fails only the infinite distance (none, at the top).
@@ -190,7 +191,10 @@ pub fn policy_condition(policy: &Policy) -> String {
             }
         }
         Requirement::Tolerance => c.push("d.within_tolerance = 1".into()),
-        Requirement::Argmax => c.push("d.models > 0 AND d.argmax_failures = 0".into()),
+        // measured, every model kept its argmax; unmeasured, bit-exact (policy.rs)
+        Requirement::Argmax => c.push(format!(
+            "((d.models > 0 AND d.argmax_failures = 0) OR (d.models = 0 AND {BIT_EXACT}))"
+        )),
     }
     if policy.deterministic {
         c.push("d.deterministic = 1".into());
