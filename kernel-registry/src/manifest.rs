@@ -12,6 +12,23 @@ pub const MAX_SOURCE_BYTES: usize = 1 << 20;
 /// Largest manifest accepted (bytes).
 pub const MAX_MANIFEST_BYTES: usize = 64 << 10;
 
+/// Longest value of each stored manifest field, in bytes of UTF-8 (docs/manifest.md, "Limits").
+/// Checked by `Manifest::parse` before anything is stored, the same on every backend.
+pub const MAX_NAME: usize = 64;
+pub const MAX_VERSION: usize = 64;
+pub const MAX_DESCRIPTION: usize = 4096;
+pub const MAX_AUTHORS: usize = 32;
+pub const MAX_AUTHOR: usize = 200;
+pub const MAX_LICENSE: usize = 200;
+pub const MAX_SOURCE_NAME: usize = 128;
+pub const MAX_ENTRY: usize = 128;
+pub const MAX_NVRTC_OPTIONS: usize = 32;
+pub const MAX_NVRTC_OPTION: usize = 256;
+pub const MAX_REQUIREMENT: usize = 200;
+/// Any other text field (op, semantics, runtime, an entry's dtype, an arch): each is one of a
+/// few known words, so a longer value is refused before it is parsed or quoted back.
+pub const MAX_WORD: usize = 64;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ManifestError {
     /// Not TOML, a field of the wrong type, an unknown or a missing field.
@@ -279,6 +296,95 @@ fn plain_text(field: &str, s: &str, multi_line: bool) -> Result<(), ManifestErro
     }
 }
 
+/// Refuse a field longer than `max` bytes, naming the field, its length and the limit.
+fn at_most(field: &str, s: &str, max: usize) -> Result<(), ManifestError> {
+    if s.len() > max {
+        return Err(fe(
+            field,
+            format!(
+                "is {} bytes long; at most {max} are accepted (docs/manifest.md, Limits)",
+                s.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Every length limit of the manifest, checked before any other rule (and so before any value
+/// is quoted back in an error or stored).
+fn check_lengths(raw: &RawManifest) -> Result<(), ManifestError> {
+    at_most("name", &raw.name, MAX_NAME)?;
+    at_most("version", &raw.version, MAX_VERSION)?;
+    at_most("op", &raw.op, MAX_WORD)?;
+    if let Some(s) = &raw.semantics {
+        at_most("semantics", s, MAX_WORD)?;
+    }
+    at_most("description", &raw.description, MAX_DESCRIPTION)?;
+    if raw.authors.len() > MAX_AUTHORS {
+        return Err(fe(
+            "authors",
+            format!(
+                "lists {} authors; at most {MAX_AUTHORS} are accepted (docs/manifest.md, Limits)",
+                raw.authors.len()
+            ),
+        ));
+    }
+    for (i, a) in raw.authors.iter().enumerate() {
+        at_most(&format!("authors[{i}]"), a, MAX_AUTHOR)?;
+    }
+    at_most("license", &raw.license, MAX_LICENSE)?;
+    at_most("source", &raw.source, MAX_SOURCE_NAME)?;
+    for (k, v) in &raw.entry {
+        at_most("entry", k, MAX_WORD)?;
+        at_most(&format!("entry.{k}"), v, MAX_ENTRY)?;
+    }
+    for (i, a) in raw.constraints.archs.iter().enumerate() {
+        at_most(&format!("constraints.archs[{i}]"), a, MAX_WORD)?;
+    }
+    if let Some(o) = &raw.nvrtc_options {
+        if o.len() > MAX_NVRTC_OPTIONS {
+            return Err(fe(
+                "nvrtc_options",
+                format!(
+                    "lists {} options; at most {MAX_NVRTC_OPTIONS} are accepted (docs/manifest.md, Limits)",
+                    o.len()
+                ),
+            ));
+        }
+        for (i, x) in o.iter().enumerate() {
+            at_most(&format!("nvrtc_options[{i}]"), x, MAX_NVRTC_OPTION)?;
+        }
+    }
+    if let Some(r) = &raw.runtime {
+        at_most("runtime", r, MAX_WORD)?;
+    }
+    for (i, r) in raw.requires.iter().flatten().enumerate() {
+        at_most(&format!("requires[{i}]"), r, MAX_REQUIREMENT)?;
+    }
+    Ok(())
+}
+
+/// `license` is an SPDX license expression (<https://spdx.org/licenses/>): identifiers from
+/// the SPDX list joined by AND, OR and WITH, as the `spdx` crate parses them strictly.
+pub fn check_license(license: &str) -> Result<(), ManifestError> {
+    let l = license.trim();
+    if l.is_empty() {
+        return Err(fe(
+            "license",
+            "give an SPDX license expression, e.g. `Apache-2.0` or `MIT`",
+        ));
+    }
+    spdx::Expression::parse(l).map(|_| ()).map_err(|e| {
+        fe(
+            "license",
+            format!(
+                "`{l}` is not an SPDX license expression ({}); write identifiers from https://spdx.org/licenses/ joined by AND, OR or WITH, e.g. `Apache-2.0` or `MIT OR Apache-2.0`",
+                e.reason
+            ),
+        )
+    })
+}
+
 fn is_identifier(s: &str) -> bool {
     let mut b = s.bytes();
     matches!(b.next(), Some(c) if c == b'_' || c.is_ascii_alphabetic())
@@ -316,6 +422,7 @@ impl Manifest {
     }
 
     fn check(raw: RawManifest) -> Result<Manifest, ManifestError> {
+        check_lengths(&raw)?;
         // Every free-text field first: a control character is refused naming its field
         // before any other rule quotes the value back.
         plain_text("name", &raw.name, false)?;
@@ -357,7 +464,7 @@ impl Manifest {
             }
         };
         let name_ok = !raw.name.is_empty()
-            && raw.name.len() <= 64
+            && raw.name.len() <= MAX_NAME
             && raw.name.bytes().enumerate().all(|(i, c)| {
                 c.is_ascii_lowercase()
                     || c.is_ascii_digit()
@@ -400,12 +507,7 @@ impl Manifest {
         if raw.authors.is_empty() || raw.authors.iter().any(|a| a.trim().is_empty()) {
             return Err(fe("authors", "list at least one author, none empty"));
         }
-        if raw.license.trim().is_empty() {
-            return Err(fe(
-                "license",
-                "give an SPDX license expression, e.g. `Apache-2.0` or `MIT`",
-            ));
-        }
+        check_license(&raw.license)?;
         let ext = match runtime {
             Runtime::Cuda => "cu",
             Runtime::Python => "py",

@@ -636,3 +636,176 @@ fn python_digest_fixture_is_current() {
         }
     }
 }
+
+/// Every stored field has a length limit, refused naming the field, its length and the limit;
+/// a value at the limit is accepted.
+#[test]
+fn every_stored_field_has_a_length_limit() {
+    let err = |m: &str| Manifest::parse(m).unwrap_err();
+    let field = |m: &str| err(m).field_name().map(str::to_string);
+    // A 10,000-character prerelease: semver accepts it, the manifest does not.
+    let long_pre = format!("1.0.0-{}", "a".repeat(10_000));
+    let e = err(&with(
+        "version = \"1.0.0\"",
+        &format!("version = \"{long_pre}\""),
+    ));
+    assert_eq!(e.field_name(), Some("version"));
+    assert!(
+        e.to_string().contains("is 10006 bytes long; at most 64"),
+        "{e}"
+    );
+    let at_limit = format!("1.0.0-{}", "a".repeat(MAX_VERSION - 6));
+    assert!(Manifest::parse(&with(
+        "version = \"1.0.0\"",
+        &format!("version = \"{at_limit}\"")
+    ))
+    .is_ok());
+    let build = format!("1.0.0+{}", "b".repeat(MAX_VERSION));
+    assert_eq!(
+        field(&with(
+            "version = \"1.0.0\"",
+            &format!("version = \"{build}\"")
+        ))
+        .as_deref(),
+        Some("version")
+    );
+
+    let cases: Vec<(String, &str)> = vec![
+        (
+            with(
+                "description = \"demo\"",
+                &format!("description = \"{}\"", "d".repeat(MAX_DESCRIPTION + 1)),
+            ),
+            "description",
+        ),
+        (
+            with(
+                "authors = [\"someone\"]",
+                &format!("authors = [\"{}\"]", "a".repeat(MAX_AUTHOR + 1)),
+            ),
+            "authors[0]",
+        ),
+        (
+            with(
+                "authors = [\"someone\"]",
+                &format!("authors = [{}]", vec!["\"x\""; MAX_AUTHORS + 1].join(",")),
+            ),
+            "authors",
+        ),
+        (
+            with(
+                "license = \"MIT\"",
+                &format!("license = \"{}\"", ["MIT"; 60].join(" OR ")),
+            ),
+            "license",
+        ),
+        (
+            with(
+                "source = \"k.cu\"",
+                &format!("source = \"{}.cu\"", "k".repeat(MAX_SOURCE_NAME)),
+            ),
+            "source",
+        ),
+        (
+            with(
+                "bf16 = \"k_bf16\"",
+                &format!("bf16 = \"{}\"", "k".repeat(MAX_ENTRY + 1)),
+            ),
+            "entry.bf16",
+        ),
+        (
+            with(
+                "op = \"rms_norm\"",
+                &format!("op = \"{}\"", "o".repeat(MAX_WORD + 1)),
+            ),
+            "op",
+        ),
+        (
+            with(
+                "source = \"k.cu\"",
+                &format!(
+                    "source = \"k.cu\"\nnvrtc_options = [\"-D{}\"]",
+                    "X".repeat(MAX_NVRTC_OPTION)
+                ),
+            ),
+            "nvrtc_options[0]",
+        ),
+        (
+            with(
+                "source = \"k.cu\"",
+                &format!(
+                    "source = \"k.cu\"\nnvrtc_options = [{}]",
+                    vec!["\"-lineinfo\""; MAX_NVRTC_OPTIONS + 1].join(",")
+                ),
+            ),
+            "nvrtc_options",
+        ),
+        (
+            with(
+                "name = \"rms_norm_demo\"",
+                &format!("name = \"{}\"", "n".repeat(MAX_NAME + 1)),
+            ),
+            "name",
+        ),
+    ];
+    for (m, f) in cases {
+        let e = err(&m);
+        assert_eq!(e.field_name(), Some(f), "{e}");
+        assert!(e.to_string().contains("at most"), "{e}");
+    }
+    // At the limit: accepted.
+    let ok = with(
+        "description = \"demo\"",
+        &format!("description = \"{}\"", "d".repeat(MAX_DESCRIPTION)),
+    );
+    assert!(Manifest::parse(&ok).is_ok());
+}
+
+#[test]
+fn license_is_an_spdx_expression() {
+    for good in [
+        "MIT",
+        "Apache-2.0",
+        "MIT OR Apache-2.0",
+        "Apache-2.0 WITH LLVM-exception",
+        "(MIT OR Apache-2.0) AND BSD-3-Clause",
+        " MIT ",
+    ] {
+        let m = Manifest::parse(&with("license = \"MIT\"", &format!("license = \"{good}\"")))
+            .unwrap_or_else(|e| panic!("{good}: {e}"));
+        assert_eq!(m.license, good.trim());
+    }
+    for bad in [
+        "",
+        "   ",
+        "Apache 2.0",
+        "MIT-ish",
+        "GPL",
+        "MIT OR",
+        "proprietary, ask me",
+        "MIT/Apache-2.0",
+    ] {
+        let e = Manifest::parse(&with("license = \"MIT\"", &format!("license = \"{bad}\"")))
+            .unwrap_err();
+        assert_eq!(e.field_name(), Some("license"), "{bad}: {e}");
+        assert!(e.to_string().contains("SPDX"), "{bad}: {e}");
+    }
+}
+
+/// Every bundled kernel's manifest passes the checks (SPDX licence, limits) as written.
+#[test]
+fn bundled_manifests_pass() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels");
+    let mut n = 0;
+    for dir in [root.clone(), root.join("third-party")] {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path().join("kernel.toml");
+            if p.exists() {
+                let text = std::fs::read_to_string(&p).unwrap();
+                Manifest::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                n += 1;
+            }
+        }
+    }
+    assert!(n >= 30, "found only {n} bundled manifests");
+}
