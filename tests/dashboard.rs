@@ -672,3 +672,106 @@ async fn pages_in_headless_chromium() {
         }
     }
 }
+
+/// Each page parses its query parameters with the API's functions: a repeated parameter, an
+/// unknown one and a value the API refuses are each a 400 HTML page saying what was wrong and
+/// what is accepted (not the page with a default), with the API's own message; on both backends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_validate_parameters_like_the_api() {
+    let backends: Vec<Backend> = [Some(Backend::sqlite()), Backend::postgres().await]
+        .into_iter()
+        .flatten()
+        .collect();
+    for b in backends {
+        let srv = TestServer::start(&b, &["--no-bundled-certificates"]).await;
+        let silu = kernel_registry::KernelBundle::load_dir(&support::kernels_dir().join("silu"))
+            .expect("kernels/silu");
+        let kpage = format!("/kernels/silu/{}", silu.manifest.version);
+        let bad_page = |path: String, st: StatusCode, body: String, want: &[&str]| {
+            assert_eq!(st, StatusCode::BAD_REQUEST, "GET {path}: {body}");
+            assert!(
+                body.contains("<h1>400 Bad Request</h1>") || body.contains("Policy explorer"),
+                "GET {path}: not an HTML page: {body}"
+            );
+            for w in want {
+                assert!(body.contains(w), "GET {path}: lacks `{w}`: {body}");
+            }
+        };
+        // Repeated parameters: refused on every page, as the API refuses them.
+        for path in [
+            "/?op=silu&op=gelu",
+            "/field?dtype=bf16&dtype=f32",
+            "/policy?arch=sm_90&arch=sm_80",
+            &format!("{kpage}?x=1&x=2"),
+        ] {
+            let (st, body) = page(&srv, path).await;
+            bad_page(
+                path.to_string(),
+                st,
+                body,
+                &["is given more than once; give it once"],
+            );
+        }
+        let api = srv
+            .client
+            .get(srv.url("/v1/kernels?op=silu&op=gelu"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(api.status(), StatusCode::BAD_REQUEST);
+        assert!(api
+            .text()
+            .await
+            .unwrap()
+            .contains("query parameter `op` is given more than once; give it once"));
+        // Unknown parameters: refused naming the ones the page takes.
+        for (path, takes) in [
+            (
+                "/?opp=silu".to_string(),
+                "this route takes: op, dtype, arch, limit, offset, uoffset",
+            ),
+            (
+                "/field?arc=sm_90".to_string(),
+                "this route takes: op, dtype, arch, limit, offset",
+            ),
+            (
+                "/policy?polcy=ulp:1".to_string(),
+                "this route takes: policy, dtype, arch, cols, rows, op, runtime",
+            ),
+            (format!("{kpage}?dtype=bf16"), "this route takes none"),
+        ] {
+            let (st, body) = page(&srv, &path).await;
+            bad_page(path.clone(), st, body, &["unknown query parameter", takes]);
+        }
+        // A value the API refuses: the same message, word for word, on the page and from the API.
+        for (page_path, api_path, field) in [
+            ("/?op=silux", "/v1/kernels?op=silux", "op"),
+            ("/field?arch=sm_9", "/v1/kernels?arch=sm_9", "arch"),
+            ("/?dtype=f8", "/v1/kernels?dtype=f8", "dtype"),
+        ] {
+            let api = srv.client.get(srv.url(api_path)).send().await.unwrap();
+            assert_eq!(api.status(), StatusCode::BAD_REQUEST, "{api_path}");
+            let problem: Value = api.json().await.unwrap();
+            let detail = problem["detail"].as_str().unwrap().to_string();
+            assert!(
+                detail.starts_with(&format!("query parameter `{field}`")),
+                "{detail}"
+            );
+            let (st, body) = page(&srv, page_path).await;
+            bad_page(page_path.to_string(), st, body, &[&escape(&detail)]);
+        }
+        // What the pages take still works.
+        html_ok(
+            &srv,
+            "/?op=silu&dtype=bf16&arch=sm_90&limit=10&offset=0&uoffset=0",
+        )
+        .await;
+        html_ok(&srv, "/field?op=silu&limit=5").await;
+        html_ok(
+            &srv,
+            "/policy?policy=ulp:1&arch=sm_90&cols=4096&runtime=any",
+        )
+        .await;
+        html_ok(&srv, &kpage).await;
+    }
+}

@@ -64,11 +64,15 @@ where
 pub fn known_params(q: &HashMap<String, String>, allowed: &[&str]) -> Result<(), AppError> {
     for k in q.keys() {
         if !allowed.contains(&k.as_str()) {
-            return Err(AppError::bad_request(format!(
-                "unknown query parameter `{k}`; this route takes: {}",
-                allowed.join(", ")
-            ))
-            .with("field", k.as_str()));
+            let takes = if allowed.is_empty() {
+                "this route takes none".to_string()
+            } else {
+                format!("this route takes: {}", allowed.join(", "))
+            };
+            return Err(
+                AppError::bad_request(format!("unknown query parameter `{k}`; {takes}"))
+                    .with("field", k.as_str()),
+            );
         }
     }
     Ok(())

@@ -231,7 +231,9 @@ fn kernel_href(name: &str, version: &str) -> String {
     format!("/kernels/{name}/{version}")
 }
 
-/// Parse an optional query parameter with the domain's parser; a bad one is a 400 naming it.
+/// Parse an optional query parameter with the domain's parser: the API's own function
+/// (`api::param`), so a page refuses what the API refuses, with the same message (a 400 page).
+/// A repeated parameter is refused by the edge for pages as for the API.
 fn opt_param<T: std::str::FromStr>(
     q: &std::collections::HashMap<String, String>,
     key: &str,
@@ -239,11 +241,14 @@ fn opt_param<T: std::str::FromStr>(
 where
     T::Err: std::fmt::Display,
 {
-    match q.get(key).map(|s| s.trim()).filter(|s| !s.is_empty()) {
-        None => Ok(None),
-        Some(s) => s
-            .parse()
-            .map(Some)
-            .map_err(|e| AppError::bad_request(format!("query parameter `{key}`: {e}"))),
-    }
+    crate::api::param(q, key)
+}
+
+/// Refuse a query parameter the page does not take (the API's `known_params`): a typo would
+/// otherwise silently show the unfiltered page.
+fn known_params(
+    q: &std::collections::HashMap<String, String>,
+    allowed: &[&str],
+) -> Result<(), AppError> {
+    crate::api::known_params(q, allowed)
 }

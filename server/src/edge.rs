@@ -305,7 +305,8 @@ async fn check(
                 ))
             })?;
             check_text("a query parameter's name", &key, &key, Text::Line)?;
-            if is_api && !seen.insert(key.clone()) {
+            // Pages refuse a repeated parameter as the API does (a 400 page, not the last value).
+            if !seen.insert(key.clone()) {
                 return Err(AppError::bad_request(format!(
                     "query parameter `{key}` is given more than once; give it once"
                 ))

@@ -25,6 +25,7 @@ pub async fn page(
     _caller: Caller,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Markup, PageError> {
+    super::known_params(&q, &["op", "dtype", "arch", "limit", "offset"])?;
     let op: Option<Op> = opt_param(&q, "op")?;
     let dtype: Option<DType> = opt_param(&q, "dtype")?;
     let arch: Option<Arch> = opt_param(&q, "arch")?;

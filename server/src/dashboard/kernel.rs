@@ -5,7 +5,7 @@ use super::plot::{self, Point};
 use super::{class_badge, date, frac, gbps, layout, roofline, sci, ulp, Nav, PageError};
 use crate::app::{AppState, Caller};
 use crate::error::AppError;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use kernel_registry::report::{coverage, percent, CaseStatus, ULP_BUCKETS};
 use kernel_registry::{DType, Op, Runtime};
 use kernel_store::VerificationRow;
@@ -15,7 +15,9 @@ pub async fn page(
     State(st): State<AppState>,
     _caller: Caller,
     Path((name, version)): Path<(String, String)>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Result<Markup, PageError> {
+    super::known_params(&q, &[])?;
     let k = st.store.kernel(&name, &version).await?.ok_or_else(|| {
         AppError::not_found(format!(
             "no kernel `{name}` version `{version}`; the overview lists every kernel"

@@ -58,6 +58,10 @@ pub async fn page(
             }
         }
     }
+    // A parameter the page does not take is refused as the API refuses it (a 400 page).
+    if let Err(e) = crate::api::known_params(&raw, &PARAMS) {
+        return Ok(render(&form, Err(e.detail)));
+    }
     let only_op: Option<Op> = match form.get("op").map(|s| s.parse::<Op>()) {
         None => None,
         Some(Ok(op)) => Some(op),
