@@ -1032,7 +1032,19 @@ fn rms_report(claim: &Value, extra_cols: Option<u64>) -> Value {
     r
 }
 
-/// Issue 13: a kernel verified at 4096 is not handed out at 11008; the request queues one
+/// The body of `POST /v1/resolve/verifications` for rms_norm (llama) bf16 on sm_90 at `cols`.
+fn width_request(cols: u64, rows: Option<u64>) -> Value {
+    let mut b = json!({"op": "rms_norm", "semantics": "llama", "dtype": "bf16", "arch": "sm_90", "cols": cols, "policy": "bit_exact"});
+    if let Some(r) = rows {
+        b["rows"] = json!(r);
+    }
+    b
+}
+
+const WIDTHS: &str = "/v1/resolve/verifications";
+
+/// Issue 13: a kernel verified at 4096 is not handed out at 11008; a GET queues nothing and
+/// says how to ask (issue 27 item 5); the explicit request (token scope submit) queues one
 /// verification of exactly 11008 (a duplicate request reuses it); the worker gets the shape
 /// list, reports a run covering 11008, and then the kernel is handed out at 11008.
 async fn shape_exact_resolve_queues_and_runs_a_width_job(b: Backend) {
@@ -1068,16 +1080,51 @@ async fn shape_exact_resolve_queues_and_runs_a_width_job(b: Backend) {
         "{verified:?}"
     );
 
-    // 11008 was never run: not handed out, and why; a job for exactly 11008 is queued.
-    let (st, p) = srv.get(&q(11008, "")).await;
-    assert_eq!(st, StatusCode::NOT_FOUND, "{p}");
-    let why = p["excluded"][0].as_str().unwrap();
-    assert!(
-        why.starts_with("width_k 1.0.0: verified at cols 64, 127, 768")
-            && why.contains("4096")
-            && why.contains("for bf16 on sm_90, not at 11008"),
-        "{why}"
-    );
+    // 11008 was never run: not handed out, and why; a read queues nothing (whatever the
+    // parameters) and says how to ask.
+    let jobs_before = support::job_count(&srv.db_url).await;
+    for rows in ["", "&rows=7", "&rows=512"] {
+        let (st, p) = srv.get(&q(11008, rows)).await;
+        assert_eq!(st, StatusCode::NOT_FOUND, "{p}");
+        let why = p["excluded"][0].as_str().unwrap();
+        assert!(
+            why.starts_with("width_k 1.0.0: verified at cols 64, 127, 768")
+                && why.contains("4096")
+                && why.contains("for bf16 on sm_90, not at 11008")
+                && why.contains("POST /v1/resolve/verifications"),
+            "{why}"
+        );
+        assert_eq!(p["queued_jobs"], json!([]), "{p}");
+        assert_eq!(p["unverified_width"], json!(["width_k 1.0.0"]), "{p}");
+        let ask = &p["request_verification"];
+        assert_eq!(ask["method"], "POST", "{p}");
+        assert_eq!(ask["url"], WIDTHS);
+        assert_eq!(ask["scope"], "submit");
+        assert_eq!(ask["body"]["cols"], 11008);
+        assert_eq!(ask["body"]["op"], "rms_norm");
+        assert!(
+            p["detail"].as_str().unwrap().contains("nothing was queued")
+                && p["detail"].as_str().unwrap().contains(WIDTHS),
+            "{p}"
+        );
+    }
+    assert_eq!(support::job_count(&srv.db_url).await, jobs_before);
+    // The explicit request: refused without a token (before its body is read) and with a
+    // token of another scope; nothing queued by either.
+    let (st, p, _) = srv
+        .post_raw(WIDTHS, None, &width_request(11008, None))
+        .await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED, "{p}");
+    let (st, p) = srv.post(WIDTHS, &worker, &width_request(11008, None)).await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
+    assert_eq!(support::job_count(&srv.db_url).await, jobs_before);
+    // The body GET handed out is the request; a job for exactly 11008 is queued.
+    let (_, p) = srv.get(&q(11008, "")).await;
+    let (st, p) = srv
+        .post(WIDTHS, &submit, &p["request_verification"]["body"])
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{p}");
+    assert_eq!(support::job_count(&srv.db_url).await, jobs_before + 1);
     let queued = p["queued_jobs"].as_array().unwrap();
     assert_eq!(queued.len(), 1, "{p}");
     assert_eq!(queued[0]["shape"], "11008:1..64");
@@ -1101,9 +1148,9 @@ async fn shape_exact_resolve_queues_and_runs_a_width_job(b: Backend) {
     assert_eq!(job["width_cols"], 11008);
 
     // Asking again (with rows too) reuses the pending job: no duplicate.
-    for rows in ["", "&rows=7", "&rows=512"] {
-        let (st, p) = srv.get(&q(11008, rows)).await;
-        assert_eq!(st, StatusCode::NOT_FOUND);
+    for rows in [None, Some(7), Some(512)] {
+        let (st, p) = srv.post(WIDTHS, &submit, &width_request(11008, rows)).await;
+        assert_eq!(st, StatusCode::OK, "{p}");
         assert_eq!(p["queued_jobs"][0]["job_id"].as_i64(), Some(job_id), "{p}");
         assert_eq!(p["queued_jobs"][0]["new"], false);
     }
@@ -1191,8 +1238,8 @@ async fn shape_exact_resolve_queues_and_runs_a_width_job(b: Backend) {
 
     // A report that does not cover the asked width is recorded and said, and the width is not
     // queued again on its account (no endless loop of jobs for a width the worker never runs).
-    let (st, p) = srv.get(&q(13824, "")).await;
-    assert_eq!(st, StatusCode::NOT_FOUND);
+    let (st, p) = srv.post(WIDTHS, &submit, &width_request(13824, None)).await;
+    assert_eq!(st, StatusCode::CREATED, "{p}");
     let j13824 = p["queued_jobs"][0]["job_id"].as_i64().unwrap();
     let (_, rec) = support::claim_and_report(&srv, &worker, |claim| {
         let mut r = rms_report(claim, None);
@@ -1211,6 +1258,9 @@ async fn shape_exact_resolve_queues_and_runs_a_width_job(b: Backend) {
             .contains("did not cover it"),
         "{p}"
     );
+    let (st, p) = srv.post(WIDTHS, &submit, &width_request(13824, None)).await;
+    assert_eq!(st, StatusCode::OK, "{p}");
+    assert_eq!(p["queued_jobs"], json!([]), "not queued again: {p}");
     let _ = j13824;
 
     // Elementwise ops: covered at any element count up to the largest verified.
@@ -1233,10 +1283,15 @@ async fn shape_exact_resolve_queues_and_runs_a_width_job(b: Backend) {
             .contains(&format!("verified up to {max} elements")),
         "{p}"
     );
+    assert_eq!(p["queued_jobs"], json!([]), "{p}");
+    let (st, p) = srv
+        .post(WIDTHS, &submit, &p["request_verification"]["body"])
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{p}");
     assert_eq!(p["queued_jobs"][0]["shape"], format!("{}:1..1", max + 1));
 }
 
-/// Anonymous resolves queue work: at most `--max-pending-width-jobs` width jobs are pending;
+/// Width requests are capped: at most `--max-pending-width-jobs` width jobs are pending;
 /// beyond it the answer says so and queues nothing.
 async fn width_jobs_are_capped(b: Backend) {
     let srv = TestServer::start(&b, &["--no-bundled", "--max-pending-width-jobs", "1"]).await;
@@ -1246,14 +1301,12 @@ async fn width_jobs_are_capped(b: Backend) {
     srv.post("/v1/kernels", &submit, &json!({"manifest": m, "source": s}))
         .await;
     support::claim_and_report(&srv, &worker, |claim| rms_report(claim, None)).await;
-    let q = |cols: u64| {
-        format!("/v1/resolve?op=rms_norm&semantics=llama&dtype=bf16&arch=sm_90&cols={cols}")
-    };
-    let (_, p) = srv.get(&q(11008)).await;
+    let (st, p) = srv.post(WIDTHS, &submit, &width_request(11008, None)).await;
+    assert_eq!(st, StatusCode::CREATED, "{p}");
     assert_eq!(p["queued_jobs"].as_array().unwrap().len(), 1, "{p}");
     assert_eq!(p["queue_full"], Value::Null);
-    let (st, p) = srv.get(&q(13824)).await;
-    assert_eq!(st, StatusCode::NOT_FOUND);
+    let (st, p) = srv.post(WIDTHS, &submit, &width_request(13824, None)).await;
+    assert_eq!(st, StatusCode::OK, "{p}");
     assert!(p["queued_jobs"].as_array().unwrap().is_empty(), "{p}");
     assert!(
         p["queue_full"]

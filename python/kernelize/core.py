@@ -242,11 +242,14 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     tanh-GELU MLP to a `gelu_tanh` kernel for its `act_fn`. `fuse_gated_mlp=False` leaves gated
     MLPs unfused: their `act_fn` is then a `silu` / `gelu_tanh` site.
 
-    The hub hands a kernel out only at a row length it was verified at. For a layer whose width
-    was not verified, the hub queues a verification of that width; `wait_for_verification_s`
-    (default 0: do not wait) waits up to that many seconds for it and asks again, else the
-    layer is kept this time. Either way the report (and a `kernelize` logger warning) names
-    the layer, the width and the job's URL.
+    The hub hands a kernel out only at a row length it was verified at, and a resolve queues
+    nothing. For a layer whose width was not verified, a client with a hub token (the
+    KERNELIZE_TOKEN environment variable, or a `HubSource(url, token=...)` as `hub`; scope
+    `submit`) asks the hub to verify that width; a dry run (`swap=False`, or no CUDA) never
+    does. `wait_for_verification_s` (default 0: do not wait) waits up to that many seconds for
+    it and asks again, else the layer is kept this time. Either way the report (and a
+    `kernelize` logger warning) names the layer and the width, and the job's URL or, when
+    nothing was queued, how to ask.
 
     `trusted_keys` (base64 ed25519 public keys of GPU workers, as `kernelize worker-key init`
     prints them): take a kernel only when its verification carries a certificate signed by one
@@ -272,6 +275,10 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
         raise RuntimeError("swap=True needs the model on a CUDA device (kernels launch on the GPU); "
                            "without CUDA kernelize can only report what it would replace "
                            "(device=\"cpu\" swaps Python candidates only)")
+    if isinstance(src, HubSource) and not swap and src.request_widths:
+        # A dry run asks the hub for no GPU work (a copy: the caller's source is left as it is).
+        src = copy.copy(src)
+        src.request_widths = False
     arch = _arch_of(dev, arch)
     src_label = _label(src)
     found, _, plan = _resolve_all(model, src, policy, arch, dtype, fuse_gated_mlp)

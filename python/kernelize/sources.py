@@ -64,6 +64,10 @@ class Resolution:
     # What happened about an unverified width: waited for the jobs (and how they ended), or
     # did not wait; None when the width was not the issue.
     width_note: str | None = None
+    # The hub's description of the explicit request that queues a verification of this width
+    # ({"method", "url", "scope", "body"}), when a kernel meets the policy but was not verified
+    # at it: a resolve (GET) never queues anything.
+    request_verification: dict[str, Any] | None = None
 
 
 class HubError(RuntimeError):
@@ -80,16 +84,22 @@ def _check_matches(key: Key, manifest: dict[str, Any], what: str) -> None:
 
 class HubSource:
     """The hub's REST API. The hub hands a kernel out only at a row length it was verified at;
-    asked for another, it queues a verification of that width and answers 404 with the jobs.
-    `wait_for_verification_s` > 0 waits up to that long for those jobs (polling every
-    `poll_s`), then asks again; 0 (the default) does not wait: the layer is kept this time and
-    the report names the queued job, so a later run (or `kernelize(..., wait_for_verification_s=
-    600)`) gets the kernel once a GPU worker has verified the width."""
+    asked for another, it answers 404 and queues nothing (a read has no side effect). With a
+    token (`token=`, else the environment's KERNELIZE_TOKEN; scope `submit`) the client then
+    asks for a verification of that width explicitly (POST /v1/resolve/verifications) and the
+    report names the queued job; without one it says that nothing was queued and how to ask.
+    `request_widths=False` never asks (a dry run: `kernelize(..., swap=False)` or no CUDA).
+    `wait_for_verification_s` > 0 waits up to that long for the queued jobs (polling every
+    `poll_s`), then asks again; 0 (the default) does not wait: the layer is kept this time, so a
+    later run (or `kernelize(..., wait_for_verification_s=600)`) gets the kernel once a GPU
+    worker has verified the width."""
 
     def __init__(self, url: str, timeout: float = 30.0, token: str | None = None,
                  wait_for_verification_s: float = 0.0, poll_s: float = 2.0,
-                 trusted_keys: list[str] | None = None, allow_python: bool = False):
+                 trusted_keys: list[str] | None = None, allow_python: bool = False,
+                 request_widths: bool = True):
         self.url = url.rstrip("/")
+        self.request_widths = request_widths
         # Python candidates (docs/spec.md section 2b) run their code in this process: the hub is asked to
         # consider them (`runtime=any`) only when the caller opted in, and one handed out
         # anyway is refused.
@@ -106,7 +116,15 @@ class HubSource:
         self._sources: dict[str, tuple[dict, str]] = {}
 
     def _get(self, path: str) -> tuple[int, Any]:
-        req = urllib.request.Request(self.url + path, headers={"Accept": "application/json"})
+        return self._send(urllib.request.Request(self.url + path,
+                                                 headers={"Accept": "application/json"}))
+
+    def _post(self, path: str, body: Any) -> tuple[int, Any]:
+        return self._send(urllib.request.Request(
+            self.url + path, data=json.dumps(body).encode("utf-8"), method="POST",
+            headers={"Accept": "application/json", "Content-Type": "application/json"}))
+
+    def _send(self, req: urllib.request.Request) -> tuple[int, Any]:
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
@@ -150,13 +168,36 @@ class HubSource:
 
     def resolve(self, key: Key) -> Resolution:
         r = self._resolve_once(key)
-        if r.kernel is not None or not r.queued_jobs:
+        if r.kernel is not None or not r.request_verification:
+            return r
+        ask = r.request_verification
+        width = f"cols={key.cols} ({key.dtype} on {key.arch})"
+        how = (f"{ask.get('method', 'POST')} {self.url}{ask.get('url', '/v1/resolve/verifications')} "
+               f"with {json.dumps(ask.get('body', {}), sort_keys=True)} and a token of scope "
+               f"{ask.get('scope', 'submit')}")
+        if not self.request_widths:
+            r.width_note = (f"not verified at {width}; nothing queued (a dry run asks the hub for "
+                            f"no GPU work); to ask for it: {how}")
+            return r
+        if not self.token:
+            r.width_note = (f"not verified at {width}; nothing queued: the hub verifies a width "
+                            f"only when asked with a token (pass token= or set KERNELIZE_TOKEN), "
+                            f"or {how}")
+            return r
+        status, body = self._post(ask.get("url", "/v1/resolve/verifications"), ask.get("body", {}))
+        if status not in (200, 201):
+            r.width_note = (f"not verified at {width}; the hub refused to queue its verification "
+                            f"({status}: {body.get('detail', body)})")
+            return r
+        r.queued_jobs = list(body.get("queued_jobs") or [])
+        if not r.queued_jobs:
+            r.width_note = (f"not verified at {width}; nothing queued: "
+                            f"{body.get('queue_full') or body.get('detail', '')}")
             return r
         jobs = ", ".join(f"{j.get('kernel', '?')}: {self.url}{j['job_url']}" for j in r.queued_jobs)
-        width = f"cols={key.cols} ({key.dtype} on {key.arch})"
         if self.wait_for_verification_s <= 0:
-            r.width_note = (f"not verified at {width}; verification queued ({jobs}); not waiting "
-                            "(pass wait_for_verification_s=SECONDS to wait for it)")
+            r.width_note = (f"not verified at {width}; verification asked for and queued ({jobs}); "
+                            "not waiting (pass wait_for_verification_s=SECONDS to wait for it)")
             return r
         t0 = time.monotonic()
         states = self.wait_for_jobs(r.queued_jobs, self.wait_for_verification_s)
@@ -180,7 +221,8 @@ class HubSource:
         status, body = self._get("/v1/resolve?" + urllib.parse.urlencode(query))
         if status == 404:
             excluded = body.get("excluded") or [body.get("detail", "no kernel qualifies")]
-            return Resolution(None, list(excluded), list(body.get("queued_jobs") or []))
+            return Resolution(None, list(excluded), list(body.get("queued_jobs") or []),
+                              request_verification=body.get("request_verification"))
         if status != 200:
             raise HubError(f"GET /v1/resolve {key.query()}: {status} {body.get('detail', body)}")
         digest = normalize_digest(body["digest"])

@@ -192,16 +192,61 @@ def test_local_kernel_folder_gives_the_hubs_digests(hub, tiny_llama):
     assert "choose with names" in amb["model.norm"].reasons[-1]
 
 
-def test_an_unverified_width_is_queued_and_the_client_can_wait_for_it(hub, tiny_llama, caplog):
+def jobs_of(hub, name):
+    """The verification jobs the hub holds for the bundled kernel `name`."""
+    status, k = hub.call("GET", "/v1/kernels/" + v(name).replace(" ", "/"))
+    assert status == 200, k
+    return k["jobs"]
+
+
+def test_an_unverified_width_queues_nothing_without_a_token_and_says_how(hub, tiny_llama,
+                                                                          monkeypatch):
+    # Issue 27 item 5: a resolve is a read; without a token the client asks for no GPU work.
+    monkeypatch.delenv("KERNELIZE_TOKEN", raising=False)
+    hub.verify_as_worker({"rms_norm_llama"}, report="exact")
+    before = jobs_of(hub, "rms_norm_llama")
+    # Neither a swap without a token (device="cpu" swaps Python candidates only) nor a dry run
+    # (no CUDA, swap=None: would replace) queues anything.
+    for kw in ({"swap": True, "device": "cpu"}, {}):
+        norm = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False,
+                                           **kw))["model.norm"]
+        assert norm.status == "kept"
+        assert any(r.startswith(f"{v('rms_norm_llama')}: verified at cols 8192 for bf16 on sm_90, "
+                                "not at 64") for r in norm.reasons), norm.reasons
+        note = norm.width_note
+        assert "\n" not in note and "nothing queued" in note, note
+        assert "/v1/resolve/verifications" in note and '"cols": 64' in note, note
+        assert ("KERNELIZE_TOKEN" in note) == bool(kw), note
+    # A dry run with a token asks for nothing either.
+    src = HubSource(hub.url, token=hub.token("submit"))
+    norm = by_path(kernelize.kernelize(tiny_llama, hub=src, arch="sm_90", verbose=False,
+                                       swap=False))["model.norm"]
+    assert "nothing queued (a dry run" in norm.width_note, norm.width_note
+    assert src.request_widths  # the caller's source is left as it was
+    assert jobs_of(hub, "rms_norm_llama") == before
+    # A token without scope submit: the hub refuses, the report says so, nothing queued.
+    wrong = HubSource(hub.url, token=hub.token("worker"))
+    norm = by_path(kernelize.kernelize(tiny_llama, hub=wrong, arch="sm_90", verbose=False,
+                                       swap=True, device="cpu"))["model.norm"]
+    assert "refused to queue" in norm.width_note and "403" in norm.width_note, norm.width_note
+    assert jobs_of(hub, "rms_norm_llama") == before
+
+
+def test_an_unverified_width_is_asked_for_with_a_token_and_the_client_can_wait_for_it(
+        hub, tiny_llama, caplog):
     # Verified at cols 8192 only: the tiny model's RMSNorm (cols 64) is a width never run.
     hub.verify_as_worker({"rms_norm_llama"}, report="exact")
+    submit = hub.token("submit")
     caplog.set_level(logging.WARNING, logger="kernelize")
-    rep = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False))
+    # device="cpu", swap=True: not a dry run (CUDA kernels are then kept, saying why).
+    run = dict(arch="sm_90", verbose=False, swap=True, device="cpu")
+    rep = by_path(kernelize.kernelize(tiny_llama, hub=HubSource(hub.url, token=submit), **run))
     norm = rep["model.norm"]
     assert norm.status == "kept"
     assert any(r.startswith(f"{v('rms_norm_llama')}: verified at cols 8192 for bf16 on sm_90, not at 64")
                for r in norm.reasons), norm.reasons
     assert "/v1/jobs/" in norm.width_note and "not waiting" in norm.width_note, norm.width_note
+    assert "asked for and queued" in norm.width_note, norm.width_note
     job_url = norm.width_note.split(f"{v('rms_norm_llama')}: ")[1].split(")")[0].split(";")[0]
     job = json.load(urllib.request.urlopen(job_url))
     assert job["state"] == "queued"
@@ -217,8 +262,9 @@ def test_an_unverified_width_is_queued_and_the_client_can_wait_for_it(hub, tiny_
 
     # Waiting with no worker running: a short timeout, the layer is kept and it says so.
     t0 = time.monotonic()
-    short = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False,
-                                        wait_for_verification_s=0.5))["model.norm"]
+    short = by_path(kernelize.kernelize(
+        tiny_llama, hub=HubSource(hub.url, token=submit, wait_for_verification_s=0.5),
+        **run))["model.norm"]
     assert time.monotonic() - t0 < 20
     assert short.status == "kept" and "timed out" in short.width_note, short.width_note
 
@@ -245,12 +291,14 @@ def test_an_unverified_width_is_queued_and_the_client_can_wait_for_it(hub, tiny_
 
     t = threading.Thread(target=worker)
     t.start()
-    waited = by_path(kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False,
-                                         wait_for_verification_s=60))
+    waited = by_path(kernelize.kernelize(
+        tiny_llama, hub=HubSource(hub.url, token=submit, wait_for_verification_s=60), **run))
     t.join(30)
     assert done and done[0][0] == 201, done
     norm = waited["model.norm"]
-    assert norm.status == "would replace" and norm.kernel.name == "rms_norm_llama"
+    # found and verified at 64 now; kept here only because this model runs on the CPU
+    assert norm.kernel is not None and norm.kernel.name == "rms_norm_llama"
+    assert norm.reasons == ["a CUDA kernel launches on a CUDA device; this model runs on the CPU"]
     assert "waited" in norm.width_note and "now verified" in norm.width_note, norm.width_note
     assert norm.kernel.evidence["coverage"]["cols"] == 64
     assert json.load(urllib.request.urlopen(job_url))["state"] == "done"

@@ -153,6 +153,7 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(api::tokens::list, api::tokens::create))
         .routes(routes!(api::tokens::revoke))
         .routes(routes!(api::resolve::resolve))
+        .routes(routes!(api::resolve::request_verifications))
 }
 
 /// The OpenAPI document of `api_routes`, with what the edge answers on every route declared.

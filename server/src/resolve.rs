@@ -8,9 +8,10 @@
 //! `gelu_tanh`, whose ABI takes one element count `n`, the query's `cols`) any `n` up to the
 //! largest element count (rows x cols) of a case that ran. The row count never gates: an asked
 //! `rows` outside the rows verified at that width is said in the answer's `coverage`. For any
-//! other width the answer says which widths were verified and `/v1/resolve` queues a
-//! verification of exactly that width (the suite plus the shape), at most one pending per
-//! (kernel, width) and at most `max_pending` in all.
+//! other width the answer says which widths were verified; `GET /v1/resolve` queues nothing
+//! (a read has no side effect), and an explicit `POST /v1/resolve/verifications` (token scope
+//! `submit`) queues a verification of exactly that width (the suite plus the shape), at most one
+//! pending per (kernel, width) and at most `max_pending` in all.
 
 pub use kernel_registry::report::{speed_at, SpeedAt};
 use kernel_registry::report::{Coverage, ShapeRequest};
@@ -635,7 +636,7 @@ async fn rank(
                 v.verification_id, q.cols, v.verification_id
             )),
             (None, Ok(_)) => line.push_str(
-                "; GET /v1/resolve with this width queues a verification of it",
+                "; POST /v1/resolve/verifications with this query (token scope submit) queues a verification of it",
             ),
             (Some(qu), Ok(shape)) => {
                 let outcome = store

@@ -348,6 +348,18 @@ pub fn retarget(r: &mut Value, claim: &Value, arch: &str) {
     }
 }
 
+/// How many verification jobs the hub's database holds (any state).
+pub async fn job_count(db_url: &str) -> i64 {
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(db_url).await.unwrap();
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM verification_jobs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    n
+}
+
 pub async fn audit_actions(b: &Backend, db_url: &str) -> Vec<String> {
     let _ = b;
     let store = kernel_store::Store::connect(db_url).await.unwrap();

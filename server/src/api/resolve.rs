@@ -3,13 +3,16 @@
 use super::openapi::{ArchName, DTypeName, OpName, PolicyText, SemanticsName};
 use super::{known_params, param, required};
 use crate::answers::AnswerCache;
-use crate::app::{AppState, Caller};
-use crate::error::AppError;
+use crate::app::{AppState, Caller, Scope};
+use crate::error::{rejection, AppError};
 use crate::resolve::{Query, Queueing};
 use axum::extract::{Query as Q, State};
-use axum::response::Response;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
 use bytes::Bytes;
 use kernel_registry::Op;
+use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -67,9 +70,10 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
 ///
 /// Shape-exact: a kernel is handed out only at a row length (elementwise ops: an element count
 /// up to the largest) its newest verification on `arch` covered for `dtype`. For a kernel that
-/// meets the policy but was not verified at this width, a verification of exactly this width
-/// is queued (at most one pending per kernel and width, and a server-wide cap) and listed in
-/// `queued_jobs` (poll `job_url`; ask again once it is `done`).
+/// meets the policy but was not verified at this width, the 404 says so and how to ask for a
+/// verification of exactly this width: `request_verification` holds the method, URL and body of
+/// that explicit request (`POST /v1/resolve/verifications`, token scope `submit`). A GET never
+/// queues anything (`queued_jobs` is always empty here).
 #[utoipa::path(get, path = "/v1/resolve", tag = "resolve",
     params(
         ("op" = OpName, Query, description = "rms_norm, fused_add_rms_norm, layer_norm, silu, silu_and_mul, gelu, gelu_tanh, silu_mul, gelu_tanh_mul"),
@@ -77,14 +81,15 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
         ("dtype" = DTypeName, Query, description = "bf16, f16 or f32"),
         ("arch" = ArchName, Query, description = "e.g. sm_90"),
         ("cols" = u64, Query, description = "columns (elements per row; element count for elementwise ops), at most 2^40", minimum = 1, maximum = 1099511627776_i64),
-        ("rows" = Option<u64>, Query, description = "rows: picks the nearest measured speed; a queued width verification runs rows 1..max(64, rows); never gates", minimum = 1, maximum = 1099511627776_i64),
+        ("rows" = Option<u64>, Query, description = "rows: picks the nearest measured speed; a width verification asked for runs rows 1..max(64, rows); never gates", minimum = 1, maximum = 1099511627776_i64),
         ("policy" = Option<PolicyText>, Query, description = "bit_exact (default), ulp:N, tolerance, argmax, with ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X"),
         ("runtime" = Option<String>, Query, description = "cuda (default: CUDA kernels only) or any (Python candidates too, docs/spec.md section 2b)"),
     ),
-    responses((status = 200, description = "The chosen kernel with its evidence; `also_qualifying` lists the first 100 other qualifying kernels, fastest first (`also_qualifying_total` counts all)"), (status = 404, description = "No kernel qualifies; `excluded` says why each is out (the first 100; `excluded_total` counts all)"), (status = 400, description = "A bad parameter")))]
+    responses((status = 200, description = "The chosen kernel with its evidence; `also_qualifying` lists the first 100 other qualifying kernels, fastest first (`also_qualifying_total` counts all)"), (status = 404, description = "No kernel qualifies; `excluded` says why each is out (the first 100; `excluded_total` counts all); `request_verification` (when a kernel meets the policy but was not verified at this width) is the explicit request that queues a verification of it"), (status = 400, description = "A bad parameter")))]
 pub async fn resolve(
     State(st): State<AppState>,
-    c: Caller,
+    // Checks a token sent (and one required for reads, where the hub asks for it).
+    _caller: Caller,
     Q(q): Q<HashMap<String, String>>,
 ) -> Result<Response, AppError> {
     let query = parse_query(&q)?;
@@ -105,19 +110,10 @@ pub async fn resolve(
     let rank = match st.rankings.get(&ranking_key, generation) {
         Some(r) => r,
         None => {
-            let queueing = Queueing {
-                max_pending: st.config.max_pending_width_jobs,
-                actor: c.actor().to_string(),
-            };
+            // A read never queues work (`request_verifications` does, when asked).
             let r = Arc::new(
-                crate::resolve::ranking_at(
-                    &st.store,
-                    generation,
-                    &query,
-                    Some(&queueing),
-                    Some(&st.pools),
-                )
-                .await?,
+                crate::resolve::ranking_at(&st.store, generation, &query, None, Some(&st.pools))
+                    .await?,
             );
             if r.keepable() {
                 st.rankings.insert(ranking_key, generation, r.clone());
@@ -169,34 +165,172 @@ pub async fn resolve(
                 } else {
                     String::new()
                 };
-                let queued = if r.queued_jobs.is_empty() {
+                let ask = if r.unverified_width.is_empty() {
                     String::new()
                 } else {
                     format!(
-                        " Verifications of this width are queued ({}): poll them and ask again once done.",
-                        r.queued_jobs
-                            .iter()
-                            .map(|j| format!("{} job {}", j.kernel, j.job_url))
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        " {} meet the policy but were not verified at this width; nothing was queued: a token with scope `submit` asks for a verification of it with POST {REQUEST_PATH} and this query as its JSON body (`request_verification`).",
+                        r.unverified_width.join(", ")
                     )
                 };
                 format!(
-                    "no kernel meets `{}` for {} ({}) {} on {} at cols={}; keep your reference layer. Why each is out{more}: {}{queued}",
+                    "no kernel meets `{}` for {} ({}) {} on {} at cols={}; keep your reference layer. Why each is out{more}: {}{ask}",
                     query.policy, query.op, query.semantics, query.dtype, query.arch, query.cols,
                     r.excluded.join(" | ")
                 )
             };
-            Err(AppError::not_found(detail)
+            let mut e = AppError::not_found(detail)
                 .with("excluded", r.excluded)
                 .with("excluded_total", r.excluded_total)
-                .with(
-                    "queued_jobs",
-                    serde_json::to_value(&r.queued_jobs).expect("serialises"),
-                )
-                .with("queue_full", r.queue_full))
+                .with("unverified_width", r.unverified_width.clone())
+                .with("queued_jobs", serde_json::json!([]));
+            if !r.unverified_width.is_empty() {
+                e = e.with("request_verification", request_of(&q));
+            }
+            Err(e)
         }
     }
+}
+
+/// The path of the explicit request that queues width verifications.
+pub const REQUEST_PATH: &str = "/v1/resolve/verifications";
+
+/// How to ask for verifications of the width of the resolve query `q` (its parameters).
+fn request_of(q: &HashMap<String, String>) -> serde_json::Value {
+    let mut body = serde_json::Map::new();
+    for (k, v) in q {
+        let value = match k.as_str() {
+            "cols" | "rows" => v
+                .parse::<u64>()
+                .map(serde_json::Value::from)
+                .unwrap_or_else(|_| v.clone().into()),
+            _ => v.clone().into(),
+        };
+        body.insert(k.clone(), value);
+    }
+    serde_json::json!({
+        "method": "POST",
+        "url": REQUEST_PATH,
+        "scope": "submit",
+        "body": body,
+    })
+}
+
+/// The body of `POST /v1/resolve/verifications`: the query of `GET /v1/resolve`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VerificationsRequest {
+    #[schema(value_type = OpName)]
+    pub op: String,
+    #[serde(default)]
+    #[schema(value_type = Option<SemanticsName>)]
+    pub semantics: Option<String>,
+    #[schema(value_type = DTypeName)]
+    pub dtype: String,
+    #[schema(value_type = ArchName)]
+    pub arch: String,
+    #[schema(minimum = 1, maximum = 1099511627776_i64)]
+    pub cols: u64,
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 1099511627776_i64)]
+    pub rows: Option<u64>,
+    #[serde(default)]
+    #[schema(value_type = Option<PolicyText>)]
+    pub policy: Option<String>,
+    /// cuda (default) or any.
+    #[serde(default)]
+    pub runtime: Option<String>,
+}
+
+impl VerificationsRequest {
+    fn params(&self) -> HashMap<String, String> {
+        let mut q = HashMap::new();
+        q.insert("op".into(), self.op.clone());
+        q.insert("dtype".into(), self.dtype.clone());
+        q.insert("arch".into(), self.arch.clone());
+        q.insert("cols".into(), self.cols.to_string());
+        for (k, v) in [
+            ("semantics", &self.semantics),
+            ("policy", &self.policy),
+            ("runtime", &self.runtime),
+        ] {
+            if let Some(v) = v {
+                q.insert(k.into(), v.clone());
+            }
+        }
+        if let Some(r) = self.rows {
+            q.insert("rows".into(), r.to_string());
+        }
+        q
+    }
+}
+
+/// Ask for verifications of the width of a resolve query (token scope `submit`: whoever may
+/// submit a kernel, which queues a GPU job too, may ask the workers to run one at a width).
+/// For every kernel that meets the policy but was not verified at `cols`, a verification of
+/// exactly this width is queued: at most one pending per kernel and width (a pending one is
+/// reused, `new: false`), and none beyond the server-wide cap `--max-pending-width-jobs`
+/// (`queue_full` says so). 201 when a job was queued, else 200; `queued_jobs` lists them
+/// (poll `job_url`, then GET /v1/resolve again once `done`).
+#[utoipa::path(post, path = "/v1/resolve/verifications", tag = "resolve",
+    request_body = VerificationsRequest,
+    responses((status = 201, description = "At least one verification queued; `queued_jobs` lists them"),
+        (status = 200, description = "Nothing new queued: the width is verified, already pending (`queued_jobs`, `new: false`), or the cap is reached (`queue_full`)"),
+        (status = 400, description = "A bad field"),
+        (status = 401, description = "No token, or an unknown, expired or revoked one"), (status = 403, description = "Token lacks scope submit"),
+        (status = 422, description = "The body is not a valid request")),
+    security(("token" = [])))]
+pub async fn request_verifications(
+    State(st): State<AppState>,
+    caller: Caller,
+    b: Result<Json<VerificationsRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, AppError> {
+    let actor = caller.require(Scope::Submit)?.to_string();
+    let Json(b) = b.map_err(rejection)?;
+    let query = parse_query(&b.params())?;
+    let queueing = Queueing {
+        max_pending: st.config.max_pending_width_jobs,
+        actor,
+    };
+    let generation = st.store.answer_generation().await?;
+    let rank =
+        crate::resolve::ranking_at(&st.store, generation, &query, Some(&queueing), None).await?;
+    let r = rank
+        .resolution_at(&st.store, &query, &rank.shape(&query))
+        .await?;
+    let new = r.queued_jobs.iter().any(|j| j.new);
+    let status = if new {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let detail = if r.unverified_width.is_empty() {
+        "no kernel that meets the policy lacks a verification of this width: nothing to queue"
+            .to_string()
+    } else if let Some(full) = &r.queue_full {
+        format!("not every verification was queued: {full}")
+    } else {
+        format!(
+            "verifications of cols={} are pending for {}: poll each job_url, then GET /v1/resolve again once it is done",
+            query.cols,
+            r.queued_jobs
+                .iter()
+                .map(|j| format!("{} (job {})", j.kernel, j.job_url))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    Ok((
+        status,
+        Json(serde_json::json!({
+            "detail": detail,
+            "queued_jobs": r.queued_jobs,
+            "queue_full": r.queue_full,
+            "unverified_width": r.unverified_width,
+            "excluded": r.excluded,
+        })),
+    )
+        .into_response())
 }
 
 /// `object` (the JSON text of a non-empty object) with `field` set to `value` appended.
