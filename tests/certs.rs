@@ -17,6 +17,7 @@ use support::{bin, bundle_files, Backend, TestServer};
 both_backends!(
     signed_reports_are_stored_served_and_checked_offline,
     bundled_certificates_make_a_fresh_hub_answer,
+    a_fresh_hub_queues_nothing_for_kernels_its_certificates_cover,
     confirmed_asks_for_independent_worker_keys,
     certificates_are_bound_to_their_job_and_claim
 );
@@ -335,8 +336,28 @@ async fn bundled_certificates_make_a_fresh_hub_answer(b: Backend) {
             .await
             .unwrap();
         assert!(page.contains("imported: recorded on the project"), "{page}");
-        // A local worker's verdict supersedes the imported one.
+        // The imported verification covers the kernel: no suite job is queued for it (issue 27
+        // item 4), so a worker finds nothing to claim.
+        assert_eq!(support::job_count(&srv.db_url).await, 0);
         let worker = srv.token("worker");
+        let (st, c) = srv
+            .post(
+                "/v1/jobs/claim",
+                &worker,
+                &json!({"worker": "local", "arch": "sm_90"}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::NO_CONTENT, "{c}");
+        // A local worker's verdict (asked for by an admin) supersedes the imported one.
+        let admin = srv.token("admin");
+        let (st, q) = srv
+            .post(
+                &format!("/v1/kernels/rms_norm_llama/{version}/verify"),
+                &admin,
+                &json!({"arch": "sm_90", "reason": "a local run"}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "{q}");
         let (st, c) = srv
             .post(
                 "/v1/jobs/claim",
@@ -388,6 +409,52 @@ async fn bundled_certificates_make_a_fresh_hub_answer(b: Backend) {
             .count(),
         1
     );
+}
+
+/// A fresh hub (`kernelize serve` on an empty database with the repository's bundled kernels
+/// and certificates) queues no job for a kernel an imported verification covers, on start and
+/// on restart; a kernel without one still gets its suite job.
+async fn a_fresh_hub_queues_nothing_for_kernels_its_certificates_cover(b: Backend) {
+    let db_url = b.url();
+    for start in ["fresh", "restart"] {
+        let srv = TestServer::start_on(&b, &db_url, &[]).await;
+        let list = srv.get_json("/v1/kernels?limit=500").await;
+        let kernels = list["kernels"].as_array().expect("a kernel list").clone();
+        assert!(kernels.len() >= 16, "{start}: {list}");
+        let (mut covered, mut queued) = (0, 0);
+        for k in &kernels {
+            let (name, version) = (k["name"].as_str().unwrap(), k["version"].as_str().unwrap());
+            let vs = srv
+                .get_json(&format!("/v1/kernels/{name}/{version}/verifications"))
+                .await;
+            let imported = vs["verifications"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v["job_id"].is_null());
+            let one = srv.get_json(&format!("/v1/kernels/{name}/{version}")).await;
+            let jobs = one["jobs"].as_array().unwrap();
+            if imported {
+                covered += 1;
+                assert!(
+                    jobs.is_empty(),
+                    "{start}: {name} {version} is covered: {one}"
+                );
+            } else {
+                queued += jobs.len();
+                assert_eq!(jobs.len(), 1, "{start}: {name} {version}: {one}");
+            }
+        }
+        assert!(
+            covered >= 16,
+            "{start}: {covered} kernels covered by certificates"
+        );
+        assert_eq!(
+            support::job_count(&db_url).await,
+            queued as i64,
+            "{start}: only kernels without a certificate have a job"
+        );
+    }
 }
 
 /// `confirmed:N`: N different worker keys must certify the class on the architecture.

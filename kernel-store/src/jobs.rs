@@ -636,6 +636,42 @@ impl Store {
         Ok(WidthJob::Queued(job))
     }
 
+    /// Withdraw the suite jobs queued for bundled kernels that an imported verification (a
+    /// bundled certificate, no job of this hub) already covers: a fresh hub queues no GPU work
+    /// for kernels it holds verified (issue 27 item 4). Only a job no worker ever took is
+    /// withdrawn (queued, no attempt, for any architecture and no asked width); each is audited
+    /// as `job.withdrawn`. Returns the ids withdrawn.
+    pub async fn withdraw_covered_bundled_jobs(&self, actor: &str) -> Result<Vec<i64>> {
+        let mut tx = self.pool.begin().await?;
+        let rows = sqlx::query(
+            "DELETE FROM verification_jobs WHERE state = 'queued' AND attempts = 0 \
+             AND arch IS NULL AND width_cols IS NULL \
+             AND kernel_digest IN (SELECT digest FROM kernels WHERE origin = 'bundled') \
+             AND EXISTS (SELECT 1 FROM verifications v \
+                 WHERE v.kernel_digest = verification_jobs.kernel_digest AND v.job_id IS NULL) \
+             RETURNING id, kernel_digest",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut ids = Vec::with_capacity(rows.len());
+        for r in rows {
+            let id: i64 = r.try_get("id")?;
+            let digest: String = r.try_get("kernel_digest")?;
+            audit_in(
+                &mut tx,
+                actor,
+                "job.withdrawn",
+                &format!("job {id}"),
+                serde_json::json!({"digest": digest, "why": "an imported verification (bundled certificate) covers this bundled kernel"}),
+            )
+            .await?;
+            ids.push(id);
+        }
+        tx.commit().await?;
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
     /// Queue a verification of a stored kernel on `arch` (`kernelize verify-request`): the whole
     /// suite, for a worker of that architecture; `(job, true)`. The pending job of this kernel
     /// and arch is returned instead when there is one, `(job, false)`. Audited with `why`.

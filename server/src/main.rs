@@ -291,6 +291,11 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
                 refused = certs.refused.len(),
                 "bundled certificates (verifications recorded on the project's GPU runs) imported"
             );
+            // Kernels the imported verifications cover need no suite job of this hub.
+            let withdrawn = store.withdraw_covered_bundled_jobs("bundled").await?;
+            if !withdrawn.is_empty() {
+                tracing::info!(jobs = ?withdrawn, "suite jobs of bundled kernels covered by imported verifications withdrawn");
+            }
         } else {
             tracing::warn!(dir = %a.kernels.display(), "no bundled kernels folder; pass --kernels DIR (or --no-bundled)");
         }
