@@ -1265,6 +1265,208 @@ async fn limits_hold_alike_on_both_backends() {
     }
 }
 
+/// Every stored manifest field has its documented limit, and `license` is an SPDX expression,
+/// refused alike on both backends through the real API (422 naming the field, never a 500),
+/// before anything is stored (issue 27 item 11: a 10,000-character prerelease and a licence
+/// that is not an SPDX expression were accepted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn manifest_limits_and_spdx_licences_hold_alike_on_both_backends() {
+    use kernel_registry::manifest::*;
+    use kernelize::protocol::{MAX_FAIL_REASON, MAX_WORKER_NAME};
+    for b in backends().await {
+        let srv = TestServer::start(&b, &["--no-bundled"]).await;
+        let submit = srv.token("submit");
+        let (m, s) = bundle_files("limits_k", "1.0.0", "");
+        let long_pre = format!("1.0.0-{}", "a".repeat(10_000));
+        let cases: Vec<(String, &str, String)> = vec![
+            (
+                m.replace("version = \"1.0.0\"", &format!("version = \"{long_pre}\"")),
+                "version",
+                format!("at most {MAX_VERSION}"),
+            ),
+            (
+                m.replace("license = \"MIT\"", "license = \"Apache 2.0\""),
+                "license",
+                "SPDX".into(),
+            ),
+            (
+                m.replace("license = \"MIT\"", "license = \"MIT/Apache-2.0\""),
+                "license",
+                "SPDX".into(),
+            ),
+            (
+                m.replace("license = \"MIT\"", "license = \"proprietary, ask me\""),
+                "license",
+                "SPDX".into(),
+            ),
+            (
+                m.replace(
+                    "license = \"MIT\"",
+                    &format!("license = \"{}\"", ["MIT"; 60].join(" OR ")),
+                ),
+                "license",
+                format!("at most {MAX_LICENSE}"),
+            ),
+            (
+                m.replace(
+                    "description = \"test kernel\"",
+                    &format!("description = \"{}\"", "d".repeat(MAX_DESCRIPTION + 1)),
+                ),
+                "description",
+                format!("at most {MAX_DESCRIPTION}"),
+            ),
+            (
+                m.replace(
+                    "authors = [\"tests\"]",
+                    &format!("authors = [\"{}\"]", "a".repeat(2700)),
+                ),
+                "authors[0]",
+                format!("at most {MAX_AUTHOR}"),
+            ),
+            (
+                m.replace(
+                    "authors = [\"tests\"]",
+                    &format!("authors = [{}]", vec!["\"x\""; MAX_AUTHORS + 1].join(",")),
+                ),
+                "authors",
+                format!("at most {MAX_AUTHORS}"),
+            ),
+            (
+                m.replace(
+                    "bf16 = \"k_bf16\"",
+                    &format!("bf16 = \"{}\"", "k".repeat(2700)),
+                ),
+                "entry.bf16",
+                format!("at most {MAX_ENTRY}"),
+            ),
+            (
+                m.replace(
+                    "source = \"k.cu\"",
+                    &format!("source = \"{}.cu\"", "k".repeat(2700)),
+                ),
+                "source",
+                format!("at most {MAX_SOURCE_NAME}"),
+            ),
+            (
+                m.replace(
+                    "source = \"k.cu\"",
+                    &format!(
+                        "source = \"k.cu\"\nnvrtc_options = [\"-D{}\"]",
+                        "X".repeat(2700)
+                    ),
+                ),
+                "nvrtc_options[0]",
+                format!("at most {MAX_NVRTC_OPTION}"),
+            ),
+        ];
+        for (manifest, field, says) in cases {
+            let (st, p) = srv
+                .post(
+                    "/v1/kernels",
+                    &submit,
+                    &json!({"manifest": manifest, "source": s}),
+                )
+                .await;
+            assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{field}: {p}");
+            assert_eq!(p["field"], field, "{p}");
+            let detail = p["detail"].as_str().unwrap();
+            assert!(detail.contains(&says), "{field}: {detail}");
+            assert!(
+                detail.len() < 1000,
+                "the refusal does not echo the value: {detail}"
+            );
+        }
+        // Nothing was stored.
+        let r = reqwest::get(srv.url("/v1/kernels")).await.unwrap();
+        let list: Value = r.json().await.unwrap();
+        assert!(!list.to_string().contains("limits_k"), "{list}");
+        // At every limit, and a compound SPDX expression: stored.
+        let at_limit = format!("1.0.0-{}", "a".repeat(MAX_VERSION - 6));
+        let manifest = m
+            .replace("version = \"1.0.0\"", &format!("version = \"{at_limit}\""))
+            .replace(
+                "license = \"MIT\"",
+                "license = \"(MIT OR Apache-2.0) AND BSD-3-Clause\"",
+            )
+            .replace(
+                "description = \"test kernel\"",
+                &format!("description = \"{}\"", "d".repeat(MAX_DESCRIPTION)),
+            )
+            .replace(
+                "authors = [\"tests\"]",
+                &format!(
+                    "authors = [{}]",
+                    vec![format!("\"{}\"", "a".repeat(MAX_AUTHOR)); MAX_AUTHORS].join(",")
+                ),
+            );
+        let (st, p) = srv
+            .post(
+                "/v1/kernels",
+                &submit,
+                &json!({"manifest": manifest, "source": s}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "{p}");
+        let r = reqwest::get(srv.url(&format!("/v1/kernels/limits_k/{at_limit}")))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        let k: Value = r.json().await.unwrap();
+        assert_eq!(k["license"], "(MIT OR Apache-2.0) AND BSD-3-Clause", "{k}");
+
+        // A worker's failure reason is stored with the job: at most MAX_FAIL_REASON characters,
+        // no NUL (PostgreSQL cannot store it); refused (422, 400) before the store is asked.
+        let worker = srv.token("worker");
+        let (st, claim) = srv
+            .post(
+                "/v1/jobs/claim",
+                &worker,
+                &json!({"worker": "w".repeat(MAX_WORKER_NAME + 1)}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{claim}");
+        assert_eq!(claim["field"], "worker", "{claim}");
+        let (st, claim) = srv
+            .post(
+                "/v1/jobs/claim",
+                &worker,
+                &json!({"worker": "w".repeat(MAX_WORKER_NAME)}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::OK, "{claim}");
+        let (id, lease) = (
+            claim["job"]["id"].as_i64().unwrap(),
+            claim["lease_id"].as_str().unwrap(),
+        );
+        let fail = format!("/v1/jobs/{id}/fail");
+        for (bad, status) in [
+            (
+                "r".repeat(MAX_FAIL_REASON + 1),
+                StatusCode::UNPROCESSABLE_ENTITY,
+            ),
+            ("the GPU\u{0}fell off".to_string(), StatusCode::BAD_REQUEST),
+        ] {
+            let (st, p) = srv
+                .post(&fail, &worker, &json!({"lease_id": lease, "reason": bad}))
+                .await;
+            assert_eq!(st, status, "{p}");
+            assert_eq!(p["field"], "reason", "{p}");
+        }
+        let (st, p) = srv
+            .post(
+                &fail,
+                &worker,
+                &json!({"lease_id": lease, "reason": "é".repeat(MAX_FAIL_REASON)}),
+            )
+            .await;
+        assert_eq!(
+            st,
+            StatusCode::OK,
+            "{MAX_FAIL_REASON} characters are allowed: {p}"
+        );
+    }
+}
+
 /// SQLite, and PostgreSQL where it is reachable.
 async fn backends() -> Vec<Backend> {
     [Some(Backend::sqlite()), Backend::postgres().await]

@@ -7,6 +7,14 @@ use kernel_registry::Digest;
 use kernel_store::{JobRow, JobState};
 use serde::{Deserialize, Serialize};
 
+/// The longest worker name a claim may give (characters); the schema's `maxLength` below.
+pub const MAX_WORKER_NAME: usize = 200;
+/// The longest reason a re-verification request may give (characters).
+pub const MAX_VERIFY_REASON: usize = 500;
+/// The longest reason a worker may give for failing a job (characters): stored with the job
+/// and in the audit log.
+pub const MAX_FAIL_REASON: usize = 2000;
+
 /// `POST /v1/jobs/claim`.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -114,6 +122,9 @@ pub struct ReportResponse {
 #[serde(deny_unknown_fields)]
 pub struct FailRequest {
     pub lease_id: String,
+    /// Why the job failed: text without NUL (PostgreSQL cannot store it), at most 2,000
+    /// characters (`MAX_FAIL_REASON`; utoipa takes only a literal).
+    #[schema(max_length = 2000, pattern = r"^[^\u0000]*$")]
     pub reason: String,
 }
 
@@ -162,4 +173,25 @@ pub struct SubmitResponse {
 pub struct VerificationRecord {
     pub id: i64,
     pub report: VerificationReport,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each schema's `maxLength` is the constant the docs and the hostile-request tests name
+    /// (utoipa takes only a literal).
+    #[test]
+    fn schema_limits_are_the_constants() {
+        let doc = serde_json::to_value(crate::app::openapi()).unwrap();
+        let max = |schema: &str, field: &str| {
+            doc["components"]["schemas"][schema]["properties"][field]["maxLength"].as_u64()
+        };
+        assert_eq!(max("ClaimRequest", "worker"), Some(MAX_WORKER_NAME as u64));
+        assert_eq!(
+            max("VerifyRequest", "reason"),
+            Some(MAX_VERIFY_REASON as u64)
+        );
+        assert_eq!(max("FailRequest", "reason"), Some(MAX_FAIL_REASON as u64));
+    }
 }
