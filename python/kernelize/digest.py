@@ -14,7 +14,13 @@ for these values (strings, integers, null, lists, objects): both escape only `"`
 control characters, with the same short forms and lowercase `\\u00XX`.
 
 `parse_manifest_toml` reproduces `Manifest::parse` (the checks and the defaults that change
-the canonical form), so a local kernel folder gets the same digest as the hub gives it.
+the canonical form), so a local kernel folder gets the same digest as the hub gives it. It
+checks the same length limits (`MANIFEST_LIMITS`, bytes of UTF-8; tests/test_digest.py reads
+the Rust constants to keep them equal). One check is left to the hub: that `license` is an SPDX
+expression. The hub parses it strictly with the `spdx` crate and refuses a submission whose
+licence does not parse (422, naming the field); the client only requires a licence to be given,
+since the digest does not depend on it being valid and no SPDX parser ships with the client
+(docs/manifest.md, License).
 """
 
 from __future__ import annotations
@@ -35,6 +41,55 @@ SEMANTICS = {"rms_norm": ("llama", "gemma", "torch")}
 DTYPES = ("bf16", "f16", "f32")  # BTreeMap<DType, _> order (enum declaration order)
 ROWWISE_OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "silu_and_mul", "silu_mul",
                "gelu_tanh_mul")
+
+# Manifest::parse's length limits (kernel-registry/src/manifest.rs MAX_*; bytes of UTF-8).
+MANIFEST_LIMITS = {
+    "MAX_NAME": 64, "MAX_VERSION": 64, "MAX_DESCRIPTION": 4096, "MAX_AUTHORS": 32,
+    "MAX_AUTHOR": 200, "MAX_LICENSE": 200, "MAX_SOURCE_NAME": 128, "MAX_ENTRY": 128,
+    "MAX_NVRTC_OPTIONS": 32, "MAX_NVRTC_OPTION": 256, "MAX_REQUIREMENT": 200, "MAX_WORD": 64,
+}
+
+
+def _check_lengths(raw: dict[str, Any]) -> None:
+    """Manifest::parse's `check_lengths`: every limit, before any other rule, naming the field."""
+    L = MANIFEST_LIMITS
+
+    def at_most(field: str, v: Any, limit: str) -> None:
+        if isinstance(v, str) and len(v.encode()) > L[limit]:
+            raise _fe(field, f"is {len(v.encode())} bytes long; at most {L[limit]} are accepted")
+
+    def listed(field: str, v: Any, limit: str, what: str) -> None:
+        if isinstance(v, list) and len(v) > L[limit]:
+            raise _fe(field, f"lists {len(v)} {what}; at most {L[limit]} are accepted")
+
+    at_most("name", raw.get("name"), "MAX_NAME")
+    at_most("version", raw.get("version"), "MAX_VERSION")
+    at_most("op", raw.get("op"), "MAX_WORD")
+    at_most("semantics", raw.get("semantics"), "MAX_WORD")
+    at_most("description", raw.get("description"), "MAX_DESCRIPTION")
+    authors = raw.get("authors")
+    listed("authors", authors, "MAX_AUTHORS", "authors")
+    for i, a in enumerate(authors if isinstance(authors, list) else []):
+        at_most(f"authors[{i}]", a, "MAX_AUTHOR")
+    at_most("license", raw.get("license"), "MAX_LICENSE")
+    at_most("source", raw.get("source"), "MAX_SOURCE_NAME")
+    entry = raw.get("entry")
+    for k, v in (entry.items() if isinstance(entry, dict) else []):
+        at_most("entry", k, "MAX_WORD")
+        at_most(f"entry.{k}", v, "MAX_ENTRY")
+    constraints = raw.get("constraints")
+    archs = constraints.get("archs") if isinstance(constraints, dict) else None
+    for i, a in enumerate(archs if isinstance(archs, list) else []):
+        at_most(f"constraints.archs[{i}]", a, "MAX_WORD")
+    opts = raw.get("nvrtc_options")
+    listed("nvrtc_options", opts, "MAX_NVRTC_OPTIONS", "options")
+    for i, o in enumerate(opts if isinstance(opts, list) else []):
+        at_most(f"nvrtc_options[{i}]", o, "MAX_NVRTC_OPTION")
+    at_most("runtime", raw.get("runtime"), "MAX_WORD")
+    reqs = raw.get("requires")
+    for i, r in enumerate(reqs if isinstance(reqs, list) else []):
+        at_most(f"requires[{i}]", r, "MAX_REQUIREMENT")
+
 
 MANIFEST_FIELDS = (
     "name", "version", "op", "semantics", "description", "authors", "license", "source",
@@ -183,6 +238,7 @@ def parse_manifest_toml(text: str) -> dict[str, Any]:
     for k in ("name", "version", "op", "description", "authors", "license", "source", "entry"):
         if k not in raw:
             raise ManifestError(f"kernel.toml: missing field `{k}`")
+    _check_lengths(raw)
     runtime = raw.get("runtime", "cuda")
     if runtime not in RUNTIMES:
         raise _fe("runtime", f"`{runtime}` is not valid: one of cuda, python")

@@ -1,6 +1,7 @@
 """The Python digest against digests computed by the Rust hub (fixture recorded from it)."""
 
 import json
+import re
 import random
 from pathlib import Path
 
@@ -66,6 +67,36 @@ def test_manifest_errors_name_the_field():
         parse_manifest_toml(base.replace('source = "kernel.cu"', 'source = "kernel.cu"\nnvrtc_options = ["-arch=sm_90"]'))
     with pytest.raises(ManifestError, match="verifier's"):
         parse_manifest_toml(base.replace('source = "kernel.cu"', 'source = "kernel.cu"\nnvrtc_options = ["-DKERNELIZE_DTYPE_F16"]'))
+
+
+def test_length_limits_are_the_registrys():
+    """MANIFEST_LIMITS holds Manifest::parse's constants, read from the Rust source."""
+    from kernelize.digest import MANIFEST_LIMITS
+    rust = (Path(__file__).parents[2] / "kernel-registry" / "src" / "manifest.rs").read_text(encoding="utf-8")
+    consts = {k: int(v) for k, v in re.findall(r"pub const (MAX_[A-Z_]+): usize = (\d+);", rust)}
+    for k, v in MANIFEST_LIMITS.items():
+        assert consts.get(k) == v, (k, v, consts.get(k))
+    assert set(MANIFEST_LIMITS) == set(consts) - {"MAX_REQUIRES"}, set(consts) ^ set(MANIFEST_LIMITS)
+
+
+def test_length_limits_name_the_field_like_the_hub():
+    from kernelize.digest import MANIFEST_LIMITS as L
+    base = next(c for c in CASES if c["name"] == "silu")["manifest_toml"]
+    version = re.search(r'^version = "([^"]*)"', base, re.M).group(0)
+    long_pre = "1.0.0-" + "a" * 10_000
+    with pytest.raises(ManifestError, match=r"field `version`: is 10006 bytes long; at most 64"):
+        parse_manifest_toml(base.replace(version, f'version = "{long_pre}"'))
+    at_limit = "1.0.0-" + "a" * (L["MAX_VERSION"] - 6)
+    assert parse_manifest_toml(base.replace(version, f'version = "{at_limit}"'))["version"] == at_limit
+    lic = re.search(r'^license = "([^"]*)"', base, re.M).group(0)
+    with pytest.raises(ManifestError, match=r"field `license`: is \d+ bytes long; at most 200"):
+        parse_manifest_toml(base.replace(lic, 'license = "' + " OR ".join(["MIT"] * 60) + '"'))
+    desc = re.search(r'^description = .*$', base, re.M).group(0)
+    with pytest.raises(ManifestError, match=r"field `description`: is 4097 bytes long"):
+        parse_manifest_toml(base.replace(desc, 'description = "' + "d" * 4097 + '"'))
+    # The SPDX check is the hub's (the digest module's docstring says why): a licence that is
+    # not an SPDX expression parses here and is refused at submission.
+    assert parse_manifest_toml(base.replace(lic, 'license = "Apache 2.0"'))["license"] == "Apache 2.0"
 
 
 def test_entry_options_match_the_verifier():
