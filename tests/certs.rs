@@ -455,6 +455,16 @@ async fn a_fresh_hub_queues_nothing_for_kernels_its_certificates_cover(b: Backen
             "{start}: only kernels without a certificate have a job"
         );
     }
+    // Without the certificates every bundled kernel has its suite job queued.
+    let other = match &b {
+        Backend::Sqlite(_) => Backend::sqlite(),
+        Backend::Postgres(_) => Backend::postgres().await.expect("a PostgreSQL server"),
+    };
+    let srv = TestServer::start(&other, &["--no-bundled-certificates"]).await;
+    let list = srv.get_json("/v1/kernels?limit=500").await;
+    let n = list["kernels"].as_array().unwrap().len() as i64;
+    assert!(n >= 16, "{list}");
+    assert_eq!(support::job_count(&srv.db_url).await, n);
 }
 
 /// `confirmed:N`: N different worker keys must certify the class on the architecture.

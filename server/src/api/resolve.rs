@@ -237,9 +237,17 @@ pub struct VerificationsRequest {
     #[serde(default)]
     #[schema(value_type = Option<PolicyText>)]
     pub policy: Option<String>,
-    /// cuda (default) or any.
+    /// cuda (default: CUDA kernels only) or any (Python candidates too).
     #[serde(default)]
-    pub runtime: Option<String>,
+    pub runtime: Option<RuntimeChoice>,
+}
+
+/// Which runtimes a resolve considers.
+#[derive(Debug, Clone, Copy, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RuntimeChoice {
+    Cuda,
+    Any,
 }
 
 impl VerificationsRequest {
@@ -249,11 +257,14 @@ impl VerificationsRequest {
         q.insert("dtype".into(), self.dtype.clone());
         q.insert("arch".into(), self.arch.clone());
         q.insert("cols".into(), self.cols.to_string());
-        for (k, v) in [
-            ("semantics", &self.semantics),
-            ("policy", &self.policy),
-            ("runtime", &self.runtime),
-        ] {
+        if let Some(r) = self.runtime {
+            let r = match r {
+                RuntimeChoice::Cuda => "cuda",
+                RuntimeChoice::Any => "any",
+            };
+            q.insert("runtime".into(), r.into());
+        }
+        for (k, v) in [("semantics", &self.semantics), ("policy", &self.policy)] {
             if let Some(v) = v {
                 q.insert(k.into(), v.clone());
             }
