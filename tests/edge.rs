@@ -211,6 +211,10 @@ fn sample_body(path: &str, ctx: &Ctx) -> (Value, Auth) {
             (json!({"manifest": m, "source": s}), Auth::Submit)
         }
         "/v1/jobs/claim" => (json!({"worker": "edge-test"}), Auth::Worker),
+        "/v1/resolve/verifications" => (
+            json!({"op": "silu", "dtype": "bf16", "arch": "sm_90", "cols": 4096}),
+            Auth::Submit,
+        ),
         // `reason` is optional: left out.
         "/v1/kernels/{name}/{version}/verify" => (json!({"arch": "sm_90"}), Auth::Admin),
         "/v1/jobs/{id}/heartbeat" => (json!({"lease_id": ctx.lease}), Auth::Worker),
