@@ -431,7 +431,7 @@ async fn a_fresh_hub_queues_nothing_for_kernels_its_certificates_cover(b: Backen
                 .as_array()
                 .unwrap()
                 .iter()
-                .any(|v| v["job_id"].is_null());
+                .any(|v| v.get("job_id") == Some(&Value::Null));
             let one = srv.get_json(&format!("/v1/kernels/{name}/{version}")).await;
             let jobs = one["jobs"].as_array().unwrap();
             if imported {
