@@ -115,17 +115,12 @@ async fn lists_the_bundled_kernels(b: Backend) {
     assert!(one["manifest"]["entries"].is_object());
     // A bundled kernel has a suite job queued unless a bundled certificate covers it (then none:
     // issue 27 item 4, tests/certs.rs).
-    let imported = srv
-        .get_json(&format!(
-            "/v1/kernels/{}/{}/verifications",
-            first["name"].as_str().unwrap(),
-            first["version"].as_str().unwrap()
-        ))
-        .await["verifications"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|v| v.get("job_id") == Some(&Value::Null));
+    let imported = support::has_imported_verification(
+        &srv,
+        first["name"].as_str().unwrap(),
+        first["version"].as_str().unwrap(),
+    )
+    .await;
     if imported {
         assert_eq!(one["jobs"], json!([]), "covered by a certificate: no job");
     } else {

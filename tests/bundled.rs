@@ -318,13 +318,7 @@ async fn serve_upgrades(b: &Backend, db_url: &str, backend: &str) {
     // has no job: issue 27 item 4); an old one keeps its jobs and verifications.
     let (name, version, _) = now.difference(&before).next().expect("a new version");
     let k: Value = srv.get_json(&format!("/v1/kernels/{name}/{version}")).await;
-    let imported = srv
-        .get_json(&format!("/v1/kernels/{name}/{version}/verifications"))
-        .await["verifications"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|v| v.get("job_id") == Some(&Value::Null));
+    let imported = support::has_imported_verification(&srv, name, version).await;
     if imported {
         assert_eq!(k["jobs"], serde_json::json!([]), "{k}");
     } else {

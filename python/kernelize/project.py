@@ -28,6 +28,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from .discover import TORCH_DTYPES
+
 try:
     import tomllib
 except ImportError:  # pragma: no cover - Python 3.10
@@ -36,7 +40,7 @@ except ImportError:  # pragma: no cover - Python 3.10
 TABLE = "tool.kernelize"
 KEYS = {"hub": str, "models": list, "dtypes": list, "arch": str, "policy": str, "lock": str,
         "trusted_keys": str}
-DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
+BY_NAME = {name: dt for dt, name in TORCH_DTYPES.items()}   # "bf16" -> torch.bfloat16
 
 
 class ProjectError(ValueError):
@@ -69,8 +73,8 @@ def read_project(path: str | Path) -> dict[str, Any]:
         if k in table and not all(isinstance(x, str) and x for x in table[k]):
             raise ProjectError(f"{p}: [{TABLE}] {k} must be a list of non-empty strings")
     for d in table.get("dtypes", []):
-        if d not in DTYPES:
-            raise ProjectError(f"{p}: [{TABLE}] dtypes: {d!r} is not one of {', '.join(DTYPES)}")
+        if d not in BY_NAME:
+            raise ProjectError(f"{p}: [{TABLE}] dtypes: {d!r} is not one of {', '.join(BY_NAME)}")
     return table
 
 
@@ -78,9 +82,8 @@ def build_model(ref: str, dtype: str | None, base: Path) -> tuple[Any, str]:
     """The model `ref` (a folder, relative to the project file's folder, or a Hugging Face id)
     built from its configuration with random weights on the CPU, in `dtype` (default: the
     configuration's); returns it and the dtype used."""
-    import torch
     import transformers
-    local = (base / ref)
+    local = base / ref
     src = str(local) if local.exists() else ref
     try:
         cfg = transformers.AutoConfig.from_pretrained(src)
@@ -88,15 +91,15 @@ def build_model(ref: str, dtype: str | None, base: Path) -> tuple[Any, str]:
         raise ProjectError(f"model {ref!r}: its configuration could not be read ({e}); give a "
                            "folder holding config.json or a Hugging Face model id") from None
     if dtype is None:
-        own = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or "float32"
-        own = str(own).replace("torch.", "")
-        dtype = {v: k for k, v in DTYPES.items()}.get(own)
+        own = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or torch.float32
+        own = getattr(torch, own, own) if isinstance(own, str) else own
+        dtype = TORCH_DTYPES.get(own)
         if dtype is None:
             raise ProjectError(f"model {ref!r} is {own}: name the dtypes to lock for "
                                "(`dtypes = [\"bf16\"]`)")
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
-    return model.to(getattr(torch, DTYPES[dtype])).eval(), dtype
+    return model.to(BY_NAME[dtype]).eval(), dtype
 
 
 def lock_project(table: dict[str, Any], base: Path, out: Path, log=print) -> dict:
@@ -136,7 +139,6 @@ def lock_project(table: dict[str, Any], base: Path, out: Path, log=print) -> dic
 
 
 def _cuda_device_or_none():
-    import torch
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
 
 

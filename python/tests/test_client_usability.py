@@ -66,6 +66,24 @@ def _run_child(code: str, tmp_path) -> subprocess.CompletedProcess:
     return r
 
 
+def _load_in_child(model, ids, want, tmp_path, more: str = ""):
+    """torch.save `model`, load it in a fresh process and run it on `ids`: (what the child
+    printed as JSON -- logits equal to `want`, launch counts, and the entries `more` adds to
+    the dict, Python source evaluated after the call -- and the finished process)."""
+    torch.save(model, tmp_path / "model.pt")
+    torch.save({"ids": ids, "want": want}, tmp_path / "io.pt")
+    r = _run_child("""
+import json, torch, kernelize
+model = torch.load("model.pt", weights_only=False)
+io = torch.load("io.pt")
+with torch.no_grad():
+    got = model(input_ids=io["ids"], use_cache=False).logits
+print(json.dumps({"equal": torch.equal(got, io["want"]),
+                  "launches": kernelize.launch_counts(model),%s}))
+""" % more, tmp_path)
+    return json.loads(r.stdout.strip().splitlines()[-1]), r
+
+
 # ---- 1. pickle, torch.save, state_dict -------------------------------------------------------
 
 def test_a_kernelized_model_saves_and_loads_in_another_process_with_its_kernels(tmp_path):
@@ -82,22 +100,11 @@ def test_a_kernelized_model_saves_and_loads_in_another_process_with_its_kernels(
     ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = model(input_ids=ids, use_cache=False).logits
-    torch.save(model, tmp_path / "model.pt")
-    torch.save({"ids": ids, "want": want}, tmp_path / "io.pt")
-    r = _run_child("""
-import json, torch, kernelize
-model = torch.load("model.pt", weights_only=False)
-io = torch.load("io.pt")
-with torch.no_grad():
-    got = model(input_ids=io["ids"], use_cache=False).logits
-print(json.dumps({"equal": torch.equal(got, io["want"]),
-                  "launches": kernelize.launch_counts(model),
+    out, r = _load_in_child(model, ids, want, tmp_path, """
                   "kernels": sorted({m._kernelize_kernel.label for m in model.modules()
                                      if "_kernelize_kernel" in m.__dict__}),
                   "keys": list(model.state_dict()),
-                  "restored": kernelize.unkernelize(model)}))
-""", tmp_path)
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+                  "restored": kernelize.unkernelize(model)""")
     # the loaded model launched the kernel in every norm (once each), as the original did
     assert out == {"equal": True, "launches": {p: 1 for p in NORMS},
                    "kernels": ["f_rms_norm_as_llama 1.0.0"], "keys": list(before),
@@ -151,18 +158,8 @@ def test_a_cuda_kernel_loaded_where_it_cannot_run_keeps_the_original_forward(tmp
     ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():  # CPU inputs: the swapped layers run their original forward
         want = model(input_ids=ids, use_cache=False).logits
-    torch.save(model, tmp_path / "model.pt")
-    torch.save({"ids": ids, "want": want}, tmp_path / "io.pt")
-    r = _run_child("""
-import json, torch, kernelize
-model = torch.load("model.pt", weights_only=False)
-io = torch.load("io.pt")
-with torch.no_grad():
-    got = model(input_ids=io["ids"], use_cache=False).logits
-print(json.dumps({"equal": torch.equal(got, io["want"]),
-                  "launches": kernelize.launch_counts(model)}))
-""", tmp_path)
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"equal": True, "launches": {}}
+    out, r = _load_in_child(model, ids, want, tmp_path)
+    assert out == {"equal": True, "launches": {}}
     warned = [line for line in r.stderr.splitlines() if "keeps its original forward" in line]
     assert len(warned) == 1, r.stderr   # one line for the five layers
     assert res.kernel.label in warned[0] and "LlamaRMSNorm" in warned[0]

@@ -348,6 +348,17 @@ pub fn retarget(r: &mut Value, claim: &Value, arch: &str) {
     }
 }
 
+/// Whether kernel `name@version` has an imported verification (a bundled certificate's: no
+/// job of this hub, `job_id` null).
+pub async fn has_imported_verification(srv: &TestServer, name: &str, version: &str) -> bool {
+    srv.get_json(&format!("/v1/kernels/{name}/{version}/verifications"))
+        .await["verifications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|v| v.get("job_id") == Some(&serde_json::Value::Null))
+}
+
 /// How many verification jobs the hub's database holds (any state).
 pub async fn job_count(db_url: &str) -> i64 {
     sqlx::any::install_default_drivers();
