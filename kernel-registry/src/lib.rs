@@ -1,6 +1,7 @@
 //! kernelize's core: domain types, kernel manifests, content digests, verification reports
 //! and exactness policies. Pure: no database, no async runtime (storage is `kernel-store`).
 
+pub mod capability;
 pub mod cert;
 pub mod device;
 pub mod domain;
