@@ -2,6 +2,7 @@
 //!
 //! The format is documented in `docs/manifest.md`; every rule below names the field it checks.
 
+use crate::capability::{Capability, DeclaredCapability, MAX_CAPABILITY_REASON};
 use crate::domain::{Arch, DType, Digest, Op, Semantics};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -178,6 +179,12 @@ pub struct Manifest {
     /// (`liger-kernel==0.8.5`); empty for CUDA kernels.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub requires: Vec<String>,
+    /// Capabilities the compiled code needs (`[[capability]]`, docs/manifest.md), each with
+    /// why, sorted by name; the capability audit (docs/spec.md section 3b) holds the code to
+    /// them. Left out of the canonical encoding when empty (digests of kernels that declare
+    /// none predate them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<DeclaredCapability>,
 }
 
 // ---- what the author writes -------------------------------------------------------------
@@ -200,6 +207,14 @@ struct RawManifest {
     nvrtc_options: Option<Vec<String>>,
     runtime: Option<String>,
     requires: Option<Vec<String>>,
+    capability: Option<Vec<RawCapability>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCapability {
+    name: String,
+    reason: String,
 }
 
 #[derive(Deserialize)]
@@ -361,7 +376,71 @@ fn check_lengths(raw: &RawManifest) -> Result<(), ManifestError> {
     for (i, r) in raw.requires.iter().flatten().enumerate() {
         at_most(&format!("requires[{i}]"), r, MAX_REQUIREMENT)?;
     }
+    let caps = raw.capability.as_deref().unwrap_or_default();
+    if caps.len() > Capability::ALL.len() {
+        return Err(fe(
+            "capability",
+            format!(
+                "lists {} capabilities; there are {} (docs/manifest.md, Limits)",
+                caps.len(),
+                Capability::ALL.len()
+            ),
+        ));
+    }
+    for (i, c) in caps.iter().enumerate() {
+        at_most(&format!("capability[{i}].name"), &c.name, MAX_WORD)?;
+        at_most(
+            &format!("capability[{i}].reason"),
+            &c.reason,
+            MAX_CAPABILITY_REASON,
+        )?;
+    }
     Ok(())
+}
+
+/// The `[[capability]]` declarations, checked: known names, each once, with a reason; sorted.
+fn check_capabilities(
+    raw: Option<Vec<RawCapability>>,
+    runtime: Runtime,
+) -> Result<Vec<DeclaredCapability>, ManifestError> {
+    let Some(raw) = raw else {
+        return Ok(Vec::new());
+    };
+    if runtime == Runtime::Python {
+        return Err(fe(
+            "capability",
+            "a Python candidate's code is not audited (it compiles its kernels at run time); remove it",
+        ));
+    }
+    let mut out: Vec<DeclaredCapability> = Vec::with_capacity(raw.len());
+    for (i, c) in raw.into_iter().enumerate() {
+        let name: Capability = c
+            .name
+            .parse()
+            .map_err(|e: String| fe(format!("capability[{i}].name"), e))?;
+        if !name.needs_declaration() {
+            return Err(fe(
+                format!("capability[{i}].name"),
+                format!("`{name}` needs no declaration: what inline assembly does is audited as PTX like the rest of the code; remove it"),
+            ));
+        }
+        if out.iter().any(|d| d.name == name) {
+            return Err(fe(
+                format!("capability[{i}].name"),
+                format!("`{name}` is declared twice"),
+            ));
+        }
+        let reason = c.reason.trim().to_string();
+        if reason.is_empty() {
+            return Err(fe(
+                format!("capability[{i}].reason"),
+                format!("say why the kernel needs `{name}` (a user reads it before allowing it)"),
+            ));
+        }
+        out.push(DeclaredCapability { name, reason });
+    }
+    out.sort();
+    Ok(out)
 }
 
 /// `license` is an SPDX license expression (<https://spdx.org/licenses/>): identifiers from
@@ -453,6 +532,10 @@ impl Manifest {
         for (i, r) in raw.requires.iter().flatten().enumerate() {
             plain_text(&format!("requires[{i}]"), r, false)?;
         }
+        for (i, c) in raw.capability.iter().flatten().enumerate() {
+            plain_text(&format!("capability[{i}].name"), &c.name, false)?;
+            plain_text(&format!("capability[{i}].reason"), &c.reason, true)?;
+        }
         let runtime = match raw.runtime.as_deref() {
             None | Some("cuda") => Runtime::Cuda,
             Some("python") => Runtime::Python,
@@ -525,6 +608,8 @@ impl Manifest {
                 ),
             ));
         }
+        let mut raw = raw;
+        let capabilities = check_capabilities(raw.capability.take(), runtime)?;
         if runtime == Runtime::Python {
             return Self::check_python(raw, version, op, semantics);
         }
@@ -795,6 +880,7 @@ impl Manifest {
             nvrtc_options,
             runtime: Runtime::Cuda,
             requires: Vec::new(),
+            capabilities,
         })
     }
 
@@ -905,6 +991,7 @@ impl Manifest {
             nvrtc_options: Vec::new(),
             runtime: Runtime::Python,
             requires,
+            capabilities: Vec::new(),
         })
     }
 

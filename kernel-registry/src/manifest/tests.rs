@@ -809,3 +809,56 @@ fn bundled_manifests_pass() {
     }
     assert!(n >= 30, "found only {n} bundled manifests");
 }
+
+/// `[[capability]]`: what the compiled code needs, each with a reason; part of the digest
+/// when present, absent from the canonical form (and so from old digests) when not.
+#[test]
+fn capabilities_are_declared_with_a_reason() {
+    let decl = "[[capability]]\nname = \"trap\"\nreason = \"traps on a launch shape the launch rules never produce\"\n\n[[capability]]\nname = \"global_atomics\"\nreason = \"a grid-wide sum\"\n";
+    let t = format!("{GOOD}\n{decl}");
+    let m = Manifest::parse(&t).unwrap();
+    assert_eq!(
+        m.capabilities
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect::<Vec<_>>(),
+        vec!["global_atomics", "trap"],
+        "sorted by name"
+    );
+    assert_eq!(
+        m.capabilities[1].reason,
+        "traps on a launch shape the launch rules never produce"
+    );
+    let json = serde_json::to_value(&m).unwrap();
+    assert_eq!(json["capabilities"][1]["name"], "trap");
+    let plain = serde_json::to_value(Manifest::parse(GOOD).unwrap()).unwrap();
+    assert!(plain.get("capabilities").is_none(), "{plain}");
+    let with_caps = KernelBundle::from_parts(&t, SRC).unwrap().digest();
+    assert_ne!(
+        with_caps,
+        KernelBundle::from_parts(GOOD, SRC).unwrap().digest()
+    );
+    // Refused, naming the field.
+    for (bad, field, says) in [
+        ("[[capability]]\nname = \"clocks\"\nreason = \"x\"\n", "capability[0].name", "not a capability"),
+        ("[[capability]]\nname = \"clock\"\nreason = \"  \"\n", "capability[0].reason", "say why"),
+        ("[[capability]]\nname = \"inline_asm\"\nreason = \"x\"\n", "capability[0].name", "needs no declaration"),
+        (
+            "[[capability]]\nname = \"trap\"\nreason = \"x\"\n[[capability]]\nname = \"trap\"\nreason = \"y\"\n",
+            "capability[1].name",
+            "declared twice",
+        ),
+    ] {
+        let e = Manifest::parse(&format!("{GOOD}\n{bad}")).unwrap_err();
+        assert_eq!(e.field_name(), Some(field), "{bad}: {e}");
+        assert!(e.to_string().contains(says), "{e}");
+    }
+    let long = format!(
+        "{GOOD}\n[[capability]]\nname = \"trap\"\nreason = \"{}\"\n",
+        "r".repeat(crate::capability::MAX_CAPABILITY_REASON + 1)
+    );
+    let e = Manifest::parse(&long).unwrap_err();
+    assert_eq!(e.field_name(), Some("capability[0].reason"), "{e}");
+    let e = Manifest::parse(&format!("{GOOD}\n[[capability]]\nname = \"trap\"\n")).unwrap_err();
+    assert!(e.to_string().contains("reason"), "{e}");
+}
