@@ -243,6 +243,14 @@ fn bodiless_auth(method: &Method, path: &str) -> Option<Auth> {
     }
 }
 
+/// A token that lacks the scope `auth` stands for.
+fn other_scope(auth: Auth) -> Auth {
+    match auth {
+        Auth::Worker => Auth::Submit,
+        _ => Auth::Worker,
+    }
+}
+
 fn fill(template: &str, values: &[(String, String)]) -> String {
     let mut out = template.to_string();
     for (k, v) in values {
@@ -422,11 +430,26 @@ fn hostile_table(doc: &Value, ctx: &Ctx) -> Vec<Probe> {
                 p.auth = Auth::None;
                 t.push(p.expect(401));
                 let mut p = base(format!("{label}: token of another scope"), target.clone());
-                p.auth = match auth {
-                    Auth::Worker => Auth::Submit,
-                    _ => Auth::Worker,
-                };
+                p.auth = other_scope(auth);
                 t.push(p.expect(403));
+                // The token is checked before the body: a body that breaks the schema is not
+                // looked at without a token, or with one of another scope (issue 27 item 10).
+                if body.is_some() {
+                    for (what, who, want) in [
+                        ("no token", Auth::None, 401),
+                        ("token of another scope", other_scope(auth), 403),
+                    ] {
+                        for (b_what, bytes) in [
+                            ("body {}", b"{}".to_vec()),
+                            ("body not JSON", b"{".to_vec()),
+                        ] {
+                            let mut p = base(format!("{label}: {what}, {b_what}"), target.clone());
+                            p.auth = who;
+                            p.body = Some(bytes);
+                            t.push(p.expect(want));
+                        }
+                    }
+                }
             }
             if let Some((good, _)) = &body {
                 // Body fields: NUL in each string, wrong types, missing.
@@ -871,7 +894,8 @@ fn judge(p: &Probe, a: &Answer) -> Vec<String> {
 }
 
 async fn run_table(b: &Backend) -> Vec<(String, u16)> {
-    let srv = TestServer::start(b, &["--no-bundled"]).await;
+    // The table's requests without a token come from one address, more than its default budget.
+    let srv = TestServer::start(b, &["--no-bundled", "--anonymous-rate-per-minute", "0"]).await;
     let ctx = setup(&srv).await;
     let doc = serde_json::to_value(kernelize::app::openapi()).unwrap();
     let table = hostile_table(&doc, &ctx);
@@ -1467,6 +1491,237 @@ async fn manifest_limits_and_spdx_licences_hold_alike_on_both_backends() {
             st,
             StatusCode::OK,
             "{MAX_FAIL_REASON} characters are allowed: {p}"
+        );
+    }
+}
+
+/// A POST's status and its whole answer, as text.
+async fn post_text(
+    srv: &TestServer,
+    path: &str,
+    token: Option<&str>,
+    body: Vec<u8>,
+) -> (StatusCode, String) {
+    let mut req = srv
+        .client
+        .post(srv.url(path))
+        .header(CONTENT_TYPE, "application/json")
+        .body(body);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.unwrap();
+    (r.status(), r.text().await.unwrap())
+}
+
+/// A token of another scope is refused (403) before the body too, and no refusal sends a
+/// large value back: a parameter, a field name or a lifetime is quoted at most 200 characters
+/// long, with its length (issue 27 item 10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wrong_scopes_are_refused_before_the_body_and_no_refusal_echoes_a_large_value() {
+    for b in backends().await {
+        let srv = TestServer::start(&b, &["--no-bundled"]).await;
+        let submit = srv.token("submit");
+        let worker = srv.token("worker");
+        let admin = srv.token("admin");
+        let big = serde_json::to_vec(&Value::Array(vec![json!(1); 900_000])).unwrap();
+        for (route, token, want) in [
+            ("/v1/jobs/claim", &submit, StatusCode::FORBIDDEN),
+            ("/v1/tokens", &submit, StatusCode::FORBIDDEN),
+            ("/v1/kernels", &worker, StatusCode::FORBIDDEN),
+            ("/v1/resolve/verifications", &worker, StatusCode::FORBIDDEN),
+            (
+                "/v1/kernels",
+                &"kz_not_a_token".to_string(),
+                StatusCode::UNAUTHORIZED,
+            ),
+        ] {
+            let (st, text) = post_text(&srv, route, Some(token), b"{}".to_vec()).await;
+            assert_eq!(st, want, "{route} with {{}}: {text}");
+            let (st, text) = post_text(&srv, route, Some(token), big.clone()).await;
+            assert_eq!(st, want, "{route} with a large body: {text}");
+            assert!(text.len() < 1024, "{route}: {} bytes answered", text.len());
+        }
+        let (st, text) = post_text(&srv, "/v1/jobs/claim", Some(&submit), b"{}".to_vec()).await;
+        assert!(
+            st == StatusCode::FORBIDDEN && text.contains("needs `worker`"),
+            "{text}"
+        );
+        // Values an attacker makes long: each refusal quotes 200 characters and the length.
+        let long = "9".repeat(5000);
+        let key = "k".repeat(5000);
+        for target in [
+            format!("/v1/kernels?limit={long}"),
+            format!("/v1/kernels?{key}=1"),
+            format!("/v1/kernels?{key}=1&{key}=2"),
+            format!("/v1/{key}"),
+        ] {
+            let r = srv.client.get(srv.url(&target)).send().await.unwrap();
+            let st = r.status();
+            let text = r.text().await.unwrap();
+            assert!(st.is_client_error(), "{st} {}", &text[..200]);
+            assert!(
+                text.len() < 1024,
+                "{} bytes answered: {}",
+                text.len(),
+                &text[..300]
+            );
+            assert!(
+                text.contains("(5000 characters)") || text.contains("(5004 characters)"),
+                "{text}"
+            );
+        }
+        let lifetime =
+            json!({"name": "t", "scopes": ["worker"], "expires_in": "9".repeat(100_000)});
+        let (st, text) = post_text(
+            &srv,
+            "/v1/tokens",
+            Some(&admin),
+            serde_json::to_vec(&lifetime).unwrap(),
+        )
+        .await;
+        assert_eq!(
+            st,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{}",
+            &text[..300.min(text.len())]
+        );
+        assert!(text.len() < 1024, "{} bytes answered", text.len());
+        let p: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(p["field"], "expires_in", "{p}");
+    }
+}
+
+/// Requests without a token are limited per client address (issue 27 item 10): a flood from
+/// several tasks gets 429 with `Retry-After` (problem+json on the API, an HTML page on the
+/// dashboard) once the address's burst is spent, while `/healthz` keeps answering 200 and a
+/// worker with a token is not held back; an unknown token counts as none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn requests_without_a_token_are_limited_per_address() {
+    for b in backends().await {
+        let srv = std::sync::Arc::new(
+            TestServer::start(
+                &b,
+                &[
+                    "--no-bundled",
+                    "--anonymous-rate-per-minute",
+                    "60",
+                    "--anonymous-burst",
+                    "20",
+                ],
+            )
+            .await,
+        );
+        let worker = srv.token("worker");
+        let flood: Vec<_> = (0..8)
+            .map(|i| {
+                let srv = srv.clone();
+                tokio::spawn(async move {
+                    // A client of its own per task: its own connections.
+                    let client = reqwest::Client::new();
+                    let mut statuses = Vec::new();
+                    for _ in 0..60 {
+                        let r = if i % 2 == 0 {
+                            client.get(srv.url("/v1/kernels")).send().await.unwrap()
+                        } else {
+                            client
+                                .post(srv.url("/v1/jobs/claim"))
+                                .json(&json!({"worker": "w"}))
+                                .send()
+                                .await
+                                .unwrap()
+                        };
+                        let retry = r.headers().get(RETRY_AFTER).cloned();
+                        let ctype = r.headers().get(CONTENT_TYPE).cloned();
+                        statuses.push((r.status(), retry, ctype));
+                    }
+                    statuses
+                })
+            })
+            .collect();
+        // /healthz answers while the flood runs (and after).
+        let mut probes = Vec::new();
+        for _ in 0..10 {
+            let t = Instant::now();
+            let r =
+                tokio::time::timeout(Duration::from_secs(10), reqwest::get(srv.url("/healthz")))
+                    .await
+                    .expect("/healthz did not answer within 10 s during the flood")
+                    .unwrap();
+            assert_eq!(r.status(), StatusCode::OK);
+            probes.push(t.elapsed());
+            // A worker with a token is not limited by address.
+            let (st, p, _) = srv
+                .post_raw("/v1/jobs/claim", Some(&worker), &json!({"worker": "w"}))
+                .await;
+            assert_eq!(st, StatusCode::NO_CONTENT, "{p}");
+            let r = srv
+                .client
+                .get(srv.url("/v1/kernels"))
+                .bearer_auth(&worker)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::OK);
+        }
+        let mut answered = Vec::new();
+        for f in flood {
+            answered.extend(f.await.unwrap());
+        }
+        let limited: Vec<_> = answered
+            .iter()
+            .filter(|(st, _, _)| *st == StatusCode::TOO_MANY_REQUESTS)
+            .collect();
+        // 480 requests, a burst of 20 and one more a second: most are refused.
+        assert!(
+            limited.len() >= 400,
+            "{} of {} flood requests got 429",
+            limited.len(),
+            answered.len()
+        );
+        for (st, retry, ctype) in &answered {
+            assert!(
+                matches!(st.as_u16(), 200 | 401 | 429),
+                "a flood request got {st}"
+            );
+            if *st == StatusCode::TOO_MANY_REQUESTS {
+                let secs: u64 = retry.as_ref().unwrap().to_str().unwrap().parse().unwrap();
+                assert!((1..=60).contains(&secs), "Retry-After {secs}");
+                assert_eq!(ctype.as_ref().unwrap(), "application/problem+json");
+            }
+        }
+        // Still over budget: an unknown token is no token, and a page says so as a page.
+        let r = srv
+            .client
+            .get(srv.url("/v1/kernels"))
+            .bearer_auth("kz_not_a_token")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        let p: Value = r.json().await.unwrap();
+        assert!(
+            p["detail"].as_str().unwrap().contains("without a token"),
+            "{p}"
+        );
+        let r = srv.client.get(srv.url("/")).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(r.headers().contains_key(RETRY_AFTER));
+        assert!(r.headers()[CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html"));
+        // The document says so.
+        let doc = serde_json::to_value(kernelize::app::openapi()).unwrap();
+        assert!(doc["paths"]["/v1/kernels"]["get"]["responses"]["429"].is_object());
+        assert!(doc["paths"]["/healthz"]["get"]["responses"]["429"].is_null());
+        probes.sort();
+        eprintln!(
+            "{} flood requests, {} got 429; /healthz during the flood: median {:?}, max {:?}",
+            answered.len(),
+            limited.len(),
+            probes[probes.len() / 2],
+            probes[probes.len() - 1]
         );
     }
 }

@@ -43,7 +43,16 @@ async fn fuzz(b: Backend, name: &str) {
         vec!["--seed", &seed]
     };
     // Writes unlimited: the fuzzer should reach the handlers, not the rate limit.
-    let srv = TestServer::start(&b, &["--write-rate-per-minute", "0"]).await;
+    let srv = TestServer::start(
+        &b,
+        &[
+            "--write-rate-per-minute",
+            "0",
+            "--anonymous-rate-per-minute",
+            "0",
+        ],
+    )
+    .await;
     let admin = srv.token("admin");
     let work = tempfile::tempdir().unwrap();
     let out = Command::new(&st)

@@ -42,9 +42,15 @@ pub const MAX_TOKEN_NAME: usize = 200;
 impl FromStr for Expiry {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
+        // Messages quote the value, and never much of it (a value sent over HTTP may be long).
+        let quoted = match s.char_indices().nth(40) {
+            Some((cut, _)) => format!("{}… ({} characters)", &s[..cut], s.chars().count()),
+            None => s.to_string(),
+        };
+        let q = &quoted;
         if s.trim() != s {
             return Err(format!(
-                "`{s}` has spaces around it: write the lifetime alone (e.g. `90d` or `never`)"
+                "`{q}` has spaces around it: write the lifetime alone (e.g. `90d` or `never`)"
             ));
         }
         if s == "never" {
@@ -52,7 +58,7 @@ impl FromStr for Expiry {
         }
         let bad = || {
             format!(
-                "`{s}` is not a lifetime: write a whole number with a unit, d (days), h, m or s (e.g. 90d, 12h), or `never`"
+                "`{q}` is not a lifetime: write a whole number with a unit, d (days), h, m or s (e.g. 90d, 12h), or `never`"
             )
         };
         let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?);
@@ -65,14 +71,14 @@ impl FromStr for Expiry {
             _ => return Err(bad()),
         };
         if n == 0 {
-            return Err(format!("`{s}`: a token must live longer than 0"));
+            return Err(format!("`{q}`: a token must live longer than 0"));
         }
         // At most 10 years: a longer lifetime is `never` in disguise.
         let ms = n
             .checked_mul(unit_ms)
             .filter(|ms| *ms <= 3650 * 86_400_000)
             .ok_or_else(|| {
-                format!("`{s}` is longer than 10 years; write `never` if you mean it")
+                format!("`{q}` is longer than 10 years; write `never` if you mean it")
             })?;
         Ok(Expiry::After { ms })
     }

@@ -2,7 +2,11 @@
 //! both the router and the OpenAPI document come.
 
 use crate::api;
-use crate::edge::{self, rate::WriteLimits, Edge};
+use crate::edge::{
+    self,
+    rate::{AddressLimits, WriteLimits},
+    Edge,
+};
 use crate::error::AppError;
 use crate::request_id;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
@@ -43,7 +47,19 @@ pub struct Config {
     pub write_rate_per_minute: u32,
     /// Writes one token may make at once before the per-minute rate applies.
     pub write_burst: u32,
+    /// Requests without a valid token one client address may make a minute (`/healthz` is
+    /// never limited); 0: no limit.
+    pub anonymous_rate_per_minute: u32,
+    /// Requests without a token one address may make at once before the per-minute rate
+    /// applies.
+    pub anonymous_burst: u32,
 }
+
+/// `serve --anonymous-rate-per-minute`'s default: a person on the dashboard or a client
+/// resolving a model makes a few requests a minute; a flood is refused with 429.
+pub const DEFAULT_ANONYMOUS_RATE_PER_MINUTE: u32 = 600;
+/// `serve --anonymous-burst`'s default.
+pub const DEFAULT_ANONYMOUS_BURST: u32 = 300;
 
 impl Default for Config {
     fn default() -> Self {
@@ -56,6 +72,8 @@ impl Default for Config {
             body_timeout: Duration::from_secs(30),
             write_rate_per_minute: 1200,
             write_burst: 1000,
+            anonymous_rate_per_minute: DEFAULT_ANONYMOUS_RATE_PER_MINUTE,
+            anonymous_burst: DEFAULT_ANONYMOUS_BURST,
         }
     }
 }
@@ -90,6 +108,8 @@ pub struct AppState {
     pub store: Store,
     pub config: Arc<Config>,
     pub writes: Arc<WriteLimits>,
+    /// The limit on requests without a token, per client address.
+    pub anonymous: Arc<AddressLimits>,
     pub metrics: Arc<crate::metrics::Metrics>,
     pub answers: Arc<crate::answers::AnswerCache>,
     /// Counts (`/healthz`'s kernels), per what is counted.
@@ -112,6 +132,10 @@ impl AppState {
             writes: Arc::new(WriteLimits::new(
                 config.write_rate_per_minute,
                 config.write_burst,
+            )),
+            anonymous: Arc::new(AddressLimits::new(
+                config.anonymous_rate_per_minute,
+                config.anonymous_burst,
             )),
             config: Arc::new(config),
             metrics: Arc::new(crate::metrics::Metrics::new()),
@@ -162,8 +186,92 @@ pub fn openapi() -> &'static utoipa::openapi::OpenApi {
     DOC.get_or_init(|| {
         let mut doc = api_routes().split_for_parts().1;
         api::openapi::declare_the_edge(&mut doc);
+        declare_scopes_and_limits(&mut doc);
         doc
     })
+}
+
+/// The scopes that may call each operation that needs a token (any one of them; admin holds
+/// every scope). The OpenAPI document's `security` requirements are written from this table,
+/// and the edge reads them there: a token without one of them is refused (403) before the
+/// request's body is read. A handler may ask more once it has read the body (a Python
+/// candidate needs `submit-python`).
+pub const OPERATION_SCOPES: &[(&str, &str, &[Scope])] = &[
+    ("POST", "/v1/kernels", &[Scope::Submit, Scope::SubmitPython]),
+    (
+        "POST",
+        "/v1/kernels/{name}/{version}/verify",
+        &[Scope::Admin],
+    ),
+    ("POST", "/v1/jobs/claim", &[Scope::Worker]),
+    ("POST", "/v1/jobs/{id}/heartbeat", &[Scope::Worker]),
+    ("POST", "/v1/jobs/{id}/report", &[Scope::Worker]),
+    ("POST", "/v1/jobs/{id}/fail", &[Scope::Worker]),
+    ("GET", "/v1/tokens", &[Scope::Admin]),
+    ("POST", "/v1/tokens", &[Scope::Admin]),
+    ("POST", "/v1/tokens/{token}/revoke", &[Scope::Admin]),
+    ("POST", "/v1/resolve/verifications", &[Scope::Submit]),
+];
+
+/// Each secured operation's requirement names its scopes (`OPERATION_SCOPES`), and every
+/// operation but `/healthz` declares the 429 of the rate limits.
+fn declare_scopes_and_limits(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::header::HeaderBuilder;
+    use utoipa::openapi::security::SecurityRequirement;
+    use utoipa::openapi::{Content, ObjectBuilder, Ref, RefOr, ResponseBuilder, Type};
+    for (path, item) in doc.paths.paths.iter_mut() {
+        let ops = [
+            ("GET", &mut item.get),
+            ("POST", &mut item.post),
+            ("PUT", &mut item.put),
+            ("DELETE", &mut item.delete),
+            ("PATCH", &mut item.patch),
+        ];
+        for (method, op) in ops {
+            let Some(op) = op else { continue };
+            let secured = op.security.as_ref().is_some_and(|s| !s.is_empty());
+            if secured {
+                let scopes = OPERATION_SCOPES
+                    .iter()
+                    .find(|(m, p, _)| *m == method && p == path)
+                    .map(|(_, _, scopes)| *scopes)
+                    .unwrap_or_default();
+                op.security = Some(vec![SecurityRequirement::new(
+                    "token",
+                    scopes.iter().map(|s| s.as_str()),
+                )]);
+            }
+            if path == "/healthz" {
+                continue;
+            }
+            let mut why = "Too many requests without a token from this client address (`serve --anonymous-rate-per-minute`; a request with a valid token is not limited by address)".to_string();
+            if secured {
+                why.push_str(
+                    ", or too many writes by this token (`serve --write-rate-per-minute`)",
+                );
+            }
+            why.push_str("; retry after `Retry-After` seconds");
+            let retry_after = HeaderBuilder::new()
+                .schema(
+                    ObjectBuilder::new()
+                        .schema_type(Type::Integer)
+                        .minimum(Some(1)),
+                )
+                .description(Some("Seconds to wait before the next request"))
+                .build();
+            let response = ResponseBuilder::new()
+                .description(why)
+                .content(
+                    crate::error::PROBLEM_JSON,
+                    Content::new(Some(Ref::from_schema_name("Problem"))),
+                )
+                .header("Retry-After", retry_after)
+                .build();
+            op.responses
+                .responses
+                .insert("429".to_string(), RefOr::T(response));
+        }
+    }
 }
 
 pub fn app(state: AppState) -> Router {
@@ -184,6 +292,12 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(edge::method_not_allowed)
         .fallback(edge::no_route)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        // Before routing, the body and the edge: a request without a valid token over its
+        // address's rate is refused at once.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            limit_unauthenticated,
+        ))
         .layer(CatchPanicLayer::custom(edge::panic_to_500))
         .layer(middleware::from_fn(edge::problems))
         // Counted with the status the client gets (after the edge's rewriting).
@@ -259,12 +373,16 @@ async fn authenticate_first(
             "this needs a token: send `Authorization: Bearer <token>` (create one with \
              `kernelize token create --scope SCOPE`; each operation's scope is in /openapi.json)",
         ),
-        Ok(caller) => {
-            parts.extensions.insert(caller);
-            return next
-                .run(axum::extract::Request::from_parts(parts, body))
-                .await;
-        }
+        Ok(caller) => match caller.require_any(edge.scopes(&parts.method, &route)) {
+            Ok(_) => {
+                parts.extensions.insert(caller);
+                return next
+                    .run(axum::extract::Request::from_parts(parts, body))
+                    .await;
+            }
+            // A token of another scope is refused (403) before the body too.
+            Err(e) => e,
+        },
         Err(e) => e,
     };
     // The body is read and dropped, never parsed (the client then gets this answer, not a reset).
@@ -272,6 +390,78 @@ async fn authenticate_first(
         Ok(()) => refusal.into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// Requests without a valid token are limited per client address (`Config::
+/// anonymous_rate_per_minute`, `edge::rate::AddressLimits`), before anything else is done for
+/// them: a flood of them is answered 429 at once, without reading its bodies or the database,
+/// so that `/healthz` (never limited: probes must reach it) and the callers with a token stay
+/// served. A request with a token has it checked here (the caller found is handed on, so the
+/// token is looked up once); a valid token is not limited by address, an invalid one counts
+/// as no token. The address is the TCP peer's (`listener::serve`): behind a reverse proxy,
+/// every client shares the proxy's budget.
+async fn limit_unauthenticated(
+    State(state): State<AppState>,
+    req: axum::extract::Request,
+    next: middleware::Next,
+) -> axum::response::Response {
+    if !state.anonymous.enabled() || req.uri().path() == "/healthz" {
+        return next.run(req).await;
+    }
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip());
+    let (mut parts, body) = req.into_parts();
+    if parts.headers.contains_key(header::AUTHORIZATION) {
+        match Caller::from_request_parts(&mut parts, &state).await {
+            Ok(caller) if caller.name.is_some() => {
+                parts.extensions.insert(caller);
+                return next
+                    .run(axum::extract::Request::from_parts(parts, body))
+                    .await;
+            }
+            Ok(_) => {}
+            // Counted as a request without a token; the route refuses it (401) within budget.
+            Err(e) if e.status == StatusCode::UNAUTHORIZED => {}
+            // A token over its write rate (429), a database that failed.
+            Err(e) => return refuse_early(&parts, e),
+        }
+    }
+    if let Some(ip) = peer {
+        if let Err(e) = state.anonymous.check(ip) {
+            return refuse_early(&parts, e);
+        }
+    }
+    next.run(axum::extract::Request::from_parts(parts, body))
+        .await
+}
+
+/// A refusal made before routing: problem+json on the API, an HTML page elsewhere (the
+/// dashboard's pages), keeping its headers; a request that has a body gets `Connection: close`
+/// (its body is not read).
+fn refuse_early(parts: &Parts, e: AppError) -> axum::response::Response {
+    use axum::http::HeaderValue;
+    use axum::response::IntoResponse;
+    let has_body = parts.headers.contains_key(header::TRANSFER_ENCODING)
+        || parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0");
+    let e = if has_body {
+        e.header(header::CONNECTION, HeaderValue::from_static("close"))
+    } else {
+        e
+    };
+    let path = parts.uri.path();
+    let api = path.starts_with("/v1/") || matches!(path, "/healthz" | "/metrics" | "/openapi.json");
+    if api {
+        return e.into_response();
+    }
+    let headers = e.headers.clone();
+    let mut res = crate::dashboard::PageError::from(e).into_response();
+    res.headers_mut().extend(headers);
+    res
 }
 
 /// The caller, identified by a bearer token (or anonymous).
@@ -286,29 +476,40 @@ pub struct Caller {
 impl Caller {
     /// 401 without a token, 403 with one that lacks `scope` (admin holds every scope).
     pub fn require(&self, scope: Scope) -> Result<&str, AppError> {
+        self.require_any(Some(&[scope]))
+    }
+
+    /// 401 without a token, 403 with one that holds none of `scopes` (admin holds every
+    /// scope; `None` or no scopes: any valid token).
+    pub fn require_any(&self, scopes: Option<&[Scope]>) -> Result<&str, AppError> {
+        let scopes = scopes.unwrap_or_default();
+        let needs = scopes
+            .iter()
+            .map(|s| format!("`{}`", s.as_str()))
+            .collect::<Vec<_>>()
+            .join(" or ");
         let Some(name) = &self.name else {
+            let first = scopes.first().map(|s| s.as_str()).unwrap_or("SCOPE");
             return Err(AppError::new(
                 StatusCode::UNAUTHORIZED,
                 format!(
-                    "this needs a token with scope `{}`: send `Authorization: Bearer <token>` (create one with `kernelize token create --scope {}`)",
-                    scope.as_str(),
-                    scope.as_str()
+                    "this needs a token with scope {needs}: send `Authorization: Bearer <token>` (create one with `kernelize token create --scope {first}`)",
                 ),
             ));
         };
-        if self
-            .scopes
-            .iter()
-            .any(|s| s == scope.as_str() || s == "admin")
+        if scopes.is_empty()
+            || self
+                .scopes
+                .iter()
+                .any(|s| s == "admin" || scopes.iter().any(|want| s == want.as_str()))
         {
             Ok(name)
         } else {
             Err(AppError::new(
                 StatusCode::FORBIDDEN,
                 format!(
-                    "token `{name}` has scopes [{}], but this needs `{}`",
+                    "token `{name}` has scopes [{}], but this needs {needs}",
                     self.scopes.join(", "),
-                    scope.as_str()
                 ),
             ))
         }
@@ -393,5 +594,67 @@ impl FromRequestParts<AppState> for Caller {
             }
         }
         Ok(caller)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A new operation that needs a token cannot be left without its scopes (then any valid
+    /// token would pass the edge), and the table names only such operations.
+    #[test]
+    fn every_operation_that_needs_a_token_names_its_scopes() {
+        let doc = serde_json::to_value(openapi()).unwrap();
+        let mut secured = Vec::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                let Some(reqs) = op["security"].as_array() else {
+                    continue;
+                };
+                let scopes = reqs[0]["token"].as_array().unwrap();
+                assert!(
+                    !scopes.is_empty(),
+                    "{method} {path} needs a token: add its scopes to OPERATION_SCOPES"
+                );
+                secured.push((method.to_uppercase(), path.clone()));
+            }
+        }
+        for (method, path, _) in OPERATION_SCOPES {
+            assert!(
+                secured.contains(&(method.to_string(), path.to_string())),
+                "{method} {path} is in OPERATION_SCOPES but needs no token"
+            );
+        }
+        assert_eq!(secured.len(), OPERATION_SCOPES.len());
+    }
+
+    #[test]
+    fn a_caller_needs_one_of_the_scopes() {
+        let caller = |scopes: &[&str]| Caller {
+            name: Some("t".into()),
+            scopes: scopes.iter().map(|s| s.to_string()).collect(),
+            token_id: Some(1),
+        };
+        let either = [Scope::Submit, Scope::SubmitPython];
+        assert!(caller(&["submit-python"])
+            .require_any(Some(&either))
+            .is_ok());
+        assert!(caller(&["admin"]).require_any(Some(&either)).is_ok());
+        let e = caller(&["worker"]).require_any(Some(&either)).unwrap_err();
+        assert_eq!(e.status, StatusCode::FORBIDDEN);
+        assert!(
+            e.detail.ends_with("needs `submit` or `submit-python`"),
+            "{}",
+            e.detail
+        );
+        let anonymous = Caller {
+            name: None,
+            scopes: vec![],
+            token_id: None,
+        };
+        let e = anonymous.require(Scope::Worker).unwrap_err();
+        assert_eq!(e.status, StatusCode::UNAUTHORIZED);
+        assert!(e.detail.contains("--scope worker"), "{}", e.detail);
     }
 }

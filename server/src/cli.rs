@@ -162,6 +162,14 @@ pub struct ServeArgs {
     /// Writes one token may make at once before the per-minute rate applies.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     pub write_burst: u32,
+    /// Requests without a valid token one client address (an IPv6 one by its /64) may make per
+    /// minute; beyond it 429 with Retry-After. /healthz is never limited, nor a request with a
+    /// valid token. Behind a reverse proxy every client shares the proxy's address. 0: no limit.
+    #[arg(long, env = "KERNELIZE_ANONYMOUS_RATE_PER_MINUTE", default_value_t = crate::app::DEFAULT_ANONYMOUS_RATE_PER_MINUTE)]
+    pub anonymous_rate_per_minute: u32,
+    /// Requests without a token one address may make at once before the per-minute rate applies.
+    #[arg(long, env = "KERNELIZE_ANONYMOUS_BURST", default_value_t = crate::app::DEFAULT_ANONYMOUS_BURST, value_parser = clap::value_parser!(u32).range(1..))]
+    pub anonymous_burst: u32,
     /// Also run an embedded GPU worker in this process (when the host has a GPU).
     #[arg(long)]
     pub worker: bool,

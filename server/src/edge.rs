@@ -18,8 +18,9 @@
 
 pub mod rate;
 
+use crate::app::Scope;
 use crate::dashboard::PageError;
-use crate::error::{AppError, PROBLEM_JSON};
+use crate::error::{quote, quote_at, AppError, PROBLEM_JSON};
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, MatchedPath, Multipart, RawPathParams, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
@@ -41,8 +42,9 @@ pub struct Edge {
     api_routes: HashSet<String>,
     /// The JSON request body schema per (method, route), with its name for messages.
     bodies: HashMap<(Method, String), BodySchema>,
-    /// The operations that need a token (the document's `security`).
-    secured: HashSet<(Method, String)>,
+    /// The operations that need a token (the document's `security`), with the scopes that
+    /// may call each (its requirement's scopes; admin holds every scope).
+    secured: HashMap<(Method, String), Vec<Scope>>,
     pub max_body_bytes: usize,
     pub body_timeout: Duration,
 }
@@ -73,7 +75,7 @@ impl Edge {
         let mut queries = HashMap::new();
         let mut api_routes = HashSet::new();
         let mut bodies = HashMap::new();
-        let mut secured = HashSet::new();
+        let mut secured = HashMap::new();
         for (path, item) in doc["paths"].as_object().into_iter().flatten() {
             api_routes.insert(path.clone());
             for (method, op) in item.as_object().into_iter().flatten() {
@@ -100,8 +102,14 @@ impl Edge {
                 if !json_body.is_null() {
                     bodies.insert((method.clone(), path.clone()), body_schema(&doc, json_body));
                 }
-                if op["security"].as_array().is_some_and(|s| !s.is_empty()) {
-                    secured.insert((method.clone(), path.clone()));
+                if let Some(reqs) = op["security"].as_array().filter(|s| !s.is_empty()) {
+                    let scopes = reqs
+                        .iter()
+                        .filter_map(|r| r["token"].as_array())
+                        .flatten()
+                        .filter_map(|s| Scope::parse(s.as_str()?).ok())
+                        .collect();
+                    secured.insert((method.clone(), path.clone()), scopes);
                 }
                 integers.insert((method, path.clone()), ints);
             }
@@ -119,12 +127,20 @@ impl Edge {
 
     /// Whether the operation `method` `route` needs a token (HEAD is GET's).
     pub fn needs_token(&self, method: &Method, route: &str) -> bool {
+        self.scopes(method, route).is_some()
+    }
+
+    /// The scopes that may call the operation `method` `route` (any of them; empty: any
+    /// valid token), or `None` where it needs no token.
+    pub fn scopes(&self, method: &Method, route: &str) -> Option<&[Scope]> {
         let method = if method == Method::HEAD {
             Method::GET
         } else {
             method.clone()
         };
-        self.secured.contains(&(method, route.to_string()))
+        self.secured
+            .get(&(method, route.to_string()))
+            .map(Vec::as_slice)
     }
 }
 
@@ -162,7 +178,7 @@ fn check_body_schema(schema: &BodySchema, v: &serde_json::Value) -> Result<(), A
     let what = if field.is_empty() {
         "the JSON body".to_string()
     } else {
-        format!("JSON field `{field}`")
+        format!("JSON field `{}`", quote(&field))
     };
     // The message quotes the value that broke the rule: never more than a short prefix of it,
     // so that a large body is not sent back to its sender.
@@ -301,14 +317,16 @@ async fn check(
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             let key = decode_component(k).map_err(|_| {
                 AppError::bad_request(format!(
-                    "a query parameter's name (`{k}`) is not UTF-8 text once percent-decoded; percent-encode UTF-8 bytes"
+                    "a query parameter's name (`{}`) is not UTF-8 text once percent-decoded; percent-encode UTF-8 bytes",
+                    quote(k)
                 ))
             })?;
             check_text("a query parameter's name", &key, &key, Text::Line)?;
             // Pages refuse a repeated parameter as the API does (a 400 page, not the last value).
             if !seen.insert(key.clone()) {
                 return Err(AppError::bad_request(format!(
-                    "query parameter `{key}` is given more than once; give it once"
+                    "query parameter `{}` is given more than once; give it once",
+                    quote(&key)
                 ))
                 .with("field", key.as_str()));
             }
@@ -319,18 +337,20 @@ async fn check(
                     format!("this route takes: {}", declared_queries.join(", "))
                 };
                 return Err(AppError::bad_request(format!(
-                    "unknown query parameter `{key}`; {takes}"
+                    "unknown query parameter `{}`; {takes}",
+                    quote(&key)
                 ))
                 .with("field", key.as_str()));
             }
             let value = decode_component(v).map_err(|_| {
                 AppError::bad_request(format!(
-                    "query parameter `{key}` is not UTF-8 text once percent-decoded; percent-encode UTF-8 bytes"
+                    "query parameter `{}` is not UTF-8 text once percent-decoded; percent-encode UTF-8 bytes",
+                    quote(&key)
                 ))
                 .with("field", key.as_str())
             })?;
             check_text(
-                &format!("query parameter `{key}`"),
+                &format!("query parameter `{}`", quote(&key)),
                 &key,
                 &value,
                 Text::Line,
@@ -406,7 +426,7 @@ fn check_trimmed(key: &str, value: &str) -> Result<(), AppError> {
     } else {
         return Ok(());
     };
-    Err(AppError::bad_request(format!("query parameter `{key}` {why}")).with("field", key))
+    Err(AppError::bad_request(format!("query parameter `{}` {why}", quote(key))).with("field", key))
 }
 
 fn check_integer(p: &IntegerParam, kind: &str, value: &str) -> Result<(), AppError> {
@@ -418,8 +438,11 @@ fn check_integer(p: &IntegerParam, kind: &str, value: &str) -> Result<(), AppErr
         return Ok(());
     }
     Err(AppError::bad_request(format!(
-        "{kind} `{}` must be a whole number from {} to {}; `{value}` is not",
-        p.name, p.min, p.max
+        "{kind} `{}` must be a whole number from {} to {}; `{}` is not",
+        p.name,
+        p.min,
+        p.max,
+        quote(value)
     ))
     .with("field", p.name.as_str()))
 }
@@ -513,7 +536,7 @@ fn check_json(at: &str, v: &serde_json::Value) -> Result<(), AppError> {
         if field.is_empty() {
             "the JSON body".to_string()
         } else {
-            format!("JSON field `{field}`")
+            format!("JSON field `{}`", quote(field))
         }
     };
     match v {
@@ -550,7 +573,7 @@ async fn check_multipart(ctype: &str, bytes: &Bytes) -> Result<(), AppError> {
         let Ok(data) = field.bytes().await else {
             return Ok(());
         };
-        let what = format!("multipart part `{name}`");
+        let what = format!("multipart part `{}`", quote(&name));
         let text = std::str::from_utf8(&data).map_err(|e| {
             AppError::bad_request(format!(
                 "{what} is not UTF-8 text ({e}); send the kernel.toml and the .cu source as UTF-8"
@@ -591,7 +614,10 @@ pub async fn problems(req: Request, next: Next) -> Response {
             tracing::error!(%method, %path, detail = %text, "internal error below the handlers");
             "the server failed to handle this request; it has been logged".to_string()
         }
-        _ if !text.is_empty() => format!("{text} (see /openapi.json for this route's rules)"),
+        _ if !text.is_empty() => format!(
+            "{} (see /openapi.json for this route's rules)",
+            quote_at(&text, 1000)
+        ),
         _ => format!(
             "{} (see /openapi.json for this route's rules)",
             status.canonical_reason().unwrap_or("refused")
@@ -610,8 +636,9 @@ pub async fn problems(req: Request, next: Next) -> Response {
 /// The router's fallback: no route has this path.
 pub async fn no_route(method: Method, uri: axum::http::Uri) -> AppError {
     AppError::not_found(format!(
-        "no route {method} {}; see /openapi.json for the API",
-        uri.path()
+        "no route {} {}; see /openapi.json for the API",
+        quote(method.as_str()),
+        quote(uri.path())
     ))
 }
 
@@ -620,8 +647,9 @@ pub async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> AppErro
     AppError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         format!(
-            "{method} is not allowed on {}; the `Allow` header lists the methods it takes (see /openapi.json)",
-            uri.path()
+            "{} is not allowed on {}; the `Allow` header lists the methods it takes (see /openapi.json)",
+            quote(method.as_str()),
+            quote(uri.path())
         ),
     )
 }

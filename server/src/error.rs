@@ -71,16 +71,54 @@ impl AppError {
     }
 }
 
+/// The most of a value a refusal quotes (characters): a longer one is cut, with an ellipsis
+/// and its length, so that a refusal never sends a large value back to its sender.
+pub const MAX_QUOTE: usize = 200;
+
+/// The longest `detail` a refusal carries (bytes). Values are quoted with `quote`; this is the
+/// backstop for a message that quotes one some other way.
+pub const MAX_DETAIL: usize = 8 << 10;
+
+/// `value` as a refusal quotes it: whole up to `MAX_QUOTE` characters, else its first
+/// `MAX_QUOTE` characters, an ellipsis and its length (`xxxx… (5000 characters)`).
+pub fn quote(value: &str) -> String {
+    quote_at(value, MAX_QUOTE)
+}
+
+/// `value` cut after `max` characters, as `quote` cuts it.
+pub fn quote_at(value: &str, max: usize) -> String {
+    match value.char_indices().nth(max) {
+        None => value.to_string(),
+        Some((cut, _)) => format!("{}… ({} characters)", &value[..cut], value.chars().count()),
+    }
+}
+
+/// Cut `text` to at most `max` bytes (on a character boundary), saying how long it was.
+fn cap(text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let cut = (0..=max)
+        .rev()
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0);
+    format!("{}… (cut: {} bytes in all)", &text[..cut], text.len())
+}
+
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         let mut body = json!({
             "type": "about:blank",
             "title": self.status.canonical_reason().unwrap_or("Error"),
             "status": self.status.as_u16(),
-            "detail": self.detail,
+            "detail": cap(self.detail, MAX_DETAIL),
         });
         if let Some(obj) = body.as_object_mut() {
-            obj.extend(self.extra);
+            obj.extend(self.extra.into_iter().map(|(k, v)| match v {
+                // `field` names a parameter or a JSON field: a name an attacker may make long.
+                serde_json::Value::String(s) => (k, serde_json::Value::String(quote(&s))),
+                v => (k, v),
+            }));
         }
         let headers: HeaderMap = self.headers.into_iter().collect();
         (
@@ -128,7 +166,39 @@ pub fn rejection(r: impl IntoResponse + std::fmt::Display) -> AppError {
             kernel_registry::manifest::MAX_SOURCE_BYTES >> 10
         )
     } else {
-        format!("{text}; the body must fit this route's schema in /openapi.json")
+        format!(
+            "{}; the body must fit this route's schema in /openapi.json",
+            quote(&text)
+        )
     };
     AppError::new(status, detail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotes_are_cut_with_their_length() {
+        assert_eq!(quote("short"), "short");
+        let at = "é".repeat(MAX_QUOTE);
+        assert_eq!(quote(&at), at, "exactly the limit is quoted whole");
+        let q = quote(&"é".repeat(5000));
+        assert!(q.ends_with("… (5000 characters)"), "{q}");
+        assert_eq!(q.chars().filter(|c| *c == 'é').count(), MAX_QUOTE);
+        let long = cap("x".repeat(100_000), MAX_DETAIL);
+        assert!(long.len() < MAX_DETAIL + 64 && long.ends_with("(cut: 100000 bytes in all)"));
+    }
+
+    #[tokio::test]
+    async fn a_refusal_never_carries_a_large_value() {
+        let e = AppError::bad_request(format!("bad `{}`", "v".repeat(1 << 20)))
+            .with("field", "k".repeat(10_000));
+        let body = axum::body::to_bytes(e.into_response().into_body(), usize::MAX)
+            .await
+            .unwrap();
+        assert!(body.len() < MAX_DETAIL + 1024, "{} bytes", body.len());
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert!(v["field"].as_str().unwrap().ends_with("(10000 characters)"));
+    }
 }

@@ -7,7 +7,10 @@
 //! edge's body timeout (body), and can never exhaust descriptors: the accept loop waits for a
 //! slot instead of failing with "Too many open files".
 
+use axum::extract::ConnectInfo;
+use axum::http::Request;
 use axum::Router;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -16,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tower::ServiceExt;
 
 /// Descriptors kept for everything but client connections: the listener, the database pool,
 /// SQLite's files, logs, the worker's child processes.
@@ -70,9 +74,9 @@ pub async fn serve(
             slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
             _ = &mut shutdown => break,
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of descriptors or a connection aborted before accept: neither ends
                     // the server; back off a little so that a full table is not spun on.
@@ -83,8 +87,14 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
-        let conn =
-            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        // Each request carries its peer's address (`ConnectInfo`): the limit on requests
+        // without a token is per address.
+        let app = app.clone();
+        let service = tower::service_fn(move |mut req: Request<Incoming>| {
+            req.extensions_mut().insert(ConnectInfo(peer));
+            app.clone().oneshot(req)
+        });
+        let conn = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             // The slot is freed when the connection ends, however it ends.

@@ -332,6 +332,8 @@ async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             body_timeout: Duration::from_secs(a.body_timeout_s),
             write_rate_per_minute: a.write_rate_per_minute,
             write_burst: a.write_burst,
+            anonymous_rate_per_minute: a.anonymous_rate_per_minute,
+            anonymous_burst: a.anonymous_burst,
         },
     );
     let limits = listener::Limits {

@@ -23,6 +23,7 @@ pub struct CreateTokenRequest {
     pub scopes: Vec<String>,
     /// `90d`, `12h`, `30m`, `45s` or `never` (default 90d), exactly: no spaces around it.
     #[serde(default)]
+    #[schema(max_length = 32)]
     pub expires_in: Option<String>,
 }
 
