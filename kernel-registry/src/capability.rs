@@ -156,7 +156,7 @@ pub const MAX_CAPABILITY_REASON: usize = 1000;
 
 /// What the audit of one module's PTX found: each capability with its evidence (the register,
 /// instruction, called function or variable), sorted and without repeats.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Audit {
     pub found: BTreeMap<Capability, BTreeSet<String>>,
 }
@@ -172,6 +172,9 @@ impl Audit {
         self.found.entry(c).or_default().insert(evidence.into());
     }
 }
+
+/// One dtype's module and its audit (`Err`: why its PTX could not be audited).
+pub type ModuleAudit = (DType, Result<Audit, String>);
 
 /// Most evidence strings kept per capability in a report.
 pub const MAX_EVIDENCE: usize = 8;
@@ -205,7 +208,7 @@ pub struct CapabilityReport {
 impl CapabilityReport {
     /// The report of per-dtype audits (`Err`: that module could not be audited, and why).
     pub fn of_modules(
-        modules: &[(DType, Result<Audit, String>)],
+        modules: &[ModuleAudit],
         declared: &[DeclaredCapability],
     ) -> CapabilityReport {
         let mut found: BTreeMap<Capability, (BTreeSet<String>, BTreeSet<DType>)> = BTreeMap::new();

@@ -618,6 +618,58 @@ mod tests {
         assert!(err.to_string().contains("says class"), "{err}");
     }
 
+    /// The capability audit is part of the certified report: it round-trips through JSON,
+    /// any change to it breaks the certificate, and a report without one (made before the
+    /// audit) keeps its canonical digest, so its certificate (/1 or /2) still verifies.
+    #[test]
+    fn the_capability_audit_is_certified_and_old_reports_keep_their_digest() {
+        use crate::capability::{audit_ptx, Capability, CapabilityReport, DeclaredCapability};
+        let (old, cert, trusted) = signed();
+        let json = serde_json::to_value(&old).unwrap();
+        assert!(json.get("capabilities").is_none());
+        let back: VerificationReport = serde_json::from_value(json).unwrap();
+        cert.verify(std::slice::from_ref(&trusted))
+            .unwrap()
+            .check_report(&back)
+            .unwrap();
+        let mut r = report_with(0, 0);
+        r.capabilities = Some(CapabilityReport::of_modules(
+            &[(
+                crate::DType::Bf16,
+                Ok(audit_ptx(".visible .entry k()\n{\ntrap;\n}\n")),
+            )],
+            &[DeclaredCapability {
+                name: Capability::Trap,
+                reason: "bad launch shapes".into(),
+            }],
+        ));
+        let cert = Certificate::sign(
+            &key(7),
+            &Claims::for_job(&r, "2026-11-27T05:00:00Z", 3, "ab"),
+        );
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(
+            text.contains(r#""capabilities":{"audited":true,"found":[{"name":"trap""#),
+            "{text}"
+        );
+        let back: VerificationReport = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, r);
+        let claims = cert.verify(std::slice::from_ref(&trusted)).unwrap();
+        claims.check_report(&back).unwrap();
+        let mut forged = back.clone();
+        forged.capabilities.as_mut().unwrap().found.clear();
+        assert!(matches!(
+            claims.check_report(&forged),
+            Err(CertError::ReportMismatch(_))
+        ));
+        let mut stripped = back;
+        stripped.capabilities = None;
+        assert!(matches!(
+            claims.check_report(&stripped),
+            Err(CertError::ReportMismatch(_))
+        ));
+    }
+
     #[test]
     fn key_lists_skip_comments_and_blank_lines() {
         let keys = parse_key_list("# the project's run\nAAA= # gpu0\n\n  BBB=  \n#CCC=\n");

@@ -2,6 +2,7 @@
 //! `ulp:2,deterministic` or `tolerance,max_abs_diff=0.01`, and evaluated on reports.
 //! This is the one implementation: the CLI, the worker and the resolver all call it.
 
+use crate::capability::{self, Capability, CapabilityReport};
 use crate::domain::DType;
 use crate::report::{percent, ModelReport, Verdict, VerificationReport, ULP_INFINITE};
 use serde::{Deserialize, Serialize};
@@ -28,10 +29,17 @@ pub struct Policy {
     /// worker keys, agree on the class (0: no such requirement). Checked by the resolver,
     /// which sees every verification; a single report cannot show it.
     pub confirmations: u32,
+    /// `allow:NAME`: gated capabilities the caller accepts in the compiled code
+    /// (docs/spec.md section 3b; `clock`, `environment`, `state`), sorted. A default policy
+    /// refuses a kernel whose audit finds any of them.
+    pub allow: Vec<Capability>,
+    /// `audited`: refuse a verification whose compiled code was not audited (made before the
+    /// audit, or a Python candidate).
+    pub audited: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("policy `{input}`: {message}. Write one of bit_exact, ulp:N, tolerance, argmax, optionally followed by ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X ,confirmed:N (e.g. `ulp:2,deterministic` or `bit_exact,confirmed:2`)")]
+#[error("policy `{input}`: {message}. Write one of bit_exact, ulp:N, tolerance, argmax, optionally followed by ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X ,confirmed:N ,audited ,allow:CAPABILITY (e.g. `ulp:2,deterministic` or `bit_exact,confirmed:2` or `bit_exact,allow:clock`)")]
 pub struct PolicyError {
     pub input: String,
     pub message: String,
@@ -66,6 +74,8 @@ impl FromStr for Policy {
             max_abs_diff: None,
             max_mismatch_fraction: None,
             confirmations: 0,
+            allow: Vec::new(),
+            audited: false,
         };
         for m in parts {
             let number = |v: &str| -> Result<f64, PolicyError> {
@@ -86,8 +96,23 @@ impl FromStr for Policy {
                     })?;
                 continue;
             }
+            if let Some(n) = m.strip_prefix("allow:") {
+                let c: Capability = n.parse().map_err(|e: String| err(e))?;
+                if !c.gated() {
+                    return Err(err(format!(
+                        "`{c}` is never refused by a policy, so there is nothing to allow; allow: takes one of {}",
+                        Capability::GATED.map(Capability::as_str).join(", ")
+                    )));
+                }
+                if !p.allow.contains(&c) {
+                    p.allow.push(c);
+                    p.allow.sort();
+                }
+                continue;
+            }
             match m.split_once('=') {
                 None if m == "deterministic" => p.deterministic = true,
+                None if m == "audited" => p.audited = true,
                 None if m == "batch_invariant" => p.batch_invariant = true,
                 Some(("max_abs_diff", v)) => p.max_abs_diff = Some(number(v)?),
                 Some(("max_mismatch_fraction", v)) => {
@@ -127,6 +152,12 @@ impl fmt::Display for Policy {
         if self.confirmations > 0 {
             write!(f, ",confirmed:{}", self.confirmations)?;
         }
+        if self.audited {
+            f.write_str(",audited")?;
+        }
+        for c in &self.allow {
+            write!(f, ",allow:{c}")?;
+        }
         Ok(())
     }
 }
@@ -155,7 +186,24 @@ impl Policy {
     /// it does not, each a sentence a person can act on.
     pub fn evaluate(&self, report: &VerificationReport, dtype: DType) -> Result<(), Vec<String>> {
         let models: Vec<&ModelReport> = report.model.iter().filter(|m| m.dtype == dtype).collect();
-        self.evaluate_parts(report.summary.per_dtype.get(&dtype), &models, dtype)
+        let mut why = self
+            .evaluate_parts(report.summary.per_dtype.get(&dtype), &models, dtype)
+            .err()
+            .unwrap_or_default();
+        why.extend(self.evaluate_capabilities(report.capabilities.as_ref()));
+        if why.is_empty() {
+            Ok(())
+        } else {
+            Err(why)
+        }
+    }
+
+    /// What the policy says of a verification's capability audit (docs/spec.md section 3b;
+    /// `None`: none in the report): each reason it refuses it. A capability found and not
+    /// declared by the manifest is refused by every policy; a declared gated one unless the
+    /// policy allows it; no audit only under `audited`.
+    pub fn evaluate_capabilities(&self, audit: Option<&CapabilityReport>) -> Vec<String> {
+        capability::refusals(audit, &self.allow, self.audited)
     }
 
     /// `evaluate` from the parts of a report it reads: the dtype's verdict (`None`: no case of
@@ -286,6 +334,9 @@ mod tests {
             "ulp:0,max_abs_diff=0.01,max_mismatch_fraction=0.001",
             "bit_exact,confirmed:2",
             "ulp:1,deterministic,confirmed:3",
+            "bit_exact,audited",
+            "bit_exact,allow:clock,allow:state",
+            "ulp:1,confirmed:2,audited,allow:environment",
         ] {
             assert_eq!(s.parse::<Policy>().unwrap().to_string(), s);
         }
@@ -298,6 +349,8 @@ mod tests {
             ("tolerance,max_mismatch_fraction=2", "above 1"),
             ("bit_exact,confirmed:0", "count of workers"),
             ("bit_exact,confirmed:x", "count of workers"),
+            ("bit_exact,allow:clocks", "`clocks` is not a capability"),
+            ("bit_exact,allow:trap", "never refused"),
         ] {
             let e = bad.parse::<Policy>().unwrap_err().to_string();
             assert!(e.contains(says) && e.contains("ulp:N"), "{e}");
@@ -344,6 +397,70 @@ mod tests {
             why[0].contains("no model-level (argmax) measurement for bf16"),
             "{why:?}"
         );
+    }
+
+    /// The capability audit gates every policy: undeclared capabilities always, declared gated
+    /// ones unless allowed, no audit only under `audited`; the measured verdict is untouched.
+    #[test]
+    fn capabilities_gate_the_policy() {
+        use crate::capability::{audit_ptx, DeclaredCapability};
+        let mut r = report_with(0, 0);
+        let bit: Policy = "bit_exact".parse().unwrap();
+        // No audit (an older report): passes, except under `audited`.
+        assert!(bit.evaluate(&r, DType::Bf16).is_ok());
+        let why = "bit_exact,audited"
+            .parse::<Policy>()
+            .unwrap()
+            .evaluate(&r, DType::Bf16)
+            .unwrap_err();
+        assert!(why[0].contains("not audited"), "{why:?}");
+        let ptx = ".version 8.5\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n.reg .b64 %rd<3>;\nmov.u64 %rd1, %globaltimer;\ntrap;\nret;\n}\n";
+        let audit = audit_ptx(ptx);
+        let trap = DeclaredCapability {
+            name: Capability::Trap,
+            reason: "bad launch shapes".into(),
+        };
+        r.capabilities = Some(CapabilityReport::of_modules(
+            &[(DType::Bf16, Ok(audit.clone()))],
+            std::slice::from_ref(&trap),
+        ));
+        let why = bit.evaluate(&r, DType::Bf16).unwrap_err();
+        assert_eq!(
+            why,
+            vec![
+                "reads a clock (%globaltimer) but the manifest does not declare capability `clock`"
+            ]
+        );
+        let allow: Policy = "bit_exact,allow:clock".parse().unwrap();
+        assert!(
+            allow.evaluate(&r, DType::Bf16).is_err(),
+            "undeclared stays refused"
+        );
+        let clock = DeclaredCapability {
+            name: Capability::Clock,
+            reason: "times its own phases".into(),
+        };
+        r.capabilities = Some(CapabilityReport::of_modules(
+            &[(DType::Bf16, Ok(audit))],
+            &[trap.clone(), clock],
+        ));
+        let why = bit.evaluate(&r, DType::Bf16).unwrap_err();
+        assert!(why[0].contains("allow:clock"), "{why:?}");
+        assert!(allow.evaluate(&r, DType::Bf16).is_ok());
+        // Declared trap alone: passes a default policy.
+        r.capabilities = Some(CapabilityReport::of_modules(
+            &[(
+                DType::Bf16,
+                Ok(audit_ptx(&ptx.replace("mov.u64 %rd1, %globaltimer;", ""))),
+            )],
+            &[trap],
+        ));
+        assert!(bit.evaluate(&r, DType::Bf16).is_ok());
+        assert!("bit_exact,audited"
+            .parse::<Policy>()
+            .unwrap()
+            .evaluate(&r, DType::Bf16)
+            .is_ok());
     }
 
     /// A verdict whose fields agree with each other, as the verifier's summaries do: no

@@ -86,6 +86,13 @@ pub struct VerificationReport {
     /// at the versions the verification ran with. Absent for CUDA kernels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python: Option<PythonRuntime>,
+    /// The capability audit of the compiled code (docs/spec.md section 3b): what each dtype's
+    /// module can do (found in the PTX the certified CUBIN was made from) and what the
+    /// manifest declares. Absent in reports made before the audit and for Python candidates
+    /// (their code is not audited); left out of the JSON when absent, so the canonical digest
+    /// (and the certificate) of an older report is unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<crate::capability::CapabilityReport>,
 }
 
 /// The Python environment a Python candidate was verified in.
@@ -700,6 +707,7 @@ pub mod tests_support {
             compiled: vec![],
             requested_shapes: vec![],
             python: None,
+            capabilities: None,
         }
     }
 }

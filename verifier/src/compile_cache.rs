@@ -36,6 +36,12 @@ pub fn path(source: &str, options: &[String], nvrtc_version: &str) -> Option<Pat
     dir().map(|d| d.join(key(source, options, nvrtc_version)))
 }
 
+/// Where the PTX of the entry at `p` lives (beside it, `.ptx`): the capability audit reads it,
+/// so a CUBIN is taken from the cache only with its PTX.
+pub fn ptx_path(p: &Path) -> PathBuf {
+    p.with_extension("ptx")
+}
+
 /// The cached image, when there is a non-empty one.
 pub fn load(p: &Path) -> Option<Vec<u8>> {
     std::fs::read(p).ok().filter(|b| !b.is_empty())

@@ -4,6 +4,7 @@
 
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+use kernel_registry::capability::{audit_ptx, Audit};
 use kernel_registry::report::DeviceInfo;
 use kernel_registry::Arch;
 use std::collections::HashMap;
@@ -141,23 +142,43 @@ struct Module {
     record: ModuleRecord,
 }
 
-/// How a loaded module was made (for the report's `compiled` list).
+/// How a loaded module was made (for the report's `compiled` list), and what its code can do
+/// (the capability audit of the PTX the CUBIN was made from, docs/spec.md section 3b).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModuleRecord {
     pub options: Vec<String>,
     pub nvrtc_version: String,
     pub code_kind: &'static str,
     pub code_sha256: String,
+    /// `Err`: why the PTX could not be audited.
+    pub audit: Result<Audit, String>,
 }
 
-fn record(opts: &[String], nvrtc_version: &str, bytes: &[u8], cubin: bool) -> ModuleRecord {
+fn record(
+    opts: &[String],
+    nvrtc_version: &str,
+    bytes: &[u8],
+    cubin: bool,
+    audit: Result<Audit, String>,
+) -> ModuleRecord {
     use sha2::{Digest, Sha256};
     ModuleRecord {
         options: opts.to_vec(),
         nvrtc_version: nvrtc_version.to_string(),
         code_kind: if cubin { "cubin" } else { "ptx" },
         code_sha256: hex::encode(Sha256::digest(bytes)),
+        audit,
     }
+}
+
+/// NVRTC's text output (PTX, without its NUL terminator) as a string.
+fn c_text(v: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = v
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// Every option NVRTC gets for a module, in order: the real architecture (so NVRTC makes a
@@ -200,12 +221,18 @@ pub struct CompileJob<'a> {
     pub options: Vec<String>,
 }
 
+/// What NVRTC made of one program: the image to load (a CUBIN, or PTX where NVRTC made no
+/// CUBIN), whether it is a CUBIN, and the PTX text of the same program (what the capability
+/// audit reads; `Err` when NVRTC gave none).
+type Compiled = (Image, bool, Result<String, String>);
+
 /// NVRTC: `source` to a CUBIN for the architecture in `opts` (or PTX where NVRTC made no
-/// CUBIN); the error carries NVRTC's log. Needs no CUDA context, so it runs on any thread.
-fn nvrtc_image(source: &str, what: &str, opts: &[String]) -> Result<(Image, bool), String> {
+/// CUBIN), with the program's PTX; the error carries NVRTC's log. Needs no CUDA context, so it
+/// runs on any thread.
+fn nvrtc_image(source: &str, what: &str, opts: &[String]) -> Result<Compiled, String> {
     let src = CString::new(source).map_err(|_| "the source contains a NUL byte".to_string())?;
     let name = CString::new(format!("{what}.cu")).unwrap_or_default();
-    std::panic::catch_unwind(|| -> Result<(Image, bool), String> {
+    std::panic::catch_unwind(|| -> Result<Compiled, String> {
         let prog = nvrtc::create_program(&src, Some(&name)).map_err(|e| format!("{e:?}"))?;
         // SAFETY: prog is live until destroyed below.
         unsafe {
@@ -222,13 +249,24 @@ fn nvrtc_image(source: &str, what: &str, opts: &[String]) -> Result<(Image, bool
                 .unwrap_or_default();
             // The CUBIN NVRTC made for this real architecture (no driver JIT at load); the PTX
             // where NVRTC made none.
+            // The PTX of the same program, for the audit (the CUBIN is compiled from it).
             let out = match res {
-                Ok(()) => match get_cubin(prog) {
-                    Some(c) => Ok((c, true)),
-                    None => nvrtc::get_ptx(prog)
-                        .map(|p| (p, false))
-                        .map_err(|e| format!("{e:?}")),
-                },
+                Ok(()) => {
+                    let ptx = nvrtc::get_ptx(prog).map_err(|e| format!("{e:?}"));
+                    match (get_cubin(prog), ptx) {
+                        (Some(c), ptx) => Ok((
+                            c,
+                            true,
+                            ptx.map(|p| c_text(&p))
+                                .map_err(|e| format!("nvrtcGetPTX failed: {e}")),
+                        )),
+                        (None, Ok(p)) => {
+                            let text = c_text(&p);
+                            Ok((p, false, Ok(text)))
+                        }
+                        (None, Err(e)) => Err(e),
+                    }
+                }
                 Err(e) => Err(format!("{e:?}\n{log}")),
             };
             let _ = nvrtc::destroy_program(prog);
@@ -409,13 +447,19 @@ impl Gpu {
             let opts = nvrtc_options(arch, &cuda_include_dir(), &job.options);
             let nv = nvrtc_version.get_or_insert_with(Self::nvrtc_version);
             let cached = crate::compile_cache::path(job.source, &opts, nv);
-            if let Some(image) = cached.as_deref().and_then(crate::compile_cache::load) {
+            // A cached CUBIN counts only with the PTX it was made from (the audit reads it).
+            let hit = cached.as_deref().and_then(|p| {
+                let image = crate::compile_cache::load(p)?;
+                let ptx = crate::compile_cache::load(&crate::compile_cache::ptx_path(p))?;
+                Some((image, String::from_utf8_lossy(&ptx).into_owned()))
+            });
+            if let Some((image, ptx)) = hit {
                 // SAFETY: a CUBIN that NVRTC made for this source, options, arch and NVRTC.
                 if let Ok(module) =
                     unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
                 {
                     crate::trace(|| format!("compile {}: CUBIN from the compile cache", job.what));
-                    let record = record(&opts, nv, &image, true);
+                    let record = record(&opts, nv, &image, true, Ok(audit_ptx(&ptx)));
                     self.modules.insert(key, Module { module, record });
                     continue;
                 }
@@ -427,14 +471,24 @@ impl Gpu {
         }
         let compiled = todo.len();
         let t0 = Instant::now();
-        let images: Vec<Result<(Image, bool, f64), String>> = std::thread::scope(|s| {
+        type Done = (
+            Image,
+            bool,
+            Result<String, String>,
+            Result<Audit, String>,
+            f64,
+        );
+        let images: Vec<Result<Done, String>> = std::thread::scope(|s| {
             let handles: Vec<_> = todo
                 .iter()
                 .map(|(job, _, opts, _)| {
                     s.spawn(move || {
                         let t = Instant::now();
-                        nvrtc_image(job.source, &job.what, opts)
-                            .map(|(img, cubin)| (img, cubin, t.elapsed().as_secs_f64()))
+                        nvrtc_image(job.source, &job.what, opts).map(|(img, cubin, ptx)| {
+                            // Audited on the compile thread, beside NVRTC.
+                            let audit = ptx.as_deref().map(audit_ptx).map_err(Clone::clone);
+                            (img, cubin, ptx, audit, t.elapsed().as_secs_f64())
+                        })
                     })
                 })
                 .collect();
@@ -453,7 +507,7 @@ impl Gpu {
                 what: job.what.clone(),
                 log,
             };
-            let (image, is_cubin, secs) = match res {
+            let (image, is_cubin, ptx, audit, secs) = match res {
                 Ok(r) => r,
                 Err(log) => {
                     first_err.get_or_insert(cerr(log));
@@ -483,10 +537,12 @@ impl Gpu {
                     t_load.elapsed().as_secs_f64()
                 )
             });
-            if let (true, Some(p)) = (is_cubin, &cached) {
+            if let (true, Some(p), Ok(ptx)) = (is_cubin, &cached, &ptx) {
                 // SAFETY: c_char and u8 have the same size and layout.
                 let bytes =
                     unsafe { std::slice::from_raw_parts(image.as_ptr() as *const u8, image.len()) };
+                // The PTX first: a CUBIN is used from the cache only beside its PTX.
+                crate::compile_cache::store(&crate::compile_cache::ptx_path(p), ptx.as_bytes());
                 crate::compile_cache::store(p, bytes);
             }
             // SAFETY: c_char and u8 have the same size and layout.
@@ -497,6 +553,7 @@ impl Gpu {
                 nvrtc_version.as_deref().unwrap_or(""),
                 bytes,
                 is_cubin,
+                audit,
             );
             self.modules.insert(key, Module { module, record });
         }

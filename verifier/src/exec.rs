@@ -2,6 +2,7 @@
 //! the metrics, the report and the policy checks build and are tested without one.
 
 use crate::cases::CaseSpec;
+use kernel_registry::capability::ModuleAudit;
 use kernel_registry::report::{CaseReport, CompiledModule, DeviceInfo, PythonRuntime};
 use kernel_registry::KernelBundle;
 use serde::{Deserialize, Serialize};
@@ -83,6 +84,12 @@ pub trait Executor {
     /// What each dtype's entry was compiled into (options and the code's hash), compiling it
     /// if needed. Executors that compile nothing have nothing to say.
     fn compiled(&mut self, _bundle: &KernelBundle) -> Result<Vec<CompiledModule>, ExecError> {
+        Ok(Vec::new())
+    }
+    /// Per dtype, the capability audit of the PTX its entry's module was compiled from
+    /// (docs/spec.md section 3b), compiling it if needed. Executors that compile nothing have
+    /// nothing to say (the report then says the code was not audited).
+    fn audits(&mut self, _bundle: &KernelBundle) -> Result<Vec<ModuleAudit>, ExecError> {
         Ok(Vec::new())
     }
     /// The interpreter and packages a Python candidate ran with (docs/spec.md section 2b); `None` for CUDA.

@@ -5,6 +5,7 @@
 use crate::cases::{self, CaseInputs, CaseSpec};
 use crate::cuda::{Arg, CompileJob, DevBuf, Gpu};
 use crate::exec::{ExecError, Executor, Limits};
+use kernel_registry::capability::ModuleAudit;
 use kernel_registry::manifest::{entry_options, LaunchDims};
 use kernel_registry::report::{CaseReport, CompiledModule, DeviceInfo};
 use kernel_registry::{DType, KernelBundle, Op, Semantics};
@@ -314,6 +315,25 @@ impl Executor for CudaExecutor {
                     code_kind: r.code_kind.to_string(),
                     code_sha256: r.code_sha256.clone(),
                 })
+            })
+            .collect())
+    }
+
+    fn audits(&mut self, bundle: &KernelBundle) -> Result<Vec<ModuleAudit>, ExecError> {
+        let m = &bundle.manifest;
+        let digest = bundle.digest().to_string();
+        let gpu = self.gpu()?;
+        gpu.compile_all(&entry_jobs(bundle, &digest))?;
+        Ok(m.entries
+            .keys()
+            .map(|&dtype| {
+                let audit = gpu
+                    .module_record(&digest, &entry_options(&m.nvrtc_options, dtype))
+                    .map_or_else(
+                        || Err("the module was not compiled".to_string()),
+                        |r| r.audit.clone(),
+                    );
+                (dtype, audit)
             })
             .collect())
     }

@@ -6,6 +6,7 @@
 use crate::cases::CaseSpec;
 use crate::exec::{ExecError, Executor, Limits};
 use crate::gpu::CudaExecutor;
+use kernel_registry::capability::ModuleAudit;
 use kernel_registry::report::{CaseReport, CompiledModule, DeviceInfo};
 use kernel_registry::KernelBundle;
 use serde::{Deserialize, Serialize};
@@ -31,6 +32,11 @@ pub enum Request {
         manifest_toml: String,
         source: String,
     },
+    /// The capability audit of each dtype's module (docs/spec.md section 3b).
+    Audits {
+        manifest_toml: String,
+        source: String,
+    },
     /// The reference layer on a case's inputs, for a candidate measured elsewhere (a Python
     /// candidate): outputs written to `dir/ref_out.bin` (and `dir/ref_residual.bin`).
     Reference {
@@ -46,6 +52,7 @@ pub enum Response {
     Device(DeviceInfo),
     Case(Box<CaseReport>),
     Compiled(Vec<CompiledModule>),
+    Audits(Vec<ModuleAudit>),
     /// The reference ran; its median time when `reps > 0`.
     Reference {
         median_us: Option<f64>,
@@ -80,6 +87,19 @@ pub fn serve() -> anyhow::Result<()> {
                 }),
                 Ok(b) => match exec.compiled(&b) {
                     Ok(c) => Response::Compiled(c),
+                    Err(e) => Response::Error(e),
+                },
+            },
+            Request::Audits {
+                manifest_toml,
+                source,
+            } => match KernelBundle::from_parts(&manifest_toml, &source) {
+                Err(e) => Response::Error(ExecError::Compile {
+                    what: "kernel.toml".into(),
+                    log: e.to_string(),
+                }),
+                Ok(b) => match exec.audits(&b) {
+                    Ok(a) => Response::Audits(a),
                     Err(e) => Response::Error(e),
                 },
             },
@@ -453,6 +473,18 @@ impl Executor for SandboxExecutor {
         };
         match self.call(&req, "compile record")? {
             Response::Compiled(c) => Ok(c),
+            Response::Error(e) => Err(e),
+            _ => Err(ExecError::Sandbox("unexpected answer".into())),
+        }
+    }
+
+    fn audits(&mut self, bundle: &KernelBundle) -> Result<Vec<ModuleAudit>, ExecError> {
+        let req = Request::Audits {
+            manifest_toml: bundle.manifest_toml.clone(),
+            source: bundle.source.clone(),
+        };
+        match self.call(&req, "capability audit")? {
+            Response::Audits(a) => Ok(a),
             Response::Error(e) => Err(e),
             _ => Err(ExecError::Sandbox("unexpected answer".into())),
         }

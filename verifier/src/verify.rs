@@ -5,6 +5,7 @@ use crate::cases::{self, CaseSpec, SUITE_VERSION};
 use crate::exec::{ExecError, Executor, Limits};
 use crate::python::{PythonExecutor, PythonOptions};
 use crate::sandbox::SandboxExecutor;
+use kernel_registry::capability::CapabilityReport;
 use kernel_registry::report::{
     CaseReport, CaseStatus, KernelRef, ShapeRequest, Summary, VerificationReport,
     REPORT_SCHEMA_VERSION,
@@ -231,6 +232,7 @@ pub fn verify_with(
     // What the GPU ran, for clients that must run the same code (a failure here is not the
     // kernel's: the cases already say whether it compiled).
     let compiled = exec.compiled(bundle).unwrap_or_default();
+    let capabilities = audit(exec, bundle);
     let summary = Summary::from_cases(&reports);
     Ok(VerificationReport {
         schema_version: REPORT_SCHEMA_VERSION,
@@ -259,7 +261,34 @@ pub fn verify_with(
         compiled,
         requested_shapes: opts.shapes.clone(),
         python: exec.python_runtime(),
+        capabilities,
     })
+}
+
+/// The capability audit of a CUDA kernel's compiled modules (docs/spec.md section 3b), with
+/// the manifest's declarations; `None` for a Python candidate (its code is not audited). A
+/// module that could not be audited is said in the report's `notes` (and makes it
+/// `audited: false`), never silently skipped.
+fn audit(exec: &mut dyn Executor, bundle: &KernelBundle) -> Option<CapabilityReport> {
+    let m = &bundle.manifest;
+    if m.runtime != Runtime::Cuda {
+        return None;
+    }
+    let mut modules = match exec.audits(bundle) {
+        Ok(a) => a,
+        Err(e) => m
+            .dtypes()
+            .into_iter()
+            .map(|d| (d, Err(e.to_string())))
+            .collect(),
+    };
+    for d in m.dtypes() {
+        if !modules.iter().any(|(dt, _)| *dt == d) {
+            modules.push((d, Err("the executor audited no module".to_string())));
+        }
+    }
+    modules.sort_by_key(|(d, _)| *d);
+    Some(CapabilityReport::of_modules(&modules, &m.capabilities))
 }
 
 #[cfg(test)]
@@ -340,6 +369,86 @@ cols_max = 16384
             c.cols = spec.cols;
             Ok(c)
         }
+    }
+
+    /// `Fake` whose modules audit as `audits` says.
+    struct Audited(Fake, Vec<kernel_registry::capability::ModuleAudit>);
+
+    impl Executor for Audited {
+        fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
+            self.0.device_info()
+        }
+        fn run_case(
+            &mut self,
+            b: &KernelBundle,
+            spec: &CaseSpec,
+            l: &Limits,
+            c: f64,
+        ) -> Result<CaseReport, ExecError> {
+            self.0.run_case(b, spec, l, c)
+        }
+        fn audits(
+            &mut self,
+            _b: &KernelBundle,
+        ) -> Result<Vec<kernel_registry::capability::ModuleAudit>, ExecError> {
+            Ok(self.1.clone())
+        }
+    }
+
+    /// The report carries the audit of every module with the manifest's declarations; an
+    /// executor that audits nothing (or a module it could not audit) gives `audited: false`
+    /// with a note per dtype, never a clean audit.
+    #[test]
+    fn the_report_carries_the_capability_audit() {
+        use kernel_registry::capability::{audit_ptx, Capability};
+        let opts = VerifyOptions {
+            seed: Some(5),
+            quick: true,
+            ..Default::default()
+        };
+        let fake = || Fake {
+            fail_on: None,
+            calls: 0,
+        };
+        let r = verify_with(&mut fake(), &bundle(), &opts, &mut |_| {}).unwrap();
+        let c = r.capabilities.as_ref().unwrap();
+        assert!(!c.audited);
+        assert_eq!(c.notes.len(), 2, "{:?}", c.notes);
+        let ptx = |body: &str| {
+            audit_ptx(&format!(
+                ".version 8.5\n.target sm_90\n.address_size 64\n.visible .entry k()\n{{\n.reg .b64 %rd<3>;\n{body}\nret;\n}}\n"
+            ))
+        };
+        let toml =
+            format!("{TOML}\n[[capability]]\nname = \"trap\"\nreason = \"bad launch shapes\"\n");
+        let b = KernelBundle::from_parts(
+            &toml,
+            "extern \"C\" __global__ void k_bf16() {}\nextern \"C\" __global__ void k_f32() {}",
+        )
+        .unwrap();
+        let mut exec = Audited(
+            fake(),
+            vec![
+                (DType::Bf16, Ok(ptx("trap;"))),
+                (DType::F32, Ok(ptx("mov.u64 %rd1, %clock64;\ntrap;"))),
+            ],
+        );
+        let r = verify_with(&mut exec, &b, &opts, &mut |_| {}).unwrap();
+        let c = r.capabilities.as_ref().unwrap();
+        assert!(c.audited && c.notes.is_empty());
+        assert_eq!(c.found_names(), vec![Capability::Clock, Capability::Trap]);
+        assert_eq!(c.found[0].dtypes, vec![DType::F32]);
+        assert_eq!(c.declared, b.manifest.capabilities);
+        // The policy refuses the undeclared clock, in every dtype (the audit is the kernel's).
+        let why = "ulp:1"
+            .parse::<Policy>()
+            .unwrap()
+            .evaluate(&r, DType::Bf16)
+            .unwrap_err();
+        assert_eq!(
+            why,
+            vec!["reads a clock (%clock64) but the manifest does not declare capability `clock`"]
+        );
     }
 
     #[test]

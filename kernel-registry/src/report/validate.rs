@@ -192,6 +192,10 @@ pub enum ReportErrorKind {
     ModelFigure {
         why: String,
     },
+    /// The capability audit does not fit the kernel (docs/spec.md section 3b).
+    Capabilities {
+        why: String,
+    },
 }
 
 impl fmt::Display for ReportErrorKind {
@@ -294,6 +298,10 @@ impl fmt::Display for ReportErrorKind {
             ),
             BadHash { got } => write!(f, "`{got}` is not a SHA-256 (64 lowercase hex digits)"),
             ModelFigure { why } => f.write_str(why),
+            Capabilities { why } => write!(
+                f,
+                "{why}; post the capability audit `kernelize verify` or `kernelize worker` wrote"
+            ),
         }
     }
 }
@@ -346,6 +354,7 @@ pub fn validate(report: &VerificationReport, want: &Expected<'_>) -> Result<(), 
     }
     check_compiled(report, want.manifest, &mut out);
     check_runtime(report, want.manifest, &mut out);
+    check_capabilities(report, want.manifest, &mut out);
     check_models(report, want.manifest, &mut out);
     out.truncate(MAX_PROBLEMS);
     if out.is_empty() {
@@ -965,6 +974,92 @@ fn check_runtime(r: &VerificationReport, m: &Manifest, out: &mut Vec<ReportError
                 ));
             }
         }
+    }
+}
+
+/// Longest evidence or note string of a capability audit (characters).
+pub const MAX_AUDIT_TEXT: usize = 300;
+
+/// The capability audit, when there is one, fits the kernel: a CUDA kernel's, declaring what
+/// the manifest declares, naming only the kernel's dtypes, bounded text.
+fn check_capabilities(r: &VerificationReport, m: &Manifest, out: &mut Vec<ReportError>) {
+    use crate::capability::{MAX_CAPABILITY_REASON, MAX_EVIDENCE};
+    let Some(c) = &r.capabilities else { return };
+    let mut bad = |field: String, why: String| {
+        out.push(err(field, ReportErrorKind::Capabilities { why }));
+    };
+    if m.runtime == Runtime::Python {
+        bad(
+            "capabilities".into(),
+            "a Python candidate's code is not audited".into(),
+        );
+        return;
+    }
+    if c.declared != m.capabilities {
+        bad(
+            "capabilities.declared".into(),
+            format!(
+                "declares [{}], the manifest [{}]",
+                c.declared
+                    .iter()
+                    .map(|d| d.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                m.capabilities
+                    .iter()
+                    .map(|d| d.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+    }
+    if c.audited != c.notes.is_empty() {
+        bad(
+            "capabilities.audited".into(),
+            "an audit is complete exactly when it has no note of a module it could not audit"
+                .into(),
+        );
+    }
+    let mut names = c.found.iter().map(|f| f.name).collect::<Vec<_>>();
+    names.dedup();
+    if names.len() != c.found.len() || !c.found.windows(2).all(|w| w[0].name < w[1].name) {
+        bad(
+            "capabilities.found".into(),
+            "lists a capability twice or out of order (sorted by name, each once)".into(),
+        );
+    }
+    for (i, f) in c.found.iter().enumerate() {
+        if f.evidence.is_empty() || f.evidence.len() > MAX_EVIDENCE {
+            bad(
+                format!("capabilities.found[{i}].evidence"),
+                format!("gives 1 to {MAX_EVIDENCE} pieces of evidence"),
+            );
+        }
+        if f.evidence
+            .iter()
+            .any(|e| e.chars().count() > MAX_AUDIT_TEXT)
+        {
+            bad(
+                format!("capabilities.found[{i}].evidence"),
+                format!("each piece of evidence is at most {MAX_AUDIT_TEXT} characters"),
+            );
+        }
+        if f.dtypes.is_empty() || f.dtypes.iter().any(|d| !m.dtypes().contains(d)) {
+            bad(
+                format!("capabilities.found[{i}].dtypes"),
+                "names the dtypes of the kernel's modules that have it (at least one)".into(),
+            );
+        }
+    }
+    if c.notes.len() > m.dtypes().len()
+        || c.notes
+            .iter()
+            .any(|n| n.chars().count() > MAX_AUDIT_TEXT + MAX_CAPABILITY_REASON)
+    {
+        bad(
+            "capabilities.notes".into(),
+            "at most one short note per dtype".into(),
+        );
     }
 }
 

@@ -597,3 +597,62 @@ fn rederive_replaces_a_flattering_summary() {
     let e = r.cases[i].exactness.as_ref().unwrap();
     assert_eq!(e.mismatch_fraction, 1.0 / e.elements as f64);
 }
+
+/// A capability audit fits the kernel: declarations as the manifest's, the kernel's dtypes,
+/// bounded text; an honest one passes, each forgery names its field.
+#[test]
+fn a_capability_audit_must_fit_the_kernel() {
+    use crate::capability::{audit_ptx, CapabilityReport, DeclaredCapability};
+    let ptx =
+        ".version 8.5\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\ntrap;\nret;\n}\n";
+    let mut m = manifest(RMS_NORM_LLAMA);
+    m.capabilities = vec![DeclaredCapability {
+        name: crate::capability::Capability::Trap,
+        reason: "bad launch shapes".into(),
+    }];
+    let audit = |m: &Manifest| {
+        CapabilityReport::of_modules(
+            &m.dtypes()
+                .into_iter()
+                .map(|d| (d, Ok(audit_ptx(ptx))))
+                .collect::<Vec<_>>(),
+            &m.capabilities,
+        )
+    };
+    let mut r = honest();
+    r.capabilities = Some(audit(&m));
+    assert_eq!(check_with(&r, &m, &[]), vec![]);
+    let fields = |r: &VerificationReport| -> Vec<String> {
+        check_with(r, &m, &[])
+            .into_iter()
+            .map(|e| e.field)
+            .collect()
+    };
+    // Declarations other than the manifest's.
+    let mut f = r.clone();
+    f.capabilities.as_mut().unwrap().declared.clear();
+    assert_eq!(fields(&f), vec!["capabilities.declared"]);
+    let e = check_with(&f, &m, &[])[0].to_string();
+    assert!(e.contains("declares [], the manifest [trap]"), "{e}");
+    // A dtype the kernel lacks; no evidence; a long one; audited with a note.
+    let mut f = r.clone();
+    f.capabilities.as_mut().unwrap().found[0].dtypes = vec![];
+    assert_eq!(fields(&f), vec!["capabilities.found[0].dtypes"]);
+    let mut f = r.clone();
+    f.capabilities.as_mut().unwrap().found[0].evidence = vec![];
+    assert_eq!(fields(&f), vec!["capabilities.found[0].evidence"]);
+    let mut f = r.clone();
+    f.capabilities.as_mut().unwrap().found[0].evidence = vec!["x".repeat(MAX_AUDIT_TEXT + 1)];
+    assert_eq!(fields(&f), vec!["capabilities.found[0].evidence"]);
+    let mut f = r.clone();
+    f.capabilities.as_mut().unwrap().notes = vec!["bf16: not audited".into()];
+    assert_eq!(fields(&f), vec!["capabilities.audited"]);
+    let mut f = r.clone();
+    let dup = f.capabilities.as_ref().unwrap().found[0].clone();
+    f.capabilities.as_mut().unwrap().found.push(dup);
+    assert_eq!(fields(&f), vec!["capabilities.found"]);
+    // An older report (no audit) still fits.
+    let mut old = r.clone();
+    old.capabilities = None;
+    assert_eq!(check_with(&old, &m, &[]), vec![]);
+}
