@@ -190,7 +190,10 @@ impl Policy {
             .evaluate_parts(report.summary.per_dtype.get(&dtype), &models, dtype)
             .err()
             .unwrap_or_default();
-        why.extend(self.evaluate_capabilities(report.capabilities.as_ref()));
+        // Not verified for the dtype says it all; else the audit is read too.
+        if report.summary.per_dtype.contains_key(&dtype) {
+            why.extend(self.evaluate_capabilities(report.capabilities.as_ref()));
+        }
         if why.is_empty() {
             Ok(())
         } else {

@@ -110,6 +110,8 @@ struct VerdictCols {
     argmax_failures: i64,
     max_abs_diff: Option<f64>,
     max_mismatch_fraction: Option<f64>,
+    /// The capability flags (`None`: not audited).
+    capabilities: Option<String>,
 }
 
 /// `policy_condition` in memory, over the same stored columns: true exactly when the SQL
@@ -152,6 +154,11 @@ fn passes(d: &VerdictCols, policy: &Policy) -> bool {
         && policy
             .max_mismatch_fraction
             .is_none_or(|x| d.max_mismatch_fraction.is_none_or(|v| v <= x))
+        && kernel_registry::capability::flags_pass(
+            d.capabilities.as_deref(),
+            &policy.allow,
+            policy.audited,
+        )
 }
 
 /// A verdict of one dtype as a policy checks it: `passes` is the SQL policy condition
@@ -571,7 +578,8 @@ impl Store {
                 "SELECT verification_id, dtype, cases_run, integrity_ok, mismatches, \
                  nonfinite_parity, deterministic, batch_invariant, within_tolerance, max_ulp, \
                  models, argmax_failures, max_abs_diff, max_mismatch_fraction, verdict_json, \
-                 models_json FROM verification_verdicts WHERE verification_id IN ({list})"
+                 models_json, capabilities, capabilities_json FROM verification_verdicts \
+                 WHERE verification_id IN ({list})"
             ))
             .fetch_all(&self.pool)
             .await?
@@ -602,10 +610,15 @@ impl Store {
                         argmax_failures: i("argmax_failures")?,
                         max_abs_diff: r.try_get("max_abs_diff")?,
                         max_mismatch_fraction: r.try_get("max_mismatch_fraction")?,
+                        capabilities: r.try_get("capabilities")?,
                     },
                     parts: Arc::new(VerdictParts {
                         verdict: Some(verdict),
                         models,
+                        capabilities: crate::newest::parse_capabilities(
+                            id,
+                            r.try_get::<Option<String>, _>("capabilities_json")?,
+                        )?,
                     }),
                 });
             }
@@ -847,6 +860,7 @@ impl VerdictIndex {
                         Arc::new(VerdictParts {
                             verdict: None,
                             models: vec![],
+                            capabilities: None,
                         })
                     });
                 (*id, parts)

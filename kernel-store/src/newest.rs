@@ -9,6 +9,7 @@
 use crate::codec::{bound, csv, parse_col, parse_csv};
 use crate::kernels::{kernel_row, runtime_of, KernelQuery, KernelRow, KERNEL_COLS};
 use crate::{Result, Store, StoreError};
+use kernel_registry::capability::CapabilityReport;
 use kernel_registry::cert::Certificate;
 use kernel_registry::policy::Requirement;
 use kernel_registry::report::{
@@ -96,8 +97,8 @@ pub(crate) async fn insert_summary_in(
             "INSERT INTO verification_verdicts (verification_id, dtype, class, class_rank, \
              class_ulp, cases_run, integrity_ok, mismatches, nonfinite_parity, deterministic, \
              batch_invariant, within_tolerance, max_ulp, models, argmax_failures, verdict_json, \
-             models_json, max_abs_diff, max_mismatch_fraction) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, {}, {})",
+             models_json, capabilities, capabilities_json, max_abs_diff, max_mismatch_fraction) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, {}, {})",
             float_sql(v.max_abs_diff),
             float_sql(v.max_mismatch_fraction)
         );
@@ -125,6 +126,14 @@ pub(crate) async fn insert_summary_in(
             )
             .bind(serde_json::to_string(v).expect("verdict serialises"))
             .bind(serde_json::to_string(&models).expect("models serialise"))
+            // The audit is the kernel's (every dtype's row holds it); NULL: not audited.
+            .bind(capability_flags(report))
+            .bind(
+                report
+                    .capabilities
+                    .as_ref()
+                    .map(|c| serde_json::to_string(c).expect("audit serialises")),
+            )
             .execute(&mut **tx)
             .await?;
     }
@@ -169,12 +178,35 @@ pub(crate) async fn insert_summary_in(
     Ok(())
 }
 
+/// The stored capability flags of a report (`CapabilityReport::flags`; `None`: not audited).
+fn capability_flags(report: &VerificationReport) -> Option<String> {
+    report.capabilities.as_ref().and_then(|c| c.flags())
+}
+
+/// `kernel_registry::capability::flags_pass` over the stored column `d.capabilities`.
+fn capability_condition(policy: &Policy) -> Vec<String> {
+    let mut c = Vec::new();
+    if policy.audited {
+        c.push("d.capabilities IS NOT NULL".to_string());
+    }
+    // Found and not declared: refused by every policy.
+    c.push("(d.capabilities IS NULL OR d.capabilities NOT LIKE '%!%')".to_string());
+    for g in kernel_registry::capability::Capability::GATED {
+        if !policy.allow.contains(&g) {
+            c.push(format!(
+                "(d.capabilities IS NULL OR d.capabilities NOT LIKE '%,{g},%')"
+            ));
+        }
+    }
+    c
+}
+
 /// `kernel_registry::policy::bit_exact` over the stored columns.
 const BIT_EXACT: &str = "d.mismatches = 0 AND d.nonfinite_parity = 1 AND d.deterministic = 1";
 
 /// The SQL condition on a `verification_verdicts` row `d` that holds exactly when
-/// `policy.evaluate_parts` passes for it (`confirmed:N` is not part of it: it needs other
-/// verifications). Numbers are written as literals (the policy parser admits only finite ones).
+/// `policy.evaluate_parts` and `policy.evaluate_capabilities` pass for it (`confirmed:N` is
+/// not part of it: it needs other verifications). Numbers are written as literals (the policy parser admits only finite ones).
 pub fn policy_condition(policy: &Policy) -> String {
     let mut c = vec!["d.cases_run > 0".to_string(), "d.integrity_ok = 1".into()];
     match policy.requirement {
@@ -216,6 +248,7 @@ pub fn policy_condition(policy: &Policy) -> String {
             float_sql(x)
         ));
     }
+    c.extend(capability_condition(policy));
     format!("({})", c.join(" AND "))
 }
 
@@ -300,17 +333,33 @@ pub struct VerdictOn {
 pub struct VerdictParts {
     pub verdict: Option<Verdict>,
     pub models: Vec<ModelReport>,
+    /// The verification's capability audit (docs/spec.md section 3b; `None`: not audited).
+    pub capabilities: Option<CapabilityReport>,
 }
 
 impl VerdictParts {
     /// Why the verdict fails `policy` (empty: it passes).
     pub fn why_not(&self, policy: &Policy, dtype: DType) -> Vec<String> {
         let refs: Vec<&ModelReport> = self.models.iter().collect();
-        policy
+        let mut why = policy
             .evaluate_parts(self.verdict.as_ref(), &refs, dtype)
             .err()
-            .unwrap_or_default()
+            .unwrap_or_default();
+        if self.verdict.is_some() {
+            why.extend(policy.evaluate_capabilities(self.capabilities.as_ref()));
+        }
+        why
     }
+}
+
+/// A stored audit (`capabilities_json`), `None` when not audited.
+pub(crate) fn parse_capabilities(
+    id: i64,
+    text: Option<String>,
+) -> Result<Option<CapabilityReport>> {
+    text.map(|t| serde_json::from_str(&t))
+        .transpose()
+        .map_err(|e| StoreError::Corrupt(format!("verification {id}: capabilities: {e}")))
 }
 
 /// One row of the dashboard's matrix: a kernel's newest verdict on an architecture for a dtype.
@@ -554,6 +603,7 @@ impl Store {
                     VerdictParts {
                         verdict: None,
                         models: vec![],
+                        capabilities: None,
                     },
                 )
             })
@@ -562,8 +612,8 @@ impl Store {
             return Ok(out);
         }
         let sql = format!(
-            "SELECT verification_id, verdict_json, models_json FROM verification_verdicts \
-             WHERE dtype = $1 AND verification_id IN ({})",
+            "SELECT verification_id, verdict_json, models_json, capabilities_json \
+             FROM verification_verdicts WHERE dtype = $1 AND verification_id IN ({})",
             ids_list(ids)
         );
         for r in sqlx::query(&sql)
@@ -580,11 +630,14 @@ impl Store {
             let models: Vec<ModelReport> =
                 serde_json::from_str(&r.try_get::<String, _>("models_json")?)
                     .map_err(|e| corrupt("models", e))?;
+            let capabilities =
+                parse_capabilities(id, r.try_get::<Option<String>, _>("capabilities_json")?)?;
             out.insert(
                 id,
                 VerdictParts {
                     verdict: Some(verdict),
                     models,
+                    capabilities,
                 },
             );
         }

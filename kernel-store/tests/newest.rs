@@ -4,6 +4,9 @@
 //! fixture (ops, semantics, archs, classes, superseded and stale verdicts, argmax models,
 //! large differences, certificates for confirmed:N), on SQLite and PostgreSQL, fresh and upgraded.
 
+use kernel_registry::capability::{
+    Audit, Capability, CapabilityReport, DeclaredCapability, ModuleAudit,
+};
 use kernel_registry::cert::Certificate;
 use kernel_registry::report::tests_support::case;
 use kernel_registry::report::{
@@ -112,7 +115,67 @@ fn report(k: &KernelBundle, arch: Arch, j: usize, speed: f64) -> VerificationRep
     if j.is_multiple_of(5) {
         r.summary.per_dtype.remove(&DType::F16);
     }
+    r.capabilities = capabilities_for(j);
     r
+}
+
+/// The `j`-th capability audit of the fixture (docs/spec.md section 3b): none, clean, a
+/// declared trap, a declared or undeclared clock, declared state, an incomplete audit.
+fn capabilities_for(j: usize) -> Option<CapabilityReport> {
+    let audit = |found: &[(Capability, &str)]| Audit {
+        found: found
+            .iter()
+            .map(|(c, e)| (*c, [e.to_string()].into_iter().collect()))
+            .collect(),
+    };
+    let declare = |cs: &[Capability]| -> Vec<DeclaredCapability> {
+        cs.iter()
+            .map(|c| DeclaredCapability {
+                name: *c,
+                reason: format!("needs {c}"),
+            })
+            .collect()
+    };
+    let (modules, declared): (Vec<ModuleAudit>, Vec<DeclaredCapability>) = match j % 7 {
+        0 => return None,
+        1 => (vec![(DType::Bf16, Ok(audit(&[])))], vec![]),
+        2 => (
+            vec![(DType::Bf16, Ok(audit(&[(Capability::Trap, "trap")])))],
+            declare(&[Capability::Trap]),
+        ),
+        3 => (
+            vec![(
+                DType::F16,
+                Ok(audit(&[
+                    (Capability::Clock, "%globaltimer"),
+                    (Capability::Trap, "trap"),
+                ])),
+            )],
+            declare(&[Capability::Clock, Capability::Trap]),
+        ),
+        4 => (
+            vec![(DType::Bf16, Ok(audit(&[(Capability::Clock, "%clock64")])))],
+            vec![],
+        ),
+        5 => (
+            vec![(
+                DType::Bf16,
+                Ok(audit(&[
+                    (Capability::State, "st.global.u32 to launches"),
+                    (Capability::Environment, "%smid"),
+                ])),
+            )],
+            declare(&[Capability::Environment, Capability::State]),
+        ),
+        _ => (
+            vec![
+                (DType::Bf16, Ok(audit(&[]))),
+                (DType::F16, Err("no PTX".into())),
+            ],
+            vec![],
+        ),
+    };
+    Some(CapabilityReport::of_modules(&modules, &declared))
 }
 
 fn cert(key: &str, n: usize) -> Certificate {
@@ -196,6 +259,10 @@ fn policies() -> Vec<Policy> {
         "bit_exact,confirmed:2",
         "ulp:1,confirmed:1",
         "tolerance,confirmed:2",
+        "bit_exact,allow:clock",
+        "ulp:2,audited",
+        "tolerance,allow:environment,allow:state",
+        "tolerance,audited,allow:clock,allow:environment,allow:state",
     ]
     .iter()
     .map(|p| p.parse().unwrap())
