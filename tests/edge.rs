@@ -1495,6 +1495,109 @@ async fn manifest_limits_and_spdx_licences_hold_alike_on_both_backends() {
     }
 }
 
+/// More stalled connections than `--max-connections` do not lock fresh clients out (issue 27
+/// item 12: with more stalled connections than the limit, a normal client timed out on 6 of 11
+/// probes): 150 connections that send nothing, half a request's headers, or an unauthenticated
+/// POST's headers and half its body, against a limit of 32 and timeouts of a minute, and every
+/// fresh client is answered at once, each new connection closing the one that has waited
+/// longest on its client. A body sent with a valid token is not closed for room, and the server
+/// never holds much more than its limit of sockets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stalled_connections_beyond_the_limit_do_not_lock_out_fresh_clients() {
+    raise_fd_limit(4096);
+    for b in backends().await {
+        let srv = TestServer::start(
+            &b,
+            &[
+                "--no-bundled",
+                "--max-connections",
+                "32",
+                "--header-timeout-s",
+                "60",
+                "--body-timeout-s",
+                "60",
+            ],
+        )
+        .await;
+        let worker = srv.token("worker");
+        let addr = srv.base.trim_start_matches("http://").to_string();
+        // A worker's report, stalled mid-body: its request is the worker's, not a stall's.
+        let mut kept = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let head = format!(
+            "POST /v1/jobs/claim HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {worker}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"wor"
+        );
+        tokio::io::AsyncWriteExt::write_all(&mut kept, head.as_bytes())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut stalled = Vec::new();
+        for i in 0..150 {
+            let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            let sent: &[u8] = match i % 3 {
+                0 => b"",
+                1 => b"GET /healthz HTTP/1.1\r\nHost: x\r\nUser-Agent: slow",
+                _ => b"POST /v1/jobs/claim HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"wor",
+            };
+            tokio::io::AsyncWriteExt::write_all(&mut s, sent)
+                .await
+                .unwrap();
+            stalled.push(s);
+        }
+        // Fresh clients, each on a new connection: all answered, none waiting for a timeout.
+        let fresh = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap();
+        let mut waits = Vec::new();
+        for i in 0..11 {
+            let t = Instant::now();
+            let req = if i % 2 == 0 {
+                fresh.get(srv.url("/healthz"))
+            } else {
+                fresh.get(srv.url("/v1/kernels")).bearer_auth(&worker)
+            };
+            let r = tokio::time::timeout(Duration::from_secs(20), req.send())
+                .await
+                .unwrap_or_else(|_| panic!("probe {i} was not answered within 20 s"))
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::OK, "probe {i}");
+            waits.push(t.elapsed());
+        }
+        let sockets = open_sockets(srv.child.id());
+        // The limit, the worker's, the listener, the runtime's own, and PostgreSQL's pool of 16.
+        assert!(
+            sockets <= 32 + 8 + 16,
+            "{sockets} sockets held beside a limit of 32"
+        );
+        // The stalls were closed by the server for room, long before their timeouts.
+        let mut closed = 0;
+        for mut s in stalled {
+            let mut buf = [0u8; 64];
+            let read = tokio::io::AsyncReadExt::read(&mut s, &mut buf);
+            if let Ok(Ok(_) | Err(_)) = tokio::time::timeout(Duration::from_millis(100), read).await
+            {
+                closed += 1;
+            }
+        }
+        assert!(
+            closed >= 150 - 32,
+            "only {closed} of 150 stalls were closed"
+        );
+        // The worker's stalled body is still open (the server has not answered or closed it).
+        let mut buf = [0u8; 64];
+        assert!(
+            matches!(kept.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "the worker's connection was closed for room"
+        );
+        waits.sort();
+        eprintln!(
+            "150 stalls beside --max-connections 32: 11 fresh probes answered, median {:?}, max {:?}; {closed} stalls closed for room, {sockets} sockets held",
+            waits[waits.len() / 2],
+            waits[waits.len() - 1]
+        );
+    }
+}
+
 /// A POST's status and its whole answer, as text.
 async fn post_text(
     srv: &TestServer,

@@ -385,7 +385,12 @@ async fn authenticate_first(
         },
         Err(e) => e,
     };
-    // The body is read and dropped, never parsed (the client then gets this answer, not a reset).
+    // The body is read and dropped, never parsed (the client then gets this answer, not a reset);
+    // meanwhile the connection may be closed to make room for a new one (`listener`).
+    let _waiting = parts
+        .extensions
+        .get::<crate::listener::Connection>()
+        .map(|c| c.waiting());
     match edge::drain(body, &edge).await {
         Ok(()) => refusal.into_response(),
         Err(e) => e.into_response(),

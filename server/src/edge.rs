@@ -377,7 +377,21 @@ async fn check(
     if declared.is_some_and(|n| n > (edge.max_body_bytes + DRAIN_BYTES) as u64) {
         return Err(too_large(edge.max_body_bytes));
     }
-    let bytes = read_body(body, edge).await?;
+    // While its body arrives the connection waits on its client: without a valid token it may
+    // be closed to make room for a new connection (`listener`).
+    let waiting = parts
+        .extensions
+        .get::<crate::listener::Connection>()
+        .filter(|_| {
+            parts
+                .extensions
+                .get::<crate::app::Caller>()
+                .is_none_or(|c| c.name.is_none())
+        })
+        .map(|c| c.waiting());
+    let bytes = read_body(body, edge).await;
+    drop(waiting);
+    let bytes = bytes?;
     let ctype = parts
         .headers
         .get(header::CONTENT_TYPE)
