@@ -196,10 +196,11 @@ async fn find(st: &AppState, name: &str, version: &str) -> Result<KernelRow, App
     })
 }
 
-/// One kernel: its manifest, verification jobs and verifications (summaries).
+/// One kernel: its manifest, verification jobs and verifications (summaries, each with its
+/// capability audit and why a default policy refuses it, if it does).
 #[utoipa::path(get, path = "/v1/kernels/{name}/{version}", tag = "kernels",
     params(("name" = KernelName, Path), ("version" = KernelVersion, Path)),
-    responses((status = 200, description = "The kernel"), (status = 404, description = "No such kernel")))]
+    responses((status = 200, description = "The kernel: its manifest (with the `capabilities` it declares), jobs, and verifications, each with `capabilities` (the audit of its compiled code, docs/spec.md section 3b; null when not audited) and `capabilities_refused` (why a default policy refuses it)"), (status = 404, description = "No such kernel")))]
 pub async fn get_one(
     State(st): State<AppState>,
     _c: Caller,
@@ -222,6 +223,11 @@ pub async fn get_one(
                 "id": v.id, "url": format!("/v1/verifications/{}", v.id), "arch": v.arch,
                 "device": v.device_name, "class": v.exactness_class, "created_at": v.created_at,
                 "summary": v.report.summary,
+                // What the compiled code can do (docs/spec.md section 3b; null: not audited),
+                // and why a default policy refuses it (empty: it does not).
+                "capabilities": v.report.capabilities,
+                "capabilities_refused": kernel_registry::capability::refusals(
+                    v.report.capabilities.as_ref(), &[], false),
             })
         })
         .collect();

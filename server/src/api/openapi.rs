@@ -109,7 +109,7 @@ param_schema!(
     PolicyText,
     "Policy",
     string_schema(
-        "An exactness policy: bit_exact, ulp:N, tolerance or argmax, then any of ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X (X a non-negative number; a fraction at most 1) ,confirmed:N (N from 1 to 100 worker keys certifying the class).",
+        "An exactness policy: bit_exact, ulp:N, tolerance or argmax, then any of ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X (X a non-negative number; a fraction at most 1) ,confirmed:N (N from 1 to 100 worker keys certifying the class) ,audited (the compiled code's capability audit is required) ,allow:clock ,allow:environment ,allow:state (hand out a kernel whose audit finds that gated capability, declared by its manifest; docs/spec.md section 3b).",
         None,
         Some(POLICY_PATTERN)
     )
@@ -154,6 +154,7 @@ pub static POLICY_PATTERN: &str = concat!(
     r"|max_mismatch_fraction=",
     r"\+?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?",
     r"|confirmed:\+?0*([1-9][0-9]?|100)",
+    r"|audited|allow:(clock|environment|state)",
     r"))*$"
 );
 
@@ -319,6 +320,11 @@ mod tests {
                 ("bit_exact,confirmed:2", true),
                 ("bit_exact,confirmed:100,deterministic", true),
                 ("bit_exact,confirmed:007", true),
+                ("bit_exact,audited", true),
+                ("ulp:1,allow:clock,allow:state,allow:environment", true),
+                ("bit_exact,allow:trap", false),
+                ("bit_exact,allow:", false),
+                ("bit_exact,allow:clocks", false),
                 ("bit_exact,confirmed:0", false),
                 ("bit_exact,confirmed:101", false),
                 ("bit_exact,confirmed:", false),
@@ -331,6 +337,17 @@ mod tests {
                 ("", false),
             ],
         );
+        // Every capability a policy may allow, and no other.
+        let allow: Vec<String> = kernel_registry::capability::Capability::ALL
+            .iter()
+            .map(|c| format!("bit_exact,allow:{c}"))
+            .collect();
+        let cases: Vec<(&str, bool)> = allow
+            .iter()
+            .zip(kernel_registry::capability::Capability::ALL)
+            .map(|(s, c)| (s.as_str(), c.gated()))
+            .collect();
+        agree::<Policy>(POLICY_PATTERN, &cases);
     }
 
     #[test]

@@ -48,6 +48,13 @@ pub async fn page(
                 @if let Some(m) = k.cols_max { ", <= " (m) }
                 @if k.cols_multiple_of > 1 { ", multiple of " (k.cols_multiple_of) }
             }
+            @if let Some(declared) = src.as_ref().map(|s| &s.manifest.capabilities).filter(|d| !d.is_empty()) {
+                dt { "declares" } dd #declared-capabilities {
+                    @for d in declared {
+                        code { (d.name) } " (" (d.reason) "); "
+                    }
+                }
+            }
             dt { "authors" } dd { (k.authors.join(", ")) }
             dt { "license" } dd { (k.license) }
             dt { "origin" } dd { (k.origin) }
@@ -253,6 +260,7 @@ fn verification(v: &VerificationRow, op: Op, stale: &[String]) -> Markup {
             @if !r.summary.overall.problems.is_empty() {
                 ul.why.error { @for p in &r.summary.overall.problems { li { (p) } } }
             }
+            (capabilities(r))
             (coverage_table(v, op))
             (model_level(r))
             div.plots {
@@ -336,6 +344,59 @@ fn verification(v: &VerificationRow, op: Op, stale: &[String]) -> Markup {
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+/// What the compiled code can do (docs/spec.md section 3b): each capability the audit found,
+/// whether the manifest declares it, its evidence and dtypes, and why a default policy refuses
+/// the kernel (if it does).
+fn capabilities(r: &kernel_registry::report::VerificationReport) -> Markup {
+    use kernel_registry::capability::refusals;
+    let refused = refusals(r.capabilities.as_ref(), &[], false);
+    html! {
+        div.capabilities {
+            h4 { "What the compiled code can do" }
+            @match &r.capabilities {
+                None => p.muted.not-audited {
+                    "Not audited: this verification was made before the capability audit, or the kernel is a Python candidate. A policy with "
+                    code { "audited" } " refuses it."
+                },
+                Some(c) => {
+                    @if !c.audited {
+                        p.error.audit-incomplete {
+                            "The audit is incomplete (a policy with " code { "audited" } " refuses it): "
+                            (c.notes.join("; "))
+                        }
+                    }
+                    @if c.found.is_empty() {
+                        @if c.audited { p.audit-clean { "Nothing beyond ordinary computation: no clock, environment register, state across launches, global atomics, printf, trap, device launch, indirect call or inline assembly." } }
+                    } @else {
+                        table.capabilities {
+                            thead { tr { th { "capability" } th { "declared" } th { "evidence" } th { "dtypes" } } }
+                            tbody {
+                                @for f in &c.found {
+                                    tr {
+                                        td { code { (f.name) } " " span.muted { (f.name.describe()) } }
+                                        td {
+                                            @if let Some(d) = c.declared.iter().find(|d| d.name == f.name) { "yes: " (d.reason) }
+                                            @else if f.name.needs_declaration() { span.badge.c-fails { "not declared" } }
+                                            @else { span.muted { "needs no declaration" } }
+                                        }
+                                        td { (f.evidence.join(", ")) }
+                                        td { (f.dtypes.iter().map(|d| d.as_str()).collect::<Vec<_>>().join(", ")) }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                },
+            }
+            @if !refused.is_empty() {
+                ul.why.error.capabilities-refused {
+                    @for w in &refused { li { "A default policy refuses it: " (w) } }
                 }
             }
         }
