@@ -1024,7 +1024,8 @@ async fn stalled_connections_are_closed_and_the_service_stays_available() {
 
 /// Under a small open-file limit (the probe's 256) the server keeps fewer connections than
 /// descriptors, says so, and 300 stalled connections no longer lock everyone out: `/healthz`
-/// answers once the header timeout frees slots, and the server is never out of descriptors.
+/// answers (a new connection closes the stall that has waited longest), and the server is never
+/// out of descriptors.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_small_descriptor_limit_lowers_the_connection_limit_instead_of_failing() {
     raise_fd_limit(4096);
