@@ -154,9 +154,9 @@ pub struct ServeArgs {
     pub body_timeout_s: u64,
     /// The most client connections open at once. When all are open, a new connection closes
     /// the one that has waited longest on its client (for its request's headers, idle between
-    /// requests, or sending a body without a valid token), so stalled clients cannot lock fresh
-    /// ones out; when every one is busy, new ones wait in the listen backlog. The open-file
-    /// limit is raised to fit (or this is lowered, with a warning).
+    /// requests, sending a body without a valid token, or not reading its answer), so stalled
+    /// clients cannot lock fresh ones out; when every one is busy, new ones wait in the listen
+    /// backlog. The open-file limit is raised to fit (or this is lowered, with a warning).
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,
     /// Writes (POST) one token may make per minute; beyond it 429 with Retry-After. 0: no limit.

@@ -5,28 +5,25 @@
 //!
 //! When every slot is taken, a new connection is accepted and the connection that has waited
 //! longest on its client is closed to make room: one that has not sent its request's headers
-//! (stalled, or idle between requests) or is sending a body without a valid token. So stalled
-//! clients cannot lock fresh ones out, however many they open; they only close each other. A
-//! connection whose request is being handled, or a body sent with a valid token, is never
-//! closed for room: when every connection is busy, new ones wait in the kernel's backlog
+//! (stalled, or idle between requests), is sending a body without a valid token, or has not
+//! read its answer. So stalled clients cannot lock fresh ones out, however many they open;
+//! they only close each other. A connection whose request is being handled, or a body sent
+//! with a valid token, is never closed for room: when every connection is busy, new ones wait in the kernel's backlog
 //! (costing this process no descriptor) until a slot frees. A stalled client otherwise holds
 //! its slot for at most `header_timeout` (headers) or the edge's body timeout (body), and the
 //! server never runs out of descriptors: at most one connection beyond `max_connections` is
 //! open, for the moment its room is made.
 
-use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::Request;
 use axum::Router;
-use hyper::body::{Frame, Incoming, SizeHint};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::collections::HashMap;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, Semaphore};
@@ -127,11 +124,12 @@ pub async fn serve(
             let busy = handle.busy();
             let answer = app.clone().oneshot(req);
             async move {
-                let res = answer.await?;
-                // Busy until the answer's body is written (or dropped).
-                Ok::<_, std::convert::Infallible>(
-                    res.map(|body| Body::new(Tracked { body, _busy: busy })),
-                )
+                let res = answer.await;
+                // Busy while the request is handled; then the connection waits on its client
+                // again: to read the answer (a client that stops reading holds no slot against
+                // a newcomer), then for its next request.
+                drop(busy);
+                res
             }
         });
         let conn = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
@@ -262,7 +260,7 @@ impl Connection {
     }
 
     /// A request of the connection is handled until the guard goes; then it waits on its
-    /// client again (for the next request).
+    /// client again (to read the answer, then for the next request).
     fn busy(&self) -> Busy {
         self.0.open.set_waiting(self.0.id, false);
         Busy(self.clone())
@@ -284,32 +282,6 @@ struct Busy(Connection);
 impl Drop for Busy {
     fn drop(&mut self) {
         self.0 .0.open.set_waiting(self.0 .0.id, true);
-    }
-}
-
-/// An answer's body, keeping its connection busy until it is written.
-struct Tracked {
-    body: Body,
-    _busy: Busy,
-}
-
-impl hyper::body::Body for Tracked {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
     }
 }
 
