@@ -292,8 +292,9 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(edge::method_not_allowed)
         .fallback(edge::no_route)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        // Before routing, the body and the edge: a request without a valid token over its
-        // address's rate is refused at once.
+        // Around every route and the fallbacks (a router's layer runs once the route is
+        // matched), before the route layers: a request without a valid token over its
+        // address's rate is refused at once, before the edge reads its body.
         .layer(middleware::from_fn_with_state(
             state.clone(),
             limit_unauthenticated,
@@ -442,7 +443,7 @@ async fn limit_unauthenticated(
         .await
 }
 
-/// A refusal made before routing: problem+json on the API, an HTML page elsewhere (the
+/// A refusal made before the edge and the handlers: problem+json on the API, an HTML page elsewhere (the
 /// dashboard's pages), keeping its headers; a request that has a body gets `Connection: close`
 /// (its body is not read).
 fn refuse_early(parts: &Parts, e: AppError) -> axum::response::Response {
