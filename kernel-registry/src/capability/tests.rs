@@ -347,3 +347,57 @@ fn instructions_after_line_directives_are_audited() {
     );
     assert_eq!(found(&ptx), vec![Capability::Environment, Capability::Trap]);
 }
+
+/// Every `.ptx` file in `$KERNELIZE_PTX_DIR` (NVRTC's output for the bundled kernels, as the
+/// verifier compiles them; skipped without it) audits to no more than `inline_asm` and `trap`:
+/// the bundled kernels run no clock, environment register, state, atomics, printf, device
+/// launch or indirect call.
+#[test]
+fn bundled_ptx_from_a_directory_audits_to_trap_and_inline_asm_at_most() {
+    let Ok(dir) = std::env::var("KERNELIZE_PTX_DIR") else {
+        return;
+    };
+    let mut n = 0;
+    let mut entries: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "ptx"))
+        .collect();
+    entries.sort();
+    for p in entries {
+        let a = audit_ptx(&std::fs::read_to_string(&p).unwrap());
+        eprintln!("{}: {:?}", p.display(), a.found);
+        for c in a.capabilities() {
+            assert!(
+                matches!(c, Capability::InlineAsm | Capability::Trap),
+                "{}: {c} ({:?})",
+                p.display(),
+                a.found[&c]
+            );
+        }
+        n += 1;
+    }
+    assert!(n > 0, "no .ptx file in {dir}");
+}
+
+/// Real NVRTC output: the bundled silu_fastmath's bf16 module (CUDA 13.0's NVRTC, sm_90, the
+/// verifier's options, 2026-11-27): only the inline asm of CUDA's bf16 header. (The same run
+/// over every bundled kernel's modules found `trap` and `inline_asm` in the norm kernels and
+/// `inline_asm` alone in the activations; see the test above, with `KERNELIZE_PTX_DIR`.)
+#[test]
+fn a_real_bundled_module_audits_to_inline_asm_only() {
+    let ptx = include_str!("fixtures/silu_fastmath.bf16.sm_90.ptx");
+    assert!(ptx.contains(".visible .entry silu_fastmath_bf16"));
+    let a = audit_ptx(ptx);
+    assert_eq!(a.capabilities(), vec![Capability::InlineAsm], "{a:?}");
+    // The same module with a clock read and a trap pasted into its entry finds both.
+    let hostile = ptx.replacen(
+        "\tret;",
+        "\tmov.u64 \t%rd1, %globaltimer;\n\ttrap;\n\tret;",
+        1,
+    );
+    assert_eq!(
+        audit_ptx(&hostile).capabilities(),
+        vec![Capability::Clock, Capability::Trap, Capability::InlineAsm]
+    );
+}
