@@ -416,7 +416,7 @@ struct Stmt {
 }
 
 /// Remove comments and string literals (a string becomes `""`), keeping line structure.
-/// Returns the cleaned text and whether any `// begin inline asm` marker was seen.
+/// Returns the cleaned text and how many `// begin inline asm` markers it had.
 fn strip(ptx: &str) -> (String, usize) {
     let b = ptx.as_bytes();
     let mut out = String::with_capacity(ptx.len());
@@ -704,6 +704,24 @@ pub fn audit_ptx(ptx: &str) -> Audit {
             Capability::InlineAsm,
             format!("{asm_blocks} inline asm block(s)"),
         );
+    }
+    // PTX accepts C preprocessor directives (`#define`, token pasting), which NVRTC never
+    // writes but inline assembly may: the audit does not expand them, so what they could hide
+    // counts as found.
+    if let Some(d) = clean.lines().map(str::trim).find(|l| l.starts_with('#')) {
+        let what: String = d
+            .split_whitespace()
+            .next()
+            .unwrap_or("#")
+            .chars()
+            .take(32)
+            .collect();
+        for c in Capability::GATED {
+            audit.add(
+                c,
+                format!("a preprocessor directive ({what}) the audit does not expand"),
+            );
+        }
     }
     let (stmts, funcs) = statements(&clean);
 

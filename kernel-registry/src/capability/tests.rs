@@ -401,3 +401,22 @@ fn a_real_bundled_module_audits_to_inline_asm_only() {
         vec![Capability::Clock, Capability::Trap, Capability::InlineAsm]
     );
 }
+
+/// Preprocessor directives (which PTX accepts and inline assembly may hold) could hide a
+/// register or a variable behind a macro: the audit counts every gated capability as found.
+#[test]
+fn preprocessor_directives_count_as_every_gated_capability() {
+    let ptx = module(
+        ".global .align 4 .u32 counter;",
+        "\t// begin inline asm\n#define G counter\n\tst.global.u32 [G], %r4;\n\t// end inline asm",
+    );
+    assert_eq!(
+        found(&ptx),
+        vec![
+            Capability::Clock,
+            Capability::Environment,
+            Capability::State,
+            Capability::InlineAsm
+        ]
+    );
+}
