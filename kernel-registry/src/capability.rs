@@ -599,8 +599,7 @@ struct Insn<'a> {
 fn instruction(text: &str) -> Option<Insn<'_>> {
     let mut t = text.trim();
     // Labels: `$L__BB0_1:` (not `::` of a state space).
-    loop {
-        let Some(i) = t.find(':') else { break };
+    while let Some(i) = t.find(':') {
         let head = &t[..i];
         if t[i + 1..].starts_with(':') || head.is_empty() || !head.chars().all(is_ident_char) {
             break;
