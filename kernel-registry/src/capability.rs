@@ -846,15 +846,16 @@ fn audit_function(
             break;
         }
     }
-    // Param stores of a tainted value wait for their call: passing a format string's address
-    // to vprintf is no write.
+    // Param stores of a tainted value wait for their call: passing a string's address to
+    // vprintf or __assertfail is no write.
     let mut pending: Vec<String> = Vec::new();
     for i in insns {
         let base = opcode_parts(i.opcode)[0];
         let ops = operands(i.rest);
         if base == "call" {
             let callee = ops.iter().find(|o| !o.starts_with('(')).map(|c| c.trim());
-            if callee != Some("vprintf") {
+            // printf's and assert's arguments are strings they only read.
+            if !matches!(callee, Some("vprintf" | "__assertfail" | "__assert_fail")) {
                 for p in pending.drain(..) {
                     audit.add(Capability::State, p);
                 }

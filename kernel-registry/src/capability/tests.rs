@@ -420,3 +420,81 @@ fn preprocessor_directives_count_as_every_gated_capability() {
         ]
     );
 }
+
+/// Real NVRTC output (CUDA 13.0, sm_90, the verifier's options) of one small kernel per
+/// capability, `fixtures/cuda/NAME.cu` compiled by `fixtures/cuda/compile.py` into
+/// `NAME.sm_90.ptx`: the audit finds exactly what each source does, and nothing in the clean
+/// ones and the look-alikes. (Dynamic parallelism needs `-rdc`, which a manifest cannot ask
+/// for: its fixture is the hand-written one above.)
+#[test]
+fn real_nvrtc_output_per_capability() {
+    use Capability::*;
+    let cases: [(&str, &str, &[Capability]); 13] = [
+        ("clean", include_str!("fixtures/cuda/clean.sm_90.ptx"), &[]),
+        (
+            "myclock",
+            include_str!("fixtures/cuda/myclock.sm_90.ptx"),
+            &[],
+        ),
+        ("table", include_str!("fixtures/cuda/table.sm_90.ptx"), &[]),
+        (
+            "clock",
+            include_str!("fixtures/cuda/clock.sm_90.ptx"),
+            &[Clock, InlineAsm],
+        ),
+        (
+            "environment",
+            include_str!("fixtures/cuda/environment.sm_90.ptx"),
+            &[Environment, InlineAsm],
+        ),
+        (
+            "state",
+            include_str!("fixtures/cuda/state.sm_90.ptx"),
+            &[State],
+        ),
+        (
+            "state_atomic",
+            include_str!("fixtures/cuda/state_atomic.sm_90.ptx"),
+            &[State, GlobalAtomics],
+        ),
+        (
+            "heap",
+            include_str!("fixtures/cuda/heap.sm_90.ptx"),
+            &[State],
+        ),
+        (
+            "global_atomics",
+            include_str!("fixtures/cuda/global_atomics.sm_90.ptx"),
+            &[GlobalAtomics],
+        ),
+        (
+            "printf",
+            include_str!("fixtures/cuda/printf.sm_90.ptx"),
+            &[Printf],
+        ),
+        // `__trap()` is inline asm in NVRTC's own header.
+        (
+            "trap",
+            include_str!("fixtures/cuda/trap.sm_90.ptx"),
+            &[Trap, InlineAsm],
+        ),
+        (
+            "assert",
+            include_str!("fixtures/cuda/assert.sm_90.ptx"),
+            &[Printf, Trap],
+        ),
+        (
+            "indirect_call",
+            include_str!("fixtures/cuda/indirect_call.sm_90.ptx"),
+            &[IndirectCall],
+        ),
+    ];
+    for (name, ptx, want) in cases {
+        assert!(
+            ptx.contains("Cuda compilation tools, release 13.0"),
+            "{name}"
+        );
+        let a = audit_ptx(ptx);
+        assert_eq!(a.capabilities(), want.to_vec(), "{name}: {:?}", a.found);
+    }
+}
