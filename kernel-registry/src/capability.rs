@@ -818,9 +818,15 @@ fn audit_function(
         return;
     }
     // Module-scope variables: follow their addresses through registers (to a fixpoint, for
-    // loops), and find a write through one, or one leaving into memory or a call.
-    let mut tainted: HashSet<&str> = HashSet::new();
-    let is_ref = |n: &str, t: &HashSet<&str>| globals.contains(n) || t.contains(n);
+    // loops), each register to the variable it points into, and find a write through one, or
+    // one leaving into memory or a call.
+    let mut tainted: HashMap<&str, &str> = HashMap::new();
+    let origin = |n: &str, t: &HashMap<&str, &str>| -> Option<String> {
+        globals
+            .get(n)
+            .map(String::to_string)
+            .or_else(|| t.get(n).map(|g| g.to_string()))
+    };
     loop {
         let before = tainted.len();
         for i in insns {
@@ -832,13 +838,15 @@ fn audit_function(
             if ops.len() < 2 {
                 continue;
             }
-            if ops[1..]
-                .iter()
-                .flat_map(|o| names(o))
-                .any(|n| is_ref(n, &tainted))
-            {
+            let from = ops[1..].iter().flat_map(|o| names(o)).find_map(|n| {
+                globals
+                    .get(n)
+                    .map(String::as_str)
+                    .or(tainted.get(n).copied())
+            });
+            if let Some(g) = from {
                 for d in names(ops[0]).into_iter().filter(|n| n.starts_with('%')) {
-                    tainted.insert(d);
+                    tainted.entry(d).or_insert(g);
                 }
             }
         }
@@ -862,14 +870,15 @@ fn audit_function(
             }
             pending.clear();
             // Registers passed directly.
-            if ops
+            if let Some(g) = ops
                 .iter()
                 .flat_map(|o| names(o))
-                .any(|n| n.starts_with('%') && tainted.contains(n))
+                .filter(|n| n.starts_with('%'))
+                .find_map(|n| tainted.get(n))
             {
                 audit.add(
                     Capability::State,
-                    "address of a module-scope variable passed to a call",
+                    format!("address of {g} passed to a call"),
                 );
             }
             continue;
@@ -880,25 +889,16 @@ fn audit_function(
             let Some(at) = ops.iter().position(|o| o.starts_with('[')) else {
                 continue;
             };
-            let addr_names = names(ops[at]);
-            if let Some(g) = addr_names.iter().find(|n| globals.contains(**n)) {
+            if let Some(g) = names(ops[at]).into_iter().find_map(|n| origin(n, &tainted)) {
                 audit.add(Capability::State, format!("{} to {g}", i.opcode));
-            } else if addr_names.iter().any(|n| tainted.contains(n)) {
-                audit.add(
-                    Capability::State,
-                    format!(
-                        "{} through the address of a module-scope variable",
-                        i.opcode
-                    ),
-                );
             }
             // A value written that is an address of one: it leaves into memory.
-            if ops[at + 1..]
+            if let Some(g) = ops[at + 1..]
                 .iter()
                 .flat_map(|o| names(o))
-                .any(|n| is_ref(n, &tainted))
+                .find_map(|n| origin(n, &tainted))
             {
-                let what = format!("address of a module-scope variable stored ({})", i.opcode);
+                let what = format!("address of {g} stored ({})", i.opcode);
                 if i.opcode.starts_with("st.param") {
                     pending.push(what);
                 } else {

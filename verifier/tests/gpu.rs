@@ -5,6 +5,7 @@
 //! A custom harness (no libtest): this binary also serves `__sandbox`, so the verifier's child
 //! processes are this same executable.
 
+use kernel_registry::capability::Capability;
 use kernel_registry::report::{CaseStatus, ExactnessClass, VerificationReport};
 use kernel_registry::{DType, KernelBundle};
 use std::path::PathBuf;
@@ -154,7 +155,72 @@ fn bundled_exact(r: &VerificationReport) -> Result<String, String> {
                 .unwrap_or_default()
         ));
     }
-    Ok(per.join("; ") + " (large-index case included)")
+    // The bundled kernels trap on launch shapes their rules never produce, and CUDA's headers
+    // use inline asm: nothing else.
+    let audit = audits_to(r, &[Capability::Trap, Capability::InlineAsm])?;
+    Ok(per.join("; ") + " (large-index case included); " + &audit)
+}
+
+/// The report's capability audit is complete and finds nothing but `allowed` (docs/spec.md
+/// section 3b); what it found, for the log.
+fn audits_to(r: &VerificationReport, allowed: &[Capability]) -> Result<String, String> {
+    let c = r
+        .capabilities
+        .as_ref()
+        .ok_or("the report has no capability audit")?;
+    if !c.audited {
+        return Err(format!("the audit is incomplete: {}", c.notes.join("; ")));
+    }
+    let extra: Vec<String> = c
+        .found
+        .iter()
+        .filter(|f| !allowed.contains(&f.name))
+        .map(|f| format!("{} ({})", f.name, f.evidence.join(", ")))
+        .collect();
+    if !extra.is_empty() {
+        return Err(format!("the audit found {}", extra.join("; ")));
+    }
+    Ok(format!(
+        "audit: [{}]",
+        c.found
+            .iter()
+            .map(|f| f.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}
+
+/// A red-team kernel that only a longer life than a verification's would give away: whatever
+/// its measured class, the audit finds `cap` (undeclared, with `evidence`) and every policy
+/// refuses it for that reason.
+fn refused_for(r: &VerificationReport, cap: Capability, evidence: &str) -> Result<String, String> {
+    let c = r
+        .capabilities
+        .as_ref()
+        .ok_or("the report has no capability audit")?;
+    let f = c
+        .found
+        .iter()
+        .find(|f| f.name == cap)
+        .ok_or_else(|| format!("the audit did not find {cap}: {:?}", c.found))?;
+    if !f.evidence.iter().any(|e| e == evidence) {
+        return Err(format!("{cap} found by {:?}, not {evidence}", f.evidence));
+    }
+    let why = "tolerance"
+        .parse::<kernel_registry::Policy>()
+        .expect("policy")
+        .evaluate(r, DType::Bf16)
+        .err()
+        .unwrap_or_default();
+    let want = format!("but the manifest does not declare capability `{cap}`");
+    if !why.iter().any(|w| w.contains(&want)) {
+        return Err(format!("the policy does not refuse it for {cap}: {why:?}"));
+    }
+    Ok(format!(
+        "measured {} (the run cannot see it); audit found {cap} ({evidence}); refused: {}",
+        r.summary.overall.class,
+        why.join("; ")
+    ))
 }
 
 fn main() -> ExitCode {
@@ -300,10 +366,20 @@ fn main() -> ExitCode {
             if r.summary.overall.class == ExactnessClass::BitExact {
                 return Err("classified bit_exact".into());
             }
+            // Its counter is module-scope state, bumped with a global atomic.
+            let state = refused_for(r, Capability::State, "atom.global.add.u64 to blocks_seen")?;
             Ok(format!(
-                "non-deterministic, class {}",
+                "non-deterministic, class {}; {state}",
                 r.summary.overall.class
             ))
+        }),
+        // Issue 26: behaviour that changes later in the life of a process, given away only by
+        // what the code can do.
+        ("broken/reads_globaltimer", |r| {
+            refused_for(r, Capability::Clock, "%globaltimer")
+        }),
+        ("broken/counts_launches_by_gridid", |r| {
+            refused_for(r, Capability::Environment, "%gridid")
         }),
         ("broken/cols_multiple_of_8_only", |r| {
             let bad: Vec<_> = r

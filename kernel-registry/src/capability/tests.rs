@@ -497,4 +497,21 @@ fn real_nvrtc_output_per_capability() {
         let a = audit_ptx(ptx);
         assert_eq!(a.capabilities(), want.to_vec(), "{name}: {:?}", a.found);
     }
+    // The evidence names the variable, whether the address is written directly or through a
+    // register.
+    let ev = |ptx: &str| {
+        audit_ptx(ptx).found[&State]
+            .iter()
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        ev(include_str!("fixtures/cuda/state.sm_90.ptx")),
+        ["st.global.u64 to launches"]
+    );
+    assert_eq!(
+        ev(include_str!("fixtures/cuda/state_atomic.sm_90.ptx")),
+        ["atom.global.add.u32 to seen"]
+    );
+    assert_eq!(ev(include_str!("fixtures/cuda/heap.sm_90.ptx")), ["malloc"]);
 }
