@@ -91,13 +91,22 @@ grid = "per_row"
 rows_per_block = 1
 """
 EW_LAUNCH = """
-# 64 bytes per thread (4 x 16-byte loads: 32 elements of bf16/f16; f32 blocks loop twice),
-# 256 threads per block, grid-stride loop.
+# 16 bytes per thread (one 16-byte load: 8 elements of bf16/f16; f32 threads loop twice), 256
+# threads per block, grid-stride loop: a decode row's elements spread over many SMs.
 [launch]
 block = 256
 grid = "per_element"
-elements_per_thread = 32
+elements_per_thread = 8
 """
+
+# What the compiled code of an engine can do beyond computing its output (docs/manifest.md,
+# `[[capability]]`; the verifier's audit finds it in the PTX and every policy refuses a kernel that
+# does not declare it). The row engines trap on a block shape their launch rules never produce.
+CAPABILITIES = {
+    "eager": [("trap", "traps (__trap) when launched with a block that cannot hold eager's lanes; the manifest's "
+                       "launch rules never launch one")],
+    "canonical": [("trap", "traps (__trap) when launched with a block shape other than the manifest's launch rules give")],
+}
 
 # The ABI of each op (docs/spec.md section 2): the entry's parameters and the engine call's arguments.
 SIGS = {
@@ -143,7 +152,7 @@ KERNELS = [
       docs/reference-semantics.md), var = sum * (float(rows) / float(rows*cols)) (MeanOps'
       factor), r = rsqrtf(var + eps), n = round(x * r), y = round(w * n) (two roundings, as
       eager). Like eager, a row's bits can depend on the batch's row count below 16 rows and on
-      the row's position when cols % 4 != 0: not batch-invariant. Rows that are whole 16-byte chunks (every model width) go through shared memory: the block copies a tile of rows (or chunks of one long row) with cp.async, eager's lanes sum from there, one warp per row runs eager's trees, all threads write 16-byte outputs; persistent grid. Other rows (cols <= 128, odd widths, misaligned tensors): one warp per row up to 8160 columns, one 256-thread block per row above.""", MEAN_RMS),
+      the row's position when cols % 4 != 0: not batch-invariant. Rows that are whole 16-byte chunks (every model width) go through shared memory: the block copies a tile of rows (or chunks of one long row) with cp.async, eager's lanes sum from there, one warp per row runs eager's trees, all threads write 16-byte outputs; persistent grid. When every row has a block of its own (decode steps, small batches) and fits 4 16-byte chunks per thread, the decode path instead: each thread loads its chunks of x and of the weight into registers at once, the lanes sum from those registers (at most one unit a lane) or from shared memory, one warp runs the tree with its shape known at compile time, outputs from the registers. Other rows (cols <= 128, odd widths, misaligned tensors): one warp per row up to 8160 columns, one 256-thread block per row above.""", MEAN_RMS),
     K("rms_norm_gemma", "rms_norm", "gemma", "eager", MEAN_LAUNCH, "kz_mean_norm<T, KZ_GEMMA, false>",
       """Fast exact Gemma RMSNorm: y = round(x * r * (1 + w)), r = rsqrtf(mean(x^2) + eps) in
       eager's mean order at the tensor's own shape, as rms_norm_llama (every row count; not
@@ -153,7 +162,7 @@ KERNELS = [
       """Fast exact F.rms_norm (eager's _fused_rms_norm): cols % 4 == 0: r = rsqrtf(sum/cols + eps)
       with the sum of fma(x, x, .) over 128 lanes of 4-vectors; otherwise r = rsqrtf(mean^2 + var
       + eps) from a Welford over 512 lanes, as eager's two layer-norm kernels do
-      (docs/reference-semantics.md). y = round(x * r * w), one rounding. Rows that are whole 16-byte chunks (every model width) go through shared memory: the block copies a tile of rows (or chunks of one long row) with cp.async, eager's lanes sum from there, one warp per row runs eager's trees, all threads write 16-byte outputs; persistent grid. Other rows (cols <= 128, odd widths, misaligned tensors): one warp per row up to 2048 columns, one 128-thread block per row above.""", LN_RMS),
+      (docs/reference-semantics.md). y = round(x * r * w), one rounding. Rows that are whole 16-byte chunks (every model width) go through shared memory: the block copies a tile of rows (or chunks of one long row) with cp.async, eager's lanes sum from there, one warp per row runs eager's trees, all threads write 16-byte outputs; persistent grid. When every row has a block of its own (decode steps, small batches) and fits 4 16-byte chunks per thread, the decode path instead: each thread loads its chunks of x and of the weight into registers at once, the lanes sum from those registers (at most one unit a lane) or from shared memory, one warp runs the tree with its shape known at compile time, outputs from the registers. Other rows (cols <= 128, odd widths, misaligned tensors): one warp per row up to 2048 columns, one 128-thread block per row above.""", LN_RMS),
     K("fused_add_rms_norm", "fused_add_rms_norm", None, "eager", MEAN_LAUNCH, "kz_mean_norm<T, KZ_LLAMA, true>",
       """Fast exact fused residual add + LlamaRMSNorm: s = round(x + residual), residual := s
       (in place), out = round(w * round(s * r)), r from eager's mean order over s^2 at the
@@ -163,17 +172,17 @@ KERNELS = [
       """Fast exact nn.LayerNorm: per-row Welford statistics in eager's own order
       (docs/reference-semantics.md): cols % 4 == 0: 128 lanes of 4-vectors with eager's
       WelfordDataLN update and combine; otherwise 512 lanes with WelfordOps; rstd =
-      rsqrtf(m2/n + eps), y = round(fma((x - mean) * rstd, w, b)). Rows that are whole 16-byte chunks (every model width) go through shared memory: the block copies a tile of rows (or chunks of one long row) with cp.async, eager's lanes sum from there, one warp per row runs eager's trees, all threads write 16-byte outputs; persistent grid. Other rows (cols <= 128, odd widths, misaligned tensors): one warp per row up to 2048 columns, one 128-thread block per row above."""),
+      rsqrtf(m2/n + eps), y = round(fma((x - mean) * rstd, w, b)). Rows that are whole 16-byte chunks (every model width) go through shared memory: the block copies a tile of rows (or chunks of one long row) with cp.async, eager's lanes sum from there, one warp per row runs eager's trees, all threads write 16-byte outputs; persistent grid. When every row has a block of its own (decode steps, small batches) and fits 4 16-byte chunks per thread, the decode path instead: each thread loads its chunks of x and of the weight into registers at once, the lanes sum from those registers (at most one unit a lane) or from shared memory, one warp runs the tree with its shape known at compile time, outputs from the registers. Other rows (cols <= 128, odd widths, misaligned tensors): one warp per row up to 2048 columns, one 128-thread block per row above."""),
     K("silu", "silu", None, "elementwise", EW_LAUNCH, "kz_unary<T, KZ_SILU>",
       """Fast exact SiLU: y = round(h / (1 + expf(-h))) with accurate expf and IEEE division,
-      32 elements (bf16/f16) per thread in 4 16-byte loads issued before use."""),
+      one 16-byte load (8 elements of bf16/f16) per thread, grid-stride."""),
     K("gelu", "gelu", None, "elementwise", EW_LAUNCH, "kz_unary<T, KZ_GELU>",
       """Fast exact erf GELU (F.gelu): y = round(h*0.5 * (1 + erff(h*0.70710678))),
-      32 elements (bf16/f16) per thread in 4 16-byte loads issued before use."""),
+      one 16-byte load (8 elements of bf16/f16) per thread, grid-stride."""),
     K("gelu_tanh", "gelu_tanh", None, "elementwise", EW_LAUNCH, "kz_unary<T, KZ_GELU_TANH>",
       """Fast exact tanh GELU (F.gelu(approximate='tanh')):
       y = round(0.5h * (1 + tanhf(0.79788456 * fma(0.044715, h^3, h)))),
-      32 elements (bf16/f16) per thread in 4 16-byte loads issued before use."""),
+      one 16-byte load (8 elements of bf16/f16) per thread, grid-stride."""),
     K("silu_and_mul", "silu_and_mul", None, "elementwise", EW_LAUNCH, "kz_silu_and_mul<T, true>",
       """Fast exact silu(g) * u as eager computes it: s = round(silu(g)) (intermediate rounding
       to T), y = round(s * u). x = [rows, 2*cols], gate first. 16-byte loads when cols is a
@@ -182,14 +191,14 @@ KERNELS = [
       """Fast exact gated SiLU of HF LlamaMLP / Qwen2MLP / MistralMLP, silu(gate) * up on two
       [rows, cols] tensors as eager computes F.silu(g) * u: s = round(h / (1 + expf(-h))) (the
       silu kernel's arithmetic, the activation rounded to T), y = round(s * u). Elementwise over
-      rows * cols: 4 16-byte loads of the gate and 4 of up per thread issued before use,
+      rows * cols: one 16-byte load of the gate and one of up per thread, issued before use,
       grid-stride."""),
     K("gelu_tanh_mul", "gelu_tanh_mul", None, "gated", EW_LAUNCH, "kz_gated<T, KZ_GELU_TANH>",
       """Fast exact gated tanh GELU of Gemma's MLPs, F.gelu(gate, approximate='tanh') * up on
       two [rows, cols] tensors as eager computes it: s = round(0.5h * (1 + tanhf(0.79788456 *
       fma(0.044715, h^3, h)))) (the gelu_tanh kernel's arithmetic, rounded to T), y =
-      round(s * u). Elementwise over rows * cols: 4 16-byte loads of the gate and 4 of up per
-      thread issued before use, grid-stride."""),
+      round(s * u). Elementwise over rows * cols: one 16-byte load of the gate and one of up per
+      thread, issued before use, grid-stride."""),
     # ---- known-different variants ----
     K("rms_norm_llama_wbr", "rms_norm", "llama", "eager", MEAN_LAUNCH, "kz_mean_norm<T, KZ_WBR, false>",
       """KNOWN-DIFFERENT variant (liger-style 'weight before rounding'), declared as llama
@@ -270,6 +279,8 @@ def kernel_toml(k: K, version: str) -> str:
               'source = "kernel.cu"', "", "[entry]"]
     lines += [f'{dt} = "{k.name}_{dt}"' for dt in DTYPES]
     lines.append(k.launch)
+    for name, reason in CAPABILITIES.get(k.engine, []):
+        lines += ["[[capability]]", f'name = "{name}"', f'reason = "{reason}"', ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

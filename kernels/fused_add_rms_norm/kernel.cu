@@ -52,6 +52,12 @@ template <> struct KB<__half> {
   static KZ_DEV float rnd(float v) { return __half2float(__float2half_rn(v)); }
 };
 
+// log2 of a power of two at compile time. The halving trees below loop over it (o = 1 << s),
+// not over `o >>= 1`: the compiler does not unroll a loop that halves its counter, and then
+// indexes the trees' register arrays at run time (a chain of selects per step: the tree of a
+// decode row measured ~0.9 us on the H200, against ~0.1 us unrolled).
+KZ_DEV constexpr int kz_clog2(int n) { return n <= 1 ? 0 : 1 + kz_clog2(n / 2); }
+
 template <typename T> KZ_DEV unsigned kz_ld1(const T* p) {
   if constexpr (sizeof(T) == 2) return (unsigned)*reinterpret_cast<const unsigned short*>(p);
   else return *reinterpret_cast<const unsigned*>(p);
@@ -428,14 +434,14 @@ KZ_DEV typename P::S kz_reduce(typename P::S (&st)[L], typename P::S* sh) {
   for (int j = 0; j < L; ++j) {
     st[j] = P::fold(st[j]);
 #pragma unroll
-    for (int off = 16; off >= 1; off >>= 1) st[j] = P::template comb<VEC>(st[j], P::shfl(st[j], off));
+    for (int s = 4; s >= 0; --s) st[j] = P::template comb<VEC>(st[j], P::shfl(st[j], 1 << s));
   }
   if constexpr (G == 32) {
     // lane 0 holds every lane-warp's result: lane-warp j in st[j]
 #pragma unroll
-    for (int off = L / 2; off >= 1; off >>= 1)
+    for (int s = kz_clog2(L) - 1; s >= 0; --s)
 #pragma unroll
-      for (int j = 0; j < off; ++j) st[j] = P::template comb<VEC>(st[j], st[j + off]);
+      for (int j = 0; j < (1 << s); ++j) st[j] = P::template comb<VEC>(st[j], st[j + (1 << s)]);
     return P::bcast(st[0]);
   } else {
     // lane 0 of warp y of the group holds lane-warp y + (G/32)*j in st[j]
@@ -449,9 +455,9 @@ KZ_DEV typename P::S kz_reduce(typename P::S (&st)[L], typename P::S* sh) {
 #pragma unroll
     for (int y = 0; y < W; ++y) v[y] = sh[y];
 #pragma unroll
-    for (int off = W / 2; off >= 1; off >>= 1)
+    for (int s = kz_clog2(W) - 1; s >= 0; --s)
 #pragma unroll
-      for (int y = 0; y < off; ++y) v[y] = P::template comb<VEC>(v[y], v[y + off]);
+      for (int y = 0; y < (1 << s); ++y) v[y] = P::template comb<VEC>(v[y], v[y + (1 << s)]);
     __syncthreads();  // sh is free for the next row
     return v[0];
   }
@@ -551,9 +557,22 @@ struct KzCfg {
   bool split;   // split_across_warps: the bh warp-rows share the row
 };
 KZ_DEV int kz_pow2_le(i64 n) {  // Reduce.cuh's last_pow2 for 1 <= n < 512 (1 for n < 1)
+#ifdef __CUDA_ARCH__
+  return n < 1 ? 1 : (int)(1ULL << (63 - __clzll(n)));  // one instruction, not a loop
+#else
   int p = 1;
   while (2 * (i64)p <= n) p *= 2;
   return p;
+#endif
+}
+KZ_DEV int kz_log2(int p) {  // p a power of two
+#ifdef __CUDA_ARCH__
+  return __ffs(p) - 1;
+#else
+  int k = 0;
+  while ((1 << k) < p) ++k;
+  return k;
+#endif
 }
 KZ_DEV KzCfg kz_mean_cfg(i64 rows, i64 cols) {
   KzCfg c;
@@ -561,11 +580,13 @@ KZ_DEV KzCfg kz_mean_cfg(i64 rows, i64 cols) {
   const i64 d0 = c.vec ? cols / 4 : cols;
   const int p0 = d0 < 512 ? kz_pow2_le(d0) : 512;
   const int p1 = rows < 512 ? kz_pow2_le(rows) : 512;
+  // bw and bh are powers of two: shifts, not divisions (a 64-bit division is a long call on the
+  // GPU, and at a decode row this prologue is on the critical path)
   c.bw = p0 < 32 ? p0 : 32;
-  c.bh = p1 < 512 / c.bw ? p1 : 512 / c.bw;
-  c.bw = p0 < 512 / c.bh ? p0 : 512 / c.bh;
+  c.bh = p1 < (512 >> kz_log2(c.bw)) ? p1 : (512 >> kz_log2(c.bw));
+  c.bw = p0 < (512 >> kz_log2(c.bh)) ? p0 : (512 >> kz_log2(c.bh));
   const i64 threshold = 16 * c.bh < 256 ? 16 * c.bh : 256;  // values per thread needed to split
-  c.split = (cols + c.bw - 1) / c.bw >= threshold;
+  c.split = ((cols + c.bw - 1) >> kz_log2(c.bw)) >= threshold;
   c.lanes = c.split ? c.bw * c.bh : c.bw;
   return c;
 }
@@ -585,27 +606,29 @@ KZ_DEV float kz_mean_factor(i64 rows, i64 cols) { return __fdiv_rn((float)rows, 
 template <int K>
 KZ_DEV float kz_mean_tree(float (&a)[K], int nwb, bool split) {
 #pragma unroll
-  for (int o = K / 2; o >= 1; o >>= 1) {
+  for (int s = kz_clog2(K) - 1; s >= 0; --s) {
+    const int o = 1 << s;
     if (o < nwb) {
 #pragma unroll
-      for (int k = 0; k + o < K; ++k)
-        if ((k & (nwb - 1)) < o) a[k] = __fadd_rn(a[k], a[k + o]);
+      for (int k = 0; k < K; ++k)
+        if (k + o < K && (k & (nwb - 1)) < o) a[k] = __fadd_rn(a[k], a[k + o]);
     }
   }
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     if ((k & (nwb - 1)) == 0) {  // warp-uniform
 #pragma unroll
-      for (int off = 16; off >= 1; off >>= 1) a[k] = __fadd_rn(a[k], kz_shfl(a[k], off));
+      for (int s = 4; s >= 0; --s) a[k] = __fadd_rn(a[k], kz_shfl(a[k], 1 << s));
     }
   }
   if (split) {
 #pragma unroll
-    for (int o = K / 2; o >= 1; o >>= 1) {
+    for (int s = kz_clog2(K) - 1; s >= 0; --s) {
+      const int o = 1 << s;
       if (o >= nwb) {
 #pragma unroll
-        for (int k = 0; k < o; ++k)
-          if ((k & (nwb - 1)) == 0) a[k] = __fadd_rn(a[k], a[k + o]);
+        for (int k = 0; k < K / 2; ++k)
+          if (k < o && (k & (nwb - 1)) == 0) a[k] = __fadd_rn(a[k], a[k + o]);
       }
     }
   }
@@ -893,7 +916,7 @@ KZ_DEV void kz_stage_mean_trees(const P& p, int nr, const KzCfg c) {
     for (int pr = warp; pr < nr * K; pr += nw) {  // pr = rl * K + k: row rl's lane-warp k
       float v = kz_ls[pr * 32 + g];
 #pragma unroll
-      for (int off = 16; off >= 1; off >>= 1) v = __fadd_rn(v, kz_shfl(v, off));
+      for (int s = 4; s >= 0; --s) v = __fadd_rn(v, kz_shfl(v, 1 << s));
       if (g == 0) kz_red[pr] = v;
     }
     __syncthreads();
@@ -902,9 +925,9 @@ KZ_DEV void kz_stage_mean_trees(const P& p, int nr, const KzCfg c) {
 #pragma unroll
       for (int k = 0; k < K; ++k) a[k] = kz_red[rl * K + k];
 #pragma unroll
-      for (int o = K / 2; o >= 1; o >>= 1)  // K > 1 only with split (lanes = bw * bh)
+      for (int s = kz_clog2(K) - 1; s >= 0; --s)  // K > 1 only with split (lanes = bw * bh)
 #pragma unroll
-        for (int k = 0; k < o; ++k) a[k] = __fadd_rn(a[k], a[k + o]);
+        for (int k = 0; k < (1 << s); ++k) a[k] = __fadd_rn(a[k], a[k + (1 << s)]);
       typename P::S st = P::ident();
       st.a0 = a[0];
       P::put(kz_prm + 2 * rl, p.template prm<true>(st));
@@ -936,7 +959,7 @@ KZ_DEV void kz_stage_trees(const P& p, int nr, int lanes, const KzCfg c) {
       st.mean = d[0]; st.m2 = d[1]; st.n = d[2];
       st = P::fold(st);
 #pragma unroll
-      for (int off = 16; off >= 1; off >>= 1) st = P::template comb<true>(st, P::shfl(st, off));
+      for (int s = 4; s >= 0; --s) st = P::template comb<true>(st, P::shfl(st, 1 << s));
       if (g == 0) {
         kz_red[3 * pr] = st.mean; kz_red[3 * pr + 1] = st.m2; kz_red[3 * pr + 2] = st.n;
       }
@@ -950,9 +973,9 @@ KZ_DEV void kz_stage_trees(const P& p, int nr, int lanes, const KzCfg c) {
         st[j].mean = d[0]; st[j].m2 = d[1]; st[j].n = d[2];
       }
 #pragma unroll
-      for (int off = 2; off >= 1; off >>= 1)
+      for (int s = 1; s >= 0; --s)
 #pragma unroll
-        for (int j = 0; j < off; ++j) st[j] = P::template comb<true>(st[j], st[j + off]);
+        for (int j = 0; j < (1 << s); ++j) st[j] = P::template comb<true>(st[j], st[j + (1 << s)]);
       P::put(kz_prm + 2 * rl, p.template prm<true>(st[0]));
     }
   }
@@ -1058,6 +1081,141 @@ __device__ __noinline__ void kz_staged(const P p, const T* x, T* res, i64 rows, 
   }
 }
 
+// ---- the decode engine: one block per row, the row in registers ---------------------------------
+// Used instead of the staged engine (same conditions: whole 16-byte chunks, aligned tensors) when
+// every row has a block of its own (rows <= gridDim.x: decode steps and small batches) and a row
+// is at most KZ_DC 16-byte chunks per thread. The same lanes, units, accumulators and trees as the
+// staged engine, so the same bits; what differs is the latency of a row that has a whole block to
+// itself: every thread loads its JC chunks of x (and residual) and of the weight (and bias) at
+// once, into registers, before anything waits; where every lane has at most one unit (short
+// rows, and 1 row up to 2048 columns) the lanes are summed from those registers, else the row
+// goes through shared memory for eager's lanes to sum it in their order; one warp runs the tree;
+// the outputs are computed from the registers. Everything here is inlined into the entry with
+// JC and the tree's size known at compile time: a call that passes the arguments through the
+// stack, or arrays the compiler cannot keep in registers, cost a round trip to L2 each, which
+// at a decode row is most of the time (bench/decode_probe.py measured 3.6 us against 1.6 us).
+#ifndef KZ_DC
+#define KZ_DC 4
+#endif
+template <typename T> KZ_DEV bool kz_direct_fits(i64 cols) {
+  return cols <= (i64)KZ_DC * kz_nthreads() * V16<T>::EPC;
+}
+// The mean order's tree over the row's lanes in kz_ls (K = lanes / 32 per thread of warp 0), as
+// kz_stage_mean_trees's one-warp branch, with K and the lane-warps per warp-row (NWB = bw / 32)
+// known at compile time: straight-line code (with them at run time the tree measured 3x longer);
+// the row's parameter into kz_prm. Split is NWB < K (with NWB == K the y-trees are empty).
+template <int K, int NWB, class P> KZ_DEV void kz_direct_tree(const P& p) {
+  const int g = threadIdx.x & 31;
+  float a[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) a[k] = kz_ls[g + 32 * k];
+  typename P::S st = P::ident();
+  st.a0 = kz_mean_tree<K>(a, NWB, NWB < K);
+  if (g == 0) P::put(kz_prm, p.template prm<true>(st));
+}
+// (The dispatches compare ranges, not values, so that they stay compare-and-branch chains rather
+// than a jump table read from the constant bank.)
+template <int K, class P> KZ_DEV void kz_direct_tree_k(const P& p, int nwb) {
+  if (nwb >= K) kz_direct_tree<K, K>(p);
+  else if constexpr (K >= 2) {
+    if (nwb <= 1) kz_direct_tree<K, 1>(p);
+    else if constexpr (K >= 4) {
+      if (nwb <= 2) kz_direct_tree<K, 2>(p);
+      else if constexpr (K >= 8) {
+        if (nwb <= 4) kz_direct_tree<K, 4>(p);
+        else if constexpr (K >= 16) kz_direct_tree<K, 8>(p);
+      }
+    }
+  }
+}
+template <typename T, class P, bool RESID>
+KZ_DEV void kz_direct(const P& p, const T* x, T* res, i64 rows, const KzCfg& c) {
+  constexpr int EPC = V16<T>::EPC;
+  constexpr int U = EPC / 4;  // 4-vector units per 16-byte chunk
+  const int lanes = P::kMean ? c.lanes : 128;
+  const int t = kz_tid(), nt = kz_nthreads();
+  constexpr int JC = KZ_DC;            // chunks per thread (fewer rows: the rest predicated off)
+  const int cpr = (int)(p.cols / EPC);  // chunks of a row (<= JC * nt)
+  const int nun = (int)(p.cols / 4);    // units of a row
+  const bool own = nun <= lanes;        // unit u is lane u's only unit
+  T* xs = reinterpret_cast<T*>(kz_tile);
+  if constexpr (P::kInv) {
+    if (!own)
+      for (int i = t; i < KZ_INV_N; i += nt) kz_inv[i] = __fdiv_rn(1.0f, (float)(i + 1));
+  }
+  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const i64 base = row * p.cols;
+    V16<T> h[JC];
+    typename P::Wt wt[JC];
+#pragma unroll
+    for (int j = 0; j < JC; ++j) {
+      const int ch = t + nt * j;
+      if (ch < cpr) {
+        h[j] = kz_ld16(x + base + (i64)ch * EPC);
+        wt[j] = p.wld((i64)ch * EPC);
+      }
+    }
+    if constexpr (RESID) {  // s = round(x + residual); residual := s; the statistics see s
+      V16<T> r[JC];
+#pragma unroll
+      for (int j = 0; j < JC; ++j)
+        if (t + nt * j < cpr) r[j] = kz_ld16(res + base + (i64)(t + nt * j) * EPC);
+#pragma unroll
+      for (int j = 0; j < JC; ++j) {
+        if (t + nt * j < cpr) {
+#pragma unroll
+          for (int i = 0; i < EPC; ++i) h[j].set(i, __fadd_rn(h[j].f(i), r[j].f(i)));
+          kz_st16(res + base + (i64)(t + nt * j) * EPC, h[j]);
+        }
+      }
+    }
+    if (own) {  // the lane's one unit is in this thread's registers; lanes without a unit are empty
+#pragma unroll
+      for (int j = 0; j < JC; ++j) {
+        if (t + nt * j < cpr) {
+#pragma unroll
+          for (int i = 0; i < U; ++i) {
+            typename P::S st = P::ident();
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              P::push_staged(st, h[j].f(4 * i + e), e, P::kInv ? __fdiv_rn(1.0f, (float)(e + 1)) : 0.0f);
+            kz_ls_put<P>((t + nt * j) * U + i, st);
+          }
+        }
+      }
+      for (int l = nun + t; l < lanes; l += nt) kz_ls_put<P>(l, P::ident());
+    } else {
+#pragma unroll
+      for (int j = 0; j < JC; ++j)
+        if (t + nt * j < cpr) kz_st16(xs + (t + nt * j) * EPC, h[j]);
+      __syncthreads();  // the row is in xs (and kz_inv is filled)
+      for (int lane = t; lane < lanes; lane += nt) {
+        typename P::S st = P::ident();
+        kz_stage_lane<int, T, P>(st, xs, nun, lane, lanes, 0);
+        kz_ls_put<P>(lane, st);
+      }
+    }
+    __syncthreads();  // every lane's result is in kz_ls
+    if constexpr (P::kMean) {
+      if (t < 32) {
+        const int nwb = c.bw >> 5;
+        if (lanes <= 32) kz_direct_tree_k<1>(p, nwb);
+        else if (lanes <= 64) kz_direct_tree_k<2>(p, nwb);
+        else if (lanes <= 128) kz_direct_tree_k<4>(p, nwb);
+        else if (lanes <= 256) kz_direct_tree_k<8>(p, nwb);
+        else kz_direct_tree_k<16>(p, nwb);
+      }
+    } else {
+      kz_stage_trees<P>(p, 1, lanes, c);  // the layer-norm order's 4 lane-warps (one barrier)
+    }
+    __syncthreads();  // the row's parameters are in kz_prm
+    const typename P::Prm q = P::get(kz_prm);
+#pragma unroll
+    for (int j = 0; j < JC; ++j)
+      if (t + nt * j < cpr) kz_st16(p.out + base + (i64)(t + nt * j) * EPC, p.out16w(h[j], wt[j], q));
+    __syncthreads();  // kz_prm and kz_ls are rewritten only after every thread has read them
+  }
+}
 // Launch shapes (the manifests' [[launch]] rules):
 //   mean order: cols <= 8160: one warp per row (block [32, 8]); cols > 8160: one 256-thread
 //               block per row (the config has 512 lanes there at every row count).
@@ -1076,7 +1234,8 @@ KZ_DEV void kz_mean_norm(T* out, T* res, const T* x, const T* w, i64 rows, i64 c
   if (blockDim.z != 1) __trap();
   if (cols > 128 && (cols * (i64)sizeof(T)) % 16 == 0 && kz_al16(x) && kz_al16(out) && kz_al16(w) &&
       (!RESID || kz_al16(res))) {
-    kz_staged<T, P, RESID>(p, x, res, rows, c);
+    if (rows <= gridDim.x && kz_direct_fits<T>(cols)) kz_direct<T, P, RESID>(p, x, res, rows, c);
+    else kz_staged<T, P, RESID>(p, x, res, rows, c);
     return;
   }
   // kz_rows: the configs of 16 rows and more with aligned row starts (cols <= 128 or cols % 4
@@ -1124,7 +1283,8 @@ KZ_DEV void kz_ln_order(T* out, const T* x, const T* w, const T* b, i64 rows, i6
   if (blockDim.z != 1) __trap();
   if (vec && cols > 128 && (cols * (i64)sizeof(T)) % 16 == 0 && kz_al16(x) && kz_al16(out) && kz_al16(w) &&
       (TORCH || kz_al16(b))) {
-    kz_staged<T, P, false>(p, x, nullptr, rows, KzCfg{});
+    if (rows <= gridDim.x && kz_direct_fits<T>(cols)) kz_direct<T, P, false>(p, x, nullptr, rows, KzCfg{});
+    else kz_staged<T, P, false>(p, x, nullptr, rows, KzCfg{});
     return;
   }
   if (blockDim.x == 32) {

@@ -37,6 +37,13 @@ template <> struct KT<__half> {
 KZ_DEV bool kz_al16(const void* p) { return (((unsigned long long)p) & 15ull) == 0ull; }
 
 // ---- elementwise ops --------------------------------------------------------------------------
+// 16-byte vectors per thread per step in the elementwise and gated kernels (the manifests' grid
+// gives every thread one step's worth for 2-byte types: elements_per_thread = 8 * KZ_EW_NVEC).
+// One vector: a decode row's few thousand elements spread over many SMs instead of 32 exact
+// activations in sequence on each thread of one block; eager's vectorized kernels do the same.
+#ifndef KZ_EW_NVEC
+#define KZ_EW_NVEC 1
+#endif
 #define KZ_SILU 0
 #define KZ_GELU 1
 #define KZ_GELU_TANH 2
@@ -56,14 +63,14 @@ KZ_DEV float kz_act(float h) {
   }
 }
 
-// 64 bytes per thread per step (4 x 16-byte vectors: 32 elements of bf16/f16, 16 of f32), all
-// four loaded before any is used; a block covers blockDim.x*64 contiguous bytes, coalesced;
+// KZ_EW_NVEC x 16 bytes per thread per step (8 elements of bf16/f16, 4 of f32 per vector), all
+// loaded before any is used; a block covers blockDim.x*16*KZ_EW_NVEC contiguous bytes, coalesced;
 // grid-stride over such tiles (the manifest's grid covers n in one step for 2-byte types).
 // Only the last, partial tile takes the scalar path.
 template <typename T, int F>
 KZ_DEV void kz_unary(T* out, const T* x, i64 n) {
   constexpr int W = 16 / sizeof(T);
-  constexpr int NVEC = 4;
+  constexpr int NVEC = KZ_EW_NVEC;
   const i64 tile = (i64)blockDim.x * (W * NVEC);
   const bool al = kz_al16(out) && kz_al16(x);
   const i64 nfull = al ? (n / tile) * tile : 0;
@@ -127,11 +134,11 @@ KZ_DEV void kz_rc(i64 j, i64 cvec, bool small, i64& r, i64& c) {
   }
 }
 
-// 4 output vectors of 16 bytes per thread per step (8 16-byte loads in flight: gate and up).
+// KZ_EW_NVEC output vectors of 16 bytes per thread per step (gate and up loaded before use).
 template <typename T, bool ROUND2>
 KZ_DEV void kz_silu_and_mul(T* out, const T* x, i64 rows, i64 cols) {
   constexpr int W = 16 / sizeof(T);
-  constexpr int NVEC = 4;
+  constexpr int NVEC = KZ_EW_NVEC;
   const i64 n = rows * cols;
   const i64 tile = (i64)blockDim.x * (W * NVEC);
   const bool al = kz_al16(out) && kz_al16(x) && (cols % W == 0);

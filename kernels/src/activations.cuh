@@ -1,5 +1,12 @@
 
 // ---- elementwise ops --------------------------------------------------------------------------
+// 16-byte vectors per thread per step in the elementwise and gated kernels (the manifests' grid
+// gives every thread one step's worth for 2-byte types: elements_per_thread = 8 * KZ_EW_NVEC).
+// One vector: a decode row's few thousand elements spread over many SMs instead of 32 exact
+// activations in sequence on each thread of one block; eager's vectorized kernels do the same.
+#ifndef KZ_EW_NVEC
+#define KZ_EW_NVEC 1
+#endif
 #define KZ_SILU 0
 #define KZ_GELU 1
 #define KZ_GELU_TANH 2

@@ -7,13 +7,13 @@ template <typename T, int F>
 KZ_DEV float kz_gate(float g, float u) { return __fmul_rn(KT<T>::rnd(kz_act<F>(g)), u); }
 
 // gate, up and out are contiguous with the same shape, so element i of each goes together: the
-// op is elementwise over n = rows * cols. As kz_unary: 4 x 16-byte vectors of the output per
-// thread per step (8 loads in flight: gate and up, all issued before use), coalesced, streaming
+// op is elementwise over n = rows * cols. As kz_unary: KZ_EW_NVEC 16-byte vectors of the output
+// per thread per step (gate and up, all issued before use), coalesced, streaming
 // hints, grid-stride; the partial last tile with whole vectors where it can.
 template <typename T, int F>
 KZ_DEV void kz_gated(T* out, const T* gate, const T* up, i64 rows, i64 cols) {
   constexpr int W = 16 / sizeof(T);
-  constexpr int NVEC = 4;
+  constexpr int NVEC = KZ_EW_NVEC;
   const i64 n = rows * cols;
   const i64 tile = (i64)blockDim.x * (W * NVEC);
   const bool al = kz_al16(out) && kz_al16(gate) && kz_al16(up);

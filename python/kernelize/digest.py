@@ -97,7 +97,11 @@ MANIFEST_FIELDS = (
 )
 # Left out of the canonical form of a CUDA kernel (`runtime` "cuda", `requires` empty), so that
 # CUDA digests made before Python candidates (docs/spec.md section 2b) hold.
-OPTIONAL_FIELDS = ("runtime", "requires")
+OPTIONAL_FIELDS = ("runtime", "requires", "capabilities")
+# `[[capability]]` names in kernel-registry's `Capability` order (the canonical form sorts the
+# declarations by it); `inline_asm` is found by the audit but never declared.
+CAPABILITIES = ("clock", "environment", "state", "global_atomics", "printf", "trap",
+                "dynamic_parallelism", "indirect_call", "inline_asm")
 RUNTIMES = ("cuda", "python")
 MAX_REQUIRES = 16
 _ALLOWED_OPTION_PREFIXES = (
@@ -127,6 +131,8 @@ def canonical_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
         m["runtime"] = manifest["runtime"]
     if manifest.get("requires"):
         m["requires"] = list(manifest["requires"])
+    if manifest.get("capabilities"):
+        m["capabilities"] = [{"name": c["name"], "reason": c["reason"]} for c in manifest["capabilities"]]
     m["entries"] = {d: manifest["entries"][d] for d in DTYPES if d in manifest["entries"]}
     if len(m["entries"]) != len(manifest["entries"]):
         raise ManifestError(f"entries: unknown dtype in {sorted(manifest['entries'])}")
@@ -231,7 +237,8 @@ def parse_manifest_toml(text: str) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as e:
         raise ManifestError(f"kernel.toml: {e}") from None
     known = {"name", "version", "op", "semantics", "description", "authors", "license",
-             "source", "entry", "launch", "constraints", "nvrtc_options", "runtime", "requires"}
+             "source", "entry", "launch", "constraints", "nvrtc_options", "runtime", "requires",
+             "capability"}
     for k in raw:
         if k not in known:
             raise ManifestError(f"kernel.toml: unknown field `{k}`")
@@ -272,11 +279,15 @@ def parse_manifest_toml(text: str) -> dict[str, Any]:
     if not (isinstance(source, str) and source.endswith("." + ext) and "/" not in source
             and "\\" not in source and not source.startswith(".")):
         raise _fe("source", f"`{source}` must be a `.{ext}` file name in the kernel's folder (no path)")
+    if runtime == "python" and "capability" in raw:
+        raise _fe("capability", "a Python candidate's code is not audited (it compiles its kernels at run "
+                  "time); remove it")
     if runtime == "python":
         return _parse_python(raw, name, version, op, semantics, _rust_trim(description), authors,
                              _rust_trim(lic), source)
     if "requires" in raw:
         raise _fe("requires", "only a Python candidate (runtime = \"python\") names Python packages")
+    capabilities = _capabilities(raw.get("capability"))
     if "launch" not in raw:
         raise _fe("launch", "a CUDA kernel needs launch rules: `[launch]` or `[[launch]]`")
     entry = raw["entry"]
@@ -376,8 +387,35 @@ def parse_manifest_toml(text: str) -> dict[str, Any]:
         "source": source, "entries": entries, "launch": launch,
         "constraints": {"cols_min": cols_min, "cols_max": cols_max,
                         "cols_multiple_of": cols_multiple_of, "archs": archs},
-        "nvrtc_options": opts,
+        "nvrtc_options": opts, "capabilities": capabilities,
     })
+
+
+def _capabilities(raw: Any) -> list[dict[str, str]]:
+    """`[[capability]]` as Manifest::parse checks it: known names that need a declaration, each
+    once, a reason (trimmed); sorted in the registry's order."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise _fe("capability", "declare each capability as a [[capability]] table")
+    if len(raw) > len(CAPABILITIES):
+        raise _fe("capability", f"lists {len(raw)} capabilities; there are {len(CAPABILITIES)}")
+    out: list[dict[str, str]] = []
+    for i, c in enumerate(raw):
+        if not isinstance(c, dict) or set(c) - {"name", "reason"}:
+            raise _fe(f"capability[{i}]", "a capability has a `name` and a `reason`")
+        name, reason = c.get("name"), c.get("reason", "")
+        if name not in CAPABILITIES:
+            raise _fe(f"capability[{i}].name", f"`{name}` is not a capability: one of {', '.join(CAPABILITIES)}")
+        if name == "inline_asm":
+            raise _fe(f"capability[{i}].name", "`inline_asm` needs no declaration; remove it")
+        if any(d["name"] == name for d in out):
+            raise _fe(f"capability[{i}].name", f"`{name}` is declared twice")
+        reason = _rust_trim(reason) if isinstance(reason, str) else ""
+        if not reason:
+            raise _fe(f"capability[{i}].reason", f"say why the kernel needs `{name}`")
+        out.append({"name": name, "reason": reason})
+    return sorted(out, key=lambda d: CAPABILITIES.index(d["name"]))
 
 
 def _constraints(raw: dict[str, Any]) -> dict[str, Any]:

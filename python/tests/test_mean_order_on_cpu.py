@@ -276,6 +276,24 @@ def _cases():
         for dt in DTYPES:
             for rows, cols in LN_SHAPES:
                 out.append((name, dt, rows, cols))
+    return [c + (SMS,) for c in out] + _staged_cases()
+
+
+# The SM count the launch rules are given. With 132 (an H100's) every row count above has a
+# block per row, so the aligned model widths take the decode engine (kz_direct); the staged
+# engine (tiles of rows, persistent blocks looping) is exercised with one SM's grid instead.
+SMS = 132
+
+
+def _staged_cases():
+    out = []
+    for name in ("rms_norm_llama", "fused_add_rms_norm", "rms_norm_torch", "layer_norm"):
+        for dt in DTYPES:
+            for rows in (4, 9, 17, 33):
+                for cols in (256, 2048, 4096, 8128):
+                    if name != "rms_norm_llama" and (rows + cols) % 3:
+                        continue
+                    out.append((name, dt, rows, cols, 1))
     return out
 
 
@@ -286,10 +304,10 @@ def _run_all():
     d = Path(tempfile.mkdtemp(prefix="kz-cpu-cases-"))
     rng = np.random.default_rng(20261123)
     jobs, meta = [], {}
-    for i, (name, dt, rows, cols) in enumerate(_cases()):
+    for i, (name, dt, rows, cols, sms) in enumerate(_cases()):
         kind, ref = KERNELS[name]
         man = parse_manifest_toml((REPO / "kernels" / name / "kernel.toml").read_text(encoding="utf-8"))
-        (gx, _, _), block, _ = launch_dims(man, rows, cols, 132)
+        (gx, _, _), block, _ = launch_dims(man, rows, cols, sms)
         bx, by = block[0], block[1]
         xb, x = _bits_of(rng.standard_normal((rows, cols)), dt)
         wsrc = 0.2 * rng.standard_normal(cols) + (0.0 if name == "rms_norm_gemma" else 1.0)
@@ -307,7 +325,7 @@ def _run_all():
         eps = "1e-5" if kind == "ln" else "1e-6"
         jobs.append(f"{kind} {name}_{dt} {dt} {rows} {cols} {eps} {gx} {bx} {by} {fin} {d / f'k{i}'}")
         jobs.append(f"{kind} {ref}_{dt} {dt} {rows} {cols} {eps} {rows} 512 1 {fin} {d / f'r{i}'}")
-        meta[(name, dt, rows, cols)] = (i, x, w, extra)
+        meta[(name, dt, rows, cols, sms)] = (i, x, w, extra)
     (d / "jobs").write_text("\n".join(jobs) + "\n", encoding="utf-8")
     r = subprocess.run([str(exe), str(d / "jobs")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
@@ -320,12 +338,12 @@ def _run_all():
 
 def test_every_row_kernel_equals_the_reference_on_the_cpu():
     bad = []
-    for (name, dt, rows, cols), (_, _, _, k, r) in _run_all().items():
+    for (name, dt, rows, cols, sms), (_, _, _, k, r) in _run_all().items():
         assert len(k) == len(r) > 0
         a, b = _raw_words(k, dt), _raw_words(r, dt)
         n = int((a != b).sum())
         if n:
-            bad.append(f"{name} {dt} [{rows}, {cols}]: {n} of {a.size} words differ from the reference")
+            bad.append(f"{name} {dt} [{rows}, {cols}] ({sms} SMs): {n} of {a.size} words differ from the reference")
     assert not bad, "\n".join(bad[:30]) + (f"\n... {len(bad)} in all" if len(bad) > 30 else "")
 
 
@@ -334,7 +352,7 @@ def test_the_reference_follows_the_eager_mean_order_emulator():
     # squares (eager's order at the tensor's row count and each row's alignment), with the
     # harness's rsqrtf (1/sqrtf); compared with the reference's output on the CPU.
     bad, checked = [], 0
-    for (name, dt, rows, cols), (x, w, extra, _, r) in _run_all().items():
+    for (name, dt, rows, cols, _sms), (x, w, extra, _, r) in _run_all().items():
         if name not in ("rms_norm_llama", "rms_norm_gemma", "fused_add_rms_norm"):
             continue
         eps = F32(1e-6)
