@@ -16,7 +16,7 @@ _EXPORTS = {
     "digest_of": "digest", "parse_manifest_toml": "digest", "DigestMismatch": "digest",
     "ManifestError": "digest",
     "HubSource": "sources", "LockSource": "sources", "DirSource": "sources", "Key": "sources",
-    "HubError": "sources",
+    "HubError": "sources", "HubRateLimited": "sources",
     "CertificateError": "certs",
     "PythonNotAllowed": "pykernel",
     "exact_compile": "exact", "compile_state": "exact",

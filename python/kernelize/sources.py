@@ -74,6 +74,36 @@ class HubError(RuntimeError):
     """The hub answered with an error other than "no kernel qualifies" (404)."""
 
 
+class HubRateLimited(HubError):
+    """The hub answered 429 Too Many Requests (its rate limit: requests without a valid token
+    per client address, or writes per token), also after one retry when it asked to wait at
+    most `HubSource.rate_limit_wait_s`. `retry_after` is the hub's Retry-After in seconds (None
+    when it sent none)."""
+
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """A Retry-After header's wait in seconds: delta-seconds or an HTTP date (RFC 9110 10.2.3);
+    None when absent or unreadable."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        from email.utils import parsedate_to_datetime
+        from datetime import datetime, timezone
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
 def _check_matches(key: Key, manifest: dict[str, Any], what: str) -> None:
     if manifest["op"] != key.op or manifest["semantics"] != key.semantics:
         raise DigestMismatch(f"{what}: is {manifest['op']} ({manifest['semantics']}), "
@@ -97,8 +127,11 @@ class HubSource:
     def __init__(self, url: str, timeout: float = 30.0, token: str | None = None,
                  wait_for_verification_s: float = 0.0, poll_s: float = 2.0,
                  trusted_keys: list[str] | None = None, allow_python: bool = False,
-                 request_widths: bool = True):
+                 request_widths: bool = True, rate_limit_wait_s: float = 5.0):
         self.url = url.rstrip("/")
+        # A 429 whose Retry-After is at most this many seconds is waited out and the request
+        # sent once more; a longer one (or a second 429) raises HubRateLimited at once.
+        self.rate_limit_wait_s = float(rate_limit_wait_s)
         self.request_widths = request_widths
         # Python candidates (docs/spec.md section 2b) run their code in this process: the hub is asked to
         # consider them (`runtime=any`) only when the caller opted in, and one handed out
@@ -127,17 +160,58 @@ class HubSource:
     def _send(self, req: urllib.request.Request) -> tuple[int, Any]:
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
+        status, body, retry_after = self._send_once(req)
+        if status != 429:
+            return status, body
+        # Rate-limited. A short wait is waited out once; a long one is the caller's to decide.
+        waited = None
+        if retry_after is not None and retry_after <= self.rate_limit_wait_s:
+            time.sleep(retry_after)
+            waited = retry_after
+            status, body, retry_after = self._send_once(req)
+            if status != 429:
+                return status, body
+        raise HubRateLimited(self._rate_limited_message(req, body, retry_after, waited),
+                             retry_after)
+
+    def _send_once(self, req: urllib.request.Request) -> tuple[int, Any, float | None]:
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                return r.status, json.loads(r.read().decode("utf-8"))
+                return r.status, json.loads(r.read().decode("utf-8")), None
         except urllib.error.HTTPError as e:
-            body = e.read().decode("utf-8", "replace")
+            raw = e.read().decode("utf-8", "replace")
+            retry_after = retry_after_seconds(e.headers.get("Retry-After")) if e.headers else None
             try:
-                return e.code, json.loads(body)
+                body = json.loads(raw)
             except ValueError:
-                return e.code, {"detail": body}
+                body = {"detail": raw}
+            if not isinstance(body, dict):
+                body = {"detail": body}
+            return e.code, body, retry_after
         except urllib.error.URLError as e:
             raise HubError(f"cannot reach the hub at {self.url}: {e.reason}") from None
+
+    def _rate_limited_message(self, req: urllib.request.Request, body: dict[str, Any],
+                              retry_after: float | None, waited: float | None) -> str:
+        path = req.full_url[len(self.url):] if req.full_url.startswith(self.url) else req.full_url
+        if len(path) > 120:
+            path = path[:120] + "..."
+        detail = str(body.get("detail") or "").strip()
+        if len(detail) > 300:
+            detail = detail[:300] + "..."
+        when = (f"retry after {retry_after:.0f} s" if retry_after is not None
+                else "the hub sent no Retry-After")
+        if self.token:
+            why = ("the hub limits writes per token (kernelize serve --write-rate-per-minute / "
+                   "--write-burst)")
+        else:
+            why = ("the hub limits requests without a token per client address (kernelize serve "
+                   "--anonymous-rate-per-minute / --anonymous-burst); requests with a valid token "
+                   "are not limited by it: pass token= (HubSource(url, token=...)) or set "
+                   "KERNELIZE_TOKEN")
+        again = f"; already waited {waited:.0f} s and asked once more" if waited is not None else ""
+        return (f"the hub at {self.url} rate-limited {req.get_method()} {path} "
+                f"(429 Too Many Requests{': ' + detail if detail else ''}): {when}{again}; {why}")
 
     def source(self, digest: str) -> tuple[dict[str, Any], str]:
         """GET /v1/sources/{digest}; the content is re-hashed and must give that digest."""
@@ -184,7 +258,12 @@ class HubSource:
                             f"only when asked with a token (pass token= or set KERNELIZE_TOKEN), "
                             f"or {how}")
             return r
-        status, body = self._post(ask.get("url", "/v1/resolve/verifications"), ask.get("body", {}))
+        try:
+            status, body = self._post(ask.get("url", "/v1/resolve/verifications"),
+                                      ask.get("body", {}))
+        except HubRateLimited as e:
+            r.width_note = f"not verified at {width}; nothing queued: {e}"
+            return r
         if status not in (200, 201):
             r.width_note = (f"not verified at {width}; the hub refused to queue its verification "
                             f"({status}: {body.get('detail', body)})")
