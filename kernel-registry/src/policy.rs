@@ -1,12 +1,15 @@
 //! Exactness policies (docs/spec.md section 4), parsed from strings such as `bit_exact`,
 //! `ulp:2,deterministic` or `tolerance,max_abs_diff=0.01`, and evaluated on reports.
-//! This is the one implementation: the CLI, the worker and the resolver all call it.
+//! This is the one implementation: the CLI, the worker, the store's verdict index (and so the
+//! resolver and the policy list) all decide through `Policy::passes` on a verdict's
+//! `VerdictFacts`; `Policy::evaluate` is that decision on a full report, with its reasons.
 
 use crate::capability::{self, Capability, CapabilityReport};
 use crate::domain::DType;
 use crate::report::{percent, ModelReport, Verdict, VerificationReport, ULP_INFINITE};
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::ops::ControlFlow;
 use std::str::FromStr;
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -173,109 +176,220 @@ impl From<Policy> for String {
     }
 }
 
-/// `bit_exact`'s per-case requirement: no element differs, NaN/Inf where eager has them, the
-/// same bits on every launch. The one statement of it for the policy, the verdict index and
-/// its SQL (`kernel_store`'s `passes` and `policy_condition` state the same over the stored
-/// columns).
-pub fn bit_exact(v: &Verdict) -> bool {
-    v.mismatches == 0 && v.nonfinite_parity && v.deterministic
+/// What a policy decides on, of one dtype's verdict of a verification: the per-case facts, how
+/// many model-level measurements there are and how many lost the argmax, and the capability
+/// audit's flags. [`VerdictFacts::of`] takes them from a report's parts; the store's verdict
+/// index builds them from the columns it keeps. [`Policy::passes`] on them is the one
+/// statement of the policy: [`Policy::evaluate`] is the same decision on the facts of the full
+/// report, with each reason written out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VerdictFacts {
+    pub cases_run: u64,
+    pub integrity_ok: bool,
+    pub mismatches: u64,
+    pub nonfinite_parity: bool,
+    pub deterministic: bool,
+    pub batch_invariant: bool,
+    pub within_tolerance: bool,
+    /// `ULP_INFINITE`: an infinite distance.
+    pub max_ulp: u64,
+    /// NaN: not measurable (fails any bound on it).
+    pub max_abs_diff: f64,
+    /// NaN: not measurable (passes any bound on it, as `NaN > x` is false).
+    pub max_mismatch_fraction: f64,
+    /// Model-level measurements of the dtype.
+    pub models: u64,
+    /// Those of them that did not keep the argmax on every token (`fraction < 1.0`; NaN does
+    /// not fail).
+    pub argmax_failures: u64,
+    /// The audit's flags ([`CapabilityReport::flags`]; `None`: not audited).
+    pub capabilities: Option<String>,
+}
+
+impl VerdictFacts {
+    /// The facts of `verdict` with the dtype's model-level measurements and the verification's
+    /// capability audit.
+    pub fn of(
+        verdict: &Verdict,
+        models: &[&ModelReport],
+        audit: Option<&CapabilityReport>,
+    ) -> VerdictFacts {
+        VerdictFacts {
+            cases_run: verdict.cases_run as u64,
+            integrity_ok: verdict.integrity_ok,
+            mismatches: verdict.mismatches,
+            nonfinite_parity: verdict.nonfinite_parity,
+            deterministic: verdict.deterministic,
+            batch_invariant: verdict.batch_invariant,
+            within_tolerance: verdict.within_tolerance,
+            max_ulp: verdict.max_ulp,
+            max_abs_diff: verdict.max_abs_diff,
+            max_mismatch_fraction: verdict.max_mismatch_fraction,
+            models: models.len() as u64,
+            argmax_failures: models
+                .iter()
+                .filter(|m| m.argmax_match_fraction < 1.0)
+                .count() as u64,
+            capabilities: audit.and_then(CapabilityReport::flags),
+        }
+    }
+
+    /// `bit_exact`'s per-case requirement: no element differs, NaN/Inf where eager has them,
+    /// the same bits on every launch. The one statement of it (`bit_exact` and `argmax`'s
+    /// exemption from a model-level measurement both read it).
+    pub fn bit_exact(&self) -> bool {
+        self.mismatches == 0 && self.nonfinite_parity && self.deterministic
+    }
+}
+
+/// One reason a verdict fails a policy, as decided from its facts ([`Policy::decide`]);
+/// written out from the verdict itself ([`Policy::evaluate_parts`]).
+#[derive(Debug, Clone, Copy)]
+enum Refusal {
+    NoCase,
+    Integrity,
+    DiffersBitExact,
+    NotDeterministicBitExact,
+    NonfiniteUlp(u64),
+    UlpAbove(u64),
+    OutsideTolerance,
+    NotDeterministic,
+    NotBatchInvariant,
+    MaxAbsDiff(f64),
+    MismatchFraction(f64),
+    NoModelMeasurement,
+    ArgmaxLost,
+    Capabilities,
 }
 
 impl Policy {
-    /// Does the verdict for `dtype` in this report meet the policy? `Err` holds every reason
-    /// it does not, each a sentence a person can act on.
-    pub fn evaluate(&self, report: &VerificationReport, dtype: DType) -> Result<(), Vec<String>> {
-        let models: Vec<&ModelReport> = report.model.iter().filter(|m| m.dtype == dtype).collect();
-        let mut why = self
-            .evaluate_parts(report.summary.per_dtype.get(&dtype), &models, dtype)
-            .err()
-            .unwrap_or_default();
-        // Not verified for the dtype says it all; else the audit is read too.
-        if report.summary.per_dtype.contains_key(&dtype) {
-            why.extend(self.evaluate_capabilities(report.capabilities.as_ref()));
-        }
-        if why.is_empty() {
-            Ok(())
-        } else {
-            Err(why)
-        }
+    /// Does a verdict with these facts meet the policy (not counting `confirmed:N`, which
+    /// needs other verifications)? The one predicate: the verdict index, the resolver, the
+    /// policy list and `evaluate` all decide through it.
+    pub fn passes(&self, facts: &VerdictFacts) -> bool {
+        self.decide(facts, |_| ControlFlow::Break(())).is_continue()
     }
 
-    /// What the policy says of a verification's capability audit (docs/spec.md section 3b;
-    /// `None`: none in the report): each reason it refuses it. A capability found and not
-    /// declared by the manifest is refused by every policy; a declared gated one unless the
-    /// policy allows it; no audit only under `audited`.
-    pub fn evaluate_capabilities(&self, audit: Option<&CapabilityReport>) -> Vec<String> {
-        capability::refusals(audit, &self.allow, self.audited)
-    }
-
-    /// `evaluate` from the parts of a report it reads: the dtype's verdict (`None`: no case of
-    /// the dtype) and the model-level measurements of the dtype. The store keeps these parts
-    /// apart from the report, so the resolver explains a verdict without reading the report.
-    pub fn evaluate_parts(
+    /// The policy's rules over `f`, in the order their reasons are written: `refuse` is called
+    /// with each rule `f` fails (and may stop the walk).
+    fn decide(
         &self,
-        verdict: Option<&Verdict>,
-        models: &[&ModelReport],
-        dtype: DType,
-    ) -> Result<(), Vec<String>> {
-        let Some(v) = verdict else {
-            return Err(vec![format!("not verified for {dtype}")]);
-        };
-        let mut why = self.evaluate_verdict(v);
+        f: &VerdictFacts,
+        mut refuse: impl FnMut(Refusal) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
+        if f.cases_run == 0 {
+            refuse(Refusal::NoCase)?;
+        } else {
+            if !f.integrity_ok {
+                refuse(Refusal::Integrity)?;
+            }
+            match self.requirement {
+                Requirement::BitExact => {
+                    if f.mismatches > 0 || !f.nonfinite_parity {
+                        refuse(Refusal::DiffersBitExact)?;
+                    }
+                    if !f.deterministic {
+                        refuse(Refusal::NotDeterministicBitExact)?;
+                    }
+                }
+                Requirement::Ulp(n) => {
+                    if !f.nonfinite_parity {
+                        refuse(Refusal::NonfiniteUlp(n))?;
+                    } else if f.max_ulp > n {
+                        refuse(Refusal::UlpAbove(n))?;
+                    }
+                }
+                Requirement::Tolerance => {
+                    if !f.within_tolerance {
+                        refuse(Refusal::OutsideTolerance)?;
+                    }
+                }
+                Requirement::Argmax => {}
+            }
+            if self.deterministic && !f.deterministic {
+                refuse(Refusal::NotDeterministic)?;
+            }
+            if self.batch_invariant && !f.batch_invariant {
+                refuse(Refusal::NotBatchInvariant)?;
+            }
+            if let Some(x) = self.max_abs_diff {
+                // NaN (an unmeasurable difference) fails too.
+                if f.max_abs_diff.is_nan() || f.max_abs_diff > x {
+                    refuse(Refusal::MaxAbsDiff(x))?;
+                }
+            }
+            if let Some(x) = self.max_mismatch_fraction {
+                if f.max_mismatch_fraction > x {
+                    refuse(Refusal::MismatchFraction(x))?;
+                }
+            }
+        }
         if self.requirement == Requirement::Argmax {
             // A kernel bit-exact in every case changes no output of any model, so no argmax
             // either: it meets argmax without a model-level measurement (so that argmax, the
             // weaker policy, never hands out less than bit_exact). A measurement, where there
             // is one, decides.
-            if models.is_empty() && !bit_exact(v) {
-                why.push(format!(
-                    "no model-level (argmax) measurement for {dtype}, and not bit-exact (a \
-                     bit-exact kernel meets argmax without one: it changes no output)"
-                ));
+            if f.models == 0 && !f.bit_exact() {
+                refuse(Refusal::NoModelMeasurement)?;
             }
-            for m in models {
-                if m.argmax_match_fraction < 1.0 {
-                    why.push(format!(
-                        "argmax agrees on {} of {} tokens of {} (max logit diff {:.3}); fails argmax",
-                        percent(m.argmax_match_fraction),
-                        m.tokens,
-                        m.model_name,
-                        m.max_logit_abs_diff
-                    ));
-                }
+            if f.argmax_failures > 0 {
+                refuse(Refusal::ArgmaxLost)?;
             }
         }
-        if why.is_empty() {
-            Ok(())
-        } else {
-            Err(why)
+        // The capability audit (docs/spec.md section 3b): a capability found and not declared
+        // by the manifest is refused by every policy; a declared gated one unless the policy
+        // allows it; no audit only under `audited`.
+        if !capability::flags_pass(f.capabilities.as_deref(), &self.allow, self.audited) {
+            refuse(Refusal::Capabilities)?;
         }
+        ControlFlow::Continue(())
     }
 
-    /// The per-case part of the evaluation (everything but the model-level check).
-    pub fn evaluate_verdict(&self, v: &Verdict) -> Vec<String> {
+    /// Does the verdict for `dtype` in this report meet the policy? `Err` holds every reason
+    /// it does not, each a sentence a person can act on.
+    pub fn evaluate(&self, report: &VerificationReport, dtype: DType) -> Result<(), Vec<String>> {
+        let models: Vec<&ModelReport> = report.model.iter().filter(|m| m.dtype == dtype).collect();
+        self.evaluate_parts(
+            report.summary.per_dtype.get(&dtype),
+            &models,
+            report.capabilities.as_ref(),
+            dtype,
+        )
+    }
+
+    /// `evaluate` from the parts of a report it reads: the dtype's verdict (`None`: no case of
+    /// the dtype), the model-level measurements of the dtype and the verification's capability
+    /// audit (`None`: none in the report). The store keeps these parts apart from the report,
+    /// so the resolver explains a verdict without reading the report. The decision is
+    /// [`Policy::passes`] on their [`VerdictFacts`]; each reason is written from the parts.
+    pub fn evaluate_parts(
+        &self,
+        verdict: Option<&Verdict>,
+        models: &[&ModelReport],
+        audit: Option<&CapabilityReport>,
+        dtype: DType,
+    ) -> Result<(), Vec<String>> {
+        // Not verified for the dtype says it all.
+        let Some(v) = verdict else {
+            return Err(vec![format!("not verified for {dtype}")]);
+        };
+        let facts = VerdictFacts::of(v, models, audit);
         let mut why = Vec::new();
-        if v.cases_run == 0 {
-            why.push("no applicable case ran".to_string());
-            return why;
-        }
-        if !v.integrity_ok {
-            why.push(format!("integrity fails ({})", v.problems.join("; ")));
-        }
         let differ = || v.describe();
-        match self.requirement {
-            Requirement::BitExact => {
-                if v.mismatches > 0 || !v.nonfinite_parity {
-                    why.push(format!("{}; fails bit_exact", differ()));
+        let _ = self.decide(&facts, |r| {
+            match r {
+                Refusal::NoCase => why.push("no applicable case ran".to_string()),
+                Refusal::Integrity => {
+                    why.push(format!("integrity fails ({})", v.problems.join("; ")))
                 }
-                if !v.deterministic {
-                    why.push("not deterministic; fails bit_exact".into());
+                Refusal::DiffersBitExact => why.push(format!("{}; fails bit_exact", differ())),
+                Refusal::NotDeterministicBitExact => {
+                    why.push("not deterministic; fails bit_exact".into())
                 }
-            }
-            Requirement::Ulp(n) => {
-                if !v.nonfinite_parity {
-                    why.push(format!("NaN/Inf positions differ; fails ulp:{n}"));
-                } else if v.max_ulp > n {
+                Refusal::NonfiniteUlp(n) => {
+                    why.push(format!("NaN/Inf positions differ; fails ulp:{n}"))
+                }
+                Refusal::UlpAbove(n) => {
                     let u = if v.max_ulp == ULP_INFINITE {
                         "infinite".to_string()
                     } else {
@@ -283,42 +397,51 @@ impl Policy {
                     };
                     why.push(format!("max ulp distance {u} > {n}; fails ulp:{n}"));
                 }
-            }
-            Requirement::Tolerance => {
-                if !v.within_tolerance {
-                    why.push(format!(
-                        "{}; outside assert_close tolerance; fails tolerance",
-                        differ()
-                    ));
+                Refusal::OutsideTolerance => why.push(format!(
+                    "{}; outside assert_close tolerance; fails tolerance",
+                    differ()
+                )),
+                Refusal::NotDeterministic => {
+                    why.push("repeated launches gave different bits; fails deterministic".into())
                 }
-            }
-            Requirement::Argmax => {}
-        }
-        if self.deterministic && !v.deterministic {
-            why.push("repeated launches gave different bits; fails deterministic".into());
-        }
-        if self.batch_invariant && !v.batch_invariant {
-            why.push("a row's output depends on the batch; fails batch_invariant".into());
-        }
-        if let Some(x) = self.max_abs_diff {
-            // NaN (an unmeasurable difference) fails too.
-            if v.max_abs_diff.is_nan() || v.max_abs_diff > x {
-                why.push(format!(
+                Refusal::NotBatchInvariant => {
+                    why.push("a row's output depends on the batch; fails batch_invariant".into())
+                }
+                Refusal::MaxAbsDiff(x) => why.push(format!(
                     "max abs diff {:.3e} > {x}; fails max_abs_diff",
                     v.max_abs_diff
-                ));
-            }
-        }
-        if let Some(x) = self.max_mismatch_fraction {
-            if v.max_mismatch_fraction > x {
-                why.push(format!(
+                )),
+                Refusal::MismatchFraction(x) => why.push(format!(
                     "{} of elements differ > {}; fails max_mismatch_fraction",
                     percent(v.max_mismatch_fraction),
                     percent(x)
-                ));
+                )),
+                Refusal::NoModelMeasurement => why.push(format!(
+                    "no model-level (argmax) measurement for {dtype}, and not bit-exact (a \
+                     bit-exact kernel meets argmax without one: it changes no output)"
+                )),
+                Refusal::ArgmaxLost => {
+                    for m in models.iter().filter(|m| m.argmax_match_fraction < 1.0) {
+                        why.push(format!(
+                            "argmax agrees on {} of {} tokens of {} (max logit diff {:.3}); fails argmax",
+                            percent(m.argmax_match_fraction),
+                            m.tokens,
+                            m.model_name,
+                            m.max_logit_abs_diff
+                        ));
+                    }
+                }
+                Refusal::Capabilities => {
+                    why.extend(capability::refusals(audit, &self.allow, self.audited))
+                }
             }
+            ControlFlow::Continue(())
+        });
+        if why.is_empty() {
+            Ok(())
+        } else {
+            Err(why)
         }
-        why
     }
 }
 
@@ -499,12 +622,12 @@ mod tests {
             let v = verdict(mismatches, ulp, flags);
             let mut model = report_with(0, 0);
             model.model = argmax
-                .map(|a| model_report(if bit_exact(&v) { 1.0 } else { a }))
+                .map(|a| model_report(if VerdictFacts::of(&v, &[], None).bit_exact() { 1.0 } else { a }))
                 .into_iter()
                 .collect();
             let models: Vec<&ModelReport> = model.model.iter().collect();
             let ok = |p: String| p.parse::<Policy>().unwrap()
-                .evaluate_parts(Some(&v), &models, DType::Bf16).is_ok();
+                .evaluate_parts(Some(&v), &models, None, DType::Bf16).is_ok();
             let (lo, hi) = (n.min(m), n.max(m));
             let chains = [
                 (format!("bit_exact{modifiers}"), format!("ulp:{lo}{modifiers}")),

@@ -4,12 +4,14 @@
 //! the first time with a full read (in chunks), then with the kernels and verifications that
 //! `answer_changes` (migration 0012) lists since the generation it holds, a few rows per write,
 //! on every replica. Kernels and verification summaries are immutable, so an entry once read
-//! stays right. The SQL reads of `crate::newest` are its twin (tests compare them).
+//! stays right. A policy is decided here by `Policy::passes` on each verdict's `VerdictFacts`,
+//! built from the stored columns (tests compare every answer with `Policy::evaluate` on the
+//! full reports).
 
 use crate::codec::{parse_col, parse_csv};
 use crate::newest::{CandidateKernel, NewestVerdict, VerdictOn, VerdictParts};
 use crate::{KernelQuery, Result, Store, StoreError};
-use kernel_registry::policy::Requirement;
+use kernel_registry::policy::VerdictFacts;
 use kernel_registry::report::{Coverage, ModelReport, SpeedAt, Verdict, ULP_INFINITE};
 use kernel_registry::{Arch, DType, Op, Policy, Semantics};
 use sqlx::any::AnyRow;
@@ -89,86 +91,51 @@ struct Entry {
 
 struct DtypeVerdict {
     dtype: DType,
-    cols: VerdictCols,
-    /// Shared: the policy walks `cols` of many verdicts and reads few of these, which a
+    /// What the policy decides on, from the stored columns (`facts_of_columns`).
+    facts: VerdictFacts,
+    /// Shared: the policy walks `facts` of many verdicts and reads few of these, which a
     /// resolve's failing lines then hold without a copy.
     parts: Arc<VerdictParts>,
 }
 
-/// The columns of `verification_verdicts` that `policy_condition` reads, as stored.
-#[derive(Debug, Clone)]
-struct VerdictCols {
-    cases_run: i64,
-    integrity_ok: i64,
-    mismatches: i64,
-    nonfinite_parity: i64,
-    deterministic: i64,
-    batch_invariant: i64,
-    within_tolerance: i64,
-    max_ulp: i64,
-    models: i64,
-    argmax_failures: i64,
-    max_abs_diff: Option<f64>,
-    max_mismatch_fraction: Option<f64>,
-    /// The capability flags (`None`: not audited).
-    capabilities: Option<String>,
+/// A `verification_verdicts` row's facts as a policy reads them. The columns are the report's
+/// values as stored: counts and distances clamped to 2^63-1 (a stored `max_ulp` of 2^63-1
+/// stands for `ULP_INFINITE`), NaN stored as NULL (read back as NaN), infinities as +-1e308.
+fn facts_of_columns(r: &AnyRow) -> Result<VerdictFacts> {
+    let i = |c: &str| -> Result<i64> { Ok(r.try_get::<i64, _>(c)?) };
+    let flag = |c: &str| -> Result<bool> { Ok(i(c)? == 1) };
+    let count = |c: &str| -> Result<u64> { Ok(i(c)?.max(0) as u64) };
+    let float =
+        |c: &str| -> Result<f64> { Ok(r.try_get::<Option<f64>, _>(c)?.unwrap_or(f64::NAN)) };
+    let max_ulp = i("max_ulp")?;
+    Ok(VerdictFacts {
+        cases_run: count("cases_run")?,
+        integrity_ok: flag("integrity_ok")?,
+        mismatches: count("mismatches")?,
+        nonfinite_parity: flag("nonfinite_parity")?,
+        deterministic: flag("deterministic")?,
+        batch_invariant: flag("batch_invariant")?,
+        within_tolerance: flag("within_tolerance")?,
+        max_ulp: if max_ulp == i64::MAX {
+            ULP_INFINITE
+        } else {
+            max_ulp.max(0) as u64
+        },
+        max_abs_diff: float("max_abs_diff")?,
+        max_mismatch_fraction: float("max_mismatch_fraction")?,
+        models: count("models")?,
+        argmax_failures: count("argmax_failures")?,
+        capabilities: r.try_get("capabilities")?,
+    })
 }
 
-/// `policy_condition` in memory, over the same stored columns: true exactly when the SQL
-/// condition holds for the row.
-fn passes(d: &VerdictCols, policy: &Policy) -> bool {
-    if !(d.cases_run > 0 && d.integrity_ok == 1) {
-        return false;
-    }
-    let bit_exact = d.mismatches == 0 && d.nonfinite_parity == 1 && d.deterministic == 1;
-    let requirement = match policy.requirement {
-        Requirement::BitExact => bit_exact,
-        Requirement::Ulp(n) => {
-            d.nonfinite_parity == 1
-                && if n == ULP_INFINITE {
-                    true
-                } else if n >= i64::MAX as u64 {
-                    d.max_ulp < i64::MAX
-                } else {
-                    d.max_ulp <= n as i64
-                }
-        }
-        Requirement::Tolerance => d.within_tolerance == 1,
-        // measured, every model kept its argmax; unmeasured, bit-exact (policy.rs)
-        Requirement::Argmax => {
-            if d.models > 0 {
-                d.argmax_failures == 0
-            } else {
-                bit_exact
-            }
-        }
-    };
-    requirement
-        && (!policy.deterministic || d.deterministic == 1)
-        && (!policy.batch_invariant || d.batch_invariant == 1)
-        // NaN (stored NULL) fails a bound on the absolute difference and passes one on the
-        // mismatch fraction, as in SQL.
-        && policy
-            .max_abs_diff
-            .is_none_or(|x| d.max_abs_diff.is_some_and(|v| v <= x))
-        && policy
-            .max_mismatch_fraction
-            .is_none_or(|x| d.max_mismatch_fraction.is_none_or(|v| v <= x))
-        && kernel_registry::capability::flags_pass(
-            d.capabilities.as_deref(),
-            &policy.allow,
-            policy.audited,
-        )
-}
-
-/// A verdict of one dtype as a policy checks it: `passes` is the SQL policy condition
-/// (`policy_condition`) over the stored columns, in memory.
+/// A verdict of one dtype as a policy checks it: `Policy::passes` on its stored facts.
 #[derive(Debug, Clone)]
-pub struct VerdictCheck(VerdictCols);
+pub struct VerdictCheck(VerdictFacts);
 
 impl VerdictCheck {
     pub fn passes(&self, policy: &Policy) -> bool {
-        passes(&self.0, policy)
+        policy.passes(&self.0)
     }
 }
 
@@ -259,7 +226,7 @@ impl Index {
             class: e.class.clone(),
             suite_version: e.suite_version.clone(),
             driver_version: e.driver_version.clone(),
-            passes: policy.is_some_and(|p| e.verdict(dtype).is_some_and(|d| passes(&d.cols, p))),
+            passes: policy.is_some_and(|p| e.verdict(dtype).is_some_and(|d| p.passes(&d.facts))),
             certifying_keys: if policy.is_none_or(|p| p.confirmations > 0) {
                 self.certifying_keys(digest, e)
             } else {
@@ -594,24 +561,9 @@ impl Store {
                 let models: Vec<ModelReport> =
                     serde_json::from_str(&r.try_get::<String, _>("models_json")?)
                         .map_err(|e| corrupt("models", e))?;
-                let i = |c: &str| -> Result<i64> { Ok(r.try_get::<i64, _>(c)?) };
                 verdicts.entry(id).or_default().push(DtypeVerdict {
                     dtype: parse_col(&r, "dtype")?,
-                    cols: VerdictCols {
-                        cases_run: i("cases_run")?,
-                        integrity_ok: i("integrity_ok")?,
-                        mismatches: i("mismatches")?,
-                        nonfinite_parity: i("nonfinite_parity")?,
-                        deterministic: i("deterministic")?,
-                        batch_invariant: i("batch_invariant")?,
-                        within_tolerance: i("within_tolerance")?,
-                        max_ulp: i("max_ulp")?,
-                        models: i("models")?,
-                        argmax_failures: i("argmax_failures")?,
-                        max_abs_diff: r.try_get("max_abs_diff")?,
-                        max_mismatch_fraction: r.try_get("max_mismatch_fraction")?,
-                        capabilities: r.try_get("capabilities")?,
-                    },
+                    facts: facts_of_columns(&r)?,
                     parts: Arc::new(VerdictParts {
                         verdict: Some(verdict),
                         models,
@@ -772,7 +724,9 @@ impl VerdictIndex {
         self.read().generation
     }
 
-    /// `Store::newest_verdicts` from memory.
+    /// Every kernel of `op` and `semantics`, in list order, with its newest verification on
+    /// `arch` and whether that verification's `dtype` verdict meets `policy`: a resolve's
+    /// candidates.
     pub fn newest_verdicts(
         &self,
         op: Op,
@@ -787,7 +741,7 @@ impl VerdictIndex {
             .collect()
     }
 
-    /// `Store::coverage_of` from memory.
+    /// The coverage of `dtype` of each of `ids` (those it holds), each sorted by cols.
     pub fn coverage_of(&self, ids: &[i64], dtype: DType) -> HashMap<i64, Arc<[Coverage]>> {
         let ix = self.read();
         ids.iter()
@@ -795,7 +749,7 @@ impl VerdictIndex {
             .collect()
     }
 
-    /// `Store::speeds_of` from memory.
+    /// The timed cases of `dtype` of each of `ids` (those it holds), in case order.
     pub fn speeds_of(&self, ids: &[i64], dtype: DType) -> HashMap<i64, Vec<SpeedAt>> {
         let ix = self.read();
         ids.iter()
@@ -839,7 +793,7 @@ impl VerdictIndex {
                 let newest = k.newest_on(arch);
                 let check = newest
                     .and_then(|e| e.verdict(dtype))
-                    .map(|d| VerdictCheck(d.cols.clone()));
+                    .map(|d| VerdictCheck(d.facts.clone()));
                 (ix.ranking_input(k, newest, arch, dtype, None), check)
             })
             .collect()
@@ -868,9 +822,10 @@ impl VerdictIndex {
             .collect()
     }
 
-    /// `Store::approved_ids` from memory: the ids of the kernels matching `q`'s filters whose
-    /// newest verification (on `q.arch`, else on any architecture) meets `policy`, in list
-    /// order.
+    /// The policy list: the ids of the kernels matching `q`'s filters (whatever its page) whose
+    /// newest verification (on `q.arch`, else on any architecture) meets `policy` for `q.dtype`
+    /// (or for one of the kernel's dtypes) and has `confirmed:N` certifications, in list order
+    /// (op, semantics, name, id). A caller reads its pages by id (`Store::kernels_by_ids`).
     pub fn approved_ids(&self, q: &KernelQuery, policy: &Policy) -> Vec<i64> {
         let ix = self.read();
         let mut out = vec![];
@@ -902,7 +857,7 @@ impl VerdictIndex {
                 let meets = e.verdicts.iter().any(|d| {
                     q.dtype
                         .map_or(c.dtypes.contains(&d.dtype), |want| d.dtype == want)
-                        && passes(&d.cols, policy)
+                        && policy.passes(&d.facts)
                 });
                 if meets
                     && (policy.confirmations == 0
@@ -913,72 +868,5 @@ impl VerdictIndex {
             }
         }
         out
-    }
-}
-
-/// Where a resolve reads its candidates and their verdicts: the database (the twin the tests
-/// compare with) or the index in memory.
-#[derive(Clone, Copy, Debug)]
-pub enum VerdictSource<'a> {
-    Sql(&'a Store),
-    Index(&'a VerdictIndex),
-}
-
-impl VerdictSource<'_> {
-    /// The candidates with their coverage and timed cases (`RankingInput`): from the index in
-    /// one pass, or from the database in three queries.
-    pub async fn ranking_inputs(
-        &self,
-        op: Op,
-        semantics: Semantics,
-        arch: Arch,
-        dtype: DType,
-        policy: &Policy,
-    ) -> Result<Vec<RankingInput>> {
-        match self {
-            VerdictSource::Sql(s) => {
-                let candidates = s
-                    .newest_verdicts(op, semantics, arch, dtype, policy)
-                    .await?;
-                let ids: Vec<i64> = candidates
-                    .iter()
-                    .filter_map(|c| c.on.as_ref().map(|v| v.verification_id))
-                    .collect();
-                let mut coverage = s.coverage_of(&ids, dtype).await?;
-                let mut speeds = s.speeds_of(&ids, dtype).await?;
-                Ok(candidates
-                    .into_iter()
-                    .map(|c| {
-                        let id = c.on.as_ref().map(|v| v.verification_id);
-                        RankingInput {
-                            coverage: id
-                                .and_then(|id| coverage.remove(&id))
-                                .unwrap_or_else(|| Arc::from([])),
-                            speeds: id
-                                .and_then(|id| speeds.remove(&id))
-                                .map_or_else(|| Arc::from([]), Arc::from),
-                            candidate: c,
-                        }
-                    })
-                    .collect())
-            }
-            VerdictSource::Index(i) => Ok(i.ranking_inputs(op, semantics, arch, dtype, policy)),
-        }
-    }
-
-    pub async fn verdict_parts(
-        &self,
-        ids: &[i64],
-        dtype: DType,
-    ) -> Result<HashMap<i64, Arc<VerdictParts>>> {
-        match self {
-            VerdictSource::Sql(s) => Ok(s
-                .verdict_parts(ids, dtype)
-                .await?
-                .into_iter()
-                .map(|(id, p)| (id, Arc::new(p)))
-                .collect()),
-            VerdictSource::Index(i) => Ok(i.verdict_parts(ids, dtype)),
-        }
     }
 }

@@ -23,12 +23,12 @@ mod worker_keys;
 
 pub use audit::AuditEntry;
 pub use field::{FieldGroup, FieldRow};
-pub use index::{RankingInput, VerdictCheck, VerdictIndex, VerdictSource};
+pub use index::{RankingInput, VerdictCheck, VerdictIndex};
 pub use jobs::{Holder, JobRow, JobState, WidthJob, DEFAULT_MAX_ATTEMPTS};
 pub use kernels::{Inserted, KernelQuery, KernelRow, StoredSource};
 pub use newest::{
-    policy_condition, CandidateKernel, GlanceCell, MatrixFilter, MatrixRow, NewestVerdict,
-    UnverifiedKernel, VerdictOn, VerdictParts, HEADLINE_COLS, HEADLINE_ROWS,
+    CandidateKernel, GlanceCell, MatrixFilter, MatrixRow, NewestVerdict, UnverifiedKernel,
+    VerdictOn, VerdictParts, HEADLINE_COLS, HEADLINE_ROWS,
 };
 pub use stats::{HubStats, MAX_WORKERS_LISTED};
 pub use tokens::{

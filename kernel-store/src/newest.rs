@@ -1,20 +1,19 @@
 //! The newest verification per kernel and architecture, and what a policy is checked against,
-//! read by index: the one place the API's policy list, the resolver and the dashboard get
-//! verdicts from. `newest_verifications` is kept by a trigger in the transaction that stores a
-//! verification; the per-dtype verdicts, speeds and facts are written beside it
-//! (`insert_summary_in`), and computed from stored reports for older databases
-//! (`Store::backfill_summaries`). A policy's per-report check becomes a SQL condition
-//! (`policy_condition`), which tests compare with `Policy::evaluate` on the full reports.
+//! read by index: what the verdict index (`crate::index`), the stale list and the dashboard's
+//! matrix read. `newest_verifications` is kept by a trigger in the transaction that stores a
+//! verification; the per-dtype verdicts (with the columns a policy decides on), speeds and
+//! facts are written beside it (`insert_summary_in`), and computed from stored reports for
+//! older databases (`Store::backfill_summaries`). A policy is decided in one place,
+//! `Policy::passes` (kernel-registry), over the verdict index's facts of these columns; tests
+//! compare it with `Policy::evaluate` on the full reports.
 
 use crate::codec::{bound, csv, parse_col, parse_csv};
 use crate::kernels::{kernel_row, runtime_of, KernelQuery, KernelRow, KERNEL_COLS};
 use crate::{Result, Store, StoreError};
 use kernel_registry::capability::CapabilityReport;
 use kernel_registry::cert::Certificate;
-use kernel_registry::policy::Requirement;
 use kernel_registry::report::{
-    nearest_speed, timed_cases, Coverage, ExactnessClass, ModelReport, SpeedAt, Verdict,
-    VerificationReport, ULP_INFINITE,
+    nearest_speed, timed_cases, ExactnessClass, ModelReport, SpeedAt, Verdict, VerificationReport,
 };
 use kernel_registry::{Arch, DType, Op, Policy, Semantics};
 use sqlx::any::AnyRow;
@@ -29,10 +28,6 @@ pub const HEADLINE_COLS: u64 = 8192;
 /// The join that picks, for kernel `k`, its newest verification `n` on the architecture bound
 /// as `$1`.
 const NEWEST_ON_ARCH: &str = "newest_verifications n ON n.kernel_digest = k.digest AND n.arch = $1";
-/// The condition that keeps, for kernel `k`, only its newest verification on any architecture.
-const NEWEST_ANY_ARCH: &str = "n.verification_id = (SELECT MAX(m.verification_id) \
-     FROM newest_verifications m WHERE m.kernel_digest = k.digest)";
-
 fn class_rank(c: ExactnessClass) -> (i64, i64) {
     match c {
         ExactnessClass::BitExact => (0, 0),
@@ -183,82 +178,6 @@ fn capability_flags(report: &VerificationReport) -> Option<String> {
     report.capabilities.as_ref().and_then(|c| c.flags())
 }
 
-/// `kernel_registry::capability::flags_pass` over the stored column `d.capabilities`.
-fn capability_condition(policy: &Policy) -> Vec<String> {
-    let mut c = Vec::new();
-    if policy.audited {
-        c.push("d.capabilities IS NOT NULL".to_string());
-    }
-    // Found and not declared: refused by every policy.
-    c.push("(d.capabilities IS NULL OR d.capabilities NOT LIKE '%!%')".to_string());
-    for g in kernel_registry::capability::Capability::GATED {
-        if !policy.allow.contains(&g) {
-            c.push(format!(
-                "(d.capabilities IS NULL OR d.capabilities NOT LIKE '%,{g},%')"
-            ));
-        }
-    }
-    c
-}
-
-/// `kernel_registry::policy::bit_exact` over the stored columns.
-const BIT_EXACT: &str = "d.mismatches = 0 AND d.nonfinite_parity = 1 AND d.deterministic = 1";
-
-/// The SQL condition on a `verification_verdicts` row `d` that holds exactly when
-/// `policy.evaluate_parts` and `policy.evaluate_capabilities` pass for it (`confirmed:N` is
-/// not part of it: it needs other verifications). Numbers are written as literals (the policy parser admits only finite ones).
-pub fn policy_condition(policy: &Policy) -> String {
-    let mut c = vec!["d.cases_run > 0".to_string(), "d.integrity_ok = 1".into()];
-    match policy.requirement {
-        Requirement::BitExact => c.push(BIT_EXACT.into()),
-        Requirement::Ulp(n) => {
-            // Stored max_ulp is clamped to 2^63-1, which stands for ULP_INFINITE (2^64-1): a
-            // bound at or above the clamp fails only the infinite distance (none, at the top).
-            if n == ULP_INFINITE {
-                c.push("d.nonfinite_parity = 1".into());
-            } else if n >= i64::MAX as u64 {
-                c.push("d.nonfinite_parity = 1 AND d.max_ulp < 9223372036854775807".into());
-            } else {
-                c.push(format!("d.nonfinite_parity = 1 AND d.max_ulp <= {n}"));
-            }
-        }
-        Requirement::Tolerance => c.push("d.within_tolerance = 1".into()),
-        // measured, every model kept its argmax; unmeasured, bit-exact (policy.rs)
-        Requirement::Argmax => c.push(format!(
-            "((d.models > 0 AND d.argmax_failures = 0) OR (d.models = 0 AND {BIT_EXACT}))"
-        )),
-    }
-    if policy.deterministic {
-        c.push("d.deterministic = 1".into());
-    }
-    if policy.batch_invariant {
-        c.push("d.batch_invariant = 1".into());
-    }
-    if let Some(x) = policy.max_abs_diff {
-        // NaN (stored NULL) fails.
-        c.push(format!(
-            "d.max_abs_diff IS NOT NULL AND d.max_abs_diff <= {}",
-            float_sql(x)
-        ));
-    }
-    if let Some(x) = policy.max_mismatch_fraction {
-        // NaN (stored NULL) passes, as `NaN > x` is false.
-        c.push(format!(
-            "(d.max_mismatch_fraction IS NULL OR d.max_mismatch_fraction <= {})",
-            float_sql(x)
-        ));
-    }
-    c.extend(capability_condition(policy));
-    format!("({})", c.join(" AND "))
-}
-
-/// How many distinct worker keys certify, on `n.arch`, the class of verification `n`'s overall
-/// verdict for kernel `k` (`confirmed:N`).
-const CERTIFYING_KEYS: &str = "(SELECT COUNT(DISTINCT c.cert_key) FROM verification_facts c \
-     JOIN verification_facts nf ON nf.verification_id = n.verification_id \
-     WHERE c.kernel_digest = k.digest AND c.arch = nf.arch AND c.class = nf.class \
-     AND c.cert_key IS NOT NULL)";
-
 /// A kernel of a resolve's candidate set with its newest verification on the asked
 /// architecture, read from the summary tables (no report, no verdict text).
 #[derive(Debug, Clone, PartialEq)]
@@ -328,7 +247,8 @@ pub struct VerdictOn {
 }
 
 /// A verification's verdict for one dtype (`None`: no case of it ran) and its model-level
-/// measurements of that dtype: what `Policy::evaluate_parts` reads.
+/// measurements of that dtype, with the verification's audit: what `Policy::evaluate_parts`
+/// reads.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VerdictParts {
     pub verdict: Option<Verdict>,
@@ -341,14 +261,15 @@ impl VerdictParts {
     /// Why the verdict fails `policy` (empty: it passes).
     pub fn why_not(&self, policy: &Policy, dtype: DType) -> Vec<String> {
         let refs: Vec<&ModelReport> = self.models.iter().collect();
-        let mut why = policy
-            .evaluate_parts(self.verdict.as_ref(), &refs, dtype)
+        policy
+            .evaluate_parts(
+                self.verdict.as_ref(),
+                &refs,
+                self.capabilities.as_ref(),
+                dtype,
+            )
             .err()
-            .unwrap_or_default();
-        if self.verdict.is_some() {
-            why.extend(policy.evaluate_capabilities(self.capabilities.as_ref()));
-        }
-        why
+            .unwrap_or_default()
     }
 }
 
@@ -489,105 +410,6 @@ impl Store {
             .try_get("n")?)
     }
 
-    /// Every kernel of `op` and `semantics`, in list order, with its newest verification on
-    /// `arch` and whether that verification's `dtype` verdict meets `policy`: a resolve's
-    /// candidates, in two queries whatever their number.
-    pub async fn newest_verdicts(
-        &self,
-        op: Op,
-        semantics: Semantics,
-        arch: Arch,
-        dtype: DType,
-        policy: &Policy,
-    ) -> Result<Vec<NewestVerdict>> {
-        let keys = if policy.confirmations > 0 {
-            CERTIFYING_KEYS
-        } else {
-            "CAST(0 AS BIGINT)"
-        };
-        let sql = format!(
-            "SELECT k.id, k.name, k.version, k.digest, k.dtypes, k.archs, k.cols_min, \
-             k.cols_max, k.cols_multiple_of, k.runtime, n.verification_id AS v_id, \
-             f.device_name AS v_device, f.created_at AS v_created_at, f.class AS v_class, \
-             f.suite_version AS v_suite, f.driver_version AS v_driver, \
-             f.requested_cols AS v_requested, \
-             CASE WHEN d.verification_id IS NOT NULL AND {cond} THEN CAST(1 AS BIGINT) ELSE CAST(0 AS BIGINT) END AS passes, \
-             CASE WHEN n.verification_id IS NULL THEN CAST(0 AS BIGINT) ELSE {keys} END AS certifying_keys \
-             FROM kernels k \
-             LEFT JOIN {NEWEST_ON_ARCH} \
-             LEFT JOIN verification_facts f ON f.verification_id = n.verification_id \
-             LEFT JOIN verification_verdicts d ON d.verification_id = n.verification_id AND d.dtype = $2 \
-             WHERE k.op = $3 AND k.semantics = $4 ORDER BY k.name, k.id",
-            cond = policy_condition(policy),
-        );
-        let rows = sqlx::query(&sql)
-            .bind(arch.to_string())
-            .bind(dtype.as_str())
-            .bind(op.as_str())
-            .bind(semantics.as_str())
-            .fetch_all(&self.pool)
-            .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        let mut unverified = false;
-        for r in &rows {
-            let text = |c: &str| -> Result<Arc<str>> {
-                Ok(r.try_get::<Option<String>, _>(c)?
-                    .unwrap_or_default()
-                    .into())
-            };
-            let kernel = Arc::new(CandidateKernel::of_row(r)?);
-            let on = match r.try_get::<Option<i64>, _>("v_id")? {
-                None => {
-                    unverified = true;
-                    None
-                }
-                Some(id) => Some(VerdictOn {
-                    verification_id: id,
-                    arch,
-                    device_name: text("v_device")?,
-                    created_at: text("v_created_at")?,
-                    class: text("v_class")?,
-                    suite_version: text("v_suite")?,
-                    driver_version: text("v_driver")?,
-                    requested_cols: parse_csv::<u64>(&text("v_requested")?)?.into(),
-                    passes: r.try_get::<i64, _>("passes")? == 1,
-                    certifying_keys: r.try_get("certifying_keys")?,
-                }),
-            };
-            out.push(NewestVerdict {
-                kernel,
-                on,
-                elsewhere: vec![],
-            });
-        }
-        if unverified {
-            let mut elsewhere: HashMap<String, Vec<Arch>> = HashMap::new();
-            for r in sqlx::query(
-                "SELECT n.kernel_digest, n.arch FROM newest_verifications n \
-                 JOIN kernels k ON k.digest = n.kernel_digest \
-                 WHERE k.op = $1 AND k.semantics = $2 AND n.arch <> $3",
-            )
-            .bind(op.as_str())
-            .bind(semantics.as_str())
-            .bind(arch.to_string())
-            .fetch_all(&self.pool)
-            .await?
-            {
-                elsewhere
-                    .entry(r.try_get("kernel_digest")?)
-                    .or_default()
-                    .push(parse_col(&r, "arch")?);
-            }
-            for nv in out.iter_mut().filter(|nv| nv.on.is_none()) {
-                if let Some(mut a) = elsewhere.remove(nv.kernel.digest.as_str()) {
-                    a.sort_by_key(|a| a.to_string());
-                    nv.elsewhere = a;
-                }
-            }
-        }
-        Ok(out)
-    }
-
     /// The `dtype` verdict and model measurements of each of `ids` (one query): for the lines
     /// that say why a verdict fails a policy, and the chosen kernel's summary.
     pub async fn verdict_parts(
@@ -642,118 +464,6 @@ impl Store {
             );
         }
         Ok(out)
-    }
-
-    /// The coverage of `dtype` of each of `ids` (one query), each sorted by cols.
-    pub async fn coverage_of(
-        &self,
-        ids: &[i64],
-        dtype: DType,
-    ) -> Result<HashMap<i64, Arc<[Coverage]>>> {
-        let mut out: HashMap<i64, Vec<Coverage>> = HashMap::new();
-        if ids.is_empty() {
-            return Ok(HashMap::new());
-        }
-        let sql = format!(
-            "SELECT verification_id, dtype, cols, rows_min, rows_max, row_counts \
-             FROM verification_coverage WHERE dtype = $1 AND verification_id IN ({}) \
-             ORDER BY verification_id, cols",
-            ids_list(ids)
-        );
-        for r in sqlx::query(&sql)
-            .bind(dtype.as_str())
-            .fetch_all(&self.pool)
-            .await?
-        {
-            let i = |c: &str| -> Result<u64> { Ok(r.try_get::<i64, _>(c)? as u64) };
-            out.entry(r.try_get("verification_id")?)
-                .or_default()
-                .push(Coverage {
-                    dtype: parse_col(&r, "dtype")?,
-                    cols: i("cols")?,
-                    rows_min: i("rows_min")?,
-                    rows_max: i("rows_max")?,
-                    row_counts: parse_csv(&r.try_get::<String, _>("row_counts")?)?,
-                });
-        }
-        Ok(out.into_iter().map(|(id, c)| (id, c.into())).collect())
-    }
-
-    /// The timed cases of `dtype` of each of `ids` (one query), in case order.
-    pub async fn speeds_of(&self, ids: &[i64], dtype: DType) -> Result<HashMap<i64, Vec<SpeedAt>>> {
-        let mut out: HashMap<i64, Vec<SpeedAt>> = HashMap::new();
-        if ids.is_empty() {
-            return Ok(out);
-        }
-        let sql = format!(
-            "SELECT verification_id, rows, cols, gbps, median_us, copy_fraction, speedup \
-             FROM verification_speeds WHERE dtype = $1 AND verification_id IN ({}) \
-             ORDER BY verification_id, case_index",
-            ids_list(ids)
-        );
-        for r in sqlx::query(&sql)
-            .bind(dtype.as_str())
-            .fetch_all(&self.pool)
-            .await?
-        {
-            out.entry(r.try_get("verification_id")?)
-                .or_default()
-                .push(speed_row(&r)?);
-        }
-        Ok(out)
-    }
-
-    /// Kernels matching `q`'s filters whose newest verification (on `q.arch` if given, else on
-    /// any architecture) meets `policy` for `dtype` (or for one of the kernel's dtypes), and
-    /// has `confirmed:N` certifications: a page of them in list order, with their total.
-    pub async fn approved_kernels(
-        &self,
-        q: &KernelQuery,
-        policy: &Policy,
-    ) -> Result<(Vec<KernelRow>, i64)> {
-        Ok((
-            self.approved_page(q, policy).await?,
-            self.approved_count(q, policy).await?,
-        ))
-    }
-
-    /// How many kernels `approved_kernels` finds in all (one count).
-    pub async fn approved_count(&self, q: &KernelQuery, policy: &Policy) -> Result<i64> {
-        let (from, binds) = approved_from(q, policy);
-        self.count_with(&format!("SELECT COUNT(*) {from}"), &binds)
-            .await
-    }
-
-    /// The ids of every kernel `approved_kernels` finds (whatever `q`'s page), in list order:
-    /// one query, for a caller that keeps them and reads pages by id (`kernels_by_ids`).
-    pub async fn approved_ids(&self, q: &KernelQuery, policy: &Policy) -> Result<Vec<i64>> {
-        let (from, binds) = approved_from(q, policy);
-        let sql = format!("SELECT k.id {from} ORDER BY k.op, k.semantics, k.name, k.id");
-        let list = bound(&sql, &binds);
-        list.fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(|r| Ok(r.try_get("id")?))
-            .collect()
-    }
-
-    /// One page of `approved_kernels` (kernels walked in list order by index until the page is
-    /// full).
-    pub async fn approved_page(&self, q: &KernelQuery, policy: &Policy) -> Result<Vec<KernelRow>> {
-        let (from, binds) = approved_from(q, policy);
-        let sql = format!(
-            "SELECT {} {from} ORDER BY k.op, k.semantics, k.name, k.id LIMIT ${} OFFSET ${}",
-            k_cols(),
-            binds.len() + 1,
-            binds.len() + 2
-        );
-        let list = bound(&sql, &binds);
-        let rows = list
-            .bind(q.limit)
-            .bind(q.offset)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(kernel_row).collect()
     }
 
     /// Kernels matching `q`'s filters (its `arch` is the architecture asked about) whose newest
@@ -1002,44 +712,6 @@ impl Store {
     pub(crate) async fn count_with(&self, sql: &str, binds: &[String]) -> Result<i64> {
         Ok(bound(sql, binds).fetch_one(&self.pool).await?.try_get(0)?)
     }
-}
-
-/// `FROM ... WHERE ...` of the policy-filtered list, with its binds. `CROSS JOIN` keeps the
-/// kernels outermost on SQLite (walked in list order by `kernels_list_order`); PostgreSQL plans
-/// it as any inner join.
-fn approved_from(q: &KernelQuery, policy: &Policy) -> (String, Vec<String>) {
-    let mut binds = Vec::new();
-    let mut conds = kernel_conditions(q, &mut binds);
-    conds.push("n.kernel_digest = k.digest".into());
-    match q.arch {
-        Some(a) => {
-            binds.push(a.to_string());
-            conds.push(format!("n.arch = ${}", binds.len()));
-        }
-        None => conds.push(NEWEST_ANY_ARCH.into()),
-    }
-    let dtype_cond = match q.dtype {
-        Some(d) => {
-            binds.push(d.to_string());
-            format!("d.dtype = ${}", binds.len())
-        }
-        None => "k.dtypes LIKE '%,' || d.dtype || ',%'".into(),
-    };
-    conds.push(format!(
-        "EXISTS (SELECT 1 FROM verification_verdicts d WHERE d.verification_id = n.verification_id \
-         AND {dtype_cond} AND {})",
-        policy_condition(policy)
-    ));
-    if policy.confirmations > 0 {
-        conds.push(format!("{CERTIFYING_KEYS} >= {}", policy.confirmations));
-    }
-    (
-        format!(
-            "FROM kernels k CROSS JOIN newest_verifications n WHERE {}",
-            conds.join(" AND ")
-        ),
-        binds,
-    )
 }
 
 /// `FROM ... WHERE ...` of the matrix's rows (kernel `k`, newest verification `n` per arch,

@@ -55,9 +55,8 @@ enum Cmd {
         label: String,
     },
     /// Time the parts of the first ask of a ranking and of a policy list on a seeded store
-    /// (`policy=ulp:N`, a new N each ask): the SQL reads (the twin), the verdict index's, the
-    /// answer's JSON; then what the index's catch-up after one stored kernel and one stored
-    /// verification costs. Writes that kernel: run it on a copy of the database.
+    /// (`policy=ulp:N`, a new N each ask): the verdict index's reads, the answer's JSON; then
+    /// what the index's catch-up after one stored kernel and one stored verification costs. Writes that kernel: run it on a copy of the database.
     Profile {
         #[arg(long)]
         db: String,
@@ -133,7 +132,7 @@ fn rss_kib() -> u64 {
 
 async fn profile(db: &str, asks: u64, dir: &std::path::Path) -> anyhow::Result<()> {
     use kernel_registry::{DType, Op, Policy, Semantics};
-    use kernel_store::{KernelQuery, VerdictSource};
+    use kernel_store::KernelQuery;
     use kernelize::resolve::{ranking, ranking_from, PoolCache, Query};
     let s = Store::open(db).await?;
     let pools = PoolCache::default();
@@ -159,12 +158,9 @@ async fn profile(db: &str, asks: u64, dir: &std::path::Path) -> anyhow::Result<(
             policy: policy.clone(),
             include_python: false,
         };
-        // The SQL twin, read by read.
         let t0 = Instant::now();
-        let c = s
-            .newest_verdicts(q.op, q.semantics, q.arch, q.dtype, &policy)
-            .await?;
-        t.add("sql: newest_verdicts (candidates + policy)", t0);
+        let c = index.newest_verdicts(q.op, q.semantics, q.arch, q.dtype, &policy);
+        t.add("index: newest_verdicts", t0);
         let passing: Vec<i64> = c
             .iter()
             .filter_map(|c| {
@@ -183,27 +179,6 @@ async fn profile(db: &str, asks: u64, dir: &std::path::Path) -> anyhow::Result<(
             .take(100)
             .collect();
         let t0 = Instant::now();
-        s.coverage_of(&passing, q.dtype).await?;
-        t.add("sql: coverage_of (qualifying)", t0);
-        let t0 = Instant::now();
-        s.speeds_of(&passing, q.dtype).await?;
-        t.add("sql: speeds_of (qualifying)", t0);
-        let t0 = Instant::now();
-        s.verdict_parts(&failing, q.dtype).await?;
-        t.add("sql: verdict_parts (100 failing lines)", t0);
-        let t0 = Instant::now();
-        let r = ranking_from(VerdictSource::Sql(&s), &s, &q, None).await?;
-        t.add("sql: whole ranking", t0);
-        let t0 = Instant::now();
-        let answer = r.resolution(&s, &q).await?;
-        t.add("answer from a ranking (chosen kernel's reads)", t0);
-        let t0 = Instant::now();
-        let json = serde_json::to_vec(&answer)?;
-        t.add("answer's JSON", t0);
-        let t0 = Instant::now();
-        let c = index.newest_verdicts(q.op, q.semantics, q.arch, q.dtype, &policy);
-        t.add("index: newest_verdicts", t0);
-        let t0 = Instant::now();
         index.coverage_of(&passing, q.dtype);
         t.add("index: coverage_of", t0);
         let t0 = Instant::now();
@@ -214,10 +189,14 @@ async fn profile(db: &str, asks: u64, dir: &std::path::Path) -> anyhow::Result<(
         t.add("index: verdict_parts", t0);
         drop(c);
         let t0 = Instant::now();
-        let r = ranking_from(VerdictSource::Index(index), &s, &q, None).await?;
+        let r = ranking_from(index, &s, &q, None).await?;
         t.add("index: whole ranking", t0);
-        let again = serde_json::to_vec(&r.resolution(&s, &q).await?)?;
-        anyhow::ensure!(again == json, "the index and SQL answers differ");
+        let t0 = Instant::now();
+        let answer = r.resolution(&s, &q).await?;
+        t.add("answer from a ranking (chosen kernel's reads)", t0);
+        let t0 = Instant::now();
+        let json = serde_json::to_vec(&answer)?;
+        t.add("answer's JSON", t0);
         // What `serve` does: the policy over the pool kept for the query's group and width
         // (made by the first ask, then kept until a write).
         let t0 = Instant::now();
@@ -226,15 +205,14 @@ async fn profile(db: &str, asks: u64, dir: &std::path::Path) -> anyhow::Result<(
         let t0 = Instant::now();
         let kept = serde_json::to_vec(&r.resolution(&s, &q).await?)?;
         t.add("answer from a ranking over a kept pool", t0);
-        anyhow::ensure!(kept == json, "the kept pool's and SQL answers differ");
+        anyhow::ensure!(
+            kept == json,
+            "the kept pool's and the ranking's answers differ"
+        );
         let list = KernelQuery::default();
         let t0 = Instant::now();
-        let ids = s.approved_ids(&list, &policy).await?;
-        t.add("sql: approved_ids (whole policy list)", t0);
-        let t0 = Instant::now();
-        let fast = index.approved_ids(&list, &policy);
+        let ids = index.approved_ids(&list, &policy);
         t.add("index: approved_ids (whole policy list)", t0);
-        anyhow::ensure!(fast == ids, "the index and SQL lists differ");
         let t0 = Instant::now();
         s.kernels_by_ids(&ids[..ids.len().min(100)]).await?;
         t.add("a page of 100 kernels by id", t0);

@@ -17,8 +17,8 @@ pub use kernel_registry::report::{speed_at, SpeedAt};
 use kernel_registry::report::{Coverage, ShapeRequest};
 use kernel_registry::{Arch, DType, Op, Policy, Runtime, Semantics};
 use kernel_store::{
-    CandidateKernel, KernelRow, RankingInput, Store, StoreError, VerdictCheck, VerdictOn,
-    VerdictSource, WidthJob,
+    CandidateKernel, KernelRow, RankingInput, Store, StoreError, VerdictCheck, VerdictIndex,
+    VerdictOn, WidthJob,
 };
 use serde::Serialize;
 use std::collections::HashMap;
@@ -296,7 +296,8 @@ struct ChosenParts {
 /// How a pool entry's verdict meets a policy.
 #[derive(Debug)]
 enum Passes {
-    /// As read from the database for the one policy the pool was read for (the SQL twin).
+    /// Decided for the one policy the pool was made for (`ranking_from`; the tests' rankings
+    /// by `Policy::evaluate` on the full reports).
     Read(bool),
     /// Checked in memory for any policy (`None`: no verdict of the dtype, so none passes).
     Check(Option<VerdictCheck>),
@@ -551,34 +552,32 @@ pub async fn ranking_at(
             p
         }
     };
-    rank(pool, VerdictSource::Index(index), store, q, queueing).await
+    rank(pool, index, store, q, queueing).await
 }
 
-/// `ranking` with its candidates and verdicts read from `source` for `q`'s policy: the index,
-/// or the database (one query for the candidates and the policy's check, then one each for
-/// coverage, speeds and the failing lines' verdicts), the twin the tests compare it with.
+/// `ranking` with its candidates read from the verdict `index` for `q`'s policy alone (each
+/// candidate's check made as it is read): a pool made for one policy, not kept.
 pub async fn ranking_from(
-    source: VerdictSource<'_>,
+    index: &VerdictIndex,
     store: &Store,
     q: &Query,
     queueing: Option<&Queueing>,
 ) -> Result<Ranking, StoreError> {
-    let inputs = source
+    let inputs = index
         .ranking_inputs(q.op, q.semantics, q.arch, q.dtype, &q.policy)
-        .await?
         .into_iter()
         .map(|i| {
             let passes = Passes::Read(i.candidate.on.as_ref().is_some_and(|v| v.passes));
             (i, passes)
         })
         .collect();
-    rank(Arc::new(Pool::new(inputs, q)), source, store, q, queueing).await
+    rank(Arc::new(Pool::new(inputs, q)), index, store, q, queueing).await
 }
 
 /// `q`'s policy over `pool`: which kernels qualify, and why each other one is out.
 async fn rank(
     pool: Arc<Pool>,
-    source: VerdictSource<'_>,
+    index: &VerdictIndex,
     store: &Store,
     q: &Query,
     queueing: Option<&Queueing>,
@@ -675,9 +674,7 @@ async fn rank(
         excluded.push(|| line);
     }
     // The verdicts of the failing lines listed.
-    let mut parts = source
-        .verdict_parts(&excluded.why_not_ids(), q.dtype)
-        .await?;
+    let mut parts = index.verdict_parts(&excluded.why_not_ids(), q.dtype);
     let excluded_total = excluded.total;
     Ok(Ranking {
         pool,
@@ -1181,12 +1178,13 @@ mod tests {
                             serde_json::to_value(&fresh).unwrap(),
                             "{policy} cols {cols} rows {rows:?}: a kept pool"
                         );
-                        // The index's answer is the SQL twin's.
-                        let sql = ranking_from(VerdictSource::Sql(s), s, &q(rows), None).await;
+                        // The index's answer is the one `Policy::evaluate` on the full
+                        // reports gives.
+                        let slow = ranking_by_reports(s, &q(rows)).await;
                         assert_eq!(
-                            answer(sql, s, &q(rows)).await,
+                            answer(slow, s, &q(rows)).await,
                             serde_json::to_value(&fresh).unwrap(),
-                            "{policy} cols {cols} rows {rows:?}: index and SQL"
+                            "{policy} cols {cols} rows {rows:?}: index and reports"
                         );
                         let derived = kept.resolution(s, &q(rows)).await.unwrap();
                         let coverage = kept.chosen_coverage(&shape, &q(rows)).unwrap();
@@ -1214,17 +1212,39 @@ mod tests {
         );
     }
 
-    /// The answer from the verdict index and from the SQL twin, as JSON.
-    /// The index's answer is made from `POOLS`, kept across every call of a test (so a pool
-    /// made for one policy ranks the next ones, until a write moves the generation), and is
-    /// compared with a fresh pool's too.
+    /// A ranking whose policy check is `Policy::evaluate` on each candidate's full report (read
+    /// from the store): the slow, obviously-right decision the index's is compared with.
+    async fn ranking_by_reports(s: &Store, q: &Query) -> Result<Ranking, StoreError> {
+        let index = s.verdict_index(s.answer_generation().await?).await?;
+        let mut inputs = vec![];
+        for (i, _) in index.policy_free_inputs(q.op, q.semantics, q.arch, q.dtype) {
+            let passes = match &i.candidate.on {
+                Some(v) => {
+                    let row = s.verification(v.verification_id).await?.unwrap();
+                    q.policy.evaluate(&row.report, q.dtype).is_ok()
+                }
+                None => false,
+            };
+            inputs.push((i, Passes::Read(passes)));
+        }
+        rank(Arc::new(Pool::new(inputs, q)), index, s, q, None).await
+    }
+
+    /// The answer from the verdict index and from `Policy::evaluate` on the full reports, as
+    /// JSON. The index's answer is made from `POOLS`, kept across every call of a test (so a
+    /// pool made for one policy ranks the next ones, until a write moves the generation), and
+    /// is compared with a fresh pool's and a pool made for the policy alone (`ranking_from`).
     async fn both(s: &Store, q: &Query) -> (serde_json::Value, serde_json::Value) {
-        let sql = answer(ranking_from(VerdictSource::Sql(s), s, q, None).await, s, q).await;
+        let slow = answer(ranking_by_reports(s, q).await, s, q).await;
         let pools = POOLS.with(|p| p.clone());
         let kept = answer(ranking(s, q, None, Some(&pools)).await, s, q).await;
         let index = serde_json::to_value(resolve(s, q).await.unwrap()).unwrap();
         assert_eq!(kept, index, "a kept pool");
-        (index, sql)
+        let generation = s.answer_generation().await.unwrap();
+        let ix = s.verdict_index(generation).await.unwrap();
+        let one = answer(ranking_from(ix, s, q, None).await, s, q).await;
+        assert_eq!(one, index, "a pool for the one policy");
+        (index, slow)
     }
 
     /// The answer to `q` from a ranking made for it, as JSON.
@@ -1238,7 +1258,8 @@ mod tests {
 
     /// Every write is in the next answer from the index (which follows the store a write at a
     /// time): a new verification, a new kernel, a verification certified by a worker key (for
-    /// `confirmed:N`); and the answer is the SQL twin's after each.
+    /// `confirmed:N`); and the answer is the one `Policy::evaluate` on the full reports gives
+    /// after each.
     async fn the_index_follows_every_write(s: &Store) {
         seed(s, 12).await; // the last kernel is stored, not verified
         let q = |policy: &str| Query {
@@ -1254,8 +1275,8 @@ mod tests {
         let policies = ["bit_exact", "ulp:3", "tolerance", "bit_exact,confirmed:1"];
         let mut before = vec![];
         for p in policies {
-            let (index, sql) = both(s, &q(p)).await;
-            assert_eq!(index, sql, "{p}");
+            let (index, slow) = both(s, &q(p)).await;
+            assert_eq!(index, slow, "{p}");
             before.push(index);
         }
         let lines = |a: &serde_json::Value| a["excluded"].to_string();
@@ -1290,8 +1311,8 @@ mod tests {
             }
         }
         s.seed_verification(&k11.digest(), &r, None).await.unwrap();
-        let (index, sql) = both(s, &q("bit_exact")).await;
-        assert_eq!(index, sql);
+        let (index, slow) = both(s, &q("bit_exact")).await;
+        assert_eq!(index, slow);
         assert_eq!(
             index["chosen"]["kernel"]["name"], "rms_norm_llama_011",
             "{index}"
@@ -1303,8 +1324,8 @@ mod tests {
         let first = copy(99, "a_rms_norm_first");
         s.insert_kernel(&first, "submitted", "test").await.unwrap();
         for p in policies {
-            let (index, sql) = both(s, &q(p)).await;
-            assert_eq!(index, sql, "{p}");
+            let (index, slow) = both(s, &q(p)).await;
+            assert_eq!(index, slow, "{p}");
             let first = index["excluded"][0].as_str().unwrap();
             assert!(
                 first.starts_with("a_rms_norm_first ") && first.contains(": never verified"),
@@ -1325,15 +1346,15 @@ mod tests {
         s.seed_verification(&k4.digest(), &report_of(&k4, 4), Some(&cert))
             .await
             .unwrap();
-        let (index, sql) = both(s, &q("bit_exact,confirmed:1")).await;
-        assert_eq!(index, sql);
+        let (index, slow) = both(s, &q("bit_exact,confirmed:1")).await;
+        assert_eq!(index, slow);
         assert_eq!(
             index["chosen"]["kernel"]["name"], "rms_norm_llama_004",
             "{index}"
         );
         for p in policies {
-            let (index, sql) = both(s, &q(p)).await;
-            assert_eq!(index, sql, "{p}");
+            let (index, slow) = both(s, &q(p)).await;
+            assert_eq!(index, slow, "{p}");
         }
     }
 
