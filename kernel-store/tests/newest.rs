@@ -229,7 +229,9 @@ async fn fixture_with(s: &Store, catch_up: bool) {
             let versions = 1 + (i + a) % 3;
             for v in 0..versions {
                 n += 1;
-                let j = i + 5 * v + a;
+                // `2 * (i / 3)`: so that the newest verdicts, too, take every verdict shape
+                // (`j % 12`) and audit (`j % 7`) of the fixture.
+                let j = i + 5 * v + a + 2 * (i / 3);
                 let r = report(&k, arch, j, 1000.0 + ((i * 37 + v * 11) % 50) as f64 * 10.0);
                 let c = match (i + v) % 4 {
                     0 => Some(cert("key-a", n)),
