@@ -315,8 +315,8 @@ pub fn refusals(
     why
 }
 
-/// The same decision as [`refusals`] over the stored flags ([`CapabilityReport::flags`]):
-/// the in-memory twin of the SQL condition.
+/// The same decision as [`refusals`] over the stored flags ([`CapabilityReport::flags`]), as
+/// the verdict index keeps them (`Policy::passes` decides with it; `refusals` words the reasons).
 pub fn flags_pass(flags: Option<&str>, allow: &[Capability], require_audit: bool) -> bool {
     let Some(f) = flags else {
         return !require_audit;
