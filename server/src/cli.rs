@@ -2,8 +2,8 @@
 //! command lines written elsewhere (docker/compose.yaml, the Dockerfiles) against it.
 
 use crate::cmd;
+pub use crate::cmd::db::DbArgs;
 use clap::{Parser, Subcommand};
-use kernel_store::DEFAULT_DB_URL;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -98,13 +98,6 @@ impl Command {
             Command::Conformance(_) => "__conformance",
         }
     }
-}
-
-#[derive(clap::Args, Debug)]
-pub struct DbArgs {
-    /// Database URL: sqlite://PATH or postgres://USER@HOST:PORT/DB.
-    #[arg(long, env = "KERNELIZE_DB", default_value = DEFAULT_DB_URL)]
-    pub db: String,
 }
 
 #[derive(clap::Args, Debug)]

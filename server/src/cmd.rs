@@ -1,6 +1,7 @@
 //! The CLI's subcommands beyond `serve`.
 
 pub mod client;
+pub mod db;
 pub mod health;
 pub mod keys;
 pub mod python;

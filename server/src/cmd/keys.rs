@@ -43,7 +43,7 @@ pub enum WorkerKeyCommand {
         #[arg(long, value_name = "FILE")]
         key_file: Option<PathBuf>,
         #[command(flatten)]
-        db: crate::cli::DbArgs,
+        db: crate::cmd::db::DbArgs,
     },
     /// Revoke a worker key (by name or id): reports it signs are refused from then on;
     /// verifications already stored keep their certificates.
@@ -51,12 +51,12 @@ pub enum WorkerKeyCommand {
         /// The key's name or id (`worker-key list`).
         key: String,
         #[command(flatten)]
-        db: crate::cli::DbArgs,
+        db: crate::cmd::db::DbArgs,
     },
     /// List the registered worker keys.
     List {
         #[command(flatten)]
-        db: crate::cli::DbArgs,
+        db: crate::cmd::db::DbArgs,
     },
 }
 
