@@ -48,3 +48,11 @@ pub(crate) fn bound<'q>(
         .iter()
         .fold(sqlx::query(sql), |q, b| q.bind(b.as_str()))
 }
+
+/// `bytes` random bytes as lowercase hex (tokens, lease ids).
+pub(crate) fn random_hex(bytes: usize) -> String {
+    use rand::RngCore;
+    let mut b = vec![0u8; bytes];
+    rand::thread_rng().fill_bytes(&mut b);
+    hex::encode(b)
+}

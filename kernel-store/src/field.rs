@@ -6,7 +6,7 @@
 //! `matrix_select`) with the model-level column added.
 
 use crate::codec::{bound, parse_col};
-use crate::kernels::{kernel_row, KernelRow};
+use crate::kernel_rows::{kernel_row, KernelRow};
 use crate::newest::{matrix_from, matrix_select, speed_row_prefixed, MatrixFilter};
 use crate::{Result, Store, StoreError};
 use kernel_registry::report::{ModelReport, SpeedAt, Verdict};

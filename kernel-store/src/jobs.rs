@@ -3,8 +3,9 @@
 
 use crate::audit::audit_in;
 use crate::codec::parse_col;
+use crate::codec::random_hex;
 use crate::verifications::insert_verification_in;
-use crate::{now_ms, now_rfc3339, tokens::random_hex, Backend, Result, Store, StoreError};
+use crate::{now_ms, now_rfc3339, Backend, Result, Store, StoreError};
 use kernel_registry::domain::Digest;
 use kernel_registry::report::{ShapeRequest, VerificationReport};
 use serde::{Deserialize, Serialize};

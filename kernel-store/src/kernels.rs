@@ -1,51 +1,15 @@
 //! Kernels and their sources: stored once by content digest, immutable, listed by the API.
 
 use crate::audit::audit_in;
-use crate::codec::{bound, csv, parse_col, parse_csv};
+use crate::codec::{bound, csv};
 use crate::jobs::queue_job_in;
+use crate::kernel_rows::{
+    kernel_row, kernel_row_of, KernelQuery, KernelRow, KERNEL_COLS, KERNEL_COLS_BASE,
+};
 use crate::{now_rfc3339, Result, Store, StoreError};
-use kernel_registry::domain::{Arch, DType, Digest, Op, Semantics};
-use kernel_registry::manifest::{digest_of, Constraints, KernelBundle, Manifest, Runtime};
-use serde::Serialize;
-use sqlx::any::AnyRow;
+use kernel_registry::domain::Digest;
+use kernel_registry::manifest::{digest_of, KernelBundle, Manifest, Runtime};
 use sqlx::Row;
-
-/// A stored kernel, as listed by the API.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct KernelRow {
-    pub id: i64,
-    pub name: String,
-    pub version: String,
-    pub digest: Digest,
-    pub op: Op,
-    pub semantics: Semantics,
-    pub dtypes: Vec<DType>,
-    /// Empty: any architecture.
-    pub archs: Vec<Arch>,
-    pub cols_min: i64,
-    pub cols_max: Option<i64>,
-    pub cols_multiple_of: i64,
-    pub description: String,
-    pub license: String,
-    pub authors: Vec<String>,
-    pub origin: String,
-    pub created_at: String,
-    /// What executes the source (docs/spec.md section 2b); left out of the JSON for CUDA kernels.
-    #[serde(default, skip_serializing_if = "Runtime::is_cuda")]
-    pub runtime: Runtime,
-}
-
-impl KernelRow {
-    /// The manifest's constraints, as stored in the row's indexed columns.
-    pub fn constraints(&self) -> Constraints {
-        Constraints {
-            cols_min: self.cols_min as u64,
-            cols_max: self.cols_max.map(|c| c as u64),
-            cols_multiple_of: self.cols_multiple_of as u64,
-            archs: self.archs.clone(),
-        }
-    }
-}
 
 /// The result of storing a kernel.
 #[derive(Debug, Clone)]
@@ -70,64 +34,6 @@ pub struct StoredSource {
     pub manifest_toml: String,
     pub manifest: Manifest,
     pub source: String,
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct KernelQuery {
-    pub op: Option<Op>,
-    pub semantics: Option<Semantics>,
-    pub dtype: Option<DType>,
-    pub arch: Option<Arch>,
-    pub limit: i64,
-    pub offset: i64,
-}
-
-/// The columns of a kernel row, but `runtime` (migration 0011): what an insert returns, so that
-/// storing a CUDA kernel works on a database of any schema (upgrade tests store kernels in old
-/// schemas), the runtime being known from the manifest.
-const KERNEL_COLS_BASE: &str =
-    "id, name, version, digest, op, semantics, dtypes, archs, cols_min, \
-    cols_max, cols_multiple_of, description, license, authors, origin, created_at";
-
-pub(crate) const KERNEL_COLS: &str =
-    "id, name, version, digest, op, semantics, dtypes, archs, cols_min, \
-    cols_max, cols_multiple_of, description, license, authors, origin, created_at, runtime";
-
-pub(crate) fn kernel_row(r: &AnyRow) -> Result<KernelRow> {
-    kernel_row_of(r, runtime_of(r)?)
-}
-
-/// A row's `runtime` column (migration 0011).
-pub(crate) fn runtime_of(r: &AnyRow) -> Result<Runtime> {
-    match r.try_get::<String, _>("runtime")?.as_str() {
-        "cuda" => Ok(Runtime::Cuda),
-        "python" => Ok(Runtime::Python),
-        other => Err(StoreError::Corrupt(format!("runtime `{other}`"))),
-    }
-}
-
-fn kernel_row_of(r: &AnyRow, runtime: Runtime) -> Result<KernelRow> {
-    let authors: String = r.try_get("authors")?;
-    Ok(KernelRow {
-        id: r.try_get("id")?,
-        name: r.try_get("name")?,
-        version: r.try_get("version")?,
-        digest: parse_col(r, "digest")?,
-        op: parse_col(r, "op")?,
-        semantics: parse_col(r, "semantics")?,
-        dtypes: parse_csv(&r.try_get::<String, _>("dtypes")?)?,
-        archs: parse_csv(&r.try_get::<String, _>("archs")?)?,
-        cols_min: r.try_get("cols_min")?,
-        cols_max: r.try_get("cols_max")?,
-        cols_multiple_of: r.try_get("cols_multiple_of")?,
-        description: r.try_get("description")?,
-        license: r.try_get("license")?,
-        authors: serde_json::from_str(&authors)
-            .map_err(|e| StoreError::Corrupt(format!("authors: {e}")))?,
-        origin: r.try_get("origin")?,
-        created_at: r.try_get("created_at")?,
-        runtime,
-    })
 }
 
 impl Store {

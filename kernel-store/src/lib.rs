@@ -12,6 +12,7 @@ mod codec;
 mod field;
 mod index;
 mod jobs;
+mod kernel_rows;
 mod kernels;
 mod newest;
 mod stats;
@@ -25,7 +26,8 @@ pub use audit::AuditEntry;
 pub use field::{FieldGroup, FieldRow};
 pub use index::{RankingInput, VerdictCheck, VerdictIndex};
 pub use jobs::{Holder, JobRow, JobState, WidthJob, DEFAULT_MAX_ATTEMPTS};
-pub use kernels::{Inserted, KernelQuery, KernelRow, StoredSource};
+pub use kernel_rows::{KernelQuery, KernelRow};
+pub use kernels::{Inserted, StoredSource};
 pub use newest::{
     CandidateKernel, GlanceCell, MatrixFilter, MatrixRow, NewestVerdict, UnverifiedKernel,
     VerdictOn, VerdictParts, HEADLINE_COLS, HEADLINE_ROWS,

@@ -8,7 +8,7 @@
 //! compare it with `Policy::evaluate` on the full reports.
 
 use crate::codec::{bound, csv, parse_col, parse_csv};
-use crate::kernels::{kernel_row, runtime_of, KernelQuery, KernelRow, KERNEL_COLS};
+use crate::kernel_rows::{kernel_row, runtime_of, KernelQuery, KernelRow, KERNEL_COLS};
 use crate::{Result, Store, StoreError};
 use kernel_registry::capability::CapabilityReport;
 use kernel_registry::cert::Certificate;

@@ -1,10 +1,9 @@
 //! API tokens: random, shown once, stored as a hash, with scopes, an expiry and a revocation.
 
 use crate::audit::audit_in;
-use crate::codec::{csv, parse_csv};
+use crate::codec::{csv, parse_csv, random_hex};
 use crate::jobs::requeue_claims_of_in;
 use crate::{now_ms, now_rfc3339, Result, Store, StoreError};
-use rand::RngCore;
 use serde::Serialize;
 use sha2::{Digest as _, Sha256};
 use sqlx::any::AnyRow;
@@ -15,12 +14,6 @@ use std::str::FromStr;
 /// sha256 of a token, as stored; the token itself is never stored.
 pub fn hash_token(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
-}
-
-pub(crate) fn random_hex(bytes: usize) -> String {
-    let mut b = vec![0u8; bytes];
-    rand::thread_rng().fill_bytes(&mut b);
-    hex::encode(b)
 }
 
 /// How long a new token lives unless told otherwise (`kernelize token create --expires-in`).
