@@ -634,6 +634,30 @@ pub fn bytes_moved(op: Op, dt: DType, rows: u64, cols: u64) -> u64 {
     op.bytes_moved(dt, rows, cols)
 }
 
+/// A case's report with nothing measured yet (the runner fills what it measures).
+pub(crate) fn case_skeleton(
+    spec: &CaseSpec,
+    status: kernel_registry::report::CaseStatus,
+    note: Option<String>,
+) -> kernel_registry::report::CaseReport {
+    kernel_registry::report::CaseReport {
+        id: spec.id.clone(),
+        dtype: spec.dtype,
+        rows: spec.rows,
+        cols: spec.cols,
+        distribution: spec.dist.to_string(),
+        eps: spec.op.takes_eps().then_some(spec.eps),
+        status,
+        note,
+        exactness: None,
+        accuracy: None,
+        deterministic: None,
+        batch_invariant: None,
+        integrity_failures: vec![],
+        speed: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

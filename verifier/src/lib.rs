@@ -8,7 +8,9 @@
 //! candidates, docs/spec.md section 2b: their own child process and executor), `verify` (a whole run),
 //! `conformance` (built-in references against PyTorch eager outputs).
 
+pub mod abi;
 pub mod cases;
+mod child;
 pub mod compile_cache;
 pub mod conformance;
 pub mod cuda;

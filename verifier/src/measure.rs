@@ -10,12 +10,12 @@ pub mod large;
 pub mod poison;
 pub mod speed;
 
+use crate::abi::{
+    abi_args, reference_digest, reference_dims, reference_symbol, Bufs, Ptrs, REFERENCE_SOURCE,
+};
 use crate::cases::{self, CaseSpec};
 use crate::cuda::{guard_byte, Arg, CompileJob, DevBuf, Gpu};
 use crate::exec::{ExecError, Limits};
-use crate::gpu::{
-    abi_args, reference_digest, reference_dims, reference_symbol, Bufs, Ptrs, REFERENCE_SOURCE,
-};
 use crate::numeric::{compare, keyed_sum, worst};
 use crate::oracle;
 use cudarc::driver::sys::CUfunction;
@@ -383,7 +383,7 @@ fn load<'a>(
     // clients compile it); on the first case all of them and the reference layers compile at
     // once, in parallel. Compile time is traced by `Gpu::compile_all`.
     let rd = reference_digest();
-    let mut jobs = crate::gpu::entry_jobs(bundle, &digest);
+    let mut jobs = crate::abi::entry_jobs(bundle, &digest);
     jobs.push(CompileJob {
         digest: &rd,
         what: "reference layers".into(),
@@ -435,7 +435,7 @@ pub(crate) fn run_case(
         crate::trace(|| format!("{} {name}: {secs:.3} s", spec.id));
         t_last = now;
     };
-    let skeleton = crate::verify::case_skeleton(spec, CaseStatus::Ran, None);
+    let skeleton = crate::cases::case_skeleton(spec, CaseStatus::Ran, None);
     if spec.large_index {
         return large::run(gpu, spec, limits, cand, refk, tools, skeleton);
     }

@@ -13,12 +13,12 @@
 //! hang kills that child only, the case is an error and the run goes on with a fresh child.
 
 use crate::cases::{self, CaseInputs, CaseSpec, HostTensor};
+use crate::child::ChildProc;
 use crate::exec::{ExecError, Executor, Limits};
 use crate::gpu::ReferenceOutputs;
 use crate::measure::{batch, determinism, integrity, speed};
 use crate::numeric::{compare, worst};
 use crate::oracle;
-use crate::sandbox::ChildProc;
 use kernel_registry::report::{CaseReport, CaseStatus, DeviceInfo, PythonRuntime};
 use kernel_registry::{DType, Digest, KernelBundle, Op, Runtime};
 use serde::{Deserialize, Serialize};
@@ -524,7 +524,7 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
                 m.name, m.runtime
             )));
         }
-        let skeleton = crate::verify::case_skeleton(spec, CaseStatus::Ran, None);
+        let skeleton = crate::cases::case_skeleton(spec, CaseStatus::Ran, None);
         if spec.large_index {
             // Above 2^32 elements the CUDA runner makes and compares the data on the GPU; through
             // files that is tens of GB per case.

@@ -1,7 +1,7 @@
 //! One verification: the suite of cases for a kernel, run through an `Executor`, turned into a
 //! `VerificationReport` (summary by `Summary::from_cases`).
 
-use crate::cases::{self, CaseSpec, SUITE_VERSION};
+use crate::cases::{self, case_skeleton, SUITE_VERSION};
 use crate::exec::{ExecError, Executor, Limits};
 use crate::python::{PythonExecutor, PythonOptions};
 use crate::sandbox::SandboxExecutor;
@@ -103,30 +103,6 @@ pub fn dtypes_for(bundle: &KernelBundle, opts: &VerifyOptions) -> Result<Vec<DTy
             }
             Ok(want.clone())
         }
-    }
-}
-
-/// A case's report with nothing measured yet (the runner fills what it measures).
-pub(crate) fn case_skeleton(
-    spec: &CaseSpec,
-    status: CaseStatus,
-    note: Option<String>,
-) -> CaseReport {
-    CaseReport {
-        id: spec.id.clone(),
-        dtype: spec.dtype,
-        rows: spec.rows,
-        cols: spec.cols,
-        distribution: spec.dist.to_string(),
-        eps: spec.op.takes_eps().then_some(spec.eps),
-        status,
-        note,
-        exactness: None,
-        accuracy: None,
-        deterministic: None,
-        batch_invariant: None,
-        integrity_failures: vec![],
-        speed: None,
     }
 }
 
@@ -294,6 +270,7 @@ fn audit(exec: &mut dyn Executor, bundle: &KernelBundle) -> Option<CapabilityRep
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cases::CaseSpec;
     use kernel_registry::report::{tests_support, DeviceInfo, ExactnessClass};
     use kernel_registry::{Arch, Policy};
 

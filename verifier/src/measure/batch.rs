@@ -7,9 +7,9 @@
 
 use super::poison::Poison;
 use super::CaseRun;
+use crate::abi::Ptrs;
 use crate::cuda::{Arg, DevBuf};
 use crate::exec::ExecError;
-use crate::gpu::Ptrs;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -5,10 +5,10 @@
 //! never cross to the host unless they differ.
 
 use super::{poison::Poison, CaseRun, Kern, Tools};
+use crate::abi::Bufs;
 use crate::cases::{self, CaseSpec};
 use crate::cuda::{Arg, DevBuf, Gpu, GUARD_BYTES};
 use crate::exec::{ExecError, Limits};
-use crate::gpu::Bufs;
 use crate::numeric::compare;
 use kernel_registry::report::{CaseReport, CaseStatus, Exactness, ULP_BUCKETS};
 use kernel_registry::Op;

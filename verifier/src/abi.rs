@@ -1,0 +1,137 @@
+//! The kernel ABI on the device: the reference layers' source and symbols, a case's device
+//! buffers and the argument list of each op's entry (docs/spec.md section 2), and the compile
+//! jobs of a kernel's entries. What the executor (`crate::gpu`) and the measurements
+//! (`crate::measure`) share, so that neither imports the other for it.
+
+use crate::cases::{self, CaseInputs, CaseSpec};
+use crate::cuda::{Arg, CompileJob, DevBuf, Gpu};
+use crate::exec::ExecError;
+use kernel_registry::manifest::{entry_options, LaunchDims};
+use kernel_registry::{DType, KernelBundle, Op, Semantics};
+
+/// The reference layers' CUDA source (docs/reference-semantics.md).
+pub const REFERENCE_SOURCE: &str = include_str!("reference.cu");
+
+/// The reference entry for (op, semantics, dtype).
+pub fn reference_symbol(op: Op, sem: Semantics, dt: DType) -> String {
+    format!("ref_{op}_{sem}_{dt}")
+}
+
+pub(crate) fn reference_digest() -> String {
+    format!(
+        "builtin-reference-{}",
+        crate::cases::stable_hash(REFERENCE_SOURCE)
+    )
+}
+
+/// Launch dimensions of the reference layers.
+pub fn reference_dims(op: Op, rows: u64, cols: u64) -> LaunchDims {
+    // Row-wise references: one 512-thread block per row (reference.cu's RB).
+    let (grid, threads) = match op {
+        Op::RmsNorm | Op::FusedAddRmsNorm | Op::LayerNorm => (rows.max(1), 512),
+        _ => ((rows * cols).div_ceil(256).clamp(1, 1 << 20), 256),
+    };
+    LaunchDims {
+        grid: [grid as u32, 1, 1],
+        block: [threads, 1, 1],
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Device copies of a case's inputs (`residual` is the pristine copy; launches get their own).
+pub(crate) struct Bufs {
+    /// `x`, or the gate of a gated op.
+    pub x: DevBuf,
+    /// The `up` tensor of a gated op (`[rows, cols]` like the gate).
+    pub up: Option<DevBuf>,
+    pub residual: Option<DevBuf>,
+    pub weight: Option<DevBuf>,
+    pub bias: Option<DevBuf>,
+}
+
+impl Bufs {
+    pub fn upload(gpu: &Gpu, inp: &CaseInputs) -> Result<Bufs, ExecError> {
+        let up = |t: &cases::HostTensor| -> Result<DevBuf, ExecError> {
+            let b = gpu.alloc(t.bytes.len())?;
+            gpu.upload(&b, &t.bytes)?;
+            Ok(b)
+        };
+        Ok(Bufs {
+            x: up(&inp.x)?,
+            up: inp.up.as_ref().map(up).transpose()?,
+            residual: inp.residual.as_ref().map(up).transpose()?,
+            weight: inp.weight.as_ref().map(up).transpose()?,
+            bias: inp.bias.as_ref().map(up).transpose()?,
+        })
+    }
+
+    /// The tensors of a launch on these inputs, writing `out` (and `residual`, fused_add's
+    /// launch copy).
+    pub fn ptrs(&self, out: &DevBuf, residual: Option<&DevBuf>) -> Ptrs {
+        Ptrs {
+            out: out.ptr(),
+            residual: residual.map(DevBuf::ptr),
+            x: self.x.ptr(),
+            up: self.up.as_ref().map(DevBuf::ptr),
+            weight: self.weight.as_ref().map(DevBuf::ptr),
+            bias: self.bias.as_ref().map(DevBuf::ptr),
+        }
+    }
+}
+
+/// Device addresses of one launch's tensors (`x`, `up` and `residual` may be slices of larger
+/// buffers: batch compositions).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ptrs {
+    pub out: u64,
+    pub residual: Option<u64>,
+    /// `x`, or the gate of a gated op.
+    pub x: u64,
+    pub up: Option<u64>,
+    pub weight: Option<u64>,
+    pub bias: Option<u64>,
+}
+
+/// Kernel arguments in the ABI order of docs/spec.md section 2, built from the one description of it
+/// (`Op::abi_names`): `rows` rows of the tensors at `t`, the case's `eps`.
+pub(crate) fn abi_args(spec: &CaseSpec, t: Ptrs, rows: u64) -> Vec<Arg> {
+    let cols = spec.cols;
+    let ptr = |p: Option<u64>, what: &str| {
+        Arg::Ptr(p.unwrap_or_else(|| panic!("{}: the case has no {what}", spec.op)))
+    };
+    spec.op
+        .abi_names()
+        .into_iter()
+        .map(|name| match name {
+            "out" => Arg::Ptr(t.out),
+            "x" | "gate" => Arg::Ptr(t.x),
+            "up" => ptr(t.up, "up tensor"),
+            "residual" => ptr(t.residual, "residual"),
+            "w" => ptr(t.weight, "weight"),
+            "b" => ptr(t.bias, "bias"),
+            "rows" => Arg::I64(rows as i64),
+            "cols" => Arg::I64(cols as i64),
+            "n" => Arg::I64((rows * cols) as i64),
+            "eps" => Arg::F32(spec.eps),
+            other => unreachable!(
+                "Op::abi of {} names `{other}`, unknown to the verifier",
+                spec.op
+            ),
+        })
+        .collect()
+}
+
+/// One module per dtype entry of the bundle: the author's options plus the dtype macro, named as
+/// the clients name it (`cuda::module_what`).
+pub(crate) fn entry_jobs<'a>(bundle: &'a KernelBundle, digest: &'a str) -> Vec<CompileJob<'a>> {
+    let m = &bundle.manifest;
+    m.entries
+        .keys()
+        .map(|&d| CompileJob {
+            digest,
+            what: crate::cuda::module_what(&m.name, d),
+            source: &bundle.source,
+            options: entry_options(&m.nvrtc_options, d),
+        })
+        .collect()
+}
