@@ -26,6 +26,7 @@ both_backends!(
     bad_input_gets_a_problem_naming_it,
     acknowledged_writes_survive_sigkill,
     submit_claim_report_resolve,
+    resolve_answers_say_when_and_at_what_shape,
     policy_gating_and_arch,
     argmax_policy_needs_a_model_measurement_unless_bit_exact,
     leases_expire_and_no_job_completes_twice,
@@ -423,6 +424,32 @@ async fn submit_claim_report_resolve(b: Backend) {
     assert!(r["speed"]["gbps"].as_f64().unwrap() > 0.0);
     let v: Value = srv.get_json(r["verification_url"].as_str().unwrap()).await;
     assert_eq!(v["report"]["kernel"]["digest"], sub["digest"]);
+    // Measured by this hub's worker: the time is the report's own, nothing was imported.
+    assert_eq!(r["verified_at"], v["report"]["started_at"], "{r}");
+    assert_eq!(r["imported_at"], Value::Null, "{r}");
+    let one: Value = srv.get_json("/v1/kernels/e2e_exact/1.0.0").await;
+    assert_eq!(
+        one["verifications"][0]["verified_at"],
+        v["report"]["started_at"]
+    );
+    assert_eq!(one["verifications"][0]["imported_at"], Value::Null);
+    // An elementwise op: the speed says the shape it was measured at and whether that is the
+    // asked element count.
+    let sp = &r["speed"];
+    let (rows, cols) = (sp["rows"].as_u64().unwrap(), sp["cols"].as_u64().unwrap());
+    assert_eq!(
+        sp["measured_at"],
+        json!({"rows": rows, "cols": cols}),
+        "{r}"
+    );
+    assert_eq!(
+        sp["asked_width_measured"],
+        json!(rows * cols == 4096),
+        "{r}"
+    );
+    assert_eq!(sp["note"].is_string(), rows * cols != 4096, "{r}");
+    assert_eq!(r["semantics"], "default");
+    assert_eq!(r["semantics_defaulted"], true);
     let vs: Value = srv
         .get_json("/v1/kernels/e2e_exact/1.0.0/verifications")
         .await;
@@ -435,6 +462,102 @@ async fn submit_claim_report_resolve(b: Backend) {
     for a in ["kernel.created", "job.claimed", "verification.recorded"] {
         assert!(audit.iter().any(|x| x == a), "audit lacks {a}: {audit:?}");
     }
+}
+
+/// Issue 27 items 4 and 6 on a hub with the bundled certificates: `verified_at` is when the GPU
+/// measured (the report's `started_at`), `imported_at` when this hub imported the certificate;
+/// the speed is labelled with the shape it was measured at; rms_norm without `semantics` names
+/// the default it used, in answers and refusals.
+async fn resolve_answers_say_when_and_at_what_shape(b: Backend) {
+    let srv = TestServer::start(&b, &[]).await;
+    let base = "/v1/resolve?op=rms_norm&dtype=bf16&arch=sm_90";
+    // cols 2048 is verified, but the suite timed rms_norm at 4096x8192 and 32768x4096 only.
+    let (st, r) = srv.get(&format!("{base}&cols=2048")).await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(r["semantics"], "llama", "{r}");
+    assert_eq!(r["semantics_defaulted"], true, "{r}");
+    assert_eq!(r["kernel"]["semantics"], "llama", "{r}");
+    let v: Value = srv.get_json(r["verification_url"].as_str().unwrap()).await;
+    assert_eq!(v["job_id"], Value::Null, "a bundled certificate: {v}");
+    let started = v["report"]["started_at"].as_str().unwrap();
+    assert_eq!(r["verified_at"], started, "{r}");
+    assert_eq!(r["imported_at"], v["created_at"], "{r}");
+    assert_ne!(r["imported_at"], r["verified_at"], "{r}");
+    let sp = &r["speed"];
+    assert!(sp["gbps"].as_f64().unwrap() > 0.0, "{r}");
+    assert_eq!(sp["asked_width_measured"], false, "{r}");
+    assert_ne!(sp["measured_at"]["cols"], 2048, "{r}");
+    assert_eq!(sp["measured_at"]["cols"], sp["cols"], "{r}");
+    assert_eq!(sp["measured_at"]["rows"], sp["rows"], "{r}");
+    assert!(
+        sp["note"]
+            .as_str()
+            .unwrap()
+            .contains("no speed was measured at the asked cols=2048"),
+        "{r}"
+    );
+    assert!(
+        sp.get("asked_rows_measured").is_none(),
+        "rows not asked: {r}"
+    );
+    // At a timed shape the figure is the asked one.
+    let (st, r) = srv
+        .get(&format!("{base}&cols=4096&rows=32768&semantics=llama"))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(r["semantics"], "llama");
+    assert_eq!(r["semantics_defaulted"], false, "{r}");
+    let sp = &r["speed"];
+    assert_eq!(
+        sp["measured_at"],
+        json!({"rows": 32768, "cols": 4096}),
+        "{r}"
+    );
+    assert_eq!(sp["asked_width_measured"], true, "{r}");
+    assert_eq!(sp["asked_rows_measured"], true, "{r}");
+    assert!(sp.get("note").is_none(), "{r}");
+    // The kernel page says the same times.
+    let k = &r["kernel"];
+    let one: Value = srv
+        .get_json(&format!(
+            "/v1/kernels/{}/{}",
+            k["name"].as_str().unwrap(),
+            k["version"].as_str().unwrap()
+        ))
+        .await;
+    let mine = one["verifications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["id"] == r["verification_id"])
+        .unwrap();
+    let v: Value = srv.get_json(r["verification_url"].as_str().unwrap()).await;
+    assert_eq!(mine["verified_at"], v["report"]["started_at"], "{mine}");
+    assert_eq!(mine["imported_at"], v["created_at"], "{mine}");
+    assert_eq!(r["verified_at"], v["report"]["started_at"], "{r}");
+    // A refusal names the default too, and the choices.
+    let (st, p) = srv
+        .get("/v1/resolve?op=rms_norm&dtype=bf16&arch=sm_80&cols=4096")
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{p}");
+    assert_eq!(p["semantics"], "llama", "{p}");
+    assert_eq!(p["semantics_defaulted"], true, "{p}");
+    let detail = p["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("`semantics` was not given: llama was used")
+            && detail.contains("llama, gemma, torch"),
+        "{detail}"
+    );
+    let (st, p) = srv
+        .get("/v1/resolve?op=rms_norm&semantics=gemma&dtype=bf16&arch=sm_80&cols=4096")
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{p}");
+    assert_eq!(p["semantics"], "gemma", "{p}");
+    assert_eq!(p["semantics_defaulted"], false, "{p}");
+    assert!(
+        !p["detail"].as_str().unwrap().contains("was not given"),
+        "{p}"
+    );
 }
 
 async fn policy_gating_and_arch(b: Backend) {

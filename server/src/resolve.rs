@@ -93,7 +93,11 @@ pub struct Candidate {
     pub kernel: KernelRow,
     pub verification_id: i64,
     pub device: String,
+    /// When the GPU measured it: the report's own `started_at` (not when this hub stored it).
     pub verified_at: String,
+    /// When this hub imported the verification (a bundled or otherwise certified report
+    /// measured elsewhere); `None` when this hub's own worker measured it (a job's report).
+    pub imported_at: Option<String>,
     pub class: String,
     pub summary: kernel_registry::report::Verdict,
     pub speed: Option<SpeedAt>,
@@ -291,6 +295,91 @@ struct ChosenParts {
     kernel: KernelRow,
     verdict: kernel_registry::report::Verdict,
     stale: Vec<String>,
+    times: Times,
+}
+
+/// When a verification was measured and (if it was not measured by this hub's worker) imported.
+#[derive(Debug, Clone)]
+pub struct Times {
+    /// The report's own `started_at`: when the GPU ran it.
+    pub verified_at: String,
+    /// When this hub stored a verification that no job of its own produced (an imported
+    /// certificate); `None` for a worker's report.
+    pub imported_at: Option<String>,
+}
+
+impl Times {
+    /// The times of a stored verification.
+    pub fn of(v: &kernel_store::VerificationRow) -> Times {
+        Times {
+            verified_at: v.report.started_at.clone(),
+            imported_at: v.job_id.is_none().then(|| v.created_at.clone()),
+        }
+    }
+}
+
+/// A resolve answer's speed: the timed case nearest the asked shape, labelled with the shape it
+/// was measured at and whether that is the asked width (the fields of `SpeedAt` kept as they
+/// were, so older clients read it unchanged).
+#[derive(Debug, Clone, Serialize)]
+pub struct AnswerSpeed {
+    #[serde(flatten)]
+    pub speed: SpeedAt,
+    /// The shape this figure was measured at (the same as `rows` and `cols`, said outright).
+    pub measured_at: MeasuredAt,
+    /// Whether it was measured at the asked width: row-wise ops a case of exactly the asked
+    /// `cols`, elementwise ops a case of exactly the asked element count (rows x cols).
+    pub asked_width_measured: bool,
+    /// Whether it was measured at the asked `rows` (row-wise ops; absent when rows was not
+    /// asked or the op is elementwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub asked_rows_measured: Option<bool>,
+    /// Absent when the figure is the asked width's; else which shape it is and that no speed
+    /// was measured at the asked width.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct MeasuredAt {
+    pub rows: u64,
+    pub cols: u64,
+}
+
+impl AnswerSpeed {
+    /// `speed` labelled for the query `q`.
+    pub fn label(speed: &SpeedAt, q: &Query) -> AnswerSpeed {
+        let at_width = if q.op.is_rowwise() {
+            speed.cols == q.cols
+        } else {
+            speed.rows.saturating_mul(speed.cols) == q.cols
+        };
+        let asked_rows_measured = q
+            .rows
+            .filter(|_| q.op.is_rowwise())
+            .map(|r| r == speed.rows);
+        let note = (!at_width).then(|| {
+            let asked = if q.op.is_rowwise() {
+                format!("cols={}", q.cols)
+            } else {
+                format!("{} elements", q.cols)
+            };
+            format!(
+                "measured at {}x{} (rows x cols), the nearest timed case: no speed was measured at the asked {asked}",
+                speed.rows, speed.cols
+            )
+        });
+        AnswerSpeed {
+            speed: speed.clone(),
+            measured_at: MeasuredAt {
+                rows: speed.rows,
+                cols: speed.cols,
+            },
+            asked_width_measured: at_width,
+            asked_rows_measured,
+            note,
+        }
+    }
 }
 
 /// How a pool entry's verdict meets a policy.
@@ -836,7 +925,7 @@ impl Ranking {
             queued_jobs: &self.queued_jobs,
             runtime: c.kernel.runtime,
             source_url: &c.source_url,
-            speed: &c.speed,
+            speed: c.speed.as_ref().map(|s| AnswerSpeed::label(s, q)),
             // The newest verdict on this architecture, stale or not: why it is stale, if so
             // (`kernelize verify-request --stale` queues its re-verification).
             stale: &c.stale,
@@ -844,6 +933,7 @@ impl Ranking {
             verification_id: c.verification_id,
             verification_url: format!("/v1/verifications/{}", c.verification_id),
             verified_at: &c.verified_at,
+            imported_at: &c.imported_at,
         };
         Ok(Some(bytes::Bytes::from(
             serde_json::to_vec(&answer).expect("an answer serialises"),
@@ -881,6 +971,7 @@ impl Ranking {
             Self::coverage_of(k, q)?,
             case.cloned(),
             parts.stale.clone(),
+            parts.times.clone(),
         );
         let also_qualifying = it
             .map(|(k, case)| match case {
@@ -921,10 +1012,18 @@ impl Ranking {
                     v.verification_id, q.dtype
                 ))
             })?;
+        let times = store
+            .verification(v.verification_id)
+            .await?
+            .map(|row| Times::of(&row))
+            .ok_or_else(|| {
+                StoreError::NotFound(format!("verification {} is gone", v.verification_id))
+            })?;
         let parts = Arc::new(ChosenParts {
             kernel,
             verdict,
             stale,
+            times,
         });
         self.pool
             .chosen_lock()
@@ -1024,12 +1123,13 @@ struct Answer<'a> {
     queued_jobs: &'a [QueuedJob],
     runtime: Runtime,
     source_url: &'a str,
-    speed: &'a Option<SpeedAt>,
+    speed: Option<AnswerSpeed>,
     stale: &'a [String],
     summary: &'a kernel_registry::report::Verdict,
     verification_id: i64,
     verification_url: String,
     verified_at: &'a str,
+    imported_at: &'a Option<String>,
 }
 
 fn candidate(
@@ -1039,6 +1139,7 @@ fn candidate(
     coverage: CoverageAt,
     speed: Option<SpeedAt>,
     stale: Vec<String>,
+    times: Times,
 ) -> Candidate {
     Candidate {
         source_url: format!("/v1/sources/{}", kernel.digest),
@@ -1048,7 +1149,8 @@ fn candidate(
         summary,
         verification_id: v.verification_id,
         device: v.device_name.to_string(),
-        verified_at: v.created_at.to_string(),
+        verified_at: times.verified_at,
+        imported_at: times.imported_at,
         stale,
         kernel,
     }

@@ -200,7 +200,7 @@ async fn find(st: &AppState, name: &str, version: &str) -> Result<KernelRow, App
 /// capability audit and why a default policy refuses it, if it does).
 #[utoipa::path(get, path = "/v1/kernels/{name}/{version}", tag = "kernels",
     params(("name" = KernelName, Path), ("version" = KernelVersion, Path)),
-    responses((status = 200, description = "The kernel: its manifest (with the `capabilities` it declares), jobs, and verifications, each with `capabilities` (the audit of its compiled code, docs/spec.md section 3b; null when not audited) and `capabilities_refused` (why a default policy refuses it)"), (status = 404, description = "No such kernel")))]
+    responses((status = 200, description = "The kernel: its manifest (with the `capabilities` it declares), jobs, and verifications, each with `capabilities` (the audit of its compiled code, docs/spec.md section 3b; null when not audited) and `capabilities_refused` (why a default policy refuses it); each verification's `verified_at` is when the GPU measured it (its report's `started_at`), `imported_at` when this hub imported it (null: this hub's worker measured it), `created_at` when it was stored"), (status = 404, description = "No such kernel")))]
 pub async fn get_one(
     State(st): State<AppState>,
     _c: Caller,
@@ -222,6 +222,10 @@ pub async fn get_one(
             json!({
                 "id": v.id, "url": format!("/v1/verifications/{}", v.id), "arch": v.arch,
                 "device": v.device_name, "class": v.exactness_class, "created_at": v.created_at,
+                // When the GPU measured it (the report's own time), and when this hub imported
+                // it (null: this hub's worker measured it); `created_at` is when it was stored.
+                "verified_at": v.report.started_at,
+                "imported_at": v.job_id.is_none().then_some(&v.created_at),
                 "summary": v.report.summary,
                 // What the compiled code can do (docs/spec.md section 3b; null: not audited),
                 // and why a default policy refuses it (empty: it does not).

@@ -27,7 +27,7 @@ impl Modify for TokenAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "kernelize", description = "A kernel hub that hands out only verified layer replacements.\n\nEvery refusal is `application/problem+json` (RFC 9457) whose `detail` says what was wrong and how to fix it, and whose `field` names the parameter or field at fault. Text in a path or query parameter is one line (no control characters); a query parameter is either left out or given a value without surrounding spaces; no string of a body may hold NUL. Writes are limited per token (429 with `Retry-After`). An unknown, expired or revoked token gets 401 with `reason`. Every answer carries `x-request-id`."),
-    components(schemas(Problem, OpName, SemanticsName, DTypeName, ArchName, PolicyText, DigestText, KernelName, KernelVersion)),
+    components(schemas(Problem, ResolveAnswer, ResolveSpeed, MeasuredShape, OpName, SemanticsName, DTypeName, ArchName, PolicyText, DigestText, KernelName, KernelVersion)),
     modifiers(&TokenAuth)
 )]
 pub struct ApiDoc;
@@ -141,6 +141,101 @@ param_schema!(
         Some(VERSION_PATTERN)
     )
 );
+
+/// `GET /v1/resolve`'s answer when a kernel qualifies (the 200 body). Every field is always
+/// present; a client may ignore the ones it does not know.
+#[derive(ToSchema)]
+#[allow(dead_code)] // documentation: the answer is written by `crate::resolve::Ranking::answer_text`
+pub struct ResolveAnswer {
+    /// The chosen kernel's stored row (name, version, op, semantics, digest, runtime, ...).
+    #[schema(value_type = Object)]
+    kernel: (),
+    /// Its content digest.
+    digest: String,
+    /// `cuda` or `python`.
+    runtime: String,
+    /// Its exactness class at the asked dtype on the asked arch, e.g. `bit_exact`, `ulp:1`.
+    class: String,
+    /// The verdict at the asked dtype.
+    #[schema(value_type = Object)]
+    summary: (),
+    /// The policy applied.
+    policy: String,
+    /// The semantics resolved: the asked one, or the op's default when `semantics` was left out.
+    #[schema(value_type = SemanticsName)]
+    semantics: String,
+    /// true when `semantics` was left out and `semantics` is the op's default (rms_norm:
+    /// `llama`, one of llama, gemma, torch).
+    semantics_defaulted: bool,
+    /// The GPU the verification ran on.
+    device: String,
+    verification_id: i64,
+    verification_url: String,
+    /// When the GPU measured it: the verification report's own `started_at` (RFC 3339), not
+    /// when this hub stored or imported it.
+    verified_at: String,
+    /// When this hub imported the verification (a certificate measured elsewhere, e.g. the
+    /// bundled ones; RFC 3339); null when this hub's own worker measured it.
+    imported_at: Option<String>,
+    /// The chosen kernel's timed case nearest the asked shape, labelled with the shape it was
+    /// measured at; null when no case was timed.
+    speed: Option<ResolveSpeed>,
+    /// What the verification covered at the asked width.
+    #[schema(value_type = Object)]
+    coverage: (),
+    source_url: String,
+    /// Why the verdict is stale (empty: it is not).
+    stale: Vec<String>,
+    /// The first 100 other qualifying kernels, fastest first.
+    also_qualifying: Vec<String>,
+    also_qualifying_total: u64,
+    /// Why each kernel not chosen is out (the first 100).
+    excluded: Vec<String>,
+    excluded_total: u64,
+    /// Always empty: a GET queues nothing.
+    #[schema(value_type = Vec<Object>)]
+    queued_jobs: (),
+    /// Always null on a GET.
+    queue_full: Option<String>,
+}
+
+/// A resolve answer's speed: one timed case of the verification, the one nearest the asked
+/// rows x cols (the suite times a few shapes, e.g. 4096x8192 and 32768x4096 for row-wise ops),
+/// so it may be another shape than the one asked: `measured_at` and `asked_width_measured` say.
+#[derive(ToSchema)]
+#[allow(dead_code)] // documentation: written by `crate::resolve::AnswerSpeed`
+pub struct ResolveSpeed {
+    /// The rows of the timed case (as `measured_at.rows`).
+    rows: u64,
+    /// The cols of the timed case (as `measured_at.cols`).
+    cols: u64,
+    /// Effective bandwidth, GB/s.
+    gbps: Option<f64>,
+    median_us: Option<f64>,
+    /// Its fraction of the device's copy bandwidth.
+    copy_fraction: Option<f64>,
+    /// Reference time over candidate time.
+    speedup: Option<f64>,
+    /// The shape the figure was measured at.
+    measured_at: MeasuredShape,
+    /// true when it was measured at the asked width (row-wise ops: a case of exactly the asked
+    /// `cols`; elementwise ops: a case of exactly the asked element count, rows x cols); false:
+    /// no speed was measured at the asked width and this is the nearest timed shape's.
+    asked_width_measured: bool,
+    /// Row-wise ops with `rows` asked: whether the case ran exactly that many rows (absent
+    /// otherwise).
+    asked_rows_measured: Option<bool>,
+    /// Present when `asked_width_measured` is false: which shape the figure is.
+    note: Option<String>,
+}
+
+/// A shape a speed was measured at.
+#[derive(ToSchema)]
+#[allow(dead_code)] // documentation: written by `crate::resolve::MeasuredAt`
+pub struct MeasuredShape {
+    rows: u64,
+    cols: u64,
+}
 
 pub const ARCH_PATTERN: &str = r"^sm_([3-9]|1[0-9]|20)[0-9]$";
 pub const DIGEST_PATTERN: &str = r"^(sha256:)?[0-9a-f]{64}$";

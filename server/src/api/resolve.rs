@@ -77,7 +77,7 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
 #[utoipa::path(get, path = "/v1/resolve", tag = "resolve",
     params(
         ("op" = OpName, Query, description = "rms_norm, fused_add_rms_norm, layer_norm, silu, silu_and_mul, gelu, gelu_tanh, silu_mul, gelu_tanh_mul"),
-        ("semantics" = Option<SemanticsName>, Query, description = "llama, gemma or torch for rms_norm; default otherwise"),
+        ("semantics" = Option<SemanticsName>, Query, description = "llama, gemma or torch for rms_norm; default otherwise. Left out: the op's default (rms_norm: llama), named in the answer's `semantics` with `semantics_defaulted: true` (a 404 says so in its `detail` too)"),
         ("dtype" = DTypeName, Query, description = "bf16, f16 or f32"),
         ("arch" = ArchName, Query, description = "e.g. sm_90"),
         ("cols" = u64, Query, description = "columns (elements per row; element count for elementwise ops), at most 2^40", minimum = 1, maximum = 1099511627776_i64),
@@ -85,7 +85,7 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
         ("policy" = Option<PolicyText>, Query, description = "bit_exact (default), ulp:N, tolerance, argmax, with ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X"),
         ("runtime" = Option<String>, Query, description = "cuda (default: CUDA kernels only) or any (Python candidates too, docs/spec.md section 2b)"),
     ),
-    responses((status = 200, description = "The chosen kernel with its evidence; `also_qualifying` lists the first 100 other qualifying kernels, fastest first (`also_qualifying_total` counts all)"), (status = 404, description = "No kernel qualifies; `excluded` says why each is out (the first 100; `excluded_total` counts all); `request_verification` (when a kernel meets the policy but was not verified at this width) is the explicit request that queues a verification of it"), (status = 400, description = "A bad parameter")))]
+    responses((status = 200, description = "The chosen kernel with its evidence; `also_qualifying` lists the first 100 other qualifying kernels, fastest first (`also_qualifying_total` counts all). `verified_at` is when the GPU measured it (the report's `started_at`), `imported_at` when this hub imported it (null: measured by this hub's worker); `speed` is the timed case nearest the asked shape, labelled with `measured_at` and `asked_width_measured`; `semantics` is the semantics resolved (`semantics_defaulted`: the parameter was left out)", body = super::openapi::ResolveAnswer), (status = 404, description = "No kernel qualifies; `excluded` says why each is out (the first 100; `excluded_total` counts all); `request_verification` (when a kernel meets the policy but was not verified at this width) is the explicit request that queues a verification of it; `semantics` and `semantics_defaulted` as in the 200 answer"), (status = 400, description = "A bad parameter")))]
 pub async fn resolve(
     State(st): State<AppState>,
     // Checks a token sent (and one required for reads, where the hub asks for it).
@@ -142,6 +142,8 @@ pub async fn resolve(
             }
         };
         let answer = with_field(&text, "coverage", &coverage);
+        let answer = with_field(&answer, "semantics", &query.semantics);
+        let answer = with_field(&answer, "semantics_defaulted", &semantics_defaulted(&q));
         if keep {
             st.answers.insert(key, generation, answer.clone());
         }
@@ -154,6 +156,7 @@ pub async fn resolve(
         ))),
         None => {
             let n = r.excluded_total;
+            let defaulted = semantics_defaulted(&q);
             let detail = if n == 0 {
                 format!(
                     "no kernel is registered for {} ({}); keep your reference layer",
@@ -179,17 +182,42 @@ pub async fn resolve(
                     r.excluded.join(" | ")
                 )
             };
+            let detail = match defaulted_note(&query, defaulted) {
+                Some(note) => format!("{detail} {note}"),
+                None => detail,
+            };
             let mut e = AppError::not_found(detail)
                 .with("excluded", r.excluded)
                 .with("excluded_total", r.excluded_total)
                 .with("unverified_width", r.unverified_width.clone())
-                .with("queued_jobs", serde_json::json!([]));
+                .with("queued_jobs", serde_json::json!([]))
+                .with("semantics", query.semantics.as_str())
+                .with("semantics_defaulted", defaulted);
             if !r.unverified_width.is_empty() {
                 e = e.with("request_verification", request_of(&q));
             }
             Err(e)
         }
     }
+}
+
+/// Whether the query left `semantics` out (the op's default, named in the answer's
+/// `semantics`, was used: `llama` for rms_norm, which has several).
+fn semantics_defaulted(q: &HashMap<String, String>) -> bool {
+    !q.contains_key("semantics")
+}
+
+/// What a refusal says when `semantics` was left out for an op that has several.
+fn defaulted_note(query: &Query, defaulted: bool) -> Option<String> {
+    let all = query.op.semantics();
+    (defaulted && all.len() > 1).then(|| {
+        format!(
+            "`semantics` was not given: {} was used, the default of {} (one of {}; pass semantics= to choose).",
+            query.semantics,
+            query.op,
+            all.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+        )
+    })
 }
 
 /// The path of the explicit request that queues width verifications.
