@@ -484,7 +484,7 @@ async fn hundreds_of_verdicts_stay_one_table() {
 
 // ---- a real browser -------------------------------------------------------------------------
 
-const CHROMIUM_FLAGS: [&str; 9] = [
+const CHROMIUM_FLAGS: [&str; 8] = [
     "--headless",
     "--no-sandbox",
     "--disable-gpu",
@@ -493,7 +493,6 @@ const CHROMIUM_FLAGS: [&str; 9] = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    "--window-size=1400,1000",
 ];
 
 fn on_path(bin: &str) -> Option<PathBuf> {
@@ -547,8 +546,20 @@ fn chromium() -> Option<PathBuf> {
 /// Run chromium on `url` with `mode` (`--dump-dom` or `--screenshot=FILE`): (stdout, console
 /// lines). Chromium logs every console message as a `CONSOLE` line on stderr.
 fn browse(chromium: &Path, profile: &Path, mode: &str, url: &str) -> (String, Vec<String>) {
+    browse_at(chromium, profile, (1400, 1000), mode, url)
+}
+
+/// `browse` in a window of `size` (width, height) pixels.
+fn browse_at(
+    chromium: &Path,
+    profile: &Path,
+    size: (u32, u32),
+    mode: &str,
+    url: &str,
+) -> (String, Vec<String>) {
     let out = Command::new(chromium)
         .args(CHROMIUM_FLAGS)
+        .arg(format!("--window-size={},{}", size.0, size.1))
         .arg(format!("--user-data-dir={}", profile.display()))
         .args(["--enable-logging=stderr", "--v=0", mode, url])
         .output()
@@ -774,4 +785,208 @@ async fn pages_validate_parameters_like_the_api() {
         .await;
         html_ok(&srv, &kpage).await;
     }
+}
+
+/// Measures the page once it is laid out: the visible width (the viewport less any scrollbar),
+/// the page's scroll width, the right edge of every table, and every element whose right edge
+/// lies past the visible width (a column off-screen, or cut by a scrolling wrapper). The result
+/// is JSON in `#overflow-report`, with `<`, `>` and `&` written as JSON escapes so that it
+/// reads back from `--dump-dom` unchanged.
+const MEASURE: &str = r#"<script>
+(function () {
+  var de = document.documentElement, w = de.clientWidth, out = [];
+  var all = document.body.getElementsByTagName('*');
+  for (var i = 0; i < all.length; i++) {
+    var e = all[i], r = e.getBoundingClientRect();
+    if (r.width === 0 && r.height === 0) continue;
+    if (r.right > w + 0.5) {
+      out.push({tag: e.tagName.toLowerCase(), id: e.id,
+        cls: typeof e.className === 'string' ? e.className : '',
+        right: Math.round(r.right), text: (e.textContent || '').trim().slice(0, 80)});
+    }
+  }
+  var tables = [].map.call(document.querySelectorAll('table'), function (t) {
+    return {id: t.id, right: Math.round(t.getBoundingClientRect().right)};
+  });
+  var res = {inner_width: window.innerWidth, client_width: w, scroll_width: de.scrollWidth,
+    tables: tables, overflowing: out};
+  var p = document.createElement('pre');
+  p.id = 'overflow-report';
+  p.textContent = JSON.stringify(res).replace(/[<>&]/g, function (c) {
+    return '\\u' + ('000' + c.charCodeAt(0).toString(16)).slice(-4);
+  });
+  document.body.appendChild(p);
+})();
+</script>"#;
+
+/// The widths the pages must fit: a common laptop's and a desktop's.
+const WIDTHS: [u32; 2] = [1366, 1920];
+
+/// Every page of a hub with its widest content (the fixture's kernels, kernels with the longest
+/// name the manifest allows, verified and awaiting, a hostile description), in Chromium windows
+/// 1366 and 1920 pixels wide: nothing lies past the right edge of the window — the page does
+/// not scroll sideways and no table is cut by its scrolling wrapper. Each page is also
+/// screenshotted at both widths (into a temporary directory, or KERNELIZE_SCREENSHOT_DIR).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_fit_1366_and_1920_wide() {
+    let Some(chromium) = chromium() else { return };
+    let profile = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let shots = match std::env::var_os("KERNELIZE_SCREENSHOT_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => tmp.path().join("screenshots"),
+    };
+    std::fs::create_dir_all(&shots).unwrap();
+
+    let (_b, srv) = populated(&[]).await;
+    // The longest names a manifest allows (64 characters): two verified (the first claim
+    // verifies silu_pending, queued first), one left awaiting verification.
+    let long = |tag: &str| format!("silu_{tag}_{}", "x".repeat(64 - 6 - tag.len()));
+    let submit_t = srv.token("submit");
+    let worker = srv.token("worker");
+    for (tag, desc) in [
+        (
+            "fast",
+            "exact and fast, with the longest name a manifest allows",
+        ),
+        ("ulp", HOSTILE),
+        (
+            "wait",
+            "never verified, with the longest name a manifest allows",
+        ),
+    ] {
+        let name = long(tag);
+        assert_eq!(name.len(), 64);
+        submit(&srv, &submit_t, &name, desc, "/* long */").await;
+    }
+    verify_next(&srv, &worker, "exact", "sm_80").await;
+    verify_next(&srv, &worker, "exact_fast", "sm_90").await;
+    verify_next(&srv, &worker, "one_ulp_fast", "sm_90").await;
+
+    let mut pages: Vec<(String, String)> = vec![
+        ("overview".into(), "/".into()),
+        ("field".into(), "/field".into()),
+        ("policy".into(), "/policy".into()),
+        (
+            "policy-sm_90-8192".into(),
+            "/policy?policy=bit_exact&dtype=bf16&arch=sm_90&cols=8192&rows=4096".into(),
+        ),
+        (
+            "policy-ulp1-cuda".into(),
+            "/policy?policy=ulp:1&arch=sm_90&cols=4096&runtime=cuda".into(),
+        ),
+        (
+            "policy-unverified-width".into(),
+            "/policy?policy=ulp:1&arch=sm_90&cols=5000".into(),
+        ),
+        ("error".into(), "/?op=silux".into()),
+    ];
+    for name in [
+        "silu_exact".to_string(),
+        "silu_off".into(),
+        "silu_old".into(),
+        "silu_pending".into(),
+        "silu_compiled".into(),
+        long("fast"),
+        long("ulp"),
+        long("wait"),
+    ] {
+        pages.push((
+            format!("kernel-{}", &name[..name.len().min(12)]),
+            format!("/kernels/{name}/1.0.0"),
+        ));
+    }
+
+    let mut failures = Vec::new();
+    for (name, path) in &pages {
+        let r = srv.client.get(srv.url(path)).send().await.unwrap();
+        let html = r.text().await.unwrap();
+        assert!(html.contains("</body>"), "{path}: {html}");
+        // The page as served, with the measuring script at the end of its body, from a file
+        // (the pages need nothing from the server: the stylesheet and the plots are inline).
+        let file = tmp.path().join(format!("{name}.html"));
+        std::fs::write(
+            &file,
+            html.replacen("</body>", &format!("{MEASURE}</body>"), 1),
+        )
+        .unwrap();
+        for w in WIDTHS {
+            let (dom, console) = browse_at(
+                &chromium,
+                profile.path(),
+                (w, 900),
+                "--dump-dom",
+                &format!("file://{}", file.display()),
+            );
+            assert!(console.is_empty(), "{name} at {w}: console: {console:?}");
+            let start = dom
+                .find("<pre id=\"overflow-report\">")
+                .unwrap_or_else(|| panic!("{name} at {w}: no measurement in {dom}"));
+            let json = &dom[start + "<pre id=\"overflow-report\">".len()..];
+            let json = &json[..json.find("</pre>").unwrap()];
+            let m: Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json}"));
+            let tables: Vec<String> = m["tables"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| format!("#{} {}", t["id"].as_str().unwrap(), t["right"]))
+                .collect();
+            eprintln!(
+                "{name:<24} {w}: visible {} scroll {} tables right edge [{}]",
+                m["client_width"],
+                m["scroll_width"],
+                tables.join(", ")
+            );
+            assert_eq!(
+                m["inner_width"],
+                json!(w),
+                "{name}: the window is not {w} wide"
+            );
+            let over = m["overflowing"].as_array().unwrap();
+            if m["scroll_width"].as_u64() > m["client_width"].as_u64() || !over.is_empty() {
+                let first: Vec<String> = over
+                    .iter()
+                    .filter(|e| {
+                        matches!(
+                            e["tag"].as_str(),
+                            Some(
+                                "td" | "th" | "table" | "form" | "p" | "pre" | "div" | "ul" | "dl"
+                            )
+                        )
+                    })
+                    .take(8)
+                    .map(|e| {
+                        format!(
+                            "{} #{} .{} right {} `{}`",
+                            e["tag"], e["id"], e["cls"], e["right"], e["text"]
+                        )
+                    })
+                    .collect();
+                failures.push(format!(
+                    "{path} at {w}: scroll width {} > {}, {} elements past the right edge: {}",
+                    m["scroll_width"],
+                    m["client_width"],
+                    over.len(),
+                    first.join("; ")
+                ));
+            }
+            let png = shots.join(format!("{name}-{w}.png"));
+            let (_, console) = browse_at(
+                &chromium,
+                profile.path(),
+                (w, 900),
+                &format!("--screenshot={}", png.display()),
+                &srv.url(path),
+            );
+            assert!(console.is_empty(), "{name} at {w}: console: {console:?}");
+            let bytes =
+                std::fs::read(&png).unwrap_or_else(|e| panic!("{name}: no screenshot: {e}"));
+            assert!(bytes.starts_with(b"\x89PNG"), "{name} at {w}: not a PNG");
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "columns off-screen:\n{}",
+        failures.join("\n")
+    );
 }

@@ -80,10 +80,14 @@ h1{font-size:22px;margin:8px 0 4px}h2{font-size:18px;margin:24px 0 8px}h3{font-s
 p.lead{color:var(--muted);margin:0 0 12px}
 a{color:var(--acc)}
 table{border-collapse:collapse;margin:6px 0 12px}
-th,td{border-bottom:1px solid var(--line);padding:3px 8px;text-align:left;vertical-align:top;white-space:nowrap}
+th,td{border-bottom:1px solid var(--line);padding:3px 8px;text-align:left;vertical-align:top}
 th{background:var(--head);position:sticky;top:0;font-weight:600;z-index:1}
-td.wrap{white-space:normal;min-width:260px}
+td.wrap{min-width:260px}
 td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+td.num,.badge,time,.bar{white-space:nowrap}
+td a,td strong,td code,ul.why li{overflow-wrap:anywhere}
+td.why{min-width:280px}
+table.cases th,table.cases td{padding:3px 5px}table.cases td.num{white-space:normal}
 tr.group td{background:#e9eef4;font-weight:600}
 .scroll{overflow:auto;max-height:75vh;border:1px solid var(--line)}
 .scroll table{margin:0}
@@ -104,7 +108,7 @@ code{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:12px}
 .plots figcaption{font-size:12px;color:var(--muted);max-width:420px}
 dl.meta{display:grid;grid-template-columns:max-content auto;gap:2px 14px;margin:6px 0}
 dl.meta dt{color:var(--muted)}dl.meta dd{margin:0}
-ul.why{margin:4px 0;padding-left:18px}ul.why li{white-space:normal}
+ul.why{margin:4px 0;padding-left:18px}
 .muted{color:var(--muted)}
 section.verification{border-top:2px solid var(--line);margin-top:18px}
 "#;
