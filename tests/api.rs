@@ -427,6 +427,7 @@ async fn submit_claim_report_resolve(b: Backend) {
     // Measured by this hub's worker: the time is the report's own, nothing was imported.
     assert_eq!(r["verified_at"], v["report"]["started_at"], "{r}");
     assert_eq!(r["imported_at"], Value::Null, "{r}");
+    assert_fits_resolve_schema(&srv, &r).await;
     let one: Value = srv.get_json("/v1/kernels/e2e_exact/1.0.0").await;
     assert_eq!(
         one["verifications"][0]["verified_at"],
@@ -464,6 +465,38 @@ async fn submit_claim_report_resolve(b: Backend) {
     }
 }
 
+/// A resolve answer fits the 200 body the served OpenAPI document declares (its `ResolveAnswer`,
+/// with every field it lists present), as schemathesis holds it.
+async fn assert_fits_resolve_schema(srv: &TestServer, answer: &Value) {
+    let doc: Value = srv.get_json("/openapi.json").await;
+    let body = &doc["paths"]["/v1/resolve"]["get"]["responses"]["200"]["content"]
+        ["application/json"]["schema"];
+    assert_eq!(body["$ref"], "#/components/schemas/ResolveAnswer", "{body}");
+    let mut root = body.clone();
+    root.as_object_mut()
+        .unwrap()
+        .insert("components".into(), doc["components"].clone());
+    let validator = jsonschema::options()
+        .with_draft(jsonschema::Draft::Draft202012)
+        .build(&root)
+        .unwrap();
+    let errors: Vec<String> = validator
+        .iter_errors(answer)
+        .map(|e| format!("{}: {e}", e.instance_path().as_str()))
+        .collect();
+    assert!(errors.is_empty(), "{errors:?} in {answer}");
+    for field in doc["components"]["schemas"]["ResolveAnswer"]["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+    {
+        assert!(
+            answer.get(field).is_some(),
+            "the answer lacks `{field}`: {answer}"
+        );
+    }
+}
+
 /// Issue 27 items 4 and 6 on a hub with the bundled certificates: `verified_at` is when the GPU
 /// measured (the report's `started_at`), `imported_at` when this hub imported the certificate;
 /// the speed is labelled with the shape it was measured at; rms_norm without `semantics` names
@@ -474,6 +507,7 @@ async fn resolve_answers_say_when_and_at_what_shape(b: Backend) {
     // cols 2048 is verified, but the suite timed rms_norm at 4096x8192 and 32768x4096 only.
     let (st, r) = srv.get(&format!("{base}&cols=2048")).await;
     assert_eq!(st, StatusCode::OK, "{r}");
+    assert_fits_resolve_schema(&srv, &r).await;
     assert_eq!(r["semantics"], "llama", "{r}");
     assert_eq!(r["semantics_defaulted"], true, "{r}");
     assert_eq!(r["kernel"]["semantics"], "llama", "{r}");
@@ -505,6 +539,7 @@ async fn resolve_answers_say_when_and_at_what_shape(b: Backend) {
         .get(&format!("{base}&cols=4096&rows=32768&semantics=llama"))
         .await;
     assert_eq!(st, StatusCode::OK, "{r}");
+    assert_fits_resolve_schema(&srv, &r).await;
     assert_eq!(r["semantics"], "llama");
     assert_eq!(r["semantics_defaulted"], false, "{r}");
     let sp = &r["speed"];
