@@ -87,7 +87,8 @@ td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 td.num,.badge,time,.bar{white-space:nowrap}
 td a,td strong,td code,ul.why li{overflow-wrap:anywhere}
 td.why{min-width:280px}
-table.cases th,table.cases td{padding:3px 5px}table.cases td.num{white-space:normal}
+#matrix td:first-child,#unverified td:first-child,#resolutions td.chosen{min-width:12em}#field td:first-child{min-width:8em}
+table.cases th,table.cases td,#field th,#field td{padding:3px 5px}table.cases td.num{white-space:normal}
 tr.group td{background:#e9eef4;font-weight:600}
 .scroll{overflow:auto;max-height:75vh;border:1px solid var(--line)}
 .scroll table{margin:0}
