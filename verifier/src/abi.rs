@@ -135,3 +135,76 @@ pub(crate) fn entry_jobs<'a>(bundle: &'a KernelBundle, digest: &'a str) -> Vec<C
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kernel_registry::DType;
+
+    fn spec(op: Op) -> CaseSpec {
+        let sem = op.default_semantics();
+        let mut s = cases::suite(op, sem, &[DType::Bf16], true, 1, &[])[0].clone();
+        (s.rows, s.cols, s.eps) = (3, 5, 0.25);
+        s
+    }
+
+    #[test]
+    fn launch_arguments_follow_the_abi_of_every_op() {
+        let t = Ptrs {
+            out: 100,
+            residual: Some(200),
+            x: 300,
+            up: Some(400),
+            weight: Some(500),
+            bias: Some(600),
+        };
+        let want = |op: Op| -> &'static str {
+            match op {
+                Op::RmsNorm => "[Ptr(100), Ptr(300), Ptr(500), I64(3), I64(5), F32(0.25)]",
+                Op::FusedAddRmsNorm => {
+                    "[Ptr(100), Ptr(200), Ptr(300), Ptr(500), I64(3), I64(5), F32(0.25)]"
+                }
+                Op::LayerNorm => {
+                    "[Ptr(100), Ptr(300), Ptr(500), Ptr(600), I64(3), I64(5), F32(0.25)]"
+                }
+                Op::Silu | Op::Gelu | Op::GeluTanh => "[Ptr(100), Ptr(300), I64(15)]",
+                Op::SiluAndMul => "[Ptr(100), Ptr(300), I64(3), I64(5)]",
+                Op::SiluMul | Op::GeluTanhMul => "[Ptr(100), Ptr(300), Ptr(400), I64(3), I64(5)]",
+            }
+        };
+        for &op in Op::ALL {
+            assert_eq!(format!("{:?}", abi_args(&spec(op), t, 3)), want(op), "{op}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "silu_mul: the case has no up tensor")]
+    fn a_gated_launch_without_up_is_a_bug_that_names_it() {
+        let t = Ptrs {
+            out: 1,
+            residual: None,
+            x: 2,
+            up: None,
+            weight: None,
+            bias: None,
+        };
+        abi_args(&spec(Op::SiluMul), t, 3);
+    }
+
+    #[test]
+    fn the_reference_has_every_op_with_its_abi() {
+        // reference.cu spells each entry's parameters out; they must be Op::abi's, T = the dtype.
+        for &op in Op::ALL {
+            for &sem in op.semantics() {
+                let head = format!("ref_{op}_{sem}_##S(");
+                let line = REFERENCE_SOURCE
+                    .lines()
+                    .find(|l| l.contains(&head))
+                    .unwrap_or_else(|| panic!("reference.cu has no {head}"));
+                let params = line.split_once(&head).unwrap().1;
+                let params = &params[..params.find(')').unwrap()];
+                assert_eq!(params, op.abi(), "{op} ({sem})");
+            }
+        }
+    }
+}
