@@ -1,0 +1,477 @@
+#!/usr/bin/env python3
+"""Issue 30, first slice: does kernels/backward/rms_norm_llama_backward.cu give eager autograd's
+bits for HF LlamaRMSNorm's dx and dw, and how fast is it? Also checks the CPU emulation
+(python/kernelize/backward.py) against eager on small shapes, so a mismatch says whether the
+order model or the kernel is wrong.
+
+On the GPU machine (torch with CUDA; NVRTC through kernelize/nvrtc.py, the driver through
+kernelize/launch.py, as the client does):
+
+    PYTHONUNBUFFERED=1 python3 scripts/backward_probe.py OUT_DIR [--quick] [--compile]
+
+On a machine without a GPU, `--dry-run` runs the same code paths on the CPU far enough to catch
+Python errors: eager autograd on the CPU, the emulation in place of the kernel, wall-clock
+timing, NVRTC compiles the source if a libnvrtc is found (no launch). Its numbers mean nothing.
+
+For every dtype (bf16, f16, f32) and shape rows x cols (rows in 1..16384, cols in 1024..8192):
+eager autograd of the HF module (its code, copied below), then the kernel's three launches;
+reported: elements of dx and dw that differ bitwise from eager's (and from the emulation where
+it runs). Timing (CUDA events, median): eager fwd+bwd vs the bundled exact forward
+(kernels/rms_norm_llama) + this backward, at 4096x8192 and 16384x4096. Writes
+OUT_DIR/backward_probe.json and prints a table. Budget: under 5 minutes on an H100.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+from kernelize import backward as B  # noqa: E402
+from kernelize import nvrtc as NV  # noqa: E402
+
+KSRC = os.path.join(ROOT, "kernels", "backward", "rms_norm_llama_backward.cu")
+FWD_DIR = os.path.join(ROOT, "kernels", "rms_norm_llama")
+DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+ROWS = [1, 2, 3, 4, 7, 8, 15, 16, 17, 32, 64, 128, 1000, 4096, 16384]
+COLS = [1024, 2048, 2560, 4096, 5120, 8192]
+TIMED = [(4096, 8192), (16384, 4096)]
+EPS = 1e-6
+EMU_MAX_ELEMS = 300_000   # the CPU emulation runs where rows * cols is at most this
+BUDGET_S = 270.0
+
+
+class LlamaRMSNorm(torch.nn.Module):
+    """transformers' LlamaRMSNorm, verbatim in its arithmetic."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states, r_hook=None):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        r = torch.rsqrt(variance + self.variance_epsilon)
+        if r_hook is not None and r.requires_grad:
+            r.register_hook(r_hook)  # sees the gradient of r (the row sum s); changes nothing
+        hidden_states = hidden_states * r
+        return self.weight * hidden_states.to(input_dtype)
+
+
+def graph_names(fn, depth=0, seen=None):
+    """The autograd graph under `fn`, as nested names (what eager runs backward)."""
+    seen = set() if seen is None else seen
+    if fn is None or depth > 20:
+        return None
+    name = type(fn).__name__
+    if id(fn) in seen:
+        return name + " (seen)"
+    seen.add(id(fn))
+    kids = [graph_names(f, depth + 1, seen) for f, _ in fn.next_functions if f is not None]
+    return {name: kids} if kids else name
+
+
+# ---- the kernel's launches -----------------------------------------------------------------------
+
+class GpuBackward:
+    """The three entries of one dtype, compiled by NVRTC for this GPU, launched with cuLaunchKernel."""
+
+    def __init__(self, dt: str, device: torch.device):
+        from kernelize import launch as L
+        self.L = L
+        self.dt = dt
+        major, minor = torch.cuda.get_device_capability(device)
+        props = torch.cuda.get_device_properties(device)
+        self.sms = props.multi_processor_count
+        self.tps = getattr(props, "max_threads_per_multi_processor", 2048)
+        src = open(KSRC, encoding="utf-8").read()
+        inc = NV.include_dir_for_client()[0]
+        self.code = NV.compile_program(src, f"rms_norm_llama_backward ({dt}).cu",
+                                       [f"--gpu-architecture=sm_{major}{minor}", f"--include-path={inc}"])
+        self.module = L._load_module(self.code.code, device)
+        self.lib = L._libcuda()
+        self.launch_fn = L._cu_launch(self.lib)
+        self.funcs = {}
+        for e in ("dx", "dwp", "dw"):
+            f = ctypes.c_void_p()
+            L._check(self.lib, self.lib.cuModuleGetFunction(ctypes.byref(f), self.module,
+                                                             f"rms_norm_llama_bwd_{e}_{dt}".encode()), e)
+            self.funcs[e] = f
+        self.device = device
+
+    def _go(self, name, grid, block, args):
+        vals = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                vals.append(ctypes.c_void_p(a.data_ptr()))
+            elif isinstance(a, float):
+                vals.append(ctypes.c_float(a))
+            else:
+                vals.append(ctypes.c_longlong(a))
+        argv = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in vals])
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        res = self.launch_fn(self.funcs[name], grid, 1, 1, block, 1, 1, 0, stream, argv, None)
+        if res != 0:
+            self.L._check(self.lib, res, f"launching {name}")
+
+    def plan(self, rows, cols):
+        rc = B.row_config(rows, cols)
+        G = max(rc["lanes"], 32)
+        rpb = 512 // G
+        cc = B.col_config(rows, cols, self.sms, self.tps)
+        Y = cc["bh"] if cc["split"] else 1
+        VC = 4 if cols % 4 == 0 else 1
+        CT = 1 if Y >= 128 else 128 // Y
+        items = B.cdiv(cols, CT * VC) * cc["ctas"]
+        return dict(dx_grid=min(B.cdiv(rows, rpb), self.sms * 8), dwp_grid=min(items, self.sms * 16),
+                    dw_grid=B.cdiv(cols, 128), ctas=cc["ctas"], row=rc, col=cc)
+
+    def __call__(self, dy, x, w, eps, plan=None):
+        rows, cols = x.shape
+        p = plan or self.plan(rows, cols)
+        dx = torch.empty_like(x)
+        dw = torch.empty_like(w)
+        ws = torch.empty(rows + p["ctas"] * cols, dtype=torch.float32, device=x.device)
+        self._go("dx", p["dx_grid"], 512, (dx, ws, dy, x, w, rows, cols, float(eps)))
+        self._go("dwp", p["dwp_grid"], 128, (ws, dy, x, rows, cols, self.sms, self.tps))
+        self._go("dw", p["dw_grid"], 128, (dw, ws, rows, cols, self.sms, self.tps))
+        return dx, dw
+
+
+class CpuStandIn:
+    """--dry-run: the emulation in place of the kernel (CPU tensors)."""
+
+    sms, tps = 132, 2048
+
+    def __init__(self, dt):
+        self.dt = dt
+
+    def plan(self, rows, cols):
+        return dict(row=B.row_config(rows, cols), col=B.col_config(rows, cols, self.sms, self.tps))
+
+    def __call__(self, dy, x, w, eps, plan=None):
+        dx, dw = B.llama_rms_norm_backward(x.float().numpy(), w.float().numpy(), dy.float().numpy(), eps, self.dt,
+                                           num_sms=self.sms, max_threads_per_sm=self.tps)
+        T = DT[self.dt]
+        return torch.from_numpy(dx).to(T), torch.from_numpy(dw).to(T)
+
+
+def bundled_forward(dt, device):
+    """The bundled exact forward (kernels/rms_norm_llama), or None with the reason."""
+    try:
+        from kernelize import launch as L
+        from kernelize.digest import parse_manifest_toml
+        man = parse_manifest_toml(open(os.path.join(FWD_DIR, "kernel.toml"), encoding="utf-8").read())
+        src = open(os.path.join(FWD_DIR, man["source"]), encoding="utf-8").read()
+        k = L.CompiledKernel(man, src, dt, device)
+        return (lambda x, w, eps: L.run_rms_norm(k, x, w, eps)), None
+    except Exception as e:  # noqa: BLE001
+        return None, f"{type(e).__name__}: {e}"
+
+
+# ---- comparisons -----------------------------------------------------------------------------------
+
+def ndiff(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Elements whose bits differ (NaN payloads compared as bits too)."""
+    if a.dtype == torch.float32:
+        ai, bi = a.view(torch.int32), b.view(torch.int32)
+    else:
+        ai, bi = a.view(torch.int16), b.view(torch.int16)
+    return int((ai != bi).sum().item())
+
+
+def max_ulp(a: torch.Tensor, b: torch.Tensor) -> int:
+    def ordered(t):
+        i = (t.float().view(torch.int32) if t.dtype != torch.float32 else t.view(torch.int32)).to(torch.int64)
+        if t.dtype == torch.bfloat16:
+            i = i >> 16
+        return torch.where(i < 0, -(i & 0x7FFFFFFF), i)
+    if a.dtype == torch.float16:  # f16 steps: compare the f16 bit patterns
+        ia = a.view(torch.int16).to(torch.int64)
+        ib = b.view(torch.int16).to(torch.int64)
+        oa = torch.where(ia < 0, -(ia & 0x7FFF), ia)
+        ob = torch.where(ib < 0, -(ib & 0x7FFF), ib)
+        return int((oa - ob).abs().max().item()) if a.numel() else 0
+    return int((ordered(a) - ordered(b)).abs().max().item()) if a.numel() else 0
+
+
+def make_inputs(dt, rows, cols, device, seed):
+    g = torch.Generator(device=device).manual_seed(seed)
+    T = DT[dt]
+    scale = torch.empty(rows, 1, device=device).uniform_(0.5, 2.0, generator=g)
+    x = (torch.randn(rows, cols, device=device, generator=g) * scale).to(T)
+    w = (1 + 0.2 * torch.randn(cols, device=device, generator=g)).to(T)
+    dy = torch.randn(rows, cols, device=device, generator=g).to(T)
+    return x, w, dy
+
+
+def eager_backward(x, w, dy, want_s=False):
+    m = LlamaRMSNorm(x.shape[1], EPS).to(device=x.device, dtype=x.dtype)
+    with torch.no_grad():
+        m.weight.copy_(w)
+    xr = x.detach().clone().requires_grad_(True)
+    box = {}
+    y = m(xr, r_hook=(lambda g: box.__setitem__("s", g.detach().clone())) if want_s else None)
+    y.backward(dy)
+    return xr.grad, m.weight.grad, y, box.get("s")
+
+
+def eager_r(x):
+    """The forward's r with eager's own kernels (what autograd saves)."""
+    h = x.to(torch.float32)
+    return torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS).reshape(-1)
+
+
+# ---- timing ----------------------------------------------------------------------------------------
+
+def timed(fn, device, reps=20, warm=3):
+    if device.type != "cuda":
+        for _ in range(1):
+            fn()
+        ts = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(ts)
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize(device)
+    ts = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1000.0)
+    return statistics.median(ts)
+
+
+# ---- main ------------------------------------------------------------------------------------------
+
+def env_info(device):
+    info = dict(torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version(),
+                numpy=np.__version__, when=datetime.datetime.now(datetime.timezone.utc).isoformat())
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        info.update(device=p.name, sms=p.multi_processor_count, capability=list(torch.cuda.get_device_capability(device)),
+                    max_threads_per_sm=getattr(p, "max_threads_per_multi_processor", None))
+    try:
+        nv = NV.load_nvrtc()
+        info.update(nvrtc=nv.version, nvrtc_library=nv.path)
+    except Exception as e:  # noqa: BLE001
+        info.update(nvrtc=f"unavailable: {e}")
+    return info
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", nargs="?", default=None)
+    ap.add_argument("--dry-run", action="store_true", help="CPU only: exercise the code paths")
+    ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile fwd+bwd")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args(argv)
+    t_start = time.time()
+    out_dir = args.out or os.environ.get("OUT") or "backward_probe_out"
+    os.makedirs(out_dir, exist_ok=True)
+    dry = args.dry_run or not torch.cuda.is_available()
+    if dry and not args.dry_run:
+        print("no CUDA device: running as --dry-run")
+    device = torch.device("cpu") if dry else torch.device("cuda", torch.cuda.current_device())
+    rows_list, cols_list = (ROWS, COLS) if not (args.quick or dry) else ([1, 3, 16, 17, 64], [1024, 2560])
+    if dry:
+        rows_list, cols_list = [1, 3, 17], [1024, 2560]
+    report = dict(env=env_info(device), dry_run=dry, eps=EPS, cases=[], timing=[], errors=[], graph=None)
+    print(json.dumps(report["env"]))
+
+    # compile (the dry run compiles too when NVRTC is there, for the source's sake)
+    kernels = {}
+    for dt in DT:
+        try:
+            if dry:
+                kernels[dt] = CpuStandIn(dt)
+                try:
+                    inc = NV.include_dir_for_client()[0]
+                    c = NV.compile_program(open(KSRC, encoding="utf-8").read(), f"rms_norm_llama_backward ({dt}).cu",
+                                           ["--gpu-architecture=compute_90", f"--include-path={inc}"])
+                    report.setdefault("dry_compile", {})[dt] = f"{c.code_kind} {len(c.code)} bytes"
+                except Exception as e:  # noqa: BLE001
+                    report.setdefault("dry_compile", {})[dt] = f"not compiled: {type(e).__name__}: {str(e)[:200]}"
+            else:
+                k = GpuBackward(dt, device)
+                kernels[dt] = k
+                report.setdefault("compiled", {})[dt] = dict(kind=k.code.code_kind, sha256=k.code.code_sha256,
+                                                             options=k.code.options, seconds=round(k.code.compile_s, 3))
+        except Exception as e:  # noqa: BLE001
+            report["errors"].append(f"compile {dt}: {type(e).__name__}: {e}")
+            traceback.print_exc()
+
+    # correctness grid
+    for dt in DT:
+        if dt not in kernels:
+            continue
+        k = kernels[dt]
+        for rows in rows_list:
+            for cols in cols_list:
+                if time.time() - t_start > BUDGET_S * 0.75:
+                    report["errors"].append(f"time budget: stopped the grid before {dt} [{rows}, {cols}]")
+                    break
+                try:
+                    x, w, dy = make_inputs(dt, rows, cols, device, seed=rows * 7919 + cols)
+                    small = rows * cols <= EMU_MAX_ELEMS
+                    ex, ew, y, s_e = eager_backward(x, w, dy, want_s=small)
+                    if report["graph"] is None:
+                        report["graph"] = {dt: graph_names(y.grad_fn)}
+                    elif dt not in report["graph"]:
+                        report["graph"][dt] = graph_names(y.grad_fn)
+                    plan = k.plan(rows, cols)
+                    dx, dw = k(dy, x, w, EPS, plan)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    case = dict(dtype=dt, rows=rows, cols=cols, dx_diff=ndiff(dx, ex), dw_diff=ndiff(dw, ew),
+                                dx_max_ulp=max_ulp(dx, ex), dw_max_ulp=max_ulp(dw, ew),
+                                row_cfg=plan["row"], col_cfg={kk: v for kk, v in plan["col"].items() if kk != "grid"})
+                    if small:  # the emulation with eager's own r: is the order model right?
+                        r = eager_r(x).float().cpu().numpy()
+                        edx, edw, parts = B.llama_rms_norm_backward(
+                            x.float().cpu().numpy(), w.float().cpu().numpy(), dy.float().cpu().numpy(), EPS, dt, r=r,
+                            num_sms=k.sms, max_threads_per_sm=k.tps, return_parts=True)
+                        T = DT[dt]
+                        case.update(emu_dx_diff=ndiff(torch.from_numpy(edx).to(T), ex.cpu()),
+                                    emu_dw_diff=ndiff(torch.from_numpy(edw).to(T), ew.cpu()))
+                        if s_e is not None:
+                            case["emu_s_diff"] = ndiff(torch.from_numpy(parts["s"]), s_e.reshape(-1).float().cpu())
+                    report["cases"].append(case)
+                    del x, w, dy, ex, ew, y, dx, dw
+                except Exception as e:  # noqa: BLE001
+                    report["errors"].append(f"{dt} [{rows}, {cols}]: {type(e).__name__}: {e}")
+                    traceback.print_exc()
+
+    # timing
+    timed_shapes = TIMED if not dry else [(17, 1024)]
+    for dt in (["bf16", "f16", "f32"] if not dry else ["bf16"]):
+        if dt not in kernels:
+            continue
+        fwd, why = (None, "dry run") if dry else bundled_forward(dt, device)
+        for rows, cols in timed_shapes:
+            if time.time() - t_start > BUDGET_S:
+                report["errors"].append(f"time budget: no timing of {dt} [{rows}, {cols}]")
+                continue
+            try:
+                x, w, dy = make_inputs(dt, rows, cols, device, seed=1)
+                m = LlamaRMSNorm(cols, EPS).to(device=device, dtype=DT[dt])
+                with torch.no_grad():
+                    m.weight.copy_(w)
+                xr = x.detach().clone().requires_grad_(True)
+
+                def eager_step():
+                    xr.grad = None
+                    m.weight.grad = None
+                    m(xr).backward(dy)
+
+                def eager_fwd():
+                    with torch.no_grad():
+                        m(x)
+
+                k = kernels[dt]
+                plan = k.plan(rows, cols)
+                t = dict(dtype=dt, rows=rows, cols=cols, forward=("bundled rms_norm_llama" if fwd else f"eager ({why})"))
+                t["eager_fwd_bwd_us"] = timed(eager_step, device, args.reps)
+                t["eager_fwd_us"] = timed(eager_fwd, device, args.reps)
+                t["ours_bwd_us"] = timed(lambda: k(dy, x, w, EPS, plan), device, args.reps)
+                f = fwd or (lambda a, b, e: m(a))
+                if fwd:
+                    t["ours_fwd_us"] = timed(lambda: fwd(x, w, EPS), device, args.reps)
+                    y_ours = fwd(x, w, EPS)
+                    with torch.no_grad():
+                        t["fwd_out_diff_vs_eager"] = ndiff(y_ours, m(x))
+
+                def ours_step():
+                    with torch.no_grad():
+                        f(x, w, EPS)
+                    k(dy, x, w, EPS, plan)
+
+                t["ours_fwd_bwd_us"] = timed(ours_step, device, args.reps)
+                t["speedup_fwd_bwd"] = round(t["eager_fwd_bwd_us"] / t["ours_fwd_bwd_us"], 2)
+                if args.compile and not dry:
+                    try:
+                        cm = torch.compile(m)
+                        xc = x.detach().clone().requires_grad_(True)
+
+                        def comp_step():
+                            xc.grad = None
+                            m.weight.grad = None
+                            cm(xc).backward(dy)
+
+                        comp_step()
+                        t["compile_fwd_bwd_us"] = timed(comp_step, device, args.reps)
+                        comp_step()
+                        t["compile_dx_diff_vs_eager"] = ndiff(xc.grad, eager_backward(x, w, dy)[0])
+                    except Exception as e:  # noqa: BLE001
+                        t["compile_error"] = f"{type(e).__name__}: {e}"[:300]
+                report["timing"].append(t)
+                del x, w, dy, xr, m
+            except Exception as e:  # noqa: BLE001
+                report["errors"].append(f"timing {dt} [{rows}, {cols}]: {type(e).__name__}: {e}")
+                traceback.print_exc()
+
+    report["seconds"] = round(time.time() - t_start, 1)
+    with open(os.path.join(out_dir, "backward_probe.json"), "w", encoding="utf-8") as fh:
+        json.dump(report, fh, indent=1)
+    print_table(report)
+    return 0 if not report["errors"] else 1
+
+
+def print_table(rep):
+    print(f"\n== kernel vs eager autograd (elements differing; emulation in brackets where run), "
+          f"{rep['env'].get('device', 'cpu')} ==")
+    for dt in DT:
+        cs = [c for c in rep["cases"] if c["dtype"] == dt]
+        if not cs:
+            continue
+        cols = sorted({c["cols"] for c in cs})
+        print(f"\n{dt}: dx_diff/dw_diff" + " " * 4 + "  ".join(f"{c:>16}" for c in cols))
+        for r in sorted({c["rows"] for c in cs}):
+            cells = []
+            for col in cols:
+                c = next((c for c in cs if c["rows"] == r and c["cols"] == col), None)
+                if c is None:
+                    cells.append(f"{'-':>16}")
+                    continue
+                s = f"{c['dx_diff']}/{c['dw_diff']}"
+                if "emu_dx_diff" in c:
+                    s += f"[{c['emu_dx_diff']}/{c['emu_dw_diff']}/{c.get('emu_s_diff', '-')}]"
+                cells.append(f"{s:>16}")
+            print(f"rows {r:>6}: " + "  ".join(cells))
+    tot = sum(c["dx_diff"] + c["dw_diff"] for c in rep["cases"])
+    print(f"\ncases {len(rep['cases'])}, total differing elements {tot}")
+    if rep["timing"]:
+        print("\n== timing (median us) ==")
+        for t in rep["timing"]:
+            print(f"{t['dtype']} [{t['rows']}, {t['cols']}]: eager fwd+bwd {t['eager_fwd_bwd_us']:.1f}, "
+                  f"ours fwd+bwd {t['ours_fwd_bwd_us']:.1f} (bwd {t['ours_bwd_us']:.1f}, fwd "
+                  f"{t.get('ours_fwd_us', float('nan')):.1f}, {t['forward']}), x{t['speedup_fwd_bwd']}"
+                  + (f", compile {t['compile_fwd_bwd_us']:.1f}" if "compile_fwd_bwd_us" in t else ""))
+    for e in rep["errors"]:
+        print("ERROR", e)
+    print(f"seconds {rep['seconds']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
