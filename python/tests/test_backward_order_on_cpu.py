@@ -511,3 +511,27 @@ def test_the_kernels_on_the_cpu_equal_the_emulation():
         if nr or ndx or ndw:
             bad.append(f"{dt} [{rows}, {cols}] sms {sms}: r {nr}, dx {ndx}/{rows * cols}, dw {ndw}/{cols}")
     assert not bad, "\n".join(bad)
+
+
+def test_the_autograd_graph_is_the_documented_one():
+    # docs/backward.md's nodes (the graph does not depend on the device)
+    torch = _torch()
+
+    def names(fn, out):
+        if fn is None:
+            return out
+        out.append(type(fn).__name__)
+        for f, _ in fn.next_functions:
+            names(f, out)
+        return out
+
+    for T, want in [(torch.bfloat16, ["MulBackward0", "AccumulateGrad", "ToCopyBackward0", "MulBackward0",
+                                      "ToCopyBackward0", "AccumulateGrad", "RsqrtBackward0", "AddBackward0",
+                                      "MeanBackward1", "PowBackward0", "ToCopyBackward0", "AccumulateGrad"]),
+                    (torch.float32, ["MulBackward0", "AccumulateGrad", "MulBackward0", "AccumulateGrad",
+                                     "RsqrtBackward0", "AddBackward0", "MeanBackward1", "PowBackward0",
+                                     "AccumulateGrad"])]:
+        x = torch.randn(2, 8).to(T).requires_grad_(True)
+        w = torch.ones(8, dtype=T, requires_grad=True)
+        y = _hf_llama_rms_norm(torch, x, w, 1e-6)
+        assert names(y.grad_fn, []) == want, T
