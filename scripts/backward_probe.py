@@ -136,18 +136,25 @@ class GpuBackward:
         VC = 4 if cols % 4 == 0 else 1
         CT = 1 if Y >= 128 else 128 // Y
         items = B.cdiv(cols, CT * VC) * cc["ctas"]
-        return dict(dx_grid=min(B.cdiv(rows, rpb), self.sms * 8), dwp_grid=min(items, self.sms * 16),
+        return dict(dx_grid=min(B.cdiv(rows, rpb), self.sms * 8), dx_grid_max=B.cdiv(rows, rpb),
+                    dwp_grid=min(items, self.sms * 16),
                     dw_grid=B.cdiv(cols, 128), ctas=cc["ctas"], row=rc, col=cc)
 
-    def __call__(self, dy, x, w, eps, plan=None):
+    def __call__(self, dy, x, w, eps, plan=None, which="all", ws=None):
+        """The three launches (which="all"), or only dx's ("dx") or only dw's two ("dw", given the
+        ws of an earlier call: for timing the parts)."""
         rows, cols = x.shape
         p = plan or self.plan(rows, cols)
-        dx = torch.empty_like(x)
-        dw = torch.empty_like(w)
-        ws = torch.empty(rows + p["ctas"] * cols, dtype=torch.float32, device=x.device)
-        self._go("dx", p["dx_grid"], 512, (dx, ws, dy, x, w, rows, cols, float(eps)))
-        self._go("dwp", p["dwp_grid"], 128, (ws, dy, x, rows, cols, self.sms, self.tps))
-        self._go("dw", p["dw_grid"], 128, (dw, ws, rows, cols, self.sms, self.tps))
+        dx = torch.empty_like(x) if which != "dw" else None
+        dw = torch.empty_like(w) if which != "dx" else None
+        if ws is None:
+            ws = torch.empty(rows + p["ctas"] * cols, dtype=torch.float32, device=x.device)
+        if which in ("all", "dx"):
+            self._go("dx", p["dx_grid"], 512, (dx, ws, dy, x, w, rows, cols, float(eps)))
+        if which in ("all", "dw"):
+            self._go("dwp", p["dwp_grid"], 128, (ws, dy, x, rows, cols, self.sms, self.tps))
+            self._go("dw", p["dw_grid"], 128, (dw, ws, rows, cols, self.sms, self.tps))
+        self.last_ws = ws
         return dx, dw
 
 
@@ -395,6 +402,16 @@ def main(argv=None):
                 t["eager_fwd_bwd_us"] = timed(eager_step, device, args.reps)
                 t["eager_fwd_us"] = timed(eager_fwd, device, args.reps)
                 t["ours_bwd_us"] = timed(lambda: k(dy, x, w, EPS, plan), device, args.reps)
+                if not dry:  # the parts, and the dx launch's grid (rows in flight vs L2 reuse)
+                    k(dy, x, w, EPS, plan)
+                    ws0 = k.last_ws
+                    t["ours_bwd_dx_us"] = timed(lambda: k(dy, x, w, EPS, plan, which="dx"), device, args.reps)
+                    t["ours_bwd_dw_us"] = timed(lambda: k(dy, x, w, EPS, plan, which="dw", ws=ws0), device, args.reps)
+                    by_grid = {}
+                    for mult in (1, 2, 4, 8, 16):
+                        pv = dict(plan, dx_grid=min(plan["dx_grid_max"], k.sms * mult))
+                        by_grid[str(pv["dx_grid"])] = timed(lambda: k(dy, x, w, EPS, pv, which="dx"), device, args.reps)
+                    t["ours_bwd_dx_us_by_grid"] = by_grid
                 f = fwd or (lambda a, b, e: m(a))
                 if fwd:
                     t["ours_fwd_us"] = timed(lambda: fwd(x, w, EPS), device, args.reps)
@@ -467,6 +484,9 @@ def print_table(rep):
             print(f"{t['dtype']} [{t['rows']}, {t['cols']}]: eager fwd+bwd {t['eager_fwd_bwd_us']:.1f}, "
                   f"ours fwd+bwd {t['ours_fwd_bwd_us']:.1f} (bwd {t['ours_bwd_us']:.1f}, fwd "
                   f"{t.get('ours_fwd_us', float('nan')):.1f}, {t['forward']}), x{t['speedup_fwd_bwd']}"
+                  + (f"; bwd parts dx {t['ours_bwd_dx_us']:.1f} dw {t['ours_bwd_dw_us']:.1f}; dx by grid "
+                     + ", ".join(f"{g}: {v:.1f}" for g, v in t["ours_bwd_dx_us_by_grid"].items())
+                     if "ours_bwd_dx_us" in t else "")
                   + (f", compile {t['compile_fwd_bwd_us']:.1f}" if "compile_fwd_bwd_us" in t else ""))
     for e in rep["errors"]:
         print("ERROR", e)

@@ -204,6 +204,7 @@ KB_DEV void kb_dx(T* __restrict__ dx, float* __restrict__ ws, const T* __restric
         const i64 M = cols - nh, nvec = M / 4;
         const bool al = kb_al(xr + nh, 4 * (int)sizeof(T)) && kb_al(gr + nh, 4 * (int)sizeof(T));
         const bool wa = wal && nh == 0;
+#pragma unroll 4
         for (i64 k = t; k < nvec; k += L) {
           const i64 e = nh + 4 * k;
           float hv[4], gv[4], wv[4];
@@ -276,6 +277,7 @@ KB_DEV void kb_dx(T* __restrict__ dx, float* __restrict__ ws, const T* __restric
       if (cols % 4 == 0) {
         const bool al = kb_al(xr, 4 * (int)sizeof(T)) && kb_al(gr, 4 * (int)sizeof(T)) &&
                         kb_al(dr, 4 * (int)sizeof(T));
+#pragma unroll 4
         for (i64 qd = t; qd < cols / 4; qd += G) {
           const i64 e = 4 * qd;
           float hv[4], gv[4], wv[4], o[4];
