@@ -9,6 +9,23 @@ use crate::exec::ExecError;
 use kernel_registry::manifest::{entry_options, LaunchDims};
 use kernel_registry::{DType, KernelBundle, Op, Semantics};
 
+/// The ABI's alignment: every tensor a kernel is given starts at an address that is a multiple
+/// of this many bytes, and nothing more is promised (docs/spec.md section 2). The one constant
+/// of the rule in the verifier: the guard regions keep it (`cuda::GUARD_BYTES`) and the address
+/// cases place buffers at every residue it allows (`crate::measure::address`). The Python
+/// client's copy is `kernelize.launch.ABI_ALIGNMENT`.
+pub const ABI_ALIGN_BYTES: u64 = 16;
+
+/// The tensors of an op's ABI (its pointer arguments), by their ABI names, in ABI order.
+pub fn abi_tensors(op: Op) -> Vec<&'static str> {
+    op.abi()
+        .split(',')
+        .zip(op.abi_names())
+        .filter(|(param, _)| param.contains('*'))
+        .map(|(_, name)| name)
+        .collect()
+}
+
 /// The reference layers' CUDA source (docs/reference-semantics.md).
 pub const REFERENCE_SOURCE: &str = include_str!("reference.cu");
 
@@ -174,6 +191,22 @@ mod tests {
         };
         for &op in Op::ALL {
             assert_eq!(format!("{:?}", abi_args(&spec(op), t, 3)), want(op), "{op}");
+        }
+    }
+
+    #[test]
+    fn the_tensors_of_each_op_are_its_pointer_arguments() {
+        let want = |op: Op| -> &'static [&'static str] {
+            match op {
+                Op::RmsNorm => &["out", "x", "w"],
+                Op::FusedAddRmsNorm => &["out", "residual", "x", "w"],
+                Op::LayerNorm => &["out", "x", "w", "b"],
+                Op::Silu | Op::Gelu | Op::GeluTanh | Op::SiluAndMul => &["out", "x"],
+                Op::SiluMul | Op::GeluTanhMul => &["out", "gate", "up"],
+            }
+        };
+        for &op in Op::ALL {
+            assert_eq!(abi_tensors(op), want(op), "{op}");
         }
     }
 

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 pub use crate::exec::ExecError;
 
-/// Bytes of guard region before and after every device buffer (keeps 16-byte alignment).
+/// Bytes of guard region before and after every device buffer (keeps the ABI's alignment).
 pub const GUARD_BYTES: usize = 4096;
+const _: () = assert!((GUARD_BYTES as u64).is_multiple_of(crate::abi::ABI_ALIGN_BYTES));
 /// The byte every guard region is filled with: drawn once per process (never 0x00, 0xFF, or
 /// 0xA5, the constant of earlier verifiers that a kernel may look for), so a kernel cannot
 /// recognise the verifier by the bytes around its buffers.
@@ -31,6 +32,42 @@ pub fn guard_byte() -> u8 {
             }
         }
     })
+}
+
+/// Where a payload `residue` bytes past a multiple of `period` (a power of two) starts in an
+/// allocation at `base`: the first such address at least `GUARD_BYTES` in, as an offset from
+/// `base` (below `GUARD_BYTES + period`).
+pub fn placed_lead(base: u64, residue: u64, period: u64) -> usize {
+    assert!(period.is_power_of_two() && residue < period);
+    let first = base + GUARD_BYTES as u64;
+    (GUARD_BYTES as u64 + (residue.wrapping_sub(first) & (period - 1))) as usize
+}
+
+/// Which side of a payload a guard region lies on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuardSide {
+    Before,
+    After,
+}
+
+/// The integrity line for a guard region `g` (as read back, the payload's side nearest) that
+/// should hold only `guard`: `None` when it does.
+pub fn guard_changes(side: GuardSide, g: &[u8], guard: u8) -> Option<String> {
+    let changed = g.iter().filter(|&&b| b != guard).count();
+    if changed == 0 {
+        return None;
+    }
+    let (name, nearest) = match side {
+        GuardSide::Before => (
+            "before",
+            g.iter().rposition(|&b| b != guard).map(|p| g.len() - p),
+        ),
+        GuardSide::After => ("after", g.iter().position(|&b| b != guard).map(|p| p + 1)),
+    };
+    Some(format!(
+        "{changed} byte(s) changed {name} the buffer (nearest {} byte(s) {name} it)",
+        nearest.unwrap_or(0)
+    ))
 }
 
 fn describe(e: &DriverError) -> String {
@@ -79,16 +116,36 @@ fn mark_broken(e: ExecError) -> ExecError {
     e
 }
 
-/// A device buffer with guard regions of `GUARD_BYTES` before and after its payload.
+/// A device buffer with guard regions of `GUARD_BYTES` before and after its payload. A
+/// placed buffer (`Gpu::alloc_placed`) has room to move its payload to any address residue
+/// (`DevBuf::place`); its guard regions are the `GUARD_BYTES` next to the payload wherever it
+/// lies.
 pub struct DevBuf {
     base: sys::CUdeviceptr,
     pub bytes: usize,
+    /// Bytes of the allocation before the payload (`GUARD_BYTES` unless placed).
+    lead: usize,
+    /// Bytes of the whole allocation.
+    total: usize,
 }
 
 impl DevBuf {
     /// The payload's device address (what a kernel gets).
     pub fn ptr(&self) -> u64 {
-        self.base + GUARD_BYTES as u64
+        self.base + self.lead as u64
+    }
+
+    /// Move the payload of a placed buffer to the first address at or after `GUARD_BYTES` into
+    /// the allocation that is `residue` bytes past a multiple of `period` (a power of two); its
+    /// contents and guards are the caller's to fill (`Gpu::fill_allocation`).
+    pub fn place(&mut self, residue: u64, period: u64) {
+        let lead = placed_lead(self.base, residue, period);
+        assert!(
+            lead + self.bytes + GUARD_BYTES + 3 <= self.total,
+            "placing {} bytes at {residue} mod {period}: the allocation has no room",
+            self.bytes
+        );
+        self.lead = lead;
     }
 }
 
@@ -606,7 +663,12 @@ impl Gpu {
         // SAFETY: plain allocation; freed by DevBuf's Drop.
         let base =
             unsafe { result::malloc_sync(total) }.map_err(drv("allocating device memory"))?;
-        let b = DevBuf { base, bytes };
+        let b = DevBuf {
+            base,
+            bytes,
+            lead: GUARD_BYTES,
+            total,
+        };
         // Only the guards: every payload is uploaded or poisoned before anything reads it.
         // Queued on the legacy stream, so it is ordered before any later copy or launch.
         for at in [base, b.ptr() + bytes as u64] {
@@ -615,6 +677,33 @@ impl Gpu {
                 .map_err(drv("filling guards"))?;
         }
         Ok(b)
+    }
+
+    /// A buffer of `bytes` whose payload can be placed at any address residue modulo `period`
+    /// (`DevBuf::place`; it starts at the first such address, residue 0), with `GUARD_BYTES`
+    /// of guard on either side wherever it lies. Nothing is filled: see `fill_allocation`.
+    pub fn alloc_placed(&self, bytes: usize, period: u64) -> Result<DevBuf, ExecError> {
+        assert!(period.is_power_of_two());
+        let total = bytes + period as usize + 2 * GUARD_BYTES + 16;
+        // SAFETY: plain allocation; freed by DevBuf's Drop.
+        let base =
+            unsafe { result::malloc_sync(total) }.map_err(drv("allocating device memory"))?;
+        let mut b = DevBuf {
+            base,
+            bytes,
+            lead: GUARD_BYTES,
+            total,
+        };
+        b.place(0, period);
+        Ok(b)
+    }
+
+    /// Fill the whole allocation (payload, guards and any room around them) with `byte`,
+    /// queued on the legacy stream (ordered before later copies and launches).
+    pub fn fill_allocation(&self, buf: &DevBuf, byte: u8) -> Result<(), ExecError> {
+        // SAFETY: the whole allocation.
+        unsafe { result::memset_d8_async(buf.base, byte, buf.total, std::ptr::null_mut()) }
+            .map_err(drv("filling guards"))
     }
 
     /// Copy `len` bytes between the host and the device through the pinned staging buffer, one
@@ -709,29 +798,18 @@ impl Gpu {
         unsafe { result::memset_d8_sync(buf.ptr(), byte, buf.bytes) }.map_err(drv("poisoning"))
     }
 
-    /// Which guard regions were written: "before" / "after" with the count of changed bytes.
+    /// Which guard regions (the `GUARD_BYTES` next to the payload on either side) were written:
+    /// "before" / "after" with the count of changed bytes.
     pub fn check_guards(&self, buf: &DevBuf) -> Result<Vec<String>, ExecError> {
         let mut bad = Vec::new();
         for (side, addr) in [
-            ("before", buf.base),
-            ("after", buf.ptr() + buf.bytes as u64),
+            (GuardSide::Before, buf.ptr() - GUARD_BYTES as u64),
+            (GuardSide::After, buf.ptr() + buf.bytes as u64),
         ] {
             let mut g = vec![0u8; GUARD_BYTES];
             // SAFETY: guard ranges are inside the allocation.
             unsafe { result::memcpy_dtoh_sync(&mut g, addr) }.map_err(drv("reading guards"))?;
-            let guard = guard_byte();
-            let changed = g.iter().filter(|&&b| b != guard).count();
-            if changed > 0 {
-                let first = if side == "before" {
-                    g.iter().rposition(|&b| b != guard).map(|p| GUARD_BYTES - p)
-                } else {
-                    g.iter().position(|&b| b != guard).map(|p| p + 1)
-                };
-                bad.push(format!(
-                    "{changed} byte(s) changed {side} the buffer (nearest {} byte(s) {side} it)",
-                    first.unwrap_or(0)
-                ));
-            }
+            bad.extend(guard_changes(side, &g, guard_byte()));
         }
         Ok(bad)
     }
@@ -993,6 +1071,39 @@ mod tests {
     use kernel_registry::manifest::entry_options;
     use kernel_registry::DType;
     use serde_json::Value;
+
+    #[test]
+    fn a_placed_payload_lies_at_its_residue_with_a_whole_guard_before_it() {
+        let period = 1u64 << 21;
+        for base in [0x7f00_0000_0000u64, 0x7f00_0020_0200, 0x7f00_0000_1100] {
+            for residue in [0u64, 16, 240, 256, 4096, 1 << 20, period - 16] {
+                let lead = placed_lead(base, residue, period);
+                assert_eq!(
+                    (base + lead as u64) % period,
+                    residue,
+                    "{base:#x} {residue}"
+                );
+                assert!(lead >= GUARD_BYTES && lead < GUARD_BYTES + period as usize);
+            }
+        }
+    }
+
+    #[test]
+    fn a_guard_line_names_the_side_the_count_and_the_nearest_byte() {
+        let g = 0x3Cu8;
+        let mut w = vec![g; GUARD_BYTES];
+        assert_eq!(guard_changes(GuardSide::Before, &w, g), None);
+        w[GUARD_BYTES - 3] = 0;
+        w[7] = 1;
+        assert_eq!(
+            guard_changes(GuardSide::Before, &w, g).as_deref(),
+            Some("2 byte(s) changed before the buffer (nearest 3 byte(s) before it)")
+        );
+        assert_eq!(
+            guard_changes(GuardSide::After, &w, g).as_deref(),
+            Some("2 byte(s) changed after the buffer (nearest 8 byte(s) after it)")
+        );
+    }
 
     fn strings(v: &Value) -> Vec<String> {
         serde_json::from_value(v.clone()).expect("a list of strings")

@@ -1,8 +1,10 @@
 //! One case, as a sequence of named measurements (docs/spec.md section 3): the candidate's launches
 //! (outputs poisoned afresh each time), then the reference (after the candidate, so its output
 //! never lives on the device while the candidate runs), then integrity, determinism, exactness,
-//! accuracy, batch invariance and speed, each in its own module. Runs in the sandbox child.
+//! accuracy, batch invariance, address placements and speed, each in its own module. Runs in
+//! the sandbox child.
 
+pub mod address;
 pub mod batch;
 pub mod determinism;
 pub mod integrity;
@@ -147,11 +149,10 @@ impl<'a> CaseRun<'a> {
         let gpu = self.gpu;
         gpu.fill(&self.sum_buf, 0)?;
         let words = dev.bytes.div_ceil(4) as u64;
-        let blocks = words.div_ceil(256).clamp(1, 8 * gpu.info.sm_count as u64) as u32;
         gpu.launch(
             "keyed sum on the GPU",
             self.tools.keyed_sum,
-            [blocks, 1, 1],
+            [sum_blocks(words, gpu), 1, 1],
             [256, 1, 1],
             0,
             &[
@@ -165,6 +166,23 @@ impl<'a> CaseRun<'a> {
         let mut c = [0u8; 8];
         gpu.download(&self.sum_buf, &mut c)?;
         Ok(u64::from_le_bytes(c))
+    }
+
+    /// Queue the keyed sum of the `words` 32-bit words at `at` (4-byte aligned), added into the
+    /// u64 at `into` (no wait: read it after the next synchronisation).
+    pub fn enqueue_sum(&self, at: u64, words: u64, key: u64, into: u64) -> Result<(), ExecError> {
+        self.gpu.enqueue(
+            "keyed sum on the GPU",
+            self.tools.keyed_sum,
+            [sum_blocks(words, self.gpu), 1, 1],
+            [256, 1, 1],
+            &[
+                Arg::Ptr(at),
+                Arg::I64(words as i64),
+                Arg::U64(key),
+                Arg::Ptr(into),
+            ],
+        )
     }
 
     /// Whether a device buffer still holds `host`'s bytes, decided on the GPU: a keyed sum of
@@ -366,6 +384,11 @@ impl<'a> CaseRun<'a> {
     }
 }
 
+/// Blocks of a keyed sum over `words` words.
+fn sum_blocks(words: u64, gpu: &Gpu) -> u32 {
+    words.div_ceil(256).clamp(1, 8 * gpu.info.sm_count as u64) as u32
+}
+
 /// Compile (cached per process) and look up everything a case launches.
 fn load<'a>(
     gpu: &'a mut Gpu,
@@ -529,7 +552,23 @@ pub(crate) fn run_case(
         None
     };
     phase("batch invariance");
-    // 8. Speed, every timed launch checked.
+    // 8. Address cases: the candidate again with every tensor at other addresses the ABI
+    // allows, the same bits required (a non-deterministic kernel's placed launches count in its
+    // exactness instead).
+    let placed = address::check(
+        &run,
+        &inp,
+        &launches,
+        (&ref_host, ref_res_host.as_deref()),
+        deterministic,
+    )?;
+    integrity.extend(placed.failures);
+    notes.extend(placed.note);
+    if let Some(e) = placed.exactness {
+        exactness = worst(exactness, e);
+    }
+    phase("address placements");
+    // 9. Speed, every timed launch checked.
     let speed = if spec.measure_speed {
         let timed = speed::measure(
             &run,

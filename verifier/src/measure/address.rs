@@ -1,0 +1,536 @@
+//! Address cases (docs/spec.md section 3): the candidate again on the case's own inputs, with
+//! every tensor at other addresses the ABI allows, its outputs compared bit for bit with launch
+//! 1's (at fresh allocations). A fresh allocation starts on a large boundary (the CUDA
+//! allocator's, plus the 4 KiB guard), while a user's tensor may be a view 16 bytes into a
+//! larger one (a slice of an activation): the same kernel must give the same bits wherever its
+//! buffers lie. A kernel can test any low bits of an address (`ptr % 32`, `% 256`, `% 4096`,
+//! `% 2 MiB`, ...), so the placements (`plan`) put the buffers at every multiple of the ABI's
+//! alignment modulo 256, at every power of two from 256 to 1 MiB, and on a 2 MiB boundary (the
+//! `PERIOD`): every test `ptr % 2^k == r` for 2^k <= 256 meets every residue, and every test
+//! `ptr % 2^k == 0` up to 2 MiB is met both true and false. A few placements also put the
+//! tensors at different residues from each other (a kernel may compare its pointers). Each
+//! placed tensor has the guard regions of every buffer on both sides, checked after the launch
+//! with the inputs (keyed sums on the GPU, all of one placement downloaded at once).
+
+use super::poison::Poison;
+use super::{CaseRun, Launches};
+use crate::abi::{abi_tensors, Ptrs, ABI_ALIGN_BYTES};
+use crate::cases::CaseInputs;
+use crate::cuda::{guard_byte, DevBuf, GUARD_BYTES};
+use crate::exec::ExecError;
+use crate::numeric::{bits_at, compare, count_bit_differences, is_nan, keyed_sum, worst};
+use kernel_registry::report::Exactness;
+use kernel_registry::DType;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+
+/// Placements are residues modulo this many bytes (2 MiB: the CUDA allocator's granularity for
+/// large buffers, and PyTorch's caching-allocator blocks).
+pub const PERIOD: u64 = 1 << 21;
+
+/// The address residues (modulo `PERIOD`) every tensor is placed at: 0 (on a 2 MiB boundary),
+/// every other multiple of the ABI's alignment below 256, and every power of two from 256 to
+/// 1 MiB.
+pub fn residues() -> Vec<u64> {
+    let low = (0..256).step_by(ABI_ALIGN_BYTES as usize);
+    let high = (8..21).map(|k| 1u64 << k);
+    low.chain(high).collect()
+}
+
+/// Where one launch's tensors lie: the address residue modulo `PERIOD` of each tensor, in the
+/// order of `abi_tensors`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub at: Vec<u64>,
+}
+
+/// The placements of a case whose op has `tensors` tensors: all of them together at each of
+/// `residues()`, then a few apart (the output at 0 and the inputs at 16, and the reverse; each
+/// tensor 16 bytes further than the one before; each on its own power of two).
+pub fn plan(tensors: usize) -> Vec<Placement> {
+    let a = ABI_ALIGN_BYTES;
+    let mut out: Vec<Placement> = residues()
+        .into_iter()
+        .map(|r| Placement {
+            at: vec![r; tensors],
+        })
+        .collect();
+    let apart = [
+        (0..tensors).map(|i| if i == 0 { 0 } else { a }).collect(),
+        (0..tensors).map(|i| if i == 0 { a } else { 0 }).collect(),
+        (0..tensors as u64).map(|i| a * (i + 1)).collect(),
+        (0..tensors as u64).map(|i| PERIOD >> (i + 1)).collect(),
+    ];
+    for at in apart {
+        let p = Placement { at };
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// How a person reads a placement: "every buffer at offset 16" or "out at offset 0, x at
+/// offset 16, w at offset 16" (bytes past a 2 MiB boundary).
+pub fn describe(names: &[&str], p: &Placement) -> String {
+    let where_ = if p.at.windows(2).all(|w| w[0] == w[1]) {
+        format!(
+            "every buffer at offset {}",
+            p.at.first().copied().unwrap_or(0)
+        )
+    } else {
+        names
+            .iter()
+            .zip(&p.at)
+            .map(|(n, r)| format!("{n} at offset {r}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!("{where_} (bytes past a {} MiB boundary)", PERIOD >> 20)
+}
+
+/// How one output of a placed launch differs from the same output at fresh allocations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Difference {
+    /// `out`, or fused_add's `residual`.
+    pub tensor: String,
+    pub differ: u64,
+    pub elements: u64,
+    /// The first differing element (flat index).
+    pub first: u64,
+    pub max_abs_diff: f64,
+}
+
+impl Difference {
+    /// Compare `got` (a placed launch's output) with `want` (launch 1's); `None` when every
+    /// element has the same bits (NaN == NaN).
+    pub fn of(tensor: &str, dt: DType, got: &[u8], want: &[u8]) -> Option<Difference> {
+        let differ = count_bit_differences(dt, got, want);
+        if differ == 0 {
+            return None;
+        }
+        let n = want.len() / dt.size_bytes();
+        let first = (0..n)
+            .find(|&i| {
+                let (p, q) = (bits_at(dt, got, i), bits_at(dt, want, i));
+                p != q && !(is_nan(dt, p) && is_nan(dt, q))
+            })
+            .unwrap_or(0) as u64;
+        Some(Difference {
+            tensor: tensor.to_string(),
+            differ,
+            elements: n as u64,
+            first,
+            max_abs_diff: compare(dt, &[(got, want)]).max_abs_diff,
+        })
+    }
+}
+
+/// The integrity line of a case whose output depends on where its buffers lie: the first
+/// placement that differed and how, and how many of the placements did.
+pub fn address_line(
+    names: &[&str],
+    first: (&Placement, &[Difference]),
+    differing: usize,
+    placements: usize,
+    cols: u64,
+) -> String {
+    let (p, diffs) = first;
+    let what = diffs
+        .iter()
+        .map(|d| {
+            let cols = cols.max(1);
+            format!(
+                "{} differs from the fresh allocations' in {} of {} elements (first: row {}, col {}; max abs diff {:.3})",
+                d.tensor,
+                d.differ,
+                d.elements,
+                d.first / cols,
+                d.first % cols,
+                d.max_abs_diff
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    format!(
+        "output depends on the buffer address: with {}, {what}; {differing} of {placements} placements differ",
+        describe(names, p)
+    )
+}
+
+/// At most this many lines of guard or input failures at placed addresses per case.
+const MAX_OTHER_LINES: usize = 4;
+
+/// What the address cases found in one case.
+#[derive(Debug, Default)]
+pub(crate) struct Outcome {
+    /// Integrity failures: a deterministic kernel's output that depends on the address (one
+    /// line), guards written and inputs modified at placed addresses (named by placement).
+    pub failures: Vec<String>,
+    /// A non-deterministic kernel's placed outputs that differ from all of its launches at
+    /// fresh allocations: not, alone, evidence of the address, so they are measured against
+    /// the reference like its other launches (`exactness`, the worst of them) and said here.
+    pub note: Option<String>,
+    pub exactness: Option<Exactness>,
+}
+
+/// Run the candidate at every placement of `plan` and compare: outputs bit for bit with launch
+/// 1's (a non-deterministic kernel's with any of its launches, and against `reference` when
+/// none), inputs unchanged, guards intact.
+pub(crate) fn check(
+    run: &CaseRun<'_>,
+    inp: &CaseInputs,
+    launches: &Launches,
+    reference: (&[u8], Option<&[u8]>),
+    deterministic: bool,
+) -> Result<Outcome, ExecError> {
+    let (gpu, spec) = (run.gpu, run.spec);
+    let names = abi_tensors(spec.op);
+    let b = &run.bufs;
+    let missing = |n: &str| -> ! { panic!("{}: the case has no {n}", spec.op) };
+    // Per tensor: where its contents come from (None: the output, poisoned) and what it must
+    // hold after the launch.
+    struct Tensor<'t> {
+        name: &'static str,
+        source: Option<&'t DevBuf>,
+        expected: Vec<&'t Arc<Vec<u8>>>,
+        input: Option<&'t [u8]>,
+    }
+    let tensors: Vec<Tensor<'_>> = names
+        .iter()
+        .map(|&name| match name {
+            "out" => Tensor {
+                name,
+                source: None,
+                expected: launches.outs.iter().collect(),
+                input: None,
+            },
+            "residual" => Tensor {
+                name,
+                source: Some(b.residual.as_ref().unwrap_or_else(|| missing(name))),
+                expected: launches.ress.iter().collect(),
+                input: None,
+            },
+            _ => {
+                let (src, host) = match name {
+                    "x" | "gate" => (Some(&b.x), Some(&inp.x)),
+                    "up" => (b.up.as_ref(), inp.up.as_ref()),
+                    "w" => (b.weight.as_ref(), inp.weight.as_ref()),
+                    "b" => (b.bias.as_ref(), inp.bias.as_ref()),
+                    other => unreachable!("{}: unknown ABI tensor `{other}`", spec.op),
+                };
+                Tensor {
+                    name,
+                    source: Some(src.unwrap_or_else(|| missing(name))),
+                    expected: Vec::new(),
+                    input: Some(&host.unwrap_or_else(|| missing(name)).bytes),
+                }
+            }
+        })
+        .collect();
+    // One key for every check of this measurement, drawn after the candidate's launches; the
+    // host sums once.
+    let g = guard_byte();
+    let key = RandomState::new().hash_one(spec.seed);
+    let want: Vec<u64> = tensors
+        .iter()
+        .map(|t| match (t.input, t.expected.first()) {
+            (Some(host), _) => keyed_sum(host, key, g),
+            (None, Some(out)) => keyed_sum(out, key, g),
+            (None, None) => unreachable!("{}: no launch output", t.name),
+        })
+        .collect();
+    let want_guard = keyed_sum(&vec![g; GUARD_BYTES], key, g);
+    let mut placed: Vec<DevBuf> = tensors
+        .iter()
+        .map(|t| {
+            let bytes = t.source.map_or(run.out_bytes(), |s| s.bytes);
+            gpu.alloc_placed(bytes, PERIOD)
+        })
+        .collect::<Result<_, _>>()?;
+    // Per tensor: the payload's sum, the guard before it and the guard after it.
+    let sums = gpu.alloc(8 * 3 * tensors.len())?;
+    let guard_words = (GUARD_BYTES / 4) as u64;
+    let placements = plan(tensors.len());
+    let mut first_differing: Option<(Placement, Vec<Difference>)> = None;
+    let mut differing = 0usize;
+    let mut other: Vec<String> = Vec::new();
+    let mut other_more = 0usize;
+    let mut exactness: Option<Exactness> = None;
+    for p in &placements {
+        for ((t, buf), &residue) in tensors.iter().zip(placed.iter_mut()).zip(&p.at) {
+            buf.place(residue, PERIOD);
+            gpu.fill_allocation(buf, g)?;
+            match t.source {
+                Some(src) => gpu.copy(buf, src)?,
+                None => {
+                    let q = Poison::fresh();
+                    gpu.fill_pattern(run.tools.fill, buf, q.key, q.invert)?;
+                }
+            }
+        }
+        let at = |n: &str| names.iter().position(|&m| m == n).map(|i| placed[i].ptr());
+        let ptrs = Ptrs {
+            out: at("out").unwrap_or_else(|| missing("out")),
+            residual: at("residual"),
+            x: at("x")
+                .or_else(|| at("gate"))
+                .unwrap_or_else(|| missing("x")),
+            up: at("up"),
+            weight: at("w"),
+            bias: at("b"),
+        };
+        run.launch_at(&run.cand, ptrs, spec.rows)?;
+        gpu.fill(&sums, 0)?;
+        for (i, buf) in placed.iter().enumerate() {
+            let slot = |k: usize| sums.ptr() + 8 * (3 * i + k) as u64;
+            let end = buf.ptr() + buf.bytes as u64;
+            run.enqueue_sum(buf.ptr(), buf.bytes.div_ceil(4) as u64, key, slot(0))?;
+            run.enqueue_sum(buf.ptr() - GUARD_BYTES as u64, guard_words, key, slot(1))?;
+            run.enqueue_sum(end.next_multiple_of(4), guard_words, key, slot(2))?;
+        }
+        let got = gpu.download_vec(&sums)?;
+        let word = |j: usize| u64::from_le_bytes(got[8 * j..8 * j + 8].try_into().expect("8"));
+        let mut diffs = Vec::new();
+        let mut lines = Vec::new();
+        // The placed outputs, for a non-deterministic kernel's exactness: (out, residual).
+        let mut outputs: Vec<Option<Vec<u8>>> = vec![None; tensors.len()];
+        for (i, (t, buf)) in tensors.iter().zip(&placed).enumerate() {
+            let payload_ok = word(3 * i) == want[i];
+            let guards_ok = word(3 * i + 1) == want_guard && word(3 * i + 2) == want_guard;
+            if payload_ok && guards_ok {
+                continue;
+            }
+            // Only when something differs: download and say what.
+            let now = gpu.download_vec(buf)?;
+            match t.input {
+                Some(host) if now != host => {
+                    let changed = count_bit_differences(spec.dtype, &now, host);
+                    lines.push(format!(
+                        "input {} was modified by the kernel ({changed} element(s) changed)",
+                        t.name
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    if !t.expected.iter().any(|e| e.as_slice() == now.as_slice()) {
+                        diffs.extend(Difference::of(t.name, spec.dtype, &now, t.expected[0]));
+                    }
+                    outputs[i] = Some(now);
+                }
+            }
+            let guards = gpu.check_guards(buf)?;
+            if !guards_ok && guards.is_empty() {
+                lines.push(format!("{}: the guard regions changed", t.name));
+            }
+            lines.extend(guards.into_iter().map(|l| format!("{}: {l}", t.name)));
+        }
+        if !diffs.is_empty() {
+            differing += 1;
+            if !deterministic {
+                // Launch 1's bits where a placed output matched them.
+                let of = |name: &str| -> Option<&[u8]> {
+                    let i = names.iter().position(|&n| n == name)?;
+                    Some(match &outputs[i] {
+                        Some(now) => now,
+                        None => tensors[i].expected[0].as_slice(),
+                    })
+                };
+                let mut pairs: Vec<(&[u8], &[u8])> = Vec::new();
+                pairs.extend(of("out").map(|o| (o, reference.0)));
+                if let (Some(r), Some(rr)) = (of("residual"), reference.1) {
+                    pairs.push((r, rr));
+                }
+                let e = compare(spec.dtype, &pairs);
+                exactness = Some(match exactness {
+                    Some(w) => worst(w, e),
+                    None => e,
+                });
+            }
+            first_differing.get_or_insert_with(|| (p.clone(), diffs));
+        }
+        for l in lines {
+            if other.len() < MAX_OTHER_LINES {
+                other.push(format!("with {}: {l}", describe(&names, p)));
+            } else {
+                other_more += 1;
+            }
+        }
+    }
+    let mut out = Outcome::default();
+    if let Some((p, diffs)) = &first_differing {
+        let line = address_line(&names, (p, diffs), differing, placements.len(), spec.cols);
+        if deterministic {
+            out.failures.push(line);
+        } else {
+            out.note = Some(format!(
+                "{line} (the kernel is not deterministic: counted as more launches, in its exactness)"
+            ));
+            out.exactness = exactness;
+        }
+    }
+    out.failures.extend(other);
+    if other_more > 0 {
+        out.failures.push(format!(
+            "... and {other_more} more guard or input failure(s) at other placements"
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    fn addresses(p: &Placement) -> Vec<u64> {
+        // Any address with the placement's residue: the allocator's high bits do not matter.
+        p.at.iter()
+            .map(|r| 0x7f3a_0000_0000 + 5 * PERIOD + r)
+            .collect()
+    }
+
+    #[test]
+    fn every_placement_keeps_the_abi_alignment() {
+        for n in 2..=4 {
+            for p in plan(n) {
+                assert_eq!(p.at.len(), n);
+                assert!(p.at.iter().all(|r| r % ABI_ALIGN_BYTES == 0 && *r < PERIOD));
+            }
+        }
+    }
+
+    #[test]
+    fn every_residue_modulo_256_is_met_by_every_tensor() {
+        for n in 2..=4 {
+            let plan = plan(n);
+            for t in 0..n {
+                let seen: BTreeSet<u64> = plan.iter().map(|p| addresses(p)[t] % 256).collect();
+                let all: BTreeSet<u64> = (0..256).step_by(ABI_ALIGN_BYTES as usize).collect();
+                assert_eq!(seen, all, "tensor {t} of {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_boundary_test_up_to_the_period_sees_both_answers() {
+        // A kernel that tests `ptr % 2^k == 0` for any 2^k from 32 to 2 MiB, on any tensor,
+        // is run both ways (16 is the ABI's own alignment: always true).
+        let plan = plan(4);
+        for k in 5..=21 {
+            let m = 1u64 << k;
+            for t in 0..4 {
+                let answers: BTreeSet<bool> = plan
+                    .iter()
+                    .map(|p| addresses(p)[t].is_multiple_of(m))
+                    .collect();
+                assert_eq!(answers.len(), 2, "ptr % {m} == 0 on tensor {t}");
+            }
+        }
+        // And the offset the issue names: 16 bytes past a large boundary.
+        assert!(plan.iter().any(|p| p.at.iter().all(|&r| r == 16)));
+    }
+
+    #[test]
+    fn some_placements_put_the_tensors_apart() {
+        for n in 2..=4 {
+            let plan = plan(n);
+            // For every pair of tensors, one placement where out and that tensor differ in
+            // residue modulo 32 (a kernel comparing its pointers' alignment sees both answers).
+            for t in 1..n {
+                assert!(
+                    plan.iter().any(|p| p.at[0] % 32 != p.at[t] % 32),
+                    "{t} of {n}"
+                );
+                assert!(
+                    plan.iter().any(|p| p.at[0] % 32 == p.at[t] % 32),
+                    "{t} of {n}"
+                );
+            }
+            for (i, p) in plan.iter().enumerate() {
+                assert!(!plan[..i].contains(p), "placement {i} repeated");
+            }
+        }
+        assert_eq!(plan(3).len(), residues().len() + 4);
+    }
+
+    #[test]
+    fn a_placement_is_described_in_bytes_past_the_boundary() {
+        let names = ["out", "x", "w"];
+        assert_eq!(
+            describe(&names, &Placement { at: vec![16; 3] }),
+            "every buffer at offset 16 (bytes past a 2 MiB boundary)"
+        );
+        assert_eq!(
+            describe(
+                &names,
+                &Placement {
+                    at: vec![0, 16, 16]
+                }
+            ),
+            "out at offset 0, x at offset 16, w at offset 16 (bytes past a 2 MiB boundary)"
+        );
+    }
+
+    fn bf16s(v: &[f32]) -> Vec<u8> {
+        v.iter()
+            .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn identical_outputs_are_no_difference_and_nan_equals_nan() {
+        let a = bf16s(&[1.0, f32::NAN, -0.5]);
+        assert_eq!(Difference::of("out", DType::Bf16, &a, &a), None);
+        let mut other_nan = a.clone();
+        other_nan[2..4].copy_from_slice(&0x7fc1u16.to_le_bytes());
+        assert_eq!(Difference::of("out", DType::Bf16, &other_nan, &a), None);
+    }
+
+    #[test]
+    fn the_reason_names_the_address_dependence_the_offset_and_the_difference() {
+        // The issue's kernel: unnormalised at a 16-byte offset (max diff 1.03).
+        let want = bf16s(&[0.5, -1.0, 0.25, 2.0, 0.0, 1.0]);
+        let got = bf16s(&[0.5, -1.0, 0.25, 2.0, 1.03125, 1.0]);
+        let d = Difference::of("out", DType::Bf16, &got, &want).expect("they differ");
+        assert_eq!((d.differ, d.elements, d.first), (1, 6, 4));
+        assert!((d.max_abs_diff - 1.03125).abs() < 1e-9);
+        let names = ["out", "x", "w"];
+        let line = address_line(&names, (&Placement { at: vec![16; 3] }, &[d]), 20, 33, 3);
+        assert_eq!(
+            line,
+            "output depends on the buffer address: with every buffer at offset 16 (bytes past a \
+             2 MiB boundary), out differs from the fresh allocations' in 1 of 6 elements (first: \
+             row 1, col 1; max abs diff 1.031); 20 of 33 placements differ"
+        );
+        // fused_add_rms_norm: both outputs named, the tensors apart.
+        let r = Difference {
+            tensor: "residual".into(),
+            differ: 2,
+            elements: 6,
+            first: 0,
+            max_abs_diff: 0.5,
+        };
+        let line = address_line(
+            &["out", "residual", "x", "w"],
+            (
+                &Placement {
+                    at: vec![0, 16, 16, 16],
+                },
+                &[r],
+            ),
+            1,
+            33,
+            3,
+        );
+        assert!(
+            line.starts_with(
+                "output depends on the buffer address: with out at offset 0, residual at offset \
+                 16, x at offset 16, w at offset 16 (bytes past a 2 MiB boundary), residual \
+                 differs from the fresh allocations' in 2 of 6 elements (first: row 0, col 0;"
+            ),
+            "{line}"
+        );
+    }
+}
