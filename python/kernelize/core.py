@@ -24,6 +24,7 @@ log = logging.getLogger("kernelize")
 
 _ORIG = "_kernelize_original_forward"
 _LAUNCHES = "_kernelize_launches"  # how many calls of a swapped layer ran the kernel
+_ABI_ALIGNMENT = L.ABI_ALIGNMENT  # the ABI's alignment, bound once for the inline launch path
 
 
 @dataclass
@@ -544,7 +545,7 @@ def _fwd_elementwise(self, x, *a, **kw):
     # The C launcher's path of `launch.run_elementwise`, inline: it is the whole per-call cost
     # of a layer whose eager counterpart is one aten op.
     p = x.data_ptr()
-    if p & 15 or not x.is_contiguous():
+    if p % _ABI_ALIGNMENT or not x.is_contiguous():  # `L.abi_passable`, inline
         x = L.aligned(x)
         p = x.data_ptr()
     out = _empty_like(x)

@@ -352,12 +352,26 @@ def compile_records() -> list[dict[str, Any]]:
     return [dict(k.record, digest=d, device=i) for (d, _, i), k in sorted(_CACHE.items())]
 
 
+#: The kernel ABI's alignment (docs/spec.md section 2): every tensor a kernel is given is
+#: contiguous and starts at a multiple of this many bytes, and nothing more is promised. The
+#: verifier runs every case with its buffers at every residue this allows (docs/verifier.md,
+#: address cases), so a verified kernel gives the same bits at any such address; its constant is
+#: `verifier::abi::ABI_ALIGN_BYTES`. The one copy of the rule in the client: `abi_passable`.
+ABI_ALIGNMENT = 16
+
+
+def abi_passable(t: torch.Tensor) -> bool:
+    """Whether the ABI lets `t` be given to a kernel as it is: contiguous and ABI_ALIGNMENT-byte
+    aligned (a view 16 bytes into a larger tensor is; one 2 bytes in is not)."""
+    return t.is_contiguous() and t.data_ptr() % ABI_ALIGNMENT == 0
+
+
 def aligned(t: torch.Tensor) -> torch.Tensor:
-    """t if it is contiguous and 16-byte aligned, else a copy that is."""
-    if t.is_contiguous() and not t.data_ptr() & 15:
+    """t if the ABI lets it be passed as it is (`abi_passable`), else a copy that is."""
+    if abi_passable(t):
         return t
     t = t.contiguous()
-    return t if not t.data_ptr() & 15 else t.clone()
+    return t if t.data_ptr() % ABI_ALIGNMENT == 0 else t.clone()
 
 
 def run_rms_norm(k: CompiledKernel, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -122,7 +122,8 @@ def _cpu_compiled(stub, cuda, manifest):
 def test_swapped_elementwise_layer_launches_inline(stub, monkeypatch):
     """nn.SiLU's swapped forward launches through the C launcher itself (no runner, one
     prepared launch per shape): the output is a new tensor of x's shape, the kernel gets
-    (out, x, n) on the current stream, a misaligned x is copied first, a count the kernel
+    (out, x, n) on the current stream, a misaligned x is copied first (one 16 bytes into a larger
+    tensor is not: the ABI allows it), a count the kernel
     does not take runs the original forward, and a failed launch raises."""
     from kernelize import core
     from kernelize.discover import Site
@@ -152,9 +153,12 @@ def test_swapped_elementwise_layer_launches_inline(stub, monkeypatch):
         odd = torch.randn(3 * 64 + 1, dtype=torch.bfloat16)[1:].view(3, 64)  # 2-byte offset
         m(odd)
         assert cuda.calls[-1]["ptrs"][1] % 16 == 0 and cuda.calls[-1]["ptrs"][1] != odd.data_ptr()
+        at16 = torch.randn(3 * 64 + 8, dtype=torch.bfloat16)[8:].view(3, 64)  # 16 bytes in
+        m(at16)
+        assert cuda.calls[-1]["ptrs"][1] == at16.data_ptr()  # the ABI allows it: as it is
         y = torch.randn(3, 63, dtype=torch.bfloat16)  # 189 elements: not a multiple of 8
-        assert torch.equal(m(y), torch.nn.functional.silu(y)) and len(cuda.calls) == 3
-        assert core.launch_counts(m) == {"<root>": 3}
+        assert torch.equal(m(y), torch.nn.functional.silu(y)) and len(cuda.calls) == 4
+        assert core.launch_counts(m) == {"<root>": 4}
     failing = FakeCuda(2, "l", result=700)
     stub.init(ctypes.cast(failing.cuLaunchKernel, ctypes.c_void_p).value)
     cuda.cuGetErrorString = lambda res, out: 0  # no name for it: "?"
