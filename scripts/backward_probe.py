@@ -49,6 +49,8 @@ COLS = [1024, 2048, 2560, 4096, 5120, 8192]
 TIMED = [(4096, 8192), (16384, 4096)]
 EPS = 1e-6
 EMU_MAX_ELEMS = 300_000   # the CPU emulation runs where rows * cols is at most this
+HYP_ROW_MAX = 8_400_000   # the row-sum hypotheses (eager's s from a hook) up to this many elements
+HYP_COL_MAX = 16_800_000  # the column-sum hypotheses (eager's dw) up to this many elements
 BUDGET_S = 270.0
 
 
@@ -236,6 +238,40 @@ def eager_backward(x, w, dy, want_s=False):
     return xr.grad, m.weight.grad, y, box.get("s")
 
 
+def hypotheses(x, w, dy, r, s_e, ew, dt, sms, tps, do_rows, do_cols):
+    """Which order explains eager's bits? Rows differing of the row sum s, and columns of dw
+    differing, under the documented order and alternatives (computed from eager's own r, so
+    only the reduction under test varies)."""
+    T = DT[dt]
+    h = x.float().cpu().numpy()
+    wv = w.float().cpu().numpy()
+    g = dy.float().cpu().numpy()
+    rr = r.float().cpu().numpy().reshape(-1, 1)
+    out = {}
+    if do_rows and s_e is not None:
+        q = B.round_to(g * wv[None, :], dt) * h
+        se = s_e.reshape(-1).float().cpu().numpy()
+        out["row_sum"] = {f"vt0={a},ivs={b}": int((B.row_sum(q, vt0=a, ivs=b).view(np.uint32) != se.view(np.uint32)).sum())
+                          for a, b in ((4, 4), (8, 8))}
+    if do_cols:
+        gw = B.round_to(g * B.round_to(h * rr, dt), dt)
+        rows, cols = gw.shape
+        ewn = ew.float().cpu().numpy()
+        other = 114 if sms != 114 else 132
+        hyps = {"documented": B.col_config(rows, cols, sms, tps),
+                "512 threads (older set_block_dimension)": B.col_config(rows, cols, sms, tps, threads_per_ovs=False),
+                "vt0=8": B.col_config(rows, cols, sms, tps, vt0=8),
+                "out_vec=1": B.col_config(rows, cols, sms, tps, out_vec=1),
+                f"{other} SMs": B.col_config(rows, cols, other, tps)}
+        res = {}
+        for name, cfg in hyps.items():
+            got = B.round_to(B.col_sum(gw, cfg=cfg), dt)
+            res[name] = int((got.view(np.uint32) != ewn.view(np.uint32)).sum())
+        out["col_sum"] = res
+    del T
+    return out
+
+
 def eager_r(x):
     """The forward's r with eager's own kernels (what autograd saves)."""
     h = x.to(torch.float32)
@@ -301,9 +337,9 @@ def main(argv=None):
     if dry and not args.dry_run:
         print("no CUDA device: running as --dry-run")
     device = torch.device("cpu") if dry else torch.device("cuda", torch.cuda.current_device())
-    rows_list, cols_list = (ROWS, COLS) if not (args.quick or dry) else ([1, 3, 16, 17, 64], [1024, 2560])
+    rows_list, cols_list = (ROWS, COLS) if not (args.quick or dry) else ([1, 3, 16, 17, 64, 1000], [1024, 2560])
     if dry:
-        rows_list, cols_list = [1, 3, 17], [1024, 2560]
+        rows_list, cols_list = [1, 3, 17, 70], [1024, 2560]
     report = dict(env=env_info(device), dry_run=dry, eps=EPS, cases=[], timing=[], errors=[], graph=None)
     print(json.dumps(report["env"]))
 
@@ -342,7 +378,10 @@ def main(argv=None):
                 try:
                     x, w, dy = make_inputs(dt, rows, cols, device, seed=rows * 7919 + cols)
                     small = rows * cols <= EMU_MAX_ELEMS
-                    ex, ew, y, s_e = eager_backward(x, w, dy, want_s=small)
+                    early = time.time() - t_start < BUDGET_S * 0.45
+                    hyp_rows = early and rows * cols <= HYP_ROW_MAX and (small or dt != "f16")
+                    hyp_cols = early and rows * cols <= HYP_COL_MAX and (small or dt != "f16") and rows >= 64
+                    ex, ew, y, s_e = eager_backward(x, w, dy, want_s=small or hyp_rows)
                     if report["graph"] is None:
                         report["graph"] = {dt: graph_names(y.grad_fn)}
                     elif dt not in report["graph"]:
@@ -364,6 +403,9 @@ def main(argv=None):
                                     emu_dw_diff=ndiff(torch.from_numpy(edw).to(T), ew.cpu()))
                         if s_e is not None:
                             case["emu_s_diff"] = ndiff(torch.from_numpy(parts["s"]), s_e.reshape(-1).float().cpu())
+                    if hyp_rows or hyp_cols:
+                        case["hypotheses"] = hypotheses(x, w, dy, eager_r(x), s_e, ew, dt, k.sms, k.tps,
+                                                        hyp_rows, hyp_cols)
                     report["cases"].append(case)
                     del x, w, dy, ex, ew, y, dx, dw
                 except Exception as e:  # noqa: BLE001
@@ -476,6 +518,17 @@ def print_table(rep):
                     s += f"[{c['emu_dx_diff']}/{c['emu_dw_diff']}/{c.get('emu_s_diff', '-')}]"
                 cells.append(f"{s:>16}")
             print(f"rows {r:>6}: " + "  ".join(cells))
+    hyp = {}
+    for c in rep["cases"]:
+        for kind, d in c.get("hypotheses", {}).items():
+            for name, n in d.items():
+                a = hyp.setdefault(kind, {}).setdefault(name, [0, 0])
+                a[0] += n
+                a[1] += 1
+    for kind, d in hyp.items():
+        print(f"\n{kind} hypotheses (elements differing from eager, summed over the cases checked):")
+        for name, (n, cases) in d.items():
+            print(f"  {name:45s} {n:>10} in {cases} cases")
     tot = sum(c["dx_diff"] + c["dw_diff"] for c in rep["cases"])
     print(f"\ncases {len(rep['cases'])}, total differing elements {tot}")
     if rep["timing"]:

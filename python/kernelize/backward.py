@@ -80,12 +80,13 @@ def last_pow2(n: int) -> int:
 
 # ---- the row sum (inner reduction, the forward mean's order) --------------------------------------
 
-def row_config(rows: int, cols: int) -> dict:
+def row_config(rows: int, cols: int, vt0: int = 4, ivs: int = 4) -> dict:
     """setReduceConfig<float, float, vt0=4, input_vec_size=4> for a contiguous f32 [rows, cols]
     reduced over its last dim (docs/eager-order.md (a)). The multi-CTA regime (cols > 131072
-    with 512 lanes) is not emulated: ValueError."""
+    with 512 lanes) is not emulated: ValueError. Other (vt0, ivs) are hypotheses for the GPU
+    probe (e.g. a build that reduces f32 with vt0 = input_vec_size = 8)."""
     vec = cols > 128
-    d0 = cols // 4 if vec else cols
+    d0 = cols // ivs if vec else cols
     p0 = last_pow2(d0) if d0 < 512 else 512
     p1 = last_pow2(rows) if rows < 512 else 512
     bw = min(p0, 32)
@@ -95,7 +96,7 @@ def row_config(rows: int, cols: int) -> dict:
     lanes = bw * bh if split else bw
     if split and cdiv(cols, lanes) >= 256:
         raise ValueError(f"[{rows}, {cols}]: the multi-CTA row reduce (cols > 131072) is not emulated")
-    return dict(vec=vec, bw=bw, bh=bh, split=split, lanes=lanes)
+    return dict(vec=vec, bw=bw, bh=bh, split=split, lanes=lanes, vt0=vt0, ivs=ivs)
 
 
 def _halving(p: np.ndarray, axis: int) -> np.ndarray:
@@ -113,44 +114,49 @@ def _lane_partials(v: np.ndarray, cfg: dict, shift: int) -> np.ndarray:
     the row start's misalignment in floats in a 16-byte aligned f32 tensor (vectorized rows)."""
     R, cols = v.shape
     L = cfg["lanes"]
-    acc = np.zeros((R, L, 4), F32)
+    V = cfg.get("ivs", 4) if cfg["vec"] else cfg.get("vt0", 4)  # accumulators per lane
+    acc = np.zeros((R, L, V), F32)
     if cfg["vec"]:
-        nh = (4 - shift) % 4
+        nh = (V - shift) % V
         if nh:  # head: lane shift + e (thread y = 0) starts its accumulator 0 with element e
             acc[:, shift:shift + nh, 0] = v[:, :nh]
         data = v[:, nh:]
         M = cols - nh
-        nvec = M // 4
+        nvec = M // V
         K = cdiv(nvec, L)
         if K:
-            buf = np.zeros((R, K * L * 4), F32)  # +0 past the end: exact (accumulators are never -0)
-            buf[:, :nvec * 4] = data[:, :nvec * 4]
-            buf = buf.reshape(R, K, L, 4)
-            for k in range(K):  # lane t: 4-vectors t, t + L, ...; component i -> accumulator i
+            buf = np.zeros((R, K * L * V), F32)  # +0 past the end: exact (accumulators are never -0)
+            buf[:, :nvec * V] = data[:, :nvec * V]
+            buf = buf.reshape(R, K, L, V)
+            for k in range(K):  # lane t: V-vectors t, t + L, ...; component i -> accumulator i
                 acc += buf[:, k]
-        nt = M % 4
-        if nt:  # tail: element 4*nvec + j goes to lane j (thread y = 0), accumulator 0
-            acc[:, :nt, 0] += data[:, nvec * 4:]
+        nt = M % V
+        if nt:  # tail: element V*nvec + j goes to lane j (thread y = 0), accumulator 0
+            acc[:, :nt, 0] += data[:, nvec * V:]
     else:
-        K = cdiv(cdiv(cols, L), 4) * 4
+        K = cdiv(cdiv(cols, L), V) * V
         buf = np.zeros((R, K * L), F32)
         buf[:, :cols] = v
         buf = buf.reshape(R, K, L)
-        for m in range(K):  # lane t: elements t + m*L, the m-th into accumulator m % 4
-            acc[:, :, m % 4] += buf[:, m]
-    return ((acc[..., 0] + acc[..., 1]) + acc[..., 2]) + acc[..., 3]
+        for m in range(K):  # lane t: elements t + m*L, the m-th into accumulator m % vt0
+            acc[:, :, m % V] += buf[:, m]
+    a = acc[..., 0]
+    for i in range(1, V):  # combine accumulators left to right
+        a = a + acc[..., i]
+    return a
 
 
-def row_sum(v, rows_total: int | None = None, row_ids=None) -> np.ndarray:
+def row_sum(v, rows_total: int | None = None, row_ids=None, vt0: int = 4, ivs: int = 4) -> np.ndarray:
     """Eager's f32 sum over the last dim of a fresh contiguous [rows_total, cols] f32 tensor, for
-    the rows `row_ids` given in `v` ([R, cols]; all rows by default). Returns [R] float32."""
+    the rows `row_ids` given in `v` ([R, cols]; all rows by default). Returns [R] float32.
+    (vt0, ivs) other than (4, 4): hypotheses, see row_config."""
     v = np.ascontiguousarray(v, dtype=F32)
     R, cols = v.shape
     rows_total = R if rows_total is None else rows_total
     row_ids = np.arange(R) if row_ids is None else np.asarray(row_ids, dtype=np.int64)
-    cfg = row_config(rows_total, cols)
+    cfg = row_config(rows_total, cols, vt0, ivs)
     out = np.empty(R, F32)
-    shifts = (row_ids * cols) % 4 if cfg["vec"] else np.zeros(R, np.int64)
+    shifts = (row_ids * cols) % cfg["ivs"] if cfg["vec"] else np.zeros(R, np.int64)
     for sh in np.unique(shifts):
         sel = np.nonzero(shifts == sh)[0]
         p = _lane_partials(v[sel], cfg, int(sh))  # [r, lanes], lane = x + bw*y
@@ -170,14 +176,16 @@ def mean_factor(rows: int, cols: int) -> np.float32:
 # ---- the column sum (outer reduction) ------------------------------------------------------------
 
 def col_config(rows: int, cols: int, num_sms: int = 132, max_threads_per_sm: int = 2048,
-               out_vec: int | None = None) -> dict:
+               out_vec: int | None = None, threads_per_ovs: bool = True, vt0: int = 4) -> dict:
     """setReduceConfig for sum(dim=0) of a fresh contiguous T [rows, cols] (any T: the order does
     not depend on it): the reduction is not on the fastest-striding dim, so block.x maps outputs,
     "vectorize along output" with output_vec_size = get_output_vec_size (4 when cols % 4 == 0 and
-    the data 4-element aligned; a fresh tensor is), and max threads 512 / output_vec_size."""
+    the data 4-element aligned; a fresh tensor is), and max threads 512 / output_vec_size.
+    Hypotheses for the GPU probe: `threads_per_ovs=False` (older sources: 512 threads whatever
+    the output vector), another `out_vec`, `vt0` accumulators other than 4."""
     if out_vec is None:
         out_vec = 4 if cols % 4 == 0 else 2 if cols % 2 == 0 else 1
-    max_t = 512 // out_vec
+    max_t = 512 // out_vec if threads_per_ovs else 512
     dim0, dim1 = cols // out_vec, rows
     d0 = last_pow2(dim0) if dim0 < max_t else max_t
     d1 = last_pow2(dim1) if dim1 < max_t else max_t
@@ -200,7 +208,7 @@ def col_config(rows: int, cols: int, num_sms: int = 132, max_threads_per_sm: int
         if ctas > 1:
             step_in *= ctas            # input_mult[2] = split_input(ctas_per_output)
     return dict(out_vec=out_vec, bw=bw, bh=bh, split=split, ctas=ctas, step_input=step_in,
-                grid=(grid_x, ctas), threads=threads, target_grid=target)
+                grid=(grid_x, ctas), threads=threads, target_grid=target, vt0=vt0)
 
 
 def col_sum(v, num_sms: int = 132, max_threads_per_sm: int = 2048, cfg: dict | None = None) -> np.ndarray:
@@ -218,14 +226,17 @@ def col_sum(v, num_sms: int = 132, max_threads_per_sm: int = 2048, cfg: dict | N
     Y = c["bh"] if c["split"] else 1
     C = c["ctas"]
     S = c["step_input"]
+    V = c.get("vt0", 4)
     M = cdiv(rows, S)
     buf = np.zeros((M * S, cols), F32)
     buf[:rows] = v
     buf = buf.reshape(M, C, Y, cols)         # row = y + Y*k + S*m
-    acc = np.zeros((4, C, Y, cols), F32)
+    acc = np.zeros((V, C, Y, cols), F32)
     for m in range(M):
-        acc[m % 4] += buf[m]
-    p = ((acc[0] + acc[1]) + acc[2]) + acc[3]  # [C, Y, cols]
+        acc[m % V] += buf[m]
+    p = acc[0]
+    for i in range(1, V):                     # ((a0 + a1) + a2) + a3
+        p = p + acc[i]                        # [C, Y, cols]
     p = _halving(p, 1) if Y > 1 else p[:, 0]    # [C, cols]
     if C == 1:
         return p[0]
