@@ -91,7 +91,7 @@ def graph_names(fn, depth=0, seen=None):
 class GpuBackward:
     """The three entries of one dtype, compiled by NVRTC for this GPU, launched with cuLaunchKernel."""
 
-    def __init__(self, dt: str, device: torch.device):
+    def __init__(self, dt: str, device: torch.device, defines: tuple = ()):
         from kernelize import launch as L
         self.L = L
         self.dt = dt
@@ -102,7 +102,8 @@ class GpuBackward:
         src = open(KSRC, encoding="utf-8").read()
         inc = NV.include_dir_for_client()[0]
         self.code = NV.compile_program(src, f"rms_norm_llama_backward ({dt}).cu",
-                                       [f"--gpu-architecture=sm_{major}{minor}", f"--include-path={inc}"])
+                                       [f"--gpu-architecture=sm_{major}{minor}", f"--include-path={inc}",
+                                        *defines])
         self.module = L._load_module(self.code.code, device)
         self.lib = L._libcuda()
         self.launch_fn = L._cu_launch(self.lib)
@@ -467,6 +468,20 @@ def main(argv=None):
                     k(dy, x, w, EPS, plan)
 
                 t["ours_fwd_bwd_us"] = timed(ours_step, device, args.reps)
+                if not dry:  # the variant without the launch bounds (fewer blocks per SM, more registers)
+                    try:
+                        k1 = GpuBackward(dt, device, ("-DKB_DX_MINB=1", "-DKB_DWP_MINB=1"))
+                        dx1, dw1 = k1(dy, x, w, EPS, plan)
+                        dx0, dw0 = k(dy, x, w, EPS, plan)
+                        t["unbounded_same_bits"] = bool(ndiff(dx1, dx0) == 0 and ndiff(dw1, dw0) == 0)
+                        t["unbounded_bwd_us"] = timed(lambda: k1(dy, x, w, EPS, plan), device, args.reps)
+                        by1 = {}
+                        for mult in (1, 2, 4):
+                            pv = dict(plan, dx_grid=min(plan["dx_grid_max"], k1.sms * mult))
+                            by1[str(pv["dx_grid"])] = timed(lambda: k1(dy, x, w, EPS, pv, which="dx"), device, args.reps)
+                        t["unbounded_bwd_dx_us_by_grid"] = by1
+                    except Exception as e:  # noqa: BLE001
+                        t["unbounded_error"] = f"{type(e).__name__}: {e}"[:300]
                 t["speedup_fwd_bwd"] = round(t["eager_fwd_bwd_us"] / t["ours_fwd_bwd_us"], 2)
                 if args.compile and not dry:
                     try:
@@ -540,6 +555,9 @@ def print_table(rep):
                   + (f"; bwd parts dx {t['ours_bwd_dx_us']:.1f} dw {t['ours_bwd_dw_us']:.1f}; dx by grid "
                      + ", ".join(f"{g}: {v:.1f}" for g, v in t["ours_bwd_dx_us_by_grid"].items())
                      if "ours_bwd_dx_us" in t else "")
+                  + (f"; unbounded bwd {t['unbounded_bwd_us']:.1f} (same bits: {t['unbounded_same_bits']}), dx by grid "
+                     + ", ".join(f"{g}: {v:.1f}" for g, v in t["unbounded_bwd_dx_us_by_grid"].items())
+                     if "unbounded_bwd_us" in t else "")
                   + (f", compile {t['compile_fwd_bwd_us']:.1f}" if "compile_fwd_bwd_us" in t else ""))
     for e in rep["errors"]:
         print("ERROR", e)

@@ -405,12 +405,22 @@ KB_DEV void kb_dw(T* __restrict__ dw, const float* __restrict__ ws, i64 rows, i6
   BT<T>::st(dw + col, v);
 }
 
+// Blocks per SM the compiler must fit (registers: 64 a thread at 2 x 512 and 8 x 128). Without
+// the bound ptxas takes ~96 (dx) and ~80-95 (dwp) registers: one dx block of 512 threads per SM.
+// scripts/backward_probe.py times both (-DKB_DX_MINB=1 -DKB_DWP_MINB=1 for the unbounded one).
+#ifndef KB_DX_MINB
+#define KB_DX_MINB 2
+#endif
+#ifndef KB_DWP_MINB
+#define KB_DWP_MINB 8
+#endif
+
 #define KB_ENTRIES(NAME, T)                                                                            \
-  extern "C" __global__ void __launch_bounds__(KB_DX_THREADS) rms_norm_llama_bwd_dx_##NAME(            \
+  extern "C" __global__ void __launch_bounds__(KB_DX_THREADS, KB_DX_MINB) rms_norm_llama_bwd_dx_##NAME(            \
       T* dx, float* ws, const T* dy, const T* x, const T* w, i64 rows, i64 cols, float eps) {          \
     kb_dx<T>(dx, ws, dy, x, w, rows, cols, eps);                                                       \
   }                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(KB_DW_THREADS) rms_norm_llama_bwd_dwp_##NAME(           \
+  extern "C" __global__ void __launch_bounds__(KB_DW_THREADS, KB_DWP_MINB) rms_norm_llama_bwd_dwp_##NAME(           \
       float* ws, const T* dy, const T* x, i64 rows, i64 cols, i64 sms, i64 tps) {                      \
     if (cols % 4 == 0) kb_dwp<T, 4>(ws, dy, x, rows, cols, sms, tps);                                  \
     else kb_dwp<T, 1>(ws, dy, x, rows, cols, sms, tps);                                                \
