@@ -16,7 +16,7 @@ use crate::cases::{self, CaseInputs, CaseSpec, HostTensor};
 use crate::child::ChildProc;
 use crate::exec::{ExecError, Executor, Limits};
 use crate::gpu::ReferenceOutputs;
-use crate::measure::{batch, determinism, integrity, speed};
+use crate::measure::{address, batch, determinism, integrity, speed};
 use crate::numeric::{compare, worst};
 use crate::oracle;
 use kernel_registry::report::{CaseReport, CaseStatus, DeviceInfo, PythonRuntime};
@@ -91,6 +91,12 @@ pub struct PyCase {
     pub compositions: Vec<PyComposition>,
     /// Timed calls (0: speed not measured).
     pub speed_reps: u32,
+    /// The address cases (`measure::address::plan` over the inputs, in `inputs` order): each
+    /// placement's address residue of every input, modulo `address_period` bytes.
+    #[serde(default)]
+    pub placements: Vec<Vec<u64>>,
+    #[serde(default)]
+    pub address_period: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -133,6 +139,30 @@ pub struct PyCaseResult {
     /// The first row that differed in another batch composition, said plainly.
     pub batch: Option<String>,
     pub timed: Option<PyTimed>,
+    /// The first placement of the address cases whose outputs differed from the first call's.
+    #[serde(default)]
+    pub address: Option<PyAddress>,
+}
+
+/// What the address cases of a Python candidate found (`measure::address`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PyAddress {
+    /// Index into the case's `placements`.
+    pub placement: usize,
+    /// How many placements differed.
+    pub differing: usize,
+    pub diffs: Vec<PyDifference>,
+}
+
+/// `measure::address::Difference` as the runner writes it (`max_abs_diff` null where no finite
+/// pair differs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PyDifference {
+    pub tensor: String,
+    pub differ: u64,
+    pub elements: u64,
+    pub first: u64,
+    pub max_abs_diff: Option<f64>,
 }
 
 /// Why the child could not give a case's outputs.
@@ -493,6 +523,37 @@ fn write_inputs(dir: &Path, spec: &CaseSpec, inp: &CaseInputs) -> Result<Vec<PyT
     Ok(out)
 }
 
+/// The address cases' line (`measure::address::address_line`) for what the runner found.
+fn address_line_of(
+    a: &PyAddress,
+    names: &[String],
+    placements: &[Vec<u64>],
+    cols: u64,
+) -> Result<String, ExecError> {
+    let p = placements
+        .get(a.placement)
+        .ok_or_else(|| ExecError::Sandbox(format!("the child named placement {}", a.placement)))?;
+    let diffs: Vec<address::Difference> = a
+        .diffs
+        .iter()
+        .map(|d| address::Difference {
+            tensor: d.tensor.clone(),
+            differ: d.differ,
+            elements: d.elements,
+            first: d.first,
+            max_abs_diff: d.max_abs_diff.unwrap_or(f64::NAN),
+        })
+        .collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    Ok(address::address_line(
+        &names,
+        (&address::Placement { at: p.clone() }, &diffs),
+        a.differing,
+        placements.len(),
+        cols,
+    ))
+}
+
 fn read_output(dir: &Path, name: &str, want_bytes: usize) -> Result<Vec<u8>, ExecError> {
     let b = std::fs::read(dir.join(format!("{name}.bin")))
         .map_err(|e| ExecError::Sandbox(format!("the child's {name}.bin is unreadable: {e}")))?;
@@ -564,6 +625,12 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
         } else {
             Vec::new()
         };
+        // The address cases: every input placed (the candidate allocates its output).
+        let placements: Vec<Vec<u64>> = address::plan(inputs.len())
+            .into_iter()
+            .map(|p| p.at)
+            .collect();
+        let input_names: Vec<String> = inputs.iter().map(|t| t.name.clone()).collect();
         let req = PyRequest::Case(PyCase {
             function: function.clone(),
             dtype: dt,
@@ -579,6 +646,8 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
             poison_seed: spec.seed ^ 0x9e37_79b9_7f4a_7c15,
             compositions,
             speed_reps: reps,
+            placements: placements.clone(),
+            address_period: address::PERIOD,
         });
         let what = format!("{} ({function}) on {}", m.name, spec.id);
         let r = match self.call(&req, &what, self.opts.case_limit)? {
@@ -646,6 +715,14 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
         let accuracy = oracle::accuracy(spec, &inp, &outs[0], &reference.out);
         let batch_invariant = spec.check_batch.then(|| r.batch.is_none());
         notes.extend(r.batch);
+        if let Some(a) = &r.address {
+            let line = address_line_of(a, &input_names, &placements, spec.cols)?;
+            if deterministic {
+                integrity_failures.push(line);
+            } else {
+                notes.push(format!("{line} (the candidate is not deterministic)"));
+            }
+        }
         let speed = match (&r.timed, reference.median_us) {
             (Some(t), Some(ref_us)) => {
                 let s = speed::speed_of(
@@ -728,6 +805,37 @@ mod tests {
     }
 
     #[test]
+    fn the_address_cases_answer_becomes_the_verifiers_line() {
+        let r: PyResponse = serde_json::from_str(
+            r#"{"case":{"outputs":["out0"],"integrity":[],"unwritten":null,"batch":null,"timed":null,
+               "address":{"placement":1,"differing":17,"diffs":[{"tensor":"out","differ":64,
+               "elements":64,"first":0,"max_abs_diff":null}]}}}"#,
+        )
+        .unwrap();
+        let PyResponse::Case(r) = r else {
+            panic!("a case")
+        };
+        let a = r.address.expect("address");
+        let names = ["x".to_string(), "weight".to_string()];
+        let plan: Vec<Vec<u64>> = address::plan(2).into_iter().map(|p| p.at).collect();
+        let line = address_line_of(&a, &names, &plan, 64).unwrap();
+        assert!(
+            line.starts_with(
+                "output depends on the buffer address: with every buffer at offset 16 (bytes past a 2 MiB boundary), out differs"
+            ) && line.ends_with("17 of 33 placements differ"),
+            "{line}"
+        );
+        let far = PyAddress { placement: 99, ..a };
+        assert!(address_line_of(&far, &names, &plan, 64).is_err());
+        // An answer from a runner without the address cases still parses.
+        let old: PyResponse = serde_json::from_str(
+            r#"{"case":{"outputs":["out0"],"integrity":[],"unwritten":null,"batch":null,"timed":null}}"#,
+        )
+        .unwrap();
+        assert!(matches!(old, PyResponse::Case(r) if r.address.is_none()));
+    }
+
+    #[test]
     fn the_protocol_is_externally_tagged_json_lines() {
         let req = PyRequest::Load {
             source_path: "/t/c.py".into(),
@@ -765,6 +873,7 @@ mod tests {
             "\"unwritten\"",
             "\"batch\"",
             "\"timed\"",
+            "\"address\"",
         ] {
             assert!(RUNNER_SOURCE.contains(key), "python_runner.py lacks {key}");
         }

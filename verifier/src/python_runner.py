@@ -8,7 +8,8 @@ Tensors travel as raw little-endian files in the case's folder, never through th
 
 It loads the candidate's source, calls its function on the case's inputs and checks what the
 verifier cannot see from outside: inputs unchanged, output type, shape, dtype and device, every
-element written (stale memory of PyTorch's caching allocator poisoned before each call). The
+element written (stale memory of PyTorch's caching allocator poisoned before each call), the same
+bits with the inputs at other addresses (the address cases, `placed`). The
 measurements against the reference and the oracle are the verifier's, in Rust.
 """
 
@@ -44,7 +45,8 @@ class Failure(Exception):
 # timing or a comparison) fails the case. Best effort: code in this process can always change it
 # in ways this does not see (SPEC 2b, docs/python-candidates.md).
 GUARDED_RUNNER = ("answer", "bits", "same_bits", "sync", "poison", "call", "run_case", "batch",
-                  "timed", "write_tensor", "read_tensor", "check_guard", "rolled", "PROTOCOL")
+                  "timed", "write_tensor", "read_tensor", "check_guard", "rolled", "PROTOCOL",
+                  "placed", "difference")
 GUARD = {}
 
 
@@ -53,9 +55,12 @@ def guard_objects():
     g = globals()
     objs = {f"runner `{n}`": g[n] for n in GUARDED_RUNNER}
     objs.update({f"torch.{n}": getattr(torch, n) for n in
-                 ("equal", "empty", "randint", "bitwise_not", "tensor", "frombuffer", "roll", "no_grad")})
+                 ("equal", "empty", "randint", "bitwise_not", "tensor", "frombuffer", "roll", "no_grad",
+                  "isnan", "isfinite")})
     for n in ("clone", "contiguous", "view", "copy_", "index_select", "any", "sum", "__ne__",
-              "__eq__", "__xor__", "cpu", "numpy", "nonzero", "flatten", "to", "zero_"):
+              "__eq__", "__xor__", "cpu", "numpy", "nonzero", "flatten", "to", "zero_",
+              "data_ptr", "numel", "element_size", "__getitem__", "__and__", "__invert__", "abs",
+              "max", "float"):
         objs[f"torch.Tensor.{n}"] = getattr(torch.Tensor, n)
     if hasattr(torch, "cuda"):
         objs["torch.cuda.synchronize"] = torch.cuda.synchronize
@@ -267,7 +272,8 @@ def run_case(c):
                 c_unwritten = {"count": n, "first": at}
                 integrity.append({"unwritten": c_unwritten})
     del held, out
-    result = {"outputs": outs, "integrity": [], "unwritten": None, "batch": None, "timed": None}
+    result = {"outputs": outs, "integrity": [], "unwritten": None, "batch": None, "timed": None,
+              "address": None}
     for x in integrity:
         if isinstance(x, dict):
             result["unwritten"] = x["unwritten"]
@@ -275,9 +281,60 @@ def run_case(c):
             result["integrity"].append(x)
     if c["compositions"]:
         result["batch"] = batch(fn, c, inputs, pristine, mutable, first, first_res, args_of)
+    if c.get("placements"):
+        result["address"] = placed(fn, c, pristine, mutable, first, first_res, args_of)
     if c["speed_reps"]:
         result["timed"] = timed(fn, c, inputs, pristine, mutable, first, args_of, out_bytes)
     return {"case": result}
+
+
+def difference(name, got, want):
+    """How `got` differs from `want` bit for bit (NaN == NaN), as measure::address::Difference;
+    None when it does not."""
+    a, b = got.contiguous().flatten(), want.contiguous().flatten()
+    diff = (bits(a) != bits(b)) & ~(torch.isnan(a) & torch.isnan(b))
+    n = int(diff.sum())
+    if not n:
+        return None
+    finite = diff & torch.isfinite(a) & torch.isfinite(b)
+    mad = float((a[finite].float() - b[finite].float()).abs().max()) if bool(finite.any()) else None
+    return {"tensor": name, "differ": n, "elements": a.numel(), "first": int(diff.nonzero()[0]),
+            "max_abs_diff": mad}
+
+
+def placed(fn, c, pristine, mutable, first, first_res, args_of):
+    """The address cases (docs/spec.md section 3, issue 26): the call again with every input at
+    other addresses the ABI allows (python.rs sends measure::address::plan: each input's address
+    residue modulo c["address_period"]), each a view into a larger allocation; the output (and
+    an updated residual) must have the first call's bits. The first placement that differed and
+    how, and how many did; None when none did."""
+    period = c["address_period"]
+    names = [t["name"] for t in c["inputs"]]
+    found, differing = None, 0
+    for i, residues in enumerate(c["placements"]):
+        moved, stores = {}, []
+        for name, r in zip(names, residues):
+            t = pristine[name]
+            nbytes = t.numel() * t.element_size()
+            store = torch.empty(nbytes + period + 64, dtype=torch.uint8, device=DEVICE)
+            off = (r - store.data_ptr()) % period
+            v = store[off:off + nbytes].view(t.dtype).view(t.shape)
+            v.copy_(t)
+            moved[name] = v
+            stores.append(store)
+        where = ", ".join(f"{n} at {r} mod {period}" for n, r in zip(names, residues))
+        out = call(fn, args_of(moved), c, f"`{c['function']}` with {where}")
+        diffs = [difference("out", out, first)]
+        diffs += [difference(name, moved[name], first_res[name]) for name in sorted(mutable)]
+        diffs = [d for d in diffs if d]
+        if diffs:
+            differing += 1
+            if found is None:
+                found = {"placement": i, "diffs": diffs}
+        del moved, stores, out
+    if found:
+        found["differing"] = differing
+    return found
 
 
 def batch(fn, c, inputs, pristine, mutable, first, first_res, args_of):
