@@ -3,20 +3,27 @@
 time per call under a CUDA graph, against eager, torch.compile and the previous version of the
 same kernels.
 
-    python3 bench/decode_rows.py OUT_DIR [--before KERNELS_DIR] [--rows 1,2,4,8,16,32,64]
-                                  [--kernels rms_norm_llama,...] [--large] [--dtype bf16]
+    python3 bench/decode_rows.py OUT_DIR [--before KERNELS_DIR] [--variant NAME=KERNELS_DIR ...]
+                                  [--rows 1,2,4,8,16,32,64] [--kernels rms_norm_llama,...]
+                                  [--large] [--dtype bf16]
 
 For each kernel and shape: eager's layer, torch.compile's (inductor, default mode), the bundled
 kernel of this checkout (`after`) and, with --before, the same kernel from another kernels
-folder (`before`: e.g. the previous release, exported with `git archive`). Each is captured
+folder (`before`: e.g. the previous release, exported with `git archive`; --variant adds more
+such folders under their own names, e.g. builds of this checkout with other tuning macros). Each
+is captured
 `reps` times into one CUDA graph and replayed; the time is the replay's over `reps` (GPU time per
 call, a graph's launch gaps included, as in a captured decode step). Every kernel's output is
 compared bit for bit with eager's (and the residual too for the fused add). Both kernel versions
 are launched with their own manifest's launch rule, through the client's launcher. Writes
 OUT_DIR/decode_rows.json and prints a markdown table last.
 
---large adds the large shapes (4096x8192 and 32768x4096 rows for the norms, 4096x14336 for the
-gated op, 32768x4096 for SiLU), where the question is only whether a new version is slower.
+--large adds the large shapes (4096x8192 and 32768x4096 rows for the norms, 256x14336,
+1024x14336 and 4096x14336 for the gated op, 512x4096, 2048x4096 and 32768x4096 for SiLU: the
+elementwise kernels' two shapes of work, one 16-byte vector per thread below a 2048-block grid
+and 4 per thread above), where the question is only whether a new version is slower. At those
+shapes `copy` is a device-to-device copy moving as many bytes (read + written) as the kernel,
+and the table gives each kernel version's fraction of its bandwidth (copy µs / kernel µs).
 """
 from __future__ import annotations
 
@@ -140,15 +147,26 @@ SECTIONS = {
     "rms_norm_llama": ((2048, 4096, 8192), ((4096, 8192), (32768, 4096)), setup_rms_norm_llama),
     "fused_add_rms_norm": ((2048, 4096), ((4096, 8192), (32768, 4096)), setup_fused_add_rms_norm),
     "layer_norm": ((2048, 4096), ((4096, 8192), (32768, 4096)), setup_layer_norm),
-    "silu_mul": ((5632, 8192, 14336), ((4096, 14336),), setup_silu_mul),
-    "silu": ((8192,), ((32768, 4096),), setup_silu),
+    "silu_mul": ((5632, 8192, 14336), ((256, 14336), (1024, 14336), (4096, 14336)), setup_silu_mul),
+    "silu": ((8192,), ((512, 4096), (2048, 4096), (32768, 4096)), setup_silu),
 }
+# Elements read + written per output element, over 2: a copy of COPY[name] * rows * cols elements
+# moves as many bytes as the kernel (the norms' weight and bias left out).
+COPY = {"rms_norm_llama": 1, "fused_add_rms_norm": 2, "layer_norm": 1, "silu_mul": 1.5, "silu": 1}
+
+
+def copy_us(name, rows, cols, dt, reps):
+    src = torch.randn(int(COPY[name] * rows * cols), device="cuda").to(dt)
+    dst = torch.empty_like(src)
+    return graph_us(lambda: dst.copy_(src), reps)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out")
     p.add_argument("--before", type=Path, help="a kernels folder with the versions to compare against")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
+                   help="another kernels folder to time, under NAME (repeatable)")
     p.add_argument("--rows", default="1,2,4,8,16,32,64")
     p.add_argument("--reps", type=int, default=200)
     p.add_argument("--dtype", default="bf16", choices=sorted(DT))
@@ -170,6 +188,10 @@ def main() -> int:
     versions = {"after": ROOT / "kernels"}
     if a.before:
         versions = {"before": a.before, "after": ROOT / "kernels"}
+    for v in a.variant:
+        vname, _, vdir = v.partition("=")
+        assert vname and vdir and vname not in versions and vname not in ("eager", "compile", "copy"), v
+        versions[vname] = Path(vdir)
     results = []
     for name in a.kernels.split(","):
         widths, large, setup = SECTIONS[name]
@@ -177,14 +199,16 @@ def main() -> int:
         if a.cubins:
             for v, ck in cks.items():
                 (out / f"{name}_{a.dtype}_{v}.cubin").write_bytes(ck.code.code)
-        shapes = [(r, c, a.reps) for c in widths for r in rows_list]
+        shapes = [(r, c, a.reps, False) for c in widths for r in rows_list]
         if a.large:
-            shapes += [(r, c, 20) for r, c in large]
-        for rows, cols, reps in shapes:
+            shapes += [(r, c, 20, True) for r, c in large]
+        for rows, cols, reps, big in shapes:
             eager, kernel = setup(rows, cols, dt)
             with torch.no_grad():
                 want = eager()
                 row = dict(kernel=name, rows=rows, cols=cols, eager_us=graph_us(eager, reps))
+                if big:
+                    row["copy_us"] = copy_us(name, rows, cols, dt, reps)
                 if not a.no_compile:
                     comp = torch.compile(eager)
                     row["compile_us"] = graph_us(comp, reps)
@@ -197,17 +221,23 @@ def main() -> int:
             results.append(row)
             torch._dynamo.reset()
     (out / "decode_rows.json").write_text(json.dumps(dict(env=env, rows=results), indent=1))
-    keys = [k for k in ("eager_us", "compile_us", "before_us", "after_us") if k in results[0]]
+    keys = [k for k in ("eager_us", "compile_us", *(f"{v}_us" for v in versions)) if k in results[0]]
+    kvers = [k for k in keys if k[:-3] in versions]
     print("\n" + json.dumps(env))
     ratio = "before_us" in keys
     print("| kernel | rows x cols | " + " | ".join(k[:-3] + " µs" for k in keys)
-          + (" | before / after |" if ratio else " |") + " bits differing from eager (" +
-          " / ".join(k[:-3] for k in keys if k != "eager_us") + ") |")
-    print("| --- | --- | " + " | ".join("---:" for _ in keys) + (" | ---: |" if ratio else " |") + " --- |")
+          + (" | before / after |" if ratio else " |") + " copy µs | of copy bandwidth ("
+          + " / ".join(k[:-3] for k in kvers) + ") | bits differing from eager ("
+          + " / ".join(k[:-3] for k in keys if k != "eager_us") + ") |")
+    print("| --- | --- | " + " | ".join("---:" for _ in keys) + (" | ---: |" if ratio else " |")
+          + " ---: | ---: | --- |")
     for r in results:
         diffs = [str(r[k[:-3] + "_bits_differ"]) for k in keys if k != "eager_us"]
+        cp = r.get("copy_us")
+        frac = " / ".join(f"{cp / r[k]:.2f}" for k in kvers) if cp else ""
         print(f"| {r['kernel']} | {r['rows']}x{r['cols']} | " + " | ".join(f"{r[k]:.2f}" for k in keys)
-              + (f" | {r['before_us'] / r['after_us']:.2f}x |" if ratio else " |") + " " + " / ".join(diffs) + " |")
+              + (f" | {r['before_us'] / r['after_us']:.2f}x |" if ratio else " |")
+              + (f" {cp:.2f} |" if cp else " |") + f" {frac} | " + " / ".join(diffs) + " |")
     bad = [r for r in results if any(r.get(f"{v}_bits_differ") for v in versions)]
     if bad:
         print(f"\nFAIL: {len(bad)} shapes where a kernel's bits differ from eager", flush=True)

@@ -92,7 +92,9 @@ rows_per_block = 1
 """
 EW_LAUNCH = """
 # 16 bytes per thread (one 16-byte load: 8 elements of bf16/f16; f32 threads loop twice), 256
-# threads per block, grid-stride loop: a decode row's elements spread over many SMs.
+# threads per block, grid-stride loop: a decode row's elements spread over many SMs. A grid of
+# 2048 blocks or more (8 MB of bf16 and up) is worked by one block in 4, 4 vectors per thread
+# (kernels/src/activations.cuh).
 [launch]
 block = 256
 grid = "per_element"
@@ -174,31 +176,34 @@ KERNELS = [
       WelfordDataLN update and combine; otherwise 512 lanes with WelfordOps; rstd =
       rsqrtf(m2/n + eps), y = round(fma((x - mean) * rstd, w, b)). Rows that are whole 16-byte chunks (every model width) go through shared memory: the block copies a tile of rows (or chunks of one long row) with cp.async, eager's lanes sum from there, one warp per row runs eager's trees, all threads write 16-byte outputs; persistent grid. When every row has a block of its own (decode steps, small batches) and fits 4 16-byte chunks per thread, the decode path instead: each thread loads its chunks of x and of the weight into registers at once, the lanes sum from those registers (at most one unit a lane) or from shared memory, one warp runs the tree with its shape known at compile time, outputs from the registers. Other rows (cols <= 128, odd widths, misaligned tensors): one warp per row up to 2048 columns, one 128-thread block per row above."""),
     K("silu", "silu", None, "elementwise", EW_LAUNCH, "kz_unary<T, KZ_SILU>",
-      """Fast exact SiLU: y = round(h / (1 + expf(-h))) with accurate expf and IEEE division,
-      one 16-byte load (8 elements of bf16/f16) per thread, grid-stride."""),
+      """Fast exact SiLU: y = round(h / (1 + expf(-h))) with accurate expf and IEEE division;
+      below a 2048-block grid one 16-byte vector (8 elements of bf16/f16) per thread, every block working; from 2048 blocks (prefill shapes) one block in 4 works, on 4 vectors per thread, all loaded before use; the same bits either way, grid-stride."""),
     K("gelu", "gelu", None, "elementwise", EW_LAUNCH, "kz_unary<T, KZ_GELU>",
-      """Fast exact erf GELU (F.gelu): y = round(h*0.5 * (1 + erff(h*0.70710678))),
-      one 16-byte load (8 elements of bf16/f16) per thread, grid-stride."""),
+      """Fast exact erf GELU (F.gelu): y = round(h*0.5 * (1 + erff(h*0.70710678)));
+      below a 2048-block grid one 16-byte vector (8 elements of bf16/f16) per thread, every block working; from 2048 blocks (prefill shapes) one block in 4 works, on 4 vectors per thread, all loaded before use; the same bits either way, grid-stride."""),
     K("gelu_tanh", "gelu_tanh", None, "elementwise", EW_LAUNCH, "kz_unary<T, KZ_GELU_TANH>",
       """Fast exact tanh GELU (F.gelu(approximate='tanh')):
-      y = round(0.5h * (1 + tanhf(0.79788456 * fma(0.044715, h^3, h)))),
-      one 16-byte load (8 elements of bf16/f16) per thread, grid-stride."""),
+      y = round(0.5h * (1 + tanhf(0.79788456 * fma(0.044715, h^3, h))));
+      below a 2048-block grid one 16-byte vector (8 elements of bf16/f16) per thread, every block working; from 2048 blocks (prefill shapes) one block in 4 works, on 4 vectors per thread, all loaded before use; the same bits either way, grid-stride."""),
     K("silu_and_mul", "silu_and_mul", None, "elementwise", EW_LAUNCH, "kz_silu_and_mul<T, true>",
       """Fast exact silu(g) * u as eager computes it: s = round(silu(g)) (intermediate rounding
       to T), y = round(s * u). x = [rows, 2*cols], gate first. 16-byte loads when cols is a
-      multiple of 16/sizeof(T), scalar otherwise."""),
+      multiple of 16/sizeof(T), scalar otherwise; below a 2048-block grid one 16-byte output vector
+      per thread, from 2048 blocks one block in 4 works, on 4 per thread."""),
     K("silu_mul", "silu_mul", None, "gated", EW_LAUNCH, "kz_gated<T, KZ_SILU>",
       """Fast exact gated SiLU of HF LlamaMLP / Qwen2MLP / MistralMLP, silu(gate) * up on two
       [rows, cols] tensors as eager computes F.silu(g) * u: s = round(h / (1 + expf(-h))) (the
       silu kernel's arithmetic, the activation rounded to T), y = round(s * u). Elementwise over
-      rows * cols: one 16-byte load of the gate and one of up per thread, issued before use,
-      grid-stride."""),
+      rows * cols: below a 2048-block grid one 16-byte vector of the gate and one of up per thread,
+      from 2048 blocks (prefill shapes) one block in 4 works, on 4 of each per thread; all issued
+      before use, grid-stride."""),
     K("gelu_tanh_mul", "gelu_tanh_mul", None, "gated", EW_LAUNCH, "kz_gated<T, KZ_GELU_TANH>",
       """Fast exact gated tanh GELU of Gemma's MLPs, F.gelu(gate, approximate='tanh') * up on
       two [rows, cols] tensors as eager computes it: s = round(0.5h * (1 + tanhf(0.79788456 *
       fma(0.044715, h^3, h)))) (the gelu_tanh kernel's arithmetic, rounded to T), y =
-      round(s * u). Elementwise over rows * cols: one 16-byte load of the gate and one of up per
-      thread, issued before use, grid-stride."""),
+      round(s * u). Elementwise over rows * cols: below a 2048-block grid one 16-byte vector of
+      the gate and one of up per thread, from 2048 blocks (prefill shapes) one block in 4 works, on
+      4 of each per thread; all issued before use, grid-stride."""),
     # ---- known-different variants ----
     K("rms_norm_llama_wbr", "rms_norm", "llama", "eager", MEAN_LAUNCH, "kz_mean_norm<T, KZ_WBR, false>",
       """KNOWN-DIFFERENT variant (liger-style 'weight before rounding'), declared as llama
@@ -234,10 +239,12 @@ def _read(name: str) -> str:
 def min_blocks(k: K, dt: str) -> int:
     """__launch_bounds__(256, N): row kernels at most 85 registers (the canonical engine's f32:
     128), so that several rows per SM are in flight, and every block of the eager engine's
-    persistent grid (3 blocks of 256 threads per SM) is resident at once; elementwise kernels 3
-    blocks."""
+    persistent grid (3 blocks of 256 threads per SM) is resident at once; elementwise kernels 4
+    blocks (at most 64 registers: with 3, silu_mul took 65 registers and the gelus and
+    silu_and_mul up to 80, 3 blocks of 4-vector threads per SM, where 4 keep the same loads in
+    flight per thread without spilling (gelu: 16 bytes))."""
     if k.engine in ("elementwise", "gated"):
-        return 3
+        return 4
     if k.engine == "eager":  # the persistent grid's blocks_per_sm (3) must all be resident
         return 3
     return 2 if dt == "f32" else 3

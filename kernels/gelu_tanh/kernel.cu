@@ -37,13 +37,37 @@ template <> struct KT<__half> {
 KZ_DEV bool kz_al16(const void* p) { return (((unsigned long long)p) & 15ull) == 0ull; }
 
 // ---- elementwise ops --------------------------------------------------------------------------
-// 16-byte vectors per thread per step in the elementwise and gated kernels (the manifests' grid
-// gives every thread one step's worth for 2-byte types: elements_per_thread = 8 * KZ_EW_NVEC).
-// One vector: a decode row's few thousand elements spread over many SMs instead of 32 exact
-// activations in sequence on each thread of one block; eager's vectorized kernels do the same.
+// Which thread does which element (issue 29). The manifests' grid gives every thread one
+// 16-byte vector (elements_per_thread = 8: 8 elements of bf16/f16, 4 of f32 twice), and the
+// kernels pick one of two shapes of work from the grid they were given:
+//  - a grid of fewer than KZ_EW_BIG_GRID blocks (decode rows, small batches): one vector per
+//    thread, every block working. A decode row's few thousand exact activations spread over as
+//    many SMs as it has 2048-element tiles instead of 32 in sequence on each thread of one block;
+//    eager's vectorized kernels do the same.
+//  - a grid of KZ_EW_BIG_GRID blocks or more (prefill activations: 8 MB and up in bf16): one
+//    block in KZ_EW_NVEC works, on tiles of KZ_EW_NVEC vectors per thread, all loaded before any
+//    is used: KZ_EW_NVEC times the bytes in flight per thread, which one vector per thread (30
+//    registers, full occupancy) did not reach at 32768x4096 on the H200 (0.79x of 4 vectors).
+//    The idle blocks are every block whose index is not a multiple of KZ_EW_NVEC, so that they
+//    retire among the working ones instead of queueing behind the last of them.
+//    (__launch_bounds__(256, 4), kernels/generate.py: at most 64 registers, 4 blocks per SM.)
+// Each element's arithmetic is the same in both (the bits do not depend on the shape of work).
 #ifndef KZ_EW_NVEC
-#define KZ_EW_NVEC 1
+#define KZ_EW_NVEC 4
 #endif
+#ifndef KZ_EW_BIG_GRID
+#define KZ_EW_BIG_GRID 2048
+#endif
+
+// The big shape of work for this grid: true when this block is one of the working ones, with its
+// index among them (vb) and their number (vg); false for an idle block. Call only when
+// gridDim.x >= KZ_EW_BIG_GRID.
+KZ_DEV bool kz_ew_big_block(unsigned& vb, unsigned& vg) {
+  vb = blockIdx.x / KZ_EW_NVEC;
+  vg = (gridDim.x + KZ_EW_NVEC - 1) / KZ_EW_NVEC;
+  return blockIdx.x % KZ_EW_NVEC == 0;
+}
+
 #define KZ_SILU 0
 #define KZ_GELU 1
 #define KZ_GELU_TANH 2
@@ -63,19 +87,18 @@ KZ_DEV float kz_act(float h) {
   }
 }
 
-// KZ_EW_NVEC x 16 bytes per thread per step (8 elements of bf16/f16, 4 of f32 per vector), all
-// loaded before any is used; a block covers blockDim.x*16*KZ_EW_NVEC contiguous bytes, coalesced;
-// grid-stride over such tiles (the manifest's grid covers n in one step for 2-byte types).
+// NVEC x 16 bytes per thread per step (8 elements of bf16/f16, 4 of f32 per vector), all
+// loaded before any is used; a block covers blockDim.x*16*NVEC contiguous bytes, coalesced;
+// grid-stride over such tiles, this block the vb-th of vg (activations.cuh: the shape of work).
 // Only the last, partial tile takes the scalar path.
-template <typename T, int F>
-KZ_DEV void kz_unary(T* out, const T* x, i64 n) {
+template <typename T, int F, int NVEC>
+KZ_DEV void kz_unary_tiles(T* out, const T* x, i64 n, unsigned vb, unsigned vg) {
   constexpr int W = 16 / sizeof(T);
-  constexpr int NVEC = KZ_EW_NVEC;
   const i64 tile = (i64)blockDim.x * (W * NVEC);
   const bool al = kz_al16(out) && kz_al16(x);
   const i64 nfull = al ? (n / tile) * tile : 0;
-  i64 base = (i64)blockIdx.x * tile;
-  for (; base < nfull; base += (i64)gridDim.x * tile) {
+  i64 base = (i64)vb * tile;
+  for (; base < nfull; base += (i64)vg * tile) {
     uint4 v[NVEC];
     const uint4* xs = reinterpret_cast<const uint4*>(x + base) + threadIdx.x;
     uint4* os = reinterpret_cast<uint4*>(out + base) + threadIdx.x;
@@ -91,7 +114,7 @@ KZ_DEV void kz_unary(T* out, const T* x, i64 n) {
   }
   // partial tile (or unaligned): whole 16-byte vectors where possible (all loads issued
   // before use), single elements only for the last few past the final whole vector
-  for (; base < n; base += (i64)gridDim.x * tile) {
+  for (; base < n; base += (i64)vg * tile) {
     uint4 v[NVEC];
     i64 e0[NVEC];
 #pragma unroll
@@ -114,6 +137,14 @@ KZ_DEV void kz_unary(T* out, const T* x, i64 n) {
   }
 }
 
+// One vector per thread, or KZ_EW_NVEC on one block in KZ_EW_NVEC (activations.cuh).
+template <typename T, int F>
+KZ_DEV void kz_unary(T* out, const T* x, i64 n) {
+  unsigned vb, vg;
+  if (gridDim.x < KZ_EW_BIG_GRID) kz_unary_tiles<T, F, 1>(out, x, n, blockIdx.x, gridDim.x);
+  else if (kz_ew_big_block(vb, vg)) kz_unary_tiles<T, F, KZ_EW_NVEC>(out, x, n, vb, vg);
+}
+
 // silu_and_mul: x is [rows, 2*cols] (gate, up); out [rows, cols].
 // ROUND2 = true: eager s = round(silu(g)); y = round(s*u). false (variant): y = round(silu(g)*u).
 template <typename T, bool ROUND2>
@@ -134,19 +165,19 @@ KZ_DEV void kz_rc(i64 j, i64 cvec, bool small, i64& r, i64& c) {
   }
 }
 
-// KZ_EW_NVEC output vectors of 16 bytes per thread per step (gate and up loaded before use).
-template <typename T, bool ROUND2>
-KZ_DEV void kz_silu_and_mul(T* out, const T* x, i64 rows, i64 cols) {
+// NVEC output vectors of 16 bytes per thread per step (gate and up loaded before use), this
+// block the vb-th of vg.
+template <typename T, bool ROUND2, int NVEC>
+KZ_DEV void kz_silu_and_mul_tiles(T* out, const T* x, i64 rows, i64 cols, unsigned vb, unsigned vg) {
   constexpr int W = 16 / sizeof(T);
-  constexpr int NVEC = KZ_EW_NVEC;
   const i64 n = rows * cols;
   const i64 tile = (i64)blockDim.x * (W * NVEC);
   const bool al = kz_al16(out) && kz_al16(x) && (cols % W == 0);
-  i64 base = (i64)blockIdx.x * tile;
+  i64 base = (i64)vb * tile;
   if (al) {
     const i64 cvec = cols / W, nv = n / W;
     const bool small = nv < (1LL << 32);
-    for (; base < n; base += (i64)gridDim.x * tile) {
+    for (; base < n; base += (i64)vg * tile) {
       uint4 gv[NVEC], uv[NVEC];
       const i64 j0 = base / W + threadIdx.x;
 #pragma unroll
@@ -175,7 +206,7 @@ KZ_DEV void kz_silu_and_mul(T* out, const T* x, i64 rows, i64 cols) {
       }
     }
   } else {
-    for (; base < n; base += (i64)gridDim.x * tile) {
+    for (; base < n; base += (i64)vg * tile) {
 #pragma unroll 4
       for (int j = 0; j < W * NVEC; ++j) {
         const i64 e = base + (i64)j * blockDim.x + threadIdx.x;
@@ -189,15 +220,23 @@ KZ_DEV void kz_silu_and_mul(T* out, const T* x, i64 rows, i64 cols) {
   }
 }
 
+// One output vector per thread, or KZ_EW_NVEC on one block in KZ_EW_NVEC (activations.cuh).
+template <typename T, bool ROUND2>
+KZ_DEV void kz_silu_and_mul(T* out, const T* x, i64 rows, i64 cols) {
+  unsigned vb, vg;
+  if (gridDim.x < KZ_EW_BIG_GRID) kz_silu_and_mul_tiles<T, ROUND2, 1>(out, x, rows, cols, blockIdx.x, gridDim.x);
+  else if (kz_ew_big_block(vb, vg)) kz_silu_and_mul_tiles<T, ROUND2, KZ_EW_NVEC>(out, x, rows, cols, vb, vg);
+}
+
 // ---- entry points -----------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(256, 3) gelu_tanh_bf16(__nv_bfloat16* out, const __nv_bfloat16* x, long long n) {
+extern "C" __global__ void __launch_bounds__(256, 4) gelu_tanh_bf16(__nv_bfloat16* out, const __nv_bfloat16* x, long long n) {
   kz_unary<__nv_bfloat16, KZ_GELU_TANH>(out, x, n);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) gelu_tanh_f16(__half* out, const __half* x, long long n) {
+extern "C" __global__ void __launch_bounds__(256, 4) gelu_tanh_f16(__half* out, const __half* x, long long n) {
   kz_unary<__half, KZ_GELU_TANH>(out, x, n);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) gelu_tanh_f32(float* out, const float* x, long long n) {
+extern "C" __global__ void __launch_bounds__(256, 4) gelu_tanh_f32(float* out, const float* x, long long n) {
   kz_unary<float, KZ_GELU_TANH>(out, x, n);
 }

@@ -37,13 +37,37 @@ template <> struct KT<__half> {
 KZ_DEV bool kz_al16(const void* p) { return (((unsigned long long)p) & 15ull) == 0ull; }
 
 // ---- elementwise ops --------------------------------------------------------------------------
-// 16-byte vectors per thread per step in the elementwise and gated kernels (the manifests' grid
-// gives every thread one step's worth for 2-byte types: elements_per_thread = 8 * KZ_EW_NVEC).
-// One vector: a decode row's few thousand elements spread over many SMs instead of 32 exact
-// activations in sequence on each thread of one block; eager's vectorized kernels do the same.
+// Which thread does which element (issue 29). The manifests' grid gives every thread one
+// 16-byte vector (elements_per_thread = 8: 8 elements of bf16/f16, 4 of f32 twice), and the
+// kernels pick one of two shapes of work from the grid they were given:
+//  - a grid of fewer than KZ_EW_BIG_GRID blocks (decode rows, small batches): one vector per
+//    thread, every block working. A decode row's few thousand exact activations spread over as
+//    many SMs as it has 2048-element tiles instead of 32 in sequence on each thread of one block;
+//    eager's vectorized kernels do the same.
+//  - a grid of KZ_EW_BIG_GRID blocks or more (prefill activations: 8 MB and up in bf16): one
+//    block in KZ_EW_NVEC works, on tiles of KZ_EW_NVEC vectors per thread, all loaded before any
+//    is used: KZ_EW_NVEC times the bytes in flight per thread, which one vector per thread (30
+//    registers, full occupancy) did not reach at 32768x4096 on the H200 (0.79x of 4 vectors).
+//    The idle blocks are every block whose index is not a multiple of KZ_EW_NVEC, so that they
+//    retire among the working ones instead of queueing behind the last of them.
+//    (__launch_bounds__(256, 4), kernels/generate.py: at most 64 registers, 4 blocks per SM.)
+// Each element's arithmetic is the same in both (the bits do not depend on the shape of work).
 #ifndef KZ_EW_NVEC
-#define KZ_EW_NVEC 1
+#define KZ_EW_NVEC 4
 #endif
+#ifndef KZ_EW_BIG_GRID
+#define KZ_EW_BIG_GRID 2048
+#endif
+
+// The big shape of work for this grid: true when this block is one of the working ones, with its
+// index among them (vb) and their number (vg); false for an idle block. Call only when
+// gridDim.x >= KZ_EW_BIG_GRID.
+KZ_DEV bool kz_ew_big_block(unsigned& vb, unsigned& vg) {
+  vb = blockIdx.x / KZ_EW_NVEC;
+  vg = (gridDim.x + KZ_EW_NVEC - 1) / KZ_EW_NVEC;
+  return blockIdx.x % KZ_EW_NVEC == 0;
+}
+
 #define KZ_SILU 0
 #define KZ_GELU 1
 #define KZ_GELU_TANH 2
@@ -72,19 +96,18 @@ template <typename T, int F>
 KZ_DEV float kz_gate(float g, float u) { return __fmul_rn(KT<T>::rnd(kz_act<F>(g)), u); }
 
 // gate, up and out are contiguous with the same shape, so element i of each goes together: the
-// op is elementwise over n = rows * cols. As kz_unary: KZ_EW_NVEC 16-byte vectors of the output
-// per thread per step (gate and up, all issued before use), coalesced, streaming
-// hints, grid-stride; the partial last tile with whole vectors where it can.
-template <typename T, int F>
-KZ_DEV void kz_gated(T* out, const T* gate, const T* up, i64 rows, i64 cols) {
+// op is elementwise over n = rows * cols. As kz_unary: NVEC 16-byte vectors of the output per
+// thread per step (gate and up, all issued before use), coalesced, streaming hints, grid-stride
+// (this block the vb-th of vg); the partial last tile with whole vectors where it can.
+template <typename T, int F, int NVEC>
+KZ_DEV void kz_gated_tiles(T* out, const T* gate, const T* up, i64 rows, i64 cols, unsigned vb, unsigned vg) {
   constexpr int W = 16 / sizeof(T);
-  constexpr int NVEC = KZ_EW_NVEC;
   const i64 n = rows * cols;
   const i64 tile = (i64)blockDim.x * (W * NVEC);
   const bool al = kz_al16(out) && kz_al16(gate) && kz_al16(up);
   const i64 nfull = al ? (n / tile) * tile : 0;
-  i64 base = (i64)blockIdx.x * tile;
-  for (; base < nfull; base += (i64)gridDim.x * tile) {
+  i64 base = (i64)vb * tile;
+  for (; base < nfull; base += (i64)vg * tile) {
     uint4 g[NVEC], u[NVEC];
     const uint4* gs = reinterpret_cast<const uint4*>(gate + base) + threadIdx.x;
     const uint4* us = reinterpret_cast<const uint4*>(up + base) + threadIdx.x;
@@ -103,7 +126,7 @@ KZ_DEV void kz_gated(T* out, const T* gate, const T* up, i64 rows, i64 cols) {
       __stcs(os + j * blockDim.x, g[j]);
     }
   }
-  for (; base < n; base += (i64)gridDim.x * tile) {
+  for (; base < n; base += (i64)vg * tile) {
     uint4 g[NVEC], u[NVEC];
     i64 e0[NVEC];
 #pragma unroll
@@ -131,15 +154,23 @@ KZ_DEV void kz_gated(T* out, const T* gate, const T* up, i64 rows, i64 cols) {
   }
 }
 
+// One vector per thread, or KZ_EW_NVEC on one block in KZ_EW_NVEC (activations.cuh).
+template <typename T, int F>
+KZ_DEV void kz_gated(T* out, const T* gate, const T* up, i64 rows, i64 cols) {
+  unsigned vb, vg;
+  if (gridDim.x < KZ_EW_BIG_GRID) kz_gated_tiles<T, F, 1>(out, gate, up, rows, cols, blockIdx.x, gridDim.x);
+  else if (kz_ew_big_block(vb, vg)) kz_gated_tiles<T, F, KZ_EW_NVEC>(out, gate, up, rows, cols, vb, vg);
+}
+
 // ---- entry points -----------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(256, 3) silu_mul_bf16(__nv_bfloat16* out, const __nv_bfloat16* gate, const __nv_bfloat16* up, long long rows, long long cols) {
+extern "C" __global__ void __launch_bounds__(256, 4) silu_mul_bf16(__nv_bfloat16* out, const __nv_bfloat16* gate, const __nv_bfloat16* up, long long rows, long long cols) {
   kz_gated<__nv_bfloat16, KZ_SILU>(out, gate, up, rows, cols);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) silu_mul_f16(__half* out, const __half* gate, const __half* up, long long rows, long long cols) {
+extern "C" __global__ void __launch_bounds__(256, 4) silu_mul_f16(__half* out, const __half* gate, const __half* up, long long rows, long long cols) {
   kz_gated<__half, KZ_SILU>(out, gate, up, rows, cols);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) silu_mul_f32(float* out, const float* gate, const float* up, long long rows, long long cols) {
+extern "C" __global__ void __launch_bounds__(256, 4) silu_mul_f32(float* out, const float* gate, const float* up, long long rows, long long cols) {
   kz_gated<float, KZ_SILU>(out, gate, up, rows, cols);
 }

@@ -1,16 +1,15 @@
-// KZ_EW_NVEC x 16 bytes per thread per step (8 elements of bf16/f16, 4 of f32 per vector), all
-// loaded before any is used; a block covers blockDim.x*16*KZ_EW_NVEC contiguous bytes, coalesced;
-// grid-stride over such tiles (the manifest's grid covers n in one step for 2-byte types).
+// NVEC x 16 bytes per thread per step (8 elements of bf16/f16, 4 of f32 per vector), all
+// loaded before any is used; a block covers blockDim.x*16*NVEC contiguous bytes, coalesced;
+// grid-stride over such tiles, this block the vb-th of vg (activations.cuh: the shape of work).
 // Only the last, partial tile takes the scalar path.
-template <typename T, int F>
-KZ_DEV void kz_unary(T* out, const T* x, i64 n) {
+template <typename T, int F, int NVEC>
+KZ_DEV void kz_unary_tiles(T* out, const T* x, i64 n, unsigned vb, unsigned vg) {
   constexpr int W = 16 / sizeof(T);
-  constexpr int NVEC = KZ_EW_NVEC;
   const i64 tile = (i64)blockDim.x * (W * NVEC);
   const bool al = kz_al16(out) && kz_al16(x);
   const i64 nfull = al ? (n / tile) * tile : 0;
-  i64 base = (i64)blockIdx.x * tile;
-  for (; base < nfull; base += (i64)gridDim.x * tile) {
+  i64 base = (i64)vb * tile;
+  for (; base < nfull; base += (i64)vg * tile) {
     uint4 v[NVEC];
     const uint4* xs = reinterpret_cast<const uint4*>(x + base) + threadIdx.x;
     uint4* os = reinterpret_cast<uint4*>(out + base) + threadIdx.x;
@@ -26,7 +25,7 @@ KZ_DEV void kz_unary(T* out, const T* x, i64 n) {
   }
   // partial tile (or unaligned): whole 16-byte vectors where possible (all loads issued
   // before use), single elements only for the last few past the final whole vector
-  for (; base < n; base += (i64)gridDim.x * tile) {
+  for (; base < n; base += (i64)vg * tile) {
     uint4 v[NVEC];
     i64 e0[NVEC];
 #pragma unroll
@@ -49,6 +48,14 @@ KZ_DEV void kz_unary(T* out, const T* x, i64 n) {
   }
 }
 
+// One vector per thread, or KZ_EW_NVEC on one block in KZ_EW_NVEC (activations.cuh).
+template <typename T, int F>
+KZ_DEV void kz_unary(T* out, const T* x, i64 n) {
+  unsigned vb, vg;
+  if (gridDim.x < KZ_EW_BIG_GRID) kz_unary_tiles<T, F, 1>(out, x, n, blockIdx.x, gridDim.x);
+  else if (kz_ew_big_block(vb, vg)) kz_unary_tiles<T, F, KZ_EW_NVEC>(out, x, n, vb, vg);
+}
+
 // silu_and_mul: x is [rows, 2*cols] (gate, up); out [rows, cols].
 // ROUND2 = true: eager s = round(silu(g)); y = round(s*u). false (variant): y = round(silu(g)*u).
 template <typename T, bool ROUND2>
@@ -69,19 +76,19 @@ KZ_DEV void kz_rc(i64 j, i64 cvec, bool small, i64& r, i64& c) {
   }
 }
 
-// KZ_EW_NVEC output vectors of 16 bytes per thread per step (gate and up loaded before use).
-template <typename T, bool ROUND2>
-KZ_DEV void kz_silu_and_mul(T* out, const T* x, i64 rows, i64 cols) {
+// NVEC output vectors of 16 bytes per thread per step (gate and up loaded before use), this
+// block the vb-th of vg.
+template <typename T, bool ROUND2, int NVEC>
+KZ_DEV void kz_silu_and_mul_tiles(T* out, const T* x, i64 rows, i64 cols, unsigned vb, unsigned vg) {
   constexpr int W = 16 / sizeof(T);
-  constexpr int NVEC = KZ_EW_NVEC;
   const i64 n = rows * cols;
   const i64 tile = (i64)blockDim.x * (W * NVEC);
   const bool al = kz_al16(out) && kz_al16(x) && (cols % W == 0);
-  i64 base = (i64)blockIdx.x * tile;
+  i64 base = (i64)vb * tile;
   if (al) {
     const i64 cvec = cols / W, nv = n / W;
     const bool small = nv < (1LL << 32);
-    for (; base < n; base += (i64)gridDim.x * tile) {
+    for (; base < n; base += (i64)vg * tile) {
       uint4 gv[NVEC], uv[NVEC];
       const i64 j0 = base / W + threadIdx.x;
 #pragma unroll
@@ -110,7 +117,7 @@ KZ_DEV void kz_silu_and_mul(T* out, const T* x, i64 rows, i64 cols) {
       }
     }
   } else {
-    for (; base < n; base += (i64)gridDim.x * tile) {
+    for (; base < n; base += (i64)vg * tile) {
 #pragma unroll 4
       for (int j = 0; j < W * NVEC; ++j) {
         const i64 e = base + (i64)j * blockDim.x + threadIdx.x;
@@ -122,4 +129,12 @@ KZ_DEV void kz_silu_and_mul(T* out, const T* x, i64 rows, i64 cols) {
       }
     }
   }
+}
+
+// One output vector per thread, or KZ_EW_NVEC on one block in KZ_EW_NVEC (activations.cuh).
+template <typename T, bool ROUND2>
+KZ_DEV void kz_silu_and_mul(T* out, const T* x, i64 rows, i64 cols) {
+  unsigned vb, vg;
+  if (gridDim.x < KZ_EW_BIG_GRID) kz_silu_and_mul_tiles<T, ROUND2, 1>(out, x, rows, cols, blockIdx.x, gridDim.x);
+  else if (kz_ew_big_block(vb, vg)) kz_silu_and_mul_tiles<T, ROUND2, KZ_EW_NVEC>(out, x, rows, cols, vb, vg);
 }

@@ -7,19 +7,18 @@ template <typename T, int F>
 KZ_DEV float kz_gate(float g, float u) { return __fmul_rn(KT<T>::rnd(kz_act<F>(g)), u); }
 
 // gate, up and out are contiguous with the same shape, so element i of each goes together: the
-// op is elementwise over n = rows * cols. As kz_unary: KZ_EW_NVEC 16-byte vectors of the output
-// per thread per step (gate and up, all issued before use), coalesced, streaming
-// hints, grid-stride; the partial last tile with whole vectors where it can.
-template <typename T, int F>
-KZ_DEV void kz_gated(T* out, const T* gate, const T* up, i64 rows, i64 cols) {
+// op is elementwise over n = rows * cols. As kz_unary: NVEC 16-byte vectors of the output per
+// thread per step (gate and up, all issued before use), coalesced, streaming hints, grid-stride
+// (this block the vb-th of vg); the partial last tile with whole vectors where it can.
+template <typename T, int F, int NVEC>
+KZ_DEV void kz_gated_tiles(T* out, const T* gate, const T* up, i64 rows, i64 cols, unsigned vb, unsigned vg) {
   constexpr int W = 16 / sizeof(T);
-  constexpr int NVEC = KZ_EW_NVEC;
   const i64 n = rows * cols;
   const i64 tile = (i64)blockDim.x * (W * NVEC);
   const bool al = kz_al16(out) && kz_al16(gate) && kz_al16(up);
   const i64 nfull = al ? (n / tile) * tile : 0;
-  i64 base = (i64)blockIdx.x * tile;
-  for (; base < nfull; base += (i64)gridDim.x * tile) {
+  i64 base = (i64)vb * tile;
+  for (; base < nfull; base += (i64)vg * tile) {
     uint4 g[NVEC], u[NVEC];
     const uint4* gs = reinterpret_cast<const uint4*>(gate + base) + threadIdx.x;
     const uint4* us = reinterpret_cast<const uint4*>(up + base) + threadIdx.x;
@@ -38,7 +37,7 @@ KZ_DEV void kz_gated(T* out, const T* gate, const T* up, i64 rows, i64 cols) {
       __stcs(os + j * blockDim.x, g[j]);
     }
   }
-  for (; base < n; base += (i64)gridDim.x * tile) {
+  for (; base < n; base += (i64)vg * tile) {
     uint4 g[NVEC], u[NVEC];
     i64 e0[NVEC];
 #pragma unroll
@@ -64,4 +63,12 @@ KZ_DEV void kz_gated(T* out, const T* gate, const T* up, i64 rows, i64 cols) {
       }
     }
   }
+}
+
+// One vector per thread, or KZ_EW_NVEC on one block in KZ_EW_NVEC (activations.cuh).
+template <typename T, int F>
+KZ_DEV void kz_gated(T* out, const T* gate, const T* up, i64 rows, i64 cols) {
+  unsigned vb, vg;
+  if (gridDim.x < KZ_EW_BIG_GRID) kz_gated_tiles<T, F, 1>(out, gate, up, rows, cols, blockIdx.x, gridDim.x);
+  else if (kz_ew_big_block(vb, vg)) kz_gated_tiles<T, F, KZ_EW_NVEC>(out, gate, up, rows, cols, vb, vg);
 }

@@ -1,5 +1,6 @@
 // CUDA on the CPU, just enough to run kernelize's row kernels and the verifier's reference
-// layers bit for bit (python/tests/test_mean_order_on_cpu.py). Force-included (g++ -include)
+// layers bit for bit (python/tests/test_mean_order_on_cpu.py), and the elementwise and gated
+// kernels against a scalar loop (python/tests/test_elementwise_on_cpu.py). Force-included (g++ -include)
 // before a .cu file; the include/ folder's cuda_bf16.h / cuda_fp16.h are empty.
 //
 // Execution: a launch runs its blocks one after another; a block's threads are fibers on one OS
@@ -9,8 +10,9 @@
 //
 // Arithmetic: IEEE float on SSE (compile with -ffp-contract=off), correctly rounded
 // __fadd_rn/__fsub_rn/__fmul_rn/__fdiv_rn and fmaf (glibc). rsqrtf, expf, erff, tanhf are NOT
-// CUDA's: rsqrtf(v) is 1/sqrtf(v) here, the same function in every code under test, so a
-// kernel and the reference still agree exactly when their statistics do.
+// CUDA's: rsqrtf(v) is 1/sqrtf(v) here, expf & co. glibc's, __expf and __fdividef expf and a
+// division; the same functions in every code under test, so a kernel and the reference still
+// agree exactly when their statistics (or, elementwise, which element goes where) do.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -37,6 +39,9 @@ inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return
 template <typename V> inline V __ldg(const V* p) { return *p; }
 // __ffs: the position of the lowest set bit, 1-based, 0 for 0 (the staged engine's lanes shift)
 inline int __ffs(int x) { return __builtin_ffs(x); }
+// __ldcs / __stcs: streaming loads and stores (the elementwise kernels)
+template <typename V> inline V __ldcs(const V* p) { return *p; }
+template <typename V> inline void __stcs(V* p, V v) { *p = v; }
 
 inline uint3 threadIdx, blockIdx, blockDim, gridDim;
 
@@ -184,6 +189,8 @@ inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float rsqrtf(float v) { return 1.0f / sqrtf(v); }
+inline float __expf(float v) { return expf(v); }
+inline float __fdividef(float a, float b) { return a / b; }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 // CUDA's integer min/max overloads

@@ -1,10 +1,15 @@
-// Runs row kernels (bundled kernel entries and the verifier's reference layers) on the CPU under
-// harness.h. Jobs, one per line of the file named by argv[1]:
+// Runs kernels (bundled kernel entries, the verifier's reference layers, scalar references) on
+// the CPU under harness.h. Jobs, one per line of the file named by argv[1]:
 //   KIND SYMBOL DTYPE ROWS COLS EPS GRID_X BLOCK_X BLOCK_Y IN OUT
-// KIND: rms (out, x, w, rows, cols, eps), fused (out, residual, x, w, rows, cols, eps) or ln
-// (out, x, w, b, rows, cols, eps). IN holds x (rows*cols elements), w (cols), then residual
-// (rows*cols, fused) or b (cols, ln), raw little-endian DTYPE (bf16, f16, f32). OUT receives
-// out, then the residual after the launch (fused). The symbol table comes from syms.inc.
+// Row kernels: KIND rms (out, x, w, rows, cols, eps), fused (out, residual, x, w, rows, cols,
+// eps) or ln (out, x, w, b, rows, cols, eps). IN holds x (rows*cols elements), w (cols), then
+// residual (rows*cols, fused) or b (cols, ln), raw little-endian DTYPE (bf16, f16, f32). OUT
+// receives out, then the residual after the launch (fused).
+// Elementwise kernels: KIND unary (out, x, n = rows*cols), sam (out, x, rows, cols; x is
+// [rows, 2*cols]) or gated (out, gate, up, rows, cols). IN holds x (rows*cols elements; sam:
+// rows*2*cols), or gate then up; OUT receives out. EPS is then the offset, in elements, of every
+// tensor from a 256-byte boundary (0: aligned, as the ABI promises; 1: the kernels' unaligned
+// paths). The symbol table comes from syms.inc.
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -81,10 +86,42 @@ int main(int argc, char** argv) {
     const size_t es = dt == "f32" ? 4 : 2;
     const size_t ne = (size_t)(rows * cols);
     std::vector<unsigned char> buf = slurp(in);
+    auto aligned = [](size_t bytes) { return (unsigned char*)std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256); };
+    if (kind == "unary" || kind == "sam" || kind == "gated") {
+      const size_t off = es * (size_t)eps;
+      const size_t nin = kind == "unary" ? ne : 2 * ne;
+      if (buf.size() != es * nin) { std::fprintf(stderr, "%s: %zu bytes, want %zu\n", in.c_str(), buf.size(), es * nin); return 2; }
+      unsigned char* a = aligned(es * ne + off);  // x, or the gate
+      unsigned char* b = aligned(es * ne + off);  // up (gated)
+      unsigned char* o = aligned(es * ne + off);
+      unsigned char* xs = kind == "sam" ? aligned(es * nin + off) : a;
+      if (kind == "sam") std::memcpy(xs + off, buf.data(), es * nin);
+      else std::memcpy(a + off, buf.data(), es * ne);
+      if (kind == "gated") std::memcpy(b + off, buf.data() + es * ne, es * ne);
+      std::memset(o, 0xA7, es * ne + off);
+      void* f = it->second;
+      unsigned char *O = o + off, *X = xs + off, *B = b + off;
+      if (kind == "unary") {
+        auto fn = (void (*)(void*, const void*, long long))f;
+        g_call = [=] { fn(O, X, rows * cols); };
+      } else if (kind == "sam") {
+        auto fn = (void (*)(void*, const void*, long long, long long))f;
+        g_call = [=] { fn(O, X, rows, cols); };
+      } else {
+        auto fn = (void (*)(void*, const void*, const void*, long long, long long))f;
+        g_call = [=] { fn(O, X, B, rows, cols); };
+      }
+      kzcpu::launch(uint3{gx, 1, 1}, uint3{bx, by, 1}, tramp);
+      std::ofstream of(out, std::ios::binary);
+      of.write((const char*)O, es * ne);
+      if (kind == "sam") std::free(xs);
+      std::free(a); std::free(b); std::free(o);
+      ++n;
+      continue;
+    }
     const size_t want = es * (ne + cols + (kind == "fused" ? ne : kind == "ln" ? cols : 0));
     if (buf.size() != want) { std::fprintf(stderr, "%s: %zu bytes, want %zu\n", in.c_str(), buf.size(), want); return 2; }
     // 16-byte aligned copies (the ABI promises aligned tensors)
-    auto aligned = [](size_t bytes) { return (unsigned char*)std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256); };
     unsigned char* x = aligned(es * ne);
     unsigned char* w = aligned(es * cols);
     unsigned char* extra = aligned(es * (kind == "fused" ? ne : cols));
