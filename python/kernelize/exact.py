@@ -28,7 +28,8 @@ The exact backend (`backend`, registered with dynamo as "kernelize_exact") close
    flush-to-zero, PyTorch's libdevice where this torch has those switches.
 
 5. Library code that takes another path when it knows it is compiled (transformers' SDPA
-   attention and mask builders) is kept on eager's path while exact-compiled code runs
+   attention and the mask builders' decisions) is kept on eager's path while exact-compiled
+   code runs
    (`_with_eager_branches`), and transformers' `generate()` is kept from compiling the model
    again with plain inductor (`hold_generate_compile`).
 
@@ -369,9 +370,10 @@ def exact_compile(model: torch.nn.Module, mode: str | None = None, *, dynamic: b
     `regional=True`: each block of the model's repeated stack (`blocks(model)`) is compiled on
     its own, as PyTorch recommends for large models (one compilation serves every block), and
     the model's own code around them (embeddings, attention masks, rotary tables, final norm,
-    head) runs eagerly. `regional=False` compiles the whole model; the attention-mask builders
-    it calls run eagerly inside it (`_mask_builders`: traced, transformers builds another mask
-    than eager does, docs/compile.md). Default: the whole model under "reduce-overhead" (one
+    head) runs eagerly. `regional=False` compiles the whole model; where transformers' mask
+    builders decide from tensor values whether a mask is needed, that decision runs eagerly
+    inside it (`_traced_branches`: traced, transformers builds a mask where eager passes none,
+    docs/compile.md). Default: the whole model under "reduce-overhead" (one
     CUDA graph per forward instead of one per block, with eager code between them: a 1B Llama's
     decode step measured 3.2-3.8 ms against 6.8 ms regional, H100, bench/COMPILE.md), regional
     otherwise when the model has a repeated stack (compile time; measured at 0.95-0.97x of
@@ -418,32 +420,47 @@ def exact_compile(model: torch.nn.Module, mode: str | None = None, *, dynamic: b
 #   call (`pack_gqa`), compiled it repeats the keys and values per head (`repeat_kv`), and the
 #   attention kernel then reduces the scores in another order. That module is told it is not
 #   being compiled (`_EAGER_BRANCHES`).
-# - its attention masks (the whole model compiled): eagerly the mask builder reads the static
-#   cache's position and passes no mask (SDPA's `is_causal`) where it can, traced it cannot read
-#   it and builds an explicit mask, and the attention kernel for a mask reduces in another order.
-#   The mask builders the model's modules call run eagerly (a graph break around each;
-#   `_mask_builders`). Compiled block by block the masks are built outside the blocks anyway.
+# - its attention masks (the whole model compiled): eagerly the mask builder decides from the
+#   values of the padding mask and of the static cache's position whether it can pass no mask
+#   (SDPA's `is_causal`); traced it cannot read them, never skips, and builds an explicit mask,
+#   and the attention kernel for a mask reduces in another order. Only those decisions are kept
+#   eager (`_traced_branches`: the functions of transformers' masking module that ask whether
+#   they are traced, each run with a graph break around it where it is called); the masks
+#   themselves are built in the compiled graph. A decode step into a static cache calls none of
+#   them (transformers never skips the mask there), so the whole step is one graph, one CUDA
+#   graph under reduce-overhead. Compiled block by block the masks are built outside the blocks.
 _EAGER_BRANCHES = ("transformers.integrations.sdpa_attention",)
 _branch_depth = [0]
 _branch_saved: list[tuple[Any, str, Any]] = []
-_DISABLED: dict[int, Callable] = {}   # one eager wrapper per mask builder (a stable guard)
+_DISABLED: dict[int, Callable] = {}   # one eager wrapper per function (a stable guard)
 
 
 def _not_compiling() -> bool:
     return False
 
 
-def _mask_builders(model: torch.nn.Module) -> list[tuple[Any, str, Callable]]:
-    """(module, name, eager wrapper) for each transformers mask builder that the modules defining
-    `model`'s classes import."""
+#: Names whose call tells a function that it is being traced (transformers' utils).
+_TRACE_CHECKS = frozenset({"is_tracing", "is_torchdynamo_compiling", "is_torchdynamo_exporting"})
+
+
+def _traced_branches(model: torch.nn.Module) -> list[tuple[Any, str, Callable]]:
+    """(module, name, eager wrapper) for each function of transformers' masking module that takes
+    another branch when it is traced (its code calls one of `_TRACE_CHECKS`), in that module and
+    in the modules defining `model`'s classes that import it by name. Inside an exact-compiled
+    model each runs eagerly, so it decides as eager decides."""
+    import inspect
     mu = sys.modules.get("transformers.masking_utils")
     if mu is None:
         return []
-    makers = {id(f) for n, f in vars(mu).items() if n.startswith("create_") and callable(f)}
+    # a function's own code, not a decorator's (transformers' deprecation wrapper asks too)
+    branching = {id(f) for f in vars(mu).values() if inspect.isfunction(f)
+                 and f.__module__ == mu.__name__
+                 and _TRACE_CHECKS & set(inspect.unwrap(f).__code__.co_names)}
     found = []
-    for mod in {sys.modules.get(type(m).__module__) for m in model.modules()}:
+    mods = {mu} | {sys.modules.get(type(m).__module__) for m in model.modules()}
+    for mod in mods:
         for name, fn in list(vars(mod).items()) if mod is not None else ():
-            if id(fn) in makers:
+            if id(fn) in branching:
                 wrapper = _DISABLED.setdefault(id(fn), torch.compiler.disable(fn))
                 found.append((mod, name, wrapper))
     return found
@@ -452,14 +469,14 @@ def _mask_builders(model: torch.nn.Module) -> list[tuple[Any, str, Callable]]:
 def _with_eager_branches(compiled: Callable, whole: torch.nn.Module | None = None,
                          ready_cache: bool = False) -> Callable:
     """`compiled` (a module's compiled call) run on eager's paths (above); `whole`: the whole
-    model compiled, whose mask builders run eagerly, and with `ready_cache` (CUDA graphs) whose KV
+    model compiled, whose masks' decisions run eagerly, and with `ready_cache` (CUDA graphs) whose KV
     cache is made ready here, before the compiled code runs (`_static_cache_ready`)."""
     import functools
     found: list[list[tuple[Any, str, Callable]]] = []   # the patches, found on the first call
 
     def patches() -> list[tuple[Any, str, Callable]]:
         if not found:
-            todo = _mask_builders(whole) if whole is not None else []
+            todo = _traced_branches(whole) if whole is not None else []
             for name in _EAGER_BRANCHES:
                 mod = sys.modules.get(name)
                 if mod is not None and hasattr(mod, "is_torchdynamo_compiling"):

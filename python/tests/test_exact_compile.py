@@ -210,13 +210,17 @@ def test_reduce_overhead_steps_and_the_static_cache():
 
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
 def test_whole_model_keeps_eager_masks(mode):
-    """The whole model compiled: transformers' mask builder runs eagerly (a graph break), because
-    traced it builds an explicit mask where eager passes none, and the attention's bits move
-    (105 of 128 prefill logits in f32 before). Prefill and decode into a static cache, and a
-    forward without a cache, are identical with eager; the builder is the original again after
-    the call."""
+    """The whole model compiled: where transformers' mask builder decides from tensor values
+    whether to pass a mask (traced it always builds one where eager passes none, and the
+    attention's bits move: 105 of 128 prefill logits in f32 once), that decision runs eagerly (a
+    graph break around it at prefill); the mask itself is built in the graph. A decode step into
+    a static cache asks no such question, so it compiles without a graph break (one CUDA graph
+    under reduce-overhead). Prefill and decode into a static cache, and a forward without a
+    cache, are identical with eager; the masking module's functions are the originals again
+    after each call."""
     import sys
     from transformers import StaticCache
+    from transformers import masking_utils as mu
     from torch._dynamo.utils import counters
     model = _tiny_llama()
     ids = torch.randint(0, 64, (2, 8))
@@ -224,18 +228,46 @@ def test_whole_model_keeps_eager_masks(mode):
     with torch.no_grad():
         ref_nocache = model(ids, use_cache=False).logits
     builder = sys.modules[type(model).__module__].create_causal_mask
+    decision = mu._ignore_causal_mask_sdpa
     # under reduce-overhead the whole model is the default (one CUDA graph per forward)
     st = exact.exact_compile(model, mode, **({"regional": False} if mode is None else {}))
     assert st.regions == 0
     counters.clear()
-    got = _greedy(model, ids, 3, StaticCache(config=model.config, max_cache_len=16))
+    cache = StaticCache(config=model.config, max_cache_len=16)
+    n = ids.shape[1]
+    got = []
     with torch.no_grad():
+        r = model(ids, past_key_values=cache, use_cache=True, cache_position=torch.arange(n))
+        prefill_breaks = dict(counters["graph_break"])
+        counters.clear()
+        for i in range(3):
+            got.append(r.logits[:, -1].clone())
+            tok = r.logits[:, -1].argmax(-1, keepdim=True)
+            r = model(tok, past_key_values=cache, use_cache=True,
+                      cache_position=torch.tensor([n + i]))
+        decode_breaks = dict(counters["graph_break"])
         got_nocache = model(ids, use_cache=False).logits
-    assert locate.compare(ref, got).identical
+    assert locate.compare(ref, torch.stack(got)).identical
     assert locate.compare(ref_nocache, got_nocache).identical
-    breaks = dict(counters["graph_break"])
-    assert breaks and all("create_causal_mask" in why for why in breaks), breaks
+    # prefill: the only graph break is the skip decision (torch.compiler.disable'd)
+    assert prefill_breaks and all("_ignore_causal_mask_sdpa" in why or "disable" in why
+                                  for why in prefill_breaks), prefill_breaks
+    assert not any("create_causal_mask" in why for why in prefill_breaks), prefill_breaks
+    assert decode_breaks == {}, decode_breaks
     assert sys.modules[type(model).__module__].create_causal_mask is builder
+    assert mu._ignore_causal_mask_sdpa is decision
+
+
+def test_traced_branches_are_the_masking_functions_that_ask_whether_they_are_traced():
+    """`_traced_branches` finds, by their code, the masking functions that branch on being
+    traced (the skip decisions), and not the builders that only call them."""
+    from transformers import masking_utils as mu
+    model = _tiny_llama()
+    names = {name for mod, name, _ in exact._traced_branches(model) if mod is mu}
+    assert {"_ignore_causal_mask_sdpa", "find_packed_sequence_indices"} <= names, names
+    assert "create_causal_mask" not in names and "sdpa_mask" not in names, names
+    for mod, name, wrapper in exact._traced_branches(model):
+        assert wrapper is not getattr(mod, name)          # an eager wrapper, not patched in yet
 
 
 def test_hold_generate_compile_is_undone_and_leaves_a_users_choice():
