@@ -26,7 +26,11 @@ pub struct FieldRow {
     pub speed: Option<SpeedAt>,
     pub models: Vec<ModelReport>,
     pub device_name: String,
+    /// When the GPU measured it: its report's own `started_at`.
     pub verified_at: String,
+    /// When this hub imported it (a certificate measured elsewhere); `None` when this hub's
+    /// own worker measured it.
+    pub imported_at: Option<String>,
 }
 
 impl FieldRow {
@@ -120,7 +124,8 @@ impl Store {
                 speed,
                 models,
                 device_name: r.try_get("m_device")?,
-                verified_at: r.try_get("m_created_at")?,
+                verified_at: r.try_get("m_verified_at")?,
+                imported_at: r.try_get("m_imported_at")?,
                 kernel,
             });
         }

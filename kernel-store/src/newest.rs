@@ -56,20 +56,24 @@ fn float_sql(x: f64) -> String {
 }
 
 /// Store what the index-backed reads need of a verification (its per-dtype verdicts, timed
-/// cases and facts), inside the caller's transaction.
+/// cases and facts), inside the caller's transaction. `created_at` is when this hub stored it,
+/// `job_id` the job that produced it (`None`: imported, so `created_at` is its import time).
 pub(crate) async fn insert_summary_in(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     verification_id: i64,
     digest: &str,
+    job_id: Option<i64>,
     report: &VerificationReport,
     certificate: Option<&Certificate>,
     created_at: &str,
 ) -> Result<()> {
     let requested = csv(report.requested_shapes.iter().map(|s| s.cols));
+    let times = crate::verifications::MeasuredTimes::of(report, job_id, created_at);
     sqlx::query(
         "INSERT INTO verification_facts (verification_id, kernel_digest, arch, class, \
-         suite_version, driver_version, cert_key, requested_cols, device_name, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+         suite_version, driver_version, cert_key, requested_cols, device_name, created_at, \
+         verified_at, imported_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
     )
     .bind(verification_id)
     .bind(digest)
@@ -81,6 +85,8 @@ pub(crate) async fn insert_summary_in(
     .bind(requested)
     .bind(&report.device.name)
     .bind(created_at)
+    .bind(times.verified_at)
+    .bind(times.imported_at)
     .execute(&mut **tx)
     .await?;
     for (dtype, v) in &report.summary.per_dtype {
@@ -292,7 +298,11 @@ pub struct MatrixRow {
     pub verdict: Verdict,
     pub speed: Option<SpeedAt>,
     pub device_name: String,
+    /// When the GPU measured it: its report's own `started_at`.
     pub verified_at: String,
+    /// When this hub imported it (a certificate measured elsewhere); `None` when this hub's
+    /// own worker measured it.
+    pub imported_at: Option<String>,
 }
 
 /// Per op, semantics and dtype: how many kernels have a newest verdict, how many of them are
@@ -374,7 +384,7 @@ impl Store {
     /// from their reports. Returns how many verifications it filled.
     pub async fn backfill_summaries(&self) -> Result<usize> {
         let rows = sqlx::query(
-            "SELECT v.id, v.kernel_digest, v.report_json, v.certificate, v.created_at \
+            "SELECT v.id, v.kernel_digest, v.job_id, v.report_json, v.certificate, v.created_at \
              FROM verifications v \
              WHERE NOT EXISTS (SELECT 1 FROM verification_facts f WHERE f.verification_id = v.id) \
              ORDER BY v.id",
@@ -394,7 +404,17 @@ impl Store {
                 .transpose()
                 .map_err(|e| StoreError::Corrupt(format!("verification {id}: certificate: {e}")))?;
             let created_at: String = r.try_get("created_at")?;
-            insert_summary_in(&mut tx, id, &digest, &report, cert.as_ref(), &created_at).await?;
+            let job_id: Option<i64> = r.try_get("job_id")?;
+            insert_summary_in(
+                &mut tx,
+                id,
+                &digest,
+                job_id,
+                &report,
+                cert.as_ref(),
+                &created_at,
+            )
+            .await?;
         }
         tx.commit().await?;
         Ok(rows.len())
@@ -556,7 +576,8 @@ impl Store {
                     Some(_) => Some(speed_row_prefixed(r)?),
                 },
                 device_name: r.try_get("m_device")?,
-                verified_at: r.try_get("m_created_at")?,
+                verified_at: r.try_get("m_verified_at")?,
+                imported_at: r.try_get("m_imported_at")?,
             });
         }
         Ok((out, total))
@@ -755,7 +776,8 @@ pub(crate) fn matrix_from(f: MatrixFilter) -> (String, Vec<String>) {
 pub(crate) fn matrix_select(extra: &str, from: &str, nbinds: usize) -> String {
     format!(
         "SELECT {kc}, d.dtype AS m_dtype, n.arch AS m_arch, d.verdict_json{extra}, \
-         f.device_name AS m_device, f.created_at AS m_created_at, \
+         f.device_name AS m_device, f.verified_at AS m_verified_at, \
+         f.imported_at AS m_imported_at, \
          s.rows AS s_rows, s.cols AS s_cols, s.gbps, s.median_us, s.copy_fraction, s.speedup \
          {from} ORDER BY {op}, {sem}, {dt}, LENGTH(n.arch), n.arch, d.class_rank, d.class_ulp, \
          COALESCE(s.gbps, 0) DESC, k.name, k.id LIMIT ${l} OFFSET ${o}",

@@ -17,24 +17,61 @@ pub struct VerificationRow {
     pub arch: Arch,
     pub device_name: String,
     pub exactness_class: String,
+    /// When this hub stored it.
     pub created_at: String,
+    /// When the GPU measured it: the report's own `started_at` (as a resolve answer's).
+    pub verified_at: String,
+    /// When this hub imported it (a certificate measured elsewhere, e.g. a bundled one): its
+    /// `created_at` when no job of this hub produced it; `None` for this hub's worker's report.
+    pub imported_at: Option<String>,
     pub report: VerificationReport,
     /// The worker's signed certificate of this report, when it sent one.
     pub certificate: Option<kernel_registry::cert::Certificate>,
 }
 
+/// When a verification was measured and, if no job of this hub produced it, imported: what the
+/// API, the resolve answer and the dashboard say, from the report and the stored row alike
+/// (`verification_facts` holds the same, written by `newest::insert_summary_in`).
+pub(crate) struct MeasuredTimes<'a> {
+    pub verified_at: &'a str,
+    pub imported_at: Option<&'a str>,
+}
+
+impl<'a> MeasuredTimes<'a> {
+    pub fn of(
+        report: &'a VerificationReport,
+        job_id: Option<i64>,
+        created_at: &'a str,
+    ) -> MeasuredTimes<'a> {
+        MeasuredTimes {
+            verified_at: &report.started_at,
+            imported_at: job_id.is_none().then_some(created_at),
+        }
+    }
+}
+
 fn verification_row(r: &AnyRow) -> Result<VerificationRow> {
     let json: String = r.try_get("report_json")?;
+    let report: VerificationReport = serde_json::from_str(&json)
+        .map_err(|e| StoreError::Corrupt(format!("verification report: {e}")))?;
+    let job_id: Option<i64> = r.try_get("job_id")?;
+    let created_at: String = r.try_get("created_at")?;
+    let times = MeasuredTimes::of(&report, job_id, &created_at);
+    let (verified_at, imported_at) = (
+        times.verified_at.to_string(),
+        times.imported_at.map(str::to_string),
+    );
     Ok(VerificationRow {
         id: r.try_get("id")?,
         kernel_digest: parse_col(r, "kernel_digest")?,
-        job_id: r.try_get("job_id")?,
+        job_id,
         arch: parse_col(r, "arch")?,
         device_name: r.try_get("device_name")?,
         exactness_class: r.try_get("exactness_class")?,
-        created_at: r.try_get("created_at")?,
-        report: serde_json::from_str(&json)
-            .map_err(|e| StoreError::Corrupt(format!("verification report: {e}")))?,
+        created_at,
+        verified_at,
+        imported_at,
+        report,
         certificate: r
             .try_get::<Option<String>, _>("certificate")?
             .map(|c| serde_json::from_str(&c))
@@ -306,6 +343,6 @@ pub(crate) async fn insert_verification_in(
     }
     let vid: i64 = insert.fetch_one(&mut **tx).await?.try_get("id")?;
     insert_coverage_in(tx, vid, &coverage(report)).await?;
-    crate::newest::insert_summary_in(tx, vid, digest, report, certificate, stamp).await?;
+    crate::newest::insert_summary_in(tx, vid, digest, job_id, report, certificate, stamp).await?;
     Ok(vid)
 }

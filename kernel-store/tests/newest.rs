@@ -116,6 +116,8 @@ fn report(k: &KernelBundle, arch: Arch, j: usize, speed: f64) -> VerificationRep
     r.device.arch = arch;
     r.device.driver_version = ["570", "580"][j % 2].into();
     r.suite_version = ["1", "2"][(j / 2) % 2].into();
+    // Measured before it was stored (imported), at a time of its own.
+    r.started_at = format!("2025-12-{:02}T{:02}:{:02}:00Z", 1 + j % 28, j % 24, j % 60);
     if j.is_multiple_of(5) {
         r.summary.per_dtype.remove(&DType::F16);
     }
@@ -613,6 +615,8 @@ type SlowRow = (
     ExactnessClass,
     Option<f64>,
     Verdict,
+    // When the GPU measured it (the report's `started_at`) and when this hub imported it.
+    (String, Option<String>),
 );
 
 /// The dashboard's matrix as it was computed before: every verification of every kernel.
@@ -660,6 +664,10 @@ async fn matrix_slow(s: &Store, f: MatrixFilter) -> (Vec<SlowRow>, Vec<(String, 
                         verdict.class,
                         speed,
                         verdict.clone(),
+                        (
+                            v.report.started_at.clone(),
+                            v.job_id.is_none().then(|| v.created_at.clone()),
+                        ),
                     ),
                 ));
             }
@@ -706,6 +714,11 @@ async fn matrix_matches(s: &Store) {
                     );
                     assert_eq!(x.speed.as_ref().map(|s| s.gbps), y.5, "{ctx}");
                     assert!(same_verdict(&x.verdict, &y.6), "{ctx}");
+                    assert_eq!(
+                        (&x.verified_at, &x.imported_at),
+                        (&y.7 .0, &y.7 .1),
+                        "{ctx}"
+                    );
                 }
                 let mut paged = vec![];
                 for offset in (0..slow.len().max(1)).step_by(4) {
@@ -963,5 +976,118 @@ async fn upgrade_backfills_on_sqlite() {
 async fn upgrade_backfills_on_postgres() {
     if let Some(s) = postgres().await {
         upgrade_backfills(s).await;
+    }
+}
+
+/// A database from before migration 0015, its verifications stored as release 14 wrote them
+/// (with their facts and verdicts, no measured time): the upgrade fills each one's measured
+/// time from its report's `started_at` and its import time (no job: imported), so that the
+/// matrix and the field say when the GPU measured, as the verification rows do; the facts stay
+/// immutable.
+async fn upgrade_fills_measured_times(s: Store) {
+    s.migrate_to(14).await.unwrap();
+    let json = |x: &str| x.replace('\'', "''");
+    // Kernel name -> (verification id, measured, imported).
+    let mut want: BTreeMap<String, (i64, String, Option<String>)> = BTreeMap::new();
+    for i in 0..3 {
+        let k = bundle(i);
+        s.insert_kernel(&k, "submitted", "tests").await.unwrap();
+        let r = report(&k, SM90, 12 * i, 1000.0); // bit-exact, measured in December 2025
+        let job = if i == 1 {
+            "41".to_string()
+        } else {
+            "NULL".into()
+        };
+        let stored = format!("2026-02-0{}T12:00:00Z", 1 + i);
+        s.execute_raw(&format!(
+            "INSERT INTO verifications (kernel_digest, job_id, arch, device_name, \
+             exactness_class, max_ulp, max_mismatch_fraction, max_abs_diff, deterministic, \
+             batch_invariant, integrity_ok, report_json, created_at, certificate, driver_version) \
+             VALUES ('{}', {job}, 'sm_90', 'test', '{}', 0, 0, 0, 1, 1, 1, '{}', '{stored}', NULL, '{}')",
+            k.digest(),
+            r.summary.overall.class,
+            json(&serde_json::to_string(&r).unwrap()),
+            r.device.driver_version,
+        ))
+        .await
+        .unwrap();
+        let id = s
+            .scalar_raw("SELECT MAX(id) FROM verifications")
+            .await
+            .unwrap();
+        s.execute_raw(&format!(
+            "INSERT INTO verification_facts (verification_id, kernel_digest, arch, class, \
+             suite_version, driver_version, cert_key, requested_cols, device_name, created_at) \
+             VALUES ({id}, '{}', 'sm_90', '{}', '{}', '{}', NULL, '', 'test', '{stored}')",
+            k.digest(),
+            r.summary.overall.class,
+            r.suite_version,
+            r.device.driver_version,
+        ))
+        .await
+        .unwrap();
+        for (dtype, v) in &r.summary.per_dtype {
+            s.execute_raw(&format!(
+                "INSERT INTO verification_verdicts (verification_id, dtype, class, class_rank, \
+                 class_ulp, cases_run, integrity_ok, mismatches, nonfinite_parity, deterministic, \
+                 batch_invariant, within_tolerance, max_ulp, max_abs_diff, max_mismatch_fraction, \
+                 models, argmax_failures, verdict_json, models_json) \
+                 VALUES ({id}, '{dtype}', '{}', 0, 0, {}, 1, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, '{}', '[]')",
+                v.class,
+                v.cases_run,
+                json(&serde_json::to_string(v).unwrap()),
+            ))
+            .await
+            .unwrap();
+        }
+        let imported = (i != 1).then(|| stored.clone());
+        assert!(r.started_at < stored, "measured before it was stored");
+        want.insert(
+            k.manifest.name.clone(),
+            (id, r.started_at.clone(), imported),
+        );
+    }
+    s.migrate().await.unwrap();
+    assert_eq!(
+        s.backfill_summaries().await.unwrap(),
+        0,
+        "its facts were there"
+    );
+    let f = MatrixFilter {
+        op: None,
+        dtype: None,
+        arch: None,
+    };
+    let (matrix, _) = s.matrix_page(f, 100, 0).await.unwrap();
+    let (field, _) = s.field_page(f, 100, 0).await.unwrap();
+    assert!(!matrix.is_empty() && matrix.len() == field.len());
+    for (m, fr) in matrix.iter().zip(&field) {
+        let (_, measured, imported) = &want[&m.kernel.name];
+        assert_eq!((&m.verified_at, &m.imported_at), (measured, imported));
+        let (_, measured, imported) = &want[&fr.kernel.name];
+        assert_eq!((&fr.verified_at, &fr.imported_at), (measured, imported));
+    }
+    for (id, measured, imported) in want.values() {
+        let v = s.verification(*id).await.unwrap().unwrap();
+        assert_eq!((&v.verified_at, &v.imported_at), (measured, imported));
+    }
+    assert!(
+        s.execute_raw("UPDATE verification_facts SET verified_at = 'now'")
+            .await
+            .is_err(),
+        "the facts stay immutable"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_fills_measured_times_on_sqlite() {
+    let (s, _dir) = sqlite().await;
+    upgrade_fills_measured_times(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_fills_measured_times_on_postgres() {
+    if let Some(s) = postgres().await {
+        upgrade_fills_measured_times(s).await;
     }
 }
