@@ -53,7 +53,8 @@ macro_rules! word_enum {
 }
 
 word_enum!(
-    /// The operations of docs/spec.md section 2 (gelu and gelu_tanh counted as two entry names).
+    /// The operations of docs/spec.md section 2 (gelu and gelu_tanh counted as two entry names),
+    /// and the backward ops of section 2c (`rms_norm_backward`: the gradients of `rms_norm`).
     Op, "op", {
         RmsNorm => "rms_norm",
         FusedAddRmsNorm => "fused_add_rms_norm",
@@ -64,6 +65,7 @@ word_enum!(
         GeluTanh => "gelu_tanh",
         SiluMul => "silu_mul",
         GeluTanhMul => "gelu_tanh_mul",
+        RmsNormBackward => "rms_norm_backward",
     }
 );
 
@@ -91,6 +93,8 @@ impl Op {
     pub fn semantics(self) -> &'static [Semantics] {
         match self {
             Op::RmsNorm => &[Semantics::Llama, Semantics::Gemma, Semantics::Torch],
+            // HF LlamaRMSNorm's backward only, so far (docs/backward.md).
+            Op::RmsNormBackward => &[Semantics::Llama],
             _ => &[Semantics::Default],
         }
     }
@@ -107,48 +111,103 @@ impl Op {
                 | Op::SiluAndMul
                 | Op::SiluMul
                 | Op::GeluTanhMul
+                | Op::RmsNormBackward
         )
+    }
+    /// A backward op (docs/spec.md section 2c): the gradients of [`Op::forward`]'s op under the
+    /// same semantics, launched as the several entries of [`Op::stages`].
+    pub fn is_backward(self) -> bool {
+        self.forward().is_some()
+    }
+    /// The forward op whose gradients a backward op computes; `None` for a forward op.
+    pub fn forward(self) -> Option<Op> {
+        match self {
+            Op::RmsNormBackward => Some(Op::RmsNorm),
+            _ => None,
+        }
+    }
+    /// The entries one call of the op launches, in launch order on one stream, each with its
+    /// ABI: the one description of every op's ABI (docs/spec.md sections 2 and 2c). A forward
+    /// op has one entry ([`FORWARD_STAGE`], its ABI [`Op::abi`]); a backward op several, named
+    /// in its manifest's `[entry.<dtype>]` tables.
+    pub fn stages(self) -> &'static [Stage] {
+        macro_rules! one {
+            ($params:expr) => {{
+                const S: &[Stage] = &[Stage {
+                    name: FORWARD_STAGE,
+                    params: $params,
+                    block: None,
+                }];
+                S
+            }};
+        }
+        match self {
+            Op::RmsNorm => {
+                one!("T* out, const T* x, const T* w, long long rows, long long cols, float eps")
+            }
+            Op::FusedAddRmsNorm => one!(
+                "T* out, T* residual, const T* x, const T* w, long long rows, long long cols, float eps"
+            ),
+            Op::LayerNorm => one!(
+                "T* out, const T* x, const T* w, const T* b, long long rows, long long cols, float eps"
+            ),
+            Op::Silu | Op::Gelu | Op::GeluTanh => one!("T* out, const T* x, long long n"),
+            Op::SiluAndMul => one!("T* out, const T* x, long long rows, long long cols"),
+            Op::SiluMul | Op::GeluTanhMul => {
+                one!("T* out, const T* gate, const T* up, long long rows, long long cols")
+            }
+            // docs/backward.md, "The kernel": dx and the rows' r into ws; the column sums'
+            // per-CTA partials into ws; their global reduce into dw.
+            Op::RmsNormBackward => &[
+                Stage {
+                    name: "dx",
+                    params: "T* dx, float* ws, const T* dy, const T* x, const T* w, long long rows, long long cols, float eps",
+                    block: Some(512),
+                },
+                Stage {
+                    name: "dwp",
+                    params: "float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long threads_per_sm",
+                    block: Some(128),
+                },
+                Stage {
+                    name: "dw",
+                    params: "T* dw, const float* ws, long long rows, long long cols, long long sms, long long threads_per_sm",
+                    block: Some(128),
+                },
+            ],
+        }
     }
     /// The gated ops of HF's MLPs: `act(gate) * up` on two `[rows, cols]` tensors.
     pub fn is_gated(self) -> bool {
         matches!(self, Op::SiluMul | Op::GeluTanhMul)
     }
-    /// The kernel ABI of docs/spec.md section 2: the entry's parameters after its name, `T` standing
-    /// for the dtype's C type ([`DType::cuda_type`]). The one description of the ABI: the
-    /// verifier builds its launch arguments from these names (`gpu::abi_args`), and
-    /// `python/tests/fixtures/abi.json` (checked by a test here) carries them to the generator
-    /// of the bundled kernels and the Python client's launches.
+    /// The kernel ABI of docs/spec.md section 2: a forward op's entry's parameters after its
+    /// name, `T` standing for the dtype's C type ([`DType::cuda_type`]); the verifier builds its
+    /// launch arguments from these names (`abi::abi_args`), and `python/tests/fixtures/abi.json`
+    /// (checked by a test here) carries them to the generator of the bundled kernels and the
+    /// Python client's launches. A backward op has no single entry: it is the empty string
+    /// there, and its entries' parameters are [`Op::stages`]'.
     pub fn abi(self) -> &'static str {
-        match self {
-            Op::RmsNorm => {
-                "T* out, const T* x, const T* w, long long rows, long long cols, float eps"
-            }
-            Op::FusedAddRmsNorm => {
-                "T* out, T* residual, const T* x, const T* w, long long rows, long long cols, float eps"
-            }
-            Op::LayerNorm => {
-                "T* out, const T* x, const T* w, const T* b, long long rows, long long cols, float eps"
-            }
-            Op::Silu | Op::Gelu | Op::GeluTanh => "T* out, const T* x, long long n",
-            Op::SiluAndMul => "T* out, const T* x, long long rows, long long cols",
-            Op::SiluMul | Op::GeluTanhMul => {
-                "T* out, const T* gate, const T* up, long long rows, long long cols"
-            }
+        match self.stages() {
+            [s] if s.name == FORWARD_STAGE => s.params,
+            _ => "",
         }
     }
     /// The parameter names of [`Op::abi`], in order.
+    /// Empty for a backward op (its stages have their own: [`Stage::names`]).
     pub fn abi_names(self) -> Vec<&'static str> {
-        self.abi()
-            .split(',')
-            .map(|p| p.trim().rsplit([' ', '*']).next().unwrap_or(""))
-            .collect()
+        param_names(self.abi())
     }
     /// Ops whose ABI takes a scalar `eps` (the norms).
     pub fn takes_eps(self) -> bool {
-        matches!(self, Op::RmsNorm | Op::FusedAddRmsNorm | Op::LayerNorm)
+        matches!(
+            self,
+            Op::RmsNorm | Op::FusedAddRmsNorm | Op::LayerNorm | Op::RmsNormBackward
+        )
     }
     /// How many `rows x cols` tensors a launch writes and a verification compares:
-    /// fused_add_rms_norm writes `out` and updates `residual`; every other op writes `out`.
+    /// fused_add_rms_norm writes `out` and updates `residual`; every other op writes `out`
+    /// (rms_norm_backward: `dx`; its `dw` is one row).
     pub fn outputs(self) -> u64 {
         match self {
             Op::FusedAddRmsNorm => 2,
@@ -167,6 +226,9 @@ impl Op {
             Op::LayerNorm => n.saturating_mul(2).saturating_add(2 * cols),
             Op::Silu | Op::Gelu | Op::GeluTanh => n.saturating_mul(2),
             Op::SiluAndMul | Op::SiluMul | Op::GeluTanhMul => n.saturating_mul(3),
+            // dy and x read, dx written; w read and dw written (the workspace is the kernel's
+            // own traffic, not the problem's).
+            Op::RmsNormBackward => n.saturating_mul(3).saturating_add(2 * cols),
         })
     }
     /// Parse the semantics for this op, checking it is one this op has.
@@ -188,6 +250,50 @@ impl Op {
             })
         }
     }
+}
+
+/// The name of a forward op's one entry in [`Op::stages`] (its manifest's `[entry]` names one
+/// symbol per dtype, no stage).
+pub const FORWARD_STAGE: &str = "entry";
+
+/// One entry of an op's ABI: what a manifest names per dtype and a launch passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stage {
+    /// The key of the entry in a backward kernel's `[entry.<dtype>]` table ([`FORWARD_STAGE`]
+    /// for a forward op).
+    pub name: &'static str,
+    /// The parameters after the entry's name, as in [`Op::abi`].
+    pub params: &'static str,
+    /// Threads per block the ABI fixes for this entry (a backward op's; `None`: the manifest's
+    /// launch rule decides, as for every forward op).
+    pub block: Option<u32>,
+}
+
+impl Stage {
+    /// The parameter names of [`Stage::params`], in order.
+    pub fn names(&self) -> Vec<&'static str> {
+        param_names(self.params)
+    }
+    /// The names of its pointer parameters (the tensors, and a backward op's workspace), in order.
+    pub fn tensors(&self) -> Vec<&'static str> {
+        self.params
+            .split(',')
+            .zip(self.names())
+            .filter(|(param, _)| param.contains('*'))
+            .map(|(_, name)| name)
+            .collect()
+    }
+}
+
+/// The names of a parameter list `T* out, const T* x, long long n` (`out`, `x`, `n`).
+fn param_names(params: &'static str) -> Vec<&'static str> {
+    if params.is_empty() {
+        return Vec::new();
+    }
+    params
+        .split(',')
+        .map(|p| p.trim().rsplit([' ', '*']).next().unwrap_or(""))
+        .collect()
 }
 
 impl DType {
@@ -355,7 +461,10 @@ mod tests {
 
     #[test]
     fn every_op_has_an_abi_with_out_first_and_its_sizes() {
-        for op in Op::ALL {
+        for op in Op::ALL.iter().filter(|o| !o.is_backward()) {
+            assert_eq!(op.stages().len(), 1, "{op}");
+            assert_eq!(op.stages()[0].name, FORWARD_STAGE, "{op}");
+            assert_eq!(op.stages()[0].block, None, "{op}");
             let names = op.abi_names();
             assert_eq!(names[0], "out", "{op}");
             if op.is_rowwise() {
@@ -380,12 +489,48 @@ mod tests {
         assert_eq!(Op::GeluTanhMul.abi(), Op::SiluMul.abi());
     }
 
+    #[test]
+    fn backward_ops_launch_their_stages_with_the_gradients_and_a_workspace() {
+        let op = Op::RmsNormBackward;
+        assert!(op.is_backward() && !Op::RmsNorm.is_backward());
+        assert_eq!(op.forward(), Some(Op::RmsNorm));
+        assert_eq!(Op::RmsNorm.forward(), None);
+        assert_eq!(op.semantics(), [Semantics::Llama]);
+        assert!(op.check_semantics(Semantics::Gemma).is_err());
+        assert_eq!((op.abi(), op.abi_names()), ("", vec![]));
+        let st = op.stages();
+        let names: Vec<_> = st.iter().map(|s| s.name).collect();
+        assert_eq!(names, ["dx", "dwp", "dw"]);
+        assert_eq!(
+            st[0].names(),
+            ["dx", "ws", "dy", "x", "w", "rows", "cols", "eps"]
+        );
+        assert_eq!(st[0].tensors(), ["dx", "ws", "dy", "x", "w"]);
+        assert_eq!(
+            st[1].names(),
+            ["ws", "dy", "x", "rows", "cols", "sms", "threads_per_sm"]
+        );
+        assert_eq!(
+            st[2].names(),
+            ["dw", "ws", "rows", "cols", "sms", "threads_per_sm"]
+        );
+        assert_eq!(st[2].tensors(), ["dw", "ws"]);
+        // the workspace is f32 in every stage; the gradients and inputs are T
+        for s in st {
+            assert!(s.params.contains("float* ws"), "{}", s.name);
+            assert!(s.block.is_some(), "{}", s.name);
+        }
+        // the bytes of the problem: dy, x read and dx written (rows x cols), w read, dw written
+        assert_eq!(op.bytes_moved(DType::Bf16, 4, 8), 2 * (3 * 32 + 2 * 8));
+    }
+
     /// `python/tests/fixtures/abi.json`: the ABI table for the Python side (the generator of the
     /// bundled kernels, the client's launches and op lists), written from `Op` and checked here.
     #[test]
     fn abi_fixture_for_python_is_current() {
         let ops: serde_json::Map<String, serde_json::Value> = Op::ALL
             .iter()
+            .filter(|op| !op.is_backward())
             .map(|op| {
                 (
                     op.to_string(),
@@ -400,9 +545,50 @@ mod tests {
                 )
             })
             .collect();
+        // The backward ops (docs/spec.md section 2c): their entries, and the workspace's CTA
+        // count at a few shapes and devices (python/tests/test_backward_order_on_cpu.py checks
+        // kernelize.backward.col_config gives the same).
+        let backward: serde_json::Map<String, serde_json::Value> = Op::ALL
+            .iter()
+            .filter(|op| op.is_backward())
+            .map(|op| {
+                let stages: Vec<_> = op
+                    .stages()
+                    .iter()
+                    .map(|s| {
+                        serde_json::json!({
+                            "name": s.name, "params": s.params, "names": s.names(), "block": s.block,
+                        })
+                    })
+                    .collect();
+                (
+                    op.to_string(),
+                    serde_json::json!({
+                        "forward": op.forward().map(|f| f.to_string()),
+                        "semantics": op.semantics(),
+                        "takes_eps": op.takes_eps(),
+                        "stages": stages,
+                    }),
+                )
+            })
+            .collect();
+        let mut ctas = serde_json::Map::new();
+        for (sms, tps) in [(132u64, 2048u64), (114, 2048), (8, 1536)] {
+            for rows in [1u64, 3, 63, 64, 1020, 1021, 4096, 16384] {
+                for cols in [1001u64, 1024, 2050, 4096, 5120, 8192] {
+                    let c = crate::backward::col_config(rows, cols, sms, tps);
+                    ctas.insert(format!("{rows},{cols},{sms},{tps}"), c.ctas.into());
+                }
+            }
+        }
         let want = serde_json::to_string_pretty(&serde_json::json!({
             "comment": "Written by kernel-registry's test domain::tests::abi_fixture_for_python_is_current from Op (docs/spec.md section 2); do not edit: change Op and run KERNELIZE_UPDATE_FIXTURES=1 cargo test -p kernel-registry abi_fixture",
             "ops": ops,
+            "backward_ops": backward,
+            "backward_ctas": {
+                "comment": "\"rows,cols,sms,threads_per_sm\": ctas (kernel_registry::backward::col_config: the workspace's partial rows)",
+                "cases": ctas,
+            },
         }))
         .unwrap()
             + "\n";

@@ -26,9 +26,12 @@ pub const MAX_ENTRY: usize = 128;
 pub const MAX_NVRTC_OPTIONS: usize = 32;
 pub const MAX_NVRTC_OPTION: usize = 256;
 pub const MAX_REQUIREMENT: usize = 200;
-/// Any other text field (op, semantics, runtime, an entry's dtype, an arch): each is one of a
-/// few known words, so a longer value is refused before it is parsed or quoted back.
+/// Any other text field (op, semantics, runtime, an entry's dtype or stage, an arch): each is
+/// one of a few known words, so a longer value is refused before it is parsed or quoted back.
 pub const MAX_WORD: usize = 64;
+/// Most entries a backward op's `[entry.<dtype>]` table may name (an op has at most this many
+/// stages; the rest are refused by name).
+pub const MAX_STAGES: usize = 8;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ManifestError {
@@ -185,6 +188,13 @@ pub struct Manifest {
     /// none predate them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub capabilities: Vec<DeclaredCapability>,
+    /// A backward op's entries (docs/spec.md section 2c): per dtype, each of the op's
+    /// [`Op::stages`] by name and its symbol (`[entry.<dtype>]` tables). `entries` then names
+    /// each dtype's first stage, so that everything keyed by dtype (the store's dtype list, the
+    /// compile jobs, a report's dtypes) reads it unchanged. Empty for a forward op, and left out
+    /// of the canonical encoding then (forward digests predate it).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stages: BTreeMap<DType, BTreeMap<String, String>>,
 }
 
 // ---- what the author writes -------------------------------------------------------------
@@ -200,7 +210,8 @@ struct RawManifest {
     authors: Vec<String>,
     license: String,
     source: String,
-    entry: BTreeMap<String, String>,
+    /// dtype -> symbol, or (a backward op) dtype -> { stage -> symbol }: read by [`raw_entries`].
+    entry: BTreeMap<String, toml::Value>,
     launch: Option<toml::Value>,
     #[serde(default)]
     constraints: RawConstraints,
@@ -208,6 +219,43 @@ struct RawManifest {
     runtime: Option<String>,
     requires: Option<Vec<String>>,
     capability: Option<Vec<RawCapability>>,
+}
+
+/// One dtype's `[entry]` value: a forward op's symbol, or a backward op's table of stages.
+enum RawEntry {
+    Symbol(String),
+    Stages(BTreeMap<String, String>),
+}
+
+/// The `[entry]` values by their TOML type (a string, or a table of strings); anything else is
+/// refused naming the key, without quoting the value.
+fn raw_entries(
+    entry: BTreeMap<String, toml::Value>,
+) -> Result<Vec<(String, RawEntry)>, ManifestError> {
+    let shape = |k: &str| {
+        ManifestError::Syntax(format!(
+            "`entry.{}`: give a symbol (`bf16 = \"my_kernel_bf16\"`), or for a backward op a table of its entries (`[entry.bf16]` with `dx = \"...\"`)",
+            k.chars().take(MAX_WORD).collect::<String>()
+        ))
+    };
+    entry
+        .into_iter()
+        .map(|(k, v)| {
+            let e = match v {
+                toml::Value::String(s) => RawEntry::Symbol(s),
+                toml::Value::Table(t) => RawEntry::Stages(
+                    t.into_iter()
+                        .map(|(stage, sym)| match sym {
+                            toml::Value::String(sym) => Ok((stage, sym)),
+                            _ => Err(shape(&k)),
+                        })
+                        .collect::<Result<_, _>>()?,
+                ),
+                _ => return Err(shape(&k)),
+            };
+            Ok((k, e))
+        })
+        .collect()
 }
 
 #[derive(Deserialize)]
@@ -327,7 +375,7 @@ fn at_most(field: &str, s: &str, max: usize) -> Result<(), ManifestError> {
 
 /// Every length limit of the manifest, checked before any other rule (and so before any value
 /// is quoted back in an error or stored).
-fn check_lengths(raw: &RawManifest) -> Result<(), ManifestError> {
+fn check_lengths(raw: &RawManifest, entry: &[(String, RawEntry)]) -> Result<(), ManifestError> {
     at_most("name", &raw.name, MAX_NAME)?;
     at_most("version", &raw.version, MAX_VERSION)?;
     at_most("op", &raw.op, MAX_WORD)?;
@@ -349,9 +397,26 @@ fn check_lengths(raw: &RawManifest) -> Result<(), ManifestError> {
     }
     at_most("license", &raw.license, MAX_LICENSE)?;
     at_most("source", &raw.source, MAX_SOURCE_NAME)?;
-    for (k, v) in &raw.entry {
+    for (k, v) in entry {
         at_most("entry", k, MAX_WORD)?;
-        at_most(&format!("entry.{k}"), v, MAX_ENTRY)?;
+        match v {
+            RawEntry::Symbol(v) => at_most(&format!("entry.{k}"), v, MAX_ENTRY)?,
+            RawEntry::Stages(t) => {
+                if t.len() > MAX_STAGES {
+                    return Err(fe(
+                        format!("entry.{k}"),
+                        format!(
+                            "names {} entries; at most {MAX_STAGES} are accepted",
+                            t.len()
+                        ),
+                    ));
+                }
+                for (stage, sym) in t {
+                    at_most(&format!("entry.{k}"), stage, MAX_WORD)?;
+                    at_most(&format!("entry.{k}.{stage}"), sym, MAX_ENTRY)?;
+                }
+            }
+        }
     }
     for (i, a) in raw.constraints.archs.iter().enumerate() {
         at_most(&format!("constraints.archs[{i}]"), a, MAX_WORD)?;
@@ -464,6 +529,89 @@ pub fn check_license(license: &str) -> Result<(), ManifestError> {
     })
 }
 
+/// A CUDA kernel's `[entry]`: per dtype a symbol (a forward op), or a table naming each of the
+/// op's [`Op::stages`] (a backward op). Returns `entries` (each dtype's first stage) and, for a
+/// backward op, every stage's symbol.
+#[allow(clippy::type_complexity)]
+fn check_entries(
+    op: Op,
+    entry: Vec<(String, RawEntry)>,
+) -> Result<
+    (
+        BTreeMap<DType, String>,
+        BTreeMap<DType, BTreeMap<String, String>>,
+    ),
+    ManifestError,
+> {
+    let want: Vec<&str> = op.stages().iter().map(|s| s.name).collect();
+    let symbol = |field: String, v: &str| {
+        if is_identifier(v) {
+            Ok(())
+        } else {
+            Err(fe(
+                field,
+                format!("`{v}` is not a C identifier; name the `extern \"C\" __global__` function"),
+            ))
+        }
+    };
+    let mut entries = BTreeMap::new();
+    let mut stages = BTreeMap::new();
+    for (k, v) in entry {
+        let dt: DType = k
+            .parse()
+            .map_err(|e| fe(format!("entry.{k}"), format!("{e}")))?;
+        match (v, op.is_backward()) {
+            (RawEntry::Symbol(v), false) => {
+                symbol(format!("entry.{k}"), &v)?;
+                entries.insert(dt, v);
+            }
+            (RawEntry::Stages(_), false) => {
+                return Err(fe(
+                    format!("entry.{k}"),
+                    format!("{op} has one entry per dtype: write `{k} = \"my_kernel_{k}\"` under `[entry]` (tables of entries are for backward ops)"),
+                ))
+            }
+            (RawEntry::Symbol(_), true) => {
+                return Err(fe(
+                    format!("entry.{k}"),
+                    format!(
+                        "{op} launches {} entries in this order: give a table `[entry.{k}]` naming each ({})",
+                        want.len(),
+                        want.iter().map(|s| format!("{s} = \"...\"")).collect::<Vec<_>>().join(", ")
+                    ),
+                ))
+            }
+            (RawEntry::Stages(t), true) => {
+                if let Some(extra) = t.keys().find(|s| !want.contains(&s.as_str())) {
+                    return Err(fe(
+                        format!("entry.{k}.{extra}"),
+                        format!("{op} has no entry `{extra}`; its entries are {}", want.join(", ")),
+                    ));
+                }
+                if let Some(missing) = want.iter().find(|s| !t.contains_key(**s)) {
+                    return Err(fe(
+                        format!("entry.{k}.{missing}"),
+                        format!("is missing: {op} launches {} in this order (docs/spec.md section 2c)", want.join(", ")),
+                    ));
+                }
+                for (stage, sym) in &t {
+                    symbol(format!("entry.{k}.{stage}"), sym)?;
+                }
+                let mut seen = std::collections::BTreeSet::new();
+                if let Some((stage, sym)) = t.iter().find(|(_, sym)| !seen.insert(sym.as_str())) {
+                    return Err(fe(
+                        format!("entry.{k}.{stage}"),
+                        format!("`{sym}` is named for two entries; each entry is its own function"),
+                    ));
+                }
+                entries.insert(dt, t[want[0]].clone());
+                stages.insert(dt, t);
+            }
+        }
+    }
+    Ok((entries, stages))
+}
+
 fn is_identifier(s: &str) -> bool {
     let mut b = s.bytes();
     matches!(b.next(), Some(c) if c == b'_' || c.is_ascii_alphabetic())
@@ -500,8 +648,9 @@ impl Manifest {
         Self::check(raw)
     }
 
-    fn check(raw: RawManifest) -> Result<Manifest, ManifestError> {
-        check_lengths(&raw)?;
+    fn check(mut raw: RawManifest) -> Result<Manifest, ManifestError> {
+        let entry = raw_entries(std::mem::take(&mut raw.entry))?;
+        check_lengths(&raw, &entry)?;
         // Every free-text field first: a control character is refused naming its field
         // before any other rule quotes the value back.
         plain_text("name", &raw.name, false)?;
@@ -516,9 +665,17 @@ impl Manifest {
         }
         plain_text("license", &raw.license, false)?;
         plain_text("source", &raw.source, false)?;
-        for (k, v) in &raw.entry {
+        for (k, v) in &entry {
             plain_text("entry", k, false)?;
-            plain_text(&format!("entry.{k}"), v, false)?;
+            match v {
+                RawEntry::Symbol(v) => plain_text(&format!("entry.{k}"), v, false)?,
+                RawEntry::Stages(t) => {
+                    for (stage, sym) in t {
+                        plain_text(&format!("entry.{k}"), stage, false)?;
+                        plain_text(&format!("entry.{k}.{stage}"), sym, false)?;
+                    }
+                }
+            }
         }
         for (i, a) in raw.constraints.archs.iter().enumerate() {
             plain_text(&format!("constraints.archs[{i}]"), a, false)?;
@@ -608,10 +765,27 @@ impl Manifest {
                 ),
             ));
         }
-        let mut raw = raw;
         let capabilities = check_capabilities(raw.capability.take(), runtime)?;
+        if op.is_backward() && runtime == Runtime::Python {
+            return Err(fe(
+                "runtime",
+                format!("{op} has no Python signature yet (docs/spec.md section 2c); a backward kernel is CUDA"),
+            ));
+        }
         if runtime == Runtime::Python {
-            return Self::check_python(raw, version, op, semantics);
+            let mut symbols = BTreeMap::new();
+            for (k, v) in entry {
+                match v {
+                    RawEntry::Symbol(v) => symbols.insert(k, v),
+                    RawEntry::Stages(_) => {
+                        return Err(fe(
+                            format!("entry.{k}"),
+                            "name one Python function, e.g. `bf16 = \"rms_norm\"`",
+                        ))
+                    }
+                };
+            }
+            return Self::check_python(raw, symbols, version, op, semantics);
         }
         if raw.requires.is_some() {
             return Err(fe(
@@ -620,26 +794,21 @@ impl Manifest {
             ));
         }
 
-        if raw.entry.is_empty() {
+        if entry.is_empty() {
             return Err(fe(
                 "entry",
                 "declare one entry symbol per supported dtype, e.g. `[entry]\\nbf16 = \"my_kernel_bf16\"`",
             ));
         }
-        let mut entries = BTreeMap::new();
-        for (k, v) in &raw.entry {
-            let dt: DType = k
-                .parse()
-                .map_err(|e| fe(format!("entry.{k}"), format!("{e}")))?;
-            if !is_identifier(v) {
+        let (entries, stages) = check_entries(op, entry)?;
+        if op.is_backward() {
+            if raw.launch.is_some() {
                 return Err(fe(
-                    format!("entry.{k}"),
-                    format!(
-                        "`{v}` is not a C identifier; name the `extern \"C\" __global__` function"
-                    ),
+                    "launch",
+                    format!("{op}'s launches are its ABI's (docs/spec.md section 2c: each entry's block, its grid from the problem: kernel_registry::backward::stage_dims); remove it"),
                 ));
             }
-            entries.insert(dt, v.clone());
+            raw.launch = Some(toml::Value::Array(Vec::new()));
         }
 
         // `[launch]` (one rule) or `[[launch]]` (several); parsed by hand so that an error
@@ -675,7 +844,7 @@ impl Manifest {
                 ))
             }
         };
-        if raws.is_empty() {
+        if raws.is_empty() && !op.is_backward() {
             return Err(fe("launch", "give at least one launch rule"));
         }
         let n = raws.len();
@@ -881,6 +1050,7 @@ impl Manifest {
             runtime: Runtime::Cuda,
             requires: Vec::new(),
             capabilities,
+            stages,
         })
     }
 
@@ -888,6 +1058,7 @@ impl Manifest {
     /// launch rules or NVRTC options, and `requires` lists the packages with versions.
     fn check_python(
         raw: RawManifest,
+        entry: BTreeMap<String, String>,
         version: semver::Version,
         op: Op,
         semantics: Semantics,
@@ -904,14 +1075,14 @@ impl Manifest {
                 "a Python candidate is not compiled by NVRTC; remove it",
             ));
         }
-        if raw.entry.is_empty() {
+        if entry.is_empty() {
             return Err(fe(
                 "entry",
                 "name one Python function per supported dtype, e.g. `[entry]\\nbf16 = \"rms_norm\"`",
             ));
         }
         let mut entries = BTreeMap::new();
-        for (k, v) in &raw.entry {
+        for (k, v) in &entry {
             let dt: DType = k
                 .parse()
                 .map_err(|e| fe(format!("entry.{k}"), format!("{e}")))?;
@@ -992,6 +1163,7 @@ impl Manifest {
             runtime: Runtime::Python,
             requires,
             capabilities: Vec::new(),
+            stages: BTreeMap::new(),
         })
     }
 
@@ -1024,6 +1196,12 @@ impl Manifest {
     /// Grid, block and dynamic shared memory for `rows` x `cols` (for elementwise ops the
     /// element count is `rows * cols`). Fails when the grid would exceed CUDA's limits.
     pub fn launch_dims(&self, rows: u64, cols: u64, sm_count: u32) -> Result<LaunchDims, String> {
+        if self.op.is_backward() {
+            return Err(format!(
+                "{} is a {} kernel: its entries are launched by the ABI (kernel_registry::backward::stage_dims), not by launch rules",
+                self.name, self.op
+            ));
+        }
         let Some(rule) = self.launch_rule(cols) else {
             return Err(format!(
                 "{} is a {} candidate: it has no launch rules",
@@ -1083,6 +1261,16 @@ impl KernelBundle {
                 "source",
                 format!("the source holds a NUL byte at byte {at}; a source is text"),
             ));
+        }
+        for (dt, t) in &manifest.stages {
+            for (stage, sym) in t {
+                if !source.contains(sym.as_str()) {
+                    return Err(ManifestError::field(
+                        format!("entry.{dt}.{stage}"),
+                        format!("symbol `{sym}` does not appear in {}", manifest.source),
+                    ));
+                }
+            }
         }
         for (dt, sym) in &manifest.entries {
             if manifest.runtime == Runtime::Python && !defines_function(source, sym) {

@@ -37,7 +37,10 @@ _DOMAIN = b"kernelize-kernel-v1\0"
 # kernel-registry's Op, in declaration order (python/tests/fixtures/abi.json is checked against it)
 OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "silu", "silu_and_mul", "gelu", "gelu_tanh",
        "silu_mul", "gelu_tanh_mul")
-SEMANTICS = {"rms_norm": ("llama", "gemma", "torch")}
+SEMANTICS = {"rms_norm": ("llama", "gemma", "torch"), "rms_norm_backward": ("llama",)}
+# kernel-registry's backward ops (docs/spec.md section 2c) and their entries (`Op::stages`, in
+# launch order; python/tests/fixtures/abi.json's `backward_ops` is checked against it).
+BACKWARD_OPS = {"rms_norm_backward": ("dx", "dwp", "dw")}
 DTYPES = ("bf16", "f16", "f32")  # BTreeMap<DType, _> order (enum declaration order)
 ROWWISE_OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "silu_and_mul", "silu_mul",
                "gelu_tanh_mul")
@@ -47,6 +50,7 @@ MANIFEST_LIMITS = {
     "MAX_NAME": 64, "MAX_VERSION": 64, "MAX_DESCRIPTION": 4096, "MAX_AUTHORS": 32,
     "MAX_AUTHOR": 200, "MAX_LICENSE": 200, "MAX_SOURCE_NAME": 128, "MAX_ENTRY": 128,
     "MAX_NVRTC_OPTIONS": 32, "MAX_NVRTC_OPTION": 256, "MAX_REQUIREMENT": 200, "MAX_WORD": 64,
+    "MAX_STAGES": 8,
 }
 
 
@@ -76,7 +80,14 @@ def _check_lengths(raw: dict[str, Any]) -> None:
     entry = raw.get("entry")
     for k, v in (entry.items() if isinstance(entry, dict) else []):
         at_most("entry", k, "MAX_WORD")
-        at_most(f"entry.{k}", v, "MAX_ENTRY")
+        if isinstance(v, dict):  # a backward op's entries
+            if len(v) > L["MAX_STAGES"]:
+                raise _fe(f"entry.{k}", f"names {len(v)} entries; at most {L['MAX_STAGES']} are accepted")
+            for stage, sym in v.items():
+                at_most(f"entry.{k}", stage, "MAX_WORD")
+                at_most(f"entry.{k}.{stage}", sym, "MAX_ENTRY")
+        else:
+            at_most(f"entry.{k}", v, "MAX_ENTRY")
     constraints = raw.get("constraints")
     archs = constraints.get("archs") if isinstance(constraints, dict) else None
     for i, a in enumerate(archs if isinstance(archs, list) else []):
@@ -97,7 +108,7 @@ MANIFEST_FIELDS = (
 )
 # Left out of the canonical form of a CUDA kernel (`runtime` "cuda", `requires` empty), so that
 # CUDA digests made before Python candidates (docs/spec.md section 2b) hold.
-OPTIONAL_FIELDS = ("runtime", "requires", "capabilities")
+OPTIONAL_FIELDS = ("runtime", "requires", "capabilities", "stages")
 # `[[capability]]` names in kernel-registry's `Capability` order (the canonical form sorts the
 # declarations by it); `inline_asm` is found by the audit but never declared.
 CAPABILITIES = ("clock", "environment", "state", "global_atomics", "printf", "trap",
@@ -133,6 +144,9 @@ def canonical_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
         m["requires"] = list(manifest["requires"])
     if manifest.get("capabilities"):
         m["capabilities"] = [{"name": c["name"], "reason": c["reason"]} for c in manifest["capabilities"]]
+    if manifest.get("stages"):  # a backward op's entries per dtype (after capabilities: serde's order)
+        m["stages"] = {d: {k: manifest["stages"][d][k] for k in sorted(manifest["stages"][d])}
+                       for d in DTYPES if d in manifest["stages"]}
     m["entries"] = {d: manifest["entries"][d] for d in DTYPES if d in manifest["entries"]}
     if len(m["entries"]) != len(manifest["entries"]):
         raise ManifestError(f"entries: unknown dtype in {sorted(manifest['entries'])}")
@@ -258,8 +272,8 @@ def parse_manifest_toml(text: str) -> dict[str, Any]:
     if not isinstance(version, str) or not _SEMVER.fullmatch(version):
         raise _fe("version", f"`{version}` is not a semantic version")
     op = raw["op"]
-    if op not in OPS:
-        raise _fe("op", f"op `{op}` is not valid: one of {', '.join(OPS)}")
+    if op not in OPS and op not in BACKWARD_OPS:
+        raise _fe("op", f"op `{op}` is not valid: one of {', '.join(OPS + tuple(BACKWARD_OPS))}")
     allowed_sem = SEMANTICS.get(op, ("default",))
     semantics = raw.get("semantics", allowed_sem[0])
     if semantics not in allowed_sem:
@@ -282,12 +296,22 @@ def parse_manifest_toml(text: str) -> dict[str, Any]:
     if runtime == "python" and "capability" in raw:
         raise _fe("capability", "a Python candidate's code is not audited (it compiles its kernels at run "
                   "time); remove it")
+    if runtime == "python" and op in BACKWARD_OPS:
+        raise _fe("runtime", f"{op} has no Python signature yet (docs/spec.md section 2c); a backward kernel is CUDA")
     if runtime == "python":
         return _parse_python(raw, name, version, op, semantics, _rust_trim(description), authors,
                              _rust_trim(lic), source)
     if "requires" in raw:
         raise _fe("requires", "only a Python candidate (runtime = \"python\") names Python packages")
     capabilities = _capabilities(raw.get("capability"))
+    if op in BACKWARD_OPS:
+        entries, stages = _backward_entries(raw, op)
+        return canonical_manifest({
+            "name": name, "version": version, "op": op, "semantics": semantics,
+            "description": _rust_trim(description), "authors": authors, "license": _rust_trim(lic),
+            "source": source, "entries": entries, "launch": [], "constraints": _constraints(raw),
+            "nvrtc_options": _nvrtc_options(raw), "capabilities": capabilities, "stages": stages,
+        })
     if "launch" not in raw:
         raise _fe("launch", "a CUDA kernel needs launch rules: `[launch]` or `[[launch]]`")
     entry = raw["entry"]
@@ -374,13 +398,7 @@ def parse_manifest_toml(text: str) -> dict[str, Any]:
         except ValueError:
             raise _fe(f"constraints.archs[{i}]", f"arch `{a}` is not valid") from None
     archs = [f"sm_{maj}{mi}" for (maj, mi) in sorted({k for k, _ in archs})]
-    opts = raw.get("nvrtc_options", [])
-    for i, o in enumerate(opts):
-        defined = o[len("--define-macro="):] if o.startswith("--define-macro=") else (o[2:] if o.startswith("-D") else "")
-        if defined.startswith("KERNELIZE_"):
-            raise _fe(f"nvrtc_options[{i}]", f"`{o}`: macros named KERNELIZE_* are the verifier's")
-        if not any(o.startswith(p) for p in _ALLOWED_OPTION_PREFIXES):
-            raise _fe(f"nvrtc_options[{i}]", f"`{o}` is not allowed")
+    opts = _nvrtc_options(raw)
     return canonical_manifest({
         "name": name, "version": version, "op": op, "semantics": semantics,
         "description": _rust_trim(description), "authors": authors, "license": _rust_trim(lic),
@@ -416,6 +434,52 @@ def _capabilities(raw: Any) -> list[dict[str, str]]:
             raise _fe(f"capability[{i}].reason", f"say why the kernel needs `{name}`")
         out.append({"name": name, "reason": reason})
     return sorted(out, key=lambda d: CAPABILITIES.index(d["name"]))
+
+
+def _nvrtc_options(raw: dict[str, Any]) -> list[str]:
+    opts = raw.get("nvrtc_options", [])
+    for i, o in enumerate(opts):
+        defined = o[len("--define-macro="):] if o.startswith("--define-macro=") else (o[2:] if o.startswith("-D") else "")
+        if defined.startswith("KERNELIZE_"):
+            raise _fe(f"nvrtc_options[{i}]", f"`{o}`: macros named KERNELIZE_* are the verifier's")
+        if not any(o.startswith(p) for p in _ALLOWED_OPTION_PREFIXES):
+            raise _fe(f"nvrtc_options[{i}]", f"`{o}` is not allowed")
+    return opts
+
+
+def _backward_entries(raw: dict[str, Any], op: str) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """Manifest::check's `check_entries` for a backward op: per dtype a table naming each of the
+    op's entries (`entries` names the first), no launch rules (the ABI's: docs/spec.md 2c)."""
+    if "launch" in raw:
+        raise _fe("launch", f"{op}'s launches are its ABI's (docs/spec.md section 2c); remove it")
+    want = BACKWARD_OPS[op]
+    entry = raw["entry"]
+    if not isinstance(entry, dict) or not entry:
+        raise _fe("entry", "declare one entry symbol per supported dtype")
+    entries, stages = {}, {}
+    for k, t in entry.items():
+        if k not in DTYPES:
+            raise _fe(f"entry.{k}", f"dtype `{k}` is not valid")
+        if not isinstance(t, dict):
+            raise _fe(f"entry.{k}", f"{op} launches {len(want)} entries in this order: give a table "
+                      f"`[entry.{k}]` naming each ({', '.join(want)})")
+        extra = next((s for s in sorted(t) if s not in want), None)
+        if extra is not None:
+            raise _fe(f"entry.{k}.{extra}", f"{op} has no entry `{extra}`; its entries are {', '.join(want)}")
+        missing = next((s for s in want if s not in t), None)
+        if missing is not None:
+            raise _fe(f"entry.{k}.{missing}", f"is missing: {op} launches {', '.join(want)} in this order")
+        seen = set()
+        for stage in sorted(t):
+            sym = t[stage]
+            if not isinstance(sym, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", sym):
+                raise _fe(f"entry.{k}.{stage}", f"`{sym}` is not a C identifier")
+            if sym in seen:
+                raise _fe(f"entry.{k}.{stage}", f"`{sym}` is named for two entries")
+            seen.add(sym)
+        entries[k] = t[want[0]]
+        stages[k] = dict(t)
+    return entries, stages
 
 
 def _constraints(raw: dict[str, Any]) -> dict[str, Any]:

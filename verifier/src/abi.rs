@@ -6,8 +6,9 @@
 use crate::cases::{self, CaseInputs, CaseSpec};
 use crate::cuda::{Arg, CompileJob, DevBuf, Gpu};
 use crate::exec::ExecError;
+use kernel_registry::backward::DeviceShape;
 use kernel_registry::manifest::{entry_options, LaunchDims};
-use kernel_registry::{DType, KernelBundle, Op, Semantics};
+use kernel_registry::{DType, KernelBundle, Op, Semantics, Stage};
 
 /// The ABI's alignment: every tensor a kernel is given starts at an address that is a multiple
 /// of this many bytes, and nothing more is promised (docs/spec.md section 2). The one constant
@@ -16,14 +17,13 @@ use kernel_registry::{DType, KernelBundle, Op, Semantics};
 /// client's copy is `kernelize.launch.ABI_ALIGNMENT`.
 pub const ABI_ALIGN_BYTES: u64 = 16;
 
-/// The tensors of an op's ABI (its pointer arguments), by their ABI names, in ABI order.
+/// The tensors of a forward op's ABI (its pointer arguments), by their ABI names, in ABI order;
+/// a backward op's are per entry ([`Stage::tensors`]), and this is empty for it.
 pub fn abi_tensors(op: Op) -> Vec<&'static str> {
-    op.abi()
-        .split(',')
-        .zip(op.abi_names())
-        .filter(|(param, _)| param.contains('*'))
-        .map(|(_, name)| name)
-        .collect()
+    match op.stages() {
+        [s] => s.tensors(),
+        _ => Vec::new(),
+    }
 }
 
 /// The reference layers' CUDA source (docs/reference-semantics.md).
@@ -138,6 +138,56 @@ pub(crate) fn abi_args(spec: &CaseSpec, t: Ptrs, rows: u64) -> Vec<Arg> {
         .collect()
 }
 
+/// Device addresses of one call of a backward op (docs/spec.md section 2c): the gradients it
+/// writes, its workspace, and its inputs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BackwardPtrs {
+    pub dx: u64,
+    pub dw: u64,
+    /// `kernel_registry::backward::workspace_bytes` of f32.
+    pub ws: u64,
+    pub dy: u64,
+    pub x: u64,
+    pub w: u64,
+}
+
+/// Kernel arguments of a backward op's entry `stage` in the ABI order of docs/spec.md section
+/// 2c, built from its one description (`Op::stages`): `rows x cols`, the case's `eps`, the
+/// device's SM count and threads per SM (eager's dw order depends on both).
+///
+/// Launch arguments only: the verifier measures no backward op yet (`verify::refuse_unmeasured`).
+#[allow(dead_code)]
+pub(crate) fn stage_args(
+    stage: &Stage,
+    t: BackwardPtrs,
+    rows: u64,
+    cols: u64,
+    eps: f32,
+    dev: DeviceShape,
+) -> Vec<Arg> {
+    stage
+        .names()
+        .into_iter()
+        .map(|name| match name {
+            "dx" => Arg::Ptr(t.dx),
+            "dw" => Arg::Ptr(t.dw),
+            "ws" => Arg::Ptr(t.ws),
+            "dy" => Arg::Ptr(t.dy),
+            "x" => Arg::Ptr(t.x),
+            "w" => Arg::Ptr(t.w),
+            "rows" => Arg::I64(rows as i64),
+            "cols" => Arg::I64(cols as i64),
+            "eps" => Arg::F32(eps),
+            "sms" => Arg::I64(dev.sms as i64),
+            "threads_per_sm" => Arg::I64(dev.threads_per_sm as i64),
+            other => unreachable!(
+                "Op::stages names `{other}` in entry `{}`, unknown to the verifier",
+                stage.name
+            ),
+        })
+        .collect()
+}
+
 /// One module per dtype entry of the bundle: the author's options plus the dtype macro, named as
 /// the clients name it (`cuda::module_what`).
 pub(crate) fn entry_jobs<'a>(bundle: &'a KernelBundle, digest: &'a str) -> Vec<CompileJob<'a>> {
@@ -187,9 +237,10 @@ mod tests {
                 Op::Silu | Op::Gelu | Op::GeluTanh => "[Ptr(100), Ptr(300), I64(15)]",
                 Op::SiluAndMul => "[Ptr(100), Ptr(300), I64(3), I64(5)]",
                 Op::SiluMul | Op::GeluTanhMul => "[Ptr(100), Ptr(300), Ptr(400), I64(3), I64(5)]",
+                Op::RmsNormBackward => unreachable!(),
             }
         };
-        for &op in Op::ALL {
+        for &op in Op::ALL.iter().filter(|o| !o.is_backward()) {
             assert_eq!(format!("{:?}", abi_args(&spec(op), t, 3)), want(op), "{op}");
         }
     }
@@ -203,6 +254,7 @@ mod tests {
                 Op::LayerNorm => &["out", "x", "w", "b"],
                 Op::Silu | Op::Gelu | Op::GeluTanh | Op::SiluAndMul => &["out", "x"],
                 Op::SiluMul | Op::GeluTanhMul => &["out", "gate", "up"],
+                Op::RmsNormBackward => &[],
             }
         };
         for &op in Op::ALL {
@@ -225,9 +277,39 @@ mod tests {
     }
 
     #[test]
+    fn backward_launch_arguments_follow_each_entrys_abi() {
+        let t = BackwardPtrs {
+            dx: 100,
+            dw: 200,
+            ws: 300,
+            dy: 400,
+            x: 500,
+            w: 600,
+        };
+        let dev = DeviceShape {
+            sms: 132,
+            threads_per_sm: 2048,
+        };
+        let op = Op::RmsNormBackward;
+        let want = [
+            "[Ptr(100), Ptr(300), Ptr(400), Ptr(500), Ptr(600), I64(3), I64(5), F32(0.25)]",
+            "[Ptr(300), Ptr(400), Ptr(500), I64(3), I64(5), I64(132), I64(2048)]",
+            "[Ptr(200), Ptr(300), I64(3), I64(5), I64(132), I64(2048)]",
+        ];
+        assert_eq!(op.stages().len(), want.len());
+        for (s, want) in op.stages().iter().zip(want) {
+            let args = stage_args(s, t, 3, 5, 0.25, dev);
+            assert_eq!(format!("{args:?}"), want, "{}", s.name);
+        }
+        // no single-entry ABI: the forward helpers give nothing for it
+        assert!(abi_tensors(op).is_empty());
+    }
+
+    #[test]
     fn the_reference_has_every_op_with_its_abi() {
         // reference.cu spells each entry's parameters out; they must be Op::abi's, T = the dtype.
-        for &op in Op::ALL {
+        // (No reference of a backward op exists yet: docs/backward.md, what remains.)
+        for &op in Op::ALL.iter().filter(|o| !o.is_backward()) {
             for &sem in op.semantics() {
                 let head = format!("ref_{op}_{sem}_##S(");
                 let line = REFERENCE_SOURCE

@@ -150,6 +150,8 @@ pub fn oracle(spec: &CaseSpec, inp: &CaseInputs, ranges: &[(usize, usize)]) -> V
             Op::Silu | Op::Gelu | Op::GeluTanh => (start..start + len)
                 .map(|i| elementwise(spec.op, f(&inp.x, i)))
                 .collect(),
+            // No backward cases exist (cases::generate_shape refuses them): docs/backward.md.
+            Op::RmsNormBackward => unreachable!("{}: no f64 oracle for backward ops yet", spec.op),
         }
     };
     ranges.par_iter().flat_map_iter(per_range).collect()

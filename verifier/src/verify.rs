@@ -68,6 +68,7 @@ pub fn verify_bundle(
             "the CUDA driver (libcuda.so.1) did not load or reports no device".into(),
         ));
     }
+    refuse_unmeasured(bundle)?;
     let sandbox = SandboxExecutor::new(opts.sandbox_exe.clone()).map_err(VerifyError::Exec)?;
     match bundle.manifest.runtime {
         Runtime::Cuda => {
@@ -81,6 +82,20 @@ pub fn verify_bundle(
             verify_with(&mut exec, bundle, opts, progress)
         }
     }
+}
+
+/// A kernel of an op the suite cannot measure yet: a backward op (docs/spec.md section 2c) has an
+/// ABI, launch arithmetic and launch arguments, but no cases, reference or oracle (docs/backward.md,
+/// "What remains"), so no verification of it is made, and so it is never handed out.
+pub fn refuse_unmeasured(bundle: &KernelBundle) -> Result<(), VerifyError> {
+    let op = bundle.manifest.op;
+    if op.is_backward() {
+        return Err(VerifyError::BadRequest(format!(
+            "{} is a {op} kernel: the verifier does not measure backward ops yet (no cases, reference or oracle: docs/backward.md), so it cannot be verified or handed out",
+            bundle.manifest.name
+        )));
+    }
+    Ok(())
 }
 
 /// The dtypes a run covers: the filter (each must have an entry) or all entries.
@@ -134,6 +149,7 @@ pub fn verify_with(
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default();
     let m = &bundle.manifest;
+    refuse_unmeasured(bundle)?;
     let dtypes = dtypes_for(bundle, opts)?;
     let seed = opts.seed.unwrap_or_else(cases::fresh_seed);
     crate::trace(|| format!("verify {}: start", m.name));
@@ -426,6 +442,36 @@ cols_max = 16384
             why,
             vec!["reads a clock (%clock64) but the manifest does not declare capability `clock`"]
         );
+    }
+
+    #[test]
+    fn a_backward_kernel_is_refused_before_anything_runs() {
+        let toml = r#"
+name = "fake_rms_bwd"
+version = "0.1.0"
+op = "rms_norm_backward"
+description = "test"
+authors = ["t"]
+license = "MIT"
+source = "k.cu"
+[entry.bf16]
+dx = "k_dx"
+dwp = "k_dwp"
+dw = "k_dw"
+"#;
+        let b = KernelBundle::from_parts(toml, "k_dx k_dwp k_dw").unwrap();
+        let mut fake = Fake {
+            fail_on: None,
+            calls: 0,
+        };
+        let e = verify_with(&mut fake, &b, &VerifyOptions::default(), &mut |_| {}).unwrap_err();
+        assert!(matches!(e, VerifyError::BadRequest(_)), "{e}");
+        assert!(
+            e.to_string().contains("does not measure backward ops yet"),
+            "{e}"
+        );
+        assert_eq!(fake.calls, 0);
+        assert!(refuse_unmeasured(&bundle()).is_ok());
     }
 
     #[test]

@@ -862,3 +862,213 @@ fn capabilities_are_declared_with_a_reason() {
     let e = Manifest::parse(&format!("{GOOD}\n[[capability]]\nname = \"trap\"\n")).unwrap_err();
     assert!(e.to_string().contains("reason"), "{e}");
 }
+
+// ---- backward ops (docs/spec.md section 2c) ------------------------------------------------
+
+const BWD: &str = r#"
+name = "rms_norm_llama_backward"
+version = "1.0.0"
+op = "rms_norm_backward"
+semantics = "llama"
+description = "HF LlamaRMSNorm's backward in eager autograd's order"
+authors = ["kernelize"]
+license = "Apache-2.0"
+source = "kernel.cu"
+
+[entry.bf16]
+dx = "bwd_dx_bf16"
+dwp = "bwd_dwp_bf16"
+dw = "bwd_dw_bf16"
+
+[entry.f32]
+dx = "bwd_dx_f32"
+dwp = "bwd_dwp_f32"
+dw = "bwd_dw_f32"
+"#;
+
+const BWD_SRC: &str = "bwd_dx_bf16 bwd_dwp_bf16 bwd_dw_bf16 bwd_dx_f32 bwd_dwp_f32 bwd_dw_f32";
+
+fn bwd_with(from: &str, to: &str) -> String {
+    assert!(BWD.contains(from), "fixture lacks {from}");
+    BWD.replacen(from, to, 1)
+}
+
+#[test]
+fn a_backward_manifest_names_every_entry_per_dtype() {
+    let m = Manifest::parse(BWD).unwrap();
+    assert_eq!((m.op, m.semantics), (Op::RmsNormBackward, Semantics::Llama));
+    assert_eq!(m.dtypes(), vec![DType::Bf16, DType::F32]);
+    // `entries` names each dtype's first launch; `stages` every launch
+    assert_eq!(m.entries[&DType::Bf16], "bwd_dx_bf16");
+    assert_eq!(m.stages[&DType::F32]["dwp"], "bwd_dwp_f32");
+    assert_eq!(m.stages[&DType::F32].len(), 3);
+    assert!(m.launch.is_empty());
+    let e = m.launch_dims(4, 4096, 132).unwrap_err();
+    assert!(e.contains("stage_dims"), "{e}");
+    // the canonical encoding carries the stages; a forward manifest's has no such key
+    let json = serde_json::to_string(&m).unwrap();
+    assert!(
+        json.contains(
+            r#""stages":{"bf16":{"dw":"bwd_dw_bf16","dwp":"bwd_dwp_bf16","dx":"bwd_dx_bf16"}"#
+        ),
+        "{json}"
+    );
+    let fwd = serde_json::to_string(&Manifest::parse(GOOD).unwrap()).unwrap();
+    assert!(!fwd.contains("stages"), "{fwd}");
+    // semantics default to the op's only one
+    let m = Manifest::parse(&bwd_with("semantics = \"llama\"\n", "")).unwrap();
+    assert_eq!(m.semantics, Semantics::Llama);
+}
+
+#[test]
+fn a_backward_bundle_needs_every_entry_in_its_source() {
+    let b = KernelBundle::from_parts(BWD, BWD_SRC).unwrap();
+    let d = b.digest();
+    // a stage's symbol takes part in the digest
+    let other = bwd_with("dw = \"bwd_dw_f32\"", "dw = \"bwd_dw2_f32\"");
+    let b2 = KernelBundle::from_parts(&other, &format!("{BWD_SRC} bwd_dw2_f32")).unwrap();
+    assert_ne!(b2.digest(), d);
+    let e = KernelBundle::from_parts(
+        BWD,
+        "bwd_dx_bf16 bwd_dwp_bf16 bwd_dx_f32 bwd_dwp_f32 bwd_dw_f32",
+    )
+    .unwrap_err();
+    assert_eq!(e.field_name(), Some("entry.bf16.dw"), "{e}");
+}
+
+#[test]
+fn bad_backward_manifests_name_the_field() {
+    let cases: Vec<(String, &str, &str)> = vec![
+        (
+            bwd_with(
+                "[entry.f32]\ndx = \"bwd_dx_f32\"\ndwp = \"bwd_dwp_f32\"\ndw = \"bwd_dw_f32\"\n",
+                "[entry]\nf32 = \"bwd_dx_f32\"\n",
+            ),
+            "entry.f32",
+            "give a table `[entry.f32]` naming each (dx = \"...\", dwp = \"...\", dw = \"...\")",
+        ),
+        (
+            bwd_with("dw = \"bwd_dw_bf16\"\n", ""),
+            "entry.bf16.dw",
+            "is missing",
+        ),
+        (
+            bwd_with(
+                "dw = \"bwd_dw_bf16\"\n",
+                "dw = \"bwd_dw_bf16\"\ndb = \"bwd_db_bf16\"\n",
+            ),
+            "entry.bf16.db",
+            "has no entry `db`; its entries are dx, dwp, dw",
+        ),
+        (
+            bwd_with("dw = \"bwd_dw_bf16\"", "dw = \"bwd_dx_bf16\""),
+            "entry.bf16.dx",
+            "is named for two entries",
+        ),
+        (
+            bwd_with("dw = \"bwd_dw_bf16\"", "dw = \"1bad\""),
+            "entry.bf16.dw",
+            "not a C identifier",
+        ),
+        (bwd_with("[entry.f32]", "[entry.f64]"), "entry.f64", "dtype"),
+        (
+            format!("{BWD}\n[launch]\nblock = 512\ngrid = \"persistent\"\nblocks_per_sm = 8\n"),
+            "launch",
+            "launches are its ABI's",
+        ),
+        (
+            bwd_with(
+                "source = \"kernel.cu\"",
+                "source = \"kernel.py\"\nruntime = \"python\"\nrequires = [\"torch>=2.5\"]",
+            ),
+            "runtime",
+            "no Python signature",
+        ),
+        (
+            bwd_with("semantics = \"llama\"", "semantics = \"gemma\""),
+            "semantics",
+            "one of llama",
+        ),
+        (
+            with(
+                "[entry]\nbf16 = \"k_bf16\"\nf32 = \"k_f32\"\n",
+                "[entry.bf16]\ndx = \"k_bf16\"\n",
+            ),
+            "entry.bf16",
+            "rms_norm has one entry per dtype",
+        ),
+        (
+            bwd_with(
+                "dw = \"bwd_dw_bf16\"",
+                &format!("dw = \"{}\"", "a".repeat(MAX_ENTRY + 1)),
+            ),
+            "entry.bf16.dw",
+            "bytes long",
+        ),
+        (
+            bwd_with("dw = \"bwd_dw_bf16\"", "dw = \"bwd_dw\\u0007bf16\""),
+            "entry.bf16.dw",
+            "control character",
+        ),
+    ];
+    for (text, field, want) in cases {
+        let e = Manifest::parse(&text).unwrap_err();
+        assert_eq!(e.field_name(), Some(field), "{e}\n{text}");
+        assert!(e.to_string().contains(want), "want `{want}` in: {e}");
+    }
+    // a value of the wrong TOML type is refused naming its key
+    for text in [
+        bwd_with("dw = \"bwd_dw_bf16\"", "dw = 3"),
+        bwd_with(
+            "[entry.f32]\ndx = \"bwd_dx_f32\"\ndwp = \"bwd_dwp_f32\"\ndw = \"bwd_dw_f32\"\n",
+            "[entry]\nf32 = 3\n",
+        ),
+    ] {
+        let e = Manifest::parse(&text).unwrap_err();
+        assert!(matches!(e, ManifestError::Syntax(_)), "{e}");
+        assert!(
+            e.to_string()
+                .contains("for a backward op a table of its entries"),
+            "{e}"
+        );
+    }
+    // a Python candidate's entry is one function name
+    let py = with("source = \"k.cu\"", "source = \"k.py\"\nruntime = \"python\"\nrequires = [\"torch>=2.5\"]")
+        .replace("\n[[launch]]\ncols_max = 1024\nblock = [32, 8]\ngrid = \"per_row\"\nrows_per_block = 8\n\n[[launch]]\nblock = 1024\ngrid = \"per_row\"\nsmem_bytes_per_col = 4\n", "")
+        .replace("[entry]\nbf16 = \"k_bf16\"\nf32 = \"k_f32\"\n", "[entry.bf16]\ndx = \"k_bf16\"\n");
+    let e = Manifest::parse(&py).unwrap_err();
+    assert_eq!(e.field_name(), Some("entry.bf16"), "{e}");
+}
+
+/// `python/tests/fixtures/backward_digests.json`: a backward kernel's canonical manifest and
+/// digest as this crate computes them, for the Python client's parser and digest to agree with
+/// (`KERNELIZE_UPDATE_FIXTURES=1` rewrites it).
+#[test]
+fn backward_digest_fixture_is_current() {
+    let b = KernelBundle::from_parts(BWD, BWD_SRC).unwrap();
+    let want = serde_json::to_string_pretty(&serde_json::json!({
+        "comment": "Written by kernel-registry's test manifest::tests::backward_digest_fixture_is_current; do not edit: run KERNELIZE_UPDATE_FIXTURES=1 cargo test -p kernel-registry backward_digest_fixture",
+        "cases": [{
+            "name": "inline",
+            "manifest_toml": BWD,
+            "source": BWD_SRC,
+            "manifest": b.manifest,
+            "digest": b.digest().to_string(),
+        }],
+    }))
+    .unwrap()
+        + "\n";
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../python/tests/fixtures/backward_digests.json");
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    if have != want {
+        if std::env::var("KERNELIZE_UPDATE_FIXTURES").as_deref() == Ok("1") {
+            std::fs::write(&path, &want).unwrap();
+        } else {
+            panic!(
+                "{} is not current: run `KERNELIZE_UPDATE_FIXTURES=1 cargo test -p kernel-registry backward_digest_fixture` and commit it",
+                path.display()
+            );
+        }
+    }
+}

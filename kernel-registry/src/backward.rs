@@ -1,0 +1,330 @@
+//! The launch arithmetic of the backward ops (docs/spec.md section 2c, docs/backward.md): the
+//! workspace a call needs and each entry's grid and block. The entries and their parameters are
+//! [`Op::stages`]; this is what a caller computes to launch them.
+//!
+//! The workspace of `rms_norm_backward` holds `rows + ctas * cols` floats: the rows' `r`, then
+//! one partial column sum per CTA of eager's own dw reduction. `ctas` is Reduce.cuh's
+//! `ctas_per_output` for `sum(dim=0)` of a `[rows, cols]` tensor, which depends on the device's
+//! SM count and threads per SM (eager's dw bits do too), so a call takes both.
+//! [`col_config`] is that configuration; the kernel's `kb_col_cfg`
+//! (kernels/backward/rms_norm_llama_backward.cu) and the emulator's `col_config`
+//! (python/kernelize/backward.py) compute the same, which tests pin: the C++ and Python against
+//! each other on the CPU (python/tests/test_backward_order_on_cpu.py), this one against the
+//! Python through `python/tests/fixtures/abi.json`'s `backward` table.
+
+use crate::domain::Op;
+use crate::manifest::LaunchDims;
+
+/// Reduce.cuh's `setReduceConfig` for `sum(dim=0)` of a fresh contiguous `[rows, cols]` tensor
+/// (the outer reduction; docs/backward.md, "The column sum").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ColConfig {
+    /// Output vector size: 4, 2 or 1 columns a thread (by `cols % 4`).
+    pub out_vec: u64,
+    /// Block width (lanes over outputs) and height (warp-rows).
+    pub bw: u64,
+    pub bh: u64,
+    /// Whether the block's warp-rows share each column (`rows >= min(16 * bh, 256)`).
+    pub split: bool,
+    /// CTAs per output (the global reduce when > 1).
+    pub ctas: u64,
+    /// The row stride of one thread's chain (`step_input`).
+    pub step: u64,
+}
+
+fn last_pow2(n: u64) -> u64 {
+    if n == 0 {
+        1
+    } else {
+        1 << (63 - n.leading_zeros())
+    }
+}
+
+/// Eager's outer-reduction configuration on a device with `sms` SMs of `threads_per_sm`
+/// threads (`multiProcessorCount`, `maxThreadsPerMultiProcessor`).
+pub fn col_config(rows: u64, cols: u64, sms: u64, threads_per_sm: u64) -> ColConfig {
+    let out_vec = if cols.is_multiple_of(4) {
+        4
+    } else if cols.is_multiple_of(2) {
+        2
+    } else {
+        1
+    };
+    let max_t = 512 / out_vec;
+    let dim0 = cols / out_vec;
+    let d0 = if dim0 < max_t { last_pow2(dim0) } else { max_t };
+    let d1 = if rows < max_t { last_pow2(rows) } else { max_t };
+    let bw = d0.min(32);
+    let bh = d1.min(max_t / bw);
+    let bw = d0.min(max_t / bh);
+    let (mut step_in, mut step_out) = (1u64, bw);
+    let split = rows >= (bh * 16).min(256);
+    if split {
+        step_in *= bh;
+    } else {
+        step_out *= bh;
+    }
+    let target = sms.saturating_mul(threads_per_sm / (bw * bh));
+    let grid_x = dim0.div_ceil(step_out);
+    let vpt = rows.div_ceil(step_in);
+    let mut ctas = 1;
+    if split && vpt >= 256 && grid_x <= target {
+        ctas = target
+            .div_ceil(grid_x.max(1))
+            .min(vpt.div_ceil(16))
+            .max(vpt.div_ceil(256));
+        if ctas > 1 {
+            step_in *= ctas;
+        }
+    }
+    ColConfig {
+        out_vec,
+        bw,
+        bh,
+        split,
+        ctas,
+        step: step_in,
+    }
+}
+
+/// A device's figures that a backward launch depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceShape {
+    /// `multiProcessorCount`.
+    pub sms: u64,
+    /// `maxThreadsPerMultiProcessor`.
+    pub threads_per_sm: u64,
+}
+
+/// Why `op` has no backward launch arithmetic, or why the problem is out of the ABI's range.
+fn check(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result<(), String> {
+    if op != Op::RmsNormBackward {
+        return Err(format!(
+            "{op} is not a backward op (docs/spec.md section 2c)"
+        ));
+    }
+    if rows == 0 || cols == 0 {
+        return Err(format!(
+            "{op}: an empty problem ({rows} x {cols}) launches nothing"
+        ));
+    }
+    if dev.sms == 0 || dev.threads_per_sm < 512 {
+        return Err(format!(
+            "{op}: a device of {} SMs x {} threads per SM is not one eager's reduction runs on",
+            dev.sms, dev.threads_per_sm
+        ));
+    }
+    Ok(())
+}
+
+/// The workspace `ws` of one call, in floats: `rows + ctas * cols` (docs/backward.md).
+pub fn workspace_floats(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result<u64, String> {
+    check(op, rows, cols, dev)?;
+    let c = col_config(rows, cols, dev.sms, dev.threads_per_sm);
+    c.ctas
+        .checked_mul(cols)
+        .and_then(|p| p.checked_add(rows))
+        .ok_or_else(|| format!("{op}: the workspace of {rows} x {cols} overflows"))
+}
+
+/// The workspace in bytes (f32 elements).
+pub fn workspace_bytes(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result<u64, String> {
+    workspace_floats(op, rows, cols, dev)?
+        .checked_mul(4)
+        .ok_or_else(|| format!("{op}: the workspace of {rows} x {cols} overflows"))
+}
+
+/// Blocks per SM of the persistent entries' grids (dx, dwp): the probe's plan
+/// (scripts/backward_probe.py). Any grid of at least one block gives the same bits (the entries
+/// loop over their work); this only sizes it.
+pub const DX_BLOCKS_PER_SM: u64 = 8;
+pub const DWP_BLOCKS_PER_SM: u64 = 16;
+
+/// Grid and block of the entry named `stage` of `op` on `rows x cols` (no dynamic shared
+/// memory): `dx` persistent over rows (at most one block a row), `dwp` persistent over its
+/// (column group, CTA) items, `dw` one thread a column. The block is the ABI's
+/// ([`crate::domain::Stage::block`]).
+pub fn stage_dims(
+    op: Op,
+    stage: &str,
+    rows: u64,
+    cols: u64,
+    dev: DeviceShape,
+) -> Result<LaunchDims, String> {
+    check(op, rows, cols, dev)?;
+    let Some(s) = op.stages().iter().find(|s| s.name == stage) else {
+        return Err(format!(
+            "{op} has no entry `{stage}` (its entries: {})",
+            op.stages()
+                .iter()
+                .map(|s| s.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    };
+    let block = s
+        .block
+        .ok_or_else(|| format!("{op}: entry `{stage}` has no block in the ABI"))?
+        as u64;
+    let blocks = match stage {
+        "dx" => rows.min(DX_BLOCKS_PER_SM * dev.sms),
+        "dwp" => {
+            let c = col_config(rows, cols, dev.sms, dev.threads_per_sm);
+            cols.div_ceil(4)
+                .saturating_mul(c.ctas)
+                .min(DWP_BLOCKS_PER_SM * dev.sms)
+        }
+        "dw" => cols.div_ceil(block),
+        other => unreachable!("Op::stages of {op} names `{other}` without launch arithmetic"),
+    }
+    .max(1);
+    if blocks > i32::MAX as u64 {
+        return Err(format!(
+            "{op} `{stage}`: a grid of {blocks} blocks exceeds CUDA's limit of 2^31-1"
+        ));
+    }
+    Ok(LaunchDims {
+        grid: [blocks as u32, 1, 1],
+        block: [block as u32, 1, 1],
+        shared_mem_bytes: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H100: DeviceShape = DeviceShape {
+        sms: 132,
+        threads_per_sm: 2048,
+    };
+
+    /// docs/backward.md's table of the probe's shapes (132 SMs, 2048 threads per SM), and the
+    /// H100 PCIe's 29 CTAs at 4096 x 8192.
+    #[test]
+    fn ctas_are_the_documented_ones() {
+        let want: [(u64, [u64; 6]); 2] = [
+            (4096, [64, 64, 64, 64, 53, 33]),
+            (16384, [256, 132, 106, 66, 53, 33]),
+        ];
+        for (rows, ctas) in want {
+            for (cols, c) in [1024, 2048, 2560, 4096, 5120, 8192].into_iter().zip(ctas) {
+                let cfg = col_config(rows, cols, 132, 2048);
+                assert_eq!((cfg.ctas, cfg.bw, cfg.bh), (c, 32, 4), "{rows} x {cols}");
+                assert_eq!(cfg.step, 4 * c, "{rows} x {cols}");
+            }
+        }
+        for rows in [1, 2, 3, 7, 15, 63] {
+            let c = col_config(rows, 4096, 132, 2048);
+            assert!(!c.split && c.ctas == 1, "{rows}: {c:?}");
+        }
+        for rows in [64, 128, 1000, 1020] {
+            let c = col_config(rows, 4096, 132, 2048);
+            assert!(c.split && c.ctas == 1 && c.bh == 4, "{rows}: {c:?}");
+        }
+        assert!(col_config(1021, 4096, 132, 2048).ctas > 1);
+        assert_eq!(col_config(1, 4096, 132, 2048).bw, 128);
+        assert_eq!(col_config(2, 4096, 132, 2048).bh, 2);
+        assert_eq!(col_config(4096, 8192, 114, 2048).ctas, 29);
+        // odd widths: one column a thread, 512 threads
+        let c = col_config(4096, 1001, 132, 2048);
+        assert_eq!((c.out_vec, c.bw * c.bh), (1, 512));
+    }
+
+    #[test]
+    fn the_workspace_is_r_then_one_partial_row_per_cta() {
+        let op = Op::RmsNormBackward;
+        assert_eq!(workspace_floats(op, 4096, 8192, H100), Ok(4096 + 33 * 8192));
+        assert_eq!(workspace_floats(op, 7, 4096, H100), Ok(7 + 4096));
+        assert_eq!(workspace_bytes(op, 7, 4096, H100), Ok(4 * (7 + 4096)));
+        // the kernel's documented bound: rows + cols * max(1, ceil(rows / 16)) always suffices
+        for rows in [1, 15, 64, 1021, 4096, 16384, 100_000] {
+            for cols in [1, 3, 64, 1001, 4096, 8192, 65536] {
+                for sms in [1, 2, 114, 132] {
+                    let dev = DeviceShape {
+                        sms,
+                        threads_per_sm: 2048,
+                    };
+                    let ws = workspace_floats(op, rows, cols, dev).unwrap();
+                    assert!(
+                        ws <= rows + cols * rows.div_ceil(16).max(1),
+                        "{rows} x {cols}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_calls_say_why() {
+        let e = workspace_floats(Op::RmsNorm, 4, 4, H100).unwrap_err();
+        assert!(e.contains("not a backward op"), "{e}");
+        let e = workspace_floats(Op::RmsNormBackward, 0, 4, H100).unwrap_err();
+        assert!(e.contains("empty problem"), "{e}");
+        let dev = DeviceShape {
+            sms: 0,
+            threads_per_sm: 2048,
+        };
+        assert!(workspace_floats(Op::RmsNormBackward, 4, 4, dev).is_err());
+        let e = stage_dims(Op::RmsNormBackward, "db", 4, 4, H100).unwrap_err();
+        assert!(e.contains("its entries: dx, dwp, dw"), "{e}");
+        let e = workspace_floats(Op::RmsNormBackward, u64::MAX / 2, 4096, H100).unwrap_err();
+        assert!(e.contains("overflows"), "{e}");
+    }
+
+    /// The kernel of docs/backward.md spells each entry with the ABI's parameter types, in order
+    /// (its names may differ: `tps` for `threads_per_sm`; `i64` is `long long`).
+    #[test]
+    fn the_backward_kernel_has_the_abi_of_every_entry() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../kernels/backward/rms_norm_llama_backward.cu");
+        let src = std::fs::read_to_string(&path).unwrap();
+        let types = |params: &str| -> Vec<String> {
+            params
+                .split(',')
+                .map(|p| {
+                    let p = p.trim().replace("i64", "long long");
+                    let name_at = p.rfind([' ', '*']).unwrap();
+                    p[..=name_at].replace(' ', "")
+                })
+                .collect()
+        };
+        for s in Op::RmsNormBackward.stages() {
+            let head = format!("rms_norm_llama_bwd_{}_##NAME(", s.name);
+            let at = src.find(&head).unwrap_or_else(|| panic!("no {head}")) + head.len();
+            let params = &src[at..at + src[at..].find(')').unwrap()];
+            let params = params.replace('\\', " ");
+            assert_eq!(types(&params), types(s.params), "{}", s.name);
+            // the block the ABI fixes is the one the kernel is compiled for
+            let bound = src[..at].rsplit("__launch_bounds__(").next().unwrap();
+            let threads = bound.split([',', ')']).next().unwrap();
+            let want = match threads {
+                "KB_DX_THREADS" => 512,
+                "KB_DW_THREADS" => 128,
+                other => panic!("{other}"),
+            };
+            assert_eq!(s.block, Some(want), "{}", s.name);
+        }
+        assert!(src.contains("#define KB_DX_THREADS 512"));
+        assert!(src.contains("#define KB_DW_THREADS 128"));
+    }
+
+    #[test]
+    fn every_entry_has_its_launch() {
+        let op = Op::RmsNormBackward;
+        let dims = |s, r, c| stage_dims(op, s, r, c, H100).unwrap();
+        assert_eq!(dims("dx", 3, 4096).grid, [3, 1, 1]);
+        assert_eq!(dims("dx", 16384, 4096).grid, [8 * 132, 1, 1]);
+        assert_eq!(dims("dx", 1, 4096).block, [512, 1, 1]);
+        assert_eq!(dims("dwp", 16384, 4096).grid, [16 * 132, 1, 1]);
+        assert_eq!(dims("dwp", 1, 5).grid, [2, 1, 1]);
+        assert_eq!(dims("dwp", 1, 5).block, [128, 1, 1]);
+        assert_eq!(dims("dw", 4096, 8192).grid, [64, 1, 1]);
+        assert_eq!(dims("dw", 1, 1).grid, [1, 1, 1]);
+        for s in op.stages() {
+            let d = dims(s.name, 5, 7);
+            assert_eq!(Some(d.block[0]), s.block, "{}", s.name);
+            assert_eq!(d.shared_mem_bytes, 0);
+        }
+    }
+}

@@ -1,0 +1,72 @@
+"""The backward op's ABI on the Python side (docs/spec.md section 2c, docs/backward.md).
+
+python/tests/fixtures/abi.json is written from kernel-registry's `Op::stages` and
+`backward::col_config` by a Rust test; here the emulator's column-sum configuration
+(kernelize.backward.col_config) must give the same CTA count, and so the same workspace
+(`rows + ctas * cols` floats), as the hub computes.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("numpy")
+
+from kernelize import backward as B  # noqa: E402
+
+ABI = json.loads((Path(__file__).parent / "fixtures" / "abi.json").read_text(encoding="utf-8"))
+
+
+def test_the_workspace_ctas_are_the_registrys():
+    cases = ABI["backward_ctas"]["cases"]
+    assert len(cases) >= 100
+    for key, ctas in cases.items():
+        rows, cols, sms, tps = (int(v) for v in key.split(","))
+        assert B.col_config(rows, cols, sms, tps)["ctas"] == ctas, key
+
+
+def test_the_backward_ops_are_the_registrys():
+    ops = ABI["backward_ops"]
+    assert set(ops) == {"rms_norm_backward"}
+    op = ops["rms_norm_backward"]
+    assert (op["forward"], op["semantics"]) == ("rms_norm", ["llama"])
+    assert [s["name"] for s in op["stages"]] == ["dx", "dwp", "dw"]
+    assert [s["block"] for s in op["stages"]] == [512, 128, 128]
+    # the backward ops are not forward ops: no client launch, generator or op list knows them
+    assert not set(ops) & set(ABI["ops"])
+
+
+def test_the_digest_knows_the_backward_entries():
+    from kernelize import digest
+    ops = ABI["backward_ops"]
+    assert {op: tuple(s["name"] for s in a["stages"]) for op, a in ops.items()} == digest.BACKWARD_OPS
+    assert {op: list(digest.SEMANTICS[op]) for op in ops} == {op: a["semantics"] for op, a in ops.items()}
+
+
+CASES = json.loads((Path(__file__).parent / "fixtures" / "backward_digests.json").read_text(encoding="utf-8"))["cases"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_a_backward_manifest_parses_and_digests_as_the_registrys(case):
+    from kernelize.digest import canonical_manifest, digest_of, parse_manifest_toml
+    m = parse_manifest_toml(case["manifest_toml"])
+    assert m == canonical_manifest(case["manifest"])
+    assert digest_of(m, case["source"]) == digest_of(case["manifest"], case["source"]) == case["digest"]
+
+
+@pytest.mark.parametrize("edit,field", [
+    (("[entry.f32]\ndx = \"bwd_dx_f32\"\ndwp = \"bwd_dwp_f32\"\ndw = \"bwd_dw_f32\"\n", "[entry]\nf32 = \"bwd_dx_f32\"\n"), "entry.f32"),
+    (("dw = \"bwd_dw_bf16\"\n", ""), "entry.bf16.dw"),
+    (("dw = \"bwd_dw_bf16\"\n", "dw = \"bwd_dw_bf16\"\ndb = \"x\"\n"), "entry.bf16.db"),
+    (("dw = \"bwd_dw_bf16\"", "dw = \"bwd_dx_bf16\""), "entry.bf16.dx"),
+    (("source = \"kernel.cu\"", "source = \"kernel.cu\"\n[launch]\nblock = 512\ngrid = \"persistent\"\nblocks_per_sm = 8\n"), "launch"),
+    (("semantics = \"llama\"", "semantics = \"gemma\""), "semantics"),
+])
+def test_bad_backward_manifests_name_the_field_as_the_registry(edit, field):
+    from kernelize.digest import ManifestError, parse_manifest_toml
+    text = CASES[0]["manifest_toml"]
+    assert edit[0] in text
+    with pytest.raises(ManifestError, match=f"field `{field}`"):
+        parse_manifest_toml(text.replace(edit[0], edit[1], 1))
