@@ -27,6 +27,7 @@ both_backends!(
     acknowledged_writes_survive_sigkill,
     submit_claim_report_resolve,
     resolve_answers_say_when_and_at_what_shape,
+    imported_certificates_say_when_the_gpu_measured,
     policy_gating_and_arch,
     argmax_policy_needs_a_model_measurement_unless_bit_exact,
     leases_expire_and_no_job_completes_twice,
@@ -455,6 +456,21 @@ async fn submit_claim_report_resolve(b: Backend) {
         .get_json("/v1/kernels/e2e_exact/1.0.0/verifications")
         .await;
     assert_eq!(vs["verifications"].as_array().unwrap().len(), 1);
+    // The rows name the times as the resolve answer does: measured by this hub's worker.
+    let row = &vs["verifications"][0];
+    assert_eq!(row["verified_at"], v["report"]["started_at"], "{row}");
+    assert_eq!(row["imported_at"], Value::Null, "{row}");
+    assert_eq!(row["created_at"], v["created_at"], "{row}");
+    assert_eq!(v["verified_at"], row["verified_at"], "{v}");
+    assert_eq!(v["imported_at"], Value::Null, "{v}");
+    assert_fits_schema(
+        &srv,
+        "/v1/kernels/{name}/{version}/verifications",
+        "KernelVerifications",
+        &vs,
+    )
+    .await;
+    assert_fits_schema(&srv, "/v1/verifications/{id}", "VerificationRecord", &v).await;
     let approved: Value = srv
         .get_json("/v1/kernels?policy=bit_exact&dtype=bf16&arch=sm_90")
         .await;
@@ -468,10 +484,20 @@ async fn submit_claim_report_resolve(b: Backend) {
 /// A resolve answer fits the 200 body the served OpenAPI document declares (its `ResolveAnswer`,
 /// with every field it lists present), as schemathesis holds it.
 async fn assert_fits_resolve_schema(srv: &TestServer, answer: &Value) {
+    assert_fits_schema(srv, "/v1/resolve", "ResolveAnswer", answer).await;
+}
+
+/// A 200 answer of `GET path` (its template in the document) fits the body the served OpenAPI
+/// document declares (the component `schema`), with every field the schema lists present.
+async fn assert_fits_schema(srv: &TestServer, path: &str, schema: &str, answer: &Value) {
     let doc: Value = srv.get_json("/openapi.json").await;
-    let body = &doc["paths"]["/v1/resolve"]["get"]["responses"]["200"]["content"]
-        ["application/json"]["schema"];
-    assert_eq!(body["$ref"], "#/components/schemas/ResolveAnswer", "{body}");
+    let body =
+        &doc["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]["schema"];
+    assert_eq!(
+        body["$ref"],
+        format!("#/components/schemas/{schema}"),
+        "{body}"
+    );
     let mut root = body.clone();
     root.as_object_mut()
         .unwrap()
@@ -485,7 +511,7 @@ async fn assert_fits_resolve_schema(srv: &TestServer, answer: &Value) {
         .map(|e| format!("{}: {e}", e.instance_path().as_str()))
         .collect();
     assert!(errors.is_empty(), "{errors:?} in {answer}");
-    for field in doc["components"]["schemas"]["ResolveAnswer"]["properties"]
+    for field in doc["components"]["schemas"][schema]["properties"]
         .as_object()
         .unwrap()
         .keys()
@@ -593,6 +619,109 @@ async fn resolve_answers_say_when_and_at_what_shape(b: Backend) {
         !p["detail"].as_str().unwrap().contains("was not given"),
         "{p}"
     );
+}
+
+/// Issue 27: a bundled certificate, measured on a GPU before this hub imported it, says when
+/// the GPU measured it (its report's `started_at`) and when it was imported, alike in the
+/// resolve answer, the kernel's `/verifications` rows, the record, and the dashboard's matrix
+/// and field pages (the measured time shown, the import time in its title, and on a second line
+/// when it is another day).
+async fn imported_certificates_say_when_the_gpu_measured(b: Backend) {
+    let srv = TestServer::start(&b, &[]).await;
+    let (st, r) = srv
+        .get("/v1/resolve?op=rms_norm&semantics=llama&dtype=bf16&arch=sm_90&cols=4096")
+        .await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    let k = &r["kernel"];
+    let (name, version) = (k["name"].as_str().unwrap(), k["version"].as_str().unwrap());
+    let vs: Value = srv
+        .get_json(&format!("/v1/kernels/{name}/{version}/verifications"))
+        .await;
+    assert_fits_schema(
+        &srv,
+        "/v1/kernels/{name}/{version}/verifications",
+        "KernelVerifications",
+        &vs,
+    )
+    .await;
+    let row = vs["verifications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["id"] == r["verification_id"])
+        .unwrap_or_else(|| panic!("verification {} not listed: {vs}", r["verification_id"]));
+    assert_eq!(row["job_id"], Value::Null, "imported: {row}");
+    let measured = row["report"]["started_at"].as_str().unwrap();
+    let imported = row["created_at"].as_str().unwrap();
+    assert!(
+        measured < imported,
+        "the GPU measured it before this hub imported it: {row}"
+    );
+    assert_eq!(row["verified_at"], measured, "{row}");
+    assert_eq!(row["imported_at"], imported, "{row}");
+    assert_eq!(r["verified_at"], measured, "{r}");
+    assert_eq!(r["imported_at"], imported, "{r}");
+    let v: Value = srv.get_json(r["verification_url"].as_str().unwrap()).await;
+    assert_fits_schema(&srv, "/v1/verifications/{id}", "VerificationRecord", &v).await;
+    assert_eq!(
+        (&v["verified_at"], &v["imported_at"]),
+        (&row["verified_at"], &row["imported_at"]),
+        "{v}"
+    );
+    // Every row of the list says the same of itself.
+    for x in vs["verifications"].as_array().unwrap() {
+        assert_eq!(x["verified_at"], x["report"]["started_at"], "{x}");
+        let want = if x["job_id"].is_null() {
+            x["created_at"].clone()
+        } else {
+            Value::Null
+        };
+        assert_eq!(x["imported_at"], want, "{x}");
+    }
+    // The dashboard: the "verified" column shows the measured time, the import in its title.
+    let cell = format!(
+        "<time datetime=\"{measured}\" title=\"measured by the GPU {measured}; imported by this hub {imported}\">{} {}</time>",
+        &measured[..10],
+        &measured[11..16]
+    );
+    let second = format!("imported {}", &imported[..10]);
+    for path in [
+        "/?op=rms_norm&dtype=bf16&arch=sm_90&limit=500",
+        "/field?op=rms_norm&dtype=bf16&arch=sm_90&limit=500",
+    ] {
+        let html = srv
+            .client
+            .get(srv.url(path))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(html.contains(name), "{path}: no {name}");
+        assert!(html.contains(&cell), "{path}: no `{cell}` in {html}");
+        assert_eq!(
+            html.contains(&second),
+            measured[..10] != imported[..10],
+            "{path}: the import's day on a second line only when it is another day"
+        );
+    }
+    // The kernel's page heads the verification with the measured time, and says the import's.
+    let html = srv
+        .client
+        .get(srv.url(&format!("/kernels/{name}/{version}")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        format!("<time datetime=\"{measured}\" title=\"measured by the GPU {measured}\">"),
+        format!("stored by this hub <time datetime=\"{imported}\""),
+    ] {
+        assert!(html.contains(&needle), "the kernel page lacks `{needle}`");
+    }
 }
 
 async fn policy_gating_and_arch(b: Backend) {

@@ -863,6 +863,9 @@ async fn pages_fit_1366_and_1920_wide() {
     verify_next(&srv, &worker, "exact_fast", "sm_90").await;
     verify_next(&srv, &worker, "one_ulp_fast", "sm_90").await;
 
+    // A hub with the bundled certificates too: their "verified" cells say when the GPU measured
+    // and, for those imported on another day, the import's day on a second line.
+    let bundled = TestServer::start(&Backend::sqlite(), &[]).await;
     let mut pages: Vec<(String, String)> = vec![
         ("overview".into(), "/".into()),
         ("field".into(), "/field".into()),
@@ -897,8 +900,15 @@ async fn pages_fit_1366_and_1920_wide() {
         ));
     }
 
+    let mut pages: Vec<(String, String, &TestServer)> = pages
+        .into_iter()
+        .map(|(name, path)| (name, path, &srv))
+        .collect();
+    pages.push(("overview-bundled".into(), "/".into(), &bundled));
+    pages.push(("field-bundled".into(), "/field".into(), &bundled));
+
     let mut failures = Vec::new();
-    for (name, path) in &pages {
+    for (name, path, srv) in &pages {
         let r = srv.client.get(srv.url(path)).send().await.unwrap();
         let html = r.text().await.unwrap();
         assert!(html.contains("</body>"), "{path}: {html}");

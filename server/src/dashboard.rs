@@ -111,6 +111,8 @@ dl.meta{display:grid;grid-template-columns:max-content auto;gap:2px 14px;margin:
 dl.meta dt{color:var(--muted)}dl.meta dd{margin:0}
 ul.why{margin:4px 0;padding-left:18px}
 .muted{color:var(--muted)}
+.imported{color:var(--muted);font-size:12px;white-space:nowrap}
+#field td.verified time,#field td.verified .imported{white-space:normal}
 section.verification{border-top:2px solid var(--line);margin-top:18px}
 "#;
 
@@ -183,12 +185,35 @@ fn gbps(x: f64) -> String {
 
 /// An RFC 3339 timestamp as `YYYY-MM-DD HH:MM` (UTC), the full text kept in a tooltip.
 fn date(ts: &str) -> Markup {
-    let short = if ts.len() >= 16 && ts.as_bytes().get(10) == Some(&b'T') {
+    html! { time datetime=(ts) title=(ts) { (short_time(ts)) } }
+}
+
+/// An RFC 3339 time to the minute (`2026-11-27 07:18`); other text as it is.
+fn short_time(ts: &str) -> String {
+    if ts.len() >= 16 && ts.as_bytes().get(10) == Some(&b'T') {
         format!("{} {}", &ts[..10], &ts[11..16])
     } else {
         ts.to_string()
+    }
+}
+
+/// A verdict's "verified" cell: when the GPU measured it (its report's `started_at`, the API's
+/// `verified_at`), not when this hub stored it. An imported certificate (`imported_at`) says
+/// both times in its title, and the day it was imported on a second line when that is another
+/// day than the measurement's.
+fn verified(verified_at: &str, imported_at: Option<&str>) -> Markup {
+    let Some(imported) = imported_at else {
+        return html! { time datetime=(verified_at) title={"measured by the GPU " (verified_at)} { (short_time(verified_at)) } };
     };
-    html! { time datetime=(ts) title=(ts) { (short) } }
+    let title = format!("measured by the GPU {verified_at}; imported by this hub {imported}");
+    let day = |t: &str| t.get(..10).unwrap_or(t).to_string();
+    html! {
+        time datetime=(verified_at) title=(title) { (short_time(verified_at)) }
+        @if day(imported) != day(verified_at) {
+            br;
+            span.imported title=(title) { "imported " (day(imported)) }
+        }
+    }
 }
 
 /// The fraction of the copy-bandwidth roofline as a number and a small bar.

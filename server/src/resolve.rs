@@ -312,8 +312,8 @@ impl Times {
     /// The times of a stored verification.
     pub fn of(v: &kernel_store::VerificationRow) -> Times {
         Times {
-            verified_at: v.report.started_at.clone(),
-            imported_at: v.job_id.is_none().then(|| v.created_at.clone()),
+            verified_at: v.verified_at.clone(),
+            imported_at: v.imported_at.clone(),
         }
     }
 }

@@ -383,7 +383,7 @@ pub async fn fail(
 
 /// One verification record with its full report.
 #[utoipa::path(get, path = "/v1/verifications/{id}", tag = "verifications", params(("id" = i64, Path, minimum = 1)),
-    responses((status = 200, description = "The verification"), (status = 404, description = "No such verification")))]
+    responses((status = 200, description = "The verification: `verified_at` is when the GPU measured it (its report's `started_at`), `imported_at` when this hub imported it (null: this hub's worker measured it), `created_at` when it was stored", body = super::openapi::VerificationRecord), (status = 404, description = "No such verification")))]
 pub async fn verification(
     State(st): State<AppState>,
     _c: Caller,

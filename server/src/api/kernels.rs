@@ -224,8 +224,8 @@ pub async fn get_one(
                 "device": v.device_name, "class": v.exactness_class, "created_at": v.created_at,
                 // When the GPU measured it (the report's own time), and when this hub imported
                 // it (null: this hub's worker measured it); `created_at` is when it was stored.
-                "verified_at": v.report.started_at,
-                "imported_at": v.job_id.is_none().then_some(&v.created_at),
+                "verified_at": v.verified_at,
+                "imported_at": v.imported_at,
                 "summary": v.report.summary,
                 // What the compiled code can do (docs/spec.md section 3b; null: not audited),
                 // and why a default policy refuses it (empty: it does not).
@@ -245,7 +245,7 @@ pub async fn get_one(
 /// Every verification of one kernel, newest first, with full reports.
 #[utoipa::path(get, path = "/v1/kernels/{name}/{version}/verifications", tag = "verifications",
     params(("name" = KernelName, Path), ("version" = KernelVersion, Path)),
-    responses((status = 200, description = "Verification records"), (status = 404, description = "No such kernel")))]
+    responses((status = 200, description = "Verification records, newest first; each one's `verified_at` is when the GPU measured it (its report's `started_at`), `imported_at` when this hub imported it (null: this hub's worker measured it), `created_at` when it was stored", body = super::openapi::KernelVerifications), (status = 404, description = "No such kernel")))]
 pub async fn verifications(
     State(st): State<AppState>,
     _c: Caller,

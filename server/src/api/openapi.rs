@@ -27,7 +27,7 @@ impl Modify for TokenAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "kernelize", description = "A kernel hub that hands out only verified layer replacements.\n\nEvery refusal is `application/problem+json` (RFC 9457) whose `detail` says what was wrong and how to fix it, and whose `field` names the parameter or field at fault. Text in a path or query parameter is one line (no control characters); a query parameter is either left out or given a value without surrounding spaces; no string of a body may hold NUL. Writes are limited per token (429 with `Retry-After`). An unknown, expired or revoked token gets 401 with `reason`. Every answer carries `x-request-id`."),
-    components(schemas(Problem, ResolveAnswer, ResolveSpeed, MeasuredShape, OpName, SemanticsName, DTypeName, ArchName, PolicyText, DigestText, KernelName, KernelVersion)),
+    components(schemas(Problem, ResolveAnswer, ResolveSpeed, MeasuredShape, VerificationRecord, KernelVerifications, OpName, SemanticsName, DTypeName, ArchName, PolicyText, DigestText, KernelName, KernelVersion)),
     modifiers(&TokenAuth)
 )]
 pub struct ApiDoc;
@@ -227,6 +227,56 @@ pub struct ResolveSpeed {
     asked_rows_measured: Option<bool>,
     /// Present when `asked_width_measured` is false: which shape the figure is.
     note: Option<String>,
+}
+
+/// A verification record: `GET /v1/verifications/{id}`, and each of a kernel's in
+/// `GET /v1/kernels/{name}/{version}/verifications`. Its times are named as in a resolve answer:
+/// `verified_at` when the GPU measured it, `imported_at` when this hub imported it, `created_at`
+/// when this hub stored it.
+#[derive(ToSchema)]
+#[allow(dead_code)] // documentation: `kernel_store::VerificationRow` with `stale` (`crate::stale::Staleness::json`)
+pub struct VerificationRecord {
+    id: i64,
+    /// The verified kernel's content digest.
+    kernel_digest: String,
+    /// The job of this hub whose worker measured it; null when it was imported (a certificate
+    /// measured elsewhere, e.g. a bundled one).
+    #[schema(required = true)]
+    job_id: Option<i64>,
+    /// The GPU architecture it ran on, e.g. `sm_90`.
+    arch: String,
+    /// The GPU it ran on.
+    device_name: String,
+    /// Its overall exactness class, e.g. `bit_exact`, `ulp:1`.
+    exactness_class: String,
+    /// When this hub stored it (RFC 3339).
+    created_at: String,
+    /// When the GPU measured it: the report's own `started_at` (RFC 3339), as a resolve
+    /// answer's `verified_at`; not when this hub stored or imported it.
+    verified_at: String,
+    /// When this hub imported it (RFC 3339; the same as `created_at`); null when this hub's own
+    /// worker measured it (`job_id` is set).
+    #[schema(required = true)]
+    imported_at: Option<String>,
+    /// The full verification report.
+    #[schema(value_type = Object)]
+    report: (),
+    /// The worker's signed certificate of the report; null when none was sent.
+    #[schema(value_type = Option<Object>, required = true)]
+    certificate: (),
+    /// Why its verdict is stale (empty: it is not).
+    stale: Vec<String>,
+}
+
+/// `GET /v1/kernels/{name}/{version}/verifications`: the kernel and every verification of it,
+/// newest first.
+#[derive(ToSchema)]
+#[allow(dead_code)] // documentation: written by `crate::api::kernels::verifications`
+pub struct KernelVerifications {
+    /// The kernel's stored row (name, version, op, semantics, digest, runtime, ...).
+    #[schema(value_type = Object)]
+    kernel: (),
+    verifications: Vec<VerificationRecord>,
 }
 
 /// A shape a speed was measured at.

@@ -4,8 +4,8 @@
 //! roofline, and a link to the policy explorer resolving across runtimes.
 
 use super::overview::{filters, pager};
-use super::{class_badge, date, frac, gbps, kernel_href, layout, opt_param, roofline, sci, ulp};
-use super::{Nav, PageError};
+use super::{class_badge, frac, gbps, kernel_href, layout, opt_param, roofline, sci, ulp};
+use super::{verified, Nav, PageError};
 use crate::app::{AppState, Caller};
 use crate::error::AppError;
 use axum::extract::{Query, State};
@@ -171,7 +171,7 @@ fn table(rows: &[FieldRow], fastest_exact: &HashMap<FieldGroup, f64>) -> Markup 
                                 None => { td.num.muted { "—" } td.muted { "not measured" } td.num.muted { "—" } td.num.muted { "—" } td {} },
                             }
                             td { (r.device_name) }
-                            td { (date(&r.verified_at)) }
+                            td.verified { (verified(&r.verified_at, r.imported_at.as_deref())) }
                         }
                     }
                 }

@@ -2,7 +2,7 @@
 //! its per-case table and plots.
 
 use super::plot::{self, Point};
-use super::{class_badge, date, frac, gbps, layout, roofline, sci, ulp, Nav, PageError};
+use super::{class_badge, date, frac, gbps, layout, roofline, sci, ulp, verified, Nav, PageError};
 use crate::app::{AppState, Caller};
 use crate::error::AppError;
 use axum::extract::{Path, Query, State};
@@ -205,7 +205,7 @@ fn verification(v: &VerificationRow, op: Op, stale: &[String]) -> Markup {
 
     html! {
         section.verification id={"v" (v.id)} {
-            h3 { "On " (r.device.name) " (" (v.arch) ") · " (date(&v.created_at)) }
+            h3 { "On " (r.device.name) " (" (v.arch) ") · " (verified(&v.verified_at, None)) }
             dl.meta {
                 dt { "device" } dd { (r.device.name) ", " (r.device.sm_count) " SMs, copy bandwidth " (gbps(r.device.copy_gbps)) " GB/s" }
                 dt { "driver / CUDA" } dd { (r.device.driver_version) " / " (r.device.cuda_version) }
@@ -222,7 +222,10 @@ fn verification(v: &VerificationRow, op: Op, stale: &[String]) -> Markup {
                 }
                 dt { "origin" } dd.origin {
                     @if v.job_id.is_some() { "verified by a worker of this hub (job " (v.job_id.unwrap_or_default()) ")" }
-                    @else { "imported: recorded on the project's GPU runs and shipped with the bundle" }
+                    @else {
+                        "imported: recorded on the project's GPU runs and shipped with the bundle"
+                        @if let Some(at) = &v.imported_at { "; stored by this hub " (date(at)) }
+                    }
                 }
                 dt { "certificate" } dd.certificate {
                     @match &v.certificate {

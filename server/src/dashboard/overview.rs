@@ -1,7 +1,7 @@
 //! `/`: the verification matrix — every op x kernel x dtype x arch with its newest verdict.
 
 use super::{class_badge, date, frac, gbps, kernel_href, layout, opt_param, roofline, ulp, Nav};
-use super::{sci, PageError};
+use super::{sci, verified, PageError};
 use crate::app::{AppState, Caller};
 use crate::error::AppError;
 use axum::extract::{Query, State};
@@ -346,7 +346,7 @@ fn matrix(rows: &[MatrixRow]) -> Markup {
                                 None => { td.num.muted { "—" } td.muted { "not measured" } td.num.muted { "—" } td {} },
                             }
                             td { (r.device_name) }
-                            td { (date(&r.verified_at)) }
+                            td.verified { (verified(&r.verified_at, r.imported_at.as_deref())) }
                         }
                     }
                 }
