@@ -309,6 +309,48 @@ mod tests {
         assert!(src.contains("#define KB_DW_THREADS 128"));
     }
 
+    /// The manifest a bundled `kernels/rms_norm_llama_backward/` would have (docs/backward.md,
+    /// "What remains", 6) fits the kernel's source once its symbols are spelled out.
+    #[test]
+    fn the_backward_kernel_fits_the_manifest_form() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../kernels/backward/rms_norm_llama_backward.cu");
+        let src = std::fs::read_to_string(&path).unwrap();
+        let mut toml = String::from(
+            "name = \"rms_norm_llama_backward\"\nversion = \"1.0.0\"\nop = \"rms_norm_backward\"\n\
+             semantics = \"llama\"\ndescription = \"HF LlamaRMSNorm's gradients in eager autograd's order\"\n\
+             authors = [\"kernelize\"]\nlicense = \"Apache-2.0\"\nsource = \"kernel.cu\"\n",
+        );
+        for dt in crate::DType::ALL {
+            toml.push_str(&format!("[entry.{dt}]\n"));
+            for s in Op::RmsNormBackward.stages() {
+                toml.push_str(&format!("{0} = \"rms_norm_llama_bwd_{0}_{dt}\"\n", s.name));
+            }
+        }
+        // The source makes its symbols by token pasting (`rms_norm_llama_bwd_dx_##NAME`), and a
+        // bundle's check looks for each symbol's text: as it is, the source is refused ...
+        let e = crate::KernelBundle::from_parts(&toml, &src).unwrap_err();
+        assert_eq!(e.field_name(), Some("entry.bf16.dw"), "{e}");
+        // ... and accepted once the entries are spelled out (a bundled kernel.cu must do so)
+        let mut spelled = src.clone();
+        for dt in crate::DType::ALL {
+            for s in Op::RmsNormBackward.stages() {
+                spelled.push_str(&format!("// entry rms_norm_llama_bwd_{}_{dt}\n", s.name));
+            }
+        }
+        let b = crate::KernelBundle::from_parts(&toml, &spelled).unwrap();
+        assert_eq!(b.manifest.dtypes(), crate::DType::ALL);
+        assert_eq!(
+            b.manifest.entries[&crate::DType::F16],
+            "rms_norm_llama_bwd_dx_f16"
+        );
+        // the macro spells the symbols `rms_norm_llama_bwd_<stage>_##NAME`: from_parts only
+        // finds them as text, so check the instantiations name every dtype
+        for dt in crate::DType::ALL {
+            assert!(src.contains(&format!("KB_ENTRIES({dt}, ")), "{dt}");
+        }
+    }
+
     #[test]
     fn every_entry_has_its_launch() {
         let op = Op::RmsNormBackward;
