@@ -13,7 +13,7 @@ use super::{
     REPORT_SCHEMA_VERSION, ROOFLINE_MARGIN, ULP_BUCKETS, ULP_INFINITE,
 };
 use crate::device::{self, PEAK_MARGIN};
-use crate::domain::{DType, Digest};
+use crate::domain::{DType, Digest, Op};
 use crate::manifest::{Manifest, Runtime};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -66,6 +66,11 @@ pub struct ReportError {
 pub enum ReportErrorKind {
     SchemaVersion {
         got: u32,
+    },
+    /// A report for a kernel of an op the suite does not measure yet (a backward op, docs/spec.md
+    /// section 2c): the verifier refuses such a kernel, so no report of it is a verification.
+    OpNotMeasured {
+        op: Op,
     },
     /// A report whose execution record does not fit the kernel's runtime (docs/spec.md section 2b): a Python
     /// candidate's names its Python environment and compiles nothing; a CUDA kernel's has no
@@ -202,6 +207,10 @@ impl fmt::Display for ReportErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use ReportErrorKind::*;
         match self {
+            OpNotMeasured { op } => write!(
+                f,
+                "the suite does not measure {op} kernels yet (no cases, reference or oracle: docs/backward.md), so no report of one is accepted"
+            ),
             Runtime { runtime, why } => write!(
                 f,
                 "the kernel's runtime is {runtime}: {why}; post the report `kernelize verify` or `kernelize worker` wrote"
@@ -331,6 +340,14 @@ fn is_large_index(c: &CaseReport) -> bool {
 /// `MAX_PROBLEMS`; an empty list means the report fits.
 pub fn validate(report: &VerificationReport, want: &Expected<'_>) -> Result<(), Vec<ReportError>> {
     let mut out = Vec::new();
+    if want.manifest.op.is_backward() {
+        return Err(vec![err(
+            "kernel.op",
+            ReportErrorKind::OpNotMeasured {
+                op: want.manifest.op,
+            },
+        )]);
+    }
     check_header(report, want, &mut out);
     check_device(report, &mut out);
     if report.cases.is_empty() {

@@ -656,3 +656,44 @@ fn a_capability_audit_must_fit_the_kernel() {
     old.capabilities = None;
     assert_eq!(check_with(&old, &m, &[]), vec![]);
 }
+
+/// A report for a backward kernel (docs/spec.md section 2c) is refused whatever it says: the
+/// suite measures no backward op yet, so it cannot be a verification of one.
+#[test]
+fn a_report_for_a_backward_kernel_is_refused() {
+    let m = Manifest::parse(
+        r#"
+name = "rms_norm_llama_backward"
+version = "1.0.0"
+op = "rms_norm_backward"
+description = "d"
+authors = ["a"]
+license = "MIT"
+source = "k.cu"
+[entry.bf16]
+dx = "a"
+dwp = "b"
+dw = "c"
+"#,
+    )
+    .unwrap();
+    let mut r = honest();
+    r.kernel.op = m.op;
+    r.kernel.name = m.name.clone();
+    let got = check_with(&r, &m, &[]);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].field, "kernel.op");
+    assert!(
+        got[0]
+            .to_string()
+            .contains("does not measure rms_norm_backward kernels yet"),
+        "{}",
+        got[0]
+    );
+    assert!(matches!(
+        got[0].kind,
+        ReportErrorKind::OpNotMeasured {
+            op: Op::RmsNormBackward
+        }
+    ));
+}
