@@ -71,6 +71,14 @@ def _key_bytes(key_b64: str, what: str) -> bytes:
     return raw
 
 
+def parse_key_list(text: str) -> list[str]:
+    """The public keys of a trusted-keys file (kernels/certificates/trusted-keys.txt): one per
+    line, `#` starts a comment anywhere on a line; the rule of the hub's
+    `kernel_registry::cert::parse_key_list`."""
+    keys = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return [k for k in keys if k]
+
+
 def key_id(key_b64: str) -> str:
     """The hub's short name of a public key (first 16 hex digits of SHA-256 of its text)."""
     return hashlib.sha256(key_b64.encode()).hexdigest()[:16]

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from .certs import parse_key_list
 from .discover import TORCH_DTYPES
 
 try:
@@ -114,8 +115,7 @@ def lock_project(table: dict[str, Any], base: Path, out: Path, log=print) -> dic
     if table.get("trusted_keys"):
         kf = base / table["trusted_keys"]
         try:
-            keys = [ln.strip() for ln in kf.read_text(encoding="utf-8").splitlines()
-                    if ln.strip() and not ln.lstrip().startswith("#")]
+            keys = parse_key_list(kf.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ProjectError(f"trusted_keys file {kf} not found") from None
     src = HubSource(table["hub"], trusted_keys=keys)

@@ -10,7 +10,7 @@ import pytest
 
 import kernelize
 from kernelize import CertificateError
-from kernelize.certs import canonical_sha256, verify
+from kernelize.certs import canonical_sha256, parse_key_list, verify
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("cryptography")
@@ -120,8 +120,7 @@ def test_verify_names_what_is_missing_or_malformed():
 
 def test_a_fresh_hub_hands_out_the_bundled_certified_kernels(fresh_hub, tiny_llama):
     from conftest import REPO
-    keys = [l.strip() for l in (REPO / "kernels/certificates/trusted-keys.txt").read_text().splitlines()
-            if l.strip() and not l.startswith("#")]
+    keys = parse_key_list((REPO / "kernels/certificates/trusted-keys.txt").read_text())
     rep = by_path(kernelize.kernelize(tiny_llama, hub=fresh_hub.url, arch="sm_90", verbose=False,
                                       trusted_keys=keys))
     norm = rep["model.norm"]
@@ -179,3 +178,30 @@ def test_a_workers_certificate_names_its_job_and_claim(hub, tmp_path):
     assert claims["format"] == "kernelize-certificate/2"
     assert claims["job_id"] == v["job_id"]
     assert len(claims["nonce"]) == 32 and int(claims["nonce"], 16) >= 0
+
+
+def test_the_key_list_rule_is_the_hubs():
+    """`#` starts a comment anywhere on a line, blank lines are skipped (kernel_registry's
+    cert::parse_key_list)."""
+    text = "# header\n\nAAAA=\n  BBBB=  # session 12's worker\n#CCCC=\n"
+    assert parse_key_list(text) == ["AAAA=", "BBBB="]
+
+
+def test_every_bundled_certificate_is_signed_by_a_trusted_key_for_its_kernel():
+    """Each committed certificate verifies offline against kernels/certificates/trusted-keys.txt,
+    for its report and the digest of the kernel folder it names (what a fresh hub imports)."""
+    import glob
+    from conftest import REPO
+    from kernelize.digest import digest_of, parse_manifest_toml
+    keys = parse_key_list((REPO / "kernels/certificates/trusted-keys.txt").read_text())
+    files = sorted(glob.glob(str(REPO / "kernels/certificates/sm_90/*.json")))
+    assert len(files) >= 16
+    for f in files:
+        v = json.load(open(f))
+        name, version = v["report"]["kernel"]["name"], v["report"]["kernel"]["version"]
+        folder = REPO / "kernels" / name
+        manifest = parse_manifest_toml((folder / "kernel.toml").read_text())
+        assert manifest["version"] == version, f"{f}: certifies {version}, the folder is {manifest['version']}"
+        digest = digest_of(manifest, (folder / manifest["source"]).read_text())
+        claims = verify(v["certificate"], keys, report=v["report"], digest=digest)
+        assert claims["arch"] == "sm_90", f
