@@ -680,11 +680,11 @@ async fn imported_certificates_say_when_the_gpu_measured(b: Backend) {
     }
     // The dashboard: the "verified" column shows the measured time, the import in its title.
     let cell = format!(
-        "<time datetime=\"{measured}\" title=\"measured by the GPU {measured}; imported by this hub {imported}\">{} {}</time>",
+        "<time datetime=\"{measured}\" title=\"measured by the GPU {measured}; imported by this hub {imported}\"><span class=\"nw\">{}</span> {}</time>",
         &measured[..10],
         &measured[11..16]
     );
-    let second = format!("imported {}", &imported[..10]);
+    let second = format!("imported <span class=\"nw\">{}</span>", &imported[..10]);
     for path in [
         "/?op=rms_norm&dtype=bf16&arch=sm_90&limit=500",
         "/field?op=rms_norm&dtype=bf16&arch=sm_90&limit=500",

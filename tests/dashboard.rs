@@ -194,6 +194,8 @@ fn snapshot(name: &str, html: &str) {
     insta::with_settings!({filters => vec![
         (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)", "[time]"),
         (r"\d{4}-\d\d-\d\d \d\d:\d\d", "[time]"),
+        // The "verified" cell's day and hour (`dashboard::verified`).
+        (r"\d{4}-\d\d-\d\d</span> \d\d:\d\d", "[day]</span> [hour]"),
         (r"/v1/verifications/\d+", "/v1/verifications/[id]"),
         (r#"id="v\d+""#, r#"id="v[id]""#),
         (r"#\d+ (queued|running|done|failed)", "#[id] $1"),

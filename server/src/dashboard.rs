@@ -111,7 +111,7 @@ dl.meta{display:grid;grid-template-columns:max-content auto;gap:2px 14px;margin:
 dl.meta dt{color:var(--muted)}dl.meta dd{margin:0}
 ul.why{margin:4px 0;padding-left:18px}
 .muted{color:var(--muted)}
-.imported{color:var(--muted);font-size:12px;white-space:nowrap}
+.imported{color:var(--muted);font-size:12px;white-space:nowrap}.nw{white-space:nowrap}
 #field td.verified time,#field td.verified .imported{white-space:normal}
 section.verification{border-top:2px solid var(--line);margin-top:18px}
 "#;
@@ -200,18 +200,26 @@ fn short_time(ts: &str) -> String {
 /// A verdict's "verified" cell: when the GPU measured it (its report's `started_at`, the API's
 /// `verified_at`), not when this hub stored it. An imported certificate (`imported_at`) says
 /// both times in its title, and the day it was imported on a second line when that is another
-/// day than the measurement's.
+/// day than the measurement's. A day is never broken at its hyphens (the field's narrow column
+/// may break between the day and the hour).
 fn verified(verified_at: &str, imported_at: Option<&str>) -> Markup {
-    let Some(imported) = imported_at else {
-        return html! { time datetime=(verified_at) title={"measured by the GPU " (verified_at)} { (short_time(verified_at)) } };
-    };
-    let title = format!("measured by the GPU {verified_at}; imported by this hub {imported}");
     let day = |t: &str| t.get(..10).unwrap_or(t).to_string();
+    let title = match imported_at {
+        Some(imported) => {
+            format!("measured by the GPU {verified_at}; imported by this hub {imported}")
+        }
+        None => format!("measured by the GPU {verified_at}"),
+    };
+    let short = short_time(verified_at);
+    let (d, hour) = short.split_once(' ').unwrap_or((short.as_str(), ""));
     html! {
-        time datetime=(verified_at) title=(title) { (short_time(verified_at)) }
-        @if day(imported) != day(verified_at) {
+        time datetime=(verified_at) title=(title) {
+            span.nw { (d) }
+            @if !hour.is_empty() { " " (hour) }
+        }
+        @if let Some(imported) = imported_at.filter(|i| day(i) != day(verified_at)) {
             br;
-            span.imported title=(title) { "imported " (day(imported)) }
+            span.imported title=(title) { "imported " span.nw { (day(imported)) } }
         }
     }
 }
