@@ -29,9 +29,8 @@ The exact backend (`backend`, registered with dynamo as "kernelize_exact") close
 
 5. Library code that takes another path when it knows it is compiled (transformers' SDPA
    attention and the mask builders' decisions) is kept on eager's path while exact-compiled
-   code runs
-   (`_with_eager_branches`), and transformers' `generate()` is kept from compiling the model
-   again with plain inductor (`hold_generate_compile`).
+   code runs (`_with_eager_branches`), and transformers' `generate()` is kept from compiling
+   the model again with plain inductor (`hold_generate_compile`).
 
 Everything else (the adds, multiplies, casts, copies, views and the graph around them) is left
 to inductor, and so is CUDA-graph capture (`mode="reduce-overhead"`; a forward is one
