@@ -24,10 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
-import platform
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,11 +36,11 @@ import pytest
 np = pytest.importorskip("numpy")
 
 REPO = Path(__file__).resolve().parents[2]
-HARNESS = Path(__file__).resolve().parent / "cuda_on_cpu"
 KSRC = REPO / "kernels" / "backward" / "rms_norm_llama_backward.cu"
 sys.path.insert(0, str(REPO / "python"))
 
 from kernelize import backward as B  # noqa: E402
+from cpu_harness import CXXFLAGS, HARNESS, cache_dir, cxx as compiler  # noqa: E402
 
 F32 = np.float32
 DTYPES = ["bf16", "f16", "f32"]
@@ -299,27 +296,12 @@ def test_col_sum_is_the_literal_outer_reduce(rows, cols, sms):
 
 # ---- 4. the kernels' configs -----------------------------------------------------------------------
 
-def _cxx() -> str:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip("the CPU harness switches fibers with x86-64 assembly")
-    for c in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if c and shutil.which(c):
-            return c
-    pytest.skip("no C++ compiler")
-
-
-def _cache_dir(key: str) -> Path:
-    d = Path(os.environ.get("KERNELIZE_CPU_CUDA_CACHE", Path(tempfile.gettempdir()) / "kernelize-cuda-on-cpu")) / key
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
 CFG_ROWS = [1, 2, 3, 4, 7, 8, 15, 16, 17, 33, 63, 64, 100, 255, 256, 1000, 1020, 1021, 2048, 4096, 4097, 16384, 65536]
 CFG_COLS = [1, 2, 3, 7, 8, 12, 31, 64, 127, 128, 129, 1000, 1001, 1024, 2048, 2560, 4096, 5120, 8160, 8192, 8195, 16384]
 
 
 def test_the_kernels_configs_are_backward_pys():
-    cxx = _cxx()
+    cxx = compiler()
     src = KSRC.read_text(encoding="utf-8")
     m = re.search(r"^// BEGIN kb_configs.*?\n(.*?)^// END kb_configs$", src, re.S | re.M)
     assert m, "kernels/backward/rms_norm_llama_backward.cu lost its BEGIN/END kb_configs block"
@@ -334,7 +316,7 @@ int main() {
   }
 }
 """)
-    d = _cache_dir("bwcfg-" + hashlib.sha256((cxx + prog).encode()).hexdigest()[:16])
+    d = cache_dir("bwcfg-" + hashlib.sha256((cxx + prog).encode()).hexdigest()[:16])
     exe = d / "cfg"
     if not exe.exists():
         (d / "cfg.cpp").write_text(prog, encoding="utf-8")
@@ -359,7 +341,6 @@ int main() {
 
 # ---- 5. the kernels on the CPU ---------------------------------------------------------------------
 
-CXXFLAGS = ["-std=c++17", "-O1", "-ffp-contract=off", "-fno-strict-aliasing"]
 
 MAIN = r"""
 #include <cstdio>
@@ -420,7 +401,7 @@ int main(int argc, char** argv) {
 
 @lru_cache(maxsize=1)
 def _runner() -> Path:
-    cxx = _cxx()
+    cxx = compiler()
     ksrc = KSRC.read_text(encoding="utf-8")
     # the fiber switch (x86-64 assembly) is defined in the harness's main.cpp: reuse it verbatim
     hm = (HARNESS / "main.cpp").read_text(encoding="utf-8")
@@ -430,7 +411,7 @@ def _runner() -> Path:
     h = hashlib.sha256()
     for part in [cxx, " ".join(CXXFLAGS), (HARNESS / "harness.h").read_text(), main, ksrc]:
         h.update(part.encode())
-    d = _cache_dir("bw-" + h.hexdigest()[:16])
+    d = cache_dir("bw-" + h.hexdigest()[:16])
     exe = d / "run"
     if exe.exists():
         return exe

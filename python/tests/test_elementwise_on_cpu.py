@@ -17,11 +17,7 @@ test_mean_order_on_cpu.py; builds cached under $TMPDIR/kernelize-cuda-on-cpu.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import hashlib
 import importlib.util
-import os
-import platform
 import re
 import shutil
 import subprocess
@@ -35,13 +31,12 @@ import pytest
 np = pytest.importorskip("numpy")
 
 REPO = Path(__file__).resolve().parents[2]
-HARNESS = Path(__file__).resolve().parent / "cuda_on_cpu"
 sys.path.insert(0, str(REPO / "python"))
 
 from kernelize.digest import launch_dims, parse_manifest_toml  # noqa: E402
+from cpu_harness import build_runner  # noqa: E402
 
 DTYPES = ["bf16", "f16", "f32"]
-CXXFLAGS = ["-std=c++17", "-O1", "-ffp-contract=off", "-fno-strict-aliasing"]
 SMS = 132  # the launch rules of these kernels do not depend on it (per_element)
 
 
@@ -86,26 +81,10 @@ REF = {
 }
 
 
-def _cxx() -> str:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip("the CPU harness switches fibers with x86-64 assembly")
-    for c in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if c and shutil.which(c):
-            return c
-    pytest.skip("no C++ compiler (g++/clang++) to run the kernels' sources on the CPU")
-
-
-def _cache_dir(key: str) -> Path:
-    d = Path(os.environ.get("KERNELIZE_CPU_CUDA_CACHE", Path(tempfile.gettempdir()) / "kernelize-cuda-on-cpu")) / key
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
 @lru_cache(maxsize=1)
 def _runner() -> Path:
     """The harness binary: every kernel as shipped (entries NAME_DT), again with
     -DKZ_EW_BIG_GRID=2 (entries NAME_DT_big) and the scalar loops (ref_NAME_DT)."""
-    cxx = _cxx()
     units = {}
     for name, (kind, a) in KERNELS.items():
         src = (REPO / "kernels" / name / "kernel.cu").read_text(encoding="utf-8")
@@ -115,37 +94,8 @@ def _runner() -> Path:
         # the linker does not merge them with the shipped build's
         big = ["-DKZ_EW_BIG_GRID=2"] + [f"-D{f}={f}_big" for f in ("kz_unary", "kz_silu_and_mul", "kz_gated")]
         units[name + "_big"] = (src, big + [f"-D{name}_{dt}={name}_{dt}_big" for dt in DTYPES])
-    h = hashlib.sha256()
-    for part in [cxx, " ".join(CXXFLAGS), (HARNESS / "harness.h").read_text(), (HARNESS / "main.cpp").read_text()]:
-        h.update(part.encode())
-    for k in sorted(units):
-        h.update(k.encode() + units[k][0].encode() + " ".join(units[k][1]).encode())
-    d = _cache_dir("ew-" + h.hexdigest()[:16])
-    exe = d / "run"
-    if exe.exists():
-        return exe
     syms = [f"{p}{name}_{dt}{s}" for name in KERNELS for dt in DTYPES for p, s in (("", ""), ("", "_big"), ("ref_", ""))]
-    (d / "syms.inc").write_text(
-        f'#include "{HARNESS / "harness.h"}"\n'
-        + "".join(f'extern "C" void {s}(void);\n' for s in syms)
-        + "#define KZ_SYMS " + " ".join(f"KZ_SYM({s})" for s in syms) + "\n", encoding="utf-8")
-    jobs = []
-    for k, (text, defs) in units.items():
-        (d / f"{k}.cu").write_text(text, encoding="utf-8")
-        jobs.append([cxx, *CXXFLAGS, *defs, f"-I{HARNESS / 'include'}", "-include", str(HARNESS / "harness.h"),
-                     "-x", "c++", "-c", str(d / f"{k}.cu"), "-o", str(d / f"{k}.o")])
-    jobs.append([cxx, *CXXFLAGS, f"-I{d}", "-c", str(HARNESS / "main.cpp"), "-o", str(d / "main.o")])
-
-    def build(cmd):
-        return cmd, subprocess.run(cmd, capture_output=True, text=True)
-
-    with cf.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as ex:
-        for cmd, r in ex.map(build, jobs):
-            assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"
-    tmp = d / "run.tmp"
-    subprocess.run([cxx, *[str(d / f"{k}.o") for k in units], str(d / "main.o"), "-o", str(tmp)], check=True)
-    tmp.replace(exe)
-    return exe
+    return build_runner("ew-", units, syms)
 
 
 # (rows, cols): a few elements, a vector's worth and one off, decode rows (one block, several

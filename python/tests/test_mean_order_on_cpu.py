@@ -25,11 +25,8 @@ the machine is not x86-64. Builds are cached under $TMPDIR/kernelize-cuda-on-cpu
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import hashlib
 import importlib.util
-import os
-import platform
 import re
 import shutil
 import subprocess
@@ -43,10 +40,10 @@ import pytest
 np = pytest.importorskip("numpy")
 
 REPO = Path(__file__).resolve().parents[2]
-HARNESS = Path(__file__).resolve().parent / "cuda_on_cpu"
 sys.path.insert(0, str(REPO / "python"))
 
 from kernelize.digest import launch_dims, parse_manifest_toml  # noqa: E402
+from cpu_harness import build_runner, cache_dir, cxx as compiler  # noqa: E402
 
 F32 = np.float32
 DTYPES = ["bf16", "f16", "f32"]
@@ -60,7 +57,6 @@ KERNELS = {
     "rms_norm_torch": ("rms", "ref_rms_norm_torch"),
     "layer_norm": ("ln", "ref_layer_norm_default"),
 }
-CXXFLAGS = ["-std=c++17", "-O1", "-ffp-contract=off", "-fno-strict-aliasing"]
 
 
 def _eager_order():
@@ -71,21 +67,6 @@ def _eager_order():
 
 
 EO = _eager_order()
-
-
-def _cxx() -> str:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip("the CPU harness switches fibers with x86-64 assembly")
-    for c in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if c and shutil.which(c):
-            return c
-    pytest.skip("no C++ compiler (g++/clang++) to run the kernels' sources on the CPU")
-
-
-def _cache_dir(key: str) -> Path:
-    d = Path(os.environ.get("KERNELIZE_CPU_CUDA_CACHE", Path(tempfile.gettempdir()) / "kernelize-cuda-on-cpu")) / key
-    d.mkdir(parents=True, exist_ok=True)
-    return d
 
 
 # ---- 1. the config --------------------------------------------------------------------------
@@ -105,7 +86,7 @@ def _config_source() -> str:
 
 @lru_cache(maxsize=1)
 def _kernel_configs() -> dict[tuple[int, int], tuple[int, int, bool, int]]:
-    cxx = _cxx()
+    cxx = compiler()
     body = _config_source()
     prog = ("#include <cstdio>\n#define KZ_DEV static inline\ntypedef long long i64;\n" + body + """
 int main() {
@@ -117,7 +98,7 @@ int main() {
   return 0;
 }
 """)
-    d = _cache_dir(hashlib.sha256((cxx + prog).encode()).hexdigest()[:16])
+    d = cache_dir(hashlib.sha256((cxx + prog).encode()).hexdigest()[:16])
     exe = d / "cfg"
     if not exe.exists():
         (d / "cfg.cpp").write_text(prog, encoding="utf-8")
@@ -180,42 +161,12 @@ def _reference_source() -> str:
 def _runner() -> Path:
     """The harness binary with every kernel of KERNELS and the reference layers (cached by the
     hash of everything it is built from)."""
-    cxx = _cxx()
-    units = {name: (REPO / "kernels" / name / "kernel.cu").read_text(encoding="utf-8") for name in KERNELS}
-    units["reference"] = _reference_source()
-    h = hashlib.sha256()
-    for part in [cxx, " ".join(CXXFLAGS), (HARNESS / "harness.h").read_text(), (HARNESS / "main.cpp").read_text()]:
-        h.update(part.encode())
-    for k in sorted(units):
-        h.update(k.encode() + units[k].encode())
-    d = _cache_dir(h.hexdigest()[:16])
-    exe = d / "run"
-    if exe.exists():
-        return exe
+    units = {name: ((REPO / "kernels" / name / "kernel.cu").read_text(encoding="utf-8"), [])
+             for name in KERNELS}
+    units["reference"] = (_reference_source(), [])
     syms = [f"{name}_{dt}" for name in KERNELS for dt in DTYPES]
     syms += sorted({f"{ref}_{dt}" for _, ref in KERNELS.values() for dt in DTYPES})
-    (d / "syms.inc").write_text(
-        f'#include "{HARNESS / "harness.h"}"\n'
-        + "".join(f'extern "C" void {s}(void);\n' for s in syms)
-        + "#define KZ_SYMS " + " ".join(f"KZ_SYM({s})" for s in syms) + "\n", encoding="utf-8")
-    jobs = []
-    for k, text in units.items():
-        (d / f"{k}.cu").write_text(text, encoding="utf-8")
-        jobs.append([cxx, *CXXFLAGS, f"-I{HARNESS / 'include'}", "-include", str(HARNESS / "harness.h"),
-                     "-x", "c++", "-c", str(d / f"{k}.cu"), "-o", str(d / f"{k}.o")])
-    jobs.append([cxx, *CXXFLAGS, f"-I{d}", "-c", str(HARNESS / "main.cpp"), "-o", str(d / "main.o")])
-
-    def build(cmd):
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        return cmd, r
-
-    with cf.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as ex:
-        for cmd, r in ex.map(build, jobs):
-            assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"
-    tmp = d / "run.tmp"
-    subprocess.run([cxx, *[str(d / f"{k}.o") for k in units], str(d / "main.o"), "-o", str(tmp)], check=True)
-    tmp.replace(exe)
-    return exe
+    return build_runner("", units, syms)
 
 
 def _bits_of(x: np.ndarray, dt: str) -> tuple[bytes, np.ndarray]:

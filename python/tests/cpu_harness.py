@@ -1,0 +1,77 @@
+"""Building programs on the CPU harness (python/tests/cuda_on_cpu): the kernels' CUDA sources
+compiled as C++ and run with fibers standing for threads. One home for the compiler, its flags,
+the build cache and the build of a runner, shared by the tests that run kernels on the CPU
+(test_mean_order_on_cpu, test_elementwise_on_cpu, test_backward_order_on_cpu)."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+HARNESS = Path(__file__).resolve().parent / "cuda_on_cpu"
+CXXFLAGS = ["-std=c++17", "-O1", "-ffp-contract=off", "-fno-strict-aliasing"]
+
+
+def cxx() -> str:
+    """The C++ compiler (CXX, g++, c++ or clang++); skips the test where there is none, or where
+    the harness's fiber switch (x86-64 assembly) cannot run."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the CPU harness switches fibers with x86-64 assembly")
+    for c in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if c and shutil.which(c):
+            return c
+    pytest.skip("no C++ compiler (g++/clang++) to run the kernels' sources on the CPU")
+
+
+def cache_dir(key: str) -> Path:
+    """A build folder for `key` (a hash of what is built), kept across runs
+    (KERNELIZE_CPU_CUDA_CACHE, default the temp folder's kernelize-cuda-on-cpu)."""
+    d = Path(os.environ.get("KERNELIZE_CPU_CUDA_CACHE",
+                            Path(tempfile.gettempdir()) / "kernelize-cuda-on-cpu")) / key
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def build_runner(prefix: str, units: dict[str, tuple[str, list[str]]], syms: list[str]) -> Path:
+    """The harness's runner (cuda_on_cpu/main.cpp) linked with `units` (name -> (source, extra
+    compiler flags)), dispatching to the `extern "C"` entries `syms`; cached by the hash of
+    everything it is built from (`prefix` names the cache folder). Units compile in parallel."""
+    c = cxx()
+    h = hashlib.sha256()
+    for part in [c, " ".join(CXXFLAGS), (HARNESS / "harness.h").read_text(), (HARNESS / "main.cpp").read_text()]:
+        h.update(part.encode())
+    for k in sorted(units):
+        h.update(k.encode() + units[k][0].encode() + " ".join(units[k][1]).encode())
+    h.update(" ".join(syms).encode())
+    d = cache_dir(prefix + h.hexdigest()[:16])
+    exe = d / "run"
+    if exe.exists():
+        return exe
+    (d / "syms.inc").write_text(
+        f'#include "{HARNESS / "harness.h"}"\n'
+        + "".join(f'extern "C" void {s}(void);\n' for s in syms)
+        + "#define KZ_SYMS " + " ".join(f"KZ_SYM({s})" for s in syms) + "\n", encoding="utf-8")
+    jobs = []
+    for k, (text, defs) in units.items():
+        (d / f"{k}.cu").write_text(text, encoding="utf-8")
+        jobs.append([c, *CXXFLAGS, *defs, f"-I{HARNESS / 'include'}", "-include", str(HARNESS / "harness.h"),
+                     "-x", "c++", "-c", str(d / f"{k}.cu"), "-o", str(d / f"{k}.o")])
+    jobs.append([c, *CXXFLAGS, f"-I{d}", "-c", str(HARNESS / "main.cpp"), "-o", str(d / "main.o")])
+
+    def build(cmd):
+        return cmd, subprocess.run(cmd, capture_output=True, text=True)
+
+    with cf.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as ex:
+        for cmd, r in ex.map(build, jobs):
+            assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"
+    tmp = d / "run.tmp"
+    subprocess.run([c, *[str(d / f"{k}.o") for k in units], str(d / "main.o"), "-o", str(tmp)], check=True)
+    tmp.replace(exe)
+    return exe
