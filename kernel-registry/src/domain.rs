@@ -592,19 +592,7 @@ mod tests {
         }))
         .unwrap()
             + "\n";
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../python/tests/fixtures/abi.json");
-        let have = std::fs::read_to_string(&path).unwrap_or_default();
-        if have != want {
-            if std::env::var("KERNELIZE_UPDATE_FIXTURES").as_deref() == Ok("1") {
-                std::fs::write(&path, &want).unwrap();
-            } else {
-                panic!(
-                    "{} is not what Op says: run `KERNELIZE_UPDATE_FIXTURES=1 cargo test -p kernel-registry abi_fixture` and commit it",
-                    path.display()
-                );
-            }
-        }
+        crate::fixtures::check_current("abi.json", &want, "abi_fixture");
     }
 
     #[test]

@@ -622,19 +622,7 @@ fn python_digest_fixture_is_current() {
     }))
     .unwrap()
         + "\n";
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../python/tests/fixtures/python_digests.json");
-    let have = std::fs::read_to_string(&path).unwrap_or_default();
-    if have != want {
-        if std::env::var("KERNELIZE_UPDATE_FIXTURES").as_deref() == Ok("1") {
-            std::fs::write(&path, &want).unwrap();
-        } else {
-            panic!(
-                "{} is not current: run `KERNELIZE_UPDATE_FIXTURES=1 cargo test -p kernel-registry python_digest_fixture` and commit it",
-                path.display()
-            );
-        }
-    }
+    crate::fixtures::check_current("python_digests.json", &want, "python_digest_fixture");
 }
 
 /// Every stored field has a length limit, refused naming the field, its length and the limit;
@@ -1058,17 +1046,5 @@ fn backward_digest_fixture_is_current() {
     }))
     .unwrap()
         + "\n";
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../python/tests/fixtures/backward_digests.json");
-    let have = std::fs::read_to_string(&path).unwrap_or_default();
-    if have != want {
-        if std::env::var("KERNELIZE_UPDATE_FIXTURES").as_deref() == Ok("1") {
-            std::fs::write(&path, &want).unwrap();
-        } else {
-            panic!(
-                "{} is not current: run `KERNELIZE_UPDATE_FIXTURES=1 cargo test -p kernel-registry backward_digest_fixture` and commit it",
-                path.display()
-            );
-        }
-    }
+    crate::fixtures::check_current("backward_digests.json", &want, "backward_digest_fixture");
 }
