@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from . import launch as L
 from . import ops
+from . import training as _training
 from .digest import check_digest, not_applicable
 from .discover import TORCH_DTYPES, Discovery, Site, discover
 from .sources import DirSource, HubSource, Key, LockSource, Resolution, Resolved, write_lock
@@ -47,6 +48,11 @@ class Entry:
     # A parameterless layer resolved for each dtype, loaded for the dtype of its calls: this
     # entry is its `dtype` one (see `_fwd_by_call`).
     by_call: bool = False
+    # mode "training", an rms_norm (llama) layer: the backward kernel taken (its gradients under
+    # autograd), or None with the reasons none was (the layer keeps its original forward
+    # under autograd).
+    backward: Resolved | None = None
+    backward_reasons: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         """The layer, what it computes and the kernel taken, on one line (the report's)."""
@@ -75,6 +81,7 @@ class Report:
     entries: list[Entry] = field(default_factory=list)
     compile: Any = None   # exact.CompileState when kernelize(..., compile=...) was asked
     notes: list[str] = field(default_factory=list)   # what else kernelize set on the model
+    mode: str = "inference"   # kernelize(..., mode=...): inference, training or compile
 
     @property
     def replaced(self) -> list[Entry]:
@@ -89,7 +96,7 @@ class Report:
         n_replaced = len({e.path for e in self.replaced})
         lines = [f"kernelize: {n_replaced} of {len({e.path for e in self.entries})} layers "
                  f"{'replaced' if self.swapped else 'would be replaced (not swapped: no CUDA)'}"
-                 f" | {self.source} | policy {self.policy} | arch {self.arch}"]
+                 f" | {self.source} | policy {self.policy} | arch {self.arch} | mode {self.mode}"]
         for e in self.entries:
             lines.append(f"  {e.status:13} {e.line()}")
             for why in (e.kernel.evidence.get("stale") or []) if e.kernel else []:
@@ -213,8 +220,19 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
               dtype: str | None = None, swap: bool | None = None, verbose: bool = True,
               fuse_gated_mlp: bool = True, wait_for_verification_s: float = 0.0,
               trusted_keys: list[str] | None = None, allow_python: bool = False,
-              compile: bool | str = False) -> Report:
+              compile: bool | str = False, mode: str = "inference") -> Report:
     """Replace every layer of `model` that has an approved kernel; return (and print) a report.
+
+    `mode` names what the model is kernelized for, as other kernel hubs name it:
+    `"inference"` (the default): forward kernels; a call under autograd (grad enabled and an
+    input or weight that requires grad) runs the layer's original forward. `"training"`: the
+    same, and a swapped HF LlamaRMSNorm-style layer (rms_norm, llama) whose source also hands
+    out an `rms_norm_backward` kernel for its dtype and width (same hub, lock or kernels_dir,
+    same policy) runs under autograd as one autograd node: the forward kernel, then the
+    backward kernel's three entries (`kernelize.training`); where none qualifies (today no hub
+    verifies one) the layer keeps its original forward under autograd and the report says why,
+    one line per reason. `"compile"` (alias `"torch_compile"`): inference, then compiled as
+    `compile=True` does (`compile=` still works, and combines with `mode="training"`).
 
     `compile=True` (or a torch.compile mode: `"default"`, `"reduce-overhead"` for CUDA graphs)
     then compiles the model in place with the exact backend (`kernelize.exact_compile`,
@@ -264,6 +282,7 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     hub is not asked for them and a lock's are kept out, with the reason. A local
     `kernels_dir` is your own code: its Python candidates are loaded as they are.
     """
+    mode, compile = _check_mode(mode, compile)
     src = _source(hub, lock, kernels_dir, names, wait_for_verification_s, trusted_keys,
                   allow_python)
     dev = _cuda_device(model, device)
@@ -283,10 +302,12 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     arch = _arch_of(dev, arch)
     src_label = _label(src)
     found, _, plan = _resolve_all(model, src, policy, arch, dtype, fuse_gated_mlp)
-    rep = Report(src_label, policy, arch, swap)
+    rep = Report(src_label, policy, arch, swap,
+                 mode=mode + ("+compile" if compile and mode == "training" else ""))
     where = dev if dev is not None else torch.device("cpu")
     opted_in = allow_python or isinstance(src, DirSource)
     by_call: dict[int, tuple[Site, dict]] = {}   # a parameterless layer: dtype -> kernel or why not
+    train: list[tuple[Site, Entry]] = []         # mode "training": the layers to give a backward
     for s, key, res, tried, per_dtype in plan:
         e = Entry(s.path, type(s.module).__name__, s.op, s.semantics, s.dtype, s.cols,
                   "kept", res.kernel, list(res.excluded), s.how, res.width_note, tried, per_dtype)
@@ -303,6 +324,8 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
                 e.status = "replaced"
             else:
                 e.status = "would replace"
+        if mode == "training":
+            train.append((s, e))
         if per_dtype and swap:
             kernels = by_call.setdefault(id(s.module), (s, {}))[1]
             kernels[s.dtype] = e.kernel if e.status == "replaced" else e.reasons
@@ -313,6 +336,8 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
                              s.module.__dict__.get("forward", _NoInstanceForward))
     for sk in found.skipped:
         rep.entries.append(Entry(sk.path, sk.cls, "?", "default", None, 0, "kept", None, [sk.reason]))
+    if mode == "training":
+        rep.notes.extend(_plan_training(train, src, policy, arch))
     if compile:
         from .exact import exact_compile
         rep.compile = exact_compile(model, None if compile is True else str(compile))
@@ -324,6 +349,93 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     if verbose:
         print(rep)
     return rep
+
+
+MODES = ("inference", "training", "compile")
+_MODE_ALIASES = {"torch_compile": "compile"}   # Hugging Face kernels' Mode.TORCH_COMPILE
+
+
+def _check_mode(mode: Any, compile: bool | str) -> tuple[str, bool | str]:
+    """(mode, compile) for `kernelize(..., mode=, compile=)`: mode "compile" is compile=True."""
+    name = _MODE_ALIASES.get(mode, mode) if isinstance(mode, str) else mode
+    if name not in MODES:
+        raise ValueError(
+            f"mode={mode!r} is not a kernelize mode: give one of 'inference' (the default: forward "
+            "kernels; calls under autograd run the original forward), 'training' (also a backward "
+            "kernel under autograd where the source hands one out) or 'compile' (inference, "
+            "compiled with the exact backend: the same as compile=True)")
+    if name == "compile" and not compile:
+        compile = True
+    if name == "inference" and compile:
+        name = "compile"
+    return name, compile
+
+
+# Forward (op, semantics) -> its backward op (docs/spec.md section 2c): the ops a training-mode
+# layer can get a backward kernel for.
+_BACKWARD_OF = {("rms_norm", "llama"): "rms_norm_backward"}
+
+
+def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str) -> list[str]:
+    """Mode "training": resolve each swapped rms_norm (llama) layer's backward kernel from the
+    same source (op rms_norm_backward, its dtype and width, the policy) and install it where the
+    layer is swapped; every other layer keeps its original forward under autograd. Returns the
+    report's lines: one per outcome (kernel taken, or reasons), naming the layers it concerns."""
+    cache: dict[Key, Resolution] = {}
+    groups: dict[tuple, list[str]] = {}
+    for s, e in train:
+        what = f"{e.op}" + (f" ({e.semantics})" if e.semantics != "default" else "")
+        if e.status not in ("replaced", "would replace"):
+            continue   # kept: its original forward everywhere (the report's line says why)
+        bop = _BACKWARD_OF.get((e.op, e.semantics))
+        if bop is None or e.by_call:
+            groups.setdefault((what, None, None, f"no backward op for {what} yet: its original "
+                               "forward runs under autograd"), []).append(e.path)
+            continue
+        key = Key(bop, e.semantics, e.dtype, arch, e.cols, policy)
+        if key not in cache:
+            cache[key] = src.resolve(key)
+        r = cache[key]
+        if r.kernel is None:
+            e.backward_reasons = (list(r.excluded) + ([r.width_note] if r.width_note else [])
+                                  or ["none qualifies"])
+        elif e.status == "replaced":
+            try:
+                compiled = s.module.__dict__["_kz_compiled"]
+                bk = _training.compiled_backward(r.kernel.digest, r.kernel.manifest,
+                                                 r.kernel.source, e.dtype, compiled.device)
+                _install_training(s.module, r.kernel, bk)
+                e.backward = r.kernel
+            except Exception as ex:  # noqa: BLE001 (any failure: the original forward under autograd)
+                e.backward_reasons = [f"{r.kernel.label} could not be loaded "
+                                      f"({type(ex).__name__}: {ex})"]
+        else:
+            e.backward = r.kernel
+        if e.backward is not None:
+            cls = e.backward.evidence.get("class")
+            how = ("runs under autograd as the forward kernel + backward" if e.status == "replaced"
+                   else "would run under autograd as the forward kernel + backward")
+            outcome = (f"{how} {e.backward.label} {e.backward.digest[:19]}…"
+                       + (f" ({cls})" if cls else ""))
+        else:
+            outcome = (f"keeps its original forward under autograd: no {bop} kernel: "
+                       + "; ".join(e.backward_reasons))
+        groups.setdefault((what, e.dtype, e.cols, outcome), []).append(e.path)
+    lines = []
+    for (what, dt, cols, outcome), paths in groups.items():
+        paths = list(dict.fromkeys(paths))
+        where = paths[0] if len(paths) == 1 else f"{paths[0]} ... {paths[-1]} ({len(paths)} layers)"
+        shape = f" [{what}, {dt}, cols={cols}]" if dt is not None else f" [{what}]"
+        lines.append(f"training: {where}{shape} {outcome}")
+    return lines
+
+
+def _install_training(m: nn.Module, k: Resolved, bk: Any) -> None:
+    """Give the swapped rms_norm layer `m` the backward kernel `bk` (loaded from `k`)."""
+    d = m.__dict__
+    d["_kz_bwd"] = (bk, ops.register(bk), k.label)
+    d["_kernelize_backward"] = k
+    d["forward"] = types.MethodType(_fwd_rms_norm_train, m)
 
 
 class KernelNotFound(LookupError):
@@ -438,17 +550,27 @@ def lock(model: nn.Module, hub: str, path: str | os.PathLike = "kernelize.lock.j
          policy: str = "bit_exact", arch: str | None = None, device=None,
          dtype: str | None = None, fuse_gated_mlp: bool = True,
          wait_for_verification_s: float = 0.0, trusted_keys: list[str] | None = None,
-         allow_python: bool = False) -> dict:
+         allow_python: bool = False, mode: str = "inference") -> dict:
     """Resolve every replaceable layer against the hub and pin the answers (digests, with the
     kernels' content and evidence) in a lock file for `kernelize(model, lock=path)`.
     `wait_for_verification_s`: as for `kernelize` (widths not yet verified). With
     `trusted_keys`, only certified kernels are pinned, and the lock carries their certificates,
-    reports and the trusted keys, so that loading it checks them all offline."""
+    reports and the trusted keys, so that loading it checks them all offline. `mode="training"`
+    also pins the backward kernels `kernelize(..., mode="training")` asks for (rms_norm_backward
+    at each rms_norm (llama) layer's dtype and width), or the hub's reasons there is none."""
+    mode, _ = _check_mode(mode, False)
     src = (HubSource(hub, wait_for_verification_s=wait_for_verification_s,
                      trusted_keys=trusted_keys, allow_python=allow_python)
            if isinstance(hub, str) else hub)
     arch = _arch_of(_cuda_device(model, device), arch)
-    _, cache, _ = _resolve_all(model, src, policy, arch, dtype, fuse_gated_mlp)
+    _, cache, plan = _resolve_all(model, src, policy, arch, dtype, fuse_gated_mlp)
+    if mode == "training":
+        for s, key, res, _, _ in plan:
+            bop = _BACKWARD_OF.get((s.op, s.semantics))
+            if bop and res.kernel is not None:
+                bkey = Key(bop, s.semantics, key.dtype, arch, key.cols, policy)
+                if bkey not in cache:
+                    cache[bkey] = src.resolve(bkey)
     return write_lock(path, src.url, cache, trusted_keys=trusted_keys)
 
 
@@ -503,6 +625,28 @@ def _fwd_rms_norm(self, x, *a, **kw):
     if a or kw or not (_ok(x, want, index) and _ok(w, want, index)) or x.shape[-1] != cols:
         return self._kz_orig(x, *a, **kw)
     if torch.compiler.is_compiling():
+        return self._kz_op(x, w, eps, key)
+    self.__dict__[_LAUNCHES] += 1
+    return self._kz_run(self._kz_compiled, x, w, eps)
+
+
+def _fwd_rms_norm_train(self, x, *a, **kw):
+    """Mode "training" with a backward kernel: as `_fwd_rms_norm`, and under autograd one
+    autograd node (`training.RmsNormFunction`; while torch.compile traces, the custom op
+    `kernelize::rms_norm_train` with its registered backward)."""
+    key, cols, eps, want, index = self._kz
+    w = self._parameters.get("weight")
+    if (a or kw or not isinstance(x, Tensor) or not isinstance(w, Tensor) or x.dtype is not want
+            or w.dtype is not want or x.get_device() != index or w.get_device() != index
+            or x.shape[-1] != cols):
+        return self._kz_orig(x, *a, **kw)
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+        bk, bkey, label = self._kz_bwd
+        if _is_compiling():
+            return _training.rms_norm_train_op(x, w, eps, key, bkey)
+        self.__dict__[_LAUNCHES] += 1
+        return _training.rms_norm_train(x, w, eps, self._kz_run, self._kz_compiled, bk, label)
+    if _is_compiling():
         return self._kz_op(x, w, eps, key)
     self.__dict__[_LAUNCHES] += 1
     return self._kz_run(self._kz_compiled, x, w, eps)
@@ -748,7 +892,7 @@ def _load_by_call(m: nn.Module, dtype: torch.dtype) -> Any:
 # and prepares its own launches (`_Prepared`).
 
 _KZ_STATE = (_ORIG, "_kernelize_kernel", _LAUNCHES, "_kz_swap", "__getstate__", "_kz_by_call",
-             "_kz_dtypes", *_KZ_ATTRS)
+             "_kz_dtypes", "_kz_bwd", "_kernelize_backward", *_KZ_ATTRS)
 
 
 class _NoInstanceForward:
@@ -771,7 +915,8 @@ class _Reswap:
         d = self.m.__dict__
         if "_kz_by_call" in d:   # loaded at the first call in each dtype, as before
             return (_install_by_call_again, (self.m, d["_kz_by_call"], d["_kz_swap"], d[_ORIG]))
-        return (_reswap, (self.m, d["_kernelize_kernel"], d["_kz_swap"], d[_ORIG]))
+        return (_reswap, (self.m, d["_kernelize_kernel"], d["_kz_swap"], d[_ORIG],
+                          d.get("_kernelize_backward")))
 
     def __deepcopy__(self, memo: dict):
         y, d = memo[id(self.m)], self.m.__dict__
@@ -787,13 +932,15 @@ class _Reswap:
 _LOAD_WARNED: set[tuple] = set()
 
 
-def _reswap(m: nn.Module, k: Resolved, swap: tuple, prior: Any) -> Any:
+def _reswap(m: nn.Module, k: Resolved, swap: tuple, prior: Any,
+            backward: Resolved | None = None) -> Any:
     """Unpickling a swapped layer (before its state is set): load its kernel here and return
-    its swapped forward; where it cannot be loaded, its original forward, with a warning."""
+    its swapped forward; where it cannot be loaded, its original forward, with a warning. A
+    training-mode layer's backward kernel is loaded again too; where it cannot be, the layer
+    runs its original forward under autograd (with a warning)."""
     try:
         check_digest(k.manifest, k.source, k.digest, f"{k.label} carried by a pickled layer")
         _install(m, k, swap, prior)
-        return m.__dict__["forward"]
     except Exception as e:  # noqa: BLE001 (any failure: the layer runs its original forward)
         why = f"{type(e).__name__}: {e}"
         if (k.digest, swap, why) not in _LOAD_WARNED:
@@ -802,6 +949,21 @@ def _reswap(m: nn.Module, k: Resolved, swap: tuple, prior: Any) -> Any:
                         "not be loaded here (%s); later layers with this kernel: the same",
                         type(m).__name__, k.label, swap[0], swap[1], why)
         return _orig_forward(m, prior)
+    if backward is not None:
+        try:
+            check_digest(backward.manifest, backward.source, backward.digest,
+                         f"{backward.label} carried by a pickled layer")
+            bk = _training.compiled_backward(backward.digest, backward.manifest, backward.source,
+                                             swap[1], m.__dict__["_kz_compiled"].device)
+            _install_training(m, backward, bk)
+        except Exception as e:  # noqa: BLE001
+            why = f"{type(e).__name__}: {e}"
+            if (backward.digest, swap, why) not in _LOAD_WARNED:
+                _LOAD_WARNED.add((backward.digest, swap, why))
+                log.warning("kernelize: a loaded %s runs its original forward under autograd: "
+                            "its backward kernel %s could not be loaded here (%s)",
+                            type(m).__name__, backward.label, why)
+    return m.__dict__["forward"]
 
 
 def _install_by_call_again(m: nn.Module, kernels: dict[str, Any], swap: tuple, prior: Any) -> Any:

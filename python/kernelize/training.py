@@ -1,0 +1,308 @@
+"""Training mode (`kernelize(model, ..., mode="training")`): a swapped HF LlamaRMSNorm-style
+layer (op `rms_norm`, semantics `llama`) under autograd runs its forward and its backward as
+hub kernels (issue 30; docs/backward.md, docs/spec.md section 2c).
+
+Forward: the exact forward kernel the layer was swapped for (the same launch as in inference).
+Backward: the three entries of an `rms_norm_backward` kernel (semantics `llama`, the layer's
+dtype and width, from the same source as the forward), launched in this order on the current
+stream:
+
+    dx (T* dx, float* ws, const T* dy, const T* x, const T* w, rows, cols, float eps)   block 512
+    dwp(float* ws, const T* dy, const T* x, rows, cols, sms, threads_per_sm)            block 128
+    dw (T* dw, const float* ws, rows, cols, sms, threads_per_sm)                        block 128
+
+with `ws` a fresh f32 workspace of `rows + ctas * cols` floats (`ctas`: eager's CTAs per output
+of its column sum, `kernelize.backward.col_config`) and `sms`, `threads_per_sm` the device's
+`multiProcessorCount` and `maxThreadsPerMultiProcessor` (eager's dw order depends on them past
+1020 rows). Grids: `stage_dims`, the Python twin of `kernel_registry::backward::stage_dims`.
+The backward is a function of (dy, x, w, eps) alone (it recomputes r), so nothing but x and w
+is saved from the forward.
+
+Eagerly the layer calls `RmsNormFunction.apply` (a `torch.autograd.Function`: the launches go
+straight to the driver, no dispatcher round trip). While torch.compile traces it calls the
+custom op `kernelize::rms_norm_train(x, weight, eps, fkey, bkey)`, registered with
+`torch.library.register_autograd`: its backward is the custom op
+`kernelize::launch_rms_norm_backward(dy, x, weight, eps, key) -> (dx, dw)`; both have fake
+implementations, so dynamo and AOTAutograd trace the forward and the backward as opaque nodes.
+
+Where the kernel cannot compute a gradient it is computed by eager autograd instead, on the
+layer's own formula recomputed from the saved x and w (so the gradient is eager's): a
+double backward (`create_graph=True`: the kernel's gradients are not differentiable), an
+incoming gradient of another dtype or device. The `kernelize` logger says so once per reason.
+(Under torch.compile a double backward is not handled: AOTAutograd refuses it on its own.)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import launch as L
+from . import nvrtc as _nv
+from .digest import BACKWARD_OPS
+from .pykernel import SharedOnCopy
+
+log = logging.getLogger("kernelize")
+
+OP = "rms_norm_backward"
+STAGES = BACKWARD_OPS[OP]                           # ("dx", "dwp", "dw"): the launch order
+BLOCKS = {"dx": 512, "dwp": 128, "dw": 128}         # the ABI's blocks (Op::stages)
+# kernel_registry::backward::DX_BLOCKS_PER_SM / DWP_BLOCKS_PER_SM (the probe's plan): any grid
+# of at least one block gives the same bits (dx and dwp are persistent); this only sizes it.
+DX_BLOCKS_PER_SM = 8
+DWP_BLOCKS_PER_SM = 16
+
+
+# ---- launch arithmetic (kernel-registry/src/backward.rs) ------------------------------------
+
+def _check(rows: int, cols: int, sms: int, threads_per_sm: int) -> None:
+    if rows <= 0 or cols <= 0:
+        raise ValueError(f"{OP}: an empty problem ({rows} x {cols}) launches nothing")
+    if sms <= 0 or threads_per_sm < 512:
+        raise ValueError(f"{OP}: a device of {sms} SMs x {threads_per_sm} threads per SM is not one "
+                         "eager's reduction runs on")
+
+
+def ctas(rows: int, cols: int, sms: int, threads_per_sm: int) -> int:
+    """Eager's CTAs per output of its column sum (Reduce.cuh), `kernelize.backward.col_config`."""
+    from .backward import col_config
+    return int(col_config(rows, cols, sms, threads_per_sm)["ctas"])
+
+
+def workspace_floats(rows: int, cols: int, sms: int, threads_per_sm: int) -> int:
+    """`backward::workspace_floats`: the rows' r, then one partial column sum per CTA."""
+    _check(rows, cols, sms, threads_per_sm)
+    return rows + ctas(rows, cols, sms, threads_per_sm) * cols
+
+
+def stage_dims(stage: str, rows: int, cols: int, sms: int,
+               threads_per_sm: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """`backward::stage_dims`: (grid, block) of the entry `stage` on rows x cols (no dynamic
+    shared memory): dx persistent over rows (at most one block a row), dwp persistent over its
+    (column group, CTA) items, dw one thread a column."""
+    _check(rows, cols, sms, threads_per_sm)
+    if stage == "dx":
+        blocks = min(rows, DX_BLOCKS_PER_SM * sms)
+    elif stage == "dwp":
+        blocks = min(-(-cols // 4) * ctas(rows, cols, sms, threads_per_sm), DWP_BLOCKS_PER_SM * sms)
+    elif stage == "dw":
+        blocks = -(-cols // BLOCKS["dw"])
+    else:
+        raise ValueError(f"{OP} has no entry `{stage}` (its entries: {', '.join(STAGES)})")
+    blocks = max(blocks, 1)
+    if blocks > 2**31 - 1:
+        raise ValueError(f"{OP} `{stage}`: a grid of {blocks} blocks exceeds CUDA's limit of 2^31-1")
+    return (blocks, 1, 1), (BLOCKS[stage], 1, 1)
+
+
+# ---- the compiled backward kernel -----------------------------------------------------------
+
+class BackwardKernel(SharedOnCopy):
+    """One dtype's module of an `rms_norm_backward` kernel (its three entries), compiled by NVRTC
+    as the verifier compiles it and loaded on one device. `launch(stage, grid, block, tensors,
+    scalars)` launches one entry on the current stream (ints are `long long`, floats `float`)."""
+
+    runtime = "cuda"
+
+    def __init__(self, manifest: dict[str, Any], source: str, dtype: str, device: torch.device):
+        if manifest.get("op") != OP:
+            raise ValueError(f"{manifest.get('name')}: op {manifest.get('op')}, not {OP}")
+        self.manifest, self.dtype, self.device = manifest, dtype, device
+        self.symbols = dict(manifest["stages"][dtype])
+        major, minor = torch.cuda.get_device_capability(device)
+        props = torch.cuda.get_device_properties(device)
+        self.sms = int(props.multi_processor_count)
+        self.threads_per_sm = int(props.max_threads_per_multi_processor)
+        self.code = _nv.compile_entry(manifest, source, dtype, (major, minor))
+        self.lib = L._libcuda()
+        self.module = L._load_module(self.code.code, device)  # never unloaded: cached per process
+        self.funcs = {}
+        for stage in STAGES:
+            func = ctypes.c_void_p()
+            sym = self.symbols[stage]
+            if self.lib.cuModuleGetFunction(ctypes.byref(func), self.module, sym.encode()) != 0:
+                raise RuntimeError(f"entry `{sym}` ({stage}) is not in the compiled module of "
+                                   f"{manifest['name']} ({dtype}); declare it `extern \"C\" __global__`")
+            self.funcs[stage] = func
+        self._index = device.index
+        self._cu_launch = L._cu_launch(self.lib)
+        self._lock = threading.Lock()
+        self.record = {"kernel": manifest["name"], "dtype": dtype, "symbols": dict(self.symbols),
+                       "arch": f"sm_{major}{minor}", "program_name": self.code.program_name,
+                       "options": list(self.code.options), "code_sha256": self.code.code_sha256,
+                       "sms": self.sms, "threads_per_sm": self.threads_per_sm}
+
+    def launch(self, stage: str, grid: tuple, block: tuple, tensors: tuple, scalars: tuple) -> None:
+        for t in tensors:
+            if t.get_device() != self._index:
+                raise ValueError(f"tensor on {t.device}, kernel compiled for {self.device}")
+        values = [ctypes.c_void_p(t.data_ptr()) for t in tensors] + [
+            ctypes.c_float(v) if isinstance(v, float) else ctypes.c_longlong(v) for v in scalars]
+        argv = (ctypes.c_void_p * len(values))(
+            *[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
+        with self._lock:
+            res = self._cu_launch(self.funcs[stage], *grid, *block, 0,
+                                  L._current_stream(self._index), argv, None)
+        if res != 0:
+            L._check(self.lib, res, f"launching {self.symbols[stage]}")
+
+
+_CACHE: dict[tuple, BackwardKernel] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def compiled_backward(digest: str, manifest: dict[str, Any], source: str, dtype: str,
+                      device: torch.device) -> BackwardKernel:
+    """`dtype`'s module of the backward kernel `digest`, compiled and loaded on `device` (once
+    per process). The tests replace this with a recording stand-in."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise RuntimeError(f"{manifest['name']} is a CUDA kernel: it needs a CUDA device (got {device})")
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    key = (digest, dtype, idx)
+    with _CACHE_LOCK:
+        if key not in _CACHE:
+            _CACHE[key] = BackwardKernel(manifest, source, dtype, torch.device("cuda", idx))
+        return _CACHE[key]
+
+
+# ---- the backward --------------------------------------------------------------------------
+
+def run_rms_norm_backward(bk: Any, dy: Tensor, x: Tensor, w: Tensor, eps: float,
+                          need_dw: bool = True) -> tuple[Tensor, Tensor | None]:
+    """(dx, dw) by the kernel's three entries (dw None and only `dx` launched when not
+    `need_dw`: `dx` alone writes dx and the rows' r). Inputs made contiguous and aligned."""
+    x, w = L.aligned(x), L.aligned(w)
+    dy = L.aligned(dy)
+    cols = x.shape[-1]
+    rows = x.numel() // cols if cols else 0
+    dx = torch.empty_like(x)
+    if rows == 0:
+        return dx, (torch.zeros_like(w) if need_dw else None)
+    sms, tps = int(bk.sms), int(bk.threads_per_sm)
+    ws = torch.empty(workspace_floats(rows, cols, sms, tps), dtype=torch.float32, device=x.device)
+    dw = torch.empty_like(w) if need_dw else None
+    launches = [("dx", (dx, ws, dy, x, w), (rows, cols, float(eps)))]
+    if need_dw:
+        launches += [("dwp", (ws, dy, x), (rows, cols, sms, tps)),
+                     ("dw", (dw, ws), (rows, cols, sms, tps))]
+    for stage, tensors, scalars in launches:
+        grid, block = stage_dims(stage, rows, cols, sms, tps)
+        bk.launch(stage, grid, block, tensors, scalars)
+    return dx, dw
+
+
+def llama_forward(x: Tensor, w: Tensor, eps: float) -> Tensor:
+    """HF LlamaRMSNorm's forward (the layer's own formula: discovery checked it bit for bit)."""
+    h = x.to(torch.float32)
+    r = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * (h * r).to(x.dtype)
+
+
+def eager_grads(dy: Tensor, x: Tensor, w: Tensor, eps: float, needs: tuple[bool, bool],
+                create_graph: bool) -> tuple[Tensor | None, Tensor | None]:
+    """The gradients eager autograd gives, on the formula recomputed from x and w (differentiable
+    again when `create_graph`)."""
+    with torch.enable_grad():
+        xs = x.detach().requires_grad_(needs[0])
+        ws_ = w.detach().requires_grad_(needs[1])
+        y = llama_forward(xs, ws_, eps)
+        wrt = [t for t, n in zip((xs, ws_), needs) if n]
+        got = iter(torch.autograd.grad(y, wrt, dy, create_graph=create_graph)) if wrt else iter(())
+    return tuple(next(got) if n else None for n in needs)
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(why: str) -> None:
+    if why not in _SAID:
+        _SAID.add(why)
+        log.warning("kernelize: %s", why)
+
+
+def _backward(bk: Any, label: str, dy: Tensor, x: Tensor, w: Tensor, eps: float,
+              needs: tuple[bool, bool]) -> tuple[Tensor | None, Tensor | None]:
+    if not (needs[0] or needs[1]):
+        return None, None
+    why = None
+    if torch.is_grad_enabled():
+        why = ("double backward (create_graph=True) through a kernelized rms_norm layer: the "
+               f"{label} kernel's gradients are not differentiable; eager autograd computes them")
+    elif dy.dtype != x.dtype or dy.device != x.device:
+        why = (f"the incoming gradient is {dy.dtype} on {dy.device}, the layer's input {x.dtype} on "
+               f"{x.device}: eager autograd computes the gradients, not {label}")
+    if why is not None:
+        _say_once(why)
+        return eager_grads(dy, x, w, eps, needs, create_graph=torch.is_grad_enabled())
+    dx, dw = run_rms_norm_backward(bk, dy, x, w, eps, need_dw=needs[1])
+    return (dx if needs[0] else None), dw
+
+
+class RmsNormFunction(torch.autograd.Function):
+    """Eager: forward = the swapped layer's forward launch (`run(compiled, x, w, eps)`),
+    backward = the backward kernel `bk`'s three entries (see the module's docstring)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, eps: float, run: Any, compiled: Any, bk: Any,
+                label: str) -> Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.eps, ctx.bk, ctx.label = eps, bk, label
+        return run(compiled, x, w, eps)
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        x, w = ctx.saved_tensors
+        dx, dw = _backward(ctx.bk, ctx.label, dy, x, w, ctx.eps, tuple(ctx.needs_input_grad[:2]))
+        return dx, dw, None, None, None, None, None
+
+
+def rms_norm_train(x: Tensor, w: Tensor, eps: float, run: Any, compiled: Any, bk: Any,
+                   label: str = OP) -> Tensor:
+    """One autograd node: the forward launch and, on backward, the backward kernel."""
+    return RmsNormFunction.apply(x, w, eps, run, compiled, bk, label)
+
+
+# ---- the same as custom ops, for torch.compile ----------------------------------------------
+
+@torch.library.custom_op("kernelize::launch_rms_norm_backward", mutates_args=(), device_types="cuda")
+def launch_rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, eps: float,
+                             key: int) -> tuple[Tensor, Tensor]:
+    from . import ops
+    dx, dw = run_rms_norm_backward(ops.kernel(key), dy, x, weight, eps)
+    return dx, dw
+
+
+@launch_rms_norm_backward.register_fake
+def _(dy, x, weight, eps, key):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+@torch.library.custom_op("kernelize::rms_norm_train", mutates_args=(), device_types="cuda")
+def rms_norm_train_op(x: Tensor, weight: Tensor, eps: float, fkey: int, bkey: int) -> Tensor:
+    from . import ops
+    return L.run_rms_norm(ops.kernel(fkey), x, weight, eps)
+
+
+@rms_norm_train_op.register_fake
+def _(x, weight, eps, fkey, bkey):
+    return x.new_empty(x.shape)
+
+
+def _setup(ctx, inputs, output):
+    x, weight, eps, _fkey, bkey = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps, ctx.bkey = eps, bkey
+
+
+def _train_op_backward(ctx, dy):
+    x, weight = ctx.saved_tensors
+    dx, dw = torch.ops.kernelize.launch_rms_norm_backward(dy, x, weight, ctx.eps, ctx.bkey)
+    return dx, dw, None, None, None
+
+
+rms_norm_train_op.register_autograd(_train_op_backward, setup_context=_setup)
