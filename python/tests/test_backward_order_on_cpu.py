@@ -352,9 +352,9 @@ MAIN = r"""
 #include <functional>
 #include "%HARNESS%"
 #define ENTRIES(N) \
-  extern "C" void rms_norm_llama_bwd_dx_##N(void*, float*, const void*, const void*, const void*, long long, long long, float); \
-  extern "C" void rms_norm_llama_bwd_dwp_##N(float*, const void*, const void*, long long, long long, long long, long long); \
-  extern "C" void rms_norm_llama_bwd_dw_##N(void*, const float*, long long, long long, long long, long long);
+  extern "C" void %P%dx_##N(void*, float*, const void*, const void*, const void*, long long, long long, float); \
+  extern "C" void %P%dwp_##N(float*, const void*, const void*, long long, long long, long long, long long); \
+  extern "C" void %P%dw_##N(void*, const float*, long long, long long, long long, long long);
 ENTRIES(bf16) ENTRIES(f16) ENTRIES(f32)
 %SWITCH%
 inline std::function<void()> g_call;
@@ -380,9 +380,9 @@ int main(int argc, char** argv) {
     void (*fdx)(void*, float*, const void*, const void*, const void*, long long, long long, float);
     void (*fdwp)(float*, const void*, const void*, long long, long long, long long, long long);
     void (*fdw)(void*, const float*, long long, long long, long long, long long);
-    if (dt == "bf16") { fdx = rms_norm_llama_bwd_dx_bf16; fdwp = rms_norm_llama_bwd_dwp_bf16; fdw = rms_norm_llama_bwd_dw_bf16; }
-    else if (dt == "f16") { fdx = rms_norm_llama_bwd_dx_f16; fdwp = rms_norm_llama_bwd_dwp_f16; fdw = rms_norm_llama_bwd_dw_f16; }
-    else { fdx = rms_norm_llama_bwd_dx_f32; fdwp = rms_norm_llama_bwd_dwp_f32; fdw = rms_norm_llama_bwd_dw_f32; }
+    if (dt == "bf16") { fdx = %P%dx_bf16; fdwp = %P%dwp_bf16; fdw = %P%dw_bf16; }
+    else if (dt == "f16") { fdx = %P%dx_f16; fdwp = %P%dwp_f16; fdw = %P%dw_f16; }
+    else { fdx = %P%dx_f32; fdwp = %P%dwp_f32; fdw = %P%dw_f32; }
     g_call = [=] { fdx(dx, ws, dy, x, w, rows, cols, eps); };
     kzcpu::launch(uint3{gdx, 1, 1}, uint3{512, 1, 1}, tramp);
     g_call = [=] { fdwp(ws, dy, x, rows, cols, sms, 2048); };
@@ -399,15 +399,27 @@ int main(int argc, char** argv) {
 """
 
 
-@lru_cache(maxsize=1)
-def _runner() -> Path:
+# The verifier's reference of the op (verifier/src/reference.cu, its layers up to the verifier's
+# utilities): the same three entries, written independently of the kernel.
+REF_SRC = REPO / "verifier" / "src" / "reference.cu"
+SOURCES = {
+    "kernel": (lambda: KSRC.read_text(encoding="utf-8"), "rms_norm_llama_bwd_"),
+    "reference": (lambda: REF_SRC.read_text(encoding="utf-8").split("// Verifier utility")[0],
+                  "ref_rms_norm_backward_llama_"),
+}
+
+
+@lru_cache(maxsize=2)
+def _runner(which: str = "kernel") -> Path:
     cxx = compiler()
-    ksrc = KSRC.read_text(encoding="utf-8")
+    read, prefix = SOURCES[which]
+    ksrc = read()
     # the fiber switch (x86-64 assembly) is defined in the harness's main.cpp: reuse it verbatim
     hm = (HARNESS / "main.cpp").read_text(encoding="utf-8")
     sw = re.search(r'^asm\(R"\(.*?^\)"\);$', hm, re.S | re.M)
     assert sw, "python/tests/cuda_on_cpu/main.cpp lost its kz_switch assembly block"
-    main = MAIN.replace("%HARNESS%", str(HARNESS / "harness.h")).replace("%SWITCH%", sw.group(0))
+    main = (MAIN.replace("%HARNESS%", str(HARNESS / "harness.h")).replace("%SWITCH%", sw.group(0))
+            .replace("%P%", prefix))
     h = hashlib.sha256()
     for part in [cxx, " ".join(CXXFLAGS), (HARNESS / "harness.h").read_text(), main, ksrc]:
         h.update(part.encode())
@@ -462,8 +474,11 @@ KERNEL_CASES = [
 ]
 
 
-def test_the_kernels_on_the_cpu_equal_the_emulation():
-    exe = _runner()
+@pytest.mark.parametrize("which", ["kernel", "reference"])
+def test_the_kernels_on_the_cpu_equal_the_emulation(which):
+    # the bundled kernel's entries, and the verifier's reference of the op (what a candidate is
+    # measured against): each equal to the emulation, so to each other
+    exe = _runner(which)
     d = Path(tempfile.mkdtemp(prefix="kz-bw-cases-"))
     rng = np.random.default_rng(20261127)
     jobs, meta = [], []

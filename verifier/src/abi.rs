@@ -34,6 +34,11 @@ pub fn reference_symbol(op: Op, sem: Semantics, dt: DType) -> String {
     format!("ref_{op}_{sem}_{dt}")
 }
 
+/// The reference entry of one stage of a backward op (its [`Op::stages`], the candidate's ABI).
+pub fn reference_stage_symbol(op: Op, sem: Semantics, stage: &Stage, dt: DType) -> String {
+    format!("ref_{op}_{sem}_{}_{dt}", stage.name)
+}
+
 pub(crate) fn reference_digest() -> String {
     format!(
         "builtin-reference-{}",
@@ -307,18 +312,25 @@ mod tests {
 
     #[test]
     fn the_reference_has_every_op_with_its_abi() {
-        // reference.cu spells each entry's parameters out; they must be Op::abi's, T = the dtype.
-        // (No reference of a backward op exists yet: docs/backward.md, what remains.)
-        for &op in Op::ALL.iter().filter(|o| !o.is_backward()) {
+        // reference.cu spells each entry's parameters out; they must be the op's stages' (a
+        // forward op's one entry is Op::abi), T = the dtype; a backward op's reference has the
+        // candidate's entries, named by reference_stage_symbol.
+        for &op in Op::ALL {
             for &sem in op.semantics() {
-                let head = format!("ref_{op}_{sem}_##S(");
-                let line = REFERENCE_SOURCE
-                    .lines()
-                    .find(|l| l.contains(&head))
-                    .unwrap_or_else(|| panic!("reference.cu has no {head}"));
-                let params = line.split_once(&head).unwrap().1;
-                let params = &params[..params.find(')').unwrap()];
-                assert_eq!(params, op.abi(), "{op} ({sem})");
+                for st in op.stages() {
+                    let head = if op.is_backward() {
+                        reference_stage_symbol(op, sem, st, DType::F32).replace("_f32", "_##S(")
+                    } else {
+                        format!("ref_{op}_{sem}_##S(")
+                    };
+                    let line = REFERENCE_SOURCE
+                        .lines()
+                        .find(|l| l.contains(&head))
+                        .unwrap_or_else(|| panic!("reference.cu has no {head}"));
+                    let params = line.split_once(&head).unwrap().1;
+                    let params = &params[..params.find(')').unwrap()];
+                    assert_eq!(params, st.params, "{op} ({sem}) {}", st.name);
+                }
             }
         }
     }

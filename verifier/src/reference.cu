@@ -250,6 +250,137 @@ __device__ __forceinline__ float gelu_tanh_f(float h) {
 #define GRID_STRIDE(i, n) \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
 
+// ---- The backward of HF LlamaRMSNorm under eager autograd (docs/backward.md) ------------------
+// The candidate's ABI (Op::stages of rms_norm_backward: dx, dwp, dw, launched in that order on
+// one stream with kernel_registry::backward's grids), written as plainly as the forward ones:
+// each loops over its work so any grid gives the same bits. The workspace holds the rows' r
+// (rows floats), then one partial column sum per CTA of eager's column reduction
+// (ctas x cols floats, CTA-major). Not the bundled kernel's code: the row sum is the forward
+// mean's order above, the column sum a transcription of Reduce.cuh's outer reduction
+// (thread_reduce_impl's four accumulators, block_y_reduce, global_reduce) one thread per chain.
+
+// dx, and the rows' r into ws: one 512-thread block per row (blocks loop over rows).
+template <typename T>
+__device__ void rms_bwd_dx_ref(T* dx, float* ws, const T* dy, const T* x, const T* w, long long rows, long long cols, float eps) {
+    __shared__ float sh[RB];
+    const int t = threadIdx.x;
+    // MeanBackward1's division: a * (1 / N) with the reciprocal formed in double (current sources)
+    const float inv_n = (float)(1.0 / (double)cols);
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const T* xr = x + row * cols;
+        const T* gr = dy + row * cols;
+        T* dr = dx + row * cols;
+        // the forward's r (autograd saves it): the mean of squares in the mean order, + eps, rsqrt
+        auto sq = [&](long long i) { const float h = f32_of(xr[i]); return __fmul_rn(h, h); };
+        const float r = rsqrtf(__fadd_rn(__fmul_rn(mean_order_sum(sq, rows, row, cols, sh), mean_factor(rows, cols)), eps));
+        // s: the row sum of g * h (MulBackward0 of n = h * r, grad of r; sum_to [rows, 1]), g = f32(round_T(dy * w))
+        auto q = [&](long long i) {
+            const float g = f32_of(round_to<T>(__fmul_rn(f32_of(gr[i]), f32_of(w[i]))));
+            return __fmul_rn(g, f32_of(xr[i]));
+        };
+        const float s = mean_order_sum(q, rows, row, cols, sh);
+        // RsqrtBackward0: -0.5 * grad * r.pow(3) (pow 3 = (r * r) * r); MeanBackward1: * (1 / N)
+        const float ga = __fmul_rn(__fmul_rn(s, -0.5f), __fmul_rn(__fmul_rn(r, r), r));
+        const float gp = __fmul_rn(ga, inv_n);
+        for (long long i = t; i < cols; i += RB) {
+            const float h = f32_of(xr[i]);
+            const float g = f32_of(round_to<T>(__fmul_rn(f32_of(gr[i]), f32_of(w[i]))));
+            const float gh1 = __fmul_rn(g, r);                    // MulBackward0 of h * r: grad * r
+            const float gh2 = __fmul_rn(gp, __fmul_rn(2.0f, h));   // PowBackward0: grad * (2 * h)
+            dr[i] = round_to<T>(__fadd_rn(gh1, gh2));             // the InputBuffer's sum, to T
+        }
+        if (t == 0) ws[row] = r;
+        __syncthreads();
+    }
+}
+
+// Reduce.cuh's setReduceConfig for sum(dim=0) of a fresh [rows, cols] tensor (docs/backward.md,
+// "The column sum"; kernel_registry::backward::col_config is the host's copy).
+struct ColCfg { long long bh, ctas, step; bool split; };
+__device__ __forceinline__ long long lp2(long long n) {
+    long long p = 1;
+    while (p * 2 <= n) p *= 2;
+    return p;
+}
+__device__ ColCfg col_cfg(long long rows, long long cols, long long sms, long long threads_per_sm) {
+    const long long ov = cols % 4 == 0 ? 4 : cols % 2 == 0 ? 2 : 1;
+    const long long max_t = 512 / ov, dim0 = cols / ov;
+    const long long d0 = dim0 < max_t ? lp2(dim0) : max_t;
+    const long long d1 = rows < max_t ? lp2(rows) : max_t;
+    long long bw = d0 < 32 ? d0 : 32;
+    const long long bh = d1 < max_t / bw ? d1 : max_t / bw;
+    bw = d0 < max_t / bh ? d0 : max_t / bh;
+    long long step_in = 1, step_out = bw;
+    const bool split = rows >= (bh * 16 < 256 ? bh * 16 : 256);
+    if (split) step_in *= bh; else step_out *= bh;
+    const long long target = sms * (threads_per_sm / (bw * bh));
+    const long long grid_x = (dim0 + step_out - 1) / step_out;
+    const long long vpt = (rows + step_in - 1) / step_in;
+    long long ctas = 1;
+    if (split && vpt >= 256 && grid_x <= target) {
+        const long long a = (target + grid_x - 1) / grid_x, b = (vpt + 15) / 16, c = (vpt + 255) / 256;
+        ctas = a < b ? a : b;
+        if (ctas < c) ctas = c;
+        if (ctas > 1) step_in *= ctas;
+    }
+    return ColCfg{bh, ctas, step_in, split};
+}
+
+// dwp: CTA k's partial of column c, one thread per (k, c): each of the block's warp-rows y
+// (y < bh when they split the rows, else y = 0) runs thread_reduce_impl over rows
+// y + bh*k + step*m (the m-th into accumulator m % 4, folded ((a0 + a1) + a2) + a3), then
+// block_y_reduce: offsets bh/2 .. 1, lower += upper. The summand is MulBackward0's
+// round_T(dy * nc), nc = round_T(h * r) (the forward's n.to(T), saved).
+#define KZ_REF_MAX_BH 512
+template <typename T>
+__device__ void rms_bwd_dwp_ref(float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long threads_per_sm) {
+    const ColCfg c = col_cfg(rows, cols, sms, threads_per_sm);
+    const long long ys = c.split ? c.bh : 1;
+    const long long items = c.ctas * cols;
+    float p[KZ_REF_MAX_BH];
+    for (long long it = (long long)blockIdx.x * blockDim.x + threadIdx.x; it < items; it += (long long)gridDim.x * blockDim.x) {
+        const long long k = it / cols, col = it - k * cols;
+        for (long long y = 0; y < ys; ++y) {
+            float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            long long m = 0;
+            for (long long row = y + (c.ctas > 1 ? c.bh * k : 0); row < rows; row += c.step, ++m) {
+                const float h = f32_of(x[row * cols + col]);
+                const T nc = round_to<T>(__fmul_rn(h, ws[row]));
+                const float v = f32_of(round_to<T>(__fmul_rn(f32_of(dy[row * cols + col]), f32_of(nc))));
+                a[m & 3] = __fadd_rn(a[m & 3], v);
+            }
+            p[y] = __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[1]), a[2]), a[3]);
+        }
+        for (long long off = ys / 2; off >= 1; off /= 2)
+            for (long long y = 0; y < off; ++y) p[y] = __fadd_rn(p[y], p[y + off]);
+        ws[rows + k * cols + col] = p[0];
+    }
+}
+
+// dw: column c's CTA partials. One CTA: its partial. Several: global_reduce (thread y of the
+// last CTA sums 0 + P[y] + P[y + bh] + ... in order), then block_y_reduce over bh; to T.
+template <typename T>
+__device__ void rms_bwd_dw_ref(T* dw, const float* ws, long long rows, long long cols, long long sms, long long threads_per_sm) {
+    const ColCfg c = col_cfg(rows, cols, sms, threads_per_sm);
+    float p[KZ_REF_MAX_BH];
+    GRID_STRIDE(col, cols) {
+        float v;
+        if (c.ctas == 1) {
+            v = ws[rows + col];
+        } else {
+            for (long long y = 0; y < c.bh; ++y) {
+                float a = 0.0f;
+                for (long long k = y; k < c.ctas; k += c.bh) a = __fadd_rn(a, ws[rows + k * cols + col]);
+                p[y] = a;
+            }
+            for (long long off = c.bh / 2; off >= 1; off /= 2)
+                for (long long y = 0; y < off; ++y) p[y] = __fadd_rn(p[y], p[y + off]);
+            v = p[0];
+        }
+        dw[col] = round_to<T>(v);
+    }
+}
+
 #define REFS(T, S)                                                                                          \
 extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_llama_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 0, false>(out, nullptr, x, w, rows, cols, eps); } \
 extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_gemma_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 1, false>(out, nullptr, x, w, rows, cols, eps); } \
@@ -268,7 +399,10 @@ extern "C" __global__ void ref_silu_mul_default_##S(T* out, const T* gate, const
         out[i] = round_to<T>(__fmul_rn(f32_of(s), f32_of(up[i]))); } } \
 extern "C" __global__ void ref_gelu_tanh_mul_default_##S(T* out, const T* gate, const T* up, long long rows, long long cols) { \
     GRID_STRIDE(i, rows * cols) { T s = round_to<T>(gelu_tanh_f(f32_of(gate[i]))); \
-        out[i] = round_to<T>(__fmul_rn(f32_of(s), f32_of(up[i]))); } }
+        out[i] = round_to<T>(__fmul_rn(f32_of(s), f32_of(up[i]))); } } \
+extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_backward_llama_dx_##S(T* dx, float* ws, const T* dy, const T* x, const T* w, long long rows, long long cols, float eps) { rms_bwd_dx_ref<T>(dx, ws, dy, x, w, rows, cols, eps); } \
+extern "C" __global__ void ref_rms_norm_backward_llama_dwp_##S(float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_bwd_dwp_ref<T>(ws, dy, x, rows, cols, sms, threads_per_sm); } \
+extern "C" __global__ void ref_rms_norm_backward_llama_dw_##S(T* dw, const float* ws, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_bwd_dw_ref<T>(dw, ws, rows, cols, sms, threads_per_sm); }
 
 REFS(__nv_bfloat16, bf16)
 REFS(__half, f16)
