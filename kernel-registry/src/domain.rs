@@ -205,6 +205,24 @@ impl Op {
             Op::RmsNorm | Op::FusedAddRmsNorm | Op::LayerNorm | Op::RmsNormBackward
         )
     }
+    /// The gradients a backward op writes, each compared and classed on its own (docs/spec.md
+    /// section 2c: a class per gradient); empty for a forward op. Written by the stages named
+    /// like them ([`Op::stages`]).
+    pub fn gradients(self) -> &'static [Gradient] {
+        match self {
+            Op::RmsNormBackward => &[
+                Gradient {
+                    name: "dx",
+                    one_row: false,
+                },
+                Gradient {
+                    name: "dw",
+                    one_row: true,
+                },
+            ],
+            _ => &[],
+        }
+    }
     /// How many `rows x cols` tensors a launch writes and a verification compares:
     /// fused_add_rms_norm writes `out` and updates `residual`; every other op writes `out`
     /// (rms_norm_backward: `dx`; its `dw` is one row).
@@ -248,6 +266,27 @@ impl Op {
                         .join(", ")
                 ),
             })
+        }
+    }
+}
+
+/// One gradient of a backward op ([`Op::gradients`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gradient {
+    /// Its name: the ABI's parameter (`dx`, `dw`) and the key of its report.
+    pub name: &'static str,
+    /// A parameter's gradient (`[cols]`, summed over the rows) rather than an input's
+    /// (`[rows, cols]`).
+    pub one_row: bool,
+}
+
+impl Gradient {
+    /// Its elements for a `rows x cols` problem.
+    pub fn elements(&self, rows: u64, cols: u64) -> u64 {
+        if self.one_row {
+            cols
+        } else {
+            rows.saturating_mul(cols)
         }
     }
 }

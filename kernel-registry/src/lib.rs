@@ -10,7 +10,7 @@ pub mod manifest;
 pub mod policy;
 pub mod report;
 
-pub use domain::{Arch, DType, Digest, Op, ParseError, Semantics, Stage};
+pub use domain::{Arch, DType, Digest, Gradient, Op, ParseError, Semantics, Stage};
 pub use manifest::{KernelBundle, Manifest, ManifestError, Runtime};
 pub use policy::Policy;
 pub use report::VerificationReport;

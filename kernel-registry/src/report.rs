@@ -218,6 +218,10 @@ pub struct DeviceInfo {
     pub cuda_version: String,
     /// Device-to-device copy bandwidth measured in the same process (read + write, GB/s).
     pub copy_gbps: f64,
+    /// `maxThreadsPerMultiProcessor`: with `sm_count`, what eager's column sums (a backward
+    /// op's `dw`) depend on past 1020 rows; recorded by verifiers since backward ops.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads_per_sm: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -259,6 +263,19 @@ pub struct CaseReport {
     pub integrity_failures: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speed: Option<Speed>,
+    /// A backward op's gradients one by one ([`Op::gradients`]: `dx`, `dw`), each against the
+    /// reference and the oracle; `exactness` is then their combination (every gradient's
+    /// elements, the worst of each figure). Empty for a forward op.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gradients: BTreeMap<String, GradientReport>,
+}
+
+/// One gradient of a backward case.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GradientReport {
+    pub exactness: Exactness,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<Accuracy>,
 }
 
 /// Candidate against the reference layer, bit for bit.
@@ -395,6 +412,10 @@ pub struct Verdict {
     pub copy_fraction_4096x8192: Option<f64>,
     pub copy_fraction_32768x4096: Option<f64>,
     pub speedup_4096x8192: Option<f64>,
+    /// A backward op's class per gradient (`dx`, `dw`), each by the rule of `class` over that
+    /// gradient's figures; `class` is the class of their combination. Empty for a forward op.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub per_gradient: BTreeMap<String, ExactnessClass>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -442,6 +463,7 @@ impl Verdict {
             copy_fraction_4096x8192: None,
             copy_fraction_32768x4096: None,
             speedup_4096x8192: None,
+            per_gradient: BTreeMap::new(),
         };
         let problem = |v: &mut Verdict, s: String| {
             if v.problems.len() < 20 {
@@ -533,6 +555,24 @@ impl Verdict {
         } else {
             ExactnessClass::Fails
         };
+        // Each gradient's class: the same rule over the cases with that gradient's exactness
+        // alone (integrity, errors and the rest are the case's, shared by its gradients).
+        let names: std::collections::BTreeSet<&str> = cases
+            .iter()
+            .flat_map(|c| c.gradients.keys().map(String::as_str))
+            .collect();
+        for name in names {
+            let alone: Vec<CaseReport> = cases
+                .iter()
+                .map(|c| CaseReport {
+                    exactness: c.gradients.get(name).map(|g| g.exactness.clone()),
+                    gradients: BTreeMap::new(),
+                    ..(*c).clone()
+                })
+                .collect();
+            let class = Verdict::from_cases(&alone.iter().collect::<Vec<_>>()).class;
+            v.per_gradient.insert(name.to_string(), class);
+        }
         v
     }
 
@@ -649,6 +689,7 @@ pub mod tests_support {
                 copy_fraction: 0.75,
                 speedup: 2.0,
             }),
+            gradients: BTreeMap::new(),
         }
     }
 
@@ -692,6 +733,7 @@ pub mod tests_support {
                 driver_version: "0".into(),
                 cuda_version: "0".into(),
                 copy_gbps: 4000.0,
+                threads_per_sm: None,
             },
             verifier_version: "0".into(),
             suite_version: "0".into(),

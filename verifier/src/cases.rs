@@ -661,6 +661,7 @@ pub(crate) fn case_skeleton(
         batch_invariant: None,
         integrity_failures: vec![],
         speed: None,
+        gradients: Default::default(),
     }
 }
 

@@ -419,6 +419,9 @@ impl Gpu {
         let attr = |a| ctx.attribute(a).map_err(drv("device query"));
         let sm_count =
             attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let threads_per_sm =
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?
+                as u32;
         let l2_bytes = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
         let mut cuda_v = 0i32;
         // SAFETY: plain out-parameter query.
@@ -437,6 +440,7 @@ impl Gpu {
                 driver_version: driver_version_string(),
                 cuda_version: format!("{}.{}", cuda_v / 1000, (cuda_v % 1000) / 10),
                 copy_gbps: 0.0,
+                threads_per_sm: Some(threads_per_sm),
             },
             _ctx: ctx,
             l2_bytes,

@@ -336,6 +336,7 @@ cols_max = 16384
                 driver_version: "0".into(),
                 cuda_version: "13.0".into(),
                 copy_gbps: 3000.0,
+                threads_per_sm: None,
             })
         }
         fn run_case(

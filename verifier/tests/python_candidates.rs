@@ -49,6 +49,7 @@ impl ReferenceLayers for HostReference {
             driver_version: "0".into(),
             cuda_version: "0".into(),
             copy_gbps: 1e6,
+            threads_per_sm: None,
         })
     }
     fn reference(

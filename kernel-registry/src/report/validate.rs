@@ -9,11 +9,11 @@
 //! (docs/spec.md section 6) are what would bind them to a GPU.
 
 use super::{
-    CaseReport, CaseStatus, Exactness, ShapeRequest, Speed, Summary, Verdict, VerificationReport,
-    REPORT_SCHEMA_VERSION, ROOFLINE_MARGIN, ULP_BUCKETS, ULP_INFINITE,
+    Accuracy, CaseReport, CaseStatus, Exactness, ShapeRequest, Speed, Summary, Verdict,
+    VerificationReport, REPORT_SCHEMA_VERSION, ROOFLINE_MARGIN, ULP_BUCKETS, ULP_INFINITE,
 };
 use crate::device::{self, PEAK_MARGIN};
-use crate::domain::{DType, Digest, Op};
+use crate::domain::{DType, Digest};
 use crate::manifest::{Manifest, Runtime};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -67,10 +67,11 @@ pub enum ReportErrorKind {
     SchemaVersion {
         got: u32,
     },
-    /// A report for a kernel of an op the suite does not measure yet (a backward op, docs/spec.md
-    /// section 2c): the verifier refuses such a kernel, so no report of it is a verification.
-    OpNotMeasured {
-        op: Op,
+    /// A backward case's gradients (docs/spec.md section 2c) missing, unknown, or not adding up
+    /// to the case's combined exactness; or gradients on a forward op's case.
+    Gradients {
+        id: String,
+        why: String,
     },
     /// A report whose execution record does not fit the kernel's runtime (docs/spec.md section 2b): a Python
     /// candidate's names its Python environment and compiles nothing; a CUDA kernel's has no
@@ -207,9 +208,9 @@ impl fmt::Display for ReportErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use ReportErrorKind::*;
         match self {
-            OpNotMeasured { op } => write!(
+            Gradients { id, why } => write!(
                 f,
-                "the suite does not measure {op} kernels yet (no cases, reference or oracle: docs/backward.md), so no report of one is accepted"
+                "case `{id}`: {why}; a verifier reports a backward op's case with each gradient's exactness (`gradients`) and their combination (`exactness`), a forward op's without `gradients`"
             ),
             Runtime { runtime, why } => write!(
                 f,
@@ -340,14 +341,6 @@ fn is_large_index(c: &CaseReport) -> bool {
 /// `MAX_PROBLEMS`; an empty list means the report fits.
 pub fn validate(report: &VerificationReport, want: &Expected<'_>) -> Result<(), Vec<ReportError>> {
     let mut out = Vec::new();
-    if want.manifest.op.is_backward() {
-        return Err(vec![err(
-            "kernel.op",
-            ReportErrorKind::OpNotMeasured {
-                op: want.manifest.op,
-            },
-        )]);
-    }
     check_header(report, want, &mut out);
     check_device(report, &mut out);
     if report.cases.is_empty() {
@@ -618,34 +611,114 @@ fn check_case(
     }
     match &c.exactness {
         None => out.push(err(at("exactness"), MissingExactness { id: id.clone() })),
-        Some(e) => check_exactness(m, c, e, &at, out),
+        Some(e) => check_exactness(m, c, None, e, &at, out),
     }
+    check_gradients(m, c, &at, out);
     if let Some(a) = &c.accuracy {
-        for (f, v) in [
-            ("candidate_max_abs", a.candidate_max_abs),
-            ("candidate_rms", a.candidate_rms),
-            ("reference_max_abs", a.reference_max_abs),
-            ("reference_rms", a.reference_rms),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                out.push(err(
-                    at(&format!("accuracy.{f}")),
-                    BadNumber {
-                        value: v,
-                        must_be: "a finite error, at least 0",
-                    },
-                ));
-            }
-        }
+        check_accuracy(a, &at, out);
     }
     if let Some(s) = &c.speed {
         check_speed(r, m, c, s, &at, out);
     }
 }
 
+/// A backward op's case: every gradient of the op ([`Op::gradients`]) reported, each checked
+/// like a case's exactness on its own elements, and the case's `exactness` their combination.
+fn check_gradients(
+    m: &Manifest,
+    c: &CaseReport,
+    at: &dyn Fn(&str) -> String,
+    out: &mut Vec<ReportError>,
+) {
+    let wrong = |why: String| {
+        err(
+            at("gradients"),
+            ReportErrorKind::Gradients {
+                id: c.id.clone(),
+                why,
+            },
+        )
+    };
+    let grads = m.op.gradients();
+    if grads.is_empty() {
+        if !c.gradients.is_empty() {
+            out.push(wrong(format!(
+                "{} has no gradients, yet the case reports some",
+                m.op
+            )));
+        }
+        return;
+    }
+    let names: Vec<&str> = grads.iter().map(|g| g.name).collect();
+    let got: Vec<&str> = c.gradients.keys().map(String::as_str).collect();
+    let mut sorted = names.clone();
+    sorted.sort_unstable();
+    if got != sorted {
+        out.push(wrong(format!(
+            "the gradients reported are [{}], {} has [{}]",
+            got.join(", "),
+            m.op,
+            names.join(", ")
+        )));
+        return;
+    }
+    for g in grads {
+        let r = &c.gradients[g.name];
+        let gat = |f: &str| at(&format!("gradients.{}.{f}", g.name));
+        check_exactness(m, c, Some(g), &r.exactness, &gat, out);
+        if let Some(a) = &r.accuracy {
+            check_accuracy(a, &gat, out);
+        }
+    }
+    // The combination: every gradient's elements, the worst of each figure.
+    if let Some(e) = &c.exactness {
+        let parts: Vec<&Exactness> = grads
+            .iter()
+            .map(|g| &c.gradients[g.name].exactness)
+            .collect();
+        let sum = |f: fn(&Exactness) -> u64| parts.iter().fold(0u64, |a, p| a.saturating_add(f(p)));
+        let mismatches = sum(|p| p.mismatches);
+        let max_ulp = parts.iter().map(|p| p.max_ulp).max().unwrap_or(0);
+        let parity = parts.iter().all(|p| p.nonfinite_parity);
+        let tolerance = parts.iter().all(|p| p.within_tolerance);
+        if e.mismatches != mismatches
+            || e.max_ulp != max_ulp
+            || e.nonfinite_parity != parity
+            || e.within_tolerance != tolerance
+        {
+            out.push(wrong(format!(
+                "the combined exactness ({} mismatches, max {} ulp, parity {}, within tolerance {}) is not its gradients' ({mismatches}, {max_ulp}, {parity}, {tolerance})",
+                e.mismatches, e.max_ulp, e.nonfinite_parity, e.within_tolerance
+            )));
+        }
+    }
+}
+
+fn check_accuracy(a: &Accuracy, at: &dyn Fn(&str) -> String, out: &mut Vec<ReportError>) {
+    for (f, v) in [
+        ("candidate_max_abs", a.candidate_max_abs),
+        ("candidate_rms", a.candidate_rms),
+        ("reference_max_abs", a.reference_max_abs),
+        ("reference_rms", a.reference_rms),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            out.push(err(
+                at(&format!("accuracy.{f}")),
+                ReportErrorKind::BadNumber {
+                    value: v,
+                    must_be: "a finite error, at least 0",
+                },
+            ));
+        }
+    }
+}
+
+/// A case's exactness (`gradient`: one gradient's of a backward case) against the elements it
+/// compared and the figures derived from them.
 fn check_exactness(
     m: &Manifest,
     c: &CaseReport,
+    gradient: Option<&crate::Gradient>,
     e: &Exactness,
     at: &dyn Fn(&str) -> String,
     out: &mut Vec<ReportError>,
@@ -657,7 +730,25 @@ fn check_exactness(
     // The large-index case is compared on the GPU and counts `out`'s elements; its mismatch
     // count covers every output.
     let large = is_large_index(c);
-    let (want, how) = if large {
+    let grads = m.op.gradients();
+    let (want, how) = if let Some(g) = gradient {
+        (
+            g.elements(c.rows, c.cols),
+            if g.one_row {
+                "cols (one row)"
+            } else {
+                "rows x cols"
+            }
+            .to_string(),
+        )
+    } else if !grads.is_empty() {
+        (
+            grads
+                .iter()
+                .fold(0u64, |a, g| a.saturating_add(g.elements(c.rows, c.cols))),
+            format!("the elements of every gradient of {}", m.op),
+        )
+    } else if large {
         (per_output, "rows x cols, compared on the GPU".to_string())
     } else if outputs > 1 {
         (

@@ -657,12 +657,7 @@ fn a_capability_audit_must_fit_the_kernel() {
     assert_eq!(check_with(&old, &m, &[]), vec![]);
 }
 
-/// A report for a backward kernel (docs/spec.md section 2c) is refused whatever it says: the
-/// suite measures no backward op yet, so it cannot be a verification of one.
-#[test]
-fn a_report_for_a_backward_kernel_is_refused() {
-    let m = Manifest::parse(
-        r#"
+const BACKWARD: &str = r#"
 name = "rms_norm_llama_backward"
 version = "1.0.0"
 op = "rms_norm_backward"
@@ -671,29 +666,159 @@ authors = ["a"]
 license = "MIT"
 source = "k.cu"
 [entry.bf16]
-dx = "a"
-dwp = "b"
-dw = "c"
-"#,
-    )
-    .unwrap();
+dx = "dx_bf16"
+dwp = "dwp_bf16"
+dw = "dw_bf16"
+[entry.f16]
+dx = "dx_f16"
+dwp = "dwp_f16"
+dw = "dw_f16"
+[entry.f32]
+dx = "dx_f32"
+dwp = "dwp_f32"
+dw = "dw_f32"
+"#;
+
+/// `n` elements compared, none differing.
+fn exact(n: u64) -> Exactness {
+    let mut h = vec![0; ULP_BUCKETS.len() + 1];
+    h[0] = n;
+    Exactness {
+        elements: n,
+        mismatches: 0,
+        mismatch_fraction: 0.0,
+        max_abs_diff: 0.0,
+        max_rel_diff: 0.0,
+        max_ulp: 0,
+        nonfinite_parity: true,
+        within_tolerance: true,
+        ulp_histogram: h,
+    }
+}
+
+/// The recorded report's cases as a bit-exact verification of a backward kernel (docs/spec.md
+/// section 2c): each case with its two gradients and their combination.
+fn backward_report() -> (VerificationReport, Manifest) {
+    let m = Manifest::parse(BACKWARD).unwrap();
     let mut r = honest();
     r.kernel.op = m.op;
     r.kernel.name = m.name.clone();
-    let got = check_with(&r, &m, &[]);
-    assert_eq!(got.len(), 1, "{got:?}");
-    assert_eq!(got[0].field, "kernel.op");
-    assert!(
-        got[0]
-            .to_string()
-            .contains("does not measure rms_norm_backward kernels yet"),
-        "{}",
-        got[0]
+    r.compiled.clear();
+    r.model.clear();
+    r.cases.retain(|c| !is_large_index(c));
+    for c in r.cases.iter_mut().filter(|c| c.status == CaseStatus::Ran) {
+        let (dx, dw) = (c.rows * c.cols, c.cols);
+        c.gradients = [("dx", dx), ("dw", dw)]
+            .into_iter()
+            .map(|(k, n)| {
+                (
+                    k.to_string(),
+                    crate::report::GradientReport {
+                        exactness: exact(n),
+                        accuracy: None,
+                    },
+                )
+            })
+            .collect();
+        c.exactness = Some(exact(dx + dw));
+        c.accuracy = None;
+        c.speed = None; // timed for the forward's bytes
+    }
+    r.summary = Summary::from_cases(&r.cases);
+    (r, m)
+}
+
+/// A backward kernel's report: every case states each gradient's exactness and their
+/// combination; the summary has a class per gradient. A case missing a gradient, a gradient's
+/// element count that is not its shape's, a combination that is not its gradients', or a
+/// forward case with gradients is refused.
+#[test]
+fn a_backward_report_states_each_gradient() {
+    let (r, m) = backward_report();
+    assert_eq!(check_with(&r, &m, &[]), vec![]);
+    assert_eq!(
+        r.summary
+            .overall
+            .per_gradient
+            .values()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>(),
+        ["bit_exact", "bit_exact"]
     );
-    assert!(matches!(
-        got[0].kind,
-        ReportErrorKind::OpNotMeasured {
-            op: Op::RmsNormBackward
-        }
-    ));
+    let i = r
+        .cases
+        .iter()
+        .position(|c| c.status == CaseStatus::Ran && c.rows > 1)
+        .unwrap();
+    let refused = |r: &VerificationReport, m: &Manifest, needle: &str| {
+        let got = check_with(r, m, &[]);
+        assert!(
+            got.iter().any(|e| e.to_string().contains(needle)),
+            "{needle}: {got:?}"
+        );
+    };
+    // a gradient missing
+    let mut bad = r.clone();
+    bad.cases[i].gradients.remove("dw");
+    refused(&bad, &m, "the gradients reported are [dx]");
+    // dw counted as a whole matrix
+    let mut bad = r.clone();
+    let c = &mut bad.cases[i];
+    c.gradients.get_mut("dw").unwrap().exactness = exact(c.rows * c.cols);
+    refused(&bad, &m, "cols (one row)");
+    // a combination that hides a gradient's mismatches
+    let mut bad = r.clone();
+    let c = &mut bad.cases[i];
+    let e = &mut c.gradients.get_mut("dw").unwrap().exactness;
+    e.mismatches = 1;
+    e.mismatch_fraction = 1.0 / e.elements as f64;
+    e.max_ulp = 1;
+    e.max_abs_diff = 1e-3;
+    e.max_rel_diff = 1e-3;
+    e.ulp_histogram[0] -= 1;
+    e.ulp_histogram[1] += 1;
+    refused(&bad, &m, "is not its gradients'");
+    // gradients on a forward op's case
+    let mut fwd = honest();
+    let j = fwd
+        .cases
+        .iter()
+        .position(|c| c.status == CaseStatus::Ran)
+        .unwrap();
+    fwd.cases[j].gradients = r.cases[i].gradients.clone();
+    refused(&fwd, &manifest(RMS_NORM_LLAMA), "has no gradients");
+}
+
+/// The summary classes each gradient by the one rule: a dw that differs by one ulp makes dw
+/// `ulp:1` and the combination `ulp:1`, while dx stays `bit_exact`.
+#[test]
+fn each_gradient_has_its_own_class() {
+    let (mut r, _) = backward_report();
+    let i = r
+        .cases
+        .iter()
+        .position(|c| c.status == CaseStatus::Ran)
+        .unwrap();
+    let c = &mut r.cases[i];
+    for e in [
+        &mut c.gradients.get_mut("dw").unwrap().exactness,
+        c.exactness.as_mut().unwrap(),
+    ] {
+        e.mismatches = 1;
+        e.mismatch_fraction = 1.0 / e.elements as f64;
+        e.max_ulp = 1;
+        e.max_abs_diff = 1e-3;
+        e.max_rel_diff = 1e-3;
+        e.ulp_histogram[0] -= 1;
+        e.ulp_histogram[1] += 1;
+    }
+    let s = Summary::from_cases(&r.cases);
+    let classes: Vec<String> = s
+        .overall
+        .per_gradient
+        .iter()
+        .map(|(k, c)| format!("{k} {c}"))
+        .collect();
+    assert_eq!(classes, ["dw ulp:1", "dx bit_exact"]);
+    assert_eq!(s.overall.class.to_string(), "ulp:1");
 }
