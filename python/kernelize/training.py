@@ -205,11 +205,16 @@ def llama_forward(x: Tensor, w: Tensor, eps: float) -> Tensor:
 
 def eager_grads(dy: Tensor, x: Tensor, w: Tensor, eps: float, needs: tuple[bool, bool],
                 create_graph: bool) -> tuple[Tensor | None, Tensor | None]:
-    """The gradients eager autograd gives, on the formula recomputed from x and w (differentiable
-    again when `create_graph`)."""
+    """The gradients eager autograd gives, on the formula recomputed from x and w. With
+    `create_graph` (a double backward: x and w are the saved tensors, still in the graph) the
+    recomputation is on x and w themselves, so the gradients are differentiable with respect
+    to them, as eager's are."""
     with torch.enable_grad():
-        xs = x.detach().requires_grad_(needs[0])
-        ws_ = w.detach().requires_grad_(needs[1])
+        if create_graph:
+            xs, ws_ = x, w
+        else:
+            xs = x.detach().requires_grad_(needs[0])
+            ws_ = w.detach().requires_grad_(needs[1])
         y = llama_forward(xs, ws_, eps)
         wrt = [t for t, n in zip((xs, ws_), needs) if n]
         got = iter(torch.autograd.grad(y, wrt, dy, create_graph=create_graph)) if wrt else iter(())

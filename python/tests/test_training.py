@@ -1,0 +1,545 @@
+"""Training mode and the named modes (issues 27 and 30), on the CPU.
+
+There is no GPU here: the forward kernel is a stand-in computing HF LlamaRMSNorm's formula, and
+the backward kernel (`training.compiled_backward`) a recording stand-in whose `launch` receives
+exactly what the CUDA entries would (stage, grid, block, tensors, scalars) and, at `dx` and
+`dw`, writes gradients computed with PyTorch's own autograd (or the CPU emulator of eager's
+CUDA backward, `kernelize.backward`). `torch.cuda.is_available` is faked so that `kernelize`
+swaps the (CPU) model's layers. The real entries run only on a GPU (scripts/backward_probe.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import shutil
+
+import pytest
+import torch
+from torch import nn
+
+import kernelize
+from conftest import REPO
+from kernelize import backward as B
+from kernelize import core, launch, ops, training
+from kernelize.discover import _rms_refs
+from kernelize.pykernel import SharedOnCopy
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("numpy")
+
+ABI = json.loads((REPO / "python/tests/fixtures/abi.json").read_text(encoding="utf-8"))
+NORMS = ["model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",
+         "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm", "model.norm"]
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+_IS_AVAILABLE = torch.cuda.is_available
+
+
+# ---- stand-ins -------------------------------------------------------------------------------
+
+class ForwardStandIn:
+    """What `launch.compiled` returns here: the forward kernel 'loaded' on the CPU."""
+    device = torch.device("cpu")
+
+    def __init__(self, manifest):
+        self.manifest = manifest
+
+
+def _forward_run(op, key):
+    # core's runner for a stand-in forward kernel: HF LlamaRMSNorm's formula
+    assert op is ops.op("rms_norm")
+    return lambda _compiled, x, w, eps: _rms_refs(x, w, eps)["llama"].contiguous()
+
+
+def _torch_grads(dy, x, w, eps):
+    """dx, dw of eager autograd on the llama formula (discover's reference, not training's)."""
+    with torch.enable_grad():
+        xs, ws = x.detach().requires_grad_(), w.detach().requires_grad_()
+        return torch.autograd.grad(_rms_refs(xs, ws, eps)["llama"], (xs, ws), dy)
+
+
+def _emulated_grads(dy, x, w, eps):
+    """dx, dw of the CPU emulator of eager's CUDA backward (kernelize.backward)."""
+    dt = {v: k for k, v in DTYPES.items()}[x.dtype]
+    cols = x.shape[-1]
+    dx, dw = B.llama_rms_norm_backward(x.float().reshape(-1, cols).numpy(), w.float().numpy(),
+                                       dy.float().reshape(-1, cols).numpy(), eps, dt)
+    return (torch.from_numpy(dx).reshape(x.shape).to(x.dtype), torch.from_numpy(dw).to(w.dtype))
+
+
+class RecordingBackward(SharedOnCopy):
+    """A stand-in `rms_norm_backward` kernel: records every launch; `dx` writes dx and the rows'
+    r into the workspace, `dw` writes dw (both computed by `grads`). Shared by copies, as the
+    real `training.BackwardKernel`."""
+    device = torch.device("cpu")
+
+    def __init__(self, grads=_torch_grads, sms=132, threads_per_sm=2048):
+        self.grads, self.sms, self.threads_per_sm = grads, sms, threads_per_sm
+        self.calls: list[tuple] = []
+        self._dw = None
+
+    def launch(self, stage, grid, block, tensors, scalars):
+        self.calls.append((stage, grid, block, tensors, scalars))
+        if stage == "dx":
+            dx, ws, dy, x, w = tensors
+            rows, cols, eps = scalars
+            gx, self._dw = self.grads(dy, x, w, eps)
+            dx.copy_(gx)
+            ws[:rows] = torch.rsqrt(x.float().pow(2).mean(-1) + eps).reshape(-1)
+        elif stage == "dw":
+            tensors[0].copy_(self._dw)
+
+    def stages(self):
+        return [c[0] for c in self.calls]
+
+
+@pytest.fixture
+def gpu_faked(monkeypatch):
+    """kernelize swaps CPU models: CUDA 'available', both kernels stand-ins. Yields the
+    recording backward kernel and the list of (digest, dtype) it was 'compiled' for."""
+    bk = RecordingBackward()
+    loaded = []
+
+    def compiled_backward(digest, manifest, source, dtype, device):
+        assert manifest["op"] == "rms_norm_backward" and dtype in manifest["stages"]
+        loaded.append((digest, dtype))
+        return bk
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(launch, "compiled", lambda digest, manifest, *a, **k: ForwardStandIn(manifest))
+    monkeypatch.setattr(core, "_stand_in_run", _forward_run)
+    monkeypatch.setattr(training, "compiled_backward", compiled_backward)
+    bk.loaded = loaded
+    yield bk
+
+
+def _backward_folder(root, dtypes=("bf16", "f16", "f32"), constraints=""):
+    """A local rms_norm_backward kernel: the CUDA backward's source, its nine entry symbols
+    spelled out (the source makes them by token pasting)."""
+    d = root / "rms_norm_llama_backward"
+    d.mkdir(parents=True)
+    entries = "".join(f"\n[entry.{dt}]\n" + "".join(
+        f'{s} = "rms_norm_llama_bwd_{s}_{dt}"\n' for s in ("dx", "dwp", "dw")) for dt in dtypes)
+    (d / "kernel.toml").write_text(
+        'name = "rms_norm_llama_backward"\nversion = "1.0.0"\nop = "rms_norm_backward"\n'
+        'semantics = "llama"\ndescription = "HF LlamaRMSNorm\'s backward in eager autograd\'s order"\n'
+        'authors = ["kernelize"]\nlicense = "Apache-2.0"\nsource = "kernel.cu"\n'
+        + entries + constraints, encoding="utf-8")
+    syms = " ".join(f"rms_norm_llama_bwd_{s}_{dt}" for dt in dtypes for s in ("dx", "dwp", "dw"))
+    (d / "kernel.cu").write_text(
+        (REPO / "kernels/backward/rms_norm_llama_backward.cu").read_text(encoding="utf-8")
+        + f"\n// entries: {syms}\n", encoding="utf-8")
+    return d
+
+
+@pytest.fixture
+def kernels(tmp_path):
+    """A kernels_dir with the bundled exact forward and the backward kernel."""
+    root = tmp_path / "kernels"
+    shutil.copytree(REPO / "kernels/rms_norm_llama", root / "rms_norm_llama")
+    _backward_folder(root)
+    return root
+
+
+@pytest.fixture
+def forward_only(tmp_path):
+    root = tmp_path / "fwd"
+    shutil.copytree(REPO / "kernels/rms_norm_llama", root / "rms_norm_llama")
+    return root
+
+
+def _llama(dtype=torch.bfloat16, seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=160,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(cfg).to(dtype)
+
+
+def _grads(model, ids):
+    model.zero_grad(set_to_none=True)
+    model(input_ids=ids, use_cache=False).logits.float().square().mean().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _kz(model, **kw):
+    kw.setdefault("device", "cuda:0")
+    return kernelize.kernelize(model, arch="sm_90", verbose=False, **kw)
+
+
+def _training_lines(rep):
+    return [n for n in rep.notes if n.startswith("training:")]
+
+
+# ---- modes -----------------------------------------------------------------------------------
+
+def test_an_unknown_mode_is_refused_naming_it_and_the_modes(forward_only):
+    m = _llama()
+    for bad in ("train", "Training", 1, None):
+        with pytest.raises(ValueError) as e:
+            kernelize.kernelize(m, kernels_dir=forward_only, arch="sm_90", verbose=False, mode=bad)
+        msg = str(e.value)
+        assert f"mode={bad!r}" in msg
+        assert all(f"'{name}'" in msg for name in ("inference", "training", "compile")), msg
+    assert kernelize.launch_counts(m) == {}  # refused before anything was swapped
+    with pytest.raises(ValueError, match="mode='eval'"):
+        kernelize.lock(m, hub="http://127.0.0.1:9", mode="eval")
+
+
+def test_the_modes_are_named_in_the_report_and_compile_is_compile_true(forward_only, monkeypatch):
+    from kernelize import exact
+    compiled = []
+    monkeypatch.setattr(exact, "exact_compile", lambda model, mode: compiled.append(mode) or "compiled")
+    m = _llama()
+    rep = kernelize.kernelize(m, kernels_dir=forward_only, arch="sm_90", verbose=False)
+    assert rep.mode == "inference" and str(rep).splitlines()[0].endswith("| mode inference")
+    assert compiled == [] and rep.compile is None
+    for kw, want_mode, want_arg in [({"mode": "compile"}, "compile", None),
+                                    ({"mode": "torch_compile"}, "compile", None),
+                                    ({"compile": True}, "compile", None),
+                                    ({"mode": "compile", "compile": "reduce-overhead"}, "compile",
+                                     "reduce-overhead"),
+                                    ({"mode": "training", "compile": True}, "training+compile", None)]:
+        compiled.clear()
+        rep = kernelize.kernelize(m, kernels_dir=forward_only, arch="sm_90", verbose=False, **kw)
+        assert (rep.mode, compiled, rep.compile) == (want_mode, [want_arg], "compiled"), kw
+        assert f"| mode {want_mode}" in str(rep).splitlines()[0]
+    kernelize.unkernelize(m)
+
+
+# ---- the launches ----------------------------------------------------------------------------
+
+def test_the_backward_grids_are_the_registrys():
+    # kernel_registry::backward's every_entry_has_its_launch (132 SMs, 2048 threads per SM)
+    dims = lambda s, r, c: training.stage_dims(s, r, c, 132, 2048)  # noqa: E731
+    assert dims("dx", 3, 4096) == ((3, 1, 1), (512, 1, 1))
+    assert dims("dx", 16384, 4096)[0] == (8 * 132, 1, 1)
+    assert dims("dwp", 16384, 4096)[0] == (16 * 132, 1, 1)
+    assert dims("dwp", 1, 5) == ((2, 1, 1), (128, 1, 1))
+    assert dims("dw", 4096, 8192) == ((64, 1, 1), (128, 1, 1))
+    assert dims("dw", 1, 1)[0] == (1, 1, 1)
+    assert {s["name"]: s["block"] for s in ABI["backward_ops"]["rms_norm_backward"]["stages"]} \
+        == training.BLOCKS
+    assert training.STAGES == ("dx", "dwp", "dw")
+    # the workspace: r, then one partial row per CTA of eager's column sum
+    for rows, cols, sms, tps in [(4096, 8192, 132, 2048), (4096, 8192, 114, 2048), (7, 64, 132, 2048)]:
+        assert training.workspace_floats(rows, cols, sms, tps) == \
+            rows + B.col_config(rows, cols, sms, tps)["ctas"] * cols
+    assert training.workspace_floats(4096, 8192, 114, 2048) == 4096 + 29 * 8192
+    with pytest.raises(ValueError, match="no entry `db`"):
+        training.stage_dims("db", 4, 4, 132, 2048)
+    with pytest.raises(ValueError, match="threads per SM"):
+        training.workspace_floats(4, 4, 132, 256)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+@pytest.mark.parametrize("rows,sms,tps", [(6, 132, 2048), (2048, 4, 2048)])
+def test_the_backward_launches_the_three_entries_in_order_with_the_abi(dtype, rows, sms, tps):
+    cols, eps = 64, 1e-5
+    t = DTYPES[dtype]
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(rows, cols, generator=g).to(t)
+    w = torch.randn(cols, generator=g).to(t)
+    dy = torch.randn(rows, cols, generator=g).to(t).t().contiguous().t()  # not contiguous
+    bk = RecordingBackward(sms=sms, threads_per_sm=tps)
+    dx, dw = training.run_rms_norm_backward(bk, dy, x, w, eps)
+    assert bk.stages() == ["dx", "dwp", "dw"]
+    ctas = B.col_config(rows, cols, sms, tps)["ctas"]
+    if rows == 2048:
+        assert ctas > 1  # the workspace holds partial column sums of several CTAs
+    stages = ABI["backward_ops"]["rms_norm_backward"]["stages"]
+    ws = bk.calls[0][3][1]
+    assert ws.dtype == torch.float32 and ws.shape == (rows + ctas * cols,)
+    for (stage, grid, block, tensors, scalars), spec in zip(bk.calls, stages):
+        assert stage == spec["name"]
+        assert (grid, block) == training.stage_dims(stage, rows, cols, sms, tps)
+        assert block == (spec["block"], 1, 1)
+        args = [*tensors, *scalars]
+        params = [p.strip() for p in spec["params"].split(",")]
+        assert len(args) == len(params) == len(spec["names"])
+        for p, a in zip(params, args):
+            kind = torch.Tensor if "*" in p else int if p.startswith("long long") else float
+            assert isinstance(a, kind) and not isinstance(a, bool), (stage, p, a)
+            if "*" in p:
+                assert a.is_contiguous() and a.dtype == (torch.float32 if p.startswith(("float", "const float")) else t)
+        named = dict(zip(spec["names"], args))
+        assert (named["rows"], named["cols"]) == (rows, cols)
+        assert named["ws"] is ws
+        if stage == "dx":
+            assert named["dx"] is dx and named["eps"] == eps
+            assert named["x"] is x and named["w"] is w and torch.equal(named["dy"], dy)
+        else:
+            assert (named["sms"], named["threads_per_sm"]) == (sms, tps)
+        if stage == "dw":
+            assert named["dw"] is dw and dw.shape == (cols,) and dw.dtype == t
+    assert (dx.shape, dx.dtype) == (x.shape, t)
+    # the dx stage's grid: one block a row up to 8 per SM
+    assert bk.calls[0][1] == (min(rows, 8 * sms), 1, 1)
+    # dw not needed: only dx is launched (it writes dx and the rows' r)
+    bk2 = RecordingBackward(sms=sms, threads_per_sm=tps)
+    dx2, dw2 = training.run_rms_norm_backward(bk2, dy, x, w, eps, need_dw=False)
+    assert bk2.stages() == ["dx"] and dw2 is None and torch.equal(dx2, dx)
+
+
+def test_an_empty_batch_launches_nothing():
+    bk = RecordingBackward()
+    x = torch.empty(0, 8, dtype=torch.bfloat16)
+    dx, dw = training.run_rms_norm_backward(bk, x, x, torch.ones(8, dtype=torch.bfloat16), 1e-6)
+    assert bk.calls == [] and dx.shape == (0, 8) and torch.equal(dw, torch.zeros(8, dtype=torch.bfloat16))
+
+
+# ---- training mode on a model ----------------------------------------------------------------
+
+def test_training_mode_runs_the_kernels_under_autograd_and_the_gradients_are_eagers(kernels, gpu_faked):
+    ref, m = _llama(), _llama()
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(0))
+    want = _grads(ref, ids)
+    rep = _kz(m, kernels_dir=kernels, mode="training")
+    assert rep.mode == "training"
+    norms = {e.path: e for e in rep.entries if e.op == "rms_norm"}
+    assert sorted(norms) == sorted(NORMS)
+    assert all(e.status == "replaced" and e.backward is not None
+               and e.backward.name == "rms_norm_llama_backward" for e in norms.values())
+    assert gpu_faked.loaded and {dt for _, dt in gpu_faked.loaded} == {"bf16"}
+    lines = _training_lines(rep)
+    # one line for the five norms (the backward taken), one for the layers with no backward op
+    ok = [ln for ln in lines if "rms_norm_llama_backward 1.0.0" in ln]
+    assert len(ok) == 1 and "(5 layers)" in ok[0] and "runs under autograd" in ok[0], lines
+    assert "unverified local kernel" in ok[0]
+    assert ok[0] in str(rep)
+    got = _grads(m, ids)
+    assert set(got) == set(want)
+    for n in want:
+        assert torch.equal(got[n], want[n]), n
+    # every norm ran its forward kernel once and its backward's three entries once
+    assert kernelize.launch_counts(m) == {p: 1 for p in NORMS}
+    assert gpu_faked.stages() == ["dx", "dwp", "dw"] * 5
+    rows = {c[4][0] for c in gpu_faked.calls}
+    assert rows == {14}
+    # no autograd (eval under no_grad): the forward kernel alone, as in inference
+    with torch.no_grad():
+        m(input_ids=ids, use_cache=False)
+    assert kernelize.launch_counts(m) == {p: 2 for p in NORMS} and len(gpu_faked.calls) == 15
+    # copies keep the training forward
+    c = copy.deepcopy(m)
+    assert c.model.norm.__dict__["_kernelize_backward"].name == "rms_norm_llama_backward"
+    assert kernelize.unkernelize(m) == 5 + 0 and "_kz_bwd" not in m.model.norm.__dict__
+
+
+def test_gradients_from_the_cuda_order_emulator_match_eager_autograd(kernels, gpu_faked):
+    # f32: the emulator's CUDA reduction orders differ from the CPU's by a few ulps only
+    gpu_faked.grads = _emulated_grads
+    ref, m = _llama(torch.float32), _llama(torch.float32)
+    ids = torch.randint(0, 128, (3, 5), generator=torch.Generator().manual_seed(2))
+    want = _grads(ref, ids)
+    rep = _kz(m, kernels_dir=kernels, mode="training")
+    assert all(e.backward is not None for e in rep.entries if e.op == "rms_norm")
+    got = _grads(m, ids)
+    assert len(gpu_faked.calls) == 15
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-6, msg=n)
+    assert not all(torch.equal(got[n], want[n]) for n in want if "norm" in n)  # the fake ran
+
+
+def test_inference_mode_is_unchanged_under_autograd(kernels, gpu_faked):
+    ref, m = _llama(), _llama()
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(0))
+    rep = _kz(m, kernels_dir=kernels)
+    assert rep.mode == "inference" and _training_lines(rep) == []
+    assert all(e.backward is None and e.backward_reasons == [] for e in rep.entries)
+    assert gpu_faked.loaded == []
+    got, want = _grads(m, ids), _grads(ref, ids)
+    assert all(torch.equal(got[n], want[n]) for n in want)
+    assert kernelize.launch_counts(m) == {p: 0 for p in NORMS}  # the original forwards ran
+    assert gpu_faked.calls == []
+
+
+def test_no_backward_kernel_keeps_the_original_forward_under_autograd_and_says_why_once(
+        forward_only, gpu_faked):
+    ref, m = _llama(), _llama()
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(0))
+    rep = _kz(m, kernels_dir=forward_only, mode="training")
+    norms = [e for e in rep.entries if e.op == "rms_norm"]
+    assert all(e.status == "replaced" and e.backward is None for e in norms)
+    assert all(any("no kernel for rms_norm_backward (llama)" in r for r in e.backward_reasons)
+               for e in norms)
+    lines = _training_lines(rep)
+    why = [ln for ln in lines if "keeps its original forward under autograd" in ln]
+    assert len(why) == 1 and "(5 layers)" in why[0] and "no rms_norm_backward kernel" in why[0], lines
+    assert str(rep).count("no rms_norm_backward kernel") == 1
+    got, want = _grads(m, ids), _grads(ref, ids)
+    assert all(torch.equal(got[n], want[n]) for n in want)
+    assert kernelize.launch_counts(m) == {p: 0 for p in NORMS} and gpu_faked.calls == []
+    with torch.no_grad():  # the forward kernel still runs where no gradient is needed
+        m(input_ids=ids, use_cache=False)
+    assert kernelize.launch_counts(m) == {p: 1 for p in NORMS}
+
+
+def test_a_backward_kernel_outside_its_dtypes_or_constraints_is_not_taken(tmp_path, gpu_faked):
+    root = tmp_path / "k"
+    shutil.copytree(REPO / "kernels/rms_norm_llama", root / "rms_norm_llama")
+    _backward_folder(root, dtypes=("f32",))
+    rep = _kz(_llama(), kernels_dir=root, mode="training")
+    lines = [ln for ln in _training_lines(rep) if "rms_norm (llama)" in ln]
+    assert len(lines) == 1 and "has no bf16 entry" in lines[0], lines
+    root2 = tmp_path / "k2"
+    shutil.copytree(REPO / "kernels/rms_norm_llama", root2 / "rms_norm_llama")
+    _backward_folder(root2, constraints="\n[constraints]\ncols_min = 128\n")
+    rep = _kz(_llama(), kernels_dir=root2, mode="training")
+    lines = [ln for ln in _training_lines(rep) if "rms_norm (llama)" in ln]
+    assert len(lines) == 1 and "cols 64 < cols_min 128" in lines[0], lines
+    assert gpu_faked.loaded == []
+
+
+def test_a_backward_kernel_that_fails_to_load_is_reported(kernels, gpu_faked, monkeypatch):
+    def broken(*a, **k):
+        raise RuntimeError("no NVRTC here")
+    monkeypatch.setattr(training, "compiled_backward", broken)
+    m = _llama()
+    rep = _kz(m, kernels_dir=kernels, mode="training")
+    lines = [ln for ln in _training_lines(rep) if "rms_norm (llama)" in ln]
+    assert len(lines) == 1 and "could not be loaded (RuntimeError: no NVRTC here)" in lines[0]
+    assert all(e.backward is None for e in rep.entries)
+    assert "_kz_bwd" not in m.model.norm.__dict__
+
+
+def test_a_dry_run_says_which_backward_it_would_take(kernels):
+    rep = kernelize.kernelize(_llama(), kernels_dir=kernels, arch="sm_90", verbose=False,
+                              mode="training")
+    assert not rep.swapped
+    lines = [ln for ln in _training_lines(rep) if "rms_norm (llama)" in ln]
+    assert len(lines) == 1 and "would run under autograd" in lines[0]
+
+
+def _one_norm(dtype=torch.float32):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    torch.manual_seed(3)
+    norm = LlamaRMSNorm(16, eps=1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(16))
+    return norm
+
+
+def test_double_backward_is_computed_by_eager_autograd_and_said_once(kernels, gpu_faked, caplog):
+    ref, norm = _one_norm(), _one_norm()
+    _kz(norm, kernels_dir=kernels, mode="training")
+    assert "_kz_bwd" in norm.__dict__
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(4))
+
+    def second_order(layer):
+        xs = x.clone().requires_grad_()
+        y = layer(xs)
+        gx, gw = torch.autograd.grad(y.square().sum(), (xs, layer.weight), create_graph=True)
+        return (gx, gw, *torch.autograd.grad((gx.square().sum() + gw.sum()), (xs, layer.weight)))
+
+    with caplog.at_level(logging.WARNING, logger="kernelize"):
+        got = second_order(norm)
+        got2 = second_order(norm)
+    want = second_order(ref)
+    for a, b, c in zip(got[:2], got2[:2], want[:2]):   # the first-order gradients: eager's bits
+        assert torch.equal(a, c) and torch.equal(b, c)
+    # the second-order ones: eager's formula, its contributions summed in another graph order
+    for a, b, c in zip(got[2:], got2[2:], want[2:]):
+        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
+        assert torch.equal(a, b)
+    said = [r.getMessage() for r in caplog.records if "double backward" in r.getMessage()]
+    assert len(said) <= 1 and all("eager autograd computes them" in s for s in said)
+    assert said or training._SAID  # said once in this process (earlier tests may have said it)
+    # a first-order backward launches the kernel
+    gpu_faked.calls.clear()
+    xs = x.clone().requires_grad_()
+    norm(xs).sum().backward()
+    assert gpu_faked.stages() == ["dx", "dwp", "dw"]
+
+
+def test_only_the_gradients_asked_for_are_computed(kernels, gpu_faked):
+    norm = _one_norm()
+    _kz(norm, kernels_dir=kernels, mode="training")
+    norm.weight.requires_grad_(False)
+    x = torch.randn(4, 16).requires_grad_()
+    norm(x).sum().backward()
+    assert gpu_faked.stages() == ["dx"] and x.grad is not None and norm.weight.grad is None
+
+
+# ---- torch.compile ---------------------------------------------------------------------------
+
+_OPS_REGISTERED = False
+
+
+@pytest.fixture
+def cpu_training_ops():
+    """CPU implementations of the training custom ops (this process only; the package
+    registers CUDA ones): the forward formula, and the backward through the recording kernel."""
+    global _OPS_REGISTERED
+    if not _OPS_REGISTERED:
+        torch.library.register_kernel(
+            "kernelize::rms_norm_train", "cpu",
+            lambda x, w, eps, fkey, bkey: _rms_refs(x, w, eps)["llama"].contiguous())
+        torch.library.register_kernel(
+            "kernelize::launch_rms_norm_backward", "cpu",
+            lambda dy, x, w, eps, key: training.run_rms_norm_backward(ops.kernel(key), dy, x, w, eps))
+        _OPS_REGISTERED = True
+
+
+def test_training_ops_are_registered_with_fakes_and_autograd():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    for name in ("rms_norm_train", "launch_rms_norm_backward"):
+        assert hasattr(torch.ops.kernelize, name)
+    with FakeTensorMode():
+        x, w = torch.empty(3, 8, dtype=torch.bfloat16), torch.empty(8, dtype=torch.bfloat16)
+        y = torch.ops.kernelize.rms_norm_train(x, w, 1e-6, 1, 2)
+        dx, dw = torch.ops.kernelize.launch_rms_norm_backward(x, x, w, 1e-6, 2)
+    assert (y.shape, dx.shape, dw.shape, dw.dtype) == ((3, 8), (3, 8), (8,), torch.bfloat16)
+
+
+def test_training_mode_compiles_without_graph_breaks(kernels, gpu_faked, cpu_training_ops,
+                                                     monkeypatch):
+    ref, norm = _one_norm(), _one_norm()
+    _kz(norm, kernels_dir=kernels, mode="training")
+    monkeypatch.setattr(torch.cuda, "is_available", _IS_AVAILABLE)  # swapped; dynamo asks CUDA
+    # inside a custom op's implementation there is no autograd: the emulator computes the fake's
+    # gradients (eager's CUDA orders: close to the CPU's, not equal)
+    gpu_faked.grads = _emulated_grads
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        from functorch.compile import make_boxed_func
+        from torch._dynamo.backends.common import aot_autograd
+        return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g),
+                            bw_compiler=lambda g, _: make_boxed_func(g))(gm, example_inputs)
+
+    torch._dynamo.reset()
+    f = torch.compile(norm, backend=backend, fullgraph=True)
+    x = torch.randn(5, 16, generator=torch.Generator().manual_seed(5))
+    xs, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    f(xs).square().sum().backward()
+    ref(xr).square().sum().backward()
+    assert len(graphs) == 1
+    assert "kernelize.rms_norm_train" in str(graphs[0].graph)
+    torch.testing.assert_close(xs.grad, xr.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(norm.weight.grad, ref.weight.grad, rtol=1e-4, atol=1e-6)
+    assert gpu_faked.stages() == ["dx", "dwp", "dw"]   # the backward op launched the entries
+    torch._dynamo.reset()
+
+
+# ---- the hub hands out no backward kernel today --------------------------------------------
+
+def test_a_hub_without_a_verified_backward_keeps_the_layers_under_autograd(hub, tiny_llama, tmp_path):
+    hub.verify_as_worker({"rms_norm_llama"}, report="tiny/exact")
+    rep = kernelize.kernelize(tiny_llama, hub=hub.url, arch="sm_90", verbose=False, mode="training")
+    norms = [e for e in rep.entries if e.op == "rms_norm"]
+    assert norms and all(e.status == "would replace" and e.backward is None and e.backward_reasons
+                         for e in norms)
+    lines = [ln for ln in _training_lines(rep) if "rms_norm (llama)" in ln]
+    assert len(lines) == 1 and "no rms_norm_backward kernel" in lines[0], lines
+    # a training lock pins the hub's answer for the backward too, read offline
+    lock = tmp_path / "k.lock.json"
+    data = kernelize.lock(tiny_llama, hub=hub.url, path=lock, arch="sm_90", mode="training")
+    bwd = [r for r in data["resolutions"] if r["op"] == "rms_norm_backward"]
+    assert bwd and all(r["digest"] is None and r["excluded"] for r in bwd)
+    rep2 = kernelize.kernelize(tiny_llama, lock=lock, arch="sm_90", verbose=False, mode="training")
+    lines2 = [ln for ln in _training_lines(rep2) if "rms_norm (llama)" in ln]
+    assert len(lines2) == 1 and "no rms_norm_backward kernel" in lines2[0]
+    assert all(e.backward_reasons == [*bwd[0]["excluded"]] for e in rep2.entries if e.op == "rms_norm")
