@@ -228,6 +228,25 @@ fn anchors(quick: bool) -> Vec<Planned> {
     v
 }
 
+/// A backward op's shapes besides the anchors (docs/backward.md, "What remains" 3): its column
+/// sum changes order where the warp-rows start sharing a column (64 rows at model widths) and
+/// where several CTAs share it (from 1021 rows on 132 SMs), and with `cols % 4` (the output
+/// vector: 4, 2 or 1 columns a thread); the training shape 16384 x 4096 is timed.
+fn backward_anchors(quick: bool) -> Vec<Planned> {
+    let mut v = vec![
+        plan(63, 4096, Dist::Normal, false),
+        plan(1020, 4096, Dist::Normal, false),
+        plan(1021, 4096, Dist::Normal, false),
+        plan(2048, 1002, Dist::Normal, false),
+        plan(1500, 1001, Dist::Normal, false),
+    ];
+    if !quick {
+        v.push(plan(16384, 4096, Dist::Normal, true));
+        v.push(plan(4096, 2050, Dist::Normal, false));
+    }
+    v
+}
+
 /// A fresh random row length: log-uniform in [1, 20000].
 fn random_width(rng: &mut ChaCha8Rng) -> u64 {
     (10f64.powf(rng.gen_range(0.0..20000f64.log10())) as u64).max(1)
@@ -344,7 +363,8 @@ pub fn suite(
             cols: p.cols,
             dist: p.dist,
             measure_speed: p.speed,
-            check_batch: p.dist == Dist::Normal && !p.large,
+            // A backward op's dw is a sum over the rows: no batch invariance to check.
+            check_batch: p.dist == Dist::Normal && !p.large && !op.is_backward(),
             eps: draw_eps(seed),
             large_index: p.large,
         });
@@ -352,6 +372,9 @@ pub fn suite(
     for &dtype in dtypes {
         let mut rng = ChaCha8Rng::seed_from_u64(splitmix(run_seed ^ stable_hash(dtype.as_str())));
         let mut planned = anchors(quick);
+        if op.is_backward() {
+            planned.extend(backward_anchors(quick));
+        }
         planned.extend(decode(quick, &mut rng));
         planned.extend(random_shapes(if quick { 3 } else { 6 }, &mut rng));
         for req in requested_shapes {
@@ -361,7 +384,8 @@ pub fn suite(
             push(dtype, p, &mut out);
         }
     }
-    if let Some(dt) = large_index_dtype(dtypes) {
+    // A backward op has no large-index case yet (`crate::measure::large` runs forward ops).
+    if let Some(dt) = large_index_dtype(dtypes).filter(|_| !op.is_backward()) {
         let mut rng = ChaCha8Rng::seed_from_u64(splitmix(run_seed ^ 0x1A46E));
         push(dt, large_index(&mut rng), &mut out);
     }
@@ -402,6 +426,8 @@ pub struct CaseInputs {
     pub residual: Option<HostTensor>,
     pub weight: Option<HostTensor>,
     pub bias: Option<HostTensor>,
+    /// A backward op's incoming gradient `dy` (`[rows, cols]`, like x).
+    pub dy: Option<HostTensor>,
 }
 
 fn scale_large(dt: DType) -> f32 {
@@ -558,11 +584,6 @@ pub fn generate(spec: &CaseSpec) -> CaseInputs {
 pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
     let dt = spec.dtype;
     let s = spec.seed;
-    assert!(
-        !spec.op.is_backward(),
-        "{}: the verifier has no cases for backward ops yet (docs/backward.md, what remains)",
-        spec.op
-    );
     let t = |name, bytes| HostTensor {
         name,
         dtype: dt,
@@ -589,6 +610,7 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
                     gen_param(dt, spec.cols, center, spread, splitmix(s ^ 2)),
                 )),
                 bias: None,
+                dy: None,
             }
         }
         Op::LayerNorm => CaseInputs {
@@ -603,6 +625,7 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
                 "bias",
                 gen_param(dt, spec.cols, 0.0, 0.2, splitmix(s ^ 3)),
             )),
+            dy: None,
         },
         Op::SiluAndMul => CaseInputs {
             x: t("x", gen_matrix(dt, rows, 2 * spec.cols, spec.dist, s)),
@@ -610,6 +633,7 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
             residual: None,
             weight: None,
             bias: None,
+            dy: None,
         },
         // Gate and up both drawn from the case's distribution (as silu_and_mul's x holds
         // both), from streams of their own.
@@ -622,6 +646,7 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
             residual: None,
             weight: None,
             bias: None,
+            dy: None,
         },
         Op::Silu | Op::Gelu | Op::GeluTanh => CaseInputs {
             x: t("x", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
@@ -629,8 +654,24 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
             residual: None,
             weight: None,
             bias: None,
+            dy: None,
         },
-        Op::RmsNormBackward => unreachable!("refused above"),
+        // x and dy each from the case's distribution, from streams of their own (a zero, huge
+        // or non-finite dy is as much a case as such an x); w as the forward's.
+        Op::RmsNormBackward => CaseInputs {
+            x: t("x", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
+            up: None,
+            residual: None,
+            weight: Some(t(
+                "weight",
+                gen_param(dt, spec.cols, 1.0, 0.2, splitmix(s ^ 2)),
+            )),
+            bias: None,
+            dy: Some(t(
+                "dy",
+                gen_matrix(dt, rows, spec.cols, spec.dist, splitmix(s ^ 5)),
+            )),
+        },
     }
 }
 
@@ -669,6 +710,42 @@ pub(crate) fn case_skeleton(
 mod tests {
     use super::*;
     use crate::numeric::{bits_at, is_inf, is_nan, to_f32};
+
+    /// A backward op's cases: dy drawn from the case's distribution independently of x, the
+    /// column sum's order changes covered (warp-rows, the global reduce from 1021 rows, cols %
+    /// 4 of 0, 2 and odd), the training shape timed, no batch-invariance check (dw sums the
+    /// rows) and no large-index case.
+    #[test]
+    fn backward_cases_draw_dy_and_cover_the_column_orders() {
+        let cases = suite(
+            Op::RmsNormBackward,
+            Semantics::Llama,
+            &[DType::Bf16],
+            false,
+            7,
+            &[],
+        );
+        let has = |r: u64, c: u64| cases.iter().any(|s| s.rows == r && s.cols == c);
+        assert!(has(1020, 4096) && has(1021, 4096) && has(2048, 1002) && has(1500, 1001));
+        assert!(cases
+            .iter()
+            .any(|s| s.rows == 16384 && s.cols == 4096 && s.measure_speed));
+        assert!(cases.iter().all(|s| !s.check_batch && !s.large_index));
+        for s in cases.iter().filter(|s| s.rows * s.cols < 100_000).take(8) {
+            let inp = generate(s);
+            let dy = inp.dy.as_ref().expect("dy");
+            assert_eq!(dy.bytes.len(), inp.x.bytes.len(), "{}", s.id);
+            assert_ne!(dy.bytes, inp.x.bytes, "{}", s.id);
+            assert_eq!(
+                inp.weight.as_ref().unwrap().bytes.len(),
+                s.cols as usize * 2
+            );
+        }
+        // a forward op's suite is unchanged by it: no dy, its own anchors
+        let fwd = suite(Op::RmsNorm, Semantics::Llama, &[DType::Bf16], false, 7, &[]);
+        assert!(!fwd.iter().any(|s| s.rows == 1021));
+        assert!(generate(&fwd[0]).dy.is_none());
+    }
 
     #[test]
     fn same_seed_same_cases_and_inputs() {

@@ -68,6 +68,7 @@ pub fn run(dir: &Path) -> anyhow::Result<String> {
             residual: opt(&st, "residual", e.dtype),
             weight: opt(&st, "weight", e.dtype),
             bias: opt(&st, "bias", e.dtype),
+            dy: None,
         };
         let eager = tensor(&st, "out", e.dtype)?;
         let eager_res = opt(&st, "residual_out", e.dtype);

@@ -150,11 +150,81 @@ pub fn oracle(spec: &CaseSpec, inp: &CaseInputs, ranges: &[(usize, usize)]) -> V
             Op::Silu | Op::Gelu | Op::GeluTanh => (start..start + len)
                 .map(|i| elementwise(spec.op, f(&inp.x, i)))
                 .collect(),
-            // No backward cases exist (cases::generate_shape refuses them): docs/backward.md.
-            Op::RmsNormBackward => unreachable!("{}: no f64 oracle for backward ops yet", spec.op),
+            // Its dx; its dw (a sum over every row) is `backward_dw`.
+            Op::RmsNormBackward => {
+                let dy = inp.dy.as_ref().expect("a backward case has dy");
+                let w = inp.weight.as_ref().expect("norm has weight");
+                let row = start / cols;
+                let (r, sum_gh) = rms_backward_row(inp, row, cols, spec.eps);
+                let n = cols as f64;
+                (start..start + len)
+                    .map(|i| {
+                        let g = f(dy, i) * f(w, i - row * cols);
+                        r * g - r * r * r / n * f(&inp.x, i) * sum_gh
+                    })
+                    .collect()
+            }
         }
     };
     ranges.par_iter().flat_map_iter(per_range).collect()
+}
+
+/// HF LlamaRMSNorm's backward in f64 for row `row`: `r = 1 / sqrt(mean(h^2) + eps)` and
+/// `sum_k g_k h_k` with `g = dy * w` (no rounding anywhere: the truth). Then
+/// `dx_j = r g_j - (r^3 / N) h_j sum_k g_k h_k` and `dw_j = sum_i dy_ij h_ij r_i`.
+fn rms_backward_row(inp: &CaseInputs, row: usize, cols: usize, eps: f32) -> (f64, f64) {
+    let dy = inp.dy.as_ref().expect("a backward case has dy");
+    let w = inp.weight.as_ref().expect("norm has weight");
+    let (mut sq, mut gh) = (0.0f64, 0.0f64);
+    for j in 0..cols {
+        let h = f(&inp.x, row * cols + j);
+        sq += h * h;
+        gh += f(dy, row * cols + j) * f(w, j) * h;
+    }
+    (1.0 / (sq / cols as f64 + eps as f64).sqrt(), gh)
+}
+
+/// The f64 truth of a backward case's `dw` (`[cols]`): a sum over every row.
+pub fn backward_dw(spec: &CaseSpec, inp: &CaseInputs) -> Vec<f64> {
+    let (rows, cols) = (spec.rows as usize, spec.cols as usize);
+    let dy = inp.dy.as_ref().expect("a backward case has dy");
+    let r: Vec<f64> = (0..rows)
+        .into_par_iter()
+        .map(|i| rms_backward_row(inp, i, cols, spec.eps).0)
+        .collect();
+    (0..cols)
+        .into_par_iter()
+        .map(|j| {
+            (0..rows)
+                .map(|i| f(dy, i * cols + j) * f(&inp.x, i * cols + j) * r[i])
+                .sum()
+        })
+        .collect()
+}
+
+/// A backward case's accuracy per gradient: `dx` on the sampled rows, `dw` whole. Each pair is
+/// (candidate, reference) bytes of that gradient.
+pub fn backward_accuracy(
+    spec: &CaseSpec,
+    inp: &CaseInputs,
+    dx: (&[u8], &[u8]),
+    dw: (&[u8], &[u8]),
+) -> (Accuracy, Accuracy) {
+    let of = |ranges: &[(usize, usize)], truth: &[f64], (c, r): (&[u8], &[u8])| {
+        let (cm, cr) = errors(spec.dtype, c, ranges, truth);
+        let (rm, rr) = errors(spec.dtype, r, ranges, truth);
+        Accuracy {
+            candidate_max_abs: cm,
+            candidate_rms: cr,
+            reference_max_abs: rm,
+            reference_rms: rr,
+        }
+    };
+    let ranges = sample(spec);
+    let dx_truth = oracle(spec, inp, &ranges);
+    let all = [(0usize, spec.cols as usize)];
+    let dw_truth = backward_dw(spec, inp);
+    (of(&ranges, &dx_truth, dx), of(&all, &dw_truth, dw))
 }
 
 /// Max abs and RMS error of `out` (dtype values) against the oracle, over the sampled
@@ -229,6 +299,69 @@ mod tests {
         assert!((a - b).abs() <= 1e-12 * b.abs().max(1.0), "{a} vs {b}");
     }
 
+    /// The backward oracle is the derivative of the forward's truth: against central finite
+    /// differences of `L = sum dy * y(x, w)` in f64 (y = w * h * r), for dx and dw.
+    #[test]
+    fn rms_norm_backward_is_the_forward_truths_derivative() {
+        let (rows, cols) = (3usize, 5usize);
+        let xs: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7 % 11) as f32 - 5.0) / 4.0)
+            .collect();
+        let ws: Vec<f32> = (0..cols).map(|j| 0.75 + j as f32 / 8.0).collect();
+        let dys: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 5 % 7) as f32 - 3.0) / 2.0)
+            .collect();
+        let mut sp = spec(
+            Op::RmsNormBackward,
+            Semantics::Llama,
+            rows as u64,
+            cols as u64,
+        );
+        sp.eps = 0.0625;
+        let inp = CaseInputs {
+            x: tensor(DType::F32, &xs),
+            up: None,
+            residual: None,
+            weight: Some(tensor(DType::F32, &ws)),
+            bias: None,
+            dy: Some(tensor(DType::F32, &dys)),
+        };
+        let loss = |x: &[f64], w: &[f64]| -> f64 {
+            let mut l = 0.0;
+            for i in 0..rows {
+                let h = &x[i * cols..(i + 1) * cols];
+                let var = h.iter().map(|v| v * v).sum::<f64>() / cols as f64;
+                let r = 1.0 / (var + sp.eps as f64).sqrt();
+                for j in 0..cols {
+                    l += dys[i * cols + j] as f64 * w[j] * h[j] * r;
+                }
+            }
+            l
+        };
+        let x0: Vec<f64> = xs.iter().map(|&v| v as f64).collect();
+        let w0: Vec<f64> = ws.iter().map(|&v| v as f64).collect();
+        let step = 1e-6;
+        let ranges = sample(&sp);
+        assert_eq!(ranges.len(), rows, "every row of a small case");
+        let dx = oracle(&sp, &inp, &ranges);
+        for (i, &got) in dx.iter().enumerate() {
+            let (mut a, mut b) = (x0.clone(), x0.clone());
+            a[i] += step;
+            b[i] -= step;
+            let want = (loss(&a, &w0) - loss(&b, &w0)) / (2.0 * step);
+            assert!((got - want).abs() < 1e-6, "dx[{i}] {got} vs {want}");
+        }
+        let dw = backward_dw(&sp, &inp);
+        assert_eq!(dw.len(), cols);
+        for (j, &got) in dw.iter().enumerate() {
+            let (mut a, mut b) = (w0.clone(), w0.clone());
+            a[j] += step;
+            b[j] -= step;
+            let want = (loss(&x0, &a) - loss(&x0, &b)) / (2.0 * step);
+            assert!((got - want).abs() < 1e-6, "dw[{j}] {got} vs {want}");
+        }
+    }
+
     #[test]
     fn rms_norm_by_hand() {
         // x = [3, 4]: mean square 12.5; eps 1e-6.
@@ -239,6 +372,7 @@ mod tests {
             residual: None,
             weight: Some(tensor(dt, &[1.0, 0.5])),
             bias: None,
+            dy: None,
         };
         let r = 1.0 / (12.5f64 + 1e-6f32 as f64).sqrt();
         let s = spec(Op::RmsNorm, Semantics::Llama, 1, 2);
@@ -260,6 +394,7 @@ mod tests {
             residual: None,
             weight: Some(tensor(dt, &[1.0, 1.0, 2.0, 1.0])),
             bias: Some(tensor(dt, &[0.0, 0.5, 0.0, 0.0])),
+            dy: None,
         };
         let s = spec(Op::LayerNorm, Semantics::Default, 1, 4);
         let o = oracle(&s, &inp, &sample(&s));
@@ -287,6 +422,7 @@ mod tests {
             residual: None,
             weight: None,
             bias: None,
+            dy: None,
         };
         let s = spec(Op::SiluAndMul, Semantics::Default, 1, 2);
         let o = oracle(&s, &inp, &sample(&s));
@@ -305,6 +441,7 @@ mod tests {
             residual: None,
             weight: None,
             bias: None,
+            dy: None,
         };
         // one row of 3: the gate and up are separate tensors, element i with element i
         let s = spec(Op::SiluMul, Semantics::Default, 1, 3);
@@ -328,6 +465,7 @@ mod tests {
             residual: None,
             weight: None,
             bias: None,
+            dy: None,
         };
         close(
             oracle(&s, &i, &sample(&s))[0],
@@ -356,6 +494,7 @@ mod tests {
             residual: Some(tensor(DType::F32, &[0.001953125, 0.0]).clone()),
             weight: Some(tensor(dt, &[1.0, 1.0])),
             bias: None,
+            dy: None,
         };
         let mut inp = inp;
         inp.residual = Some(tensor(dt, &[0.001953125, 0.0]));
