@@ -426,6 +426,11 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
         paths = list(dict.fromkeys(paths))
         where = paths[0] if len(paths) == 1 else f"{paths[0]} ... {paths[-1]} ({len(paths)} layers)"
         shape = f" [{what}, {dt}, cols={cols}]" if dt is not None else f" [{what}]"
+        if len(paths) > 1:
+            for one, many in (("keeps its original forward", "keep their original forward"),
+                              ("its original forward runs", "their original forwards run"),
+                              ("runs under autograd", "run under autograd")):
+                outcome = outcome.replace(one, many)
         lines.append(f"training: {where}{shape} {outcome}")
     return lines
 
