@@ -159,9 +159,6 @@ pub(crate) struct BackwardPtrs {
 /// Kernel arguments of a backward op's entry `stage` in the ABI order of docs/spec.md section
 /// 2c, built from its one description (`Op::stages`): `rows x cols`, the case's `eps`, the
 /// device's SM count and threads per SM (eager's dw order depends on both).
-///
-/// Launch arguments only: the verifier measures no backward op yet (`verify::refuse_unmeasured`).
-#[allow(dead_code)]
 pub(crate) fn stage_args(
     stage: &Stage,
     t: BackwardPtrs,

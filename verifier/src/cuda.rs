@@ -339,6 +339,16 @@ fn nvrtc_image(source: &str, what: &str, opts: &[String]) -> Result<Compiled, St
 }
 
 /// The process's CUDA device: context, caches, scratch for L2 flushes.
+/// One launch of a timed sequence (`Gpu::time_sequence`).
+pub struct Launch<'a> {
+    pub what: &'a str,
+    pub f: sys::CUfunction,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub smem: u32,
+    pub args: &'a [Arg],
+}
+
 pub struct Gpu {
     _ctx: Arc<CudaContext>,
     pub info: DeviceInfo,
@@ -968,6 +978,28 @@ impl Gpu {
         prepare: &mut dyn FnMut() -> Result<(), ExecError>,
         check: &mut dyn FnMut(usize) -> Result<(), ExecError>,
     ) -> Result<f64, ExecError> {
+        let one = [Launch {
+            what,
+            f,
+            grid,
+            block,
+            smem,
+            args,
+        }];
+        self.time_sequence(&one, reps, limit, prepare, check)
+    }
+
+    /// `time_launches` for a sequence of launches on one stream timed together (a backward
+    /// op's entries): the events enclose all of them, `limit` holds for the whole sequence.
+    pub fn time_sequence(
+        &self,
+        launches: &[Launch<'_>],
+        reps: usize,
+        limit: Duration,
+        prepare: &mut dyn FnMut() -> Result<(), ExecError>,
+        check: &mut dyn FnMut(usize) -> Result<(), ExecError>,
+    ) -> Result<f64, ExecError> {
+        let what = launches.last().map(|l| l.what).unwrap_or("nothing");
         let mut times = Vec::with_capacity(reps);
         for rep in 0..reps {
             prepare()?;
@@ -975,7 +1007,9 @@ impl Gpu {
             // SAFETY: live events, default stream.
             unsafe { result::event::record(self.start, std::ptr::null_mut()) }
                 .map_err(drv("timing"))?;
-            self.launch_async(what, f, grid, block, smem, args)?;
+            for l in launches {
+                self.launch_async(l.what, l.f, l.grid, l.block, l.smem, l.args)?;
+            }
             self.wait(what, limit)?;
             // SAFETY: both events recorded and complete.
             let ms =

@@ -5,6 +5,7 @@
 //! the sandbox child.
 
 pub mod address;
+pub mod backward;
 pub mod batch;
 pub mod determinism;
 pub mod integrity;
@@ -401,10 +402,25 @@ fn load<'a>(
         what: m.name.clone(),
         log: format!("no entry for {dt} in kernel.toml [entry]"),
     })?;
+    let tools = compile_with_tools(gpu, bundle, dt)?;
     let digest = bundle.digest().to_string();
-    // Every dtype's entry is its own module (the author's options plus the dtype macro, as the
-    // clients compile it); on the first case all of them and the reference layers compile at
-    // once, in parallel. Compile time is traced by `Gpu::compile_all`.
+    let rd = reference_digest();
+    let cand = gpu.function(&digest, &entry_options(&m.nvrtc_options, dt), sym)?;
+    let refk = gpu.function(&rd, &[], &reference_symbol(spec.op, spec.semantics, dt))?;
+    Ok((&*gpu, cand, refk, tools))
+}
+
+/// Compile the bundle's modules and the reference layers (cached per process), and look up
+/// the verifier's own utilities for `dt`. Every dtype's entry is its own module (the author's
+/// options plus the dtype macro, as the clients compile it); on the first case all of them and
+/// the reference layers compile at once, in parallel. Compile time is traced by
+/// `Gpu::compile_all`.
+fn compile_with_tools(
+    gpu: &mut Gpu,
+    bundle: &KernelBundle,
+    dt: kernel_registry::DType,
+) -> Result<Tools, ExecError> {
+    let digest = bundle.digest().to_string();
     let rd = reference_digest();
     let mut jobs = crate::abi::entry_jobs(bundle, &digest);
     jobs.push(CompileJob {
@@ -414,18 +430,15 @@ fn load<'a>(
         options: Vec::new(),
     });
     gpu.compile_all(&jobs)?;
-    let cand = gpu.function(&digest, &entry_options(&m.nvrtc_options, dt), sym)?;
-    let refk = gpu.function(&rd, &[], &reference_symbol(spec.op, spec.semantics, dt))?;
     let mut tool = |name: &str| gpu.function(&rd, &[], name);
-    let tools = Tools {
+    Ok(Tools {
         keyed_sum: tool("kz_keyed_sum_u32")?,
         fill: tool("kz_fill_pattern")?,
         gather: tool("kz_gather_rows")?,
         rows_differ: tool("kz_rows_differ")?,
         gen: tool(&format!("kz_gen_{dt}"))?,
         mismatch: tool(&format!("kz_mismatch_{dt}"))?,
-    };
-    Ok((&*gpu, cand, refk, tools))
+    })
 }
 
 /// Run one case of `bundle` and measure it.
@@ -436,6 +449,9 @@ pub(crate) fn run_case(
     limits: &Limits,
     copy_gbps: f64,
 ) -> Result<CaseReport, ExecError> {
+    if spec.op.is_backward() {
+        return backward::run_case(gpu, bundle, spec, limits, copy_gbps);
+    }
     let m = &bundle.manifest;
     let (op, dt) = (spec.op, spec.dtype);
     let sym = m.entries.get(&dt).cloned().unwrap_or_default();

@@ -577,6 +577,15 @@ pub fn attach(
     opts: &ModelOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(), ModelError> {
+    if bundle.manifest.op.is_backward() {
+        // The model level of a backward op is training steps of the shipped models compared
+        // with eager's (docs/backward.md, what remains): not built, and said so.
+        report.model_notes.push(format!(
+            "no model-level measurement: {} is a backward op, and training steps of the shipped models are not measured yet",
+            bundle.manifest.op
+        ));
+        return Ok(());
+    }
     let dtypes: Vec<DType> = report.summary.per_dtype.keys().copied().collect();
     match run_models(bundle, &dtypes, opts, progress) {
         Ok(o) => {

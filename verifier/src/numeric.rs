@@ -257,6 +257,39 @@ pub fn compare(dt: DType, pairs: &[(&[u8], &[u8])]) -> Exactness {
     total.finish()
 }
 
+/// Several outputs' exactness as one (a backward case's gradients, each compared on its own):
+/// elements, mismatches and the histogram added, the largest of each difference, parity and
+/// tolerance of all. What `compare` over all the pairs at once gives, from the parts.
+pub fn combine(parts: &[&Exactness]) -> Exactness {
+    let mut e = Exactness {
+        elements: 0,
+        mismatches: 0,
+        mismatch_fraction: 0.0,
+        max_abs_diff: 0.0,
+        max_rel_diff: 0.0,
+        max_ulp: 0,
+        nonfinite_parity: true,
+        within_tolerance: true,
+        ulp_histogram: vec![0; ULP_BUCKETS.len() + 1],
+    };
+    for p in parts {
+        e.elements += p.elements;
+        e.mismatches += p.mismatches;
+        e.max_abs_diff = e.max_abs_diff.max(p.max_abs_diff);
+        e.max_rel_diff = e.max_rel_diff.max(p.max_rel_diff);
+        e.max_ulp = e.max_ulp.max(p.max_ulp);
+        e.nonfinite_parity &= p.nonfinite_parity;
+        e.within_tolerance &= p.within_tolerance;
+        for (h, n) in e.ulp_histogram.iter_mut().zip(&p.ulp_histogram) {
+            *h += n;
+        }
+    }
+    if e.elements > 0 {
+        e.mismatch_fraction = e.mismatches as f64 / e.elements as f64;
+    }
+    e
+}
+
 /// Merge exactness of several launches into the worst case (used when launches differ).
 pub fn worst(a: Exactness, b: Exactness) -> Exactness {
     if (b.mismatches, b.max_ulp) > (a.mismatches, a.max_ulp) || !b.nonfinite_parity {
@@ -349,6 +382,32 @@ mod tests {
         assert_ne!(keyed_sum(&swapped, key, 0xA5), base);
     }
     use super::*;
+
+    /// `combine` of each output's comparison is the comparison of all the outputs at once.
+    #[test]
+    fn combining_outputs_equals_comparing_them_together() {
+        let dt = DType::Bf16;
+        let mk = |vals: &[f32]| -> Vec<u8> {
+            let mut b = vec![0u8; vals.len() * 2];
+            for (i, &v) in vals.iter().enumerate() {
+                set_bits(dt, &mut b, i, from_f32(dt, v));
+            }
+            b
+        };
+        let (a, ar) = (
+            mk(&[1.0, 2.0, 3.0, 4.0]),
+            mk(&[1.0, 2.0078125, 3.0, f32::NAN]),
+        );
+        let (b, br) = (mk(&[0.5, -1.0]), mk(&[0.5, -1.0078125]));
+        let together = compare(dt, &[(&a, &ar), (&b, &br)]);
+        let parts = combine(&[&compare(dt, &[(&a, &ar)]), &compare(dt, &[(&b, &br)])]);
+        assert_eq!(parts, together);
+        assert_eq!(parts.elements, 6);
+        assert!(
+            parts.mismatches >= 2 && !parts.nonfinite_parity,
+            "{parts:?}"
+        );
+    }
     use proptest::prelude::*;
 
     fn b16(v: f32) -> u32 {

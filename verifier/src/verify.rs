@@ -68,7 +68,6 @@ pub fn verify_bundle(
             "the CUDA driver (libcuda.so.1) did not load or reports no device".into(),
         ));
     }
-    refuse_unmeasured(bundle)?;
     let sandbox = SandboxExecutor::new(opts.sandbox_exe.clone()).map_err(VerifyError::Exec)?;
     match bundle.manifest.runtime {
         Runtime::Cuda => {
@@ -82,20 +81,6 @@ pub fn verify_bundle(
             verify_with(&mut exec, bundle, opts, progress)
         }
     }
-}
-
-/// A kernel of an op the suite cannot measure yet: a backward op (docs/spec.md section 2c) has an
-/// ABI, launch arithmetic and launch arguments, but no cases, reference or oracle (docs/backward.md,
-/// "What remains"), so no verification of it is made, and so it is never handed out.
-pub fn refuse_unmeasured(bundle: &KernelBundle) -> Result<(), VerifyError> {
-    let op = bundle.manifest.op;
-    if op.is_backward() {
-        return Err(VerifyError::BadRequest(format!(
-            "{} is a {op} kernel: the verifier does not measure backward ops yet (no cases, reference or oracle: docs/backward.md), so it cannot be verified or handed out",
-            bundle.manifest.name
-        )));
-    }
-    Ok(())
 }
 
 /// The dtypes a run covers: the filter (each must have an entry) or all entries.
@@ -149,7 +134,6 @@ pub fn verify_with(
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default();
     let m = &bundle.manifest;
-    refuse_unmeasured(bundle)?;
     let dtypes = dtypes_for(bundle, opts)?;
     let seed = opts.seed.unwrap_or_else(cases::fresh_seed);
     crate::trace(|| format!("verify {}: start", m.name));
@@ -173,8 +157,10 @@ pub fn verify_with(
         let report = if let Some(why) = m.not_applicable(spec.constraint_size(), Some(device.arch))
         {
             case_skeleton(spec, CaseStatus::NotApplicable, Some(why))
-        } else if let (Runtime::Cuda, Err(why)) = (
+        } else if let (Runtime::Cuda, false, Err(why)) = (
             m.runtime,
+            // a backward op's entries have the ABI's launch arithmetic, checked as they launch
+            m.op.is_backward(),
             m.launch_dims(spec.rows, spec.cols, device.sm_count),
         ) {
             case_skeleton(spec, CaseStatus::Error, Some(format!("launch rule: {why}")))
@@ -445,8 +431,10 @@ cols_max = 16384
         );
     }
 
+    /// A backward kernel is verified with the backward suite (docs/spec.md section 2c): its
+    /// cases reach the executor with their backward shapes and the report is of its op.
     #[test]
-    fn a_backward_kernel_is_refused_before_anything_runs() {
+    fn a_backward_kernel_runs_the_backward_suite() {
         let toml = r#"
 name = "fake_rms_bwd"
 version = "0.1.0"
@@ -465,14 +453,14 @@ dw = "k_dw"
             fail_on: None,
             calls: 0,
         };
-        let e = verify_with(&mut fake, &b, &VerifyOptions::default(), &mut |_| {}).unwrap_err();
-        assert!(matches!(e, VerifyError::BadRequest(_)), "{e}");
+        let r = verify_with(&mut fake, &b, &VerifyOptions::default(), &mut |_| {}).unwrap();
+        assert_eq!(r.kernel.op, kernel_registry::Op::RmsNormBackward);
+        assert_eq!(fake.calls, r.cases.len());
         assert!(
-            e.to_string().contains("does not measure backward ops yet"),
-            "{e}"
+            r.cases.iter().any(|c| c.id == "bf16/1021x4096/normal"),
+            "the global reduce's shape"
         );
-        assert_eq!(fake.calls, 0);
-        assert!(refuse_unmeasured(&bundle()).is_ok());
+        assert!(r.cases.iter().all(|c| !c.id.ends_with("large_index")));
     }
 
     #[test]
