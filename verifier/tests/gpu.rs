@@ -33,14 +33,84 @@ fn kernels_dir() -> PathBuf {
     }
 }
 
-/// Verify a fixture (`good/...`, `broken/...`: bf16) or a bundled kernel (`kernels/NAME`: every
-/// dtype it declares), with the quick suite.
-fn run(rel: &str) -> Result<VerificationReport, String> {
-    let (dir, dtypes) = match rel.strip_prefix("kernels/") {
-        Some(name) => (kernels_dir().join(name), None),
-        None => (fixtures().join(rel), Some(vec![DType::Bf16])),
+/// The backward kernel of HF LlamaRMSNorm (kernels/backward/rms_norm_llama_backward.cu, not
+/// bundled yet: docs/backward.md) as a bundle, its entries spelled out, with one mutation per
+/// red-team variant: `exact` none; `cube_regrouped` RsqrtBackward0's `(r * r) * r` taken left to
+/// right after the `-0.5 * s` (dx moves by ulps); `sms_ignored` the column sum's configuration
+/// for a device of 100 SMs whatever it is given (dw differs where several CTAs share a column,
+/// from 1021 rows).
+fn backward_bundle(variant: &str) -> Result<KernelBundle, String> {
+    let path = kernels_dir().join("backward/rms_norm_llama_backward.cu");
+    let mut src = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mutate = |src: &mut String, from: &str, to: &str, n: usize| -> Result<(), String> {
+        if src.matches(from).count() != n {
+            return Err(format!(
+                "{variant}: `{from}` is not in the kernel {n} time(s)"
+            ));
+        }
+        *src = src.replace(from, to);
+        Ok(())
     };
-    let b = KernelBundle::load_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    match variant {
+        "exact" => {}
+        "cube_regrouped" => mutate(
+            &mut src,
+            "__fmul_rn(__fmul_rn(tot_b, -0.5f), __fmul_rn(__fmul_rn(r, r), r))",
+            "__fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(tot_b, -0.5f), r), r), r)",
+            1,
+        )?,
+        "sms_ignored" => mutate(
+            &mut src,
+            "const KbColCfg c = kb_col_cfg(rows, cols, sms, tps);",
+            "const KbColCfg c = kb_col_cfg(rows, cols, 100, tps);",
+            2,
+        )?,
+        other => return Err(format!("no backward variant `{other}`")),
+    }
+    let op = kernel_registry::Op::RmsNormBackward;
+    let mut toml = format!(
+        "name = \"rms_norm_llama_backward_{variant}\"\nversion = \"0.0.1\"\nop = \"{op}\"\n\
+         semantics = \"llama\"\ndescription = \"red team: {variant}\"\nauthors = [\"kernelize\"]\n\
+         license = \"Apache-2.0\"\nsource = \"kernel.cu\"\n"
+    );
+    for dt in DType::ALL {
+        toml.push_str(&format!("[entry.{dt}]\n"));
+        for st in op.stages() {
+            let sym = format!("rms_norm_llama_bwd_{}_{dt}", st.name);
+            toml.push_str(&format!("{} = \"{sym}\"\n", st.name));
+            src.push_str(&format!("// entry {sym}\n"));
+        }
+    }
+    KernelBundle::from_parts(&toml, &src).map_err(|e| format!("{variant}: {e}"))
+}
+
+/// The class a backward verification gives `gradient`, as text.
+fn gradient_class(r: &VerificationReport, gradient: &str) -> String {
+    r.summary
+        .overall
+        .per_gradient
+        .get(gradient)
+        .map(|c| c.to_string())
+        .unwrap_or_else(|| "missing".into())
+}
+
+/// Verify a fixture (`good/...`, `broken/...`: bf16), a bundled kernel (`kernels/NAME`: every
+/// dtype it declares) or the backward kernel (`backward/VARIANT`: `exact` in every dtype, the
+/// red-team variants in bf16), with the quick suite.
+fn run(rel: &str) -> Result<VerificationReport, String> {
+    let (b, dtypes) = if let Some(v) = rel.strip_prefix("backward/") {
+        let dts = (v != "exact").then(|| vec![DType::Bf16]);
+        (backward_bundle(v)?, dts)
+    } else {
+        let (dir, dtypes) = match rel.strip_prefix("kernels/") {
+            Some(name) => (kernels_dir().join(name), None),
+            None => (fixtures().join(rel), Some(vec![DType::Bf16])),
+        };
+        (
+            KernelBundle::load_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?,
+            dtypes,
+        )
+    };
     let opts = VerifyOptions {
         dtypes,
         quick: true,
@@ -326,6 +396,56 @@ fn main() -> ExitCode {
     let checks: Vec<(&str, Check)> = vec![
         // The gated ops' bundled kernels (silu_mul, gelu_tanh_mul): bit-exact with the reference
         // in every dtype, the large-index case included (gate and up made on the GPU).
+        // Issue 30: the backward of HF LlamaRMSNorm through the backward suite (each gradient
+        // against the reference's eager order), and red-team variants each caught in the
+        // gradient it breaks.
+        ("backward/exact", |r| {
+            let v = &r.summary.overall;
+            let (dx, dw) = (gradient_class(r, "dx"), gradient_class(r, "dw"));
+            if v.class == ExactnessClass::BitExact && v.deterministic && v.integrity_ok {
+                Ok(format!("dx {dx}, dw {dw} over {} cases", v.cases_run))
+            } else {
+                Err(format!("dx {dx}, dw {dw}: {}", v.describe()))
+            }
+        }),
+        ("backward/cube_regrouped", |r| {
+            let (dx, dw) = (gradient_class(r, "dx"), gradient_class(r, "dw"));
+            if dx != "bit_exact" && dw == "bit_exact" {
+                Ok(format!("dx {dx}, dw {dw}"))
+            } else {
+                Err(format!("expected dx off and dw exact: dx {dx}, dw {dw}"))
+            }
+        }),
+        ("backward/sms_ignored", |r| {
+            let (dx, dw) = (gradient_class(r, "dx"), gradient_class(r, "dw"));
+            let off: Vec<&str> = r
+                .cases
+                .iter()
+                .filter(|c| {
+                    c.gradients
+                        .get("dw")
+                        .is_some_and(|g| g.exactness.mismatches > 0)
+                })
+                .map(|c| c.id.as_str())
+                .collect();
+            let early = r.cases.iter().find(|c| {
+                c.rows < 1021
+                    && c.gradients
+                        .get("dw")
+                        .is_some_and(|g| g.exactness.mismatches > 0)
+            });
+            match (dx.as_str(), dw.as_str(), early) {
+                ("bit_exact", d, None) if d != "bit_exact" => Ok(format!(
+                    "dw {dw} in {} case(s) from 1021 rows: {}",
+                    off.len(),
+                    off.join(", ")
+                )),
+                _ => Err(format!(
+                    "expected dw off only from 1021 rows: dx {dx}, dw {dw}, first early {:?}",
+                    early.map(|c| &c.id)
+                )),
+            }
+        }),
         ("kernels/silu_mul", bundled_exact),
         ("kernels/gelu_tanh_mul", bundled_exact),
         ("broken/gated_modifies_up", |r| {
