@@ -291,6 +291,12 @@ impl Gradient {
     }
 }
 
+/// The ABI's alignment: every tensor a kernel is given starts at an address that is a multiple
+/// of this many bytes, and nothing more is promised (docs/spec.md section 2). The one home of
+/// the rule: the verifier's guards and address cases use it, and the Python client's
+/// `kernelize.launch.ABI_ALIGNMENT` is checked against it (python/tests/fixtures/abi.json).
+pub const ABI_ALIGN_BYTES: u64 = 16;
+
 /// The name of a forward op's one entry in [`Op::stages`] (its manifest's `[entry]` names one
 /// symbol per dtype, no stage).
 pub const FORWARD_STAGE: &str = "entry";
@@ -620,13 +626,46 @@ mod tests {
                 }
             }
         }
+        // Each entry's launch (kernel_registry::backward::stage_dims) at shapes on both sides of
+        // every configuration change, for the client's twin (kernelize.training.stage_dims).
+        let mut dims = serde_json::Map::new();
+        for op in Op::ALL.iter().filter(|op| op.is_backward()) {
+            for s in op.stages() {
+                for (sms, tps) in [(132u64, 2048u64), (114, 2048), (8, 1536)] {
+                    for rows in [1u64, 3, 64, 1021, 16384] {
+                        for cols in [1u64, 5, 1001, 4096, 8192] {
+                            let d = crate::backward::stage_dims(
+                                *op,
+                                s.name,
+                                rows,
+                                cols,
+                                crate::backward::DeviceShape {
+                                    sms,
+                                    threads_per_sm: tps,
+                                },
+                            )
+                            .unwrap();
+                            dims.insert(
+                                format!("{op},{},{rows},{cols},{sms},{tps}", s.name),
+                                serde_json::json!([d.grid[0], d.block[0]]),
+                            );
+                        }
+                    }
+                }
+            }
+        }
         let want = serde_json::to_string_pretty(&serde_json::json!({
             "comment": "Written by kernel-registry's test domain::tests::abi_fixture_for_python_is_current from Op (docs/spec.md section 2); do not edit: change Op and run KERNELIZE_UPDATE_FIXTURES=1 cargo test -p kernel-registry abi_fixture",
+            "abi_align_bytes": ABI_ALIGN_BYTES,
             "ops": ops,
             "backward_ops": backward,
             "backward_ctas": {
                 "comment": "\"rows,cols,sms,threads_per_sm\": ctas (kernel_registry::backward::col_config: the workspace's partial rows)",
                 "cases": ctas,
+            },
+            "backward_dims": {
+                "comment": "\"op,stage,rows,cols,sms,threads_per_sm\": [grid, block] (kernel_registry::backward::stage_dims)",
+                "cases": dims,
             },
         }))
         .unwrap()

@@ -10,7 +10,9 @@ pub mod manifest;
 pub mod policy;
 pub mod report;
 
-pub use domain::{Arch, DType, Digest, Gradient, Op, ParseError, Semantics, Stage};
+pub use domain::{
+    Arch, DType, Digest, Gradient, Op, ParseError, Semantics, Stage, ABI_ALIGN_BYTES,
+};
 pub use manifest::{KernelBundle, Manifest, ManifestError, Runtime};
 pub use policy::Policy;
 pub use report::VerificationReport;

@@ -16,6 +16,7 @@ mod kernel_rows;
 mod kernels;
 mod newest;
 mod stats;
+mod summary;
 pub mod testing;
 mod tokens;
 mod url;

@@ -2,6 +2,7 @@
 
 use crate::audit::audit_in;
 use crate::codec::{csv, finite_or, parse_col, parse_csv};
+use crate::summary::MeasuredTimes;
 use crate::{Result, Store, StoreError};
 use kernel_registry::domain::{Arch, DType, Digest};
 use kernel_registry::report::{coverage, Coverage, VerificationReport};
@@ -27,27 +28,6 @@ pub struct VerificationRow {
     pub report: VerificationReport,
     /// The worker's signed certificate of this report, when it sent one.
     pub certificate: Option<kernel_registry::cert::Certificate>,
-}
-
-/// When a verification was measured and, if no job of this hub produced it, imported: what the
-/// API, the resolve answer and the dashboard say, from the report and the stored row alike
-/// (`verification_facts` holds the same, written by `newest::insert_summary_in`).
-pub(crate) struct MeasuredTimes<'a> {
-    pub verified_at: &'a str,
-    pub imported_at: Option<&'a str>,
-}
-
-impl<'a> MeasuredTimes<'a> {
-    pub fn of(
-        report: &'a VerificationReport,
-        job_id: Option<i64>,
-        created_at: &'a str,
-    ) -> MeasuredTimes<'a> {
-        MeasuredTimes {
-            verified_at: &report.started_at,
-            imported_at: job_id.is_none().then_some(created_at),
-        }
-    }
 }
 
 fn verification_row(r: &AnyRow) -> Result<VerificationRow> {
@@ -343,6 +323,6 @@ pub(crate) async fn insert_verification_in(
     }
     let vid: i64 = insert.fetch_one(&mut **tx).await?.try_get("id")?;
     insert_coverage_in(tx, vid, &coverage(report)).await?;
-    crate::newest::insert_summary_in(tx, vid, digest, job_id, report, certificate, stamp).await?;
+    crate::summary::insert_summary_in(tx, vid, digest, job_id, report, certificate, stamp).await?;
     Ok(vid)
 }

@@ -356,7 +356,8 @@ def compile_records() -> list[dict[str, Any]]:
 #: contiguous and starts at a multiple of this many bytes, and nothing more is promised. The
 #: verifier runs every case with its buffers at every residue this allows (docs/verifier.md,
 #: address cases), so a verified kernel gives the same bits at any such address; its constant is
-#: `verifier::abi::ABI_ALIGN_BYTES`. The one copy of the rule in the client: `abi_passable`.
+#: `kernel_registry::ABI_ALIGN_BYTES` (checked through python/tests/fixtures/abi.json). The one
+#: copy of the rule in the client: `abi_passable`.
 ABI_ALIGNMENT = 16
 
 

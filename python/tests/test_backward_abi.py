@@ -27,6 +27,19 @@ def test_the_workspace_ctas_are_the_registrys():
         assert B.col_config(rows, cols, sms, tps)["ctas"] == ctas, key
 
 
+def test_the_clients_backward_launches_are_the_registrys():
+    # kernelize.training.stage_dims, the client's twin of kernel_registry::backward::stage_dims,
+    # at every shape and device of the fixture's table
+    from kernelize import training
+    cases = ABI["backward_dims"]["cases"]
+    assert len(cases) >= 200
+    for key, (grid, block) in cases.items():
+        op, stage, rows, cols, sms, tps = key.split(",")
+        assert op == training.OP
+        got = training.stage_dims(stage, int(rows), int(cols), int(sms), int(tps))
+        assert got == ((grid, 1, 1), (block, 1, 1)), key
+
+
 def test_the_backward_ops_are_the_registrys():
     ops = ABI["backward_ops"]
     assert set(ops) == {"rms_norm_backward"}

@@ -10,12 +10,10 @@ use kernel_registry::backward::DeviceShape;
 use kernel_registry::manifest::{entry_options, LaunchDims};
 use kernel_registry::{DType, KernelBundle, Op, Semantics, Stage};
 
-/// The ABI's alignment: every tensor a kernel is given starts at an address that is a multiple
-/// of this many bytes, and nothing more is promised (docs/spec.md section 2). The one constant
-/// of the rule in the verifier: the guard regions keep it (`cuda::GUARD_BYTES`) and the address
-/// cases place buffers at every residue it allows (`crate::measure::address`). The Python
-/// client's copy is `kernelize.launch.ABI_ALIGNMENT`.
-pub const ABI_ALIGN_BYTES: u64 = 16;
+/// The ABI's alignment (`kernel_registry::ABI_ALIGN_BYTES`, its one home): the guard regions
+/// keep it (`cuda::GUARD_BYTES`) and the address cases place buffers at every residue it allows
+/// (`crate::measure::address`).
+pub use kernel_registry::ABI_ALIGN_BYTES;
 
 /// The tensors of a forward op's ABI (its pointer arguments), by their ABI names, in ABI order;
 /// a backward op's are per entry ([`Stage::tensors`]), and this is empty for it.

@@ -16,7 +16,7 @@ pub use crate::exec::ExecError;
 
 /// Bytes of guard region before and after every device buffer (keeps the ABI's alignment).
 pub const GUARD_BYTES: usize = 4096;
-const _: () = assert!((GUARD_BYTES as u64).is_multiple_of(crate::abi::ABI_ALIGN_BYTES));
+const _: () = assert!((GUARD_BYTES as u64).is_multiple_of(kernel_registry::ABI_ALIGN_BYTES));
 /// The byte every guard region is filled with: drawn once per process (never 0x00, 0xFF, or
 /// 0xA5, the constant of earlier verifiers that a kernel may look for), so a kernel cannot
 /// recognise the verifier by the bytes around its buffers.
