@@ -1100,7 +1100,7 @@ async fn many_submissions_with_four_workers(b: Backend) {
 
 async fn openapi_covers_every_route(b: Backend) {
     let srv = TestServer::start(&b, &["--no-bundled"]).await;
-    // The route table is the server's own list (`app::api_routes`), from which the router
+    // The route table is the server's own list (`routes::api_routes`), from which the router
     // and the served document both come.
     let doc = serde_json::to_value(kernelize::app::openapi()).unwrap();
     let served: Value = srv.get_json("/openapi.json").await;

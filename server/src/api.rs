@@ -6,12 +6,16 @@ pub mod openapi;
 pub mod resolve;
 pub mod tokens;
 
-use crate::app::{AppState, Caller};
 use crate::error::AppError;
-use axum::extract::State;
+use crate::state::{AppState, Caller};
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::time::Instant;
 
 /// Liveness and a count of what is stored.
 #[utoipa::path(get, path = "/healthz", tag = "meta", responses((status = 200, description = "The server and its database answer")))]
@@ -76,4 +80,35 @@ pub fn known_params(q: &HashMap<String, String>, allowed: &[&str]) -> Result<(),
         }
     }
     Ok(())
+}
+
+/// Around every route: count the request and time it (by route template).
+pub async fn track(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let method = req.method().to_string();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".to_string());
+    let res = next.run(req).await;
+    st.metrics.observe(
+        &method,
+        &route,
+        res.status().as_u16(),
+        start.elapsed().as_secs_f64(),
+    );
+    res
+}
+
+/// The hub's metrics in the OpenMetrics text format (Prometheus reads it). Public like every
+/// read unless the hub runs with `--private-reads`.
+#[utoipa::path(get, path = "/metrics", tag = "meta",
+    responses((status = 200, description = "Requests, jobs, verifications and workers in the OpenMetrics text format",
+        content_type = "application/openmetrics-text", body = String)))]
+pub async fn metrics(State(st): State<AppState>, _c: Caller) -> Result<Response, AppError> {
+    let now = kernel_store::now_ms();
+    let stats = st.store.stats(now).await?;
+    let body = st.metrics.render(&stats, now);
+    Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body).into_response())
 }

@@ -135,7 +135,7 @@ pub struct ServeArgs {
     pub max_pending_width_jobs: u64,
     /// The oldest verification suite whose reports are stored (default: the current one, whose
     /// case list the hub redraws and checks; older ones get the other checks only).
-    #[arg(long, default_value = verifier::cases::SUITE_VERSION, value_parser = crate::app::Config::parse_min_suite)]
+    #[arg(long, default_value = verifier::cases::SUITE_VERSION, value_parser = crate::state::Config::parse_min_suite)]
     pub min_suite_version: String,
     /// Close a connection whose request headers have not all arrived this many seconds after
     /// it started sending them (an idle keep-alive connection is closed after this long too).
@@ -161,10 +161,10 @@ pub struct ServeArgs {
     /// Requests without a valid token one client address (an IPv6 one by its /64) may make per
     /// minute; beyond it 429 with Retry-After. /healthz is never limited, nor a request with a
     /// valid token. Behind a reverse proxy every client shares the proxy's address. 0: no limit.
-    #[arg(long, env = "KERNELIZE_ANONYMOUS_RATE_PER_MINUTE", default_value_t = crate::app::DEFAULT_ANONYMOUS_RATE_PER_MINUTE)]
+    #[arg(long, env = "KERNELIZE_ANONYMOUS_RATE_PER_MINUTE", default_value_t = crate::state::DEFAULT_ANONYMOUS_RATE_PER_MINUTE)]
     pub anonymous_rate_per_minute: u32,
     /// Requests without a token one address may make at once before the per-minute rate applies.
-    #[arg(long, env = "KERNELIZE_ANONYMOUS_BURST", default_value_t = crate::app::DEFAULT_ANONYMOUS_BURST, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "KERNELIZE_ANONYMOUS_BURST", default_value_t = crate::state::DEFAULT_ANONYMOUS_BURST, value_parser = clap::value_parser!(u32).range(1..))]
     pub anonymous_burst: u32,
     /// Also run an embedded GPU worker in this process (when the host has a GPU).
     #[arg(long)]

@@ -4,12 +4,12 @@
 mod field;
 mod kernel;
 mod overview;
-pub use overview::OverviewData;
+pub mod overview_data;
 mod plot;
 mod policy;
 
-use crate::app::AppState;
 use crate::error::AppError;
+use crate::state::AppState;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;

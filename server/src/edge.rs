@@ -18,9 +18,9 @@
 
 pub mod rate;
 
-use crate::app::Scope;
 use crate::dashboard::PageError;
 use crate::error::{quote, quote_at, AppError, PROBLEM_JSON};
+use crate::state::Scope;
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, MatchedPath, Multipart, RawPathParams, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
@@ -385,7 +385,7 @@ async fn check(
         .filter(|_| {
             parts
                 .extensions
-                .get::<crate::app::Caller>()
+                .get::<crate::state::Caller>()
                 .is_none_or(|c| c.name.is_none())
         })
         .map(|c| c.waiting());
@@ -714,7 +714,7 @@ mod tests {
     /// The edge of the real document: each body rule it states is held, and a valid body passes.
     #[test]
     fn json_bodies_are_held_to_the_documents_schemas() {
-        let edge = Edge::new(crate::app::openapi(), 1 << 20, Duration::from_secs(1));
+        let edge = Edge::new(crate::routes::openapi(), 1 << 20, Duration::from_secs(1));
         let claim = &edge.bodies[&(Method::POST, "/v1/jobs/claim".to_string())];
         assert_eq!(claim.name, "ClaimRequest");
         let refused = |schema: &BodySchema, v: serde_json::Value| {

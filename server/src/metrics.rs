@@ -8,12 +8,6 @@
 //!   last heard from (a claim, heartbeat, report or failure), lease expiries (counted from the
 //!   audit log) and leases expired now. Several hub processes on one database agree on these.
 
-use crate::app::{AppState, Caller};
-use crate::error::AppError;
-use axum::extract::{MatchedPath, Request, State};
-use axum::http::header;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -21,7 +15,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
-use std::time::Instant;
 
 /// The media type of the OpenMetrics text format, which Prometheus reads.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -145,7 +138,7 @@ impl Metrics {
         }
     }
 
-    fn observe(&self, method: &str, route: &str, status: u16, seconds: f64) {
+    pub fn observe(&self, method: &str, route: &str, status: u16, seconds: f64) {
         self.requests
             .get_or_create(&RequestLabels {
                 method: method.to_string(),
@@ -162,7 +155,7 @@ impl Metrics {
     }
 
     /// Set the database-derived gauges from `stats` at `now_ms`, then encode everything.
-    fn render(&self, stats: &kernel_store::HubStats, now_ms: i64) -> String {
+    pub fn render(&self, stats: &kernel_store::HubStats, now_ms: i64) -> String {
         for (state, n) in &stats.jobs {
             self.jobs
                 .get_or_create(&StateLabels {
@@ -209,35 +202,4 @@ impl Metrics {
 fn unix_seconds(t: &str) -> Option<f64> {
     let t = time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()?;
     Some(t.unix_timestamp_nanos() as f64 / 1e9)
-}
-
-/// Around every route: count the request and time it (by route template).
-pub async fn track(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    let start = Instant::now();
-    let method = req.method().to_string();
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|m| m.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".to_string());
-    let res = next.run(req).await;
-    st.metrics.observe(
-        &method,
-        &route,
-        res.status().as_u16(),
-        start.elapsed().as_secs_f64(),
-    );
-    res
-}
-
-/// The hub's metrics in the OpenMetrics text format (Prometheus reads it). Public like every
-/// read unless the hub runs with `--private-reads`.
-#[utoipa::path(get, path = "/metrics", tag = "meta",
-    responses((status = 200, description = "Requests, jobs, verifications and workers in the OpenMetrics text format",
-        content_type = "application/openmetrics-text", body = String)))]
-pub async fn metrics(State(st): State<AppState>, _c: Caller) -> Result<Response, AppError> {
-    let now = kernel_store::now_ms();
-    let stats = st.store.stats(now).await?;
-    let body = st.metrics.render(&stats, now);
-    Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response())
 }

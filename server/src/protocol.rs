@@ -183,7 +183,7 @@ mod tests {
     /// (utoipa takes only a literal).
     #[test]
     fn schema_limits_are_the_constants() {
-        let doc = serde_json::to_value(crate::app::openapi()).unwrap();
+        let doc = serde_json::to_value(crate::routes::openapi()).unwrap();
         let max = |schema: &str, field: &str| {
             doc["components"]["schemas"][schema]["properties"][field]["maxLength"].as_u64()
         };

@@ -7,12 +7,12 @@
 //! job (a replay) is refused (403, audited). A report is checked against its job before it is stored
 //! (`kernel_registry::report::validate`), and its summary is the hub's own derivation.
 
-use crate::app::{AppState, Caller, Scope};
 use crate::error::{rejection, AppError};
 use crate::protocol::{
     ClaimRequest, ClaimResponse, ClaimedKernel, FailRequest, HeartbeatRequest, HeartbeatResponse,
     JobView, ReportRequest, ReportResponse,
 };
+use crate::state::{AppState, Caller, Scope};
 use axum::extract::{rejection::JsonRejection, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

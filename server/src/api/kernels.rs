@@ -4,9 +4,9 @@ use super::openapi::{
     ArchName, DTypeName, DigestText, KernelName, KernelVersion, OpName, PolicyText, SemanticsName,
 };
 use super::{known_params, param};
-use crate::app::{AppState, Caller, Scope};
 use crate::error::{rejection, AppError};
 use crate::protocol::{SubmitResponse, SubmittedJob};
+use crate::state::{AppState, Caller, Scope};
 use axum::extract::{FromRequest, Multipart, Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};

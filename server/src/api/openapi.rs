@@ -1,9 +1,8 @@
-//! The OpenAPI document: paths come from the route list (`app::api_routes`, each handler's
+//! The OpenAPI document: paths come from the route list (`routes::api_routes`, each handler's
 //! `#[utoipa::path]`), parameter rules from the domain's own lists, and the refusals the edge
 //! makes on every route are declared here once.
 
 use crate::error::Problem;
-use axum::Json;
 use kernel_registry::{DType, Op, Semantics};
 use std::borrow::Cow;
 use utoipa::openapi::path::Operation;
@@ -23,7 +22,7 @@ impl Modify for TokenAuth {
     }
 }
 
-/// The document's frame; `app::api_routes` adds every path to it.
+/// The document's frame; `routes::api_routes` adds every path to it.
 #[derive(OpenApi)]
 #[openapi(
     info(title = "kernelize", description = "A kernel hub that hands out only verified layer replacements.\n\nEvery refusal is `application/problem+json` (RFC 9457) whose `detail` says what was wrong and how to fix it, and whose `field` names the parameter or field at fault. Text in a path or query parameter is one line (no control characters); a query parameter is either left out or given a value without surrounding spaces; no string of a body may hold NUL. Writes are limited per token (429 with `Retry-After`). An unknown, expired or revoked token gets 401 with `reason`. Every answer carries `x-request-id`."),
@@ -31,12 +30,6 @@ impl Modify for TokenAuth {
     modifiers(&TokenAuth)
 )]
 pub struct ApiDoc;
-
-/// This document.
-#[utoipa::path(get, path = "/openapi.json", tag = "meta", responses((status = 200, description = "OpenAPI 3.1 document")))]
-pub async fn openapi_json(_c: crate::app::Caller) -> Json<utoipa::openapi::OpenApi> {
-    Json(crate::app::openapi().clone())
-}
 
 /// A string parameter's schema with the allowed values or a pattern.
 fn string_schema(
@@ -493,57 +486,5 @@ mod tests {
             .map(|(s, c)| (s.as_str(), c.gated()))
             .collect();
         agree::<Policy>(POLICY_PATTERN, &cases);
-    }
-
-    #[test]
-    fn declared_bounds_are_these() {
-        let doc = serde_json::to_value(crate::app::openapi()).unwrap();
-        let bounds = |path: &str, name: &str| -> (i64, i64) {
-            let p = doc["paths"][path]["get"]["parameters"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|p| p["name"] == name)
-                .unwrap_or_else(|| panic!("{path} has no `{name}`"));
-            let n = |k: &str| {
-                p["schema"][k]
-                    .as_i64()
-                    .unwrap_or_else(|| panic!("{name}.{k}"))
-            };
-            (n("minimum"), n("maximum"))
-        };
-        assert_eq!(bounds("/v1/kernels", "limit"), (1, MAX_PAGE));
-        assert_eq!(bounds("/v1/kernels", "offset"), (0, MAX_OFFSET));
-        assert_eq!(bounds("/v1/resolve", "cols"), (1, MAX_EXTENT as i64));
-        assert_eq!(bounds("/v1/resolve", "rows"), (1, MAX_EXTENT as i64));
-    }
-
-    #[test]
-    fn declared_values_are_the_domain_lists() {
-        let doc = serde_json::to_value(crate::app::openapi()).unwrap();
-        let schemas = &doc["components"]["schemas"];
-        let listed = |name: &str| -> Vec<String> {
-            schemas[name]["enum"]
-                .as_array()
-                .unwrap_or_else(|| panic!("{name} has no enum"))
-                .iter()
-                .map(|v| v.as_str().unwrap().to_string())
-                .collect()
-        };
-        assert_eq!(
-            listed("Op"),
-            Op::ALL.iter().map(|o| o.to_string()).collect::<Vec<_>>()
-        );
-        assert_eq!(
-            listed("DType"),
-            DType::ALL.iter().map(|o| o.to_string()).collect::<Vec<_>>()
-        );
-        assert_eq!(
-            listed("Semantics"),
-            Semantics::ALL
-                .iter()
-                .map(|o| o.to_string())
-                .collect::<Vec<_>>()
-        );
     }
 }

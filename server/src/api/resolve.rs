@@ -3,9 +3,9 @@
 use super::openapi::{ArchName, DTypeName, OpName, PolicyText, SemanticsName};
 use super::{known_params, param, required};
 use crate::answers::AnswerCache;
-use crate::app::{AppState, Caller, Scope};
 use crate::error::{rejection, AppError};
 use crate::resolve::{Query, Queueing};
+use crate::state::{AppState, Caller, Scope};
 use axum::extract::{Query as Q, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

@@ -1,8 +1,8 @@
 //! API tokens over HTTP (token scope `admin`): list, create (shown once), revoke. The same
 //! operations as `kernelize token list|create|revoke` on the database.
 
-use crate::app::{AppState, Caller, Scope};
 use crate::error::{rejection, AppError};
+use crate::state::{AppState, Caller, Scope};
 use axum::extract::{rejection::JsonRejection, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -140,20 +140,4 @@ pub async fn revoke(
         already_revoked: r.already,
         requeued_jobs: r.requeued_jobs,
     }))
-}
-
-#[cfg(test)]
-mod tests {
-    /// The schema's limit on a token name is the store's (utoipa takes only a literal).
-    #[test]
-    fn the_documented_name_limit_is_the_stores() {
-        let doc = serde_json::to_value(crate::app::openapi()).unwrap();
-        let max =
-            &doc["components"]["schemas"]["CreateTokenRequest"]["properties"]["name"]["maxLength"];
-        assert_eq!(
-            max.as_u64(),
-            Some(kernel_store::MAX_TOKEN_NAME as u64),
-            "{max}"
-        );
-    }
 }

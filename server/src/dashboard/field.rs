@@ -6,8 +6,8 @@
 use super::overview::{filters, pager};
 use super::{class_badge, frac, gbps, kernel_href, layout, opt_param, roofline, sci, ulp};
 use super::{verified, Nav, PageError};
-use crate::app::{AppState, Caller};
 use crate::error::AppError;
+use crate::state::{AppState, Caller};
 use axum::extract::{Query, State};
 use kernel_registry::{Arch, DType, Op, Runtime};
 use kernel_store::{FieldGroup, FieldRow, MatrixFilter, HEADLINE_COLS, HEADLINE_ROWS};

@@ -3,8 +3,8 @@
 
 use super::plot::{self, Point};
 use super::{class_badge, date, frac, gbps, layout, roofline, sci, ulp, verified, Nav, PageError};
-use crate::app::{AppState, Caller};
 use crate::error::AppError;
+use crate::state::{AppState, Caller};
 use axum::extract::{Path, Query, State};
 use kernel_registry::report::{coverage, percent, CaseStatus, ULP_BUCKETS};
 use kernel_registry::{DType, Op, Runtime};

@@ -1,14 +1,14 @@
 //! `/`: the verification matrix — every op x kernel x dtype x arch with its newest verdict.
 
+use super::overview_data::OverviewData;
 use super::{class_badge, date, frac, gbps, kernel_href, layout, opt_param, roofline, ulp, Nav};
 use super::{sci, verified, PageError};
-use crate::app::{AppState, Caller};
 use crate::error::AppError;
+use crate::state::{AppState, Caller};
 use axum::extract::{Query, State};
 use kernel_registry::{Arch, DType, Op, Semantics};
 use kernel_store::{
-    GlanceCell, JobRow, KernelQuery, KernelRow, MatrixFilter, MatrixRow, UnverifiedKernel,
-    HEADLINE_COLS, HEADLINE_ROWS,
+    GlanceCell, JobRow, KernelRow, MatrixFilter, MatrixRow, HEADLINE_COLS, HEADLINE_ROWS,
 };
 use maud::{html, Markup};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -54,7 +54,7 @@ pub async fn page(
     let data = match st.overview.get(&key, generation) {
         Some(d) => d,
         None => {
-            let d = Arc::new(OverviewData::read(&st, f, limit, offset, uoffset).await?);
+            let d = Arc::new(OverviewData::read(&st.store, f, limit, offset, uoffset).await?);
             st.overview.insert(key, generation, d.clone());
             d
         }
@@ -135,61 +135,6 @@ pub async fn page(
 /// The field page with the overview's filters.
 fn field_href(op: Option<Op>, dtype: Option<DType>, arch: Option<Arch>) -> String {
     super::filter_href("/field", op, dtype, arch, &[])
-}
-
-/// What the overview shows of the store for one filter and page.
-pub struct OverviewData {
-    rows: Vec<MatrixRow>,
-    total_rows: i64,
-    glance: Vec<GlanceCell>,
-    archs: Vec<Arch>,
-    unverified: Vec<UnverifiedKernel>,
-    total_unverified: i64,
-    /// Kernels matching the filter (read only when no row does: the empty state says it).
-    total_kernels: i64,
-}
-
-impl OverviewData {
-    /// A bounded number of indexed queries, whatever the number of kernels: a page of the
-    /// matrix, the glance aggregates, the architectures, a page of the awaiting kernels.
-    async fn read(
-        st: &AppState,
-        f: MatrixFilter,
-        limit: i64,
-        offset: i64,
-        uoffset: i64,
-    ) -> Result<OverviewData, kernel_store::StoreError> {
-        let (rows, total_rows) = st.store.matrix_page(f, limit, offset).await?;
-        let glance = if total_rows > 0 {
-            st.store.glance(f).await?
-        } else {
-            vec![]
-        };
-        let archs = st.store.archs_verified(f).await?;
-        let (unverified, total_unverified) = st.store.unverified_page(f, limit, uoffset).await?;
-        let total_kernels = if total_rows == 0 {
-            st.store
-                .list_kernels(&KernelQuery {
-                    op: f.op,
-                    dtype: f.dtype,
-                    limit: 1,
-                    ..Default::default()
-                })
-                .await?
-                .1
-        } else {
-            0
-        };
-        Ok(OverviewData {
-            rows,
-            total_rows,
-            glance,
-            archs,
-            unverified,
-            total_unverified,
-            total_kernels,
-        })
-    }
 }
 
 /// "rows a-b of n" with links to the previous and next pages (nothing when one page holds all).

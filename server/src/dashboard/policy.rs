@@ -6,8 +6,8 @@
 
 use super::{class_badge, date, gbps, kernel_href, layout, roofline, Nav, PageError};
 use crate::api::resolve::parse_query;
-use crate::app::{AppState, Caller};
 use crate::resolve::{resolve, Resolution};
+use crate::state::{AppState, Caller};
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
