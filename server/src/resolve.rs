@@ -1,6 +1,8 @@
 //! Policy-gated resolution: the fastest kernel whose measured verdict on an architecture meets
 //! a policy for a shape — or, when none does, one line per candidate saying why.
-//! The HTTP API, the dashboard's policy explorer and the Python client all get this answer.
+//! The HTTP API, the dashboard's policy explorer and the Python client all get this answer,
+//! through one entry point, [`Resolver`] (the store and the caches the answers are kept in):
+//! its handlers parse the request, call it once and send what it returns.
 //!
 //! Shape-exact (docs/spec.md section 4): a kernel is handed out only at a width its newest
 //! verification on the architecture covered for the dtype — for row-wise ops the row length
@@ -13,6 +15,10 @@
 //! `submit`) queues a verification of exactly that width (the suite plus the shape), at most one
 //! pending per (kernel, width) and at most `max_pending` in all.
 
+use crate::answers::{AnswerCache, GenerationCache};
+use crate::error::AppError;
+use axum::http::StatusCode;
+use bytes::Bytes;
 pub use kernel_registry::report::{speed_at, SpeedAt};
 use kernel_registry::report::{Coverage, ShapeRequest};
 use kernel_registry::{Arch, DType, Op, Policy, Runtime, Semantics};
@@ -227,20 +233,252 @@ pub fn width_shape(op: Op, q: &Query) -> Result<ShapeRequest, String> {
     }
 }
 
-/// Resolve without queueing anything (the dashboard's explorer).
-pub async fn resolve(store: &Store, q: &Query) -> Result<Resolution, StoreError> {
-    resolve_queueing(store, q, None).await
+/// Resolution's one entry point: the store and the caches its answers are kept in (the
+/// application's state holds them; `AppState::resolver`). It answers `GET /v1/resolve`
+/// (`answer`), the explicit request to verify a width (`request_verifications`) and the
+/// dashboard's policy explorer (`explain`); the handlers only parse and map to a status.
+pub struct Resolver<'a> {
+    pub store: &'a Store,
+    /// Answer texts without `rows`, per query, until the store changes.
+    pub answers: &'a AnswerCache,
+    /// Rankings per query (every field but `rows`).
+    pub rankings: &'a GenerationCache<Arc<Ranking>>,
+    /// What rankings are made from, per query but policy, rows and runtime.
+    pub pools: &'a PoolCache,
+    /// `serve --max-pending-width-jobs`: the most width verifications pending at once.
+    pub max_pending: i64,
 }
 
-pub async fn resolve_queueing(
-    store: &Store,
-    q: &Query,
-    queueing: Option<&Queueing>,
-) -> Result<Resolution, StoreError> {
-    ranking(store, q, queueing, None)
-        .await?
-        .resolution(store, q)
-        .await
+impl Resolver<'_> {
+    /// The JSON text of `GET /v1/resolve`'s 200 answer for `query` (parsed from `q`, the
+    /// request's parameters), or the 404 problem saying why no kernel qualifies. A read never
+    /// queues work.
+    pub async fn answer(
+        &self,
+        q: &HashMap<String, String>,
+        query: &Query,
+    ) -> Result<Bytes, AppError> {
+        let generation = self.store.answer_generation().await?;
+        // An answer without `rows` that queued nothing is kept as text until the store changes
+        // (`crate::answers`); one with `rows` is derived from the kept ranking of its query (a
+        // distinct `rows` per ask would otherwise fill the cache with near-copies).
+        let key = AnswerCache::key("/v1/resolve", q);
+        let keep_text = query.rows.is_none();
+        if keep_text {
+            if let Some(a) = self.answers.get(&key, generation) {
+                return Ok(a);
+            }
+        }
+        let mut unshaped = q.clone();
+        unshaped.remove("rows");
+        let ranking_key = AnswerCache::key("/v1/resolve#ranking", &unshaped);
+        let rank = match self.rankings.get(&ranking_key, generation) {
+            Some(r) => r,
+            None => {
+                // A read never queues work (`request_verifications` does, when asked).
+                let r = Arc::new(
+                    ranking_at(self.store, generation, query, None, Some(self.pools)).await?,
+                );
+                if r.keepable() {
+                    self.rankings.insert(ranking_key, generation, r.clone());
+                }
+                r
+            }
+        };
+        let keep = keep_text && rank.keepable();
+        // The answer is its ranking's text for this shape (which case of each kernel is nearest
+        // `rows`), kept with the ranking, plus the chosen kernel's coverage of `rows`.
+        let shape = rank.shape(query);
+        if let Some(coverage) = rank.chosen_coverage(&shape, query)? {
+            let text = match rank.kept_text(&shape) {
+                Some(t) => t,
+                None => {
+                    let t = rank
+                        .answer_text(self.store, query, &shape)
+                        .await?
+                        .ok_or_else(|| {
+                            AppError::from(kernel_store::StoreError::Corrupt(
+                                "a ranking chose a kernel and then did not".into(),
+                            ))
+                        })?;
+                    rank.keep_text(shape, t.clone());
+                    t
+                }
+            };
+            let answer = with_field(&text, "coverage", &coverage);
+            let answer = with_field(&answer, "semantics", &query.semantics);
+            let answer = with_field(&answer, "semantics_defaulted", &semantics_defaulted(q));
+            if keep {
+                self.answers.insert(key, generation, answer.clone());
+            }
+            return Ok(answer);
+        }
+        let r = rank.resolution_at(self.store, query, &shape).await?;
+        match r.chosen {
+            Some(_) => Err(AppError::from(kernel_store::StoreError::Corrupt(
+                "a ranking chose no kernel and then did".into(),
+            ))),
+            None => {
+                let n = r.excluded_total;
+                let defaulted = semantics_defaulted(q);
+                let detail = if n == 0 {
+                    format!(
+                        "no kernel is registered for {} ({}); keep your reference layer",
+                        query.op, query.semantics
+                    )
+                } else {
+                    let more = if n > r.excluded.len() {
+                        format!(" (the first {} of {n})", r.excluded.len())
+                    } else {
+                        String::new()
+                    };
+                    let ask = if r.unverified_width.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            " {} meet the policy but were not verified at this width; nothing was queued: a token with scope `submit` asks for a verification of it with POST {REQUEST_PATH} and this query as its JSON body (`request_verification`).",
+                            r.unverified_width.join(", ")
+                        )
+                    };
+                    format!(
+                        "no kernel meets `{}` for {} ({}) {} on {} at cols={}; keep your reference layer. Why each is out{more}: {}{ask}",
+                        query.policy, query.op, query.semantics, query.dtype, query.arch, query.cols,
+                        r.excluded.join(" | ")
+                    )
+                };
+                let detail = match defaulted_note(query, defaulted) {
+                    Some(note) => format!("{detail} {note}"),
+                    None => detail,
+                };
+                let mut e = AppError::not_found(detail)
+                    .with("excluded", r.excluded)
+                    .with("excluded_total", r.excluded_total)
+                    .with("unverified_width", r.unverified_width.clone())
+                    .with("queued_jobs", serde_json::json!([]))
+                    .with("semantics", query.semantics.as_str())
+                    .with("semantics_defaulted", defaulted);
+                if !r.unverified_width.is_empty() {
+                    e = e.with("request_verification", request_of(q));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// `POST /v1/resolve/verifications`: queue a verification of `query`'s width for every
+    /// kernel that meets the policy but was not verified there (`actor` asked); the status
+    /// (201 when one was queued, else 200) and the answer's body.
+    pub async fn request_verifications(
+        &self,
+        query: &Query,
+        actor: String,
+    ) -> Result<(StatusCode, serde_json::Value), AppError> {
+        let queueing = Queueing {
+            max_pending: self.max_pending,
+            actor,
+        };
+        let generation = self.store.answer_generation().await?;
+        let rank = ranking_at(self.store, generation, query, Some(&queueing), None).await?;
+        let r = rank
+            .resolution_at(self.store, query, &rank.shape(query))
+            .await?;
+        let new = r.queued_jobs.iter().any(|j| j.new);
+        let status = if new {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        };
+        let detail = if r.unverified_width.is_empty() {
+            "no kernel that meets the policy lacks a verification of this width: nothing to queue"
+                .to_string()
+        } else if let Some(full) = &r.queue_full {
+            format!("not every verification was queued: {full}")
+        } else {
+            format!(
+                "verifications of cols={} are pending for {}: poll each job_url, then GET /v1/resolve again once it is done",
+                query.cols,
+                r.queued_jobs
+                    .iter()
+                    .map(|j| format!("{} (job {})", j.kernel, j.job_url))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        Ok((
+            status,
+            serde_json::json!({
+                "detail": detail,
+                "queued_jobs": r.queued_jobs,
+                "queue_full": r.queue_full,
+                "unverified_width": r.unverified_width,
+                "excluded": r.excluded,
+            }),
+        ))
+    }
+
+    /// The whole resolution of `query` without queueing anything or keeping it (the
+    /// dashboard's explorer: the chosen kernel and why each other one is out).
+    pub async fn explain(&self, query: &Query) -> Result<Resolution, StoreError> {
+        ranking(self.store, query, None, None)
+            .await?
+            .resolution(self.store, query)
+            .await
+    }
+}
+
+/// Whether the query left `semantics` out (the op's default, named in the answer's
+/// `semantics`, was used: `llama` for rms_norm, which has several).
+fn semantics_defaulted(q: &HashMap<String, String>) -> bool {
+    !q.contains_key("semantics")
+}
+
+/// What a refusal says when `semantics` was left out for an op that has several.
+fn defaulted_note(query: &Query, defaulted: bool) -> Option<String> {
+    let all = query.op.semantics();
+    (defaulted && all.len() > 1).then(|| {
+        format!(
+            "`semantics` was not given: {} was used, the default of {} (one of {}; pass semantics= to choose).",
+            query.semantics,
+            query.op,
+            all.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+        )
+    })
+}
+
+/// The path of the explicit request that queues width verifications.
+pub const REQUEST_PATH: &str = "/v1/resolve/verifications";
+
+/// How to ask for verifications of the width of the resolve query `q` (its parameters).
+fn request_of(q: &HashMap<String, String>) -> serde_json::Value {
+    let mut body = serde_json::Map::new();
+    for (k, v) in q {
+        let value = match k.as_str() {
+            "cols" | "rows" => v
+                .parse::<u64>()
+                .map(serde_json::Value::from)
+                .unwrap_or_else(|_| v.clone().into()),
+            _ => v.clone().into(),
+        };
+        body.insert(k.clone(), value);
+    }
+    serde_json::json!({
+        "method": "POST",
+        "url": REQUEST_PATH,
+        "scope": "submit",
+        "body": body,
+    })
+}
+
+/// `object` (the JSON text of a non-empty object) with `field` set to `value` appended.
+fn with_field(object: &[u8], field: &str, value: &impl serde::Serialize) -> Bytes {
+    let mut out = Vec::with_capacity(object.len() + 512);
+    out.extend_from_slice(object.strip_suffix(b"}").expect("a JSON object"));
+    out.push(b',');
+    serde_json::to_writer(&mut out, field).expect("a key serialises");
+    out.push(b':');
+    serde_json::to_writer(&mut out, value).expect("a value serialises");
+    out.push(b'}');
+    Bytes::from(out)
 }
 
 /// A kernel of a pool verified on its architecture, with what ranking it by a shape and
@@ -1163,6 +1401,31 @@ mod tests {
     use kernel_registry::report::{nearest_speed, ULP_INFINITE};
     use kernel_registry::KernelBundle;
     use kernel_store::Holder;
+
+    /// The explorer's resolution (`Resolver::explain`) over caches of its own.
+    async fn resolve(s: &Store, q: &Query) -> Result<Resolution, StoreError> {
+        let (answers, rankings, pools) = (
+            AnswerCache::default(),
+            GenerationCache::default(),
+            PoolCache::default(),
+        );
+        let r = Resolver {
+            store: s,
+            answers: &answers,
+            rankings: &rankings,
+            pools: &pools,
+            max_pending: 0,
+        };
+        r.explain(q).await
+    }
+
+    #[test]
+    fn a_field_appended_to_an_object_reads_back() {
+        let text = serde_json::to_vec(&serde_json::json!({"a": 1, "b": [2]})).unwrap();
+        let out = super::with_field(&text, "c", &serde_json::json!({"d": "e\"}"}));
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v, serde_json::json!({"a": 1, "b": [2], "c": {"d": "e\"}"}}));
+    }
 
     const SM90: Arch = Arch { major: 9, minor: 0 };
 

@@ -114,6 +114,17 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// Resolution over this state's store and caches (`crate::resolve::Resolver`).
+    pub fn resolver(&self) -> crate::resolve::Resolver<'_> {
+        crate::resolve::Resolver {
+            store: &self.store,
+            answers: &self.answers,
+            rankings: &self.rankings,
+            pools: &self.pools,
+            max_pending: self.config.max_pending_width_jobs,
+        }
+    }
+
     pub fn new(store: Store, config: Config) -> AppState {
         AppState {
             store,

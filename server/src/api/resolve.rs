@@ -2,19 +2,15 @@
 
 use super::openapi::{ArchName, DTypeName, OpName, PolicyText, SemanticsName};
 use super::{known_params, param, required};
-use crate::answers::AnswerCache;
 use crate::error::{rejection, AppError};
-use crate::resolve::{Query, Queueing};
+use crate::resolve::Query;
 use crate::state::{AppState, Caller, Scope};
 use axum::extract::{Query as Q, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use bytes::Bytes;
 use kernel_registry::Op;
 use serde::Deserialize;
 use std::collections::HashMap;
-use std::sync::Arc;
 
 /// The query parameters of `/v1/resolve` (the dashboard's policy explorer links to the same).
 pub const PARAMS: [&str; 8] = [
@@ -93,156 +89,11 @@ pub async fn resolve(
     Q(q): Q<HashMap<String, String>>,
 ) -> Result<Response, AppError> {
     let query = parse_query(&q)?;
-    let generation = st.store.answer_generation().await?;
-    // An answer without `rows` that queued nothing is kept as text until the store changes
-    // (`crate::answers`); one with `rows` is derived from the kept ranking of its query (a
-    // distinct `rows` per ask would otherwise fill the cache with near-copies).
-    let key = AnswerCache::key("/v1/resolve", &q);
-    let keep_text = query.rows.is_none();
-    if keep_text {
-        if let Some(a) = st.answers.get(&key, generation) {
-            return Ok(crate::answers::json_response(a));
-        }
-    }
-    let mut unshaped = q.clone();
-    unshaped.remove("rows");
-    let ranking_key = AnswerCache::key("/v1/resolve#ranking", &unshaped);
-    let rank = match st.rankings.get(&ranking_key, generation) {
-        Some(r) => r,
-        None => {
-            // A read never queues work (`request_verifications` does, when asked).
-            let r = Arc::new(
-                crate::resolve::ranking_at(&st.store, generation, &query, None, Some(&st.pools))
-                    .await?,
-            );
-            if r.keepable() {
-                st.rankings.insert(ranking_key, generation, r.clone());
-            }
-            r
-        }
-    };
-    let keep = keep_text && rank.keepable();
-    // The answer is its ranking's text for this shape (which case of each kernel is nearest
-    // `rows`), kept with the ranking, plus the chosen kernel's coverage of `rows`.
-    let shape = rank.shape(&query);
-    if let Some(coverage) = rank.chosen_coverage(&shape, &query)? {
-        let text = match rank.kept_text(&shape) {
-            Some(t) => t,
-            None => {
-                let t = rank
-                    .answer_text(&st.store, &query, &shape)
-                    .await?
-                    .ok_or_else(|| {
-                        AppError::from(kernel_store::StoreError::Corrupt(
-                            "a ranking chose a kernel and then did not".into(),
-                        ))
-                    })?;
-                rank.keep_text(shape, t.clone());
-                t
-            }
-        };
-        let answer = with_field(&text, "coverage", &coverage);
-        let answer = with_field(&answer, "semantics", &query.semantics);
-        let answer = with_field(&answer, "semantics_defaulted", &semantics_defaulted(&q));
-        if keep {
-            st.answers.insert(key, generation, answer.clone());
-        }
-        return Ok(crate::answers::json_response(answer));
-    }
-    let r = rank.resolution_at(&st.store, &query, &shape).await?;
-    match r.chosen {
-        Some(_) => Err(AppError::from(kernel_store::StoreError::Corrupt(
-            "a ranking chose no kernel and then did".into(),
-        ))),
-        None => {
-            let n = r.excluded_total;
-            let defaulted = semantics_defaulted(&q);
-            let detail = if n == 0 {
-                format!(
-                    "no kernel is registered for {} ({}); keep your reference layer",
-                    query.op, query.semantics
-                )
-            } else {
-                let more = if n > r.excluded.len() {
-                    format!(" (the first {} of {n})", r.excluded.len())
-                } else {
-                    String::new()
-                };
-                let ask = if r.unverified_width.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        " {} meet the policy but were not verified at this width; nothing was queued: a token with scope `submit` asks for a verification of it with POST {REQUEST_PATH} and this query as its JSON body (`request_verification`).",
-                        r.unverified_width.join(", ")
-                    )
-                };
-                format!(
-                    "no kernel meets `{}` for {} ({}) {} on {} at cols={}; keep your reference layer. Why each is out{more}: {}{ask}",
-                    query.policy, query.op, query.semantics, query.dtype, query.arch, query.cols,
-                    r.excluded.join(" | ")
-                )
-            };
-            let detail = match defaulted_note(&query, defaulted) {
-                Some(note) => format!("{detail} {note}"),
-                None => detail,
-            };
-            let mut e = AppError::not_found(detail)
-                .with("excluded", r.excluded)
-                .with("excluded_total", r.excluded_total)
-                .with("unverified_width", r.unverified_width.clone())
-                .with("queued_jobs", serde_json::json!([]))
-                .with("semantics", query.semantics.as_str())
-                .with("semantics_defaulted", defaulted);
-            if !r.unverified_width.is_empty() {
-                e = e.with("request_verification", request_of(&q));
-            }
-            Err(e)
-        }
-    }
+    let text = st.resolver().answer(&q, &query).await?;
+    Ok(crate::answers::json_response(text))
 }
 
-/// Whether the query left `semantics` out (the op's default, named in the answer's
-/// `semantics`, was used: `llama` for rms_norm, which has several).
-fn semantics_defaulted(q: &HashMap<String, String>) -> bool {
-    !q.contains_key("semantics")
-}
-
-/// What a refusal says when `semantics` was left out for an op that has several.
-fn defaulted_note(query: &Query, defaulted: bool) -> Option<String> {
-    let all = query.op.semantics();
-    (defaulted && all.len() > 1).then(|| {
-        format!(
-            "`semantics` was not given: {} was used, the default of {} (one of {}; pass semantics= to choose).",
-            query.semantics,
-            query.op,
-            all.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
-        )
-    })
-}
-
-/// The path of the explicit request that queues width verifications.
-pub const REQUEST_PATH: &str = "/v1/resolve/verifications";
-
-/// How to ask for verifications of the width of the resolve query `q` (its parameters).
-fn request_of(q: &HashMap<String, String>) -> serde_json::Value {
-    let mut body = serde_json::Map::new();
-    for (k, v) in q {
-        let value = match k.as_str() {
-            "cols" | "rows" => v
-                .parse::<u64>()
-                .map(serde_json::Value::from)
-                .unwrap_or_else(|_| v.clone().into()),
-            _ => v.clone().into(),
-        };
-        body.insert(k.clone(), value);
-    }
-    serde_json::json!({
-        "method": "POST",
-        "url": REQUEST_PATH,
-        "scope": "submit",
-        "body": body,
-    })
-}
+pub use crate::resolve::REQUEST_PATH;
 
 /// The body of `POST /v1/resolve/verifications`: the query of `GET /v1/resolve`.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
@@ -327,70 +178,6 @@ pub async fn request_verifications(
     let actor = caller.require(Scope::Submit)?.to_string();
     let Json(b) = b.map_err(rejection)?;
     let query = parse_query(&b.params())?;
-    let queueing = Queueing {
-        max_pending: st.config.max_pending_width_jobs,
-        actor,
-    };
-    let generation = st.store.answer_generation().await?;
-    let rank =
-        crate::resolve::ranking_at(&st.store, generation, &query, Some(&queueing), None).await?;
-    let r = rank
-        .resolution_at(&st.store, &query, &rank.shape(&query))
-        .await?;
-    let new = r.queued_jobs.iter().any(|j| j.new);
-    let status = if new {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    let detail = if r.unverified_width.is_empty() {
-        "no kernel that meets the policy lacks a verification of this width: nothing to queue"
-            .to_string()
-    } else if let Some(full) = &r.queue_full {
-        format!("not every verification was queued: {full}")
-    } else {
-        format!(
-            "verifications of cols={} are pending for {}: poll each job_url, then GET /v1/resolve again once it is done",
-            query.cols,
-            r.queued_jobs
-                .iter()
-                .map(|j| format!("{} (job {})", j.kernel, j.job_url))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    };
-    Ok((
-        status,
-        Json(serde_json::json!({
-            "detail": detail,
-            "queued_jobs": r.queued_jobs,
-            "queue_full": r.queue_full,
-            "unverified_width": r.unverified_width,
-            "excluded": r.excluded,
-        })),
-    )
-        .into_response())
-}
-
-/// `object` (the JSON text of a non-empty object) with `field` set to `value` appended.
-fn with_field(object: &[u8], field: &str, value: &impl serde::Serialize) -> Bytes {
-    let mut out = Vec::with_capacity(object.len() + 512);
-    out.extend_from_slice(object.strip_suffix(b"}").expect("a JSON object"));
-    out.push(b',');
-    serde_json::to_writer(&mut out, field).expect("a key serialises");
-    out.push(b':');
-    serde_json::to_writer(&mut out, value).expect("a value serialises");
-    out.push(b'}');
-    Bytes::from(out)
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_field_appended_to_an_object_reads_back() {
-        let text = serde_json::to_vec(&serde_json::json!({"a": 1, "b": [2]})).unwrap();
-        let out = super::with_field(&text, "c", &serde_json::json!({"d": "e\"}"}));
-        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
-        assert_eq!(v, serde_json::json!({"a": 1, "b": [2], "c": {"d": "e\"}"}}));
-    }
+    let (status, body) = st.resolver().request_verifications(&query, actor).await?;
+    Ok((status, Json(body)).into_response())
 }

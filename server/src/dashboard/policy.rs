@@ -1,12 +1,12 @@
 //! `/policy`: the policy explorer. For a policy, dtype, arch and shape, what every op resolves
-//! to and why each other kernel is out — computed by `resolve::resolve` from a query parsed by
+//! to and why each other kernel is out — computed by `resolve::Resolver::explain` from a query parsed by
 //! `api::resolve::parse_query`, so it is the answer `/v1/resolve` gives. It resolves across
 //! runtimes by default (`runtime=any`: CUDA kernels and Python candidates compete); `runtime=cuda`
 //! shows what a client that did not opt in to Python candidates gets.
 
 use super::{class_badge, date, gbps, kernel_href, layout, roofline, Nav, PageError};
 use crate::api::resolve::parse_query;
-use crate::resolve::{resolve, Resolution};
+use crate::resolve::Resolution;
 use crate::state::{AppState, Caller};
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
@@ -87,7 +87,7 @@ pub async fn page(
                 // The same 400 text the API gives; it does not depend on the op.
                 Err(e) => return Ok(render(&form, Err(e.detail))),
             };
-            let r = resolve(&st.store, &query).await?;
+            let r = st.resolver().explain(&query).await?;
             answers.push((op, *sem, api_url(&q), r));
         }
     }
