@@ -49,7 +49,10 @@ import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "python"))
 import eager_order as EO  # noqa: E402  (the verified CPU emulators of eager's row orders)
+# the manifest's launch rule as the client computes it (checked against the hub's)
+from kernelize.digest import launch_dims, parse_manifest_toml  # noqa: E402
 DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 ROWWISE = {"rms_norm", "fused_add_rms_norm", "layer_norm"}
 # the gated ops: act(gate) * up on two tensors (the activation per op)
@@ -120,12 +123,12 @@ class Kernel:
         self.dir = d
         with open(os.path.join(d, "kernel.toml"), "rb") as f:
             self.m = tomllib.load(f)
+        with open(os.path.join(d, "kernel.toml"), encoding="utf-8") as f:
+            self.manifest = parse_manifest_toml(f.read())
         self.name = self.m["name"]
         self.op = self.m["op"]
         self.sem = self.m.get("semantics", "default")
         self.entries = self.m["entry"]
-        lr = self.m["launch"]
-        self.rules = lr if isinstance(lr, list) else [lr]
         with open(os.path.join(d, self.m["source"])) as f:
             self.src = f.read()
         self.exact = "KNOWN-DIFFERENT" not in self.m["description"]
@@ -145,26 +148,10 @@ class Kernel:
             _cu(CUDA.cuModuleGetFunction(ctypes.byref(fn), mod, sym.encode()), f"{self.name}: get {sym}")
             self.funcs[dt] = fn
 
-    def rule(self, cols):
-        for r in self.rules:
-            if r.get("cols_max") is None or cols <= r["cols_max"]:
-                return r
-        return self.rules[-1]
-
     def dims(self, rows, cols, sms):
-        r = self.rule(cols)
-        b = r["block"]
-        block = [b, 1, 1] if isinstance(b, int) else (list(b) + [1, 1, 1])[:3]
-        threads = block[0] * block[1] * block[2]
-        g = r["grid"]
-        if g == "per_row":
-            blocks = -(-rows // r.get("rows_per_block", 1))
-        elif g == "per_element":
-            blocks = -(-(rows * cols) // (threads * r.get("elements_per_thread", 1)))
-        else:
-            blocks = r["blocks_per_sm"] * sms
-        smem = r.get("smem_bytes", 0) + r.get("smem_bytes_per_col", 0) * cols
-        return [max(blocks, 1), 1, 1], block, smem
+        """The manifest's launch rule (kernelize.digest.launch_dims, the client's: one rule)."""
+        grid, block, smem = launch_dims(self.manifest, rows, cols, sms)
+        return list(grid), list(block), smem
 
     def launcher(self, dt, args, rows, cols, sms):
         """Return a zero-argument function launching the kernel on the current stream."""

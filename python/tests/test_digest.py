@@ -150,3 +150,23 @@ def test_op_lists_are_the_registrys():
     assert set(digest.ROWWISE_OPS) == {op for op, a in abi.items() if a["rowwise"]}
     assert {op: list(digest.SEMANTICS.get(op, ("default",))) for op in abi} == {
         op: a["semantics"] for op, a in abi.items()}
+
+
+LAUNCH = json.loads((Path(__file__).parent / "fixtures" / "launch_dims.json").read_text(encoding="utf-8"))["cases"]
+
+
+@pytest.mark.parametrize("case", LAUNCH, ids=[c["name"] for c in LAUNCH])
+def test_launch_dims_are_the_registrys_for_every_bundled_kernel(case):
+    # python/tests/fixtures/launch_dims.json: Manifest::launch_dims (the rule's one home) for
+    # every bundled CUDA kernel at decode to large rows, both sides of each cols_max, two SM
+    # counts; the client's launch_dims (scripts/bench_kernels.py launches with it too) agrees
+    m = parse_manifest_toml(case["manifest_toml"])
+    assert len(case["dims"]) >= 70
+    for key, want in case["dims"].items():
+        rows, cols, sms = (int(v) for v in key.split(","))
+        if isinstance(want, str):
+            with pytest.raises(ValueError):
+                launch_dims(m, rows, cols, sms)
+            continue
+        grid, block, smem = launch_dims(m, rows, cols, sms)
+        assert [list(grid), list(block), smem] == want, (case["name"], key)

@@ -1048,3 +1048,60 @@ fn backward_digest_fixture_is_current() {
         + "\n";
     crate::fixtures::check_current("backward_digests.json", &want, "backward_digest_fixture");
 }
+
+/// `python/tests/fixtures/launch_dims.json`: every bundled CUDA kernel's launch rule
+/// (`Manifest::launch_dims`, the one home of the arithmetic) at shapes on both sides of its
+/// rules' `cols_max`, decode to large rows, two SM counts: the Python client's
+/// `kernelize.digest.launch_dims` (which scripts/bench_kernels.py launches with) must agree
+/// (`KERNELIZE_UPDATE_FIXTURES=1` rewrites it).
+#[test]
+fn launch_fixture_is_current() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels");
+    let mut dirs: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("kernel.toml").is_file())
+        .collect();
+    dirs.sort();
+    let mut cases = Vec::new();
+    for d in dirs {
+        let toml = std::fs::read_to_string(d.join("kernel.toml")).unwrap();
+        let m = Manifest::parse(&toml).unwrap();
+        if m.runtime != crate::Runtime::Cuda || m.op.is_backward() {
+            continue;
+        }
+        let mut cols: Vec<u64> = vec![1, 64, 1001, 4096, 8192, 16384, 65536];
+        for r in &m.launch {
+            if let Some(c) = r.cols_max {
+                cols.extend([c, c + 1]);
+            }
+        }
+        cols.sort_unstable();
+        cols.dedup();
+        let mut dims = serde_json::Map::new();
+        for sms in [132u32, 114] {
+            for rows in [1u64, 3, 64, 4096, 32768] {
+                for &c in &cols {
+                    let v = match m.launch_dims(rows, c, sms) {
+                        Ok(d) => serde_json::json!([d.grid, d.block, d.shared_mem_bytes]),
+                        Err(e) => serde_json::json!(e),
+                    };
+                    dims.insert(format!("{rows},{c},{sms}"), v);
+                }
+            }
+        }
+        cases.push(serde_json::json!({
+            "name": m.name,
+            "manifest_toml": toml,
+            "dims": dims,
+        }));
+    }
+    assert!(cases.len() >= 10, "{} bundled CUDA kernels", cases.len());
+    let want = serde_json::to_string_pretty(&serde_json::json!({
+        "comment": "Written by kernel-registry's test manifest::tests::launch_fixture_is_current from every bundled CUDA kernel's kernel.toml: \"rows,cols,sms\": [grid, block, dynamic shared memory] (Manifest::launch_dims) or its refusal; do not edit: run KERNELIZE_UPDATE_FIXTURES=1 cargo test -p kernel-registry launch_fixture",
+        "cases": cases,
+    }))
+    .unwrap()
+        + "\n";
+    crate::fixtures::check_current("launch_dims.json", &want, "launch_fixture");
+}
