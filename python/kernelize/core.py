@@ -570,13 +570,20 @@ def lock(model: nn.Module, hub: str, path: str | os.PathLike = "kernelize.lock.j
     arch = _arch_of(_cuda_device(model, device), arch)
     _, cache, plan = _resolve_all(model, src, policy, arch, dtype, fuse_gated_mlp)
     if mode == "training":
-        for s, key, res, _, _ in plan:
-            bop = _BACKWARD_OF.get((s.op, s.semantics))
-            if bop and res.kernel is not None:
-                bkey = Key(bop, s.semantics, key.dtype, arch, key.cols, policy)
-                if bkey not in cache:
-                    cache[bkey] = src.resolve(bkey)
+        _pin_backward(plan, cache, src, policy, arch)
     return write_lock(path, src.url, cache, trusted_keys=trusted_keys)
+
+
+def _pin_backward(plan: list, cache: dict, src, policy: str, arch: str) -> None:
+    """Training mode's lock: add to `cache` the hub's answer for the backward kernel of every
+    layer of `plan` that has a forward kernel and a backward op (rms_norm_backward at each
+    rms_norm (llama) layer's dtype and width), kernel or reasons."""
+    for s, key, res, _, _ in plan:
+        bop = _BACKWARD_OF.get((s.op, s.semantics))
+        if bop and res.kernel is not None:
+            bkey = Key(bop, s.semantics, key.dtype, arch, key.cols, policy)
+            if bkey not in cache:
+                cache[bkey] = src.resolve(bkey)
 
 
 def unkernelize(model: nn.Module) -> int:

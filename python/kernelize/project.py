@@ -12,6 +12,7 @@ the same table):
     dtypes = ["bf16"]            # default: each model's own dtype
     arch = "sm_90"               # default: this machine's GPU
     policy = "bit_exact"
+    mode = "inference"           # or "training": also pin each layer's backward kernel
     lock = "kernelize.lock.json"
     trusted_keys = "kernels/certificates/trusted-keys.txt"   # optional: certified kernels only
 
@@ -40,7 +41,7 @@ except ImportError:  # pragma: no cover - Python 3.10
 
 TABLE = "tool.kernelize"
 KEYS = {"hub": str, "models": list, "dtypes": list, "arch": str, "policy": str, "lock": str,
-        "trusted_keys": str}
+        "trusted_keys": str, "mode": str}
 BY_NAME = {name: dt for dt, name in TORCH_DTYPES.items()}   # "bf16" -> torch.bfloat16
 
 
@@ -76,6 +77,12 @@ def read_project(path: str | Path) -> dict[str, Any]:
     for d in table.get("dtypes", []):
         if d not in BY_NAME:
             raise ProjectError(f"{p}: [{TABLE}] dtypes: {d!r} is not one of {', '.join(BY_NAME)}")
+    if "mode" in table:
+        from .core import _check_mode
+        try:
+            _check_mode(table["mode"], False)
+        except ValueError as e:
+            raise ProjectError(f"{p}: [{TABLE}] {e}") from None
     return table
 
 
@@ -105,7 +112,7 @@ def build_model(ref: str, dtype: str | None, base: Path) -> tuple[Any, str]:
 
 def lock_project(table: dict[str, Any], base: Path, out: Path, log=print) -> dict:
     """Resolve every model of `table` for every dtype and write one lock at `out`."""
-    from .core import _arch_of, _resolve_all
+    from .core import _arch_of, _check_mode, _pin_backward, _resolve_all
     from .sources import HubSource, write_lock
     if not table.get("models"):
         raise ProjectError(f"[{TABLE}] models is empty: name the models to lock")
@@ -121,14 +128,23 @@ def lock_project(table: dict[str, Any], base: Path, out: Path, log=print) -> dic
     src = HubSource(table["hub"], trusted_keys=keys)
     arch = _arch_of(_cuda_device_or_none(), table.get("arch"))
     policy = table.get("policy", "bit_exact")
+    mode, _ = _check_mode(table.get("mode", "inference"), False)
     merged: dict = {}
     for ref in table["models"]:
         for dt in table.get("dtypes") or [None]:
             model, used = build_model(ref, dt, base)
             found, cache, plan = _resolve_all(model, src, policy, arch, used)
             pinned = sum(1 for _, _, r, _, _ in plan if r is not None and r.kernel is not None)
+            extra = ""
+            if mode == "training":
+                before = len(cache)
+                _pin_backward(plan, cache, src, policy, arch)
+                with_bwd = sum(1 for k, r in cache.items()
+                               if k.op.endswith("_backward") and r.kernel is not None)
+                extra = (f"; training: {len(cache) - before} backward resolution(s), "
+                         f"{with_bwd} with a kernel")
             log(f"{ref} ({used}): {len(found.sites)} layers, {pinned} with a kernel "
-                f"meeting {policy} on {arch}")
+                f"meeting {policy} on {arch}{extra}")
             merged.update(cache)
             del model
     data = write_lock(out, src.url, merged, trusted_keys=keys)
@@ -156,13 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arch", help="the GPU architecture to lock for, e.g. sm_90 (default: the "
                                   "project's, else this machine's GPU)")
     p.add_argument("--policy", help="the exactness policy (default: the project's, else bit_exact)")
+    p.add_argument("--mode", help="inference, or training to pin each layer's backward kernel too "
+                                  "(default: the project's, else inference)")
     p.add_argument("--out", help="the lock file (default: the project's `lock`, else "
                                  "kernelize.lock.json beside the project file)")
     a = p.parse_args(argv)
     try:
         project = Path(a.project)
         table = read_project(project)
-        for k in ("hub", "arch", "policy"):
+        for k in ("hub", "arch", "policy", "mode"):
             if getattr(a, k):
                 table[k] = getattr(a, k)
         base = project.resolve().parent

@@ -1,5 +1,6 @@
 """`kernelize lock` (python -m kernelize.project): one lock for a project's models, read from
 its [tool.kernelize] table, resolved against a real hub, used offline."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -78,3 +79,41 @@ lock = "locks/kernelize.lock.json"
         pinned += [d for _, d in _by_path(offline).values() if d]
     # the bundled kernels meet bit_exact on sm_90 at some of these layers out of the box
     assert pinned
+
+
+def test_a_training_projects_lock_pins_the_backward_answers(fresh_hub, tmp_path):
+    # mode = "training": each rms_norm (llama) layer's backward resolution is pinned too (today
+    # the hub verifies none: its reasons are), so training mode reads it offline
+    import torch
+    import transformers
+    ref = MODELS[0]
+    toml = _write(tmp_path / "pyproject.toml", f"""
+[tool.kernelize]
+hub = "{fresh_hub.url}"
+models = ["{ref}"]
+dtypes = ["bf16"]
+arch = "sm_90"
+mode = "training"
+""")
+    r = subprocess.run([sys.executable, "-m", "kernelize.project", "lock", "--project", str(toml)],
+                       capture_output=True, text=True, cwd=tmp_path,
+                       env={"PYTHONPATH": str(REPO / "python"), "PATH": "/usr/bin:/bin",
+                            "HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "training: " in r.stdout and "backward resolution(s), 0 with a kernel" in r.stdout, r.stdout
+    data = json.loads((tmp_path / "kernelize.lock.json").read_text())
+    bwd = [e for e in data["resolutions"] if e["op"] == "rms_norm_backward"]
+    assert bwd and all(e["digest"] is None and e["excluded"] for e in bwd)
+    model = transformers.AutoModelForCausalLM.from_pretrained(ref).to(torch.bfloat16).eval()
+    rep = kernelize.kernelize(model, lock=tmp_path / "kernelize.lock.json", arch="sm_90",
+                              verbose=False, mode="training")
+    norms = [e for e in rep.entries if e.op == "rms_norm"]
+    assert norms and all(e.backward is None and e.backward_reasons for e in norms)
+    assert not [w for e in norms for w in e.backward_reasons if "not in lock" in w]
+    # an unknown mode in the project file is refused naming the key
+    bad = _write(tmp_path / "bad.toml", toml.read_text().replace('"training"', '"train"'))
+    r = subprocess.run([sys.executable, "-m", "kernelize.project", "lock", "--project", str(bad)],
+                       capture_output=True, text=True, cwd=tmp_path,
+                       env={"PYTHONPATH": str(REPO / "python"), "PATH": "/usr/bin:/bin",
+                            "HOME": str(tmp_path)})
+    assert r.returncode == 2 and "mode='train' is not a kernelize mode" in r.stderr, r.stderr
