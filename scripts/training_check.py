@@ -19,6 +19,10 @@ backward kernels; models/tiny-gpt2: LayerNorm, no backward op, so its layers kee
 forward under autograd) and dtype: two copies from the same weights, one `kernelize(...,
 mode="training")`, both trained with AdamW on the same batches of models/corpus.txt (bytes as
 tokens, as the models were trained); per step the loss bits, at the end every parameter's bits.
+Eager must be reproducible for the comparison to mean anything: attention runs HF's eager
+implementation, torch's deterministic algorithms are on (CUBLAS_WORKSPACE_CONFIG set), and a
+second eager copy is trained too: its losses and parameters against the first are the control
+(`eager_repeat_*`, which must be 0).
 Time: median CUDA-event time of a step (forward, backward, optimizer) after 3 warm-up steps,
 both in the same process. Writes OUT_DIR/training_check.json and a table; exit 1 when any loss
 or parameter differs (or anything raised).
@@ -40,6 +44,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+# deterministic cuBLAS (before CUDA starts): eager's own bits must repeat
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import kernelize  # noqa: E402
 from kernelize.digest import BACKWARD_OPS  # noqa: E402
@@ -116,21 +122,29 @@ def check(model_name: str, dtype: str, steps: int, kdir: str, device, dry: bool)
     import transformers
     path = os.path.join(ROOT, "models", model_name)
     t = DTYPES[dtype]
-    eager = transformers.AutoModelForCausalLM.from_pretrained(path).to(device=device, dtype=t).train()
-    kz = transformers.AutoModelForCausalLM.from_pretrained(path).to(device=device, dtype=t).train()
+    def load():
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            path, attn_implementation="eager").to(device=device, dtype=t).train()
+    eager, again, kz = load(), load(), load()
     rep = kernelize.kernelize(kz, kernels_dir=kdir, mode="training", verbose=False,
                               **({"device": "cpu", "swap": False, "arch": "sm_90"} if dry else {}))
     data = batches(steps, 4, 64, device)
     cuda = device.type == "cuda"
     le, be, te = train(eager, data, 1e-3, 3, cuda)
+    _, ba, _ = train(again, data, 1e-3, 3, cuda)
     lk, bk, tk = train(kz, data, 1e-3, 3, cuda)
-    loss_diff = [i for i, (a, b) in enumerate(zip(be, bk)) if a != b]
     params = dict(eager.named_parameters())
-    differ = {}
-    for n, p in kz.named_parameters():
-        d = int((bits(p) != bits(params[n])).sum())
-        if d:
-            differ[n] = d
+
+    def differing(model) -> dict:
+        out = {}
+        for n, p in model.named_parameters():
+            d = int((bits(p) != bits(params[n])).sum())
+            if d:
+                out[n] = d
+        return out
+    loss_diff = [i for i, (a, b) in enumerate(zip(be, bk)) if a != b]
+    differ = differing(kz)
+    control = ([i for i, (a, b) in enumerate(zip(be, ba)) if a != b], differing(again))
     out = {
         "model": model_name, "dtype": dtype, "steps": steps,
         "replaced": [e.path for e in rep.replaced],
@@ -139,10 +153,12 @@ def check(model_name: str, dtype: str, steps: int, kdir: str, device, dry: bool)
         "losses_eager": le, "losses_kernelized": lk,
         "loss_steps_differing": loss_diff,
         "parameters_differing": differ,
+        "eager_repeat_loss_steps_differing": control[0],
+        "eager_repeat_parameters_differing": control[1],
         "step_ms_eager": statistics.median(te) if te else None,
         "step_ms_kernelized": statistics.median(tk) if tk else None,
     }
-    out["ok"] = not loss_diff and not differ
+    out["ok"] = not loss_diff and not differ and not control[0] and not control[1]
     return out
 
 
@@ -160,6 +176,7 @@ def main() -> int:
         print("no CUDA device: run on the GPU machine, or pass --dry-run", file=sys.stderr)
         return 2
     device = torch.device("cpu") if dry else torch.device("cuda", torch.cuda.current_device())
+    torch.use_deterministic_algorithms(True, warn_only=True)
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "torch": torch.__version__, "python": platform.python_version(), "dry_run": dry,
            "device": torch.cuda.get_device_name(device) if not dry else "cpu"}
@@ -182,12 +199,13 @@ def main() -> int:
     with open(os.path.join(a.out, "training_check.json"), "w") as f:
         json.dump({"env": env, "rows": rows, "errors": errors}, f, indent=1)
     print(json.dumps(env))
-    print("| model | dtype | layers replaced (with a backward kernel) | loss steps differing | parameters differing | step ms eager | step ms kernelized |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| model | dtype | layers replaced (with a backward kernel) | loss steps differing | parameters differing | eager vs eager (control) | step ms eager | step ms kernelized |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         fmt = lambda v: f"{v:.2f}" if isinstance(v, float) else "-"  # noqa: E731
         print(f"| {r['model']} | {r['dtype']} | {len(r['replaced'])} ({len(r['with_backward'])}) | "
               f"{len(r['loss_steps_differing'])} of {r['steps']} | {sum(r['parameters_differing'].values())} | "
+              f"{len(r['eager_repeat_loss_steps_differing'])}, {sum(r['eager_repeat_parameters_differing'].values())} | "
               f"{fmt(r['step_ms_eager'])} | {fmt(r['step_ms_kernelized'])} |")
     ok = not errors and all(r["ok"] for r in rows)
     print("ALL BIT-IDENTICAL" if ok else "DIFFERENCES OR ERRORS (see training_check.json)")
