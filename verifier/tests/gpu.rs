@@ -65,6 +65,14 @@ fn backward_bundle(variant: &str) -> Result<KernelBundle, String> {
             "const KbColCfg c = kb_col_cfg(rows, cols, 100, tps);",
             2,
         )?,
+        // dw left unwritten when it starts 16 bytes past a 256-byte boundary: right at every
+        // fresh allocation, wrong in a user's view of a larger buffer
+        "dw_at_offset_16" => mutate(
+            &mut src,
+            "    kb_dw<T>(dw, ws, rows, cols, sms, tps);",
+            "    if (((unsigned long long)dw & 255) == 16) return;                                        \\\n    kb_dw<T>(dw, ws, rows, cols, sms, tps);",
+            1,
+        )?,
         other => return Err(format!("no backward variant `{other}`")),
     }
     let op = kernel_registry::Op::RmsNormBackward;
@@ -445,6 +453,18 @@ fn main() -> ExitCode {
                     early.map(|c| &c.id)
                 )),
             }
+        }),
+        ("backward/dw_at_offset_16", |r| {
+            if let Some(c) = r.cases.iter().find(|c| mismatched(c)) {
+                return Err(format!(
+                    "{} mismatched at the fresh allocations: the trick should show only at other addresses",
+                    c.id
+                ));
+            }
+            if r.summary.overall.class != ExactnessClass::Fails {
+                return Err(format!("classified {}", r.summary.overall.class));
+            }
+            any_integrity(r, ADDRESS_REASON)
         }),
         ("kernels/silu_mul", bundled_exact),
         ("kernels/gelu_tanh_mul", bundled_exact),

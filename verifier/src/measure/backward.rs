@@ -9,13 +9,18 @@
 //! of dx and dw written, the guards of all six buffers, inputs unchanged, a time limit per
 //! launch); speed (the whole sequence, every timed run's gradients checked on the GPU).
 //!
-//! Not yet: address placements (the forward's `address` cases) and batch invariance of dx.
+//! Address cases as the forward's (`address::plan`): a deterministic kernel's call with the six
+//! buffers at every placement, its gradients equal to call 1's, inputs unchanged, guards intact.
+//!
+//! Not yet: batch invariance of dx.
 
+use super::address::{self, Difference, Placement, PERIOD};
 use super::poison::{self, Poison};
 use super::{determinism, integrity::unwritten_line, speed, CaseRun, Kern, Tools};
 use crate::abi::{reference_digest, reference_stage_symbol, stage_args, BackwardPtrs, Bufs};
+use crate::cases::HostTensor;
 use crate::cases::{self, CaseSpec};
-use crate::cuda::{Arg, DevBuf, Gpu, Launch};
+use crate::cuda::{guard_byte, Arg, DevBuf, Gpu, Launch};
 use crate::exec::{ExecError, Limits};
 use crate::numeric::{combine, compare, worst};
 use crate::oracle;
@@ -310,6 +315,17 @@ pub(crate) fn run_case(
         ));
     }
 
+    // Address cases: a deterministic kernel's gradients wherever its buffers lie.
+    if deterministic {
+        let inputs = [
+            (dy_host, &dy),
+            (&inp.x, &run.bufs.x),
+            (inp.weight.as_ref().expect("w"), w),
+        ];
+        let sizes = [out.dx.bytes, out.dw.bytes, out.ws.bytes];
+        integrity.extend(placements(&run, &cand, dev, inputs, sizes, &got[0])?);
+    }
+
     // 5. Exactness per gradient (the worst call when they differ), and their combination.
     let grad = |k: usize, which: fn(&Grads) -> &Vec<u8>, refr: &[u8]| {
         let calls = got.iter().chain(std::iter::once(&regridded));
@@ -397,4 +413,107 @@ pub(crate) fn run_case(
         gradients,
         ..cases::case_skeleton(spec, CaseStatus::Ran, None)
     })
+}
+
+/// The buffers of a backward call in the order the address cases place them.
+const PLACED: [&str; 6] = ["dx", "dw", "ws", "dy", "x", "w"];
+
+/// At most this many lines of guard or input failures at placed addresses per case.
+const MAX_OTHER_LINES: usize = 4;
+
+/// The address cases of a backward call (`address::plan` over its six buffers): at each
+/// placement the gradients poisoned, the workspace poisoned, the inputs copied, one call of
+/// `entries`; then the gradients must hold `want`'s bits (call 1's at fresh allocations), the
+/// inputs theirs, and every guard region its bytes. Returns the integrity failures: one line
+/// for gradients that depend on the address (the first placement that differed, how many
+/// did), and up to `MAX_OTHER_LINES` for inputs modified or guards written at a placement.
+fn placements(
+    run: &CaseRun<'_>,
+    entries: &[Entry],
+    dev: DeviceShape,
+    inputs: [(&HostTensor, &DevBuf); 3],
+    out_bytes: [usize; 3],
+    want: &Grads,
+) -> Result<Vec<String>, ExecError> {
+    let (gpu, spec) = (run.gpu, run.spec);
+    let sizes = [
+        out_bytes[0],
+        out_bytes[1],
+        out_bytes[2],
+        inputs[0].1.bytes,
+        inputs[1].1.bytes,
+        inputs[2].1.bytes,
+    ];
+    let mut placed: Vec<DevBuf> = sizes
+        .iter()
+        .map(|&b| gpu.alloc_placed(b, PERIOD))
+        .collect::<Result<_, _>>()?;
+    let plan = address::plan(PLACED.len());
+    let mut first: Option<(Placement, Vec<Difference>)> = None;
+    let mut differing = 0usize;
+    let mut other: Vec<String> = Vec::new();
+    for p in &plan {
+        for (i, (buf, &residue)) in placed.iter_mut().zip(&p.at).enumerate() {
+            buf.place(residue, PERIOD);
+            gpu.fill_allocation(buf, guard_byte())?;
+            match i.checked_sub(3) {
+                Some(k) => gpu.copy(buf, inputs[k].1)?,
+                None => {
+                    let q = Poison::fresh();
+                    gpu.fill_pattern(run.tools.fill, buf, q.key, q.invert)?;
+                }
+            }
+        }
+        let ptrs = BackwardPtrs {
+            dx: placed[0].ptr(),
+            dw: placed[1].ptr(),
+            ws: placed[2].ptr(),
+            dy: placed[3].ptr(),
+            x: placed[4].ptr(),
+            w: placed[5].ptr(),
+        };
+        call(run, entries, ptrs, dev, None)?;
+        let mut diffs = Vec::new();
+        for (i, expected) in [(0, &want.0), (1, &want.1)] {
+            if !run.holds(&placed[i], expected)? {
+                let now = gpu.download_vec(&placed[i])?;
+                diffs.extend(Difference::of(PLACED[i], spec.dtype, &now, expected));
+            }
+        }
+        let at = address::describe(&PLACED, p);
+        for (k, (host, _)) in inputs.iter().enumerate() {
+            if !run.holds(&placed[3 + k], &host.bytes)? {
+                other.push(format!(
+                    "with {at}: input {} was modified by the kernel",
+                    PLACED[3 + k]
+                ));
+            }
+        }
+        for (i, buf) in placed.iter().enumerate() {
+            for g in gpu.check_guards(buf)? {
+                other.push(format!("with {at}: {}: {g}", PLACED[i]));
+            }
+        }
+        if !diffs.is_empty() {
+            differing += 1;
+            if first.is_none() {
+                first = Some((p.clone(), diffs));
+            }
+        }
+    }
+    let mut out: Vec<String> = first
+        .iter()
+        .map(|(p, d)| {
+            address::address_line(&PLACED, (p, d.as_slice()), differing, plan.len(), spec.cols)
+        })
+        .collect();
+    let more = other.len().saturating_sub(MAX_OTHER_LINES);
+    other.truncate(MAX_OTHER_LINES);
+    out.extend(other);
+    if more > 0 {
+        out.push(format!(
+            "{more} more input or guard failure(s) at placed addresses"
+        ));
+    }
+    Ok(out)
 }
