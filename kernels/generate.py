@@ -16,6 +16,7 @@ server/tests/bundled.rs) fail until both are done.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import textwrap
@@ -110,21 +111,13 @@ CAPABILITIES = {
     "canonical": [("trap", "traps (__trap) when launched with a block shape other than the manifest's launch rules give")],
 }
 
-# The ABI of each op (docs/spec.md section 2): the entry's parameters and the engine call's arguments.
-SIGS = {
-    "rms_norm": ("T* out, const T* x, const T* w, long long rows, long long cols, float eps", "out, x, w, rows, cols, eps"),
-    "fused_add_rms_norm": ("T* out, T* residual, const T* x, const T* w, long long rows, long long cols, float eps",
-                           "out, residual, x, w, rows, cols, eps"),
-    "layer_norm": ("T* out, const T* x, const T* w, const T* b, long long rows, long long cols, float eps",
-                   "out, x, w, b, rows, cols, eps"),
-    "silu": ("T* out, const T* x, long long n", "out, x, n"),
-    "gelu": ("T* out, const T* x, long long n", "out, x, n"),
-    "gelu_tanh": ("T* out, const T* x, long long n", "out, x, n"),
-    "silu_and_mul": ("T* out, const T* x, long long rows, long long cols", "out, x, rows, cols"),
-    "silu_mul": ("T* out, const T* gate, const T* up, long long rows, long long cols", "out, gate, up, rows, cols"),
-    "gelu_tanh_mul": ("T* out, const T* gate, const T* up, long long rows, long long cols",
-                      "out, gate, up, rows, cols"),
-}
+# The ABI of each op (docs/spec.md section 2): the entry's parameters and the engine call's
+# arguments (the parameters' names), read from the registry's export of `Op::stages`
+# (python/tests/fixtures/abi.json, written and kept current by a kernel-registry test); the
+# forward ops only (a backward op's entries are written by hand: kernels/backward/).
+_ABI = json.loads(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests",
+                                    "fixtures", "abi.json"), encoding="utf-8").read())["ops"]
+SIGS = {op: (a["abi"], ", ".join(a["params"])) for op, a in _ABI.items()}
 # Row kernels leave the other dtypes' entries out of a module compiled with
 # -DKERNELIZE_DTYPE_<DT> (docs/manifest.md): a third of NVRTC's time per module.
 ROW_OPS = {"rms_norm", "fused_add_rms_norm", "layer_norm"}

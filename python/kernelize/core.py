@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from . import launch as L
 from . import ops
 from . import training as _training
-from .digest import check_digest, not_applicable
+from .digest import BACKWARD_OF, check_digest, not_applicable
 from .discover import TORCH_DTYPES, Discovery, Site, discover
 from .sources import DirSource, HubSource, Key, LockSource, Resolution, Resolved, write_lock
 
@@ -371,9 +371,9 @@ def _check_mode(mode: Any, compile: bool | str) -> tuple[str, bool | str]:
     return name, compile
 
 
-# Forward (op, semantics) -> its backward op (docs/spec.md section 2c): the ops a training-mode
-# layer can get a backward kernel for.
-_BACKWARD_OF = {("rms_norm", "llama"): "rms_norm_backward"}
+# Forward (op, semantics) -> its backward op (docs/spec.md section 2c; kernelize.digest's table,
+# checked against the registry's): the ops a training-mode layer can get a backward kernel for.
+_BACKWARD_OF = BACKWARD_OF
 
 
 def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str) -> list[str]:

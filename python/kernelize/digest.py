@@ -41,6 +41,9 @@ SEMANTICS = {"rms_norm": ("llama", "gemma", "torch"), "rms_norm_backward": ("lla
 # kernel-registry's backward ops (docs/spec.md section 2c) and their entries (`Op::stages`, in
 # launch order; python/tests/fixtures/abi.json's `backward_ops` is checked against it).
 BACKWARD_OPS = {"rms_norm_backward": ("dx", "dwp", "dw")}
+# (forward op, semantics) -> its backward op (`Op::forward` read the other way; checked against
+# abi.json's `backward_ops` too): what a training-mode layer can get a backward kernel for.
+BACKWARD_OF = {("rms_norm", "llama"): "rms_norm_backward"}
 DTYPES = ("bf16", "f16", "f32")  # BTreeMap<DType, _> order (enum declaration order)
 ROWWISE_OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "silu_and_mul", "silu_mul",
                "gelu_tanh_mul")

@@ -54,6 +54,8 @@ def test_the_backward_ops_are_the_registrys():
 def test_the_digest_knows_the_backward_entries():
     from kernelize import digest
     ops = ABI["backward_ops"]
+    # the client's map from a forward (op, semantics) to its backward op is Op::forward's
+    assert digest.BACKWARD_OF == {(a["forward"], sem): op for op, a in ops.items() for sem in a["semantics"]}
     assert {op: tuple(s["name"] for s in a["stages"]) for op, a in ops.items()} == digest.BACKWARD_OPS
     assert {op: list(digest.SEMANTICS[op]) for op in ops} == {op: a["semantics"] for op, a in ops.items()}
 

@@ -99,12 +99,17 @@ def test_check_names_the_file_that_differs(tmp_path):
 
 
 def test_the_generator_spells_the_abi_as_the_registry():
-    # python/tests/fixtures/abi.json is written from kernel-registry's Op::abi by a Rust test.
+    # python/tests/fixtures/abi.json is written from kernel-registry's Op::abi by a Rust test;
+    # the generator reads its entries' parameters there, and every bundled kernel.cu it wrote
+    # spells each dtype's entry with them (T the dtype's C type).
     abi = json.loads((REPO / "python" / "tests" / "fixtures" / "abi.json").read_text(encoding="utf-8"))["ops"]
     assert set(GEN.SIGS) == set(abi), "kernels/generate.py's SIGS and Op::ALL list other ops"
-    for op, (params, args) in GEN.SIGS.items():
-        assert params == abi[op]["abi"], f"{op}: the generator's entry parameters are not Op::abi"
-        assert [a.strip() for a in args.split(",")] == abi[op]["params"], op
+    ctype = {"bf16": "__nv_bfloat16", "f16": "__half", "f32": "float"}
+    for k in GEN.KERNELS:
+        src = (REPO / "kernels" / k.name / "kernel.cu").read_text(encoding="utf-8")
+        for dt, c in ctype.items():
+            params = abi[k.op]["abi"].replace("T*", f"{c}*")
+            assert f" {k.name}_{dt}({params}) {{" in src, f"{k.name}_{dt} does not take Op::abi's parameters"
     for k in GEN.KERNELS:
         # the engine call gets the entry's parameters (nullptr where an order takes more)
         assert k.op in abi and (k.semantics or "default") in abi[k.op]["semantics"], k.name
