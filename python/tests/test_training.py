@@ -327,6 +327,26 @@ def test_training_mode_runs_the_kernels_under_autograd_and_the_gradients_are_eag
     assert kernelize.unkernelize(m) == 5 + 0 and "_kz_bwd" not in m.model.norm.__dict__
 
 
+def test_a_pickled_training_model_loads_both_kernels_again_and_trains_with_them(kernels, gpu_faked):
+    # torch.save / pickle: the loading process loads the forward and the backward kernel again
+    # from the manifests and sources the layers carry (digests checked) and trains with them
+    import pickle
+    ref, m = _llama(), _llama()
+    ids = torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(3))
+    want = _grads(ref, ids)
+    _kz(m, kernels_dir=kernels, mode="training")
+    loads = len(gpu_faked.loaded)
+    twin = pickle.loads(pickle.dumps(m))
+    assert len(gpu_faked.loaded) == loads + 5, "each norm's backward kernel is loaded again"
+    assert twin.model.norm.__dict__["_kernelize_backward"].name == "rms_norm_llama_backward"
+    before = len(gpu_faked.calls)
+    got = _grads(twin, ids)
+    assert gpu_faked.stages()[before:] == ["dx", "dwp", "dw"] * 5
+    for n in want:
+        assert torch.equal(got[n], want[n]), n
+    assert kernelize.launch_counts(twin) == {p: 1 for p in NORMS}
+
+
 def test_gradients_from_the_cuda_order_emulator_match_eager_autograd(kernels, gpu_faked):
     # f32: the emulator's CUDA reduction orders differ from the CPU's by a few ulps only
     gpu_faked.grads = _emulated_grads
