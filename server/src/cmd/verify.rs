@@ -311,6 +311,15 @@ pub fn render_report(r: &VerificationReport) -> String {
             if v.integrity_ok { "ok" } else { "FAILS" },
             v.describe()
         ));
+        if !v.per_gradient.is_empty() {
+            // a backward op: each gradient's class (docs/spec.md section 2c)
+            let each: Vec<String> = v
+                .per_gradient
+                .iter()
+                .map(|(g, c)| format!("{g} {c}"))
+                .collect();
+            s.push_str(&format!("      per gradient: {}\n", each.join(", ")));
+        }
         if let Some(g) = v.gbps_4096x8192 {
             s.push_str(&format!(
                 "      4096x8192: {g:.0} GB/s ({:.0}% of copy), {:.2}x the reference\n",
@@ -603,4 +612,34 @@ pub fn conformance(args: ConformanceArgs) -> anyhow::Result<ExitCode> {
         None => print!("{table}"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kernel_registry::report::{tests_support, ExactnessClass};
+
+    /// A backward kernel's report says each gradient's class under its dtype's line; a forward
+    /// kernel's has no such line.
+    #[test]
+    fn the_text_report_names_each_gradients_class() {
+        let mut r = tests_support::report_with(0, 0);
+        assert!(!render_report(&r).contains("per gradient"));
+        let v = r
+            .summary
+            .per_dtype
+            .get_mut(&kernel_registry::DType::Bf16)
+            .unwrap();
+        v.per_gradient = [
+            ("dw".to_string(), ExactnessClass::MaxUlp(1)),
+            ("dx".to_string(), ExactnessClass::BitExact),
+        ]
+        .into_iter()
+        .collect();
+        let text = render_report(&r);
+        assert!(
+            text.contains("      per gradient: dw ulp:1, dx bit_exact\n"),
+            "{text}"
+        );
+    }
 }
