@@ -151,6 +151,24 @@ impl Acc {
             hist: [0; ULP_BUCKETS.len() + 1],
         }
     }
+    /// A finished comparison as an accumulator again (its histogram has `ULP_BUCKETS + 1`
+    /// buckets, as `finish` writes it).
+    fn of(e: &Exactness) -> Acc {
+        let mut hist = [0; ULP_BUCKETS.len() + 1];
+        for (h, n) in hist.iter_mut().zip(&e.ulp_histogram) {
+            *h = *n;
+        }
+        Acc {
+            elements: e.elements,
+            mismatches: e.mismatches,
+            max_abs: e.max_abs_diff,
+            max_rel: e.max_rel_diff,
+            max_ulp: e.max_ulp,
+            parity: e.nonfinite_parity,
+            close: e.within_tolerance,
+            hist,
+        }
+    }
     fn merge(mut self, o: Acc) -> Acc {
         self.elements += o.elements;
         self.mismatches += o.mismatches;
@@ -258,36 +276,13 @@ pub fn compare(dt: DType, pairs: &[(&[u8], &[u8])]) -> Exactness {
 }
 
 /// Several outputs' exactness as one (a backward case's gradients, each compared on its own):
-/// elements, mismatches and the histogram added, the largest of each difference, parity and
-/// tolerance of all. What `compare` over all the pairs at once gives, from the parts.
+/// what `compare` over all the pairs at once gives, from the parts (`Acc::merge`).
 pub fn combine(parts: &[&Exactness]) -> Exactness {
-    let mut e = Exactness {
-        elements: 0,
-        mismatches: 0,
-        mismatch_fraction: 0.0,
-        max_abs_diff: 0.0,
-        max_rel_diff: 0.0,
-        max_ulp: 0,
-        nonfinite_parity: true,
-        within_tolerance: true,
-        ulp_histogram: vec![0; ULP_BUCKETS.len() + 1],
-    };
-    for p in parts {
-        e.elements += p.elements;
-        e.mismatches += p.mismatches;
-        e.max_abs_diff = e.max_abs_diff.max(p.max_abs_diff);
-        e.max_rel_diff = e.max_rel_diff.max(p.max_rel_diff);
-        e.max_ulp = e.max_ulp.max(p.max_ulp);
-        e.nonfinite_parity &= p.nonfinite_parity;
-        e.within_tolerance &= p.within_tolerance;
-        for (h, n) in e.ulp_histogram.iter_mut().zip(&p.ulp_histogram) {
-            *h += n;
-        }
-    }
-    if e.elements > 0 {
-        e.mismatch_fraction = e.mismatches as f64 / e.elements as f64;
-    }
-    e
+    parts
+        .iter()
+        .map(|e| Acc::of(e))
+        .fold(Acc::new(), Acc::merge)
+        .finish()
 }
 
 /// Merge exactness of several launches into the worst case (used when launches differ).

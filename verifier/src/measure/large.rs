@@ -10,7 +10,7 @@ use crate::cases::{self, CaseSpec};
 use crate::cuda::{Arg, DevBuf, Gpu, GUARD_BYTES};
 use crate::exec::{ExecError, Limits};
 use crate::numeric::compare;
-use kernel_registry::report::{CaseReport, CaseStatus, Exactness, ULP_BUCKETS};
+use kernel_registry::report::{CaseReport, CaseStatus, Exactness};
 use kernel_registry::Op;
 use std::time::Duration;
 
@@ -42,23 +42,6 @@ pub fn bytes_needed(spec: &CaseSpec) -> u64 {
         0
     };
     es * (x + 2 * n + res + 2 * spec.cols) + 8 * GUARD_BYTES as u64
-}
-
-/// An exact comparison of `elements` elements (what the GPU found when nothing differed).
-pub fn exact(elements: u64) -> Exactness {
-    let mut ulp_histogram = vec![0; ULP_BUCKETS.len() + 1];
-    ulp_histogram[0] = elements;
-    Exactness {
-        elements,
-        mismatches: 0,
-        mismatch_fraction: 0.0,
-        max_abs_diff: 0.0,
-        max_rel_diff: 0.0,
-        max_ulp: 0,
-        nonfinite_parity: true,
-        within_tolerance: true,
-        ulp_histogram,
-    }
 }
 
 fn gen(gpu: &Gpu, tools: &Tools, buf: &DevBuf, n: u64, key: u64) -> Result<(), ExecError> {
@@ -252,7 +235,7 @@ pub(crate) fn run<'a>(
         first = first.min(f);
     }
     let (exactness, note) = if count == 0 {
-        (exact(n), None)
+        (Exactness::all_equal(n), None)
     } else {
         // Details on a window around the first mismatch; the count is the GPU's, over all.
         let start = first
@@ -322,7 +305,7 @@ mod tests {
 
     #[test]
     fn an_exact_comparison_is_all_in_bucket_zero() {
-        let e = exact(1 << 31);
+        let e = Exactness::all_equal(1 << 31);
         assert_eq!(e.ulp_histogram.iter().sum::<u64>(), 1 << 31);
         assert_eq!(e.mismatches, 0);
     }

@@ -681,19 +681,18 @@ dw = "dw_f32"
 
 /// `n` elements compared, none differing.
 fn exact(n: u64) -> Exactness {
-    let mut h = vec![0; ULP_BUCKETS.len() + 1];
-    h[0] = n;
-    Exactness {
-        elements: n,
-        mismatches: 0,
-        mismatch_fraction: 0.0,
-        max_abs_diff: 0.0,
-        max_rel_diff: 0.0,
-        max_ulp: 0,
-        nonfinite_parity: true,
-        within_tolerance: true,
-        ulp_histogram: h,
-    }
+    Exactness::all_equal(n)
+}
+
+/// `e` with one of its elements one ulp off (max abs and relative diff 1e-3).
+fn one_ulp_off(e: &mut Exactness) {
+    e.mismatches = 1;
+    e.mismatch_fraction = 1.0 / e.elements as f64;
+    e.max_ulp = 1;
+    e.max_abs_diff = 1e-3;
+    e.max_rel_diff = 1e-3;
+    e.ulp_histogram[0] -= 1;
+    e.ulp_histogram[1] += 1;
 }
 
 /// The recorded report's cases as a bit-exact verification of a backward kernel (docs/spec.md
@@ -769,14 +768,7 @@ fn a_backward_report_states_each_gradient() {
     // a combination that hides a gradient's mismatches
     let mut bad = r.clone();
     let c = &mut bad.cases[i];
-    let e = &mut c.gradients.get_mut("dw").unwrap().exactness;
-    e.mismatches = 1;
-    e.mismatch_fraction = 1.0 / e.elements as f64;
-    e.max_ulp = 1;
-    e.max_abs_diff = 1e-3;
-    e.max_rel_diff = 1e-3;
-    e.ulp_histogram[0] -= 1;
-    e.ulp_histogram[1] += 1;
+    one_ulp_off(&mut c.gradients.get_mut("dw").unwrap().exactness);
     refused(&bad, &m, "is not its gradients'");
     // gradients on a forward op's case
     let mut fwd = honest();
@@ -804,13 +796,7 @@ fn each_gradient_has_its_own_class() {
         &mut c.gradients.get_mut("dw").unwrap().exactness,
         c.exactness.as_mut().unwrap(),
     ] {
-        e.mismatches = 1;
-        e.mismatch_fraction = 1.0 / e.elements as f64;
-        e.max_ulp = 1;
-        e.max_abs_diff = 1e-3;
-        e.max_rel_diff = 1e-3;
-        e.ulp_histogram[0] -= 1;
-        e.ulp_histogram[1] += 1;
+        one_ulp_off(e);
     }
     let s = Summary::from_cases(&r.cases);
     let classes: Vec<String> = s
