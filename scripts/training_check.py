@@ -12,9 +12,8 @@ replace and keeps every layer; both runs are eager, so they agree by constructio
 script and the kernels folder, not the kernels).
 
 What it runs: a kernels folder of the bundled exact forward (`kernels/rms_norm_llama`) and the
-backward kernel (`kernels/backward/rms_norm_llama_backward.cu`, its nine entries spelled out, as a
-bundled kernel's must be: docs/backward.md), read with `kernels_dir=` (local kernels: not
-verified by a hub). For each model (models/tiny-llama: its RMSNorm layers get the forward and
+backward kernel (`kernels/backward/rms_norm_llama_backward/`), read with `kernels_dir=` (local
+kernels: not verified by a hub). For each model (models/tiny-llama: its RMSNorm layers get the forward and
 backward kernels; models/tiny-gpt2: LayerNorm, no backward op, so its layers keep their original
 forward under autograd) and dtype: two copies from the same weights, one `kernelize(...,
 mode="training")`, both trained with AdamW on the same batches of models/corpus.txt (bytes as
@@ -48,33 +47,17 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import kernelize  # noqa: E402
-from kernelize.digest import BACKWARD_OPS  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 MODELS = ["tiny-llama", "tiny-gpt2"]
 
 
 def kernels_dir(root: str) -> str:
-    """A kernels folder: the bundled exact forward and the backward kernel as a kernel folder."""
+    """A kernels folder: the bundled exact forward and the backward kernel's folder."""
     out = os.path.join(root, "kernels")
     shutil.copytree(os.path.join(ROOT, "kernels", "rms_norm_llama"), os.path.join(out, "rms_norm_llama"))
-    d = os.path.join(out, "rms_norm_llama_backward")
-    os.makedirs(d)
-    src = open(os.path.join(ROOT, "kernels", "backward", "rms_norm_llama_backward.cu"), encoding="utf-8").read()
-    toml = ['name = "rms_norm_llama_backward"', 'version = "0.0.1"', 'op = "rms_norm_backward"',
-            'semantics = "llama"', 'description = "HF LlamaRMSNorm\'s gradients in eager autograd\'s order"',
-            'authors = ["kernelize"]', 'license = "Apache-2.0"', 'source = "kernel.cu"', ""]
-    for dt in DTYPES:
-        toml.append(f"[entry.{dt}]")
-        for stage in BACKWARD_OPS["rms_norm_backward"]:
-            sym = f"rms_norm_llama_bwd_{stage}_{dt}"
-            toml.append(f'{stage} = "{sym}"')
-            src += f"// entry {sym}\n"
-        toml.append("")
-    with open(os.path.join(d, "kernel.toml"), "w", encoding="utf-8") as f:
-        f.write("\n".join(toml))
-    with open(os.path.join(d, "kernel.cu"), "w", encoding="utf-8") as f:
-        f.write(src)
+    shutil.copytree(os.path.join(ROOT, "kernels", "backward", "rms_norm_llama_backward"),
+                    os.path.join(out, "rms_norm_llama_backward"))
     return out
 
 

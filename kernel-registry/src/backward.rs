@@ -7,7 +7,7 @@
 //! `ctas_per_output` for `sum(dim=0)` of a `[rows, cols]` tensor, which depends on the device's
 //! SM count and threads per SM (eager's dw bits do too), so a call takes both.
 //! [`col_config`] is that configuration; the kernel's `kb_col_cfg`
-//! (kernels/backward/rms_norm_llama_backward.cu) and the emulator's `col_config`
+//! (kernels/backward/rms_norm_llama_backward/kernel.cu) and the emulator's `col_config`
 //! (python/kernelize/backward.py) compute the same, which tests pin: the C++ and Python against
 //! each other on the CPU (python/tests/test_backward_order_on_cpu.py), this one against the
 //! Python through `python/tests/fixtures/abi.json`'s `backward` table.
@@ -277,7 +277,7 @@ mod tests {
     #[test]
     fn the_backward_kernel_has_the_abi_of_every_entry() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../kernels/backward/rms_norm_llama_backward.cu");
+            .join("../kernels/backward/rms_norm_llama_backward/kernel.cu");
         let src = std::fs::read_to_string(&path).unwrap();
         let types = |params: &str| -> Vec<String> {
             params
@@ -309,43 +309,41 @@ mod tests {
         assert!(src.contains("#define KB_DW_THREADS 128"));
     }
 
-    /// The manifest a bundled `kernels/rms_norm_llama_backward/` would have (docs/backward.md,
-    /// "What remains", 6) fits the kernel's source once its symbols are spelled out.
+    /// The kernel folder `kernels/backward/rms_norm_llama_backward/` (the one home of its
+    /// manifest: the GPU check, the training check and the client's tests load it) has the
+    /// manifest form of docs/backward.md and fits its source: the source makes its symbols by
+    /// token pasting, so it spells the nine of them out, and without them it is refused.
     #[test]
     fn the_backward_kernel_fits_the_manifest_form() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../kernels/backward/rms_norm_llama_backward.cu");
-        let src = std::fs::read_to_string(&path).unwrap();
-        let mut toml = String::from(
-            "name = \"rms_norm_llama_backward\"\nversion = \"1.0.0\"\nop = \"rms_norm_backward\"\n\
-             semantics = \"llama\"\ndescription = \"HF LlamaRMSNorm's gradients in eager autograd's order\"\n\
-             authors = [\"kernelize\"]\nlicense = \"Apache-2.0\"\nsource = \"kernel.cu\"\n",
-        );
-        for dt in crate::DType::ALL {
-            toml.push_str(&format!("[entry.{dt}]\n"));
-            for s in Op::RmsNormBackward.stages() {
-                toml.push_str(&format!("{0} = \"rms_norm_llama_bwd_{0}_{dt}\"\n", s.name));
-            }
-        }
-        // The source makes its symbols by token pasting (`rms_norm_llama_bwd_dx_##NAME`), and a
-        // bundle's check looks for each symbol's text: as it is, the source is refused ...
-        let e = crate::KernelBundle::from_parts(&toml, &src).unwrap_err();
-        assert_eq!(e.field_name(), Some("entry.bf16.dw"), "{e}");
-        // ... and accepted once the entries are spelled out (a bundled kernel.cu must do so)
-        let mut spelled = src.clone();
-        for dt in crate::DType::ALL {
-            for s in Op::RmsNormBackward.stages() {
-                spelled.push_str(&format!("// entry rms_norm_llama_bwd_{}_{dt}\n", s.name));
-            }
-        }
-        let b = crate::KernelBundle::from_parts(&toml, &spelled).unwrap();
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../kernels/backward/rms_norm_llama_backward");
+        let b = crate::KernelBundle::load_dir(&dir).unwrap();
+        assert_eq!(b.manifest.op, Op::RmsNormBackward);
         assert_eq!(b.manifest.dtypes(), crate::DType::ALL);
         assert_eq!(
             b.manifest.entries[&crate::DType::F16],
             "rms_norm_llama_bwd_dx_f16"
         );
-        // the macro spells the symbols `rms_norm_llama_bwd_<stage>_##NAME`: from_parts only
-        // finds them as text, so check the instantiations name every dtype
+        for dt in crate::DType::ALL {
+            for s in Op::RmsNormBackward.stages() {
+                assert_eq!(
+                    b.manifest.stages[&dt][s.name],
+                    format!("rms_norm_llama_bwd_{}_{dt}", s.name)
+                );
+            }
+        }
+        // The source makes its symbols by token pasting (`rms_norm_llama_bwd_dx_##NAME`), and a
+        // bundle's check looks for each symbol's text: without the spelled-out list the source
+        // is refused ...
+        let toml = std::fs::read_to_string(dir.join("kernel.toml")).unwrap();
+        let src = &b.source;
+        let cut = src
+            .find("// The entries KB_ENTRIES makes, spelled out")
+            .expect("kernel.cu spells its entries out");
+        let e = crate::KernelBundle::from_parts(&toml, &src[..cut]).unwrap_err();
+        assert_eq!(e.field_name(), Some("entry.bf16.dw"), "{e}");
+        // ... and the macro's instantiations name every dtype (from_parts only finds the
+        // symbols as text)
         for dt in crate::DType::ALL {
             assert!(src.contains(&format!("KB_ENTRIES({dt}, ")), "{dt}");
         }

@@ -36,7 +36,7 @@ import pytest
 np = pytest.importorskip("numpy")
 
 REPO = Path(__file__).resolve().parents[2]
-KSRC = REPO / "kernels" / "backward" / "rms_norm_llama_backward.cu"
+KSRC = REPO / "kernels" / "backward" / "rms_norm_llama_backward" / "kernel.cu"
 sys.path.insert(0, str(REPO / "python"))
 
 from kernelize import backward as B  # noqa: E402
@@ -304,7 +304,7 @@ def test_the_kernels_configs_are_backward_pys():
     cxx = compiler()
     src = KSRC.read_text(encoding="utf-8")
     m = re.search(r"^// BEGIN kb_configs.*?\n(.*?)^// END kb_configs$", src, re.S | re.M)
-    assert m, "kernels/backward/rms_norm_llama_backward.cu lost its BEGIN/END kb_configs block"
+    assert m, "kernels/backward/rms_norm_llama_backward/kernel.cu lost its BEGIN/END kb_configs block"
     prog = ("#include <cstdio>\n#define KB_DEV static inline\ntypedef long long i64;\n" + m.group(1) + r"""
 int main() {
   long long r, c, s;

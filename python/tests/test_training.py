@@ -114,22 +114,20 @@ def gpu_faked(monkeypatch):
     yield bk
 
 
+BACKWARD_DIR = REPO / "kernels" / "backward" / "rms_norm_llama_backward"
+
+
 def _backward_folder(root, dtypes=("bf16", "f16", "f32"), constraints=""):
-    """A local rms_norm_backward kernel: the CUDA backward's source, its nine entry symbols
-    spelled out (the source makes them by token pasting)."""
+    """A local rms_norm_backward kernel: kernels/backward/rms_norm_llama_backward (its source
+    spells its nine entry symbols out), its manifest narrowed to `dtypes` and given
+    `constraints` where a test asks."""
     d = root / "rms_norm_llama_backward"
-    d.mkdir(parents=True)
-    entries = "".join(f"\n[entry.{dt}]\n" + "".join(
-        f'{s} = "rms_norm_llama_bwd_{s}_{dt}"\n' for s in ("dx", "dwp", "dw")) for dt in dtypes)
-    (d / "kernel.toml").write_text(
-        'name = "rms_norm_llama_backward"\nversion = "1.0.0"\nop = "rms_norm_backward"\n'
-        'semantics = "llama"\ndescription = "HF LlamaRMSNorm\'s backward in eager autograd\'s order"\n'
-        'authors = ["kernelize"]\nlicense = "Apache-2.0"\nsource = "kernel.cu"\n'
-        + entries + constraints, encoding="utf-8")
-    syms = " ".join(f"rms_norm_llama_bwd_{s}_{dt}" for dt in dtypes for s in ("dx", "dwp", "dw"))
-    (d / "kernel.cu").write_text(
-        (REPO / "kernels/backward/rms_norm_llama_backward.cu").read_text(encoding="utf-8")
-        + f"\n// entries: {syms}\n", encoding="utf-8")
+    shutil.copytree(BACKWARD_DIR, d)
+    toml = (d / "kernel.toml").read_text(encoding="utf-8")
+    head, _, _ = toml.partition("\n[entry.")
+    tables = ["[entry." + t.strip() + "\n" for t in toml.split("\n[entry.")[1:]]
+    keep = [t for t in tables if t[len("[entry."):t.index("]")] in dtypes]
+    (d / "kernel.toml").write_text(head + "\n\n" + "\n".join(keep) + constraints, encoding="utf-8")
     return d
 
 

@@ -33,15 +33,16 @@ fn kernels_dir() -> PathBuf {
     }
 }
 
-/// The backward kernel of HF LlamaRMSNorm (kernels/backward/rms_norm_llama_backward.cu, not
-/// bundled yet: docs/backward.md) as a bundle, its entries spelled out, with one mutation per
-/// red-team variant: `exact` none; `cube_regrouped` RsqrtBackward0's `(r * r) * r` taken left to
-/// right after the `-0.5 * s` (dx moves by ulps); `sms_ignored` the column sum's configuration
-/// for a device of 100 SMs whatever it is given (dw differs where several CTAs share a column,
-/// from 1021 rows).
+/// The backward kernel of HF LlamaRMSNorm (`kernels/backward/rms_norm_llama_backward/`, not
+/// bundled yet: docs/backward.md), with one mutation per red-team variant: `exact` none;
+/// `cube_regrouped` RsqrtBackward0's `(r * r) * r` taken left to right after the `-0.5 * s` (dx
+/// moves by ulps); `sms_ignored` the column sum's configuration for a device of 100 SMs whatever
+/// it is given (dw differs where several CTAs share a column, from 1021 rows); `dw_at_offset_16`
+/// (below).
 fn backward_bundle(variant: &str) -> Result<KernelBundle, String> {
-    let path = kernels_dir().join("backward/rms_norm_llama_backward.cu");
-    let mut src = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let dir = kernels_dir().join("backward/rms_norm_llama_backward");
+    let b = KernelBundle::load_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut src = b.source.clone();
     let mutate = |src: &mut String, from: &str, to: &str, n: usize| -> Result<(), String> {
         if src.matches(from).count() != n {
             return Err(format!(
@@ -75,20 +76,13 @@ fn backward_bundle(variant: &str) -> Result<KernelBundle, String> {
         )?,
         other => return Err(format!("no backward variant `{other}`")),
     }
-    let op = kernel_registry::Op::RmsNormBackward;
-    let mut toml = format!(
-        "name = \"rms_norm_llama_backward_{variant}\"\nversion = \"0.0.1\"\nop = \"{op}\"\n\
-         semantics = \"llama\"\ndescription = \"red team: {variant}\"\nauthors = [\"kernelize\"]\n\
-         license = \"Apache-2.0\"\nsource = \"kernel.cu\"\n"
-    );
-    for dt in DType::ALL {
-        toml.push_str(&format!("[entry.{dt}]\n"));
-        for st in op.stages() {
-            let sym = format!("rms_norm_llama_bwd_{}_{dt}", st.name);
-            toml.push_str(&format!("{} = \"{sym}\"\n", st.name));
-            src.push_str(&format!("// entry {sym}\n"));
-        }
-    }
+    let toml = std::fs::read_to_string(dir.join("kernel.toml"))
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .replacen(
+            "name = \"rms_norm_llama_backward\"",
+            &format!("name = \"rms_norm_llama_backward_{variant}\""),
+            1,
+        );
     KernelBundle::from_parts(&toml, &src).map_err(|e| format!("{variant}: {e}"))
 }
 

@@ -433,3 +433,9 @@ KB_DEV void kb_dw(T* __restrict__ dw, const float* __restrict__ ws, i64 rows, i6
 KB_ENTRIES(bf16, __nv_bfloat16)
 KB_ENTRIES(f16, __half)
 KB_ENTRIES(f32, float)
+
+// The entries KB_ENTRIES makes, spelled out (kernel.toml names them; a bundle's check finds each
+// symbol's text in the source):
+//   rms_norm_llama_bwd_dx_bf16 rms_norm_llama_bwd_dwp_bf16 rms_norm_llama_bwd_dw_bf16
+//   rms_norm_llama_bwd_dx_f16 rms_norm_llama_bwd_dwp_f16 rms_norm_llama_bwd_dw_f16
+//   rms_norm_llama_bwd_dx_f32 rms_norm_llama_bwd_dwp_f32 rms_norm_llama_bwd_dw_f32
