@@ -371,11 +371,6 @@ def _check_mode(mode: Any, compile: bool | str) -> tuple[str, bool | str]:
     return name, compile
 
 
-# Forward (op, semantics) -> its backward op (docs/spec.md section 2c; kernelize.digest's table,
-# checked against the registry's): the ops a training-mode layer can get a backward kernel for.
-_BACKWARD_OF = BACKWARD_OF
-
-
 def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str) -> list[str]:
     """Mode "training": resolve each swapped rms_norm (llama) layer's backward kernel from the
     same source (op rms_norm_backward, its dtype and width, the policy) and install it where the
@@ -387,7 +382,7 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
         what = f"{e.op}" + (f" ({e.semantics})" if e.semantics != "default" else "")
         if e.status not in ("replaced", "would replace"):
             continue   # kept: its original forward everywhere (the report's line says why)
-        bop = _BACKWARD_OF.get((e.op, e.semantics))
+        bop = BACKWARD_OF.get((e.op, e.semantics))
         if bop is None or e.by_call:
             groups.setdefault((what, None, None, f"no backward op for {what} yet: its original "
                                "forward runs under autograd"), []).append(e.path)
@@ -579,7 +574,7 @@ def _pin_backward(plan: list, cache: dict, src, policy: str, arch: str) -> None:
     layer of `plan` that has a forward kernel and a backward op (rms_norm_backward at each
     rms_norm (llama) layer's dtype and width), kernel or reasons."""
     for s, key, res, _, _ in plan:
-        bop = _BACKWARD_OF.get((s.op, s.semantics))
+        bop = BACKWARD_OF.get((s.op, s.semantics))
         if bop and res.kernel is not None:
             bkey = Key(bop, s.semantics, key.dtype, arch, key.cols, policy)
             if bkey not in cache:

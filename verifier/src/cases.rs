@@ -590,7 +590,10 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
         bytes,
     };
     match spec.op {
-        Op::RmsNorm | Op::FusedAddRmsNorm => {
+        // rms_norm_backward's x and w are its forward's; its dy is drawn from the case's
+        // distribution on a stream of its own (a zero, huge or non-finite dy is as much a case
+        // as such an x).
+        Op::RmsNorm | Op::FusedAddRmsNorm | Op::RmsNormBackward => {
             let (center, spread) = if spec.semantics == Semantics::Gemma {
                 (0.0, 0.2)
             } else {
@@ -610,7 +613,12 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
                     gen_param(dt, spec.cols, center, spread, splitmix(s ^ 2)),
                 )),
                 bias: None,
-                dy: None,
+                dy: spec.op.is_backward().then(|| {
+                    t(
+                        "dy",
+                        gen_matrix(dt, rows, spec.cols, spec.dist, splitmix(s ^ 5)),
+                    )
+                }),
             }
         }
         Op::LayerNorm => CaseInputs {
@@ -655,22 +663,6 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
             weight: None,
             bias: None,
             dy: None,
-        },
-        // x and dy each from the case's distribution, from streams of their own (a zero, huge
-        // or non-finite dy is as much a case as such an x); w as the forward's.
-        Op::RmsNormBackward => CaseInputs {
-            x: t("x", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
-            up: None,
-            residual: None,
-            weight: Some(t(
-                "weight",
-                gen_param(dt, spec.cols, 1.0, 0.2, splitmix(s ^ 2)),
-            )),
-            bias: None,
-            dy: Some(t(
-                "dy",
-                gen_matrix(dt, rows, spec.cols, spec.dist, splitmix(s ^ 5)),
-            )),
         },
     }
 }

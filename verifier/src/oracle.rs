@@ -340,24 +340,25 @@ mod tests {
         };
         let x0: Vec<f64> = xs.iter().map(|&v| v as f64).collect();
         let w0: Vec<f64> = ws.iter().map(|&v| v as f64).collect();
-        let step = 1e-6;
+        // d loss / d v[i] by central differences, `f` the loss as a function of v alone
+        let slope = |f: &dyn Fn(&[f64]) -> f64, v: &[f64], i: usize| {
+            let step = 1e-6;
+            let (mut a, mut b) = (v.to_vec(), v.to_vec());
+            a[i] += step;
+            b[i] -= step;
+            (f(&a) - f(&b)) / (2.0 * step)
+        };
         let ranges = sample(&sp);
         assert_eq!(ranges.len(), rows, "every row of a small case");
         let dx = oracle(&sp, &inp, &ranges);
         for (i, &got) in dx.iter().enumerate() {
-            let (mut a, mut b) = (x0.clone(), x0.clone());
-            a[i] += step;
-            b[i] -= step;
-            let want = (loss(&a, &w0) - loss(&b, &w0)) / (2.0 * step);
+            let want = slope(&|x| loss(x, &w0), &x0, i);
             assert!((got - want).abs() < 1e-6, "dx[{i}] {got} vs {want}");
         }
         let dw = backward_dw(&sp, &inp);
         assert_eq!(dw.len(), cols);
         for (j, &got) in dw.iter().enumerate() {
-            let (mut a, mut b) = (w0.clone(), w0.clone());
-            a[j] += step;
-            b[j] -= step;
-            let want = (loss(&x0, &a) - loss(&x0, &b)) / (2.0 * step);
+            let want = slope(&|w| loss(&x0, w), &w0, j);
             assert!((got - want).abs() < 1e-6, "dw[{j}] {got} vs {want}");
         }
     }

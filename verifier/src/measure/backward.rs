@@ -59,13 +59,19 @@ struct Outs {
     ws: DevBuf,
 }
 
-/// The device's figures a backward launch depends on. `threads_per_sm` is read when the
-/// context opens; 2048 (every data-centre part since Volta) only for an executor that did not.
-pub(crate) fn device_shape(gpu: &Gpu) -> DeviceShape {
-    DeviceShape {
+/// The device's figures a backward launch depends on (`Gpu::open` reads both; eager's dw
+/// order depends on them, so none is assumed).
+fn device_shape(gpu: &Gpu) -> Result<DeviceShape, ExecError> {
+    let threads_per_sm = gpu.info.threads_per_sm.ok_or_else(|| {
+        launch_error(
+            "a backward case",
+            "the device's threads per SM were not read when its context opened".into(),
+        )
+    })?;
+    Ok(DeviceShape {
         sms: gpu.info.sm_count as u64,
-        threads_per_sm: gpu.info.threads_per_sm.unwrap_or(2048) as u64,
-    }
+        threads_per_sm: threads_per_sm as u64,
+    })
 }
 
 fn launch_error(what: &str, message: String) -> ExecError {
@@ -182,7 +188,7 @@ pub(crate) fn run_case(
     copy_gbps: f64,
 ) -> Result<CaseReport, ExecError> {
     let (op, dt, rows, cols) = (spec.op, spec.dtype, spec.rows, spec.cols);
-    let dev = device_shape(gpu);
+    let dev = device_shape(gpu)?;
     let Loaded {
         gpu,
         cand,
