@@ -327,7 +327,7 @@ mod tests {
         for dt in crate::DType::ALL {
             for s in Op::RmsNormBackward.stages() {
                 assert_eq!(
-                    b.manifest.stages[&dt][s.name],
+                    b.manifest.stages[dt][s.name],
                     format!("rms_norm_llama_bwd_{}_{dt}", s.name)
                 );
             }
