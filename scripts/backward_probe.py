@@ -330,6 +330,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile fwd+bwd")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--rows", default=None, help="comma-separated row counts for the grid (default: the full list)")
+    ap.add_argument("--cols", default=None, help="comma-separated widths for the grid (default: the full list)")
     args = ap.parse_args(argv)
     t_start = time.time()
     out_dir = args.out or os.environ.get("OUT") or "backward_probe_out"
@@ -341,6 +343,10 @@ def main(argv=None):
     rows_list, cols_list = (ROWS, COLS) if not (args.quick or dry) else ([1, 3, 16, 17, 64, 1000], [1024, 2560])
     if dry:
         rows_list, cols_list = [1, 3, 17, 70], [1024, 2560]
+    if args.rows:
+        rows_list = [int(r) for r in args.rows.split(",")]
+    if args.cols:
+        cols_list = [int(c) for c in args.cols.split(",")]
     report = dict(env=env_info(device), dry_run=dry, eps=EPS, cases=[], timing=[], errors=[], graph=None)
     print(json.dumps(report["env"]))
 
