@@ -111,12 +111,16 @@ def candidate(base, how: str):
     """A copy of `base` made into the candidate `how` (the copy is what runs). transformers'
     generate() is kept from compiling any candidate on its own (each is what it names)."""
     m = copy.deepcopy(base)
+    _exact.FUSE_RESIDUAL_NORMS = True
     bundled = dict(kernels_dir=ROOT / "kernels", names=EXACT, verbose=False, arch=ARCH)
     if how == "compile":
         m.compile()
     elif how == "exact":
         K.exact_compile(m)
-    elif how in ("kernelize+exact", "kernelize+exact-ro"):
+    elif how in ("kernelize+exact", "kernelize+exact-ro", "kernelize+exact-ro-unfused"):
+        # -unfused: without the residual add + norm fusion (what it gains; set until the next
+        # candidate is made, which is when this one compiles in the benchmarks here)
+        _exact.FUSE_RESIDUAL_NORMS = not how.endswith("-unfused")
         K.kernelize(m, **bundled, compile=True if how == "kernelize+exact" else "reduce-overhead")
     elif how == "kernelize":
         K.kernelize(m, **bundled)

@@ -49,12 +49,17 @@ def profile_step(m, batch: int, steps: int, prefill: int = 0) -> dict:
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     gpu_us = sum(e.device_time for e in kernels) / steps
     by_name: dict[str, float] = {}
+    count: dict[str, float] = {}
     for e in kernels:
         by_name[e.name] = by_name.get(e.name, 0.0) + e.device_time / steps
+        count[e.name] = count.get(e.name, 0.0) + 1.0 / steps
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:10]
+    # Every kernel of a step (name, launches per step, GPU us per step): what one candidate runs
+    # that another does not is read from here.
+    every = sorted(([n, round(count[n], 2), round(t, 2)] for n, t in by_name.items()), key=lambda r: -r[2])
     return dict(batch=batch, prefill=prefill or None, first_s=first, wall_ms=wall, gpu_kernel_ms=gpu_us / 1e3,
                 kernels_per_step=len(kernels) / steps,
-                top_kernels_us=[(n[:90], round(t, 1)) for n, t in top])
+                top_kernels_us=[(n[:90], round(t, 1)) for n, t in top], kernels=every)
 
 
 def main() -> int:
@@ -82,7 +87,7 @@ def main() -> int:
                 row = dict(candidate=how, **profile_step(m, b, a.steps, a.prefill))
             except Exception as e:  # a candidate that fails is a row, not the end of the run
                 row = dict(candidate=how, batch=b, error=repr(e)[:300])
-            print(row, flush=True)
+            print({k: v for k, v in row.items() if k != "kernels"}, flush=True)
             rows.append(row)
         del m
         torch._dynamo.reset()

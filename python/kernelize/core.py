@@ -340,6 +340,8 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
         rep.notes.extend(_plan_training(train, src, policy, arch))
     if compile:
         from .exact import exact_compile
+        if swap and mode != "training":
+            rep.notes.extend(_plan_residual_norms(plan, src, policy, arch))
         rep.compile = exact_compile(model, None if compile is True else str(compile))
     elif any(e.status == "replaced" for e in rep.entries):
         from .exact import hold_generate_compile
@@ -427,6 +429,45 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
                               ("runs under autograd", "run under autograd")):
                 outcome = outcome.replace(one, many)
         lines.append(f"training: {where}{shape} {outcome}")
+    return lines
+
+
+def _plan_residual_norms(plan: list, src, policy: str, arch: str) -> list[str]:
+    """Exact compile: each swapped rms_norm (llama) layer is paired with the source's
+    fused_add_rms_norm kernel of its dtype and width (the same policy), so that the exact backend
+    can run a residual add and this norm as that one kernel (`exact.fuse_residual_norms`).
+    Returns the report's line: which kernel, for how many layers, or why none."""
+    cache: dict[Key, Resolution] = {}
+    paired, why = {}, set()
+    for s, _, res, _, per_dtype in plan:
+        kz = s.module.__dict__.get("_kz")
+        if (res.kernel is None or per_dtype or s.op != "rms_norm" or s.semantics != "llama"
+                or kz is None or "_kz_compiled" not in s.module.__dict__):
+            continue
+        key = Key("fused_add_rms_norm", "default", s.dtype, arch, s.cols, policy)
+        if key not in cache:
+            cache[key] = src.resolve(key)
+        r = cache[key]
+        if r.kernel is None:
+            why.update(r.excluded or ["none qualifies"])
+            continue
+        if L.is_python(r.kernel.manifest):
+            why.add(f"{r.kernel.label} is a Python candidate (only CUDA kernels are fused)")
+            continue
+        try:
+            fk = L.compiled(r.kernel.digest, r.kernel.manifest, r.kernel.source, s.dtype,
+                            s.module.__dict__["_kz_compiled"].device)
+        except Exception as ex:  # noqa: BLE001 (not fused: the add stays inductor's)
+            why.add(f"{r.kernel.label} could not be loaded ({type(ex).__name__}: {ex})")
+            continue
+        ops.pair_residual(kz[0], ops.register(fk))
+        paired.setdefault(r.kernel.label, 0)
+        paired[r.kernel.label] += 1
+    lines = [f"compile: a residual add feeding one of {n} rms_norm layers runs with it as "
+             f"{label} (verified like the norm)" for label, n in paired.items()]
+    if why and not paired:
+        lines.append("compile: residual adds stay separate kernels: no fused_add_rms_norm kernel "
+                     "(" + "; ".join(sorted(why))[:300] + ")")
     return lines
 
 

@@ -46,6 +46,7 @@ lowering table is patched: the patch is not part of their keys.
 from __future__ import annotations
 
 import contextlib
+import operator
 import shutil
 import sys
 import threading
@@ -150,6 +151,81 @@ def opaque_sdpa(gm: torch.fx.GraphModule) -> int:
     if n_replaced:
         gm.recompile()
     return n_replaced
+
+
+# ---- residual add + norm: one kernel --------------------------------------------------------
+
+# A decoder block adds its attention's (or MLP's) output to the residual stream and normalises
+# the sum: `h = residual + o_proj(a); y = norm(h)`. With the norm an opaque kernel, inductor runs
+# the add as a kernel of its own. Where kernelize swapped the norm (llama semantics) and loaded
+# the source's verified fused_add_rms_norm kernel beside it (`ops.pair_residual`), the two run as
+# that one kernel: `s = round(x + residual)` is eager's bf16/f16/f32 add (addition commutes, so
+# either operand may be the kernel's `residual`), its output the norm of s. The kernel writes s
+# over its `residual` operand, so that operand must be a fresh tensor nothing else reads: the
+# output of a linear layer or matmul whose only user is the add (never a graph input or a view).
+
+#: Whether the exact backend fuses residual adds into the norms after them (a switch for the
+#: benchmarks that measure what the fusion gains; both ways are exact).
+FUSE_RESIDUAL_NORMS = True
+
+_FRESH = frozenset(f for f in (getattr(torch._C._nn, "linear", None), torch.nn.functional.linear,
+                               torch.matmul, operator.matmul, torch.mm, torch.bmm) if f is not None)
+
+
+def _value(node: Any) -> Any:
+    return node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+
+
+def _is_tensor(v: Any) -> bool:
+    return isinstance(v, torch.Tensor)
+
+
+def fuse_residual_norms(gm: torch.fx.GraphModule) -> int:
+    """Replace each `kernelize::launch_rms_norm(a + b, ...)` of a dynamo graph whose kernel has a
+    fused partner (`ops.residual_partner`) by `kernelize::launch_fused_add_rms_norm`, when one of
+    a and b is a fresh tensor only the add reads and the sum is read nowhere before the norm;
+    returns how many were replaced. Under autograd nothing is replaced (the op has no backward)."""
+    from . import ops
+    norm_ops = {torch.ops.kernelize.launch_rms_norm.default, torch.ops.kernelize.launch_rms_norm}
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    n_fused = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in norm_ops or node.kwargs \
+                or len(node.args) != 4:
+            continue
+        h, w, eps, key = node.args
+        fkey = ops.residual_partner(key)
+        if fkey is None or not isinstance(h, torch.fx.Node) or h.op != "call_function" \
+                or h.target not in (operator.add, torch.add) or h.kwargs or len(h.args) != 2:
+            continue
+        vh, vals = _value(h), [_value(a) for a in h.args]
+        if not (_is_tensor(vh) and all(_is_tensor(v) for v in vals)) or vh.requires_grad:
+            continue
+        if any(v.shape != vh.shape or v.dtype != vh.dtype or v.device != vh.device for v in vals):
+            continue   # a broadcast or a promotion: not the kernel's add
+        if any(order[u] < order[node] for u in h.users if u is not node):
+            continue   # the sum is read before the norm: the kernel would write it too late
+        fresh = [a for a in h.args if a.op == "call_function" and a.target in _FRESH
+                 and len(a.users) == 1 and _value(a)._base is None]
+        if not fresh:
+            continue
+        res = fresh[-1]
+        other = h.args[0] if h.args[1] is res else h.args[1]
+        if other is res:
+            continue   # x + x
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_function(torch.ops.kernelize.launch_fused_add_rms_norm.default,
+                                         (other, res, w, eps, fkey))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        h.replace_all_uses_with(res)   # the sum: what the kernel wrote over `res`
+        gm.graph.erase_node(h)
+        n_fused += 1
+    if n_fused:
+        gm.graph.lint()
+        gm.recompile()
+    return n_fused
 
 
 _STATE = "_kernelize_compile"
@@ -262,6 +338,8 @@ def make_backend(config: dict[str, Any] | None = None, eager_ops: bool = True) -
             return compile_fx(gm, example_inputs, config_patches=patches)
         patches.update({k: v for k, v in _NO_GRAPH_CACHE.items() if _has_config(k)})
         opaque_sdpa(gm)
+        if FUSE_RESIDUAL_NORMS:
+            fuse_residual_norms(gm)
 
         def inner(*args: Any, **kwargs: Any) -> Any:
             # Lowering runs here: for the forward now, for a backward when first needed.

@@ -52,6 +52,25 @@ def register(compiled: Any) -> int:
         return key
 
 
+#: An rms_norm kernel's key -> the key of a fused_add_rms_norm kernel computing eager's
+#: `norm(x + residual)` with the same norm (llama semantics), for the exact backend's fusion of a
+#: residual add into the norm after it (`exact.fuse_residual_norms`). Filled by kernelize(...,
+#: compile=...) for the layers it swapped.
+_RESIDUAL: dict[int, int] = {}
+
+
+def pair_residual(norm_key: int, fused_key: int) -> None:
+    """Say that the fused_add_rms_norm kernel under `fused_key` computes the rms_norm kernel
+    under `norm_key` of a residual sum."""
+    with _LOCK:
+        _RESIDUAL[norm_key] = fused_key
+
+
+def residual_partner(norm_key: Any) -> int | None:
+    """The fused_add_rms_norm key paired with the rms_norm kernel `norm_key`, or None."""
+    return _RESIDUAL.get(norm_key) if isinstance(norm_key, int) else None
+
+
 def kernel(key: int) -> Any:
     try:
         return _KERNELS[key]

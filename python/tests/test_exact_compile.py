@@ -486,3 +486,101 @@ def test_sdpa_under_autograd_stays_traced_and_trains():
     out = torch.compile(m, backend=spy)(torch.randn(2, 4, 16))
     out.sum().backward()
     assert replaced == [0] and m.qkv.weight.grad is not None
+
+
+# ---- residual add + norm as one kernel (exact.fuse_residual_norms) ---------------------------
+
+_NORM_KEY, _FUSED_KEY = 900_001, 900_002   # keys no kernel has: the CPU stand-ins ignore them
+
+
+def _llama_norm(x, w, eps):
+    h = x.float()
+    return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+@pytest.fixture(scope="module")
+def cpu_norm_ops():
+    """The two custom ops on the CPU (the real ones launch CUDA kernels): eager's arithmetic, so
+    that a fused graph and the eager model must agree bit for bit."""
+    from kernelize import ops
+
+    def fused(x, residual, w, eps, key):
+        residual.copy_(x + residual)
+        return _llama_norm(residual, w, eps)
+
+    handles = [torch.library.register_kernel("kernelize::launch_rms_norm", "cpu",
+                                             lambda x, w, eps, key: _llama_norm(x, w, eps)),
+               torch.library.register_kernel("kernelize::launch_fused_add_rms_norm", "cpu", fused)]
+    ops.pair_residual(_NORM_KEY, _FUSED_KEY)
+    yield
+    ops._RESIDUAL.pop(_NORM_KEY, None)
+    for h in handles:
+        if hasattr(h, "destroy"):
+            h.destroy()
+
+
+class _Residual(nn.Module):
+    """Two decoder-like steps: h = x + o(x), y = norm(h); then h2 = h + o2(y), norm(h2).
+    `read_early`: the first sum is also read before its norm; `key`: the norms' kernel key."""
+
+    def __init__(self, d: int, key: int = _NORM_KEY, read_early: bool = False):
+        super().__init__()
+        self.o, self.o2 = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
+        self.w = nn.Parameter(torch.rand(d) + 0.5)
+        self.key, self.read_early = key, read_early
+
+    def forward(self, x):
+        h = x + self.o(x)
+        early = h * 2 if self.read_early else None
+        y = torch.ops.kernelize.launch_rms_norm(h, self.w, 1e-6, self.key)
+        h2 = h + self.o2(y)
+        out = torch.ops.kernelize.launch_rms_norm(h2, self.w, 1e-6, self.key)
+        return (out, h2, early) if early is not None else (out, h2)
+
+
+def _fused_count(m, *inputs):
+    counts = []
+
+    def spy(gm, example_inputs, **kw):
+        counts.append(exact.fuse_residual_norms(gm))
+        assert ("launch_fused_add_rms_norm" in gm.code) == bool(counts[-1])
+        return exact.backend(gm, example_inputs, **kw)
+
+    with torch.no_grad():
+        ref = m(*[t.clone() for t in inputs])
+        kept = [t.clone() for t in inputs]
+        got = torch.compile(m, backend=spy, fullgraph=True)(*inputs)
+    for a, b in zip(kept, inputs):
+        assert torch.equal(a, b), "an input of the graph was written"
+    return counts, ref, got
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_residual_add_and_the_norm_after_it_run_as_the_fused_kernel(cpu_norm_ops, dtype):
+    torch.manual_seed(0)
+    m = _Residual(64).to(dtype).eval()
+    counts, ref, got = _fused_count(m, torch.randn(4, 64, dtype=dtype))
+    assert counts == [2]
+    assert locate.compare(ref, got).identical
+
+
+def test_no_fusion_without_a_partner_a_fresh_operand_or_when_the_sum_is_read_first(cpu_norm_ops):
+    torch.manual_seed(0)
+    x = torch.randn(4, 64)
+    # a norm kernel with no fused partner
+    counts, ref, got = _fused_count(_Residual(64, key=_NORM_KEY + 7).eval(), x)
+    assert counts == [0] and locate.compare(ref, got).identical
+    # the first sum read before its norm: only the second pair fuses
+    counts, ref, got = _fused_count(_Residual(64, read_early=True).eval(), x)
+    assert counts == [1] and locate.compare(ref, got).identical
+
+    class TwoInputs(nn.Module):   # neither operand is a fresh tensor only the add reads
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.rand(64) + 0.5)
+
+        def forward(self, a, b):
+            return torch.ops.kernelize.launch_rms_norm(a + b, self.w, 1e-6, _NORM_KEY), a
+
+    counts, ref, got = _fused_count(TwoInputs().eval(), x, torch.randn(4, 64))
+    assert counts == [0] and locate.compare(ref, got).identical
