@@ -368,10 +368,68 @@ pub fn render_report(r: &VerificationReport) -> String {
             s.push_str(&format!("  {n}\n"));
         }
     }
+    s.push_str(&render_audit(r.capabilities.as_ref()));
     s.push_str(&format!(
         "overall: {}  (replay: --seed {})\n",
         r.summary.overall.class, r.seed
     ));
+    s
+}
+
+/// The capability audit's lines of the text report (docs/spec.md section 3b): what the compiled
+/// code can do, whether the manifest declares it, and what a policy must allow.
+fn render_audit(audit: Option<&kernel_registry::capability::CapabilityReport>) -> String {
+    let Some(a) = audit else {
+        return "capabilities: not audited (no compiled code was audited for this report; a \
+                policy with `audited` refuses it)\n"
+            .into();
+    };
+    let mut s = String::new();
+    if a.found.is_empty() {
+        s.push_str(&format!(
+            "capabilities: {}; the compiled code does none of the audited things\n",
+            if a.audited {
+                "audited"
+            } else {
+                "partly audited"
+            }
+        ));
+    } else {
+        s.push_str(&format!(
+            "capabilities: {}; the compiled code:\n",
+            if a.audited {
+                "audited"
+            } else {
+                "partly audited"
+            }
+        ));
+        for f in &a.found {
+            let dts: Vec<&str> = f.dtypes.iter().map(|d| d.as_str()).collect();
+            let standing = if !f.name.needs_declaration() {
+                "needs no declaration"
+            } else if a.is_declared(f.name) {
+                "declared"
+            } else {
+                "NOT DECLARED: every policy refuses it"
+            };
+            let gate = if f.name.gated() {
+                format!("; handed out only to a policy with allow:{}", f.name)
+            } else {
+                String::new()
+            };
+            s.push_str(&format!(
+                "  {:<20} {} ({}; {}): {}{gate}\n",
+                f.name.as_str(),
+                f.name.describe(),
+                dts.join(", "),
+                standing,
+                f.evidence.join(", ")
+            ));
+        }
+    }
+    for n in &a.notes {
+        s.push_str(&format!("  {n}\n"));
+    }
     s
 }
 
@@ -641,5 +699,53 @@ mod tests {
             text.contains("      per gradient: dw ulp:1, dx bit_exact\n"),
             "{text}"
         );
+    }
+
+    /// The text report says what the audit found, whether each is declared and which policies
+    /// take it; a report without an audit says so.
+    #[test]
+    fn the_text_report_shows_the_capability_audit() {
+        use kernel_registry::capability::{
+            Audit, Capability, CapabilityReport, DeclaredCapability,
+        };
+        use kernel_registry::DType;
+        let mut r = tests_support::report_with(0, 0);
+        r.capabilities = None;
+        assert!(render_report(&r).contains("capabilities: not audited"));
+        let mut a = Audit::default();
+        a.found
+            .entry(Capability::Trap)
+            .or_default()
+            .insert("trap".into());
+        a.found
+            .entry(Capability::Clock)
+            .or_default()
+            .insert("%globaltimer".into());
+        let declared = [DeclaredCapability {
+            name: Capability::Trap,
+            reason: "bounds check".into(),
+        }];
+        r.capabilities = Some(CapabilityReport::of_modules(
+            &[(DType::Bf16, Ok(a))],
+            &declared,
+        ));
+        let text = render_report(&r);
+        assert!(
+            text.contains("capabilities: audited; the compiled code:\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  clock                reads a clock (bf16; NOT DECLARED: every policy refuses it): %globaltimer; handed out only to a policy with allow:clock\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  trap                 traps (bf16; declared): trap\n"),
+            "{text}"
+        );
+        r.capabilities = Some(CapabilityReport::of_modules(
+            &[(DType::Bf16, Ok(Audit::default()))],
+            &[],
+        ));
+        assert!(render_report(&r).contains("the compiled code does none of the audited things"));
     }
 }
