@@ -12,11 +12,20 @@ kernels that take the most GPU time. A step whose wall time is well above its ke
 bound by the host issuing work, not by the GPU. `--prefill N`: instead of a decode step, a
 forward of `batch` x N prompt tokens without a KV cache (the speed phase's prefill). Writes
 OUT_DIR/profile.json and prints a table.
+
+`--isolate R`: each candidate in a process of its own, R rounds, the candidates' order reversed
+every other round; the table gives each candidate's median over the rounds and its ratio to the
+first candidate's. (Several candidates in one process do not give comparable wall times: in
+session 14, on an H200, the same candidate's decode step took 2.79 ms when it was compiled first
+and 3.23-3.49 ms when another model had been compiled before it; the GPU time did not move.)
+Writes OUT_DIR/isolated.json, and each process's OUT_DIR/rR-CANDIDATE/profile.json.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -62,6 +71,56 @@ def profile_step(m, batch: int, steps: int, prefill: int = 0) -> dict:
                 top_kernels_us=[(n[:90], round(t, 1)) for n, t in top], kernels=every)
 
 
+def isolated(a, out: Path) -> int:
+    """`--isolate R`: see the module's doc."""
+    cands = a.candidates.split(",")
+    runs: dict[tuple[str, int], list[dict]] = {}
+    for r in range(a.isolate):
+        for how in (cands if r % 2 == 0 else cands[::-1]):
+            sub = out / f"r{r}-{how}"
+            cmd = [sys.executable, str(Path(__file__).resolve()), str(sub), "--candidates", how,
+                   "--batch", a.batch, "--steps", str(a.steps), "--prefill", str(a.prefill)]
+            print(f"== round {r}: {how}", flush=True)
+            done = subprocess.run(cmd, check=False)
+            try:
+                rows = json.loads((sub / "profile.json").read_text())["rows"]
+            except (OSError, ValueError, KeyError):
+                print(f"   no profile from {how} (exit {done.returncode})", flush=True)
+                continue
+            for row in rows:
+                if "error" not in row:
+                    runs.setdefault((how, row["batch"]), []).append(row)
+    table = []
+    for b in map(int, a.batch.split(",")):
+        base = runs.get((cands[0], b))
+        for how in cands:
+            got = runs.get((how, b))
+            if not got:
+                table.append(dict(candidate=how, batch=b, error="no run"))
+                continue
+            med = {k: statistics.median(x[k] for x in got) for k in ("wall_ms", "gpu_kernel_ms", "kernels_per_step")}
+            row = dict(candidate=how, batch=b, runs=len(got), **med,
+                       wall_each=[round(x["wall_ms"], 3) for x in got])
+            if base:
+                # speed ratio: the first candidate's time over this one's (> 1: faster)
+                row["speed_vs_first_wall"] = statistics.median(x["wall_ms"] for x in base) / med["wall_ms"]
+                row["speed_vs_first_gpu"] = statistics.median(x["gpu_kernel_ms"] for x in base) / med["gpu_kernel_ms"]
+            table.append(row)
+    (out / "isolated.json").write_text(json.dumps(dict(command=" ".join(sys.argv), rows=table), indent=1))
+    print(f"\n| candidate | batch | runs | step wall, ms (median; each) | GPU kernels, ms | kernels | "
+          f"speed vs {cands[0]} (wall / GPU) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for t in table:
+        if "error" in t:
+            print(f"| {t['candidate']} | {t['batch']} | 0 | {t['error']} | | | |")
+            continue
+        ratio = (f"{t['speed_vs_first_wall']:.2f}x / {t['speed_vs_first_gpu']:.2f}x"
+                 if "speed_vs_first_wall" in t else "")
+        print(f"| {t['candidate']} | {t['batch']} | {t['runs']} | {t['wall_ms']:.3f} ({', '.join(map(str, t['wall_each']))}) "
+              f"| {t['gpu_kernel_ms']:.3f} | {t['kernels_per_step']:.0f} | {ratio} |")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out")
@@ -70,9 +129,13 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--prefill", type=int, default=0, metavar="N",
                    help="profile a forward of N prompt tokens (no KV cache) instead of a decode step")
+    p.add_argument("--isolate", type=int, default=0, metavar="R",
+                   help="each candidate in its own process, R rounds in alternating order (medians)")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.isolate:
+        return isolated(a, out)
     import transformers
     env = dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
