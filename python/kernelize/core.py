@@ -373,6 +373,11 @@ def _check_mode(mode: Any, compile: bool | str) -> tuple[str, bool | str]:
     return name, compile
 
 
+#: Why mode "training" keeps an f32 norm's original forward under autograd.
+F32_ACCUMULATION = ("in f32 eager autograd adds this layer's input gradient to the residual "
+                    "stream's in an order a backward kernel's one dx cannot give (docs/backward.md)")
+
+
 def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str) -> list[str]:
     """Mode "training": resolve each swapped rms_norm (llama) layer's backward kernel from the
     same source (op rms_norm_backward, its dtype and width, the policy) and install it where the
@@ -388,6 +393,18 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
         if bop is None or e.by_call:
             groups.setdefault((what, None, None, f"no backward op for {what} yet: its original "
                                "forward runs under autograd"), []).append(e.path)
+            continue
+        if e.dtype == "f32" and e.path != "<root>":
+            # Eager's f32 graph has no cast node in the norm, so the layer's input gradient is
+            # three f32 terms summed in autograd's order, ((residual + x*r path) + pow path);
+            # a backward kernel returns the norm's two as one dx, summed first: other bits
+            # wherever the input has another consumer (the residual stream, always in a decoder
+            # block). docs/backward.md; python/tests/test_backward_order_on_cpu.py pins it. A
+            # layer kernelized on its own (the model is the layer, "<root>") takes the kernel:
+            # its dx is the layer's eager dx; what else reads its input is the caller's.
+            e.backward_reasons = [F32_ACCUMULATION]
+            groups.setdefault((what, e.dtype, e.cols, "keeps its original forward under autograd: "
+                               + F32_ACCUMULATION), []).append(e.path)
             continue
         key = Key(bop, e.semantics, e.dtype, arch, e.cols, policy)
         if key not in cache:

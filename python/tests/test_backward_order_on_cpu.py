@@ -532,3 +532,40 @@ def test_the_autograd_graph_is_the_documented_one():
         w = torch.ones(8, dtype=T, requires_grad=True)
         y = _hf_llama_rms_norm(torch, x, w, 1e-6)
         assert names(y.grad_fn, []) == want, T
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_eager_f32_sums_the_input_gradient_in_three_terms(seed):
+    """Why mode "training" takes no backward kernel in f32 (docs/backward.md): with the norm's
+    input also on the residual stream, eager's f32 input gradient is ((residual + x*r path) +
+    pow path), in autograd's order; one dx from a kernel (mul + pow summed first) plus the
+    residual's gives other bits. In bf16 the cast node sums the two first, as a kernel does."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(seed)
+    rows, cols, eps = 32, 256, 1e-6
+    for dt in (torch.float32, torch.bfloat16):
+        x0 = torch.randn(rows, cols, generator=g).to(dt)
+        w = (torch.rand(cols, generator=g) + 0.5).to(dt)
+        lin = (torch.randn(cols, cols, generator=g) / 16).to(dt)
+        gy = torch.randn(rows, cols, generator=g).to(dt)
+
+        def parts(hm, hp):  # HF LlamaRMSNorm after its cast, the two uses of it apart
+            v = hp.pow(2).mean(-1, keepdim=True)
+            return w * (hm * torch.rsqrt(v + eps)).to(dt)
+
+        def hf(x):          # HF LlamaRMSNorm: one cast, used twice
+            h = x.to(torch.float32)
+            return parts(h, h)
+
+        x = x0.clone().requires_grad_()
+        (x + hf(x) @ lin).backward(gy)
+        gn = gy @ lin.T     # the norm's output gradient, as autograd's mm backward gives it
+        if dt == torch.float32:
+            xa, xb = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+            g_mul, g_pow = torch.autograd.grad(parts(xa, xb), (xa, xb), gn)
+            assert torch.equal(x.grad, (gy + g_mul) + g_pow)
+            assert not torch.equal(x.grad, gy + (g_mul + g_pow))
+        else:
+            x1 = x0.clone().requires_grad_()
+            (dx,) = torch.autograd.grad(hf(x1), (x1,), gn)
+            assert torch.equal(x.grad, gy + dx)

@@ -346,9 +346,10 @@ def test_a_pickled_training_model_loads_both_kernels_again_and_trains_with_them(
 
 
 def test_gradients_from_the_cuda_order_emulator_match_eager_autograd(kernels, gpu_faked):
-    # f32: the emulator's CUDA reduction orders differ from the CPU's by a few ulps only
+    # bf16 (in f32 a model's norms take no backward kernel: the test below): the emulator's
+    # CUDA reduction orders differ from the CPU's by an ulp here and there
     gpu_faked.grads = _emulated_grads
-    ref, m = _llama(torch.float32), _llama(torch.float32)
+    ref, m = _llama(), _llama()
     ids = torch.randint(0, 128, (3, 5), generator=torch.Generator().manual_seed(2))
     want = _grads(ref, ids)
     rep = _kz(m, kernels_dir=kernels, mode="training")
@@ -356,8 +357,7 @@ def test_gradients_from_the_cuda_order_emulator_match_eager_autograd(kernels, gp
     got = _grads(m, ids)
     assert len(gpu_faked.calls) == 15
     for n in want:
-        torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-6, msg=n)
-    assert not all(torch.equal(got[n], want[n]) for n in want if "norm" in n)  # the fake ran
+        torch.testing.assert_close(got[n].float(), want[n].float(), rtol=5e-2, atol=1e-3, msg=n)
 
 
 def test_inference_mode_is_unchanged_under_autograd(kernels, gpu_faked):
@@ -561,3 +561,21 @@ def test_a_hub_without_a_verified_backward_keeps_the_layers_under_autograd(hub, 
     lines2 = [ln for ln in _training_lines(rep2) if "rms_norm (llama)" in ln]
     assert len(lines2) == 1 and "no rms_norm_backward kernel" in lines2[0]
     assert all(e.backward_reasons == [*bwd[0]["excluded"]] for e in rep2.entries if e.op == "rms_norm")
+
+
+def test_f32_keeps_the_original_forward_under_autograd_and_says_why(kernels, gpu_faked):
+    # eager's f32 input gradient is three terms summed in autograd's order (docs/backward.md;
+    # test_backward_order_on_cpu pins it): no backward kernel is taken in f32
+    from kernelize import core
+    ref, m = _llama(torch.float32), _llama(torch.float32)
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(0))
+    rep = _kz(m, kernels_dir=kernels, mode="training")
+    norms = [e for e in rep.entries if e.op == "rms_norm"]
+    assert len(norms) == 5 and all(e.status == "replaced" and e.backward is None
+                                   and e.backward_reasons == [core.F32_ACCUMULATION] for e in norms)
+    lines = _training_lines(rep)
+    why = [ln for ln in lines if "keep their original forward under autograd" in ln]
+    assert len(why) == 1 and "(5 layers)" in why[0] and "in f32 eager autograd" in why[0], lines
+    got, want = _grads(m, ids), _grads(ref, ids)
+    assert set(got) == set(want) and all(torch.equal(got[n], want[n]) for n in want)
+    assert gpu_faked.stages() == []
