@@ -66,9 +66,19 @@ def profile_step(m, batch: int, steps: int, prefill: int = 0) -> dict:
     # Every kernel of a step (name, launches per step, GPU us per step): what one candidate runs
     # that another does not is read from here.
     every = sorted(([n, round(count[n], 2), round(t, 2)] for n, t in by_name.items()), key=lambda r: -r[2])
+    # Which operator launched which kernels (CPU op -> its kernels; per step). Under CUDA graphs
+    # a replay launches them all (cudaGraphLaunch): profile a default-mode candidate for this.
+    launched: dict[tuple[str, str], float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CPU and getattr(e, "kernels", None):
+            for k in e.kernels:
+                key = (e.name, k.name[:80])
+                launched[key] = launched.get(key, 0.0) + 1.0 / steps
+    by_op = sorted(([op, k, round(n, 2)] for (op, k), n in launched.items()), key=lambda r: -r[2])
     return dict(batch=batch, prefill=prefill or None, first_s=first, wall_ms=wall, gpu_kernel_ms=gpu_us / 1e3,
                 kernels_per_step=len(kernels) / steps,
-                top_kernels_us=[(n[:90], round(t, 1)) for n, t in top], kernels=every)
+                top_kernels_us=[(n[:90], round(t, 1)) for n, t in top], kernels=every,
+                launched_by=by_op)
 
 
 def isolated(a, out: Path) -> int:
@@ -150,7 +160,7 @@ def main() -> int:
                 row = dict(candidate=how, **profile_step(m, b, a.steps, a.prefill))
             except Exception as e:  # a candidate that fails is a row, not the end of the run
                 row = dict(candidate=how, batch=b, error=repr(e)[:300])
-            print({k: v for k, v in row.items() if k != "kernels"}, flush=True)
+            print({k: v for k, v in row.items() if k not in ("kernels", "launched_by")}, flush=True)
             rows.append(row)
         del m
         torch._dynamo.reset()
