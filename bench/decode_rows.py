@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 
 from kernelize import launch as L  # noqa: E402
-from kernelize.digest import parse_manifest_toml  # noqa: E402
+from kernelize.manifest import parse_manifest_toml  # noqa: E402
 
 DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 

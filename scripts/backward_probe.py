@@ -183,7 +183,7 @@ def bundled_forward(dt, device):
     """The bundled exact forward (kernels/rms_norm_llama), or None with the reason."""
     try:
         from kernelize import launch as L
-        from kernelize.digest import parse_manifest_toml
+        from kernelize.manifest import parse_manifest_toml
         man = parse_manifest_toml(open(os.path.join(FWD_DIR, "kernel.toml"), encoding="utf-8").read())
         src = open(os.path.join(FWD_DIR, man["source"]), encoding="utf-8").read()
         k = L.CompiledKernel(man, src, dt, device)

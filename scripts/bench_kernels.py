@@ -52,7 +52,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 import eager_order as EO  # noqa: E402  (the verified CPU emulators of eager's row orders)
 # the manifest's launch rule as the client computes it (checked against the hub's)
-from kernelize.digest import launch_dims, parse_manifest_toml  # noqa: E402
+from kernelize.manifest import launch_dims, parse_manifest_toml  # noqa: E402
 DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 ROWWISE = {"rms_norm", "fused_add_rms_norm", "layer_norm"}
 # the gated ops: act(gate) * up on two tensors (the activation per op)
@@ -149,7 +149,7 @@ class Kernel:
             self.funcs[dt] = fn
 
     def dims(self, rows, cols, sms):
-        """The manifest's launch rule (kernelize.digest.launch_dims, the client's: one rule)."""
+        """The manifest's launch rule (kernelize.manifest.launch_dims, the client's: one rule)."""
         grid, block, smem = launch_dims(self.manifest, rows, cols, sms)
         return list(grid), list(block), smem
 

@@ -148,7 +148,7 @@ def old_path_child(kernels_dir: Path, out: Path) -> None:
     from torch.cuda import _utils as tu
 
     from kernelize import launch
-    from kernelize.digest import parse_manifest_toml
+    from kernelize.manifest import parse_manifest_toml
     torch.empty(1, device="cuda")  # the primary context, current on this thread
     major, minor = torch.cuda.get_device_capability()
     cu = ctypes.CDLL("libcuda.so.1")
@@ -225,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from kernelize import launch, nvrtc
-    from kernelize.digest import digest_of, parse_manifest_toml
+    from kernelize.digest import digest_of
+    from kernelize.manifest import parse_manifest_toml
 
     if not torch.cuda.is_available():
         print("cubin: no CUDA device here (this check runs on the GPU machine)")

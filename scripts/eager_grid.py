@@ -7,7 +7,7 @@ Run on a CUDA machine with torch and transformers, from the repository root or a
         [--variants] [--kernels-dir DIR] [--max-seconds S]
 
 Each kernel runs through the Python client's own launch path: its folder is read with
-kernelize.digest.parse_manifest_toml, compiled and loaded with kernelize.launch.compiled (NVRTC
+kernelize.manifest.parse_manifest_toml, compiled and loaded with kernelize.launch.compiled (NVRTC
 with the verifier's options) and launched with the run_* function of its op, so the grid checks
 the code and the launch rule users get. The eager side is the real layer:
 
@@ -322,7 +322,8 @@ def make_result(kernels: list[dict], cells: dict, meta: dict, uncovered: list[st
 def load_kernels(kernels_dir: str, only: set[str], variants: bool) -> tuple[list[dict], list[str]]:
     """The kernel folders to run (exact ones, and the known-different ones with `variants`),
     and a line per kernel whose op has no eager layer here."""
-    from kernelize.digest import digest_of, parse_manifest_toml
+    from kernelize.digest import digest_of
+    from kernelize.manifest import parse_manifest_toml
     kernels, uncovered = [], []
     for name in sorted(os.listdir(kernels_dir)):
         d = os.path.join(kernels_dir, name)

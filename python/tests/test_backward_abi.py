@@ -51,13 +51,13 @@ def test_the_backward_ops_are_the_registrys():
     assert not set(ops) & set(ABI["ops"])
 
 
-def test_the_digest_knows_the_backward_entries():
-    from kernelize import digest
+def test_the_manifest_rules_know_the_backward_entries():
+    from kernelize import manifest
     ops = ABI["backward_ops"]
     # the client's map from a forward (op, semantics) to its backward op is Op::forward's
-    assert digest.BACKWARD_OF == {(a["forward"], sem): op for op, a in ops.items() for sem in a["semantics"]}
-    assert {op: tuple(s["name"] for s in a["stages"]) for op, a in ops.items()} == digest.BACKWARD_OPS
-    assert {op: list(digest.SEMANTICS[op]) for op in ops} == {op: a["semantics"] for op, a in ops.items()}
+    assert manifest.BACKWARD_OF == {(a["forward"], sem): op for op, a in ops.items() for sem in a["semantics"]}
+    assert {op: tuple(s["name"] for s in a["stages"]) for op, a in ops.items()} == manifest.BACKWARD_OPS
+    assert {op: list(manifest.SEMANTICS[op]) for op in ops} == {op: a["semantics"] for op, a in ops.items()}
 
 
 CASES = json.loads((Path(__file__).parent / "fixtures" / "backward_digests.json").read_text(encoding="utf-8"))["cases"]
@@ -65,7 +65,8 @@ CASES = json.loads((Path(__file__).parent / "fixtures" / "backward_digests.json"
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_a_backward_manifest_parses_and_digests_as_the_registrys(case):
-    from kernelize.digest import canonical_manifest, digest_of, parse_manifest_toml
+    from kernelize.digest import digest_of
+    from kernelize.manifest import canonical_manifest, parse_manifest_toml
     m = parse_manifest_toml(case["manifest_toml"])
     assert m == canonical_manifest(case["manifest"])
     assert digest_of(m, case["source"]) == digest_of(case["manifest"], case["source"]) == case["digest"]
@@ -80,7 +81,7 @@ def test_a_backward_manifest_parses_and_digests_as_the_registrys(case):
     (("semantics = \"llama\"", "semantics = \"gemma\""), "semantics"),
 ])
 def test_bad_backward_manifests_name_the_field_as_the_registry(edit, field):
-    from kernelize.digest import ManifestError, parse_manifest_toml
+    from kernelize.manifest import ManifestError, parse_manifest_toml
     text = CASES[0]["manifest_toml"]
     assert edit[0] in text
     with pytest.raises(ManifestError, match=f"field `{field}`"):

@@ -192,7 +192,8 @@ def test_every_bundled_certificate_is_signed_by_a_trusted_key_for_its_kernel():
     for its report and the digest of the kernel folder it names (what a fresh hub imports)."""
     import glob
     from conftest import REPO
-    from kernelize.digest import digest_of, parse_manifest_toml
+    from kernelize.digest import digest_of
+    from kernelize.manifest import parse_manifest_toml
     keys = parse_key_list((REPO / "kernels/certificates/trusted-keys.txt").read_text())
     files = sorted(glob.glob(str(REPO / "kernels/certificates/sm_90/*.json")))
     assert len(files) >= 16

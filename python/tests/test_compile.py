@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kernelize import launch, nvrtc
-from kernelize.digest import parse_manifest_toml
+from kernelize.manifest import parse_manifest_toml
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "nvrtc_options.json").read_text())

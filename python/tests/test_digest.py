@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelize.digest import (DigestMismatch, ManifestError, canonical_manifest, check_digest,
-                              digest_of, launch_dims, not_applicable, parse_manifest_toml)
+from kernelize.digest import DigestMismatch, check_digest, digest_of
+from kernelize.manifest import ManifestError, canonical_manifest, launch_dims, not_applicable, parse_manifest_toml
 
 CASES = json.loads((Path(__file__).parent / "fixtures" / "digests.json").read_text(encoding="utf-8"))["cases"]
 
@@ -71,7 +71,7 @@ def test_manifest_errors_name_the_field():
 
 def test_length_limits_are_the_registrys():
     """MANIFEST_LIMITS holds Manifest::parse's constants, read from the Rust source."""
-    from kernelize.digest import MANIFEST_LIMITS
+    from kernelize.manifest import MANIFEST_LIMITS
     rust = (Path(__file__).parents[2] / "kernel-registry" / "src" / "manifest.rs").read_text(encoding="utf-8")
     consts = {k: int(v) for k, v in re.findall(r"pub const (MAX_[A-Z_]+): usize = (\d+);", rust)}
     for k, v in MANIFEST_LIMITS.items():
@@ -80,7 +80,7 @@ def test_length_limits_are_the_registrys():
 
 
 def test_length_limits_name_the_field_like_the_hub():
-    from kernelize.digest import MANIFEST_LIMITS as L
+    from kernelize.manifest import MANIFEST_LIMITS as L
     base = next(c for c in CASES if c["name"] == "silu")["manifest_toml"]
     version = re.search(r'^version = "([^"]*)"', base, re.M).group(0)
     long_pre = "1.0.0-" + "a" * 10_000
@@ -144,11 +144,11 @@ def test_every_bundled_kernel_has_the_digest_the_rust_hub_recorded():
 
 
 def test_op_lists_are_the_registrys():
-    from kernelize import digest
+    from kernelize import manifest
     abi = json.loads((Path(__file__).parent / "fixtures" / "abi.json").read_text(encoding="utf-8"))["ops"]
-    assert set(digest.OPS) == set(abi) and len(digest.OPS) == len(abi)
-    assert set(digest.ROWWISE_OPS) == {op for op, a in abi.items() if a["rowwise"]}
-    assert {op: list(digest.SEMANTICS.get(op, ("default",))) for op in abi} == {
+    assert set(manifest.OPS) == set(abi) and len(manifest.OPS) == len(abi)
+    assert set(manifest.ROWWISE_OPS) == {op for op, a in abi.items() if a["rowwise"]}
+    assert {op: list(manifest.SEMANTICS.get(op, ("default",))) for op in abi} == {
         op: a["semantics"] for op, a in abi.items()}
 
 

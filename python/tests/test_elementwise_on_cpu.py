@@ -33,7 +33,7 @@ np = pytest.importorskip("numpy")
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
 
-from kernelize.digest import launch_dims, parse_manifest_toml  # noqa: E402
+from kernelize.manifest import launch_dims, parse_manifest_toml  # noqa: E402
 from cpu_harness import build_runner  # noqa: E402
 
 DTYPES = ["bf16", "f16", "f32"]

@@ -502,7 +502,8 @@ def test_a_loaded_python_candidate_is_importable_by_its_module_name(tmp_path):
     globals; the client's loader registers the candidate's module under its name."""
     import importlib
 
-    from kernelize.digest import digest_of, parse_manifest_toml
+    from kernelize.digest import digest_of
+    from kernelize.manifest import parse_manifest_toml
     from kernelize.pykernel import PythonKernel
     k = _py_candidate(tmp_path, "named_module", "VALUE = 41\n\n\ndef rms_norm(x, weight, eps):\n"
                       "    return x\n")

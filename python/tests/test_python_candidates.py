@@ -11,7 +11,8 @@ import torch.nn.functional as F
 import kernelize
 from kernelize import LockSource, PythonNotAllowed
 from kernelize import launch as L
-from kernelize.digest import digest_of, parse_manifest_toml
+from kernelize.digest import digest_of
+from kernelize.manifest import parse_manifest_toml
 from kernelize.sources import Key
 
 transformers = pytest.importorskip("transformers")

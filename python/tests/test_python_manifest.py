@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelize.digest import (ManifestError, canonical_manifest, check_requirement, digest_of,
-                              parse_manifest_toml)
+from kernelize.digest import digest_of
+from kernelize.manifest import ManifestError, canonical_manifest, check_requirement, parse_manifest_toml
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "python_digests.json")
                      .read_text(encoding="utf-8"))

@@ -1052,7 +1052,7 @@ fn backward_digest_fixture_is_current() {
 /// `python/tests/fixtures/launch_dims.json`: every bundled CUDA kernel's launch rule
 /// (`Manifest::launch_dims`, the one home of the arithmetic) at shapes on both sides of its
 /// rules' `cols_max`, decode to large rows, two SM counts: the Python client's
-/// `kernelize.digest.launch_dims` (which scripts/bench_kernels.py launches with) must agree
+/// `kernelize.manifest.launch_dims` (which scripts/bench_kernels.py launches with) must agree
 /// (`KERNELIZE_UPDATE_FIXTURES=1` rewrites it).
 #[test]
 fn launch_fixture_is_current() {
