@@ -17,7 +17,8 @@ from torch import Tensor, nn
 from . import launch as L
 from . import ops
 from . import training as _training
-from .digest import BACKWARD_OF, check_digest, not_applicable
+from .digest import check_digest
+from .manifest import BACKWARD_OF, not_applicable
 from .discover import TORCH_DTYPES, Discovery, Site, discover
 from .sources import DirSource, HubSource, Key, LockSource, Resolution, Resolved, write_lock
 

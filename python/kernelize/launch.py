@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from . import nvrtc as _nv
-from .digest import launch_dims
+from .manifest import launch_dims
 from .nvrtc import NvrtcCompileError, NvrtcNotFound, entry_options  # noqa: F401 (re-exported)
 from .pykernel import PythonKernel, SharedOnCopy, is_python
 

@@ -15,10 +15,8 @@ from typing import Any
 
 from .certs import CertificateError, verify
 from .pykernel import OPT_IN, is_python
-from .digest import (
-    DigestMismatch, canonical_manifest, check_digest, digest_of, normalize_digest,
-    not_applicable, parse_manifest_toml,
-)
+from .digest import DigestMismatch, check_digest, digest_of, normalize_digest
+from .manifest import canonical_manifest, not_applicable, parse_manifest_toml
 
 
 @dataclass(frozen=True)

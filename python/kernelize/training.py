@@ -44,7 +44,7 @@ from torch import Tensor
 
 from . import launch as L
 from . import nvrtc as _nv
-from .digest import BACKWARD_OPS
+from .manifest import BACKWARD_OPS
 from .pykernel import SharedOnCopy
 
 log = logging.getLogger("kernelize")
