@@ -460,8 +460,9 @@ def _plan_residual_norms(plan: list, src, policy: str, arch: str) -> list[str]:
     for s, _, res, _, per_dtype in plan:
         kz = s.module.__dict__.get("_kz")
         if (res.kernel is None or per_dtype or s.op != "rms_norm" or s.semantics != "llama"
-                or kz is None or "_kz_compiled" not in s.module.__dict__):
-            continue
+                or kz is None or "_kz_compiled" not in s.module.__dict__
+                or L.is_python(res.kernel.manifest)):
+            continue   # only a CUDA norm kernel is paired (a Python candidate stays as chosen)
         key = Key("fused_add_rms_norm", "default", s.dtype, arch, s.cols, policy)
         if key not in cache:
             cache[key] = src.resolve(key)
