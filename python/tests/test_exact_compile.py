@@ -584,3 +584,42 @@ def test_no_fusion_without_a_partner_a_fresh_operand_or_when_the_sum_is_read_fir
 
     counts, ref, got = _fused_count(TwoInputs().eval(), x, torch.randn(4, 64))
     assert counts == [0] and locate.compare(ref, got).identical
+
+
+def test_kernelize_compile_pairs_each_swapped_norm_with_the_sources_fused_kernel(tmp_path, monkeypatch):
+    """kernelize(..., compile=...) loads the source's fused_add_rms_norm kernel beside each
+    swapped LlamaRMSNorm (what fuse_residual_norms needs) and says so; without one it says why."""
+    import re
+    import shutil
+    import transformers
+    from conftest import REPO
+    from kernelize import core, launch, ops
+    from test_training import ForwardStandIn, _forward_run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(launch, "compiled", lambda digest, manifest, *a, **k: ForwardStandIn(manifest))
+    monkeypatch.setattr(core, "_stand_in_run", _forward_run)
+    root = tmp_path / "k"
+    for name in ("rms_norm_llama", "fused_add_rms_norm"):
+        shutil.copytree(REPO / "kernels" / name, root / name)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    m = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    rep = kernelize(m, kernels_dir=root, compile=True, device="cuda:0", arch="sm_90", verbose=False)
+    lines = [n for n in rep.notes if n.startswith("compile:")]
+    version = re.search(r'^version = "([^"]+)"', (root / "fused_add_rms_norm" / "kernel.toml")
+                        .read_text(encoding="utf-8"), re.M).group(1)
+    assert lines == ["compile: a residual add feeding one of 5 rms_norm layers runs with it as "
+                     f"fused_add_rms_norm {version} (verified like the norm)"], rep.notes
+    norm_key = m.model.norm.__dict__["_kz"][0]
+    partner = ops.residual_partner(norm_key)
+    assert partner is not None and ops.kernel(partner).manifest["op"] == "fused_add_rms_norm"
+    unkernelize(m)
+
+    shutil.rmtree(root / "fused_add_rms_norm")
+    m2 = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    rep2 = kernelize(m2, kernels_dir=root, compile=True, device="cuda:0", arch="sm_90", verbose=False)
+    lines = [n for n in rep2.notes if n.startswith("compile:")]
+    assert len(lines) == 1 and "residual adds stay separate kernels" in lines[0] \
+        and "no kernel for fused_add_rms_norm" in lines[0], rep2.notes
+    assert ops.residual_partner(m2.model.norm.__dict__["_kz"][0]) is None
