@@ -1,6 +1,7 @@
-//! How list and enum values are written to and read from the schema's text columns.
+//! How list and enum values are written to and read from the schema's text columns, and the
+//! text binds of the store's dynamic-filter queries (`bound`, `Store::count_with`).
 
-use crate::{Result, StoreError};
+use crate::{Result, Store, StoreError};
 use sqlx::any::AnyRow;
 use sqlx::Row;
 
@@ -55,4 +56,11 @@ pub(crate) fn random_hex(bytes: usize) -> String {
     let mut b = vec![0u8; bytes];
     rand::thread_rng().fill_bytes(&mut b);
     hex::encode(b)
+}
+
+impl Store {
+    /// The count that `sql` (a `SELECT COUNT(*)` with `binds` applied in order) answers.
+    pub(crate) async fn count_with(&self, sql: &str, binds: &[String]) -> Result<i64> {
+        Ok(bound(sql, binds).fetch_one(&self.pool).await?.try_get(0)?)
+    }
 }

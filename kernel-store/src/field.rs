@@ -2,12 +2,13 @@
 //! candidates such as Liger's, `torch.compile`'d layers, PyTorch's fused functions), with its
 //! newest verdict per architecture and dtype, its headline speed and its model-level
 //! measurements, read from the summary tables in one page query and one count (no report is
-//! read). It reads what `newest.rs` writes, through the matrix's own query (`matrix_from`,
-//! `matrix_select`) with the model-level column added.
+//! read). It reads them through the dashboard matrix's own query (`crate::matrix`:
+//! `matrix_from`, `matrix_select`) with the model-level column added.
 
 use crate::codec::{bound, parse_col};
 use crate::kernel_rows::{kernel_row, KernelRow};
-use crate::newest::{matrix_from, matrix_select, speed_row_prefixed, MatrixFilter};
+use crate::matrix::{matrix_from, matrix_select, MatrixFilter};
+use crate::summary::speed_row_prefixed;
 use crate::{Result, Store, StoreError};
 use kernel_registry::report::{ModelReport, SpeedAt, Verdict};
 use kernel_registry::{Arch, DType, Op, Semantics};

@@ -1,6 +1,7 @@
-//! A stored kernel's row as the API lists it, the list query, and how a row is read from the
-//! database: the one place both the kernel store (`kernels`) and the summaries and lists
-//! (`newest`) read kernel rows from, so that neither imports the other.
+//! A stored kernel's row as the API lists it, the list query and its filters as SQL, and how a
+//! row is read from the database: the one place the kernel store (`kernels`), the stale list
+//! (`stale`), the dashboard's matrix (`matrix`) and the field (`field`) read kernel rows from,
+//! so that none imports another for it.
 
 use crate::codec::{parse_col, parse_csv};
 use crate::{Result, StoreError};
@@ -103,4 +104,35 @@ pub(crate) fn kernel_row_of(r: &AnyRow, runtime: Runtime) -> Result<KernelRow> {
         created_at: r.try_get("created_at")?,
         runtime,
     })
+}
+
+/// `WHERE` conditions on kernel `k` from a `KernelQuery`'s filters, with their bind values.
+pub(crate) fn kernel_conditions(q: &KernelQuery, binds: &mut Vec<String>) -> Vec<String> {
+    let mut conds = Vec::new();
+    if let Some(op) = q.op {
+        binds.push(op.to_string());
+        conds.push(format!("k.op = ${}", binds.len()));
+    }
+    if let Some(s) = q.semantics {
+        binds.push(s.to_string());
+        conds.push(format!("k.semantics = ${}", binds.len()));
+    }
+    if let Some(d) = q.dtype {
+        binds.push(format!("%,{d},%"));
+        conds.push(format!("k.dtypes LIKE ${}", binds.len()));
+    }
+    if let Some(a) = q.arch {
+        binds.push(format!("%,{a},%"));
+        conds.push(format!("(k.archs = '' OR k.archs LIKE ${})", binds.len()));
+    }
+    conds
+}
+
+/// `KERNEL_COLS` of kernel `k` (`k.id, k.name, ...`), for queries that join other tables.
+pub(crate) fn k_cols() -> String {
+    KERNEL_COLS
+        .split(',')
+        .map(|c| format!("k.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

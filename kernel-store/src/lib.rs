@@ -14,7 +14,9 @@ mod index;
 mod jobs;
 mod kernel_rows;
 mod kernels;
+mod matrix;
 mod newest;
+mod stale;
 mod stats;
 mod summary;
 pub mod testing;
@@ -29,11 +31,10 @@ pub use index::{RankingInput, VerdictCheck, VerdictIndex};
 pub use jobs::{Holder, JobRow, JobState, WidthJob, DEFAULT_MAX_ATTEMPTS};
 pub use kernel_rows::{KernelQuery, KernelRow};
 pub use kernels::{Inserted, StoredSource};
-pub use newest::{
-    CandidateKernel, GlanceCell, MatrixFilter, MatrixRow, NewestVerdict, UnverifiedKernel,
-    VerdictOn, VerdictParts, HEADLINE_COLS, HEADLINE_ROWS,
-};
+pub use matrix::{GlanceCell, MatrixFilter, MatrixRow, UnverifiedKernel};
+pub use newest::{CandidateKernel, NewestVerdict, VerdictOn, VerdictParts};
 pub use stats::{HubStats, MAX_WORKERS_LISTED};
+pub use summary::{HEADLINE_COLS, HEADLINE_ROWS};
 pub use tokens::{
     hash_token, Expiry, Revoked, TokenCheck, TokenInfo, DEFAULT_TOKEN_LIFETIME, MAX_TOKEN_NAME,
 };

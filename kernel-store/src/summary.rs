@@ -1,7 +1,8 @@
 //! What a stored verification's summary tables hold (`verification_facts`, `_verdicts`,
 //! `_speeds`), written in the transaction that stores it (`crate::verifications`) or that
 //! backfills an older database (`crate::newest`): the rows the verdict index, the stale list
-//! and the dashboard read instead of reports, and when the verification was measured.
+//! and the dashboard read instead of reports, when the verification was measured, and how a
+//! speed row is read back (`speed_row`, `speed_row_prefixed`).
 
 use crate::codec::csv;
 use crate::Result;
@@ -10,6 +11,8 @@ use kernel_registry::report::{
     nearest_speed, timed_cases, ExactnessClass, ModelReport, SpeedAt, VerificationReport,
 };
 use kernel_registry::DType;
+use sqlx::any::AnyRow;
+use sqlx::Row;
 
 /// The shape whose speed the dashboard's matrix shows (the nearest measured one).
 pub const HEADLINE_ROWS: u64 = 4096;
@@ -190,4 +193,28 @@ pub(crate) async fn insert_summary_in(
 /// The stored capability flags of a report (`CapabilityReport::flags`; `None`: not audited).
 fn capability_flags(report: &VerificationReport) -> Option<String> {
     report.capabilities.as_ref().and_then(|c| c.flags())
+}
+
+/// A `verification_speeds` row's speed (its own column names).
+pub(crate) fn speed_row(r: &AnyRow) -> Result<SpeedAt> {
+    Ok(SpeedAt {
+        rows: r.try_get::<i64, _>("rows")? as u64,
+        cols: r.try_get::<i64, _>("cols")? as u64,
+        gbps: r.try_get("gbps")?,
+        median_us: r.try_get("median_us")?,
+        copy_fraction: r.try_get("copy_fraction")?,
+        speedup: r.try_get("speedup")?,
+    })
+}
+
+/// A speed read under the names the dashboard matrix's query gives it (`s_rows`, `s_cols`).
+pub(crate) fn speed_row_prefixed(r: &AnyRow) -> Result<SpeedAt> {
+    Ok(SpeedAt {
+        rows: r.try_get::<i64, _>("s_rows")? as u64,
+        cols: r.try_get::<i64, _>("s_cols")? as u64,
+        gbps: r.try_get("gbps")?,
+        median_us: r.try_get("median_us")?,
+        copy_fraction: r.try_get("copy_fraction")?,
+        speedup: r.try_get("speedup")?,
+    })
 }
