@@ -258,12 +258,15 @@ impl CapabilityReport {
             .collect()
     }
 
-    /// The stored flags the SQL policy condition reads: `,name,` per capability found, with
-    /// `!` before the name of one found and not declared (`,trap,!clock,`); `None` when not
-    /// audited.
+    /// The stored flags a policy decides on ([`flags_pass`]): `,name,` per capability found,
+    /// with `!` before the name of one found and not declared (`,trap,!clock,`). An audit that
+    /// could not read every module ([`CapabilityReport::audited`] false) is [`UNAUDITED_FLAGS`]:
+    /// what that code can do is unknown, so every policy refuses it, as an undeclared
+    /// capability. (`None`, no audit at all, is a report from before the audit or a Python
+    /// candidate: refused only under `audited`.)
     pub fn flags(&self) -> Option<String> {
         if !self.audited {
-            return None;
+            return Some(UNAUDITED_FLAGS.to_string());
         }
         let mut s = String::from(",");
         for f in &self.found {
@@ -277,6 +280,9 @@ impl CapabilityReport {
     }
 }
 
+/// The stored flags of an audit that could not read every module of a CUDA kernel.
+pub const UNAUDITED_FLAGS: &str = ",!unaudited,";
+
 /// What a policy says of a verification's audit (`None`: not audited): each reason it refuses
 /// it, given the capabilities the policy allows and whether it requires an audit.
 pub fn refusals(
@@ -285,7 +291,18 @@ pub fn refusals(
     require_audit: bool,
 ) -> Vec<String> {
     let mut why = Vec::new();
-    let Some(r) = report.filter(|r| r.audited) else {
+    if let Some(r) = report.filter(|r| !r.audited) {
+        why.push(format!(
+            "the compiled code could not be audited ({}): what it can do is unknown, and every policy refuses that",
+            if r.notes.is_empty() {
+                "no module was read".to_string()
+            } else {
+                r.notes.join("; ")
+            }
+        ));
+        return why;
+    }
+    let Some(r) = report else {
         if require_audit {
             why.push(
                 "the compiled code was not audited (a verification before the capability audit, or a Python candidate); fails audited"

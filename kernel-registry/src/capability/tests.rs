@@ -304,7 +304,9 @@ fn the_report_merges_modules_and_states_what_is_undeclared() {
         &[Capability::Clock],
         false
     ));
-    // A module that could not be audited makes the whole report unaudited.
+    // A module that could not be audited makes the whole report unaudited, and what its code
+    // can do unknown: every policy refuses it, with or without `audited` and whatever it allows
+    // (a hostile kernel gains nothing by making its PTX unreadable to the audit).
     let u = CapabilityReport::of_modules(
         &[
             (DType::Bf16, Ok(Audit::default())),
@@ -314,10 +316,24 @@ fn the_report_merges_modules_and_states_what_is_undeclared() {
     );
     assert!(!u.audited);
     assert_eq!(u.notes, vec!["f16: not audited: no PTX".to_string()]);
-    assert_eq!(u.flags(), None);
-    assert!(refusals(Some(&u), &[], false).is_empty());
-    assert!(refusals(Some(&u), &[], true)[0].contains("fails audited"));
+    assert_eq!(u.flags().as_deref(), Some(UNAUDITED_FLAGS));
+    for require in [false, true] {
+        let why = refusals(Some(&u), &Capability::GATED, require);
+        assert_eq!(why.len(), 1);
+        assert!(
+            why[0].contains("could not be audited (f16: not audited: no PTX)"),
+            "{why:?}"
+        );
+        assert!(!flags_pass(
+            u.flags().as_deref(),
+            &Capability::GATED,
+            require
+        ));
+    }
+    // No audit at all (a report from before the audit, or a Python candidate): only `audited`
+    // refuses it.
     assert!(refusals(None, &[], true)[0].contains("not audited"));
+    assert!(refusals(None, &[], false).is_empty());
     assert!(flags_pass(None, &[], false) && !flags_pass(None, &[], true));
 }
 
