@@ -465,15 +465,25 @@ dw = "k_dw"
 
     #[test]
     fn not_applicable_cases_are_not_run_and_summary_is_derived() {
-        let mut fake = Fake {
-            fail_on: None,
-            calls: 0,
-        };
+        use kernel_registry::capability::Audit;
+        // modules that audit clean (an executor that audits nothing: below)
+        let clean = vec![
+            (DType::Bf16, Ok(Audit::default())),
+            (DType::F32, Ok(Audit::default())),
+        ];
+        let mut audited = Audited(
+            Fake {
+                fail_on: None,
+                calls: 0,
+            },
+            clean,
+        );
         let opts = VerifyOptions {
             seed: Some(5),
             ..Default::default()
         };
-        let r = verify_with(&mut fake, &bundle(), &opts, &mut |_| {}).unwrap();
+        let r = verify_with(&mut audited, &bundle(), &opts, &mut |_| {}).unwrap();
+        let fake = &audited.0;
         let na: Vec<_> = r
             .cases
             .iter()
@@ -504,6 +514,17 @@ dw = "k_dw"
             .unwrap()
             .evaluate(&r, DType::F32)
             .is_ok());
+        // The same cases with no module audited: every policy refuses it, saying why.
+        let mut fake = Fake {
+            fail_on: None,
+            calls: 0,
+        };
+        let u = verify_with(&mut fake, &bundle(), &opts, &mut |_| {}).unwrap();
+        let why = bit.evaluate(&u, DType::Bf16).unwrap_err();
+        assert!(
+            why.iter().any(|w| w.contains("could not be audited")),
+            "{why:?}"
+        );
     }
 
     #[test]
