@@ -467,6 +467,9 @@ def _plan_residual_norms(plan: list, src, policy: str, arch: str) -> list[str]:
         if key not in cache:
             cache[key] = src.resolve(key)
         r = cache[key]
+        # A norm kernel is one per (digest, dtype, device) in this process, so an earlier call's
+        # pairing would outlive this one's policy: the latest call decides.
+        ops.unpair_residual(kz[0])
         if r.kernel is None:
             why.update(r.excluded or ["none qualifies"])
             continue

@@ -66,6 +66,13 @@ def pair_residual(norm_key: int, fused_key: int) -> None:
         _RESIDUAL[norm_key] = fused_key
 
 
+def unpair_residual(norm_key: int) -> None:
+    """Forget the fused partner of the rms_norm kernel `norm_key` (the latest kernelize call
+    found none that qualifies for it)."""
+    with _LOCK:
+        _RESIDUAL.pop(norm_key, None)
+
+
 def residual_partner(norm_key: Any) -> int | None:
     """The fused_add_rms_norm key paired with the rms_norm kernel `norm_key`, or None."""
     return _RESIDUAL.get(norm_key) if isinstance(norm_key, int) else None

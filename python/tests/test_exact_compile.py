@@ -597,7 +597,9 @@ def test_kernelize_compile_pairs_each_swapped_norm_with_the_sources_fused_kernel
     from test_training import ForwardStandIn, _forward_run
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(launch, "compiled", lambda digest, manifest, *a, **k: ForwardStandIn(manifest))
+    loaded: dict = {}   # one kernel per digest, as launch.compiled caches them per process
+    monkeypatch.setattr(launch, "compiled", lambda digest, manifest, *a, **k:
+                        loaded.setdefault(digest, ForwardStandIn(manifest)))
     monkeypatch.setattr(core, "_stand_in_run", _forward_run)
     root = tmp_path / "k"
     for name in ("rms_norm_llama", "fused_add_rms_norm"):
@@ -622,4 +624,6 @@ def test_kernelize_compile_pairs_each_swapped_norm_with_the_sources_fused_kernel
     lines = [n for n in rep2.notes if n.startswith("compile:")]
     assert len(lines) == 1 and "residual adds stay separate kernels" in lines[0] \
         and "no kernel for fused_add_rms_norm" in lines[0], rep2.notes
-    assert ops.residual_partner(m2.model.norm.__dict__["_kz"][0]) is None
+    # the same norm kernel (same key) as the first model's: the earlier pairing is gone
+    assert m2.model.norm.__dict__["_kz"][0] == norm_key
+    assert ops.residual_partner(norm_key) is None
