@@ -203,8 +203,8 @@ def fuse_residual_norms(gm: torch.fx.GraphModule) -> int:
             continue
         if any(v.shape != vh.shape or v.dtype != vh.dtype or v.device != vh.device for v in vals):
             continue   # a broadcast or a promotion: not the kernel's add
-        if any(order[u] < order[node] for u in h.users if u is not node):
-            continue   # the sum is read before the norm: the kernel would write it too late
+        if any(order.get(u, -1) < order[node] for u in h.users if u is not node):
+            continue   # the sum is read before the norm (or by a node this pass inserted)
         fresh = [a for a in h.args if a.op == "call_function" and a.target in _FRESH
                  and len(a.users) == 1 and _value(a)._base is None]
         if not fresh:
