@@ -8,7 +8,7 @@
 use crate::codec::{bound, parse_col};
 use crate::kernel_rows::{kernel_row, KernelRow};
 use crate::matrix::{matrix_from, matrix_select, MatrixFilter};
-use crate::summary::speed_row_prefixed;
+use crate::summary::speed_row;
 use crate::{Result, Store, StoreError};
 use kernel_registry::report::{ModelReport, SpeedAt, Verdict};
 use kernel_registry::{Arch, DType, Op, Semantics};
@@ -116,7 +116,7 @@ impl Store {
                     .map_err(|e| corrupt("models", e))?;
             let speed = match r.try_get::<Option<i64>, _>("s_rows")? {
                 None => None,
-                Some(_) => Some(speed_row_prefixed(r)?),
+                Some(_) => Some(speed_row(r, "s_")?),
             };
             out.push(FieldRow {
                 dtype: parse_col(r, "m_dtype")?,

@@ -607,7 +607,7 @@ impl Store {
             .await?
             {
                 let (dtype, speed): (DType, SpeedAt) =
-                    (parse_col(&r, "dtype")?, crate::summary::speed_row(&r)?);
+                    (parse_col(&r, "dtype")?, crate::summary::speed_row(&r, "")?);
                 let per_dtype = speeds.entry(r.try_get("verification_id")?).or_default();
                 match per_dtype.last_mut() {
                     Some((d, ss)) if *d == dtype => ss.push(speed),

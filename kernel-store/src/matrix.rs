@@ -6,7 +6,7 @@
 
 use crate::codec::{bound, parse_col};
 use crate::kernel_rows::{k_cols, kernel_conditions, kernel_row, KernelQuery, KernelRow};
-use crate::summary::speed_row_prefixed;
+use crate::summary::speed_row;
 use crate::{Result, Store, StoreError};
 use kernel_registry::report::{SpeedAt, Verdict};
 use kernel_registry::{Arch, DType, Op, Semantics};
@@ -59,6 +59,20 @@ pub struct MatrixFilter {
     pub arch: Option<Arch>,
 }
 
+impl MatrixFilter {
+    /// The kernel conditions of the filter's op and dtype (its arch is each query's own).
+    fn kernel_conditions(&self, binds: &mut Vec<String>) -> Vec<String> {
+        kernel_conditions(
+            &KernelQuery {
+                op: self.op,
+                dtype: self.dtype,
+                ..Default::default()
+            },
+            binds,
+        )
+    }
+}
+
 /// `CASE col WHEN 'a' THEN 0 ... END`: sorts a text column in the enum's order.
 fn rank_case(col: &str, names: impl IntoIterator<Item = &'static str>) -> String {
     let arms: Vec<String> = names
@@ -97,7 +111,7 @@ impl Store {
                     .map_err(|e| StoreError::Corrupt(format!("verdict: {e}")))?,
                 speed: match r.try_get::<Option<i64>, _>("s_rows")? {
                     None => None,
-                    Some(_) => Some(speed_row_prefixed(r)?),
+                    Some(_) => Some(speed_row(r, "s_")?),
                 },
                 device_name: r.try_get("m_device")?,
                 verified_at: r.try_get("m_verified_at")?,
@@ -139,14 +153,7 @@ impl Store {
     /// Every architecture some kernel matching the filter's op and dtype was verified on.
     pub async fn archs_verified(&self, f: MatrixFilter) -> Result<Vec<Arch>> {
         let mut binds = Vec::new();
-        let mut conds = kernel_conditions(
-            &KernelQuery {
-                op: f.op,
-                dtype: f.dtype,
-                ..Default::default()
-            },
-            &mut binds,
-        );
+        let mut conds = f.kernel_conditions(&mut binds);
         conds.push("TRUE".into());
         let sql = format!(
             "SELECT DISTINCT n.arch FROM newest_verifications n JOIN kernels k ON k.digest = n.kernel_digest \
@@ -174,14 +181,7 @@ impl Store {
         offset: i64,
     ) -> Result<(Vec<UnverifiedKernel>, i64)> {
         let mut binds = Vec::new();
-        let mut conds = kernel_conditions(
-            &KernelQuery {
-                op: f.op,
-                dtype: f.dtype,
-                ..Default::default()
-            },
-            &mut binds,
-        );
+        let mut conds = f.kernel_conditions(&mut binds);
         let on_arch = match f.arch {
             Some(a) => {
                 binds.push(a.to_string());
@@ -259,14 +259,7 @@ impl Store {
 /// verdict `d` per dtype, headline speed `s`), with its binds.
 pub(crate) fn matrix_from(f: MatrixFilter) -> (String, Vec<String>) {
     let mut binds = Vec::new();
-    let mut conds = kernel_conditions(
-        &KernelQuery {
-            op: f.op,
-            dtype: f.dtype,
-            ..Default::default()
-        },
-        &mut binds,
-    );
+    let mut conds = f.kernel_conditions(&mut binds);
     if let Some(a) = f.arch {
         binds.push(a.to_string());
         conds.push(format!("n.arch = ${}", binds.len()));

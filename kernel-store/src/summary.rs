@@ -2,7 +2,7 @@
 //! `_speeds`), written in the transaction that stores it (`crate::verifications`) or that
 //! backfills an older database (`crate::newest`): the rows the verdict index, the stale list
 //! and the dashboard read instead of reports, when the verification was measured, and how a
-//! speed row is read back (`speed_row`, `speed_row_prefixed`).
+//! speed row is read back (`speed_row`).
 
 use crate::codec::csv;
 use crate::Result;
@@ -195,23 +195,12 @@ fn capability_flags(report: &VerificationReport) -> Option<String> {
     report.capabilities.as_ref().and_then(|c| c.flags())
 }
 
-/// A `verification_speeds` row's speed (its own column names).
-pub(crate) fn speed_row(r: &AnyRow) -> Result<SpeedAt> {
+/// A `verification_speeds` row's speed, its rows and cols under `prefix` (`""`: the table's own
+/// names; `"s_"`: as the dashboard matrix's and field's queries name them).
+pub(crate) fn speed_row(r: &AnyRow, prefix: &str) -> Result<SpeedAt> {
     Ok(SpeedAt {
-        rows: r.try_get::<i64, _>("rows")? as u64,
-        cols: r.try_get::<i64, _>("cols")? as u64,
-        gbps: r.try_get("gbps")?,
-        median_us: r.try_get("median_us")?,
-        copy_fraction: r.try_get("copy_fraction")?,
-        speedup: r.try_get("speedup")?,
-    })
-}
-
-/// A speed read under the names the dashboard matrix's query gives it (`s_rows`, `s_cols`).
-pub(crate) fn speed_row_prefixed(r: &AnyRow) -> Result<SpeedAt> {
-    Ok(SpeedAt {
-        rows: r.try_get::<i64, _>("s_rows")? as u64,
-        cols: r.try_get::<i64, _>("s_cols")? as u64,
+        rows: r.try_get::<i64, _>(format!("{prefix}rows").as_str())? as u64,
+        cols: r.try_get::<i64, _>(format!("{prefix}cols").as_str())? as u64,
         gbps: r.try_get("gbps")?,
         median_us: r.try_get("median_us")?,
         copy_fraction: r.try_get("copy_fraction")?,

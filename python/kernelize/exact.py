@@ -126,6 +126,15 @@ _SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scal
                   "enable_gqa": False}
 
 
+def _value(node: Any) -> Any:
+    """A dynamo graph node's example value (a fake tensor for a tensor), or None."""
+    return node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+
+
+def _is_tensor(v: Any) -> bool:
+    return isinstance(v, torch.Tensor)
+
+
 def opaque_sdpa(gm: torch.fx.GraphModule) -> int:
     """Replace every scaled-dot-product-attention call of a dynamo graph by `eager_sdpa`;
     returns how many were replaced. Calls traced under autograd (an output that requires grad)
@@ -136,8 +145,7 @@ def opaque_sdpa(gm: torch.fx.GraphModule) -> int:
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in targets:
             continue
-        out = node.meta.get("example_value")
-        if getattr(out, "requires_grad", False):
+        if getattr(_value(node), "requires_grad", False):
             continue   # under autograd: `eager_sdpa` has no backward, SDPA stays as traced
         vals = dict(zip(_SDPA_ARGS, node.args))
         vals.update(node.kwargs)
@@ -170,14 +178,6 @@ FUSE_RESIDUAL_NORMS = True
 
 _FRESH = frozenset(f for f in (getattr(torch._C._nn, "linear", None), torch.nn.functional.linear,
                                torch.matmul, operator.matmul, torch.mm, torch.bmm) if f is not None)
-
-
-def _value(node: Any) -> Any:
-    return node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
-
-
-def _is_tensor(v: Any) -> bool:
-    return isinstance(v, torch.Tensor)
 
 
 def fuse_residual_norms(gm: torch.fx.GraphModule) -> int:

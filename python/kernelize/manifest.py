@@ -322,33 +322,13 @@ def parse_manifest_toml(text: str) -> dict[str, Any]:
             raise _fe(at("smem_bytes"), "asks for far more shared memory than any GPU has")
         launch.append({"cols_max": cm, "block": block, "grid": {"kind": grid, keys[grid]: val},
                        "smem_bytes": smem, "smem_bytes_per_col": smem_col})
-    c = raw.get("constraints", {})
-    for k in c:
-        if k not in ("cols_min", "cols_max", "cols_multiple_of", "archs"):
-            raise ManifestError(f"kernel.toml: `constraints.{k}`: unknown field")
-    cols_min = c.get("cols_min", 1)
-    cols_multiple_of = c.get("cols_multiple_of", 1)
-    if cols_min == 0:
-        raise _fe("constraints.cols_min", "must be at least 1")
-    if cols_multiple_of == 0:
-        raise _fe("constraints.cols_multiple_of", "must be at least 1")
-    cols_max = c.get("cols_max")
-    if cols_max is not None and cols_max < cols_min:
-        raise _fe("constraints.cols_max", f"{cols_max} is below cols_min {cols_min}")
-    archs = []
-    for i, a in enumerate(c.get("archs", [])):
-        try:
-            archs.append((_arch_key(a), a))
-        except ValueError:
-            raise _fe(f"constraints.archs[{i}]", f"arch `{a}` is not valid") from None
-    archs = [f"sm_{maj}{mi}" for (maj, mi) in sorted({k for k, _ in archs})]
+    constraints = _constraints(raw)
     opts = _nvrtc_options(raw)
     return canonical_manifest({
         "name": name, "version": version, "op": op, "semantics": semantics,
         "description": _rust_trim(description), "authors": authors, "license": _rust_trim(lic),
         "source": source, "entries": entries, "launch": launch,
-        "constraints": {"cols_min": cols_min, "cols_max": cols_max,
-                        "cols_multiple_of": cols_multiple_of, "archs": archs},
+        "constraints": constraints,
         "nvrtc_options": opts, "capabilities": capabilities,
     })
 
