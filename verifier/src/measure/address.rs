@@ -160,7 +160,27 @@ pub fn address_line(
 }
 
 /// At most this many lines of guard or input failures at placed addresses per case.
-const MAX_OTHER_LINES: usize = 4;
+pub(crate) const MAX_OTHER_LINES: usize = 4;
+
+/// Put `buf` at `residue` of its period with its guard regions holding `guard`, and its payload
+/// a copy of `source` (an input) or fresh poison (an output or workspace).
+pub(crate) fn place(
+    run: &CaseRun<'_>,
+    buf: &mut DevBuf,
+    residue: u64,
+    guard: u8,
+    source: Option<&DevBuf>,
+) -> Result<(), ExecError> {
+    buf.place(residue, PERIOD);
+    run.gpu.fill_allocation(buf, guard)?;
+    match source {
+        Some(src) => run.gpu.copy(buf, src),
+        None => {
+            let q = Poison::fresh();
+            run.gpu.fill_pattern(run.tools.fill, buf, q.key, q.invert)
+        }
+    }
+}
 
 /// What the address cases found in one case.
 #[derive(Debug, Default)]
@@ -260,15 +280,7 @@ pub(crate) fn check(
     let mut exactness: Option<Exactness> = None;
     for p in &placements {
         for ((t, buf), &residue) in tensors.iter().zip(placed.iter_mut()).zip(&p.at) {
-            buf.place(residue, PERIOD);
-            gpu.fill_allocation(buf, g)?;
-            match t.source {
-                Some(src) => gpu.copy(buf, src)?,
-                None => {
-                    let q = Poison::fresh();
-                    gpu.fill_pattern(run.tools.fill, buf, q.key, q.invert)?;
-                }
-            }
+            place(run, buf, residue, g, t.source)?;
         }
         let at = |n: &str| names.iter().position(|&m| m == n).map(|i| placed[i].ptr());
         let ptrs = Ptrs {

@@ -424,9 +424,6 @@ pub(crate) fn run_case(
 /// The buffers of a backward call in the order the address cases place them.
 const PLACED: [&str; 6] = ["dx", "dw", "ws", "dy", "x", "w"];
 
-/// At most this many lines of guard or input failures at placed addresses per case.
-const MAX_OTHER_LINES: usize = 4;
-
 /// The address cases of a backward call (`address::plan` over its six buffers): at each
 /// placement the gradients poisoned, the workspace poisoned, the inputs copied, one call of
 /// `entries`; then the gradients must hold `want`'s bits (call 1's at fresh allocations), the
@@ -460,15 +457,9 @@ fn placements(
     let mut other: Vec<String> = Vec::new();
     for p in &plan {
         for (i, (buf, &residue)) in placed.iter_mut().zip(&p.at).enumerate() {
-            buf.place(residue, PERIOD);
-            gpu.fill_allocation(buf, guard_byte())?;
-            match i.checked_sub(3) {
-                Some(k) => gpu.copy(buf, inputs[k].1)?,
-                None => {
-                    let q = Poison::fresh();
-                    gpu.fill_pattern(run.tools.fill, buf, q.key, q.invert)?;
-                }
-            }
+            // the gradients and workspace poisoned, the inputs copied
+            let source = i.checked_sub(3).map(|k| inputs[k].1);
+            address::place(run, buf, residue, guard_byte(), source)?;
         }
         let ptrs = BackwardPtrs {
             dx: placed[0].ptr(),
@@ -513,8 +504,8 @@ fn placements(
             address::address_line(&PLACED, (p, d.as_slice()), differing, plan.len(), spec.cols)
         })
         .collect();
-    let more = other.len().saturating_sub(MAX_OTHER_LINES);
-    other.truncate(MAX_OTHER_LINES);
+    let more = other.len().saturating_sub(address::MAX_OTHER_LINES);
+    other.truncate(address::MAX_OTHER_LINES);
     out.extend(other);
     if more > 0 {
         out.push(format!(
