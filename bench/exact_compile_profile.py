@@ -87,7 +87,7 @@ def isolated(a, out: Path) -> int:
     runs: dict[tuple[str, int], list[dict]] = {}
     for r in range(a.isolate):
         for how in (cands if r % 2 == 0 else cands[::-1]):
-            sub = out / f"r{r}-{how}"
+            sub = out / f"r{r}-{how.replace('+', '_')}"   # "+" does not travel back from the device
             cmd = [sys.executable, str(Path(__file__).resolve()), str(sub), "--candidates", how,
                    "--batch", a.batch, "--steps", str(a.steps), "--prefill", str(a.prefill)]
             print(f"== round {r}: {how}", flush=True)

@@ -15,7 +15,9 @@ Inductor changes a model's numbers in four ways (docs/spec.md section 7):
 The exact backend (`backend`, registered with dynamo as "kernelize_exact") closes each:
 
 0. Scaled-dot-product attention is called as eager calls it (`eager_sdpa`, below): while
-   tracing, PyTorch would pick and decompose its backend for the traced shapes.
+   tracing, PyTorch would pick and decompose its backend for the traced shapes. A boolean mask
+   read by several calls is converted once, by the conversion eager's SDPA runs
+   (`hoist_sdpa_masks`).
 
 1. and 4. (math library): the ops of `EAGER_OPS` are not decomposed and are lowered as
    *fallbacks*, i.e. inductor calls eager's own ATen kernel for them. Where kernelize has
@@ -159,6 +161,162 @@ def opaque_sdpa(gm: torch.fx.GraphModule) -> int:
     if n_replaced:
         gm.recompile()
     return n_replaced
+
+
+# ---- attention masks: converted once, as eager converts them --------------------------------
+
+# Given a boolean mask, F.scaled_dot_product_attention converts it to an additive mask of the
+# query's dtype in every call, so a decoder converts the same mask once per layer (a 1B Llama's
+# decode step on an H200: 22 `where` and 44 fills, 86 us of its 1.8 ms of GPU time;
+# bench/COMPILE.md). The exact backend converts each mask once (`sdpa_mask_bias`) and hands the
+# additive mask to the attention calls that read it (`eager_sdpa_bias`), where that is eager's
+# own computation:
+# - the conversion is the one this torch runs: the ATen ops that F.scaled_dot_product_attention
+#   records between the mask and the attention kernel when traced (make_fx) on real tensors of
+#   the device (`mask_conversion`, once per dtype and device), taken only when they are
+#   shape-free (`_CONVERSION_OPS`) and the backend is one whose mask goes to its kernel as
+#   converted (`HOIST_BACKENDS`: cuDNN; the memory-efficient backend pads masks to its alignment);
+# - at each call, eager's backend choice (`torch._fused_sdp_choice`) for the boolean mask and
+#   for the additive one must both be the backend the conversion was recorded for; otherwise the
+#   call gets the boolean mask and converts it itself, as eager. An additive mask of the query's
+#   dtype is passed through unconverted, so the kernel gets the same bits either way.
+
+#: Backends (torch._fused_sdp_choice's numbers) whose boolean-mask conversion is hoisted:
+#: 3 = cuDNN attention (PyTorch 2.11's attention.cpp converts and calls the kernel, nothing in
+#: between; bench/sdpa_mask_probe.py, docs/gpu-runs/2026-11-27-s15).
+HOIST_BACKENDS = frozenset({3})
+#: Whether the exact backend converts masks once (a switch for the benchmarks; both are exact).
+HOIST_SDPA_MASKS = True
+_CONVERSION_OPS = frozenset({"where", "logical_not", "scalar_tensor"})
+_CONVERSIONS: dict[tuple, tuple[int, torch.fx.GraphModule] | None] = {}
+
+
+def _trace_conversion(dtype: torch.dtype, device: torch.device) -> tuple[int, torch.fx.GraphModule] | None:
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx.experimental.proxy_tensor import make_fx
+    with unset_fake_temporarily(), torch.no_grad():
+        q = torch.zeros(1, 8, 1, 64, dtype=dtype, device=device)
+        k, v = torch.zeros(1, 8, 128, 64, dtype=dtype, device=device), torch.ones(1, 8, 128, 64, dtype=dtype, device=device)
+        mask = torch.ones(1, 1, 1, 128, dtype=torch.bool, device=device)
+        choice = int(torch._fused_sdp_choice(q, k, v, mask, 0.0, False))
+        if choice not in HOIST_BACKENDS:
+            return None
+        traced = make_fx(lambda q_, k_, v_, m_: torch.nn.functional.scaled_dot_product_attention(
+            q_, k_, v_, attn_mask=m_))(q, k, v, mask)
+    nodes = list(traced.graph.nodes)
+    mask_in = [n for n in nodes if n.op == "placeholder"][3]
+    # the nodes computed from the mask and constants alone, and which of them the rest reads
+    from_mask = {mask_in}
+    for n in nodes:
+        if n.op == "call_function" and all(i in from_mask for i in n.all_input_nodes):
+            from_mask.add(n)
+    read = [n for n in from_mask if n is not mask_in and any(u not in from_mask for u in n.users)]
+    if len(read) != 1:
+        return None
+    bias = read[0]
+    need: list[torch.fx.Node] = []
+    stack = [bias]
+    while stack:
+        n = stack.pop()
+        if n is mask_in or n in need:
+            continue
+        need.append(n)
+        stack.extend(n.all_input_nodes)
+    if mask_in not in {i for n in need for i in n.all_input_nodes} or any(
+            getattr(n.target, "_opname", None) not in _CONVERSION_OPS for n in need):
+        return None   # not a conversion of the mask, or one with shape-dependent steps
+    g = torch.fx.Graph()
+    env = {mask_in: g.placeholder("mask")}
+    for n in nodes:
+        if n in need:
+            env[n] = g.node_copy(n, lambda a: env[a])
+    g.output(env[bias])
+    return choice, torch.fx.GraphModule(torch.nn.Module(), g)
+
+
+def mask_conversion(dtype: torch.dtype, device: torch.device) -> tuple[int, torch.fx.GraphModule] | None:
+    """(backend, conversion) of a boolean attention mask for queries of `dtype` on `device`, as
+    F.scaled_dot_product_attention converts it there; None where it is not hoisted (above)."""
+    key = (dtype, device.type, device.index)
+    if key not in _CONVERSIONS:
+        try:
+            _CONVERSIONS[key] = _trace_conversion(dtype, device)
+        except Exception:   # noqa: BLE001 - a torch that traces otherwise: convert per call
+            _CONVERSIONS[key] = None
+    return _CONVERSIONS[key]
+
+
+def _conversion_of(mask: torch.Tensor, dtype: torch.dtype) -> torch.fx.GraphModule:
+    conv = mask_conversion(dtype, mask.device)
+    if conv is None:
+        raise RuntimeError(f"kernelize::sdpa_mask_bias: no hoisted mask conversion for {dtype} on "
+                           f"{mask.device} (the exact backend inserts this op only where there is one)")
+    return conv[1]
+
+
+@torch.library.custom_op("kernelize::sdpa_mask_bias", mutates_args=())
+def sdpa_mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return _conversion_of(mask, dtype)(mask)
+
+
+@sdpa_mask_bias.register_fake
+def _(mask, dtype):
+    return _conversion_of(mask, dtype)(mask)   # the same ops on fake tensors: shape and strides
+
+
+@torch.library.custom_op("kernelize::eager_sdpa_bias", mutates_args=())
+def eager_sdpa_bias(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attn_mask: torch.Tensor, bias: torch.Tensor, dropout_p: float, is_causal: bool,
+                    scale: float | None, enable_gqa: bool) -> torch.Tensor:
+    mask = attn_mask
+    conv = mask_conversion(query.dtype, query.device)
+    if conv is not None and bias.dtype == query.dtype:
+        def choice(m: torch.Tensor) -> int:
+            return int(torch._fused_sdp_choice(query, key, value, m, dropout_p, is_causal,
+                                               scale=scale, enable_gqa=enable_gqa))
+        if choice(attn_mask) == conv[0] and choice(bias) == conv[0]:
+            mask = bias
+    kw = {"enable_gqa": True} if enable_gqa else {}
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
+        scale=scale, **kw).contiguous()
+
+
+@eager_sdpa_bias.register_fake
+def _(query, key, value, attn_mask, bias, dropout_p, is_causal, scale, enable_gqa):
+    return query.new_empty((*query.shape[:-1], value.shape[-1]))
+
+
+def hoist_sdpa_masks(gm: torch.fx.GraphModule) -> int:
+    """Give the `eager_sdpa` calls of a graph that read one boolean mask that mask converted once
+    (`sdpa_mask_bias` + `eager_sdpa_bias`, above) where `mask_conversion` has a conversion for
+    their queries; returns how many masks are converted once instead of per call."""
+    groups: dict[tuple[torch.fx.Node, torch.dtype], list[torch.fx.Node]] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.kernelize.eager_sdpa.default:
+            continue
+        q, mask = node.args[0], node.args[3]
+        vq, vm = _value(q), _value(mask)
+        if not (_is_tensor(vq) and _is_tensor(vm)) or vm.dtype != torch.bool:
+            continue
+        if mask_conversion(vq.dtype, vq.device) is None:
+            continue
+        groups.setdefault((mask, vq.dtype), []).append(node)
+    for (mask, dtype), calls in groups.items():
+        with gm.graph.inserting_after(mask):
+            bias = gm.graph.call_function(torch.ops.kernelize.sdpa_mask_bias.default, (mask, dtype))
+        for node in calls:
+            q, k, v, m, dropout_p, is_causal, scale, gqa = node.args
+            with gm.graph.inserting_before(node):
+                new = gm.graph.call_function(torch.ops.kernelize.eager_sdpa_bias.default,
+                                             (q, k, v, m, bias, dropout_p, is_causal, scale, gqa))
+            new.meta = dict(node.meta)
+            node.replace_all_uses_with(new)
+            gm.graph.erase_node(node)
+    if groups:
+        gm.graph.lint()
+        gm.recompile()
+    return len(groups)
 
 
 # ---- residual add + norm: one kernel --------------------------------------------------------
@@ -338,6 +496,8 @@ def make_backend(config: dict[str, Any] | None = None, eager_ops: bool = True) -
             return compile_fx(gm, example_inputs, config_patches=patches)
         patches.update({k: v for k, v in _NO_GRAPH_CACHE.items() if _has_config(k)})
         opaque_sdpa(gm)
+        if HOIST_SDPA_MASKS:
+            hoist_sdpa_masks(gm)
         if FUSE_RESIDUAL_NORMS:
             fuse_residual_norms(gm)
 

@@ -627,3 +627,91 @@ def test_kernelize_compile_pairs_each_swapped_norm_with_the_sources_fused_kernel
     # the same norm kernel (same key) as the first model's: the earlier pairing is gone
     assert m2.model.norm.__dict__["_kz"][0] == norm_key
     assert ops.residual_partner(norm_key) is None
+
+
+# ---- attention masks converted once (exact.hoist_sdpa_masks) --------------------------------
+
+class _MaskedStack(nn.Module):
+    """Three attention layers reading one boolean mask, built in the graph (as transformers'
+    mask builders do): x (2, seq, 16), `keep` (2, seq) says which keys each batch row keeps."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.ModuleList(nn.Linear(16, 48) for _ in range(3))
+
+    def forward(self, x, keep):
+        s = x.shape[1]
+        causal = torch.arange(s)[None, :] <= torch.arange(s)[:, None]
+        mask = (causal[None] & keep[:, None, :])[:, None]          # (2, 1, s, s), bool
+        for lin in self.qkv:
+            q, k, v = lin(x).view(2, s, 3, 2, 8).permute(2, 0, 3, 1, 4)
+            x = x + torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask).transpose(1, 2).reshape(2, s, 16)
+        return x
+
+
+def test_a_mask_read_by_several_attention_calls_is_converted_once(monkeypatch):
+    # On the CPU this torch picks its flash backend for a masked call; the test admits it (on a
+    # GPU only cuDNN is) so that the hoisting runs here: the conversion traced from torch itself,
+    # one conversion for the three calls, and the same bits as eager, with a batch row whose
+    # keys after the first are all masked and one with a fully masked row.
+    q = torch.zeros(1, 8, 1, 64)
+    cpu_choice = int(torch._fused_sdp_choice(q, torch.zeros(1, 8, 128, 64), torch.ones(1, 8, 128, 64),
+                                             torch.ones(1, 1, 1, 128, dtype=torch.bool), 0.0, False))
+    monkeypatch.setattr(exact, "HOIST_BACKENDS", frozenset({cpu_choice}))
+    monkeypatch.setattr(exact, "_CONVERSIONS", {})
+    conv = exact.mask_conversion(torch.float32, torch.device("cpu"))
+    assert conv is not None and conv[0] == cpu_choice
+    assert {n.target._opname for n in conv[1].graph.nodes if n.op == "call_function"} <= {
+        "where", "logical_not", "scalar_tensor"}
+    torch.manual_seed(0)
+    m, x = _MaskedStack().eval(), torch.randn(2, 6, 16)
+    keep = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    codes = []
+
+    def spy(gm, example_inputs, **kw):
+        exact.opaque_sdpa(gm)
+        hoisted = exact.hoist_sdpa_masks(gm)
+        codes.append((hoisted, gm.code))
+        return exact.backend(gm, example_inputs, **kw)
+
+    with torch.no_grad():
+        ref = m(x, keep)
+        keep_none = keep.clone()
+        keep_none[1] = False          # batch row 2: every key masked
+        ref2 = m(x, keep_none)
+        compiled = torch.compile(m, backend=spy, fullgraph=True)
+        got, got2 = compiled(x, keep), compiled(x, keep_none)
+        # the attention kernels read the hoisted conversion: one that weighs the keys differently
+        # (looked up at run time, no recompilation) changes the compiled model's output
+        key = (torch.float32, "cpu", None)
+        choice, real = exact._CONVERSIONS[key]
+        ramp = torch.linspace(0, 1, x.shape[1])
+        exact._CONVERSIONS[key] = (choice, lambda mask: real(mask) + ramp)
+        skewed = compiled(x, keep)
+    hoisted, code = codes[0]
+    assert hoisted == 1
+    assert code.count("kernelize.sdpa_mask_bias") == 1 and code.count("kernelize.eager_sdpa_bias") == 3
+    assert "kernelize.eager_sdpa.default" not in code
+    assert not locate.compare(ref, skewed).identical
+    assert locate.compare(ref, got).identical
+    assert locate.compare(ref2, got2).identical
+
+
+def test_no_mask_is_hoisted_where_the_backend_is_not_admitted(monkeypatch):
+    # the default admits only cuDNN, which a CPU never picks: the calls keep their boolean mask
+    monkeypatch.setattr(exact, "_CONVERSIONS", {})
+    assert exact.mask_conversion(torch.float32, torch.device("cpu")) is None
+    torch.manual_seed(0)
+    m, x = _MaskedStack().eval(), torch.randn(2, 6, 16)
+    keep = torch.ones(2, 6, dtype=torch.bool)
+    counts = []
+
+    def spy(gm, example_inputs, **kw):
+        exact.opaque_sdpa(gm)
+        counts.append(exact.hoist_sdpa_masks(gm))
+        return exact.backend(gm, example_inputs, **kw)
+
+    with torch.no_grad():
+        assert locate.compare(m(x, keep), torch.compile(m, backend=spy, fullgraph=True)(x, keep)).identical
+    assert counts == [0]

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Where the host's time of a decode step goes (issue 31): the Python functions a step runs, for
+one candidate of bench/exact_compile.py (1B Llama architecture, bf16, random weights).
+
+    python3 bench/host_profile.py OUT_DIR --candidate kernelize+exact-ro [--batch 1] [--steps 50]
+
+The step (bench/exact_compile.decode_step) is run until compiled, then `--steps` times under
+cProfile, each followed by a synchronisation as in the speed phase. Under CUDA graphs the GPU
+work is one replay; what the step's wall time has above its GPU time is spent here. Writes
+OUT_DIR/host-CANDIDATE.txt (pstats by own time and by cumulative time) and prints the top rows.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import exact_compile as B  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out")
+    p.add_argument("--candidate", default="kernelize+exact-ro")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--steps", type=int, default=50)
+    a = p.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = B.build_arch("llama", "large", torch.bfloat16)
+    m = B.candidate(base, a.candidate)
+    with torch.no_grad():
+        step = B.decode_step(m, a.batch, torch.Generator().manual_seed(5), prefill=None)
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+        wall = B.timed_ms(step, a.steps)
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        for _ in range(a.steps):
+            step()
+            torch.cuda.synchronize()
+        prof.disable()
+        per_step = (time.perf_counter() - t0) / a.steps * 1e3
+    s = io.StringIO()
+    st = pstats.Stats(prof, stream=s)
+    s.write(f"{a.candidate} batch {a.batch}: step wall {wall:.3f} ms (CUDA events), "
+            f"{per_step:.3f} ms a step under cProfile; {a.steps} steps\n")
+    st.sort_stats("tottime").print_stats(40)
+    st.sort_stats("cumulative").print_stats(60)
+    safe = a.candidate.replace("+", "_")
+    (out / f"host-{safe}.txt").write_text(s.getvalue())
+    print(s.getvalue()[:6000])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
