@@ -68,7 +68,8 @@ CMD ["worker"]
 
 # ---- worker-model: also measures kernels inside the shipped models (`--model`, which the
 # `argmax` policy needs): Python with torch (CUDA 13.0 wheels) and transformers, the
-# `kernelize` Python package (its model harness) and models/. Several GB larger.
+# `kernelize_verifier` Python package (the model-level harness) with the `kernelize` client it
+# imports, and models/. Several GB larger.
 FROM worker-base AS worker-model
 USER root
 RUN apt-get update \
@@ -78,6 +79,7 @@ RUN apt-get update \
     && /opt/venv/bin/pip install --no-cache-dir "torch>=2.9" --index-url https://download.pytorch.org/whl/cu130 \
     && /opt/venv/bin/pip install --no-cache-dir "transformers>=4.45" safetensors
 COPY python/kernelize /app/python/kernelize
+COPY python/kernelize_verifier /app/python/kernelize_verifier
 COPY models /app/models
 ENV KERNELIZE_PYTHON=/opt/venv/bin/python \
     KERNELIZE_PYTHONPATH=/app/python

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 import kernelize.launch as L  # noqa: E402
 from kernelize import DirSource  # noqa: E402
-from kernelize.harness import byte_ids, load_model  # noqa: E402
+from kernelize_verifier.model_level import byte_ids, load_model  # noqa: E402
 
 dev = torch.device("cuda", 0)
 

@@ -1,7 +1,8 @@
 """kernelize: put verified hub kernels into a PyTorch model (see docs/python.md).
 
-The names below are imported on first use, so that `python3 -m kernelize.harness` can start,
-and say clearly what is missing, on a Python without PyTorch.
+The names below are imported on first use, so that programs built on this package (the
+verifier's `python3 -m kernelize_verifier.model_level`) can start, and say clearly what is
+missing, on a Python without PyTorch.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """GPU: kernelize tiny models with the bundled exact kernels (local folder, as the hub would
 hand them out once verified) and compare the logits bit for bit with eager; run the model-level
-harness (`python3 -m kernelize.harness`) on the shipped models in models/.
+harness (`python3 -m kernelize_verifier.model_level`) on the shipped models in models/.
 Skips loudly without CUDA (CI has no GPU); run on the GPU machine with
 `python3 -m pytest -q -rs python/tests/test_gpu.py`.
 
@@ -255,14 +255,14 @@ def _shipped(name):
 
 
 def _eval_ids(n=512):
-    from kernelize.harness import byte_ids
+    from kernelize_verifier.model_level import byte_ids
     return torch.tensor(byte_ids((MODELS / "eval.txt").read_text(encoding="utf-8"))[:n],
                         device=DEV)
 
 
 def _shipped_logits(folder, names, n=512):
     """(eager logits, kernelized logits, launch counts) of a shipped model in bf16."""
-    from kernelize.harness import load_model
+    from kernelize_verifier.model_level import load_model
     model = load_model(folder, "bf16", DEV)
     ids = _eval_ids(n)
     with torch.no_grad():
@@ -303,7 +303,7 @@ def test_shipped_tiny_llama_exact_set_bit_exact_bf16():
 
 def _harness(tmp_path, kernel, *models, dtype="bf16"):
     out = tmp_path / kernel
-    cmd = [sys.executable, "-m", "kernelize.harness", "--kernel", str(KERNELS / kernel),
+    cmd = [sys.executable, "-m", "kernelize_verifier.model_level", "--kernel", str(KERNELS / kernel),
            "--dtype", dtype, "--text", str(MODELS / "eval.txt"), "--out-dir", str(out)]
     for m in models:
         cmd += ["--model", str(m)]
@@ -468,7 +468,7 @@ def test_shipped_tiny_llama_compiled_and_cuda_graphs_bit_exact(mlp_op):
     (CUDA graph trees: captured and replayed) give logits bit-identical to the uncompiled
     kernelized model. (Inductor would re-fuse the surrounding eager ops: not bit-exact.)"""
     from torch._dynamo.utils import counters
-    from kernelize.harness import load_model
+    from kernelize_verifier.model_level import load_model
     model = load_model(_shipped("tiny-llama"), "bf16", DEV)
     ids = _eval_ids()[None]
     names = EXACT + (["silu_mul"] if mlp_op == "silu_mul" else [])

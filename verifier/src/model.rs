@@ -1,8 +1,9 @@
 //! Model-level verification: the candidate substituted for every matching layer of a real small
 //! model, and what that does to the logits.
 //!
-//! The PyTorch side runs in a subprocess, `python3 -m kernelize.harness` (python/kernelize/
-//! harness.py): it loads each model with transformers, runs the evaluation text through it
+//! The PyTorch side runs in a subprocess, `python3 -m kernelize_verifier.model_level`
+//! (python/kernelize_verifier/model_level.py, which imports the client package `kernelize` and
+//! measures through its launch path on purpose): it loads each model with transformers, runs the evaluation text through it
 //! with its eager layers and again with the candidate swapped in, and writes both logit tensors
 //! as safetensors plus a `summary.json`. The metrics (max logit abs diff, argmax match, top-5
 //! overlap, mean KL) are computed here, in f64, by one function (`logit_metrics`).
@@ -32,7 +33,8 @@ pub struct ModelOptions {
     pub text: PathBuf,
     /// Python interpreter with torch (CUDA) and transformers.
     pub python: String,
-    /// Folder holding the `kernelize` Python package (put on PYTHONPATH).
+    /// Folder holding the `kernelize_verifier` and `kernelize` Python packages (the repository's
+    /// python/; put on PYTHONPATH).
     pub python_path: PathBuf,
     /// Tokens of the evaluation text to use (the rest is cut).
     pub max_tokens: u32,
@@ -121,10 +123,15 @@ impl HarnessPython {
     }
 }
 
-/// Runs the harness as a module with `-I` (which ignores PYTHONPATH): argv[1] is the folder
-/// holding the `kernelize` package, the rest the harness's arguments.
+/// The harness's module: the verifier's model-level program, in python/kernelize_verifier/
+/// (beside the client package `kernelize`, which it imports).
+const HARNESS_MODULE: &str = "kernelize_verifier.model_level";
+
+/// Runs the harness (`HARNESS_MODULE`) as a module with `-I` (which ignores PYTHONPATH):
+/// argv[1] is the folder holding the `kernelize_verifier` and `kernelize` packages, the rest the
+/// harness's arguments.
 const HARNESS_BOOTSTRAP: &str = "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); \
-     runpy.run_module('kernelize.harness', run_name='__main__', alter_sys=True)";
+     runpy.run_module('kernelize_verifier.model_level', run_name='__main__', alter_sys=True)";
 
 #[derive(Debug, Deserialize)]
 struct Run {
@@ -321,9 +328,10 @@ fn write_bundle(bundle: &KernelBundle, dir: &Path) -> Result<(), ModelError> {
     Ok(())
 }
 
-/// Where the `kernelize` Python package is: `KERNELIZE_PYTHONPATH`, else a `python/` folder
-/// holding `kernelize/harness.py` in the current directory, beside the executable, or in one
-/// of their parents.
+/// Where the Python packages are (the folder to put on the path): `KERNELIZE_PYTHONPATH`, else
+/// a `python/` folder holding both `kernelize_verifier/model_level.py` (the harness) and
+/// `kernelize/` (the client it imports) in the current directory, beside the executable, or in
+/// one of their parents.
 pub fn find_python_path() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("KERNELIZE_PYTHONPATH") {
         return Some(PathBuf::from(p));
@@ -338,15 +346,25 @@ pub fn find_python_path() -> Option<PathBuf> {
     {
         starts.push(d);
     }
-    for s in starts {
-        for a in s.ancestors() {
-            let p = a.join("python");
-            if p.join("kernelize").join("harness.py").is_file() {
-                return Some(p);
-            }
-        }
-    }
-    None
+    starts.iter().find_map(|s| python_path_from(s))
+}
+
+/// The first `python/` folder holding the harness and the client package, in `start` or one of
+/// its parents.
+fn python_path_from(start: &Path) -> Option<PathBuf> {
+    start
+        .ancestors()
+        .map(|a| a.join("python"))
+        .find(|p| is_python_path(p))
+}
+
+/// Whether `dir` holds the harness (`kernelize_verifier/model_level.py`) and the client package
+/// (`kernelize/`) it imports.
+fn is_python_path(dir: &Path) -> bool {
+    dir.join("kernelize_verifier")
+        .join("model_level.py")
+        .is_file()
+        && dir.join("kernelize").join("__init__.py").is_file()
 }
 
 /// Run the harness for `bundle` on every model and dtype, and turn its output into
@@ -405,7 +423,7 @@ pub fn run_models(
         cmd
     } else {
         let mut cmd = Command::new(&opts.python);
-        cmd.arg("-m").arg("kernelize.harness");
+        cmd.arg("-m").arg(HARNESS_MODULE);
         let pp = match std::env::var_os("PYTHONPATH") {
             Some(old) if !old.is_empty() => {
                 let mut v = opts.python_path.clone().into_os_string();
@@ -435,7 +453,7 @@ pub fn run_models(
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     progress(&format!(
-        "model level: {} model(s) x {} with {} -m kernelize.harness{}",
+        "model level: {} model(s) x {} with {} -m {HARNESS_MODULE}{}",
         opts.models.len(),
         dts.join(","),
         opts.python,
@@ -744,8 +762,9 @@ mod tests {
         assert!(a.starts_with("sha256:") && a.len() == 7 + 64);
     }
 
-    /// A stand-in for `python3 -m kernelize.harness`: copies prepared outputs into --out-dir
-    /// (or fails, or hangs), so the subprocess plumbing is tested without torch.
+    /// A stand-in for `python3 -m kernelize_verifier.model_level`: records its arguments in
+    /// `argv.txt` beside it and copies prepared outputs into --out-dir (or fails, or hangs), so
+    /// the subprocess plumbing is tested without torch.
     #[cfg(unix)]
     fn fake_python(dir: &Path, body: &str) -> String {
         use std::os::unix::fs::PermissionsExt;
@@ -753,7 +772,8 @@ mod tests {
         std::fs::write(
             &p,
             format!(
-                "#!/bin/sh\nwhile [ $# -gt 0 ]; do case \"$1\" in --out-dir) out=\"$2\"; shift;; esac; shift; done\n{body}\n"
+                "#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$(dirname \"$0\")/argv.txt\"\n\
+                 while [ $# -gt 0 ]; do case \"$1\" in --out-dir) out=\"$2\"; shift;; esac; shift; done\n{body}\n"
             ),
         )
         .unwrap();
@@ -874,6 +894,63 @@ grid = "per_element"
                 .iter()
                 .any(|l| l.contains("harness: tiny bf16: 3 layers")),
             "{lines:?}"
+        );
+        // A CUDA kernel's harness: `-m kernelize_verifier.model_level`, the python/ folder on
+        // PYTHONPATH.
+        let argv = std::fs::read_to_string(d.path().join("argv.txt")).unwrap();
+        let argv: Vec<&str> = argv.lines().collect();
+        assert_eq!(
+            &argv[..2],
+            ["-m", "kernelize_verifier.model_level"],
+            "{argv:?}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("-m kernelize_verifier.model_level")),
+            "{lines:?}"
+        );
+    }
+
+    /// The confined child (a Python candidate's harness) runs the same module as the plain one.
+    #[test]
+    fn the_bootstrap_runs_the_harness_module() {
+        assert_eq!(HARNESS_MODULE, "kernelize_verifier.model_level");
+        assert!(
+            HARNESS_BOOTSTRAP.contains(&format!("runpy.run_module('{HARNESS_MODULE}', ")),
+            "{HARNESS_BOOTSTRAP}"
+        );
+    }
+
+    /// The python/ folder is found by the harness (`kernelize_verifier/model_level.py`) and the
+    /// client package it imports (`kernelize/`), from the folder itself or a folder below; the
+    /// old layout (`kernelize/harness.py`) or either package alone is not enough.
+    #[test]
+    fn the_python_folder_needs_the_harness_and_the_client() {
+        let d = tempfile::tempdir().unwrap();
+        let py = d.path().join("python");
+        let deep = d.path().join("a").join("b");
+        std::fs::create_dir_all(&deep).unwrap();
+        std::fs::create_dir_all(py.join("kernelize")).unwrap();
+        std::fs::write(py.join("kernelize").join("harness.py"), "").unwrap();
+        assert_eq!(python_path_from(&deep), None, "the old layout");
+        std::fs::create_dir_all(py.join("kernelize_verifier")).unwrap();
+        std::fs::write(py.join("kernelize_verifier").join("model_level.py"), "").unwrap();
+        assert_eq!(
+            python_path_from(&deep),
+            None,
+            "no client package (kernelize/__init__.py)"
+        );
+        std::fs::write(py.join("kernelize").join("__init__.py"), "").unwrap();
+        assert_eq!(python_path_from(&deep), Some(py.clone()));
+        assert_eq!(python_path_from(d.path()), Some(py.clone()));
+        std::fs::remove_file(py.join("kernelize_verifier").join("model_level.py")).unwrap();
+        assert_eq!(python_path_from(&deep), None, "no harness");
+        // The repository's own python/ folder qualifies, found from this crate's folder.
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        assert_eq!(
+            python_path_from(Path::new(env!("CARGO_MANIFEST_DIR"))),
+            Some(repo.join("python"))
         );
     }
 

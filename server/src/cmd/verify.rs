@@ -118,8 +118,9 @@ pub struct ModelArgs {
     /// Python interpreter with torch and transformers for the model-level harness.
     #[arg(long, env = "KERNELIZE_PYTHON", default_value = "python3")]
     pub python: String,
-    /// Folder holding the `kernelize` Python package (default: `KERNELIZE_PYTHONPATH`, else a
-    /// `python/` folder found from the current directory or the executable's).
+    /// Folder holding the `kernelize_verifier` (the model-level harness) and `kernelize` Python
+    /// packages (default: `KERNELIZE_PYTHONPATH`, else a `python/` folder found from the current
+    /// directory or the executable's).
     #[arg(long, value_name = "DIR")]
     pub python_path: Option<std::path::PathBuf>,
     /// Tokens of the evaluation text to run.
@@ -176,8 +177,9 @@ impl ModelArgs {
             Some(p) => p.clone(),
             None => verifier::model::find_python_path().ok_or_else(|| {
                 anyhow::anyhow!(
-                    "the kernelize Python package (python/kernelize/harness.py) was not found from \
-                     here; give its folder with --python-path DIR or KERNELIZE_PYTHONPATH"
+                    "the verifier's Python programs (python/kernelize_verifier/model_level.py, \
+                     beside the kernelize package) were not found from here; give their folder \
+                     (python/) with --python-path DIR or KERNELIZE_PYTHONPATH"
                 )
             })?,
         };

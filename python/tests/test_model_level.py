@@ -1,6 +1,7 @@
-"""The model-level harness (`python3 -m kernelize.harness`) on the CPU: tokenisation, loading,
-semantics adaptation, matching, the summary contract (through --dry-run, which does all but
-the launch) and exit statuses. The launch itself is covered by test_gpu.py on a GPU."""
+"""The verifier's model-level harness (`python3 -m kernelize_verifier.model_level`) on the CPU:
+tokenisation, loading, semantics adaptation, matching, the summary contract (through --dry-run,
+which does all but the launch) and exit statuses. The launch itself is covered by test_gpu.py on
+a GPU."""
 
 import json
 import os
@@ -12,8 +13,9 @@ import pytest
 import torch
 
 from conftest import REPO
-from kernelize import DirSource, core, harness
+from kernelize import DirSource, core
 from kernelize.discover import discover
+from kernelize_verifier import model_level
 
 transformers = pytest.importorskip("transformers")
 KERNELS = REPO / "kernels"
@@ -52,7 +54,7 @@ def models(tmp_path_factory):
 
 
 def _ids(n=40):
-    return torch.tensor(harness.byte_ids(EVAL.read_text(encoding="utf-8"))[:n])
+    return torch.tensor(model_level.byte_ids(EVAL.read_text(encoding="utf-8"))[:n])
 
 
 def _logits(model, ids):
@@ -63,16 +65,17 @@ def _logits(model, ids):
 # ---- tokens ---------------------------------------------------------------------------------
 
 def test_byte_tokenisation(tmp_path, models):
-    assert harness.byte_ids("aé\n") == [97, 0xC3, 0xA9, 10]
-    ids, how = harness.tokenize(models["llama"], {"kernelize_tokenizer": "bytes", "vocab_size": 256},
-                                "kernelize")
+    assert model_level.byte_ids("aé\n") == [97, 0xC3, 0xA9, 10]
+    ids, how = model_level.tokenize(models["llama"],
+                                    {"kernelize_tokenizer": "bytes", "vocab_size": 256},
+                                    "kernelize")
     assert ids == list(b"kernelize") and how.startswith("bytes")
-    with pytest.raises(harness.HarnessError, match="vocab_size is 128"):
-        harness.tokenize(tmp_path, {"kernelize_tokenizer": "bytes", "vocab_size": 128}, "x")
-    with pytest.raises(harness.HarnessError, match="not known"):
-        harness.tokenize(tmp_path, {"kernelize_tokenizer": "words"}, "x")
-    with pytest.raises(harness.HarnessError, match="no usable tokenizer"):
-        harness.tokenize(tmp_path, {"vocab_size": 256}, "x")  # no key, no tokenizer files
+    with pytest.raises(model_level.HarnessError, match="vocab_size is 128"):
+        model_level.tokenize(tmp_path, {"kernelize_tokenizer": "bytes", "vocab_size": 128}, "x")
+    with pytest.raises(model_level.HarnessError, match="not known"):
+        model_level.tokenize(tmp_path, {"kernelize_tokenizer": "words"}, "x")
+    with pytest.raises(model_level.HarnessError, match="no usable tokenizer"):
+        model_level.tokenize(tmp_path, {"vocab_size": 256}, "x")  # no key, no tokenizer files
 
 
 def test_eval_text_is_in_the_corpus():
@@ -90,13 +93,13 @@ def _norm_paths(model, semantics):
 @pytest.mark.parametrize("semantics", ["llama", "gemma", "torch"])
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_rmsnorm_adaptation_same_function(models, semantics, dtype):
-    model = harness.load_model(models["llama"], dtype, torch.device("cpu"))
+    model = model_level.load_model(models["llama"], dtype, torch.device("cpu"))
     norms = _norm_paths(model, "llama")
     assert len(norms) == 5
     before = {p: model.get_submodule(p) for p in norms}
     ids = _ids()
     eager = _logits(model, ids)
-    ad = harness.adapt_model(model, "rms_norm", semantics)
+    ad = model_level.adapt_model(model, "rms_norm", semantics)
     # discovery sees the intended semantics on every converted layer, and nothing else
     assert _norm_paths(model, semantics) == norms
     if semantics == "llama":
@@ -104,7 +107,7 @@ def test_rmsnorm_adaptation_same_function(models, semantics, dtype):
     else:
         assert sorted(ad.paths) == sorted(norms) and "5 x LlamaRMSNorm -> " in ad.describe()
     # each layer computes the same function up to the formula's rounding points
-    x = torch.randn(7, 64).to(harness.torch_dtype(dtype)) * 3
+    x = torch.randn(7, 64).to(model_level.torch_dtype(dtype)) * 3
     with torch.no_grad():
         for p, old in before.items():
             torch.testing.assert_close(model.get_submodule(p)(x), old(x))
@@ -117,10 +120,10 @@ def test_rmsnorm_adaptation_same_function(models, semantics, dtype):
                                            ("gpt2-gelu_new", "gelu", "none"),
                                            ("gpt2-gelu", "gelu", None)])
 def test_gelu_adaptation(models, src, op, approx):
-    model = harness.load_model(models[src], "f32", torch.device("cpu"))
+    model = model_level.load_model(models[src], "f32", torch.device("cpu"))
     ids = _ids()
     eager = _logits(model, ids)
-    ad = harness.adapt_model(model, op, "default")
+    ad = model_level.adapt_model(model, op, "default")
     acts = {s.path for s in discover(model).sites if s.op == op}
     assert acts == {"transformer.h.0.mlp.act", "transformer.h.1.mlp.act"}
     if approx is None:  # already eager F.gelu: left as is
@@ -133,9 +136,9 @@ def test_gelu_adaptation(models, src, op, approx):
 
 
 def test_silu_goes_into_act_fn_of_gated_mlp(models):
-    model = harness.load_model(models["llama"], "bf16", torch.device("cpu"))
+    model = model_level.load_model(models["llama"], "bf16", torch.device("cpu"))
     assert {s.op for s in discover(model).sites} == {"rms_norm", "silu_mul"}
-    ad = harness.adapt_model(model, "silu", "default")
+    ad = model_level.adapt_model(model, "silu", "default")
     assert not ad.fuse_gated_mlp and "2 gated MLP(s) not fused" in ad.describe()
     sites = [s for s in discover(model, fuse_gated_mlp=False).sites if s.op == "silu"]
     assert {(s.path, s.cols) for s in sites} == {("model.layers.0.mlp.act_fn", 160),
@@ -159,7 +162,7 @@ def test_dir_source_single_kernel_folder(tmp_path):
         DirSource(broken)
 
 
-# ---- the command line (in process: main(argv) is what `-m kernelize.harness` runs) ----------
+# ---- the command line (in process: main(argv) is what `-m kernelize_verifier.model_level` runs)
 
 def _run(tmp_path, kernel, model_dirs, *extra, dtype="bf16", dry=True):
     out = tmp_path / "out"
@@ -168,7 +171,7 @@ def _run(tmp_path, kernel, model_dirs, *extra, dtype="bf16", dry=True):
         argv += ["--model", str(m)]
     if dry:
         argv += ["--dry-run", "--device", "cpu", "--arch", "sm_90"]
-    rc = harness.main(argv + list(extra))
+    rc = model_level.main(argv + list(extra))
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
     return rc, summary, out
 
@@ -204,7 +207,7 @@ def test_gated_mlp_kernels_replace_the_mlps(tmp_path, models, kernel, tried):
     r = s["runs"][0]
     assert r["replaced"] == ["model.layers.0.mlp", "model.layers.1.mlp"]
     assert r["adaptation"] == "none (the model as saved)"
-    model = harness.load_model(models["llama"], "bf16", torch.device("cpu"))
+    model = model_level.load_model(models["llama"], "bf16", torch.device("cpu"))
     rep = core.kernelize(model, kernels_dir=KERNELS / kernel, arch="sm_90", verbose=False)
     mlp = {e.path: e for e in rep.entries}["model.layers.0.mlp"]
     assert (mlp.op, mlp.tried, mlp.kernel.name) == (kernel, tried, kernel)
@@ -243,7 +246,7 @@ def test_bad_arguments_exit_2(tmp_path, models, capsys):
                  base + ["--dtype", "bf16", "--dry-run", "--device", "cpu"],
                  base + ["--dtype", "bf16", "--model", str(models["llama"])]):
         with pytest.raises(SystemExit) as e:
-            harness.main(argv)
+            model_level.main(argv)
         assert e.value.code == 2, argv
     assert capsys.readouterr().out == ""
 
@@ -270,10 +273,11 @@ def test_missing_weights_and_bad_kernel_exit_1(tmp_path, models, capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
 def test_module_entry_point_without_cuda(tmp_path, models):
-    """`python3 -m kernelize.harness` as the verifier runs it: no CUDA here -> exit 1 with a
-    message that says so; stdout empty."""
+    """`python3 -m kernelize_verifier.model_level` as the verifier runs it: no CUDA here -> exit 1
+    with a message that says so; stdout empty."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    p = subprocess.run([sys.executable, "-m", "kernelize.harness", "--kernel", str(KERNELS / "silu"),
+    p = subprocess.run([sys.executable, "-m", "kernelize_verifier.model_level",
+                        "--kernel", str(KERNELS / "silu"),
                         "--model", str(models["llama"]), "--dtype", "bf16", "--text", str(EVAL),
                         "--out-dir", str(tmp_path / "o")], capture_output=True, text=True, env=env)
     assert p.returncode == 1 and p.stdout == ""
@@ -284,7 +288,7 @@ def test_safetensors_layout(tmp_path):
     from safetensors.torch import load_file
     ids = torch.tensor([1, 2, 3])
     e = torch.randn(3, 256).to(torch.bfloat16).float()
-    harness._save(tmp_path / "m.bf16.safetensors", ids, e, e + 1, {"model_name": "m"})
+    model_level._save(tmp_path / "m.bf16.safetensors", ids, e, e + 1, {"model_name": "m"})
     t = load_file(str(tmp_path / "m.bf16.safetensors"))
     assert t["input_ids"].dtype == torch.int64 and t["input_ids"].shape == (3,)
     assert t["eager_logits"].dtype == torch.float32 and t["candidate_logits"].shape == (3, 256)
@@ -300,15 +304,15 @@ def test_gelu_tanh_goes_into_act_fn_of_gemma_mlps_and_gelu_leaves_them_fused():
                                    num_key_value_heads=1, head_dim=16)
     model = transformers.GemmaForCausalLM(cfg).to(torch.bfloat16)
     assert {s.op for s in discover(model).sites} == {"rms_norm", "gelu_tanh_mul"}
-    ad = harness.adapt_model(model, "gelu_tanh", "default")
+    ad = model_level.adapt_model(model, "gelu_tanh", "default")
     assert not ad.fuse_gated_mlp and "2 gated MLP(s) not fused: the gelu_tanh kernel" in ad.describe()
     sites = [s for s in discover(model, fuse_gated_mlp=False).sites if s.op == "gelu_tanh"]
     assert {(s.path, s.cols) for s in sites} == {("model.layers.0.mlp.act_fn", 96),
                                                  ("model.layers.1.mlp.act_fn", 96)}
     # the gated op's kernel measures the MLPs as they are; an erf-GELU kernel changes nothing
     # in the MLPs (no gated op is erf GELU)
-    assert harness.adapt_model(model, "gelu_tanh_mul", "default").fuse_gated_mlp
-    assert harness.adapt_model(model, "gelu", "default").fuse_gated_mlp
+    assert model_level.adapt_model(model, "gelu_tanh_mul", "default").fuse_gated_mlp
+    assert model_level.adapt_model(model, "gelu", "default").fuse_gated_mlp
 
 
 # ---- Python candidates (docs/spec.md section 2b): the function swapped in, on the CPU ------------------------
@@ -443,11 +447,11 @@ def test_require_network_isolation_refuses_before_running_the_candidate(tmp_path
     marker = tmp_path / "ran"
     k = _py_candidate(tmp_path, "marks", f"open({str(marker)!r}, 'w').close()\n\n\n"
                       "def rms_norm(x, weight, eps):\n    return x\n")
-    monkeypatch.setattr(harness, "network_isolation", lambda: "NOT isolated: interfaces eth0, lo")
+    monkeypatch.setattr(model_level, "network_isolation", lambda: "NOT isolated: interfaces eth0, lo")
     rc, _, _ = _run_cpu(tmp_path, k, [models["llama"]], "--require-network-isolation")
     assert rc == 1 and "refusing to run the Python candidate" in capsys.readouterr().err
     assert not marker.exists(), "the candidate's code ran"
-    monkeypatch.setattr(harness, "network_isolation", lambda: "isolated: a network namespace of its own, no interface but lo")
+    monkeypatch.setattr(model_level, "network_isolation", lambda: "isolated: a network namespace of its own, no interface but lo")
     rc, s, _ = _run_cpu(tmp_path, k, [models["llama"]], "--require-network-isolation")
     assert rc == 0 and marker.exists() and s["python"]["isolation"][0].startswith("isolated")
 
@@ -459,7 +463,7 @@ def test_a_cuda_kernel_still_needs_cuda_without_dry_run(tmp_path, models, capsys
 
 
 def test_kernelize_on_the_cpu_swaps_python_candidates_only(models):
-    model = harness.load_model(models["llama"], "bf16", torch.device("cpu"))
+    model = model_level.load_model(models["llama"], "bf16", torch.device("cpu"))
     rep = core.kernelize(model, kernels_dir=KERNELS / "rms_norm_llama", device="cpu", swap=True,
                          arch="sm_90", verbose=False)
     norms = [e for e in rep.entries if e.op == "rms_norm"]

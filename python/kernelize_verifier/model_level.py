@@ -5,10 +5,16 @@ The Rust verifier (`kernelize verify KERNEL_DIR --model DIR ...`) runs this as a
 and computes the metrics (max logit abs diff, argmax match, top-5 overlap, KL) from the files
 it writes:
 
-    python3 -m kernelize.harness --kernel KERNEL_DIR --model MODEL_DIR [--model MODEL_DIR2 ...]
+    python3 -m kernelize_verifier.model_level --kernel KERNEL_DIR
+        --model MODEL_DIR [--model MODEL_DIR2 ...]
         --dtype bf16[,f16,f32] --text EVAL_TEXT_FILE --out-dir OUT_DIR
         [--device cuda] [--max-tokens 512] [--arch sm_90] [--dry-run]
         [--package-dir DIR ...] [--require-network-isolation]
+
+It is the verifier's program, not part of the client package: it lives in `kernelize_verifier`
+(beside `kernelize` in the repository's python/ folder, which the verifier puts on the path:
+`--python-path` / `KERNELIZE_PYTHONPATH`) and imports the client (`kernelize`) on purpose, so
+that a kernel is measured through the same discovery and launch path a user's model takes.
 
 For each model x dtype: load the model (transformers `AutoModelForCausalLM`) in that dtype,
 adapt it so that its layers compute the kernel's op and semantics where a clean equivalent
@@ -277,7 +283,7 @@ def adapt_model(model, op: str, semantics: str) -> Adaptation:
     """
     from torch import nn
 
-    from .discover import GATED_OPS, discover
+    from kernelize.discover import GATED_OPS, discover
     ad = Adaptation(fuse_gated_mlp=op not in GATED_OPS)
     if not ad.fuse_gated_mlp:
         gated = [s.path for s in discover(model).sites if s.op == GATED_OPS[op]]
@@ -352,7 +358,7 @@ class Kernel:
 
 
 def load_kernel(path: Path) -> Kernel:
-    from .sources import DirSource
+    from kernelize.sources import DirSource
     if not (path / "kernel.toml").is_file():
         raise HarnessError(f"--kernel {path}: no kernel.toml there. Give one kernel folder "
                            "(kernel.toml + its .cu source), e.g. kernels/rms_norm_llama.")
@@ -396,8 +402,8 @@ def load_python_candidate(kernel: Kernel, dtypes: list[str], device, require_iso
     version ("missing" when absent) and the isolation found."""
     import torch
 
-    from . import launch
-    from .pykernel import package_versions
+    from kernelize import launch
+    from kernelize.pykernel import package_versions
     isolation = [network_isolation(), f"working directory {os.getcwd()}"]
     with contextlib.suppress(Exception):
         import resource
@@ -439,8 +445,8 @@ def measure(kernel: Kernel, model_dir: Path, dtype: str, text: str, args, device
     """(run entry, None) or (None, skipped entry) for one model x dtype."""
     import torch
 
-    from . import core
-    from .discover import discover
+    from kernelize import core
+    from kernelize.discover import discover
     t0 = time.perf_counter()
     name = model_dir.name
     skip = lambda reason: (None, {"model_name": name, "model_dir": str(model_dir),  # noqa: E731
@@ -564,7 +570,7 @@ def _positive(s: str) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python3 -m kernelize.harness",
+        prog="python3 -m kernelize_verifier.model_level",
         description="Measure one kernel inside small real models: eager vs candidate logits.")
     p.add_argument("--kernel", required=True, type=Path, help="one kernel folder (kernel.toml + .cu)")
     p.add_argument("--model", required=True, action="append", type=Path,
