@@ -8,15 +8,24 @@ The step (bench/exact_compile.decode_step) is run until compiled, then `--steps`
 cProfile, each followed by a synchronisation as in the speed phase. Under CUDA graphs the GPU
 work is one replay; what the step's wall time has above its GPU time is spent here. Writes
 OUT_DIR/host-CANDIDATE.txt (pstats by own time and by cumulative time) and prints the top rows.
+
+`--sync-debug`: also run the steps once more with CUDA's sync debug mode on and count the
+operations that synchronise with the device, by the Python line that called them (the step's
+own `torch.cuda.synchronize()` is one). `--no-gc`: Python's garbage collector off while timing
+(a pause of the collector lands in whichever function runs).
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
+import gc
 import io
 import pstats
 import sys
 import time
+import traceback
+import warnings
 from pathlib import Path
 
 import torch
@@ -31,6 +40,8 @@ def main() -> int:
     p.add_argument("--candidate", default="kernelize+exact-ro")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--sync-debug", action="store_true")
+    p.add_argument("--no-gc", action="store_true")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -41,6 +52,9 @@ def main() -> int:
         for _ in range(5):
             step()
         torch.cuda.synchronize()
+        if a.no_gc:
+            gc.collect()
+            gc.disable()
         wall = B.timed_ms(step, a.steps)
         prof = cProfile.Profile()
         t0 = time.perf_counter()
@@ -50,10 +64,33 @@ def main() -> int:
             torch.cuda.synchronize()
         prof.disable()
         per_step = (time.perf_counter() - t0) / a.steps * 1e3
+        syncs: collections.Counter = collections.Counter()
+        if a.sync_debug:
+            shown = warnings.showwarning
+
+            def record(message, category, filename, lineno, file=None, line=None):
+                where = [f for f in traceback.extract_stack()[:-1] if "warnings" not in f.filename]
+                syncs[f"{where[-1].filename}:{where[-1].lineno} ({where[-1].name})" if where else "?"] += 1
+
+            warnings.showwarning = record
+            with warnings.catch_warnings():
+                warnings.simplefilter("always")
+                warnings.showwarning = record
+                torch.cuda.set_sync_debug_mode("warn")
+                for _ in range(a.steps):
+                    step()
+                    torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("default")
+            warnings.showwarning = shown
     s = io.StringIO()
     st = pstats.Stats(prof, stream=s)
     s.write(f"{a.candidate} batch {a.batch}: step wall {wall:.3f} ms (CUDA events), "
-            f"{per_step:.3f} ms a step under cProfile; {a.steps} steps\n")
+            f"{per_step:.3f} ms a step under cProfile; {a.steps} steps; gc "
+            f"{'off' if a.no_gc else 'on'}\n")
+    if a.sync_debug:
+        s.write(f"synchronising operations over {a.steps} steps (sync debug mode), by caller:\n")
+        for where, n in syncs.most_common(20):
+            s.write(f"  {n:6d}  {where}\n")
     st.sort_stats("tottime").print_stats(40)
     st.sort_stats("cumulative").print_stats(60)
     safe = a.candidate.replace("+", "_")

@@ -97,9 +97,12 @@ async fn the_audit_is_shown_and_gates_the_policy(b: Backend) {
     verify_with_audit(&srv, &worker, &[("clock", "%globaltimer")]).await;
     submit(&srv, &token, "cap_sneaky", &[]).await;
     verify_with_audit(&srv, &worker, &[("clock", "%globaltimer")]).await;
+    // A report with no audit at all: one from a worker of before the audit.
     submit(&srv, &token, "cap_unaudited", &[]).await;
     support::claim_and_report(&srv, &worker, |claim| {
-        support::recorded_report(EXACT, claim, "sm_90")
+        let mut r = support::recorded_report(EXACT, claim, "sm_90");
+        r.as_object_mut().unwrap().remove("capabilities");
+        r
     })
     .await;
 
@@ -125,8 +128,14 @@ async fn the_audit_is_shown_and_gates_the_policy(b: Backend) {
     );
     let k = srv.get_json("/v1/kernels/cap_trap/1.0.0").await;
     assert_eq!(k["verifications"][0]["capabilities_refused"], json!([]));
+    // No audit in the report (certified as it was made), and every policy refuses it: what
+    // its compiled code can do is unknown.
     let k = srv.get_json("/v1/kernels/cap_unaudited/1.0.0").await;
     assert_eq!(k["verifications"][0]["capabilities"], Value::Null, "{k}");
+    let why = k["verifications"][0]["capabilities_refused"][0]
+        .as_str()
+        .unwrap();
+    assert!(why.contains("before the capability audit"), "{k}");
     // The full record carries it in the report (certified with it).
     let vs = srv
         .get_json("/v1/kernels/cap_trap/1.0.0/verifications")
@@ -137,13 +146,10 @@ async fn the_audit_is_shown_and_gates_the_policy(b: Backend) {
     );
 
     // The policy list: a clock only where declared and allowed; an undeclared one never.
-    assert_eq!(
-        approved(&srv, "bit_exact").await,
-        ["cap_clean", "cap_trap", "cap_unaudited"]
-    );
+    assert_eq!(approved(&srv, "bit_exact").await, ["cap_clean", "cap_trap"]);
     assert_eq!(
         approved(&srv, "bit_exact,allow:clock").await,
-        ["cap_clean", "cap_clock", "cap_trap", "cap_unaudited"]
+        ["cap_clean", "cap_clock", "cap_trap"]
     );
     assert_eq!(
         approved(&srv, "bit_exact,audited,allow:clock").await,
@@ -231,5 +237,10 @@ async fn the_audit_is_shown_and_gates_the_policy(b: Backend) {
     assert!(html.contains("class=\"audit-clean\""), "{html}");
     assert!(!html.contains("A default policy refuses it"));
     let html = page("/kernels/cap_unaudited/1.0.0").await;
-    assert!(html.contains("Not audited"), "{html}");
+    assert!(html.contains("class=\"error audit-incomplete\""), "{html}");
+    assert!(html.contains("made before the capability audit"), "{html}");
+    assert!(
+        html.contains("A default policy refuses it: the compiled code could not be audited"),
+        "{html}"
+    );
 }

@@ -262,8 +262,9 @@ impl CapabilityReport {
     /// with `!` before the name of one found and not declared (`,trap,!clock,`). An audit that
     /// could not read every module ([`CapabilityReport::audited`] false) is [`UNAUDITED_FLAGS`]:
     /// what that code can do is unknown, so every policy refuses it, as an undeclared
-    /// capability. (`None`, no audit at all, is a report from before the audit or a Python
-    /// candidate: refused only under `audited`.)
+    /// capability. (A CUDA report from before the audit stands as [`CapabilityReport::before_audit`]:
+    /// [`crate::report::VerificationReport::audit`]. `None`, no audit at all, is a Python
+    /// candidate's: refused only under `audited`.)
     pub fn flags(&self) -> Option<String> {
         if !self.audited {
             return Some(UNAUDITED_FLAGS.to_string());
@@ -282,6 +283,24 @@ impl CapabilityReport {
 
 /// The stored flags of an audit that could not read every module of a CUDA kernel.
 pub const UNAUDITED_FLAGS: &str = ",!unaudited,";
+
+/// Why a CUDA kernel's verification made before the capability audit counts as unaudited
+/// ([`CapabilityReport::before_audit`]).
+pub const BEFORE_AUDIT: &str = "the verification was made before the capability audit existed, so nothing of its compiled code was read; verify the kernel again (`kernelize verify-request` on a hub, `kernelize verify` locally) to audit it";
+
+impl CapabilityReport {
+    /// What a CUDA kernel's verification made before the audit stands for: nothing was read,
+    /// so what its code can do is unknown and every policy refuses it, as an audit that could
+    /// not read a module (migration 0016 stores the same for such rows).
+    pub fn before_audit() -> CapabilityReport {
+        CapabilityReport {
+            audited: false,
+            found: vec![],
+            declared: vec![],
+            notes: vec![BEFORE_AUDIT.to_string()],
+        }
+    }
+}
 
 /// What a policy says of a verification's audit (`None`: not audited): each reason it refuses
 /// it, given the capabilities the policy allows and whether it requires an audit.

@@ -624,7 +624,10 @@ mod tests {
     #[test]
     fn the_capability_audit_is_certified_and_old_reports_keep_their_digest() {
         use crate::capability::{audit_ptx, Capability, CapabilityReport, DeclaredCapability};
-        let (old, cert, trusted) = signed();
+        let mut old = report_with(0, 0);
+        old.capabilities = None; // made before the audit
+        let cert = Certificate::sign(&key(7), &Claims::of(&old, "2026-11-23T08:00:00Z"));
+        let trusted = encode_key(&key(7).verifying_key());
         let json = serde_json::to_value(&old).unwrap();
         assert!(json.get("capabilities").is_none());
         let back: VerificationReport = serde_json::from_value(json).unwrap();

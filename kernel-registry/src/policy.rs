@@ -352,7 +352,7 @@ impl Policy {
         self.evaluate_parts(
             report.summary.per_dtype.get(&dtype),
             &models,
-            report.capabilities.as_ref(),
+            report.audit().as_deref(),
             dtype,
         )
     }
@@ -526,20 +526,43 @@ mod tests {
     }
 
     /// The capability audit gates every policy: undeclared capabilities always, declared gated
-    /// ones unless allowed, no audit only under `audited`; the measured verdict is untouched.
+    /// ones unless allowed; a CUDA report with no audit (made before it) always; a Python
+    /// candidate's (not audited) only under `audited`; the measured verdict is untouched.
     #[test]
     fn capabilities_gate_the_policy() {
         use crate::capability::{audit_ptx, DeclaredCapability};
         let mut r = report_with(0, 0);
         let bit: Policy = "bit_exact".parse().unwrap();
-        // No audit (an older report): passes, except under `audited`.
+        let audited: Policy = "bit_exact,audited".parse().unwrap();
+        assert!(
+            bit.evaluate(&r, DType::Bf16).is_ok(),
+            "a clean audit passes"
+        );
+        // No audit in a CUDA report (one made before the audit): every policy refuses it.
+        r.capabilities = None;
+        for p in [
+            &bit,
+            &audited,
+            &"ulp:1,allow:clock,allow:state".parse().unwrap(),
+        ] {
+            let why = p.evaluate(&r, DType::Bf16).unwrap_err();
+            assert!(
+                why[0].contains("could not be audited")
+                    && why[0].contains("before the capability audit"),
+                "{why:?}"
+            );
+        }
+        // A Python candidate's report (no audit of its code): passes, except under `audited`.
+        r.python = Some(crate::report::PythonRuntime {
+            python: "3.12".into(),
+            torch: "2.11".into(),
+            packages: Default::default(),
+            isolation: vec![],
+        });
         assert!(bit.evaluate(&r, DType::Bf16).is_ok());
-        let why = "bit_exact,audited"
-            .parse::<Policy>()
-            .unwrap()
-            .evaluate(&r, DType::Bf16)
-            .unwrap_err();
+        let why = audited.evaluate(&r, DType::Bf16).unwrap_err();
         assert!(why[0].contains("not audited"), "{why:?}");
+        r.python = None;
         let ptx = ".version 8.5\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n.reg .b64 %rd<3>;\nmov.u64 %rd1, %globaltimer;\ntrap;\nret;\n}\n";
         let audit = audit_ptx(ptx);
         let trap = DeclaredCapability {

@@ -95,6 +95,25 @@ pub struct VerificationReport {
     pub capabilities: Option<crate::capability::CapabilityReport>,
 }
 
+impl VerificationReport {
+    /// The capability audit a policy decides on: the report's own; for a CUDA kernel's report
+    /// made before the audit existed, [`CapabilityReport::before_audit`] (every policy refuses
+    /// it until the kernel is verified again); `None` for a Python candidate (its code is not
+    /// audited; refused only by a policy with `audited`). The report itself is not changed, so
+    /// its digest and certificate stay what they were.
+    ///
+    /// [`CapabilityReport::before_audit`]: crate::capability::CapabilityReport::before_audit
+    pub fn audit(&self) -> Option<std::borrow::Cow<'_, crate::capability::CapabilityReport>> {
+        match (&self.capabilities, &self.python) {
+            (Some(c), _) => Some(std::borrow::Cow::Borrowed(c)),
+            (None, None) => Some(std::borrow::Cow::Owned(
+                crate::capability::CapabilityReport::before_audit(),
+            )),
+            (None, Some(_)) => None,
+        }
+    }
+}
+
 /// The Python environment a Python candidate was verified in.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PythonRuntime {
@@ -769,7 +788,14 @@ pub mod tests_support {
             compiled: vec![],
             requested_shapes: vec![],
             python: None,
-            capabilities: None,
+            // A clean audit, as a worker of today reports (`None` would stand for a report from
+            // before the audit, which every policy refuses: `VerificationReport::audit`).
+            capabilities: Some(crate::capability::CapabilityReport {
+                audited: true,
+                found: vec![],
+                declared: vec![],
+                notes: vec![],
+            }),
         }
     }
 }

@@ -138,13 +138,14 @@ pub(crate) async fn insert_summary_in(
             )
             .bind(serde_json::to_string(v).expect("verdict serialises"))
             .bind(serde_json::to_string(&models).expect("models serialise"))
-            // The audit is the kernel's (every dtype's row holds it); NULL: not audited.
+            // The audit is the kernel's (every dtype's row holds it; `VerificationReport::audit`:
+            // a CUDA report from before the audit stands as an unaudited one); NULL: a Python
+            // candidate, not audited.
             .bind(capability_flags(report))
             .bind(
                 report
-                    .capabilities
-                    .as_ref()
-                    .map(|c| serde_json::to_string(c).expect("audit serialises")),
+                    .audit()
+                    .map(|c| serde_json::to_string(&*c).expect("audit serialises")),
             )
             .execute(&mut **tx)
             .await?;
@@ -190,9 +191,10 @@ pub(crate) async fn insert_summary_in(
     Ok(())
 }
 
-/// The stored capability flags of a report (`CapabilityReport::flags`; `None`: not audited).
+/// The stored capability flags of a report (`CapabilityReport::flags` of
+/// `VerificationReport::audit`; `None`: a Python candidate, not audited).
 fn capability_flags(report: &VerificationReport) -> Option<String> {
-    report.capabilities.as_ref().and_then(|c| c.flags())
+    report.audit().and_then(|c| c.flags())
 }
 
 /// A `verification_speeds` row's speed, its rows and cols under `prefix` (`""`: the table's own

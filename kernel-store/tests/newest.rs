@@ -1067,10 +1067,36 @@ async fn upgrade_fills_measured_times(s: Store) {
         let (_, measured, imported) = &want[&fr.kernel.name];
         assert_eq!((&fr.verified_at, &fr.imported_at), (measured, imported));
     }
+    let mut before = 0;
     for (id, measured, imported) in want.values() {
         let v = s.verification(*id).await.unwrap().unwrap();
         assert_eq!((&v.verified_at, &v.imported_at), (measured, imported));
+        // Migration 0016: a CUDA report with no audit (made before it; the fixture's first,
+        // `capabilities_for(0)`) is stored as unaudited, refused by every policy; the rows of
+        // reports that carry an audit are not touched (this fixture left their columns empty).
+        let unaudited = v.report.capabilities.is_none();
+        before += unaudited as usize;
+        let count = |cond: &str| {
+            format!("SELECT COUNT(*) FROM verification_verdicts WHERE verification_id = {id} AND {cond}")
+        };
+        let dtypes = v.report.summary.per_dtype.len() as i64;
+        assert_eq!(
+            s.scalar_raw(&count(
+                "capabilities = ',!unaudited,' AND capabilities_json IS NOT NULL"
+            ))
+            .await
+            .unwrap(),
+            if unaudited { dtypes } else { 0 }
+        );
+        assert_eq!(
+            s.scalar_raw(&count("capabilities IS NULL")).await.unwrap(),
+            if unaudited { 0 } else { dtypes }
+        );
     }
+    assert_eq!(
+        before, 1,
+        "the fixture has one report from before the audit"
+    );
     assert!(
         s.execute_raw("UPDATE verification_facts SET verified_at = 'now'")
             .await
@@ -1089,5 +1115,30 @@ async fn upgrade_fills_measured_times_on_sqlite() {
 async fn upgrade_fills_measured_times_on_postgres() {
     if let Some(s) = postgres().await {
         upgrade_fills_measured_times(s).await;
+    }
+}
+
+/// Migration 0016 stores, for each CUDA verification made before the capability audit, the
+/// flags and the audit `VerificationReport::audit` gives it (`CapabilityReport::before_audit`):
+/// the rows it backfills and the rows written since say the same, on both backends.
+#[test]
+fn the_before_audit_migration_stores_what_the_report_gives() {
+    let want = CapabilityReport::before_audit();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for backend in ["sqlite", "postgres"] {
+        let path = root.join(format!("migrations/{backend}/0016_before_audit.sql"));
+        let sql = std::fs::read_to_string(&path).unwrap();
+        let json = sql
+            .split("capabilities_json = '")
+            .nth(1)
+            .and_then(|t| t.split('\'').next())
+            .unwrap_or_else(|| panic!("{}: no capabilities_json literal", path.display()));
+        let got: CapabilityReport = serde_json::from_str(json).unwrap();
+        assert_eq!(got, want, "{}", path.display());
+        assert!(
+            sql.contains(&format!("capabilities = '{}'", want.flags().unwrap())),
+            "{}",
+            path.display()
+        );
     }
 }

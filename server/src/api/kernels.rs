@@ -231,7 +231,7 @@ pub async fn get_one(
                 // and why a default policy refuses it (empty: it does not).
                 "capabilities": v.report.capabilities,
                 "capabilities_refused": kernel_registry::capability::refusals(
-                    v.report.capabilities.as_ref(), &[], false),
+                    v.report.audit().as_deref(), &[], false),
             })
         })
         .collect();

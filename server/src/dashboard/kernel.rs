@@ -358,19 +358,20 @@ fn verification(v: &VerificationRow, op: Op, stale: &[String]) -> Markup {
 /// the kernel (if it does).
 fn capabilities(r: &kernel_registry::report::VerificationReport) -> Markup {
     use kernel_registry::capability::refusals;
-    let refused = refusals(r.capabilities.as_ref(), &[], false);
+    let audit = r.audit();
+    let refused = refusals(audit.as_deref(), &[], false);
     html! {
         div.capabilities {
             h4 { "What the compiled code can do" }
-            @match &r.capabilities {
+            @match audit.as_deref() {
                 None => p.muted.not-audited {
-                    "Not audited: this verification was made before the capability audit, or the kernel is a Python candidate. A policy with "
+                    "Not audited: the kernel is a Python candidate, whose code is not audited. A policy with "
                     code { "audited" } " refuses it."
                 },
                 Some(c) => {
                     @if !c.audited {
                         p.error.audit-incomplete {
-                            "The audit is incomplete (a policy with " code { "audited" } " refuses it): "
+                            "The audit is incomplete, so every policy refuses the kernel: "
                             (c.notes.join("; "))
                         }
                     }
