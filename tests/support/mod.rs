@@ -293,9 +293,9 @@ pub fn retarget(r: &mut Value, claim: &Value, arch: &str) {
     r["requested_shapes"] = claim["job"]["shapes"].clone();
     // A worker of today audits what it compiled (docs/spec.md section 3b): a CUDA report with no
     // audit is one from before it, which every policy refuses. The fixtures' reports predate
-    // it; they get a clean audit with the claimed manifest's declarations (a test of the audit
-    // itself sets its own).
-    if r.get("capabilities").is_none() && r.get("python").is_none() {
+    // it; a CUDA kernel's get a clean audit with the claimed manifest's declarations (a test of
+    // the audit itself sets its own; a Python candidate's code is not audited).
+    if r.get("capabilities").is_none() && m.runtime == kernel_registry::manifest::Runtime::Cuda {
         r["capabilities"] =
             serde_json::json!({"audited": true, "found": [], "declared": m.capabilities});
     }
