@@ -715,3 +715,32 @@ def test_no_mask_is_hoisted_where_the_backend_is_not_admitted(monkeypatch):
     with torch.no_grad():
         assert locate.compare(m(x, keep), torch.compile(m, backend=spy, fullgraph=True)(x, keep)).identical
     assert counts == [0]
+
+
+def test_a_llama_decode_step_converts_its_mask_once(monkeypatch):
+    # The whole tiny Llama exact-compiled, greedy decode into a static cache: the decode step's
+    # graph reads one boolean mask in both layers and converts it once; logits identical with
+    # eager. (On the CPU the backend admitted is this torch's CPU choice; on a GPU it is cuDNN:
+    # the GPU check, bench/exact_compile.py --phase exact, runs the same on an H200.)
+    from transformers import StaticCache
+    q = torch.zeros(1, 8, 1, 64)
+    cpu_choice = int(torch._fused_sdp_choice(q, torch.zeros(1, 8, 128, 64), torch.ones(1, 8, 128, 64),
+                                             torch.ones(1, 1, 1, 128, dtype=torch.bool), 0.0, False))
+    monkeypatch.setattr(exact, "HOIST_BACKENDS", frozenset({cpu_choice}))
+    monkeypatch.setattr(exact, "_CONVERSIONS", {})
+    hoisted = []
+    real = exact.hoist_sdpa_masks
+
+    def counting(gm):
+        n = real(gm)
+        hoisted.append((n, gm.code.count("kernelize.eager_sdpa_bias.default(")))
+        return n
+
+    monkeypatch.setattr(exact, "hoist_sdpa_masks", counting)
+    model = _tiny_llama()
+    ids = torch.randint(0, 64, (2, 8))
+    ref = _greedy(model, ids, 3, StaticCache(config=model.config, max_cache_len=16))
+    exact.exact_compile(model, regional=False)
+    got = _greedy(model, ids, 3, StaticCache(config=model.config, max_cache_len=16))
+    assert (1, 2) in hoisted, hoisted      # one mask, read by the two layers' attention
+    assert locate.compare(ref, got).identical
