@@ -1716,7 +1716,10 @@ async fn serve_worker_keeps_one_token_across_restarts(b: Backend) {
     // SQLite: the default file beside the database; PostgreSQL: an explicit one.
     let dir = tempfile::tempdir().unwrap();
     let (file, extra): (std::path::PathBuf, Vec<String>) = match &b {
-        Backend::Sqlite(d) => (d.path().join("kernelize.db.worker-token"), vec![]),
+        Backend::Sqlite(d) => (
+            std::path::PathBuf::from(format!("{}.worker-token", d.file().display())),
+            vec![],
+        ),
         Backend::Postgres(_) => {
             let f = dir.path().join("state/worker.token");
             (

@@ -344,10 +344,10 @@ async fn serve_upgrades(b: &Backend, db_url: &str, backend: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn serve_starts_on_a_sqlite_database_of_the_previous_release() {
     let b = Backend::sqlite();
-    let Backend::Sqlite(dir) = &b else {
+    let Backend::Sqlite(tmp) = &b else {
         unreachable!()
     };
-    let db = dir.path().join("kernelize.db");
+    let db = tmp.file().to_path_buf();
     std::fs::copy(fixture("sqlite"), &db).unwrap_or_else(|e| {
         panic!(
             "{}: {e} (made by tests/fixtures/upgrade/make.py)",

@@ -3,6 +3,34 @@
 
 use crate::Store;
 
+/// A fresh SQLite database for one test: `url` names a file in a temporary folder that is
+/// removed when this is dropped (keep it alive as long as the store).
+pub struct TempSqlite {
+    pub url: String,
+    file: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl TempSqlite {
+    /// The database file (files beside it go with the folder too).
+    pub fn file(&self) -> &std::path::Path {
+        &self.file
+    }
+}
+
+/// A fresh SQLite database for one test (`TempSqlite`): the one way tests of every crate open
+/// a temporary SQLite store (`Store::open(&db.url)` to migrate it, `Store::connect` not to).
+pub fn fresh_sqlite() -> TempSqlite {
+    let dir = tempfile::tempdir().expect("a temporary folder for a test database");
+    let file = dir.path().join("kernelize.db");
+    let url = format!("sqlite://{}", file.display());
+    TempSqlite {
+        url,
+        file,
+        _dir: dir,
+    }
+}
+
 /// The URL of a fresh PostgreSQL database for one test, or `None` (with a loud message)
 /// when no server answers — unless `KERNELIZE_REQUIRE_POSTGRES=1` (set by `.ci/run`),
 /// which makes that a failure. The server is `KERNELIZE_TEST_POSTGRES`, default

@@ -42,10 +42,9 @@ grid = "per_row"
     KernelBundle::from_parts(&toml, src).unwrap()
 }
 
-async fn sqlite() -> (Store, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("k.db").display());
-    (Store::open(&url).await.unwrap(), dir)
+async fn sqlite() -> (Store, kernel_store::testing::TempSqlite) {
+    let db = kernel_store::testing::fresh_sqlite();
+    (Store::open(&db.url).await.unwrap(), db)
 }
 
 async fn postgres() -> Option<Store> {

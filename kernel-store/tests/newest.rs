@@ -923,11 +923,9 @@ async fn upgrade_backfills(s: Store) {
     stale_list_matches(&s).await;
 }
 
-async fn sqlite() -> (Store, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("k.db").display());
-    let s = Store::connect(&url).await.unwrap();
-    (s, dir)
+async fn sqlite() -> (Store, kernel_store::testing::TempSqlite) {
+    let db = kernel_store::testing::fresh_sqlite();
+    (Store::connect(&db.url).await.unwrap(), db)
 }
 
 async fn postgres() -> Option<Store> {
@@ -952,10 +950,9 @@ async fn index_answers_like_the_reports_on_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verdict_index_answers_like_the_reports_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("k.db").display());
-    let s = Store::open(&url).await.unwrap();
-    verdict_index_answers_like_the_reports(s, &url).await;
+    let db = kernel_store::testing::fresh_sqlite();
+    let s = Store::open(&db.url).await.unwrap();
+    verdict_index_answers_like_the_reports(s, &db.url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -35,10 +35,9 @@ archs = ["sm_90"]
     KernelBundle::from_parts(&toml, &src).unwrap()
 }
 
-async fn sqlite() -> (Store, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("k.db").display());
-    (Store::open(&url).await.unwrap(), dir)
+async fn sqlite() -> (Store, kernel_store::testing::TempSqlite) {
+    let db = kernel_store::testing::fresh_sqlite();
+    (Store::open(&db.url).await.unwrap(), db)
 }
 
 /// A fresh PostgreSQL database, or `None` (loudly) when there is no server.
@@ -765,9 +764,8 @@ async fn upgrade_from_before_claim_tokens(s: Store) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn upgrade_from_before_claim_tokens_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("old.db").display());
-    upgrade_from_before_claim_tokens(Store::connect(&url).await.unwrap()).await;
+    let db = kernel_store::testing::fresh_sqlite();
+    upgrade_from_before_claim_tokens(Store::connect(&db.url).await.unwrap()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1725,10 +1725,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_index_follows_every_write_sqlite() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Store::open(&format!("sqlite://{}/t.db", dir.path().display()))
-            .await
-            .unwrap();
+        let db = kernel_store::testing::fresh_sqlite();
+        let s = Store::open(&db.url).await.unwrap();
         the_index_follows_every_write(&s).await;
     }
 
@@ -1743,10 +1741,8 @@ mod tests {
 
     #[tokio::test]
     async fn kept_rankings_answer_as_a_fresh_resolve_sqlite() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Store::open(&format!("sqlite://{}/t.db", dir.path().display()))
-            .await
-            .unwrap();
+        let db = kernel_store::testing::fresh_sqlite();
+        let s = Store::open(&db.url).await.unwrap();
         kept_rankings_answer_as_a_fresh_resolve(&s).await;
     }
 

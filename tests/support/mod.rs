@@ -26,13 +26,13 @@ pub fn bin() -> &'static str {
 
 /// Where a test's database lives.
 pub enum Backend {
-    Sqlite(tempfile::TempDir),
+    Sqlite(kernel_store::testing::TempSqlite),
     Postgres(String),
 }
 
 impl Backend {
     pub fn sqlite() -> Backend {
-        Backend::Sqlite(tempfile::tempdir().unwrap())
+        Backend::Sqlite(kernel_store::testing::fresh_sqlite())
     }
 
     /// A fresh PostgreSQL database; `None` (loudly) when there is no server, unless
@@ -45,9 +45,7 @@ impl Backend {
 
     pub fn url(&self) -> String {
         match self {
-            Backend::Sqlite(dir) => {
-                format!("sqlite://{}", dir.path().join("kernelize.db").display())
-            }
+            Backend::Sqlite(db) => db.url.clone(),
             Backend::Postgres(url) => url.clone(),
         }
     }
