@@ -382,21 +382,22 @@ def _declared_runtime(path: Path) -> str:
         return "cuda"
 
 
-def network_isolation() -> str:
-    """What network this process can reach, judged from the interfaces of its own network
-    namespace (the wording of verifier/src/python_runner.py's check, which the report quotes)."""
-    import socket
-    try:
-        ifaces = sorted(name for _, name in socket.if_nameindex())
-    except OSError as e:
-        return f"unknown (cannot list the network interfaces: {e})"
-    if ifaces in (["lo"], []):
-        return "isolated: a network namespace of its own, no interface but lo"
-    return "NOT isolated: interfaces " + ", ".join(ifaces)
+def isolation_lines(confinement: Path | None) -> list[str]:
+    """What isolation this process has, by the verifier's confinement check
+    (verifier/src/confinement.py, the case runner's too), which the verifier writes and names
+    with `--confinement FILE`; without it, unknown."""
+    directory = f"working directory {os.getcwd()}"
+    if confinement is None:
+        return ["unknown: no confinement check was given (--confinement FILE)", directory]
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("kernelize_confinement", confinement)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.isolation(directory)
 
 
-def load_python_candidate(kernel: Kernel, dtypes: list[str], device, require_isolation: bool
-                          ) -> dict[str, Any]:
+def load_python_candidate(kernel: Kernel, dtypes: list[str], device, require_isolation: bool,
+                          confinement: Path | None = None) -> dict[str, Any]:
     """Import a Python candidate's source once per dtype (the objects kernelize swaps in later,
     from launch's cache) and say what ran: interpreter, torch, each required package's installed
     version ("missing" when absent) and the isolation found."""
@@ -404,12 +405,7 @@ def load_python_candidate(kernel: Kernel, dtypes: list[str], device, require_iso
 
     from kernelize import launch
     from kernelize.pykernel import package_versions
-    isolation = [network_isolation(), f"working directory {os.getcwd()}"]
-    with contextlib.suppress(Exception):
-        import resource
-        soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
-        isolation.append("memory: RLIMIT_DATA " + ("unlimited" if soft == resource.RLIM_INFINITY
-                                                  else f"{soft >> 20} MiB"))
+    isolation = isolation_lines(confinement)
     if require_isolation and not isolation[0].startswith("isolated"):
         raise HarnessError(f"--require-network-isolation: this process is {isolation[0]}; "
                            "refusing to run the Python candidate's code. Run it where "
@@ -590,6 +586,10 @@ def parser() -> argparse.ArgumentParser:
                         "repeat for several")
     p.add_argument("--require-network-isolation", action="store_true",
                    help="refuse to run a Python candidate without a network namespace of its own")
+    p.add_argument("--confinement", type=Path, default=None, metavar="FILE",
+                   help="the verifier's confinement check (verifier/src/confinement.py, which the "
+                        "verifier writes for this run): what isolation this process has; without "
+                        "it the isolation is unknown and --require-network-isolation refuses")
     return p
 
 
@@ -654,11 +654,11 @@ def _run(args) -> int:
         if kernel.is_python:
             stage = "loading the Python candidate"
             python_info = load_python_candidate(kernel, args.dtypes, device,
-                                                args.require_network_isolation)
+                                                args.require_network_isolation, args.confinement)
             log(f"Python candidate: python {python_info['python']}, torch "
                 f"{python_info['torch']}, packages {python_info['packages']}; "
                 f"{python_info['isolation'][0]}")
-        elif args.package_dir or args.require_network_isolation:
+        elif args.package_dir or args.require_network_isolation or args.confinement:
             log("--package-dir and --require-network-isolation apply to Python candidates "
                 "only; this kernel is CUDA")
         stage = "reading the text"

@@ -19,6 +19,8 @@ from kernelize_verifier import model_level
 
 transformers = pytest.importorskip("transformers")
 KERNELS = REPO / "kernels"
+#: The verifier's confinement check, which it writes beside the harness and names with --confinement.
+CONFINEMENT = REPO / "verifier" / "src" / "confinement.py"
 EVAL = REPO / "models" / "eval.txt"
 
 
@@ -380,7 +382,8 @@ def test_python_candidate_function_replaces_each_matching_layer(tmp_path, models
                       "    return kz_fake_norms.llama_rms_norm(x, weight, eps)\n",
                       requires='"kz-fake-norms==1.2.3", "torch>=2.0"')
     rc, s, out = _run_cpu(tmp_path, k, [models["llama"], models["gpt2-gelu"]],
-                          "--package-dir", str(pkgs), dtype="bf16,f32")
+                          "--package-dir", str(pkgs), "--confinement", str(CONFINEMENT),
+                          dtype="bf16,f32")
     err = capsys.readouterr().err
     assert rc == 0, err
     assert s["dry_run"] is False and s["kernel"]["runtime"] == "python"
@@ -388,7 +391,9 @@ def test_python_candidate_function_replaces_each_matching_layer(tmp_path, models
     assert s["python"]["packages"] == {"kz-fake-norms": "1.2.3",
                                        "torch": importlib.metadata.version("torch")}
     assert s["python"]["torch"] == torch.__version__
-    assert s["python"]["isolation"][0].split(":")[0] in ("isolated", "NOT isolated", "unknown")
+    # the verifier's confinement check (the case runner's), its three lines
+    assert s["python"]["isolation"][0].split(":")[0] in ("isolated", "NOT isolated", "unknown (cannot list the network interfaces")
+    assert s["python"]["isolation"][1].startswith("working directory ")
     assert [(r["model_name"], r["dtype"]) for r in s["runs"]] == [("tiny-llama", "bf16"),
                                                                    ("tiny-llama", "f32")]
     import kz_fake_norms  # the package the candidate imported, from --package-dir
@@ -447,12 +452,20 @@ def test_require_network_isolation_refuses_before_running_the_candidate(tmp_path
     marker = tmp_path / "ran"
     k = _py_candidate(tmp_path, "marks", f"open({str(marker)!r}, 'w').close()\n\n\n"
                       "def rms_norm(x, weight, eps):\n    return x\n")
-    monkeypatch.setattr(model_level, "network_isolation", lambda: "NOT isolated: interfaces eth0, lo")
-    rc, _, _ = _run_cpu(tmp_path, k, [models["llama"]], "--require-network-isolation")
-    assert rc == 1 and "refusing to run the Python candidate" in capsys.readouterr().err
+    # the verifier's check, with the interfaces this process sees stubbed: first not isolated,
+    # then isolated; and without the check, unknown, which the flag refuses too
+    import socket
+    monkeypatch.setattr(socket, "if_nameindex", lambda: [(1, "lo"), (2, "eth0")])
+    rc, _, _ = _run_cpu(tmp_path, k, [models["llama"]], "--require-network-isolation",
+                        "--confinement", str(CONFINEMENT))
+    assert rc == 1 and "NOT isolated: interfaces eth0, lo" in capsys.readouterr().err
     assert not marker.exists(), "the candidate's code ran"
-    monkeypatch.setattr(model_level, "network_isolation", lambda: "isolated: a network namespace of its own, no interface but lo")
-    rc, s, _ = _run_cpu(tmp_path, k, [models["llama"]], "--require-network-isolation")
+    rc, _, _ = _run_cpu(tmp_path, k, [models["llama"]], "--require-network-isolation")
+    assert rc == 1 and "no confinement check was given" in capsys.readouterr().err
+    assert not marker.exists(), "the candidate's code ran"
+    monkeypatch.setattr(socket, "if_nameindex", lambda: [(1, "lo")])
+    rc, s, _ = _run_cpu(tmp_path, k, [models["llama"]], "--require-network-isolation",
+                        "--confinement", str(CONFINEMENT))
     assert rc == 0 and marker.exists() and s["python"]["isolation"][0].startswith("isolated")
 
 

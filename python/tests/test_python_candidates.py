@@ -121,3 +121,42 @@ def test_a_local_python_candidate_is_the_callers_own_code(tmp_path, tiny_llama):
     (d / "kernel.py").write_text("def other(x, weight, eps):\n    return x  # rms_norm\n")
     with pytest.raises(ValueError, match="function `rms_norm` is not defined"):
         kernelize.kernelize(tiny_llama, kernels_dir=d, arch="sm_90", verbose=False)
+
+
+def test_the_case_runner_refuses_before_loading_when_isolation_is_required_and_missing(tmp_path):
+    # verifier/src/python_runner.py with the verifier's confinement check beside it (as the
+    # verifier writes them), in a process whose interfaces are stubbed to a non-isolated set:
+    # a load that requires network isolation is refused with kind `isolation`, and the
+    # candidate's source (which would leave a marker when imported) never runs; without the
+    # requirement it loads and says what it found.
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    src = REPO / "verifier" / "src"
+    shutil.copy(src / "python_runner.py", tmp_path / "runner.py")
+    shutil.copy(src / "confinement.py", tmp_path / "kernelize_confinement.py")
+    marker = tmp_path / "imported"
+    cand = tmp_path / "cand.py"
+    cand.write_text(f"open({str(marker)!r}, 'w').close()\n\n\ndef f(x):\n    return x\n")
+    wrapper = ("import socket, runpy, sys; socket.if_nameindex = lambda: [(1, 'lo'), (2, 'eth0')]; "
+               f"sys.argv = [{str(tmp_path / 'runner.py')!r}]; "
+               f"runpy.run_path({str(tmp_path / 'runner.py')!r}, run_name='__main__')")
+
+    def load(require: bool) -> dict:
+        req = {"load": {"source_path": str(cand), "entries": {"f32": "f"}, "package_dirs": [],
+                        "requires": [], "device": "cpu", "require_network_isolation": require}}
+        out = subprocess.run([sys.executable, "-c", wrapper], input=json.dumps(req) + "\n",
+                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    refused = load(True)
+    assert refused["error"]["kind"] == "isolation", refused
+    assert "NOT isolated: interfaces eth0, lo" in refused["error"]["message"]
+    assert not marker.exists(), "the candidate's source ran before the refusal"
+    loaded = load(False)["loaded"]
+    assert marker.exists()
+    assert loaded["isolation"][0] == "NOT isolated: interfaces eth0, lo"
+    assert loaded["isolation"][1].startswith("working directory ")

@@ -404,12 +404,19 @@ pub fn run_models(
         std::fs::create_dir_all(&home)
             .map_err(|e| ModelError::Setup(format!("creating {}: {e}", home.display())))?;
         let pc = &opts.python_candidate;
+        // The confinement check the harness makes of itself before it loads the candidate (the
+        // case runner's, `crate::python::CONFINEMENT_SOURCE`), outside the child's home.
+        let confinement = work.path().join(crate::python::CONFINEMENT_FILE);
+        std::fs::write(&confinement, crate::python::CONFINEMENT_SOURCE)
+            .map_err(|e| ModelError::Setup(format!("writing {}: {e}", confinement.display())))?;
         let mut cmd = confined_python(Path::new(&opts.python), &home, pc.memory_limit_bytes);
         // transformers reads only the local model folders; never reach for the Hub.
         cmd.env("HF_HUB_OFFLINE", "1")
             .arg("-c")
             .arg(HARNESS_BOOTSTRAP)
-            .arg(abs(&opts.python_path));
+            .arg(abs(&opts.python_path))
+            .arg("--confinement")
+            .arg(abs(&confinement));
         for d in &pc.package_dirs {
             cmd.arg("--package-dir").arg(abs(d));
         }

@@ -32,6 +32,13 @@ use std::time::Duration;
 /// The child's program, written into the private directory at start.
 pub const RUNNER_SOURCE: &str = include_str!("python_runner.py");
 
+/// The confinement check both programs that run a Python candidate's code make of themselves
+/// before they load it (the runner above and the model-level harness, `crate::model`), written
+/// beside each as [`CONFINEMENT_FILE`].
+pub const CONFINEMENT_SOURCE: &str = include_str!("confinement.py");
+/// The name the confinement check is written under, beside the program that loads it.
+pub const CONFINEMENT_FILE: &str = "kernelize_confinement.py";
+
 /// Where the candidate's tensors run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -51,6 +58,10 @@ pub enum PyRequest {
         package_dirs: Vec<PathBuf>,
         requires: Vec<String>,
         device: PyDevice,
+        /// Refuse (`PyFailureKind::Isolation`) before anything of the candidate is loaded when
+        /// the child is not network-isolated.
+        #[serde(default)]
+        require_network_isolation: bool,
     },
     Case(PyCase),
 }
@@ -178,6 +189,9 @@ pub enum PyFailureKind {
     Protocol,
     /// A bug of the runner.
     Runner,
+    /// Network isolation was required and the child is not isolated: nothing of the candidate
+    /// was loaded.
+    Isolation,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -282,6 +296,9 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
         // Written anew for every child: an earlier child ran the candidate's code as the same
         // user and may have replaced the file (then crashed to have its runner started).
         std::fs::write(self.work.path().join("runner.py"), RUNNER_SOURCE)
+            .and_then(|_| {
+                std::fs::write(self.work.path().join(CONFINEMENT_FILE), CONFINEMENT_SOURCE)
+            })
             .map_err(|e| ExecError::Sandbox(format!("cannot write the runner: {e}")))?;
         let mut cmd = confined_python(&self.opts.python, &home, self.opts.memory_limit_bytes);
         cmd.arg(self.work.path().join("runner.py"))
@@ -354,6 +371,7 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
             package_dirs: self.opts.package_dirs.clone(),
             requires: m.requires.clone(),
             device: self.opts.device,
+            require_network_isolation: self.opts.require_network_isolation,
         };
         match self.call(&req, &format!("importing {}", m.name), self.opts.case_limit)? {
             PyResponse::Loaded(l) => {
@@ -368,6 +386,12 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
                 Ok(())
             }
             // An import failure is the candidate's: it fails every case the same way.
+            PyResponse::Error(f) if f.kind == PyFailureKind::Isolation => {
+                Err(ExecError::Unavailable(format!(
+                    "{}; refusing to run a Python candidate",
+                    f.message
+                )))
+            }
             PyResponse::Error(f) => Err(ExecError::Compile {
                 what: format!("{} ({:?})", m.name, f.kind),
                 log: f.message,
@@ -846,11 +870,23 @@ mod tests {
             package_dirs: vec![],
             requires: vec!["torch>=2".into()],
             device: PyDevice::Cpu,
+            require_network_isolation: true,
         };
         assert_eq!(
             serde_json::to_string(&req).unwrap(),
-            r#"{"load":{"source_path":"/t/c.py","entries":{"bf16":"f"},"package_dirs":[],"requires":["torch>=2"],"device":"cpu"}}"#
+            r#"{"load":{"source_path":"/t/c.py","entries":{"bf16":"f"},"package_dirs":[],"requires":["torch>=2"],"device":"cpu","require_network_isolation":true}}"#
         );
+        let refused: PyResponse = serde_json::from_str(
+            r#"{"error":{"kind":"isolation","message":"the Python child is not network-isolated (NOT isolated: interfaces eth0, lo)"}}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            refused,
+            PyResponse::Error(PyFailure {
+                kind: PyFailureKind::Isolation,
+                ..
+            })
+        ));
         let err: PyResponse = serde_json::from_str(
             r#"{"error":{"kind":"wrong_output","message":"shape [1], expected [2]"}}"#,
         )

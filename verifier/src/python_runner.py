@@ -43,7 +43,7 @@ class Failure(Exception):
 # is imported and compared (`check_guard`) after the import, after every untimed call and once
 # after the timed calls: a candidate that replaces one of them (to hide a modified input, fake a
 # timing or a comparison) fails the case. Best effort: code in this process can always change it
-# in ways this does not see (SPEC 2b, docs/python-candidates.md).
+# in ways this does not see (docs/spec.md section 2b, docs/python-candidates.md).
 GUARDED_RUNNER = ("answer", "bits", "same_bits", "sync", "poison", "call", "run_case", "batch",
                   "timed", "write_tensor", "read_tensor", "check_guard", "rolled", "PROTOCOL",
                   "placed", "difference")
@@ -85,21 +85,25 @@ def answer(obj):
     PROTOCOL.flush()
 
 
-def network_isolation():
-    """What network this process can reach, judged from the interfaces of its own network
-    namespace (asked of the kernel: /sys/class/net shows the namespace sysfs was mounted in)."""
-    import socket
-    try:
-        ifaces = sorted(name for _, name in socket.if_nameindex())
-    except OSError as e:
-        return f"unknown (cannot list the network interfaces: {e})"
-    if ifaces in (["lo"], []):
-        return "isolated: a network namespace of its own, no interface but lo"
-    return "NOT isolated: interfaces " + ", ".join(ifaces)
+def confinement():
+    """The verifier's confinement check (verifier/src/confinement.py), which it writes beside
+    this file; loaded from there without touching sys.path."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernelize_confinement.py")
+    spec = importlib.util.spec_from_file_location("kernelize_confinement", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def load(req):
     global torch, DEVICE, MODULE, DTYPES
+    # Before anything of the candidate (its package folders, its source) is on the path or run:
+    # what isolation this process has, and a refusal when it is required and missing.
+    isolation = confinement().isolation(
+        f"working directory {os.getcwd()} (private, removed after the run)")
+    if req.get("require_network_isolation") and not isolation[0].startswith("isolated"):
+        raise Failure("isolation", f"the Python child is not network-isolated ({isolation[0]})")
     for d in req["package_dirs"]:
         sys.path.insert(0, d)
     try:
@@ -139,14 +143,6 @@ def load(req):
             packages[name] = "torch " + torch.__version__ if name == "torch" else "missing"
     if "torch" in packages and packages["torch"].startswith("torch "):
         packages["torch"] = torch.__version__
-    isolation = [network_isolation(), f"working directory {os.getcwd()} (private, removed after the run)"]
-    try:
-        import resource
-        soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
-        isolation.append("memory: RLIMIT_DATA " + ("unlimited" if soft == resource.RLIM_INFINITY
-                                                  else f"{soft >> 20} MiB"))
-    except Exception:  # noqa: BLE001
-        pass
     return {"loaded": {"python": sys.version.split()[0], "torch": torch.__version__,
                        "packages": packages, "isolation": isolation}}
 
