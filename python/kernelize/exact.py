@@ -288,9 +288,10 @@ def _(query, key, value, attn_mask, bias, dropout_p, is_causal, scale, enable_gq
 
 
 def hoist_sdpa_masks(gm: torch.fx.GraphModule) -> int:
-    """Give the `eager_sdpa` calls of a graph that read one boolean mask that mask converted once
-    (`sdpa_mask_bias` + `eager_sdpa_bias`, above) where `mask_conversion` has a conversion for
-    their queries; returns how many masks are converted once instead of per call."""
+    """Give the `eager_sdpa` calls of a graph that read one boolean mask (two or more of them:
+    one call converts it once anyway) that mask converted once (`sdpa_mask_bias` +
+    `eager_sdpa_bias`, above) where `mask_conversion` has a conversion for their queries;
+    returns how many masks are converted once instead of per call."""
     groups: dict[tuple[torch.fx.Node, torch.dtype], list[torch.fx.Node]] = {}
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target is not torch.ops.kernelize.eager_sdpa.default:
@@ -302,8 +303,9 @@ def hoist_sdpa_masks(gm: torch.fx.GraphModule) -> int:
         if mask_conversion(vq.dtype, vq.device) is None:
             continue
         groups.setdefault((mask, vq.dtype), []).append(node)
+    groups = {k: calls for k, calls in groups.items() if len(calls) > 1}
     for (mask, dtype), calls in groups.items():
-        with gm.graph.inserting_after(mask):
+        with gm.graph.inserting_before(calls[0]):   # the mask's first reader, in graph order
             bias = gm.graph.call_function(torch.ops.kernelize.sdpa_mask_bias.default, (mask, dtype))
         for node in calls:
             q, k, v, m, dropout_p, is_causal, scale, gqa = node.args

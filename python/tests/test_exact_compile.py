@@ -635,9 +635,9 @@ class _MaskedStack(nn.Module):
     """Three attention layers reading one boolean mask, built in the graph (as transformers'
     mask builders do): x (2, seq, 16), `keep` (2, seq) says which keys each batch row keeps."""
 
-    def __init__(self):
+    def __init__(self, layers: int = 3):
         super().__init__()
-        self.qkv = nn.ModuleList(nn.Linear(16, 48) for _ in range(3))
+        self.qkv = nn.ModuleList(nn.Linear(16, 48) for _ in range(layers))
 
     def forward(self, x, keep):
         s = x.shape[1]
@@ -694,6 +694,12 @@ def test_a_mask_read_by_several_attention_calls_is_converted_once(monkeypatch):
     assert code.count("kernelize.sdpa_mask_bias") == 1 and code.count("kernelize.eager_sdpa_bias") == 3
     assert "kernelize.eager_sdpa.default" not in code
     assert not locate.compare(ref, skewed).identical
+    # a mask read by one call is left to it (it converts once anyway)
+    codes.clear()
+    one = _MaskedStack(layers=1).eval()
+    with torch.no_grad():
+        assert locate.compare(one(x, keep), torch.compile(one, backend=spy, fullgraph=True)(x, keep)).identical
+    assert codes[0][0] == 0 and "kernelize.sdpa_mask_bias" not in codes[0][1]
     assert locate.compare(ref, got).identical
     assert locate.compare(ref2, got2).identical
 
