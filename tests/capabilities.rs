@@ -136,6 +136,30 @@ async fn the_audit_is_shown_and_gates_the_policy(b: Backend) {
         .as_str()
         .unwrap();
     assert!(why.contains("before the capability audit"), "{k}");
+    // ... and its verdict is stale, so that `verify-request --stale` queues a verification
+    // that audits it; an audited kernel's stale reasons do not say so.
+    let stale = srv.get_json("/v1/kernels?arch=sm_90&stale=true").await;
+    let reasons = |name: &str| -> Vec<String> {
+        stale["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k["name"] == name)
+            .map(|k| serde_json::from_value(k["stale"].clone()).unwrap())
+            .unwrap_or_default()
+    };
+    assert!(
+        reasons("cap_unaudited")
+            .iter()
+            .any(|r| r.contains("was not audited")),
+        "{stale}"
+    );
+    assert!(
+        !reasons("cap_clean")
+            .iter()
+            .any(|r| r.contains("was not audited")),
+        "{stale}"
+    );
     // The full record carries it in the report (certified with it).
     let vs = srv
         .get_json("/v1/kernels/cap_trap/1.0.0/verifications")

@@ -800,10 +800,15 @@ async fn stale_list_matches(s: &Store) {
                             || driver
                                 .as_deref()
                                 .is_some_and(|d| d != r.device.driver_version)
+                            || r.audit().is_some_and(|a| !a.audited)
                         {
                             slow.push((
                                 k.id,
-                                Some((r.suite_version.clone(), r.device.driver_version.clone())),
+                                Some((
+                                    r.suite_version.clone(),
+                                    r.device.driver_version.clone(),
+                                    r.audit().is_some_and(|a| !a.audited),
+                                )),
                             ));
                         }
                     }
@@ -1137,5 +1142,61 @@ fn the_before_audit_migration_stores_what_the_report_gives() {
             "{}",
             path.display()
         );
+    }
+}
+
+/// A kernel whose newest verdict on an architecture was not audited (made before the
+/// capability audit) is stale there even when its suite and driver are the newest: every
+/// policy refuses it until a new verification audits it, which `verify-request --stale` queues.
+async fn an_unaudited_verdict_is_stale(s: Store) {
+    let suite = "7";
+    let mut ids = vec![];
+    for (i, audit) in [(0usize, false), (1, true)] {
+        let k = bundle(i);
+        s.insert_kernel(&k, "submitted", "tests").await.unwrap();
+        let mut r = report(&k, SM90, 1, 1000.0);
+        r.suite_version = suite.into();
+        r.capabilities = if audit { capabilities_for(1) } else { None };
+        assert_eq!(r.audit().map(|a| a.audited), Some(audit));
+        s.seed_verification(&k.digest(), &r, None).await.unwrap();
+        ids.push((
+            s.kernel_by_digest(&k.digest()).await.unwrap().unwrap().id,
+            audit,
+        ));
+    }
+    let driver = s.newest_driver(SM90).await.unwrap();
+    let q = KernelQuery {
+        limit: 100,
+        ..Default::default()
+    };
+    let (stale, total) = s
+        .stale_on(SM90, &q, suite, driver.as_deref())
+        .await
+        .unwrap();
+    let stale: Vec<(i64, bool)> = stale
+        .iter()
+        .map(|(k, v)| (k.id, v.as_ref().unwrap().2))
+        .collect();
+    let want: Vec<(i64, bool)> = ids
+        .iter()
+        .filter(|(_, a)| !a)
+        .map(|(id, _)| (*id, true))
+        .collect();
+    assert_eq!(stale, want);
+    assert_eq!(total, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unaudited_verdict_is_stale_on_sqlite() {
+    let (s, _db) = sqlite().await;
+    s.migrate().await.unwrap();
+    an_unaudited_verdict_is_stale(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unaudited_verdict_is_stale_on_postgres() {
+    if let Some(s) = postgres().await {
+        s.migrate().await.unwrap();
+        an_unaudited_verdict_is_stale(s).await;
     }
 }

@@ -167,7 +167,13 @@ async fn stale_list(
     let mut kernels = Vec::with_capacity(rows.len());
     for (k, newest) in rows {
         let why = match newest {
-            Some((suite, driver)) => staleness.of_parts(arch, &suite, &driver).await?,
+            Some((suite, driver, unaudited)) => {
+                let mut why = staleness.of_parts(arch, &suite, &driver).await?;
+                if unaudited {
+                    why.push(crate::stale::NOT_AUDITED.to_string());
+                }
+                why
+            }
             None => vec![format!("verified elsewhere, never on {arch}")],
         };
         let mut v = kernel_json(&k);
