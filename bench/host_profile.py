@@ -66,14 +66,11 @@ def main() -> int:
         per_step = (time.perf_counter() - t0) / a.steps * 1e3
         syncs: collections.Counter = collections.Counter()
         if a.sync_debug:
-            shown = warnings.showwarning
-
             def record(message, category, filename, lineno, file=None, line=None):
                 where = [f for f in traceback.extract_stack()[:-1] if "warnings" not in f.filename]
                 syncs[f"{where[-1].filename}:{where[-1].lineno} ({where[-1].name})" if where else "?"] += 1
 
-            warnings.showwarning = record
-            with warnings.catch_warnings():
+            with warnings.catch_warnings():   # restores showwarning and the filters on exit
                 warnings.simplefilter("always")
                 warnings.showwarning = record
                 torch.cuda.set_sync_debug_mode("warn")
@@ -81,7 +78,6 @@ def main() -> int:
                     step()
                     torch.cuda.synchronize()
                 torch.cuda.set_sync_debug_mode("default")
-            warnings.showwarning = shown
     s = io.StringIO()
     st = pstats.Stats(prof, stream=s)
     s.write(f"{a.candidate} batch {a.batch}: step wall {wall:.3f} ms (CUDA events), "

@@ -4,7 +4,8 @@ use crate::audit::audit_in;
 use crate::codec::{bound, csv};
 use crate::jobs::queue_job_in;
 use crate::kernel_rows::{
-    kernel_row, kernel_row_of, KernelQuery, KernelRow, KERNEL_COLS, KERNEL_COLS_BASE,
+    k_cols, kernel_conditions, kernel_row, kernel_row_of, KernelQuery, KernelRow, KERNEL_COLS,
+    KERNEL_COLS_BASE,
 };
 use crate::{now_rfc3339, Result, Store, StoreError};
 use kernel_registry::domain::Digest;
@@ -176,35 +177,20 @@ impl Store {
     /// Kernels matching the filters, newest name/version order, with the total count.
     pub async fn list_kernels(&self, q: &KernelQuery) -> Result<(Vec<KernelRow>, i64)> {
         // Filters are bound in a fixed order so the `$n` numbering is ascending in the text.
-        let mut conds = Vec::new();
         let mut binds: Vec<String> = Vec::new();
-        if let Some(op) = q.op {
-            binds.push(op.to_string());
-            conds.push(format!("op = ${}", binds.len()));
-        }
-        if let Some(s) = q.semantics {
-            binds.push(s.to_string());
-            conds.push(format!("semantics = ${}", binds.len()));
-        }
-        if let Some(d) = q.dtype {
-            binds.push(format!("%,{d},%"));
-            conds.push(format!("dtypes LIKE ${}", binds.len()));
-        }
-        if let Some(a) = q.arch {
-            binds.push(format!("%,{a},%"));
-            conds.push(format!("(archs = '' OR archs LIKE ${})", binds.len()));
-        }
+        let conds = kernel_conditions(q, &mut binds);
         let filter = if conds.is_empty() {
             String::new()
         } else {
             format!("WHERE {}", conds.join(" AND "))
         };
-        let count_sql = format!("SELECT COUNT(*) AS n FROM kernels {filter}");
-        let count = bound(&count_sql, &binds);
-        let total: i64 = count.fetch_one(&self.pool).await?.try_get("n")?;
+        let total = self
+            .count_with(&format!("SELECT COUNT(*) FROM kernels k {filter}"), &binds)
+            .await?;
         let n = binds.len();
         let sql = format!(
-            "SELECT {KERNEL_COLS} FROM kernels {filter} ORDER BY op, semantics, name, id LIMIT ${} OFFSET ${}",
+            "SELECT {} FROM kernels k {filter} ORDER BY k.op, k.semantics, k.name, k.id LIMIT ${} OFFSET ${}",
+            k_cols(),
             n + 1,
             n + 2
         );

@@ -185,22 +185,34 @@ def opaque_sdpa(gm: torch.fx.GraphModule) -> int:
 #: 3 = cuDNN attention (PyTorch 2.11's attention.cpp converts and calls the kernel, nothing in
 #: between; bench/sdpa_mask_probe.py, docs/gpu-runs/2026-11-27-s15).
 HOIST_BACKENDS = frozenset({3})
-#: Whether the exact backend converts masks once (a switch for the benchmarks; both are exact).
-HOIST_SDPA_MASKS = True
 _CONVERSION_OPS = frozenset({"where", "logical_not", "scalar_tensor"})
 _CONVERSIONS: dict[tuple, tuple[int, torch.fx.GraphModule] | None] = {}
+
+
+def _probe(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A decode-shaped masked attention call's tensors (query, key, value, boolean mask)."""
+    q = torch.zeros(1, 8, 1, 64, dtype=dtype, device=device)
+    k = torch.zeros(1, 8, 128, 64, dtype=dtype, device=device)
+    v = torch.ones(1, 8, 128, 64, dtype=dtype, device=device)
+    return q, k, v, torch.ones(1, 1, 1, 128, dtype=torch.bool, device=device)
+
+
+def probe_backend(dtype: torch.dtype, device: torch.device) -> int:
+    """The backend (`torch._fused_sdp_choice`'s number) eager picks on `device` for a masked
+    decode-shaped attention call with queries of `dtype`: what `mask_conversion` traces."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with unset_fake_temporarily(), torch.no_grad():
+        return int(torch._fused_sdp_choice(*_probe(dtype, device), 0.0, False))
 
 
 def _trace_conversion(dtype: torch.dtype, device: torch.device) -> tuple[int, torch.fx.GraphModule] | None:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.fx.experimental.proxy_tensor import make_fx
+    choice = probe_backend(dtype, device)
+    if choice not in HOIST_BACKENDS:
+        return None
     with unset_fake_temporarily(), torch.no_grad():
-        q = torch.zeros(1, 8, 1, 64, dtype=dtype, device=device)
-        k, v = torch.zeros(1, 8, 128, 64, dtype=dtype, device=device), torch.ones(1, 8, 128, 64, dtype=dtype, device=device)
-        mask = torch.ones(1, 1, 1, 128, dtype=torch.bool, device=device)
-        choice = int(torch._fused_sdp_choice(q, k, v, mask, 0.0, False))
-        if choice not in HOIST_BACKENDS:
-            return None
+        q, k, v, mask = _probe(dtype, device)
         traced = make_fx(lambda q_, k_, v_, m_: torch.nn.functional.scaled_dot_product_attention(
             q_, k_, v_, attn_mask=m_))(q, k, v, mask)
     nodes = list(traced.graph.nodes)
@@ -498,8 +510,7 @@ def make_backend(config: dict[str, Any] | None = None, eager_ops: bool = True) -
             return compile_fx(gm, example_inputs, config_patches=patches)
         patches.update({k: v for k, v in _NO_GRAPH_CACHE.items() if _has_config(k)})
         opaque_sdpa(gm)
-        if HOIST_SDPA_MASKS:
-            hoist_sdpa_masks(gm)
+        hoist_sdpa_masks(gm)
         if FUSE_RESIDUAL_NORMS:
             fuse_residual_norms(gm)
 

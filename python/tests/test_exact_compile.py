@@ -650,16 +650,21 @@ class _MaskedStack(nn.Module):
         return x
 
 
+def _admit_the_cpu_backend(monkeypatch) -> int:
+    """Let the mask conversion be hoisted for the backend this torch picks on the CPU (on a GPU
+    only cuDNN is admitted), with no conversion cached yet; returns that backend."""
+    cpu_choice = exact.probe_backend(torch.float32, torch.device("cpu"))
+    monkeypatch.setattr(exact, "HOIST_BACKENDS", frozenset({cpu_choice}))
+    monkeypatch.setattr(exact, "_CONVERSIONS", {})
+    return cpu_choice
+
+
 def test_a_mask_read_by_several_attention_calls_is_converted_once(monkeypatch):
     # On the CPU this torch picks its flash backend for a masked call; the test admits it (on a
     # GPU only cuDNN is) so that the hoisting runs here: the conversion traced from torch itself,
     # one conversion for the three calls, and the same bits as eager, with a batch row whose
     # keys after the first are all masked and one with a fully masked row.
-    q = torch.zeros(1, 8, 1, 64)
-    cpu_choice = int(torch._fused_sdp_choice(q, torch.zeros(1, 8, 128, 64), torch.ones(1, 8, 128, 64),
-                                             torch.ones(1, 1, 1, 128, dtype=torch.bool), 0.0, False))
-    monkeypatch.setattr(exact, "HOIST_BACKENDS", frozenset({cpu_choice}))
-    monkeypatch.setattr(exact, "_CONVERSIONS", {})
+    cpu_choice = _admit_the_cpu_backend(monkeypatch)
     conv = exact.mask_conversion(torch.float32, torch.device("cpu"))
     assert conv is not None and conv[0] == cpu_choice
     assert {n.target._opname for n in conv[1].graph.nodes if n.op == "call_function"} <= {
@@ -729,11 +734,7 @@ def test_a_llama_decode_step_converts_its_mask_once(monkeypatch):
     # eager. (On the CPU the backend admitted is this torch's CPU choice; on a GPU it is cuDNN:
     # the GPU check, bench/exact_compile.py --phase exact, runs the same on an H200.)
     from transformers import StaticCache
-    q = torch.zeros(1, 8, 1, 64)
-    cpu_choice = int(torch._fused_sdp_choice(q, torch.zeros(1, 8, 128, 64), torch.ones(1, 8, 128, 64),
-                                             torch.ones(1, 1, 1, 128, dtype=torch.bool), 0.0, False))
-    monkeypatch.setattr(exact, "HOIST_BACKENDS", frozenset({cpu_choice}))
-    monkeypatch.setattr(exact, "_CONVERSIONS", {})
+    _admit_the_cpu_backend(monkeypatch)
     hoisted = []
     real = exact.hoist_sdpa_masks
 
