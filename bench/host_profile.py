@@ -13,6 +13,10 @@ OUT_DIR/host-CANDIDATE.txt (pstats by own time and by cumulative time) and print
 operations that synchronise with the device, by the Python line that called them (the step's
 own `torch.cuda.synchronize()` is one). `--no-gc`: Python's garbage collector off while timing
 (a pause of the collector lands in whichever function runs).
+
+`--torch-profiler`: also run the steps under `torch.profiler` (CPU activity: every dispatcher
+call with its own host time, far less overhead per call than cProfile's per Python function) and
+write OUT_DIR/ops-CANDIDATE.txt, the operators by their own host time and by total host time.
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--sync-debug", action="store_true")
     p.add_argument("--no-gc", action="store_true")
+    p.add_argument("--torch-profiler", action="store_true")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -78,7 +83,22 @@ def main() -> int:
                     step()
                     torch.cuda.synchronize()
                 torch.cuda.set_sync_debug_mode("default")
+        if a.torch_profiler:
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CPU]) as tp:
+                for _ in range(a.steps):
+                    step()
+                    torch.cuda.synchronize()
+            ka = tp.key_averages()
+            (out / f"ops-{a.candidate.replace('+', '_')}.txt").write_text(
+                f"{a.candidate} batch {a.batch}: torch.profiler, CPU activity, {a.steps} steps\n"
+                + ka.table(sort_by="self_cpu_time_total", row_limit=50, max_name_column_width=90)
+                + "\n" + ka.table(sort_by="cpu_time_total", row_limit=50, max_name_column_width=90))
+            print(ka.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70))
+    from torch._dynamo.utils import counters
+    breaks = {k: dict(v) for k, v in counters.items() if k in ("graph_break", "stats", "frames")}
     s = io.StringIO()
+    s.write(f"dynamo counters: {breaks}\n")
     st = pstats.Stats(prof, stream=s)
     s.write(f"{a.candidate} batch {a.batch}: step wall {wall:.3f} ms (CUDA events), "
             f"{per_step:.3f} ms a step under cProfile; {a.steps} steps; gc "

@@ -240,10 +240,9 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     docs/compile.md): the swapped layers stay opaque custom ops, every reduction and
     math-library function inductor would compute differently runs eager's own kernel, the
     pattern rewrites are off and eager's roundings are kept, so the compiled model computes
-    eager's bits while inductor fuses the rest. Under "reduce-overhead" the whole model is
-    compiled (one CUDA graph per forward); in default mode a model with a repeated stack of
-    blocks (a transformer's decoder layers) is compiled block by block, its own code around them
-    eager (`exact_compile`'s `regional`; call `exact_compile` yourself to choose).
+    eager's bits while inductor fuses the rest. The whole model is compiled as one graph (under
+    "reduce-overhead" one CUDA graph per forward); `exact_compile(model, mode, regional=True)`
+    compiles block by block instead.
     `report.compile` says what was done (or why the model was left eager: no torch.compile on
     this platform).
 

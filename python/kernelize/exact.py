@@ -618,16 +618,18 @@ def exact_compile(model: torch.nn.Module, mode: str | None = None, *, dynamic: b
     type, parameters and state_dict keys).
 
     `regional=True`: each block of the model's repeated stack (`blocks(model)`) is compiled on
-    its own, as PyTorch recommends for large models (one compilation serves every block), and
-    the model's own code around them (embeddings, attention masks, rotary tables, final norm,
-    head) runs eagerly. `regional=False` compiles the whole model; where transformers' mask
-    builders decide from tensor values whether a mask is needed, that decision runs eagerly
-    inside it (`_traced_branches`: traced, transformers builds a mask where eager passes none,
-    docs/compile.md). Default: the whole model under "reduce-overhead" (one
-    CUDA graph per forward instead of one per block, with eager code between them: a 1B Llama's
-    decode step measured 3.2-3.8 ms against 6.8 ms regional, H100, bench/COMPILE.md), regional
-    otherwise when the model has a repeated stack (compile time; measured at 0.95-0.97x of
-    plain regional compile at prefill). Both are exact wherever measured (docs/compile.md).
+    its own, as PyTorch recommends for large models, and the model's own code around them
+    (embeddings, attention masks, rotary tables, final norm, head) runs eagerly.
+    `regional=False` (the default) compiles the whole model; where transformers' mask builders
+    decide from tensor values whether a mask is needed, that decision runs eagerly inside it
+    (`_traced_branches`: traced, transformers builds a mask where eager passes none,
+    docs/compile.md). The whole model in both modes: with a KV cache, one compilation does not
+    serve every block anyway (each block's cache index is a constant to dynamo, so a model of 22
+    blocks is compiled 22 times and each call looks its block's compilation up among 22), and
+    the whole model is one graph per step: a 1B Llama's decode step took 14.2 ms whole against
+    23.9 ms regional in default mode (H200, docs/gpu-runs/2026-11-27-s16) and, under
+    "reduce-overhead", 3.2-3.8 against 6.8 ms (H100, bench/COMPILE.md). Both are exact wherever
+    measured (docs/compile.md).
 
     `mode`: None/"default" or "reduce-overhead" (CUDA graphs). Where torch.compile cannot run
     (`unavailable`), the model is left eager and the state says why."""
@@ -637,9 +639,7 @@ def exact_compile(model: torch.nn.Module, mode: str | None = None, *, dynamic: b
         state = CompileState(False, mode, why)
         model.__dict__[_STATE] = state
         return state
-    if regional is None and mode == "reduce-overhead":
-        regional = False   # one CUDA graph per forward (see above)
-    regions = blocks(model) if regional is not False else []
+    regions = blocks(model) if regional else []
     if regional and not regions:
         raise ValueError("regional=True: the model has no repeated stack of blocks "
                          "(an nn.ModuleList of two or more modules of one class)")

@@ -130,7 +130,7 @@ def _backend_fn(name: str) -> Any:
 def _transform(candidate: Any, model: nn.Module) -> tuple[Callable[[str, nn.Module], Callable], str]:
     """(path, eager module) -> the candidate's callable for it, and a label."""
     if candidate == "exact":
-        # exact compile as users get it (`exact_compile`: a transformer block by block), applied
+        # exact compile as users get it (`exact_compile`: the whole module), applied
         # to the module for the call and undone after
         from . import exact
 

@@ -1,4 +1,4 @@
-"""The kernel launches as PyTorch custom ops (`torch.library.custom_op`), one per op kind.
+"""The kernel launches as PyTorch operators (`torch.library.Library`), one per op kind.
 
 A swapped layer's forward calls one of these ops, so the kernel is a single dispatcher call:
 `torch.compile` traces through it (the fake implementations below give the output's shape,
@@ -21,6 +21,14 @@ only; on other devices the swapped forward never calls them (it runs the origina
 
 Every output is a new contiguous tensor of the input's shape, dtype and device (the real
 launch makes its inputs contiguous and allocates the output like them).
+
+They are defined with a plain `torch.library.Library` (a schema, one CUDA kernel, a fake
+kernel), not `torch.library.custom_op`: compiled code without CUDA graphs calls each through the
+dispatcher at every step, and `custom_op`'s Python wrappers for the autograd and in-place keys
+cost 13 µs a call more (H200, torch 2.11: 30 against 17 µs a call from inductor's code,
+`bench/op_overhead.py`, docs/gpu-runs/2026-11-27-s16). The swapped layers call them only where no
+input needs a gradient (training has its own op, `training.py`), and the one op that mutates an
+input (`residual`) bumps its version counter itself, as `custom_op` would.
 """
 
 from __future__ import annotations
@@ -96,86 +104,64 @@ def _like(x: Tensor) -> Tensor:
     return x.new_empty(x.shape)
 
 
+_LIB = torch.library.Library("kernelize", "FRAGMENT")   # held for the process
+
+
+def _launch_op(name: str, schema: str, fake: Any = None) -> Any:
+    """Define `kernelize::launch_<name><schema>` with the decorated function as its CUDA kernel
+    and `fake` (default: `_like` of the first argument) as its fake kernel."""
+    def define(fn: Any) -> Any:
+        _LIB.define(f"launch_{name}{schema}")
+        _LIB.impl(f"launch_{name}", fn, "CUDA")
+        torch.library.register_fake(f"kernelize::launch_{name}", fake or (lambda x, *_, **__: _like(x)),
+                                    lib=_LIB)
+        return fn
+    return define
+
+
+_bump = torch._C._increment_version   # autograd's version counter (none on inference tensors)
+
+
 # ---- norms ----------------------------------------------------------------------------------
 
-@torch.library.custom_op("kernelize::launch_rms_norm", mutates_args=(), device_types="cuda")
+@_launch_op("rms_norm", "(Tensor x, Tensor weight, float eps, int key) -> Tensor")
 def launch_rms_norm(x: Tensor, weight: Tensor, eps: float, key: int) -> Tensor:
     return L.run_rms_norm(kernel(key), x, weight, eps)
 
 
-@launch_rms_norm.register_fake
-def _(x, weight, eps, key):
-    return _like(x)
-
-
-@torch.library.custom_op("kernelize::launch_fused_add_rms_norm", mutates_args=("residual",),
-                         device_types="cuda")
+@_launch_op("fused_add_rms_norm",
+            "(Tensor x, Tensor(a!) residual, Tensor weight, float eps, int key) -> Tensor")
 def launch_fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float,
                               key: int) -> Tensor:
+    _bump((residual,))
     return L.run_fused_add_rms_norm(kernel(key), x, residual, weight, eps)
 
 
-@launch_fused_add_rms_norm.register_fake
-def _(x, residual, weight, eps, key):
-    return _like(x)
-
-
-@torch.library.custom_op("kernelize::launch_layer_norm", mutates_args=(), device_types="cuda")
+@_launch_op("layer_norm", "(Tensor x, Tensor weight, Tensor bias, float eps, int key) -> Tensor")
 def launch_layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float, key: int) -> Tensor:
     return L.run_layer_norm(kernel(key), x, weight, bias, eps)
 
 
-@launch_layer_norm.register_fake
-def _(x, weight, bias, eps, key):
-    return _like(x)
-
-
 # ---- activations ----------------------------------------------------------------------------
 
-@torch.library.custom_op("kernelize::launch_silu", mutates_args=(), device_types="cuda")
-def launch_silu(x: Tensor, key: int) -> Tensor:
+def _elementwise(x: Tensor, key: int) -> Tensor:
     return L.run_elementwise(kernel(key), x)
 
 
-@torch.library.custom_op("kernelize::launch_gelu", mutates_args=(), device_types="cuda")
-def launch_gelu(x: Tensor, key: int) -> Tensor:
-    return L.run_elementwise(kernel(key), x)
+for _name in ("silu", "gelu", "gelu_tanh"):
+    _launch_op(_name, "(Tensor x, int key) -> Tensor")(_elementwise)
 
 
-@torch.library.custom_op("kernelize::launch_gelu_tanh", mutates_args=(), device_types="cuda")
-def launch_gelu_tanh(x: Tensor, key: int) -> Tensor:
-    return L.run_elementwise(kernel(key), x)
-
-
-for _op in (launch_silu, launch_gelu, launch_gelu_tanh):
-    @_op.register_fake
-    def _(x, key):
-        return _like(x)
-
-
-@torch.library.custom_op("kernelize::launch_silu_and_mul", mutates_args=(), device_types="cuda")
+@_launch_op("silu_and_mul", "(Tensor gate, Tensor up, int key) -> Tensor")
 def launch_silu_and_mul(gate: Tensor, up: Tensor, key: int) -> Tensor:
     return L.run_silu_and_mul(kernel(key), gate, up)
 
 
-@launch_silu_and_mul.register_fake
-def _(gate, up, key):
-    return _like(gate)
-
-
 # ---- gated MLPs: two inputs --------------------------------------------------------------
 
-@torch.library.custom_op("kernelize::launch_silu_mul", mutates_args=(), device_types="cuda")
-def launch_silu_mul(gate: Tensor, up: Tensor, key: int) -> Tensor:
+def _gated(gate: Tensor, up: Tensor, key: int) -> Tensor:
     return L.run_gated(kernel(key), gate, up)
 
 
-@torch.library.custom_op("kernelize::launch_gelu_tanh_mul", mutates_args=(), device_types="cuda")
-def launch_gelu_tanh_mul(gate: Tensor, up: Tensor, key: int) -> Tensor:
-    return L.run_gated(kernel(key), gate, up)
-
-
-for _op in (launch_silu_mul, launch_gelu_tanh_mul):
-    @_op.register_fake
-    def _(gate, up, key):
-        return _like(gate)
+for _name in ("silu_mul", "gelu_tanh_mul"):
+    _launch_op(_name, "(Tensor gate, Tensor up, int key) -> Tensor")(_gated)
