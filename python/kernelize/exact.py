@@ -57,6 +57,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from .ops import define as _define_op
+
 # ---- what the exact backend changes -------------------------------------------------------
 
 #: Inductor configuration applied to every exact compilation; a name this torch does not have
@@ -104,11 +106,19 @@ EAGER_OPS: dict[str, str] = {
 # (flash, memory-efficient, math) for the traced shapes and decomposes it, and inductor lowers
 # what it picked; eager picks at each call. In f32 on an H100 the two picks differ and so do the
 # logits of every model that attends through SDPA (docs/compile.md). The exact backend replaces
-# each SDPA call of the graph it is given by this custom op, which inductor cannot look into:
+# each SDPA call of the graph it is given by this operator, which inductor cannot look into:
 # the call runs eagerly, picking its backend as eager does. Its output is made contiguous (the
 # fake implementation says so, and a copy keeps the values).
 
-@torch.library.custom_op("kernelize::eager_sdpa", mutates_args=())
+def _sdpa_fake(query, key, value, *_, **__):
+    return query.new_empty((*query.shape[:-1], value.shape[-1]))
+
+
+# The SDPA operators run on every device (the CPU tests compile with them); no backward (under
+# autograd the exact backend leaves SDPA as traced, `opaque_sdpa`).
+@_define_op("eager_sdpa", "(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, "
+            "float dropout_p, bool is_causal, float? scale, bool enable_gqa) -> Tensor",
+            _sdpa_fake, "CompositeExplicitAutograd")
 def eager_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attn_mask: torch.Tensor | None, dropout_p: float, is_causal: bool,
                scale: float | None, enable_gqa: bool) -> torch.Tensor:
@@ -116,11 +126,6 @@ def eager_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
         scale=scale, **kw).contiguous()
-
-
-@eager_sdpa.register_fake
-def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
 
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -266,17 +271,19 @@ def _conversion_of(mask: torch.Tensor, dtype: torch.dtype) -> torch.fx.GraphModu
     return conv[1]
 
 
-@torch.library.custom_op("kernelize::sdpa_mask_bias", mutates_args=())
+def _converted(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return _conversion_of(mask, dtype)(mask)   # on fake tensors too: the shape and strides
+
+
+@_define_op("sdpa_mask_bias", "(Tensor mask, ScalarType dtype) -> Tensor", _converted,
+            "CompositeExplicitAutograd")
 def sdpa_mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return _conversion_of(mask, dtype)(mask)
+    return _converted(mask, dtype)
 
 
-@sdpa_mask_bias.register_fake
-def _(mask, dtype):
-    return _conversion_of(mask, dtype)(mask)   # the same ops on fake tensors: shape and strides
-
-
-@torch.library.custom_op("kernelize::eager_sdpa_bias", mutates_args=())
+@_define_op("eager_sdpa_bias", "(Tensor query, Tensor key, Tensor value, Tensor attn_mask, "
+            "Tensor bias, float dropout_p, bool is_causal, float? scale, bool enable_gqa) -> Tensor",
+            _sdpa_fake, "CompositeExplicitAutograd")
 def eager_sdpa_bias(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attn_mask: torch.Tensor, bias: torch.Tensor, dropout_p: float, is_causal: bool,
                     scale: float | None, enable_gqa: bool) -> torch.Tensor:
@@ -292,11 +299,6 @@ def eager_sdpa_bias(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
         scale=scale, **kw).contiguous()
-
-
-@eager_sdpa_bias.register_fake
-def _(query, key, value, attn_mask, bias, dropout_p, is_causal, scale, enable_gqa):
-    return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
 
 def hoist_sdpa_masks(gm: torch.fx.GraphModule) -> int:

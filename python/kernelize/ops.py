@@ -107,16 +107,22 @@ def _like(x: Tensor) -> Tensor:
 _LIB = torch.library.Library("kernelize", "FRAGMENT")   # held for the process
 
 
-def _launch_op(name: str, schema: str, fake: Any = None) -> Any:
-    """Define `kernelize::launch_<name><schema>` with the decorated function as its CUDA kernel
-    and `fake` (default: `_like` of the first argument) as its fake kernel."""
-    def define(fn: Any) -> Any:
-        _LIB.define(f"launch_{name}{schema}")
-        _LIB.impl(f"launch_{name}", fn, "CUDA")
-        torch.library.register_fake(f"kernelize::launch_{name}", fake or (lambda x, *_, **__: _like(x)),
-                                    lib=_LIB)
+def define(name: str, schema: str, fake: Any, dispatch_key: str = "CUDA") -> Any:
+    """Define `kernelize::<name><schema>` with the decorated function as its kernel for
+    `dispatch_key` and `fake` as its fake kernel: kernelize's operators are plain
+    `torch.library.Library` operators (the module's doc says why), none with a backward."""
+    def define_with(fn: Any) -> Any:
+        _LIB.define(f"{name}{schema}")
+        _LIB.impl(name, fn, dispatch_key)
+        torch.library.register_fake(f"kernelize::{name}", fake, lib=_LIB)
         return fn
-    return define
+    return define_with
+
+
+def _launch_op(name: str, schema: str) -> Any:
+    """`define` for `kernelize::launch_<name>`: a CUDA kernel whose output is like its first
+    argument."""
+    return define(f"launch_{name}", schema, lambda x, *_, **__: _like(x))
 
 
 _bump = torch._C._increment_version   # autograd's version counter (none on inference tensors)

@@ -127,20 +127,23 @@ def test_kernelize_compile_true_on_a_tiny_llama(tmp_path):
     # no kernels on the CPU: every layer is kept, and the model is compiled exactly
     rep = kernelize(model, kernels_dir="kernels", arch="sm_90", verbose=False, compile=True)
     assert rep.compile is not None and rep.compile.compiled
-    # the decoder layers are compiled one by one, the model's own code stays eager
-    assert rep.compile.regions == 2 and "2 blocks" in str(rep)
-    assert all(b._compiled_call_impl is not None for b in model.model.layers)
-    assert getattr(model, "_compiled_call_impl", None) is None
+    # the whole model is one compilation (block by block, a KV cache's layer index would make
+    # dynamo compile every block on its own); its blocks are not compiled apart
+    assert rep.compile.regions == 0 and "the whole model" in str(rep)
+    assert model._compiled_call_impl is not None
+    assert all(getattr(b, "_compiled_call_impl", None) is None for b in model.model.layers)
     from torch._dynamo.utils import counters
     counters.clear()
     with torch.no_grad():
         got = model(ids, use_cache=False).logits
     assert counters["stats"]["unique_graphs"] >= 1          # it was compiled
-    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    # the only graph breaks: transformers' mask-skip decisions, run eagerly (`_traced_branches`)
+    assert all("_ignore_causal_mask_sdpa" in why or "disable" in why
+               for why in counters["graph_break"]), dict(counters["graph_break"])
     assert locate.compare(ref, got).identical
     unkernelize(model)
     assert exact.compile_state(model) is None
-    assert all(b._compiled_call_impl is None for b in model.model.layers)
+    assert getattr(model, "_compiled_call_impl", None) is None
 
 
 def _tiny_llama():
