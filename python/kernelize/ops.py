@@ -110,11 +110,27 @@ _LIB = torch.library.Library("kernelize", "FRAGMENT")   # held for the process
 def define(name: str, schema: str, fake: Any, dispatch_key: str = "CUDA") -> Any:
     """Define `kernelize::<name><schema>` with the decorated function as its kernel for
     `dispatch_key` and `fake` as its fake kernel: kernelize's operators are plain
-    `torch.library.Library` operators (the module's doc says why), none with a backward."""
+    `torch.library.Library` operators (the module's doc says why), none with a backward.
+
+    An operator without an autograd kernel would, given an input that needs a gradient, return
+    an output whose backward only warns (PyTorch's autograd fallback) and gives no gradient
+    through it: a training step would go on with wrong numbers. The kernel refuses such a call
+    instead, as `custom_op` would at the backward."""
+    qualname = f"kernelize::{name}"
+
     def define_with(fn: Any) -> Any:
+        def kernel(*args: Any) -> Any:
+            if torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad
+                                               for a in args):
+                raise RuntimeError(
+                    f"{qualname} has no backward: call it where no input needs a gradient "
+                    "(torch.no_grad(), or tensors that do not require grad); for training, "
+                    "kernelize(model, mode=\"training\") swaps in the ops that have one")
+            return fn(*args)
+
         _LIB.define(f"{name}{schema}")
-        _LIB.impl(name, fn, dispatch_key)
-        torch.library.register_fake(f"kernelize::{name}", fake, lib=_LIB)
+        _LIB.impl(name, kernel, dispatch_key)
+        torch.library.register_fake(qualname, fake, lib=_LIB)
         return fn
     return define_with
 

@@ -531,3 +531,29 @@ def test_a_kernelized_model_deep_copies(cpu_kernels, small_llama):
     assert kernelize.unkernelize(twin) == 7
     assert all("_kz" in s.module.__dict__ for s in sites)              # the original still swapped
     assert kernelize.unkernelize(model) == 7
+
+
+def test_an_operator_without_a_backward_refuses_an_input_that_needs_a_gradient():
+    """kernelize's operators have no autograd kernel (`ops.define`): PyTorch's fallback would
+    return an output whose backward only warns and gives no gradient through the kernel. The
+    kernel refuses the call instead; without a gradient to compute it runs."""
+    seen = []
+
+    @ops.define("test_define_guard", "(Tensor x, float s) -> Tensor", lambda x, s: torch.empty_like(x),
+                "CPU")
+    def _(x, s):
+        seen.append(s)
+        return (x * s).detach()   # as a kernel launch: nothing recorded for autograd
+
+    op = torch.ops.kernelize.test_define_guard
+    x = torch.randn(4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="test_define_guard has no backward"):
+        op(x, 2.0)
+    assert seen == []
+    with torch.no_grad():
+        assert torch.equal(op(x, 2.0), x.detach() * 2)
+    assert torch.equal(op(x.detach(), 3.0), x.detach() * 3)   # grad mode on, no input needs one
+    assert seen == [2.0, 3.0]
+    # the fake kernel gives the shape under FakeTensorMode
+    with FakeTensorMode():
+        assert op(torch.empty(2, 5), 1.0).shape == (2, 5)
