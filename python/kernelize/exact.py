@@ -145,7 +145,7 @@ def _is_tensor(v: Any) -> bool:
 def opaque_sdpa(gm: torch.fx.GraphModule) -> int:
     """Replace every scaled-dot-product-attention call of a dynamo graph by `eager_sdpa`;
     returns how many were replaced. Calls traced under autograd (an output that requires grad)
-    are left as they are: the custom op has no backward (training is issue 30)."""
+    are left as they are: the operator has no backward (training is issue 30)."""
     targets = {torch.nn.functional.scaled_dot_product_attention,
                getattr(torch._C._nn, "scaled_dot_product_attention", None)}
     n_replaced = 0
