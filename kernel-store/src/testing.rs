@@ -97,3 +97,22 @@ fn reachable(url: &str) -> bool {
         })
     })
 }
+
+/// One `#[tokio::test]` per backend for each named `async fn NAME(store: Store)` of the calling
+/// test file: `on_sqlite::NAME` with `super::sqlite().await` (a `(Store, TempSqlite)`) and
+/// `on_postgres::NAME` with `super::postgres().await` (an `Option<Store>`: `None`, loudly, where
+/// there is no server). The calling file defines those two functions, so it chooses whether
+/// the store comes migrated.
+#[macro_export]
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod on_sqlite { $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() { let (s, _dir) = super::sqlite().await; super::$name(s).await; }
+        )* }
+        mod on_postgres { $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() { if let Some(s) = super::postgres().await { super::$name(s).await; } }
+        )* }
+    };
+}

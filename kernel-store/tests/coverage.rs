@@ -52,20 +52,7 @@ async fn postgres() -> Option<Store> {
     Some(Store::open(&url).await.unwrap())
 }
 
-macro_rules! both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod on_sqlite { $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() { let (s, _dir) = super::sqlite().await; super::$name(s).await; }
-        )* }
-        mod on_postgres { $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() { if let Some(s) = super::postgres().await { super::$name(s).await; } }
-        )* }
-    };
-}
-
-both_backends!(
+kernel_store::both_backends!(
     coverage_is_recorded_with_the_verification,
     width_jobs_carry_shapes_and_are_bounded,
 );

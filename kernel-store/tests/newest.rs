@@ -832,6 +832,7 @@ async fn stale_list_matches(s: &Store) {
 }
 
 async fn index_answers_like_the_reports(s: Store) {
+    s.migrate().await.unwrap();
     fixture(&s).await;
     let g = s.answer_generation().await.unwrap();
     assert!(
@@ -928,6 +929,7 @@ async fn upgrade_backfills(s: Store) {
     stale_list_matches(&s).await;
 }
 
+/// Stores not migrated: the upgrade tests start from an older schema, the others migrate first.
 async fn sqlite() -> (Store, kernel_store::testing::TempSqlite) {
     let db = kernel_store::testing::fresh_sqlite();
     (Store::connect(&db.url).await.unwrap(), db)
@@ -938,20 +940,12 @@ async fn postgres() -> Option<Store> {
     Some(Store::connect(&url).await.unwrap())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn index_answers_like_the_reports_on_sqlite() {
-    let (s, _dir) = sqlite().await;
-    s.migrate().await.unwrap();
-    index_answers_like_the_reports(s).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn index_answers_like_the_reports_on_postgres() {
-    if let Some(s) = postgres().await {
-        s.migrate().await.unwrap();
-        index_answers_like_the_reports(s).await;
-    }
-}
+kernel_store::both_backends!(
+    index_answers_like_the_reports,
+    upgrade_backfills,
+    upgrade_fills_measured_times,
+    an_unaudited_verdict_is_stale,
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verdict_index_answers_like_the_reports_on_sqlite() {
@@ -965,19 +959,6 @@ async fn verdict_index_answers_like_the_reports_on_postgres() {
     if let Some(url) = kernel_store::testing::fresh_postgres_url("verdict index test").await {
         let s = Store::open(&url).await.unwrap();
         verdict_index_answers_like_the_reports(s, &url).await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upgrade_backfills_on_sqlite() {
-    let (s, _dir) = sqlite().await;
-    upgrade_backfills(s).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upgrade_backfills_on_postgres() {
-    if let Some(s) = postgres().await {
-        upgrade_backfills(s).await;
     }
 }
 
@@ -1107,19 +1088,6 @@ async fn upgrade_fills_measured_times(s: Store) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upgrade_fills_measured_times_on_sqlite() {
-    let (s, _dir) = sqlite().await;
-    upgrade_fills_measured_times(s).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upgrade_fills_measured_times_on_postgres() {
-    if let Some(s) = postgres().await {
-        upgrade_fills_measured_times(s).await;
-    }
-}
-
 /// Migration 0016 stores, for each CUDA verification made before the capability audit, the
 /// flags and the audit `VerificationReport::audit` gives it (`CapabilityReport::before_audit`):
 /// the rows it backfills and the rows written since say the same, on both backends.
@@ -1149,6 +1117,7 @@ fn the_before_audit_migration_stores_what_the_report_gives() {
 /// capability audit) is stale there even when its suite and driver are the newest: every
 /// policy refuses it until a new verification audits it, which `verify-request --stale` queues.
 async fn an_unaudited_verdict_is_stale(s: Store) {
+    s.migrate().await.unwrap();
     let suite = "7";
     let mut ids = vec![];
     for (i, audit) in [(0usize, false), (1, true)] {
@@ -1184,19 +1153,4 @@ async fn an_unaudited_verdict_is_stale(s: Store) {
         .collect();
     assert_eq!(stale, want);
     assert_eq!(total, 1);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unaudited_verdict_is_stale_on_sqlite() {
-    let (s, _db) = sqlite().await;
-    s.migrate().await.unwrap();
-    an_unaudited_verdict_is_stale(s).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unaudited_verdict_is_stale_on_postgres() {
-    if let Some(s) = postgres().await {
-        s.migrate().await.unwrap();
-        an_unaudited_verdict_is_stale(s).await;
-    }
 }

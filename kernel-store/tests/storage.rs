@@ -46,20 +46,7 @@ async fn postgres() -> Option<Store> {
     Some(Store::open(&url).await.unwrap())
 }
 
-macro_rules! both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod on_sqlite { $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() { let (s, _dir) = super::sqlite().await; super::$name(s).await; }
-        )* }
-        mod on_postgres { $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() { if let Some(s) = super::postgres().await { super::$name(s).await; } }
-        )* }
-    };
-}
-
-both_backends!(
+kernel_store::both_backends!(
     kernels_are_immutable_and_idempotent,
     listing_filters_and_pages,
     sources_are_rechecked_on_read,

@@ -230,3 +230,17 @@ def tiny_llama():
                                    num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=2, max_position_embeddings=64)
     return transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+
+
+def tiny_gemma(layers: int = 1):
+    """A Gemma of `layers` small decoder layers, seeded random weights, bf16 (skips where this
+    transformers has no Gemma)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    if not hasattr(transformers, "GemmaForCausalLM"):
+        pytest.skip("this transformers has no Gemma")
+    torch.manual_seed(0)
+    cfg = transformers.GemmaConfig(vocab_size=128, hidden_size=64, intermediate_size=96,
+                                   num_hidden_layers=layers, num_attention_heads=4,
+                                   num_key_value_heads=1, head_dim=16)
+    return transformers.GemmaForCausalLM(cfg).to(torch.bfloat16)

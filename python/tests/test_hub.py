@@ -13,7 +13,7 @@ import torch
 import kernelize
 from kernelize import DigestMismatch, HubSource
 from kernelize.digest import digest_of
-from conftest import REPO, retarget
+from conftest import REPO, retarget, tiny_gemma
 
 transformers = pytest.importorskip("transformers")
 
@@ -85,16 +85,6 @@ def test_gated_mlps_take_the_two_input_kernel_and_fall_back_to_silu_and_mul(hub,
     assert f"-> {v('silu_mul')} {digests['silu_mul'][:19]}" in str(rep)
 
 
-def _tiny_gemma():
-    if not hasattr(transformers, "GemmaForCausalLM"):
-        pytest.skip("this transformers has no Gemma")
-    torch.manual_seed(0)
-    cfg = transformers.GemmaConfig(vocab_size=128, hidden_size=64, intermediate_size=96,
-                                   num_hidden_layers=1, num_attention_heads=4,
-                                   num_key_value_heads=1, head_dim=16)
-    return transformers.GemmaForCausalLM(cfg).to(torch.bfloat16)
-
-
 @pytest.mark.parametrize("names,path,op,tried", [
     (["gelu_tanh_mul", "gelu_tanh", "rms_norm_gemma"], "model.layers.0.mlp", "gelu_tanh_mul",
      ["gelu_tanh_mul"]),
@@ -102,7 +92,7 @@ def _tiny_gemma():
      ["gelu_tanh_mul", "gelu_tanh"]),
 ])
 def test_gemma_mlp_takes_gelu_tanh_mul_or_its_act_fn_a_gelu_tanh_kernel(names, path, op, tried):
-    rep = kernelize.kernelize(_tiny_gemma(), kernels_dir=REPO / "kernels", names=names,
+    rep = kernelize.kernelize(tiny_gemma(), kernels_dir=REPO / "kernels", names=names,
                               arch="sm_90", verbose=False)
     e = by_path(rep)
     assert (e[path].status, e[path].op, e[path].kernel.name, e[path].tried) == (

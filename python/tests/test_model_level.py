@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, tiny_gemma
 from kernelize import DirSource, core
 from kernelize.discover import discover
 from kernelize_verifier import model_level
@@ -298,13 +298,7 @@ def test_safetensors_layout(tmp_path):
 
 
 def test_gelu_tanh_goes_into_act_fn_of_gemma_mlps_and_gelu_leaves_them_fused():
-    if not hasattr(transformers, "GemmaForCausalLM"):
-        pytest.skip("this transformers has no Gemma")
-    torch.manual_seed(0)
-    cfg = transformers.GemmaConfig(vocab_size=128, hidden_size=64, intermediate_size=96,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=1, head_dim=16)
-    model = transformers.GemmaForCausalLM(cfg).to(torch.bfloat16)
+    model = tiny_gemma(layers=2)
     assert {s.op for s in discover(model).sites} == {"rms_norm", "gelu_tanh_mul"}
     ad = model_level.adapt_model(model, "gelu_tanh", "default")
     assert not ad.fuse_gated_mlp and "2 gated MLP(s) not fused: the gelu_tanh kernel" in ad.describe()
