@@ -179,6 +179,27 @@ def decode_step(m, batch: int, g: torch.Generator, prefill: int | None = 512):
     return lambda: m(tok, past_key_values=cache, use_cache=True, cache_position=pos)
 
 
+def greedy(m, g: torch.Generator, new: int, prompt: int = 512):
+    """Greedy generation at batch 1 as a callable: a `prompt`-token prefill into a static cache
+    of 576 positions (initialised up front, transformers' recipe for CUDA graphs; the shapes of
+    `decode_step`'s, so nothing new compiles), then `new` decode steps, each fed the argmax of the
+    last. Works for every candidate, plain reduce-overhead compile too (generate() keeps each
+    step's logits, which its CUDA graphs overwrite)."""
+    assert prompt + new <= 576
+    cache = static_cache(m, 1, 576, recipe=True)
+    ids = torch.randint(0, VOCAB_IDS, (1, prompt), generator=g).cuda()
+    pos = torch.arange(prompt, device="cuda")
+
+    def run():
+        r = m(ids, past_key_values=cache, use_cache=True, cache_position=pos)
+        tok = r.logits[:, -1].argmax(-1, keepdim=True)
+        for i in range(new):
+            r = m(tok, past_key_values=cache, use_cache=True, cache_position=pos[-1:] + 1 + i)
+            tok = r.logits[:, -1].argmax(-1, keepdim=True)
+        return tok
+    return run
+
+
 def lm_steps(model, ids, steps: int, static: bool = False, recipe: bool = False):
     """Prefill then `steps` greedy decode steps with a fresh KV cache: the prefill's logits and
     each step's. `static`: transformers' StaticCache with explicit cache positions (the recipe
@@ -352,8 +373,23 @@ def phase_speed(a) -> list[dict]:
                         torch.cuda.synchronize()
                         row[f"decode_b{b}_first_s"] = time.perf_counter() - t0
                         row[f"decode_b{b}_ms"] = timed_ms(step, a.reps * 4)
+                    if a.greedy:
+                        # tokens/s of greedy generation, every candidate the same loop: a
+                        # 512-token prompt, `greedy` new tokens (median of 3 after a warm-up)
+                        run = greedy(m, g, a.greedy)
+                        for _ in range(2):   # compiles, records
+                            run()
+                        ts = []
+                        for _ in range(3):
+                            torch.cuda.synchronize()
+                            t0 = time.perf_counter()
+                            run()
+                            torch.cuda.synchronize()
+                            ts.append(time.perf_counter() - t0)
+                        row["greedy_b1_tok_s"] = a.greedy / statistics.median(ts)
                     if a.generate:
-                        # tokens/s of greedy generation: a 512-token prompt, `generate` new tokens
+                        # tokens/s of transformers' generate(): a 512-token prompt, `generate` new
+                        # tokens (plain reduce-overhead compile cannot: it keeps each step's logits)
                         ids = torch.randint(0, VOCAB_IDS, (1, 512), generator=g).cuda()
                         generated(m, ids, a.generate)   # warm-up (compiles, records)
                         torch.cuda.synchronize()
@@ -419,6 +455,9 @@ def main() -> int:
     p.add_argument("--generate", type=int, default=0, metavar="N",
                    help="exact: also greedy generate() N tokens into a static cache and compare "
                         "tokens and logits; speed: tokens/s of generating N tokens at batch 1")
+    p.add_argument("--greedy", type=int, default=0, metavar="N",
+                   help="speed: tokens/s of a greedy loop of N new tokens at batch 1 (N <= 64), "
+                        "every candidate, plain reduce-overhead compile included")
     p.add_argument("--no-seeds", dest="seeds", action="store_false", help="locate: architectures only")
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the exact and locate phases")
     a = p.parse_args()

@@ -677,14 +677,18 @@ def exact_compile(model: torch.nn.Module, mode: str | None = None, *, dynamic: b
 #   (SDPA's `is_causal`); traced it cannot read them, never skips, and builds an explicit mask,
 #   and the attention kernel for a mask reduces in another order. Only those decisions are kept
 #   eager (`_traced_branches`: the functions of transformers' masking module that ask whether
-#   they are traced, each run with a graph break around it where it is called); the masks
-#   themselves are built in the compiled graph. A decode step into a static cache calls none of
-#   them (transformers never skips the mask there), so the whole step is one graph, one CUDA
-#   graph under reduce-overhead. Compiled block by block the masks are built outside the blocks.
+#   they are traced); the masks themselves are built in the compiled graph. A decision called
+#   with a tensor (a padding mask, position ids, a static cache's offset) runs eagerly, with a
+#   graph break around it where it is called; one called with none (no padding mask, no cache)
+#   cannot read tensor values, so it is traced, with the masking module's trace checks
+#   answering as eager's (`_eager_decision`), and dynamo guards on the Python values it read: no
+#   graph break for it. A decode step into a static cache calls none of them (transformers never
+#   skips the mask there), so the whole step is one graph, one CUDA graph under
+#   reduce-overhead. Compiled block by block the masks are built outside the blocks.
 _EAGER_BRANCHES = ("transformers.integrations.sdpa_attention",)
 _branch_depth = [0]
 _branch_saved: list[tuple[Any, str, Any]] = []
-_DISABLED: dict[int, Callable] = {}   # one eager wrapper per function (a stable guard)
+_DECISIONS: dict[int, Callable] = {}   # one wrapper per function (a stable guard)
 
 
 def _not_compiling() -> bool:
@@ -713,9 +717,31 @@ def _traced_branches(model: torch.nn.Module) -> list[tuple[Any, str, Callable]]:
     for mod in mods:
         for name, fn in list(vars(mod).items()) if mod is not None else ():
             if id(fn) in branching:
-                wrapper = _DISABLED.setdefault(id(fn), torch.compiler.disable(fn))
-                found.append((mod, name, wrapper))
+                found.append((mod, name, _DECISIONS.setdefault(id(fn), _eager_decision(fn))))
+    # its trace checks answer as eager's while the model runs (for the decisions it traces)
+    found += [(mu, name, _not_tracing) for name in sorted(_TRACE_CHECKS) if hasattr(mu, name)]
     return found
+
+
+def _not_tracing(*_: Any, **__: Any) -> bool:
+    return False
+
+
+def _eager_decision(fn: Callable) -> Callable:
+    """`fn` (a masking function that branches on being traced) deciding as eager decides: run
+    eagerly behind a graph break when an argument is a tensor (its values may decide), traced
+    when none is (it reads Python values only; the masking module's trace checks answer as
+    eager's meanwhile, `_traced_branches`)."""
+    import functools
+    eager = torch.compiler.disable(fn)
+
+    @functools.wraps(fn)
+    def decide(*args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(v, torch.Tensor) for v in (*args, *kwargs.values())):
+            return eager(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return decide
 
 
 def _with_eager_branches(compiled: Callable, whole: torch.nn.Module | None = None,

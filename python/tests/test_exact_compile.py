@@ -137,8 +137,9 @@ def test_kernelize_compile_true_on_a_tiny_llama(tmp_path):
     with torch.no_grad():
         got = model(ids, use_cache=False).logits
     assert counters["stats"]["unique_graphs"] >= 1          # it was compiled
-    # the only graph breaks: transformers' mask-skip decisions, run eagerly (`_traced_branches`)
-    assert all("_ignore_causal_mask_sdpa" in why or "disable" in why
+    # the only graph break: transformers' packed-sequence check (it reads the position ids),
+    # run eagerly (`_traced_branches`)
+    assert all("find_packed_sequence_indices" in why
                for why in counters["graph_break"]), dict(counters["graph_break"])
     assert locate.compare(ref, got).identical
     unkernelize(model)
@@ -216,11 +217,12 @@ def test_whole_model_keeps_eager_masks(mode):
     """The whole model compiled: where transformers' mask builder decides from tensor values
     whether to pass a mask (traced it always builds one where eager passes none, and the
     attention's bits move: 105 of 128 prefill logits in f32 once), that decision runs eagerly (a
-    graph break around it at prefill); the mask itself is built in the graph. A decode step into
-    a static cache asks no such question, so it compiles without a graph break (one CUDA graph
-    under reduce-overhead). Prefill and decode into a static cache, and a forward without a
-    cache, are identical with eager; the masking module's functions are the originals again
-    after each call."""
+    graph break around it); where it reads no tensor (no padding mask) it is traced with eager's
+    answers to its trace checks, no break. The mask itself is built in the graph. A decode step
+    into a static cache compiles without a graph break (one CUDA graph under reduce-overhead),
+    and so does prefill where the cache's offset is not a tensor; a forward without a cache
+    breaks only at the packed-sequence check (it reads the position ids). All are identical with eager; the masking module's functions are
+    the originals again after each call."""
     import sys
     from transformers import StaticCache
     from transformers import masking_utils as mu
@@ -231,7 +233,7 @@ def test_whole_model_keeps_eager_masks(mode):
     with torch.no_grad():
         ref_nocache = model(ids, use_cache=False).logits
     builder = sys.modules[type(model).__module__].create_causal_mask
-    decision = mu._ignore_causal_mask_sdpa
+    decision, trace_check = mu._ignore_causal_mask_sdpa, mu.is_tracing
     # under reduce-overhead the whole model is the default (one CUDA graph per forward)
     st = exact.exact_compile(model, mode, **({"regional": False} if mode is None else {}))
     assert st.regions == 0
@@ -249,16 +251,21 @@ def test_whole_model_keeps_eager_masks(mode):
             r = model(tok, past_key_values=cache, use_cache=True,
                       cache_position=torch.tensor([n + i]))
         decode_breaks = dict(counters["graph_break"])
+        counters.clear()
         got_nocache = model(ids, use_cache=False).logits
+        nocache_breaks = dict(counters["graph_break"])
     assert locate.compare(ref, torch.stack(got)).identical
     assert locate.compare(ref_nocache, got_nocache).identical
-    # prefill: the only graph break is the skip decision (torch.compiler.disable'd)
-    assert prefill_breaks and all("_ignore_causal_mask_sdpa" in why or "disable" in why
-                                  for why in prefill_breaks), prefill_breaks
-    assert not any("create_causal_mask" in why for why in prefill_breaks), prefill_breaks
+    # no padding mask: the skip decision reads a tensor only where the static cache's offset is
+    # one (the cache made ready up front, under CUDA graphs): eagerly then, traced otherwise
+    assert all("_ignore_causal_mask_sdpa" in why for why in prefill_breaks), prefill_breaks
+    assert (prefill_breaks == {}) == (mode is None), prefill_breaks
     assert decode_breaks == {}, decode_breaks
+    # without a cache the packed-sequence check reads the position ids: eagerly, the one break
+    assert nocache_breaks and all("find_packed_sequence_indices" in why
+                                  for why in nocache_breaks), nocache_breaks
     assert sys.modules[type(model).__module__].create_causal_mask is builder
-    assert mu._ignore_causal_mask_sdpa is decision
+    assert mu._ignore_causal_mask_sdpa is decision and mu.is_tracing is trace_check
 
 
 def test_traced_branches_are_the_masking_functions_that_ask_whether_they_are_traced():
