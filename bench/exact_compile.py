@@ -191,6 +191,7 @@ def greedy(m, g: torch.Generator, new: int, prompt: int = 512):
     pos = torch.arange(prompt, device="cuda")
 
     def run():
+        cache.reset()   # the cache counts what it holds: each run starts empty
         r = m(ids, past_key_values=cache, use_cache=True, cache_position=pos)
         tok = r.logits[:, -1].argmax(-1, keepdim=True)
         for i in range(new):
