@@ -107,11 +107,30 @@ EAGER_OPS: dict[str, str] = {
 # what it picked; eager picks at each call. In f32 on an H100 the two picks differ and so do the
 # logits of every model that attends through SDPA (docs/compile.md). The exact backend replaces
 # each SDPA call of the graph it is given by this operator, which inductor cannot look into:
-# the call runs eagerly, picking its backend as eager does. Its output is made contiguous (the
-# fake implementation says so, and a copy keeps the values).
+# the call runs eagerly, picking its backend as eager does. Its output has the query's layout
+# (`_like_query`: a model's query is usually a transposed view of its projection, and the
+# attention backends tend to write their output in that layout, which the model's transpose
+# back then reads without a copy); where the backend wrote another, a copy keeps the values.
+
+def _like_query(query: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """An empty attention output with the query's layout (its strides where it is dense, as
+    `empty_like` keeps them), contiguous where the value's head size differs."""
+    if value.shape[-1] == query.shape[-1]:
+        return torch.empty_like(query)
+    return query.new_empty((*query.shape[:-1], value.shape[-1]))
+
 
 def _sdpa_fake(query, key, value, *_, **__):
-    return query.new_empty((*query.shape[:-1], value.shape[-1]))
+    return _like_query(query, value)
+
+
+def _in_query_layout(out: torch.Tensor, query: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """`out` (an attention output) in the layout `_sdpa_fake` declares: itself where the
+    backend wrote it so, else a copy."""
+    want = _like_query(query, value)
+    if out.stride() == want.stride() and out.storage_offset() == 0:
+        return out
+    return want.copy_(out)
 
 
 # The SDPA operators run on every device (the CPU tests compile with them); no backward (under
@@ -123,9 +142,9 @@ def eager_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attn_mask: torch.Tensor | None, dropout_p: float, is_causal: bool,
                scale: float | None, enable_gqa: bool) -> torch.Tensor:
     kw = {"enable_gqa": True} if enable_gqa else {}
-    return torch.nn.functional.scaled_dot_product_attention(
+    return _in_query_layout(torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-        scale=scale, **kw).contiguous()
+        scale=scale, **kw), query, value)
 
 
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -296,9 +315,9 @@ def eager_sdpa_bias(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         if choice(attn_mask) == conv[0] and choice(bias) == conv[0]:
             mask = bias
     kw = {"enable_gqa": True} if enable_gqa else {}
-    return torch.nn.functional.scaled_dot_product_attention(
+    return _in_query_layout(torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
-        scale=scale, **kw).contiguous()
+        scale=scale, **kw), query, value)
 
 
 def hoist_sdpa_masks(gm: torch.fx.GraphModule) -> int:

@@ -761,3 +761,34 @@ def test_a_llama_decode_step_converts_its_mask_once(monkeypatch):
     got = _greedy(model, ids, 3, StaticCache(config=model.config, max_cache_len=16))
     assert (1, 2) in hoisted, hoisted      # one mask, read by the two layers' attention
     assert locate.compare(ref, got).identical
+
+
+@pytest.mark.parametrize("layout", ["transposed", "contiguous", "other_value_head"])
+def test_the_sdpa_operators_return_the_layout_their_fake_declares(layout):
+    """`eager_sdpa` and `eager_sdpa_bias` return the query's layout (a model's query is a
+    transposed view of its projection: the output then needs no copy before the model's own
+    transpose back), contiguous where the value's head size differs; the fake implementation
+    declares the same (opcheck compares them), and the values are eager's."""
+    torch.manual_seed(0)
+    b, s_q, s_k, h, d = 2, 5, 7, 4, 8
+    dv = 16 if layout == "other_value_head" else d
+
+    def heads(s, dd):
+        x = torch.randn(b, s, h, dd)
+        return x.transpose(1, 2) if layout != "contiguous" else x.transpose(1, 2).contiguous()
+
+    q, k, v = heads(s_q, d), heads(s_k, d), heads(s_k, dv)
+    mask = torch.rand(b, 1, s_q, s_k) > 0.3
+    mask[..., 0] = True
+    with torch.no_grad():
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        got = torch.ops.kernelize.eager_sdpa.default(q, k, v, mask, 0.0, False, None, False)
+        bias = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+        got_bias = torch.ops.kernelize.eager_sdpa_bias.default(q, k, v, mask, bias, 0.0, False,
+                                                               None, False)
+    want = torch.empty_like(q).stride() if dv == d else ref.new_empty(ref.shape).stride()
+    assert got.stride() == want and got_bias.stride() == want
+    assert locate.compare(ref, got).identical and locate.compare(ref, got_bias).identical
+    torch.library.opcheck(torch.ops.kernelize.eager_sdpa.default,
+                          (q, k, v, mask, 0.0, False, None, False),
+                          test_utils=("test_schema", "test_faketensor"))
