@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernelize import exact  # noqa: E402,F401  (defines the operators)
-
-BACKENDS = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
+from sdpa_mask_probe import BACKENDS  # noqa: E402
 
 
 def main() -> int:

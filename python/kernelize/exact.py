@@ -126,11 +126,19 @@ def _sdpa_fake(query, key, value, *_, **__):
 
 def _in_query_layout(out: torch.Tensor, query: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """`out` (an attention output) in the layout `_sdpa_fake` declares: itself where the
-    backend wrote it so, else a copy."""
-    want = _like_query(query, value)
-    if out.stride() == want.stride() and out.storage_offset() == 0:
+    backend wrote it so, else a copy. A model's query (contiguous, or a transposed view of a
+    contiguous projection) is dense, and `empty_like` keeps a dense tensor's strides: then the
+    declared strides are the query's own, read without allocating."""
+    want = None
+    if value.shape[-1] == query.shape[-1] and (
+            query.is_contiguous() or (query.dim() > 2 and query.transpose(1, 2).is_contiguous())):
+        stride = query.stride()
+    else:
+        want = _like_query(query, value)
+        stride = want.stride()
+    if out.stride() == stride and out.storage_offset() == 0:
         return out
-    return want.copy_(out)
+    return (want if want is not None else _like_query(query, value)).copy_(out)
 
 
 # The SDPA operators run on every device (the CPU tests compile with them); no backward (under
@@ -736,7 +744,9 @@ def _traced_branches(model: torch.nn.Module) -> list[tuple[Any, str, Callable]]:
     for mod in mods:
         for name, fn in list(vars(mod).items()) if mod is not None else ():
             if id(fn) in branching:
-                found.append((mod, name, _DECISIONS.setdefault(id(fn), _eager_decision(fn))))
+                if id(fn) not in _DECISIONS:
+                    _DECISIONS[id(fn)] = _eager_decision(fn)
+                found.append((mod, name, _DECISIONS[id(fn)]))
     # its trace checks answer as eager's while the model runs (for the decisions it traces)
     found += [(mu, name, _not_tracing) for name in sorted(_TRACE_CHECKS) if hasattr(mu, name)]
     return found

@@ -763,12 +763,18 @@ def test_a_llama_decode_step_converts_its_mask_once(monkeypatch):
     assert locate.compare(ref, got).identical
 
 
-@pytest.mark.parametrize("layout", ["transposed", "contiguous", "other_value_head"])
-def test_the_sdpa_operators_return_the_layout_their_fake_declares(layout):
+@pytest.mark.parametrize("layout", ["transposed", "contiguous", "other_value_head",
+                                    "backend_writes_contiguous"])
+def test_the_sdpa_operators_return_the_layout_their_fake_declares(layout, monkeypatch):
     """`eager_sdpa` and `eager_sdpa_bias` return the query's layout (a model's query is a
     transposed view of its projection: the output then needs no copy before the model's own
     transpose back), contiguous where the value's head size differs; the fake implementation
-    declares the same (opcheck compares them), and the values are eager's."""
+    declares the same (opcheck compares them), and the values are eager's. A backend that writes
+    another layout (`backend_writes_contiguous`, for a transposed query) is copied into it."""
+    if layout == "backend_writes_contiguous":
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                            lambda *a, **kw: sdpa(*a, **kw).contiguous())
     torch.manual_seed(0)
     b, s_q, s_k, h, d = 2, 5, 7, 4, 8
     dv = 16 if layout == "other_value_head" else d
