@@ -154,12 +154,23 @@ KZ_DEV void kz_gated_tiles(T* out, const T* gate, const T* up, i64 rows, i64 col
   }
 }
 
+// The big grids' shape of work, out of line: a __noinline__ function, so that the code a decode
+// row runs is the entry's own, short and contiguous. A decode row's kernel starts cold inside a
+// model (its code not in the SM's instruction cache: other kernels ran there since); inlined, the
+// 4-vector path's code sat with it, and silu_mul at 1 x 5632 took 2.3-3.1 us a call inside a CUDA
+// graph of 22 MLP blocks against 1.7 us back to back; out of line, 1.8 us, with the big shapes'
+// speed unchanged (bench/decode_context_probe.py, H200, 2026-11-27). (Measured on the unary
+// kernels too, the same change made SiLU 0.91x at 512 x 4096 and 32768 x 4096: they keep it inline.)
+template <typename T, int F>
+__device__ __noinline__ void kz_gated_wide(T* out, const T* gate, const T* up, i64 rows, i64 cols) {
+  unsigned vb, vg;
+  if (kz_ew_big_block(vb, vg)) kz_gated_tiles<T, F, KZ_EW_NVEC>(out, gate, up, rows, cols, vb, vg);
+}
 // One vector per thread, or KZ_EW_NVEC on one block in KZ_EW_NVEC (activations.cuh).
 template <typename T, int F>
 KZ_DEV void kz_gated(T* out, const T* gate, const T* up, i64 rows, i64 cols) {
-  unsigned vb, vg;
   if (gridDim.x < KZ_EW_BIG_GRID) kz_gated_tiles<T, F, 1>(out, gate, up, rows, cols, blockIdx.x, gridDim.x);
-  else if (kz_ew_big_block(vb, vg)) kz_gated_tiles<T, F, KZ_EW_NVEC>(out, gate, up, rows, cols, vb, vg);
+  else kz_gated_wide<T, F>(out, gate, up, rows, cols);
 }
 
 // ---- entry points -----------------------------------------------------------------
