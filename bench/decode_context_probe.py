@@ -1,22 +1,32 @@
 #!/usr/bin/env python3
 """The exact kernels' GPU time inside a decode step against their time alone (issues 29, 31).
 
-    python3 bench/decode_context_probe.py OUT_DIR [--batch 1,8] [--variant NAME=KERNELS_DIR ...]
+    python3 bench/decode_context_probe.py OUT_DIR [--block llama|gpt2] [--batch 1,8]
+                                          [--variant NAME=KERNELS_DIR ...]
 
 Session 14's profiles of a compiled Llama 1.1B decode step (H200) gave `silu_mul` at 1 x 5632
 3.4-4.1 µs a call at batch 1 and 2.1 µs at batch 8, while bench/decode_rows.py, which replays the
 same kernel back to back, gives 1.84 µs at 1 x 5632. This probe finds out where the difference
-comes from without compiling a model: a CUDA graph of 22 "layers" of a Llama MLP block at decode
-rows (residual add + RMSNorm, gate and up projections, the gated activation, down projection;
-each layer its own weights, hidden 2048, intermediate 5632, bf16), replayed under torch.profiler,
-with each kernel's GPU time per call read from the profile:
+comes from without compiling a model: a CUDA graph of the MLP half of a model's blocks at decode
+rows, each block its own weights, bf16, replayed under torch.profiler, with each kernel's GPU time
+per call read from the profile. `--block`:
 
-- `kernelize`: the bundled fused_add_rms_norm and silu_mul (kernels/);
+- `llama` (default): 22 blocks of Llama 1.1B's (hidden 2048, intermediate 5632): residual add +
+  RMSNorm, gate and up projections, the gated activation, down projection; the exact kernels
+  fused_add_rms_norm and silu_mul;
+- `gpt2`: 36 blocks of GPT-2 large's (hidden 1280, intermediate 5120): residual add, LayerNorm,
+  the fc projection with its bias, tanh GELU, the output projection with its bias; the exact
+  kernels layer_norm and gelu_tanh (the add is eager's, as inductor leaves it around the opaque
+  norm).
+
+Candidates:
+
+- `kernelize`: the bundled exact kernels (kernels/);
 - `kernelize-twice`: the same with every exact kernel called a second time right after the first
   on the same inputs (the second call's output unused): if the first call of each pair is slow
   and the second is not, the cost is the kernel's cold start on its SMs (its code and its
   parameters not yet fetched), not its work;
-- `inductor`: torch.compile's fused add + norm and silu * mul in their place (inexact; for scale);
+- `inductor`: torch.compile's fused add + norm and activation in their place (inexact; for scale);
 - each `--variant NAME=DIR`: the kernels of another kernels folder, as `kernelize`.
 
 And each kernel alone, 200 calls back to back in one graph (bench/decode_rows.py's measure), under
@@ -40,7 +50,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from decode_rows import compiled_kernel  # noqa: E402
 from kernelize import launch as L  # noqa: E402
 
-HIDDEN, INTER, LAYERS, EPS = 2048, 5632, 22, 1e-5
+EPS = 1e-5
 DT = torch.bfloat16
 
 
@@ -89,9 +99,101 @@ def profiled(g: torch.cuda.CUDAGraph, replays: int) -> tuple[dict, float]:
     return out, sorted(walls)[len(walls) // 2]
 
 
+class Block:
+    """The MLP half of a model's decode blocks: weights per block, the exact kernels it runs, and
+    one block's work given its norm and activation (ours, or inductor's)."""
+
+    def __init__(self, name: str, dev: str):
+        self.name = name
+        if name == "llama":
+            self.hidden, inter, layers = 2048, 5632, 22
+            self.kernels = ("fused_add_rms_norm", "silu_mul")
+            self.W = [dict(n=(torch.randn(self.hidden, device=dev) * 0.1 + 1).to(DT),
+                           g=(torch.randn(inter, self.hidden, device=dev) * 0.02).to(DT),
+                           u=(torch.randn(inter, self.hidden, device=dev) * 0.02).to(DT),
+                           d=(torch.randn(self.hidden, inter, device=dev) * 0.02).to(DT)) for _ in range(layers)]
+        elif name == "gpt2":
+            self.hidden, inter, layers = 1280, 5120, 36
+            self.kernels = ("layer_norm", "gelu_tanh")
+            self.W = [dict(n=(torch.randn(self.hidden, device=dev) * 0.1 + 1).to(DT),
+                           b=(torch.randn(self.hidden, device=dev) * 0.1).to(DT),
+                           fc=(torch.randn(inter, self.hidden, device=dev) * 0.02).to(DT),
+                           fcb=(torch.randn(inter, device=dev) * 0.02).to(DT),
+                           pr=(torch.randn(self.hidden, inter, device=dev) * 0.02).to(DT),
+                           prb=(torch.randn(self.hidden, device=dev) * 0.02).to(DT)) for _ in range(layers)]
+        else:
+            raise SystemExit(f"unknown block {name!r}: llama or gpt2")
+
+    def ours(self, cks):
+        """(norm(x, res, w) -> h with res updated in place, act(*inputs)) on the exact kernels."""
+        fk, ak = cks
+        if self.name == "llama":
+            return ((lambda x, res, w: L.run_fused_add_rms_norm(fk, x, res, w["n"], EPS)),
+                    (lambda g, u: L.run_gated(ak, g, u)))
+
+        def norm(x, res, w):
+            res.add_(x)
+            return L.run_layer_norm(fk, res, w["n"], w["b"], EPS)
+        return norm, (lambda g: L.run_elementwise(ak, g))
+
+    def inductor(self):
+        if self.name == "llama":
+            def f(x, res, w):
+                s = x + res
+                h = s.float()
+                h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
+                return w * h.to(DT), s
+            cn, ca = torch.compile(f), torch.compile(lambda g, u: F.silu(g) * u)
+
+            def norm(x, res, w):
+                h, s = cn(x, res, w["n"])
+                res.copy_(s)
+                return h
+            return norm, ca
+        cn = torch.compile(lambda x, res, w, b: (F.layer_norm(x + res, (x.shape[-1],), w, b, EPS), x + res))
+        ca = torch.compile(lambda g: F.gelu(g, approximate="tanh"))
+
+        def norm(x, res, w):
+            h, s = cn(x, res, w["n"], w["b"])
+            res.copy_(s)
+            return h
+        return norm, ca
+
+    def mlp(self, h, w, act, twice: bool):
+        """The block's work after its norm: projections and the activation (called twice with
+        `twice`, the second output unused)."""
+        if self.name == "llama":
+            g, u = h @ w["g"].t(), h @ w["u"].t()
+            y = act(g, u)
+            if twice:
+                act(g, u)
+            return y @ w["d"].t()
+        g = torch.addmm(w["fcb"], h, w["fc"].t())
+        y = act(g)
+        if twice:
+            act(g)
+        return torch.addmm(w["prb"], y, w["pr"].t())
+
+    def alone(self, cks, batch: int, dev: str):
+        """(kernel name, a call of it alone) for each exact kernel of the block."""
+        fk, ak = cks
+        w = self.W[0]
+        x = torch.randn(batch, self.hidden, device=dev, dtype=DT)
+        res = torch.randn(batch, self.hidden, device=dev, dtype=DT)
+        inter = (w["g"] if self.name == "llama" else w["fc"]).shape[0]
+        g = torch.randn(batch, inter, device=dev, dtype=DT)
+        u = torch.randn(batch, inter, device=dev, dtype=DT)
+        if self.name == "llama":
+            return [("fused_add_rms_norm", lambda: L.run_fused_add_rms_norm(fk, x, res, w["n"], EPS)),
+                    ("silu_mul", lambda: L.run_gated(ak, g, u))]
+        return [("layer_norm", lambda: L.run_layer_norm(fk, x, w["n"], w["b"], EPS)),
+                ("gelu_tanh", lambda: L.run_elementwise(ak, g))]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out")
+    p.add_argument("--block", default="llama", choices=["llama", "gpt2"])
     p.add_argument("--batch", default="1,8")
     p.add_argument("--replays", type=int, default=10)
     p.add_argument("--variant", action="append", default=[], metavar="NAME=DIR")
@@ -103,66 +205,38 @@ def main() -> int:
     print(env, flush=True)
     torch.manual_seed(0)
     dev = "cuda"
-    W = [dict(n=(torch.randn(HIDDEN, device=dev) * 0.1 + 1).to(DT),
-              g=(torch.randn(INTER, HIDDEN, device=dev) * 0.02).to(DT),
-              u=(torch.randn(INTER, HIDDEN, device=dev) * 0.02).to(DT),
-              d=(torch.randn(HIDDEN, INTER, device=dev) * 0.02).to(DT)) for _ in range(LAYERS)]
+    blk = Block(a.block, dev)
     kdirs = {"kernelize": ROOT / "kernels"}
     for v in a.variant:
         name, _, d = v.partition("=")
         kdirs[name] = Path(d)
-    ck = {k: (compiled_kernel(d, "fused_add_rms_norm", "bf16"), compiled_kernel(d, "silu_mul", "bf16"))
-          for k, d in kdirs.items()}
-
-    def c_norm(x, res, w):
-        s = x + res
-        h = s.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
-        return w * h.to(DT), s
-
-    c_norm = torch.compile(c_norm)
-    c_gate = torch.compile(lambda g, u: F.silu(g) * u)
+    ck = {k: tuple(compiled_kernel(d, n, "bf16") for n in blk.kernels) for k, d in kdirs.items()}
+    ind = blk.inductor()
 
     rows = []
     for batch in [int(b) for b in a.batch.split(",")]:
-        x0 = torch.randn(batch, HIDDEN, device=dev, dtype=DT)
-        r0 = torch.randn(batch, HIDDEN, device=dev, dtype=DT)
+        x0 = torch.randn(batch, blk.hidden, device=dev, dtype=DT)
+        r0 = torch.randn(batch, blk.hidden, device=dev, dtype=DT)
 
-        def block(norm, gate, twice=False):
+        def block(norm, act, twice=False):
             def step():
                 x, res = x0.clone(), r0.clone()
-                for w in W:
-                    h = norm(x, res, w["n"])
+                for w in blk.W:
+                    h = norm(x, res, w)
                     if twice:
-                        norm(x, res.clone(), w["n"])
-                    g, u = h @ w["g"].t(), h @ w["u"].t()
-                    y = gate(g, u)
-                    if twice:
-                        gate(g, u)
-                    x = y @ w["d"].t()
+                        norm(x, res.clone(), w)
+                    x = blk.mlp(h, w, act, twice)
                 return x
             return step
 
-        def ours(k):
-            fk, gk = ck[k]
-
-            def norm(x, res, w):  # res updated in place (the residual stream)
-                return L.run_fused_add_rms_norm(fk, x, res, w, EPS)
-            return norm, (lambda g, u: L.run_gated(gk, g, u))
-
-        def ind_norm(x, res, w):
-            h, s = c_norm(x, res, w)
-            res.copy_(s)
-            return h
-
-        cands = {k: block(*ours(k)) for k in kdirs}
-        cands["kernelize-twice"] = block(*ours("kernelize"), twice=True)
-        cands["inductor"] = block(ind_norm, c_gate)
+        cands = {k: block(*blk.ours(ck[k])) for k in kdirs}
+        cands["kernelize-twice"] = block(*blk.ours(ck["kernelize"]), twice=True)
+        cands["inductor"] = block(*ind)
         with torch.no_grad():
             for cname, fn in cands.items():
                 g = capture(fn)
                 per, wall = profiled(g, a.replays)
-                row = dict(batch=batch, candidate=cname, graph_wall_us=wall,
+                row = dict(block=a.block, batch=batch, candidate=cname, graph_wall_us=wall,
                            gpu_us=sum(sum(v) for v in per.values()),
                            kernels={n: dict(calls=len(v), mean_us=sum(v) / len(v),
                                             first_of_pair_us=sum(v[0::2]) / len(v[0::2]),
@@ -173,15 +247,10 @@ def main() -> int:
                 del g
             # each exact kernel alone: 200 calls in one graph, under the profiler
             for k in kdirs:
-                fk, gk = ck[k]
-                x, res, w = x0.clone(), r0.clone(), W[0]["n"]
-                gg = torch.randn(batch, INTER, device=dev, dtype=DT)
-                uu = torch.randn(batch, INTER, device=dev, dtype=DT)
-                for what, fn in (("fused_add_rms_norm", lambda: L.run_fused_add_rms_norm(fk, x, res, w, EPS)),
-                                 ("silu_mul", lambda: L.run_gated(gk, gg, uu))):
-                    g = capture(lambda: [fn() for _ in range(200)])
+                for what, fn in blk.alone(ck[k], batch, dev):
+                    g = capture(lambda fn=fn: [fn() for _ in range(200)])
                     per, wall = profiled(g, 3)
-                    row = dict(batch=batch, candidate=f"{k} alone: {what}", graph_wall_us=wall / 200,
+                    row = dict(block=a.block, batch=batch, candidate=f"{k} alone: {what}", graph_wall_us=wall / 200,
                                kernels={n: dict(calls=len(v), mean_us=sum(v) / len(v)) for n, v in per.items()})
                     print(json.dumps(row), flush=True)
                     rows.append(row)
@@ -190,7 +259,7 @@ def main() -> int:
     print("| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: |")
     for r in rows:
         for n, k in r["kernels"].items():
-            if any(s in n for s in ("rms_norm", "silu", "nvjet", "triton")) or "alone" in r["candidate"]:
+            if any(s in n for s in ("norm", "silu", "gelu", "nvjet", "triton")) or "alone" in r["candidate"]:
                 print(f"| {r['batch']} | {r['candidate']} | {r['graph_wall_us']:.1f} | {n[:48]} | {k['calls']} | "
                       f"{k['mean_us']:.2f} | {k.get('first_of_pair_us', 0):.2f} | {k.get('second_of_pair_us', 0):.2f} |")
     return 0
