@@ -47,40 +47,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from decode_rows import compiled_kernel  # noqa: E402
+from decode_rows import capture_graph, compiled_kernel, replay_us  # noqa: E402
 from kernelize import launch as L  # noqa: E402
 
 EPS = 1e-5
 DT = torch.bfloat16
 
 
-def capture(fn, warm: int = 3) -> torch.cuda.CUDAGraph:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(warm):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    return g
-
-
 def profiled(g: torch.cuda.CUDAGraph, replays: int) -> tuple[dict, float]:
     """Kernel name -> GPU µs of each call, in the order of a replay (averaged over the replays);
     and the replay's wall time (µs, CUDA events, outside the profiler)."""
     from torch.profiler import ProfilerActivity, profile
-    walls = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        walls.append(a.elapsed_time(b) * 1000)
+    walls = sorted(replay_us(g))
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
             g.replay()
@@ -96,7 +74,7 @@ def profiled(g: torch.cuda.CUDAGraph, replays: int) -> tuple[dict, float]:
         if n == 0:
             continue
         out[name] = [sum(ts[i + n * r] for r in range(replays)) / replays for i in range(n)]
-    return out, sorted(walls)[len(walls) // 2]
+    return out, walls[len(walls) // 2]
 
 
 class Block:
@@ -234,7 +212,7 @@ def main() -> int:
         cands["inductor"] = block(*ind)
         with torch.no_grad():
             for cname, fn in cands.items():
-                g = capture(fn)
+                g = capture_graph(fn, 1)
                 per, wall = profiled(g, a.replays)
                 row = dict(block=a.block, batch=batch, candidate=cname, graph_wall_us=wall,
                            gpu_us=sum(sum(v) for v in per.values()),
@@ -248,7 +226,7 @@ def main() -> int:
             # each exact kernel alone: 200 calls in one graph, under the profiler
             for k in kdirs:
                 for what, fn in blk.alone(ck[k], batch, dev):
-                    g = capture(lambda fn=fn: [fn() for _ in range(200)])
+                    g = capture_graph(fn, 200)
                     per, wall = profiled(g, 3)
                     row = dict(block=a.block, batch=batch, candidate=f"{k} alone: {what}", graph_wall_us=wall / 200,
                                kernels={n: dict(calls=len(v), mean_us=sum(v) / len(v)) for n, v in per.items()})

@@ -45,29 +45,40 @@ from kernelize.manifest import parse_manifest_toml  # noqa: E402
 DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
-def graph_us(fn, reps: int) -> float:
-    """GPU time per call of fn, captured `reps` times in one CUDA graph and replayed."""
+def capture_graph(fn, calls: int, warm: int = 3) -> torch.cuda.CUDAGraph:
+    """`fn` captured `calls` times in one CUDA graph (after `warm` calls on a side stream), and
+    replayed once."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for _ in range(3):
+        for _ in range(warm):
             fn()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(reps):
+        for _ in range(calls):
             fn()
     g.replay()
     torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
+    return g
+
+
+def replay_us(g: torch.cuda.CUDAGraph, n: int = 5) -> list[float]:
+    """The time of each of `n` replays of `g`, µs (CUDA events around each)."""
+    out = []
+    for _ in range(n):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         g.replay()
         b.record()
         b.synchronize()
-        best = min(best, a.elapsed_time(b) * 1000 / reps)
-    return best
+        out.append(a.elapsed_time(b) * 1000)
+    return out
+
+
+def graph_us(fn, reps: int) -> float:
+    """GPU time per call of fn, captured `reps` times in one CUDA graph and replayed."""
+    return min(replay_us(capture_graph(fn, reps))) / reps
 
 
 def compiled_kernel(kdir: Path, name: str, dtype: str) -> L.CompiledKernel:
