@@ -18,7 +18,11 @@ Variants (silu_mul unless said):
   split       the 1-vector path (decode rows) in a __noinline__ function
   bigsplit    the 4-vector path in a __noinline__ function (what silu_mul 1.0.3 does), and
               fused_add_rms_norm with every path but the decode engine in a __noinline__ function
-  unary_wide  silu: the 4-vector path in a __noinline__ function (as bigsplit for silu_mul)
+  unary_wide  silu and gelu_tanh: the 4-vector path in a __noinline__ function (as bigsplit
+              for silu_mul)
+  unary_nvec1 silu and gelu_tanh: as nvec1 (does the unary kernels' decode row start cold too?)
+  ln_split    layer_norm: every path but the decode engine in a __noinline__ function (GPT-2's
+              norm at decode rows; bench/decode_context_probe.py --block gpt2)
   division    silu and silu_mul: eager's silu division without a branch per element: a Newton
               sequence for every element and one branch per vector to __fdiv_rn where an operand
               is out of the sequence's range (scripts/silu_exhaustive.py: exact on every input)
@@ -149,6 +153,30 @@ KZ_DEV void kz_mean_norm(T* out, T* res, const T* x, const T* w, i64 rows, i64 c
 '''
 
 
+LN_HEAD = ("template <typename T, bool TORCH>\n"
+           "KZ_DEV void kz_ln_order(T* out, const T* x, const T* w, const T* b, i64 rows, i64 cols, float eps) {")
+LN_FRONT = r'''
+template <typename T, bool TORCH>
+KZ_DEV void kz_ln_order(T* out, const T* x, const T* w, const T* b, i64 rows, i64 cols, float eps) {
+  typedef LnP<T, TORCH> P;
+  const bool vec = cols % 4 == 0 && cols <= (1LL << 24);
+  if (blockDim.z == 1 && vec && cols > 128 && (cols * (i64)sizeof(T)) % 16 == 0 && kz_al16(x) && kz_al16(out) &&
+      kz_al16(w) && (TORCH || kz_al16(b)) && rows <= gridDim.x && kz_direct_fits<T>(cols)) {
+    const P p{out, x, w, b, cols, eps, kz_al<T>(x) && kz_al<T>(out), kz_al<T>(w) && (TORCH || kz_al<T>(b))};
+    kz_direct<T, P, false>(p, x, nullptr, rows, KzCfg{});
+    return;
+  }
+  kz_ln_order_all<T, TORCH>(out, x, w, b, rows, cols, eps);
+}
+'''
+
+
+def ln_split(s: str) -> str:
+    s = replace_once(s, LN_HEAD, LN_HEAD.replace("KZ_DEV void kz_ln_order(", "__device__ __noinline__ void kz_ln_order_all("),
+                     "ln_split")
+    return insert_before(s, "// ---- entry points", LN_FRONT, "ln_split")
+
+
 def norm_split(s: str) -> str:
     s = replace_once(s, NORM_HEAD, NORM_HEAD.replace("KZ_DEV void kz_mean_norm(", "__device__ __noinline__ void kz_mean_norm_all("),
                      "bigsplit (norm)")
@@ -252,7 +280,9 @@ VARIANTS = {
     "roll_nvec1": {"silu_mul": lambda s: roll(nvec1(s))},
     "split": {"silu_mul": split},
     "bigsplit": {"silu_mul": gated_big, "fused_add_rms_norm": norm_split},
-    "unary_wide": {"silu": unary_wide},
+    "unary_wide": {"silu": unary_wide, "gelu_tanh": unary_wide},
+    "unary_nvec1": {"silu": nvec1, "gelu_tanh": nvec1},
+    "ln_split": {"layer_norm": ln_split},
     "division": {"silu": lambda s: division(s, "silu"), "silu_mul": lambda s: division(s, "silu_mul")},
 }
 
