@@ -1,8 +1,10 @@
 """Shared fixtures: the repo's real `kernelize serve` binary on a free port with a fresh
-SQLite database (built with `cargo build -p kernelize` when missing)."""
+SQLite database (built with `cargo build -p kernelize` when missing); `load_script`, a script of
+the repository (scripts/, kernels/generate.py) imported as a module."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -19,6 +21,14 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
 
 BIN = Path(os.environ.get("KERNELIZE_BIN", REPO / "target" / "debug" / "kernelize"))
+
+
+def load_script(path: Path, name: str):
+    """The Python file at `path` (a script, not a package module) imported as module `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _binary() -> Path:

@@ -23,7 +23,6 @@ chain in these orders (torch 2.11's sum kernels, vt0, the SM count's role), and 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import re
 import subprocess
 import sys
@@ -41,16 +40,14 @@ sys.path.insert(0, str(REPO / "python"))
 
 from kernelize import backward as B  # noqa: E402
 from cpu_harness import CXXFLAGS, HARNESS, cache_dir, cxx as compiler  # noqa: E402
+from conftest import load_script  # noqa: E402
 
 F32 = np.float32
 DTYPES = ["bf16", "f16", "f32"]
 
 
 def _eager_order():
-    spec = importlib.util.spec_from_file_location("eager_order", REPO / "scripts" / "eager_order.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(REPO / "scripts" / "eager_order.py", "eager_order")
 
 
 def _bits(a) -> np.ndarray:

@@ -9,22 +9,20 @@ in Rust, where the hub computes digests: `cargo test -p kernelize --test bundled
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
 
+from conftest import load_script
+
 REPO = Path(__file__).resolve().parents[2]
 KERNELS = REPO / "kernels"
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("kernels_generate", KERNELS / "generate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(KERNELS / "generate.py", "kernels_generate")
 
 
 GEN = _generator()

@@ -7,7 +7,6 @@ loading and launching it is the GPU machine's (scripts/cubin_check.py, test_gpu.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from kernelize import launch, nvrtc
 from kernelize.manifest import parse_manifest_toml
+from conftest import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "nvrtc_options.json").read_text())
@@ -221,10 +221,7 @@ def test_compile_error_carries_nvrtc_log():
 # ---- scripts/cubin_check.py's comparison ----------------------------------------------------
 
 def _cubin_check():
-    spec = importlib.util.spec_from_file_location("cubin_check", REPO / "scripts" / "cubin_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(REPO / "scripts" / "cubin_check.py", "cubin_check")
 
 
 def test_cubin_check_compare():

@@ -6,19 +6,17 @@ eager computes (no mismatch may be counted) and one that rounds once where eager
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from conftest import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _grid():
-    spec = importlib.util.spec_from_file_location("eager_grid", REPO / "scripts" / "eager_grid.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(REPO / "scripts" / "eager_grid.py", "eager_grid")
 
 
 G = _grid()

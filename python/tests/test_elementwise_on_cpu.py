@@ -17,7 +17,6 @@ test_mean_order_on_cpu.py; builds cached under $TMPDIR/kernelize-cuda-on-cpu.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -35,16 +34,14 @@ sys.path.insert(0, str(REPO / "python"))
 
 from kernelize.manifest import launch_dims, parse_manifest_toml  # noqa: E402
 from cpu_harness import build_runner  # noqa: E402
+from conftest import load_script  # noqa: E402
 
 DTYPES = ["bf16", "f16", "f32"]
 SMS = 132  # the launch rules of these kernels do not depend on it (per_element)
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("kz_generate", REPO / "kernels" / "generate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(REPO / "kernels" / "generate.py", "kz_generate")
 
 
 GEN = _generator()

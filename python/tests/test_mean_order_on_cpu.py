@@ -26,7 +26,6 @@ the machine is not x86-64. Builds are cached under $TMPDIR/kernelize-cuda-on-cpu
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -44,6 +43,7 @@ sys.path.insert(0, str(REPO / "python"))
 
 from kernelize.manifest import launch_dims, parse_manifest_toml  # noqa: E402
 from cpu_harness import build_runner, cache_dir, cxx as compiler  # noqa: E402
+from conftest import load_script  # noqa: E402
 
 F32 = np.float32
 DTYPES = ["bf16", "f16", "f32"]
@@ -60,10 +60,7 @@ KERNELS = {
 
 
 def _eager_order():
-    spec = importlib.util.spec_from_file_location("eager_order", REPO / "scripts" / "eager_order.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(REPO / "scripts" / "eager_order.py", "eager_order")
 
 
 EO = _eager_order()

@@ -4,10 +4,11 @@ The kernels themselves run only on a CUDA machine."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from conftest import load_script
 
 torch = pytest.importorskip("torch")
 
@@ -15,10 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("silu_exhaustive", REPO / "scripts" / "silu_exhaustive.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(REPO / "scripts" / "silu_exhaustive.py", "silu_exhaustive")
 
 
 S = _script()
