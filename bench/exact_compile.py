@@ -380,14 +380,7 @@ def phase_speed(a) -> list[dict]:
                         run = greedy(m, g, a.greedy)
                         for _ in range(2):   # compiles, records
                             run()
-                        ts = []
-                        for _ in range(3):
-                            torch.cuda.synchronize()
-                            t0 = time.perf_counter()
-                            run()
-                            torch.cuda.synchronize()
-                            ts.append(time.perf_counter() - t0)
-                        row["greedy_b1_tok_s"] = a.greedy / statistics.median(ts)
+                        row["greedy_b1_tok_s"] = a.greedy / (timed_ms(run, 3) / 1e3)
                     if a.generate:
                         # tokens/s of transformers' generate(): a 512-token prompt, `generate` new
                         # tokens (plain reduce-overhead compile cannot: it keeps each step's logits)

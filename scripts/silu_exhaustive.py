@@ -72,13 +72,13 @@ def f32_patterns(start: int, n: int, device) -> torch.Tensor:
     return (torch.arange(n, dtype=torch.int32, device=device) + off).view(torch.float32)  # int32 addition wraps
 
 
-def all_half_patterns(dt: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def all_half_patterns(dt: torch.dtype, device="cuda") -> tuple[torch.Tensor, torch.Tensor]:
     """16 rows of the 65,536 bit patterns of a 2-byte float, and up: row 0 all 1.0, the others
     normal values (a fixed seed)."""
-    pat = torch.arange(-32768, 32768, dtype=torch.int32, device="cuda").to(torch.int16).view(dt)
+    pat = torch.arange(-32768, 32768, dtype=torch.int32, device=device).to(torch.int16).view(dt)
     g = pat.unsqueeze(0).repeat(16, 1).contiguous()
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    u = torch.randn(16, 65536, device="cuda", generator=gen).to(dt)
+    gen = torch.Generator(device=device).manual_seed(7)
+    u = torch.randn(16, 65536, device=device, generator=gen).to(dt)
     u[0] = 1.0
     return g, u
 
