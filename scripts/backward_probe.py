@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 30, first slice: does kernels/backward/rms_norm_llama_backward/kernel.cu give eager autograd's
+"""Issue 30, first slice: does kernels/rms_norm_llama_backward/kernel.cu give eager autograd's
 bits for HF LlamaRMSNorm's dx and dw, and how fast is it? Also checks the CPU emulation
 (python/kernelize/backward.py) against eager on small shapes, so a mismatch says whether the
 order model or the kernel is wrong.
@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 from kernelize import backward as B  # noqa: E402
 from kernelize import nvrtc as NV  # noqa: E402
 
-KSRC = os.path.join(ROOT, "kernels", "backward", "rms_norm_llama_backward", "kernel.cu")
+KSRC = os.path.join(ROOT, "kernels", "rms_norm_llama_backward", "kernel.cu")
 FWD_DIR = os.path.join(ROOT, "kernels", "rms_norm_llama")
 DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 ROWS = [1, 2, 3, 4, 7, 8, 15, 16, 17, 32, 64, 128, 1000, 4096, 16384]

@@ -12,8 +12,10 @@ replace and keeps every layer; both runs are eager, so they agree by constructio
 script and the kernels folder, not the kernels).
 
 What it runs: a kernels folder of the bundled exact forward (`kernels/rms_norm_llama`) and the
-backward kernel (`kernels/backward/rms_norm_llama_backward/`), read with `kernels_dir=` (local
-kernels: not verified by a hub). For each model (models/tiny-llama: its RMSNorm layers get the forward and
+backward kernel (`kernels/rms_norm_llama_backward/`), read with `kernels_dir=` (local
+kernels: not verified by a hub); or, with `--hub URL`, the kernels that hub hands out under the
+default policy (bit_exact), the forward and backward verdicts both certified (the bundled
+certificates of a fresh `kernelize serve`). For each model (models/tiny-llama: its RMSNorm layers get the forward and
 backward kernels; models/tiny-gpt2: LayerNorm, no backward op, so its layers keep their original
 forward under autograd) and dtype: two copies from the same weights, one `kernelize(...,
 mode="training")`, both trained with AdamW on the same batches of models/corpus.txt (bytes as
@@ -56,7 +58,7 @@ def kernels_dir(root: str) -> str:
     """A kernels folder: the bundled exact forward and the backward kernel's folder."""
     out = os.path.join(root, "kernels")
     shutil.copytree(os.path.join(ROOT, "kernels", "rms_norm_llama"), os.path.join(out, "rms_norm_llama"))
-    shutil.copytree(os.path.join(ROOT, "kernels", "backward", "rms_norm_llama_backward"),
+    shutil.copytree(os.path.join(ROOT, "kernels", "rms_norm_llama_backward"),
                     os.path.join(out, "rms_norm_llama_backward"))
     return out
 
@@ -101,7 +103,7 @@ def train(model, data, lr: float, timed_from: int, cuda: bool) -> tuple[list[flo
     return losses, loss_bits, times
 
 
-def check(model_name: str, dtype: str, steps: int, kdir: str, device, dry: bool) -> dict:
+def check(model_name: str, dtype: str, steps: int, source: dict, device, dry: bool) -> dict:
     import transformers
     path = os.path.join(ROOT, "models", model_name)
     t = DTYPES[dtype]
@@ -109,7 +111,7 @@ def check(model_name: str, dtype: str, steps: int, kdir: str, device, dry: bool)
         return transformers.AutoModelForCausalLM.from_pretrained(
             path, attn_implementation="eager").to(device=device, dtype=t).train()
     eager, again, kz = load(), load(), load()
-    rep = kernelize.kernelize(kz, kernels_dir=kdir, mode="training", verbose=False,
+    rep = kernelize.kernelize(kz, **source, mode="training", verbose=False,
                               **({"device": "cpu", "swap": False, "arch": "sm_90"} if dry else {}))
     data = batches(steps, 4, 64, device)
     cuda = device.type == "cuda"
@@ -152,6 +154,8 @@ def main() -> int:
     p.add_argument("--dtypes", default="bf16,f16,f32")
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--dry-run", action="store_true", help="the code paths on the CPU (numbers mean nothing)")
+    p.add_argument("--hub", metavar="URL", help="take the kernels from this hub (its verified forward and "
+                   "backward kernels) instead of the local kernels folder")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     dry = a.dry_run
@@ -170,11 +174,12 @@ def main() -> int:
         pass
     rows, errors = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        kdir = kernels_dir(tmp)
+        source = {"hub": a.hub} if a.hub else {"kernels_dir": kernels_dir(tmp)}
+        env["source"] = f"hub {a.hub}" if a.hub else "kernels_dir (bundled forward + backward, local)"
         for m in a.models.split(","):
             for dt in a.dtypes.split(","):
                 try:
-                    r = check(m, dt, a.steps, kdir, device, dry)
+                    r = check(m, dt, a.steps, source, device, dry)
                     rows.append(r)
                 except Exception:  # noqa: BLE001 - every failure is recorded, the rest still runs
                     errors.append({"model": m, "dtype": dt, "error": traceback.format_exc()})

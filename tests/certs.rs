@@ -18,6 +18,7 @@ both_backends!(
     signed_reports_are_stored_served_and_checked_offline,
     bundled_certificates_make_a_fresh_hub_answer,
     a_fresh_hub_queues_nothing_for_kernels_its_certificates_cover,
+    the_bundled_certificates_carry_the_model_level,
     confirmed_asks_for_independent_worker_keys,
     certificates_are_bound_to_their_job_and_claim
 );
@@ -465,6 +466,97 @@ async fn a_fresh_hub_queues_nothing_for_kernels_its_certificates_cover(b: Backen
     let n = list["kernels"].as_array().unwrap().len() as i64;
     assert!(n >= 16, "{list}");
     assert_eq!(support::job_count(&srv.db_url).await, n);
+}
+
+/// Issue 27: the committed certificates carry the model-level measurements (recorded with the
+/// shipped models, `GPU_CERTS_MODELS=1 scripts/gpu-certs`), so a fresh hub answers the `argmax`
+/// policy out of the box: every forward kernel's imported report says what its model level did
+/// (measured, or why a model has no layer of its op), and under `argmax` the bundled kernels that
+/// are not bit-exact (which qualify only through a measurement) are handed out where `bit_exact`
+/// excludes them.
+async fn the_bundled_certificates_carry_the_model_level(b: Backend) {
+    let srv = TestServer::start(&b, &[]).await;
+    let list = srv.get_json("/v1/kernels?limit=500").await;
+    let mut measured = 0;
+    for k in list["kernels"].as_array().unwrap() {
+        let (name, version) = (k["name"].as_str().unwrap(), k["version"].as_str().unwrap());
+        let vs = srv
+            .get_json(&format!("/v1/kernels/{name}/{version}/verifications"))
+            .await;
+        let Some(v) = vs["verifications"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["job_id"] == Value::Null)
+        else {
+            continue;
+        };
+        let full = srv
+            .get_json(&format!("/v1/verifications/{}", v["id"]))
+            .await;
+        let report = &full["report"];
+        let notes = report["model_notes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            !notes.is_empty(),
+            "{name} {version}: the bundled certificate's report has no model-level part: {report}"
+        );
+        let models = report["model"].as_array().map(Vec::len).unwrap_or(0);
+        if k["op"].as_str().unwrap().ends_with("_backward") {
+            assert_eq!(models, 0, "{name}: a backward op has no model level yet");
+            continue;
+        }
+        // Measured, or each shipped model said not to have a layer of the op.
+        let not_measured = notes
+            .iter()
+            .filter(|n| n.as_str().unwrap().contains("not measured"))
+            .count();
+        assert!(
+            models > 0 || not_measured >= 2,
+            "{name} {version}: neither measured nor said why: {notes:?}"
+        );
+        measured += usize::from(models > 0);
+    }
+    assert!(
+        measured >= 12,
+        "{measured} bundled kernels measured in a model"
+    );
+    for (q, inexact) in [
+        (
+            "op=rms_norm&semantics=llama&dtype=bf16",
+            "rms_norm_llama_wbr",
+        ),
+        ("op=silu_and_mul&dtype=bf16", "silu_and_mul_fused"),
+        ("op=silu&dtype=f16", "silu_fastmath"),
+    ] {
+        let ask = |policy: &str| format!("/v1/resolve?{q}&arch=sm_90&cols=4096&policy={policy}");
+        let mentions = |r: &Value, key: &str| {
+            r[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e.as_str().unwrap().starts_with(&format!("{inexact} ")))
+        };
+        let (st, exact) = srv.get(&ask("bit_exact")).await;
+        assert_eq!(st, StatusCode::OK, "{exact}");
+        assert!(
+            mentions(&exact, "excluded"),
+            "{q}: bit_exact excludes {inexact}: {exact}"
+        );
+        let (st, weak) = srv.get(&ask("argmax")).await;
+        assert_eq!(st, StatusCode::OK, "{weak}");
+        assert_eq!(
+            weak["excluded"],
+            json!([]),
+            "{q}: argmax excludes nothing: {weak}"
+        );
+        assert!(
+            weak["kernel"]["name"] == inexact || mentions(&weak, "also_qualifying"),
+            "{q}: {inexact} qualifies under argmax through its model-level measurement: {weak}"
+        );
+    }
 }
 
 /// `confirmed:N`: N different worker keys must certify the class on the architecture.

@@ -7,7 +7,7 @@
 //! `ctas_per_output` for `sum(dim=0)` of a `[rows, cols]` tensor, which depends on the device's
 //! SM count and threads per SM (eager's dw bits do too), so a call takes both.
 //! [`col_config`] is that configuration; the kernel's `kb_col_cfg`
-//! (kernels/backward/rms_norm_llama_backward/kernel.cu) and the emulator's `col_config`
+//! (kernels/rms_norm_llama_backward/kernel.cu) and the emulator's `col_config`
 //! (python/kernelize/backward.py) compute the same, which tests pin: the C++ and Python against
 //! each other on the CPU (python/tests/test_backward_order_on_cpu.py), this one against the
 //! Python through `python/tests/fixtures/abi.json`'s `backward` table.
@@ -277,7 +277,7 @@ mod tests {
     #[test]
     fn the_backward_kernel_has_the_abi_of_every_entry() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../kernels/backward/rms_norm_llama_backward/kernel.cu");
+            .join("../kernels/rms_norm_llama_backward/kernel.cu");
         let src = std::fs::read_to_string(&path).unwrap();
         let types = |params: &str| -> Vec<String> {
             params
@@ -309,14 +309,14 @@ mod tests {
         assert!(src.contains("#define KB_DW_THREADS 128"));
     }
 
-    /// The kernel folder `kernels/backward/rms_norm_llama_backward/` (the one home of its
+    /// The kernel folder `kernels/rms_norm_llama_backward/` (the one home of its
     /// manifest: the GPU check, the training check and the client's tests load it) has the
     /// manifest form of docs/backward.md and fits its source: the source makes its symbols by
     /// token pasting, so it spells the nine of them out, and without them it is refused.
     #[test]
     fn the_backward_kernel_fits_the_manifest_form() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../kernels/backward/rms_norm_llama_backward");
+            .join("../kernels/rms_norm_llama_backward");
         let b = crate::KernelBundle::load_dir(&dir).unwrap();
         assert_eq!(b.manifest.op, Op::RmsNormBackward);
         assert_eq!(b.manifest.dtypes(), crate::DType::ALL);

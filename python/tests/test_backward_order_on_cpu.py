@@ -1,5 +1,5 @@
 """HF LlamaRMSNorm's backward under eager autograd (issue 30): the emulation in
-kernelize/backward.py and the CUDA kernels in kernels/backward/, checked on the CPU.
+kernelize/backward.py and the CUDA kernels in kernels/rms_norm_llama_backward/, checked on the CPU.
 
 1. The formula chain (which ops, in which dtype, where it rounds) against real torch autograd on
    the CPU, with the CPU's own reductions plugged in (the CPU's sums and mean differ from CUDA's,
@@ -35,7 +35,7 @@ import pytest
 np = pytest.importorskip("numpy")
 
 REPO = Path(__file__).resolve().parents[2]
-KSRC = REPO / "kernels" / "backward" / "rms_norm_llama_backward" / "kernel.cu"
+KSRC = REPO / "kernels" / "rms_norm_llama_backward" / "kernel.cu"
 sys.path.insert(0, str(REPO / "python"))
 
 from kernelize import backward as B  # noqa: E402
@@ -301,7 +301,7 @@ def test_the_kernels_configs_are_backward_pys():
     cxx = compiler()
     src = KSRC.read_text(encoding="utf-8")
     m = re.search(r"^// BEGIN kb_configs.*?\n(.*?)^// END kb_configs$", src, re.S | re.M)
-    assert m, "kernels/backward/rms_norm_llama_backward/kernel.cu lost its BEGIN/END kb_configs block"
+    assert m, "kernels/rms_norm_llama_backward/kernel.cu lost its BEGIN/END kb_configs block"
     prog = ("#include <cstdio>\n#define KB_DEV static inline\ntypedef long long i64;\n" + m.group(1) + r"""
 int main() {
   long long r, c, s;

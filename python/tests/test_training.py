@@ -114,11 +114,11 @@ def gpu_faked(monkeypatch):
     yield bk
 
 
-BACKWARD_DIR = REPO / "kernels" / "backward" / "rms_norm_llama_backward"
+BACKWARD_DIR = REPO / "kernels" / "rms_norm_llama_backward"
 
 
 def _backward_folder(root, dtypes=("bf16", "f16", "f32"), constraints=""):
-    """A local rms_norm_backward kernel: kernels/backward/rms_norm_llama_backward (its source
+    """A local rms_norm_backward kernel: kernels/rms_norm_llama_backward (its source
     spells its nine entry symbols out), its manifest narrowed to `dtypes` and given
     `constraints` where a test asks."""
     d = root / "rms_norm_llama_backward"

@@ -22,3 +22,19 @@ def test_the_training_check_runs_on_the_cpu(tmp_path):
     assert len(row["replaced"]) == 9 and row["with_backward"] == row["replaced"]
     assert len(row["losses_eager"]) == 2 and row["ok"]
     assert "ALL BIT-IDENTICAL" in r.stdout
+
+
+def test_the_training_check_takes_both_kernels_from_a_fresh_hub(tmp_path, fresh_hub):
+    """`--hub`: a hub as a new user starts it hands out the forward and the backward kernel under
+    the default policy, both from the bundled certificates (the backward kernel's recorded on an
+    H200 in session 19, issue 30)."""
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "training_check.py"), str(tmp_path),
+                        "--dry-run", "--steps", "2", "--dtypes", "bf16", "--models", "tiny-llama",
+                        "--hub", fresh_hub.url],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    data = json.loads((tmp_path / "training_check.json").read_text())
+    assert not data["errors"] and data["env"]["source"] == f"hub {fresh_hub.url}"
+    (row,) = data["rows"]
+    assert len(row["with_backward"]) == 9, row["report"]
+    assert "rms_norm_llama_backward 1.0.0" in row["report"] and "(bit_exact)" in row["report"]

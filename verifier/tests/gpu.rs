@@ -33,15 +33,15 @@ fn kernels_dir() -> PathBuf {
     }
 }
 
-/// The backward kernel of HF LlamaRMSNorm (`kernels/backward/rms_norm_llama_backward/`, not
-/// bundled yet: docs/backward.md), with one mutation per red-team variant: `exact` none;
+/// The backward kernel of HF LlamaRMSNorm (`kernels/rms_norm_llama_backward/`, bundled;
+/// docs/backward.md), with one mutation per red-team variant: `exact` none;
 /// `cube_regrouped` RsqrtBackward0's `(r * r) * r` taken left to right after the `-0.5 * s` (dx
 /// moves by ulps); `sms_ignored` the column sum's configuration for a device of one SM whatever
 /// it is given (dw differs where several CTAs share a column, from 1021 rows; a device of 100
 /// SMs, tried first, gives the same split as 132 at every quick case with its dw compared: on
 /// the H200 of 2026-11-27 that variant was bit-exact); `dw_at_offset_16` (below).
 fn backward_bundle(variant: &str) -> Result<KernelBundle, String> {
-    let dir = kernels_dir().join("backward/rms_norm_llama_backward");
+    let dir = kernels_dir().join("rms_norm_llama_backward");
     let b = KernelBundle::load_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut src = b.source.clone();
     let mutate = |src: &mut String, from: &str, to: &str, n: usize| -> Result<(), String> {
