@@ -366,7 +366,7 @@ def phase_speed(a) -> list[dict]:
                         torch.cuda.synchronize()
                         row[f"prefill_{b}x{s}_first_s"] = time.perf_counter() - t0
                         row[f"prefill_{b}x{s}_ms"] = timed_ms(lambda: m(ids, use_cache=False), a.reps)
-                    for b in (1, 8):
+                    for b in (1, 8) if not a.prefill_only else ():
                         step = decode_step(m, b, g)
                         t0 = time.perf_counter()
                         for _ in range(3):
@@ -446,6 +446,8 @@ def main() -> int:
     p.add_argument("--decode-steps", type=int, default=3)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--prefill-only", action="store_true",
+                   help="speed: the prefill rows only (no decode steps)")
     p.add_argument("--generate", type=int, default=0, metavar="N",
                    help="exact: also greedy generate() N tokens into a static cache and compare "
                         "tokens and logits; speed: tokens/s of generating N tokens at batch 1")

@@ -760,17 +760,73 @@ def _eager_decision(fn: Callable) -> Callable:
     """`fn` (a masking function that branches on being traced) deciding as eager decides: run
     eagerly behind a graph break when an argument is a tensor (its values may decide), traced
     when none is (it reads Python values only; the masking module's trace checks answer as
-    eager's meanwhile, `_traced_branches`)."""
+    eager's meanwhile, `_traced_branches`). The packed-sequence decision answers "not packed"
+    without reading its tensor where the call was found to have consecutive positions before the
+    compiled code ran (`_CONSECUTIVE`)."""
     import functools
     eager = torch.compiler.disable(fn)
+    packed = fn.__name__ == _PACKED
 
     @functools.wraps(fn)
     def decide(*args: Any, **kwargs: Any) -> Any:
+        if packed and _CONSECUTIVE[0]:
+            return None   # eager's answer for consecutive positions (dynamo guards on the flag)
         if any(isinstance(v, torch.Tensor) for v in (*args, *kwargs.values())):
             return eager(*args, **kwargs)
         return fn(*args, **kwargs)
 
     return decide
+
+
+# The packed-sequence decision: transformers' masking module calls `find_packed_sequence_indices`
+# for a forward with position ids and neither a padding mask nor a KV cache (`use_cache=False`:
+# scoring, evaluation, a prefill without a cache). Eagerly it reads the ids (a device sync) and
+# passes no mask when every row's positions are consecutive. Inside an exact-compiled model that
+# read is a graph break, with eager code and a sync between two graphs (a 1x512 prefill of a 1B
+# Llama was host-bound at 0.70x of plain compile, bench/COMPILE.md session 17). Where the call's
+# positions are known to be consecutive before the compiled code runs, the decision is made then
+# and traced as a constant (`_CONSECUTIVE`, set for the call by `_with_eager_branches`):
+# - ids the caller passes are read there by the same eager function, once, before any of the
+#   call's GPU work is queued;
+# - ids the model derives itself (none passed) are `arange(past, past + length)` for the
+#   architectures below (python/tests/test_exact_compile.py checks each against explicit ids);
+#   another architecture keeps the eager decision inside.
+_PACKED = "find_packed_sequence_indices"
+_CONSECUTIVE = [False]
+_DERIVES_CONSECUTIVE_POSITIONS = frozenset({"llama", "qwen2", "mistral", "gemma", "gemma2", "gpt2"})
+_FORWARD_SIGNATURES: dict[type, Any] = {}
+
+
+def _positions_consecutive(whole: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
+    """Does this call of `whole`, if it asks the packed-sequence decision at all, ask it of
+    consecutive positions? False when unsure (the decision then runs eagerly inside)."""
+    import inspect
+    mu = sys.modules.get("transformers.masking_utils")
+    if mu is None or not hasattr(mu, _PACKED):
+        return False
+    cls = type(whole)
+    if cls not in _FORWARD_SIGNATURES:
+        try:
+            _FORWARD_SIGNATURES[cls] = inspect.signature(whole.forward)
+        except (TypeError, ValueError):
+            _FORWARD_SIGNATURES[cls] = None
+    sig = _FORWARD_SIGNATURES[cls]
+    if sig is None:
+        return False
+    try:
+        given = sig.bind_partial(*args, **kwargs).arguments
+    except TypeError:
+        return False
+    if given.get("attention_mask") is not None or any(
+            given.get(k) is not None for k in ("past_key_values", "cache")):
+        return False   # the decision is not asked (a mask or a cache): nothing to decide here
+    pos = given.get("position_ids")
+    if pos is None:
+        return getattr(getattr(whole, "config", None), "model_type", None) in _DERIVES_CONSECUTIVE_POSITIONS
+    if not isinstance(pos, torch.Tensor) or pos.dim() != 2:
+        return False
+    with torch.no_grad():
+        return getattr(mu, _PACKED)(pos) is None   # eager's own decision (reads the ids)
 
 
 def _with_eager_branches(compiled: Callable, whole: torch.nn.Module | None = None,
@@ -799,6 +855,7 @@ def _with_eager_branches(compiled: Callable, whole: torch.nn.Module | None = Non
                 _static_cache_ready(whole, cache, args, kwargs)
         with _LOCK:
             if _branch_depth[0] == 0:
+                _CONSECUTIVE[0] = whole is not None and _positions_consecutive(whole, args, kwargs)
                 for mod, name, val in patches():
                     _branch_saved.append((mod, name, getattr(mod, name)))
                     setattr(mod, name, val)
@@ -809,6 +866,7 @@ def _with_eager_branches(compiled: Callable, whole: torch.nn.Module | None = Non
             with _LOCK:
                 _branch_depth[0] -= 1
                 if _branch_depth[0] == 0:
+                    _CONSECUTIVE[0] = False
                     while _branch_saved:
                         mod, name, val = _branch_saved.pop()
                         setattr(mod, name, val)

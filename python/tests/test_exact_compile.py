@@ -220,8 +220,9 @@ def test_whole_model_keeps_eager_masks(mode):
     graph break around it); where it reads no tensor (no padding mask) it is traced with eager's
     answers to its trace checks, no break. The mask itself is built in the graph. A decode step
     into a static cache compiles without a graph break (one CUDA graph under reduce-overhead),
-    and so does prefill where the cache's offset is not a tensor; a forward without a cache
-    breaks only at the packed-sequence check (it reads the position ids). All are identical with eager; the masking module's functions are
+    and so does prefill where the cache's offset is not a tensor; so does a forward without a
+    cache (the packed-sequence check is decided before the compiled code runs: the model derives
+    consecutive positions). All are identical with eager; the masking module's functions are
     the originals again after each call."""
     import sys
     from transformers import StaticCache
@@ -261,11 +262,64 @@ def test_whole_model_keeps_eager_masks(mode):
     assert all("_ignore_causal_mask_sdpa" in why for why in prefill_breaks), prefill_breaks
     assert (prefill_breaks == {}) == (mode is None), prefill_breaks
     assert decode_breaks == {}, decode_breaks
-    # without a cache the packed-sequence check reads the position ids: eagerly, the one break
-    assert nocache_breaks and all("find_packed_sequence_indices" in why
-                                  for why in nocache_breaks), nocache_breaks
+    # without a cache the packed-sequence check is decided up front (positions the model derives)
+    assert nocache_breaks == {}, nocache_breaks
     assert sys.modules[type(model).__module__].create_causal_mask is builder
     assert mu._ignore_causal_mask_sdpa is decision and mu.is_tracing is trace_check
+
+
+def test_the_packed_sequence_decision_is_made_before_the_compiled_code_where_it_can_be():
+    """A forward without a cache asks whether its position ids hold packed sequences. Ids the
+    caller passes are read before the compiled code (consecutive: no graph break; packed: the
+    decision runs eagerly inside, a break, and the packed mask is eager's); a call after a packed
+    one is decided again (dynamo guards on the up-front answer). Every answer is eager's bits."""
+    from torch._dynamo.utils import counters
+    model = _tiny_llama()
+    ids = torch.randint(0, 64, (2, 8))
+    consecutive = torch.arange(8).unsqueeze(0).expand(2, -1)
+    packed = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5, 6, 7]])
+    calls = [{}, {"position_ids": consecutive}, {"position_ids": packed}, {},
+             {"position_ids": packed}, {"position_ids": consecutive + 3}]
+    with torch.no_grad():
+        ref = [model(ids, use_cache=False, **kw).logits for kw in calls]
+    assert not torch.equal(ref[1], ref[2])   # the packed ids give another mask
+    exact.exact_compile(model)
+    for i, (kw, want) in enumerate(zip(calls, ref)):
+        counters.clear()
+        with torch.no_grad():
+            got = model(ids, use_cache=False, **kw).logits
+        breaks = dict(counters["graph_break"])   # counted where a call compiles
+        assert locate.compare(want, got).identical, kw
+        if i == 2:   # the first packed call compiles the eager decision in, behind a break
+            assert breaks and all("find_packed_sequence_indices" in why for why in breaks), breaks
+        else:
+            assert breaks == {}, (kw, breaks)
+    assert exact._CONSECUTIVE == [False]
+
+
+@pytest.mark.parametrize("arch", sorted(exact._DERIVES_CONSECUTIVE_POSITIONS))
+def test_the_architectures_trusted_to_derive_consecutive_positions_do(arch):
+    """`_DERIVES_CONSECUTIVE_POSITIONS`: for each architecture, a forward without position ids
+    (the ids it derives) gives the bits of one with explicit consecutive ids, and one with
+    non-consecutive ids gives other bits (the check can fail), with this transformers."""
+    import transformers
+    cfgs = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+            "mistral": transformers.MistralConfig, "gemma": transformers.GemmaConfig,
+            "gemma2": transformers.Gemma2Config, "gpt2": transformers.GPT2Config}
+    small = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128)
+    if arch == "gpt2":
+        small = dict(vocab_size=64, n_embd=64, n_layer=2, n_head=4, n_positions=128)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfgs[arch](**small)).eval()
+    assert model.config.model_type == arch
+    ids = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        derived = model(ids, use_cache=False).logits
+        explicit = model(ids, use_cache=False, position_ids=torch.arange(8).unsqueeze(0)).logits
+        shifted = model(ids, use_cache=False, position_ids=torch.arange(8).unsqueeze(0) * 2).logits
+    assert torch.equal(derived, explicit)
+    assert not torch.equal(derived, shifted)
 
 
 def test_traced_branches_are_the_masking_functions_that_ask_whether_they_are_traced():
