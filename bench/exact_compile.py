@@ -448,6 +448,10 @@ def main() -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--prefill-only", action="store_true",
                    help="speed: the prefill rows only (no decode steps)")
+    p.add_argument("--packed-decision-inside", action="store_true",
+                   help="session 18's exact compile for the A/B of session 19: the packed-sequence "
+                        "decision of a forward without a cache runs eagerly inside the compiled model "
+                        "(a graph break) even where the model derives its position ids")
     p.add_argument("--generate", type=int, default=0, metavar="N",
                    help="exact: also greedy generate() N tokens into a static cache and compare "
                         "tokens and logits; speed: tokens/s of generating N tokens at batch 1")
@@ -457,6 +461,8 @@ def main() -> int:
     p.add_argument("--no-seeds", dest="seeds", action="store_false", help="locate: architectures only")
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the exact and locate phases")
     a = p.parse_args()
+    if a.packed_decision_inside:
+        _exact._DERIVES_CONSECUTIVE_POSITIONS = frozenset()
     global DEV, ARCH
     DEV = a.device
     ARCH = "sm_90" if DEV == "cpu" else None

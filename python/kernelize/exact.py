@@ -795,12 +795,15 @@ _PACKED = "find_packed_sequence_indices"
 _CONSECUTIVE = [False]
 _DERIVES_CONSECUTIVE_POSITIONS = frozenset({"llama", "qwen2", "mistral", "gemma", "gemma2", "gpt2"})
 _FORWARD_SIGNATURES: dict[type, Any] = {}
+_NOT_ASKED = ("attention_mask", "past_key_values", "cache")   # with one, transformers asks nothing
 
 
 def _positions_consecutive(whole: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
     """Does this call of `whole`, if it asks the packed-sequence decision at all, ask it of
     consecutive positions? False when unsure (the decision then runs eagerly inside)."""
     import inspect
+    if any(kwargs.get(k) is not None for k in _NOT_ASKED):
+        return False   # the decision is not asked (a mask or a cache): the decode steps' path
     mu = sys.modules.get("transformers.masking_utils")
     if mu is None or not hasattr(mu, _PACKED):
         return False
@@ -817,9 +820,8 @@ def _positions_consecutive(whole: torch.nn.Module, args: tuple, kwargs: dict) ->
         given = sig.bind_partial(*args, **kwargs).arguments
     except TypeError:
         return False
-    if given.get("attention_mask") is not None or any(
-            given.get(k) is not None for k in ("past_key_values", "cache")):
-        return False   # the decision is not asked (a mask or a cache): nothing to decide here
+    if any(given.get(k) is not None for k in _NOT_ASKED):
+        return False   # passed by position
     pos = given.get("position_ids")
     if pos is None:
         return getattr(getattr(whole, "config", None), "model_type", None) in _DERIVES_CONSECUTIVE_POSITIONS
