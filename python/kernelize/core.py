@@ -378,6 +378,25 @@ F32_ACCUMULATION = ("in f32 eager autograd adds this layer's input gradient to t
                     "stream's in an order a backward kernel's one dx cannot give (docs/backward.md)")
 
 
+def other_device_shape(k: Resolved, device) -> str | None:
+    """Why backward kernel `k` is not handed to `device()` (the layer's device): its
+    verification ran on a GPU of other SMs or threads per SM (eager's column sum for dw is
+    configured from both, so the verdict holds for the figures it was measured with,
+    docs/backward.md); None where they match or the source carries none (a local kernels
+    folder: not verified)."""
+    shape = k.evidence.get("device_shape")
+    if not shape or shape.get("sm_count") is None:
+        return None
+    props = torch.cuda.get_device_properties(device())
+    here = (int(props.multi_processor_count), int(props.max_threads_per_multi_processor))
+    there = (shape.get("sm_count"), shape.get("threads_per_sm"))
+    if there == here:
+        return None
+    return (f"{k.label} was verified on a GPU of {there[0]} SMs x {there[1]} threads per SM "
+            f"({shape.get('name')}); eager's dw order depends on both and this GPU has "
+            f"{here[0]} x {here[1]}: not verified for it (verify it on this GPU: kernelize worker)")
+
+
 def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str) -> list[str]:
     """Mode "training": resolve each swapped rms_norm (llama) layer's backward kernel from the
     same source (op rms_norm_backward, its dtype and width, the policy) and install it where the
@@ -410,9 +429,14 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
         if key not in cache:
             cache[key] = src.resolve(key)
         r = cache[key]
+        other_gpu = None
+        if r.kernel is not None and e.status == "replaced":
+            other_gpu = other_device_shape(r.kernel, lambda: s.module.__dict__["_kz_compiled"].device)
         if r.kernel is None:
             e.backward_reasons = (list(r.excluded) + ([r.width_note] if r.width_note else [])
                                   or ["none qualifies"])
+        elif other_gpu:
+            e.backward_reasons = [other_gpu]
         elif e.status == "replaced":
             try:
                 compiled = s.module.__dict__["_kz_compiled"]

@@ -16,7 +16,7 @@ from typing import Any
 from .certs import CertificateError, verify
 from .pykernel import OPT_IN, is_python
 from .digest import DigestMismatch, check_digest, digest_of, normalize_digest
-from .manifest import canonical_manifest, not_applicable, parse_manifest_toml
+from .manifest import BACKWARD_OPS, canonical_manifest, not_applicable, parse_manifest_toml
 
 
 @dataclass(frozen=True)
@@ -319,6 +319,17 @@ class HubSource:
                 evidence.update(self._certified(body, digest, label))
             except CertificateError as e:
                 return Resolution(None, [str(e)] + list(body.get("excluded") or []))
+        if key.op in BACKWARD_OPS:
+            # eager's dw order depends on the GPU's SM count and threads per SM: the verdict
+            # holds for the figures it was measured with (the training plan compares them)
+            report = evidence.get("report")
+            if report is None:
+                vid = body.get("verification_id")
+                status, v = self._get(f"/v1/verifications/{vid}")
+                if status != 200:
+                    raise HubError(f"GET /v1/verifications/{vid}: {status} {v.get('detail', v)}")
+                report = v.get("report") or {}
+            evidence["device_shape"] = device_shape_of(report)
         return Resolution(Resolved(k["name"], k["version"], digest, manifest, source,
                                    f"hub {self.url}", evidence),
                           list(body.get("excluded") or []), list(body.get("queued_jobs") or []))
@@ -334,6 +345,14 @@ class HubSource:
         verify(v.get("certificate"), self.trusted_keys, report=v.get("report"), digest=digest,
                what=f"{label}: the certificate of verification {vid}")
         return {"certificate": v["certificate"], "report": v["report"]}
+
+
+def device_shape_of(report: dict[str, Any]) -> dict[str, Any]:
+    """The figures of the GPU a backward verification ran on that its verdict depends on (eager's
+    column sum for dw is configured from them): name, SMs and threads per SM."""
+    d = report.get("device") or {}
+    return {"name": d.get("name"), "sm_count": d.get("sm_count"),
+            "threads_per_sm": d.get("threads_per_sm")}
 
 
 LOCK_FORMAT = 1

@@ -563,6 +563,35 @@ def test_a_hub_without_a_verified_backward_keeps_the_layers_under_autograd(hub, 
     assert all(e.backward_reasons == [*bwd[0]["excluded"]] for e in rep2.entries if e.op == "rms_norm")
 
 
+class _Props:
+    def __init__(self, sms, threads_per_sm):
+        self.multi_processor_count, self.max_threads_per_multi_processor = sms, threads_per_sm
+
+
+@pytest.mark.parametrize("sms, tps, taken", [(132, 2048, True), (114, 2048, False), (132, 1536, False)])
+def test_the_hubs_backward_kernel_is_taken_only_on_a_gpu_of_the_sms_it_was_verified_on(
+        fresh_hub, gpu_faked, monkeypatch, sms, tps, taken):
+    """A fresh hub hands out the bundled backward kernel, certified on an H200 (132 SMs x 2048
+    threads per SM). Eager's dw order depends on both figures, so the training plan takes it on
+    a GPU with the same figures and keeps the original forward under autograd elsewhere, saying
+    which figures were verified and which this GPU has."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: _Props(sms, tps))
+    rep = _kz(_llama(), hub=fresh_hub.url, mode="training")
+    norms = [e for e in rep.entries if e.op == "rms_norm"]
+    assert len(norms) == 5 and all(e.status == "replaced" for e in norms), str(rep)
+    shapes = {tuple(sorted(e.backward.evidence["device_shape"].items())) for e in norms if e.backward}
+    if taken:
+        assert all(e.backward is not None and e.backward.name == "rms_norm_llama_backward"
+                   for e in norms), str(rep)
+        assert shapes == {(("name", "NVIDIA H200"), ("sm_count", 132), ("threads_per_sm", 2048))}
+        assert gpu_faked.loaded
+    else:
+        assert all(e.backward is None for e in norms) and not gpu_faked.loaded
+        (line,) = [ln for ln in _training_lines(rep) if "rms_norm (llama)" in ln]
+        assert "verified on a GPU of 132 SMs x 2048 threads per SM (NVIDIA H200)" in line, line
+        assert f"this GPU has {sms} x {tps}" in line, line
+
+
 def test_f32_keeps_the_original_forward_under_autograd_and_says_why(kernels, gpu_faked):
     # eager's f32 input gradient is three terms summed in autograd's order (docs/backward.md;
     # test_backward_order_on_cpu pins it): no backward kernel is taken in f32
