@@ -323,7 +323,7 @@ def load_kernels(kernels_dir: str, only: set[str], variants: bool) -> tuple[list
     """The kernel folders to run (exact ones, and the known-different ones with `variants`),
     and a line per kernel whose op has no eager layer here."""
     from kernelize.digest import digest_of
-    from kernelize.manifest import parse_manifest_toml
+    from kernelize.manifest import BACKWARD_OPS, parse_manifest_toml
     kernels, uncovered = [], []
     for name in sorted(os.listdir(kernels_dir)):
         d = os.path.join(kernels_dir, name)
@@ -333,6 +333,8 @@ def load_kernels(kernels_dir: str, only: set[str], variants: bool) -> tuple[list
             man = parse_manifest_toml(f.read())
         with open(os.path.join(d, man["source"]), encoding="utf-8") as f:
             src = f.read()
+        if man["op"] in BACKWARD_OPS:
+            continue   # against eager autograd by scripts/backward_probe.py, not this forward grid
         exact = not known_different(man)
         if not exact and not variants:
             continue

@@ -82,8 +82,9 @@ lock = "locks/kernelize.lock.json"
 
 
 def test_a_training_projects_lock_pins_the_backward_answers(fresh_hub, tmp_path):
-    # mode = "training": each rms_norm (llama) layer's backward resolution is pinned too (today
-    # the hub verifies none: its reasons are), so training mode reads it offline
+    # mode = "training": each rms_norm (llama) layer's backward resolution is pinned too (the
+    # bundled backward kernel, with its verification's GPU figures), so training mode reads it
+    # offline
     import torch
     import transformers
     ref = MODELS[0]
@@ -100,16 +101,18 @@ mode = "training"
                        env={"PYTHONPATH": str(REPO / "python"), "PATH": "/usr/bin:/bin",
                             "HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "training: " in r.stdout and "backward resolution(s), 0 with a kernel" in r.stdout, r.stdout
+    assert "training: " in r.stdout and "backward resolution(s), 1 with a kernel" in r.stdout, r.stdout
     data = json.loads((tmp_path / "kernelize.lock.json").read_text())
     bwd = [e for e in data["resolutions"] if e["op"] == "rms_norm_backward"]
-    assert bwd and all(e["digest"] is None and e["excluded"] for e in bwd)
+    assert bwd and all(e["kernel"].startswith("rms_norm_llama_backward ") and e["digest"] for e in bwd), bwd
+    assert all(e["evidence"]["device_shape"]["sm_count"] == 132 for e in bwd), bwd
     model = transformers.AutoModelForCausalLM.from_pretrained(ref).to(torch.bfloat16).eval()
     rep = kernelize.kernelize(model, lock=tmp_path / "kernelize.lock.json", arch="sm_90",
                               verbose=False, mode="training")
     norms = [e for e in rep.entries if e.op == "rms_norm"]
-    assert norms and all(e.backward is None and e.backward_reasons for e in norms)
-    assert not [w for e in norms for w in e.backward_reasons if "not in lock" in w]
+    assert norms and all(e.backward is not None and e.backward.name == "rms_norm_llama_backward"
+                         and e.backward.evidence["device_shape"]["threads_per_sm"] == 2048
+                         for e in norms)
     # an unknown mode in the project file is refused naming the key
     bad = _write(tmp_path / "bad.toml", toml.read_text().replace('"training"', '"train"'))
     r = subprocess.run([sys.executable, "-m", "kernelize.project", "lock", "--project", str(bad)],
