@@ -239,6 +239,39 @@ async fn applied_migrations(db_url: &str) -> BTreeSet<i64> {
     rows.iter().map(|r| r.get::<i64, _>("version")).collect()
 }
 
+/// Every stored verification's facts row against its report: the GPU figures the backward ops'
+/// resolution keys on (`sm_count`, `threads_per_sm`; migration 0017 fills them from the reports
+/// of an older database). Returns how many rows were compared.
+async fn facts_hold_the_reports_gpu_figures(db_url: &str) -> usize {
+    use sqlx::Row;
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(db_url).await.unwrap();
+    let rows = sqlx::query(
+        "SELECT f.verification_id, f.sm_count, f.threads_per_sm, v.report_json \
+         FROM verification_facts f JOIN verifications v ON v.id = f.verification_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    for r in &rows {
+        let report: Value = serde_json::from_str(&r.get::<String, _>("report_json")).unwrap();
+        let id = r.get::<i64, _>("verification_id");
+        for col in ["sm_count", "threads_per_sm"] {
+            assert_eq!(
+                r.get::<Option<i64>, _>(col),
+                report["device"][col].as_i64(),
+                "verification {id}: {col}"
+            );
+        }
+        assert!(
+            r.get::<Option<i64>, _>("sm_count").is_some(),
+            "verification {id}: every report has an SM count"
+        );
+    }
+    rows.len()
+}
+
 /// Versions of the migrations this checkout ships for a backend (whatever the latest is).
 fn shipped_migrations(backend: &str) -> BTreeSet<i64> {
     let dir = repo_root().join("migrations").join(backend);
@@ -333,6 +366,8 @@ async fn serve_upgrades(b: &Backend, db_url: &str, backend: &str) {
     assert_eq!(old["jobs"][0]["state"], "done", "{old}");
     // Every migration this checkout ships ran (others may be added after this test was written).
     assert_eq!(applied_migrations(db_url).await, shipped);
+    // The previous release's verifications got their GPU figures from their reports (0017).
+    assert!(facts_hold_the_reports_gpu_figures(db_url).await >= 6);
 
     // A second start on the upgraded database changes nothing.
     drop(srv);

@@ -19,6 +19,7 @@ both_backends!(
     bundled_certificates_make_a_fresh_hub_answer,
     a_fresh_hub_queues_nothing_for_kernels_its_certificates_cover,
     the_bundled_certificates_carry_the_model_level,
+    a_backward_kernel_resolves_for_the_gpu_shape_it_was_verified_on,
     confirmed_asks_for_independent_worker_keys,
     certificates_are_bound_to_their_job_and_claim
 );
@@ -557,6 +558,55 @@ async fn the_bundled_certificates_carry_the_model_level(b: Backend) {
             "{q}: {inexact} qualifies under argmax through its model-level measurement: {weak}"
         );
     }
+}
+
+/// Issue 30: the bundled backward kernel's certificate was recorded on an H200 (132 SMs x 2048
+/// threads per SM). A resolve of the backward op that names the asking GPU's figures
+/// (`sms`, `threads_per_sm`) gets it only for those figures; one that names none gets it
+/// unchecked (the Python client checks them itself); the two go together, and only with a
+/// backward op.
+async fn a_backward_kernel_resolves_for_the_gpu_shape_it_was_verified_on(b: Backend) {
+    let srv = TestServer::start(&b, &[]).await;
+    let ask = |extra: &str| {
+        format!("/v1/resolve?op=rms_norm_backward&semantics=llama&dtype=bf16&arch=sm_90&cols=256{extra}")
+    };
+    for extra in ["", "&sms=132&threads_per_sm=2048"] {
+        let (st, r) = srv.get(&ask(extra)).await;
+        assert_eq!(st, StatusCode::OK, "{extra}: {r}");
+        assert_eq!(r["kernel"]["name"], "rms_norm_llama_backward", "{r}");
+    }
+    for (sms, tps) in [(114, 2048), (132, 1536)] {
+        let (st, r) = srv
+            .get(&ask(&format!("&sms={sms}&threads_per_sm={tps}")))
+            .await;
+        assert_eq!(st, StatusCode::NOT_FOUND, "{r}");
+        let line = r["excluded"][0].as_str().unwrap_or_default();
+        assert!(
+            line.starts_with("rms_norm_llama_backward 1.0.0: verified on a GPU of 132 SMs x 2048 threads per SM (NVIDIA H200)")
+                && line.contains(&format!("asks for {sms} x {tps}")),
+            "{r}"
+        );
+    }
+    for (extra, field) in [
+        ("&sms=132", "sms"),
+        ("&threads_per_sm=2048", "sms"),
+        ("&sms=0&threads_per_sm=2048", "sms"),
+    ] {
+        let (st, r) = srv.get(&ask(extra)).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{extra}: {r}");
+        assert_eq!(r["field"], field, "{r}");
+    }
+    let (st, r) = srv
+        .get("/v1/resolve?op=rms_norm&semantics=llama&dtype=bf16&arch=sm_90&cols=256&sms=132&threads_per_sm=2048")
+        .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{r}");
+    assert!(
+        r["detail"]
+            .as_str()
+            .unwrap()
+            .contains("apply to backward ops"),
+        "{r}"
+    );
 }
 
 /// `confirmed:N`: N different worker keys must certify the class on the architecture.

@@ -80,6 +80,9 @@ struct Entry {
     driver_version: Arc<str>,
     requested_cols: Arc<[u64]>,
     device_name: Arc<str>,
+    /// The GPU's SMs and threads per SM (`None`: a report without them).
+    sm_count: Option<u32>,
+    threads_per_sm: Option<u32>,
     created_at: Arc<str>,
     /// Per dtype with a verdict.
     verdicts: Vec<DtypeVerdict>,
@@ -222,6 +225,8 @@ impl Index {
             verification_id: e.id,
             arch,
             device_name: e.device_name.clone(),
+            sm_count: e.sm_count,
+            threads_per_sm: e.threads_per_sm,
             created_at: e.created_at.clone(),
             class: e.class.clone(),
             suite_version: e.suite_version.clone(),
@@ -322,13 +327,16 @@ struct Facts {
     cert_key: Option<String>,
     requested_cols: Vec<u64>,
     device_name: String,
+    sm_count: Option<u32>,
+    threads_per_sm: Option<u32>,
     created_at: String,
 }
 
 const KERNEL_SELECT: &str = "SELECT id, name, version, digest, op, semantics, dtypes, archs, \
      cols_min, cols_max, cols_multiple_of, runtime FROM kernels";
 const FACTS_SELECT: &str = "SELECT verification_id, kernel_digest, arch, class, suite_version, \
-     driver_version, cert_key, requested_cols, device_name, created_at FROM verification_facts";
+     driver_version, cert_key, requested_cols, device_name, sm_count, threads_per_sm, created_at \
+     FROM verification_facts";
 
 fn kernel_of(r: &AnyRow) -> Result<Kernel> {
     Ok(Kernel {
@@ -350,8 +358,15 @@ fn facts_of(r: &AnyRow) -> Result<Facts> {
         cert_key: r.try_get("cert_key")?,
         requested_cols: parse_csv(&r.try_get::<String, _>("requested_cols")?)?,
         device_name: r.try_get("device_name")?,
+        sm_count: small(r.try_get("sm_count")?),
+        threads_per_sm: small(r.try_get("threads_per_sm")?),
         created_at: r.try_get("created_at")?,
     })
+}
+
+/// A stored GPU figure (`None`: not stored, or not a u32).
+fn small(v: Option<i64>) -> Option<u32> {
+    v.and_then(|v| u32::try_from(v).ok())
 }
 
 fn ids_list(ids: &[i64]) -> String {
@@ -628,6 +643,8 @@ impl Store {
                         driver_version: f.driver_version.as_str().into(),
                         requested_cols: f.requested_cols.as_slice().into(),
                         device_name: f.device_name.as_str().into(),
+                        sm_count: f.sm_count,
+                        threads_per_sm: f.threads_per_sm,
                         created_at: f.created_at.as_str().into(),
                         verdicts: verdicts.remove(id).unwrap_or_default(),
                         coverage: coverage

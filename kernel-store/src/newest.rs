@@ -76,6 +76,10 @@ pub struct VerdictOn {
     pub arch: Arch,
     // Shared text (the verdict index hands out a group's verdicts for every ranking).
     pub device_name: Arc<str>,
+    /// The GPU's SMs and threads per SM (`None`: its report has none): what a backward op's
+    /// verdict depends on (eager's column sum for dw is configured from both).
+    pub sm_count: Option<u32>,
+    pub threads_per_sm: Option<u32>,
     pub created_at: Arc<str>,
     /// The overall class.
     pub class: Arc<str>,

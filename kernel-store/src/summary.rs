@@ -83,8 +83,8 @@ pub(crate) async fn insert_summary_in(
     sqlx::query(
         "INSERT INTO verification_facts (verification_id, kernel_digest, arch, class, \
          suite_version, driver_version, cert_key, requested_cols, device_name, created_at, \
-         verified_at, imported_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+         verified_at, imported_at, sm_count, threads_per_sm) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
     )
     .bind(verification_id)
     .bind(digest)
@@ -98,6 +98,8 @@ pub(crate) async fn insert_summary_in(
     .bind(created_at)
     .bind(times.verified_at)
     .bind(times.imported_at)
+    .bind(i64::from(report.device.sm_count))
+    .bind(report.device.threads_per_sm.map(i64::from))
     .execute(&mut **tx)
     .await?;
     for (dtype, v) in &report.summary.per_dtype {

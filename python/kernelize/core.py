@@ -378,6 +378,12 @@ F32_ACCUMULATION = ("in f32 eager autograd adds this layer's input gradient to t
                     "stream's in an order a backward kernel's one dx cannot give (docs/backward.md)")
 
 
+def gpu_figures(device) -> tuple[int, int]:
+    """`device`'s SMs and threads per SM: what eager's column sum for dw is configured from."""
+    props = torch.cuda.get_device_properties(device)
+    return int(props.multi_processor_count), int(props.max_threads_per_multi_processor)
+
+
 def other_device_shape(k: Resolved, device) -> str | None:
     """Why backward kernel `k` is not handed to `device()` (the layer's device): its
     verification ran on a GPU of other SMs or threads per SM (eager's column sum for dw is
@@ -387,8 +393,7 @@ def other_device_shape(k: Resolved, device) -> str | None:
     shape = k.evidence.get("device_shape")
     if not shape or shape.get("sm_count") is None:
         return None
-    props = torch.cuda.get_device_properties(device())
-    here = (int(props.multi_processor_count), int(props.max_threads_per_multi_processor))
+    here = gpu_figures(device())
     there = (shape.get("sm_count"), shape.get("threads_per_sm"))
     if there == here:
         return None
@@ -402,7 +407,7 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
     same source (op rms_norm_backward, its dtype and width, the policy) and install it where the
     layer is swapped; every other layer keeps its original forward under autograd. Returns the
     report's lines: one per outcome (kernel taken, or reasons), naming the layers it concerns."""
-    cache: dict[Key, Resolution] = {}
+    cache: dict[tuple, Resolution] = {}
     groups: dict[tuple, list[str]] = {}
     for s, e in train:
         what = f"{e.op}" + (f" ({e.semantics})" if e.semantics != "default" else "")
@@ -426,9 +431,12 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
                                + F32_ACCUMULATION), []).append(e.path)
             continue
         key = Key(bop, e.semantics, e.dtype, arch, e.cols, policy)
-        if key not in cache:
-            cache[key] = src.resolve(key)
-        r = cache[key]
+        # a swapped layer's GPU figures go with the query (a hub keys backward answers on them)
+        figures = (gpu_figures(s.module.__dict__["_kz_compiled"].device)
+                   if e.status == "replaced" and isinstance(src, HubSource) else None)
+        if (key, figures) not in cache:
+            cache[key, figures] = src.resolve(key, figures)
+        r = cache[key, figures]
         other_gpu = None
         if r.kernel is not None and e.status == "replaced":
             other_gpu = other_device_shape(r.kernel, lambda: s.module.__dict__["_kz_compiled"].device)

@@ -238,8 +238,10 @@ class HubSource:
                 return states
             time.sleep(max(0.01, min(self.poll_s, deadline - time.monotonic())))
 
-    def resolve(self, key: Key) -> Resolution:
-        r = self._resolve_once(key)
+    def resolve(self, key: Key, device: tuple[int, int] | None = None) -> Resolution:
+        """`device`: the GPU's (SMs, threads per SM), sent with a backward op's query (the hub
+        hands out a backward kernel only for the figures its verification ran on)."""
+        r = self._resolve_once(key, device)
         if r.kernel is not None or not r.request_verification:
             return r
         ask = r.request_verification
@@ -280,7 +282,7 @@ class HubSource:
         states = self.wait_for_jobs(r.queued_jobs, self.wait_for_verification_s)
         waited = time.monotonic() - t0
         ended = ", ".join(f"job {j} {s}" for j, s in sorted(states.items()))
-        again = self._resolve_once(key)
+        again = self._resolve_once(key, device)
         if again.kernel is not None:
             again.width_note = (f"waited {waited:.0f} s for the verification of {width} ({ended}); "
                                 "now verified")
@@ -291,10 +293,12 @@ class HubSource:
         again.queued_jobs = again.queued_jobs or r.queued_jobs
         return again
 
-    def _resolve_once(self, key: Key) -> Resolution:
+    def _resolve_once(self, key: Key, device: tuple[int, int] | None = None) -> Resolution:
         query = key.query()
         if self.allow_python:
             query["runtime"] = "any"
+        if device is not None and key.op in BACKWARD_OPS:
+            query["sms"], query["threads_per_sm"] = device
         status, body = self._get("/v1/resolve?" + urllib.parse.urlencode(query))
         if status == 404:
             excluded = body.get("excluded") or [body.get("detail", "no kernel qualifies")]
@@ -398,7 +402,9 @@ class LockSource:
                 verify(ev.get("certificate"), self.trusted_keys, report=ev.get("report"),
                        digest=e["digest"], what=f"{self.path}: {e.get('kernel')} for {key}")
 
-    def resolve(self, key: Key) -> Resolution:
+    def resolve(self, key: Key, device: tuple[int, int] | None = None) -> Resolution:
+        # `device`: the lock holds one answer per key; the training plan compares the locked
+        # verification's GPU figures itself (core.other_device_shape)
         e = self.entries.get(key)
         if e is None:
             return Resolution(None, [f"not in lock {self.path} (locked for: "
@@ -479,7 +485,8 @@ class DirSource:
                 raise ValueError(f"{self.path}: no kernel named {sorted(missing)} "
                                  f"(errors: {self.errors})")
 
-    def resolve(self, key: Key) -> Resolution:
+    def resolve(self, key: Key, device: tuple[int, int] | None = None) -> Resolution:
+        # `device` is for a hub's backward answers: local kernels carry no verification
         excluded, ok = [], []
         for m, src, dg in self.kernels:
             if m["op"] != key.op or m["semantics"] != key.semantics:

@@ -572,9 +572,10 @@ class _Props:
 def test_the_hubs_backward_kernel_is_taken_only_on_a_gpu_of_the_sms_it_was_verified_on(
         fresh_hub, gpu_faked, monkeypatch, sms, tps, taken):
     """A fresh hub hands out the bundled backward kernel, certified on an H200 (132 SMs x 2048
-    threads per SM). Eager's dw order depends on both figures, so the training plan takes it on
-    a GPU with the same figures and keeps the original forward under autograd elsewhere, saying
-    which figures were verified and which this GPU has."""
+    threads per SM). Eager's dw order depends on both figures: the client sends the GPU's with
+    the backward query, the hub hands the kernel out for the same figures only, and the layer
+    keeps its original forward under autograd elsewhere, the report saying which figures were
+    verified and which this GPU has."""
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: _Props(sms, tps))
     rep = _kz(_llama(), hub=fresh_hub.url, mode="training")
     norms = [e for e in rep.entries if e.op == "rms_norm"]
@@ -589,7 +590,26 @@ def test_the_hubs_backward_kernel_is_taken_only_on_a_gpu_of_the_sms_it_was_verif
         assert all(e.backward is None for e in norms) and not gpu_faked.loaded
         (line,) = [ln for ln in _training_lines(rep) if "rms_norm (llama)" in ln]
         assert "verified on a GPU of 132 SMs x 2048 threads per SM (NVIDIA H200)" in line, line
-        assert f"this GPU has {sms} x {tps}" in line, line
+        assert f"asks for {sms} x {tps}" in line, line   # the hub's exclusion
+
+
+@pytest.mark.parametrize("sms, tps, taken", [(132, 2048, True), (114, 2048, False)])
+def test_a_backward_kernel_verified_on_another_gpu_shape_is_refused_by_the_client_too(
+        sms, tps, taken, monkeypatch):
+    """A lock (or a hub that does not key on the figures) hands the answer over unchecked: the
+    training plan compares the verification's figures with the layer's GPU itself."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: _Props(sms, tps))
+    k = kernelize.sources.Resolved("rms_norm_llama_backward", "1.0.0", "sha256:" + "0" * 64, {}, "", "lock x",
+                                   {"device_shape": {"name": "NVIDIA H200", "sm_count": 132,
+                                                     "threads_per_sm": 2048}})
+    why = core.other_device_shape(k, lambda: torch.device("cpu"))
+    if taken:
+        assert why is None
+    else:
+        assert why.startswith("rms_norm_llama_backward 1.0.0 was verified on a GPU of 132 SMs x 2048 "
+                              "threads per SM (NVIDIA H200)") and f"this GPU has {sms} x {tps}" in why, why
+    k.evidence.pop("device_shape")
+    assert core.other_device_shape(k, lambda: torch.device("cpu")) is None   # local: no figures
 
 
 def test_f32_keeps_the_original_forward_under_autograd_and_says_why(kernels, gpu_faked):

@@ -157,6 +157,7 @@ async fn profile(db: &str, asks: u64, dir: &std::path::Path) -> anyhow::Result<(
             rows: None,
             policy: policy.clone(),
             include_python: false,
+            device: None,
         };
         let t0 = Instant::now();
         let c = index.newest_verdicts(q.op, q.semantics, q.arch, q.dtype, &policy);

@@ -42,6 +42,10 @@ pub struct Query {
     /// Python candidates (docs/spec.md section 2b) are considered too (`runtime=any`); by default only CUDA
     /// kernels are, since running Python from a hub needs the client's opt-in.
     pub include_python: bool,
+    /// The asking GPU's SMs and threads per SM (`sms`, `threads_per_sm`; backward ops only):
+    /// eager's column sum for dw is configured from both, so a backward kernel is handed out
+    /// only where its verification ran on a GPU with the same figures.
+    pub device: Option<(u32, u32)>,
 }
 
 /// What the chosen kernel's verification covered at the asked width.
@@ -132,6 +136,23 @@ pub struct Resolution {
     pub queue_full: Option<String>,
     /// Kernels that meet the policy but were not verified at this width (name version).
     pub unverified_width: Vec<String>,
+}
+
+/// Why a backward kernel's verdict `v` does not hold for the asking GPU (`q.device`): it was
+/// measured on a GPU of other SMs or threads per SM, or its report does not say.
+fn other_device(q: &Query, v: &VerdictOn) -> Option<String> {
+    let (sms, tps) = q.device.filter(|_| q.op.is_backward())?;
+    match (v.sm_count, v.threads_per_sm) {
+        (Some(s), Some(t)) if (s, t) == (sms, tps) => None,
+        (Some(s), Some(t)) => Some(format!(
+            "verified on a GPU of {s} SMs x {t} threads per SM ({}); eager's dw order depends on both, and this query asks for {sms} x {tps}: not verified for it (a worker on such a GPU can verify it)",
+            v.device_name
+        )),
+        _ => Some(format!(
+            "its verification ({}) does not record the GPU's SMs and threads per SM, which eager's dw order depends on",
+            v.device_name
+        )),
+    }
 }
 
 /// Why `k` cannot serve the query at all (wrong dtype, shape or arch), before any verdict.
@@ -453,7 +474,7 @@ fn request_of(q: &HashMap<String, String>) -> serde_json::Value {
     let mut body = serde_json::Map::new();
     for (k, v) in q {
         let value = match k.as_str() {
-            "cols" | "rows" => v
+            "cols" | "rows" | "sms" | "threads_per_sm" => v
                 .parse::<u64>()
                 .map(serde_json::Value::from)
                 .unwrap_or_else(|_| v.clone().into()),
@@ -939,6 +960,10 @@ async fn rank(
             }
         };
         let v = &k.verdict;
+        if let Some(why) = other_device(q, v) {
+            excluded.push(|| format!("{label}: {why}"));
+            continue;
+        }
         if v.certifying_keys < wanted {
             excluded.push(|| format!(
                 "{label}: {} worker key(s) certify class {} on {}, the policy asks for {wanted} (confirmed:{wanted}): independent workers with their own registered keys must verify it",
@@ -1511,6 +1536,7 @@ mod tests {
                     rows,
                     policy: policy.parse().unwrap(),
                     include_python: false,
+                    device: None,
                 };
                 for made_for in [None, Some(1), Some(4096)] {
                     let kept = ranking(s, &q(made_for), None, None).await.unwrap();
@@ -1636,6 +1662,7 @@ mod tests {
             rows: Some(64),
             policy: policy.parse().unwrap(),
             include_python: false,
+            device: None,
         };
         let policies = ["bit_exact", "ulp:3", "tolerance", "bit_exact,confirmed:1"];
         let mut before = vec![];

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use std::collections::HashMap;
 
 /// The query parameters of `/v1/resolve` (the dashboard's policy explorer links to the same).
-pub const PARAMS: [&str; 8] = [
+pub const PARAMS: [&str; 10] = [
     "op",
     "semantics",
     "dtype",
@@ -22,7 +22,12 @@ pub const PARAMS: [&str; 8] = [
     "rows",
     "policy",
     "runtime",
+    "sms",
+    "threads_per_sm",
 ];
+
+/// The most SMs or threads per SM a query may name.
+pub const MAX_DEVICE_FIGURE: u32 = 1 << 20;
 
 /// Parse the resolve query (shared with the dashboard's policy explorer).
 pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
@@ -40,7 +45,32 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
             "query parameter `cols` must be at least 1",
         ));
     }
+    let device = match (param::<u32>(q, "sms")?, param::<u32>(q, "threads_per_sm")?) {
+        (None, None) => None,
+        (Some(s), Some(t)) if (1..=MAX_DEVICE_FIGURE).contains(&s) && (1..=MAX_DEVICE_FIGURE).contains(&t) => {
+            if !op.is_backward() {
+                return Err(AppError::bad_request(format!(
+                    "query parameters `sms` and `threads_per_sm` apply to backward ops (rms_norm_backward): {op}'s verdict does not depend on the GPU's SM count; leave them out"
+                ))
+                .with("field", "sms"));
+            }
+            Some((s, t))
+        }
+        (Some(_), Some(_)) => {
+            return Err(AppError::bad_request(format!(
+                "query parameters `sms` and `threads_per_sm` must be 1..{MAX_DEVICE_FIGURE}"
+            ))
+            .with("field", "sms"))
+        }
+        _ => {
+            return Err(AppError::bad_request(
+                "query parameters `sms` and `threads_per_sm` go together: the GPU's SM count and its threads per SM (torch.cuda.get_device_properties: multi_processor_count, max_threads_per_multi_processor)",
+            )
+            .with("field", "sms"))
+        }
+    };
     Ok(Query {
+        device,
         op,
         semantics,
         dtype: required(q, "dtype")?,
@@ -80,6 +110,8 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
         ("rows" = Option<u64>, Query, description = "rows: picks the nearest measured speed; a width verification asked for runs rows 1..max(64, rows); never gates", minimum = 1, maximum = 1099511627776_i64),
         ("policy" = Option<PolicyText>, Query, description = "bit_exact (default), ulp:N, tolerance, argmax, with ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X"),
         ("runtime" = Option<String>, Query, description = "cuda (default: CUDA kernels only) or any (Python candidates too, docs/spec.md section 2b)"),
+        ("sms" = Option<u32>, Query, description = "backward ops only, with threads_per_sm: the asking GPU's SM count; a backward kernel is handed out only where its verification ran on a GPU with the same SMs and threads per SM (eager's dw order depends on both)", minimum = 1, maximum = 1048576),
+        ("threads_per_sm" = Option<u32>, Query, description = "backward ops only, with sms: the asking GPU's maximum threads per SM", minimum = 1, maximum = 1048576),
     ),
     responses((status = 200, description = "The chosen kernel with its evidence; `also_qualifying` lists the first 100 other qualifying kernels, fastest first (`also_qualifying_total` counts all). `verified_at` is when the GPU measured it (the report's `started_at`), `imported_at` when this hub imported it (null: measured by this hub's worker); `speed` is the timed case nearest the asked shape, labelled with `measured_at` and `asked_width_measured`; `semantics` is the semantics resolved (`semantics_defaulted`: the parameter was left out)", body = super::openapi::ResolveAnswer), (status = 404, description = "No kernel qualifies; `excluded` says why each is out (the first 100; `excluded_total` counts all); `request_verification` (when a kernel meets the policy but was not verified at this width) is the explicit request that queues a verification of it; `semantics` and `semantics_defaulted` as in the 200 answer"), (status = 400, description = "A bad parameter")))]
 pub async fn resolve(
@@ -119,6 +151,14 @@ pub struct VerificationsRequest {
     /// cuda (default: CUDA kernels only) or any (Python candidates too).
     #[serde(default)]
     pub runtime: Option<RuntimeChoice>,
+    /// Backward ops only, with `threads_per_sm`: the asking GPU's SM count.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub sms: Option<u32>,
+    /// Backward ops only, with `sms`: the asking GPU's maximum threads per SM.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub threads_per_sm: Option<u32>,
 }
 
 /// Which runtimes a resolve considers.
@@ -148,8 +188,14 @@ impl VerificationsRequest {
                 q.insert(k.into(), v.clone());
             }
         }
-        if let Some(r) = self.rows {
-            q.insert("rows".into(), r.to_string());
+        for (k, v) in [
+            ("rows", self.rows),
+            ("sms", self.sms.map(u64::from)),
+            ("threads_per_sm", self.threads_per_sm.map(u64::from)),
+        ] {
+            if let Some(v) = v {
+                q.insert(k.into(), v.to_string());
+            }
         }
         q
     }
