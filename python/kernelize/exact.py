@@ -764,18 +764,68 @@ def _eager_decision(fn: Callable) -> Callable:
     without reading its tensor where the call was found to have consecutive positions before the
     compiled code ran (`_CONSECUTIVE`)."""
     import functools
+    import inspect
     eager = torch.compiler.disable(fn)
     packed = fn.__name__ == _PACKED
+    names = list(inspect.signature(fn).parameters)
+    # the skip decision's padding mask and query offset, by position (found here: `inspect` is
+    # not traced inside the compiled code)
+    at = ((names.index("padding_mask"), names.index("q_offset"))
+          if fn.__name__ == _SKIP and {"padding_mask", "q_offset"} <= set(names) else None)
 
     @functools.wraps(fn)
     def decide(*args: Any, **kwargs: Any) -> Any:
         if packed and _CONSECUTIVE[0]:
             return None   # eager's answer for consecutive positions (dynamo guards on the flag)
+        if at is not None and _EMPTY_CACHE[0]:
+            # the static cache's offset, a tensor, is known to be 0 (read before the compiled
+            # code): decide on the value eager reads, traced
+            a, kw = list(args), dict(kwargs)
+            pad = a[at[0]] if len(a) > at[0] else kw.get("padding_mask")
+            if pad is None:
+                if len(a) > at[1]:
+                    a[at[1]] = 0 if isinstance(a[at[1]], torch.Tensor) else a[at[1]]
+                elif isinstance(kw.get("q_offset"), torch.Tensor):
+                    kw["q_offset"] = 0
+                if not any(isinstance(v, torch.Tensor) for v in (*a, *kw.values())):
+                    return fn(*a, **kw)
         if any(isinstance(v, torch.Tensor) for v in (*args, *kwargs.values())):
             return eager(*args, **kwargs)
         return fn(*args, **kwargs)
 
     return decide
+
+
+# The mask-skip decision of a prefill into a static cache: transformers' `_ignore_causal_mask_sdpa`
+# gets the cache's offset as a tensor (so that compiled decoding does not break on it) and,
+# eagerly, passes no mask when it is 0 and there is no padding mask (SDPA's `is_causal`). Inside
+# an exact-compiled model that read was a graph break in every prefill into a cache made ready
+# before the call (reduce-overhead), or reused. Where the call is a prefill (more than one new
+# token), without a padding mask, into a static cache that holds no token yet, `_with_eager_branches`
+# reads the cache's length once before the compiled code runs (`_EMPTY_CACHE`), and the decision
+# is traced with the offset's value 0. A cache that holds tokens (a chunked prefill) keeps the
+# eager decision inside.
+_SKIP = "_ignore_causal_mask_sdpa"
+_EMPTY_CACHE = [False]
+
+
+def _empty_static_cache(cache: Any, args: tuple, kwargs: dict) -> bool:
+    """Is this call a prefill without a padding mask into a static KV cache holding no token?
+    (One read of the cache's length: a device read, before any of the call's GPU work.)"""
+    if cache is None or kwargs.get("attention_mask") is not None:
+        return False
+    inner = getattr(cache, "self_attention_cache", cache)
+    if not getattr(inner, "is_compileable", False):
+        return False   # a dynamic cache: its offset is a Python int, traced already
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if ids is None:
+        ids = kwargs.get("inputs_embeds")
+    if not isinstance(ids, torch.Tensor) or ids.dim() < 2 or ids.shape[1] <= 1:
+        return False   # a decode step: transformers asks nothing of the offset there
+    try:
+        return int(inner.get_seq_length()) == 0
+    except Exception:  # noqa: BLE001 - a cache of another kind: keep the eager decision
+        return False
 
 
 # The packed-sequence decision: transformers' masking module calls `find_packed_sequence_indices`
@@ -858,6 +908,7 @@ def _with_eager_branches(compiled: Callable, whole: torch.nn.Module | None = Non
         with _LOCK:
             if _branch_depth[0] == 0:
                 _CONSECUTIVE[0] = whole is not None and _positions_consecutive(whole, args, kwargs)
+                _EMPTY_CACHE[0] = whole is not None and _empty_static_cache(_kv_cache(kwargs), args, kwargs)
                 for mod, name, val in patches():
                     _branch_saved.append((mod, name, getattr(mod, name)))
                     setattr(mod, name, val)
@@ -868,7 +919,7 @@ def _with_eager_branches(compiled: Callable, whole: torch.nn.Module | None = Non
             with _LOCK:
                 _branch_depth[0] -= 1
                 if _branch_depth[0] == 0:
-                    _CONSECUTIVE[0] = False
+                    _CONSECUTIVE[0] = _EMPTY_CACHE[0] = False
                     while _branch_saved:
                         mod, name, val = _branch_saved.pop()
                         setattr(mod, name, val)

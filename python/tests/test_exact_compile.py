@@ -220,7 +220,7 @@ def test_whole_model_keeps_eager_masks(mode):
     graph break around it); where it reads no tensor (no padding mask) it is traced with eager's
     answers to its trace checks, no break. The mask itself is built in the graph. A decode step
     into a static cache compiles without a graph break (one CUDA graph under reduce-overhead),
-    and so does prefill where the cache's offset is not a tensor; so does a forward without a
+    and so does a prefill into an empty static cache; so does a forward without a
     cache (the packed-sequence check is decided before the compiled code runs: the model derives
     consecutive positions). All are identical with eager; the masking module's functions are
     the originals again after each call."""
@@ -257,15 +257,50 @@ def test_whole_model_keeps_eager_masks(mode):
         nocache_breaks = dict(counters["graph_break"])
     assert locate.compare(ref, torch.stack(got)).identical
     assert locate.compare(ref_nocache, got_nocache).identical
-    # no padding mask: the skip decision reads a tensor only where the static cache's offset is
-    # one (the cache made ready up front, under CUDA graphs): eagerly then, traced otherwise
-    assert all("_ignore_causal_mask_sdpa" in why for why in prefill_breaks), prefill_breaks
-    assert (prefill_breaks == {}) == (mode is None), prefill_breaks
+    # no padding mask, an empty static cache: the skip decision is made up front (the cache's
+    # offset, a tensor where the cache was made ready before the call, is read there)
+    assert prefill_breaks == {}, prefill_breaks
     assert decode_breaks == {}, decode_breaks
     # without a cache the packed-sequence check is decided up front (positions the model derives)
     assert nocache_breaks == {}, nocache_breaks
     assert sys.modules[type(model).__module__].create_causal_mask is builder
     assert mu._ignore_causal_mask_sdpa is decision and mu.is_tracing is trace_check
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_a_prefill_into_an_empty_static_cache_decides_the_mask_up_front(mode):
+    """A prefill into a static cache that holds no token: the mask-skip decision's offset is read
+    before the compiled code (no graph break, eager's `is_causal` path); a second chunk into the
+    cache that now holds tokens keeps the eager decision inside; the cache reset, a prefill
+    decides up front again. Every output is eager's."""
+    from transformers import StaticCache
+    from torch._dynamo.utils import counters
+    model = _tiny_llama()
+    ids, more = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 4))
+
+    def run(m, cache):
+        with torch.no_grad():
+            a = m(ids, past_key_values=cache, use_cache=True, cache_position=torch.arange(8)).logits
+            b = m(more, past_key_values=cache, use_cache=True, cache_position=torch.arange(8, 12)).logits
+        return a, b
+
+    ref_a, ref_b = run(model, StaticCache(config=model.config, max_cache_len=16))
+    exact.exact_compile(model, mode, **({"regional": False} if mode is None else {}))
+    cache = StaticCache(config=model.config, max_cache_len=16)
+    breaks = []
+    with torch.no_grad():
+        for step, (x, pos, want) in enumerate([(ids, torch.arange(8), ref_a), (more, torch.arange(8, 12), ref_b),
+                                               (ids, torch.arange(8), ref_a)]):
+            if step == 2:
+                cache.reset()
+            counters.clear()
+            got = model(x, past_key_values=cache, use_cache=True, cache_position=pos).logits
+            breaks.append(dict(counters["graph_break"]))
+            assert locate.compare(want, got).identical, step
+    assert breaks[0] == {} and breaks[2] == {}, breaks
+    # the chunk after it: the cache's offset (a tensor) is not known to be 0, read inside
+    assert breaks[1] and all("_ignore_causal_mask_sdpa" in why for why in breaks[1]), breaks
+    assert exact._EMPTY_CACHE == [False]
 
 
 def test_the_packed_sequence_decision_is_made_before_the_compiled_code_where_it_can_be():
