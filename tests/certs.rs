@@ -574,6 +574,12 @@ async fn a_backward_kernel_resolves_for_the_gpu_shape_it_was_verified_on(b: Back
         let (st, r) = srv.get(&ask(extra)).await;
         assert_eq!(st, StatusCode::OK, "{extra}: {r}");
         assert_eq!(r["kernel"]["name"], "rms_norm_llama_backward", "{r}");
+        // the answer names the figures the verdict holds for
+        assert_eq!(
+            (&r["device_sm_count"], &r["device_threads_per_sm"]),
+            (&json!(132), &json!(2048)),
+            "{r}"
+        );
     }
     for (sms, tps) in [(114, 2048), (132, 1536)] {
         let (st, r) = srv

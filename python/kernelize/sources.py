@@ -325,15 +325,21 @@ class HubSource:
                 return Resolution(None, [str(e)] + list(body.get("excluded") or []))
         if key.op in BACKWARD_OPS:
             # eager's dw order depends on the GPU's SM count and threads per SM: the verdict
-            # holds for the figures it was measured with (the training plan compares them)
-            report = evidence.get("report")
-            if report is None:
-                vid = body.get("verification_id")
-                status, v = self._get(f"/v1/verifications/{vid}")
-                if status != 200:
-                    raise HubError(f"GET /v1/verifications/{vid}: {status} {v.get('detail', v)}")
-                report = v.get("report") or {}
-            evidence["device_shape"] = device_shape_of(report)
+            # holds for the figures it was measured with (the training plan compares them). The
+            # answer names them (a hub before session 19's does not: then the report does).
+            if body.get("device_sm_count") is not None:
+                evidence["device_shape"] = {"name": body.get("device"),
+                                            "sm_count": body["device_sm_count"],
+                                            "threads_per_sm": body.get("device_threads_per_sm")}
+            else:
+                report = evidence.get("report")
+                if report is None:
+                    vid = body.get("verification_id")
+                    status, v = self._get(f"/v1/verifications/{vid}")
+                    if status != 200:
+                        raise HubError(f"GET /v1/verifications/{vid}: {status} {v.get('detail', v)}")
+                    report = v.get("report") or {}
+                evidence["device_shape"] = device_shape_of(report)
         return Resolution(Resolved(k["name"], k["version"], digest, manifest, source,
                                    f"hub {self.url}", evidence),
                           list(body.get("excluded") or []), list(body.get("queued_jobs") or []))

@@ -628,3 +628,13 @@ def test_f32_keeps_the_original_forward_under_autograd_and_says_why(kernels, gpu
     got, want = _grads(m, ids), _grads(ref, ids)
     assert set(got) == set(want) and all(torch.equal(got[n], want[n]) for n in want)
     assert gpu_faked.stages() == []
+
+
+def test_the_gpu_figures_of_a_report_for_a_hub_whose_answer_lacks_them():
+    """A hub before session 19 answers without `device_sm_count`: the client reads the figures
+    from the verification's report (`device_shape_of`); a report without them gives None, which
+    the training plan does not check (as a local folder)."""
+    from kernelize.sources import device_shape_of
+    r = {"device": {"name": "NVIDIA H200", "sm_count": 132, "threads_per_sm": 2048, "arch": "sm_90"}}
+    assert device_shape_of(r) == {"name": "NVIDIA H200", "sm_count": 132, "threads_per_sm": 2048}
+    assert device_shape_of({})["sm_count"] is None

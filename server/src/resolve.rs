@@ -103,6 +103,10 @@ pub struct Candidate {
     pub kernel: KernelRow,
     pub verification_id: i64,
     pub device: String,
+    /// The GPU's SMs and threads per SM (null: its report does not say): what a backward
+    /// kernel's verdict holds for.
+    pub device_sm_count: Option<u32>,
+    pub device_threads_per_sm: Option<u32>,
     /// When the GPU measured it: the report's own `started_at` (not when this hub stored it).
     pub verified_at: String,
     /// When this hub imported the verification (a bundled or otherwise certified report
@@ -1179,6 +1183,8 @@ impl Ranking {
             also_qualifying_total,
             class: &c.class,
             device: &c.device,
+            device_sm_count: c.device_sm_count,
+            device_threads_per_sm: c.device_threads_per_sm,
             digest: &c.kernel.digest,
             excluded: &self.excluded,
             excluded_total: self.excluded_total,
@@ -1377,6 +1383,8 @@ struct Answer<'a> {
     also_qualifying_total: usize,
     class: &'a str,
     device: &'a str,
+    device_sm_count: Option<u32>,
+    device_threads_per_sm: Option<u32>,
     digest: &'a kernel_registry::Digest,
     excluded: &'a [String],
     excluded_total: usize,
@@ -1412,6 +1420,8 @@ fn candidate(
         summary,
         verification_id: v.verification_id,
         device: v.device_name.to_string(),
+        device_sm_count: v.sm_count,
+        device_threads_per_sm: v.threads_per_sm,
         verified_at: times.verified_at,
         imported_at: times.imported_at,
         stale,

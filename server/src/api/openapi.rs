@@ -162,6 +162,11 @@ pub struct ResolveAnswer {
     semantics_defaulted: bool,
     /// The GPU the verification ran on.
     device: String,
+    /// Its SM count (null: the report does not say). A backward kernel's verdict holds for this
+    /// and `device_threads_per_sm` (eager's dw order depends on both).
+    device_sm_count: Option<u32>,
+    /// Its maximum threads per SM (null: the report does not say).
+    device_threads_per_sm: Option<u32>,
     verification_id: i64,
     verification_url: String,
     /// When the GPU measured it: the verification report's own `started_at` (RFC 3339), not
