@@ -779,9 +779,17 @@ def _eager_decision(fn: Callable) -> Callable:
             return None   # eager's answer for consecutive positions (dynamo guards on the flag)
         if at is not None and _EMPTY_CACHE[0]:
             # the static cache's offset, a tensor, is known to be 0 (read before the compiled
-            # code): decide on the value eager reads, traced
+            # code), and the padding mask, where there is one, is the prompt's all-ones mask
+            # padded with False to the cache's length: decide on the values eager reads, traced
             a, kw = list(args), dict(kwargs)
             pad = a[at[0]] if len(a) > at[0] else kw.get("padding_mask")
+            if isinstance(pad, torch.Tensor) and _EMPTY_CACHE[0] == _ONES:
+                # eager's answer for that mask is its answer for none (q_offset == 0): no padding
+                if len(a) > at[0]:
+                    a[at[0]] = None
+                else:
+                    kw["padding_mask"] = None
+                pad = None
             if pad is None:
                 if len(a) > at[1]:
                     a[at[1]] = 0 if isinstance(a[at[1]], torch.Tensor) else a[at[1]]
@@ -803,16 +811,22 @@ def _eager_decision(fn: Callable) -> Callable:
 # before the call (reduce-overhead), or reused. Where the call is a prefill (more than one new
 # token), without a padding mask, into a static cache that holds no token yet, `_with_eager_branches`
 # reads the cache's length once before the compiled code runs (`_EMPTY_CACHE`), and the decision
-# is traced with the offset's value 0. A cache that holds tokens (a chunked prefill) keeps the
-# eager decision inside.
+# is traced with the offset's value 0. With the prompt's all-ones attention mask (what
+# `generate()` passes), read there too, the padding mask transformers builds is that mask padded
+# with False to the cache's length, for which eager answers as for none (`q_offset == 0`, every
+# prompt position kept, every later one empty); the decision is traced without it. A cache that
+# holds tokens (a chunked prefill), or a mask with a zero, keeps the eager decision inside.
 _SKIP = "_ignore_causal_mask_sdpa"
-_EMPTY_CACHE = [False]
+_EMPTY_CACHE: list[Any] = [False]   # False, True (no attention mask) or _ONES
+_ONES = "ones"   # the attention mask is the prompt's, all ones (generate() passes one)
 
 
-def _empty_static_cache(cache: Any, args: tuple, kwargs: dict) -> bool:
-    """Is this call a prefill without a padding mask into a static KV cache holding no token?
-    (One read of the cache's length: a device read, before any of the call's GPU work.)"""
-    if cache is None or kwargs.get("attention_mask") is not None:
+def _empty_static_cache(cache: Any, args: tuple, kwargs: dict) -> Any:
+    """Is this call a prefill into a static KV cache holding no token, without an attention
+    mask (True) or with the prompt's all-ones one (`_ONES`)? False otherwise. (One read of the
+    cache's length, and of the mask where there is one: device reads, before any of the call's
+    GPU work.)"""
+    if cache is None:
         return False
     inner = getattr(cache, "self_attention_cache", cache)
     if not getattr(inner, "is_compileable", False):
@@ -822,10 +836,19 @@ def _empty_static_cache(cache: Any, args: tuple, kwargs: dict) -> bool:
         ids = kwargs.get("inputs_embeds")
     if not isinstance(ids, torch.Tensor) or ids.dim() < 2 or ids.shape[1] <= 1:
         return False   # a decode step: transformers asks nothing of the offset there
+    mask = kwargs.get("attention_mask")
+    if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 2
+                                 and mask.shape == ids.shape[:2]):
+        return False   # a mask of another shape (4D, or longer than the prompt): eager decides
     try:
-        return int(inner.get_seq_length()) == 0
+        if int(inner.get_seq_length()) != 0:
+            return False
     except Exception:  # noqa: BLE001 - a cache of another kind: keep the eager decision
         return False
+    if mask is None:
+        return True
+    with torch.no_grad():
+        return _ONES if bool(mask.bool().all()) else False
 
 
 # The packed-sequence decision: transformers' masking module calls `find_packed_sequence_indices`

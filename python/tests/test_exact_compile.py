@@ -303,6 +303,39 @@ def test_a_prefill_into_an_empty_static_cache_decides_the_mask_up_front(mode):
     assert exact._EMPTY_CACHE == [False]
 
 
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_a_prefill_with_the_prompts_all_ones_mask_decides_up_front_too(mode):
+    """`generate()` passes the prompt's attention mask, all ones: into an empty static cache the
+    mask-skip decision is made up front for it too (no graph break); a mask with a zero (left
+    padding) keeps the eager decision inside. Every output is eager's."""
+    from transformers import StaticCache
+    from torch._dynamo.utils import counters
+    model = _tiny_llama()
+    ids = torch.randint(0, 64, (2, 8))
+    ones = torch.ones(2, 8, dtype=torch.long)
+    padded = ones.clone()
+    padded[0, :3] = 0
+
+    def one(m, mask):
+        cache = StaticCache(config=m.config, max_cache_len=16)
+        with torch.no_grad():
+            return m(ids, attention_mask=mask, past_key_values=cache, use_cache=True,
+                     cache_position=torch.arange(8)).logits
+
+    refs = [one(model, ones), one(model, padded)]
+    assert not torch.equal(refs[0], refs[1])   # the zeros mask tokens out
+    exact.exact_compile(model, mode, **({"regional": False} if mode is None else {}))
+    breaks = []
+    for mask, want in zip([ones, padded, ones], refs + refs[:1]):
+        counters.clear()
+        got = one(model, mask)
+        breaks.append(dict(counters["graph_break"]))
+        assert locate.compare(want, got).identical
+    assert breaks[0] == {} and breaks[2] == {}, breaks
+    assert breaks[1] and all("_ignore_causal_mask_sdpa" in why for why in breaks[1]), breaks
+    assert exact._EMPTY_CACHE == [False]
+
+
 def test_the_packed_sequence_decision_is_made_before_the_compiled_code_where_it_can_be():
     """A forward without a cache asks whether its position ids hold packed sequences. Ids the
     caller passes are read before the compiled code (consecutive: no graph break; packed: the
