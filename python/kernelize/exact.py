@@ -828,12 +828,10 @@ def _empty_static_cache(cache: Any, args: tuple, kwargs: dict) -> Any:
     GPU work.)"""
     if cache is None:
         return False
-    inner = getattr(cache, "self_attention_cache", cache)
+    inner = _attention_cache(cache)
     if not getattr(inner, "is_compileable", False):
         return False   # a dynamic cache: its offset is a Python int, traced already
-    ids = kwargs.get("input_ids", args[0] if args else None)
-    if ids is None:
-        ids = kwargs.get("inputs_embeds")
+    ids = _new_tokens(args, kwargs)
     if not isinstance(ids, torch.Tensor) or ids.dim() < 2 or ids.shape[1] <= 1:
         return False   # a decode step: transformers asks nothing of the offset there
     mask = kwargs.get("attention_mask")
@@ -1037,9 +1035,20 @@ def _kv_cache(kwargs: dict) -> Any:
     return kwargs.get("past_key_values", kwargs.get("cache"))
 
 
+def _attention_cache(cache: Any) -> Any:
+    """The self-attention part of a KV cache (an encoder-decoder's holds two)."""
+    return getattr(cache, "self_attention_cache", cache)
+
+
+def _new_tokens(args: tuple, kwargs: dict) -> Any:
+    """A forward's new tokens: `input_ids` (keyword or first argument), else `inputs_embeds`."""
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    return kwargs.get("inputs_embeds") if ids is None else ids
+
+
 def _static_cache_ready(model: torch.nn.Module, cache: Any, args: tuple, kwargs: dict) -> None:
     """Refuse a KV cache that cannot live in CUDA-graph memory; initialise a static one."""
-    inner = getattr(cache, "self_attention_cache", cache)
+    inner = _attention_cache(cache)
     kind = type(inner).__name__
     if kind == "DynamicCache" or not getattr(inner, "is_compileable", True):
         raise ValueError(
@@ -1048,9 +1057,7 @@ def _static_cache_ready(model: torch.nn.Module, cache: Any, args: tuple, kwargs:
             "CUDA-graph memory. Pass past_key_values=transformers.StaticCache(config=model.config, "
             "max_cache_len=N), call generate(..., cache_implementation='static'), or compile with "
             "mode=None")
-    ids = kwargs.get("input_ids", args[0] if args else None)
-    if ids is None:
-        ids = kwargs.get("inputs_embeds")
+    ids = _new_tokens(args, kwargs)
     if ids is not None:
         init_static_cache(model, inner, ids.shape[0])
     # else transformers initialises it on first use (inside the first captured block)

@@ -142,10 +142,11 @@ pub struct Resolution {
     pub unverified_width: Vec<String>,
 }
 
-/// Why a backward kernel's verdict `v` does not hold for the asking GPU (`q.device`): it was
-/// measured on a GPU of other SMs or threads per SM, or its report does not say.
+/// Why a backward kernel's verdict `v` does not hold for the asking GPU (`q.device`, which
+/// `api::resolve::parse_query` admits for backward ops only): it was measured on a GPU of
+/// other SMs or threads per SM, or its report does not say.
 fn other_device(q: &Query, v: &VerdictOn) -> Option<String> {
-    let (sms, tps) = q.device.filter(|_| q.op.is_backward())?;
+    let (sms, tps) = q.device?;
     match (v.sm_count, v.threads_per_sm) {
         (Some(s), Some(t)) if (s, t) == (sms, tps) => None,
         (Some(s), Some(t)) => Some(format!(
