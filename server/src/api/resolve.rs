@@ -227,3 +227,30 @@ pub async fn request_verifications(
     let (status, body) = st.resolver().request_verifications(&query, actor).await?;
     Ok((status, Json(body)).into_response())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::MAX_DEVICE_FIGURE;
+
+    /// The documented bounds of `sms` and `threads_per_sm` (utoipa takes only a literal) are the
+    /// constant `parse_query` enforces, on the GET's parameters and the POST's body alike.
+    #[test]
+    fn gpu_figure_limits_are_the_constant() {
+        let doc = serde_json::to_value(crate::routes::openapi()).unwrap();
+        let params = doc["paths"]["/v1/resolve"]["get"]["parameters"]
+            .as_array()
+            .unwrap();
+        let body = &doc["components"]["schemas"]["VerificationsRequest"]["properties"];
+        for name in ["sms", "threads_per_sm"] {
+            let p = params.iter().find(|p| p["name"] == name).unwrap();
+            for schema in [&p["schema"], &body[name]] {
+                assert_eq!(
+                    schema["maximum"].as_f64(),
+                    Some(MAX_DEVICE_FIGURE as f64),
+                    "{name}: {schema}"
+                );
+                assert_eq!(schema["minimum"].as_f64(), Some(1.0), "{name}: {schema}");
+            }
+        }
+    }
+}
