@@ -112,6 +112,10 @@ def candidate(base, how: str):
     generate() is kept from compiling any candidate on its own (each is what it names)."""
     m = copy.deepcopy(base)
     _exact.FUSE_RESIDUAL_NORMS = True
+    # -noproofs: the math-library functions all eager's kernels, none proven and fused (what the
+    # proofs gain; set until the next candidate is made, as -unfused)
+    _exact.PROVE_MATH = not how.endswith("-noproofs")
+    how = how.removesuffix("-noproofs")
     bundled = dict(kernels_dir=ROOT / "kernels", names=EXACT, verbose=False, arch=ARCH)
     if how == "compile":
         m.compile()
@@ -241,7 +245,7 @@ def phase_exact(a) -> list[dict]:
     hows = a.candidates.split(",")
     for dt in a.dtypes.split(","):
         dtype = DTYPES[dt]
-        for name in seeds.SEEDS:
+        for name in seeds.SEEDS if a.seeds else ():
             base, x = seeds.build(name, dtype, DEV)
             with torch.no_grad():
                 ref = base(x)
@@ -358,7 +362,7 @@ def phase_speed(a) -> list[dict]:
                 if how == "eager":
                     m.generation_config.disable_compile = True
                 with torch.no_grad():
-                    for b, s in ((1, 512), (8, 2048)) if not a.quick else ((1, 512),):
+                    for b, s in a.prefill_shapes:
                         ids = torch.randint(0, VOCAB_IDS, (b, s), generator=g).cuda()
                         t0 = time.perf_counter()
                         for _ in range(3):   # CUDA graphs: warm-up, record, replay
@@ -366,7 +370,7 @@ def phase_speed(a) -> list[dict]:
                         torch.cuda.synchronize()
                         row[f"prefill_{b}x{s}_first_s"] = time.perf_counter() - t0
                         row[f"prefill_{b}x{s}_ms"] = timed_ms(lambda: m(ids, use_cache=False), a.reps)
-                    for b in (1, 8) if not a.prefill_only else ():
+                    for b in a.decode_batches:
                         step = decode_step(m, b, g)
                         t0 = time.perf_counter()
                         for _ in range(3):
@@ -458,9 +462,18 @@ def main() -> int:
     p.add_argument("--greedy", type=int, default=0, metavar="N",
                    help="speed: tokens/s of a greedy loop of N new tokens at batch 1 (N <= 64), "
                         "every candidate, plain reduce-overhead compile included")
-    p.add_argument("--no-seeds", dest="seeds", action="store_false", help="locate: architectures only")
+    p.add_argument("--no-seeds", dest="seeds", action="store_false",
+                   help="exact, locate: the architectures (and shipped models) only")
+    p.add_argument("--prefills", default=None, metavar="BxS,...",
+                   help="speed: the prefill shapes (default 1x512,8x2048; --quick: 1x512)")
+    p.add_argument("--decode", default=None, metavar="B,...",
+                   help="speed: the decode batches (default 1,8; --prefill-only: none)")
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the exact and locate phases")
     a = p.parse_args()
+    a.prefill_shapes = [tuple(map(int, x.split("x"))) for x in
+                        (a.prefills or ("1x512" if a.quick else "1x512,8x2048")).split(",")]
+    a.decode_batches = [int(b) for b in (a.decode if a.decode is not None else
+                                         ("" if a.prefill_only else "1,8")).split(",") if b]
     if a.packed_decision_inside:
         _exact._DERIVES_CONSECUTIVE_POSITIONS = frozenset()
     global DEV, ARCH
@@ -481,9 +494,14 @@ def main() -> int:
     global ROWS_FILE
     ROWS_FILE = out / f"{a.phase}.rows.jsonl"
     rows = {"exact": phase_exact, "locate": phase_locate, "speed": phase_speed}[a.phase](a)
-    (out / f"{a.phase}.json").write_text(json.dumps(dict(env=env, rows=rows), indent=1, default=str))
+    proofs = _exact.proofs()   # the math-library functions proven (or not) on this device
+    (out / f"{a.phase}.json").write_text(json.dumps(dict(env=env, rows=rows, proofs=proofs), indent=1,
+                                                    default=str))
     print("\n" + json.dumps(env))
     print(table(a.phase, rows))
+    for r in proofs:
+        print(f"proof: {r['op']}{r['scalars'] or ''} {r['dtype']}: {r['inputs']} inputs, "
+              f"{'eager' + chr(39) + 's bits' if r['equal'] else 'differs: ' + str(r.get('first_difference') or r.get('error'))}")
     return 0
 
 

@@ -4,7 +4,7 @@
     python3 bench/exact_compile_profile.py OUT_DIR [--candidates compile-ro,kernelize+exact-ro]
         [--batch 1,8] [--steps 20] [--prefill 512]
 
-For each candidate of bench/exact_compile.py (1B Llama architecture, bf16, random weights): a
+For each candidate of bench/exact_compile.py (1B Llama architecture or `--arch`, bf16, random weights): a
 static KV cache of 576 positions initialised up front, one decode step at position 512 run until
 compiled and recorded, then `--steps` steps under torch.profiler. Per step: wall time (CUDA
 events around each step), the sum of GPU kernel times, the number of kernels, and the ten
@@ -89,7 +89,8 @@ def isolated(a, out: Path) -> int:
         for how in (cands if r % 2 == 0 else cands[::-1]):
             sub = out / f"r{r}-{how.replace('+', '_')}"   # "+" does not travel back from the device
             cmd = [sys.executable, str(Path(__file__).resolve()), str(sub), "--candidates", how,
-                   "--batch", a.batch, "--steps", str(a.steps), "--prefill", str(a.prefill)]
+                   "--batch", a.batch, "--steps", str(a.steps), "--prefill", str(a.prefill),
+                   "--arch", a.arch]
             print(f"== round {r}: {how}", flush=True)
             done = subprocess.run(cmd, check=False)
             try:
@@ -136,6 +137,7 @@ def main() -> int:
     p.add_argument("out")
     p.add_argument("--candidates", default="compile-ro,kernelize+exact-ro")
     p.add_argument("--batch", default="1,8")
+    p.add_argument("--arch", default="llama", help="the 1B-class config of bench/exact_compile.py")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--prefill", type=int, default=0, metavar="N",
                    help="profile a forward of N prompt tokens (no KV cache) instead of a decode step")
@@ -151,7 +153,7 @@ def main() -> int:
                device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
                transformers=transformers.__version__, command=" ".join(sys.argv))
     print(env, flush=True)
-    base = B.build_arch("llama", "large", torch.bfloat16)
+    base = B.build_arch(a.arch, "large", torch.bfloat16)
     rows = []
     for how in a.candidates.split(","):
         m = base if how == "eager" else B.candidate(base, how)
@@ -165,7 +167,8 @@ def main() -> int:
         del m
         torch._dynamo.reset()
         torch.cuda.empty_cache()
-    (out / "profile.json").write_text(json.dumps(dict(env=env, rows=rows), indent=1))
+    (out / "profile.json").write_text(json.dumps(dict(env=env, rows=rows, proofs=B._exact.proofs()),
+                                                 indent=1))
     print("\n| candidate | batch | step wall, ms | GPU kernels, ms | kernels per step |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for r in rows:

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import os
 import shutil
 import sys
 import threading
@@ -478,17 +479,18 @@ def _pow_exponent_two(args: tuple, kwargs: dict) -> bool:
 
 @contextlib.contextmanager
 def eager_lowerings() -> Iterator[None]:
-    """While lowering: every overload of `EAGER_OPS` becomes a fallback to its ATen kernel
-    (`pow` with exponent 2 keeps inductor's lowering: eager computes it as x * x too)."""
+    """While lowering: every overload of `EAGER_OPS` becomes a fallback to its ATen kernel,
+    except a math-library function where it is proven eager's (`PROVABLE`, `proven`), and `pow`
+    with exponent 2 (eager computes it as x * x too): those keep inductor's lowering."""
     from torch._inductor import lowering as low
-    with _LOCK:
+    with _LOCK, _TABLE:
         saved: dict[Any, Any] = {}
         try:
             for ov in eager_overloads():
                 saved[ov] = low.lowerings.get(ov)
                 handler = low.fallback_handler(ov, add_to_fallback_set=False)
-                if ov.overloadpacket.__name__ == "pow" and saved[ov] is not None:
-                    handler = _pow_handler(saved[ov], handler)
+                if ov.overloadpacket.__name__ in PROVABLE and saved[ov] is not None:
+                    handler = _math_handler(ov, saved[ov], handler)
                 low.lowerings[ov] = handler
             yield
         finally:
@@ -499,11 +501,218 @@ def eager_lowerings() -> Iterator[None]:
                     low.lowerings[ov] = old
 
 
-def _pow_handler(lowered, fallback):
+def _math_handler(ov: Any, lowered: Callable, fallback: Callable) -> Callable:
+    is_pow = ov.overloadpacket.__name__ == "pow"
+
     def handler(*args, **kwargs):
-        return (lowered if _pow_exponent_two(args, kwargs) else fallback)(*args, **kwargs)
+        use = (is_pow and _pow_exponent_two(args, kwargs)) or proven(_lowering_key(ov, args, kwargs))
+        return (lowered if use else fallback)(*args, **kwargs)
     handler._is_fallback_handler = True  # type: ignore[attr-defined]
     return handler
+
+
+# ---- math-library functions: inductor's code where it is proven to be eager's --------------
+
+# A math-library function (tanh, sigmoid, exp, pow(x, 3.0), ...) is a fallback by rule (Triton's
+# code for it need not be the CUDA code eager runs), and a fallback is a kernel of its own, with
+# its input and output in memory, where inductor would fuse the function with the pointwise code
+# around it: GPT-2's tanh-GELU (`0.5 * x * (1 + tanh(c * (x + 0.044715 * pow(x, 3.0))))`) is four
+# kernels instead of one. A function of one tensor can be checked on every input: 65,536 of a
+# 16-bit dtype, 2^32 of f32 (in chunks, on a GPU). `prove` compiles the function alone under the
+# exact configuration, runs it and eager on every input of the dtype, and compares the bits of
+# each output; where none differs, the exact backend keeps inductor's lowering of it for that
+# dtype on that device. Inside a fused kernel the function runs the same code on the same values
+# (eager's casts are emulated, so a 16-bit input is the rounded value eager's kernel reads).
+# Only on CUDA (`PROVE_ON`): an elementwise CUDA kernel runs one function for every element,
+# where a CPU kernel runs vectorised code for most elements and scalar code for the rest, so a
+# value checked at one position says nothing of another. A proof is kept per process and, keyed
+# by everything that makes the two codes (op, its scalar arguments, dtype, GPU, torch, CUDA,
+# Triton, the exact configuration), in `$KERNELIZE_CACHE/proofs/`.
+
+#: The math-library functions of `EAGER_OPS` that `prove` may clear: functions of one tensor
+#: (`pow` with a scalar exponent).
+PROVABLE = frozenset({
+    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sigmoid", "tanh", "erf", "erfc",
+    "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+    "rsqrt", "reciprocal", "pow"})
+#: Device types where proofs are made (the comment above says why not the CPU).
+PROVE_ON = frozenset({"cuda"})
+#: Whether the exact backend proves and takes inductor's math functions (a switch for the
+#: benchmarks that measure what it gains; both ways are exact).
+PROVE_MATH = True
+_PROVE_DTYPES = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+_CHUNK = 1 << 24   # f32 inputs per run of the compiled function (2^32 in 256 runs)
+_TABLE = threading.Lock()   # the lowering table is inductor's own (not patched) while held
+_PROOFS: dict[tuple, dict[str, Any]] = {}
+
+
+def _scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str))
+
+
+def _proof_key(ov: Any, scalars: tuple, kwargs: dict, dtype: torch.dtype,
+               device: torch.device) -> tuple | None:
+    """What a proof is about, or None where none can be made (not a function of one tensor of
+    a proven dtype on a device of `PROVE_ON`)."""
+    if (ov.overloadpacket.__name__ not in PROVABLE or dtype not in _PROVE_DTYPES
+            or device.type not in PROVE_ON or not all(map(_scalar, (*scalars, *kwargs.values())))):
+        return None
+    index = device.index if device.index is not None else (
+        torch.cuda.current_device() if device.type == "cuda" else 0)
+    return (str(ov), tuple(scalars), tuple(sorted(kwargs.items())), str(dtype).split(".")[-1],
+            device.type, index)
+
+
+def _lowering_key(ov: Any, args: tuple, kwargs: dict) -> tuple | None:
+    """`_proof_key` of a call as lowering sees it (its tensor an inductor IR node)."""
+    if not args or isinstance(args[0], (int, float)) or not hasattr(args[0], "get_dtype"):
+        return None
+    return _proof_key(ov, tuple(args[1:]), kwargs, args[0].get_dtype(), args[0].get_device())
+
+
+def proven(key: tuple | None) -> bool:
+    """Whether the proof of `key` (made earlier, `prove_graph`) found eager's bits on every input."""
+    rec = _PROOFS.get(key) if key is not None else None
+    return bool(rec and rec["equal"])
+
+
+def proofs() -> list[dict[str, Any]]:
+    """Every proof this process made or read, as records (op, dtype, inputs, equal, the first
+    input that differs)."""
+    return [dict(r) for r in _PROOFS.values()]
+
+
+def _identity(device: torch.device) -> dict[str, Any]:
+    """What the two codes of a proof depend on besides the op: GPU, torch, CUDA, Triton, config."""
+    ident: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda,
+                             "config": sorted((k, repr(v)) for k, v in exact_config().items())}
+    try:
+        import triton
+        ident["triton"] = triton.__version__
+    except ImportError:
+        ident["triton"] = None
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        ident["gpu"] = [p.name, p.major, p.minor]
+    return ident
+
+
+def _domain(dtype: torch.dtype, device: torch.device) -> Iterator[torch.Tensor]:
+    """Every value of `dtype` (NaNs and infinities included), in chunks of at most `_CHUNK`."""
+    bits = _PROVE_DTYPES[dtype]
+    if bits is torch.int16:
+        yield torch.arange(-32768, 32768, dtype=torch.int32, device=device).to(bits).view(dtype)
+        return
+    base = torch.arange(_CHUNK, dtype=torch.int32, device=device)
+    for k in range((1 << 32) // _CHUNK):
+        yield (base + (k * _CHUNK - (1 << 31))).view(dtype)
+
+
+def _compile_alone(ov: Any, scalars: tuple, kwargs: dict, example: torch.Tensor) -> Callable:
+    """`ov` compiled alone by inductor under the exact configuration, its own lowering."""
+    from torch._inductor import lowering as low
+    from torch._inductor.compile_fx import compile_fx
+    from torch.fx.experimental.proxy_tensor import make_fx
+    if low.lowerings.get(ov) is None or getattr(low.lowerings[ov], "_is_fallback_handler", False):
+        raise RuntimeError(f"inductor has no lowering of its own for {ov} here")
+    gm = make_fx(lambda x: ov(x, *scalars, **kwargs))(example)
+    patches = {**exact_config(), **{k: v for k, v in _NO_GRAPH_CACHE.items() if _has_config(k)},
+               "triton.cudagraphs": False}
+    fn = compile_fx(gm, [example], config_patches=patches, decompositions=exact_decompositions())
+    return lambda x: (lambda r: r[0] if isinstance(r, (tuple, list)) else r)(fn(x))
+
+
+def _exhaustive(ov: Any, scalars: tuple, kwargs: dict, dtype: torch.dtype,
+                device: torch.device) -> dict[str, Any]:
+    bits = _PROVE_DTYPES[dtype]
+    rec: dict[str, Any] = {"op": str(ov), "scalars": list(scalars), "kwargs": dict(kwargs),
+                           "dtype": str(dtype).split(".")[-1], "device": str(device),
+                           "inputs": 0, "equal": True, "first_difference": None}
+    with _TABLE, torch.no_grad():
+        fn = None
+        for x in _domain(dtype, device):
+            if fn is None:
+                fn = _compile_alone(ov, scalars, kwargs, x)
+            want, got = ov(x, *scalars, **kwargs), fn(x)
+            wb, gb = want.view(bits), got.view(bits)
+            diff = (wb != gb).nonzero()
+            rec["inputs"] += x.numel()
+            if diff.numel():
+                i = int(diff[0, 0])
+                rec["equal"] = False
+                rec["first_difference"] = {
+                    "input": x[i].view(bits).item() & ((1 << (8 * x.element_size())) - 1),
+                    "eager": wb[i].item(), "inductor": gb[i].item(),
+                    "differing_in_chunk": int(diff.shape[0])}
+                break
+    return rec
+
+
+def prove(ov: Any, scalars: tuple, kwargs: dict, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether inductor's lowering of `ov(x, *scalars, **kwargs)` gives eager's bits for every
+    `x` of `dtype` on `device` (the section's comment says how); made once, then read back.
+    A proof that cannot be made (no lowering of inductor's own, a compile error) is a no."""
+    key = _proof_key(ov, scalars, kwargs, dtype, device)
+    if key is None:
+        return False
+    if key not in _PROOFS:
+        dev = torch.device(device.type, key[-1])
+        ident = _identity(dev)
+        import hashlib
+        import json
+        from .launch import cache_dir
+        name = hashlib.sha256(json.dumps([key[:4], ident], default=repr).encode()).hexdigest()[:24]
+        path = cache_dir() / "proofs" / f"{name}.json"
+        rec = None
+        if path.exists():
+            try:
+                rec = json.loads(path.read_text())["proof"]
+            except (OSError, ValueError, KeyError):
+                rec = None
+        if rec is None:
+            out: list[Any] = []
+
+            def run() -> None:   # a thread of its own: no dynamo or inductor context of the caller
+                try:
+                    out.append(_exhaustive(ov, scalars, kwargs, dtype, dev))
+                except Exception as e:  # noqa: BLE001 - not provable here: the fallback stays
+                    out.append(e)
+            t = threading.Thread(target=run, name="kernelize-proof", daemon=True)
+            t.start()
+            t.join()
+            if isinstance(out[0], Exception):
+                rec = {"op": str(ov), "scalars": list(scalars), "kwargs": dict(kwargs),
+                       "dtype": key[3], "device": str(dev), "inputs": 0, "equal": False,
+                       "error": f"{type(out[0]).__name__}: {out[0]}"[:500]}
+            else:
+                rec = out[0]
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+                    tmp.write_text(json.dumps({"identity": ident, "proof": rec}, indent=1))
+                    os.replace(tmp, path)
+                except OSError:
+                    pass   # kept for the process only
+        _PROOFS[key] = rec
+    return _PROOFS[key]["equal"]
+
+
+def prove_graph(gm: torch.fx.GraphModule) -> int:
+    """Make the proofs a graph's math-library calls need (before it is lowered: a proof compiles
+    code of its own); returns how many of its calls are proven."""
+    n = 0
+    for node in gm.graph.nodes:
+        ov = node.target
+        if node.op != "call_function" or not isinstance(ov, torch._ops.OpOverload) \
+                or ov.overloadpacket.__name__ not in PROVABLE or not node.args:
+            continue
+        val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        if not _is_tensor(val):
+            continue
+        if _proof_key(ov, tuple(node.args[1:]), dict(node.kwargs), val.dtype, val.device) is None:
+            continue
+        n += prove(ov, tuple(node.args[1:]), dict(node.kwargs), val.dtype, val.device)
+    return n
 
 
 # ---- the backend --------------------------------------------------------------------------
@@ -545,6 +754,8 @@ def make_backend(config: dict[str, Any] | None = None, eager_ops: bool = True) -
 
         def inner(*args: Any, **kwargs: Any) -> Any:
             # Lowering runs here: for the forward now, for a backward when first needed.
+            if PROVE_MATH:
+                prove_graph(args[0])
             with eager_lowerings():
                 return compile_fx_inner(*args, **kwargs)
 

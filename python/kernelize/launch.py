@@ -266,6 +266,12 @@ def c_launcher(lib: Any) -> Any:
         return _STUB
 
 
+def cache_dir() -> Path:
+    """Where kernelize keeps what it builds or proves on this machine: `$KERNELIZE_CACHE`, default
+    `~/.cache/kernelize` (the C launcher, exact compile's proofs)."""
+    return Path(os.environ.get("KERNELIZE_CACHE") or Path.home() / ".cache" / "kernelize")
+
+
 def _build_c_launcher() -> Any:
     if os.environ.get("KERNELIZE_C_LAUNCHER", "1") == "0":
         return None
@@ -273,8 +279,7 @@ def _build_c_launcher() -> Any:
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     include = sysconfig.get_paths()["include"]
     tag = hashlib.sha256(src.read_bytes() + include.encode() + suffix.encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("KERNELIZE_CACHE") or Path.home() / ".cache" / "kernelize")
-    so = cache / "launcher" / f"_kernelize_launcher-{tag}{suffix}"
+    so = cache_dir() / "launcher" / f"_kernelize_launcher-{tag}{suffix}"
     if not so.exists():
         cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
         if cc is None:

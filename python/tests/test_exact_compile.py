@@ -75,6 +75,98 @@ def test_decompositions_leave_the_eager_ops_whole():
     assert len(table) > 100
 
 
+# ---- math-library functions proven on the device ------------------------------------------
+
+_TANH = torch.ops.aten.tanh.default
+
+
+@pytest.fixture
+def proofs_here(monkeypatch, tmp_path):
+    """Proofs made on the CPU (only CUDA makes them by default: the CPU's vectorised and scalar
+    code paths make a value checked at one position say nothing of another), kept in tmp_path."""
+    monkeypatch.setattr(exact, "PROVE_ON", frozenset({"cpu"}))
+    monkeypatch.setenv("KERNELIZE_CACHE", str(tmp_path))
+    monkeypatch.setattr(exact, "_PROOFS", {})
+    return tmp_path
+
+
+def test_a_proof_compares_every_input_and_names_the_first_that_differs(proofs_here, monkeypatch):
+    domain = next(exact._domain(torch.bfloat16, torch.device("cpu")))
+    assert domain.numel() == 65536 and len(set(domain.view(torch.int16).tolist())) == 65536
+
+    def off_at_1234(ov, scalars, kwargs, example):   # inductor's code, wrong on one input
+        def fn(x):
+            y = ov(x).clone()
+            y.view(torch.int16)[1234] ^= 1
+            return y
+        return fn
+    monkeypatch.setattr(exact, "_compile_alone", off_at_1234)
+    assert not exact.prove(_TANH, (), {}, torch.bfloat16, torch.device("cpu"))
+    [rec] = exact.proofs()
+    assert rec["inputs"] == 65536 and rec["equal"] is False
+    diff = rec["first_difference"]
+    assert diff["input"] == domain.view(torch.int16)[1234].item() & 0xFFFF
+    assert diff["eager"] ^ diff["inductor"] == 1 and diff["differing_in_chunk"] == 1
+
+    monkeypatch.setattr(exact, "_compile_alone", lambda ov, s, k, e: ov)   # eager's own code
+    assert exact.prove(_TANH, (), {}, torch.float16, torch.device("cpu"))
+    # made once: the next process reads it from the cache (a stand-in that would fail says so)
+    monkeypatch.setattr(exact, "_PROOFS", {})
+    monkeypatch.setattr(exact, "_exhaustive", lambda *a: 1 / 0)
+    assert exact.prove(_TANH, (), {}, torch.float16, torch.device("cpu"))
+    assert not exact.prove(_TANH, (), {}, torch.bfloat16, torch.device("cpu"))
+    assert len(list((proofs_here / "proofs").glob("*.json"))) == 2
+    # an error while proving is a no, with the reason, and is not cached
+    assert not exact.prove(_TANH, (), {}, torch.float32, torch.device("cpu"))
+    assert "ZeroDivisionError" in exact._PROOFS[exact._proof_key(
+        _TANH, (), {}, torch.float32, torch.device("cpu"))]["error"]
+    assert len(list((proofs_here / "proofs").glob("*.json"))) == 2
+
+
+def test_nothing_is_proven_where_no_proof_is_made():
+    cpu = torch.device("cpu")
+    assert exact._proof_key(_TANH, (), {}, torch.bfloat16, cpu) is None        # not on the CPU
+    assert not exact.prove(_TANH, (), {}, torch.bfloat16, cpu)
+    cuda = torch.device("cuda", 0)
+    assert exact._proof_key(torch.ops.aten.mean.default, (), {}, torch.bfloat16, cuda) is None
+    assert exact._proof_key(_TANH, (), {}, torch.float64, cuda) is None
+    assert exact._proof_key(torch.ops.aten.pow.Tensor_Scalar, (3.0,), {}, torch.bfloat16,
+                            cuda) is not None
+
+
+def _tanh_fallbacks(f, x) -> int:
+    from torch._inductor.utils import run_and_get_code
+    torch._dynamo.reset()
+    out, code = run_and_get_code(torch.compile(f, backend=exact.backend), x)
+    assert torch.equal(out, f(x))
+    return sum(c.count("= torch.ops.aten.tanh.default(") for c in code)   # a call of eager's kernel
+
+
+def test_a_proven_function_is_lowered_by_inductor_and_an_unproven_one_falls_back(proofs_here):
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    f = lambda x: torch.tanh(x) * 2  # noqa: E731
+    # a real proof, made while the graph compiles (in a thread of its own), then used
+    assert _tanh_fallbacks(f, x) == 0
+    [rec] = exact.proofs()
+    assert (rec["op"], rec["dtype"], rec["inputs"], rec["equal"]) == (
+        "aten.tanh.default", "bfloat16", 65536, True)
+    # a proof that found a difference keeps eager's kernel
+    key = exact._proof_key(_TANH, (), {}, torch.bfloat16, torch.device("cpu"))
+    exact._PROOFS[key] = dict(rec, equal=False)
+    assert _tanh_fallbacks(f, x) == 1
+    # the switch off: no proof is asked for
+    exact._PROOFS.clear()
+    exact.PROVE_MATH = False
+    try:
+        assert _tanh_fallbacks(f, x) == 1 and exact.proofs() == []
+    finally:
+        exact.PROVE_MATH = True
+
+
+def test_without_proofs_the_math_functions_fall_back_on_the_cpu():
+    assert _tanh_fallbacks(lambda x: torch.tanh(x) * 2, torch.randn(8, 64, dtype=torch.bfloat16)) == 1
+
+
 def test_max_autotune_is_refused():
     m = nn.Linear(4, 4)
     with pytest.raises(ValueError, match="max-autotune"):
