@@ -505,8 +505,11 @@ def _math_handler(ov: Any, lowered: Callable, fallback: Callable) -> Callable:
     is_pow = ov.overloadpacket.__name__ == "pow"
 
     def handler(*args, **kwargs):
-        use = (is_pow and _pow_exponent_two(args, kwargs)) or proven(_lowering_key(ov, args, kwargs))
-        return (lowered if use else fallback)(*args, **kwargs)
+        if is_pow and _pow_exponent_two(args, kwargs):
+            return lowered(*args, **kwargs)
+        name = proven(_lowering_key(ov, args, kwargs))
+        use = dict(_candidates(ov, tuple(args[1:]), lowered)).get(name) if name else None
+        return (use or fallback)(*args, **kwargs)
     handler._is_fallback_handler = True  # type: ignore[attr-defined]
     return handler
 
@@ -521,8 +524,14 @@ def _math_handler(ov: Any, lowered: Callable, fallback: Callable) -> Callable:
 # 16-bit dtype, 2^32 of f32 (in chunks, on a GPU). `prove` compiles the function alone under the
 # exact configuration, runs it and eager on every input of the dtype, and compares the bits of
 # each output; where none differs, the exact backend keeps inductor's lowering of it for that
-# dtype on that device. Inside a fused kernel the function runs the same code on the same values
+# dtype on that device. Where inductor's own lowering differs, a rewrite that computes eager's
+# formula with inductor's pointwise code is tried the same way (`_candidates`: eager's CUDA
+# kernel computes a 16-bit `pow(x, 3.0)` as `x * x * x`, each product rounded; inductor's own
+# lowering rounds once). Inside a fused kernel the function runs the same code on the same values
 # (eager's casts are emulated, so a 16-bit input is the rounded value eager's kernel reads).
+# Measured on an H100 (torch 2.11, bench/math_proofs.py, docs/gpu-runs/2026-11-28-s20): tanh,
+# exp, exp2, expm1, log, log1p, sin, cos and rsqrt are eager's in bf16, f16 and f32; sigmoid,
+# erf and reciprocal in some dtypes only; inductor's pow(x, 3.0) only in f32.
 # Only on CUDA (`PROVE_ON`): an elementwise CUDA kernel runs one function for every element,
 # where a CPU kernel runs vectorised code for most elements and scalar code for the rest, so a
 # value checked at one position says nothing of another. A proof is kept per process and, keyed
@@ -570,10 +579,11 @@ def _lowering_key(ov: Any, args: tuple, kwargs: dict) -> tuple | None:
     return _proof_key(ov, tuple(args[1:]), kwargs, args[0].get_dtype(), args[0].get_device())
 
 
-def proven(key: tuple | None) -> bool:
-    """Whether the proof of `key` (made earlier, `prove_graph`) found eager's bits on every input."""
+def proven(key: tuple | None) -> str | None:
+    """The lowering (`_candidates`' name) the proof of `key` (made earlier, `prove_graph`) found
+    eager's bits with on every input, or None."""
     rec = _PROOFS.get(key) if key is not None else None
-    return bool(rec and rec["equal"])
+    return rec["lowering"] if rec and rec["equal"] else None
 
 
 def proofs() -> list[dict[str, Any]]:
@@ -608,50 +618,91 @@ def _domain(dtype: torch.dtype, device: torch.device) -> Iterator[torch.Tensor]:
         yield (base + (k * _CHUNK - (1 << 31))).view(dtype)
 
 
-def _compile_alone(ov: Any, scalars: tuple, kwargs: dict, example: torch.Tensor) -> Callable:
-    """`ov` compiled alone by inductor under the exact configuration, its own lowering."""
+def _multiplied(n: int) -> Callable:
+    """A lowering of `x ** n` as n - 1 multiplications from the left, each rounded to x's dtype
+    as eager's (its CUDA kernel computes a 16-bit `x ** 3.0` as `x * x * x` in that dtype)."""
+    def lower(x: Any, *_: Any, **__: Any) -> Any:
+        from torch._inductor import lowering as low
+        mul = low.lowerings[torch.ops.aten.mul.Tensor]
+        y = x
+        for _ in range(n - 1):
+            y = mul(y, x)
+        return y
+    return lower
+
+
+def _candidates(ov: Any, scalars: tuple, own: Callable | None) -> list[tuple[str, Callable]]:
+    """The lowerings a proof may clear for `ov(x, *scalars)`, in order: inductor's own (`own`),
+    then rewrites that compute eager's formula with inductor's pointwise code."""
+    out = [("inductor", own)] if own is not None and not getattr(
+        own, "_is_fallback_handler", False) else []
+    if ov.overloadpacket.__name__ == "pow" and scalars in ((3,), (3.0,)):
+        out.append(("x * x * x", _multiplied(3)))
+    return out
+
+
+def _compile_alone(ov: Any, scalars: tuple, kwargs: dict, example: torch.Tensor,
+                   lowering: Callable) -> Callable:
+    """`ov` compiled alone by inductor under the exact configuration, lowered by `lowering`
+    (the caller holds `_TABLE`: nothing else patches the table meanwhile)."""
     from torch._inductor import lowering as low
     from torch._inductor.compile_fx import compile_fx
     from torch.fx.experimental.proxy_tensor import make_fx
-    if low.lowerings.get(ov) is None or getattr(low.lowerings[ov], "_is_fallback_handler", False):
-        raise RuntimeError(f"inductor has no lowering of its own for {ov} here")
     gm = make_fx(lambda x: ov(x, *scalars, **kwargs))(example)
     patches = {**exact_config(), **{k: v for k, v in _NO_GRAPH_CACHE.items() if _has_config(k)},
                "triton.cudagraphs": False}
-    fn = compile_fx(gm, [example], config_patches=patches, decompositions=exact_decompositions())
+    own = low.lowerings.get(ov)
+    low.lowerings[ov] = lowering
+    try:
+        fn = compile_fx(gm, [example], config_patches=patches, decompositions=exact_decompositions())
+    finally:
+        low.lowerings[ov] = own
     return lambda x: (lambda r: r[0] if isinstance(r, (tuple, list)) else r)(fn(x))
 
 
 def _exhaustive(ov: Any, scalars: tuple, kwargs: dict, dtype: torch.dtype,
                 device: torch.device) -> dict[str, Any]:
+    """Each candidate lowering of `ov` (`_candidates`) against eager on every input of `dtype`,
+    until one gives eager's bits on all; the record names it (`lowering`, None if none did)."""
+    from torch._inductor import lowering as low
     bits = _PROVE_DTYPES[dtype]
     rec: dict[str, Any] = {"op": str(ov), "scalars": list(scalars), "kwargs": dict(kwargs),
                            "dtype": str(dtype).split(".")[-1], "device": str(device),
-                           "inputs": 0, "equal": True, "first_difference": None}
+                           "inputs": 0, "equal": False, "lowering": None, "tried": []}
     with _TABLE, torch.no_grad():
-        fn = None
-        for x in _domain(dtype, device):
-            if fn is None:
-                fn = _compile_alone(ov, scalars, kwargs, x)
-            want, got = ov(x, *scalars, **kwargs), fn(x)
-            wb, gb = want.view(bits), got.view(bits)
-            diff = (wb != gb).nonzero()
-            rec["inputs"] += x.numel()
-            if diff.numel():
-                i = int(diff[0, 0])
-                rec["equal"] = False
-                rec["first_difference"] = {
-                    "input": x[i].view(bits).item() & ((1 << (8 * x.element_size())) - 1),
-                    "eager": wb[i].item(), "inductor": gb[i].item(),
-                    "differing_in_chunk": int(diff.shape[0])}
+        for name, lowering in _candidates(ov, scalars, low.lowerings.get(ov)):
+            tried: dict[str, Any] = {"lowering": name, "inputs": 0, "first_difference": None}
+            rec["tried"].append(tried)
+            fn = None
+            for x in _domain(dtype, device):
+                if fn is None:
+                    fn = _compile_alone(ov, scalars, kwargs, x, lowering)
+                want, got = ov(x, *scalars, **kwargs), fn(x)
+                wb, gb = want.view(bits), got.view(bits)
+                diff = (wb != gb).nonzero()
+                tried["inputs"] += x.numel()
+                if diff.numel():
+                    i = int(diff[0, 0])
+                    tried["first_difference"] = {
+                        "input": x[i].view(bits).item() & ((1 << (8 * x.element_size())) - 1),
+                        "eager": wb[i].item(), "inductor": gb[i].item(),
+                        "differing_in_chunk": int(diff.shape[0])}
+                    break
+            if tried["first_difference"] is None:
+                rec.update(equal=True, lowering=name, inputs=tried["inputs"])
                 break
+        if not rec["tried"]:
+            raise RuntimeError(f"inductor has no lowering of its own for {ov} here")
+    rec["first_difference"] = rec["tried"][0]["first_difference"]   # inductor's own, if it differs
+    rec["inputs"] = rec["inputs"] or rec["tried"][0]["inputs"]
     return rec
 
 
 def prove(ov: Any, scalars: tuple, kwargs: dict, dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether inductor's lowering of `ov(x, *scalars, **kwargs)` gives eager's bits for every
-    `x` of `dtype` on `device` (the section's comment says how); made once, then read back.
-    A proof that cannot be made (no lowering of inductor's own, a compile error) is a no."""
+    """Whether a lowering of inductor's (its own, or a rewrite of `_candidates`) of
+    `ov(x, *scalars, **kwargs)` gives eager's bits for every `x` of `dtype` on `device` (the
+    section's comment says how); made once, then read back. A proof that cannot be made (no
+    lowering of inductor's own, a compile error) is a no."""
     key = _proof_key(ov, scalars, kwargs, dtype, device)
     if key is None:
         return False
@@ -661,7 +712,8 @@ def prove(ov: Any, scalars: tuple, kwargs: dict, dtype: torch.dtype, device: tor
         import hashlib
         import json
         from .launch import cache_dir
-        name = hashlib.sha256(json.dumps([key[:4], ident], default=repr).encode()).hexdigest()[:24]
+        tried = [n for n, _ in _candidates(ov, scalars, ov)]   # which rewrites this version tries
+        name = hashlib.sha256(json.dumps([key[:4], ident, tried], default=repr).encode()).hexdigest()[:24]
         path = cache_dir() / "proofs" / f"{name}.json"
         rec = None
         if path.exists():
@@ -683,7 +735,7 @@ def prove(ov: Any, scalars: tuple, kwargs: dict, dtype: torch.dtype, device: tor
             if isinstance(out[0], Exception):
                 rec = {"op": str(ov), "scalars": list(scalars), "kwargs": dict(kwargs),
                        "dtype": key[3], "device": str(dev), "inputs": 0, "equal": False,
-                       "error": f"{type(out[0]).__name__}: {out[0]}"[:500]}
+                       "lowering": None, "error": f"{type(out[0]).__name__}: {out[0]}"[:500]}
             else:
                 rec = out[0]
                 try:

@@ -94,7 +94,7 @@ def test_a_proof_compares_every_input_and_names_the_first_that_differs(proofs_he
     domain = next(exact._domain(torch.bfloat16, torch.device("cpu")))
     assert domain.numel() == 65536 and len(set(domain.view(torch.int16).tolist())) == 65536
 
-    def off_at_1234(ov, scalars, kwargs, example):   # inductor's code, wrong on one input
+    def off_at_1234(ov, scalars, kwargs, example, lowering):   # inductor's code, wrong on one input
         def fn(x):
             y = ov(x).clone()
             y.view(torch.int16)[1234] ^= 1
@@ -103,12 +103,13 @@ def test_a_proof_compares_every_input_and_names_the_first_that_differs(proofs_he
     monkeypatch.setattr(exact, "_compile_alone", off_at_1234)
     assert not exact.prove(_TANH, (), {}, torch.bfloat16, torch.device("cpu"))
     [rec] = exact.proofs()
-    assert rec["inputs"] == 65536 and rec["equal"] is False
+    assert rec["inputs"] == 65536 and rec["equal"] is False and rec["lowering"] is None
+    assert [t["lowering"] for t in rec["tried"]] == ["inductor"]   # tanh has no rewrite to try
     diff = rec["first_difference"]
     assert diff["input"] == domain.view(torch.int16)[1234].item() & 0xFFFF
     assert diff["eager"] ^ diff["inductor"] == 1 and diff["differing_in_chunk"] == 1
 
-    monkeypatch.setattr(exact, "_compile_alone", lambda ov, s, k, e: ov)   # eager's own code
+    monkeypatch.setattr(exact, "_compile_alone", lambda ov, s, k, e, l: ov)   # eager's own code
     assert exact.prove(_TANH, (), {}, torch.float16, torch.device("cpu"))
     # made once: the next process reads it from the cache (a stand-in that would fail says so)
     monkeypatch.setattr(exact, "_PROOFS", {})
@@ -121,6 +122,38 @@ def test_a_proof_compares_every_input_and_names_the_first_that_differs(proofs_he
     assert "ZeroDivisionError" in exact._PROOFS[exact._proof_key(
         _TANH, (), {}, torch.float32, torch.device("cpu"))]["error"]
     assert len(list((proofs_here / "proofs").glob("*.json"))) == 2
+
+
+def test_where_inductors_own_lowering_differs_a_rewrite_of_eagers_formula_is_tried(proofs_here,
+                                                                                 monkeypatch):
+    pow3 = torch.ops.aten.pow.Tensor_Scalar
+    compiled = []
+
+    def own_differs(ov, scalars, kwargs, example, lowering):
+        compiled.append(lowering)
+        if len(compiled) == 1:   # inductor's own lowering: one rounding where eager has two
+            return lambda x: ov(x.float(), *scalars).to(x.dtype)
+        return lambda x: ov(x, *scalars)
+    monkeypatch.setattr(exact, "_compile_alone", own_differs)
+    assert exact.prove(pow3, (3.0,), {}, torch.bfloat16, torch.device("cpu"))
+    [rec] = exact.proofs()
+    assert rec["lowering"] == "x * x * x" and rec["equal"]
+    assert [t["lowering"] for t in rec["tried"]] == ["inductor", "x * x * x"]
+    assert rec["tried"][0]["first_difference"] is not None and rec["tried"][1]["first_difference"] is None
+    key = exact._proof_key(pow3, (3.0,), {}, torch.bfloat16, torch.device("cpu"))
+    assert exact.proven(key) == "x * x * x"
+
+
+def test_a_proven_rewrite_is_what_lowering_emits(proofs_here):
+    # the real proof on the CPU (eager's bf16 pow(x, 3.0) is x * x * x, each product rounded)
+    from torch._inductor.utils import run_and_get_code
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    f = lambda x: torch.pow(x, 3.0) + 1  # noqa: E731
+    out, code = run_and_get_code(torch.compile(f, backend=exact.backend), x)
+    [rec] = exact.proofs()
+    assert rec["lowering"] == "x * x * x", rec
+    assert not any("= torch.ops.aten.pow" in c for c in code)
+    assert torch.equal(out, f(x))
 
 
 def test_nothing_is_proven_where_no_proof_is_made():
