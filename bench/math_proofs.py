@@ -64,7 +64,7 @@ def main() -> int:
             t0 = time.perf_counter()
             exact.prove(ov, scalars, {}, DTYPES[d], dev)
             rec = dict(exact._PROOFS[exact._proof_key(ov, scalars, {}, DTYPES[d], dev)],
-                       name=name, seconds=round(time.perf_counter() - t0, 2))
+                       name=name, name_dtype=d, seconds=round(time.perf_counter() - t0, 2))
             print(rec, flush=True)
             rows.append(rec)
     (out / "proofs.json").write_text(json.dumps(dict(env=env, rows=rows), indent=1))
@@ -79,9 +79,9 @@ def main() -> int:
             elif r.get("error"):
                 cells.append(f"not proven: {r['error'][:60]}")
             else:
-                fd = r["first_difference"]
-                cells.append(f"differs (input 0x{fd['input']:x}: eager 0x{fd['eager'] & 0xFFFFFFFF:x}, "
-                             f"inductor 0x{fd['inductor'] & 0xFFFFFFFF:x}; {fd['differing_in_chunk']} in its chunk)")
+                fd, mask = r["first_difference"], (1 << (8 * DTYPES[r["name_dtype"]].itemsize)) - 1
+                cells.append(f"differs (input 0x{fd['input']:x}: eager 0x{fd['eager'] & mask:x}, "
+                             f"inductor 0x{fd['inductor'] & mask:x}; {fd['differing_in_chunk']} in its chunk)")
         print(f"| {name} | " + " | ".join(cells) + " |")
     return 0
 

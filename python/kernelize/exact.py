@@ -20,7 +20,9 @@ The exact backend (`backend`, registered with dynamo as "kernelize_exact") close
    (`hoist_sdpa_masks`).
 
 1. and 4. (math library): the ops of `EAGER_OPS` are not decomposed and are lowered as
-   *fallbacks*, i.e. inductor calls eager's own ATen kernel for them. Where kernelize has
+   *fallbacks*, i.e. inductor calls eager's own ATen kernel for them; a math-library function
+   keeps inductor's lowering where it is proven eager's on every input of its dtype on the GPU
+   (`prove`). Where kernelize has
    swapped a layer for a verified exact kernel, that kernel is an opaque custom op
    (`kernelize::launch_*`) and inductor never sees the reduction at all.
 2. `EAGER_OPS` includes the ops whose decompositions change bits (their decomposition is
