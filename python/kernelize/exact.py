@@ -553,7 +553,7 @@ PROVE_ON = frozenset({"cuda"})
 PROVE_MATH = True
 _PROVE_DTYPES = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 _CHUNK = 1 << 24   # f32 inputs per run of the compiled function (2^32 in 256 runs)
-_TABLE = threading.Lock()   # the lowering table is inductor's own (not patched) while held
+_TABLE = threading.RLock()   # the lowering table is inductor's own (not patched) while held by another thread
 _PROOFS: dict[tuple, dict[str, Any]] = {}
 
 
