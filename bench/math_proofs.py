@@ -10,7 +10,8 @@ backend fuses the function into inductor's code instead of calling eager's kerne
 (docs/compile.md). Writes OUT_DIR/proofs.json (each proof's record: inputs, equal, the first
 input that differs, seconds) and prints a table. Proofs are made afresh (a temporary
 `$KERNELIZE_CACHE`), not read from an earlier run. Where inductor's own lowering differs and a
-rewrite of eager's formula exists (`pow(x, 3.0)` as `x * x * x`), the cell says which one holds.
+rewrite of eager's formula exists (`pow(x, 3.0)` as `x * x * x`; silu and gelu, which inductor
+only decomposes, as eager's CUDA formula in f32), the cell says which one holds.
 """
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ OPS = {
     "rsqrt": (aten.rsqrt.default, ()), "reciprocal": (aten.reciprocal.default, ()),
     "pow3": (aten.pow.Tensor_Scalar, (3.0,)), "pow-2": (aten.pow.Tensor_Scalar, (-2.0,)),
     "pow1.5": (aten.pow.Tensor_Scalar, (1.5,)),
+    "silu": (aten.silu.default, ()), "gelu": (aten.gelu.default, ()),
+    "gelu_tanh": (aten.gelu.default, ("tanh",)),
 }
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 

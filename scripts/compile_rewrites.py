@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Write docs/compile-rewrites.json, the table of torch.compile's rewrites that the dashboard's
-field page and docs/compile.md show: per layer or model, what plain inductor does to eager's
-bits and what kernelize's exact compile does, with the evidence (the records of an H100 run).
+field page and docs/compile.md show: per layer, model or math-library function, what plain
+inductor does to eager's bits and what kernelize's exact compile does, with the evidence (the
+records of H100 runs).
 
     python3 scripts/compile_rewrites.py [RUN_DIR] [--out FILE]   (default: docs/gpu-runs/2026-11-26-s8)
 
@@ -20,7 +21,12 @@ OUT = Path(_ARGS.pop(_ARGS.index("--out") + 1)) if "--out" in _ARGS else ROOT / 
 _ARGS = [a for a in _ARGS if a != "--out"]
 RUN = Path(_ARGS[0]) if _ARGS else ROOT / "docs" / "gpu-runs" / "2026-11-26-s8"
 ENV = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "transformers": "5.17.0",
-       "date": "2026-11-26"}
+       "date": "2026-11-26 (layers, models) and 2026-11-28 (math functions)"}
+# The math-library functions, proven on every input (bench/math_proofs.py on the same H100 and
+# torch; run 2 is the `x * x * x` rewrite of pow(x, 3.0), which run 1 predates).
+PROOFS = ROOT / "docs" / "gpu-runs" / "2026-11-28-s20"
+PROOF_RUNS = ("run1-math-proofs.json", "run2-math-proofs-pow3.json")
+DTYPE_NAMES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
 
 # "what Inductor rewrites": what the divergence locator named on the GPU (run2-locate-*.json,
 # run5/run6 probes), or "not located" where it was not run.
@@ -76,6 +82,37 @@ def bits(r: dict | None) -> str:
     return "bit-identical" if n == 0 else f"{n} of {total} output elements differ (max {mx:.2g})"
 
 
+def proof_rows() -> list[dict]:
+    """One row per math-library function and dtype: inductor's own code against eager's kernel on
+    every input, and what exact compile runs (inductor's code or a rewrite where proven, else
+    eager's kernel)."""
+    recs: dict = {}
+    for name in PROOF_RUNS:
+        for r in json.loads((PROOFS / name).read_text())["rows"]:
+            recs[(r["name"], r["dtype"])] = r   # a later run replaces an earlier one
+    out = []
+    for (name, dtype), r in recs.items():
+        lowering = r.get("lowering", "inductor" if r["equal"] else None)
+        fd = r["first_difference"] if lowering != "inductor" else None
+        if fd is None:
+            inductor = f"bit-identical on all {r['inputs']:,} inputs"
+        elif r["inputs"] <= 65536:
+            inductor = f"{fd['differing_in_chunk']:,} of {r['inputs']:,} inputs differ"
+        else:
+            inductor = f"differs ({fd['differing_in_chunk']:,} of the first 16,777,216-input chunk that does)"
+        exact = {"inductor": "bit-identical (inductor's code, proven)", None: "bit-identical (eager's kernel)"}
+        call = r["op"].split(".")[1] + "(" + ", ".join(["x", *map(repr, r["scalars"])]) + ")"
+        out.append(dict(subject=f"{call} (math library)",
+                        rewrite="Triton's code for it" + ("" if lowering in ("inductor", None) else
+                                                          f"; exact compile proves {lowering} instead"),
+                        dtypes=DTYPE_NAMES[dtype],
+                        measured="every input of the dtype against eager's kernel (bench/math_proofs.py)",
+                        inductor=inductor,
+                        exact=exact.get(lowering, f"bit-identical ({lowering}, proven)"),
+                        evidence=f"docs/gpu-runs/{PROOFS.name}/"))
+    return out
+
+
 def main() -> int:
     entries = []
     for what, rewrite, plain, exact in LAYERS:
@@ -94,6 +131,7 @@ def main() -> int:
                                 inductor=bits(plain.get((key, dt, "compile"))),
                                 exact=bits(final.get((key, dt, "kernelize+exact"))),
                                 evidence=f"docs/gpu-runs/{RUN.name}/"))
+    entries += proof_rows()
     out = OUT
     out.write_text(json.dumps({**ENV, "rewrites": entries}, indent=1) + "\n")
     print(f"wrote {out} ({len(entries)} rows)")

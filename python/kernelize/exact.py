@@ -491,7 +491,7 @@ def eager_lowerings() -> Iterator[None]:
             for ov in eager_overloads():
                 saved[ov] = low.lowerings.get(ov)
                 handler = low.fallback_handler(ov, add_to_fallback_set=False)
-                if ov.overloadpacket.__name__ in PROVABLE and saved[ov] is not None:
+                if ov.overloadpacket.__name__ in PROVABLE:
                     handler = _math_handler(ov, saved[ov], handler)
                 low.lowerings[ov] = handler
             yield
@@ -503,14 +503,14 @@ def eager_lowerings() -> Iterator[None]:
                     low.lowerings[ov] = old
 
 
-def _math_handler(ov: Any, lowered: Callable, fallback: Callable) -> Callable:
+def _math_handler(ov: Any, lowered: Callable | None, fallback: Callable) -> Callable:
     is_pow = ov.overloadpacket.__name__ == "pow"
 
     def handler(*args, **kwargs):
-        if is_pow and _pow_exponent_two(args, kwargs):
+        if is_pow and lowered is not None and _pow_exponent_two(args, kwargs):
             return lowered(*args, **kwargs)
         name = proven(_lowering_key(ov, args, kwargs))
-        use = dict(_candidates(ov, tuple(args[1:]), lowered)).get(name) if name else None
+        use = dict(_candidates(ov, tuple(args[1:]), kwargs, lowered)).get(name) if name else None
         return (use or fallback)(*args, **kwargs)
     handler._is_fallback_handler = True  # type: ignore[attr-defined]
     return handler
@@ -528,12 +528,14 @@ def _math_handler(ov: Any, lowered: Callable, fallback: Callable) -> Callable:
 # each output; where none differs, the exact backend keeps inductor's lowering of it for that
 # dtype on that device. Where inductor's own lowering differs, a rewrite that computes eager's
 # formula with inductor's pointwise code is tried the same way (`_candidates`: eager's CUDA
-# kernel computes a 16-bit `pow(x, 3.0)` as `x * x * x`, each product rounded; inductor's own
-# lowering rounds once). Inside a fused kernel the function runs the same code on the same values
+# kernel computes a 16-bit `pow(x, 3.0)` as `x * x * x`, each product rounded, where inductor's
+# own lowering rounds once; silu and gelu, which inductor only decomposes, as eager's CUDA
+# formula in f32, rounded once). Inside a fused kernel the function runs the same code on the same values
 # (eager's casts are emulated, so a 16-bit input is the rounded value eager's kernel reads).
 # Measured on an H100 (torch 2.11, bench/math_proofs.py, docs/gpu-runs/2026-11-28-s20): tanh,
 # exp, exp2, expm1, log, log1p, sin, cos and rsqrt are eager's in bf16, f16 and f32; sigmoid,
-# erf and reciprocal in some dtypes only; inductor's pow(x, 3.0) only in f32.
+# erf and reciprocal in some dtypes only; inductor's pow(x, 3.0) only in f32, `x * x * x` in
+# bf16 and f16. The silu and gelu formulas were added after that run: not yet proven on a GPU.
 # Only on CUDA (`PROVE_ON`): an elementwise CUDA kernel runs one function for every element,
 # where a CPU kernel runs vectorised code for most elements and scalar code for the rest, so a
 # value checked at one position says nothing of another. A proof is kept per process and, keyed
@@ -545,7 +547,7 @@ def _math_handler(ov: Any, lowered: Callable, fallback: Callable) -> Callable:
 PROVABLE = frozenset({
     "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sigmoid", "tanh", "erf", "erfc",
     "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
-    "rsqrt", "reciprocal", "pow"})
+    "rsqrt", "reciprocal", "pow", "silu", "gelu"})
 #: Device types where proofs are made (the comment above says why not the CPU).
 PROVE_ON = frozenset({"cuda"})
 #: Whether the exact backend proves and takes inductor's math functions (a switch for the
@@ -633,13 +635,69 @@ def _multiplied(n: int) -> Callable:
     return lower
 
 
-def _candidates(ov: Any, scalars: tuple, own: Callable | None) -> list[tuple[str, Callable]]:
-    """The lowerings a proof may clear for `ov(x, *scalars)`, in order: inductor's own (`own`),
-    then rewrites that compute eager's formula with inductor's pointwise code."""
+def _in_f32(formula: Callable) -> Callable:
+    """A lowering of an activation computed as eager's CUDA kernel computes it: the input
+    widened to f32, `formula(v)` (inductor's `ops`) in f32, rounded once to the input's dtype."""
+    def lower(x: Any, *_: Any, **__: Any) -> Any:
+        from torch._inductor import ir
+        from torch._inductor.virtualized import ops
+        loader, dtype = x.make_loader(), x.get_dtype()
+
+        def fn(index: Any) -> Any:
+            return ops.to_dtype(formula(ops.to_dtype(loader(index), torch.float32)), dtype)
+        return ir.Pointwise.create(device=x.get_device(), dtype=dtype, inner_fn=fn,
+                                   ranges=x.get_size())
+    return lower
+
+
+def _f32(v: float) -> Any:
+    from torch._inductor.virtualized import ops
+    import struct
+    return ops.constant(struct.unpack("f", struct.pack("f", v))[0], torch.float32)
+
+
+# eager's CUDA activations (ATen's ActivationSiluKernel.cu and ActivationGeluKernel.cu), in f32:
+#   silu(x)        = x / (1 + exp(-x))
+#   gelu(x)        = x * 0.5 * (1 + erf(x * M_SQRT1_2))
+#   gelu(x, tanh)  = 0.5 * x * (1 + tanh(kBeta * (x + kKappa * (x * x * x)))),
+#                    kBeta = M_SQRT2 * M_2_SQRTPI * 0.5, kKappa = 0.044715
+def _silu_f32(v: Any) -> Any:
+    from torch._inductor.virtualized import ops
+    return ops.truediv(v, ops.add(_f32(1.0), ops.exp(ops.neg(v))))
+
+
+def _gelu_f32(v: Any) -> Any:
+    from torch._inductor.virtualized import ops
+    return ops.mul(ops.mul(v, _f32(0.5)),
+                   ops.add(_f32(1.0), ops.erf(ops.mul(v, _f32(0.7071067811865476)))))
+
+
+def _gelu_tanh_f32(v: Any) -> Any:
+    from torch._inductor.virtualized import ops
+    cube = ops.mul(ops.mul(v, v), v)
+    inner = ops.mul(_f32(0.7978845608028654), ops.add(v, ops.mul(_f32(0.044715), cube)))
+    return ops.mul(ops.mul(_f32(0.5), v), ops.add(_f32(1.0), ops.tanh(inner)))
+
+
+def _candidates(ov: Any, scalars: tuple, kwargs: dict,
+                own: Callable | None) -> list[tuple[str, Callable]]:
+    """The lowerings a proof may clear for `ov(x, *scalars, **kwargs)`, in order: inductor's own
+    (`own`; silu and gelu have none, inductor decomposes them), then rewrites that compute
+    eager's formula with inductor's pointwise code."""
+    name = ov.overloadpacket.__name__
     out = [("inductor", own)] if own is not None and not getattr(
         own, "_is_fallback_handler", False) else []
-    if ov.overloadpacket.__name__ == "pow" and scalars in ((3,), (3.0,)):
+    if name == "pow" and scalars in ((3,), (3.0,)):
         out.append(("x * x * x", _multiplied(3)))
+    elif name == "silu" and not scalars and not kwargs:
+        out.append(("x / (1 + exp(-x)) in f32", _in_f32(_silu_f32)))
+    elif name == "gelu":
+        approximate = scalars[0] if scalars else kwargs.get("approximate", "none")
+        if approximate == "tanh":
+            out.append(("0.5 * x * (1 + tanh(kBeta * (x + kKappa * x^3))) in f32",
+                        _in_f32(_gelu_tanh_f32)))
+        elif approximate == "none":
+            out.append(("x * 0.5 * (1 + erf(x * M_SQRT1_2)) in f32", _in_f32(_gelu_f32)))
     return out
 
 
@@ -658,7 +716,10 @@ def _compile_alone(ov: Any, scalars: tuple, kwargs: dict, example: torch.Tensor,
     try:
         fn = compile_fx(gm, [example], config_patches=patches, decompositions=exact_decompositions())
     finally:
-        low.lowerings[ov] = own
+        if own is None:
+            low.lowerings.pop(ov, None)
+        else:
+            low.lowerings[ov] = own
     return lambda x: (lambda r: r[0] if isinstance(r, (tuple, list)) else r)(fn(x))
 
 
@@ -672,7 +733,7 @@ def _exhaustive(ov: Any, scalars: tuple, kwargs: dict, dtype: torch.dtype,
                            "dtype": str(dtype).split(".")[-1], "device": str(device),
                            "inputs": 0, "equal": False, "lowering": None, "tried": []}
     with _TABLE, torch.no_grad():
-        for name, lowering in _candidates(ov, scalars, low.lowerings.get(ov)):
+        for name, lowering in _candidates(ov, scalars, kwargs, low.lowerings.get(ov)):
             tried: dict[str, Any] = {"lowering": name, "inputs": 0, "first_difference": None}
             rec["tried"].append(tried)
             fn = None
@@ -714,7 +775,7 @@ def prove(ov: Any, scalars: tuple, kwargs: dict, dtype: torch.dtype, device: tor
         import hashlib
         import json
         from .launch import cache_dir
-        tried = [n for n, _ in _candidates(ov, scalars, ov)]   # which rewrites this version tries
+        tried = [n for n, _ in _candidates(ov, scalars, kwargs, ov)]   # the rewrites this version tries
         name = hashlib.sha256(json.dumps([key[:4], ident, tried], default=repr).encode()).hexdigest()[:24]
         path = cache_dir() / "proofs" / f"{name}.json"
         rec = None

@@ -156,6 +156,28 @@ def test_a_proven_rewrite_is_what_lowering_emits(proofs_here):
     assert torch.equal(out, f(x))
 
 
+def test_silu_which_inductor_only_decomposes_is_proven_as_eagers_formula(proofs_here):
+    # no lowering of inductor's own: the only candidate is eager's CUDA formula in f32
+    import torch.nn.functional as F
+    from torch._inductor.utils import run_and_get_code
+    g, u = torch.randn(8, 64, dtype=torch.bfloat16), torch.randn(8, 64, dtype=torch.bfloat16)
+    f = lambda g, u: F.silu(g) * u  # noqa: E731
+    out, code = run_and_get_code(torch.compile(f, backend=exact.backend), g, u)
+    [rec] = exact.proofs()
+    assert [t["lowering"] for t in rec["tried"]] == ["x / (1 + exp(-x)) in f32"]
+    assert rec["equal"] and rec["lowering"] == "x / (1 + exp(-x)) in f32", rec
+    assert not any("= torch.ops.aten.silu" in c for c in code)   # fused, not eager's kernel
+    assert torch.equal(out, f(g, u))
+    # each gelu has its own formula to try; an op with none to try is not provable
+    gelu = torch.ops.aten.gelu.default
+    assert [n for n, _ in exact._candidates(gelu, (), {"approximate": "tanh"}, None)] == [
+        "0.5 * x * (1 + tanh(kBeta * (x + kKappa * x^3))) in f32"]
+    assert [n for n, _ in exact._candidates(gelu, (), {}, None)] == [
+        "x * 0.5 * (1 + erf(x * M_SQRT1_2)) in f32"]
+    # a function outside PROVABLE is never proven (erfinv: a fallback by rule)
+    assert not exact.prove(torch.ops.aten.erfinv.default, (), {}, torch.float16, torch.device("cpu"))
+
+
 def test_nothing_is_proven_where_no_proof_is_made():
     cpu = torch.device("cpu")
     assert exact._proof_key(_TANH, (), {}, torch.bfloat16, cpu) is None        # not on the CPU

@@ -217,8 +217,9 @@ fn rewrites_section() -> Markup {
     html! {
         h2 #compile-rewrites { "torch.compile's rewrites" }
         p {
-            "What Inductor does to eager's bits, layer by layer and model by model, and what kernelize's exact compile "
-            "(" code { "kernelize(model, compile=True)" } ": reductions, normalisations, math functions and attention as eager's own kernels, "
+            "What Inductor does to eager's bits, layer by layer, model by model and math-library function by function, and what kernelize's exact compile "
+            "(" code { "kernelize(model, compile=True)" } ": reductions, normalisations and attention as eager's own kernels, math functions too "
+            "unless Inductor's code for them is proven eager's on every input of the dtype, "
             "no pattern rewrites, eager's roundings) does instead. Measured on " (t.device) " with torch " (t.torch) " on " (t.date) "; "
             "see docs/compile.md."
         }
@@ -233,7 +234,7 @@ fn rewrites_section() -> Markup {
                         tr {
                             td { (r.subject) } td.muted { (r.rewrite) } td { (r.dtypes) } td.muted { (r.measured) }
                             td { (r.inductor) }
-                            td { @if r.exact == "bit_exact" || r.exact == "bit-identical" { strong { (r.exact) } } @else { (r.exact) } }
+                            td { @if r.exact == "bit_exact" || r.exact.starts_with("bit-identical") { strong { (r.exact) } } @else { (r.exact) } }
                             td.muted { (r.evidence) }
                         }
                     }
@@ -256,6 +257,8 @@ mod tests {
             "nn.LayerNorm",
             "silu(gate) * up",
             "pytorch#179578",
+            "tanh(x) (math library)",
+            "pow(x, 3.0) (math library)",
         ] {
             assert!(
                 t.rewrites.iter().any(|r| r.subject.contains(subject)),
