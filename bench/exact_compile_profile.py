@@ -10,7 +10,8 @@ compiled and recorded, then `--steps` steps under torch.profiler. Per step: wall
 events around each step), the sum of GPU kernel times, the number of kernels, and the ten
 kernels that take the most GPU time. A step whose wall time is well above its kernel time is
 bound by the host issuing work, not by the GPU. `--prefill N`: instead of a decode step, a
-forward of `batch` x N prompt tokens without a KV cache (the speed phase's prefill). Writes
+forward of `batch` x N prompt tokens without a KV cache (the speed phase's prefill). `--greedy
+N`: whole greedy runs of the speed phase's loop (batch 1). Writes
 OUT_DIR/profile.json and prints a table.
 
 `--isolate R`: each candidate in a process of its own, R rounds, the candidates' order reversed
@@ -36,11 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import exact_compile as B  # noqa: E402
 
 
-def profile_step(m, batch: int, steps: int, prefill: int = 0) -> dict:
+def profile_step(m, batch: int, steps: int, prefill: int = 0, greedy: int = 0) -> dict:
     from torch.profiler import ProfilerActivity, profile
     with torch.no_grad():
         g = torch.Generator().manual_seed(5)
-        if prefill:
+        if greedy:   # a "step" is a whole greedy run: the prompt, then `greedy` tokens
+            step = B.greedy(m, g, greedy)
+        elif prefill:
             ids = torch.randint(0, B.VOCAB_IDS, (batch, prefill), generator=g).cuda()
             step = lambda: m(ids, use_cache=False)  # noqa: E731
         else:
@@ -75,7 +78,7 @@ def profile_step(m, batch: int, steps: int, prefill: int = 0) -> dict:
                 key = (e.name, k.name[:80])
                 launched[key] = launched.get(key, 0.0) + 1.0 / steps
     by_op = sorted(([op, k, round(n, 2)] for (op, k), n in launched.items()), key=lambda r: -r[2])
-    return dict(batch=batch, prefill=prefill or None, first_s=first, wall_ms=wall, gpu_kernel_ms=gpu_us / 1e3,
+    return dict(batch=batch, prefill=prefill or None, greedy=greedy or None, first_s=first, wall_ms=wall, gpu_kernel_ms=gpu_us / 1e3,
                 kernels_per_step=len(kernels) / steps,
                 top_kernels_us=[(n[:90], round(t, 1)) for n, t in top], kernels=every,
                 launched_by=by_op)
@@ -90,7 +93,7 @@ def isolated(a, out: Path) -> int:
             sub = out / f"r{r}-{how.replace('+', '_')}"   # "+" does not travel back from the device
             cmd = [sys.executable, str(Path(__file__).resolve()), str(sub), "--candidates", how,
                    "--batch", a.batch, "--steps", str(a.steps), "--prefill", str(a.prefill),
-                   "--arch", a.arch]
+                   "--arch", a.arch, "--greedy", str(a.greedy)]
             print(f"== round {r}: {how}", flush=True)
             done = subprocess.run(cmd, check=False)
             try:
@@ -141,9 +144,14 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--prefill", type=int, default=0, metavar="N",
                    help="profile a forward of N prompt tokens (no KV cache) instead of a decode step")
+    p.add_argument("--greedy", type=int, default=0, metavar="N",
+                   help="profile whole greedy runs (bench/exact_compile.py's loop: a 512-token prompt "
+                        "into a static cache, then N tokens; batch 1) instead of a decode step")
     p.add_argument("--isolate", type=int, default=0, metavar="R",
                    help="each candidate in its own process, R rounds in alternating order (medians)")
     a = p.parse_args()
+    if a.greedy:
+        a.batch = "1"
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.isolate:
@@ -159,7 +167,7 @@ def main() -> int:
         m = base if how == "eager" else B.candidate(base, how)
         for b in map(int, a.batch.split(",")):
             try:
-                row = dict(candidate=how, **profile_step(m, b, a.steps, a.prefill))
+                row = dict(candidate=how, **profile_step(m, b, a.steps, a.prefill, a.greedy))
             except Exception as e:  # a candidate that fails is a row, not the end of the run
                 row = dict(candidate=how, batch=b, error=repr(e)[:300])
             print({k: v for k, v in row.items() if k not in ("kernels", "launched_by")}, flush=True)
