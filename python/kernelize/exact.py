@@ -540,7 +540,8 @@ def _math_handler(ov: Any, lowered: Callable | None, fallback: Callable) -> Call
 # where a CPU kernel runs vectorised code for most elements and scalar code for the rest, so a
 # value checked at one position says nothing of another. A proof is kept per process and, keyed
 # by everything that makes the two codes (op, its scalar arguments, dtype, GPU, torch, CUDA,
-# Triton, the exact configuration), in `$KERNELIZE_CACHE/proofs/`.
+# Triton, the exact configuration), in `$KERNELIZE_CACHE/proofs/` (trusted as the C launcher
+# built there is: whoever can write there can already run code in this process).
 
 #: The math-library functions of `EAGER_OPS` that `prove` may clear: functions of one tensor
 #: (`pow` with a scalar exponent).
@@ -798,7 +799,8 @@ def prove(ov: Any, scalars: tuple, kwargs: dict, dtype: torch.dtype, device: tor
             if isinstance(out[0], Exception):
                 rec = {"op": str(ov), "scalars": list(scalars), "kwargs": dict(kwargs),
                        "dtype": key[3], "device": str(dev), "inputs": 0, "equal": False,
-                       "lowering": None, "error": f"{type(out[0]).__name__}: {out[0]}"[:500]}
+                       "lowering": None, "tried": [], "first_difference": None,
+                       "error": f"{type(out[0]).__name__}: {out[0]}"[:500]}
             else:
                 rec = out[0]
                 try:
