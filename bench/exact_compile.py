@@ -240,12 +240,20 @@ def generated(model, ids, new: int):
     return g.sequences, torch.stack([x.float() for x in g.logits])
 
 
+#: The seed models of the reports, then the blocks the rewrite table covers besides them.
+SEED_MODELS = [*seeds.SEEDS, *seeds.BLOCKS]
+
+
+def seed_label(name: str) -> str:
+    return f"{'seed' if name in seeds.SEEDS else 'block'}:{name}"
+
+
 def phase_exact(a) -> list[dict]:
     rows = []
     hows = a.candidates.split(",")
     for dt in a.dtypes.split(","):
         dtype = DTYPES[dt]
-        for name in seeds.SEEDS if a.seeds else ():
+        for name in SEED_MODELS if a.seeds else ():
             base, x = seeds.build(name, dtype, DEV)
             with torch.no_grad():
                 ref = base(x)
@@ -257,11 +265,11 @@ def phase_exact(a) -> list[dict]:
                         m(x)
                         got = m(x)   # second call: CUDA graphs replay
                     d = compare(ref, got)
-                    rows.append(dict(model=f"seed:{name}", dtype=dt, candidate=how, phase="forward",
+                    rows.append(dict(model=seed_label(name), dtype=dt, candidate=how, phase="forward",
                                      mismatched=d.mismatched, numel=d.numel,
                                      max_abs_diff=d.max_abs_diff, s=time.perf_counter() - t0))
                 except Exception as e:
-                    rows.append(dict(model=f"seed:{name}", dtype=dt, candidate=how, error=repr(e)[:300]))
+                    rows.append(dict(model=seed_label(name), dtype=dt, candidate=how, error=repr(e)[:300]))
                     traceback.print_exc()
                 emit(rows[-1])
                 torch._dynamo.reset()
@@ -318,12 +326,12 @@ def phase_locate(a) -> list[dict]:
     rows = []
     cand = a.candidates
     for dt in a.dtypes.split(","):
-        for name in (seeds.SEEDS if a.seeds else ()):
+        for name in (SEED_MODELS if a.seeds else ()):
             m, x = seeds.build(name, DTYPES[dt], DEV)
             t0 = time.perf_counter()
             r = diff(m, x, cand)
             print(f"== seed {name} {dt}\n{r}", flush=True)
-            rows.append(dict(model=f"seed:{name}", dtype=dt, s=time.perf_counter() - t0, **r.to_json()))
+            rows.append(dict(model=seed_label(name), dtype=dt, s=time.perf_counter() - t0, **r.to_json()))
             torch._dynamo.reset()
         for arch in a.archs.split(","):
             m = build_arch(arch, "small", DTYPES[dt], DEV)

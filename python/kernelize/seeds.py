@@ -7,7 +7,11 @@ was founded on, written in the project's own code (issue 31; docs/compile.md):
 | `einsum_mha` | pytorch#179575 | einsum projections with a bias add |
 | `linear_layer_norm` | PyTorch PR 177163 | `native_layer_norm` decomposed into `var_mean` arithmetic |
 
-`build(name, dtype, device)` gives the model (seeded weights, eval mode) and its input.
+Beside them, `BLOCKS`: two more pieces of a model that issue 31 asks the rewrite table to cover,
+rotary position embedding and attention through `F.scaled_dot_product_attention`.
+
+`build(name, dtype, device)` gives the model (seeded weights, eval mode) and its input, for a
+seed or a block.
 """
 
 from __future__ import annotations
@@ -81,12 +85,62 @@ SEEDS: dict[str, tuple[str, Callable[[], nn.Module], tuple[int, ...]]] = {
 }
 
 
+class RotaryEmbedding(nn.Module):
+    """A projection's heads rotated by position as Llama's attention rotates q and k (its rotary
+    embedding: inverse frequencies and the angles in f32, cos and sin cast to the input's dtype,
+    `x * cos + rotate_half(x) * sin`)."""
+
+    def __init__(self, d: int = 256, heads: int = 4, base: float = 10000.0):
+        super().__init__()
+        self.heads, self.dk = heads, d // heads
+        self.proj = nn.Linear(d, d, bias=False)
+        self.register_buffer("inv_freq", 1.0 / (base ** (torch.arange(0, self.dk, 2).float() / self.dk)),
+                             persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, s, _ = x.shape
+        q = self.proj(x).view(b, s, self.heads, self.dk).transpose(1, 2)
+        pos = torch.arange(s, device=x.device, dtype=torch.float32)
+        freqs = torch.outer(pos, self.inv_freq.float())
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        half = self.dk // 2
+        rotated = torch.cat((-q[..., half:], q[..., :half]), dim=-1)
+        return (q * cos + rotated * sin).transpose(1, 2).reshape(b, s, -1)
+
+
+class SdpaAttention(nn.Module):
+    """Causal multi-head self-attention through `F.scaled_dot_product_attention`: one qkv
+    projection, the heads, `is_causal=True`, the output projection."""
+
+    def __init__(self, d: int = 256, heads: int = 4):
+        super().__init__()
+        self.heads, self.dk = heads, d // heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, self.dk).permute(2, 0, 3, 1, 4)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(o.transpose(1, 2).reshape(b, s, d))
+
+
+BLOCKS: dict[str, tuple[str, Callable[[], nn.Module], tuple[int, ...]]] = {
+    # name: (what, model, input shape)
+    "rotary": ("rotary position embedding (Llama's)", RotaryEmbedding, (4, 64, 256)),
+    "sdpa_attention": ("causal attention via F.scaled_dot_product_attention", SdpaAttention,
+                       (4, 64, 256)),
+}
+
+
 def build(name: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
           seed: int = 0) -> tuple[nn.Module, Tensor]:
-    """The seed model `name` (weights drawn from `seed`, eval mode) and an input for it."""
-    if name not in SEEDS:
-        raise ValueError(f"no seed model {name!r}: one of {', '.join(SEEDS)}")
-    _, make, shape = SEEDS[name]
+    """The seed model or block `name` (weights drawn from `seed`, eval mode) and an input for it."""
+    models = {**SEEDS, **BLOCKS}
+    if name not in models:
+        raise ValueError(f"no seed model or block {name!r}: one of {', '.join(models)}")
+    _, make, shape = models[name]
     torch.manual_seed(seed)
     model = make().to(device=device, dtype=dtype).eval()
     g = torch.Generator().manual_seed(seed + 1)

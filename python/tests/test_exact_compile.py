@@ -245,7 +245,7 @@ def test_backend_is_registered_by_name():
 
 # ---- the seed models: plain compile differs, exact compile does not (f32, CPU) ----------------
 
-@pytest.mark.parametrize("name", list(seeds.SEEDS))
+@pytest.mark.parametrize("name", [*seeds.SEEDS, *seeds.BLOCKS])
 def test_seed_model_builds_and_exact_compile_keeps_eager_bits(name):
     model, x = seeds.build(name, torch.float32)
     with torch.no_grad():
