@@ -37,10 +37,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
+
+from run_env import run_env  # noqa: E402 (bench/ is on the path of a bench script)
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,8 +179,7 @@ def main() -> int:
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), device=torch.cuda.get_device_name(),
-               torch=torch.__version__, cuda=torch.version.cuda, command=" ".join(sys.argv))
+    env = run_env()
     print(env, flush=True)
     torch.manual_seed(0)
     dev = "cuda"

@@ -26,10 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
+
+from run_env import run_env  # noqa: E402 (bench/ is on the path of a bench script)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
@@ -188,8 +189,7 @@ def main() -> int:
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), device=torch.cuda.get_device_name(),
-               torch=torch.__version__, cuda=torch.version.cuda, command=" ".join(sys.argv))
+    env = run_env()
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
     torch.manual_seed(0)
     rows, cols, dt = 1, 2048, torch.bfloat16

@@ -30,10 +30,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
+
+from run_env import run_env  # noqa: E402 (bench/ is on the path of a bench script)
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,10 +190,7 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     dt = DT[a.dtype]
-    import transformers
-    env = dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
-               transformers=transformers.__version__, dtype=a.dtype, command=" ".join(sys.argv))
+    env = run_env(dtype=a.dtype)
     print(env, flush=True)
     torch.manual_seed(0)
     rows_list = [int(r) for r in a.rows.split(",")]

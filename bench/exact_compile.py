@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from run_env import run_env  # noqa: E402 (bench/ is on the path of a bench script)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 
@@ -494,10 +496,7 @@ def main() -> int:
                          "compile-ro,kernelize+exact-ro"}[a.phase]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    import transformers
-    env = dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), device=torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
-               torch=torch.__version__, cuda=torch.version.cuda, transformers=transformers.__version__,
-               command=" ".join(sys.argv))
+    env = run_env(device=None if DEV == "cuda" else "cpu")
     print(env, flush=True)
     global ROWS_FILE
     ROWS_FILE = out / f"{a.phase}.rows.jsonl"

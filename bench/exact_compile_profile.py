@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from run_env import run_env  # noqa: E402 (bench/ is on the path of a bench script)
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import exact_compile as B  # noqa: E402
 
@@ -156,10 +158,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     if a.isolate:
         return isolated(a, out)
-    import transformers
-    env = dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
-               transformers=transformers.__version__, command=" ".join(sys.argv))
+    env = run_env()
     print(env, flush=True)
     base = B.build_arch(a.arch, "large", torch.bfloat16)
     rows = []

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from run_env import run_env  # noqa: E402 (bench/ is on the path of a bench script)
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
 
 aten = torch.ops.aten
@@ -54,11 +56,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     os.environ["KERNELIZE_CACHE"] = tempfile.mkdtemp(prefix="kernelize-proofs-")
     from kernelize import exact
-    import triton
     dev = torch.device("cuda", torch.cuda.current_device())
-    env = dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
-               triton=triton.__version__, command=" ".join(sys.argv))
+    env = run_env()
     print(env, flush=True)
     rows = []
     for name in a.ops.split(","):

@@ -551,9 +551,10 @@ PROVABLE = frozenset({
     "rsqrt", "reciprocal", "pow", "silu", "gelu"})
 #: Device types where proofs are made (the comment above says why not the CPU).
 PROVE_ON = frozenset({"cuda"})
-#: Whether the exact backend proves and takes inductor's math functions (a switch for the
-#: benchmarks that measure what it gains; both ways are exact).
-PROVE_MATH = True
+#: Whether the exact backend proves and takes inductor's math functions (both ways are exact;
+#: off, every math-library function is eager's kernel): `KERNELIZE_PROVE_MATH=0` turns it off
+#: for a process, the benchmarks switch it to measure what it gains.
+PROVE_MATH = os.environ.get("KERNELIZE_PROVE_MATH", "1") != "0"
 _PROVE_DTYPES = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 _CHUNK = 1 << 24   # f32 inputs per run of the compiled function (2^32 in 256 runs)
 _TABLE = threading.RLock()   # the lowering table is inductor's own (not patched) while held by another thread
