@@ -218,6 +218,22 @@ def test_a_proven_function_is_lowered_by_inductor_and_an_unproven_one_falls_back
         exact.PROVE_MATH = True
 
 
+def test_the_proofs_can_be_turned_off_for_a_process():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = "import kernelize.exact as E; print(E.PROVE_MATH)"
+    env = {**os.environ, "KERNELIZE_PROVE_MATH": "0",
+           "PYTHONPATH": str(Path(exact.__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "False"
+    env["KERNELIZE_PROVE_MATH"] = "1"
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip() == "True"
+
+
 def test_without_proofs_the_math_functions_fall_back_on_the_cpu():
     assert _tanh_fallbacks(lambda x: torch.tanh(x) * 2, torch.randn(8, 64, dtype=torch.bfloat16)) == 1
 
