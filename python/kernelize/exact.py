@@ -530,8 +530,9 @@ def _math_handler(ov: Any, lowered: Callable | None, fallback: Callable) -> Call
 # formula with inductor's pointwise code is tried the same way (`_candidates`: eager's CUDA
 # kernel computes a 16-bit `pow(x, 3.0)` as `x * x * x`, each product rounded, where inductor's
 # own lowering rounds once; silu and gelu, which inductor only decomposes, as eager's CUDA
-# formula in f32, rounded once). Inside a fused kernel the function runs the same code on the same values
-# (eager's casts are emulated, so a 16-bit input is the rounded value eager's kernel reads).
+# formula in f32, rounded once). Inside a fused kernel the function runs the same code on the
+# same values (eager's casts are emulated, so a 16-bit input is the rounded value eager's kernel
+# reads).
 # Measured on an H100 (torch 2.11, bench/math_proofs.py, docs/gpu-runs/2026-11-28-s20): tanh,
 # exp, exp2, expm1, log, log1p, sin, cos and rsqrt are eager's in bf16, f16 and f32; sigmoid,
 # erf and reciprocal in some dtypes only; inductor's pow(x, 3.0) only in f32, `x * x * x` in
@@ -555,9 +556,12 @@ PROVE_ON = frozenset({"cuda"})
 #: off, every math-library function is eager's kernel): `KERNELIZE_PROVE_MATH=0` turns it off
 #: for a process, the benchmarks switch it to measure what it gains.
 PROVE_MATH = os.environ.get("KERNELIZE_PROVE_MATH", "1") != "0"
-_PROVE_DTYPES = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+_PROVE_DTYPES = {torch.bfloat16: torch.int16, torch.float16: torch.int16,
+                 torch.float32: torch.int32}   # dtype -> the integer type of its bits
 _CHUNK = 1 << 24   # f32 inputs per run of the compiled function (2^32 in 256 runs)
-_TABLE = threading.RLock()   # the lowering table is inductor's own (not patched) while held by another thread
+#: Held while the lowering table is patched (`eager_lowerings`) and while a proof compiles (in a
+#: thread of its own): a proof never sees the exact backend's patched table.
+_TABLE = threading.RLock()
 _PROOFS: dict[tuple, dict[str, Any]] = {}
 
 
@@ -716,7 +720,8 @@ def _compile_alone(ov: Any, scalars: tuple, kwargs: dict, example: torch.Tensor,
     own = low.lowerings.get(ov)
     low.lowerings[ov] = lowering
     try:
-        fn = compile_fx(gm, [example], config_patches=patches, decompositions=exact_decompositions())
+        fn = compile_fx(gm, [example], config_patches=patches,
+                        decompositions=exact_decompositions())
     finally:
         if own is None:
             low.lowerings.pop(ov, None)
@@ -758,7 +763,8 @@ def _exhaustive(ov: Any, scalars: tuple, kwargs: dict, dtype: torch.dtype,
                 break
         if not rec["tried"]:
             raise RuntimeError(f"inductor has no lowering of its own for {ov} here")
-    rec["first_difference"] = rec["tried"][0]["first_difference"]   # inductor's own, if it differs
+    # the first candidate's (inductor's own lowering where it has one), if it differs
+    rec["first_difference"] = rec["tried"][0]["first_difference"]
     rec["inputs"] = rec["inputs"] or rec["tried"][0]["inputs"]
     return rec
 
@@ -777,8 +783,9 @@ def prove(ov: Any, scalars: tuple, kwargs: dict, dtype: torch.dtype, device: tor
         import hashlib
         import json
         from .launch import cache_dir
-        tried = [n for n, _ in _candidates(ov, scalars, kwargs, ov)]   # the rewrites this version tries
-        name = hashlib.sha256(json.dumps([key[:4], ident, tried], default=repr).encode()).hexdigest()[:24]
+        rewrites = [n for n, _ in _candidates(ov, scalars, kwargs, None)]   # this version's
+        blob = json.dumps([key[:4], ident, rewrites], default=repr).encode()
+        name = hashlib.sha256(blob).hexdigest()[:24]
         path = cache_dir() / "proofs" / f"{name}.json"
         rec = None
         if path.exists():
