@@ -10,8 +10,8 @@ backend fuses the function into inductor's code instead of calling eager's kerne
 (docs/compile.md). Writes OUT_DIR/proofs.json (each proof's record: inputs, equal, the first
 input that differs, seconds) and prints a table. Proofs are made afresh (a temporary
 `$KERNELIZE_CACHE`), not read from an earlier run. Where inductor's own lowering differs and a
-rewrite of eager's formula exists (`pow(x, 3.0)` as `x * x * x`; silu and gelu, which inductor
-only decomposes, as eager's CUDA formula in f32), the cell says which one holds.
+rewrite of eager's formula exists (`pow(x, 3.0)` as `x * x * x`; sigmoid, and silu and gelu,
+which inductor only decomposes, as eager's CUDA formula in f32), the cell says which one holds.
 """
 from __future__ import annotations
 

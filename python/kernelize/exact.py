@@ -529,14 +529,15 @@ def _math_handler(ov: Any, lowered: Callable | None, fallback: Callable) -> Call
 # dtype on that device. Where inductor's own lowering differs, a rewrite that computes eager's
 # formula with inductor's pointwise code is tried the same way (`_candidates`: eager's CUDA
 # kernel computes a 16-bit `pow(x, 3.0)` as `x * x * x`, each product rounded, where inductor's
-# own lowering rounds once; silu and gelu, which inductor only decomposes, as eager's CUDA
-# formula in f32, rounded once). Inside a fused kernel the function runs the same code on the
+# own lowering rounds once; sigmoid as eager's formula in f32; silu and gelu, which inductor only
+# decomposes, as eager's CUDA formula in f32, rounded once). Inside a fused kernel the function runs the same code on the
 # same values (eager's casts are emulated, so a 16-bit input is the rounded value eager's kernel
 # reads).
 # Measured on an H100 (torch 2.11, bench/math_proofs.py, docs/gpu-runs/2026-11-28-s20): tanh,
 # exp, exp2, expm1, log, log1p, sin, cos and rsqrt are eager's in bf16, f16 and f32; sigmoid,
 # erf and reciprocal in some dtypes only; inductor's pow(x, 3.0) only in f32, `x * x * x` in
-# bf16 and f16. The silu and gelu formulas were added after that run: not yet proven on a GPU.
+# bf16 and f16. The sigmoid, silu and gelu formulas were added after that run: not yet proven
+# on a GPU.
 # Only on CUDA (`PROVE_ON`): an elementwise CUDA kernel runs one function for every element,
 # where a CPU kernel runs vectorised code for most elements and scalar code for the rest, so a
 # value checked at one position says nothing of another. A proof is kept per process and, keyed
@@ -662,11 +663,18 @@ def _f32(v: float) -> Any:
     return ops.constant(struct.unpack("f", struct.pack("f", v))[0], torch.float32)
 
 
-# eager's CUDA activations (ATen's ActivationSiluKernel.cu and ActivationGeluKernel.cu), in f32:
+# eager's CUDA activations (ATen's ActivationSiluKernel.cu, ActivationGeluKernel.cu and
+# UnarySpecialOpsKernel.cu), in f32:
+#   sigmoid(x)     = 1 / (1 + exp(-x))
 #   silu(x)        = x / (1 + exp(-x))
 #   gelu(x)        = x * 0.5 * (1 + erf(x * M_SQRT1_2))
 #   gelu(x, tanh)  = 0.5 * x * (1 + tanh(kBeta * (x + kKappa * (x * x * x)))),
 #                    kBeta = M_SQRT2 * M_2_SQRTPI * 0.5, kKappa = 0.044715
+def _sigmoid_f32(v: Any) -> Any:
+    from torch._inductor.virtualized import ops
+    return ops.truediv(_f32(1.0), ops.add(_f32(1.0), ops.exp(ops.neg(v))))
+
+
 def _silu_f32(v: Any) -> Any:
     from torch._inductor.virtualized import ops
     return ops.truediv(v, ops.add(_f32(1.0), ops.exp(ops.neg(v))))
@@ -695,6 +703,8 @@ def _candidates(ov: Any, scalars: tuple, kwargs: dict,
         own, "_is_fallback_handler", False) else []
     if name == "pow" and scalars in ((3,), (3.0,)):
         out.append(("x * x * x", _multiplied(3)))
+    elif name == "sigmoid" and not scalars and not kwargs:
+        out.append(("1 / (1 + exp(-x)) in f32", _in_f32(_sigmoid_f32)))
     elif name == "silu" and not scalars and not kwargs:
         out.append(("x / (1 + exp(-x)) in f32", _in_f32(_silu_f32)))
     elif name == "gelu":

@@ -174,6 +174,10 @@ def test_silu_which_inductor_only_decomposes_is_proven_as_eagers_formula(proofs_
         "0.5 * x * (1 + tanh(kBeta * (x + kKappa * x^3))) in f32"]
     assert [n for n, _ in exact._candidates(gelu, (), {}, None)] == [
         "x * 0.5 * (1 + erf(x * M_SQRT1_2)) in f32"]
+    # sigmoid has a lowering of inductor's own, tried first, then eager's formula
+    own = lambda *a: None  # noqa: E731
+    assert [n for n, _ in exact._candidates(torch.ops.aten.sigmoid.default, (), {}, own)] == [
+        "inductor", "1 / (1 + exp(-x)) in f32"]
     # a function outside PROVABLE is never proven (erfinv: a fallback by rule)
     assert not exact.prove(torch.ops.aten.erfinv.default, (), {}, torch.float16, torch.device("cpu"))
 
