@@ -50,11 +50,15 @@ lowering table is patched: the patch is not part of their keys.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+import logging
 import operator
 import os
 import shutil
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -564,6 +568,7 @@ _CHUNK = 1 << 24   # f32 inputs per run of the compiled function (2^32 in 256 ru
 #: thread of its own): a proof never sees the exact backend's patched table.
 _TABLE = threading.RLock()
 _PROOFS: dict[tuple, dict[str, Any]] = {}
+_log = logging.getLogger("kernelize")
 
 
 def _scalar(v: Any) -> bool:
@@ -790,8 +795,6 @@ def prove(ov: Any, scalars: tuple, kwargs: dict, dtype: torch.dtype, device: tor
     if key not in _PROOFS:
         dev = torch.device(device.type, key[-1])
         ident = _identity(dev)
-        import hashlib
-        import json
         from .launch import cache_dir
         rewrites = [n for n, _ in _candidates(ov, scalars, kwargs, None)]   # this version's
         blob = json.dumps([key[:4], ident, rewrites], default=repr).encode()
@@ -804,6 +807,10 @@ def prove(ov: Any, scalars: tuple, kwargs: dict, dtype: torch.dtype, device: tor
             except (OSError, ValueError, KeyError):
                 rec = None
         if rec is None:
+            what = f"{ov}{tuple(scalars) if scalars else ''} in {key[3]} on {dev}"
+            _log.info("kernelize: proving %s: inductor's code against eager's kernel on every input "
+                      "(once per machine; kept in %s)", what, path.parent)
+            t0 = time.perf_counter()
             out: list[Any] = []
 
             def run() -> None:   # a thread of its own: no dynamo or inductor context of the caller
@@ -819,8 +826,12 @@ def prove(ov: Any, scalars: tuple, kwargs: dict, dtype: torch.dtype, device: tor
                        "dtype": key[3], "device": str(dev), "inputs": 0, "equal": False,
                        "lowering": None, "tried": [], "first_difference": None,
                        "error": f"{type(out[0]).__name__}: {out[0]}"[:500]}
+                _log.warning("kernelize: %s could not be proven (%s): eager's kernel stays",
+                             what, rec["error"])
             else:
-                rec = out[0]
+                rec = dict(out[0], seconds=round(time.perf_counter() - t0, 3))
+                _log.info("kernelize: %s: %s (%.1f s)", what, f"eager's bits with {rec['lowering']}"
+                          if rec["equal"] else "differs: eager's kernel stays", rec["seconds"])
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")

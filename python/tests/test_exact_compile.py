@@ -201,14 +201,20 @@ def _tanh_fallbacks(f, x) -> int:
     return sum(c.count("= torch.ops.aten.tanh.default(") for c in code)   # a call of eager's kernel
 
 
-def test_a_proven_function_is_lowered_by_inductor_and_an_unproven_one_falls_back(proofs_here):
+def test_a_proven_function_is_lowered_by_inductor_and_an_unproven_one_falls_back(proofs_here,
+                                                                                  caplog):
     x = torch.randn(8, 64, dtype=torch.bfloat16)
     f = lambda x: torch.tanh(x) * 2  # noqa: E731
     # a real proof, made while the graph compiles (in a thread of its own), then used
-    assert _tanh_fallbacks(f, x) == 0
+    with caplog.at_level("INFO", logger="kernelize"):
+        assert _tanh_fallbacks(f, x) == 0
     [rec] = exact.proofs()
     assert (rec["op"], rec["dtype"], rec["inputs"], rec["equal"]) == (
         "aten.tanh.default", "bfloat16", 65536, True)
+    # the user is told (a proof takes seconds on a GPU the first time), and what it found
+    said = [r.getMessage() for r in caplog.records if r.name == "kernelize"]
+    assert any("proving aten.tanh.default in bfloat16" in m and "every input" in m for m in said), said
+    assert any("eager's bits with inductor" in m for m in said), said
     # a proof that found a difference keeps eager's kernel
     key = exact._proof_key(_TANH, (), {}, torch.bfloat16, torch.device("cpu"))
     exact._PROOFS[key] = dict(rec, equal=False)
