@@ -819,8 +819,11 @@ def prove(ov: Any, scalars: tuple, kwargs: dict, dtype: torch.dtype, device: tor
                 except Exception as e:  # noqa: BLE001 - not provable here: the fallback stays
                     out.append(e)
             t = threading.Thread(target=run, name="kernelize-proof", daemon=True)
-            t.start()
-            t.join()
+            try:
+                t.start()
+                t.join()
+            except RuntimeError as e:   # no thread to be had (a confined process): no proof
+                out.append(e)
             if isinstance(out[0], Exception):
                 rec = {"op": str(ov), "scalars": list(scalars), "kwargs": dict(kwargs),
                        "dtype": key[3], "device": str(dev), "inputs": 0, "equal": False,
