@@ -507,8 +507,9 @@ def main() -> int:
     print("\n" + json.dumps(env))
     print(table(a.phase, rows))
     for r in proofs:
-        print(f"proof: {r['op']}{r['scalars'] or ''} {r['dtype']}: {r['inputs']} inputs, "
-              f"{'eager' + chr(39) + 's bits' if r['equal'] else 'differs: ' + str(r.get('first_difference') or r.get('error'))}")
+        verdict = (f"eager's bits with {r.get('lowering', 'inductor')}" if r["equal"]
+                   else f"differs: {r.get('first_difference') or r.get('error')}")
+        print(f"proof: {r['op']}{r['scalars'] or ''} {r['dtype']}: {r['inputs']} inputs, {verdict}")
     return 0
 
 
