@@ -182,6 +182,21 @@ def test_silu_which_inductor_only_decomposes_is_proven_as_eagers_formula(proofs_
     assert not exact.prove(torch.ops.aten.erfinv.default, (), {}, torch.float16, torch.device("cpu"))
 
 
+def test_a_proof_of_a_call_with_keyword_arguments_is_found_again_at_lowering(proofs_here):
+    # gelu's `approximate` reaches the proof (from the graph) and the lowering (from its call) as
+    # a keyword: both must make the same key, or the proof is made and never used
+    import torch.nn.functional as F
+    from torch._inductor.utils import run_and_get_code
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    f = lambda x: F.gelu(x, approximate="tanh") * 2  # noqa: E731
+    out, code = run_and_get_code(torch.compile(f, backend=exact.backend), x)
+    [rec] = exact.proofs()
+    assert rec["kwargs"] == {"approximate": "tanh"} or rec["scalars"] == ["tanh"], rec
+    assert rec["equal"], rec   # eager's CPU gelu-tanh is its CUDA formula too (measured here)
+    assert not any("= torch.ops.aten.gelu" in c for c in code)
+    assert torch.equal(out, f(x))
+
+
 def test_nothing_is_proven_where_no_proof_is_made():
     cpu = torch.device("cpu")
     assert exact._proof_key(_TANH, (), {}, torch.bfloat16, cpu) is None        # not on the CPU
