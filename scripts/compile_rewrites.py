@@ -94,7 +94,9 @@ def proof_rows() -> list[dict]:
     for (name, dtype), r in recs.items():
         lowering = r.get("lowering", "inductor" if r["equal"] else None)
         fd = r["first_difference"] if lowering != "inductor" else None
-        if fd is None:
+        if r.get("error"):
+            inductor = f"no proof made ({r['error'][:80]})"
+        elif fd is None:
             inductor = f"bit-identical on all {r['inputs']:,} inputs"
         elif r["inputs"] <= 65536:
             inductor = f"{fd['differing_in_chunk']:,} of {r['inputs']:,} inputs differ"
