@@ -12,7 +12,7 @@ use kernel_registry::VerificationReport;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use std::process::Command;
-use support::{bin, bundle_files, Backend, TestServer};
+use support::{bin, bundle_files, detail, Backend, TestServer};
 
 both_backends!(
     signed_reports_are_stored_served_and_checked_offline,
@@ -193,19 +193,13 @@ async fn signed_reports_are_stored_served_and_checked_offline(b: Backend) {
     let (st, p) = post(&c, &report, &certificate).await;
     assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
     assert_eq!(p["field"], "certificate");
-    assert!(p["detail"].as_str().unwrap().contains("not registered"));
+    assert!(detail(&p).contains("not registered"));
     // 3. Signed, then a figure changed: 422.
     let (mut report, certificate) = signed_report(&c, Some(&key));
     report["duration_s"] = json!(report["duration_s"].as_f64().unwrap() + 1.0);
     let (st, p) = post(&c, &report, &certificate).await;
     assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
-    assert!(
-        p["detail"]
-            .as_str()
-            .unwrap()
-            .contains("not the one certified"),
-        "{p}"
-    );
+    assert!(detail(&p).contains("not the one certified"), "{p}");
     // 4. A certificate of another job's report (another kernel) does not carry over.
     let c2 = claim().await;
     let (report2, _) = signed_report(&c2, None);
@@ -259,10 +253,7 @@ async fn signed_reports_are_stored_served_and_checked_offline(b: Backend) {
         )
         .await;
     assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
-    assert!(p["detail"]
-        .as_str()
-        .unwrap()
-        .contains("only signed reports"));
+    assert!(detail(&p).contains("only signed reports"));
     let (_, certificate) = signed_report(&c, Some(&fresh));
     let (st, p) = strict
         .post(
@@ -606,13 +597,7 @@ async fn a_backward_kernel_resolves_for_the_gpu_shape_it_was_verified_on(b: Back
         .get("/v1/resolve?op=rms_norm&semantics=llama&dtype=bf16&arch=sm_90&cols=256&sms=132&threads_per_sm=2048")
         .await;
     assert_eq!(st, StatusCode::BAD_REQUEST, "{r}");
-    assert!(
-        r["detail"]
-            .as_str()
-            .unwrap()
-            .contains("apply to backward ops"),
-        "{r}"
-    );
+    assert!(detail(&r).contains("apply to backward ops"), "{r}");
 }
 
 /// `confirmed:N`: N different worker keys must certify the class on the architecture.
@@ -821,7 +806,7 @@ async fn certificates_are_bound_to_their_job_and_claim(b: Backend) {
     let (st, p) = post(&mallory, &c2, &report_served, &served["certificate"]).await;
     assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
     assert_eq!(p["field"], "certificate");
-    let d = p["detail"].as_str().unwrap();
+    let d = detail(&p);
     assert!(
         d.contains(&format!("names job {job1}, this is job {job2}")) && d.contains("claim the job"),
         "{d}"
@@ -837,10 +822,7 @@ async fn certificates_are_bound_to_their_job_and_claim(b: Backend) {
     .unwrap();
     let (st, p) = post(&mallory, &c2, &report_served, &unbound).await;
     assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
-    assert!(
-        p["detail"].as_str().unwrap().contains("names no job"),
-        "{p}"
-    );
+    assert!(detail(&p).contains("names no job"), "{p}");
     // 5. Named for job 2 but with job 1's nonce (another claim): refused.
     let stale = serde_json::to_value(Certificate::sign(
         &km,
@@ -849,10 +831,7 @@ async fn certificates_are_bound_to_their_job_and_claim(b: Backend) {
     .unwrap();
     let (st, p) = post(&mallory, &c2, &report_served, &stale).await;
     assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
-    assert!(
-        p["detail"].as_str().unwrap().contains("another claim"),
-        "{p}"
-    );
+    assert!(detail(&p).contains("another claim"), "{p}");
 
     // Nothing was stored: one verification, job 2 still Mallory's, one key certifies.
     let list = srv

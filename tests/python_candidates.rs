@@ -5,7 +5,7 @@ mod support;
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use support::{bundle_files, Backend, TestServer};
+use support::{bundle_files, detail, Backend, TestServer};
 
 both_backends!(
     a_python_candidate_needs_the_submit_python_scope,
@@ -32,10 +32,6 @@ bf16 = "silu"
         ),
         "import torch.nn.functional as F\n\n\ndef silu(x):\n    return F.silu(x)\n".to_string(),
     )
-}
-
-fn detail(p: &Value) -> &str {
-    p["detail"].as_str().unwrap_or_default()
 }
 
 async fn a_python_candidate_needs_the_submit_python_scope(b: Backend) {

@@ -9,6 +9,11 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+/// A problem document's `detail` (docs/spec.md: every error is one), or "" where it has none.
+pub fn detail(p: &Value) -> &str {
+    p["detail"].as_str().unwrap_or_default()
+}
+
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .parent()
