@@ -2107,10 +2107,11 @@ async fn forged_reports_are_refused(b: Backend) {
             .await;
         assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{what}: {p}");
         assert_eq!(ctype, "application/problem+json", "{what}");
-        let named =
-            p["problems"].as_array().unwrap().iter().any(|q| {
-                q["field"].as_str().unwrap().ends_with(field) && detail(&q).contains(says)
-            });
+        let named = p["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|q| q["field"].as_str().unwrap().ends_with(field) && detail(q).contains(says));
         assert!(
             named,
             "{what}: no problem on `{field}` saying `{says}`: {p}"
