@@ -28,7 +28,9 @@ import torch
 from run_env import run_env  # noqa: E402 (bench/ is on the path of a bench script)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+from kernelize.discover import TORCH_DTYPES  # noqa: E402
 
+DTYPES = {name: dtype for dtype, name in TORCH_DTYPES.items()}   # "bf16" -> torch.bfloat16
 aten = torch.ops.aten
 #: name -> (overload, scalar arguments)
 OPS = {
@@ -43,7 +45,7 @@ OPS = {
     "silu": (aten.silu.default, ()), "gelu": (aten.gelu.default, ()),
     "gelu_tanh": (aten.gelu.default, ("tanh",)),
 }
-DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
 
 
 def main() -> int:

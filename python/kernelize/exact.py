@@ -64,6 +64,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from .launch import cache_dir
 from .ops import define as _define_op
 
 # ---- what the exact backend changes -------------------------------------------------------
@@ -795,7 +796,6 @@ def prove(ov: Any, scalars: tuple, kwargs: dict, dtype: torch.dtype, device: tor
     if key not in _PROOFS:
         dev = torch.device(device.type, key[-1])
         ident = _identity(dev)
-        from .launch import cache_dir
         rewrites = [n for n, _ in _candidates(ov, scalars, kwargs, None)]   # this version's
         blob = json.dumps([key[:4], ident, rewrites], default=repr).encode()
         name = hashlib.sha256(blob).hexdigest()[:24]
@@ -856,11 +856,8 @@ def prove_graph(gm: torch.fx.GraphModule) -> int:
                 or ov.overloadpacket.__name__ not in PROVABLE or not node.args:
             continue
         val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
-        if not _is_tensor(val):
-            continue
-        if _proof_key(ov, tuple(node.args[1:]), dict(node.kwargs), val.dtype, val.device) is None:
-            continue
-        n += prove(ov, tuple(node.args[1:]), dict(node.kwargs), val.dtype, val.device)
+        if _is_tensor(val):   # `prove` says no at once where no proof can be made
+            n += prove(ov, tuple(node.args[1:]), dict(node.kwargs), val.dtype, val.device)
     return n
 
 
