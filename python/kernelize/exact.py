@@ -99,13 +99,15 @@ EAGER_OPS: dict[str, str] = {
              "(PyTorch PR 177163)" for name in (
         "native_layer_norm", "native_group_norm", "_fused_rms_norm", "native_batch_norm",
         "_native_batch_norm_legit", "_native_batch_norm_legit_no_training")},
-    **{name: "a math-library function: Triton's may differ from the CUDA one eager calls (each is "
-             "a fallback by rule; not each was seen to differ)" for name in (
+    **{name: "a math-library function: Triton's may differ from the CUDA one eager calls (a "
+             "fallback unless `prove` finds inductor's code eager's on every input, for those "
+             "of PROVABLE)" for name in (
         "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sigmoid", "silu", "gelu",
         "tanh", "erf", "erfc", "erfinv", "sin", "cos", "tan", "asin", "acos", "atan", "atan2",
         "sinh", "cosh", "asinh", "acosh", "atanh", "rsqrt", "reciprocal", "softplus", "mish",
         "elu", "selu", "celu", "hardswish", "hardsigmoid", "logit", "lgamma", "digamma")},
-    "pow": "a math-library function unless the exponent is 2 (which both compute as x * x)",
+    "pow": "a math-library function unless the exponent is 2 (which both compute as x * x) or "
+           "`prove` finds a lowering eager's on every input",
 }
 
 # ---- attention: scaled-dot-product attention as eager runs it -------------------------------
