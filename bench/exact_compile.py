@@ -253,13 +253,14 @@ def seed_label(name: str) -> str:
 def phase_exact(a) -> list[dict]:
     rows = []
     hows = a.candidates.split(",")
+    seed_hows = a.seed_candidates.split(",") if a.seed_candidates else hows
     for dt in a.dtypes.split(","):
         dtype = DTYPES[dt]
         for name in SEED_MODELS if a.seeds else ():
             base, x = seeds.build(name, dtype, DEV)
             with torch.no_grad():
                 ref = base(x)
-            for how in hows:
+            for how in seed_hows:
                 t0 = time.perf_counter()
                 try:
                     m = candidate(base, how)
@@ -276,7 +277,7 @@ def phase_exact(a) -> list[dict]:
                 emit(rows[-1])
                 torch._dynamo.reset()
         models = [(f"arch:{arch}", lambda arch=arch: build_arch(arch, "small", dtype, DEV))
-                  for arch in a.archs.split(",")]
+                  for arch in a.archs.split(",") if arch]
         models += [(f"shipped:{n}", lambda n=n: shipped(n, dtype, DEV)) for n in ("tiny-llama", "tiny-gpt2")
                    if (ROOT / "models" / n / "model.safetensors").is_file()]
         for label, make in models:
@@ -457,6 +458,9 @@ def main() -> int:
     p.add_argument("--archs", default="llama,qwen2,mistral,gemma,gpt2")
     p.add_argument("--dtypes", default="bf16,f16,f32")
     p.add_argument("--candidates", default=None)
+    p.add_argument("--seed-candidates", default=None, metavar="C,...",
+                   help="exact: the candidates for the seed models and blocks (default: --candidates); "
+                        "e.g. plain compile there only, where the contrast is the table's point")
     p.add_argument("--decode-steps", type=int, default=3)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--quick", action="store_true")

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Run several benchmark commands at once, one per GPU of this machine, and bring their results
+back as one archive (issue 31's tables in one run on one machine).
+
+    python3 bench/multi_gpu.py OUT_DIR --job NAME='COMMAND' [--job ...] [--timeout S]
+
+Each job runs `bash -c COMMAND` with CUDA_VISIBLE_DEVICES set to one GPU of its own (the jobs
+take the GPUs in the order given; a job waits for a free GPU when there are more jobs than GPUs)
+and JOB_OUT set to OUT_DIR/NAME, a folder of its own for its files; its stdout and stderr go to
+OUT_DIR/NAME.log. A job still running after --timeout seconds (counted from its start) is
+stopped (SIGTERM, then SIGKILL), which the summary says; what it wrote so far stays (the bench
+scripts append each row to a .rows.jsonl as they go).
+
+When every job has ended, OUT_DIR holds two files: `results.tar.gz` (every job's folder and log)
+and `summary.md` (per job: GPU, exit status, seconds, and the last markdown table its log
+printed), which is also printed last. Two files, because the device tool brings back at most 8.
+Jobs on different GPUs of one machine share its CPUs: compare speeds as ratios within one job.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+
+def gpus() -> list[str]:
+    """The GPU indices this process may use: CUDA_VISIBLE_DEVICES where set, else nvidia-smi's."""
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis:
+        return [g for g in vis.split(",") if g.strip()]
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                           capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        sys.exit(f"multi_gpu: no GPU list (nvidia-smi: {e}); set CUDA_VISIBLE_DEVICES")
+    return [line.strip() for line in r.stdout.splitlines() if line.strip()]
+
+
+def last_table(text: str) -> str:
+    """The last run of lines that start with '|' in `text` (a bench script prints its table last)."""
+    blocks, cur = [], []
+    for line in text.splitlines():
+        if line.startswith("|"):
+            cur.append(line)
+        elif cur:
+            blocks.append(cur)
+            cur = []
+    if cur:
+        blocks.append(cur)
+    return "\n".join(blocks[-1]) if blocks else "(no table)"
+
+
+def parse_job(spec: str) -> tuple[str, str]:
+    name, sep, cmd = spec.partition("=")
+    if not sep or not name or not cmd:
+        raise argparse.ArgumentTypeError(f"--job takes NAME=COMMAND, got {spec!r}")
+    if not all(c.isalnum() or c in "._-" for c in name):
+        raise argparse.ArgumentTypeError(f"a job's name is letters, digits, '.', '_', '-': {name!r}")
+    return name, cmd
+
+
+def stop(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    except ProcessLookupError:
+        pass
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("--job", action="append", type=parse_job, required=True, metavar="NAME=COMMAND")
+    ap.add_argument("--timeout", type=float, default=570.0,
+                    help="seconds a job may run before it is stopped (default 570: under the "
+                         "device tool's 600-second call)")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = [n for n, _ in a.job]
+    if len(set(names)) != len(names):
+        sys.exit(f"multi_gpu: job names must differ: {names}")
+    free = gpus()
+    if not free:
+        sys.exit("multi_gpu: no GPU")
+    pending = list(a.job)
+    running: dict[str, tuple[subprocess.Popen, str, float]] = {}
+    done: list[dict] = []
+    print(f"multi_gpu: {len(pending)} jobs on GPUs {','.join(free)}", flush=True)
+    while pending or running:
+        while pending and free:
+            name, cmd = pending.pop(0)
+            gpu = free.pop(0)
+            (out / name).mkdir(exist_ok=True)
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu, JOB_OUT=str(out / name))
+            log = (out / f"{name}.log").open("w")
+            p = subprocess.Popen(["bash", "-c", cmd], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+            running[name] = (p, gpu, time.monotonic())
+            print(f"multi_gpu: {name} started on GPU {gpu}", flush=True)
+        time.sleep(1.0)
+        for name, (p, gpu, t0) in list(running.items()):
+            timed_out = p.poll() is None and time.monotonic() - t0 > a.timeout
+            if timed_out:
+                stop(p)
+            if p.poll() is None:
+                continue
+            del running[name]
+            free.append(gpu)
+            rec = dict(name=name, gpu=gpu, rc=p.returncode, s=time.monotonic() - t0, timed_out=timed_out)
+            done.append(rec)
+            print(f"multi_gpu: {name} ended: rc {p.returncode}{' (stopped: timeout)' if timed_out else ''}, "
+                  f"{rec['s']:.0f} s", flush=True)
+    lines = ["# multi_gpu summary", ""]
+    for rec in done:
+        cmd = dict(a.job)[rec["name"]]
+        text = (out / f"{rec['name']}.log").read_text(errors="replace")
+        lines += [f"## {rec['name']} (GPU {rec['gpu']}, rc {rec['rc']}"
+                  f"{', stopped at the timeout' if rec['timed_out'] else ''}, {rec['s']:.0f} s)", "",
+                  f"    {cmd}", "", last_table(text), ""]
+    summary = "\n".join(lines)
+    with tarfile.open(out / "results.tar.gz", "w:gz") as tar:
+        for name in names:
+            for p in (out / name, out / f"{name}.log"):
+                if p.exists():
+                    tar.add(p, arcname=p.name)
+    for name in names:
+        subprocess.run(["rm", "-rf", str(out / name), str(out / f"{name}.log")], check=False)
+    (out / "summary.md").write_text(summary)
+    print(summary)
+    return 0 if all(r["rc"] == 0 for r in done) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
