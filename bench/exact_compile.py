@@ -382,7 +382,7 @@ def phase_speed(a) -> list[dict]:
                         row[f"prefill_{b}x{s}_first_s"] = time.perf_counter() - t0
                         row[f"prefill_{b}x{s}_ms"] = timed_ms(lambda: m(ids, use_cache=False), a.reps)
                     for b in a.decode_batches:
-                        step = decode_step(m, b, g)
+                        step = decode_step(m, b, g, prefill=None if a.decode_empty_cache else 512)
                         t0 = time.perf_counter()
                         for _ in range(3):
                             step()
@@ -479,13 +479,17 @@ def main() -> int:
     p.add_argument("--no-seeds", dest="seeds", action="store_false",
                    help="exact, locate: the architectures (and shipped models) only")
     p.add_argument("--prefills", default=None, metavar="BxS,...",
-                   help="speed: the prefill shapes (default 1x512,8x2048; --quick: 1x512)")
+                   help="speed: the prefill shapes (default 1x512,8x2048; --quick: 1x512; none: no prefill row)")
+    p.add_argument("--decode-empty-cache", action="store_true",
+                   help="speed: decode against a cache left zeros instead of filled by a 512-token "
+                        "prefill (the same work a step; no prefill shape to compile)")
     p.add_argument("--decode", default=None, metavar="B,...",
                    help="speed: the decode batches (default 1,8; --prefill-only: none)")
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the exact and locate phases")
     a = p.parse_args()
     a.prefill_shapes = [tuple(map(int, x.split("x"))) for x in
-                        (a.prefills or ("1x512" if a.quick else "1x512,8x2048")).split(",")]
+                        (a.prefills or ("1x512" if a.quick else "1x512,8x2048")).split(",")
+                        if x != "none"]
     a.decode_batches = [int(b) for b in (a.decode if a.decode is not None else
                                          ("" if a.prefill_only else "1,8")).split(",") if b]
     if a.packed_decision_inside:

@@ -32,18 +32,19 @@ from kernelize.discover import TORCH_DTYPES  # noqa: E402
 
 DTYPES = {name: dtype for dtype, name in TORCH_DTYPES.items()}   # "bf16" -> torch.bfloat16
 aten = torch.ops.aten
-#: name -> (overload, scalar arguments)
+#: name -> (overload, scalar arguments, keyword arguments) as a dynamo graph passes them
 OPS = {
-    "tanh": (aten.tanh.default, ()), "sigmoid": (aten.sigmoid.default, ()),
-    "exp": (aten.exp.default, ()), "exp2": (aten.exp2.default, ()),
-    "expm1": (aten.expm1.default, ()), "log": (aten.log.default, ()),
-    "log1p": (aten.log1p.default, ()), "erf": (aten.erf.default, ()),
-    "sin": (aten.sin.default, ()), "cos": (aten.cos.default, ()),
-    "rsqrt": (aten.rsqrt.default, ()), "reciprocal": (aten.reciprocal.default, ()),
-    "pow3": (aten.pow.Tensor_Scalar, (3.0,)), "pow-2": (aten.pow.Tensor_Scalar, (-2.0,)),
-    "pow1.5": (aten.pow.Tensor_Scalar, (1.5,)),
-    "silu": (aten.silu.default, ()), "gelu": (aten.gelu.default, ()),
-    "gelu_tanh": (aten.gelu.default, ("tanh",)),
+    "tanh": (aten.tanh.default, (), {}), "sigmoid": (aten.sigmoid.default, (), {}),
+    "exp": (aten.exp.default, (), {}), "exp2": (aten.exp2.default, (), {}),
+    "expm1": (aten.expm1.default, (), {}), "log": (aten.log.default, (), {}),
+    "log1p": (aten.log1p.default, (), {}), "erf": (aten.erf.default, (), {}),
+    "sin": (aten.sin.default, (), {}), "cos": (aten.cos.default, (), {}),
+    "rsqrt": (aten.rsqrt.default, (), {}), "reciprocal": (aten.reciprocal.default, (), {}),
+    "pow3": (aten.pow.Tensor_Scalar, (3.0,), {}), "pow-2": (aten.pow.Tensor_Scalar, (-2.0,), {}),
+    "pow1.5": (aten.pow.Tensor_Scalar, (1.5,), {}),
+    "silu": (aten.silu.default, (), {}), "gelu": (aten.gelu.default, (), {}),
+    # aten::gelu takes `approximate` by keyword only (a positional "tanh" is refused)
+    "gelu_tanh": (aten.gelu.default, (), {"approximate": "tanh"}),
 }
 
 
@@ -63,11 +64,11 @@ def main() -> int:
     print(env, flush=True)
     rows = []
     for name in a.ops.split(","):
-        ov, scalars = OPS[name]
+        ov, scalars, kwargs = OPS[name]
         for d in a.dtypes.split(","):
             t0 = time.perf_counter()
-            exact.prove(ov, scalars, {}, DTYPES[d], dev)
-            rec = dict(exact._PROOFS[exact._proof_key(ov, scalars, {}, DTYPES[d], dev)],
+            exact.prove(ov, scalars, kwargs, DTYPES[d], dev)
+            rec = dict(exact._PROOFS[exact._proof_key(ov, scalars, kwargs, DTYPES[d], dev)],
                        name=name, name_dtype=d, seconds=round(time.perf_counter() - t0, 2))
             print(rec, flush=True)
             rows.append(rec)
