@@ -16,7 +16,9 @@ Phases (each writes OUT_DIR/<phase>.json and prints a markdown table last):
 - `speed`: about 1B-parameter models, random weights, bf16: eager, kernelize, torch.compile and
   kernelize(compile=True), each in default and reduce-overhead mode; prefill 1x512 and 8x2048
   (CUDA events, median), and one decode step at batch 1 and 8 against a static KV cache of 512
-  positions (the same step replayed: CUDA-graph-able, GPU time per token).
+  positions (the same step replayed: CUDA-graph-able, GPU time per token). The candidates share
+  one process unless `--isolate` gives each its own: in one process the host-bound rows (decode,
+  prefill 1x512) of a candidate compiled after another are slower (session 21).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import argparse
 import copy
 import json
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -421,6 +424,28 @@ def phase_speed(a) -> list[dict]:
     return rows
 
 
+def phase_speed_isolated(a, argv: list[str]) -> list[dict]:
+    """`--isolate`: each candidate of the speed phase in a process of its own, one after the
+    other, with the same arguments (in one process the candidate compiled second measured slower
+    host-bound rows: session 21 run 4, Llama decode at batch 1, 2.27 ms first against 2.71 ms
+    second for kernelize, 2.24 against 2.44 ms for plain compile). Each process writes its rows
+    under OUT_DIR/<i>-<candidate>/; the rows come back here, in the candidates' order."""
+    rows = []
+    for i, how in enumerate(a.candidates.split(",")):
+        sub = Path(a.out) / f"{i}-{how.replace('+', '_')}"   # "+" does not travel back from the device
+        cmd = [sys.executable, str(Path(__file__).resolve()), str(sub), *argv, "--candidates", how]
+        print(f"== {how}, a process of its own: {' '.join(cmd)}", flush=True)
+        done = subprocess.run(cmd, check=False)
+        got = sub / "speed.rows.jsonl"
+        found = [json.loads(line) for line in got.read_text().splitlines()] if got.is_file() else []
+        if not found:
+            found = [dict(arch=a.archs, candidate=how, error=f"its process left no row (exit {done.returncode})")]
+        for r in found:
+            emit(r)
+        rows += found
+    return rows
+
+
 def table(phase: str, rows: list[dict]) -> str:
     out = []
     if phase == "exact":
@@ -486,6 +511,9 @@ def main() -> int:
     p.add_argument("--decode", default=None, metavar="B,...",
                    help="speed: the decode batches (default 1,8; --prefill-only: none)")
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the exact and locate phases")
+    p.add_argument("--isolate", action="store_true",
+                   help="speed: each candidate in a process of its own, one after the other (wall "
+                        "times of candidates compiled in one process are not comparable)")
     a = p.parse_args()
     a.prefill_shapes = [tuple(map(int, x.split("x"))) for x in
                         (a.prefills or ("1x512" if a.quick else "1x512,8x2048")).split(",")
@@ -508,7 +536,22 @@ def main() -> int:
     print(env, flush=True)
     global ROWS_FILE
     ROWS_FILE = out / f"{a.phase}.rows.jsonl"
-    rows = {"exact": phase_exact, "locate": phase_locate, "speed": phase_speed}[a.phase](a)
+    if a.isolate and a.phase == "speed" and "," in a.candidates:
+        # the arguments again for each process, without the output folder, --isolate and the
+        # candidate list (each gets one)
+        argv, skip = [], False
+        rest = sys.argv[1:]
+        rest.remove(a.out)
+        for x in rest:
+            if skip:
+                skip = False
+            elif x == "--candidates":
+                skip = True
+            elif x != "--isolate" and not x.startswith("--candidates="):
+                argv.append(x)
+        rows = phase_speed_isolated(a, argv)
+    else:
+        rows = {"exact": phase_exact, "locate": phase_locate, "speed": phase_speed}[a.phase](a)
     proofs = _exact.proofs()   # the math-library functions proven (or not) on this device
     (out / f"{a.phase}.json").write_text(json.dumps(dict(env=env, rows=rows, proofs=proofs), indent=1,
                                                     default=str))
