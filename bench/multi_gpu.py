@@ -15,6 +15,10 @@ When every job has ended, OUT_DIR holds two files: `results.tar.gz` (every job's
 and `summary.md` (per job: GPU, exit status, seconds, and the last markdown table its log
 printed), which is also printed last. Two files, because the device tool brings back at most 8.
 Jobs on different GPUs of one machine share its CPUs: compare speeds as ratios within one job.
+Each job is pinned to a slice of the CPUs of its own (the CPUs this process may use, split evenly
+over the GPUs; `--no-pin` turns it off), and inductor's compile workers are sized to that slice
+(TORCHINDUCTOR_COMPILE_THREADS), so that one job's compilation does not take the cores that
+another job's host-bound timing runs on (session 21's runs 1-3 were not pinned).
 """
 from __future__ import annotations
 
@@ -39,6 +43,14 @@ def gpus() -> list[str]:
     except (OSError, subprocess.CalledProcessError) as e:
         sys.exit(f"multi_gpu: no GPU list (nvidia-smi: {e}); set CUDA_VISIBLE_DEVICES")
     return [line.strip() for line in r.stdout.splitlines() if line.strip()]
+
+
+def cpu_slices(n: int) -> list[list[int]]:
+    """The CPUs this process may use, split into `n` contiguous slices of equal size (the
+    remainder unused); one CPU each where there are fewer CPUs than slices."""
+    cpus = sorted(os.sched_getaffinity(0))
+    per = max(1, len(cpus) // n)
+    return [cpus[(i * per) % len(cpus):(i * per) % len(cpus) + per] for i in range(n)]
 
 
 def last_table(text: str) -> str:
@@ -79,6 +91,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
     ap.add_argument("--job", action="append", type=parse_job, required=True, metavar="NAME=COMMAND")
+    ap.add_argument("--no-pin", dest="pin", action="store_false",
+                    help="leave every job on all CPUs (default: a slice of the CPUs per GPU)")
     ap.add_argument("--timeout", type=float, default=570.0,
                     help="seconds a job may run before it is stopped (default 570: under the "
                          "device tool's 600-second call)")
@@ -91,6 +105,7 @@ def main() -> int:
     free = gpus()
     if not free:
         sys.exit("multi_gpu: no GPU")
+    slices = dict(zip(free, cpu_slices(len(free))))
     pending = list(a.job)
     running: dict[str, tuple[subprocess.Popen, str, float]] = {}
     done: list[dict] = []
@@ -101,11 +116,16 @@ def main() -> int:
             gpu = free.pop(0)
             (out / name).mkdir(exist_ok=True)
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu, JOB_OUT=str(out / name))
+            cpus = slices[gpu] if a.pin else None
+            if cpus:
+                env["TORCHINDUCTOR_COMPILE_THREADS"] = str(len(cpus))
             log = (out / f"{name}.log").open("w")
             p = subprocess.Popen(["bash", "-c", cmd], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+                                 start_new_session=True,
+                                 preexec_fn=(lambda c=cpus: os.sched_setaffinity(0, c)) if cpus else None)
             running[name] = (p, gpu, time.monotonic())
-            print(f"multi_gpu: {name} started on GPU {gpu}", flush=True)
+            where = f", CPUs {cpus[0]}-{cpus[-1]}" if cpus else ""
+            print(f"multi_gpu: {name} started on GPU {gpu}{where}", flush=True)
         time.sleep(1.0)
         for name, (p, gpu, t0) in list(running.items()):
             timed_out = p.poll() is None and time.monotonic() - t0 > a.timeout
