@@ -21,11 +21,13 @@ OUT = Path(_ARGS.pop(_ARGS.index("--out") + 1)) if "--out" in _ARGS else ROOT / 
 _ARGS = [a for a in _ARGS if a != "--out"]
 RUN = Path(_ARGS[0]) if _ARGS else ROOT / "docs" / "gpu-runs" / "2026-11-26-s8"
 ENV = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "transformers": "5.17.0",
-       "date": "2026-11-26 (layers, models) and 2026-11-28 (math functions)"}
-# The math-library functions, proven on every input (bench/math_proofs.py on the same H100 and
-# torch; run 2 is the `x * x * x` rewrite of pow(x, 3.0), which run 1 predates).
-PROOFS = ROOT / "docs" / "gpu-runs" / "2026-11-28-s20"
-PROOF_RUNS = ("run1-math-proofs.json", "run2-math-proofs-pow3.json")
+       "date": "2026-11-26 (layers, models) and 2026-11-28 (math functions; one row on an H200)"}
+# The math-library functions, proven on every input (bench/math_proofs.py), run by run: a later
+# record of a function and dtype replaces an earlier one. Session 20 (H100): every function, then
+# the `x * x * x` rewrite of pow(x, 3.0); session 21: the sigmoid, silu and gelu rewrites (H100),
+# then gelu's tanh form (an H200: no H100 was lent for that call).
+PROOF_RUNS = (("2026-11-28-s20", "run1-math-proofs.json"), ("2026-11-28-s20", "run2-math-proofs-pow3.json"),
+              ("2026-11-28-s21", "run1-proofs-proofs.json"), ("2026-11-28-s21", "run4-proofs-proofs.json"))
 DTYPE_NAMES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
 
 # "what Inductor rewrites": what the divergence locator named on the GPU (run2-locate-*.json,
@@ -84,34 +86,45 @@ def bits(r: dict | None) -> str:
 
 def proof_rows() -> list[dict]:
     """One row per math-library function and dtype: inductor's own code against eager's kernel on
-    every input, and what exact compile runs (inductor's code or a rewrite where proven, else
-    eager's kernel)."""
+    every input, each rewrite exact compile tried, and what exact compile runs (inductor's code
+    or a rewrite where proven, else eager's kernel)."""
     recs: dict = {}
-    for name in PROOF_RUNS:
-        for r in json.loads((PROOFS / name).read_text())["rows"]:
-            recs[(r["name"], r["dtype"])] = r   # a later run replaces an earlier one
+    for run, name in PROOF_RUNS:
+        doc = json.loads((ROOT / "docs" / "gpu-runs" / run / name).read_text())
+        for r in doc["rows"]:
+            recs[(r["name"], r["dtype"])] = (run, doc["env"]["device"], r)
     out = []
-    for (name, dtype), r in recs.items():
+    for (name, dtype), (run, device, r) in recs.items():
         lowering = r.get("lowering", "inductor" if r["equal"] else None)
-        fd = r["first_difference"] if lowering != "inductor" else None
+        # records before the rewrites have no `tried`: inductor's own code was the one tried
+        tried = r.get("tried") or [dict(lowering="inductor", inputs=r["inputs"],
+                                        first_difference=r["first_difference"])]
+        own = next((t for t in tried if t["lowering"] == "inductor"), None)
         if r.get("error"):
             inductor = f"no proof made ({r['error'][:80]})"
-        elif fd is None:
-            inductor = f"bit-identical on all {r['inputs']:,} inputs"
-        elif r["inputs"] <= 65536:
-            inductor = f"{fd['differing_in_chunk']:,} of {r['inputs']:,} inputs differ"
+        elif own is None:
+            inductor = "not compared: inductor has no code of its own for it (it decomposes it)"
+        elif own["first_difference"] is None:
+            inductor = f"bit-identical on all {own['inputs']:,} inputs"
+        elif dtype != "float32":
+            inductor = f"{own['first_difference']['differing_in_chunk']:,} of {own['inputs']:,} inputs differ"
         else:
-            inductor = f"differs ({fd['differing_in_chunk']:,} of the first 16,777,216-input chunk that does)"
+            inductor = (f"differs ({own['first_difference']['differing_in_chunk']:,} of the first "
+                        "16,777,216-input chunk that does)")
+        rewrite = ("Triton's code for it" if own is not None or r.get("error") else
+                   "inductor's decomposition of it") + "".join(
+            f"; exact compile tries {t['lowering']}: "
+            + ("eager's bits" if t["first_difference"] is None else "differs")
+            for t in tried if t["lowering"] != "inductor")
         exact = {"inductor": "bit-identical (inductor's code, proven)", None: "bit-identical (eager's kernel)"}
-        call = r["op"].split(".")[1] + "(" + ", ".join(["x", *map(repr, r["scalars"])]) + ")"
-        out.append(dict(subject=f"{call} (math library)",
-                        rewrite="Triton's code for it" + ("" if lowering in ("inductor", None) else
-                                                          f"; exact compile proves {lowering} instead"),
-                        dtypes=DTYPE_NAMES[dtype],
-                        measured="every input of the dtype against eager's kernel (bench/math_proofs.py)",
+        call = r["op"].split(".")[1] + "(" + ", ".join(
+            ["x", *map(repr, r["scalars"]), *(f"{k}={v!r}" for k, v in r.get("kwargs", {}).items())]) + ")"
+        out.append(dict(subject=f"{call} (math library)", rewrite=rewrite, dtypes=DTYPE_NAMES[dtype],
+                        measured=f"every input of the dtype against eager's kernel on an {device} "
+                                 "(bench/math_proofs.py)",
                         inductor=inductor,
                         exact=exact.get(lowering, f"bit-identical ({lowering}, proven)"),
-                        evidence=f"docs/gpu-runs/{PROOFS.name}/"))
+                        evidence=f"docs/gpu-runs/{run}/"))
     return out
 
 
