@@ -59,6 +59,7 @@ word_enum!(
         RmsNorm => "rms_norm",
         FusedAddRmsNorm => "fused_add_rms_norm",
         LayerNorm => "layer_norm",
+        FusedAddLayerNorm => "fused_add_layer_norm",
         Silu => "silu",
         SiluAndMul => "silu_and_mul",
         Gelu => "gelu",
@@ -108,6 +109,7 @@ impl Op {
             Op::RmsNorm
                 | Op::FusedAddRmsNorm
                 | Op::LayerNorm
+                | Op::FusedAddLayerNorm
                 | Op::SiluAndMul
                 | Op::SiluMul
                 | Op::GeluTanhMul
@@ -150,6 +152,9 @@ impl Op {
             ),
             Op::LayerNorm => one!(
                 "T* out, const T* x, const T* w, const T* b, long long rows, long long cols, float eps"
+            ),
+            Op::FusedAddLayerNorm => one!(
+                "T* out, T* residual, const T* x, const T* w, const T* b, long long rows, long long cols, float eps"
             ),
             Op::Silu | Op::Gelu | Op::GeluTanh => one!("T* out, const T* x, long long n"),
             Op::SiluAndMul => one!("T* out, const T* x, long long rows, long long cols"),
@@ -202,7 +207,11 @@ impl Op {
     pub fn takes_eps(self) -> bool {
         matches!(
             self,
-            Op::RmsNorm | Op::FusedAddRmsNorm | Op::LayerNorm | Op::RmsNormBackward
+            Op::RmsNorm
+                | Op::FusedAddRmsNorm
+                | Op::LayerNorm
+                | Op::FusedAddLayerNorm
+                | Op::RmsNormBackward
         )
     }
     /// The gradients a backward op writes, each compared and classed on its own (docs/spec.md
@@ -224,13 +233,19 @@ impl Op {
         }
     }
     /// How many `rows x cols` tensors a launch writes and a verification compares:
-    /// fused_add_rms_norm writes `out` and updates `residual`; every other op writes `out`
+    /// the fused adds write `out` and update `residual`; every other op writes `out`
     /// (rms_norm_backward: `dx`; its `dw` is one row).
     pub fn outputs(self) -> u64 {
-        match self {
-            Op::FusedAddRmsNorm => 2,
-            _ => 1,
+        if self.updates_residual() {
+            2
+        } else {
+            1
         }
+    }
+    /// The ops that add `x` into `residual` in place before normalising it (`residual :=
+    /// round(x + residual)`): an input the launch also writes, compared as an output.
+    pub fn updates_residual(self) -> bool {
+        matches!(self, Op::FusedAddRmsNorm | Op::FusedAddLayerNorm)
     }
     /// The bytes one launch on `rows x cols` must move: every input read once and every output
     /// written once (weights and biases are one row). The speed of a case is this over its
@@ -242,6 +257,7 @@ impl Op {
             Op::RmsNorm => n.saturating_mul(2).saturating_add(cols),
             Op::FusedAddRmsNorm => n.saturating_mul(4).saturating_add(cols),
             Op::LayerNorm => n.saturating_mul(2).saturating_add(2 * cols),
+            Op::FusedAddLayerNorm => n.saturating_mul(4).saturating_add(2 * cols),
             Op::Silu | Op::Gelu | Op::GeluTanh => n.saturating_mul(2),
             Op::SiluAndMul | Op::SiluMul | Op::GeluTanhMul => n.saturating_mul(3),
             // dy and x read, dx written; w read and dw written (the workspace is the kernel's

@@ -481,20 +481,27 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
     return lines
 
 
+#: A swapped norm (op, semantics) -> the fused op that adds a residual before the same norm.
+FUSED_PARTNER = {("rms_norm", "llama"): "fused_add_rms_norm", ("layer_norm", "default"): "fused_add_layer_norm"}
+
+
 def _plan_residual_norms(plan: list, src, policy: str, arch: str) -> list[str]:
-    """Exact compile: each swapped rms_norm (llama) layer is paired with the source's
-    fused_add_rms_norm kernel of its dtype and width (the same policy), so that the exact backend
-    can run a residual add and this norm as that one kernel (`exact.fuse_residual_norms`).
-    Returns the report's line: which kernel, for how many layers, or why none."""
+    """Exact compile: each swapped rms_norm (llama) or layer_norm layer is paired with the
+    source's fused kernel of its dtype and width (`FUSED_PARTNER`: fused_add_rms_norm,
+    fused_add_layer_norm; the same policy), so that the exact backend can run a residual add and
+    this norm as that one kernel (`exact.fuse_residual_norms`). Returns the report's lines: which
+    kernel, for how many layers, or why none."""
     cache: dict[Key, Resolution] = {}
-    paired, why = {}, set()
+    paired, why = {}, {}
     for s, _, res, _, per_dtype in plan:
         kz = s.module.__dict__.get("_kz")
-        if (res.kernel is None or per_dtype or s.op != "rms_norm" or s.semantics != "llama"
+        fused_op = FUSED_PARTNER.get((s.op, s.semantics))
+        if (res.kernel is None or per_dtype or fused_op is None
                 or kz is None or "_kz_compiled" not in s.module.__dict__
                 or L.is_python(res.kernel.manifest)):
             continue   # only a CUDA norm kernel is paired (a Python candidate stays as chosen)
-        key = Key("fused_add_rms_norm", "default", s.dtype, arch, s.cols, policy)
+        why.setdefault(fused_op, set())
+        key = Key(fused_op, "default", s.dtype, arch, s.cols, policy)
         if key not in cache:
             cache[key] = src.resolve(key)
         r = cache[key]
@@ -502,25 +509,26 @@ def _plan_residual_norms(plan: list, src, policy: str, arch: str) -> list[str]:
         # pairing would outlive this one's policy: the latest call decides.
         ops.unpair_residual(kz[0])
         if r.kernel is None:
-            why.update(r.excluded or ["none qualifies"])
+            why[fused_op].update(r.excluded or ["none qualifies"])
             continue
         if L.is_python(r.kernel.manifest):
-            why.add(f"{r.kernel.label} is a Python candidate (only CUDA kernels are fused)")
+            why[fused_op].add(f"{r.kernel.label} is a Python candidate (only CUDA kernels are fused)")
             continue
         try:
             fk = L.compiled(r.kernel.digest, r.kernel.manifest, r.kernel.source, s.dtype,
                             s.module.__dict__["_kz_compiled"].device)
         except Exception as ex:  # noqa: BLE001 (not fused: the add stays inductor's)
-            why.add(f"{r.kernel.label} could not be loaded ({type(ex).__name__}: {ex})")
+            why[fused_op].add(f"{r.kernel.label} could not be loaded ({type(ex).__name__}: {ex})")
             continue
         ops.pair_residual(kz[0], ops.register(fk))
-        paired.setdefault(r.kernel.label, 0)
-        paired[r.kernel.label] += 1
-    lines = [f"compile: a residual add feeding one of {n} rms_norm layers runs with it as "
-             f"{label} (verified like the norm)" for label, n in paired.items()]
-    if why and not paired:
-        lines.append("compile: residual adds stay separate kernels: no fused_add_rms_norm kernel "
-                     "(" + "; ".join(sorted(why))[:300] + ")")
+        paired.setdefault((s.op, fused_op, r.kernel.label), 0)
+        paired[(s.op, fused_op, r.kernel.label)] += 1
+    lines = [f"compile: a residual add feeding one of {n} {op} layers runs with it as "
+             f"{label} (verified like the norm)" for (op, _, label), n in paired.items()]
+    for fused_op, reasons in why.items():
+        if reasons and not any(f == fused_op for _, f, _ in paired):
+            lines.append(f"compile: residual adds stay separate kernels: no {fused_op} kernel "
+                         "(" + "; ".join(sorted(reasons))[:300] + ")")
     return lines
 
 

@@ -376,35 +376,70 @@ def hoist_sdpa_masks(gm: torch.fx.GraphModule) -> int:
 
 # A decoder block adds its attention's (or MLP's) output to the residual stream and normalises
 # the sum: `h = residual + o_proj(a); y = norm(h)`. With the norm an opaque kernel, inductor runs
-# the add as a kernel of its own. Where kernelize swapped the norm (llama semantics) and loaded
-# the source's verified fused_add_rms_norm kernel beside it (`ops.pair_residual`), the two run as
-# that one kernel: `s = round(x + residual)` is eager's bf16/f16/f32 add (addition commutes, so
+# the add as a kernel of its own. Where kernelize swapped the norm (an RMSNorm of llama semantics,
+# or a LayerNorm) and loaded the source's verified fused kernel beside it (fused_add_rms_norm,
+# fused_add_layer_norm; `ops.pair_residual`), the two run as that one kernel: `s = round(x + residual)` is eager's bf16/f16/f32 add (addition commutes, so
 # either operand may be the kernel's `residual`), its output the norm of s. The kernel writes s
 # over its `residual` operand, so that operand must be a fresh tensor nothing else reads: the
-# output of a linear layer or matmul whose only user is the add (never a graph input or a view).
+# output of a linear layer or matmul whose only user is the add (never a graph input or a view
+# of one), or a reshaping view or eval-mode dropout of such an output (`_fresh`).
 
 #: Whether the exact backend fuses residual adds into the norms after them (a switch for the
 #: benchmarks that measure what the fusion gains; both ways are exact).
 FUSE_RESIDUAL_NORMS = True
 
 _FRESH = frozenset(f for f in (getattr(torch._C._nn, "linear", None), torch.nn.functional.linear,
-                               torch.matmul, operator.matmul, torch.mm, torch.bmm) if f is not None)
+                               torch.matmul, operator.matmul, torch.mm, torch.bmm, torch.addmm)
+                   if f is not None)
+# What may stand between a fresh tensor and the add, each read by the next alone: a reshaping
+# view (GPT-2's Conv1D: `addmm(b, x.view(-1, d), w).view(*shape, d)`) and dropout outside
+# training (the tensor itself).
+_VIEW_METHODS = frozenset({"view", "reshape"})
+_VIEW_FUNCTIONS = frozenset({torch.reshape})
+
+
+def _fresh(a: Any) -> bool:
+    """Whether the add's operand `a` is a fresh tensor the add alone reads: the output of a
+    linear layer or matmul (`_FRESH`, not a view of anything), or a view or an eval-mode dropout
+    of one, each step read by the next alone."""
+    while isinstance(a, torch.fx.Node) and len(a.users) == 1:
+        if a.op == "call_function" and a.target in _FRESH:
+            return _is_tensor(_value(a)) and _value(a)._base is None
+        if (a.op == "call_method" and a.target in _VIEW_METHODS) or \
+                (a.op == "call_function" and a.target in _VIEW_FUNCTIONS):
+            a = a.args[0]
+        elif a.op == "call_function" and a.target is torch.nn.functional.dropout and \
+                not {**dict(zip(("input", "p", "training", "inplace"), a.args)), **a.kwargs}.get(
+                    "training", True):
+            a = a.args[0] if a.args else a.kwargs.get("input")
+        else:
+            return False
+    return False
 
 
 def fuse_residual_norms(gm: torch.fx.GraphModule) -> int:
-    """Replace each `kernelize::launch_rms_norm(a + b, ...)` of a dynamo graph whose kernel has a
-    fused partner (`ops.residual_partner`) by `kernelize::launch_fused_add_rms_norm`, when one of
-    a and b is a fresh tensor only the add reads and the sum is read nowhere before the norm;
-    returns how many were replaced. Under autograd nothing is replaced (the op has no backward)."""
+    """Replace each `kernelize::launch_rms_norm(a + b, w, eps, key)` (and
+    `kernelize::launch_layer_norm(a + b, w, bias, eps, key)`) of a dynamo graph whose kernel has a
+    fused partner (`ops.residual_partner`) by `kernelize::launch_fused_add_rms_norm` (and
+    `kernelize::launch_fused_add_layer_norm`), when one of a and b is a fresh tensor only the add
+    reads and the sum is read nowhere before the norm; returns how many were replaced. Under
+    autograd nothing is replaced (the ops have no backward)."""
     from . import ops
-    norm_ops = {torch.ops.kernelize.launch_rms_norm.default, torch.ops.kernelize.launch_rms_norm}
+    k = torch.ops.kernelize
+    # norm op -> (its fused op, how many arguments it takes: the first is the normalised tensor,
+    # the last the kernel's key; the fused op takes (other, res, *the ones between, fused key))
+    fused_of = {}
+    for norm, fused, nargs in ((k.launch_rms_norm, k.launch_fused_add_rms_norm, 4),
+                               (k.launch_layer_norm, k.launch_fused_add_layer_norm, 5)):
+        fused_of[norm] = fused_of[norm.default] = (fused.default, nargs)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     n_fused = 0
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in norm_ops or node.kwargs \
-                or len(node.args) != 4:
+        if node.op != "call_function" or node.target not in fused_of or node.kwargs \
+                or len(node.args) != fused_of[node.target][1]:
             continue
-        h, w, eps, key = node.args
+        fused_op = fused_of[node.target][0]
+        h, *params, key = node.args
         fkey = ops.residual_partner(key)
         if fkey is None or not isinstance(h, torch.fx.Node) or h.op != "call_function" \
                 or h.target not in (operator.add, torch.add) or h.kwargs or len(h.args) != 2:
@@ -416,8 +451,7 @@ def fuse_residual_norms(gm: torch.fx.GraphModule) -> int:
             continue   # a broadcast or a promotion: not the kernel's add
         if any(order.get(u, -1) < order[node] for u in h.users if u is not node):
             continue   # the sum is read before the norm (or by a node this pass inserted)
-        fresh = [a for a in h.args if a.op == "call_function" and a.target in _FRESH
-                 and len(a.users) == 1 and _value(a)._base is None]
+        fresh = [a for a in h.args if _fresh(a)]
         if not fresh:
             continue
         res = fresh[-1]
@@ -425,8 +459,7 @@ def fuse_residual_norms(gm: torch.fx.GraphModule) -> int:
         if other is res:
             continue   # x + x
         with gm.graph.inserting_before(node):
-            new = gm.graph.call_function(torch.ops.kernelize.launch_fused_add_rms_norm.default,
-                                         (other, res, w, eps, fkey))
+            new = gm.graph.call_function(fused_op, (other, res, *params, fkey))
         new.meta = dict(node.meta)
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)

@@ -414,6 +414,27 @@ def run_fused_add_rms_norm(k: CompiledKernel, x: torch.Tensor, residual: torch.T
     return out
 
 
+def run_fused_add_layer_norm(k: CompiledKernel, x: torch.Tensor, residual: torch.Tensor,
+                             w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
+    """ABI (out, residual, x, w, b, rows, cols, eps): residual := x + residual in place,
+    out = layer_norm(residual). A residual that is not contiguous and aligned is computed in a
+    copy and copied back."""
+    if isinstance(k, PythonKernel):
+        return k.fused_add_layer_norm(x, residual, w, b, eps)
+    if residual.shape != x.shape:
+        raise ValueError(f"fused_add_layer_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
+    x, w, b = aligned(x), aligned(w), aligned(b)
+    res = aligned(residual)
+    cols = x.shape[-1]
+    rows = x.numel() // cols
+    out = torch.empty_like(x)
+    if rows:
+        k.launch(rows, cols, (out, res, x, w, b), (rows, cols, float(eps)))
+    if res is not residual:
+        residual.copy_(res)
+    return out
+
+
 def run_layer_norm(k: CompiledKernel, x, w, b, eps: float) -> torch.Tensor:
     if isinstance(k, PythonKernel):
         return k.layer_norm(x, w, b, eps)

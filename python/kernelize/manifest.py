@@ -17,8 +17,8 @@ import re
 from typing import Any
 
 # kernel-registry's Op, in declaration order (python/tests/fixtures/abi.json is checked against it)
-OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "silu", "silu_and_mul", "gelu", "gelu_tanh",
-       "silu_mul", "gelu_tanh_mul")
+OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "fused_add_layer_norm", "silu", "silu_and_mul",
+       "gelu", "gelu_tanh", "silu_mul", "gelu_tanh_mul")
 SEMANTICS = {"rms_norm": ("llama", "gemma", "torch"), "rms_norm_backward": ("llama",)}
 # kernel-registry's backward ops (docs/spec.md section 2c) and their entries (`Op::stages`, in
 # launch order; python/tests/fixtures/abi.json's `backward_ops` is checked against it).
@@ -27,8 +27,8 @@ BACKWARD_OPS = {"rms_norm_backward": ("dx", "dwp", "dw")}
 # abi.json's `backward_ops` too): what a training-mode layer can get a backward kernel for.
 BACKWARD_OF = {("rms_norm", "llama"): "rms_norm_backward"}
 DTYPES = ("bf16", "f16", "f32")  # BTreeMap<DType, _> order (enum declaration order)
-ROWWISE_OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "silu_and_mul", "silu_mul",
-               "gelu_tanh_mul")
+ROWWISE_OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "fused_add_layer_norm", "silu_and_mul",
+               "silu_mul", "gelu_tanh_mul")
 
 # Manifest::parse's length limits (kernel-registry/src/manifest.rs MAX_*; bytes of UTF-8).
 MANIFEST_LIMITS = {

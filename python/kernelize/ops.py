@@ -15,6 +15,7 @@ only; on other devices the swapped forward never calls them (it runs the origina
 | `kernelize::launch_rms_norm` | `(x, weight, eps: float, key: int) -> out` | rms_norm (any semantics: the kernel decides) |
 | `kernelize::launch_fused_add_rms_norm` | `(x, residual!, weight, eps, key) -> out` | `residual := x + residual`, out = norm(residual) |
 | `kernelize::launch_layer_norm` | `(x, weight, bias, eps, key) -> out` | layer_norm |
+| `kernelize::launch_fused_add_layer_norm` | `(x, residual!, weight, bias, eps, key) -> out` | `residual := x + residual`, out = layer_norm(residual) |
 | `kernelize::launch_silu` / `launch_gelu` / `launch_gelu_tanh` | `(x, key) -> out` | elementwise |
 | `kernelize::launch_silu_and_mul` | `(gate, up, key) -> out` | silu(gate) * up (concatenated into the ABI's `[rows, 2*cols]` inside) |
 | `kernelize::launch_silu_mul` / `launch_gelu_tanh_mul` | `(gate, up, key) -> out` | act(gate) * up on the two tensors as they are |
@@ -28,7 +29,7 @@ dispatcher at every step, and `custom_op`'s Python wrappers for the autograd and
 cost 13 µs a call more (H200, torch 2.11: 30 against 17 µs a call from inductor's code,
 `bench/op_overhead.py`, docs/gpu-runs/2026-11-27-s16). The swapped layers call them only where no
 input needs a gradient (training has its own op, `training.py`), and the one op that mutates an
-input (`residual`) bumps its version counter itself, as `custom_op` would.
+input (`residual`: the fused adds) bumps its version counter itself, as `custom_op` would.
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ _KERNELS: dict[int, Any] = {}   # key -> CompiledKernel (held for the process, a
 _KEYS: dict[int, int] = {}      # id(compiled) -> key (ids stay unique: _KERNELS keeps them alive)
 _LOCK = threading.Lock()
 
-OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "silu", "gelu", "gelu_tanh",
-       "silu_and_mul", "silu_mul", "gelu_tanh_mul")
+OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "fused_add_layer_norm", "silu", "gelu",
+       "gelu_tanh", "silu_and_mul", "silu_mul", "gelu_tanh_mul")
 
 
 def register(compiled: Any) -> int:
@@ -60,29 +61,29 @@ def register(compiled: Any) -> int:
         return key
 
 
-#: An rms_norm kernel's key -> the key of a fused_add_rms_norm kernel computing eager's
-#: `norm(x + residual)` with the same norm (llama semantics), for the exact backend's fusion of a
-#: residual add into the norm after it (`exact.fuse_residual_norms`). Filled by kernelize(...,
-#: compile=...) for the layers it swapped.
+#: A norm kernel's key -> the key of a fused kernel computing eager's `norm(x + residual)` with
+#: the same norm: fused_add_rms_norm for an rms_norm kernel (llama semantics), fused_add_layer_norm
+#: for a layer_norm kernel; for the exact backend's fusion of a residual add into the norm after
+#: it (`exact.fuse_residual_norms`). Filled by kernelize(..., compile=...) for the layers it swapped.
 _RESIDUAL: dict[int, int] = {}
 
 
 def pair_residual(norm_key: int, fused_key: int) -> None:
-    """Say that the fused_add_rms_norm kernel under `fused_key` computes the rms_norm kernel
-    under `norm_key` of a residual sum."""
+    """Say that the fused kernel under `fused_key` computes the norm kernel under `norm_key` of
+    a residual sum."""
     with _LOCK:
         _RESIDUAL[norm_key] = fused_key
 
 
 def unpair_residual(norm_key: int) -> None:
-    """Forget the fused partner of the rms_norm kernel `norm_key` (the latest kernelize call
-    found none that qualifies for it)."""
+    """Forget the fused partner of the norm kernel `norm_key` (the latest kernelize call found
+    none that qualifies for it)."""
     with _LOCK:
         _RESIDUAL.pop(norm_key, None)
 
 
 def residual_partner(norm_key: Any) -> int | None:
-    """The fused_add_rms_norm key paired with the rms_norm kernel `norm_key`, or None."""
+    """The fused kernel's key paired with the norm kernel `norm_key`, or None."""
     return _RESIDUAL.get(norm_key) if isinstance(norm_key, int) else None
 
 
@@ -162,6 +163,14 @@ def launch_fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: 
 @_launch_op("layer_norm", "(Tensor x, Tensor weight, Tensor bias, float eps, int key) -> Tensor")
 def launch_layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float, key: int) -> Tensor:
     return L.run_layer_norm(kernel(key), x, weight, bias, eps)
+
+
+@_launch_op("fused_add_layer_norm",
+            "(Tensor x, Tensor(a!) residual, Tensor weight, Tensor bias, float eps, int key) -> Tensor")
+def launch_fused_add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, eps: float,
+                                key: int) -> Tensor:
+    _bump((residual,))
+    return L.run_fused_add_layer_norm(kernel(key), x, residual, weight, bias, eps)
 
 
 # ---- activations ----------------------------------------------------------------------------

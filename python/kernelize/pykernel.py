@@ -130,6 +130,15 @@ class PythonKernel(SharedOnCopy):
             residual.copy_(r2.reshape(residual.shape))
         return out
 
+    def fused_add_layer_norm(self, x, residual, w, b, eps):
+        cols = x.shape[-1]
+        x2 = self._rows(x, cols)
+        r2 = residual.view(-1, cols) if residual.is_contiguous() else residual.reshape(-1, cols).clone()
+        out = self._out(self.fn(x2, r2, w.contiguous(), b.contiguous(), float(eps)), x, x2.shape[0], cols)
+        if r2.data_ptr() != residual.data_ptr():
+            residual.copy_(r2.reshape(residual.shape))
+        return out
+
     def layer_norm(self, x, w, b, eps):
         cols = x.shape[-1]
         x2 = self._rows(x, cols)

@@ -67,9 +67,10 @@ DTYPES = ("bf16", "f16", "f32")
 MEASURABLE_OPS = ("rms_norm", "layer_norm", "silu", "silu_and_mul", "silu_mul", "gelu",
                   "gelu_tanh", "gelu_tanh_mul")
 FUSED_ADD_REASON = (
-    "fused_add_rms_norm is not applicable to model-level measurement yet: the residual add "
-    "that the kernel fuses happens inside the decoder layer's forward (HF Llama), not in a "
-    "module that kernelize can swap, so no layer of any model matches this op")
+    "{op} is not applicable to model-level measurement yet: the residual add that the kernel "
+    "fuses happens inside the decoder layer's forward (HF Llama, GPT-2), not in a module that "
+    "kernelize can swap, so no layer of any model matches this op (exact compile fuses it in the "
+    "compiled graph)")
 
 
 class HarnessError(Exception):
@@ -448,8 +449,8 @@ def measure(kernel: Kernel, model_dir: Path, dtype: str, text: str, args, device
     skip = lambda reason: (None, {"model_name": name, "model_dir": str(model_dir),  # noqa: E731
                                   "dtype": dtype, "reason": reason})
     config = read_config(model_dir)
-    if kernel.op == "fused_add_rms_norm":
-        return skip(FUSED_ADD_REASON)
+    if kernel.op in ("fused_add_rms_norm", "fused_add_layer_norm"):
+        return skip(FUSED_ADD_REASON.format(op=kernel.op))
     ids_list, tok_label = tokenize(model_dir, config, text)
     limit = args.max_tokens
     if (mp := max_positions(config)) is not None:

@@ -46,10 +46,16 @@ def _fused(x, residual, w, eps, key):
     return _rms_refs(residual, w, eps)["llama"].contiguous()
 
 
+def _fused_ln(x, residual, w, b, eps, key):
+    residual.copy_(x + residual)
+    return F.layer_norm(residual, (residual.shape[-1],), w, b, eps).contiguous()
+
+
 STAND_INS = {
     "rms_norm": _rms,
     "fused_add_rms_norm": _fused,
     "layer_norm": lambda x, w, b, eps, key: F.layer_norm(x, (x.shape[-1],), w, b, eps).contiguous(),
+    "fused_add_layer_norm": _fused_ln,
     "silu": lambda x, key: F.silu(x).contiguous(),
     "gelu": lambda x, key: F.gelu(x).contiguous(),
     "gelu_tanh": lambda x, key: F.gelu(x, approximate="tanh").contiguous(),
@@ -96,7 +102,7 @@ def test_ops_registered():
         schema = op.default._schema
         assert schema.arguments[-1].name == "key" and str(schema.arguments[-1].type) == "int"
         mutated = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-        assert mutated == (["residual"] if name == "fused_add_rms_norm" else []), (name, schema)
+        assert mutated == (["residual"] if name.startswith("fused_add_") else []), (name, schema)
         assert len(schema.returns) == 1
     # the real implementations are CUDA ones; nothing is registered for CPU by the package
     assert torch._C._dispatch_has_kernel_for_dispatch_key("kernelize::launch_silu", "CUDA")
@@ -116,6 +122,7 @@ def _args(name, x, w, b, key=1):
         "rms_norm": (x, w, 1e-6, key),
         "fused_add_rms_norm": (x, x.clone(), w, 1e-6, key),
         "layer_norm": (x, w, b, 1e-5, key),
+        "fused_add_layer_norm": (x, x.clone(), w, b, 1e-5, key),
         "silu": (x, key), "gelu": (x, key), "gelu_tanh": (x, key),
         "silu_and_mul": (x, x.clone(), key),
         "silu_mul": (x, x.clone(), key),
@@ -219,7 +226,9 @@ def test_compile_layers_fullgraph_aot_eager(cpu_kernels):
         counted = torch.compile(net, backend=backend, fullgraph=True)
         assert torch.equal(counted(x), eager)
         assert len(graphs) == 1
-        assert _ops_in(graphs) == {n: 0 if n in GATED else 1 for n in ops.OPS}
+        # (the fused add + LayerNorm is exact compile's, made from an add and a LayerNorm)
+        assert _ops_in(graphs) == {n: 0 if n in GATED or n == "fused_add_layer_norm" else 1
+                                   for n in ops.OPS}
         for _ in range(10):  # no recompilation per call (the launch counter is not guarded on)
             assert torch.equal(counted(x), eager)
         assert len(graphs) == 1
@@ -451,6 +460,7 @@ def test_every_launch_passes_the_abi_of_its_op():
         "rms_norm": lambda k: launch.run_rms_norm(k, x, w, 1e-6),
         "fused_add_rms_norm": lambda k: launch.run_fused_add_rms_norm(k, x, u.clone(), w, 1e-6),
         "layer_norm": lambda k: launch.run_layer_norm(k, x, w, b, 1e-5),
+        "fused_add_layer_norm": lambda k: launch.run_fused_add_layer_norm(k, x, u.clone(), w, b, 1e-5),
         "silu": lambda k: launch.run_elementwise(k, x),
         "gelu": lambda k: launch.run_elementwise(k, x),
         "gelu_tanh": lambda k: launch.run_elementwise(k, x),

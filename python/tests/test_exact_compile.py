@@ -811,6 +811,7 @@ def test_sdpa_under_autograd_stays_traced_and_trains():
 # ---- residual add + norm as one kernel (exact.fuse_residual_norms) ---------------------------
 
 _NORM_KEY, _FUSED_KEY = 900_001, 900_002   # keys no kernel has: the CPU stand-ins ignore them
+_LN_KEY, _FUSED_LN_KEY = 900_003, 900_004
 
 
 def _llama_norm(x, w, eps):
@@ -828,12 +829,21 @@ def cpu_norm_ops():
         residual.copy_(x + residual)
         return _llama_norm(residual, w, eps)
 
+    def fused_ln(x, residual, w, b, eps, key):
+        residual.copy_(x + residual)
+        return torch.nn.functional.layer_norm(residual, residual.shape[-1:], w, b, eps)
+
     handles = [torch.library.register_kernel("kernelize::launch_rms_norm", "cpu",
                                              lambda x, w, eps, key: _llama_norm(x, w, eps)),
-               torch.library.register_kernel("kernelize::launch_fused_add_rms_norm", "cpu", fused)]
+               torch.library.register_kernel("kernelize::launch_fused_add_rms_norm", "cpu", fused),
+               torch.library.register_kernel("kernelize::launch_layer_norm", "cpu",
+                                             lambda x, w, b, eps, key: torch.nn.functional.layer_norm(x, x.shape[-1:], w, b, eps)),
+               torch.library.register_kernel("kernelize::launch_fused_add_layer_norm", "cpu", fused_ln)]
     ops.pair_residual(_NORM_KEY, _FUSED_KEY)
+    ops.pair_residual(_LN_KEY, _FUSED_LN_KEY)
     yield
     ops._RESIDUAL.pop(_NORM_KEY, None)
+    ops._RESIDUAL.pop(_LN_KEY, None)
     for h in handles:
         if hasattr(h, "destroy"):
             h.destroy()
@@ -863,7 +873,7 @@ def _fused_count(m, *inputs):
 
     def spy(gm, example_inputs, **kw):
         counts.append(exact.fuse_residual_norms(gm))
-        assert ("launch_fused_add_rms_norm" in gm.code) == bool(counts[-1])
+        assert ("launch_fused_add_" in gm.code) == bool(counts[-1])
         return exact.backend(gm, example_inputs, **kw)
 
     with torch.no_grad():
@@ -903,6 +913,43 @@ def test_no_fusion_without_a_partner_a_fresh_operand_or_when_the_sum_is_read_fir
             return torch.ops.kernelize.launch_rms_norm(a + b, self.w, 1e-6, _NORM_KEY), a
 
     counts, ref, got = _fused_count(TwoInputs().eval(), x, torch.randn(4, 64))
+    assert counts == [0] and locate.compare(ref, got).identical
+
+
+class _GPT2Residual(nn.Module):
+    """GPT-2's block around its LayerNorms: Conv1D projections (`addmm(b, x.view(-1, d), w)`
+    viewed back), eval-mode dropout, the residual add, then the norm (the kernelize op)."""
+
+    def __init__(self, d: int, key: int = _LN_KEY):
+        super().__init__()
+        self.w1, self.w2 = nn.Parameter(torch.randn(d, d) / d ** 0.5), nn.Parameter(torch.randn(d, d) / d ** 0.5)
+        self.b1, self.b2 = nn.Parameter(torch.randn(d)), nn.Parameter(torch.randn(d))
+        self.g, self.beta = nn.Parameter(torch.rand(d) + 0.5), nn.Parameter(torch.randn(d))
+        self.drop = nn.Dropout(0.1)
+        self.key = key
+
+    def conv1d(self, x, w, b):
+        return torch.addmm(b, x.view(-1, x.size(-1)), w).view(*x.shape[:-1], w.shape[-1])
+
+    def forward(self, x):
+        y = torch.ops.kernelize.launch_layer_norm(x, self.g, self.beta, 1e-5, self.key)
+        h = self.drop(self.conv1d(y, self.w1, self.b1)) + x
+        y2 = torch.ops.kernelize.launch_layer_norm(h, self.g, self.beta, 1e-5, self.key)
+        h2 = h + self.drop(self.conv1d(y2, self.w2, self.b2))
+        return torch.ops.kernelize.launch_layer_norm(h2, self.g, self.beta, 1e-5, self.key), h2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpt2s_residual_adds_run_with_the_layer_norms_after_them(cpu_norm_ops, dtype):
+    # fused_add_layer_norm: the add's fresh operand is a view of an addmm through an eval-mode
+    # dropout (GPT-2's Conv1D and resid_dropout); both adds fuse, the sums and outputs are eager's
+    torch.manual_seed(0)
+    m = _GPT2Residual(64).to(dtype).eval()
+    counts, ref, got = _fused_count(m, torch.randn(2, 3, 64, dtype=dtype))
+    assert counts == [2]
+    assert locate.compare(ref, got).identical
+    # a LayerNorm kernel without a fused partner: nothing fuses
+    counts, ref, got = _fused_count(_GPT2Residual(64, key=_LN_KEY + 7).eval(), torch.randn(2, 3, 64))
     assert counts == [0] and locate.compare(ref, got).identical
 
 
@@ -947,6 +994,38 @@ def test_kernelize_compile_pairs_each_swapped_norm_with_the_sources_fused_kernel
     # the same norm kernel (same key) as the first model's: the earlier pairing is gone
     assert m2.model.norm.__dict__["_kz"][0] == norm_key
     assert ops.residual_partner(norm_key) is None
+
+
+def test_kernelize_compile_looks_for_a_fused_add_layer_norm_beside_each_swapped_layer_norm(tmp_path, monkeypatch):
+    """GPT-2's LayerNorms: kernelize(..., compile=...) asks the source for a fused_add_layer_norm
+    kernel of the same dtype and width; the bundled kernels have none yet, and the report says
+    so (the adds stay inductor's kernels)."""
+    import shutil
+    import transformers
+    from conftest import REPO
+    from kernelize import core, launch, ops
+    from test_training import ForwardStandIn
+
+    def ln_run(op, key):   # core's runner for a stand-in layer_norm kernel: eager's function
+        assert op is ops.op("layer_norm")
+        return lambda _compiled, x, w, b, eps: torch.nn.functional.layer_norm(x, x.shape[-1:], w, b, eps)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    loaded: dict = {}
+    monkeypatch.setattr(launch, "compiled", lambda digest, manifest, *a, **k:
+                        loaded.setdefault(digest, ForwardStandIn(manifest)))
+    monkeypatch.setattr(core, "_stand_in_run", ln_run)
+    root = tmp_path / "k"
+    shutil.copytree(REPO / "kernels" / "layer_norm", root / "layer_norm")
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=64, n_layer=2, n_head=4, n_positions=32)
+    m = transformers.GPT2LMHeadModel(cfg).to(torch.bfloat16)
+    rep = kernelize(m, kernels_dir=root, compile=True, device="cuda:0", arch="sm_90", verbose=False)
+    lines = [n for n in rep.notes if n.startswith("compile:")]
+    assert len(lines) == 1 and "residual adds stay separate kernels" in lines[0] \
+        and "no kernel for fused_add_layer_norm" in lines[0], rep.notes
+    ln_key = m.transformer.ln_f.__dict__["_kz"][0]
+    assert ops.residual_partner(ln_key) is None
+    unkernelize(m)
 
 
 # ---- attention masks converted once (exact.hoist_sdpa_masks) --------------------------------

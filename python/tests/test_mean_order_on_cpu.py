@@ -323,3 +323,45 @@ def test_the_reference_follows_the_eager_mean_order_emulator():
             bad.append(f"{name} {dt} [{rows}, {cols}]: {n} elements differ from the emulator")
     assert checked > 100
     assert not bad, "\n".join(bad[:30])
+
+
+def test_the_fused_add_layer_norm_reference_is_the_add_then_the_layer_norm_reference():
+    # fused_add_layer_norm (GPT-2's `h = a + residual; ln_2(h)`) is eager's add in the dtype, then
+    # eager's nn.LayerNorm of the stored sum: the verifier's reference for it must give, bit for
+    # bit, the layer_norm reference's output on round(x + residual), and that sum as the residual.
+    units = {"reference": (_reference_source(), [])}
+    syms = [f"ref_{op}_default_{dt}" for op in ("layer_norm", "fused_add_layer_norm") for dt in DTYPES]
+    exe = build_runner("fused-ln-", units, syms)
+    d = Path(tempfile.mkdtemp(prefix="kz-cpu-fused-ln-"))
+    rng = np.random.default_rng(20261128)
+    jobs, meta = [], []
+    for dt in DTYPES:
+        for i, (rows, cols) in enumerate(LN_SHAPES):
+            xb, x = _bits_of(rng.standard_normal((rows, cols)), dt)
+            rb, res = _bits_of(rng.standard_normal((rows, cols)), dt)
+            wb, _ = _bits_of(0.2 * rng.standard_normal(cols) + 1.0, dt)
+            bb, _ = _bits_of(0.2 * rng.standard_normal(cols), dt)
+            hb, h = _bits_of(_round(x + res, dt), dt)   # eager's add: the sum rounded to dt
+            tag = f"{dt}-{i}"
+            (d / f"f{tag}").write_bytes(xb + wb + rb + bb)
+            (d / f"l{tag}").write_bytes(hb + wb + bb)
+            jobs.append(f"fused_ln ref_fused_add_layer_norm_default_{dt} {dt} {rows} {cols} 1e-5 {rows} 512 1 "
+                        f"{d / f'f{tag}'} {d / f'fo{tag}'}")
+            jobs.append(f"ln ref_layer_norm_default_{dt} {dt} {rows} {cols} 1e-5 {rows} 512 1 "
+                        f"{d / f'l{tag}'} {d / f'lo{tag}'}")
+            meta.append((dt, rows, cols, tag, hb))
+    (d / "jobs").write_text("\n".join(jobs) + "\n", encoding="utf-8")
+    r = subprocess.run([str(exe), str(d / "jobs")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    bad = []
+    for dt, rows, cols, tag, hb in meta:
+        fused, ln = (d / f"fo{tag}").read_bytes(), (d / f"lo{tag}").read_bytes()
+        out, resid = fused[: len(fused) // 2], fused[len(fused) // 2:]
+        assert len(out) == len(ln) == len(hb) > 0
+        if out != ln:
+            bad.append(f"{dt} [{rows}, {cols}]: out differs from layer_norm(round(x + residual))")
+        if resid != hb:
+            bad.append(f"{dt} [{rows}, {cols}]: the residual is not round(x + residual)")
+    shutil.rmtree(d, ignore_errors=True)
+    assert len(meta) == 3 * len(LN_SHAPES)
+    assert not bad, "\n".join(bad)

@@ -48,7 +48,9 @@ pub(crate) fn reference_digest() -> String {
 pub fn reference_dims(op: Op, rows: u64, cols: u64) -> LaunchDims {
     // Row-wise references: one 512-thread block per row (reference.cu's RB).
     let (grid, threads) = match op {
-        Op::RmsNorm | Op::FusedAddRmsNorm | Op::LayerNorm => (rows.max(1), 512),
+        Op::RmsNorm | Op::FusedAddRmsNorm | Op::LayerNorm | Op::FusedAddLayerNorm => {
+            (rows.max(1), 512)
+        }
         _ => ((rows * cols).div_ceil(256).clamp(1, 1 << 20), 256),
     };
     LaunchDims {
@@ -234,6 +236,9 @@ mod tests {
                 Op::LayerNorm => {
                     "[Ptr(100), Ptr(300), Ptr(500), Ptr(600), I64(3), I64(5), F32(0.25)]"
                 }
+                Op::FusedAddLayerNorm => {
+                    "[Ptr(100), Ptr(200), Ptr(300), Ptr(500), Ptr(600), I64(3), I64(5), F32(0.25)]"
+                }
                 Op::Silu | Op::Gelu | Op::GeluTanh => "[Ptr(100), Ptr(300), I64(15)]",
                 Op::SiluAndMul => "[Ptr(100), Ptr(300), I64(3), I64(5)]",
                 Op::SiluMul | Op::GeluTanhMul => "[Ptr(100), Ptr(300), Ptr(400), I64(3), I64(5)]",
@@ -252,6 +257,7 @@ mod tests {
                 Op::RmsNorm => &["out", "x", "w"],
                 Op::FusedAddRmsNorm => &["out", "residual", "x", "w"],
                 Op::LayerNorm => &["out", "x", "w", "b"],
+                Op::FusedAddLayerNorm => &["out", "residual", "x", "w", "b"],
                 Op::Silu | Op::Gelu | Op::GeluTanh | Op::SiluAndMul => &["out", "x"],
                 Op::SiluMul | Op::GeluTanhMul => &["out", "gate", "up"],
                 Op::RmsNormBackward => &[],

@@ -105,7 +105,7 @@ impl CaseSpec {
 /// conformance run uses it, the suite draws its own per case (`draw_eps`).
 pub fn default_eps(op: Op) -> f32 {
     match op {
-        Op::LayerNorm => 1e-5,
+        Op::LayerNorm | Op::FusedAddLayerNorm => 1e-5,
         _ => 1e-6,
     }
 }
@@ -621,10 +621,16 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
                 }),
             }
         }
-        Op::LayerNorm => CaseInputs {
+        Op::LayerNorm | Op::FusedAddLayerNorm => CaseInputs {
             x: t("x", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
             up: None,
-            residual: None,
+            // the residual stream the case's x is added into (drawn as fused_add_rms_norm's)
+            residual: (spec.op == Op::FusedAddLayerNorm).then(|| {
+                t(
+                    "residual",
+                    gen_matrix(dt, rows, spec.cols, Dist::Normal, splitmix(s ^ 1)),
+                )
+            }),
             weight: Some(t(
                 "weight",
                 gen_param(dt, spec.cols, 1.0, 0.2, splitmix(s ^ 2)),

@@ -117,8 +117,14 @@ pub fn oracle(spec: &CaseSpec, inp: &CaseInputs, ranges: &[(usize, usize)]) -> V
                     })
                     .collect()
             }
-            Op::LayerNorm => {
-                let xs: Vec<f64> = (start..start + len).map(|i| f(&inp.x, i)).collect();
+            Op::LayerNorm | Op::FusedAddLayerNorm => {
+                let xs: Vec<f64> = (start..start + len)
+                    .map(|i| match &inp.residual {
+                        // The normalised value is the residual as stored in T.
+                        Some(r) => stored(dt, f(&inp.x, i) + f(r, i)),
+                        None => f(&inp.x, i),
+                    })
+                    .collect();
                 let (w, b) = (inp.weight.as_ref().unwrap(), inp.bias.as_ref().unwrap());
                 let mean = xs.iter().sum::<f64>() / cols as f64;
                 let var = xs.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;

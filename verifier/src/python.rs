@@ -221,6 +221,7 @@ pub fn python_args(op: Op) -> &'static [&'static str] {
         Op::RmsNorm => &["x", "weight", "eps"],
         Op::FusedAddRmsNorm => &["x", "residual", "weight", "eps"],
         Op::LayerNorm => &["x", "weight", "bias", "eps"],
+        Op::FusedAddLayerNorm => &["x", "residual", "weight", "bias", "eps"],
         Op::Silu | Op::Gelu | Op::GeluTanh | Op::SiluAndMul => &["x"],
         Op::SiluMul | Op::GeluTanhMul => &["gate", "up"],
         // No Python signature yet (docs/spec.md section 2c): the manifest refuses a Python
@@ -799,6 +800,7 @@ mod tests {
                 Op::RmsNorm => &["x", "weight", "eps"],
                 Op::FusedAddRmsNorm => &["x", "residual", "weight", "eps"],
                 Op::LayerNorm => &["x", "weight", "bias", "eps"],
+                Op::FusedAddLayerNorm => &["x", "residual", "weight", "bias", "eps"],
                 Op::SiluMul | Op::GeluTanhMul => &["gate", "up"],
                 _ => &["x"],
             };

@@ -222,13 +222,21 @@ __device__ void rms_norm_ref(T* out, T* residual, const T* x, const T* w, long l
     }
 }
 
-template <typename T>
-__device__ void layer_norm_ref(T* out, const T* x, const T* w, const T* b, long long cols, float eps) {
+// RESID: fused_add_layer_norm (residual := round(x + residual), then nn.LayerNorm of it: GPT-2's
+// `h = attn(ln_1(x)) + residual; ln_2(h)`, eager's bf16/f16/f32 add then eager's layer norm).
+template <typename T, bool RESID>
+__device__ void layer_norm_ref(T* out, T* residual, const T* x, const T* w, const T* b, long long cols, float eps) {
     __shared__ St shs[RB];
     const long long row = blockIdx.x;
     const int t = threadIdx.x;
     const T* xr = x + row * cols;
     T* yr = out + row * cols;
+    if (RESID) {
+        T* rr = residual + row * cols;
+        for (long long i = t; i < cols; i += RB) rr[i] = round_to<T>(__fadd_rn(f32_of(xr[i]), f32_of(rr[i])));
+        __syncthreads();  // the block's residual writes are visible to the whole block
+        xr = rr;
+    }
     const St s = ln_order_stats<0>(xr, cols, shs);
     const float mean = s.mean;
     const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(s.m2, s.n), eps));
@@ -386,7 +394,8 @@ extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_llama_##S(T* out, 
 extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_gemma_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 1, false>(out, nullptr, x, w, rows, cols, eps); } \
 extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_torch_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 2, false>(out, nullptr, x, w, rows, cols, eps); } \
 extern "C" __global__ void __launch_bounds__(RB) ref_fused_add_rms_norm_default_##S(T* out, T* residual, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 0, true>(out, residual, x, w, rows, cols, eps); } \
-extern "C" __global__ void __launch_bounds__(RB) ref_layer_norm_default_##S(T* out, const T* x, const T* w, const T* b, long long rows, long long cols, float eps) { layer_norm_ref<T>(out, x, w, b, cols, eps); } \
+extern "C" __global__ void __launch_bounds__(RB) ref_layer_norm_default_##S(T* out, const T* x, const T* w, const T* b, long long rows, long long cols, float eps) { layer_norm_ref<T, false>(out, nullptr, x, w, b, cols, eps); } \
+extern "C" __global__ void __launch_bounds__(RB) ref_fused_add_layer_norm_default_##S(T* out, T* residual, const T* x, const T* w, const T* b, long long rows, long long cols, float eps) { layer_norm_ref<T, true>(out, residual, x, w, b, cols, eps); } \
 extern "C" __global__ void ref_silu_default_##S(T* out, const T* x, long long n) { GRID_STRIDE(i, n) out[i] = round_to<T>(silu_f(f32_of(x[i]))); } \
 extern "C" __global__ void ref_gelu_default_##S(T* out, const T* x, long long n) { GRID_STRIDE(i, n) out[i] = round_to<T>(gelu_f(f32_of(x[i]))); } \
 extern "C" __global__ void ref_gelu_tanh_default_##S(T* out, const T* x, long long n) { GRID_STRIDE(i, n) out[i] = round_to<T>(gelu_tanh_f(f32_of(x[i]))); } \

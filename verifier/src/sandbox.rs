@@ -280,7 +280,7 @@ impl crate::python::ReferenceLayers for SandboxExecutor {
                 };
                 Ok(crate::gpu::ReferenceOutputs {
                     out: read("ref_out.bin")?,
-                    residual: if spec.op == kernel_registry::Op::FusedAddRmsNorm {
+                    residual: if spec.op.updates_residual() {
                         Some(read("ref_residual.bin")?)
                     } else {
                         None

@@ -2,9 +2,10 @@
 // the CPU under harness.h. Jobs, one per line of the file named by argv[1]:
 //   KIND SYMBOL DTYPE ROWS COLS EPS GRID_X BLOCK_X BLOCK_Y IN OUT
 // Row kernels: KIND rms (out, x, w, rows, cols, eps), fused (out, residual, x, w, rows, cols,
-// eps) or ln (out, x, w, b, rows, cols, eps). IN holds x (rows*cols elements), w (cols), then
-// residual (rows*cols, fused) or b (cols, ln), raw little-endian DTYPE (bf16, f16, f32). OUT
-// receives out, then the residual after the launch (fused).
+// eps), ln (out, x, w, b, rows, cols, eps) or fused_ln (out, residual, x, w, b, rows, cols, eps).
+// IN holds x (rows*cols elements), w (cols), then residual (rows*cols, fused), b (cols, ln) or
+// residual then b (fused_ln), raw little-endian DTYPE (bf16, f16, f32). OUT receives out, then
+// the residual after the launch (fused, fused_ln).
 // Elementwise kernels: KIND unary (out, x, n = rows*cols), sam (out, x, rows, cols; x is
 // [rows, 2*cols]) or gated (out, gate, up, rows, cols). IN holds x (rows*cols elements; sam:
 // rows*2*cols), or gate then up; OUT receives out. EPS is then the offset, in elements, of every
@@ -119,17 +120,20 @@ int main(int argc, char** argv) {
       ++n;
       continue;
     }
-    const size_t want = es * (ne + cols + (kind == "fused" ? ne : kind == "ln" ? cols : 0));
+    const bool res = kind == "fused" || kind == "fused_ln", bias = kind == "ln" || kind == "fused_ln";
+    const size_t want = es * (ne + cols + (res ? ne : 0) + (bias ? cols : 0));
     if (buf.size() != want) { std::fprintf(stderr, "%s: %zu bytes, want %zu\n", in.c_str(), buf.size(), want); return 2; }
     // 16-byte aligned copies (the ABI promises aligned tensors)
     unsigned char* x = aligned(es * ne);
     unsigned char* w = aligned(es * cols);
-    unsigned char* extra = aligned(es * (kind == "fused" ? ne : cols));
+    unsigned char* extra = aligned(es * (res ? ne : cols));  // the residual, or ln's b
+    unsigned char* bv = aligned(es * cols);                  // fused_ln's b
     unsigned char* o = aligned(es * ne);
     std::memcpy(x, buf.data(), es * ne);
     std::memcpy(w, buf.data() + es * ne, es * cols);
-    if (kind == "fused") std::memcpy(extra, buf.data() + es * (ne + cols), es * ne);
+    if (res) std::memcpy(extra, buf.data() + es * (ne + cols), es * ne);
     if (kind == "ln") std::memcpy(extra, buf.data() + es * (ne + cols), es * cols);
+    if (kind == "fused_ln") std::memcpy(bv, buf.data() + es * (2 * ne + cols), es * cols);
     std::memset(o, 0xA7, es * ne);
     void* f = it->second;
     if (kind == "rms") {
@@ -141,6 +145,9 @@ int main(int argc, char** argv) {
     } else if (kind == "ln") {
       auto fn = (void (*)(void*, const void*, const void*, const void*, long long, long long, float))f;
       g_call = [=] { fn(o, x, w, extra, rows, cols, eps); };
+    } else if (kind == "fused_ln") {
+      auto fn = (void (*)(void*, void*, const void*, const void*, const void*, long long, long long, float))f;
+      g_call = [=] { fn(o, extra, x, w, bv, rows, cols, eps); };
     } else {
       std::fprintf(stderr, "unknown kind %s\n", kind.c_str());
       return 2;
@@ -148,8 +155,8 @@ int main(int argc, char** argv) {
     kzcpu::launch(uint3{gx, 1, 1}, uint3{bx, by, 1}, tramp);
     std::ofstream of(out, std::ios::binary);
     of.write((const char*)o, es * ne);
-    if (kind == "fused") of.write((const char*)extra, es * ne);
-    std::free(x); std::free(w); std::free(extra); std::free(o);
+    if (res) of.write((const char*)extra, es * ne);
+    std::free(x); std::free(w); std::free(extra); std::free(bv); std::free(o);
     ++n;
   }
   std::printf("%d jobs\n", n);

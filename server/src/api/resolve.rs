@@ -102,7 +102,7 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
 /// queues anything (`queued_jobs` is always empty here).
 #[utoipa::path(get, path = "/v1/resolve", tag = "resolve",
     params(
-        ("op" = OpName, Query, description = "rms_norm, fused_add_rms_norm, layer_norm, silu, silu_and_mul, gelu, gelu_tanh, silu_mul, gelu_tanh_mul, rms_norm_backward (HF LlamaRMSNorm's gradients; its verdict holds for the SM count and threads per SM it was measured on, docs/backward.md)"),
+        ("op" = OpName, Query, description = "rms_norm, fused_add_rms_norm, layer_norm, fused_add_layer_norm, silu, silu_and_mul, gelu, gelu_tanh, silu_mul, gelu_tanh_mul, rms_norm_backward (HF LlamaRMSNorm's gradients; its verdict holds for the SM count and threads per SM it was measured on, docs/backward.md)"),
         ("semantics" = Option<SemanticsName>, Query, description = "llama, gemma or torch for rms_norm; default otherwise. Left out: the op's default (rms_norm: llama), named in the answer's `semantics` with `semantics_defaulted: true` (a 404 says so in its `detail` too)"),
         ("dtype" = DTypeName, Query, description = "bf16, f16 or f32"),
         ("arch" = ArchName, Query, description = "e.g. sm_90"),

@@ -31,16 +31,12 @@ fn input_elements(spec: &CaseSpec) -> u64 {
 }
 
 /// Device bytes the case needs: the inputs, the candidate's and the reference's outputs, three
-/// residual copies for fused_add_rms_norm, the parameters.
+/// residual copies for the fused adds, the parameters.
 pub fn bytes_needed(spec: &CaseSpec) -> u64 {
     let es = spec.dtype.size_bytes() as u64;
     let n = spec.rows * spec.cols;
     let x = input_elements(spec);
-    let res = if spec.op == Op::FusedAddRmsNorm {
-        3 * n
-    } else {
-        0
-    };
+    let res = if spec.op.updates_residual() { 3 * n } else { 0 };
     es * (x + 2 * n + res + 2 * spec.cols) + 8 * GUARD_BYTES as u64
 }
 
@@ -146,7 +142,7 @@ pub(crate) fn run<'a>(
     } else {
         None
     };
-    let residual = if spec.op == Op::FusedAddRmsNorm {
+    let residual = if spec.op.updates_residual() {
         let r = gpu.alloc(n as usize * es)?;
         gen(gpu, &tools, &r, n, spec.seed ^ 0x5E51)?;
         Some(r)
