@@ -33,6 +33,9 @@ ENGINES = {
     # eager PyTorch's own reduction orders (docs/reference-semantics.md): every row kernel that
     # claims eager's statistics
     "eager": ["prelude.cuh", "eager.cuh"],
+    # the same, with the residual add before nn.LayerNorm (fused_add_layer_norm) after it: a
+    # file of its own, so that the other eager kernels' sources (and digests) stay as released
+    "eager_resid": ["prelude.cuh", "eager.cuh", "ln_resid.cuh"],
     # the canonical 256-lane row order: the known-different LayerNorm variants
     "canonical": ["prelude.cuh", "common.cuh", "canonical.cuh"],
     # elementwise ops and silu_and_mul
@@ -108,6 +111,8 @@ elements_per_thread = 8
 CAPABILITIES = {
     "eager": [("trap", "traps (__trap) when launched with a block that cannot hold eager's lanes; the manifest's "
                        "launch rules never launch one")],
+    "eager_resid": [("trap", "traps (__trap) when launched with a block that cannot hold eager's lanes; the "
+                             "manifest's launch rules never launch one")],
     "canonical": [("trap", "traps (__trap) when launched with a block shape other than the manifest's launch rules give")],
 }
 
@@ -120,7 +125,7 @@ _ABI = json.loads(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 SIGS = {op: (a["abi"], ", ".join(a["params"])) for op, a in _ABI.items()}
 # Row kernels leave the other dtypes' entries out of a module compiled with
 # -DKERNELIZE_DTYPE_<DT> (docs/manifest.md): a third of NVRTC's time per module.
-ROW_OPS = {"rms_norm", "fused_add_rms_norm", "layer_norm"}
+ROW_OPS = {"rms_norm", "fused_add_rms_norm", "layer_norm", "fused_add_layer_norm"}
 # Bundled kernel folders written by hand, not generated: the backward kernels (docs/backward.md;
 # their entries follow the backward ABI of docs/spec.md section 2c, which no engine here emits).
 HAND_WRITTEN = {"rms_norm_llama_backward"}
@@ -227,6 +232,20 @@ KERNELS = [
 ]
 
 
+# Kernels written but not bundled yet: a bundled kernel carries a certificate (kernels/certificates,
+# re-recorded on a GPU machine: scripts/gpu-certs), so a new one waits in this list until it has
+# one. `python3 kernels/generate.py --staged DIR` writes them into DIR (the CPU harness tests build
+# them from there); to bundle one, move it into KERNELS, generate, certify.
+STAGED = [
+    K("fused_add_layer_norm", "fused_add_layer_norm", None, "eager_resid", LN_LAUNCH, "kz_ln_resid<T>",
+      """Fast exact fused residual add + nn.LayerNorm (GPT-2's residual add and the LayerNorm
+      after it): s = round(x + residual), residual := s (in place), out = round(fma((s - mean) *
+      rstd, w, b)) with mean and rstd from eager's layer-norm order over s, as the layer_norm
+      kernel (docs/reference-semantics.md). Reads x and residual once and writes the residual
+      once. Same structure as layer_norm."""),
+]
+
+
 def _read(name: str) -> str:
     with open(os.path.join(SRC, name), encoding="utf-8") as f:
         return f.read()
@@ -241,7 +260,7 @@ def min_blocks(k: K, dt: str) -> int:
     flight per thread without spilling (gelu: 16 bytes))."""
     if k.engine in ("elementwise", "gated"):
         return 4
-    if k.engine == "eager":  # the persistent grid's blocks_per_sm (3) must all be resident
+    if k.engine in ("eager", "eager_resid"):  # the persistent grid's blocks_per_sm (3): all resident
         return 3
     return 2 if dt == "f32" else 3
 
@@ -287,10 +306,10 @@ def kernel_toml(k: K, version: str) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def render(kernels_dir: str = KERNELS_DIR) -> dict[str, str]:
-    """Every generated file, by path relative to kernels_dir."""
+def render(kernels_dir: str = KERNELS_DIR, kernels: list[K] | None = None) -> dict[str, str]:
+    """Every generated file, by path relative to kernels_dir (`kernels`: KERNELS by default)."""
     out: dict[str, str] = {}
-    for k in KERNELS:
+    for k in KERNELS if kernels is None else kernels:
         if f"{k.name}/kernel.cu" in out:
             raise ValueError(f"kernel {k.name} is listed twice")
         out[f"{k.name}/kernel.toml"] = kernel_toml(k, current_version(kernels_dir, k.name))
@@ -325,7 +344,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true",
                     help="write nothing; exit 1 when a generated file differs")
+    ap.add_argument("--staged", metavar="DIR",
+                    help="write the kernels not bundled yet (STAGED) into DIR instead")
     a = ap.parse_args(argv)
+    if a.staged:
+        files = render(a.staged, STAGED)
+        for rel, text in files.items():
+            p = os.path.join(a.staged, rel)
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            with open(p, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+        print(f"wrote {len(files) // 2} staged kernels to {a.staged}")
+        return 0
     if a.check:
         bad = differences()
         for b in bad:

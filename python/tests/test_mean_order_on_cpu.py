@@ -365,3 +365,52 @@ def test_the_fused_add_layer_norm_reference_is_the_add_then_the_layer_norm_refer
     shutil.rmtree(d, ignore_errors=True)
     assert len(meta) == 3 * len(LN_SHAPES)
     assert not bad, "\n".join(bad)
+
+
+def test_the_staged_fused_add_layer_norm_kernel_equals_its_reference_on_the_cpu(tmp_path):
+    # kernels/generate.py's STAGED fused_add_layer_norm (not bundled until it has a certificate):
+    # out and residual bit for bit the verifier's reference, on every path its launch rules take
+    # (the decode engine with a block per row, the staged engine on one SM's grid, the row engine
+    # for odd widths), in every dtype
+    gen = load_script(REPO / "kernels" / "generate.py", "kz_generate")
+    staged = tmp_path / "staged"
+    assert gen.main(["--staged", str(staged)]) == 0
+    folder = staged / "fused_add_layer_norm"
+    man = parse_manifest_toml((folder / "kernel.toml").read_text(encoding="utf-8"))
+    assert man["op"] == "fused_add_layer_norm"
+    units = {"kernel": ((folder / "kernel.cu").read_text(encoding="utf-8"), []),
+             "reference": (_reference_source(), [])}
+    syms = [f"{p}_{dt}" for p in ("fused_add_layer_norm", "ref_fused_add_layer_norm_default") for dt in DTYPES]
+    exe = build_runner("fused-ln-kernel-", units, syms)
+    d = tmp_path / "run"
+    d.mkdir()
+    rng = np.random.default_rng(20261129)
+    shapes = [(r, c, SMS) for r, c in LN_SHAPES] + [(r, c, 1) for r, c in ((4, 256), (9, 2048), (17, 4096))]
+    jobs, cases = [], []
+    for dt in DTYPES:
+        for i, (rows, cols, sms) in enumerate(shapes):
+            (gx, _, _), block, _ = launch_dims(man, rows, cols, sms)
+            blob = b"".join(_bits_of(a, dt)[0] for a in (
+                rng.standard_normal((rows, cols)), 0.2 * rng.standard_normal(cols) + 1.0,
+                rng.standard_normal((rows, cols)), 0.2 * rng.standard_normal(cols)))
+            tag = f"{dt}-{i}"
+            (d / f"in{tag}").write_bytes(blob)
+            jobs.append(f"fused_ln fused_add_layer_norm_{dt} {dt} {rows} {cols} 1e-5 {gx} {block[0]} {block[1]} "
+                        f"{d / f'in{tag}'} {d / f'k{tag}'}")
+            jobs.append(f"fused_ln ref_fused_add_layer_norm_default_{dt} {dt} {rows} {cols} 1e-5 {rows} 512 1 "
+                        f"{d / f'in{tag}'} {d / f'r{tag}'}")
+            cases.append((dt, rows, cols, sms, tag))
+    (d / "jobs").write_text("\n".join(jobs) + "\n", encoding="utf-8")
+    r = subprocess.run([str(exe), str(d / "jobs")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    bad = []
+    for dt, rows, cols, sms, tag in cases:
+        k, ref = (d / f"k{tag}").read_bytes(), (d / f"r{tag}").read_bytes()
+        assert len(k) == len(ref) == 2 * rows * cols * (4 if dt == "f32" else 2)
+        a, b = _raw_words(k, dt), _raw_words(ref, dt)
+        if (a != b).any():
+            half = a.size // 2
+            bad.append(f"{dt} [{rows}, {cols}] ({sms} SMs): out {int((a[:half] != b[:half]).sum())}, "
+                       f"residual {int((a[half:] != b[half:]).sum())} words differ")
+    assert len(cases) == 3 * len(shapes)
+    assert not bad, "\n".join(bad)
