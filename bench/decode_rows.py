@@ -14,7 +14,9 @@ such folders under their own names, e.g. builds of this checkout with other tuni
 is captured
 `reps` times into one CUDA graph and replayed; the time is the replay's over `reps` (GPU time per
 call, a graph's launch gaps included, as in a captured decode step). Every kernel's output is
-compared bit for bit with eager's (and the residual too for the fused add). Both kernel versions
+compared bit for bit with eager's (and the residual too for the fused adds). A kernel not bundled
+yet (fused_add_layer_norm) is this checkout's staged one (`kernels/generate.py --staged`, written
+under OUT_DIR/staged). Both kernel versions
 are launched with their own manifest's launch rule, through the client's launcher. Writes
 OUT_DIR/decode_rows.json and prints a markdown table last.
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -142,6 +145,27 @@ def setup_layer_norm(rows, cols, dt):
     return (lambda: m(x)), (lambda ck: (lambda: L.run_layer_norm(ck, x, m.weight, m.bias, 1e-5)))
 
 
+def setup_fused_add_layer_norm(rows, cols, dt):
+    m = nn.LayerNorm(cols, eps=1e-5).cuda().to(dt)
+    with torch.no_grad():
+        m.weight.copy_(_norm_weight(cols, dt))
+        m.bias.copy_((torch.randn(cols, device="cuda") * 0.1).to(dt))
+    x = torch.randn(rows, cols, device="cuda", dtype=dt)
+    res0 = torch.randn(rows, cols, device="cuda", dtype=dt)
+
+    def eager():
+        s = x + res0  # GPT-2: attn_output + residual, in the model's dtype, then ln_2
+        return m(s), s
+
+    def kernel(ck):
+        res = res0.clone()
+
+        def f():  # updates res in place: the first call (the bits) starts from res0
+            return L.run_fused_add_layer_norm(ck, x, res, m.weight, m.bias, 1e-5), res
+        return f
+    return eager, kernel
+
+
 def setup_silu_mul(rows, cols, dt):
     g = torch.randn(rows, cols, device="cuda", dtype=dt)
     u = torch.randn(rows, cols, device="cuda", dtype=dt)
@@ -159,12 +183,15 @@ SECTIONS = {
     "rms_norm_llama": ((2048, 4096, 8192), ((4096, 8192), (32768, 4096)), setup_rms_norm_llama),
     "fused_add_rms_norm": ((2048, 4096), ((4096, 8192), (32768, 4096)), setup_fused_add_rms_norm),
     "layer_norm": ((2048, 4096), ((4096, 8192), (32768, 4096)), setup_layer_norm),
+    # GPT-2's widths (1280: the 1B config of bench/model_bench.py); a staged kernel until bundled
+    "fused_add_layer_norm": ((1280, 2048), ((4096, 8192), (32768, 4096)), setup_fused_add_layer_norm),
     "silu_mul": ((5632, 8192, 14336), ((256, 14336), (1024, 14336), (4096, 14336)), setup_silu_mul),
     "silu": ((8192,), ((512, 4096), (2048, 4096), (32768, 4096)), setup_silu),
 }
 # Elements read + written per output element, over 2: a copy of COPY[name] * rows * cols elements
 # moves as many bytes as the kernel (the norms' weight and bias left out).
-COPY = {"rms_norm_llama": 1, "fused_add_rms_norm": 2, "layer_norm": 1, "silu_mul": 1.5, "silu": 1}
+COPY = {"rms_norm_llama": 1, "fused_add_rms_norm": 2, "layer_norm": 1, "fused_add_layer_norm": 2,
+        "silu_mul": 1.5, "silu": 1}
 
 
 def copy_us(name, rows, cols, dt, reps):
@@ -202,9 +229,19 @@ def main() -> int:
         assert vname and vdir and vname not in versions and vname not in ("eager", "compile", "copy"), v
         versions[vname] = Path(vdir)
     results = []
+    staged = None
     for name in a.kernels.split(","):
         widths, large, setup = SECTIONS[name]
-        cks = {v: compiled_kernel(d, name, a.dtype) for v, d in versions.items()}
+        dirs = dict(versions)
+        if not (dirs["after"] / name).is_dir():
+            # not bundled yet: this checkout's staged kernel (kernels/generate.py --staged)
+            if staged is None:
+                staged = out / "staged"
+                subprocess.run([sys.executable, str(ROOT / "kernels" / "generate.py"), "--staged", str(staged)],
+                               check=True)
+            dirs["after"] = staged
+        # (a --before or --variant folder without this kernel is left out of its rows)
+        cks = {v: compiled_kernel(d, name, a.dtype) for v, d in dirs.items() if (d / name).is_dir()}
         if a.cubins:
             for v, ck in cks.items():
                 (out / f"{name}_{a.dtype}_{v}.cubin").write_bytes(ck.code.code)
@@ -230,7 +267,7 @@ def main() -> int:
             results.append(row)
             torch._dynamo.reset()
     (out / "decode_rows.json").write_text(json.dumps(dict(env=env, rows=results), indent=1))
-    keys = [k for k in ("eager_us", "compile_us", *(f"{v}_us" for v in versions)) if k in results[0]]
+    keys = [k for k in ("eager_us", "compile_us", *(f"{v}_us" for v in versions)) if all(k in r for r in results)]
     kvers = [k for k in keys if k[:-3] in versions]
     print("\n" + json.dumps(env))
     ratio = "before_us" in keys
