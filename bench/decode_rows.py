@@ -136,20 +136,22 @@ def setup_fused_add_rms_norm(rows, cols, dt):
     return eager, kernel
 
 
-def setup_layer_norm(rows, cols, dt):
+def _layer_norm(cols, dt):
     m = nn.LayerNorm(cols, eps=1e-5).cuda().to(dt)
     with torch.no_grad():
         m.weight.copy_(_norm_weight(cols, dt))
         m.bias.copy_((torch.randn(cols, device="cuda") * 0.1).to(dt))
+    return m
+
+
+def setup_layer_norm(rows, cols, dt):
+    m = _layer_norm(cols, dt)
     x = torch.randn(rows, cols, device="cuda", dtype=dt)
     return (lambda: m(x)), (lambda ck: (lambda: L.run_layer_norm(ck, x, m.weight, m.bias, 1e-5)))
 
 
 def setup_fused_add_layer_norm(rows, cols, dt):
-    m = nn.LayerNorm(cols, eps=1e-5).cuda().to(dt)
-    with torch.no_grad():
-        m.weight.copy_(_norm_weight(cols, dt))
-        m.bias.copy_((torch.randn(cols, device="cuda") * 0.1).to(dt))
+    m = _layer_norm(cols, dt)
     x = torch.randn(rows, cols, device="cuda", dtype=dt)
     res0 = torch.randn(rows, cols, device="cuda", dtype=dt)
 

@@ -325,6 +325,13 @@ def test_the_reference_follows_the_eager_mean_order_emulator():
     assert not bad, "\n".join(bad[:30])
 
 
+def _run_jobs(exe: Path, d: Path, jobs: list[str]) -> None:
+    """Run the harness binary `exe` on `jobs` (its job lines, written to d/jobs)."""
+    (d / "jobs").write_text("\n".join(jobs) + "\n", encoding="utf-8")
+    r = subprocess.run([str(exe), str(d / "jobs")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+
+
 def test_the_fused_add_layer_norm_reference_is_the_add_then_the_layer_norm_reference():
     # fused_add_layer_norm (GPT-2's `h = a + residual; ln_2(h)`) is eager's add in the dtype, then
     # eager's nn.LayerNorm of the stored sum: the verifier's reference for it must give, bit for
@@ -350,9 +357,7 @@ def test_the_fused_add_layer_norm_reference_is_the_add_then_the_layer_norm_refer
             jobs.append(f"ln ref_layer_norm_default_{dt} {dt} {rows} {cols} 1e-5 {rows} 512 1 "
                         f"{d / f'l{tag}'} {d / f'lo{tag}'}")
             meta.append((dt, rows, cols, tag, hb))
-    (d / "jobs").write_text("\n".join(jobs) + "\n", encoding="utf-8")
-    r = subprocess.run([str(exe), str(d / "jobs")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-4000:]
+    _run_jobs(exe, d, jobs)
     bad = []
     for dt, rows, cols, tag, hb in meta:
         fused, ln = (d / f"fo{tag}").read_bytes(), (d / f"lo{tag}").read_bytes()
@@ -400,9 +405,7 @@ def test_the_staged_fused_add_layer_norm_kernel_equals_its_reference_on_the_cpu(
             jobs.append(f"fused_ln ref_fused_add_layer_norm_default_{dt} {dt} {rows} {cols} 1e-5 {rows} 512 1 "
                         f"{d / f'in{tag}'} {d / f'r{tag}'}")
             cases.append((dt, rows, cols, sms, tag))
-    (d / "jobs").write_text("\n".join(jobs) + "\n", encoding="utf-8")
-    r = subprocess.run([str(exe), str(d / "jobs")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-4000:]
+    _run_jobs(exe, d, jobs)
     bad = []
     for dt, rows, cols, sms, tag in cases:
         k, ref = (d / f"k{tag}").read_bytes(), (d / f"r{tag}").read_bytes()

@@ -93,16 +93,19 @@ fn stored(dt: DType, v: f64) -> f64 {
 pub fn oracle(spec: &CaseSpec, inp: &CaseInputs, ranges: &[(usize, usize)]) -> Vec<f64> {
     let cols = spec.cols as usize;
     let dt = spec.dtype;
+    // A norm's input row: x, or for the fused adds the residual as stored in T.
+    let normalised = |start: usize, len: usize| -> Vec<f64> {
+        (start..start + len)
+            .map(|i| match &inp.residual {
+                Some(r) => stored(dt, f(&inp.x, i) + f(r, i)),
+                None => f(&inp.x, i),
+            })
+            .collect()
+    };
     let per_range = |&(start, len): &(usize, usize)| -> Vec<f64> {
         match spec.op {
             Op::RmsNorm | Op::FusedAddRmsNorm => {
-                let xs: Vec<f64> = (start..start + len)
-                    .map(|i| match &inp.residual {
-                        // The normalised value is the residual as stored in T.
-                        Some(r) => stored(dt, f(&inp.x, i) + f(r, i)),
-                        None => f(&inp.x, i),
-                    })
-                    .collect();
+                let xs = normalised(start, len);
                 let w = inp.weight.as_ref().expect("norm has weight");
                 let var = xs.iter().map(|v| v * v).sum::<f64>() / cols as f64;
                 let r = 1.0 / (var + spec.eps as f64).sqrt();
@@ -118,13 +121,7 @@ pub fn oracle(spec: &CaseSpec, inp: &CaseInputs, ranges: &[(usize, usize)]) -> V
                     .collect()
             }
             Op::LayerNorm | Op::FusedAddLayerNorm => {
-                let xs: Vec<f64> = (start..start + len)
-                    .map(|i| match &inp.residual {
-                        // The normalised value is the residual as stored in T.
-                        Some(r) => stored(dt, f(&inp.x, i) + f(r, i)),
-                        None => f(&inp.x, i),
-                    })
-                    .collect();
+                let xs = normalised(start, len);
                 let (w, b) = (inp.weight.as_ref().unwrap(), inp.bias.as_ref().unwrap());
                 let mean = xs.iter().sum::<f64>() / cols as f64;
                 let var = xs.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;
