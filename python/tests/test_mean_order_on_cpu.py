@@ -390,7 +390,11 @@ def test_the_staged_fused_add_layer_norm_kernel_equals_its_reference_on_the_cpu(
     d = tmp_path / "run"
     d.mkdir()
     rng = np.random.default_rng(20261129)
-    shapes = [(r, c, SMS) for r, c in LN_SHAPES] + [(r, c, 1) for r, c in ((4, 256), (9, 2048), (17, 4096))]
+    # the decode path's lanes: even (1536, 2048), uneven (GPT-2's 1280, 2304, 3200) and mostly
+    # empty (160: 40 units for 128 lanes) rows; the staged engine on one SM's grid
+    decode = [(1, 1280), (8, 1280), (64, 160), (3, 1536), (3, 2304), (2, 3200), (5, 256)]
+    shapes = ([(r, c, SMS) for r, c in LN_SHAPES + decode]
+              + [(r, c, 1) for r, c in ((4, 256), (9, 2048), (17, 4096))])
     jobs, cases = [], []
     for dt in DTYPES:
         for i, (rows, cols, sms) in enumerate(shapes):
