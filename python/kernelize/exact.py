@@ -378,8 +378,9 @@ def hoist_sdpa_masks(gm: torch.fx.GraphModule) -> int:
 # the sum: `h = residual + o_proj(a); y = norm(h)`. With the norm an opaque kernel, inductor runs
 # the add as a kernel of its own. Where kernelize swapped the norm (an RMSNorm of llama semantics,
 # or a LayerNorm) and loaded the source's verified fused kernel beside it (fused_add_rms_norm,
-# fused_add_layer_norm; `ops.pair_residual`), the two run as that one kernel: `s = round(x + residual)` is eager's bf16/f16/f32 add (addition commutes, so
-# either operand may be the kernel's `residual`), its output the norm of s. The kernel writes s
+# fused_add_layer_norm; `ops.pair_residual`), the two run as that one kernel:
+# `s = round(x + residual)` is eager's bf16/f16/f32 add (addition commutes, so either operand
+# may be the kernel's `residual`), its output the norm of s. The kernel writes s
 # over its `residual` operand, so that operand must be a fresh tensor nothing else reads: the
 # output of a linear layer or matmul whose only user is the add (never a graph input or a view
 # of one), or a reshaping view or eval-mode dropout of such an output (`_fresh`).
