@@ -3,8 +3,9 @@
 // s = round(x + residual) (eager's add in T); residual := s; out = nn.LayerNorm of s in the
 // layer-norm order (eager.cuh's LnP, the layer_norm kernel's arithmetic). GPT-2's
 // `h = attn(ln_1(x)) + residual; ln_2(h)` as one launch for exact compile (docs/compile.md).
-// The decode and staged engines add the residual themselves (kz_direct and kz_staged with
-// RESID); the row engine (rows that are not whole 16-byte chunks, misaligned tensors) reads each
+// Rows that have a block each take the decode path below (kz_ln_resid_direct); the staged
+// engine adds the residual itself (kz_staged with RESID; kz_direct, after it, is reached by no
+// width the decode path leaves); the row engine (rows that are not whole 16-byte chunks, misaligned tensors) reads each
 // unit through `load`, which adds and writes the residual as the mean order's MeanP does, and
 // re-reads the stored sum for the outputs of streamed rows.
 template <typename T>
