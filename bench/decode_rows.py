@@ -115,25 +115,29 @@ def setup_rms_norm_llama(rows, cols, dt):
     return (lambda: m(x)), (lambda ck: (lambda: L.run_rms_norm(ck, x, m.weight, 1e-5)))
 
 
+def _fused_add(rows, cols, dt, norm, run):
+    """A fused add's section: eager adds in the model's dtype (HF's `residual + hidden_states`,
+    GPT-2's `attn_output + residual`) then runs `norm`; the kernel is `run(ck, x, residual)`,
+    which updates the residual in place (its first call, the bits, starts from the same one)."""
+    x = torch.randn(rows, cols, device="cuda", dtype=dt)
+    res0 = torch.randn(rows, cols, device="cuda", dtype=dt)
+
+    def eager():
+        s = x + res0
+        return norm(s), s
+
+    def kernel(ck):
+        res = res0.clone()
+        return lambda: (run(ck, x, res), res)
+    return eager, kernel
+
+
 def setup_fused_add_rms_norm(rows, cols, dt):
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
     m = LlamaRMSNorm(cols, eps=1e-5).cuda().to(dt)
     with torch.no_grad():
         m.weight.copy_(_norm_weight(cols, dt))
-    x = torch.randn(rows, cols, device="cuda", dtype=dt)
-    res0 = torch.randn(rows, cols, device="cuda", dtype=dt)
-
-    def eager():
-        s = x + res0  # HF: residual + hidden_states, in the model's dtype
-        return m(s), s
-
-    def kernel(ck):
-        res = res0.clone()
-
-        def f():  # updates res in place: the first call (the bits) starts from res0
-            return L.run_fused_add_rms_norm(ck, x, res, m.weight, 1e-5), res
-        return f
-    return eager, kernel
+    return _fused_add(rows, cols, dt, m, lambda ck, x, res: L.run_fused_add_rms_norm(ck, x, res, m.weight, 1e-5))
 
 
 def _layer_norm(cols, dt):
@@ -152,20 +156,8 @@ def setup_layer_norm(rows, cols, dt):
 
 def setup_fused_add_layer_norm(rows, cols, dt):
     m = _layer_norm(cols, dt)
-    x = torch.randn(rows, cols, device="cuda", dtype=dt)
-    res0 = torch.randn(rows, cols, device="cuda", dtype=dt)
-
-    def eager():
-        s = x + res0  # GPT-2: attn_output + residual, in the model's dtype, then ln_2
-        return m(s), s
-
-    def kernel(ck):
-        res = res0.clone()
-
-        def f():  # updates res in place: the first call (the bits) starts from res0
-            return L.run_fused_add_layer_norm(ck, x, res, m.weight, m.bias, 1e-5), res
-        return f
-    return eager, kernel
+    return _fused_add(rows, cols, dt, m,
+                      lambda ck, x, res: L.run_fused_add_layer_norm(ck, x, res, m.weight, m.bias, 1e-5))
 
 
 def setup_silu_mul(rows, cols, dt):

@@ -111,10 +111,9 @@ elements_per_thread = 8
 CAPABILITIES = {
     "eager": [("trap", "traps (__trap) when launched with a block that cannot hold eager's lanes; the manifest's "
                        "launch rules never launch one")],
-    "eager_resid": [("trap", "traps (__trap) when launched with a block that cannot hold eager's lanes; the "
-                             "manifest's launch rules never launch one")],
     "canonical": [("trap", "traps (__trap) when launched with a block shape other than the manifest's launch rules give")],
 }
+CAPABILITIES["eager_resid"] = CAPABILITIES["eager"]   # the eager engine and one more file
 
 # The ABI of each op (docs/spec.md section 2): the entry's parameters and the engine call's
 # arguments (the parameters' names), read from the registry's export of `Op::stages`
@@ -123,9 +122,9 @@ CAPABILITIES = {
 _ABI = json.loads(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests",
                                     "fixtures", "abi.json"), encoding="utf-8").read())["ops"]
 SIGS = {op: (a["abi"], ", ".join(a["params"])) for op, a in _ABI.items()}
-# Row kernels leave the other dtypes' entries out of a module compiled with
-# -DKERNELIZE_DTYPE_<DT> (docs/manifest.md): a third of NVRTC's time per module.
-ROW_OPS = {"rms_norm", "fused_add_rms_norm", "layer_norm", "fused_add_layer_norm"}
+# Row kernels (the norms: the ops that take eps) leave the other dtypes' entries out of a module
+# compiled with -DKERNELIZE_DTYPE_<DT> (docs/manifest.md): a third of NVRTC's time per module.
+ROW_OPS = {op for op, a in _ABI.items() if a["takes_eps"]}
 # Bundled kernel folders written by hand, not generated: the backward kernels (docs/backward.md;
 # their entries follow the backward ABI of docs/spec.md section 2c, which no engine here emits).
 HAND_WRITTEN = {"rms_norm_llama_backward"}
@@ -340,6 +339,15 @@ def differences(kernels_dir: str = KERNELS_DIR) -> list[str]:
     return bad
 
 
+def write(kernels_dir: str, files: dict[str, str]) -> None:
+    """Write `render`'s files under kernels_dir."""
+    for rel, text in files.items():
+        p = os.path.join(kernels_dir, rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true",
@@ -349,11 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.staged:
         files = render(a.staged, STAGED)
-        for rel, text in files.items():
-            p = os.path.join(a.staged, rel)
-            os.makedirs(os.path.dirname(p), exist_ok=True)
-            with open(p, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
+        write(a.staged, files)
         print(f"wrote {len(files) // 2} staged kernels to {a.staged}")
         return 0
     if a.check:
@@ -364,11 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             print("run `python3 kernels/generate.py` and commit the result")
         return 1 if bad else 0
     files = render()
-    for rel, text in files.items():
-        p = os.path.join(KERNELS_DIR, rel)
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        with open(p, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+    write(KERNELS_DIR, files)
     print(f"wrote {len(files) // 2} kernels to {KERNELS_DIR}")
     return 0
 

@@ -18,7 +18,7 @@ from . import launch as L
 from . import ops
 from . import training as _training
 from .digest import check_digest
-from .manifest import BACKWARD_OF, not_applicable
+from .manifest import BACKWARD_OF, FUSED_ADD, SEMANTICS, not_applicable
 from .discover import TORCH_DTYPES, Discovery, Site, discover
 from .sources import DirSource, HubSource, Key, LockSource, Resolution, Resolved, write_lock
 
@@ -481,21 +481,17 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
     return lines
 
 
-#: A swapped norm (op, semantics) -> the fused op that adds a residual before the same norm.
-FUSED_PARTNER = {("rms_norm", "llama"): "fused_add_rms_norm", ("layer_norm", "default"): "fused_add_layer_norm"}
-
-
 def _plan_residual_norms(plan: list, src, policy: str, arch: str) -> list[str]:
     """Exact compile: each swapped rms_norm (llama) or layer_norm layer is paired with the
-    source's fused kernel of its dtype and width (`FUSED_PARTNER`: fused_add_rms_norm,
-    fused_add_layer_norm; the same policy), so that the exact backend can run a residual add and
+    source's fused kernel of its dtype and width (`manifest.FUSED_ADD`: fused_add_rms_norm,
+    fused_add_layer_norm, each the norm of its op's default semantics; the same policy), so that the exact backend can run a residual add and
     this norm as that one kernel (`exact.fuse_residual_norms`). Returns the report's lines: which
     kernel, for how many layers, or why none."""
     cache: dict[Key, Resolution] = {}
     paired, why = {}, {}
     for s, _, res, _, per_dtype in plan:
         kz = s.module.__dict__.get("_kz")
-        fused_op = FUSED_PARTNER.get((s.op, s.semantics))
+        fused_op = FUSED_ADD.get(s.op) if s.semantics == SEMANTICS.get(s.op, ("default",))[0] else None
         if (res.kernel is None or per_dtype or fused_op is None
                 or kz is None or "_kz_compiled" not in s.module.__dict__
                 or L.is_python(res.kernel.manifest)):

@@ -426,13 +426,15 @@ def fuse_residual_norms(gm: torch.fx.GraphModule) -> int:
     reads and the sum is read nowhere before the norm; returns how many were replaced. Under
     autograd nothing is replaced (the ops have no backward)."""
     from . import ops
-    k = torch.ops.kernelize
-    # norm op -> (its fused op, how many arguments it takes: the first is the normalised tensor,
-    # the last the kernel's key; the fused op takes (other, res, *the ones between, fused key))
+    from .manifest import FUSED_ADD
+    # norm's launch op -> (its fused op, how many arguments the norm's takes: the first is the
+    # normalised tensor, the last the kernel's key; the fused op takes (other, res, *the ones
+    # between, fused key))
     fused_of = {}
-    for norm, fused, nargs in ((k.launch_rms_norm, k.launch_fused_add_rms_norm, 4),
-                               (k.launch_layer_norm, k.launch_fused_add_layer_norm, 5)):
-        fused_of[norm] = fused_of[norm.default] = (fused.default, nargs)
+    for norm, fused in FUSED_ADD.items():
+        norm_op = ops.op(norm)
+        fused_of[norm_op] = fused_of[norm_op.default] = (
+            ops.op(fused).default, len(norm_op.default._schema.arguments))
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     n_fused = 0
     for node in list(gm.graph.nodes):
@@ -570,15 +572,16 @@ def _math_handler(ov: Any, lowered: Callable | None, fallback: Callable) -> Call
 # dtype on that device. Where inductor's own lowering differs, a rewrite that computes eager's
 # formula with inductor's pointwise code is tried the same way (`_candidates`: eager's CUDA
 # kernel computes a 16-bit `pow(x, 3.0)` as `x * x * x`, each product rounded, where inductor's
-# own lowering rounds once; sigmoid as eager's formula in f32; silu and gelu, which inductor only
-# decomposes, as eager's CUDA formula in f32, rounded once). Inside a fused kernel the function runs the same code on the
-# same values (eager's casts are emulated, so a 16-bit input is the rounded value eager's kernel
-# reads).
-# Measured on an H100 (torch 2.11, bench/math_proofs.py, docs/gpu-runs/2026-11-28-s20): tanh,
-# exp, exp2, expm1, log, log1p, sin, cos and rsqrt are eager's in bf16, f16 and f32; sigmoid,
-# erf and reciprocal in some dtypes only; inductor's pow(x, 3.0) only in f32, `x * x * x` in
-# bf16 and f16. The sigmoid, silu and gelu formulas were added after that run: not yet proven
-# on a GPU.
+# own lowering rounds once; sigmoid as eager's formula in f32; silu and gelu, which inductor
+# only decomposes, as eager's CUDA formula in f32, rounded once). Inside a fused kernel the
+# function runs the same code on the same values (eager's casts are emulated, so a 16-bit input
+# is the rounded value eager's kernel reads).
+# Measured on an H100 (torch 2.11, bench/math_proofs.py, docs/gpu-runs/2026-11-28-s20 and -s21):
+# tanh, exp, exp2, expm1, log, log1p, sin, cos and rsqrt are eager's in bf16, f16 and f32;
+# sigmoid, erf and reciprocal in some dtypes only; inductor's pow(x, 3.0) only in f32, `x * x *
+# x` in bf16 and f16; sigmoid's formula in f16 and f32, silu's in all three; gelu's tanh form in
+# bf16 and f16 (an H200); gelu's erf form in none (Triton's erf is not CUDA's erff), so eager's
+# kernel stays there.
 # Only on CUDA (`PROVE_ON`): an elementwise CUDA kernel runs one function for every element,
 # where a CPU kernel runs vectorised code for most elements and scalar code for the rest, so a
 # value checked at one position says nothing of another. A proof is kept per process and, keyed

@@ -393,46 +393,38 @@ def run_rms_norm(k: CompiledKernel, x: torch.Tensor, w: torch.Tensor, eps: float
     return out
 
 
-def run_fused_add_rms_norm(k: CompiledKernel, x: torch.Tensor, residual: torch.Tensor,
-                           w: torch.Tensor, eps: float) -> torch.Tensor:
-    """ABI (out, residual, x, w, rows, cols, eps): residual := x + residual in place,
-    out = norm(residual). A residual that is not contiguous and aligned is computed in a copy
-    and copied back."""
+def _run_fused_add(k: CompiledKernel, op: str, x: torch.Tensor, residual: torch.Tensor,
+                   params: tuple, eps: float) -> torch.Tensor:
+    """The fused adds' ABI (out, residual, x, *params, rows, cols, eps): residual := x +
+    residual in place, out = the norm of residual. A residual that is not contiguous and aligned
+    is computed in a copy and copied back."""
     if isinstance(k, PythonKernel):
-        return k.fused_add_rms_norm(x, residual, w, eps)
+        return k.fused_add(x, residual, params, eps)
     if residual.shape != x.shape:
-        raise ValueError(f"fused_add_rms_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
-    x, w = aligned(x), aligned(w)
-    res = aligned(residual)
+        raise ValueError(f"{op}: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
+    x, res = aligned(x), aligned(residual)
+    params = tuple(aligned(p) for p in params)
     cols = x.shape[-1]
     rows = x.numel() // cols
     out = torch.empty_like(x)
     if rows:
-        k.launch(rows, cols, (out, res, x, w), (rows, cols, float(eps)))
+        k.launch(rows, cols, (out, res, x, *params), (rows, cols, float(eps)))
     if res is not residual:
         residual.copy_(res)
     return out
+
+
+def run_fused_add_rms_norm(k: CompiledKernel, x: torch.Tensor, residual: torch.Tensor,
+                           w: torch.Tensor, eps: float) -> torch.Tensor:
+    """ABI (out, residual, x, w, rows, cols, eps): residual := x + residual, out = norm(residual)."""
+    return _run_fused_add(k, "fused_add_rms_norm", x, residual, (w,), eps)
 
 
 def run_fused_add_layer_norm(k: CompiledKernel, x: torch.Tensor, residual: torch.Tensor,
                              w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
-    """ABI (out, residual, x, w, b, rows, cols, eps): residual := x + residual in place,
-    out = layer_norm(residual). A residual that is not contiguous and aligned is computed in a
-    copy and copied back."""
-    if isinstance(k, PythonKernel):
-        return k.fused_add_layer_norm(x, residual, w, b, eps)
-    if residual.shape != x.shape:
-        raise ValueError(f"fused_add_layer_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
-    x, w, b = aligned(x), aligned(w), aligned(b)
-    res = aligned(residual)
-    cols = x.shape[-1]
-    rows = x.numel() // cols
-    out = torch.empty_like(x)
-    if rows:
-        k.launch(rows, cols, (out, res, x, w, b), (rows, cols, float(eps)))
-    if res is not residual:
-        residual.copy_(res)
-    return out
+    """ABI (out, residual, x, w, b, rows, cols, eps): residual := x + residual,
+    out = layer_norm(residual)."""
+    return _run_fused_add(k, "fused_add_layer_norm", x, residual, (w, b), eps)
 
 
 def run_layer_norm(k: CompiledKernel, x, w, b, eps: float) -> torch.Tensor:

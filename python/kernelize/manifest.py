@@ -26,6 +26,10 @@ BACKWARD_OPS = {"rms_norm_backward": ("dx", "dwp", "dw")}
 # (forward op, semantics) -> its backward op (`Op::forward` read the other way; checked against
 # abi.json's `backward_ops` too): what a training-mode layer can get a backward kernel for.
 BACKWARD_OF = {("rms_norm", "llama"): "rms_norm_backward"}
+# A norm op -> the op that adds a residual before the same norm of its default semantics
+# (`residual := round(x + residual)`, then the norm; kernel-registry's `Op::updates_residual`):
+# what exact compile fuses a residual add and a swapped norm into.
+FUSED_ADD = {"rms_norm": "fused_add_rms_norm", "layer_norm": "fused_add_layer_norm"}
 DTYPES = ("bf16", "f16", "f32")  # BTreeMap<DType, _> order (enum declaration order)
 ROWWISE_OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "fused_add_layer_norm", "silu_and_mul",
                "silu_mul", "gelu_tanh_mul")

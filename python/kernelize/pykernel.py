@@ -121,20 +121,13 @@ class PythonKernel(SharedOnCopy):
         x2 = self._rows(x, cols)
         return self._out(self.fn(x2, w.contiguous(), float(eps)), x, x2.shape[0], cols)
 
-    def fused_add_rms_norm(self, x, residual, w, eps):
+    def fused_add(self, x, residual, params, eps):
+        """The fused adds (`f(x, residual, *params, eps)`, updating `residual`): params are the
+        norm's weight, or weight and bias."""
         cols = x.shape[-1]
         x2 = self._rows(x, cols)
         r2 = residual.view(-1, cols) if residual.is_contiguous() else residual.reshape(-1, cols).clone()
-        out = self._out(self.fn(x2, r2, w.contiguous(), float(eps)), x, x2.shape[0], cols)
-        if r2.data_ptr() != residual.data_ptr():
-            residual.copy_(r2.reshape(residual.shape))
-        return out
-
-    def fused_add_layer_norm(self, x, residual, w, b, eps):
-        cols = x.shape[-1]
-        x2 = self._rows(x, cols)
-        r2 = residual.view(-1, cols) if residual.is_contiguous() else residual.reshape(-1, cols).clone()
-        out = self._out(self.fn(x2, r2, w.contiguous(), b.contiguous(), float(eps)), x, x2.shape[0], cols)
+        out = self._out(self.fn(x2, r2, *(p.contiguous() for p in params), float(eps)), x, x2.shape[0], cols)
         if r2.data_ptr() != residual.data_ptr():
             residual.copy_(r2.reshape(residual.shape))
         return out

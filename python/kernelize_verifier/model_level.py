@@ -444,12 +444,13 @@ def measure(kernel: Kernel, model_dir: Path, dtype: str, text: str, args, device
 
     from kernelize import core
     from kernelize.discover import discover
+    from kernelize.manifest import FUSED_ADD
     t0 = time.perf_counter()
     name = model_dir.name
     skip = lambda reason: (None, {"model_name": name, "model_dir": str(model_dir),  # noqa: E731
                                   "dtype": dtype, "reason": reason})
     config = read_config(model_dir)
-    if kernel.op in ("fused_add_rms_norm", "fused_add_layer_norm"):
+    if kernel.op in FUSED_ADD.values():
         return skip(FUSED_ADD_REASON.format(op=kernel.op))
     ids_list, tok_label = tokenize(model_dir, config, text)
     limit = args.max_tokens

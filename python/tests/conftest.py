@@ -48,13 +48,15 @@ _ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 def _bytes_moved(op: str, dtype: str, rows: int, cols: int) -> int:
     n = rows * cols
     per = {"rms_norm": 2 * n + cols, "fused_add_rms_norm": 4 * n + cols,
-           "layer_norm": 2 * n + 2 * cols, "silu_and_mul": 3 * n, "silu_mul": 3 * n,
+           "layer_norm": 2 * n + 2 * cols, "fused_add_layer_norm": 4 * n + 2 * cols,
+           "silu_and_mul": 3 * n, "silu_mul": 3 * n,
            "gelu_tanh_mul": 3 * n}.get(op, 2 * n)
     return _ELEMENT_BYTES[dtype] * per
 
 
 def _outputs(op: str) -> int:
-    return 2 if op == "fused_add_rms_norm" else 1
+    from kernelize.manifest import FUSED_ADD
+    return 2 if op in FUSED_ADD.values() else 1
 
 
 def retarget(report: dict, claim: dict, arch: str = "sm_90") -> dict:

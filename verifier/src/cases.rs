@@ -589,6 +589,15 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
         dtype: dt,
         bytes,
     };
+    // The fused adds' residual stream, which x is added into (on a stream of its own).
+    let residual = || {
+        spec.op.updates_residual().then(|| {
+            t(
+                "residual",
+                gen_matrix(dt, rows, spec.cols, Dist::Normal, splitmix(s ^ 1)),
+            )
+        })
+    };
     match spec.op {
         // rms_norm_backward's x and w are its forward's; its dy is drawn from the case's
         // distribution on a stream of its own (a zero, huge or non-finite dy is as much a case
@@ -602,12 +611,7 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
             CaseInputs {
                 x: t("x", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
                 up: None,
-                residual: (spec.op == Op::FusedAddRmsNorm).then(|| {
-                    t(
-                        "residual",
-                        gen_matrix(dt, rows, spec.cols, Dist::Normal, splitmix(s ^ 1)),
-                    )
-                }),
+                residual: residual(),
                 weight: Some(t(
                     "weight",
                     gen_param(dt, spec.cols, center, spread, splitmix(s ^ 2)),
@@ -624,13 +628,7 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
         Op::LayerNorm | Op::FusedAddLayerNorm => CaseInputs {
             x: t("x", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
             up: None,
-            // the residual stream the case's x is added into (drawn as fused_add_rms_norm's)
-            residual: (spec.op == Op::FusedAddLayerNorm).then(|| {
-                t(
-                    "residual",
-                    gen_matrix(dt, rows, spec.cols, Dist::Normal, splitmix(s ^ 1)),
-                )
-            }),
+            residual: residual(),
             weight: Some(t(
                 "weight",
                 gen_param(dt, spec.cols, 1.0, 0.2, splitmix(s ^ 2)),

@@ -177,6 +177,14 @@ __device__ St ln_order_stats(const T* xr, long long cols, St* sh) {
     return r;
 }
 
+// The fused adds' first step for one row: residual := round(x + residual) (eager's add in T),
+// visible to the whole block after it.
+template <typename T>
+__device__ void add_residual_row(T* rr, const T* xr, long long cols) {
+    for (long long i = threadIdx.x; i < cols; i += RB) rr[i] = round_to<T>(__fadd_rn(f32_of(xr[i]), f32_of(rr[i])));
+    __syncthreads();
+}
+
 // SEM: 0 llama, 1 gemma, 2 torch. RESID: fused_add_rms_norm (residual := round(x + residual)).
 template <typename T, int SEM, bool RESID>
 __device__ void rms_norm_ref(T* out, T* residual, const T* x, const T* w, long long rows, long long cols, float eps) {
@@ -187,10 +195,7 @@ __device__ void rms_norm_ref(T* out, T* residual, const T* x, const T* w, long l
     const T* xr = x + row * cols;
     T* rr = RESID ? residual + row * cols : nullptr;
     T* yr = out + row * cols;
-    if (RESID) {
-        for (long long i = t; i < cols; i += RB) rr[i] = round_to<T>(__fadd_rn(f32_of(xr[i]), f32_of(rr[i])));
-        __syncthreads();  // the block's residual writes are visible to the whole block
-    }
+    if (RESID) add_residual_row(rr, xr, cols);
     const T* hr = RESID ? rr : xr;
     float r;
     if (SEM == 2) {
@@ -232,10 +237,8 @@ __device__ void layer_norm_ref(T* out, T* residual, const T* x, const T* w, cons
     const T* xr = x + row * cols;
     T* yr = out + row * cols;
     if (RESID) {
-        T* rr = residual + row * cols;
-        for (long long i = t; i < cols; i += RB) rr[i] = round_to<T>(__fadd_rn(f32_of(xr[i]), f32_of(rr[i])));
-        __syncthreads();  // the block's residual writes are visible to the whole block
-        xr = rr;
+        add_residual_row(residual + row * cols, xr, cols);
+        xr = residual + row * cols;
     }
     const St s = ln_order_stats<0>(xr, cols, shs);
     const float mean = s.mean;
