@@ -15,8 +15,8 @@ is captured
 `reps` times into one CUDA graph and replayed; the time is the replay's over `reps` (GPU time per
 call, a graph's launch gaps included, as in a captured decode step). Every kernel's output is
 compared bit for bit with eager's (and the residual too for the fused adds). A kernel not bundled
-yet (fused_add_layer_norm) is this checkout's staged one (`kernels/generate.py --staged`, written
-under OUT_DIR/staged). Both kernel versions
+yet (kernels/generate.py's STAGED list) is this checkout's staged one (`kernels/generate.py
+--staged`, written under OUT_DIR/staged). Both kernel versions
 are launched with their own manifest's launch rule, through the client's launcher. Writes
 OUT_DIR/decode_rows.json and prints a markdown table last.
 
@@ -177,7 +177,7 @@ SECTIONS = {
     "rms_norm_llama": ((2048, 4096, 8192), ((4096, 8192), (32768, 4096)), setup_rms_norm_llama),
     "fused_add_rms_norm": ((2048, 4096), ((4096, 8192), (32768, 4096)), setup_fused_add_rms_norm),
     "layer_norm": ((2048, 4096), ((4096, 8192), (32768, 4096)), setup_layer_norm),
-    # GPT-2's widths (1280: the 1B config of bench/model_bench.py); a staged kernel until bundled
+    # GPT-2's widths (1280: the 1B config of bench/model_bench.py)
     "fused_add_layer_norm": ((1280, 2048), ((4096, 8192), (32768, 4096)), setup_fused_add_layer_norm),
     "silu_mul": ((5632, 8192, 14336), ((256, 14336), (1024, 14336), (4096, 14336)), setup_silu_mul),
     "silu": ((8192,), ((512, 4096), (2048, 4096), (32768, 4096)), setup_silu),

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "python"))
 
 # Exact kernels of the bundle (folder names); `names=` picks among them where several match.
 EXACT = ["rms_norm_llama", "rms_norm_gemma", "rms_norm_torch", "fused_add_rms_norm", "layer_norm",
-         "silu", "gelu", "gelu_tanh", "silu_mul", "gelu_tanh_mul", "silu_and_mul"]
+         "fused_add_layer_norm", "silu", "gelu", "gelu_tanh", "silu_mul", "gelu_tanh_mul", "silu_and_mul"]
 
 
 def config(arch: str):

@@ -175,6 +175,12 @@ KERNELS = [
       (docs/reference-semantics.md): cols % 4 == 0: 128 lanes of 4-vectors with eager's
       WelfordDataLN update and combine; otherwise 512 lanes with WelfordOps; rstd =
       rsqrtf(m2/n + eps), y = round(fma((x - mean) * rstd, w, b)). Rows that are whole 16-byte chunks (every model width) go through shared memory: the block copies a tile of rows (or chunks of one long row) with cp.async, eager's lanes sum from there, one warp per row runs eager's trees, all threads write 16-byte outputs; persistent grid. When every row has a block of its own (decode steps, small batches) and fits 4 16-byte chunks per thread, the decode path instead: each thread loads its chunks of x and of the weight into registers at once, the lanes sum from those registers (at most one unit a lane) or from shared memory, one warp runs the tree with its shape known at compile time, outputs from the registers. Other rows (cols <= 128, odd widths, misaligned tensors): one warp per row up to 2048 columns, one 128-thread block per row above."""),
+    K("fused_add_layer_norm", "fused_add_layer_norm", None, "eager_resid", LN_LAUNCH, "kz_ln_resid<T>",
+      """Fast exact fused residual add + nn.LayerNorm (GPT-2's residual add and the LayerNorm
+      after it): s = round(x + residual), residual := s (in place), out = round(fma((s - mean) *
+      rstd, w, b)) with mean and rstd from eager's layer-norm order over s, as the layer_norm
+      kernel (docs/reference-semantics.md). Reads x and residual once and writes the residual
+      once. Same structure as layer_norm."""),
     K("silu", "silu", None, "elementwise", EW_LAUNCH, "kz_unary<T, KZ_SILU>",
       """Fast exact SiLU: y = round(h / (1 + expf(-h))) with accurate expf and IEEE division;
       below a 2048-block grid one 16-byte vector (8 elements of bf16/f16) per thread, every block working; from 2048 blocks (prefill shapes) one block in 4 works, on 4 vectors per thread, all loaded before use; the same bits either way, grid-stride."""),
@@ -235,14 +241,7 @@ KERNELS = [
 # re-recorded on a GPU machine: scripts/gpu-certs), so a new one waits in this list until it has
 # one. `python3 kernels/generate.py --staged DIR` writes them into DIR (the CPU harness tests build
 # them from there); to bundle one, move it into KERNELS, generate, certify.
-STAGED = [
-    K("fused_add_layer_norm", "fused_add_layer_norm", None, "eager_resid", LN_LAUNCH, "kz_ln_resid<T>",
-      """Fast exact fused residual add + nn.LayerNorm (GPT-2's residual add and the LayerNorm
-      after it): s = round(x + residual), residual := s (in place), out = round(fma((s - mean) *
-      rstd, w, b)) with mean and rstd from eager's layer-norm order over s, as the layer_norm
-      kernel (docs/reference-semantics.md). Reads x and residual once and writes the residual
-      once. Same structure as layer_norm."""),
-]
+STAGED: list[K] = []
 
 
 def _read(name: str) -> str:

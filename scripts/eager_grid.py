@@ -17,6 +17,8 @@ the code and the launch rule users get. The eager side is the real layer:
     fused_add_rms_norm      residual + x (as HF decoder layers add), then LlamaRMSNorm; both the
                             output and the updated residual are compared
     layer_norm              nn.LayerNorm
+    fused_add_layer_norm    residual + x (as GPT-2's blocks add), then nn.LayerNorm; both the
+                            output and the updated residual are compared
     silu / gelu / gelu_tanh F.silu / F.gelu / F.gelu(approximate="tanh")
     silu_and_mul            F.silu(g) * u
 
@@ -73,6 +75,7 @@ EAGER_LAYERS = {
     ("rms_norm", "torch"): "nn.RMSNorm",
     ("fused_add_rms_norm", None): "residual add + HF LlamaRMSNorm",
     ("layer_norm", None): "nn.LayerNorm",
+    ("fused_add_layer_norm", None): "residual add + nn.LayerNorm",
     ("silu", None): "F.silu",
     ("gelu", None): "F.gelu",
     ("gelu_tanh", None): "F.gelu(tanh)",
@@ -188,7 +191,8 @@ def run_grid(kernels: list[dict], launchers: dict, dev, shapes: list[tuple[int, 
     """Every kernel of `kernels` (dicts with name, version, op, semantics, exact, eager) against
     its eager layer on `shapes` x DISTS x DTYPE_NAMES. launchers[(name, dtype)] runs the kernel
     with its op's run_* signature: rms_norm f(x, w, eps); fused_add_rms_norm f(x, residual, w,
-    eps) (residual updated in place); layer_norm f(x, w, b, eps); silu/gelu/gelu_tanh f(x);
+    eps) (residual updated in place); layer_norm f(x, w, b, eps); fused_add_layer_norm f(x,
+    residual, w, b, eps); silu/gelu/gelu_tanh f(x);
     silu_and_mul f(g, u). Returns (cells by (kernel, dtype, dist), cut short by the deadline)."""
     import torch
     import torch.nn as nn
@@ -285,6 +289,14 @@ def run_grid(kernels: list[dict], launchers: dict, dev, shapes: list[tuple[int, 
                                 cnt, ulp, ne = c1 + c2, torch.maximum(u1, u2), 2 * n
                             elif op == "layer_norm":
                                 cnt, ulp = compare(run(x_ln, w, bias, LN_EPS), ln(x_ln))
+                            elif op == "fused_add_layer_norm":
+                                x2_ln = x2 + 1000.0 if dist == "scaled" else x2
+                                s = x2_ln + x  # residual + hidden_states, as GPT-2's blocks add
+                                res = x2_ln.clone()
+                                got = run(x, res, w, bias, LN_EPS)
+                                c1, u1 = compare(got, ln(s))
+                                c2, u2 = compare(res, s)
+                                cnt, ulp, ne = c1 + c2, torch.maximum(u1, u2), 2 * n
                             elif op in ("silu", "gelu", "gelu_tanh"):
                                 want = (F.silu(x) if op == "silu" else
                                         F.gelu(x) if op == "gelu" else F.gelu(x, approximate="tanh"))

@@ -480,10 +480,11 @@ def run_gated(k: CompiledKernel, g: torch.Tensor, u: torch.Tensor) -> torch.Tens
     return out
 
 
-RUNNERS = {
+RUNNERS = {  # every forward op of kernelize.manifest.OPS (a test holds it)
     "rms_norm": run_rms_norm,
     "fused_add_rms_norm": run_fused_add_rms_norm,
     "layer_norm": run_layer_norm,
+    "fused_add_layer_norm": run_fused_add_layer_norm,
     "silu": run_elementwise,
     "gelu": run_elementwise,
     "gelu_tanh": run_elementwise,

@@ -69,12 +69,17 @@ def _stand_ins(torch, F, wrong=False):
         res.copy_(res + x)
         return llama(res, w, eps)
 
+    def fused_ln(x, res, w, b, eps):
+        res.copy_(res + x)
+        return F.layer_norm(res, (x.shape[-1],), w, b, eps)
+
     return {
         ("rms_norm", "llama"): llama,
         ("rms_norm", "gemma"): gemma,
         ("rms_norm", "torch"): lambda x, w, eps: F.rms_norm(x, (x.shape[-1],), w, eps),
         ("fused_add_rms_norm", None): fused,
         ("layer_norm", None): lambda x, w, b, eps: F.layer_norm(x, (x.shape[-1],), w, b, eps),
+        ("fused_add_layer_norm", None): fused_ln,
         ("silu", None): F.silu,
         ("gelu", None): F.gelu,
         ("gelu_tanh", None): lambda x: F.gelu(x, approximate="tanh"),
@@ -89,9 +94,10 @@ def test_run_grid_counts_what_differs_on_the_cpu():
 
     kernels, _ = G.load_kernels(str(REPO / "kernels"), set(), True)
     kernels = [k for k in kernels if k["name"] in {"rms_norm_llama", "rms_norm_gemma", "rms_norm_torch",
-                                                    "fused_add_rms_norm", "layer_norm", "silu", "gelu",
-                                                    "gelu_tanh", "silu_and_mul", "rms_norm_llama_wbr"}]
-    assert len(kernels) == 10
+                                                    "fused_add_rms_norm", "layer_norm", "fused_add_layer_norm",
+                                                    "silu", "gelu", "gelu_tanh", "silu_and_mul",
+                                                    "rms_norm_llama_wbr"}]
+    assert len(kernels) == 11
     right, wrong = _stand_ins(torch, F), _stand_ins(torch, F, wrong=True)
     launchers = {}
     for k in kernels:
@@ -116,15 +122,17 @@ def test_run_grid_counts_what_differs_on_the_cpu():
     assert sum(c["mismatched_elements"] for c in f32) == 0  # no intermediate rounding in f32
     fused = cells[("fused_add_rms_norm", "bf16", "normal")]
     assert fused["elements"] == 2 * sum(r * c for r, c in shapes)  # output and residual
+    fused_ln = cells[("fused_add_layer_norm", "f16", "scaled")]
+    assert fused_ln["elements"] == 2 * sum(r * c for r, c in shapes)
 
     meta = dict(date="d", device="cpu", torch="t", cuda="c", transformers="x", commit="abc", grid="g",
                 seconds=1.0, incomplete=False)
     res = G.make_result(kernels, cells, meta, [])
-    assert res["totals"]["exact_kernels"] == 9 and res["totals"]["mismatched_elements"] == 0
+    assert res["totals"]["exact_kernels"] == 10 and res["totals"]["mismatched_elements"] == 0
     md = G.render_markdown(res)
     assert "every exact kernel matches eager in every cell" in md
     assert "| rms_norm_llama " in md and "Known-different variants" in md and "| rms_norm_llama_wbr | no | bf16 |" in md
-    assert G.summary_line(res).startswith("eager grid OK: 9 exact kernels")
+    assert G.summary_line(res).startswith("eager grid OK: 10 exact kernels")
 
     # an exact kernel that differs fails the summary and is listed shape by shape
     for k in kernels:

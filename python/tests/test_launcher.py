@@ -164,3 +164,11 @@ def test_swapped_elementwise_layer_launches_inline(stub, monkeypatch):
     cuda.cuGetErrorString = lambda res, out: 0  # no name for it: "?"
     with torch.no_grad(), pytest.raises(RuntimeError, match="launching e: CUDA error 700"):
         m(x)
+
+
+def test_every_forward_op_has_a_runner():
+    # launch.RUNNERS is what a swapped layer, the custom ops and the eager grid launch through:
+    # an op the manifest accepts without a runner would only fail on a GPU
+    from kernelize.manifest import OPS
+
+    assert set(launch.RUNNERS) == set(OPS)

@@ -371,15 +371,11 @@ def test_the_fused_add_layer_norm_reference_is_the_add_then_the_layer_norm_refer
     assert not bad, "\n".join(bad)
 
 
-def test_the_staged_fused_add_layer_norm_kernel_equals_its_reference_on_the_cpu(tmp_path):
-    # kernels/generate.py's STAGED fused_add_layer_norm (not bundled until it has a certificate):
-    # out and residual bit for bit the verifier's reference, on every path its launch rules take
-    # (its decode path with a block per row, the staged engine on one SM's grid, the row engine
-    # for odd widths and cols <= 128), in every dtype
-    gen = load_script(REPO / "kernels" / "generate.py", "kz_generate")
-    staged = tmp_path / "staged"
-    assert gen.main(["--staged", str(staged)]) == 0
-    folder = staged / "fused_add_layer_norm"
+def test_the_fused_add_layer_norm_kernel_equals_its_reference_on_the_cpu(tmp_path):
+    # the bundled fused_add_layer_norm: out and residual bit for bit the verifier's reference, on
+    # every path its launch rules take (its decode path with a block per row, the staged engine on
+    # one SM's grid, the row engine for odd widths and cols <= 128), in every dtype
+    folder = REPO / "kernels" / "fused_add_layer_norm"
     man = parse_manifest_toml((folder / "kernel.toml").read_text(encoding="utf-8"))
     assert man["op"] == "fused_add_layer_norm"
     units = {"kernel": ((folder / "kernel.cu").read_text(encoding="utf-8"), []),
