@@ -85,10 +85,34 @@ def graph_us(fn, reps: int) -> float:
     return min(replay_us(capture_graph(fn, reps))) / reps
 
 
-def compiled_kernel(kdir: Path, name: str, dtype: str) -> L.CompiledKernel:
+def compiled_kernel(kdir: Path, name: str, dtype: str, cls=L.CompiledKernel) -> L.CompiledKernel:
     man = parse_manifest_toml((kdir / name / "kernel.toml").read_text(encoding="utf-8"))
     src = (kdir / name / "kernel.cu").read_text(encoding="utf-8")
-    return L.CompiledKernel(man, src, dtype, torch.device("cuda", torch.cuda.current_device()))
+    return cls(man, src, dtype, torch.device("cuda", torch.cuda.current_device()))
+
+
+class RowGridKernel(L.CompiledKernel):
+    """The kernel with its persistent launch rule capped at one block a row (`--row-grid`): what a
+    decode step would gain if the launch arithmetic gave min(rows, blocks_per_sm * SMs) blocks
+    instead of blocks_per_sm * SMs, most of which have no row (the bundled row kernels take the
+    same paths either way: their decode path needs rows <= gridDim.x)."""
+
+    def _prepare(self, rows, cols, n_tensors, scalars):
+        orig = L.launch_dims
+
+        def capped(man, r, c, sms):
+            (g, gy, gz), block, smem = orig(man, r, c, sms)
+            rule = next((x for x in man["launch"] if x["cols_max"] is None or c <= x["cols_max"]),
+                        man["launch"][-1])
+            if rule["grid"]["kind"] == "persistent":
+                g = max(1, min(g, r))
+            return (g, gy, gz), block, smem
+
+        L.launch_dims = capped
+        try:
+            return super()._prepare(rows, cols, n_tensors, scalars)
+        finally:
+            L.launch_dims = orig
 
 
 def differ(a, b) -> int:
@@ -207,6 +231,8 @@ def main() -> int:
     p.add_argument("--large", action="store_true", help="also the large shapes (20 calls per graph)")
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     p.add_argument("--cubins", action="store_true", help="write each kernel's CUBIN to OUT_DIR (for nvdisasm)")
+    p.add_argument("--row-grid", action="store_true",
+                   help="also `after-rowgrid`: the after kernel with its persistent grid capped at one block a row")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -236,6 +262,8 @@ def main() -> int:
             dirs["after"] = staged
         # (a --before or --variant folder without this kernel is left out of its rows)
         cks = {v: compiled_kernel(d, name, a.dtype) for v, d in dirs.items() if (d / name).is_dir()}
+        if a.row_grid:
+            cks["after-rowgrid"] = compiled_kernel(dirs["after"], name, a.dtype, RowGridKernel)
         if a.cubins:
             for v, ck in cks.items():
                 (out / f"{name}_{a.dtype}_{v}.cubin").write_bytes(ck.code.code)
@@ -261,6 +289,8 @@ def main() -> int:
             results.append(row)
             torch._dynamo.reset()
     (out / "decode_rows.json").write_text(json.dumps(dict(env=env, rows=results), indent=1))
+    if a.row_grid:
+        versions["after-rowgrid"] = versions["after"]
     keys = [k for k in ("eager_us", "compile_us", *(f"{v}_us" for v in versions)) if all(k in r for r in results)]
     kvers = [k for k in keys if k[:-3] in versions]
     print("\n" + json.dumps(env))
