@@ -68,6 +68,13 @@ def profile_step(m, batch: int, steps: int, prefill: int = 0, greedy: int = 0) -
         by_name[e.name] = by_name.get(e.name, 0.0) + e.device_time / steps
         count[e.name] = count.get(e.name, 0.0) + 1.0 / steps
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:10]
+    # The spread of one call's GPU time for the top kernels (min, median, max µs): whether every
+    # call of a kernel costs the same, or some calls (one layer's, one input's) cost more.
+    calls: dict[str, list[float]] = {}
+    for e in kernels:
+        calls.setdefault(e.name, []).append(e.device_time)
+    spread = {n[:90]: [round(min(c), 2), round(statistics.median(c), 2), round(max(c), 2)]
+              for n, c in ((n, sorted(calls[n])) for n, _ in top)}
     # Every kernel of a step (name, launches per step, GPU us per step): what one candidate runs
     # that another does not is read from here.
     every = sorted(([n, round(count[n], 2), round(t, 2)] for n, t in by_name.items()), key=lambda r: -r[2])
@@ -82,7 +89,7 @@ def profile_step(m, batch: int, steps: int, prefill: int = 0, greedy: int = 0) -
     by_op = sorted(([op, k, round(n, 2)] for (op, k), n in launched.items()), key=lambda r: -r[2])
     return dict(batch=batch, prefill=prefill or None, greedy=greedy or None, first_s=first, wall_ms=wall, gpu_kernel_ms=gpu_us / 1e3,
                 kernels_per_step=len(kernels) / steps,
-                top_kernels_us=[(n[:90], round(t, 1)) for n, t in top], kernels=every,
+                top_kernels_us=[(n[:90], round(t, 1)) for n, t in top], call_us_spread=spread, kernels=every,
                 launched_by=by_op)
 
 
