@@ -1,0 +1,504 @@
+#!/usr/bin/env python3
+"""Issue 30, LayerNorm: does the CPU emulation (python/kernelize/backward_ln.py) give eager
+autograd's bits for nn.LayerNorm's dx, dw and db on CUDA, which of the unsure points
+(FMA contraction, the column order) eager really uses, and how fast are eager, torch.compile and
+Liger at the backward?
+
+On the GPU machine (torch with CUDA):
+
+    PYTHONUNBUFFERED=1 python3 scripts/ln_backward_probe.py OUT_DIR [--quick]
+
+On a machine without a GPU, `--dry-run` runs the same code paths on the CPU (eager's CPU
+kernels stand in for CUDA's, so its differing counts mean nothing; timing is wall clock).
+
+Grid: dtypes f32, bf16, f16 x rows {1, 2, 3, 4, 7, 8, 16, 17, 32, 64, 128, 1000, 4096} x cols
+{768, 1024, 1280, 2048, 4096, 8192, 1000, 4099}; per case eager autograd of nn.LayerNorm (x, w, b
+requiring grad, a random dy), eager's mean/rstd from torch.native_layer_norm on the same inputs,
+then the emulation on the CPU where rows * cols <= 300 000 and, while time is left, larger (every
+dtype in the first half of the budget, bf16 until 85 % of it; about 0.2 s per million elements):
+elements of dx, dw, db whose bits differ. Up to 4.2M elements, early enough, `hypotheses`
+scores the alternatives (docs/backward-layer-norm.md): the dx contraction (xy_sub_z, x_sub_yz,
+none) x the row sums' FMA (fma / nofma); dw's FMA x the column order (current, pre-2025); db's
+column order. Extra cases: misaligned x and dy (the non-vectorized dx kernel) against the
+aligned ones, and rows 65600 (the two-pass "partial" dw/db, the SM-dependent one). The grid stops
+at --budget seconds (default 200); the timing (CUDA events, median of --reps) runs after it within
+its own budget: eager fwd+bwd, eager backward alone (native_layer_norm_backward), torch.compile
+fwd+bwd and backward, Liger's LigerLayerNorm if `import liger_kernel` works, at M in {64, 256,
+1024, 4096, 8192} x N in {256, 1024, 4096, 8192, 16384}, bf16 (f16, f32 if --all-dtypes), with
+GB/s of the backward (read dy, x, w, mean, rstd; write dx, dw, db). Writes
+OUT_DIR/ln_backward_probe.json and prints a markdown table last; exit status 1 if anything raised.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+from kernelize import backward as B  # noqa: E402
+from kernelize import backward_ln as LN  # noqa: E402
+
+DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+ROWS = [1, 2, 3, 4, 7, 8, 16, 17, 32, 64, 128, 1000, 4096]
+COLS = [768, 1024, 1280, 2048, 4096, 8192, 1000, 4099]
+EXTRA_PARTIAL = [(65600, 256)]          # the two-pass dw/db (M > 65536, N // 32 < sms // 2)
+UNALIGNED = [(64, 1024), (17, 4096), (128, 768)]
+TIMED_M = [64, 256, 1024, 4096, 8192]
+TIMED_N = [256, 1024, 4096, 8192, 16384]
+EPS = 1e-5
+EMU_MAX_ELEMS = 300_000     # always emulated (while the grid's budget lasts)
+EMU_MAX_ANY = 34_000_000    # every dtype in the first half of the budget, bf16 until 85 % of it
+HYP_MAX_ELEMS = 4_200_000   # the hypotheses (about 4 emulations each) in the first 60 % of it
+
+
+# ---- eager ------------------------------------------------------------------------------------------
+
+def make_inputs(dt, rows, cols, device, seed):
+    g = torch.Generator(device=device).manual_seed(seed)
+    T = DT[dt]
+    scale = torch.empty(rows, 1, device=device).uniform_(0.5, 2.0, generator=g)
+    shift = torch.empty(rows, 1, device=device).uniform_(-1.0, 1.0, generator=g)
+    x = (torch.randn(rows, cols, device=device, generator=g) * scale + shift).to(T)
+    w = (1 + 0.2 * torch.randn(cols, device=device, generator=g)).to(T)
+    b = (0.1 * torch.randn(cols, device=device, generator=g)).to(T)
+    dy = torch.randn(rows, cols, device=device, generator=g).to(T)
+    return x, w, b, dy
+
+
+def misaligned(t):
+    """The same values at a 1-element offset (not 4 * itemsize-aligned): eager takes the plain dx kernel."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    v = buf[1:].view(t.shape)
+    v.copy_(t)
+    return v
+
+
+def eager_backward(x, w, b, dy):
+    rows, cols = x.shape
+    m = torch.nn.LayerNorm(cols, eps=EPS, elementwise_affine=True, bias=True).to(device=x.device, dtype=x.dtype)
+    with torch.no_grad():
+        m.weight.copy_(w)
+        m.bias.copy_(b)
+    xr = x.detach().requires_grad_(True)      # detach keeps x's storage offset (alignment)
+    y = m(xr)
+    y.backward(dy)
+    return xr.grad, m.weight.grad, m.bias.grad, y
+
+
+def eager_stats(x, w, b):
+    """The forward's saved statistics (what autograd hands the backward): f32 [rows]."""
+    y, mean, rstd = torch.native_layer_norm(x, [x.shape[1]], w, b, EPS)
+    return y, mean.reshape(-1), rstd.reshape(-1)
+
+
+def graph_names(fn, depth=0, seen=None):
+    seen = set() if seen is None else seen
+    if fn is None or depth > 20:
+        return None
+    name = type(fn).__name__
+    if id(fn) in seen:
+        return name + " (seen)"
+    seen.add(id(fn))
+    kids = [graph_names(f, depth + 1, seen) for f, _ in fn.next_functions if f is not None]
+    return {name: kids} if kids else name
+
+
+# ---- comparisons ---------------------------------------------------------------------------------------
+
+def np_of(t):
+    return t.detach().float().cpu().numpy()
+
+
+def to_T(a, dt):
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(DT[dt])
+
+
+def ndiff(a: torch.Tensor, b: torch.Tensor) -> int:
+    a, b = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
+    if a.dtype == torch.float32:
+        return int((a.view(torch.int32) != b.view(torch.int32)).sum().item())
+    return int((a.view(torch.int16) != b.view(torch.int16)).sum().item())
+
+
+def max_ulp(a: torch.Tensor, b: torch.Tensor) -> int:
+    a, b = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
+    if a.numel() == 0:
+        return 0
+    if a.dtype == torch.float32:
+        ia, ib = a.view(torch.int32).to(torch.int64), b.view(torch.int32).to(torch.int64)
+        mask = 0x7FFFFFFF
+    else:
+        ia, ib = a.view(torch.int16).to(torch.int64), b.view(torch.int16).to(torch.int64)
+        ia, ib = ia & 0xFFFF, ib & 0xFFFF
+        mask = 0x7FFF
+        ia = torch.where(ia >= 0x8000, -(ia & mask), ia)
+        ib = torch.where(ib >= 0x8000, -(ib & mask), ib)
+        return int((ia - ib).abs().max().item())
+    oa = torch.where(ia < 0, -(ia & mask), ia)
+    ob = torch.where(ib < 0, -(ib & mask), ib)
+    return int((oa - ob).abs().max().item())
+
+
+def emulate(dt, x, w, dy, mean, rstd, sms, tps, **kw):
+    return LN.layer_norm_backward(np_of(dy), np_of(x), np_of(w), np_of(mean), np_of(rstd), dt,
+                                  sms=sms, max_threads_per_sm=tps, **kw)
+
+
+def hypotheses(dt, x, w, dy, mean, rstd, ex, ew, eb, sms, tps, partial=False):
+    """Elements of eager's dx / dw / db that each alternative misses (eager's own mean, rstd)."""
+    g, h, wv, m, r = np_of(dy), np_of(x), np_of(w), np_of(mean), np_of(rstd)
+    rows, cols = h.shape
+    exn, ewn, ebn = np_of(ex), np_of(ew), np_of(eb)
+
+    def nd(a, e):
+        return int((np.ascontiguousarray(a, np.float32).view(np.uint32) != e.view(np.uint32)).sum())
+
+    out = {"dx": {}, "dw": {}, "db": {}}
+    for sf in (True, False):
+        s1, s2 = LN.row_stats(g, h, wv, m, r, sum_fma=sf)
+        for mode in LN.DX_FMA:
+            out["dx"][f"{mode}/{'fma' if sf else 'nofma'}"] = nd(LN.dx_from_stats(g, h, wv, m, r, s1, s2, dt, mode), exn)
+    cfgs = {"current": LN.gamma_beta_config(rows, cols, sms)}
+    if partial:
+        other = 114 if sms != 114 else 132
+        cfgs[f"current, sum(0) on {other} SMs"] = None
+    else:
+        cfgs["pre-2025"] = LN.pre2025_gamma_beta_config(rows, cols)
+    for name, cfg in cfgs.items():
+        for sf in (True, False):
+            if cfg is None:
+                dw, db = LN.gamma_beta(g, h, m, r, dt, sms=other, max_threads_per_sm=tps, sum_fma=sf,
+                                       cfg=LN.gamma_beta_config(rows, cols, sms))
+            else:
+                dw, db = LN.gamma_beta(g, h, m, r, dt, sms=sms, max_threads_per_sm=tps, sum_fma=sf, cfg=cfg)
+            out["dw"][f"{name}/{'fma' if sf else 'nofma'}"] = nd(dw, ewn)
+            if sf:
+                out["db"][name] = nd(db, ebn)
+    if partial:  # the partials kept in f32 (not stored as T) before sum(0)
+        cfg = LN.gamma_beta_config(rows, cols, sms)
+        gy = cfg["grid"][1]
+        q = (g * (h - m[:, None]).astype(np.float32)).astype(np.float32)
+        part = LN._chains(q, r[:, None], gy, 32 * gy, 32, True)
+        out["dw"]["partials in f32"] = nd(B.round_to(B.col_sum(part, sms, tps), dt), ewn)
+    return out
+
+
+# ---- timing -----------------------------------------------------------------------------------------------
+
+def timed(fn, device, reps=20, warm=3):
+    if device.type != "cuda":
+        fn()
+        ts = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(ts)
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize(device)
+    ts = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1000.0)
+    return statistics.median(ts)
+
+
+def liger_module(cols, dt, device, w, b):
+    """LigerLayerNorm with w and b, or (None, why)."""
+    try:
+        import liger_kernel  # noqa: F401
+        from liger_kernel.transformers import LigerLayerNorm
+    except Exception as e:  # noqa: BLE001
+        return None, f"{type(e).__name__}: {e}"[:200]
+    try:
+        try:
+            mod = LigerLayerNorm(cols, eps=EPS, bias=True)
+        except TypeError:
+            mod = LigerLayerNorm(cols, eps=EPS)
+        mod = mod.to(device=device, dtype=DT[dt])
+        with torch.no_grad():
+            mod.weight.copy_(w)
+            if getattr(mod, "bias", None) is not None:
+                mod.bias.copy_(b)
+        return mod, None
+    except Exception as e:  # noqa: BLE001
+        return None, f"{type(e).__name__}: {e}"[:200]
+
+
+def time_shape(dt, rows, cols, device, reps, do_compile, report):
+    x, w, b, dy = make_inputs(dt, rows, cols, device, seed=1)
+    t = dict(dtype=dt, rows=rows, cols=cols, bytes_bwd=LN.bytes_moved(rows, cols, dt))
+    m = torch.nn.LayerNorm(cols, eps=EPS).to(device=device, dtype=DT[dt])
+    with torch.no_grad():
+        m.weight.copy_(w)
+        m.bias.copy_(b)
+    xr = x.detach().clone().requires_grad_(True)
+    params = [xr, m.weight, m.bias]
+
+    def fwd_bwd(mod):
+        def step():
+            for p in params[:1] + list(mod.parameters()):
+                p.grad = None
+            mod(xr).backward(dy)
+        return step
+
+    def bwd_only(mod):
+        y = mod(xr)
+        ps = [xr] + list(mod.parameters())
+        return lambda: torch.autograd.grad(y, ps, dy, retain_graph=True)
+
+    t["eager_fwd_bwd_us"] = timed(fwd_bwd(m), device, reps)
+    t["eager_bwd_us"] = timed(bwd_only(m), device, reps)
+    _, mean, rstd = eager_stats(x, w, b)
+    t["eager_bwd_op_us"] = timed(lambda: torch.ops.aten.native_layer_norm_backward(
+        dy, x, [cols], mean.view(rows, 1), rstd.view(rows, 1), w, b, [True, True, True]), device, reps)
+    ex, ew, eb, _ = eager_backward(x, w, b, dy)
+    if do_compile:
+        try:
+            torch._dynamo.reset()
+            cm = torch.compile(m, dynamic=False)
+            t0 = time.time()
+            fwd_bwd(cm)()
+            t["compile_s"] = round(time.time() - t0, 1)
+            t["compile_fwd_bwd_us"] = timed(fwd_bwd(cm), device, reps)
+            t["compile_bwd_us"] = timed(bwd_only(cm), device, reps)
+            xr.grad = None
+            for p in m.parameters():
+                p.grad = None
+            cm(xr).backward(dy)
+            t["compile_diff_vs_eager"] = dict(dx=ndiff(xr.grad, ex), dw=ndiff(m.weight.grad, ew), db=ndiff(m.bias.grad, eb))
+        except Exception as e:  # noqa: BLE001
+            t["compile_error"] = f"{type(e).__name__}: {e}"[:300]
+    lg, why = liger_module(cols, dt, device, w, b)
+    if lg is None:
+        t["liger"] = f"unavailable: {why}"
+    else:
+        try:
+            t["liger_fwd_bwd_us"] = timed(fwd_bwd(lg), device, reps)
+            t["liger_bwd_us"] = timed(bwd_only(lg), device, reps)
+            xr.grad = None
+            for p in lg.parameters():
+                p.grad = None
+            lg(xr).backward(dy)
+            t["liger_diff_vs_eager"] = dict(dx=ndiff(xr.grad, ex), dw=ndiff(lg.weight.grad, ew),
+                                            db=(ndiff(lg.bias.grad, eb) if getattr(lg, "bias", None) is not None
+                                                and lg.bias.grad is not None else None))
+        except Exception as e:  # noqa: BLE001
+            t["liger_error"] = f"{type(e).__name__}: {e}"[:300]
+    for k in ("eager_bwd_us", "eager_bwd_op_us", "compile_bwd_us", "liger_bwd_us"):
+        if k in t and t[k] > 0:
+            t[k.replace("_us", "_GBps")] = round(t["bytes_bwd"] / (t[k] * 1e-6) / 1e9, 1)
+    report["timing"].append(t)
+
+
+# ---- main ----------------------------------------------------------------------------------------------------
+
+def env_info(device):
+    info = dict(torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version(),
+                numpy=np.__version__, when=datetime.datetime.now(datetime.timezone.utc).isoformat())
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        info.update(device=p.name, sms=p.multi_processor_count, capability=list(torch.cuda.get_device_capability(device)),
+                    max_threads_per_sm=getattr(p, "max_threads_per_multi_processor", None))
+    try:
+        import liger_kernel  # noqa: F401
+        from importlib.metadata import version
+        info["liger_kernel"] = version("liger-kernel")
+    except Exception as e:  # noqa: BLE001
+        info["liger_kernel"] = f"unavailable: {type(e).__name__}"
+    return info
+
+
+def run_case(report, dt, rows, cols, device, sms, tps, t_start, budget, kind="grid", align=True):
+    x, w, b, dy = make_inputs(dt, rows, cols, device, seed=rows * 7919 + cols)
+    if not align:
+        x, dy = misaligned(x), misaligned(dy)
+    ex, ew, eb, y = eager_backward(x, w, b, dy)
+    ys, mean, rstd = eager_stats(x, w, b)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if report["graph"] is None:
+        report["graph"] = graph_names(y.grad_fn)
+    n = rows * cols
+    case = dict(kind=kind, dtype=dt, rows=rows, cols=cols, aligned=align,
+                dx_kernel=LN.dx_kernel(cols, dt, aligned=align), gb_cfg=LN.gamma_beta_config(rows, cols, sms),
+                fwd_stats_same_y=ndiff(ys, y) == 0)
+    if not align:  # the plain dx kernel against the vectorized one on the same values
+        xa, dya = x.contiguous().clone(), dy.contiguous().clone()
+        ax, aw, ab, _ = eager_backward(xa, w, b, dya)
+        case.update(unaligned_vs_aligned=dict(dx=ndiff(ex, ax), dw=ndiff(ew, aw), db=ndiff(eb, ab)))
+    elapsed = time.time() - t_start
+    emu = elapsed < budget * 0.85 and (n <= EMU_MAX_ELEMS or kind == "partial" or (
+        n <= EMU_MAX_ANY and (dt == "bf16" or elapsed < budget * 0.5)))
+    if emu:
+        t0 = time.time()
+        dx, dw, db = emulate(dt, x, w, dy, mean, rstd, sms, tps)
+        case.update(emu_dx_diff=ndiff(to_T(dx, dt), ex), emu_dw_diff=ndiff(to_T(dw, dt), ew),
+                    emu_db_diff=ndiff(to_T(db, dt), eb), emu_dx_max_ulp=max_ulp(to_T(dx, dt), ex.cpu()),
+                    emu_dw_max_ulp=max_ulp(to_T(dw, dt), ew.cpu()), emu_s=round(time.time() - t0, 2))
+        if (n <= HYP_MAX_ELEMS or kind == "partial") and time.time() - t_start < budget * 0.6:
+            case["hypotheses"] = hypotheses(dt, x, w, dy, mean, rstd, ex, ew, eb, sms, tps, partial=(kind == "partial"))
+    report["cases"].append(case)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", nargs="?", default=None)
+    ap.add_argument("--dry-run", action="store_true", help="CPU only: exercise the code paths")
+    ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    ap.add_argument("--budget", type=float, default=200.0, help="seconds for the grid (the timing has as much again)")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--all-dtypes", action="store_true", help="time f16 and f32 too")
+    args = ap.parse_args(argv)
+    t_start = time.time()
+    out_dir = args.out or os.environ.get("OUT") or "ln_backward_probe_out"
+    os.makedirs(out_dir, exist_ok=True)
+    dry = args.dry_run or not torch.cuda.is_available()
+    if dry and not args.dry_run:
+        print("no CUDA device: running as --dry-run")
+    device = torch.device("cpu") if dry else torch.device("cuda", torch.cuda.current_device())
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        sms, tps = p.multi_processor_count, getattr(p, "max_threads_per_multi_processor", 2048)
+    else:
+        sms, tps = 132, 2048
+    rows_list, cols_list = ROWS, COLS
+    if args.quick:
+        rows_list, cols_list = [1, 3, 17, 64, 128, 1000], [768, 1000, 4096, 4099]
+    partial, unaligned = EXTRA_PARTIAL, UNALIGNED
+    tm, tn = TIMED_M, TIMED_N
+    if dry:
+        rows_list, cols_list = [1, 3, 70, 130], [768, 1000, 4099]
+        partial, unaligned, tm, tn = [(65600, 64)], [(17, 1024)], [64], [256]
+    report = dict(env=env_info(device), dry_run=dry, eps=EPS, sms=sms, threads_per_sm=tps, cases=[], timing=[],
+                  errors=[], graph=None)
+    print(json.dumps(report["env"]))
+
+    # correctness: f32 first (it tells the contractions apart), then bf16, f16
+    plan = [(dt, r, c, "grid", True) for dt in DT for r in rows_list for c in cols_list]
+    plan += [(dt, r, c, "unaligned", False) for dt in DT for r, c in unaligned]
+    plan += [(dt, r, c, "partial", True) for dt in ("f32", "bf16") for r, c in partial]
+    # the extra cases early enough to keep their emulation: after each dtype's grid
+    plan.sort(key=lambda p: (list(DT).index(p[0]), p[3] != "grid"))
+    for dt, rows, cols, kind, align in plan:
+        if time.time() - t_start > args.budget:
+            report["errors"].append(f"time budget: stopped the grid before {dt} [{rows}, {cols}] {kind}")
+            break
+        try:
+            run_case(report, dt, rows, cols, device, sms, tps, t_start, args.budget, kind, align)
+        except Exception as e:  # noqa: BLE001
+            report["errors"].append(f"{dt} [{rows}, {cols}] {kind}: {type(e).__name__}: {e}")
+            traceback.print_exc()
+    report["grid_seconds"] = round(time.time() - t_start, 1)
+
+    # timing
+    t_timing = time.time()
+    for dt in (["bf16", "f16", "f32"] if args.all_dtypes else ["bf16"]):
+        for rows in tm:
+            for cols in tn:
+                if time.time() - t_timing > args.budget:
+                    report["errors"].append(f"time budget: no timing of {dt} [{rows}, {cols}]")
+                    continue
+                try:
+                    time_shape(dt, rows, cols, device, args.reps, not (args.no_compile or dry), report)
+                except Exception as e:  # noqa: BLE001
+                    report["errors"].append(f"timing {dt} [{rows}, {cols}]: {type(e).__name__}: {e}")
+                    traceback.print_exc()
+
+    report["seconds"] = round(time.time() - t_start, 1)
+    with open(os.path.join(out_dir, "ln_backward_probe.json"), "w", encoding="utf-8") as fh:
+        json.dump(report, fh, indent=1)
+    print_table(report)
+    return 0 if not [e for e in report["errors"] if not e.startswith("time budget")] else 1
+
+
+def print_table(rep):
+    env = rep["env"]
+    print(f"\n## LayerNorm backward: emulation vs eager autograd ({env.get('device', 'cpu')}, torch {env['torch']}"
+          f"{', DRY RUN: CPU eager, counts mean nothing' if rep['dry_run'] else ''})\n")
+    print("Cells: emulation's differing elements dx/dw/db (- where the emulation did not run).\n")
+    for dt in DT:
+        cs = [c for c in rep["cases"] if c["dtype"] == dt and c["kind"] == "grid"]
+        if not cs:
+            continue
+        cols = sorted({c["cols"] for c in cs})
+        print(f"**{dt}**\n")
+        print("| rows | " + " | ".join(str(c) for c in cols) + " |")
+        print("| ---: | " + " | ".join("---" for _ in cols) + " |")
+        for r in sorted({c["rows"] for c in cs}):
+            cells = []
+            for col in cols:
+                c = next((c for c in cs if c["rows"] == r and c["cols"] == col), None)
+                cells.append("-" if c is None or "emu_dx_diff" not in c else
+                             f"{c['emu_dx_diff']}/{c['emu_dw_diff']}/{c['emu_db_diff']}")
+            print(f"| {r} | " + " | ".join(cells) + " |")
+        print()
+    extra = [c for c in rep["cases"] if c["kind"] != "grid"]
+    if extra:
+        print("| extra case | dtype | shape | dx kernel | dw/db variant | emu dx/dw/db | plain vs vectorized dx/dw/db |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for c in extra:
+            emu = f"{c['emu_dx_diff']}/{c['emu_dw_diff']}/{c['emu_db_diff']}" if "emu_dx_diff" in c else "-"
+            ua = c.get("unaligned_vs_aligned")
+            ua = f"{ua['dx']}/{ua['dw']}/{ua['db']}" if ua else "-"
+            print(f"| {c['kind']} | {c['dtype']} | {c['rows']}x{c['cols']} | {c['dx_kernel']} | "
+                  f"{c['gb_cfg']['variant']} | {emu} | {ua} |")
+        print()
+    hyp = {}
+    for c in rep["cases"]:
+        for grad, d in c.get("hypotheses", {}).items():
+            for name, n in d.items():
+                a = hyp.setdefault((grad, c["dtype"], name), [0, 0])
+                a[0] += n
+                a[1] += 1
+    if hyp:
+        print("Hypotheses (elements of eager's gradient each one misses, summed; 0 = consistent):\n")
+        print("| gradient | dtype | hypothesis | differing | cases |")
+        print("| --- | --- | --- | ---: | ---: |")
+        for (grad, dt, name), (n, k) in sorted(hyp.items()):
+            print(f"| {grad} | {dt} | {name} | {n} | {k} |")
+        print()
+    emu_cases = [c for c in rep["cases"] if "emu_dx_diff" in c]
+    tot = sum(c["emu_dx_diff"] + c["emu_dw_diff"] + c["emu_db_diff"] for c in emu_cases)
+    print(f"cases {len(rep['cases'])}, emulated {len(emu_cases)}, total differing elements {tot}; "
+          f"graph {json.dumps(rep['graph'])}\n")
+    if rep["timing"]:
+        print("| dtype | M | N | eager fwd+bwd us | eager bwd us (GB/s) | bwd op us (GB/s) | compile fwd+bwd us | "
+              "compile bwd us (GB/s) | Liger fwd+bwd us | Liger bwd us (GB/s) |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+
+        def f(t, k):
+            v = t.get(k + "_us")
+            if v is None:
+                return "-"
+            g = t.get(k + "_GBps")
+            return f"{v:.1f}" + (f" ({g})" if g is not None else "")
+        for t in rep["timing"]:
+            print(f"| {t['dtype']} | {t['rows']} | {t['cols']} | {f(t, 'eager_fwd_bwd')} | {f(t, 'eager_bwd')} | "
+                  f"{f(t, 'eager_bwd_op')} | {f(t, 'compile_fwd_bwd')} | {f(t, 'compile_bwd')} | "
+                  f"{f(t, 'liger_fwd_bwd')} | {f(t, 'liger_bwd')} |")
+        print()
+    for e in rep["errors"]:
+        print("ERROR", e)
+    print(f"seconds {rep['seconds']} (grid {rep['grid_seconds']})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
