@@ -71,10 +71,10 @@ def profile_step(m, batch: int, steps: int, prefill: int = 0, greedy: int = 0) -
     # The spread of one call's GPU time for the top kernels (min, median, max µs): whether every
     # call of a kernel costs the same, or some calls (one layer's, one input's) cost more.
     calls: dict[str, list[float]] = {}
-    for e in kernels:
+    for e in sorted(kernels, key=lambda e: e.time_range.start):  # launch order
         calls.setdefault(e.name, []).append(e.device_time)
     spread = {n[:90]: [round(min(c), 2), round(statistics.median(c), 2), round(max(c), 2)]
-              for n, c in ((n, sorted(calls[n])) for n, _ in top)}
+              for n, c in ((n, sorted(calls[n])) for n, _ in top)}  # (a sorted copy)
     # The norms' calls of the last step in launch order (which call of a layer is the slow one:
     # GPT-2's fused add + LayerNorm spread from 2.9 to 8.5 µs a call in session 22).
     norm_calls = {n[:90]: [round(t, 2) for t in c[-int(round(len(c) / steps)):]]
