@@ -58,7 +58,11 @@ TensorIterator kernels of backward.py's chain). What nvcc emits is not in the so
 defaults here follow LLVM's DAG combiner: ``acc + a*b -> fma(a, b, acc)`` for s1, s2 and dg
 (``sum_fma=True``), and for ``t - Bv*s2`` with both products single-use, the left product is
 fused, ``fma(A, dy, -fl(Bv * s2))`` (``dx_fma="xy_sub_z"``); alternatives: ``"x_sub_yz"`` =
-``fma(-Bv, s2, fl(A * dy))``, ``"none"`` = ``fl(fl(A * dy) - fl(Bv * s2))``, ``sum_fma=False``.
+``fma(-Bv, s2, fl(A * dy))``, ``"none"`` = ``fl(fl(A * dy) - fl(Bv * s2))``, ``sum_fma=False``;
+and, since NVPTX enables LLVM's aggressive FMA fusion, which folds ``fsub(fma(x, y, fmul(u, v)),
+z)`` into ``fma(x, y, fma(u, v, -z))``, the ``- s1`` folded in: ``"nested_xy"`` =
+``fma(A, dy, fma(-Bv, s2, -s1))`` and ``"nested_yz"`` = ``fma(-Bv, s2, fma(A, dy, -s1))``
+(session 22: on an H200 none of the first three gave eager's f32 dx).
 ``cl * g`` is exact in f32 for bf16 and f16 inputs, so s1's contraction only matters in f32;
 the probe (scripts/ln_backward_probe.py) scores every combination against eager.
 
@@ -74,7 +78,7 @@ from kernelize.backward import F32, _halving, cdiv, col_config, col_sum, round_t
 WARP = 32
 DX_THREADS = 128          # num_threads() = C10_WARP_SIZE * 4 on CUDA (thread_constants.h)
 VEC = 4                   # vec_size, and compute_gI's unroll
-DX_FMA = ("xy_sub_z", "x_sub_yz", "none")
+DX_FMA = ("xy_sub_z", "x_sub_yz", "none", "nested_xy", "nested_yz")
 ITEMSIZE = {"bf16": 2, "f16": 2, "f32": 4}
 
 
@@ -190,9 +194,17 @@ def dx_from_stats(dy, x, w, mean, rstd, s1, s2, dtype: str, dx_fma: str = "xy_su
         f1 = fma32(-Bv, s2b, _mul(A, g))
     elif dx_fma == "none":
         f1 = (_mul(A, g) - _mul(Bv, s2b)).astype(F32)
+    elif dx_fma in ("nested_xy", "nested_yz"):
+        f1 = None   # the subtraction of s1 folded into the inner fma (below)
     else:
         raise ValueError(dx_fma)
-    f2 = (f1 - s1).astype(F32)                       # f -= stats_x1
+    s1b = np.broadcast_to(s1, h.shape)
+    if dx_fma == "nested_xy":    # fma(A, dy, fma(-Bv, s2, -s1))
+        f2 = fma32(np.broadcast_to(A, h.shape), g, fma32(-Bv, s2b, -s1b))
+    elif dx_fma == "nested_yz":  # fma(-Bv, s2, fma(A, dy, -s1))
+        f2 = fma32(-Bv, s2b, fma32(np.broadcast_to(A, h.shape), g, -s1b))
+    else:
+        f2 = (f1 - s1).astype(F32)                   # f -= stats_x1
     term1 = _mul(F32(1) / fH, r)                     # (1 / fH) * rstd_val (IEEE division)
     return round_to(_mul(f2, term1), dtype)          # f *= term1; the store rounds to T
 
