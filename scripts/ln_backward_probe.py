@@ -35,7 +35,6 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 import traceback
@@ -195,28 +194,9 @@ def hypotheses(dt, x, w, dy, mean, rstd, ex, ew, eb, sms, tps, partial=False):
 
 # ---- timing -----------------------------------------------------------------------------------------------
 
-def timed(fn, device, reps=20, warm=3):
-    if device.type != "cuda":
-        fn()
-        ts = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - t0) * 1e6)
-        return statistics.median(ts)
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize(device)
-    ts = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1000.0)
-    return statistics.median(ts)
+# timed(fn, device, reps, warm): the RMSNorm probe's (CUDA events, median; wall clock on the CPU)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from backward_probe import timed  # noqa: E402
 
 
 def liger_module(cols, dt, device, w, b):
@@ -269,20 +249,30 @@ def time_shape(dt, rows, cols, device, reps, do_compile, report):
     t["eager_bwd_op_us"] = timed(lambda: torch.ops.aten.native_layer_norm_backward(
         dy, x, [cols], mean.view(rows, 1), rstd.view(rows, 1), w, b, [True, True, True]), device, reps)
     ex, ew, eb, _ = eager_backward(x, w, b, dy)
+
+    def against_eager(name, mod):
+        """A candidate module's fwd+bwd and bwd times, and its gradients' bits against eager's."""
+        t[f"{name}_fwd_bwd_us"] = timed(fwd_bwd(mod), device, reps)
+        t[f"{name}_bwd_us"] = timed(bwd_only(mod), device, reps)
+        xr.grad = None
+        for p in mod.parameters():
+            p.grad = None
+        mod(xr).backward(dy)
+        bias = getattr(mod, "bias", None)
+        t[f"{name}_diff_vs_eager"] = dict(dx=ndiff(xr.grad, ex), dw=ndiff(mod.weight.grad, ew),
+                                          db=ndiff(bias.grad, eb) if bias is not None and bias.grad is not None
+                                          else None)
     if do_compile:
         try:
             torch._dynamo.reset()
+            # bwd_only replays one graph's backward (retain_graph): compiled backwards donate
+            # their saved buffers unless told not to
+            torch._functorch.config.donated_buffer = False
             cm = torch.compile(m, dynamic=False)
             t0 = time.time()
             fwd_bwd(cm)()
             t["compile_s"] = round(time.time() - t0, 1)
-            t["compile_fwd_bwd_us"] = timed(fwd_bwd(cm), device, reps)
-            t["compile_bwd_us"] = timed(bwd_only(cm), device, reps)
-            xr.grad = None
-            for p in m.parameters():
-                p.grad = None
-            cm(xr).backward(dy)
-            t["compile_diff_vs_eager"] = dict(dx=ndiff(xr.grad, ex), dw=ndiff(m.weight.grad, ew), db=ndiff(m.bias.grad, eb))
+            against_eager("compile", cm)
         except Exception as e:  # noqa: BLE001
             t["compile_error"] = f"{type(e).__name__}: {e}"[:300]
     lg, why = liger_module(cols, dt, device, w, b)
@@ -290,15 +280,7 @@ def time_shape(dt, rows, cols, device, reps, do_compile, report):
         t["liger"] = f"unavailable: {why}"
     else:
         try:
-            t["liger_fwd_bwd_us"] = timed(fwd_bwd(lg), device, reps)
-            t["liger_bwd_us"] = timed(bwd_only(lg), device, reps)
-            xr.grad = None
-            for p in lg.parameters():
-                p.grad = None
-            lg(xr).backward(dy)
-            t["liger_diff_vs_eager"] = dict(dx=ndiff(xr.grad, ex), dw=ndiff(lg.weight.grad, ew),
-                                            db=(ndiff(lg.bias.grad, eb) if getattr(lg, "bias", None) is not None
-                                                and lg.bias.grad is not None else None))
+            against_eager("liger", lg)
         except Exception as e:  # noqa: BLE001
             t["liger_error"] = f"{type(e).__name__}: {e}"[:300]
     for k in ("eager_bwd_us", "eager_bwd_op_us", "compile_bwd_us", "liger_bwd_us"):
