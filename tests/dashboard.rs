@@ -512,10 +512,26 @@ fn on_path(bin: &str) -> Option<PathBuf> {
 
 /// Debian's chromium, installed with apt-get when missing and running as root. `None` (and a
 /// loud note) when there is none, unless KERNELIZE_REQUIRE_BROWSER=1, which makes it a failure.
+/// Found (or installed) once per test binary: the browser tests run in parallel threads, and two
+/// apt-get installs at once fail on dpkg's lock (a fresh machine's first run did).
 fn chromium() -> Option<PathBuf> {
+    static FOUND: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    match FOUND.get_or_init(find_or_install_chromium) {
+        Ok(p) => Some(p.clone()),
+        Err(why) => {
+            if std::env::var("KERNELIZE_REQUIRE_BROWSER").as_deref() == Ok("1") {
+                panic!("a headless browser is required (KERNELIZE_REQUIRE_BROWSER=1) but {why}");
+            }
+            eprintln!("\n*** SKIPPING the browser test: {why}\n*** set KERNELIZE_REQUIRE_BROWSER=1 to make this a failure\n");
+            None
+        }
+    }
+}
+
+fn find_or_install_chromium() -> Result<PathBuf, String> {
     let find = || on_path("chromium").or_else(|| on_path("chromium-browser"));
     if let Some(p) = find() {
-        return Some(p);
+        return Ok(p);
     }
     let root = Command::new("id")
         .arg("-u")
@@ -539,15 +555,11 @@ fn chromium() -> Option<PathBuf> {
             install();
         }
         match find() {
-            Some(p) => return Some(p),
+            Some(p) => return Ok(p),
             None => why = "`apt-get install -y chromium` did not install it".into(),
         }
     }
-    if std::env::var("KERNELIZE_REQUIRE_BROWSER").as_deref() == Ok("1") {
-        panic!("a headless browser is required (KERNELIZE_REQUIRE_BROWSER=1) but {why}");
-    }
-    eprintln!("\n*** SKIPPING the browser test: {why}\n*** set KERNELIZE_REQUIRE_BROWSER=1 to make this a failure\n");
-    None
+    Err(why)
 }
 
 /// Run chromium on `url` with `mode` (`--dump-dom` or `--screenshot=FILE`): (stdout, console
