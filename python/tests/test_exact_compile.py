@@ -998,8 +998,8 @@ def test_kernelize_compile_pairs_each_swapped_norm_with_the_sources_fused_kernel
 
 def test_kernelize_compile_looks_for_a_fused_add_layer_norm_beside_each_swapped_layer_norm(tmp_path, monkeypatch):
     """GPT-2's LayerNorms: kernelize(..., compile=...) asks the source for a fused_add_layer_norm
-    kernel of the same dtype and width; the bundled kernels have none yet, and the report says
-    so (the adds stay inductor's kernels)."""
+    kernel of the same dtype and width; a source without one (here: a folder with the layer_norm
+    kernel alone) leaves the adds to inductor, and the report says so."""
     import shutil
     import transformers
     from conftest import REPO
