@@ -996,10 +996,13 @@ def test_kernelize_compile_pairs_each_swapped_norm_with_the_sources_fused_kernel
     assert ops.residual_partner(norm_key) is None
 
 
-def test_kernelize_compile_looks_for_a_fused_add_layer_norm_beside_each_swapped_layer_norm(tmp_path, monkeypatch):
+@pytest.mark.parametrize("with_fused", [False, True])
+def test_kernelize_compile_looks_for_a_fused_add_layer_norm_beside_each_swapped_layer_norm(tmp_path, monkeypatch,
+                                                                                           with_fused):
     """GPT-2's LayerNorms: kernelize(..., compile=...) asks the source for a fused_add_layer_norm
-    kernel of the same dtype and width; a source without one (here: a folder with the layer_norm
-    kernel alone) leaves the adds to inductor, and the report says so."""
+    kernel of the same dtype and width; a source without one (a folder with the layer_norm kernel
+    alone) leaves the adds to inductor, and the report says so; with the bundled one each
+    LayerNorm is paired with it."""
     import shutil
     import transformers
     from conftest import REPO
@@ -1016,16 +1019,22 @@ def test_kernelize_compile_looks_for_a_fused_add_layer_norm_beside_each_swapped_
                         loaded.setdefault(digest, ForwardStandIn(manifest)))
     monkeypatch.setattr(core, "_stand_in_run", ln_run)
     root = tmp_path / "k"
-    shutil.copytree(REPO / "kernels" / "layer_norm", root / "layer_norm")
+    for name in ("layer_norm", "fused_add_layer_norm") if with_fused else ("layer_norm",):
+        shutil.copytree(REPO / "kernels" / name, root / name)
     cfg = transformers.GPT2Config(vocab_size=64, n_embd=64, n_layer=2, n_head=4, n_positions=32)
     m = transformers.GPT2LMHeadModel(cfg).to(torch.bfloat16)
     rep = kernelize(m, kernels_dir=root, compile=True, device="cuda:0", arch="sm_90", verbose=False)
     lines = [n for n in rep.notes if n.startswith("compile:")]
-    assert len(lines) == 1 and "residual adds stay separate kernels" in lines[0] \
-        and "no kernel for fused_add_layer_norm" in lines[0], rep.notes
     ln_key = m.transformer.ln_f.__dict__["_kz"][0]
-    assert ops.residual_partner(ln_key) is None
+    if with_fused:
+        assert len(lines) == 1 and "runs with it as fused_add_layer_norm" in lines[0], rep.notes
+        assert ops.residual_partner(ln_key) is not None
+    else:
+        assert len(lines) == 1 and "residual adds stay separate kernels" in lines[0] \
+            and "no kernel for fused_add_layer_norm" in lines[0], rep.notes
+        assert ops.residual_partner(ln_key) is None
     unkernelize(m)
+    ops.unpair_residual(ln_key)   # the pairing is the kernel's, process-wide: not left to other tests
 
 
 # ---- attention masks converted once (exact.hoist_sdpa_masks) --------------------------------
