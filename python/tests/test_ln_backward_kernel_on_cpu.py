@@ -1,0 +1,307 @@
+"""nn.LayerNorm's backward kernel (issue 30, work in progress: kernels/wip/layer_norm_backward/
+kernel.cu, not bundled) run on the CPU under cuda_on_cpu/harness.h (fibers standing for threads),
+against the emulation of eager autograd in kernelize/backward_ln.py (docs/backward-layer-norm.md).
+
+1. Both entries (ln_bwd_dx_*, ln_bwd_dwdb_*), bf16 / f16 / f32, every rows x cols of the grid
+   below (each dw/db variant: rows < 64, 64..127, 128..255, >= 256; cols below and above one
+   block's 512-element span, cols % 4 != 0), aligned tensors (eager's vectorized dx kernel) and
+   tensors one element off a 16-byte boundary (its plain kernel; the emulator models both with the
+   vectorized kernel's order), at several grids and dw/db blocks: dx, dw, db equal the emulation
+   bit for bit.
+2. Mutations of the source (the block reduce's warp sums read in another order, the dw/db row
+   chains interleaved, s1's fused multiply-add split in two roundings) are caught by the same
+   comparison: the check sees order slips.
+3. The dw/db entry traps with a block of fewer than bdy(rows) chains and at rows > 65536 (eager's
+   two-pass variant, not implemented).
+4. NVRTC compiles the source for sm_90 (where libnvrtc is found), and its PTX has every f32
+   rounding explicit: no add/sub/mul without .rn, and the same PTX with --fmad=false.
+
+What only the GPU can tell: that the kernel compiled by NVRTC gives these bits there (CUDA's
+fmaf, shuffles and shared memory), and eager's f32 dx (the emulator's is not eager's yet).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+np = pytest.importorskip("numpy")
+
+REPO = Path(__file__).resolve().parents[2]
+KSRC = REPO / "kernels" / "wip" / "layer_norm_backward" / "kernel.cu"
+sys.path.insert(0, str(REPO / "python"))
+
+from kernelize import backward as B  # noqa: E402
+from kernelize import backward_ln as L  # noqa: E402
+from cpu_harness import CXXFLAGS, HARNESS, cache_dir, cxx as compiler  # noqa: E402
+
+F32 = np.float32
+DTYPES = ["bf16", "f16", "f32"]
+
+# A runner of its own (like test_backward_order_on_cpu.py): the entries' signatures are not one
+# of main.cpp's kinds. Jobs, one a line: DT ROWS COLS OFFSET GRID_DX GRID_DWDB BLOCK_Y IN OUT;
+# IN holds x, dy (rows*cols), w (cols) as raw DTYPE, then mean, rstd (rows f32); every tensor is
+# placed OFFSET elements past a 256-byte boundary. OUT receives dx, dw, db (raw DTYPE).
+MAIN = r"""
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
+#include "%HARNESS%"
+#define ENTRIES(N) \
+  extern "C" void ln_bwd_dx_##N(void*, const void*, const void*, const float*, const float*, const void*, long long, long long); \
+  extern "C" void ln_bwd_dwdb_##N(void*, void*, const void*, const void*, const float*, const float*, long long, long long);
+ENTRIES(bf16) ENTRIES(f16) ENTRIES(f32)
+%SWITCH%
+inline std::function<void()> g_call;
+static void tramp() { g_call(); }
+int main(int argc, char** argv) {
+  std::ifstream jobs(argv[1]);
+  std::string line;
+  while (std::getline(jobs, line)) {
+    if (line.empty()) continue;
+    std::istringstream ss(line);
+    std::string dt, in, out; long long rows, cols, off; unsigned gdx, gdw, by;
+    ss >> dt >> rows >> cols >> off >> gdx >> gdw >> by >> in >> out;
+    if (!ss) { std::fprintf(stderr, "bad job: %s\n", line.c_str()); return 2; }
+    const size_t es = dt == "f32" ? 4 : 2, ne = (size_t)(rows * cols), o = es * (size_t)off;
+    std::ifstream f(in, std::ios::binary);
+    std::vector<unsigned char> buf((std::istreambuf_iterator<char>(f)), {});
+    if (buf.size() != es * (2 * ne + cols) + 8 * rows) { std::fprintf(stderr, "%s: bad size\n", in.c_str()); return 2; }
+    auto al = [](size_t b) { return (unsigned char*)std::aligned_alloc(256, (b + 255) / 256 * 256 + 256); };
+    unsigned char *x = al(es * ne + o), *dy = al(es * ne + o), *w = al(es * cols + o);
+    unsigned char *dx = al(es * ne + o), *dw = al(es * cols + o), *db = al(es * cols + o);
+    float *mean = (float*)al(4 * rows), *rstd = (float*)al(4 * rows);
+    std::memcpy(x + o, buf.data(), es * ne);
+    std::memcpy(dy + o, buf.data() + es * ne, es * ne);
+    std::memcpy(w + o, buf.data() + 2 * es * ne, es * cols);
+    std::memcpy(mean, buf.data() + es * (2 * ne + cols), 4 * rows);
+    std::memcpy(rstd, buf.data() + es * (2 * ne + cols) + 4 * rows, 4 * rows);
+    std::memset(dx, 0xA7, es * ne + o); std::memset(dw, 0xA7, es * cols + o); std::memset(db, 0xA7, es * cols + o);
+    void (*fdx)(void*, const void*, const void*, const float*, const float*, const void*, long long, long long);
+    void (*fgb)(void*, void*, const void*, const void*, const float*, const float*, long long, long long);
+    if (dt == "bf16") { fdx = ln_bwd_dx_bf16; fgb = ln_bwd_dwdb_bf16; }
+    else if (dt == "f16") { fdx = ln_bwd_dx_f16; fgb = ln_bwd_dwdb_f16; }
+    else { fdx = ln_bwd_dx_f32; fgb = ln_bwd_dwdb_f32; }
+    unsigned char *X = x + o, *DY = dy + o, *W = w + o, *DX = dx + o, *DW = dw + o, *DB = db + o;
+    g_call = [=] { fdx(DX, DY, X, mean, rstd, W, rows, cols); };
+    kzcpu::launch(uint3{gdx, 1, 1}, uint3{128, 1, 1}, tramp);
+    g_call = [=] { fgb(DW, DB, DY, X, mean, rstd, rows, cols); };
+    kzcpu::launch(uint3{gdw, 1, 1}, uint3{32, by, 1}, tramp);
+    std::ofstream of(out, std::ios::binary);
+    of.write((const char*)DX, es * ne);
+    of.write((const char*)DW, es * cols);
+    of.write((const char*)DB, es * cols);
+    std::free(x); std::free(dy); std::free(w); std::free(dx); std::free(dw); std::free(db);
+    std::free(mean); std::free(rstd);
+  }
+  return 0;
+}
+"""
+
+
+@lru_cache(maxsize=8)
+def _runner(ksrc: str) -> Path:
+    cxx = compiler()
+    # the fiber switch (x86-64 assembly) is defined in the harness's main.cpp: reuse it verbatim
+    hm = (HARNESS / "main.cpp").read_text(encoding="utf-8")
+    sw = re.search(r'^asm\(R"\(.*?^\)"\);$', hm, re.S | re.M)
+    assert sw, "python/tests/cuda_on_cpu/main.cpp lost its kz_switch assembly block"
+    main = MAIN.replace("%HARNESS%", str(HARNESS / "harness.h")).replace("%SWITCH%", sw.group(0))
+    h = hashlib.sha256()
+    for part in [cxx, " ".join(CXXFLAGS), (HARNESS / "harness.h").read_text(), main, ksrc]:
+        h.update(part.encode())
+    d = cache_dir("lnbw-" + h.hexdigest()[:16])
+    exe = d / "run"
+    if exe.exists():
+        return exe
+    (d / "k.cu").write_text(ksrc, encoding="utf-8")
+    (d / "main.cpp").write_text(main, encoding="utf-8")
+    for cmd in ([cxx, *CXXFLAGS, f"-I{HARNESS / 'include'}", "-include", str(HARNESS / "harness.h"),
+                 "-x", "c++", "-c", str(d / "k.cu"), "-o", str(d / "k.o")],
+                [cxx, *CXXFLAGS, "-c", str(d / "main.cpp"), "-o", str(d / "main.o")]):
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"
+    tmp = d / "run.tmp"
+    subprocess.run([cxx, str(d / "k.o"), str(d / "main.o"), "-o", str(tmp)], check=True)
+    tmp.replace(exe)
+    return exe
+
+
+def _bits(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=F32).view(np.uint32)
+
+
+def _ndiff(a, b) -> int:
+    return int((_bits(a) != _bits(b)).sum())
+
+
+def _raw(v: np.ndarray, dt: str) -> bytes:
+    v = np.ascontiguousarray(v, dtype=F32)
+    if dt == "f32":
+        return v.tobytes()
+    if dt == "bf16":
+        return (B.round_bf16(v).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+    return v.astype(np.float16).tobytes()
+
+
+def _vals(raw: bytes, dt: str) -> np.ndarray:
+    if dt == "f32":
+        return np.frombuffer(raw, F32).copy()
+    if dt == "bf16":
+        return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(F32)
+    return np.frombuffer(raw, np.float16).astype(F32)
+
+
+def _inputs(dt, rows, cols, seed):
+    """x, w, dy as T values; mean and rstd as eager's forward gives them (f32 per row; here
+    computed in f64 and rounded: both sides take them as inputs)."""
+    rng = np.random.default_rng(seed)
+    scale = rng.uniform(0.5, 2.0, size=(rows, 1))
+    x = B.round_to((rng.standard_normal((rows, cols)) * scale + 0.3).astype(F32), dt)
+    w = B.round_to((1 + 0.2 * rng.standard_normal(cols)).astype(F32), dt)
+    dy = B.round_to(rng.standard_normal((rows, cols)).astype(F32), dt)
+    xd = x.astype(np.float64)
+    mean = xd.mean(1)
+    rstd = 1.0 / np.sqrt(((xd - mean[:, None]) ** 2).mean(1) + 1e-5)
+    return x, w, dy, mean.astype(F32), rstd.astype(F32)
+
+
+def _bdy(rows: int) -> int:
+    return L.gamma_beta_config(rows, 1)["bdy"]
+
+
+def _run(ksrc: str, cases) -> list[str]:
+    """cases: (dt, rows, cols, offset, grid_dx, grid_dwdb, block_y); the cases whose dx, dw or db
+    differ from the emulation, described."""
+    exe = _runner(ksrc)
+    d = Path(tempfile.mkdtemp(prefix="kz-lnbw-"))
+    jobs, meta = [], []
+    for i, (dt, rows, cols, off, gdx, gdw, by) in enumerate(cases):
+        x, w, dy, mean, rstd = _inputs(dt, rows, cols, seed=1000 * rows + cols + 7 * off)
+        fin = d / f"in{i}"
+        fin.write_bytes(_raw(x, dt) + _raw(dy, dt) + _raw(w, dt) + mean.tobytes() + rstd.tobytes())
+        jobs.append(f"{dt} {rows} {cols} {off} {gdx} {gdw} {by} {fin} {d / f'out{i}'}")
+        meta.append((i, dt, rows, cols, off, x, w, dy, mean, rstd))
+    (d / "jobs").write_text("\n".join(jobs) + "\n", encoding="utf-8")
+    r = subprocess.run([str(exe), str(d / "jobs")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    bad = []
+    for i, dt, rows, cols, off, x, w, dy, mean, rstd in meta:
+        raw = (d / f"out{i}").read_bytes()
+        es = 4 if dt == "f32" else 2
+        ne = rows * cols
+        kdx = _vals(raw[:es * ne], dt).reshape(rows, cols)
+        kdw = _vals(raw[es * ne:es * (ne + cols)], dt)
+        kdb = _vals(raw[es * (ne + cols):], dt)
+        edx, edw, edb = L.layer_norm_backward(dy, x, w, mean, rstd, dt)
+        n = (_ndiff(kdx, edx), _ndiff(kdw, edw), _ndiff(kdb, edb))
+        if any(n):
+            bad.append(f"{dt} [{rows}, {cols}] offset {off}: dx {n[0]}/{ne}, dw {n[1]}/{cols}, db {n[2]}/{cols}")
+    return bad
+
+
+ROWS = [1, 2, 7, 63, 64, 100, 128, 200, 256, 300]
+COLS = [32, 96, 768, 1000, 1280, 4099]
+
+
+def _grid_cases(dt):
+    """Every rows x cols, aligned: eager's launch (a block per row; a block per 32 columns) with
+    the (32, 32) dw/db block, and at every third shape fewer blocks than rows / tiles (the loops)
+    and the tight (32, bdy) block."""
+    out = []
+    for j, (rows, cols) in enumerate((r, c) for r in ROWS for c in COLS):
+        tiles = -(-cols // 32)
+        if j % 3 == 2:
+            out.append((dt, rows, cols, 0, min(rows, 3), min(tiles, 2), _bdy(rows)))
+        else:
+            out.append((dt, rows, cols, 0, rows, tiles, 32))
+    return out
+
+
+# one element off a 16-byte boundary (eager's plain dx kernel; scalar loads in the kernel)
+MISALIGNED = [(7, 1000), (63, 768), (100, 4099), (256, 96), (300, 1280)]
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_the_kernel_on_the_cpu_equals_the_emulation(dt):
+    cases = _grid_cases(dt)
+    cases += [(dt, r, c, 1, r, -(-c // 32), 32) for r, c in MISALIGNED]
+    bad = _run(KSRC.read_text(encoding="utf-8"), cases)
+    assert not bad, "\n".join(bad)
+
+
+# (name, the source's text, its replacement, the cases that must catch it)
+MUTATIONS = [
+    # BlockReduceSum's second stage reads the warp sums as (w0, w2, w1, w3): ((w0+w1)+(w2+w3))
+    ("warp-sums-order", "? lb_w2[lane] : 0.f", "? lb_w2[lane == 1 || lane == 2 ? 3 - lane : lane] : 0.f",
+     [("f32", 64, 4099, 0, 64, 129, 32), ("bf16", 100, 1280, 0, 100, 40, 32)]),
+    # the dw/db chains take rows R*k + y + bdy*i (interleaved) instead of R*k + 8*y + i
+    ("chain-rows", "const i64 row = k0 + 8 * ty + i;", "const i64 row = k0 + ty + bdy * i;",
+     [("f32", 300, 96, 0, 300, 3, 32), ("bf16", 200, 768, 0, 200, 24, 32)]),
+    # s1 in two roundings instead of one fused multiply-add (the contraction eager's dw/db show)
+    ("s1-unfused", "s1 = fmaf(gv[i], wv[i], s1);", "s1 = __fadd_rn(s1, __fmul_rn(gv[i], wv[i]));",
+     [("f32", 64, 1000, 0, 64, 32, 32), ("f32", 7, 4099, 0, 7, 129, 32)]),
+]
+
+
+@pytest.mark.parametrize("name,old,new,cases", MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_an_order_slip_in_the_source_is_caught(name, old, new, cases):
+    src = KSRC.read_text(encoding="utf-8")
+    assert src.count(old) == 1, f"{name}: the mutated text is not in the kernel exactly once"
+    assert not _run(src, cases), f"{name}: the unmutated kernel must pass these cases"
+    bad = _run(src.replace(old, new), cases)
+    assert bad, f"{name}: the mutant equals the emulation on every case"
+
+
+@pytest.mark.parametrize("rows,cols,by", [(300, 96, 16), (100, 64, 4), (65537, 1, 32)])
+def test_the_dwdb_entry_traps_where_it_cannot_follow_eager(rows, cols, by, tmp_path):
+    # a block with fewer than bdy(rows) chains, and the two-pass variant's rows (> 65536): __trap()
+    exe = _runner(KSRC.read_text(encoding="utf-8"))
+    x, w, dy, mean, rstd = _inputs("bf16", rows, cols, seed=5)
+    fin = tmp_path / "in"
+    fin.write_bytes(_raw(x, "bf16") + _raw(dy, "bf16") + _raw(w, "bf16") + mean.tobytes() + rstd.tobytes())
+    # grid 0 for dx: only the dw/db entry runs
+    (tmp_path / "jobs").write_text(f"bf16 {rows} {cols} 0 0 1 {by} {fin} {tmp_path / 'out'}\n")
+    r = subprocess.run([str(exe), str(tmp_path / "jobs")], capture_output=True, text=True)
+    # (the harness's exit from inside a fiber may end in a signal rather than status 3)
+    assert r.returncode != 0 and "kzcpu: __trap()" in r.stderr, (r.returncode, r.stderr[-500:])
+
+
+def test_nvrtc_compiles_it_with_every_rounding_explicit():
+    # no GPU needed: NVRTC (the verifier's compiler) takes the source for sm_90; its PTX has no
+    # contractible f32 arithmetic (add/sub/mul without .rn, which ptxas may fuse), and is the same
+    # with and without --fmad=false (so the front end contracted nothing either)
+    from kernelize import nvrtc as N
+    try:
+        nv = N.load_nvrtc()
+    except N.NvrtcNotFound:
+        pytest.skip("no libnvrtc here")
+    inc, _ = N.include_dir_for_client()
+    src = KSRC.read_text(encoding="utf-8")
+    opts = [f"--include-path={inc}"]
+    N.compile_program(src, "layer_norm_backward.cu", ["--gpu-architecture=sm_90", *opts], nv)
+
+    def ptx(*extra):
+        code = N.compile_program(src, "layer_norm_backward.cu",
+                                 ["--gpu-architecture=compute_90", *opts, *extra], nv).code
+        return "\n".join(ln for ln in code.decode("utf-8", "replace").rstrip("\0").splitlines()
+                         if not ln.startswith("//"))
+
+    fused, unfused = ptx(), ptx("--fmad=false")
+    entries = re.findall(r"\.entry (\w+)", fused)
+    assert sorted(entries) == sorted(f"ln_bwd_{e}_{dt}" for e in ("dx", "dwdb") for dt in DTYPES)
+    loose = re.findall(r"\b(?:add|sub|mul|fma|mad)(?:\.ftz)?(?:\.sat)?\.f32\b", fused)
+    assert not loose, f"contractible f32 arithmetic in the PTX: {sorted(set(loose))}"
+    assert re.search(r"\bfma\.rn\.f32\b", fused)
+    assert fused == unfused, "the PTX depends on --fmad: some product was left to the compiler"
