@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 
 from kernelize import launch as L  # noqa: E402
-from kernelize.manifest import parse_manifest_toml  # noqa: E402
+from kernelize.manifest import launch_rule, parse_manifest_toml  # noqa: E402
 
 DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -107,9 +107,7 @@ class RowGridKernel(L.CompiledKernel):
 
         def capped(man, r, c, sms):
             (g, gy, gz), block, smem = orig(man, r, c, sms)
-            rule = next((x for x in man["launch"] if x["cols_max"] is None or c <= x["cols_max"]),
-                        man["launch"][-1])
-            if rule["grid"]["kind"] == "persistent":
+            if launch_rule(man, c)["grid"]["kind"] == "persistent":
                 g = max(1, min(g, r))
             return (g, gy, gz), block, smem
 

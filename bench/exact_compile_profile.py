@@ -77,7 +77,7 @@ def profile_step(m, batch: int, steps: int, prefill: int = 0, greedy: int = 0) -
               for n, c in ((n, sorted(calls[n])) for n, _ in top)}  # (a sorted copy)
     # The norms' calls of the last step in launch order (which call of a layer is the slow one:
     # GPT-2's fused add + LayerNorm spread from 2.9 to 8.5 µs a call in session 22).
-    norm_calls = {n[:90]: [round(t, 2) for t in c[-int(round(len(c) / steps)):]]
+    norm_calls = {n[:90]: [round(t, 2) for t in c[-max(1, round(len(c) / steps)):]]
                   for n, c in calls.items() if "norm" in n}
     # Every kernel of a step (name, launches per step, GPU us per step): what one candidate runs
     # that another does not is read from here.

@@ -520,10 +520,16 @@ def not_applicable(manifest: dict[str, Any], cols: int, arch: str | None) -> str
     return None
 
 
+def launch_rule(manifest: dict[str, Any], cols: int) -> dict[str, Any]:
+    """Manifest::launch_rule: the first launch rule whose cols_max admits `cols` (the last one
+    otherwise)."""
+    return next((r for r in manifest["launch"] if r["cols_max"] is None or cols <= r["cols_max"]),
+                manifest["launch"][-1])
+
+
 def launch_dims(manifest: dict[str, Any], rows: int, cols: int, sm_count: int) -> tuple[tuple, tuple, int]:
     """Manifest::launch_dims: (grid, block, dynamic shared memory) for rows x cols."""
-    rule = next((r for r in manifest["launch"] if r["cols_max"] is None or cols <= r["cols_max"]),
-                manifest["launch"][-1])
+    rule = launch_rule(manifest, cols)
     block = tuple(rule["block"])
     threads = block[0] * block[1] * block[2]
     g = rule["grid"]
