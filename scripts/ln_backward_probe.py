@@ -100,18 +100,6 @@ def eager_stats(x, w, b):
     return y, mean.reshape(-1), rstd.reshape(-1)
 
 
-def graph_names(fn, depth=0, seen=None):
-    seen = set() if seen is None else seen
-    if fn is None or depth > 20:
-        return None
-    name = type(fn).__name__
-    if id(fn) in seen:
-        return name + " (seen)"
-    seen.add(id(fn))
-    kids = [graph_names(f, depth + 1, seen) for f, _ in fn.next_functions if f is not None]
-    return {name: kids} if kids else name
-
-
 # ---- comparisons ---------------------------------------------------------------------------------------
 
 def np_of(t):
@@ -194,9 +182,9 @@ def hypotheses(dt, x, w, dy, mean, rstd, ex, ew, eb, sms, tps, partial=False):
 
 # ---- timing -----------------------------------------------------------------------------------------------
 
-# timed(fn, device, reps, warm): the RMSNorm probe's (CUDA events, median; wall clock on the CPU)
+# the RMSNorm probe's timer (CUDA events, median; wall clock on the CPU) and autograd-graph names
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_probe import timed  # noqa: E402
+from backward_probe import graph_names, timed  # noqa: E402
 
 
 def liger_module(cols, dt, device, w, b):

@@ -8,6 +8,7 @@ import concurrent.futures as cf
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -73,5 +74,34 @@ def build_runner(prefix: str, units: dict[str, tuple[str, list[str]]], syms: lis
             assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"
     tmp = d / "run.tmp"
     subprocess.run([c, *[str(d / f"{k}.o") for k in units], str(d / "main.o"), "-o", str(tmp)], check=True)
+    tmp.replace(exe)
+    return exe
+
+
+def build_own_main(prefix: str, main: str, ksrc: str) -> Path:
+    """A runner with a main of its own (`main`: C++ source with %HARNESS% for the harness
+    header's path and %SWITCH% for the harness's fiber switch, which is reused verbatim from
+    cuda_on_cpu/main.cpp) linked with the kernel source `ksrc`; cached like build_runner."""
+    c = cxx()
+    hm = (HARNESS / "main.cpp").read_text(encoding="utf-8")
+    sw = re.search(r'^asm\(R"\(.*?^\)"\);$', hm, re.S | re.M)
+    assert sw, "python/tests/cuda_on_cpu/main.cpp lost its kz_switch assembly block"
+    main = main.replace("%HARNESS%", str(HARNESS / "harness.h")).replace("%SWITCH%", sw.group(0))
+    h = hashlib.sha256()
+    for part in [c, " ".join(CXXFLAGS), (HARNESS / "harness.h").read_text(), main, ksrc]:
+        h.update(part.encode())
+    d = cache_dir(prefix + h.hexdigest()[:16])
+    exe = d / "run"
+    if exe.exists():
+        return exe
+    (d / "k.cu").write_text(ksrc, encoding="utf-8")
+    (d / "main.cpp").write_text(main, encoding="utf-8")
+    for cmd in ([c, *CXXFLAGS, f"-I{HARNESS / 'include'}", "-include", str(HARNESS / "harness.h"),
+                 "-x", "c++", "-c", str(d / "k.cu"), "-o", str(d / "k.o")],
+                [c, *CXXFLAGS, "-c", str(d / "main.cpp"), "-o", str(d / "main.o")]):
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"
+    tmp = d / "run.tmp"
+    subprocess.run([c, str(d / "k.o"), str(d / "main.o"), "-o", str(tmp)], check=True)
     tmp.replace(exe)
     return exe

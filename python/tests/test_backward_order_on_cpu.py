@@ -39,7 +39,7 @@ KSRC = REPO / "kernels" / "rms_norm_llama_backward" / "kernel.cu"
 sys.path.insert(0, str(REPO / "python"))
 
 from kernelize import backward as B  # noqa: E402
-from cpu_harness import CXXFLAGS, HARNESS, cache_dir, cxx as compiler  # noqa: E402
+from cpu_harness import build_own_main, cache_dir, cxx as compiler  # noqa: E402
 from conftest import load_script  # noqa: E402
 
 F32 = np.float32
@@ -408,33 +408,8 @@ SOURCES = {
 
 @lru_cache(maxsize=2)
 def _runner(which: str = "kernel") -> Path:
-    cxx = compiler()
     read, prefix = SOURCES[which]
-    ksrc = read()
-    # the fiber switch (x86-64 assembly) is defined in the harness's main.cpp: reuse it verbatim
-    hm = (HARNESS / "main.cpp").read_text(encoding="utf-8")
-    sw = re.search(r'^asm\(R"\(.*?^\)"\);$', hm, re.S | re.M)
-    assert sw, "python/tests/cuda_on_cpu/main.cpp lost its kz_switch assembly block"
-    main = (MAIN.replace("%HARNESS%", str(HARNESS / "harness.h")).replace("%SWITCH%", sw.group(0))
-            .replace("%P%", prefix))
-    h = hashlib.sha256()
-    for part in [cxx, " ".join(CXXFLAGS), (HARNESS / "harness.h").read_text(), main, ksrc]:
-        h.update(part.encode())
-    d = cache_dir("bw-" + h.hexdigest()[:16])
-    exe = d / "run"
-    if exe.exists():
-        return exe
-    (d / "k.cu").write_text(ksrc, encoding="utf-8")
-    (d / "main.cpp").write_text(main, encoding="utf-8")
-    for cmd in ([cxx, *CXXFLAGS, f"-I{HARNESS / 'include'}", "-include", str(HARNESS / "harness.h"),
-                 "-x", "c++", "-c", str(d / "k.cu"), "-o", str(d / "k.o")],
-                [cxx, *CXXFLAGS, "-c", str(d / "main.cpp"), "-o", str(d / "main.o")]):
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"
-    tmp = d / "run.tmp"
-    subprocess.run([cxx, str(d / "k.o"), str(d / "main.o"), "-o", str(tmp)], check=True)
-    tmp.replace(exe)
-    return exe
+    return build_own_main("bw-", MAIN.replace("%P%", prefix), read())
 
 
 def _raw(v: np.ndarray, dt: str) -> bytes:

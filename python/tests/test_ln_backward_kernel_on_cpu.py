@@ -22,7 +22,6 @@ fmaf, shuffles and shared memory), and eager's f32 dx (the emulator's is not eag
 
 from __future__ import annotations
 
-import hashlib
 import re
 import subprocess
 import sys
@@ -40,7 +39,7 @@ sys.path.insert(0, str(REPO / "python"))
 
 from kernelize import backward as B  # noqa: E402
 from kernelize import backward_ln as L  # noqa: E402
-from cpu_harness import CXXFLAGS, HARNESS, cache_dir, cxx as compiler  # noqa: E402
+from cpu_harness import build_own_main  # noqa: E402
 
 F32 = np.float32
 DTYPES = ["bf16", "f16", "f32"]
@@ -112,30 +111,7 @@ int main(int argc, char** argv) {
 
 @lru_cache(maxsize=8)
 def _runner(ksrc: str) -> Path:
-    cxx = compiler()
-    # the fiber switch (x86-64 assembly) is defined in the harness's main.cpp: reuse it verbatim
-    hm = (HARNESS / "main.cpp").read_text(encoding="utf-8")
-    sw = re.search(r'^asm\(R"\(.*?^\)"\);$', hm, re.S | re.M)
-    assert sw, "python/tests/cuda_on_cpu/main.cpp lost its kz_switch assembly block"
-    main = MAIN.replace("%HARNESS%", str(HARNESS / "harness.h")).replace("%SWITCH%", sw.group(0))
-    h = hashlib.sha256()
-    for part in [cxx, " ".join(CXXFLAGS), (HARNESS / "harness.h").read_text(), main, ksrc]:
-        h.update(part.encode())
-    d = cache_dir("lnbw-" + h.hexdigest()[:16])
-    exe = d / "run"
-    if exe.exists():
-        return exe
-    (d / "k.cu").write_text(ksrc, encoding="utf-8")
-    (d / "main.cpp").write_text(main, encoding="utf-8")
-    for cmd in ([cxx, *CXXFLAGS, f"-I{HARNESS / 'include'}", "-include", str(HARNESS / "harness.h"),
-                 "-x", "c++", "-c", str(d / "k.cu"), "-o", str(d / "k.o")],
-                [cxx, *CXXFLAGS, "-c", str(d / "main.cpp"), "-o", str(d / "main.o")]):
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"
-    tmp = d / "run.tmp"
-    subprocess.run([cxx, str(d / "k.o"), str(d / "main.o"), "-o", str(tmp)], check=True)
-    tmp.replace(exe)
-    return exe
+    return build_own_main("lnbw-", MAIN, ksrc)
 
 
 def _bits(a) -> np.ndarray:
