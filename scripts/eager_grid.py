@@ -222,6 +222,16 @@ def run_grid(kernels: list[dict], launchers: dict, dev, shapes: list[tuple[int, 
         ulp = torch.where(diff, (ia - ib).abs(), torch.zeros_like(ia))
         return diff.sum(), ulp.max().long()
 
+    def fused_add(run, x, residual, norm, *params):
+        """A fused add against eager: residual := residual + x (as HF decoder layers and GPT-2's
+        blocks add), out = norm(residual); both the output and the updated residual compared.
+        Returns (mismatched elements, max ulp, elements compared)."""
+        s = residual + x
+        res = residual.clone()
+        c1, u1 = compare(run(x, res, *params), norm(s))
+        c2, u2 = compare(res, s)
+        return c1 + c2, torch.maximum(u1, u2), 2 * x.numel()
+
     cells = new_cells(kernels, launchers)
     pending: dict[tuple, list] = {key: [] for key in cells}
 
@@ -280,23 +290,12 @@ def run_grid(kernels: list[dict], launchers: dict, dev, shapes: list[tuple[int, 
                                 mod, wk = {"llama": (llama, w), "gemma": (gemma, wg), "torch": (rmsn, w)}[sem]
                                 cnt, ulp = compare(run(x, wk, RMS_EPS), mod(x))
                             elif op == "fused_add_rms_norm":
-                                s = x2 + x  # residual + hidden_states, as HF decoder layers add
-                                want = llama(s)
-                                res = x2.clone()
-                                got = run(x, res, w, RMS_EPS)
-                                c1, u1 = compare(got, want)
-                                c2, u2 = compare(res, s)
-                                cnt, ulp, ne = c1 + c2, torch.maximum(u1, u2), 2 * n
+                                cnt, ulp, ne = fused_add(run, x, x2, llama, w, RMS_EPS)
                             elif op == "layer_norm":
                                 cnt, ulp = compare(run(x_ln, w, bias, LN_EPS), ln(x_ln))
                             elif op == "fused_add_layer_norm":
-                                x2_ln = x2 + 1000.0 if dist == "scaled" else x2
-                                s = x2_ln + x  # residual + hidden_states, as GPT-2's blocks add
-                                res = x2_ln.clone()
-                                got = run(x, res, w, bias, LN_EPS)
-                                c1, u1 = compare(got, ln(s))
-                                c2, u2 = compare(res, s)
-                                cnt, ulp, ne = c1 + c2, torch.maximum(u1, u2), 2 * n
+                                cnt, ulp, ne = fused_add(run, x, x2 + 1000.0 if dist == "scaled" else x2,
+                                                         ln, w, bias, LN_EPS)
                             elif op in ("silu", "gelu", "gelu_tanh"):
                                 want = (F.silu(x) if op == "silu" else
                                         F.gelu(x) if op == "gelu" else F.gelu(x, approximate="tanh"))
