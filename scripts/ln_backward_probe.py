@@ -31,10 +31,8 @@ OUT_DIR/ln_backward_probe.json and prints a markdown table last; exit status 1 i
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
 import time
 import traceback
@@ -184,7 +182,7 @@ def hypotheses(dt, x, w, dy, mean, rstd, ex, ew, eb, sms, tps, partial=False):
 
 # the RMSNorm probe's timer (CUDA events, median; wall clock on the CPU) and autograd-graph names
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_probe import graph_names, timed  # noqa: E402
+from backward_probe import env_info as base_env_info, graph_names, timed  # noqa: E402
 
 
 def liger_module(cols, dt, device, w, b):
@@ -280,12 +278,8 @@ def time_shape(dt, rows, cols, device, reps, do_compile, report):
 # ---- main ----------------------------------------------------------------------------------------------------
 
 def env_info(device):
-    info = dict(torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version(),
-                numpy=np.__version__, when=datetime.datetime.now(datetime.timezone.utc).isoformat())
-    if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        info.update(device=p.name, sms=p.multi_processor_count, capability=list(torch.cuda.get_device_capability(device)),
-                    max_threads_per_sm=getattr(p, "max_threads_per_multi_processor", None))
+    """The RMSNorm probe's environment (versions, device figures, NVRTC) and Liger's version."""
+    info = base_env_info(device)
     try:
         import liger_kernel  # noqa: F401
         from importlib.metadata import version

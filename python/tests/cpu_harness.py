@@ -105,3 +105,25 @@ def build_own_main(prefix: str, main: str, ksrc: str) -> Path:
     subprocess.run([c, str(d / "k.o"), str(d / "main.o"), "-o", str(tmp)], check=True)
     tmp.replace(exe)
     return exe
+
+
+def to_raw(v, dt: str) -> bytes:
+    """f32 values of T (bf16, f16, f32) as T's bytes (bf16 rounded to nearest even)."""
+    import numpy as np
+    from kernelize.backward import round_bf16
+    v = np.ascontiguousarray(v, dtype=np.float32)
+    if dt == "f32":
+        return v.tobytes()
+    if dt == "bf16":
+        return (round_bf16(v).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+    return v.astype(np.float16).tobytes()
+
+
+def from_raw(raw: bytes, dt: str):
+    """T's bytes back as f32 values (exact)."""
+    import numpy as np
+    if dt == "f32":
+        return np.frombuffer(raw, np.float32).copy()
+    if dt == "bf16":
+        return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return np.frombuffer(raw, np.float16).astype(np.float32)

@@ -39,7 +39,7 @@ KSRC = REPO / "kernels" / "rms_norm_llama_backward" / "kernel.cu"
 sys.path.insert(0, str(REPO / "python"))
 
 from kernelize import backward as B  # noqa: E402
-from cpu_harness import build_own_main, cache_dir, cxx as compiler  # noqa: E402
+from cpu_harness import build_own_main, from_raw, to_raw, cache_dir, cxx as compiler  # noqa: E402
 from conftest import load_script  # noqa: E402
 
 F32 = np.float32
@@ -412,23 +412,6 @@ def _runner(which: str = "kernel") -> Path:
     return build_own_main("bw-", MAIN.replace("%P%", prefix), read())
 
 
-def _raw(v: np.ndarray, dt: str) -> bytes:
-    v = np.ascontiguousarray(v, dtype=F32)
-    if dt == "f32":
-        return v.tobytes()
-    if dt == "bf16":
-        return (B.round_bf16(v).view(np.uint32) >> 16).astype(np.uint16).tobytes()
-    return v.astype(np.float16).tobytes()
-
-
-def _vals(raw: bytes, dt: str) -> np.ndarray:
-    if dt == "f32":
-        return np.frombuffer(raw, F32).copy()
-    if dt == "bf16":
-        return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(F32)
-    return np.frombuffer(raw, np.float16).astype(F32)
-
-
 def _harness_rsqrt(v):
     v = np.asarray(v, F32)
     return (F32(1) / np.sqrt(v)).astype(F32)  # harness.h: rsqrtf(v) = 1.0f / sqrtf(v)
@@ -460,7 +443,7 @@ def test_the_kernels_on_the_cpu_equal_the_emulation(which):
             dy = B.round_to(rng.standard_normal((rows, cols)), dt)
             w = B.round_to(1 + 0.2 * rng.standard_normal(cols), dt)
             fin = d / f"in{i}{dt}"
-            fin.write_bytes(_raw(x, dt) + _raw(dy, dt) + _raw(w, dt))
+            fin.write_bytes(to_raw(x, dt) + to_raw(dy, dt) + to_raw(w, dt))
             ctas = B.col_config(rows, cols, num_sms=sms)["ctas"]
             jobs.append(f"{dt} {rows} {cols} 1e-6 {sms} {ctas} {gdx} {gdw} {fin} {d / f'out{i}{dt}'}")
             meta.append((i, dt, rows, cols, sms, x, dy, w))
@@ -471,8 +454,8 @@ def test_the_kernels_on_the_cpu_equal_the_emulation(which):
     for i, dt, rows, cols, sms, x, dy, w in meta:
         raw = (d / f"out{i}{dt}").read_bytes()
         es = 4 if dt == "f32" else 2
-        kdx = _vals(raw[:es * rows * cols], dt).reshape(rows, cols)
-        kdw = _vals(raw[es * rows * cols:es * (rows * cols + cols)], dt)
+        kdx = from_raw(raw[:es * rows * cols], dt).reshape(rows, cols)
+        kdw = from_raw(raw[es * rows * cols:es * (rows * cols + cols)], dt)
         kr = np.frombuffer(raw[es * (rows * cols + cols):], F32)
         edx, edw, parts = B.llama_rms_norm_backward(x, w, dy, 1e-6, dt, rsqrt=_harness_rsqrt,
                                                     num_sms=sms, return_parts=True)

@@ -37,9 +37,9 @@ REPO = Path(__file__).resolve().parents[2]
 KSRC = REPO / "kernels" / "wip" / "layer_norm_backward" / "kernel.cu"
 sys.path.insert(0, str(REPO / "python"))
 
-from kernelize import backward as B  # noqa: E402
 from kernelize import backward_ln as L  # noqa: E402
-from cpu_harness import build_own_main  # noqa: E402
+from cpu_harness import build_own_main, from_raw, to_raw  # noqa: E402
+from test_ln_backward_on_cpu import _inputs, _ndiff  # noqa: E402 (the emulator's tests' inputs)
 
 F32 = np.float32
 DTYPES = ["bf16", "f16", "f32"]
@@ -114,45 +114,6 @@ def _runner(ksrc: str) -> Path:
     return build_own_main("lnbw-", MAIN, ksrc)
 
 
-def _bits(a) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=F32).view(np.uint32)
-
-
-def _ndiff(a, b) -> int:
-    return int((_bits(a) != _bits(b)).sum())
-
-
-def _raw(v: np.ndarray, dt: str) -> bytes:
-    v = np.ascontiguousarray(v, dtype=F32)
-    if dt == "f32":
-        return v.tobytes()
-    if dt == "bf16":
-        return (B.round_bf16(v).view(np.uint32) >> 16).astype(np.uint16).tobytes()
-    return v.astype(np.float16).tobytes()
-
-
-def _vals(raw: bytes, dt: str) -> np.ndarray:
-    if dt == "f32":
-        return np.frombuffer(raw, F32).copy()
-    if dt == "bf16":
-        return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(F32)
-    return np.frombuffer(raw, np.float16).astype(F32)
-
-
-def _inputs(dt, rows, cols, seed):
-    """x, w, dy as T values; mean and rstd as eager's forward gives them (f32 per row; here
-    computed in f64 and rounded: both sides take them as inputs)."""
-    rng = np.random.default_rng(seed)
-    scale = rng.uniform(0.5, 2.0, size=(rows, 1))
-    x = B.round_to((rng.standard_normal((rows, cols)) * scale + 0.3).astype(F32), dt)
-    w = B.round_to((1 + 0.2 * rng.standard_normal(cols)).astype(F32), dt)
-    dy = B.round_to(rng.standard_normal((rows, cols)).astype(F32), dt)
-    xd = x.astype(np.float64)
-    mean = xd.mean(1)
-    rstd = 1.0 / np.sqrt(((xd - mean[:, None]) ** 2).mean(1) + 1e-5)
-    return x, w, dy, mean.astype(F32), rstd.astype(F32)
-
-
 def _bdy(rows: int) -> int:
     return L.gamma_beta_config(rows, 1)["bdy"]
 
@@ -166,7 +127,7 @@ def _run(ksrc: str, cases) -> list[str]:
     for i, (dt, rows, cols, off, gdx, gdw, by) in enumerate(cases):
         x, w, dy, mean, rstd = _inputs(dt, rows, cols, seed=1000 * rows + cols + 7 * off)
         fin = d / f"in{i}"
-        fin.write_bytes(_raw(x, dt) + _raw(dy, dt) + _raw(w, dt) + mean.tobytes() + rstd.tobytes())
+        fin.write_bytes(to_raw(x, dt) + to_raw(dy, dt) + to_raw(w, dt) + mean.tobytes() + rstd.tobytes())
         jobs.append(f"{dt} {rows} {cols} {off} {gdx} {gdw} {by} {fin} {d / f'out{i}'}")
         meta.append((i, dt, rows, cols, off, x, w, dy, mean, rstd))
     (d / "jobs").write_text("\n".join(jobs) + "\n", encoding="utf-8")
@@ -177,9 +138,9 @@ def _run(ksrc: str, cases) -> list[str]:
         raw = (d / f"out{i}").read_bytes()
         es = 4 if dt == "f32" else 2
         ne = rows * cols
-        kdx = _vals(raw[:es * ne], dt).reshape(rows, cols)
-        kdw = _vals(raw[es * ne:es * (ne + cols)], dt)
-        kdb = _vals(raw[es * (ne + cols):], dt)
+        kdx = from_raw(raw[:es * ne], dt).reshape(rows, cols)
+        kdw = from_raw(raw[es * ne:es * (ne + cols)], dt)
+        kdb = from_raw(raw[es * (ne + cols):], dt)
         edx, edw, edb = L.layer_norm_backward(dy, x, w, mean, rstd, dt)
         n = (_ndiff(kdx, edx), _ndiff(kdw, edw), _ndiff(kdb, edb))
         if any(n):
@@ -246,7 +207,7 @@ def test_the_dwdb_entry_traps_where_it_cannot_follow_eager(rows, cols, by, tmp_p
     exe = _runner(KSRC.read_text(encoding="utf-8"))
     x, w, dy, mean, rstd = _inputs("bf16", rows, cols, seed=5)
     fin = tmp_path / "in"
-    fin.write_bytes(_raw(x, "bf16") + _raw(dy, "bf16") + _raw(w, "bf16") + mean.tobytes() + rstd.tobytes())
+    fin.write_bytes(to_raw(x, "bf16") + to_raw(dy, "bf16") + to_raw(w, "bf16") + mean.tobytes() + rstd.tobytes())
     # grid 0 for dx: only the dw/db entry runs
     (tmp_path / "jobs").write_text(f"bf16 {rows} {cols} 0 0 1 {by} {fin} {tmp_path / 'out'}\n")
     r = subprocess.run([str(exe), str(tmp_path / "jobs")], capture_output=True, text=True)
