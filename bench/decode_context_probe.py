@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The exact kernels' GPU time inside a decode step against their time alone (issues 29, 31).
 
-    python3 bench/decode_context_probe.py OUT_DIR [--block llama|gpt2] [--batch 1,8]
-                                          [--variant NAME=KERNELS_DIR ...]
+    python3 bench/decode_context_probe.py OUT_DIR [--block llama|gpt2|gpt2-fused] [--batch 1,8]
+                                          [--variant NAME=KERNELS_DIR ...] [--row-grid]
 
 Session 14's profiles of a compiled Llama 1.1B decode step (H200) gave `silu_mul` at 1 x 5632
 3.4-4.1 µs a call at batch 1 and 2.1 µs at batch 8, while bench/decode_rows.py, which replays the
@@ -17,7 +17,9 @@ per call read from the profile. `--block`:
 - `gpt2`: 36 blocks of GPT-2 large's (hidden 1280, intermediate 5120): residual add, LayerNorm,
   the fc projection with its bias, tanh GELU, the output projection with its bias; the exact
   kernels layer_norm and gelu_tanh (the add is eager's, as inductor leaves it around the opaque
-  norm).
+  norm);
+- `gpt2-fused`: the same blocks with the residual add and the LayerNorm in one exact kernel,
+  fused_add_layer_norm (as exact compile pairs them since session 22).
 
 Candidates:
 
@@ -27,7 +29,10 @@ Candidates:
   and the second is not, the cost is the kernel's cold start on its SMs (its code and its
   parameters not yet fetched), not its work;
 - `inductor`: torch.compile's fused add + norm and activation in their place (inexact; for scale);
-- each `--variant NAME=DIR`: the kernels of another kernels folder, as `kernelize`.
+- each `--variant NAME=DIR`: the kernels of another kernels folder, as `kernelize`;
+- `kernelize-row-grid` (with `--row-grid`): the bundled kernels with their persistent grids
+  capped at one block a row (bench/decode_rows.py's RowGridKernel): whether the blocks that have
+  no row cost more inside a model than back to back.
 
 And each kernel alone, 200 calls back to back in one graph (bench/decode_rows.py's measure), under
 the profiler too. Prints a table last; writes OUT_DIR/decode_context.json.
@@ -48,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from decode_rows import capture_graph, compiled_kernel, replay_us  # noqa: E402
+from decode_rows import RowGridKernel, capture_graph, compiled_kernel, replay_us  # noqa: E402
 from kernelize import launch as L  # noqa: E402
 
 EPS = 1e-5
@@ -91,9 +96,9 @@ class Block:
                            g=(torch.randn(inter, self.hidden, device=dev) * 0.02).to(DT),
                            u=(torch.randn(inter, self.hidden, device=dev) * 0.02).to(DT),
                            d=(torch.randn(self.hidden, inter, device=dev) * 0.02).to(DT)) for _ in range(layers)]
-        elif name == "gpt2":
+        elif name in ("gpt2", "gpt2-fused"):
             self.hidden, inter, layers = 1280, 5120, 36
-            self.kernels = ("layer_norm", "gelu_tanh")
+            self.kernels = ("fused_add_layer_norm" if name == "gpt2-fused" else "layer_norm", "gelu_tanh")
             self.W = [dict(n=(torch.randn(self.hidden, device=dev) * 0.1 + 1).to(DT),
                            b=(torch.randn(self.hidden, device=dev) * 0.1).to(DT),
                            fc=(torch.randn(inter, self.hidden, device=dev) * 0.02).to(DT),
@@ -101,7 +106,7 @@ class Block:
                            pr=(torch.randn(self.hidden, inter, device=dev) * 0.02).to(DT),
                            prb=(torch.randn(self.hidden, device=dev) * 0.02).to(DT)) for _ in range(layers)]
         else:
-            raise SystemExit(f"unknown block {name!r}: llama or gpt2")
+            raise SystemExit(f"unknown block {name!r}: llama, gpt2 or gpt2-fused")
 
     def ours(self, cks):
         """(norm(x, res, w) -> h with res updated in place, act(*inputs)) on the exact kernels."""
@@ -109,6 +114,9 @@ class Block:
         if self.name == "llama":
             return ((lambda x, res, w: L.run_fused_add_rms_norm(fk, x, res, w["n"], EPS)),
                     (lambda g, u: L.run_gated(ak, g, u)))
+        if self.name == "gpt2-fused":
+            return ((lambda x, res, w: L.run_fused_add_layer_norm(fk, x, res, w["n"], w["b"], EPS)),
+                    (lambda g: L.run_elementwise(ak, g)))
 
         def norm(x, res, w):
             res.add_(x)
@@ -165,6 +173,10 @@ class Block:
         if self.name == "llama":
             return [("fused_add_rms_norm", lambda: L.run_fused_add_rms_norm(fk, x, res, w["n"], EPS)),
                     ("silu_mul", lambda: L.run_gated(ak, g, u))]
+        if self.name == "gpt2-fused":
+            return [("fused_add_layer_norm",
+                     lambda: L.run_fused_add_layer_norm(fk, x, res, w["n"], w["b"], EPS)),
+                    ("gelu_tanh", lambda: L.run_elementwise(ak, g))]
         return [("layer_norm", lambda: L.run_layer_norm(fk, x, w["n"], w["b"], EPS)),
                 ("gelu_tanh", lambda: L.run_elementwise(ak, g))]
 
@@ -172,10 +184,12 @@ class Block:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out")
-    p.add_argument("--block", default="llama", choices=["llama", "gpt2"])
+    p.add_argument("--block", default="llama", choices=["llama", "gpt2", "gpt2-fused"])
     p.add_argument("--batch", default="1,8")
     p.add_argument("--replays", type=int, default=10)
     p.add_argument("--variant", action="append", default=[], metavar="NAME=DIR")
+    p.add_argument("--row-grid", action="store_true",
+                   help="also the bundled kernels with their grids capped at one block a row")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -189,6 +203,10 @@ def main() -> int:
         name, _, d = v.partition("=")
         kdirs[name] = Path(d)
     ck = {k: tuple(compiled_kernel(d, n, "bf16") for n in blk.kernels) for k, d in kdirs.items()}
+    if a.row_grid:
+        kdirs["kernelize-row-grid"] = ROOT / "kernels"
+        ck["kernelize-row-grid"] = tuple(compiled_kernel(ROOT / "kernels", n, "bf16", cls=RowGridKernel)
+                                         for n in blk.kernels)
     ind = blk.inductor()
 
     rows = []

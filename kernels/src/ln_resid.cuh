@@ -128,28 +128,19 @@ KZ_DEV void kz_ln_resid_direct(const LnResP<T>& p, i64 rows) {
   }
 }
 
-// The entry is kz_ln_order's (eager.cuh) with this P. They become one template over P when
-// eager.cuh next changes (which bumps every eager kernel's version and certificate); until then
-// this file is apart so that the released kernels' sources stay as certified.
+// Every shape but a decode row's, out of line: a __noinline__ function, so that the code a decode
+// row runs (kz_ln_resid_direct) is the entry's own, short and contiguous, as the gated kernels do
+// (gated.cuh): inside a model a decode row's kernel starts on SMs whose instruction caches other
+// kernels filled since its last call. `fast`: rows of whole 16-byte chunks and 16-byte aligned
+// tensors (the staged engine, or kz_direct for rows the decode path leaves).
 template <typename T>
-KZ_DEV void kz_ln_resid(T* out, T* res, const T* x, const T* w, const T* b, i64 rows, i64 cols, float eps) {
+__device__ __noinline__ void kz_ln_resid_wide(const LnResP<T> p, i64 rows, bool fast) {
   typedef LnResP<T> P;
+  const i64 cols = p.cols;
   const bool vec = cols % 4 == 0 && cols <= (1LL << 24);
-  const bool al = vec && kz_al<T>(x) && kz_al<T>(out) && kz_al<T>(res);
-  const P p{{out, x, w, b, cols, eps, al, kz_al<T>(w) && kz_al<T>(b)}, res};
-  if (blockDim.z != 1) __trap();
-  if (vec && cols > 128 && (cols * (i64)sizeof(T)) % 16 == 0 && kz_al16(x) && kz_al16(out) && kz_al16(res) &&
-      kz_al16(w) && kz_al16(b)) {
-    if (rows <= gridDim.x) {  // the decode path: units in registers (at most 8 a lane, 4 in f32)
-      const int need = (int)((cols / 4 + 127) / 128);  // units of the busiest lane
-      if (need <= 2) { kz_ln_resid_direct<T, 2>(p, rows); return; }
-      if (need <= 4) { kz_ln_resid_direct<T, 4>(p, rows); return; }
-      if constexpr (sizeof(T) == 2) {
-        if (need <= 8) { kz_ln_resid_direct<T, 8>(p, rows); return; }
-      }
-    }
-    if (rows <= gridDim.x && kz_direct_fits<T>(cols)) kz_direct<T, P, true>(p, x, res, rows, KzCfg{});
-    else kz_staged<T, P, true>(p, x, res, rows, KzCfg{});
+  if (fast) {
+    if (rows <= gridDim.x && kz_direct_fits<T>(cols)) kz_direct<T, P, true>(p, p.x, p.res, rows, KzCfg{});
+    else kz_staged<T, P, true>(p, p.x, p.res, rows, KzCfg{});
     return;
   }
   if (blockDim.x == 32) {
@@ -168,4 +159,27 @@ KZ_DEV void kz_ln_resid(T* out, T* res, const T* x, const T* w, const T* b, i64 
   } else {
     __trap();
   }
+}
+
+// The entry is kz_ln_order's (eager.cuh) with this P and the decode path first. They become one
+// template over P when eager.cuh next changes (which bumps every eager kernel's version and
+// certificate); until then this file is apart so that the released kernels' sources stay as
+// certified.
+template <typename T>
+KZ_DEV void kz_ln_resid(T* out, T* res, const T* x, const T* w, const T* b, i64 rows, i64 cols, float eps) {
+  const bool vec = cols % 4 == 0 && cols <= (1LL << 24);
+  const bool al = vec && kz_al<T>(x) && kz_al<T>(out) && kz_al<T>(res);
+  const LnResP<T> p{{out, x, w, b, cols, eps, al, kz_al<T>(w) && kz_al<T>(b)}, res};
+  if (blockDim.z != 1) __trap();
+  const bool fast = vec && cols > 128 && (cols * (i64)sizeof(T)) % 16 == 0 && kz_al16(x) && kz_al16(out) &&
+                    kz_al16(res) && kz_al16(w) && kz_al16(b);
+  if (fast && rows <= gridDim.x) {  // the decode path: units in registers (at most 8 a lane, 4 in f32)
+    const int need = (int)((cols / 4 + 127) / 128);  // units of the busiest lane
+    if (need <= 2) { kz_ln_resid_direct<T, 2>(p, rows); return; }
+    if (need <= 4) { kz_ln_resid_direct<T, 4>(p, rows); return; }
+    if constexpr (sizeof(T) == 2) {
+      if (need <= 8) { kz_ln_resid_direct<T, 8>(p, rows); return; }
+    }
+  }
+  kz_ln_resid_wide<T>(p, rows, fast);
 }
