@@ -504,7 +504,8 @@ def main() -> int:
     p.add_argument("--no-seeds", dest="seeds", action="store_false",
                    help="exact, locate: the architectures (and shipped models) only")
     p.add_argument("--prefills", default=None, metavar="BxS,...",
-                   help="speed: the prefill shapes (default 1x512,8x2048; --quick: 1x512; none: no prefill row)")
+                   help="speed: the prefill shapes (default 1x512,8x2048; --quick: 1x512; none or an "
+                        "empty string: no prefill row)")
     p.add_argument("--decode-empty-cache", action="store_true",
                    help="speed: decode against a cache left zeros instead of filled by a 512-token "
                         "prefill (the same work a step; no prefill shape to compile)")
@@ -516,8 +517,9 @@ def main() -> int:
                         "times of candidates compiled in one process are not comparable)")
     a = p.parse_args()
     a.prefill_shapes = [tuple(map(int, x.split("x"))) for x in
-                        (a.prefills or ("1x512" if a.quick else "1x512,8x2048")).split(",")
-                        if x != "none"]
+                        (a.prefills if a.prefills is not None else
+                         ("1x512" if a.quick else "1x512,8x2048")).split(",")
+                        if x not in ("", "none")]
     a.decode_batches = [int(b) for b in (a.decode if a.decode is not None else
                                          ("" if a.prefill_only else "1,8")).split(",") if b]
     if a.packed_decision_inside:
