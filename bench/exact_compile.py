@@ -350,7 +350,8 @@ def phase_locate(a) -> list[dict]:
     return rows
 
 
-def timed_ms(fn, reps: int) -> float:
+def timed_all_ms(fn, reps: int) -> list[float]:
+    """Each of `reps` calls' time (CUDA events around the call, ms), sorted."""
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     ts = []
     for _ in range(reps):
@@ -359,7 +360,18 @@ def timed_ms(fn, reps: int) -> float:
         e.record()
         e.synchronize()
         ts.append(s.elapsed_time(e))
-    return statistics.median(ts)
+    return sorted(ts)
+
+
+def timed_ms(fn, reps: int) -> float:
+    return statistics.median(timed_all_ms(fn, reps))
+
+
+def spread(ts: list[float]) -> list[float]:
+    """min, first quartile, third quartile, max of sorted times (a cell's spread, so that one
+    process's outlier can be told from a slower candidate)."""
+    q = len(ts) // 4
+    return [round(ts[0], 4), round(ts[q], 4), round(ts[-1 - q], 4), round(ts[-1], 4)]
 
 
 def phase_speed(a) -> list[dict]:
@@ -383,7 +395,9 @@ def phase_speed(a) -> list[dict]:
                             m(ids, use_cache=False)
                         torch.cuda.synchronize()
                         row[f"prefill_{b}x{s}_first_s"] = time.perf_counter() - t0
-                        row[f"prefill_{b}x{s}_ms"] = timed_ms(lambda: m(ids, use_cache=False), a.reps)
+                        ts = timed_all_ms(lambda: m(ids, use_cache=False), a.reps)
+                        row[f"prefill_{b}x{s}_ms"] = statistics.median(ts)
+                        row[f"prefill_{b}x{s}_spread"] = spread(ts)
                     for b in a.decode_batches:
                         step = decode_step(m, b, g, prefill=None if a.decode_empty_cache else 512)
                         t0 = time.perf_counter()
@@ -391,7 +405,9 @@ def phase_speed(a) -> list[dict]:
                             step()
                         torch.cuda.synchronize()
                         row[f"decode_b{b}_first_s"] = time.perf_counter() - t0
-                        row[f"decode_b{b}_ms"] = timed_ms(step, a.reps * 4)
+                        ts = timed_all_ms(step, a.reps * 4)
+                        row[f"decode_b{b}_ms"] = statistics.median(ts)
+                        row[f"decode_b{b}_spread"] = spread(ts)
                     if a.greedy:
                         # tokens/s of greedy generation, every candidate the same loop: a
                         # 512-token prompt, `greedy` new tokens (median of 3 after a warm-up)
