@@ -26,6 +26,12 @@ Variants (silu_mul unless said):
   division    silu and silu_mul: eager's silu division without a branch per element: a Newton
               sequence for every element and one branch per vector to __fdiv_rn where an operand
               is out of the sequence's range (scripts/silu_exhaustive.py: exact on every input)
+
+Variants kept as patches of kernels/src (bench/variants/*.patch, each against the revision named
+in PATCHES; applied there, then kernels/generate.py rewrites every kernel from the sources):
+  decode_prologue  the norms' decode paths: loads before the factor and the config, the Welford
+              pushes' 1/n folded, every warp running the mean tree (session 23; the patch's
+              header says what and why)
 """
 from __future__ import annotations
 
@@ -287,8 +293,14 @@ VARIANTS = {
 }
 
 
-def export(rev: str, dst: Path) -> None:
-    data = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "kernels"], check=True,
+# name -> (the revision the patch is against, the patch)
+PATCHES = {
+    "decode_prologue": ("4295c07", ROOT / "bench" / "variants" / "decode-prologue.patch"),
+}
+
+
+def export(rev: str, dst: Path, *paths: str) -> None:
+    data = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "kernels", *paths], check=True,
                           capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(dst, filter="data")
@@ -298,12 +310,28 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out")
     p.add_argument("--base", default="74de427", help="git revision whose kernels/ the variants start from")
-    p.add_argument("--only", default=",".join(VARIANTS), help="variants: " + ", ".join(VARIANTS))
+    p.add_argument("--only", default=",".join(VARIANTS),
+                   help="variants: " + ", ".join([*VARIANTS, *PATCHES]))
     a = p.parse_args()
     out = Path(a.out)
     for name in a.only.split(","):
+        if name in PATCHES:
+            rev, patch = PATCHES[name]
+            d = out / name
+            shutil.rmtree(d, ignore_errors=True)
+            export(rev, d, "python/tests/fixtures/abi.json")  # the generator reads the ABI table
+            try:  # inside the checkout (an ignored folder): paths relative to its top
+                cmd, cwd = ["git", "apply", "--directory", str(d.resolve().relative_to(ROOT))], ROOT
+            except ValueError:  # outside any repository git apply patches the folder it runs in
+                cmd, cwd = ["git", "apply"], d
+            r = subprocess.run([*cmd, str(patch)], cwd=cwd, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SystemExit(f"{name}: {patch.name} does not apply to {rev}'s kernels/src: {r.stderr.strip()}")
+            subprocess.run([sys.executable, str(d / "kernels" / "generate.py")], check=True, capture_output=True)
+            print(f"{name}={d / 'kernels'}  (kernels/src patched with {patch.name}, regenerated)")
+            continue
         if name not in VARIANTS:
-            raise SystemExit(f"unknown variant {name!r}: one of {', '.join(VARIANTS)}")
+            raise SystemExit(f"unknown variant {name!r}: one of {', '.join([*VARIANTS, *PATCHES])}")
         d = out / name
         shutil.rmtree(d, ignore_errors=True)
         export(a.base, d)
