@@ -281,6 +281,17 @@ def eager_r(x):
 
 # ---- timing ----------------------------------------------------------------------------------------
 
+def probe_setup(args, default_out: str) -> tuple[str, bool, torch.device]:
+    """A probe's output folder (its argument, else $OUT, else `default_out`; created), whether it
+    runs as a dry run (asked for, or no CUDA device: said so), and its device."""
+    out_dir = args.out or os.environ.get("OUT") or default_out
+    os.makedirs(out_dir, exist_ok=True)
+    dry = args.dry_run or not torch.cuda.is_available()
+    if dry and not args.dry_run:
+        print("no CUDA device: running as --dry-run")
+    return out_dir, dry, torch.device("cpu") if dry else torch.device("cuda", torch.cuda.current_device())
+
+
 def timed(fn, device, reps=20, warm=3):
     if device.type != "cuda":
         for _ in range(1):
@@ -334,12 +345,7 @@ def main(argv=None):
     ap.add_argument("--cols", default=None, help="comma-separated widths for the grid (default: the full list)")
     args = ap.parse_args(argv)
     t_start = time.time()
-    out_dir = args.out or os.environ.get("OUT") or "backward_probe_out"
-    os.makedirs(out_dir, exist_ok=True)
-    dry = args.dry_run or not torch.cuda.is_available()
-    if dry and not args.dry_run:
-        print("no CUDA device: running as --dry-run")
-    device = torch.device("cpu") if dry else torch.device("cuda", torch.cuda.current_device())
+    out_dir, dry, device = probe_setup(args, "backward_probe_out")
     rows_list, cols_list = (ROWS, COLS) if not (args.quick or dry) else ([1, 3, 16, 17, 64, 1000], [1024, 2560])
     if dry:
         rows_list, cols_list = [1, 3, 17, 70], [1024, 2560]

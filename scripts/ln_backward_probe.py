@@ -182,7 +182,7 @@ def hypotheses(dt, x, w, dy, mean, rstd, ex, ew, eb, sms, tps, partial=False):
 
 # the RMSNorm probe's timer (CUDA events, median; wall clock on the CPU) and autograd-graph names
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_probe import env_info as base_env_info, graph_names, timed  # noqa: E402
+from backward_probe import env_info as base_env_info, graph_names, probe_setup, timed  # noqa: E402
 
 
 def liger_module(cols, dt, device, w, b):
@@ -332,12 +332,7 @@ def main(argv=None):
     ap.add_argument("--all-dtypes", action="store_true", help="time f16 and f32 too")
     args = ap.parse_args(argv)
     t_start = time.time()
-    out_dir = args.out or os.environ.get("OUT") or "ln_backward_probe_out"
-    os.makedirs(out_dir, exist_ok=True)
-    dry = args.dry_run or not torch.cuda.is_available()
-    if dry and not args.dry_run:
-        print("no CUDA device: running as --dry-run")
-    device = torch.device("cpu") if dry else torch.device("cuda", torch.cuda.current_device())
+    out_dir, dry, device = probe_setup(args, "ln_backward_probe_out")
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         sms, tps = p.multi_processor_count, getattr(p, "max_threads_per_multi_processor", 2048)
