@@ -12,7 +12,11 @@ step's shape), the host microseconds of one call made:
 - `custom_op`: the same launch registered as a `torch.library.custom_op` (how kernelize's ops
   were defined until session 16);
 - `library`: `torch.ops.kernelize.launch_rms_norm`, the op the compiled code calls: a plain
-  `torch.library.Library` CUDA kernel (no autograd wrapper; `python/kernelize/ops.py`);
+  `torch.library.Library` operator (no autograd wrapper; `python/kernelize/ops.py`) whose CUDA
+  kernel is the C++ one of `kernelize/native.py` where it built (`kernels_from` in the json says
+  whether), else the Python one;
+- `py_library`: `torch.ops.kernelize.py_launch_rms_norm`, the same operator with the Python
+  kernel (what `library` was until session 24, and what the C++ kernel hands its odd cases to);
 - `aten`: `torch.rms_norm` (PyTorch's own op, for scale);
 - `compiled-*`: a function of `--chain` such calls in a row compiled by inductor (default mode),
   its wall time divided by the calls: the custom op, the `Library` op, and `F.rms_norm` lowered
@@ -83,12 +87,16 @@ def main() -> int:
 
     custom = torch.ops.kzbench.rms.default
     plain = torch.ops.kernelize.launch_rms_norm.default
+    py_plain = torch.ops.kernelize.py_launch_rms_norm.default
+    from kernelize import ops as _ops
+    kernels_from = _ops.ensure_kernels()
 
     rows: dict[str, float] = {}
     with torch.no_grad():
         rows["direct"] = per_call_us(lambda: L.run_rms_norm(k, x, w, eps), a.calls)
         rows["custom_op"] = per_call_us(lambda: custom(x, w, eps, key), a.calls)
         rows["library"] = per_call_us(lambda: plain(x, w, eps, key), a.calls)
+        rows["py_library"] = per_call_us(lambda: py_plain(x, w, eps, key), a.calls)
         rows["aten"] = per_call_us(lambda: torch.rms_norm(x, [2048], w, eps), a.calls)
 
         def chain(op):
@@ -102,6 +110,7 @@ def main() -> int:
             "compiled-library (exact backend)": (chain(lambda y: plain(y, w, eps, key)), _exact.backend),
             "compiled-custom_op (inductor)": (chain(lambda y: custom(y, w, eps, key)), "inductor"),
             "compiled-library (inductor)": (chain(lambda y: plain(y, w, eps, key)), "inductor"),
+            "compiled-py_library (inductor)": (chain(lambda y: py_plain(y, w, eps, key)), "inductor"),
             "compiled-F.rms_norm (inductor)": (chain(lambda y: F.rms_norm(y, [2048], w, eps)), "inductor"),
         }
         for name, (fn, backend) in variants.items():
@@ -120,7 +129,7 @@ def main() -> int:
 
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "calls": a.calls, "chain": a.chain}
+           "calls": a.calls, "chain": a.chain, "kernels_from": kernels_from}
     (out / "op_overhead.json").write_text(json.dumps({"env": env, "us_per_call": rows}, indent=1))
     print(f"{env}\n\n| how the launch is called | host µs a call |\n| --- | ---: |")
     for name, us in rows.items():

@@ -206,12 +206,19 @@ class CompiledKernel(SharedOnCopy):
         prep = self._prepared.get((rows, cols, scalars))
         return prep if prep is not None else self._prepare(rows, cols, n_tensors, scalars)
 
-    def _prepare(self, rows: int, cols: int, n_tensors: int, scalars: tuple) -> Any:
-        if self._cu_launch is None:
-            self._cu_launch = _cu_launch(self.lib)
+    def dims(self, rows: int, cols: int) -> tuple[tuple, tuple, int]:
+        """(grid, block, dynamic shared memory) of a launch on rows x cols (the manifest's launch
+        rule), with the kernel allowed that much shared memory: what every launch path of this
+        kernel uses (its own, and the native operators' through native.py)."""
         grid, block, smem = launch_dims(self.manifest, rows, cols, self.sm_count)
         if smem > self._smem_configured and smem >= 48 * 1024:
             self._set_smem(smem)
+        return grid, block, smem
+
+    def _prepare(self, rows: int, cols: int, n_tensors: int, scalars: tuple) -> Any:
+        if self._cu_launch is None:
+            self._cu_launch = _cu_launch(self.lib)
+        grid, block, smem = self.dims(rows, cols)
         if self._stub is not None:
             prep = self._stub.prepare(self.func.value, *grid, *block, smem, n_tensors, scalars)
             self._prepared[(rows, cols, scalars)] = prep

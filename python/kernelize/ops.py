@@ -30,6 +30,12 @@ cost 13 µs a call more (H200, torch 2.11: 30 against 17 µs a call from inducto
 `bench/op_overhead.py`, docs/gpu-runs/2026-11-27-s16). The swapped layers call them only where no
 input needs a gradient (training has its own op, `training.py`), and the one op that mutates an
 input (`residual`: the fused adds) bumps its version counter itself, as `custom_op` would.
+
+Their CUDA kernels are registered at the first `register` of a process (`ensure_kernels`): the
+C++ kernels of `native.py` (`_native_ops.cpp`, built once per machine and torch) where a GPU,
+a C++ compiler and CUDA's headers are there, else the Python kernels below. Each Python kernel
+is also the operator `kernelize::py_launch_<name>` (the same schema), which the C++ kernels call
+for every case but the common one.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import torch
 from torch import Tensor
 
 from . import launch as L
+from . import native
 
 _KERNELS: dict[int, Any] = {}   # key -> CompiledKernel (held for the process, as launch._CACHE)
 _KEYS: dict[int, int] = {}      # id(compiled) -> key (ids stay unique: _KERNELS keeps them alive)
@@ -52,13 +59,39 @@ OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "fused_add_layer_norm", "
 
 def register(compiled: Any) -> int:
     """The integer key under which the custom ops find `compiled` (the same key every time)."""
+    ensure_kernels()
     with _LOCK:
         key = _KEYS.get(id(compiled))
         if key is None:
             key = len(_KERNELS) + 1
             _KERNELS[key] = compiled
             _KEYS[id(compiled)] = key
+            if _KERNELS_FROM == "native":
+                native.enable(key, compiled)
         return key
+
+
+_DEFERRED: dict[str, Any] = {}       # launch_<name> -> its Python kernel, until ensure_kernels
+_KERNELS_FROM: str | None = None     # "native" or "python", once ensure_kernels ran
+_KERNELS_LOCK = threading.Lock()
+
+
+def ensure_kernels() -> str:
+    """Register the launch operators' CUDA kernels once per process and say whose they are:
+    "native" (native.py's C++ kernels, where a GPU is there and the library builds and loads) or
+    "python" (the kernels of this module; with a warning saying why where a GPU is there)."""
+    global _KERNELS_FROM
+    with _KERNELS_LOCK:
+        if _KERNELS_FROM is None:
+            lib = native.load() if torch.cuda.is_available() else None
+            if lib is None:
+                if torch.cuda.is_available():
+                    L._log.warning("kernelize: the native launch operators are not used (%s); "
+                                   "each launch goes through Python", native.why())
+                for name, fn in _DEFERRED.items():
+                    _LIB.impl(name, fn, "CUDA")
+            _KERNELS_FROM = "native" if lib is not None else "python"
+        return _KERNELS_FROM
 
 
 #: A norm kernel's key -> the key of a fused kernel computing eager's `norm(x + residual)` with
@@ -108,10 +141,15 @@ def _like(x: Tensor) -> Tensor:
 _LIB = torch.library.Library("kernelize", "FRAGMENT")   # held for the process
 
 
-def define(name: str, schema: str, fake: Any, dispatch_key: str = "CUDA") -> Any:
+def define(name: str, schema: str, fake: Any, dispatch_key: str = "CUDA", deferred: bool = False,
+           python_twin: bool = False) -> Any:
     """Define `kernelize::<name><schema>` with the decorated function as its kernel for
     `dispatch_key` and `fake` as its fake kernel: kernelize's operators are plain
     `torch.library.Library` operators (the module's doc says why), none with a backward.
+
+    `python_twin`: also define `kernelize::py_<name>` with the same schema, fake and kernel (for
+    the native kernels to hand a call to). `deferred` (the launch operators; implies the twin):
+    the function becomes `<name>`'s kernel only if `ensure_kernels` finds no native kernels.
 
     An operator without an autograd kernel would, given an input that needs a gradient, return
     an output whose backward only warns (PyTorch's autograd fallback) and gives no gradient
@@ -130,16 +168,23 @@ def define(name: str, schema: str, fake: Any, dispatch_key: str = "CUDA") -> Any
             return fn(*args)
 
         _LIB.define(f"{name}{schema}")
-        _LIB.impl(name, kernel, dispatch_key)
         torch.library.register_fake(qualname, fake, lib=_LIB)
+        if deferred or python_twin:
+            _LIB.define(f"py_{name}{schema}")
+            _LIB.impl(f"py_{name}", kernel, dispatch_key)
+            torch.library.register_fake(f"kernelize::py_{name}", fake, lib=_LIB)
+        if deferred:
+            _DEFERRED[name] = kernel
+        else:
+            _LIB.impl(name, kernel, dispatch_key)
         return fn
     return define_with
 
 
 def _launch_op(name: str, schema: str) -> Any:
     """`define` for `kernelize::launch_<name>`: a CUDA kernel whose output is like its first
-    argument."""
-    return define(f"launch_{name}", schema, lambda x, *_, **__: _like(x))
+    argument, native or Python (`ensure_kernels`)."""
+    return define(f"launch_{name}", schema, lambda x, *_, **__: _like(x), deferred=True)
 
 
 _bump = torch._C._increment_version   # autograd's version counter (none on inference tensors)
