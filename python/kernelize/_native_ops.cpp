@@ -14,14 +14,16 @@
 // - every other case calls `py_launch_<op>` through the dispatcher, with the same arguments.
 // So the C++ kernel decides nothing the Python kernel does not: it is a fast path through the
 // same steps (docs/compile.md, "Default mode").
+//
+// The exact backend's attention operators (exact.eager_sdpa, eager_sdpa_bias) stay Python: a C++
+// kernel of them (session 24, commit c0ed78c) gave its Python twin's bits at nine decode shapes
+// but differed from it in one f16 case of python/tests/test_native_ops.py on an H200, with a
+// cause not found, for 3-9 us a call (docs/gpu-runs/2026-11-28-s24, runs 3-4).
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
-#include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
-#include <ATen/ops/scaled_dot_product_attention.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
@@ -267,98 +269,9 @@ at::Tensor silu_and_mul(const at::Tensor& g, const at::Tensor& u, int64_t key) {
     return py.call(g, u, key);
 }
 
-// ---- attention: exact.py's eager_sdpa and eager_sdpa_bias ------------------------------------
-//
-// The same calls as the Python kernels (exact.py says why each step is there): eager's
-// scaled_dot_product_attention, its output in the layout the fake declares (`_like_query`,
-// `_in_query_layout`), and for eager_sdpa_bias the converted mask only where eager's backend
-// choice for both masks is the backend the conversion was recorded for (exact.mask_conversion,
-// asked of Python once per dtype and device). An input that needs a gradient goes to the Python
-// twin, which refuses it.
-
-// (scalar type, device index) -> the backend exact.mask_conversion recorded, -1: none.
-using ConversionFn = int (*)(int, int);
-ConversionFn g_conversion = nullptr;
-std::unordered_map<int, int> g_backends;  // scalar type * 256 + device -> backend (guarded by g_mutex)
-
-at::Tensor like_query(const at::Tensor& q, const at::Tensor& v) {
-    if (v.size(-1) == q.size(-1)) return at::empty_like(q);
-    std::vector<int64_t> sizes(q.sizes().begin(), q.sizes().end());
-    sizes.back() = v.size(-1);
-    return at::empty(sizes, q.options());
-}
-
-at::Tensor in_query_layout(const at::Tensor& out, const at::Tensor& q, const at::Tensor& v) {
-    at::Tensor want;
-    std::vector<int64_t> stride;
-    if (v.size(-1) == q.size(-1) && (q.is_contiguous() || (q.dim() > 2 && q.transpose(1, 2).is_contiguous()))) {
-        stride.assign(q.strides().begin(), q.strides().end());
-    } else {
-        want = like_query(q, v);
-        stride.assign(want.strides().begin(), want.strides().end());
-    }
-    if (out.strides() == c10::IntArrayRef(stride) && out.storage_offset() == 0) return out;
-    return (want.defined() ? want : like_query(q, v)).copy_(out);
-}
-
-using SdpaSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           const std::optional<at::Tensor>&, double, bool, std::optional<double>, bool);
-using SdpaBiasSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                               const at::Tensor&, double, bool, std::optional<double>, bool);
-
-at::Tensor eager_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                      const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
-                      std::optional<double> scale, bool enable_gqa) {
-    if (needs_grad({&q, &k, &v}) || (mask.has_value() && needs_grad({&*mask}))) {
-        static auto py = python_op<SdpaSig>("kernelize::py_eager_sdpa");
-        return py.call(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
-    }
-    return in_query_layout(
-        at::scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa), q, v);
-}
-
-int conversion_backend(const at::Tensor& q) {
-    const int id = int(q.scalar_type()) * 256 + q.get_device();
-    {
-        std::lock_guard<std::mutex> lock(g_mutex);
-        auto it = g_backends.find(id);
-        if (it != g_backends.end()) return it->second;
-    }
-    const int backend = g_conversion != nullptr ? g_conversion(int(q.scalar_type()), q.get_device()) : -1;
-    std::lock_guard<std::mutex> lock(g_mutex);
-    g_backends.emplace(id, backend);
-    return backend;
-}
-
-at::Tensor eager_sdpa_bias(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const at::Tensor& attn_mask, const at::Tensor& bias, double dropout_p,
-                           bool is_causal, std::optional<double> scale, bool enable_gqa) {
-    if (needs_grad({&q, &k, &v, &attn_mask, &bias})) {
-        static auto py = python_op<SdpaBiasSig>("kernelize::py_eager_sdpa_bias");
-        return py.call(q, k, v, attn_mask, bias, dropout_p, is_causal, scale, enable_gqa);
-    }
-    const at::Tensor* mask = &attn_mask;
-    const int backend = conversion_backend(q);
-    if (backend >= 0 && bias.scalar_type() == q.scalar_type()) {
-        auto choice = [&](const at::Tensor& m) {
-            return at::_fused_sdp_choice(q, k, v, m, dropout_p, is_causal, scale, enable_gqa);
-        };
-        if (choice(attn_mask) == backend && choice(bias) == backend) mask = &bias;
-    }
-    return in_query_layout(
-        at::scaled_dot_product_attention(q, k, v, *mask, dropout_p, is_causal, scale, enable_gqa), q, v);
-}
-
 }  // namespace
 
 extern "C" {
-
-// exact.mask_conversion's backend for (scalar type, device), asked once per pair.
-int kz_native_init_attention(void* conversion_fn) {
-    g_conversion = reinterpret_cast<ConversionFn>(conversion_fn);
-    return 0;
-}
-
 
 // The C side of native.py: cuLaunchKernel and the launch-dimension callback, once.
 int kz_native_init(void* launch_fn, void* prepare_fn) {
@@ -402,6 +315,4 @@ TORCH_LIBRARY_IMPL(kernelize, CUDA, m) {
     m.impl("launch_silu_mul", &gated<kSiluMul>);
     m.impl("launch_gelu_tanh_mul", &gated<kGeluTanhMul>);
     m.impl("launch_silu_and_mul", &silu_and_mul);
-    m.impl("eager_sdpa", &eager_sdpa);
-    m.impl("eager_sdpa_bias", &eager_sdpa_bias);
 }

@@ -155,7 +155,7 @@ def _in_query_layout(out: torch.Tensor, query: torch.Tensor, value: torch.Tensor
 # autograd the exact backend leaves SDPA as traced, `opaque_sdpa`).
 @_define_op("eager_sdpa", "(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, "
             "float dropout_p, bool is_causal, float? scale, bool enable_gqa) -> Tensor",
-            _sdpa_fake, "CompositeExplicitAutograd", python_twin=True)
+            _sdpa_fake, "CompositeExplicitAutograd")
 def eager_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attn_mask: torch.Tensor | None, dropout_p: float, is_causal: bool,
                scale: float | None, enable_gqa: bool) -> torch.Tensor:
@@ -320,7 +320,7 @@ def sdpa_mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 @_define_op("eager_sdpa_bias", "(Tensor query, Tensor key, Tensor value, Tensor attn_mask, "
             "Tensor bias, float dropout_p, bool is_causal, float? scale, bool enable_gqa) -> Tensor",
-            _sdpa_fake, "CompositeExplicitAutograd", python_twin=True)
+            _sdpa_fake, "CompositeExplicitAutograd")
 def eager_sdpa_bias(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attn_mask: torch.Tensor, bias: torch.Tensor, dropout_p: float, is_causal: bool,
                     scale: float | None, enable_gqa: bool) -> torch.Tensor:

@@ -1,6 +1,6 @@
-"""kernelize's operators in C++ (`_native_ops.cpp`): the CUDA kernels of `kernelize::launch_<op>`
-and of the exact backend's attention operators (`eager_sdpa`, `eager_sdpa_bias`) without a trip
-through Python at each call.
+"""kernelize's launch operators in C++ (`_native_ops.cpp`): the CUDA kernels of
+`kernelize::launch_<op>` without a trip through Python at each call (the exact backend's
+attention operators stay Python: the source's header says why).
 
 Compiled code without CUDA graphs (`torch.compile`'s default mode) calls each operator through
 the dispatcher at every step; a Python kernel there costs 12-18 us of host time a call where
@@ -41,9 +41,6 @@ OP_CODES = {"rms_norm": 1, "fused_add_rms_norm": 2, "layer_norm": 3, "fused_add_
 
 _PREPARE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_longlong,
                             ctypes.POINTER(ctypes.c_uint))
-_CONVERSION = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int)
-#: c10::ScalarType's numbers (its serialization format) of the dtypes attention masks are hoisted for.
-_SCALAR_TYPES = {5: torch.float16, 6: torch.float32, 15: torch.bfloat16}
 _LIB: Any = None       # the loaded library; False once loading failed
 _WHY = ""              # why it is not loaded
 _LOCK = threading.Lock()
@@ -125,20 +122,6 @@ def _prepare(key: int, rows: int, cols: int, dims: Any) -> int:
         return 1
 
 
-def _conversion_backend(scalar_type: int, device: int) -> int:
-    """The C side's callback for eager_sdpa_bias: the backend exact.mask_conversion recorded
-    for queries of `scalar_type` on CUDA device `device`, -1 where there is none."""
-    try:
-        dtype = _SCALAR_TYPES.get(scalar_type)
-        if dtype is None:
-            return -1
-        from .exact import mask_conversion
-        conv = mask_conversion(dtype, torch.device("cuda", device))
-        return -1 if conv is None else int(conv[0])
-    except Exception:  # noqa: BLE001 - as mask_conversion: no hoisting
-        return -1
-
-
 def load() -> Any:
     """The native library, loaded (its CUDA kernels registered) on the first call; None where it
     cannot be (`why()` says why). Call only where no Python CUDA kernel is registered for the
@@ -155,16 +138,14 @@ def load() -> Any:
                 # loading registers the C++ kernels: nothing may fail after it (ensure_kernels
                 # would then register the Python ones over them)
                 lib = ctypes.CDLL(str(so))
-                prepare, conversion = _PREPARE(_prepare), _CONVERSION(_conversion_backend)
-                _CALLBACKS[:] = [prepare, conversion]
+                prepare = _PREPARE(_prepare)
+                _CALLBACKS[:] = [prepare]
                 lib.kz_native_init.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-                lib.kz_native_init_attention.argtypes = [ctypes.c_void_p]
                 lib.kz_native_set.argtypes = [ctypes.c_longlong, ctypes.c_void_p, ctypes.c_int,
                                               ctypes.c_int]
                 lib.kz_native_prepared.argtypes = [ctypes.c_longlong]
                 lib.kz_native_prepared.restype = ctypes.c_longlong
                 lib.kz_native_init(launch_fn, ctypes.cast(prepare, ctypes.c_void_p))
-                lib.kz_native_init_attention(ctypes.cast(conversion, ctypes.c_void_p))
                 _LIB = lib
             except Exception as e:  # noqa: BLE001 - any failure: the Python kernels
                 _WHY = str(e)

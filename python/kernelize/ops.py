@@ -141,15 +141,14 @@ def _like(x: Tensor) -> Tensor:
 _LIB = torch.library.Library("kernelize", "FRAGMENT")   # held for the process
 
 
-def define(name: str, schema: str, fake: Any, dispatch_key: str = "CUDA", deferred: bool = False,
-           python_twin: bool = False) -> Any:
+def define(name: str, schema: str, fake: Any, dispatch_key: str = "CUDA", deferred: bool = False) -> Any:
     """Define `kernelize::<name><schema>` with the decorated function as its kernel for
     `dispatch_key` and `fake` as its fake kernel: kernelize's operators are plain
     `torch.library.Library` operators (the module's doc says why), none with a backward.
 
-    `python_twin`: also define `kernelize::py_<name>` with the same schema, fake and kernel (for
-    the native kernels to hand a call to). `deferred` (the launch operators; implies the twin):
-    the function becomes `<name>`'s kernel only if `ensure_kernels` finds no native kernels.
+    `deferred` (the launch operators): the function is at once the kernel of its twin
+    `kernelize::py_<name>` (the same schema and fake; the native kernels hand their odd cases to
+    it), and becomes `<name>`'s kernel only if `ensure_kernels` finds no native kernels.
 
     An operator without an autograd kernel would, given an input that needs a gradient, return
     an output whose backward only warns (PyTorch's autograd fallback) and gives no gradient
@@ -169,11 +168,10 @@ def define(name: str, schema: str, fake: Any, dispatch_key: str = "CUDA", deferr
 
         _LIB.define(f"{name}{schema}")
         torch.library.register_fake(qualname, fake, lib=_LIB)
-        if deferred or python_twin:
+        if deferred:
             _LIB.define(f"py_{name}{schema}")
             _LIB.impl(f"py_{name}", kernel, dispatch_key)
             torch.library.register_fake(f"kernelize::py_{name}", fake, lib=_LIB)
-        if deferred:
             _DEFERRED[name] = kernel
         else:
             _LIB.impl(name, kernel, dispatch_key)

@@ -1,15 +1,15 @@
 """kernelize's operators in C++ (`kernelize/native.py`, `_native_ops.cpp`).
 
 On the CPU (CI): the library builds with this torch and the system C++ compiler, and loading it
-registers the C++ CUDA kernel of every launch operator and of the two attention operators, the
-Python twins (`py_<name>`) staying Python; a process without the library (no compiler,
+registers the C++ CUDA kernel of every launch operator, the Python twins (`py_<name>`) and the
+exact backend's attention operators staying Python; a process without the library (no compiler,
 `KERNELIZE_NATIVE=0`) registers the Python kernels and says why.
 
 On a GPU: the C++ kernels are the ones used, and each gives what its Python twin gives, bit for
 bit and in the same layout, for every bundled forward kernel at decode and prefill shapes; the
 fused adds update the residual and bump its version once; an unaligned or strided input (the
 cases the C++ kernels hand to Python) still computes; an input that needs a gradient is refused
-with the Python message; the attention operators agree with their twins with and without masks.
+with the Python message.
 """
 
 from __future__ import annotations
@@ -63,12 +63,9 @@ def test_the_library_builds_and_registers_a_cpp_cuda_kernel_for_every_operator()
             assert len(cuda) == 1 and "_native_ops.cpp" in cuda[0], dump
             twin = torch._C._dispatch_dump(f"kernelize::py_launch_{name}")
             assert [l for l in twin.splitlines() if l.startswith("CUDA:")][0].find("ops.py") > 0, twin
-        for name in ("eager_sdpa", "eager_sdpa_bias"):
+        for name in ("eager_sdpa", "eager_sdpa_bias"):   # attention stays Python (the source says why)
             dump = torch._C._dispatch_dump(f"kernelize::{name}")
-            assert "_native_ops.cpp" in [l for l in dump.splitlines() if l.startswith("CUDA:")][0], dump
-            # every other device keeps the Python kernel (the CPU tests compile with it)
-            assert "ops.py" in [l for l in dump.splitlines()
-                                if l.startswith("CompositeExplicitAutograd[alias]:")][0], dump
+            assert "_native_ops.cpp" not in dump and "CompositeExplicitAutograd[alias]:" in dump, dump
         print("registered", so.name)
     """ % (LAUNCH_OPS,))
     assert "registered kernelize_native-" in out
@@ -200,31 +197,3 @@ def test_an_input_that_needs_a_gradient_is_refused_with_the_python_message():
     w = torch.ones(2048, device=DEV, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="launch_rms_norm has no backward"):
         torch.ops.kernelize.launch_rms_norm(x, w, 1e-6, key)
-
-
-@gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_native_attention_equals_the_python_twins(dtype):
-    from kernelize import exact
-    torch.manual_seed(0)
-    sdpa, twin = torch.ops.kernelize.eager_sdpa.default, torch.ops.kernelize.py_eager_sdpa.default
-    bias_op = torch.ops.kernelize.eager_sdpa_bias.default
-    bias_twin = torch.ops.kernelize.py_eager_sdpa_bias.default
-    with torch.no_grad():
-        for b, h, kvh, sq, sk, d in [(1, 32, 8, 1, 576, 64), (8, 16, 16, 1, 300, 128), (2, 8, 8, 64, 64, 64)]:
-            # the query as a model makes it: a transposed view of its projection
-            q = torch.randn(b, sq, h, d, device=DEV, dtype=dtype).transpose(1, 2)
-            k = torch.randn(b, kvh, sk, d, device=DEV, dtype=dtype)
-            v = torch.randn(b, kvh, sk, d, device=DEV, dtype=dtype)
-            mask = torch.rand(b, 1, sq, sk, device=DEV) > 0.2
-            mask[..., 0] = True
-            gqa = h != kvh
-            for m, causal in ((None, sq > 1), (mask, False)):
-                got = sdpa(q, k, v, m, 0.0, causal, None, gqa)
-                want = twin(q, k, v, m, 0.0, causal, None, gqa)
-                assert got.stride() == want.stride() and torch.equal(_bits(got), _bits(want))
-            bias = torch.ops.kernelize.sdpa_mask_bias(mask, dtype) if exact.mask_conversion(
-                dtype, DEV) is not None else torch.zeros(mask.shape, device=DEV, dtype=dtype)
-            got = bias_op(q, k, v, mask, bias, 0.0, False, None, gqa)
-            want = bias_twin(q, k, v, mask, bias, 0.0, False, None, gqa)
-            assert got.stride() == want.stride() and torch.equal(_bits(got), _bits(want))
