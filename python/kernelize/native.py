@@ -12,7 +12,7 @@ what ops.py's Python kernels do, in C++, in the common case, and hand every othe
 Built on first use with the system C++ compiler against the installed torch's headers and
 libraries, and cached in `launch.cache_dir()` under a name that hashes the source, the torch
 build and the compiler, as launch.py builds its C launcher and Triton its launchers. The build
-takes 20-60 s once per machine and torch; it is done where a kernelize call first registers a
+takes 10-60 s once per machine and torch; it is done where a kernelize call first registers a
 kernel on a machine with a GPU. Without a C++ compiler, without CUDA's headers, or with
 `KERNELIZE_NATIVE=0`, the Python kernels are registered instead, with a warning saying why.
 """
@@ -97,7 +97,7 @@ def build(verbose: bool = False) -> Path:
     so.parent.mkdir(parents=True, exist_ok=True)
     tmp = so.with_name(f"{so.name}.{os.getpid()}.tmp")
     _log.warning("kernelize: building the native launch operators (once per machine and torch, "
-                 "20-60 s) into %s", so)
+                 "10-60 s) into %s", so)
     r = subprocess.run([*cmd, "-o", str(tmp)], capture_output=True, text=True)
     if verbose:
         print(" ".join(cmd), r.stdout, r.stderr, sep="\n")
