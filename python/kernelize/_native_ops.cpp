@@ -9,11 +9,11 @@
 // op (`kz_native_set`). Then it allocates the output, looks up the launch prepared for (rows,
 // cols) and calls cuLaunchKernel on PyTorch's current stream. Anything else (a first shape, a
 // Python candidate, an unaligned input, an error to report) goes to Python:
-// - a shape's launch dimensions come from `kz_native_set`'s callback (launch.py's rule, the one
-//   home of the manifest's launch dimensions), once per (key, rows, cols);
+// - a shape's launch dimensions come from `kz_native_init`'s callback (CompiledKernel.dims, the
+//   one home of the manifest's launch rule), once per (key, rows, cols);
 // - every other case calls `py_launch_<op>` through the dispatcher, with the same arguments.
 // So the C++ kernel decides nothing the Python kernel does not: it is a fast path through the
-// same steps (docs/compile.md, "Default mode").
+// same steps (docs/python.md, "The operators' CUDA kernels are C++ where they can be").
 //
 // The exact backend's attention operators (exact.eager_sdpa, eager_sdpa_bias) stay Python: a C++
 // kernel of them (session 24, commit c0ed78c) gave its Python twin's bits at nine decode shapes
@@ -64,7 +64,7 @@ struct Kernel {
 
 LaunchFn g_launch = nullptr;
 PrepareFn g_prepare = nullptr;
-std::mutex g_mutex;                // guards g_kernels (written at kernelize time, read per call)
+std::mutex g_mutex;                // guards g_kernels and each kernel's dims
 std::vector<Kernel*> g_kernels;    // key -> kernel (never freed: keys live for the process)
 
 Kernel* lookup(int64_t key, int op) {
