@@ -279,33 +279,51 @@ def cache_dir() -> Path:
     return Path(os.environ.get("KERNELIZE_CACHE") or Path.home() / ".cache" / "kernelize")
 
 
+def compile_cached(folder: str, stem: str, suffix: str, source: Path, key: str, command: Any,
+                   announce: str | None = None) -> Path:
+    """A library built from `source` once per machine: `cache_dir()/folder/stem-TAG+suffix`, TAG
+    hashing the source and `key` (what else the build depends on). Where it is not there yet,
+    `command()` gives the compiler command without its output (it raises RuntimeError where there
+    is no compiler), `announce` (a log format with the path) is logged, and the compiler writes
+    a temporary file that is renamed into place, so concurrent builders leave one complete file.
+    Raises RuntimeError with the compiler's error. (The C launcher and native.py's operators.)"""
+    tag = hashlib.sha256(source.read_bytes() + key.encode()).hexdigest()[:16]
+    so = cache_dir() / folder / f"{stem}-{tag}{suffix}"
+    if so.exists():
+        return so
+    cmd = command()
+    so.parent.mkdir(parents=True, exist_ok=True)
+    tmp = so.with_name(f"{so.name}.{os.getpid()}.tmp")
+    if announce:
+        _log.warning(announce, so)
+    r = subprocess.run([*cmd, "-o", str(tmp)], capture_output=True, text=True)
+    if r.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"{cmd[0]} failed: {r.stderr.strip()[-1500:]}")
+    os.replace(tmp, so)
+    return so
+
+
 def _build_c_launcher() -> Any:
     if os.environ.get("KERNELIZE_C_LAUNCHER", "1") == "0":
         return None
     src = Path(__file__).with_name("_launcher.c")
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     include = sysconfig.get_paths()["include"]
-    tag = hashlib.sha256(src.read_bytes() + include.encode() + suffix.encode()).hexdigest()[:16]
-    so = cache_dir() / "launcher" / f"_kernelize_launcher-{tag}{suffix}"
-    if not so.exists():
+
+    def command() -> list[str]:
         cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
         if cc is None:
-            _log.warning("kernelize: no C compiler (cc, gcc or $CC): launching through ctypes")
-            return None
+            raise RuntimeError("no C compiler (cc, gcc or $CC)")
         if not os.path.exists(os.path.join(include, "Python.h")):
-            _log.warning("kernelize: no Python.h in %s (install the Python headers, e.g. "
-                         "python3-dev): launching through ctypes", include)
-            return None
-        so.parent.mkdir(parents=True, exist_ok=True)
-        tmp = so.with_name(f"{so.name}.{os.getpid()}.tmp")
-        r = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-I", include, str(src), "-o", str(tmp)],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            _log.warning("kernelize: compiling the C launcher failed (%s): %s; launching through "
-                         "ctypes", cc, r.stderr.strip()[-500:])
-            tmp.unlink(missing_ok=True)
-            return None
-        os.replace(tmp, so)  # atomic: concurrent builders leave one complete file
+            raise RuntimeError(f"no Python.h in {include} (install the Python headers, e.g. "
+                               "python3-dev)")
+        return [cc, "-O2", "-shared", "-fPIC", "-I", include, str(src)]
+    try:
+        so = compile_cached("launcher", "_kernelize_launcher", suffix, src, include + suffix, command)
+    except RuntimeError as e:
+        _log.warning("kernelize: the C launcher is not built (%s): launching through ctypes", e)
+        return None
     spec = importlib.util.spec_from_file_location("_kernelize_launcher", so)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

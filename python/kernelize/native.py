@@ -20,11 +20,9 @@ kernel on a machine with a GPU. Without a C++ compiler, without CUDA's headers, 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
 import shutil
-import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -72,40 +70,37 @@ def _cuda_include() -> str | None:
     return None
 
 
-def build(verbose: bool = False) -> Path:
+def compiler() -> str | None:
+    """The C++ compiler the build uses: $CXX, else c++, else g++; None where there is none."""
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    return cxx if cxx is not None and shutil.which(cxx) is not None else None
+
+
+def build() -> Path:
     """The library built for this torch (built now when it is not in the cache); raises
     RuntimeError saying what is missing or what the compiler said."""
-    from .launch import cache_dir
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if cxx is None or shutil.which(cxx) is None:
-        raise RuntimeError(f"no C++ compiler (c++, g++ or $CXX; $CXX={os.environ.get('CXX')!r})")
+    from .launch import compile_cached
     include, libdir = _torch_dirs()
-    cuda_inc = _cuda_include()
-    if cuda_inc is None:
-        raise RuntimeError("no CUDA runtime headers (cuda_runtime_api.h) under CUDA_HOME, "
-                           "/usr/local/cuda/include or the nvidia pip packages")
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    cmd = [cxx, "-O2", "-std=c++20", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-           "-I", str(include), "-I", str(include / "torch" / "csrc" / "api" / "include"),
-           "-I", cuda_inc, str(SOURCE), "-L", str(libdir), "-lc10", "-lc10_cuda", "-ltorch_cpu",
-           f"-Wl,-rpath,{libdir}"]
-    tag = hashlib.sha256("\0".join([SOURCE.read_text(), torch.__version__, str(torch.version.cuda),
-                                    str(Path(torch.__file__).parent), *cmd]).encode()).hexdigest()[:16]
-    so = cache_dir() / "native" / f"kernelize_native-{tag}.so"
-    if so.exists():
-        return so
-    so.parent.mkdir(parents=True, exist_ok=True)
-    tmp = so.with_name(f"{so.name}.{os.getpid()}.tmp")
-    _log.warning("kernelize: building the native launch operators (once per machine and torch, "
-                 "10-60 s) into %s", so)
-    r = subprocess.run([*cmd, "-o", str(tmp)], capture_output=True, text=True)
-    if verbose:
-        print(" ".join(cmd), r.stdout, r.stderr, sep="\n")
-    if r.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"{cxx} failed: {r.stderr.strip()[-1500:]}")
-    os.replace(tmp, so)  # atomic: concurrent builders leave one complete file
-    return so
+
+    def command() -> list[str]:
+        cxx = compiler()
+        if cxx is None:
+            raise RuntimeError(f"no C++ compiler (c++, g++ or $CXX; $CXX={os.environ.get('CXX')!r})")
+        cuda_inc = _cuda_include()
+        if cuda_inc is None:
+            raise RuntimeError("no CUDA runtime headers (cuda_runtime_api.h) under CUDA_HOME, "
+                               "/usr/local/cuda/include, Triton or the nvidia pip packages")
+        abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+        return [cxx, "-O2", "-std=c++20", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+                "-I", str(include), "-I", str(include / "torch" / "csrc" / "api" / "include"),
+                "-I", cuda_inc, str(SOURCE), "-L", str(libdir), "-lc10", "-lc10_cuda", "-ltorch_cpu",
+                f"-Wl,-rpath,{libdir}"]
+    # the torch build the library links against (a torch upgraded in place keeps its folder)
+    key = "\0".join([torch.__version__, str(torch.version.cuda), str(include.parent),
+                     os.environ.get("CXX", "")])
+    return compile_cached("native", "kernelize_native", ".so", SOURCE, key, command,
+                          "kernelize: building the native launch operators (once per machine and "
+                          "torch, 10-60 s) into %s")
 
 
 def _prepare(key: int, rows: int, cols: int, dims: Any) -> int:

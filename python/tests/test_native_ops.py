@@ -15,7 +15,6 @@ with the Python message.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -40,7 +39,7 @@ def _run(code: str, **env: str) -> str:
 
 def _buildable() -> str | None:
     from kernelize import native
-    if not (os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")):
+    if native.compiler() is None:
         return "no C++ compiler"
     if native._cuda_include() is None:
         return "no CUDA runtime headers"
@@ -69,6 +68,30 @@ def test_the_library_builds_and_registers_a_cpp_cuda_kernel_for_every_operator()
         print("registered", so.name)
     """ % (LAUNCH_OPS,))
     assert "registered kernelize_native-" in out
+
+
+def test_the_op_codes_follow_the_python_runners_and_the_cpp_enum():
+    """native.OP_CODES (a compiled kernel's op -> the ABI the C++ side launches it with) is the
+    Python runners' grouping, and its numbers are `enum Op`'s in _native_ops.cpp: an op added to
+    launch.RUNNERS or a renumbered enum fails here, not on a GPU."""
+    import re
+    from kernelize import launch, native
+    by_runner: dict = {}
+    for op, runner in launch.RUNNERS.items():
+        if op != "silu_and_mul":   # the C++ kernel hands it to Python
+            by_runner.setdefault(runner, set()).add(native.OP_CODES[op])
+    assert all(len(codes) == 1 for codes in by_runner.values()), by_runner
+    assert len({c for codes in by_runner.values() for c in codes}) == len(by_runner)
+    assert set(native.OP_CODES) == set(launch.RUNNERS) - {"silu_and_mul"}
+    enum = dict((name, int(v)) for name, v in re.findall(
+        r"^\s*([A-Z_]+) = (\d+),", native.SOURCE.read_text().split("enum Op", 1)[1].split("};")[0], re.M))
+    assert enum["RMS_NORM"] == native.OP_CODES["rms_norm"]
+    assert enum["FUSED_ADD_RMS_NORM"] == native.OP_CODES["fused_add_rms_norm"]
+    assert enum["LAYER_NORM"] == native.OP_CODES["layer_norm"]
+    assert enum["FUSED_ADD_LAYER_NORM"] == native.OP_CODES["fused_add_layer_norm"]
+    assert enum["ELEMENTWISE"] == native.OP_CODES["silu"]
+    assert enum["GATED"] == native.OP_CODES["silu_mul"]
+    assert set(enum.values()) == set(native.OP_CODES.values())
 
 
 def test_a_compiler_error_or_a_missing_compiler_is_reported(tmp_path):
