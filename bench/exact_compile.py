@@ -374,6 +374,16 @@ def spread(ts: list[float]) -> list[float]:
     return [round(ts[0], 4), round(ts[q], 4), round(ts[-1 - q], 4), round(ts[-1], 4)]
 
 
+def dynamo_counts() -> dict:
+    """What dynamo has done so far in this process (cumulative): graphs compiled, frames it gave
+    up on, graph breaks by reason, and recompilations; a candidate whose step runs partly eagerly
+    (a graph break, or a frame past `recompile_limit`) shows it here."""
+    from torch._dynamo.utils import counters
+    return dict(stats=dict(counters["stats"]), frames=dict(counters["frames"]),
+                graph_breaks=dict(counters["graph_break"]),
+                recompiles=dict(counters.get("recompiles", {})))
+
+
 def phase_speed(a) -> list[dict]:
     rows = []
     hows = a.candidates.split(",")
@@ -398,6 +408,7 @@ def phase_speed(a) -> list[dict]:
                         ts = timed_all_ms(lambda: m(ids, use_cache=False), a.reps)
                         row[f"prefill_{b}x{s}_ms"] = statistics.median(ts)
                         row[f"prefill_{b}x{s}_spread"] = spread(ts)
+                        row[f"prefill_{b}x{s}_dynamo"] = dynamo_counts()
                     for b in a.decode_batches:
                         step = decode_step(m, b, g, prefill=None if a.decode_empty_cache else 512)
                         t0 = time.perf_counter()
@@ -408,6 +419,7 @@ def phase_speed(a) -> list[dict]:
                         ts = timed_all_ms(step, a.reps * 4)
                         row[f"decode_b{b}_ms"] = statistics.median(ts)
                         row[f"decode_b{b}_spread"] = spread(ts)
+                        row[f"decode_b{b}_dynamo"] = dynamo_counts()
                     if a.greedy:
                         # tokens/s of greedy generation, every candidate the same loop: a
                         # 512-token prompt, `greedy` new tokens (median of 3 after a warm-up)
