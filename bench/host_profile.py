@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Where the host's time of a decode step goes (issue 31): the Python functions a step runs, for
-one candidate of bench/exact_compile.py (1B Llama architecture, bf16, random weights).
+one candidate of bench/exact_compile.py (1B Llama architecture or `--arch`, bf16, random weights).
 
     python3 bench/host_profile.py OUT_DIR --candidate kernelize+exact-ro [--batch 1] [--steps 50]
+        [--arch qwen2] [--prefill 512]
 
 The step (bench/exact_compile.decode_step) is run until compiled, then `--steps` times under
 cProfile, each followed by a synchronisation as in the speed phase. Under CUDA graphs the GPU
@@ -17,6 +18,9 @@ own `torch.cuda.synchronize()` is one). `--no-gc`: Python's garbage collector of
 `--torch-profiler`: also run the steps under `torch.profiler` (CPU activity: every dispatcher
 call with its own host time, far less overhead per call than cProfile's per Python function) and
 write OUT_DIR/ops-CANDIDATE.txt, the operators by their own host time and by total host time.
+
+`--prefill N`: the step is a forward of `--batch` x N prompt tokens without a KV cache (the speed
+phase's prefill) instead of a decode step.
 """
 from __future__ import annotations
 
@@ -47,13 +51,21 @@ def main() -> int:
     p.add_argument("--sync-debug", action="store_true")
     p.add_argument("--no-gc", action="store_true")
     p.add_argument("--torch-profiler", action="store_true")
+    p.add_argument("--arch", default="llama", help="the 1B-class config of bench/exact_compile.py")
+    p.add_argument("--prefill", type=int, default=0, metavar="N",
+                   help="a forward of batch x N prompt tokens without a KV cache instead of a decode step")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    base = B.build_arch("llama", "large", torch.bfloat16)
+    base = B.build_arch(a.arch, "large", torch.bfloat16)
     m = B.candidate(base, a.candidate)
     with torch.no_grad():
-        step = B.decode_step(m, a.batch, torch.Generator().manual_seed(5), prefill=None)
+        g = torch.Generator().manual_seed(5)
+        if a.prefill:
+            ids = torch.randint(0, B.VOCAB_IDS, (a.batch, a.prefill), generator=g).cuda()
+            step = lambda: m(ids, use_cache=False)  # noqa: E731
+        else:
+            step = B.decode_step(m, a.batch, g, prefill=None)
         for _ in range(5):
             step()
         torch.cuda.synchronize()
@@ -100,7 +112,7 @@ def main() -> int:
     s = io.StringIO()
     s.write(f"dynamo counters: {breaks}\n")
     st = pstats.Stats(prof, stream=s)
-    s.write(f"{a.candidate} batch {a.batch}: step wall {wall:.3f} ms (CUDA events), "
+    s.write(f"{a.arch} {a.candidate} batch {a.batch}{f' prefill {a.prefill}' if a.prefill else ''}: step wall {wall:.3f} ms (CUDA events), "
             f"{per_step:.3f} ms a step under cProfile; {a.steps} steps; gc "
             f"{'off' if a.no_gc else 'on'}\n")
     if a.sync_debug:
