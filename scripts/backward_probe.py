@@ -88,47 +88,67 @@ def graph_names(fn, depth=0, seen=None):
 
 # ---- the kernel's launches -----------------------------------------------------------------------
 
-class GpuBackward:
-    """The three entries of one dtype, compiled by NVRTC for this GPU, launched with cuLaunchKernel."""
+class CudaModule:
+    """A CUDA source compiled by NVRTC for `device`'s sm (kernelize/nvrtc.py), loaded into
+    PyTorch's context, its `entries` looked up (kernelize/launch.py); `launch` runs one with
+    cuLaunchKernel on the current stream. Shared by the backward probes (this one and
+    ln_backward_probe.py)."""
 
-    def __init__(self, dt: str, device: torch.device, defines: tuple = ()):
+    def __init__(self, src: str, name: str, device: torch.device, entries, options: tuple = ()):
         from kernelize import launch as L
         self.L = L
-        self.dt = dt
+        self.device = device
         major, minor = torch.cuda.get_device_capability(device)
-        props = torch.cuda.get_device_properties(device)
-        self.sms = props.multi_processor_count
-        self.tps = getattr(props, "max_threads_per_multi_processor", 2048)
-        src = open(KSRC, encoding="utf-8").read()
         inc = NV.include_dir_for_client()[0]
-        self.code = NV.compile_program(src, f"rms_norm_llama_backward ({dt}).cu",
-                                       [f"--gpu-architecture=sm_{major}{minor}", f"--include-path={inc}",
-                                        *defines])
+        self.code = NV.compile_program(src, name, [f"--gpu-architecture=sm_{major}{minor}", f"--include-path={inc}",
+                                                   *options])
         self.module = L._load_module(self.code.code, device)
         self.lib = L._libcuda()
         self.launch_fn = L._cu_launch(self.lib)
         self.funcs = {}
-        for e in ("dx", "dwp", "dw"):
+        for e in entries:
             f = ctypes.c_void_p()
-            L._check(self.lib, self.lib.cuModuleGetFunction(ctypes.byref(f), self.module,
-                                                             f"rms_norm_llama_bwd_{e}_{dt}".encode()), e)
+            L._check(self.lib, self.lib.cuModuleGetFunction(ctypes.byref(f), self.module, e.encode()), e)
             self.funcs[e] = f
-        self.device = device
 
-    def _go(self, name, grid, block, args):
+    def launch(self, entry: str, grid, block, args) -> None:
+        """`entry` with grid and block (an int or up to 3 dims) and `args` packed as the ABI
+        takes them: a tensor as its data pointer, a Python float as float, an int as long long."""
         vals = []
         for a in args:
             if isinstance(a, torch.Tensor):
                 vals.append(ctypes.c_void_p(a.data_ptr()))
             elif isinstance(a, float):
                 vals.append(ctypes.c_float(a))
-            else:
+            elif isinstance(a, (int, np.integer)) and not isinstance(a, bool):
                 vals.append(ctypes.c_longlong(a))
+            else:
+                raise TypeError(f"launching {entry}: no ABI type for {type(a).__name__}")
         argv = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in vals])
+        g, b = ([int(v) for v in d] if isinstance(d, (tuple, list)) else [int(d)] for d in (grid, block))
+        g, b = g + [1] * (3 - len(g)), b + [1] * (3 - len(b))
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        res = self.launch_fn(self.funcs[name], grid, 1, 1, block, 1, 1, 0, stream, argv, None)
+        res = self.launch_fn(self.funcs[entry], *g, *b, 0, stream, argv, None)
         if res != 0:
-            self.L._check(self.lib, res, f"launching {name}")
+            self.L._check(self.lib, res, f"launching {entry}")
+
+
+class GpuBackward:
+    """The three entries of one dtype, compiled by NVRTC for this GPU, launched with cuLaunchKernel."""
+
+    def __init__(self, dt: str, device: torch.device, defines: tuple = ()):
+        self.dt = dt
+        props = torch.cuda.get_device_properties(device)
+        self.sms = props.multi_processor_count
+        self.tps = getattr(props, "max_threads_per_multi_processor", 2048)
+        src = open(KSRC, encoding="utf-8").read()
+        self.mod = CudaModule(src, f"rms_norm_llama_backward ({dt}).cu", device,
+                              [f"rms_norm_llama_bwd_{e}_{dt}" for e in ("dx", "dwp", "dw")], defines)
+        self.code = self.mod.code
+        self.device = device
+
+    def _go(self, name, grid, block, args):
+        self.mod.launch(f"rms_norm_llama_bwd_{name}_{self.dt}", grid, block, args)
 
     def plan(self, rows, cols):
         rc = B.row_config(rows, cols)

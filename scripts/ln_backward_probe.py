@@ -25,8 +25,18 @@ at --budget seconds (default 200); the timing (CUDA events, median of --reps) ru
 its own budget: eager fwd+bwd, eager backward alone (native_layer_norm_backward), torch.compile
 fwd+bwd and backward, Liger's LigerLayerNorm if `import liger_kernel` works, at M in {64, 256,
 1024, 4096, 8192} x N in {256, 1024, 4096, 8192, 16384}, bf16 (f16, f32 if --all-dtypes), with
-GB/s of the backward (read dy, x, w, mean, rstd; write dx, dw, db). Writes
-OUT_DIR/ln_backward_probe.json and prints a markdown table last; exit status 1 if anything raised.
+GB/s of the backward (read dy, x, w, mean, rstd; write dx, dw, db).
+
+The work-in-progress kernel kernels/wip/layer_norm_backward/kernel.cu (skipped with --no-kernel
+and on the dry run): NVRTC compiles it for this GPU's sm (every dtype in one module), and each
+case launches it on the same inputs and eager's saved mean/rstd, as eager launches its kernels
+(dx: block 128, grid rows; dw/db: block (32, 32), grid ceil(cols / 32); dw/db not where rows >
+65536, where ln_bwd_dwdb traps), outputs NaN-poisoned first, inputs compared with clones after:
+elements differing from eager (and from the emulation where it ran). The timing adds the
+kernel's two launches (CUDA events, as eager's bare backward op) and its bits at those shapes. A
+kernel error switches it off for the rest of the run; one that loses the CUDA context (a trap)
+stops the run. Writes OUT_DIR/ln_backward_probe.json and prints markdown tables last; exit
+status 1 if anything raised.
 """
 from __future__ import annotations
 
@@ -44,6 +54,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 from kernelize import backward as B  # noqa: E402
 from kernelize import backward_ln as LN  # noqa: E402
+from kernelize import nvrtc as NV  # noqa: E402
 
 DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 ROWS = [1, 2, 3, 4, 7, 8, 16, 17, 32, 64, 128, 1000, 4096]
@@ -108,15 +119,22 @@ def to_T(a, dt):
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(DT[dt])
 
 
+def same_device(a: torch.Tensor, b: torch.Tensor):
+    """a, b detached and contiguous, on the CPU unless both are on one device (compared there)."""
+    if a.device != b.device:
+        a, b = a.cpu(), b.cpu()
+    return a.detach().contiguous(), b.detach().contiguous()
+
+
 def ndiff(a: torch.Tensor, b: torch.Tensor) -> int:
-    a, b = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
+    a, b = same_device(a, b)
     if a.dtype == torch.float32:
         return int((a.view(torch.int32) != b.view(torch.int32)).sum().item())
     return int((a.view(torch.int16) != b.view(torch.int16)).sum().item())
 
 
 def max_ulp(a: torch.Tensor, b: torch.Tensor) -> int:
-    a, b = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
+    a, b = same_device(a, b)
     if a.numel() == 0:
         return 0
     if a.dtype == torch.float32:
@@ -182,7 +200,155 @@ def hypotheses(dt, x, w, dy, mean, rstd, ex, ew, eb, sms, tps, partial=False):
 
 # the RMSNorm probe's timer (CUDA events, median; wall clock on the CPU) and autograd-graph names
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_probe import env_info as base_env_info, graph_names, probe_setup, timed  # noqa: E402
+from backward_probe import CudaModule, env_info as base_env_info, graph_names, probe_setup, timed  # noqa: E402
+
+
+# ---- the work-in-progress kernel (docs/backward-layer-norm.md, "The kernel") ---------------------------
+
+KSRC = os.path.join(ROOT, "kernels", "wip", "layer_norm_backward", "kernel.cu")
+DWDB_MAX_ROWS = 65536   # ln_bwd_dwdb traps above: eager's two-pass dw/db variant is not in the kernel
+NO_DWDB = f"skipped: rows > {DWDB_MAX_ROWS} trap in ln_bwd_dwdb (eager's two-pass variant, not implemented)"
+DT_NAME = {v: k for k, v in DT.items()}
+INPUT_NAMES = ("dy", "x", "w", "mean", "rstd")
+
+
+class KernelArgError(ValueError):
+    """Inputs the kernel's ABI does not take (nothing was launched)."""
+
+
+class GpuLnBackward:
+    """kernel.cu's entries ln_bwd_dx_<dt>, ln_bwd_dwdb_<dt> (one NVRTC module for this GPU's sm),
+    launched as eager launches its kernels: dx with block 128 and grid = rows, dw/db with block
+    (32, 32) and grid ceil(cols / 32). mean, rstd: the forward's saved f32 statistics [rows]."""
+
+    def __init__(self, device):
+        src = open(KSRC, encoding="utf-8").read()
+        self.mod = CudaModule(src, "layer_norm_backward.cu", device,
+                              [f"ln_bwd_{e}_{dt}" for dt in DT for e in ("dx", "dwdb")])
+        self.code = self.mod.code
+
+    def bind(self, dy, x, w, mean, rstd, poison=False):
+        """A zero-argument function running both launches on these tensors (checked here, once)
+        into fresh outputs: (dx, dw, db), dw and db None where rows > DWDB_MAX_ROWS. poison: the
+        outputs are NaN-filled first, so an element the kernel leaves unwritten differs from eager."""
+        rows, cols = x.shape
+        T = x.dtype
+        dt = DT_NAME[T]
+        want = {"dy": (T, (rows, cols)), "x": (T, (rows, cols)), "w": (T, (cols,)),
+                "mean": (torch.float32, (rows,)), "rstd": (torch.float32, (rows,))}
+        for name, t in zip(INPUT_NAMES, (dy, x, w, mean, rstd)):
+            if (t.dtype, tuple(t.shape)) != want[name] or not t.is_contiguous() or t.device != x.device:
+                raise KernelArgError(f"{name}: {t.dtype} {tuple(t.shape)} contiguous={t.is_contiguous()} on "
+                                     f"{t.device}; the ABI wants {want[name]} contiguous on {x.device}")
+        dwdb = rows <= DWDB_MAX_ROWS
+        launch = self.mod.launch
+        dx_entry, dwdb_entry, tiles = f"ln_bwd_dx_{dt}", f"ln_bwd_dwdb_{dt}", (cols + 31) // 32
+
+        def go():
+            dx = torch.empty((rows, cols), dtype=T, device=x.device)
+            dw = torch.empty(cols, dtype=T, device=x.device) if dwdb else None
+            db = torch.empty(cols, dtype=T, device=x.device) if dwdb else None
+            if poison:
+                for o in (dx, dw, db):
+                    if o is not None:
+                        o.fill_(float("nan"))
+            # T* dx, const T* dy, const T* x, const float* mean, const float* rstd, const T* w, rows, cols
+            launch(dx_entry, rows, 128, (dx, dy, x, mean, rstd, w, rows, cols))
+            if dwdb:  # T* dw, T* db, const T* dy, const T* x, const float* mean, const float* rstd, rows, cols
+                launch(dwdb_entry, tiles, (32, 32), (dw, db, dy, x, mean, rstd, rows, cols))
+            return dx, dw, db
+        return go
+
+    def __call__(self, dy, x, w, mean, rstd, poison=False):
+        return self.bind(dy, x, w, mean, rstd, poison)()
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
+
+
+class KernelState:
+    """The kernel for this run (None: not run, `report["kernel"]` says why); switched off after its
+    first error; `context_lost` once that error left the CUDA context unusable (a trap)."""
+
+    def __init__(self):
+        self.k = None
+        self.context_lost = None
+
+    def failed(self, report, where, e, record=None):
+        msg = f"kernel {where}: {type(e).__name__}: {e}"[:600]
+        traceback.print_exc()
+        report["errors"].append(msg)
+        report["kernel"] = f"switched off for the rest of the run after: {msg}"
+        if record is not None:
+            record["kernel_error"] = msg
+        self.k = None
+        try:
+            torch.cuda.synchronize()
+        except Exception as e2:  # noqa: BLE001  (sticky: every later CUDA call fails too)
+            self.context_lost = f"{type(e2).__name__}: {e2}"[:300]
+            report["kernel_context_lost"] = self.context_lost
+
+
+def kernel_case(kern, report, case, dy, x, w, mean, rstd, ex, ew, eb, emu_out):
+    """The kernel on a case's inputs (NaN-poisoned outputs): bits against eager's gradients and the
+    emulation's (`emu_out`, None where it did not run); inputs compared with clones taken before."""
+    if kern is None or kern.k is None:
+        return
+    dt = case["dtype"]
+    try:
+        before = [t.clone() for t in (dy, x, w, mean, rstd)]
+        kdx, kdw, kdb = kern.k(dy, x, w, mean, rstd, poison=True)
+        torch.cuda.synchronize(x.device)
+        case["kernel_inputs_changed"] = [n for n, t, c in zip(INPUT_NAMES, (dy, x, w, mean, rstd), before)
+                                         if not torch.equal(bits(t), bits(c))]
+        case.update(kernel_dx_diff=ndiff(kdx, ex), kernel_dx_max_ulp=max_ulp(kdx, ex))
+        outs = {"dx": kdx}
+        if kdw is None:
+            case["kernel_dwdb"] = NO_DWDB
+        else:
+            case.update(kernel_dw_diff=ndiff(kdw, ew), kernel_db_diff=ndiff(kdb, eb),
+                        kernel_dw_max_ulp=max_ulp(kdw, ew))
+            outs.update(dw=kdw, db=kdb)
+        case["kernel_nan"] = {g: int(torch.isnan(o).sum().item()) for g, o in outs.items()}
+        if emu_out is not None:
+            for g, e in zip(("dx", "dw", "db"), emu_out):
+                if g in outs:
+                    case[f"kernel_vs_emu_{g}_diff"] = ndiff(outs[g], to_T(e, dt))
+    except KernelArgError as e:  # nothing launched: this case only
+        case["kernel_error"] = f"not launched: {e}"
+        report["errors"].append(f"kernel {dt} [{case['rows']}, {case['cols']}] {case['kind']}: not launched: {e}")
+    except Exception as e:  # noqa: BLE001
+        kern.failed(report, f"{dt} [{case['rows']}, {case['cols']}] {case['kind']}", e, case)
+
+
+def compile_kernel(report, device, dry, no_kernel):
+    """The run's KernelState, and `report["kernel"]`: whether and why (not) the kernel runs. The dry
+    run compiles the source to PTX if NVRTC is here (`kernel_dry_compile`, for the source's sake)."""
+    kern = KernelState()
+    if dry:
+        report["kernel"] = "skipped: needs a CUDA GPU"
+        try:
+            inc = NV.include_dir_for_client()[0]
+            c = NV.compile_program(open(KSRC, encoding="utf-8").read(), "layer_norm_backward.cu",
+                                   ["--gpu-architecture=compute_90", f"--include-path={inc}"])
+            report["kernel_dry_compile"] = f"{c.code_kind} {len(c.code)} bytes, {c.compile_s:.1f} s"
+        except Exception as e:  # noqa: BLE001
+            report["kernel_dry_compile"] = f"not compiled: {type(e).__name__}: {str(e)[:200]}"
+    elif no_kernel:
+        report["kernel"] = "skipped: --no-kernel"
+    else:
+        try:
+            kern.k = GpuLnBackward(device)
+            c = kern.k.code
+            report["kernel"] = "ran"
+            report["kernel_compiled"] = dict(kind=c.code_kind, sha256=c.code_sha256, options=c.options,
+                                             seconds=round(c.compile_s, 3), nvrtc=c.nvrtc_version)
+        except Exception as e:  # noqa: BLE001
+            report["kernel"] = f"not compiled: {type(e).__name__}: {str(e)[:300]}"
+            report["errors"].append(f"compile the kernel: {type(e).__name__}: {e}")
+            traceback.print_exc()
+    return kern
 
 
 def liger_module(cols, dt, device, w, b):
@@ -207,7 +373,7 @@ def liger_module(cols, dt, device, w, b):
         return None, f"{type(e).__name__}: {e}"[:200]
 
 
-def time_shape(dt, rows, cols, device, reps, do_compile, report):
+def time_shape(dt, rows, cols, device, reps, do_compile, report, kern=None):
     x, w, b, dy = make_inputs(dt, rows, cols, device, seed=1)
     t = dict(dtype=dt, rows=rows, cols=cols, bytes_bwd=LN.bytes_moved(rows, cols, dt))
     m = torch.nn.LayerNorm(cols, eps=EPS).to(device=device, dtype=DT[dt])
@@ -269,9 +435,26 @@ def time_shape(dt, rows, cols, device, reps, do_compile, report):
             against_eager("liger", lg)
         except Exception as e:  # noqa: BLE001
             t["liger_error"] = f"{type(e).__name__}: {e}"[:300]
-    for k in ("eager_bwd_us", "eager_bwd_op_us", "compile_bwd_us", "liger_bwd_us"):
+    if kern is not None and kern.k is not None:  # the kernel's bits here, then its two launches timed
+        try:
+            kdx, kdw, kdb = kern.k(dy, x, w, mean, rstd, poison=True)
+            torch.cuda.synchronize(device)
+            t["kernel_diff_vs_eager"] = dict(dx=ndiff(kdx, ex), dw=None if kdw is None else ndiff(kdw, ew),
+                                             db=None if kdb is None else ndiff(kdb, eb))
+            t["kernel_dx_max_ulp"] = max_ulp(kdx, ex)
+            if kdw is None:
+                t["kernel_dwdb"] = NO_DWDB + ": the time is dx's alone"
+            else:
+                t["kernel_dw_max_ulp"] = max_ulp(kdw, ew)
+            t["kernel_bwd_us"] = timed(kern.k.bind(dy, x, w, mean, rstd), device, reps)
+        except Exception as e:  # noqa: BLE001
+            kern.failed(report, f"timing {dt} [{rows}, {cols}]", e, t)
+    for k in ("eager_bwd_us", "eager_bwd_op_us", "compile_bwd_us", "liger_bwd_us", "kernel_bwd_us"):
         if k in t and t[k] > 0:
             t[k.replace("_us", "_GBps")] = round(t["bytes_bwd"] / (t[k] * 1e-6) / 1e9, 1)
+    if t.get("kernel_bwd_us", 0) > 0:  # > 1: the kernel is faster
+        t["eager_op_over_kernel"] = round(t["eager_bwd_op_us"] / t["kernel_bwd_us"], 2)
+        t["eager_autograd_over_kernel"] = round(t["eager_bwd_us"] / t["kernel_bwd_us"], 2)
     report["timing"].append(t)
 
 
@@ -289,7 +472,7 @@ def env_info(device):
     return info
 
 
-def run_case(report, dt, rows, cols, device, sms, tps, t_start, budget, kind="grid", align=True):
+def run_case(report, dt, rows, cols, device, sms, tps, t_start, budget, kind="grid", align=True, kern=None):
     x, w, b, dy = make_inputs(dt, rows, cols, device, seed=rows * 7919 + cols)
     if not align:
         x, dy = misaligned(x), misaligned(dy)
@@ -310,14 +493,16 @@ def run_case(report, dt, rows, cols, device, sms, tps, t_start, budget, kind="gr
     elapsed = time.time() - t_start
     emu = elapsed < budget * 0.85 and (n <= EMU_MAX_ELEMS or kind == "partial" or (
         n <= EMU_MAX_ANY and (dt == "bf16" or elapsed < budget * 0.5)))
+    emu_out = None
     if emu:
         t0 = time.time()
-        dx, dw, db = emulate(dt, x, w, dy, mean, rstd, sms, tps)
+        dx, dw, db = emu_out = emulate(dt, x, w, dy, mean, rstd, sms, tps)
         case.update(emu_dx_diff=ndiff(to_T(dx, dt), ex), emu_dw_diff=ndiff(to_T(dw, dt), ew),
                     emu_db_diff=ndiff(to_T(db, dt), eb), emu_dx_max_ulp=max_ulp(to_T(dx, dt), ex.cpu()),
                     emu_dw_max_ulp=max_ulp(to_T(dw, dt), ew.cpu()), emu_s=round(time.time() - t0, 2))
         if (n <= HYP_MAX_ELEMS or kind == "partial") and time.time() - t_start < budget * 0.6:
             case["hypotheses"] = hypotheses(dt, x, w, dy, mean, rstd, ex, ew, eb, sms, tps, partial=(kind == "partial"))
+    kernel_case(kern, report, case, dy, x, w, mean, rstd, ex, ew, eb, emu_out)
     report["cases"].append(case)
 
 
@@ -330,6 +515,7 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--all-dtypes", action="store_true", help="time f16 and f32 too")
+    ap.add_argument("--no-kernel", action="store_true", help="do not run kernels/wip/layer_norm_backward")
     args = ap.parse_args(argv)
     t_start = time.time()
     out_dir, dry, device = probe_setup(args, "ln_backward_probe_out")
@@ -349,6 +535,8 @@ def main(argv=None):
     report = dict(env=env_info(device), dry_run=dry, eps=EPS, sms=sms, threads_per_sm=tps, cases=[], timing=[],
                   errors=[], graph=None)
     print(json.dumps(report["env"]))
+    kern = compile_kernel(report, device, dry, args.no_kernel)
+    print(f"kernel: {report['kernel']}")
 
     # correctness: f32 first (it tells the contractions apart), then bf16, f16
     plan = [(dt, r, c, "grid", True) for dt in DT for r in rows_list for c in cols_list]
@@ -360,8 +548,12 @@ def main(argv=None):
         if time.time() - t_start > args.budget:
             report["errors"].append(f"time budget: stopped the grid before {dt} [{rows}, {cols}] {kind}")
             break
+        if kern.context_lost:
+            report["errors"].append(f"stopped the grid before {dt} [{rows}, {cols}] {kind}: the kernel's error "
+                                    f"left the CUDA context unusable ({kern.context_lost})")
+            break
         try:
-            run_case(report, dt, rows, cols, device, sms, tps, t_start, args.budget, kind, align)
+            run_case(report, dt, rows, cols, device, sms, tps, t_start, args.budget, kind, align, kern)
         except Exception as e:  # noqa: BLE001
             report["errors"].append(f"{dt} [{rows}, {cols}] {kind}: {type(e).__name__}: {e}")
             traceback.print_exc()
@@ -375,8 +567,11 @@ def main(argv=None):
                 if time.time() - t_timing > args.budget:
                     report["errors"].append(f"time budget: no timing of {dt} [{rows}, {cols}]")
                     continue
+                if kern.context_lost:
+                    report["errors"].append(f"no timing of {dt} [{rows}, {cols}]: the CUDA context is lost")
+                    continue
                 try:
-                    time_shape(dt, rows, cols, device, args.reps, not (args.no_compile or dry), report)
+                    time_shape(dt, rows, cols, device, args.reps, not (args.no_compile or dry), report, kern)
                 except Exception as e:  # noqa: BLE001
                     report["errors"].append(f"timing {dt} [{rows}, {cols}]: {type(e).__name__}: {e}")
                     traceback.print_exc()
@@ -454,9 +649,73 @@ def print_table(rep):
                   f"{f(t, 'eager_bwd_op')} | {f(t, 'compile_fwd_bwd')} | {f(t, 'compile_bwd')} | "
                   f"{f(t, 'liger_fwd_bwd')} | {f(t, 'liger_bwd')} |")
         print()
+    print_kernel_table(rep)
     for e in rep["errors"]:
         print("ERROR", e)
     print(f"seconds {rep['seconds']} (grid {rep['grid_seconds']})")
+
+
+def print_kernel_table(rep):
+    """The work-in-progress kernel against eager autograd: per dtype and kind of case, then its timing rows."""
+    print(f"## The kernel (kernels/wip/layer_norm_backward) vs eager autograd: {rep.get('kernel', '-')}\n")
+    if "kernel_dry_compile" in rep:
+        print(f"dry run: NVRTC {rep['kernel_dry_compile']}\n")
+    kc = rep.get("kernel_compiled")
+    if kc:
+        print(f"compiled: {kc['kind']} {kc['sha256'][:16]}, NVRTC {kc['nvrtc']}, {kc['seconds']} s, "
+              f"{' '.join(kc['options'])}\n")
+    ks = [c for c in rep["cases"] if "kernel_dx_diff" in c]
+    if ks:
+        print("Elements whose bits differ from eager's, summed (dw/db skipped where rows > 65536); "
+              "= emulation: cases where the kernel equals the emulation in every gradient / cases emulated.\n")
+        print("| dtype | kind | cases | dx/dw/db all 0 | dx differing | dw differing | db differing | "
+              "= emulation | worst case (dx/dw/db, max ulp dx/dw) | inputs changed | NaN left |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
+        for dt in DT:
+            for kind in ("grid", "unaligned", "partial"):
+                cs = [c for c in ks if c["dtype"] == dt and c["kind"] == kind]
+                if not cs:
+                    continue
+
+                def tot(c):
+                    return sum(c.get(f"kernel_{g}_diff") or 0 for g in ("dx", "dw", "db"))
+                zero = sum(1 for c in cs if tot(c) == 0)
+                sums = [sum(c.get(f"kernel_{g}_diff") or 0 for c in cs) for g in ("dx", "dw", "db")]
+                skipped = sum(1 for c in cs if "kernel_dw_diff" not in c)
+                emu = [c for c in cs if "kernel_vs_emu_dx_diff" in c]
+                same = sum(1 for c in emu if all(c.get(f"kernel_vs_emu_{g}_diff", 0) == 0 for g in ("dx", "dw", "db")))
+                w = max(cs, key=tot)
+                worst = (f"{w['rows']}x{w['cols']}: {w['kernel_dx_diff']}/{w.get('kernel_dw_diff', '-')}/"
+                         f"{w.get('kernel_db_diff', '-')}, {w['kernel_dx_max_ulp']}/{w.get('kernel_dw_max_ulp', '-')}"
+                         if tot(w) else "-")
+                changed = sum(1 for c in cs if c.get("kernel_inputs_changed"))
+                nan = sum(sum(c.get("kernel_nan", {}).values()) for c in cs)
+                print(f"| {dt} | {kind} | {len(cs)} | {zero} | {sums[0]} | {sums[1]}"
+                      f"{f' ({skipped} skipped)' if skipped else ''} | {sums[2]} | {same}/{len(emu)} | {worst} | "
+                      f"{changed} | {nan} |")
+        print()
+    failed = [c for c in rep["cases"] if "kernel_error" in c]
+    if failed:
+        print("Kernel errors: " + "; ".join(c["kernel_error"][:160] for c in failed) + "\n")
+    kt = [t for t in rep["timing"] if "kernel_bwd_us" in t or "kernel_error" in t]
+    if kt:
+        print("Timing (median us, CUDA events; GB/s with the probe's bytes: read dy, x, w, mean, rstd, write dx, "
+              "dw, db); eager/kernel = eager's bare backward op us / the kernel's (> 1: the kernel is faster).\n")
+        print("| dtype | M | N | eager bwd op us (GB/s) | eager autograd bwd us | kernel us | kernel GB/s | "
+              "eager/kernel | kernel vs eager dx/dw/db (max ulp dx/dw) |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+        for t in kt:
+            if "kernel_bwd_us" not in t:
+                print(f"| {t['dtype']} | {t['rows']} | {t['cols']} | - | - | error | - | - | "
+                      f"{t['kernel_error'][:80]} |")
+                continue
+            d = t["kernel_diff_vs_eager"]
+            print(f"| {t['dtype']} | {t['rows']} | {t['cols']} | {t['eager_bwd_op_us']:.1f} "
+                  f"({t.get('eager_bwd_op_GBps')}) | {t['eager_bwd_us']:.1f} | {t['kernel_bwd_us']:.1f} | "
+                  f"{t.get('kernel_bwd_GBps')} | "
+                  f"{t.get('eager_op_over_kernel')} | {d['dx']}/{d['dw']}/{d['db']} "
+                  f"({t['kernel_dx_max_ulp']}/{t.get('kernel_dw_max_ulp', '-')}) |")
+        print()
 
 
 if __name__ == "__main__":
