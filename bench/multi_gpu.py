@@ -16,7 +16,7 @@ and `summary.md` (per job: GPU, exit status, seconds, and the last markdown tabl
 printed), which is also printed last. Two files, because the device tool brings back at most 8.
 Jobs on different GPUs of one machine share its CPUs: compare speeds as ratios within one job.
 Each job is pinned to a slice of the CPUs of its own (the CPUs this process may use, split evenly
-over the GPUs; `--no-pin` turns it off), and inductor's compile workers are sized to that slice
+over the GPUs by whole physical cores, SMT siblings kept together; `--no-pin` turns it off), and inductor's compile workers are sized to that slice
 (TORCHINDUCTOR_COMPILE_THREADS), so that one job's compilation does not take the cores that
 another job's host-bound timing runs on (session 21's runs 1-3 were not pinned).
 """
@@ -45,12 +45,51 @@ def gpus() -> list[str]:
     return [line.strip() for line in r.stdout.splitlines() if line.strip()]
 
 
-def cpu_slices(n: int) -> list[list[int]]:
-    """The CPUs this process may use, split into `n` contiguous slices of equal size (the
-    remainder unused); one CPU each where there are fewer CPUs than slices."""
-    cpus = sorted(os.sched_getaffinity(0))
-    per = max(1, len(cpus) // n)
-    return [cpus[(i * per) % len(cpus):(i * per) % len(cpus) + per] for i in range(n)]
+def cores(cpus: list[int], sysfs: Path = Path("/sys/devices/system/cpu")) -> list[list[int]]:
+    """`cpus` grouped by physical core: the CPUs of a core (SMT siblings, from sysfs'
+    thread_siblings_list) together, in order of each core's first CPU. A CPU whose siblings
+    cannot be read is a core of its own."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    mine = set(cpus)
+    for c in sorted(cpus):
+        try:
+            text = (sysfs / f"cpu{c}" / "topology" / "thread_siblings_list").read_text().strip()
+            sib = []
+            for part in text.split(","):
+                lo, _, hi = part.partition("-")
+                sib += range(int(lo), int(hi or lo) + 1)
+            key = tuple(sorted(set(sib) & mine)) or (c,)
+        except (OSError, ValueError):
+            key = (c,)
+        groups.setdefault(key, []).append(c)
+    return list(groups.values())
+
+
+def cpu_slices(n: int, cpus: list[int] | None = None,
+               sysfs: Path = Path("/sys/devices/system/cpu")) -> list[list[int]]:
+    """The CPUs this process may use, split into `n` slices of whole physical cores (a core's
+    SMT siblings always in one slice, so that two jobs never share a core: numbering often puts
+    a core's second thread at CPU i + half, so halves of the CPU list may be the same cores),
+    equal in cores, the remainder unused; one core each where there are fewer cores than
+    slices."""
+    groups = cores(sorted(cpus if cpus is not None else os.sched_getaffinity(0)), sysfs)
+    per = max(1, len(groups) // n)
+    out = []
+    for i in range(n):
+        start = (i * per) % len(groups)
+        out.append(sorted(c for g in groups[start:start + per] for c in g))
+    return out
+
+
+def cpu_list(cpus: list[int]) -> str:
+    """'0-7,16-23' for [0..7, 16..23]."""
+    runs: list[list[int]] = []
+    for c in sorted(cpus):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)
 
 
 def last_table(text: str) -> str:
@@ -109,7 +148,10 @@ def main() -> int:
     pending = list(a.job)
     running: dict[str, tuple[subprocess.Popen, str, float]] = {}
     done: list[dict] = []
-    print(f"multi_gpu: {len(pending)} jobs on GPUs {','.join(free)}", flush=True)
+    topo = cores(sorted(os.sched_getaffinity(0)))
+    topology = (f"{sum(map(len, topo))} CPUs on {len(topo)} cores; each job pinned to whole cores"
+                if a.pin else f"{sum(map(len, topo))} CPUs on {len(topo)} cores; jobs not pinned")
+    print(f"multi_gpu: {len(pending)} jobs on GPUs {','.join(free)}; {topology}", flush=True)
     while pending or running:
         while pending and free:
             name, cmd = pending.pop(0)
@@ -124,7 +166,7 @@ def main() -> int:
                                  start_new_session=True,
                                  preexec_fn=(lambda c=cpus: os.sched_setaffinity(0, c)) if cpus else None)
             running[name] = (p, gpu, time.monotonic())
-            where = f", CPUs {cpus[0]}-{cpus[-1]}" if cpus else ""
+            where = f", CPUs {cpu_list(cpus)}" if cpus else ""
             print(f"multi_gpu: {name} started on GPU {gpu}{where}", flush=True)
         time.sleep(1.0)
         for name, (p, gpu, t0) in list(running.items()):
@@ -139,7 +181,7 @@ def main() -> int:
             done.append(rec)
             print(f"multi_gpu: {name} ended: rc {p.returncode}{' (stopped: timeout)' if timed_out else ''}, "
                   f"{rec['s']:.0f} s", flush=True)
-    lines = ["# multi_gpu summary", ""]
+    lines = ["# multi_gpu summary", "", topology, ""]
     for rec in done:
         cmd = dict(a.job)[rec["name"]]
         text = (out / f"{rec['name']}.log").read_text(errors="replace")
