@@ -168,9 +168,12 @@ def hypotheses(dt, x, w, dy, mean, rstd, ex, ew, eb, sms, tps, partial=False):
 
     out = {"dx": {}, "dw": {}, "db": {}}
     for sf in (True, False):
-        s1, s2 = LN.row_stats(g, h, wv, m, r, sum_fma=sf)
-        for mode in LN.DX_FMA:
-            out["dx"][f"{mode}/{'fma' if sf else 'nofma'}"] = nd(LN.dx_from_stats(g, h, wv, m, r, s1, s2, dt, mode), exn)
+        for form in LN.S2_FORMS:
+            s1, s2 = LN.row_stats(g, h, wv, m, r, sum_fma=sf, s2_form=form)
+            # the s2 forms other than the source's ("inside") with the closest dx contractions only
+            for mode in (LN.DX_FMA if form == "inside" else ("xy_sub_z", "none")):
+                name = f"{mode}/{'fma' if sf else 'nofma'}" + ("" if form == "inside" else f"/s2 {form}")
+                out["dx"][name] = nd(LN.dx_from_stats(g, h, wv, m, r, s1, s2, dt, mode), exn)
     cfgs = {"current": LN.gamma_beta_config(rows, cols, sms)}
     if partial:
         other = 114 if sms != 114 else 132

@@ -159,8 +159,15 @@ def block_reduce_sum(p) -> np.ndarray:
     return _halving(lanes, -1)
 
 
-def row_stats(dy, x, w, mean, rstd, sum_fma: bool = True):
-    """(s1, s2) of every row as the dx kernel computes them ([rows] each)."""
+#: How s2's term meets rstd (scored by the probe in f32, where they differ): "inside" (the source
+#: read: ``acc += ((dy * w) * (x - m)) * r``), "xhat" (``acc += (dy * w) * fl((x - m) * r)``: a
+#: source that computes x_hat once and reuses it), "after" (``acc += (dy * w) * (x - m)``, the
+#: block's sum times r once).
+S2_FORMS = ("inside", "xhat", "after")
+
+
+def row_stats(dy, x, w, mean, rstd, sum_fma: bool = True, s2_form: str = "inside"):
+    """(s1, s2) of every row as the dx kernel computes them ([rows] each); `s2_form`: S2_FORMS."""
     g = np.asarray(dy, F32)
     h = np.asarray(x, F32)
     wv = np.asarray(w, F32)[None, :]
@@ -169,8 +176,16 @@ def row_stats(dy, x, w, mean, rstd, sum_fma: bool = True):
     clg = _mul(g, wv)                                # c_loss * gamma_val (exact for bf16/f16)
     s1 = block_reduce_sum(_thread_partials(g, np.broadcast_to(wv, g.shape), sum_fma)) if sum_fma \
         else block_reduce_sum(_thread_partials(clg, np.ones_like(clg), False))
-    P = _mul(clg, (h - m).astype(F32))               # (c_loss * gamma_val) * (c_h - mean_val)
-    s2 = block_reduce_sum(_thread_partials(P, np.broadcast_to(r, P.shape), sum_fma))
+    hm = (h - m).astype(F32)
+    if s2_form == "inside":
+        P = _mul(clg, hm)                            # (c_loss * gamma_val) * (c_h - mean_val)
+        s2 = block_reduce_sum(_thread_partials(P, np.broadcast_to(r, P.shape), sum_fma))
+    elif s2_form == "xhat":
+        s2 = block_reduce_sum(_thread_partials(clg, _mul(hm, r), sum_fma))
+    elif s2_form == "after":
+        s2 = _mul(block_reduce_sum(_thread_partials(clg, hm, sum_fma)), r.reshape(-1))
+    else:
+        raise ValueError(s2_form)
     return s1, s2
 
 

@@ -141,18 +141,22 @@ def _block_reduce_literal(vals):
     return _shfl_down_tree(second)
 
 
-def _literal_stats(dy, x, w, m, r, vectorized: bool, fused: bool = True):
-    """One row, thread by thread, as the two dx kernels loop (blockDim.x = 128)."""
+def _literal_stats(dy, x, w, m, r, vectorized: bool, fused: bool = True, s2_form: str = "inside"):
+    """One row, thread by thread, as the two dx kernels loop (blockDim.x = 128); `s2_form` as
+    backward_ln.S2_FORMS says (for "after", r is applied to the block's sum)."""
     N = len(x)
 
     def term(e, s1, s2):
         cl, g, ch = F32(dy[e]), F32(w[e]), F32(x[e])
+        a, b = {"inside": (F32(F32(cl * g) * F32(ch - m)), r),
+                "xhat": (F32(cl * g), F32(F32(ch - m) * r)),
+                "after": (F32(cl * g), F32(ch - m))}[s2_form]
         if fused:
             s1 = L.fma32(cl, g, s1)[()]
-            s2 = L.fma32(F32(F32(cl * g) * F32(ch - m)), r, s2)[()]
+            s2 = L.fma32(a, b, s2)[()]
         else:
             s1 = F32(s1 + F32(cl * g))
-            s2 = F32(s2 + F32(F32(F32(cl * g) * F32(ch - m)) * r))
+            s2 = F32(s2 + F32(a * b))
         return s1, s2
 
     p1, p2 = [], []
@@ -169,7 +173,8 @@ def _literal_stats(dy, x, w, m, r, vectorized: bool, fused: bool = True):
                 l += 1
         p1.append(s1)
         p2.append(s2)
-    return _block_reduce_literal(p1), _block_reduce_literal(p2)
+    s2 = _block_reduce_literal(p2)
+    return _block_reduce_literal(p1), F32(s2 * r) if s2_form == "after" else s2
 
 
 @pytest.mark.parametrize("dt,cols", [("bf16", 1000), ("f32", 1027), ("f16", 700), ("f32", 4099)])
@@ -183,6 +188,27 @@ def test_row_sums_equal_the_literal_kernels(dt, cols):
             if cols % 4 == 0:
                 vec = _literal_stats(dy[row], x[row], w, mean[row], rstd[row], vectorized=True, fused=fused)
                 assert _bits(vec[0]) == _bits(plain[0]) and _bits(vec[1]) == _bits(plain[1])
+
+
+@pytest.mark.parametrize("form", ["xhat", "after"])
+def test_s2_forms_equal_their_literal_kernels_and_differ(form):
+    """The probe's other s2 forms (backward_ln.S2_FORMS) are what they say, thread by thread,
+    and in f32 each moves dx off the source's form (so the probe can tell them apart)."""
+    x, w, dy, mean, rstd = _inputs("f32", 2, 1000, seed=3)
+    for fused in (True, False):
+        s1, s2 = L.row_stats(dy, x, w, mean, rstd, sum_fma=fused, s2_form=form)
+        for row in range(2):
+            lit = _literal_stats(dy[row], x[row], w, mean[row], rstd[row], vectorized=False, fused=fused,
+                                 s2_form=form)
+            assert _bits(lit[0]) == _bits(s1[row]) and _bits(lit[1]) == _bits(s2[row]), (form, fused, row)
+    x, w, dy, mean, rstd = _inputs("f32", 64, 1024, seed=21)
+    base = L.row_stats(dy, x, w, mean, rstd)
+    other = L.row_stats(dy, x, w, mean, rstd, s2_form=form)
+    assert _ndiff(other[1], base[1]) > 0 and _ndiff(other[0], base[0]) == 0
+    dx = {f: L.dx_from_stats(dy, x, w, mean, rstd, *st, "f32") for f, st in (("inside", base), (form, other))}
+    assert _ndiff(dx[form], dx["inside"]) > 0
+    with pytest.raises(ValueError):
+        L.row_stats(dy, x, w, mean, rstd, s2_form="sideways")
 
 
 def test_row_sum_order_matters():
