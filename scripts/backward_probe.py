@@ -337,6 +337,27 @@ def timed(fn, device, reps=20, warm=3):
     return statistics.median(ts)
 
 
+def kernel_times(fn, device, reps=20, warm=3) -> dict:
+    """GPU time of each CUDA kernel `fn` launches, µs per call of `fn` by kernel name (averaged
+    over `reps` calls under torch.profiler; no host time, so launch-bound shapes compare their
+    kernels, not their launches). {} off a GPU."""
+    if device.type != "cuda":
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize(device)
+    out: dict = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            out[e.name[:80]] = out.get(e.name[:80], 0.0) + e.device_time / reps
+    return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+
 # ---- main ------------------------------------------------------------------------------------------
 
 def env_info(device):

@@ -203,7 +203,8 @@ def hypotheses(dt, x, w, dy, mean, rstd, ex, ew, eb, sms, tps, partial=False):
 
 # the RMSNorm probe's timer (CUDA events, median; wall clock on the CPU) and autograd-graph names
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_probe import CudaModule, env_info as base_env_info, graph_names, probe_setup, timed  # noqa: E402
+from backward_probe import (CudaModule, env_info as base_env_info, graph_names, kernel_times,  # noqa: E402
+                            probe_setup, timed)
 
 
 # ---- the work-in-progress kernel (docs/backward-layer-norm.md, "The kernel") ---------------------------
@@ -401,8 +402,13 @@ def time_shape(dt, rows, cols, device, reps, do_compile, report, kern=None):
     t["eager_fwd_bwd_us"] = timed(fwd_bwd(m), device, reps)
     t["eager_bwd_us"] = timed(bwd_only(m), device, reps)
     _, mean, rstd = eager_stats(x, w, b)
-    t["eager_bwd_op_us"] = timed(lambda: torch.ops.aten.native_layer_norm_backward(
-        dy, x, [cols], mean.view(rows, 1), rstd.view(rows, 1), w, b, [True, True, True]), device, reps)
+    def eager_op():
+        return torch.ops.aten.native_layer_norm_backward(
+            dy, x, [cols], mean.view(rows, 1), rstd.view(rows, 1), w, b, [True, True, True])
+
+    t["eager_bwd_op_us"] = timed(eager_op, device, reps)
+    # which of eager's kernels takes what (dx's and dw/db's), against the kernel's two below
+    t["eager_bwd_op_kernels_us"] = kernel_times(eager_op, device, reps)
     ex, ew, eb, _ = eager_backward(x, w, b, dy)
 
     def against_eager(name, mod):
@@ -450,6 +456,7 @@ def time_shape(dt, rows, cols, device, reps, do_compile, report, kern=None):
             else:
                 t["kernel_dw_max_ulp"] = max_ulp(kdw, ew)
             t["kernel_bwd_us"] = timed(kern.k.bind(dy, x, w, mean, rstd), device, reps)
+            t["kernel_kernels_us"] = kernel_times(kern.k.bind(dy, x, w, mean, rstd), device, reps)
         except Exception as e:  # noqa: BLE001
             kern.failed(report, f"timing {dt} [{rows}, {cols}]", e, t)
     for k in ("eager_bwd_us", "eager_bwd_op_us", "compile_bwd_us", "liger_bwd_us", "kernel_bwd_us"):
@@ -718,6 +725,16 @@ def print_kernel_table(rep):
                   f"{t.get('kernel_bwd_GBps')} | "
                   f"{t.get('eager_op_over_kernel')} | {d['dx']}/{d['dw']}/{d['db']} "
                   f"({t['kernel_dx_max_ulp']}/{t.get('kernel_dw_max_ulp', '-')}) |")
+        print()
+        print("GPU time per kernel (µs a call, torch.profiler): eager's backward op's kernels; the kernel's.\n")
+        print("| dtype | M | N | eager's kernels | the kernel's |")
+        print("| --- | ---: | ---: | --- | --- |")
+        for t in kt:
+            if "kernel_kernels_us" in t:
+                def fmt(d):
+                    return "; ".join(f"{k[:48]} {v}" for k, v in d.items()) or "-"
+                print(f"| {t['dtype']} | {t['rows']} | {t['cols']} | {fmt(t.get('eager_bwd_op_kernels_us', {}))} "
+                      f"| {fmt(t['kernel_kernels_us'])} |")
         print()
 
 
