@@ -457,20 +457,62 @@ def phase_speed_isolated(a, argv: list[str]) -> list[dict]:
     other, with the same arguments (in one process the candidate compiled second measured slower
     host-bound rows: session 21 run 4, Llama decode at batch 1, 2.27 ms first against 2.71 ms
     second for kernelize, 2.24 against 2.44 ms for plain compile). Each process writes its rows
-    under OUT_DIR/<i>-<candidate>/; the rows come back here, in the candidates' order."""
-    rows = []
-    for i, how in enumerate(a.candidates.split(",")):
-        sub = Path(a.out) / f"{i}-{how.replace('+', '_')}"   # "+" does not travel back from the device
-        cmd = [sys.executable, str(Path(__file__).resolve()), str(sub), *argv, "--candidates", how]
-        print(f"== {how}, a process of its own: {' '.join(cmd)}", flush=True)
-        done = subprocess.run(cmd, check=False)
-        got = sub / "speed.rows.jsonl"
-        found = [json.loads(line) for line in got.read_text().splitlines()] if got.is_file() else []
-        if not found:
-            found = [dict(arch=a.archs, candidate=how, error=f"its process left no row (exit {done.returncode})")]
+    under OUT_DIR/<i>-<candidate>/ (OUT_DIR/r<round>/<i>-<candidate>/ with `--rounds`); the rows
+    come back here, in the candidates' order (with `--rounds`, combined: `combine_rounds`)."""
+    hows = a.candidates.split(",")
+    runs: list[list[dict]] = []
+    for rnd in range(a.rounds):
+        order = list(enumerate(hows)) if rnd % 2 == 0 else list(enumerate(hows))[::-1]
+        for i, how in order:
+            # "+" does not travel back from the device
+            sub = Path(a.out) / (f"r{rnd}-" if a.rounds > 1 else "") / f"{i}-{how.replace('+', '_')}"
+            cmd = [sys.executable, str(Path(__file__).resolve()), str(sub), *argv, "--candidates", how]
+            print(f"== {how}, a process of its own (round {rnd + 1} of {a.rounds}): {' '.join(cmd)}",
+                  flush=True)
+            done = subprocess.run(cmd, check=False)
+            got = sub / "speed.rows.jsonl"
+            found = [json.loads(line) for line in got.read_text().splitlines()] if got.is_file() else []
+            if not found:
+                found = [dict(arch=a.archs, candidate=how, error=f"its process left no row (exit {done.returncode})")]
+            if a.rounds == 1:
+                for r in found:
+                    emit(r)
+            runs.append(found)
+    if a.rounds == 1:
+        return [r for found in runs for r in found]   # one round runs them in the candidates' order
+    rows = combine_rounds(runs, hows)
+    for r in rows:
+        emit(r)
+    return rows
+
+
+def combine_rounds(runs: list[list[dict]], hows: list[str]) -> list[dict]:
+    """`--rounds R`: one row per (arch, candidate) from the rows of its R processes: every timed
+    cell (`*_ms`, `*_tok_s`) the median over the rounds that have it, with each round's value in
+    `<cell>_rounds` (in the order run); the other fields from the first round; `rounds` how many
+    processes left a row, `errors` what the others said."""
+    by: dict[tuple, list[dict]] = {}
+    for found in runs:
         for r in found:
-            emit(r)
-        rows += found
+            by.setdefault((r.get("arch"), r.get("candidate")), []).append(r)
+    rows = []
+    for (arch, how), got in sorted(by.items(), key=lambda kv: (str(kv[0][0]), hows.index(kv[0][1])
+                                                              if kv[0][1] in hows else len(hows))):
+        ok = [r for r in got if "error" not in r]
+        row = dict(ok[0]) if ok else dict(arch=arch, candidate=how)
+        row["rounds"] = len(ok)
+        errs = [r["error"] for r in got if "error" in r]
+        if errs:
+            row["errors"] = errs
+            if not ok:
+                row["error"] = errs[0]
+        cells = sorted({k for r in ok for k, v in r.items()
+                        if (k.endswith("_ms") or k.endswith("_tok_s")) and isinstance(v, (int, float))})
+        for k in cells:
+            vals = [r[k] for r in ok if isinstance(r.get(k), (int, float))]
+            row[k] = statistics.median(vals)
+            row[f"{k}_rounds"] = [round(v, 4) for v in vals]
+        rows.append(row)
     return rows
 
 
@@ -543,7 +585,13 @@ def main() -> int:
     p.add_argument("--isolate", action="store_true",
                    help="speed: each candidate in a process of its own, one after the other (wall "
                         "times of candidates compiled in one process are not comparable)")
+    p.add_argument("--rounds", type=int, default=1, metavar="R",
+                   help="speed, with --isolate: R rounds of the candidates' processes, the order "
+                        "reversed every other round; each cell the median over the rounds, with "
+                        "each round's value beside it (<cell>_rounds)")
     a = p.parse_args()
+    if a.rounds < 1 or (a.rounds > 1 and not a.isolate):
+        p.error("--rounds takes R >= 1, and more than one round needs --isolate")
     a.prefill_shapes = [tuple(map(int, x.split("x"))) for x in
                         (a.prefills if a.prefills is not None else
                          ("1x512" if a.quick else "1x512,8x2048")).split(",")
@@ -575,9 +623,9 @@ def main() -> int:
         for x in rest:
             if skip:
                 skip = False
-            elif x == "--candidates":
+            elif x in ("--candidates", "--rounds"):
                 skip = True
-            elif x != "--isolate" and not x.startswith("--candidates="):
+            elif x != "--isolate" and not x.startswith(("--candidates=", "--rounds=")):
                 argv.append(x)
         rows = phase_speed_isolated(a, argv)
     else:

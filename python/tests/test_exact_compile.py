@@ -8,6 +8,8 @@ same questions is `bench/exact_compile.py` (docs/gpu-runs/2026-11-26-s8)."""
 from __future__ import annotations
 
 import copy
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -1196,3 +1198,35 @@ def test_the_sdpa_operators_return_the_layout_their_fake_declares(layout, monkey
     torch.library.opcheck(torch.ops.kernelize.eager_sdpa.default,
                           (q, k, v, mask, 0.0, False, None, False),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+def test_speed_rounds_combine_to_medians():
+    """bench/exact_compile.py --isolate --rounds R: each timed cell the median over the rounds
+    (each round's value kept beside it), a round that failed counted apart, the candidates in
+    the order given whatever order the rounds ran them in."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import exact_compile as EC
+    runs = [
+        [dict(arch="llama", candidate="compile", prefill_1x512_ms=5.0, decode_b1_ms=6.0,
+              prefill_1x512_spread=[4.9, 5.0, 5.1, 5.2], cudagraph_skips=0)],
+        [dict(arch="llama", candidate="kernelize+exact", prefill_1x512_ms=4.0, decode_b1_ms=7.0)],
+        # round 2 runs them reversed
+        [dict(arch="llama", candidate="kernelize+exact", prefill_1x512_ms=9.0, decode_b1_ms=6.5)],
+        [dict(arch="llama", candidate="compile", prefill_1x512_ms=5.4, decode_b1_ms=6.2,
+              greedy_b1_tok_s=100.0)],
+        [dict(arch="llama", candidate="kernelize+exact", prefill_1x512_ms=5.0, decode_b1_ms=6.0)],
+        [dict(arch="llama", candidate="compile", error="its process left no row (exit 1)")],
+    ]
+    rows = EC.combine_rounds(runs, ["compile", "kernelize+exact"])
+    assert [r["candidate"] for r in rows] == ["compile", "kernelize+exact"]
+    plain, ours = rows
+    assert plain["rounds"] == 2 and plain["errors"] == ["its process left no row (exit 1)"]
+    assert "error" not in plain
+    assert plain["prefill_1x512_ms"] == pytest.approx(5.2) and plain["prefill_1x512_ms_rounds"] == [5.0, 5.4]
+    assert plain["greedy_b1_tok_s"] == 100.0 and plain["greedy_b1_tok_s_rounds"] == [100.0]
+    assert plain["prefill_1x512_spread"] == [4.9, 5.0, 5.1, 5.2]   # from the first round
+    assert ours["rounds"] == 3 and ours["prefill_1x512_ms"] == 5.0 and ours["decode_b1_ms"] == 6.5
+    assert ours["decode_b1_ms_rounds"] == [7.0, 6.5, 6.0]
+    # every round failed: the row says so
+    failed = EC.combine_rounds([[dict(arch="gpt2", candidate="compile", error="boom")]], ["compile"])
+    assert failed == [dict(arch="gpt2", candidate="compile", rounds=0, errors=["boom"], error="boom")]
