@@ -174,6 +174,11 @@ def hypotheses(dt, x, w, dy, mean, rstd, ex, ew, eb, sms, tps, partial=False):
             for mode in (LN.DX_FMA if form == "inside" else ("xy_sub_z", "none")):
                 name = f"{mode}/{'fma' if sf else 'nofma'}" + ("" if form == "inside" else f"/s2 {form}")
                 out["dx"][name] = nd(LN.dx_from_stats(g, h, wv, m, r, s1, s2, dt, mode), exn)
+        # s1's contraction apart from s2's (a product with two uses left unfused): s2 as `sf` says
+        s1, s2 = LN.row_stats(g, h, wv, m, r, sum_fma=sf, s1_fma=not sf)
+        for mode in ("xy_sub_z", "x_sub_yz", "none"):
+            name = f"{mode}/s1 {'nofma' if sf else 'fma'}, s2 {'fma' if sf else 'nofma'}"
+            out["dx"][name] = nd(LN.dx_from_stats(g, h, wv, m, r, s1, s2, dt, mode), exn)
     cfgs = {"current": LN.gamma_beta_config(rows, cols, sms)}
     if partial:
         other = 114 if sms != 114 else 132

@@ -166,15 +166,21 @@ def block_reduce_sum(p) -> np.ndarray:
 S2_FORMS = ("inside", "xhat", "after")
 
 
-def row_stats(dy, x, w, mean, rstd, sum_fma: bool = True, s2_form: str = "inside"):
-    """(s1, s2) of every row as the dx kernel computes them ([rows] each); `s2_form`: S2_FORMS."""
+def row_stats(dy, x, w, mean, rstd, sum_fma: bool = True, s2_form: str = "inside",
+              s1_fma: bool | None = None):
+    """(s1, s2) of every row as the dx kernel computes them ([rows] each); `s2_form`: S2_FORMS.
+    `s1_fma` (default `sum_fma`): s1's own contraction, apart from s2's. ``c_loss * gamma_val``
+    is one value read by both sums, and a contraction pass that fuses only single-use products
+    leaves s1's add unfused while fusing s2's (its product ``P`` has one use); in bf16/f16 the
+    product is exact and s1 the same either way."""
+    s1_fma = sum_fma if s1_fma is None else s1_fma
     g = np.asarray(dy, F32)
     h = np.asarray(x, F32)
     wv = np.asarray(w, F32)[None, :]
     m = np.asarray(mean, F32).reshape(-1, 1)
     r = np.asarray(rstd, F32).reshape(-1, 1)
     clg = _mul(g, wv)                                # c_loss * gamma_val (exact for bf16/f16)
-    s1 = block_reduce_sum(_thread_partials(g, np.broadcast_to(wv, g.shape), sum_fma)) if sum_fma \
+    s1 = block_reduce_sum(_thread_partials(g, np.broadcast_to(wv, g.shape), True)) if s1_fma \
         else block_reduce_sum(_thread_partials(clg, np.ones_like(clg), False))
     hm = (h - m).astype(F32)
     if s2_form == "inside":

@@ -211,6 +211,18 @@ def test_s2_forms_equal_their_literal_kernels_and_differ(form):
         L.row_stats(dy, x, w, mean, rstd, s2_form="sideways")
 
 
+def test_s1_contraction_apart_from_s2():
+    """`s1_fma` changes s1 alone: in f32 (inexact dy * w) it moves s1, in bf16 it cannot."""
+    for dt, moves in (("f32", True), ("bf16", False)):
+        x, w, dy, mean, rstd = _inputs(dt, 16, 1024, seed=8)
+        both = L.row_stats(dy, x, w, mean, rstd, sum_fma=True)
+        mixed = L.row_stats(dy, x, w, mean, rstd, sum_fma=True, s1_fma=False)
+        assert _ndiff(mixed[1], both[1]) == 0                       # s2 as before
+        assert (_ndiff(mixed[0], both[0]) > 0) == moves, dt
+        # and s1 unfused is the unfused hypothesis' s1
+        assert _ndiff(mixed[0], L.row_stats(dy, x, w, mean, rstd, sum_fma=False)[0]) == 0
+
+
 def test_row_sum_order_matters():
     """Crafted: an order slip (sequential, or elements e -> thread e % 128) changes the bits."""
     cols = 1024
