@@ -167,18 +167,19 @@ def hypotheses(dt, x, w, dy, mean, rstd, ex, ew, eb, sms, tps, partial=False):
         return int((np.ascontiguousarray(a, np.float32).view(np.uint32) != e.view(np.uint32)).sum())
 
     out = {"dx": {}, "dw": {}, "db": {}}
-    for sf in (True, False):
-        for form in LN.S2_FORMS:
-            s1, s2 = LN.row_stats(g, h, wv, m, r, sum_fma=sf, s2_form=form)
-            # the s2 forms other than the source's ("inside") with the closest dx contractions only
-            for mode in (LN.DX_FMA if form == "inside" else ("xy_sub_z", "none")):
-                name = f"{mode}/{'fma' if sf else 'nofma'}" + ("" if form == "inside" else f"/s2 {form}")
-                out["dx"][name] = nd(LN.dx_from_stats(g, h, wv, m, r, s1, s2, dt, mode), exn)
-        # s1's contraction apart from s2's (a product with two uses left unfused): s2 as `sf` says
-        s1, s2 = LN.row_stats(g, h, wv, m, r, sum_fma=sf, s1_fma=not sf)
-        for mode in ("xy_sub_z", "x_sub_yz", "none"):
-            name = f"{mode}/s1 {'nofma' if sf else 'fma'}, s2 {'fma' if sf else 'nofma'}"
-            out["dx"][name] = nd(LN.dx_from_stats(g, h, wv, m, r, s1, s2, dt, mode), exn)
+    # dx: "<contraction>/s2 <fma|add>, s1 <fma|add>[/s2 <form>]" (eager's SASS: s2 fma, s1 add)
+    for s2f in (True, False):
+        for s1f in (False, True):
+            for form in LN.S2_FORMS:
+                s1, s2 = LN.row_stats(g, h, wv, m, r, sum_fma=s2f, s2_form=form, s1_fma=s1f)
+                # every dx contraction with eager's sums; the closest three with the others
+                main = s2f and not s1f and form == "inside"
+                if form != "inside" and not (s2f and not s1f):
+                    continue   # the s2 forms with eager's contractions only
+                for mode in (LN.DX_FMA if main else ("xy_sub_z", "x_sub_yz", "none")):
+                    name = (f"{mode}/s2 {'fma' if s2f else 'add'}, s1 {'fma' if s1f else 'add'}"
+                            + ("" if form == "inside" else f"/s2 {form}"))
+                    out["dx"][name] = nd(LN.dx_from_stats(g, h, wv, m, r, s1, s2, dt, mode), exn)
     cfgs = {"current": LN.gamma_beta_config(rows, cols, sms)}
     if partial:
         other = 114 if sms != 114 else 132

@@ -54,17 +54,21 @@ in the row order of the variant (``gamma_beta_config``; ``M`` = rows, ``N`` = co
 
 **FMA contraction**: layer_norm_kernel.cu is compiled by nvcc with its default ``--fmad=true``,
 so ``acc += a * b`` inside these kernels may become one fused multiply-add (unlike the separate
-TensorIterator kernels of backward.py's chain). What nvcc emits is not in the source; the
-defaults here follow LLVM's DAG combiner: ``acc + a*b -> fma(a, b, acc)`` for s1, s2 and dg
-(``sum_fma=True``), and for ``t - Bv*s2`` with both products single-use, the left product is
-fused, ``fma(A, dy, -fl(Bv * s2))`` (``dx_fma="xy_sub_z"``); alternatives: ``"x_sub_yz"`` =
-``fma(-Bv, s2, fl(A * dy))``, ``"none"`` = ``fl(fl(A * dy) - fl(Bv * s2))``, ``sum_fma=False``;
-and, since NVPTX enables LLVM's aggressive FMA fusion, which folds ``fsub(fma(x, y, fmul(u, v)),
-z)`` into ``fma(x, y, fma(u, v, -z))``, the ``- s1`` folded in: ``"nested_xy"`` =
-``fma(A, dy, fma(-Bv, s2, -s1))`` and ``"nested_yz"`` = ``fma(-Bv, s2, fma(A, dy, -s1))``
-(session 22: on an H200 none of the first three gave eager's f32 dx).
-``cl * g`` is exact in f32 for bf16 and f16 inputs, so s1's contraction only matters in f32;
-the probe (scripts/ln_backward_probe.py) scores every combination against eager.
+TensorIterator kernels of backward.py's chain). What nvcc emitted is read from the SASS of
+``layer_norm_grad_input_kernel_vectorized<float, float, false>`` for sm_90 in the torch
+2.15.0+cu132 wheel (``cuobjdump -sass -fun`` from PyPI's nvidia-cuda-cuobjdump 13.5, on the
+build machine; session 25): in the sums' loop ``FMUL clg = dy * w; FMUL P = clg * (x - m); FFMA
+s2 = P * r + s2; FADD s1 = clg + s1``: **s2 fused, s1 not** (``clg`` has two uses: s1's add and
+P's product) -- the defaults ``sum_fma=True`` (s2, and dg, whose f32 bits matched eager on an
+H200 in session 22), ``s1_fma=False``; in the dx loop ``FMUL A = fH * w; FMUL Bv = (x - m) * r;
+FMUL t = s2 * Bv; FFMA f1 = dy * A - t; FADD f2 = f1 - s1; FMUL dx = term1 * f2``: the left
+product fused (``dx_fma="xy_sub_z"``), ``term1 = fl(fl(1 / fH) * r)`` with an IEEE reciprocal.
+torch 2.11 (the GPU machine's) was not read; its f32 dx is the check (the probe). The
+alternatives the probe scores: ``"x_sub_yz"`` = ``fma(-Bv, s2, fl(A * dy))``, ``"none"`` =
+``fl(fl(A * dy) - fl(Bv * s2))``, ``sum_fma=False``, ``s1_fma=True`` (sessions 22-25's model,
+whose f32 dx missed eager's in up to 5.7% of elements), ``"nested_xy"`` = ``fma(A, dy, fma(-Bv,
+s2, -s1))``, ``"nested_yz"`` = ``fma(-Bv, s2, fma(A, dy, -s1))`` and the s2 forms (S2_FORMS).
+``cl * g`` is exact in f32 for bf16 and f16 inputs, so s1's contraction only matters in f32.
 
 The functions take numpy float32 arrays (values of T held as f32) and return float32 arrays.
 """
@@ -167,13 +171,11 @@ S2_FORMS = ("inside", "xhat", "after")
 
 
 def row_stats(dy, x, w, mean, rstd, sum_fma: bool = True, s2_form: str = "inside",
-              s1_fma: bool | None = None):
-    """(s1, s2) of every row as the dx kernel computes them ([rows] each); `s2_form`: S2_FORMS.
-    `s1_fma` (default `sum_fma`): s1's own contraction, apart from s2's. ``c_loss * gamma_val``
-    is one value read by both sums, and a contraction pass that fuses only single-use products
-    leaves s1's add unfused while fusing s2's (its product ``P`` has one use); in bf16/f16 the
-    product is exact and s1 the same either way."""
-    s1_fma = sum_fma if s1_fma is None else s1_fma
+              s1_fma: bool = False):
+    """(s1, s2) of every row as the dx kernel computes them ([rows] each). `sum_fma`: s2's
+    contraction; `s1_fma`: s1's, apart (default unfused, as eager's SASS shows: the module's doc);
+    `s2_form`: S2_FORMS. ``c_loss * gamma_val`` is one value read by both sums; in bf16/f16 it
+    is exact and s1 the same either way."""
     g = np.asarray(dy, F32)
     h = np.asarray(x, F32)
     wv = np.asarray(w, F32)[None, :]
@@ -323,14 +325,15 @@ def gamma_beta(dy, x, mean, rstd, dtype: str, *, sms: int = 132, max_threads_per
 
 def layer_norm_backward(dy, x, w, mean, rstd, dtype: str, *, sms: int = 132,
                         max_threads_per_sm: int = 2048, dx_fma: str = "xy_sub_z",
-                        sum_fma: bool = True, dw_fma: bool | None = None,
+                        sum_fma: bool = True, s1_fma: bool = False, dw_fma: bool | None = None,
                         gb_cfg: dict | None = None, return_parts: bool = False):
     """(dx, dw, db) of eager autograd through F.layer_norm(x, [cols], w, b, eps), as float32
     arrays holding T values. dy, x: [rows, cols]; w: [cols]; mean, rstd: eager's saved f32 per-row
     statistics ([rows] or [rows, 1]). The bias value does not enter the backward. `sms` matters
     only for the "partial" dw/db variant (rows > 65536 and cols // 32 < sms // 2).
-    dx_fma / sum_fma / dw_fma (default sum_fma) / gb_cfg: the alternatives the probe scores."""
-    s1, s2 = row_stats(dy, x, w, mean, rstd, sum_fma)
+    dx_fma / sum_fma / s1_fma / dw_fma (default sum_fma) / gb_cfg: the alternatives the probe
+    scores."""
+    s1, s2 = row_stats(dy, x, w, mean, rstd, sum_fma, s1_fma=s1_fma)
     dx = dx_from_stats(dy, x, w, mean, rstd, s1, s2, dtype, dx_fma)
     rows, cols = np.shape(x)
     cfg = gb_cfg or gamma_beta_config(rows, cols, sms)

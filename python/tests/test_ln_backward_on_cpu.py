@@ -141,9 +141,11 @@ def _block_reduce_literal(vals):
     return _shfl_down_tree(second)
 
 
-def _literal_stats(dy, x, w, m, r, vectorized: bool, fused: bool = True, s2_form: str = "inside"):
-    """One row, thread by thread, as the two dx kernels loop (blockDim.x = 128); `s2_form` as
-    backward_ln.S2_FORMS says (for "after", r is applied to the block's sum)."""
+def _literal_stats(dy, x, w, m, r, vectorized: bool, fused: bool = True, s2_form: str = "inside",
+                   s1_fused: bool = False):
+    """One row, thread by thread, as the two dx kernels loop (blockDim.x = 128): s2's add fused
+    where `fused`, s1's where `s1_fused` (eager's SASS: not); `s2_form` as backward_ln.S2_FORMS
+    says (for "after", r is applied to the block's sum)."""
     N = len(x)
 
     def term(e, s1, s2):
@@ -151,12 +153,8 @@ def _literal_stats(dy, x, w, m, r, vectorized: bool, fused: bool = True, s2_form
         a, b = {"inside": (F32(F32(cl * g) * F32(ch - m)), r),
                 "xhat": (F32(cl * g), F32(F32(ch - m) * r)),
                 "after": (F32(cl * g), F32(ch - m))}[s2_form]
-        if fused:
-            s1 = L.fma32(cl, g, s1)[()]
-            s2 = L.fma32(a, b, s2)[()]
-        else:
-            s1 = F32(s1 + F32(cl * g))
-            s2 = F32(s2 + F32(a * b))
+        s1 = L.fma32(cl, g, s1)[()] if s1_fused else F32(s1 + F32(cl * g))
+        s2 = L.fma32(a, b, s2)[()] if fused else F32(s2 + F32(a * b))
         return s1, s2
 
     p1, p2 = [], []
@@ -212,15 +210,20 @@ def test_s2_forms_equal_their_literal_kernels_and_differ(form):
 
 
 def test_s1_contraction_apart_from_s2():
-    """`s1_fma` changes s1 alone: in f32 (inexact dy * w) it moves s1, in bf16 it cannot."""
+    """`s1_fma` changes s1 alone: in f32 (inexact dy * w) it moves s1, in bf16 it cannot; the
+    default is eager's (s1 unfused, s2 fused: the module's doc) and equals the literal loop with
+    s1 fused or not as asked."""
     for dt, moves in (("f32", True), ("bf16", False)):
         x, w, dy, mean, rstd = _inputs(dt, 16, 1024, seed=8)
-        both = L.row_stats(dy, x, w, mean, rstd, sum_fma=True)
-        mixed = L.row_stats(dy, x, w, mean, rstd, sum_fma=True, s1_fma=False)
-        assert _ndiff(mixed[1], both[1]) == 0                       # s2 as before
-        assert (_ndiff(mixed[0], both[0]) > 0) == moves, dt
-        # and s1 unfused is the unfused hypothesis' s1
-        assert _ndiff(mixed[0], L.row_stats(dy, x, w, mean, rstd, sum_fma=False)[0]) == 0
+        eager = L.row_stats(dy, x, w, mean, rstd)
+        fused = L.row_stats(dy, x, w, mean, rstd, s1_fma=True)
+        assert _ndiff(fused[1], eager[1]) == 0                       # s2 as before
+        assert (_ndiff(fused[0], eager[0]) > 0) == moves, dt
+        # s1 does not depend on s2's contraction
+        assert _ndiff(eager[0], L.row_stats(dy, x, w, mean, rstd, sum_fma=False)[0]) == 0
+        for row in (0, 15):
+            lit = _literal_stats(dy[row], x[row], w, mean[row], rstd[row], vectorized=True, s1_fused=True)
+            assert _bits(lit[0]) == _bits(fused[0][row]) and _bits(lit[1]) == _bits(fused[1][row])
 
 
 def test_row_sum_order_matters():

@@ -4,13 +4,14 @@
 // docs/backward-layer-norm.md, "The kernel (work in progress)".
 //
 // Written from the emulation in python/kernelize/backward_ln.py (its defaults: dx_fma
-// "xy_sub_z", sum_fma True), one f32 rounding per step; every product, sum and fused
+// "xy_sub_z", sum_fma True, s1_fma False: eager's SASS, read in session 25), one f32 rounding
+// per step; every product, sum and fused
 // multiply-add below is an explicit __fmul_rn / __fadd_rn / __fsub_rn / fmaf, so the bits do
 // not depend on the compiler's contraction. python/tests/test_ln_backward_kernel_on_cpu.py runs
 // this source on the CPU and checks dx, dw, db against the emulation bit for bit.
 //
 // Per element, with g = dy, h = x (as f32), m, r the row's saved mean and rstd (f32):
-//   dx:  s1 = rowsum fma(g, w, .)                   s2 = rowsum fma(fl(fl(g * w) * fl(h - m)), r, .)
+//   dx:  s1 = rowsum fl(. + fl(g * w))              s2 = rowsum fma(fl(fl(g * w) * fl(h - m)), r, .)
 //        A = fl(cols * w)   Bv = fl(fl(h - m) * r)   f1 = fma(A, g, -fl(Bv * s2))
 //        dx = round_T(fl(fl(f1 - s1) * fl(fl(1 / cols) * r)))
 //   dw:  colsum fma(fl(g * fl(h - m)), r, .)        db: colsum fl(. + g)        round_T at the store
@@ -21,8 +22,9 @@
 // The emulator models this order for BOTH of eager's dx kernels. On an H200 (docs, "On a GPU")
 // eager's plain kernel (unaligned tensors, or cols % 4 != 0) differed from its vectorized one in
 // a few bits, so on such inputs this kernel follows the emulator (the vectorized kernel's order,
-// with scalar loads), not eager's plain kernel. f32 dx of the emulator is not eager's either (no
-// contraction hypothesis matched yet); bf16 dx, dw, db and f32 dw, db were.
+// with scalar loads), not eager's plain kernel. On an H200 (session 25) this kernel gave eager's
+// bf16 and f16 dx, dw, db and f32 dw, db in every case; its f32 dx then fused s1's add, which
+// eager's SASS does not (s1 unfused since, not yet run on a GPU).
 // colsum (eager's GammaBeta template kernel; M = rows): bdy = 1 (M < 64), 8 (M < 128),
 // 16 (M < 256), else 32; with bdy = 1 one chain sums every row in order; else chain y sums rows
 // R*k + 8*y + i (R = 8*bdy; k = 0, 1, ..; i = 0..7) in order, then the halving tree over the
@@ -146,9 +148,10 @@ LB_DEV void lb_dx(T* __restrict__ dx, const T* __restrict__ dy, const T* __restr
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         if (i < n) {
-          s1 = fmaf(gv[i], wv[i], s1);
-          const float p = __fmul_rn(__fmul_rn(gv[i], wv[i]), __fsub_rn(hv[i], m));
-          s2 = fmaf(p, r, s2);
+          // eager's SASS (backward_ln's doc): s1's add unfused, s2's fused
+          const float clg = __fmul_rn(gv[i], wv[i]);
+          s1 = __fadd_rn(s1, clg);
+          s2 = fmaf(__fmul_rn(clg, __fsub_rn(hv[i], m)), r, s2);
         }
       }
     }
