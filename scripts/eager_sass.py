@@ -36,7 +36,10 @@ def mangled_names(lib: Path, pattern: str) -> list[str]:
     left out)."""
     rx = re.compile(pattern.encode())
     names = set(re.findall(rb"_ZN[A-Za-z0-9_]+", lib.read_bytes()))
-    return sorted(n.decode() for n in names if rx.search(n) and b"device_stub" not in n)
+    # a function's static locals (`...E5__tmp`, `...E8__handle`) are not kernels
+    local = re.compile(rb"E\d+__[A-Za-z_]+$")
+    return sorted(n.decode() for n in names
+                  if rx.search(n) and b"device_stub" not in n and not local.search(n))
 
 
 def function_for_arch(sass: str, name: str, arch: str) -> str | None:

@@ -58,7 +58,8 @@ def test_fp_instructions_in_order_without_loads():
 def test_mangled_names_from_the_library_bytes(tmp_path):
     lib = tmp_path / "libfake.so"
     lib.write_bytes(b"\0junk" + F.encode() + b"\0" + G.encode() + b"\0_ZL12__device_stub__"
-                    + F.encode() + b"\0" + F.encode() + b"\0")
+                    + F.encode() + b"\0" + F.encode() + b"\0" + F.encode() + b"PKfiE5__tmp\0"
+                    + F.encode() + b"PKfiE8__handle\0")
     assert E.mangled_names(lib, "kernIffLb0E") == [F]
     assert E.mangled_names(lib, r"kern(IffLb0E|IN3c108BFloat16E)") == sorted([F, G])
     assert E.mangled_names(lib, "nothing_like_it") == []
