@@ -465,7 +465,7 @@ def phase_speed_isolated(a, argv: list[str]) -> list[dict]:
         order = list(enumerate(hows)) if rnd % 2 == 0 else list(enumerate(hows))[::-1]
         for i, how in order:
             # "+" does not travel back from the device
-            sub = Path(a.out) / (f"r{rnd}-" if a.rounds > 1 else "") / f"{i}-{how.replace('+', '_')}"
+            sub = Path(a.out) / (f"r{rnd}" if a.rounds > 1 else "") / f"{i}-{how.replace('+', '_')}"
             cmd = [sys.executable, str(Path(__file__).resolve()), str(sub), *argv, "--candidates", how]
             print(f"== {how}, a process of its own (round {rnd + 1} of {a.rounds}): {' '.join(cmd)}",
                   flush=True)
@@ -614,7 +614,7 @@ def main() -> int:
     print(env, flush=True)
     global ROWS_FILE
     ROWS_FILE = out / f"{a.phase}.rows.jsonl"
-    if a.isolate and a.phase == "speed" and "," in a.candidates:
+    if a.isolate and a.phase == "speed" and ("," in a.candidates or a.rounds > 1):
         # the arguments again for each process, without the output folder, --isolate and the
         # candidate list (each gets one)
         argv, skip = [], False

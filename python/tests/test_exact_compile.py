@@ -1230,3 +1230,32 @@ def test_speed_rounds_combine_to_medians():
     # every round failed: the row says so
     failed = EC.combine_rounds([[dict(arch="gpt2", candidate="compile", error="boom")]], ["compile"])
     assert failed == [dict(arch="gpt2", candidate="compile", rounds=0, errors=["boom"], error="boom")]
+
+
+def test_speed_rounds_run_each_candidate_in_alternating_order(tmp_path, monkeypatch):
+    """--isolate --rounds 3: three rounds of one process per candidate, the order reversed in
+    the second, each in OUT/r<round>/<i>-<candidate>/; the rows combined (the processes stood
+    in for by a fake that writes what a speed process writes)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import argparse
+    import json
+    import exact_compile as EC
+    ran = []
+
+    def fake_run(cmd, check=False):
+        sub, how = Path(cmd[2]), cmd[cmd.index("--candidates") + 1]
+        ran.append((sub.relative_to(tmp_path).as_posix(), how))
+        sub.mkdir(parents=True)
+        row = dict(arch="llama", candidate=how, prefill_1x512_ms=float(len(ran)))
+        (sub / "speed.rows.jsonl").write_text(json.dumps(row) + "\n")
+        return argparse.Namespace(returncode=0)
+
+    monkeypatch.setattr(EC.subprocess, "run", fake_run)
+    monkeypatch.setattr(EC, "ROWS_FILE", None)
+    a = argparse.Namespace(out=str(tmp_path), candidates="compile,kernelize+exact", rounds=3, archs="llama")
+    rows = EC.phase_speed_isolated(a, ["--phase", "speed"])
+    assert ran == [("r0/0-compile", "compile"), ("r0/1-kernelize_exact", "kernelize+exact"),
+                   ("r1/1-kernelize_exact", "kernelize+exact"), ("r1/0-compile", "compile"),
+                   ("r2/0-compile", "compile"), ("r2/1-kernelize_exact", "kernelize+exact")]
+    assert [(r["candidate"], r["prefill_1x512_ms_rounds"], r["prefill_1x512_ms"]) for r in rows] == [
+        ("compile", [1.0, 4.0, 5.0], 4.0), ("kernelize+exact", [2.0, 3.0, 6.0], 3.0)]
