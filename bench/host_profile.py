@@ -112,7 +112,8 @@ def main() -> int:
     s = io.StringIO()
     s.write(f"dynamo counters: {breaks}\n")
     st = pstats.Stats(prof, stream=s)
-    s.write(f"{a.arch} {a.candidate} batch {a.batch}{f' prefill {a.prefill}' if a.prefill else ''}: step wall {wall:.3f} ms (CUDA events), "
+    what = f"{a.arch} {a.candidate} batch {a.batch}" + (f" prefill {a.prefill}" if a.prefill else "")
+    s.write(f"{what}: step wall {wall:.3f} ms (CUDA events), "
             f"{per_step:.3f} ms a step under cProfile; {a.steps} steps; gc "
             f"{'off' if a.no_gc else 'on'}\n")
     if a.sync_debug:

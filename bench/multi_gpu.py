@@ -16,9 +16,11 @@ and `summary.md` (per job: GPU, exit status, seconds, and the last markdown tabl
 printed), which is also printed last. Two files, because the device tool brings back at most 8.
 Jobs on different GPUs of one machine share its CPUs: compare speeds as ratios within one job.
 Each job is pinned to a slice of the CPUs of its own (the CPUs this process may use, split evenly
-over the GPUs by whole physical cores, SMT siblings kept together; `--no-pin` turns it off), and inductor's compile workers are sized to that slice
-(TORCHINDUCTOR_COMPILE_THREADS), so that one job's compilation does not take the cores that
-another job's host-bound timing runs on (session 21's runs 1-3 were not pinned).
+over the GPUs by whole physical cores, SMT siblings kept together; `--no-pin` turns it off), and
+inductor's compile workers are sized to that slice (TORCHINDUCTOR_COMPILE_THREADS), so that one
+job's compilation does not take the cores that another job's host-bound timing runs on (session
+21's runs 1-3 were not pinned; until session 25 the slices were halves of the CPU list, which may
+be the same cores).
 """
 from __future__ import annotations
 
