@@ -188,6 +188,7 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __frcp_rn(float a) { return 1.0f / a; }
 inline float rsqrtf(float v) { return 1.0f / sqrtf(v); }
 inline float __expf(float v) { return expf(v); }
 inline float __fdividef(float a, float b) { return a / b; }

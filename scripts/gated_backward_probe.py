@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""The gated MLP's backward against real eager autograd (issue 30, an experiment): which form of
+`1 + exp(-gate)` eager's silu_backward computes on this GPU, and whether the experimental kernel
+kernels/wip/silu_mul_backward/kernel.cu gives eager's d_gate and d_up bit for bit
+(docs/backward-gated.md).
+
+    PYTHONUNBUFFERED=1 python3 scripts/gated_backward_probe.py OUT_DIR      # on the GPU machine
+    python/.venv/bin/python scripts/gated_backward_probe.py /tmp/gbp --dry-run   # CPU: NVRTC only
+
+For each dtype (bf16, f16, f32) and shape (rows 1..4096 x the MLP widths of the shipped and 1B
+models), gate/up/dy drawn like activations (a normal sample, plus a slice of extreme gate values
+where exp overflows or underflows), eager's gradients of `F.silu(gate) * up` from
+torch.autograd.grad, and the kernel's from each variant of SMB_D (one NVRTC module each): the
+elements of d_gate and d_up whose bits differ (0 = eager's). Then, at the large shapes, the
+median time of eager's backward (autograd.grad) against the kernel's one launch and each CUDA
+kernel's GPU time (torch.profiler). Writes OUT_DIR/gated_backward_probe.json and prints a table;
+exits 1 when something raised.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from backward_probe import CudaModule, kernel_times, probe_setup, timed  # noqa: E402
+from ln_backward_probe import DT, DT_NAME, max_ulp, ndiff  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KSRC = os.path.join(ROOT, "kernels", "wip", "silu_mul_backward", "kernel.cu")
+VARIANTS = {"fadd_rn": 0, "contracted": 1, "own_expf": 2}   # SMB_D's values (kernel.cu)
+ROWS = [1, 2, 7, 8, 64, 512, 4096]
+COLS = [1408, 5632, 8960, 11008]             # the tiny model's, Llama 1.1B's, Qwen2 1.5B's, Llama 7B's
+TIMED = [(4096, 5632), (4096, 11008), (16384, 8960)]
+
+
+def inputs(dt, rows, cols, device, seed):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    T = DT[dt]
+    gate = (torch.randn(rows, cols, generator=g) * 3).to(T)
+    flat = gate.view(-1)
+    k = max(1, flat.numel() // 64)     # extremes: exp(-g) overflows / underflows / is subnormal
+    extremes = torch.tensor([-100.0, -88.7, -87.0, -20.0, 20.0, 87.0, 88.8, 100.0, 1e-3, -1e-3, 0.0])
+    flat[:k] = extremes[torch.arange(k) % len(extremes)].to(T)
+    up = torch.randn(rows, cols, generator=g).to(T)
+    dy = (torch.randn(rows, cols, generator=g) * 0.1).to(T)
+    return gate.to(device), up.to(device), dy.to(device)
+
+
+def eager_grads(gate, up, dy):
+    gr, ur = gate.clone().requires_grad_(True), up.clone().requires_grad_(True)
+    y = torch.nn.functional.silu(gr) * ur
+    return torch.autograd.grad(y, (gr, ur), dy)
+
+
+class Kernel:
+    """One NVRTC module per SMB_D variant; `run(variant, dy, gate, up)` -> (d_gate, d_up)."""
+
+    def __init__(self, device):
+        src = open(KSRC, encoding="utf-8").read()
+        entries = [f"smb_{dt}" for dt in DT]
+        self.mods = {v: CudaModule(src, f"silu_mul_backward_{v}.cu", device, entries, (f"-DSMB_D={d}",))
+                     for v, d in VARIANTS.items()}
+
+    def bind(self, variant, dy, gate, up):
+        n = gate.numel()
+        dg, du = torch.empty_like(gate), torch.empty_like(up)
+        entry = f"smb_{DT_NAME[gate.dtype]}"
+        grid = min((n + 255) // 256, 132 * 16)
+
+        def go():
+            self.mods[variant].launch(entry, grid, 256, (dg, du, dy, gate, up, n))
+            return dg, du
+        return go
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", nargs="?", default=None)
+    ap.add_argument("--dry-run", action="store_true", help="CPU only: NVRTC compiles the variants' source")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    out_dir, dry, device = probe_setup(args, "gated_backward_probe_out")
+    report = dict(torch=torch.__version__, device=(torch.cuda.get_device_name(device) if not dry else "cpu"),
+                  dry_run=dry, cases=[], timing=[], errors=[])
+    if dry:
+        from kernelize import nvrtc as NV
+        try:
+            inc = NV.include_dir_for_client()[0]
+            src = open(KSRC, encoding="utf-8").read()
+            for v, d in VARIANTS.items():
+                code = NV.compile_program(src, f"silu_mul_backward_{v}.cu",
+                                          ["--gpu-architecture=sm_90", f"--include-path={inc}", f"-DSMB_D={d}"])
+                report[f"dry_compile_{v}"] = f"{len(code.code)} bytes"
+        except Exception as e:  # noqa: BLE001 - no libnvrtc here: say so
+            report["dry_compile"] = f"skipped: {type(e).__name__}: {e}"[:300]
+        kern = None
+    else:
+        kern = Kernel(device)
+    for dt in DT:
+        for rows in ([1, 8] if dry else ROWS):
+            for cols in ([1408] if dry else COLS):
+                try:
+                    gate, up, dy = inputs(dt, rows, cols, device, seed=rows * 31 + cols)
+                    eg, eu = eager_grads(gate, up, dy)
+                    case = dict(dtype=dt, rows=rows, cols=cols)
+                    for v in (VARIANTS if kern else []):
+                        kg, ku = kern.bind(v, dy, gate, up)()
+                        case[v] = dict(d_gate=ndiff(kg, eg), d_up=ndiff(ku, eu), d_gate_max_ulp=max_ulp(kg, eg))
+                    report["cases"].append(case)
+                except Exception as e:  # noqa: BLE001
+                    report["errors"].append(f"{dt} [{rows}, {cols}]: {type(e).__name__}: {e}"[:400])
+                    traceback.print_exc()
+    for rows, cols in ([] if dry else TIMED):
+        for dt in ("bf16",):
+            try:
+                gate, up, dy = inputs(dt, rows, cols, device, seed=7)
+                gr, ur = gate.clone().requires_grad_(True), up.clone().requires_grad_(True)
+                y = torch.nn.functional.silu(gr) * ur
+                eager = lambda: torch.autograd.grad(y, (gr, ur), dy, retain_graph=True)  # noqa: E731
+                t = dict(dtype=dt, rows=rows, cols=cols, eager_bwd_us=timed(eager, device, args.reps),
+                         eager_kernels_us=kernel_times(eager, device, args.reps))
+                go = kern.bind("own_expf", dy, gate, up)
+                t["kernel_us"] = timed(go, device, args.reps)
+                t["kernel_kernels_us"] = kernel_times(go, device, args.reps)
+                # bytes that must move: dy, gate, up read; d_gate, d_up written
+                t["kernel_GBps"] = round(5 * gate.numel() * gate.element_size() / (t["kernel_us"] * 1e-6) / 1e9, 1)
+                report["timing"].append(t)
+            except Exception as e:  # noqa: BLE001
+                report["errors"].append(f"timing {dt} [{rows}, {cols}]: {type(e).__name__}: {e}"[:400])
+                traceback.print_exc()
+    report["seconds"] = round(time.time() - t0, 1)
+    with open(os.path.join(out_dir, "gated_backward_probe.json"), "w", encoding="utf-8") as fh:
+        json.dump(report, fh, indent=1)
+    print_table(report)
+    return 1 if report["errors"] else 0
+
+
+def print_table(rep):
+    print(f"\n## silu(gate) * up backward: the kernel's variants against eager autograd ({rep['device']}, "
+          f"torch {rep['torch']}{', DRY RUN' if rep['dry_run'] else ''})\n")
+    print("| dtype | cases | " + " | ".join(f"{v}: d_gate / d_up differing (cases all 0)" for v in VARIANTS) + " |")
+    print("| --- | ---: | " + " | ".join("---" for _ in VARIANTS) + " |")
+    for dt in DT:
+        cs = [c for c in rep["cases"] if c["dtype"] == dt]
+        cells = []
+        for v in VARIANTS:
+            got = [c[v] for c in cs if v in c]
+            if not got:
+                cells.append("-")
+                continue
+            zero = sum(g["d_gate"] == 0 and g["d_up"] == 0 for g in got)
+            cells.append(f"{sum(g['d_gate'] for g in got)} / {sum(g['d_up'] for g in got)} ({zero} of {len(got)})")
+        print(f"| {dt} | {len(cs)} | " + " | ".join(cells) + " |")
+    if rep["timing"]:
+        print("\n| dtype | rows x cols | eager backward us | kernel us | kernel GB/s |")
+        print("| --- | --- | ---: | ---: | ---: |")
+        for t in rep["timing"]:
+            print(f"| {t['dtype']} | {t['rows']} x {t['cols']} | {t['eager_bwd_us']:.1f} | {t['kernel_us']:.1f} | "
+                  f"{t['kernel_GBps']} |")
+    for k, v in rep.items():
+        if k.startswith("dry_compile"):
+            print(f"{k}: {v}")
+    if rep["errors"]:
+        print("\nerrors: " + "; ".join(rep["errors"][:10]))
+    print(f"\nseconds {rep['seconds']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
