@@ -214,28 +214,53 @@ def bundled_forward(dt, device):
 
 # ---- comparisons -----------------------------------------------------------------------------------
 
+def same_device(a: torch.Tensor, b: torch.Tensor):
+    """a, b detached and contiguous, on the CPU unless both are on one device (compared there)."""
+    if a.device != b.device:
+        a, b = a.cpu(), b.cpu()
+    return a.detach().contiguous(), b.detach().contiguous()
+
+
 def ndiff(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Elements whose bits differ (NaN payloads compared as bits too)."""
+    """Elements whose bits differ (NaN payloads compared as bits too). The backward probes' one
+    comparison (ln_backward_probe and gated_backward_probe import it)."""
+    a, b = same_device(a, b)
     if a.dtype == torch.float32:
-        ai, bi = a.view(torch.int32), b.view(torch.int32)
-    else:
-        ai, bi = a.view(torch.int16), b.view(torch.int16)
-    return int((ai != bi).sum().item())
+        return int((a.view(torch.int32) != b.view(torch.int32)).sum().item())
+    return int((a.view(torch.int16) != b.view(torch.int16)).sum().item())
 
 
 def max_ulp(a: torch.Tensor, b: torch.Tensor) -> int:
-    def ordered(t):
-        i = (t.float().view(torch.int32) if t.dtype != torch.float32 else t.view(torch.int32)).to(torch.int64)
-        if t.dtype == torch.bfloat16:
-            i = i >> 16
-        return torch.where(i < 0, -(i & 0x7FFFFFFF), i)
-    if a.dtype == torch.float16:  # f16 steps: compare the f16 bit patterns
-        ia = a.view(torch.int16).to(torch.int64)
-        ib = b.view(torch.int16).to(torch.int64)
-        oa = torch.where(ia < 0, -(ia & 0x7FFF), ia)
-        ob = torch.where(ib < 0, -(ib & 0x7FFF), ib)
-        return int((oa - ob).abs().max().item()) if a.numel() else 0
-    return int((ordered(a) - ordered(b)).abs().max().item()) if a.numel() else 0
+    """The largest distance in units in the last place of T between a and b, as ordered integers
+    of T's bit patterns (-0 and +0 one apart from the smallest subnormals, not 2^31)."""
+    a, b = same_device(a, b)
+    if a.numel() == 0:
+        return 0
+    if a.dtype == torch.float32:
+        ia, ib = a.view(torch.int32).to(torch.int64), b.view(torch.int32).to(torch.int64)
+        mask = 0x7FFFFFFF
+    else:
+        ia, ib = a.view(torch.int16).to(torch.int64), b.view(torch.int16).to(torch.int64)
+        ia, ib = ia & 0xFFFF, ib & 0xFFFF
+        mask = 0x7FFF
+        ia = torch.where(ia >= 0x8000, -(ia & mask), ia)
+        ib = torch.where(ib >= 0x8000, -(ib & mask), ib)
+        return int((ia - ib).abs().max().item())
+    oa = torch.where(ia < 0, -(ia & mask), ia)
+    ob = torch.where(ib < 0, -(ib & mask), ib)
+    return int((oa - ob).abs().max().item())
+
+
+def dry_compile(path: str, name: str, options=()) -> str:
+    """A dry run's check of a kernel source: NVRTC compiles it for sm_90's virtual architecture
+    where a libnvrtc is found; what came out, or why nothing did."""
+    try:
+        inc = NV.include_dir_for_client()[0]
+        c = NV.compile_program(open(path, encoding="utf-8").read(), name,
+                               ["--gpu-architecture=compute_90", f"--include-path={inc}", *options])
+        return f"{c.code_kind} {len(c.code)} bytes, {c.compile_s:.1f} s"
+    except Exception as e:  # noqa: BLE001 - no NVRTC here, or the source does not compile: say which
+        return f"not compiled: {type(e).__name__}: {str(e)[:200]}"
 
 
 def make_inputs(dt, rows, cols, device, seed):
@@ -403,13 +428,7 @@ def main(argv=None):
         try:
             if dry:
                 kernels[dt] = CpuStandIn(dt)
-                try:
-                    inc = NV.include_dir_for_client()[0]
-                    c = NV.compile_program(open(KSRC, encoding="utf-8").read(), f"rms_norm_llama_backward ({dt}).cu",
-                                           ["--gpu-architecture=compute_90", f"--include-path={inc}"])
-                    report.setdefault("dry_compile", {})[dt] = f"{c.code_kind} {len(c.code)} bytes"
-                except Exception as e:  # noqa: BLE001
-                    report.setdefault("dry_compile", {})[dt] = f"not compiled: {type(e).__name__}: {str(e)[:200]}"
+                report.setdefault("dry_compile", {})[dt] = dry_compile(KSRC, f"rms_norm_llama_backward ({dt}).cu")
             else:
                 k = GpuBackward(dt, device)
                 kernels[dt] = k

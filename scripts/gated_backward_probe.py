@@ -28,8 +28,8 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_probe import CudaModule, kernel_times, probe_setup, timed  # noqa: E402
-from ln_backward_probe import DT, DT_NAME, max_ulp, ndiff  # noqa: E402
+from backward_probe import CudaModule, dry_compile, kernel_times, max_ulp, ndiff, probe_setup, timed  # noqa: E402
+from ln_backward_probe import DT, DT_NAME  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KSRC = os.path.join(ROOT, "kernels", "wip", "silu_mul_backward", "kernel.cu")
@@ -90,16 +90,8 @@ def main(argv=None):
     report = dict(torch=torch.__version__, device=(torch.cuda.get_device_name(device) if not dry else "cpu"),
                   dry_run=dry, cases=[], timing=[], errors=[])
     if dry:
-        from kernelize import nvrtc as NV
-        try:
-            inc = NV.include_dir_for_client()[0]
-            src = open(KSRC, encoding="utf-8").read()
-            for v, d in VARIANTS.items():
-                code = NV.compile_program(src, f"silu_mul_backward_{v}.cu",
-                                          ["--gpu-architecture=sm_90", f"--include-path={inc}", f"-DSMB_D={d}"])
-                report[f"dry_compile_{v}"] = f"{len(code.code)} bytes"
-        except Exception as e:  # noqa: BLE001 - no libnvrtc here: say so
-            report["dry_compile"] = f"skipped: {type(e).__name__}: {e}"[:300]
+        for v, d in VARIANTS.items():
+            report[f"dry_compile_{v}"] = dry_compile(KSRC, f"silu_mul_backward_{v}.cu", (f"-DSMB_D={d}",))
         kern = None
     else:
         kern = Kernel(device)

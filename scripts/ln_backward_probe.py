@@ -54,7 +54,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 from kernelize import backward as B  # noqa: E402
 from kernelize import backward_ln as LN  # noqa: E402
-from kernelize import nvrtc as NV  # noqa: E402
 
 DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 ROWS = [1, 2, 3, 4, 7, 8, 16, 17, 32, 64, 128, 1000, 4096]
@@ -119,39 +118,6 @@ def to_T(a, dt):
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(DT[dt])
 
 
-def same_device(a: torch.Tensor, b: torch.Tensor):
-    """a, b detached and contiguous, on the CPU unless both are on one device (compared there)."""
-    if a.device != b.device:
-        a, b = a.cpu(), b.cpu()
-    return a.detach().contiguous(), b.detach().contiguous()
-
-
-def ndiff(a: torch.Tensor, b: torch.Tensor) -> int:
-    a, b = same_device(a, b)
-    if a.dtype == torch.float32:
-        return int((a.view(torch.int32) != b.view(torch.int32)).sum().item())
-    return int((a.view(torch.int16) != b.view(torch.int16)).sum().item())
-
-
-def max_ulp(a: torch.Tensor, b: torch.Tensor) -> int:
-    a, b = same_device(a, b)
-    if a.numel() == 0:
-        return 0
-    if a.dtype == torch.float32:
-        ia, ib = a.view(torch.int32).to(torch.int64), b.view(torch.int32).to(torch.int64)
-        mask = 0x7FFFFFFF
-    else:
-        ia, ib = a.view(torch.int16).to(torch.int64), b.view(torch.int16).to(torch.int64)
-        ia, ib = ia & 0xFFFF, ib & 0xFFFF
-        mask = 0x7FFF
-        ia = torch.where(ia >= 0x8000, -(ia & mask), ia)
-        ib = torch.where(ib >= 0x8000, -(ib & mask), ib)
-        return int((ia - ib).abs().max().item())
-    oa = torch.where(ia < 0, -(ia & mask), ia)
-    ob = torch.where(ib < 0, -(ib & mask), ib)
-    return int((oa - ob).abs().max().item())
-
-
 def emulate(dt, x, w, dy, mean, rstd, sms, tps, **kw):
     return LN.layer_norm_backward(np_of(dy), np_of(x), np_of(w), np_of(mean), np_of(rstd), dt,
                                   sms=sms, max_threads_per_sm=tps, **kw)
@@ -209,8 +175,8 @@ def hypotheses(dt, x, w, dy, mean, rstd, ex, ew, eb, sms, tps, partial=False):
 
 # the RMSNorm probe's timer (CUDA events, median; wall clock on the CPU) and autograd-graph names
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_probe import (CudaModule, env_info as base_env_info, graph_names, kernel_times,  # noqa: E402
-                            probe_setup, timed)
+from backward_probe import (CudaModule, dry_compile, env_info as base_env_info, graph_names,  # noqa: E402
+                            kernel_times, max_ulp, ndiff, probe_setup, timed)
 
 
 # ---- the work-in-progress kernel (docs/backward-layer-norm.md, "The kernel") ---------------------------
@@ -338,13 +304,7 @@ def compile_kernel(report, device, dry, no_kernel):
     kern = KernelState()
     if dry:
         report["kernel"] = "skipped: needs a CUDA GPU"
-        try:
-            inc = NV.include_dir_for_client()[0]
-            c = NV.compile_program(open(KSRC, encoding="utf-8").read(), "layer_norm_backward.cu",
-                                   ["--gpu-architecture=compute_90", f"--include-path={inc}"])
-            report["kernel_dry_compile"] = f"{c.code_kind} {len(c.code)} bytes, {c.compile_s:.1f} s"
-        except Exception as e:  # noqa: BLE001
-            report["kernel_dry_compile"] = f"not compiled: {type(e).__name__}: {str(e)[:200]}"
+        report["kernel_dry_compile"] = dry_compile(KSRC, "layer_norm_backward.cu")
     elif no_kernel:
         report["kernel"] = "skipped: --no-kernel"
     else:
