@@ -78,15 +78,48 @@ def build_runner(prefix: str, units: dict[str, tuple[str, list[str]]], syms: lis
     return exe
 
 
+#: What every runner with a main of its own starts with (build_own_main's %PRELUDE%): the
+#: headers, the harness, its fiber switch, the trampoline a launch calls (`g_call`, set before
+#: each kzcpu::launch) and the job loop: `kz_each_job(path, one)` calls `one(ss, line)` for each
+#: non-empty line of the jobs file and stops at the first nonzero status, which it returns.
+OWN_MAIN_PRELUDE = r"""
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
+#include "%HARNESS%"
+%SWITCH%
+inline std::function<void()> g_call;
+static void tramp() { g_call(); }
+template <class F> int kz_each_job(const char* path, F one) {
+  std::ifstream jobs(path);
+  std::string line;
+  while (std::getline(jobs, line)) {
+    if (line.empty()) continue;
+    std::istringstream ss(line);
+    if (int rc = one(ss, line)) return rc;
+  }
+  return 0;
+}
+"""
+
+
 def build_own_main(prefix: str, main: str, ksrc: str) -> Path:
-    """A runner with a main of its own (`main`: C++ source with %HARNESS% for the harness
-    header's path and %SWITCH% for the harness's fiber switch, which is reused verbatim from
-    cuda_on_cpu/main.cpp) linked with the kernel source `ksrc`; cached like build_runner."""
+    """A runner with a main of its own (`main`: C++ source starting with %PRELUDE%, which becomes
+    OWN_MAIN_PRELUDE with the harness header's path and the harness's fiber switch, reused
+    verbatim from cuda_on_cpu/main.cpp) linked with the kernel source `ksrc`; cached like
+    build_runner."""
+    assert "%PRELUDE%" in main, "an own main starts with %PRELUDE% (cpu_harness.OWN_MAIN_PRELUDE)"
     c = cxx()
     hm = (HARNESS / "main.cpp").read_text(encoding="utf-8")
     sw = re.search(r'^asm\(R"\(.*?^\)"\);$', hm, re.S | re.M)
     assert sw, "python/tests/cuda_on_cpu/main.cpp lost its kz_switch assembly block"
-    main = main.replace("%HARNESS%", str(HARNESS / "harness.h")).replace("%SWITCH%", sw.group(0))
+    prelude = OWN_MAIN_PRELUDE.replace("%HARNESS%", str(HARNESS / "harness.h")).replace("%SWITCH%", sw.group(0))
+    main = main.replace("%PRELUDE%", prelude)
     h = hashlib.sha256()
     for part in [c, " ".join(CXXFLAGS), (HARNESS / "harness.h").read_text(), main, ksrc]:
         h.update(part.encode())

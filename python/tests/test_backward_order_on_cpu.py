@@ -340,28 +340,14 @@ int main() {
 
 
 MAIN = r"""
-#include <cstdio>
-#include <fstream>
-#include <iterator>
-#include <sstream>
-#include <string>
-#include <vector>
-#include <functional>
-#include "%HARNESS%"
+%PRELUDE%
 #define ENTRIES(N) \
   extern "C" void %P%dx_##N(void*, float*, const void*, const void*, const void*, long long, long long, float); \
   extern "C" void %P%dwp_##N(float*, const void*, const void*, long long, long long, long long, long long); \
   extern "C" void %P%dw_##N(void*, const float*, long long, long long, long long, long long);
 ENTRIES(bf16) ENTRIES(f16) ENTRIES(f32)
-%SWITCH%
-inline std::function<void()> g_call;
-static void tramp() { g_call(); }
 int main(int argc, char** argv) {
-  std::ifstream jobs(argv[1]);
-  std::string line;
-  while (std::getline(jobs, line)) {
-    if (line.empty()) continue;
-    std::istringstream ss(line);
+  return kz_each_job(argv[1], [](std::istringstream& ss, const std::string& line) {
     std::string dt, in, out; long long rows, cols, sms, ctas; float eps; unsigned gdx, gdw;
     ss >> dt >> rows >> cols >> eps >> sms >> ctas >> gdx >> gdw >> in >> out;
     const size_t es = dt == "f32" ? 4 : 2, ne = (size_t)(rows * cols);
@@ -390,8 +376,8 @@ int main(int argc, char** argv) {
     of.write((const char*)dx, es * ne);
     of.write((const char*)dw, es * cols);
     of.write((const char*)ws, 4 * rows);
-  }
-  return 0;
+    return 0;
+  });
 }
 """
 

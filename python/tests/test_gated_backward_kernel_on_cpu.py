@@ -34,26 +34,11 @@ F32 = np.float32
 # Jobs, one a line: DT N GRID BLOCK IN OUT; IN holds dy, gate, up (N each, raw DT); OUT receives
 # d_gate, d_up (raw DT).
 MAIN = r"""
-#include <cstdio>
-#include <cstring>
-#include <fstream>
-#include <functional>
-#include <iterator>
-#include <sstream>
-#include <string>
-#include <vector>
-#include "%HARNESS%"
+%PRELUDE%
 #define ENTRY(N) extern "C" void smb_##N(void*, void*, const void*, const void*, const void*, long long);
 ENTRY(bf16) ENTRY(f16) ENTRY(f32)
-%SWITCH%
-inline std::function<void()> g_call;
-static void tramp() { g_call(); }
 int main(int argc, char** argv) {
-  std::ifstream jobs(argv[1]);
-  std::string line;
-  while (std::getline(jobs, line)) {
-    if (line.empty()) continue;
-    std::istringstream ss(line);
+  return kz_each_job(argv[1], [](std::istringstream& ss, const std::string& line) {
     std::string dt, in, out; long long n; unsigned grid, block;
     ss >> dt >> n >> grid >> block >> in >> out;
     if (!ss) { std::fprintf(stderr, "bad job: %s\n", line.c_str()); return 2; }
@@ -70,8 +55,8 @@ int main(int argc, char** argv) {
     std::ofstream of(out, std::ios::binary);
     of.write((const char*)DG, b);
     of.write((const char*)DU, b);
-  }
-  return 0;
+    return 0;
+  });
 }
 """
 

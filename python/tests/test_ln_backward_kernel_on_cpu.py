@@ -50,27 +50,13 @@ DTYPES = ["bf16", "f16", "f32"]
 # IN holds x, dy (rows*cols), w (cols) as raw DTYPE, then mean, rstd (rows f32); every tensor is
 # placed OFFSET elements past a 256-byte boundary. OUT receives dx, dw, db (raw DTYPE).
 MAIN = r"""
-#include <cstdio>
-#include <fstream>
-#include <functional>
-#include <iterator>
-#include <sstream>
-#include <string>
-#include <vector>
-#include "%HARNESS%"
+%PRELUDE%
 #define ENTRIES(N) \
   extern "C" void ln_bwd_dx_##N(void*, const void*, const void*, const float*, const float*, const void*, long long, long long); \
   extern "C" void ln_bwd_dwdb_##N(void*, void*, const void*, const void*, const float*, const float*, long long, long long);
 ENTRIES(bf16) ENTRIES(f16) ENTRIES(f32)
-%SWITCH%
-inline std::function<void()> g_call;
-static void tramp() { g_call(); }
 int main(int argc, char** argv) {
-  std::ifstream jobs(argv[1]);
-  std::string line;
-  while (std::getline(jobs, line)) {
-    if (line.empty()) continue;
-    std::istringstream ss(line);
+  return kz_each_job(argv[1], [](std::istringstream& ss, const std::string& line) {
     std::string dt, in, out; long long rows, cols, off; unsigned gdx, gdw, by;
     ss >> dt >> rows >> cols >> off >> gdx >> gdw >> by >> in >> out;
     if (!ss) { std::fprintf(stderr, "bad job: %s\n", line.c_str()); return 2; }
@@ -104,8 +90,8 @@ int main(int argc, char** argv) {
     of.write((const char*)DB, es * cols);
     std::free(x); std::free(dy); std::free(w); std::free(dx); std::free(dw); std::free(db);
     std::free(mean); std::free(rstd);
-  }
-  return 0;
+    return 0;
+  });
 }
 """
 
