@@ -33,9 +33,13 @@ from ln_backward_probe import DT, DT_NAME  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KSRC = os.path.join(ROOT, "kernels", "wip", "silu_mul_backward", "kernel.cu")
-VARIANTS = {"fadd_rn": 0, "contracted": 1, "own_expf": 2}   # SMB_D's values (kernel.cu)
+# the bundled kernel (op silu_mul_backward, entry silu_mul_bwd_<dt>(..., rows, cols)): variant 2's
+# arithmetic with 16-byte vector loads and a scalar tail
+BUNDLED = os.path.join(ROOT, "kernels", "silu_mul_backward", "kernel.cu")
+VARIANTS = {"fadd_rn": 0, "contracted": 1, "own_expf": 2, "bundled": None}   # SMB_D's values (kernel.cu)
 ROWS = [1, 2, 7, 8, 64, 512, 4096]
-COLS = [1408, 5632, 8960, 11008]             # the tiny model's, Llama 1.1B's, Qwen2 1.5B's, Llama 7B's
+# the tiny model's, Llama 1.1B's, Qwen2 1.5B's, Llama 7B's; 1001: the bundled kernel's scalar tail
+COLS = [1408, 5632, 8960, 11008, 1001]
 TIMED = [(4096, 5632), (4096, 11008), (16384, 8960)]
 
 
@@ -59,22 +63,29 @@ def eager_grads(gate, up, dy):
 
 
 class Kernel:
-    """One NVRTC module per SMB_D variant; `run(variant, dy, gate, up)` -> (d_gate, d_up)."""
+    """One NVRTC module per SMB_D variant and one of the bundled kernel; `bind(variant, dy, gate,
+    up)()` -> (d_gate, d_up), outputs poisoned with NaN first."""
 
     def __init__(self, device):
         src = open(KSRC, encoding="utf-8").read()
-        entries = [f"smb_{dt}" for dt in DT]
-        self.mods = {v: CudaModule(src, f"silu_mul_backward_{v}.cu", device, entries, (f"-DSMB_D={d}",))
-                     for v, d in VARIANTS.items()}
+        self.mods = {v: CudaModule(src, f"silu_mul_backward_{v}.cu", device, [f"smb_{dt}" for dt in DT],
+                                   (f"-DSMB_D={d}",))
+                     for v, d in VARIANTS.items() if d is not None}
+        self.mods["bundled"] = CudaModule(open(BUNDLED, encoding="utf-8").read(), "silu_mul_backward.cu",
+                                          device, [f"silu_mul_bwd_{dt}" for dt in DT], ())
+        self.sms = torch.cuda.get_device_properties(device).multi_processor_count
 
     def bind(self, variant, dy, gate, up):
         n = gate.numel()
-        dg, du = torch.empty_like(gate), torch.empty_like(up)
-        entry = f"smb_{DT_NAME[gate.dtype]}"
-        grid = min((n + 255) // 256, 132 * 16)
+        dg, du = torch.full_like(gate, float("nan")), torch.full_like(up, float("nan"))
+        grid = max(1, min((n + 255) // 256, self.sms * 16))   # kernel_registry::backward's grid
+        if variant == "bundled":
+            entry, tail = f"silu_mul_bwd_{DT_NAME[gate.dtype]}", (gate.shape[0], gate.shape[-1])
+        else:
+            entry, tail = f"smb_{DT_NAME[gate.dtype]}", (n,)
 
         def go():
-            self.mods[variant].launch(entry, grid, 256, (dg, du, dy, gate, up, n))
+            self.mods[variant].launch(entry, grid, 256, (dg, du, dy, gate, up) + tail)
             return dg, du
         return go
 
@@ -91,7 +102,8 @@ def main(argv=None):
                   dry_run=dry, cases=[], timing=[], errors=[])
     if dry:
         for v, d in VARIANTS.items():
-            report[f"dry_compile_{v}"] = dry_compile(KSRC, f"silu_mul_backward_{v}.cu", (f"-DSMB_D={d}",))
+            report[f"dry_compile_{v}"] = (dry_compile(BUNDLED, "silu_mul_backward.cu", ()) if d is None else
+                                          dry_compile(KSRC, f"silu_mul_backward_{v}.cu", (f"-DSMB_D={d}",)))
         kern = None
     else:
         kern = Kernel(device)
@@ -118,11 +130,13 @@ def main(argv=None):
                 eager = lambda: torch.autograd.grad(y, (gr, ur), dy, retain_graph=True)  # noqa: E731
                 t = dict(dtype=dt, rows=rows, cols=cols, eager_bwd_us=timed(eager, device, args.reps),
                          eager_kernels_us=kernel_times(eager, device, args.reps))
-                go = kern.bind("own_expf", dy, gate, up)
-                t["kernel_us"] = timed(go, device, args.reps)
-                t["kernel_kernels_us"] = kernel_times(go, device, args.reps)
                 # bytes that must move: dy, gate, up read; d_gate, d_up written
-                t["kernel_GBps"] = round(5 * gate.numel() * gate.element_size() / (t["kernel_us"] * 1e-6) / 1e9, 1)
+                nbytes = 5 * gate.numel() * gate.element_size()
+                for v, key in (("own_expf", "kernel"), ("bundled", "bundled")):
+                    go = kern.bind(v, dy, gate, up)
+                    t[f"{key}_us"] = timed(go, device, args.reps)
+                    t[f"{key}_kernels_us"] = kernel_times(go, device, args.reps)
+                    t[f"{key}_GBps"] = round(nbytes / (t[f"{key}_us"] * 1e-6) / 1e9, 1)
                 report["timing"].append(t)
             except Exception as e:  # noqa: BLE001
                 report["errors"].append(f"timing {dt} [{rows}, {cols}]: {type(e).__name__}: {e}"[:400])
@@ -151,11 +165,14 @@ def print_table(rep):
             cells.append(f"{sum(g['d_gate'] for g in got)} / {sum(g['d_up'] for g in got)} ({zero} of {len(got)})")
         print(f"| {dt} | {len(cs)} | " + " | ".join(cells) + " |")
     if rep["timing"]:
-        print("\n| dtype | rows x cols | eager backward us | kernel us | kernel GB/s |")
-        print("| --- | --- | ---: | ---: | ---: |")
+        print("\n| dtype | rows x cols | eager backward us (GPU us per kernel) | own_expf us | GB/s | bundled us | "
+              "GB/s (GPU us) |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
         for t in rep["timing"]:
-            print(f"| {t['dtype']} | {t['rows']} x {t['cols']} | {t['eager_bwd_us']:.1f} | {t['kernel_us']:.1f} | "
-                  f"{t['kernel_GBps']} |")
+            ek = "; ".join(f"{v}" for v in t["eager_kernels_us"].values())
+            bk = "; ".join(f"{v}" for v in t.get("bundled_kernels_us", {}).values())
+            print(f"| {t['dtype']} | {t['rows']} x {t['cols']} | {t['eager_bwd_us']:.1f} ({ek}) | {t['kernel_us']:.1f} | "
+                  f"{t['kernel_GBps']} | {t.get('bundled_us', float('nan')):.1f} | {t.get('bundled_GBps')} ({bk}) |")
     for k, v in rep.items():
         if k.startswith("dry_compile"):
             print(f"{k}: {v}")
