@@ -18,9 +18,10 @@ from . import launch as L
 from . import ops
 from . import training as _training
 from .digest import check_digest
-from .manifest import BACKWARD_OF, FUSED_ADD, SEMANTICS, not_applicable
+from .manifest import BACKWARD_OF, FUSED_ADD, SEMANTICS, VERDICT_ON_DEVICE, not_applicable
 from .discover import TORCH_DTYPES, Discovery, Site, discover
-from .sources import DirSource, HubSource, Key, LockSource, Resolution, Resolved, write_lock
+from .sources import (DirSource, HubError, HubRateLimited, HubSource, Key, LockSource, Resolution,
+                      Resolved, write_lock)
 
 log = logging.getLogger("kernelize")
 
@@ -49,9 +50,10 @@ class Entry:
     # A parameterless layer resolved for each dtype, loaded for the dtype of its calls: this
     # entry is its `dtype` one (see `_fwd_by_call`).
     by_call: bool = False
-    # mode "training", an rms_norm (llama) layer: the backward kernel taken (its gradients under
-    # autograd), or None with the reasons none was (the layer keeps its original forward
-    # under autograd).
+    # mode "training", a layer whose op has a backward op (rms_norm (llama): rms_norm_backward;
+    # a gated MLP swapped for silu_mul: silu_mul_backward): the backward kernel taken (its
+    # gradients under autograd), or None with the reasons none was (the layer keeps its
+    # original forward under autograd).
     backward: Resolved | None = None
     backward_reasons: list[str] = field(default_factory=list)
 
@@ -230,10 +232,12 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     same, and a swapped HF LlamaRMSNorm-style layer (rms_norm, llama) whose source also hands
     out an `rms_norm_backward` kernel for its dtype and width (same hub, lock or kernels_dir,
     same policy) runs under autograd as one autograd node: the forward kernel, then the
-    backward kernel's three entries (`kernelize.training`); where none qualifies (today no hub
-    verifies one) the layer keeps its original forward under autograd and the report says why,
-    one line per reason. `"compile"` (alias `"torch_compile"`): inference, then compiled as
-    `compile=True` does (`compile=` still works, and combines with `mode="training"`).
+    backward kernel's three entries (`kernelize.training`); likewise a gated SiLU MLP swapped
+    for `silu_mul` with a `silu_mul_backward` kernel (its one entry gives the gradients of
+    gate_proj's and up_proj's outputs); where none qualifies the layer keeps its original
+    forward under autograd and the report says why, one line per reason. `"compile"` (alias
+    `"torch_compile"`): inference, then compiled as `compile=True` does (`compile=` still works,
+    and combines with `mode="training"`).
 
     `compile=True` (or a torch.compile mode: `"default"`, `"reduce-overhead"` for CUDA graphs)
     then compiles the model in place with the exact backend (`kernelize.exact_compile`,
@@ -402,11 +406,24 @@ def other_device_shape(k: Resolved, device) -> str | None:
             f"{here[0]} x {here[1]}: not verified for it (verify it on this GPU: kernelize worker)")
 
 
+def _resolve_backward(src, key: Key, figures: tuple[int, int] | None) -> Resolution:
+    """The source's answer for backward `key`; a hub's error (other than its rate limit) is the
+    layer's reason for none: a hub from before the op answers 400 for it, and the forward
+    kernels already taken stay."""
+    try:
+        return src.resolve(key, figures)
+    except HubRateLimited:
+        raise
+    except HubError as e:
+        return Resolution(None, [f"{key.op}: {e}"])
+
+
 def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str) -> list[str]:
-    """Mode "training": resolve each swapped rms_norm (llama) layer's backward kernel from the
-    same source (op rms_norm_backward, its dtype and width, the policy) and install it where the
-    layer is swapped; every other layer keeps its original forward under autograd. Returns the
-    report's lines: one per outcome (kernel taken, or reasons), naming the layers it concerns."""
+    """Mode "training": resolve each swapped layer's backward kernel from the same source (its
+    op's backward op, `BACKWARD_OF`: rms_norm (llama) -> rms_norm_backward, silu_mul ->
+    silu_mul_backward; its dtype and width, the policy) and install it where the layer is
+    swapped; every other layer keeps its original forward under autograd. Returns the report's
+    lines: one per outcome (kernel taken, or reasons), naming the layers it concerns."""
     cache: dict[tuple, Resolution] = {}
     groups: dict[tuple, list[str]] = {}
     for s, e in train:
@@ -418,7 +435,7 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
             groups.setdefault((what, None, None, f"no backward op for {what} yet: its original "
                                "forward runs under autograd"), []).append(e.path)
             continue
-        if e.dtype == "f32" and e.path != "<root>":
+        if e.op == "rms_norm" and e.dtype == "f32" and e.path != "<root>":
             # Eager's f32 graph has no cast node in the norm, so the layer's input gradient is
             # three f32 terms summed in autograd's order, ((residual + x*r path) + pow path);
             # a backward kernel returns the norm's two as one dx, summed first: other bits
@@ -431,14 +448,16 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
                                + F32_ACCUMULATION), []).append(e.path)
             continue
         key = Key(bop, e.semantics, e.dtype, arch, e.cols, policy)
-        # a swapped layer's GPU figures go with the query (a hub keys backward answers on them)
+        # a swapped layer's GPU figures go with the query where the op's verdict depends on them
+        # (a hub keys those backward answers on them); silu_mul_backward's does not
+        on_device = bop in VERDICT_ON_DEVICE
         figures = (gpu_figures(s.module.__dict__["_kz_compiled"].device)
-                   if e.status == "replaced" and isinstance(src, HubSource) else None)
+                   if on_device and e.status == "replaced" and isinstance(src, HubSource) else None)
         if (key, figures) not in cache:
-            cache[key, figures] = src.resolve(key, figures)
+            cache[key, figures] = _resolve_backward(src, key, figures)
         r = cache[key, figures]
         other_gpu = None
-        if r.kernel is not None and e.status == "replaced":
+        if r.kernel is not None and e.status == "replaced" and on_device:
             other_gpu = other_device_shape(r.kernel, lambda: s.module.__dict__["_kz_compiled"].device)
         if r.kernel is None:
             e.backward_reasons = (list(r.excluded) + ([r.width_note] if r.width_note else [])
@@ -529,11 +548,13 @@ def _plan_residual_norms(plan: list, src, policy: str, arch: str) -> list[str]:
 
 
 def _install_training(m: nn.Module, k: Resolved, bk: Any) -> None:
-    """Give the swapped rms_norm layer `m` the backward kernel `bk` (loaded from `k`)."""
+    """Give the swapped layer `m` (an rms_norm or silu_mul one, `_TRAIN_FORWARDS`) the backward
+    kernel `bk` (loaded from `k`)."""
     d = m.__dict__
+    forward = _TRAIN_FORWARDS[d["_kz_swap"][0]]
     d["_kz_bwd"] = (bk, ops.register(bk), k.label)
     d["_kernelize_backward"] = k
-    d["forward"] = types.MethodType(_fwd_rms_norm_train, m)
+    d["forward"] = types.MethodType(forward, m)
 
 
 class KernelNotFound(LookupError):
@@ -655,7 +676,8 @@ def lock(model: nn.Module, hub: str, path: str | os.PathLike = "kernelize.lock.j
     `trusted_keys`, only certified kernels are pinned, and the lock carries their certificates,
     reports and the trusted keys, so that loading it checks them all offline. `mode="training"`
     also pins the backward kernels `kernelize(..., mode="training")` asks for (rms_norm_backward
-    at each rms_norm (llama) layer's dtype and width), or the hub's reasons there is none."""
+    at each rms_norm (llama) layer's dtype and width, silu_mul_backward at each silu_mul MLP's),
+    or the hub's reasons there is none."""
     mode, _ = _check_mode(mode, False)
     src = (HubSource(hub, wait_for_verification_s=wait_for_verification_s,
                      trusted_keys=trusted_keys, allow_python=allow_python)
@@ -670,13 +692,14 @@ def lock(model: nn.Module, hub: str, path: str | os.PathLike = "kernelize.lock.j
 def _pin_backward(plan: list, cache: dict, src, policy: str, arch: str) -> None:
     """Training mode's lock: add to `cache` the hub's answer for the backward kernel of every
     layer of `plan` that has a forward kernel and a backward op (rms_norm_backward at each
-    rms_norm (llama) layer's dtype and width), kernel or reasons."""
+    rms_norm (llama) layer's dtype and width, silu_mul_backward at each gated MLP's swapped for
+    silu_mul), kernel or reasons."""
     for s, key, res, _, _ in plan:
         bop = BACKWARD_OF.get((s.op, s.semantics))
         if bop and res.kernel is not None:
             bkey = Key(bop, s.semantics, key.dtype, arch, key.cols, policy)
             if bkey not in cache:
-                cache[bkey] = src.resolve(bkey)
+                cache[bkey] = _resolve_backward(src, bkey, None)
 
 
 def unkernelize(model: nn.Module) -> int:
@@ -724,6 +747,11 @@ def _ok(t, want, index) -> bool:
             and not (t.requires_grad and torch.is_grad_enabled()))
 
 
+def _on(t, want, index) -> bool:
+    """t is a tensor of the kernel's dtype on its device (training mode: autograd allowed)."""
+    return isinstance(t, torch.Tensor) and t.dtype is want and t.get_device() == index
+
+
 def _fwd_rms_norm(self, x, *a, **kw):
     key, cols, eps, want, index = self._kz
     w = self._parameters.get("weight")
@@ -741,9 +769,7 @@ def _fwd_rms_norm_train(self, x, *a, **kw):
     `kernelize::rms_norm_train` with its registered backward)."""
     key, cols, eps, want, index = self._kz
     w = self._parameters.get("weight")
-    if (a or kw or not isinstance(x, Tensor) or not isinstance(w, Tensor) or x.dtype is not want
-            or w.dtype is not want or x.get_device() != index or w.get_device() != index
-            or x.shape[-1] != cols):
+    if a or kw or not (_on(x, want, index) and _on(w, want, index)) or x.shape[-1] != cols:
         return self._kz_orig(x, *a, **kw)
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
         bk, bkey, label = self._kz_bwd
@@ -840,11 +866,36 @@ def _fwd_gated(self, x, *a, **kw):
     if a or kw or not (_ok(x, want, index) and _ok(self.gate_proj.weight, want, index)
                        and _ok(self.up_proj.weight, want, index)):
         return self._kz_orig(x, *a, **kw)
+    return _gated(self, x, key, cols, want, None)
+
+
+def _fwd_gated_train(self, x, *a, **kw):
+    """Mode "training" with a backward kernel (silu_mul): as `_fwd_gated`, and under autograd
+    act_fn(gate) * up is one autograd node between gate_proj / up_proj and down_proj
+    (`training.SiluMulFunction`; while torch.compile traces, the custom op
+    `kernelize::silu_mul_train` with its registered backward)."""
+    key, cols, _, want, index = self._kz
+    if a or kw or not (_on(x, want, index) and _on(self.gate_proj.weight, want, index)
+                       and _on(self.up_proj.weight, want, index)):
+        return self._kz_orig(x, *a, **kw)
+    return _gated(self, x, key, cols, want, self._kz_bwd)
+
+
+def _gated(self, x, key, cols, want, bwd) -> Tensor:
+    """down_proj(kernel(gate_proj(x), up_proj(x))); with `bwd` (training mode's backward kernel)
+    under autograd through the training node, else the forward launch (no gradient needed)."""
     g = self.gate_proj(x)
     u = self.up_proj(x)
     if g.dtype != want or u.dtype != want or g.shape != u.shape or g.shape[-1] != cols:
         return self.down_proj(self.act_fn(g) * u)
-    if torch.compiler.is_compiling():
+    if bwd is not None and torch.is_grad_enabled() and (g.requires_grad or u.requires_grad):
+        bk, bkey, label = bwd
+        if _is_compiling():
+            return self.down_proj(_training.silu_mul_train_op(g, u, key, bkey))
+        self.__dict__[_LAUNCHES] += 1
+        return self.down_proj(_training.silu_mul_train(g, u, self._kz_run, self._kz_compiled,
+                                                       bk, label))
+    if _is_compiling():
         return self.down_proj(self._kz_op(g, u, key))
     self.__dict__[_LAUNCHES] += 1
     return self.down_proj(self._kz_run(self._kz_compiled, g, u))
@@ -860,6 +911,8 @@ _FORWARDS = {
     "silu_mul": _fwd_gated,
     "gelu_tanh_mul": _fwd_gated,
 }
+#: Mode "training": a swapped layer's forward once it has a backward kernel (`_install_training`).
+_TRAIN_FORWARDS = {"rms_norm": _fwd_rms_norm_train, "silu_mul": _fwd_gated_train}
 _KZ_ATTRS = ("_kz", "_kz_orig", "_kz_op", "_kz_run", "_kz_compiled", "_kz_fits", "_kz_preps")
 
 

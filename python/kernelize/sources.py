@@ -16,7 +16,7 @@ from typing import Any
 from .certs import CertificateError, verify
 from .pykernel import OPT_IN, is_python
 from .digest import DigestMismatch, check_digest, digest_of, normalize_digest
-from .manifest import BACKWARD_OPS, canonical_manifest, not_applicable, parse_manifest_toml
+from .manifest import VERDICT_ON_DEVICE, canonical_manifest, not_applicable, parse_manifest_toml
 
 
 @dataclass(frozen=True)
@@ -239,8 +239,9 @@ class HubSource:
             time.sleep(max(0.01, min(self.poll_s, deadline - time.monotonic())))
 
     def resolve(self, key: Key, device: tuple[int, int] | None = None) -> Resolution:
-        """`device`: the GPU's (SMs, threads per SM), sent with a backward op's query (the hub
-        hands out a backward kernel only for the figures its verification ran on)."""
+        """`device`: the GPU's (SMs, threads per SM), sent with the query of a backward op whose
+        verdict depends on them (`VERDICT_ON_DEVICE`: the hub hands out such a kernel only for
+        the figures its verification ran on)."""
         r = self._resolve_once(key, device)
         if r.kernel is not None or not r.request_verification:
             return r
@@ -297,7 +298,7 @@ class HubSource:
         query = key.query()
         if self.allow_python:
             query["runtime"] = "any"
-        if device is not None and key.op in BACKWARD_OPS:
+        if device is not None and key.op in VERDICT_ON_DEVICE:
             query["sms"], query["threads_per_sm"] = device
         status, body = self._get("/v1/resolve?" + urllib.parse.urlencode(query))
         if status == 404:
@@ -323,7 +324,7 @@ class HubSource:
                 evidence.update(self._certified(body, digest, label))
             except CertificateError as e:
                 return Resolution(None, [str(e)] + list(body.get("excluded") or []))
-        if key.op in BACKWARD_OPS:
+        if key.op in VERDICT_ON_DEVICE:
             # eager's dw order depends on the GPU's SM count and threads per SM: the verdict
             # holds for the figures it was measured with (the training plan compares them). The
             # answer names them (a hub before session 19's does not: then the report does).

@@ -1,11 +1,17 @@
-"""Training mode (`kernelize(model, ..., mode="training")`): a swapped HF LlamaRMSNorm-style
-layer (op `rms_norm`, semantics `llama`) under autograd runs its forward and its backward as
-hub kernels (issue 30; docs/backward.md, docs/spec.md section 2c).
+"""Training mode (`kernelize(model, ..., mode="training")`): a swapped layer under autograd runs
+its forward and its backward as hub kernels (issue 30; docs/backward.md, docs/backward-gated.md,
+docs/spec.md section 2c). Two ops have a backward op:
+
+* an HF LlamaRMSNorm-style layer (op `rms_norm`, semantics `llama`): `rms_norm_backward`;
+* a gated SiLU MLP swapped for `silu_mul` (HF LlamaMLP's `act_fn(gate_proj(x)) * up_proj(x)`,
+  act_fn SiLU): `silu_mul_backward`.
 
 Forward: the exact forward kernel the layer was swapped for (the same launch as in inference).
-Backward: the three entries of an `rms_norm_backward` kernel (semantics `llama`, the layer's
-dtype and width, from the same source as the forward), launched in this order on the current
-stream:
+Backward: the entries of the backward kernel (the layer's dtype and width, from the same source
+as the forward), launched in order on the current stream with the grids of `stage_dims`, the
+Python twin of `kernel_registry::backward::stage_dims` (`launch_stages`, shared).
+
+`rms_norm_backward`, three entries:
 
     dx (T* dx, float* ws, const T* dy, const T* x, const T* w, rows, cols, float eps)   block 512
     dwp(float* ws, const T* dy, const T* x, rows, cols, sms, threads_per_sm)            block 128
@@ -14,22 +20,32 @@ stream:
 with `ws` a fresh f32 workspace of `rows + ctas * cols` floats (`ctas`: eager's CTAs per output
 of its column sum, `kernelize.backward.col_config`) and `sms`, `threads_per_sm` the device's
 `multiProcessorCount` and `maxThreadsPerMultiProcessor` (eager's dw order depends on them past
-1020 rows). Grids: `stage_dims`, the Python twin of `kernel_registry::backward::stage_dims`.
-The backward is a function of (dy, x, w, eps) alone (it recomputes r), so nothing but x and w
-is saved from the forward.
+1020 rows). The backward is a function of (dy, x, w, eps) alone (it recomputes r), so nothing
+but x and w is saved from the forward.
 
-Eagerly the layer calls `RmsNormFunction.apply` (a `torch.autograd.Function`: the launches go
-straight to the driver, no dispatcher round trip). While torch.compile traces it calls the
-custom op `kernelize::rms_norm_train(x, weight, eps, fkey, bkey)`, registered with
+`silu_mul_backward`, one entry (elementwise, grid-stride: any grid gives the same bits):
+
+    grad(T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, rows, cols)       block 256
+
+eager autograd's chain for `F.silu(gate) * up` (d_up = dy * silu(gate), d_act = dy * up, d_gate
+= silu_backward(d_act, gate), each rounded to T); gate and up are saved from the forward (eager
+saves silu(gate) too: the kernel recomputes it).
+
+Eagerly the layer calls `RmsNormFunction.apply` / `SiluMulFunction.apply` (a
+`torch.autograd.Function`: the launches go straight to the driver, no dispatcher round trip).
+While torch.compile traces it calls the custom op `kernelize::rms_norm_train(x, weight, eps,
+fkey, bkey)` / `kernelize::silu_mul_train(gate, up, fkey, bkey)`, registered with
 `torch.library.register_autograd`: its backward is the custom op
-`kernelize::launch_rms_norm_backward(dy, x, weight, eps, key) -> (dx, dw)`; both have fake
+`kernelize::launch_rms_norm_backward(dy, x, weight, eps, key) -> (dx, dw)` /
+`kernelize::launch_silu_mul_backward(dy, gate, up, key) -> (d_gate, d_up)`; all have fake
 implementations, so dynamo and AOTAutograd trace the forward and the backward as opaque nodes.
 
 Where the kernel cannot compute a gradient it is computed by eager autograd instead, on the
-layer's own formula recomputed from the saved x and w (so the gradient is eager's): a
-double backward (`create_graph=True`: the kernel's gradients are not differentiable), an
-incoming gradient of another dtype or device. The `kernelize` logger says so once per reason.
-(Under torch.compile a double backward is not handled: AOTAutograd refuses it on its own.)
+layer's own formula recomputed from the saved tensors (so the gradient is eager's): a double
+backward (`create_graph=True`: the kernel's gradients are not differentiable), an incoming
+gradient of another dtype or device (`kernel_or_eager`, shared). The `kernelize` logger says so
+once per reason. (Under torch.compile a double backward is not handled: AOTAutograd refuses it
+on its own.)
 """
 
 from __future__ import annotations
@@ -57,14 +73,26 @@ BLOCKS = {"dx": 512, "dwp": 128, "dw": 128}         # the ABI's blocks (Op::stag
 DX_BLOCKS_PER_SM = 8
 DWP_BLOCKS_PER_SM = 16
 
+GATED_OP = "silu_mul_backward"
+GATED_STAGES = BACKWARD_OPS[GATED_OP]               # ("grad",)
+GATED_BLOCKS = {"grad": 256}
+# kernel_registry::backward::GRAD_BLOCKS_PER_SM: `grad` loops grid-stride over rows * cols
+# elements, so any grid gives the same bits; this caps it for large problems.
+GRAD_BLOCKS_PER_SM = 16
+
+#: Each backward op's blocks by entry (`Op::stages`).
+BLOCKS_OF = {OP: BLOCKS, GATED_OP: GATED_BLOCKS}
+
 
 # ---- launch arithmetic (kernel-registry/src/backward.rs) ------------------------------------
 
-def _check(rows: int, cols: int, sms: int, threads_per_sm: int) -> None:
+def _check(rows: int, cols: int, sms: int, threads_per_sm: int, op: str = OP) -> None:
     if rows <= 0 or cols <= 0:
-        raise ValueError(f"{OP}: an empty problem ({rows} x {cols}) launches nothing")
-    if sms <= 0 or threads_per_sm < 512:
-        raise ValueError(f"{OP}: a device of {sms} SMs x {threads_per_sm} threads per SM is not one "
+        raise ValueError(f"{op}: an empty problem ({rows} x {cols}) launches nothing")
+    # (silu_mul_backward's grid needs an SM; rms_norm_backward's column sum a device eager's
+    # reduction is configured for)
+    if sms <= 0 or (op == OP and threads_per_sm < 512):
+        raise ValueError(f"{op}: a device of {sms} SMs x {threads_per_sm} threads per SM is not one "
                          "eager's reduction runs on")
 
 
@@ -75,44 +103,66 @@ def ctas(rows: int, cols: int, sms: int, threads_per_sm: int) -> int:
 
 
 def workspace_floats(rows: int, cols: int, sms: int, threads_per_sm: int) -> int:
-    """`backward::workspace_floats`: the rows' r, then one partial column sum per CTA."""
+    """`backward::workspace_floats` of rms_norm_backward: the rows' r, then one partial column
+    sum per CTA (silu_mul_backward has none)."""
     _check(rows, cols, sms, threads_per_sm)
     return rows + ctas(rows, cols, sms, threads_per_sm) * cols
 
 
-def stage_dims(stage: str, rows: int, cols: int, sms: int,
-               threads_per_sm: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """`backward::stage_dims`: (grid, block) of the entry `stage` on rows x cols (no dynamic
-    shared memory): dx persistent over rows (at most one block a row), dwp persistent over its
-    (column group, CTA) items, dw one thread a column."""
-    _check(rows, cols, sms, threads_per_sm)
-    if stage == "dx":
+def stage_dims(stage: str, rows: int, cols: int, sms: int, threads_per_sm: int,
+               op: str = OP) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """`backward::stage_dims`: (grid, block) of the entry `stage` of `op` on rows x cols (no
+    dynamic shared memory). rms_norm_backward: dx persistent over rows (at most one block a
+    row), dwp persistent over its (column group, CTA) items, dw one thread a column.
+    silu_mul_backward: grad one thread an element, at most GRAD_BLOCKS_PER_SM blocks per SM."""
+    if op not in BLOCKS_OF:
+        raise ValueError(f"{op} is not a backward op the client launches "
+                         f"(one of {', '.join(BLOCKS_OF)})")
+    _check(rows, cols, sms, threads_per_sm, op)
+    blocks_of = BLOCKS_OF[op]
+    if stage not in blocks_of:
+        raise ValueError(f"{op} has no entry `{stage}` (its entries: {', '.join(BACKWARD_OPS[op])})")
+    if (op, stage) == (OP, "dx"):
         blocks = min(rows, DX_BLOCKS_PER_SM * sms)
-    elif stage == "dwp":
+    elif (op, stage) == (OP, "dwp"):
         blocks = min(-(-cols // 4) * ctas(rows, cols, sms, threads_per_sm), DWP_BLOCKS_PER_SM * sms)
-    elif stage == "dw":
-        blocks = -(-cols // BLOCKS["dw"])
-    else:
-        raise ValueError(f"{OP} has no entry `{stage}` (its entries: {', '.join(STAGES)})")
+    elif (op, stage) == (OP, "dw"):
+        blocks = -(-cols // blocks_of["dw"])
+    else:   # (GATED_OP, "grad")
+        blocks = min(-(-(rows * cols) // blocks_of["grad"]), GRAD_BLOCKS_PER_SM * sms)
     blocks = max(blocks, 1)
     if blocks > 2**31 - 1:
-        raise ValueError(f"{OP} `{stage}`: a grid of {blocks} blocks exceeds CUDA's limit of 2^31-1")
-    return (blocks, 1, 1), (BLOCKS[stage], 1, 1)
+        raise ValueError(f"{op} `{stage}`: a grid of {blocks} blocks exceeds CUDA's limit of 2^31-1")
+    return (blocks, 1, 1), (blocks_of[stage], 1, 1)
+
+
+def launch_stages(bk: Any, op: str, rows: int, cols: int,
+                  launches: list[tuple[str, tuple, tuple]]) -> None:
+    """Launch `launches` ((stage, tensors, scalars) in order) of `op`'s backward kernel `bk` on
+    rows x cols, each with its ABI grid and block (`stage_dims`, with bk's device's SMs and
+    threads per SM)."""
+    sms, tps = int(bk.sms), int(bk.threads_per_sm)
+    for stage, tensors, scalars in launches:
+        grid, block = stage_dims(stage, rows, cols, sms, tps, op)
+        bk.launch(stage, grid, block, tensors, scalars)
 
 
 # ---- the compiled backward kernel -----------------------------------------------------------
 
 class BackwardKernel(SharedOnCopy):
-    """One dtype's module of an `rms_norm_backward` kernel (its three entries), compiled by NVRTC
-    as the verifier compiles it and loaded on one device. `launch(stage, grid, block, tensors,
-    scalars)` launches one entry on the current stream (ints are `long long`, floats `float`)."""
+    """One dtype's module of a backward kernel (`op`: rms_norm_backward or silu_mul_backward,
+    its entries `BACKWARD_OPS[op]`), compiled by NVRTC as the verifier compiles it and loaded on
+    one device. `launch(stage, grid, block, tensors, scalars)` launches one entry on the current
+    stream (ints are `long long`, floats `float`)."""
 
     runtime = "cuda"
 
     def __init__(self, manifest: dict[str, Any], source: str, dtype: str, device: torch.device):
-        if manifest.get("op") != OP:
-            raise ValueError(f"{manifest.get('name')}: op {manifest.get('op')}, not {OP}")
-        self.manifest, self.dtype, self.device = manifest, dtype, device
+        op = manifest.get("op")
+        if op not in BLOCKS_OF:
+            raise ValueError(f"{manifest.get('name')}: op {op}, not a backward op the client "
+                             f"launches ({', '.join(BLOCKS_OF)})")
+        self.op, self.manifest, self.dtype, self.device = op, manifest, dtype, device
         self.symbols = dict(manifest["stages"][dtype])
         major, minor = torch.cuda.get_device_capability(device)
         props = torch.cuda.get_device_properties(device)
@@ -122,7 +172,7 @@ class BackwardKernel(SharedOnCopy):
         self.lib = L._libcuda()
         self.module = L._load_module(self.code.code, device)  # never unloaded: cached per process
         self.funcs = {}
-        for stage in STAGES:
+        for stage in BACKWARD_OPS[op]:
             func = ctypes.c_void_p()
             sym = self.symbols[stage]
             if self.lib.cuModuleGetFunction(ctypes.byref(func), self.module, sym.encode()) != 0:
@@ -132,10 +182,11 @@ class BackwardKernel(SharedOnCopy):
         self._index = device.index
         self._cu_launch = L._cu_launch(self.lib)
         self._lock = threading.Lock()
-        self.record = {"kernel": manifest["name"], "dtype": dtype, "symbols": dict(self.symbols),
-                       "arch": f"sm_{major}{minor}", "program_name": self.code.program_name,
-                       "options": list(self.code.options), "code_sha256": self.code.code_sha256,
-                       "sms": self.sms, "threads_per_sm": self.threads_per_sm}
+        self.record = {"kernel": manifest["name"], "op": op, "dtype": dtype,
+                       "symbols": dict(self.symbols), "arch": f"sm_{major}{minor}",
+                       "program_name": self.code.program_name, "options": list(self.code.options),
+                       "code_sha256": self.code.code_sha256, "sms": self.sms,
+                       "threads_per_sm": self.threads_per_sm}
 
     def launch(self, stage: str, grid: tuple, block: tuple, tensors: tuple, scalars: tuple) -> None:
         for t in tensors:
@@ -170,7 +221,58 @@ def compiled_backward(digest: str, manifest: dict[str, Any], source: str, dtype:
         return _CACHE[key]
 
 
-# ---- the backward --------------------------------------------------------------------------
+# ---- where eager autograd computes the gradients instead (shared) --------------------------
+
+def eager_autograd(formula: Any, dy: Tensor, inputs: tuple[Tensor, ...], needs: tuple[bool, ...],
+                   create_graph: bool) -> tuple[Tensor | None, ...]:
+    """The gradients eager autograd gives of `formula(*inputs)` (the layer's own formula) for
+    the inputs `needs` asks for. With `create_graph` (a double backward: the inputs are the saved
+    tensors, still in the graph) the recomputation is on the inputs themselves, so the
+    gradients are differentiable with respect to them, as eager's are."""
+    with torch.enable_grad():
+        if create_graph:
+            xs = tuple(inputs)
+        else:
+            xs = tuple(t.detach().requires_grad_(n) for t, n in zip(inputs, needs))
+        y = formula(*xs)
+        wrt = [t for t, n in zip(xs, needs) if n]
+        got = iter(torch.autograd.grad(y, wrt, dy, create_graph=create_graph)) if wrt else iter(())
+    return tuple(next(got) if n else None for n in needs)
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(why: str) -> None:
+    if why not in _SAID:
+        _SAID.add(why)
+        log.warning("kernelize: %s", why)
+
+
+def kernel_or_eager(layer: str, label: str, dy: Tensor, like: Tensor, needs: tuple[bool, ...],
+                    kernel: Any, formula: Any, inputs: tuple[Tensor, ...]) -> tuple:
+    """A backward node's gradients: `kernel()` (the backward kernel's), or eager autograd's of
+    `formula(*inputs)` where the kernel cannot give them (said once per reason): a double
+    backward (grad mode on inside the backward: `create_graph=True`) or an incoming gradient
+    `dy` of another dtype or device than `like` (the layer's input). None for each input whose
+    gradient is not asked for (`needs`)."""
+    if not any(needs):
+        return tuple(None for _ in needs)
+    why = None
+    if torch.is_grad_enabled():
+        why = (f"double backward (create_graph=True) through a kernelized {layer} layer: the "
+               f"{label} kernel's gradients are not differentiable; eager autograd computes them")
+    elif dy.dtype != like.dtype or dy.device != like.device:
+        why = (f"the incoming gradient is {dy.dtype} on {dy.device}, the layer's input {like.dtype} "
+               f"on {like.device}: eager autograd computes the gradients, not {label}")
+    if why is not None:
+        _say_once(why)
+        return eager_autograd(formula, dy, inputs, needs, create_graph=torch.is_grad_enabled())
+    got = kernel()
+    return tuple(g if n else None for g, n in zip(got, needs))
+
+
+# ---- rms_norm (llama) -----------------------------------------------------------------------
 
 def run_rms_norm_backward(bk: Any, dy: Tensor, x: Tensor, w: Tensor, eps: float,
                           need_dw: bool = True) -> tuple[Tensor, Tensor | None]:
@@ -190,9 +292,7 @@ def run_rms_norm_backward(bk: Any, dy: Tensor, x: Tensor, w: Tensor, eps: float,
     if need_dw:
         launches += [("dwp", (ws, dy, x), (rows, cols, sms, tps)),
                      ("dw", (dw, ws), (rows, cols, sms, tps))]
-    for stage, tensors, scalars in launches:
-        grid, block = stage_dims(stage, rows, cols, sms, tps)
-        bk.launch(stage, grid, block, tensors, scalars)
+    launch_stages(bk, OP, rows, cols, launches)
     return dx, dw
 
 
@@ -205,47 +305,18 @@ def llama_forward(x: Tensor, w: Tensor, eps: float) -> Tensor:
 
 def eager_grads(dy: Tensor, x: Tensor, w: Tensor, eps: float, needs: tuple[bool, bool],
                 create_graph: bool) -> tuple[Tensor | None, Tensor | None]:
-    """The gradients eager autograd gives, on the formula recomputed from x and w. With
-    `create_graph` (a double backward: x and w are the saved tensors, still in the graph) the
-    recomputation is on x and w themselves, so the gradients are differentiable with respect
-    to them, as eager's are."""
-    with torch.enable_grad():
-        if create_graph:
-            xs, ws_ = x, w
-        else:
-            xs = x.detach().requires_grad_(needs[0])
-            ws_ = w.detach().requires_grad_(needs[1])
-        y = llama_forward(xs, ws_, eps)
-        wrt = [t for t, n in zip((xs, ws_), needs) if n]
-        got = iter(torch.autograd.grad(y, wrt, dy, create_graph=create_graph)) if wrt else iter(())
-    return tuple(next(got) if n else None for n in needs)
-
-
-_SAID: set[str] = set()
-
-
-def _say_once(why: str) -> None:
-    if why not in _SAID:
-        _SAID.add(why)
-        log.warning("kernelize: %s", why)
+    """The gradients eager autograd gives, on HF LlamaRMSNorm's formula recomputed from x and w
+    (`eager_autograd`)."""
+    return eager_autograd(lambda x_, w_: llama_forward(x_, w_, eps), dy, (x, w), needs,
+                          create_graph)
 
 
 def _backward(bk: Any, label: str, dy: Tensor, x: Tensor, w: Tensor, eps: float,
               needs: tuple[bool, bool]) -> tuple[Tensor | None, Tensor | None]:
-    if not (needs[0] or needs[1]):
-        return None, None
-    why = None
-    if torch.is_grad_enabled():
-        why = ("double backward (create_graph=True) through a kernelized rms_norm layer: the "
-               f"{label} kernel's gradients are not differentiable; eager autograd computes them")
-    elif dy.dtype != x.dtype or dy.device != x.device:
-        why = (f"the incoming gradient is {dy.dtype} on {dy.device}, the layer's input {x.dtype} on "
-               f"{x.device}: eager autograd computes the gradients, not {label}")
-    if why is not None:
-        _say_once(why)
-        return eager_grads(dy, x, w, eps, needs, create_graph=torch.is_grad_enabled())
-    dx, dw = run_rms_norm_backward(bk, dy, x, w, eps, need_dw=needs[1])
-    return (dx if needs[0] else None), dw
+    return kernel_or_eager(
+        "rms_norm", label, dy, x, needs,
+        lambda: run_rms_norm_backward(bk, dy, x, w, eps, need_dw=needs[1]),
+        lambda x_, w_: llama_forward(x_, w_, eps), (x, w))
 
 
 class RmsNormFunction(torch.autograd.Function):
@@ -270,6 +341,60 @@ def rms_norm_train(x: Tensor, w: Tensor, eps: float, run: Any, compiled: Any, bk
                    label: str = OP) -> Tensor:
     """One autograd node: the forward launch and, on backward, the backward kernel."""
     return RmsNormFunction.apply(x, w, eps, run, compiled, bk, label)
+
+
+# ---- silu_mul (a gated SiLU MLP's act_fn(gate) * up) -------------------------------------
+
+def run_silu_mul_backward(bk: Any, dy: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
+    """(d_gate, d_up) by the kernel's one entry `grad`, both new contiguous tensors of gate's
+    shape and dtype. Inputs made contiguous and aligned."""
+    if not (gate.shape == up.shape == dy.shape):
+        raise ValueError(f"{GATED_OP}: dy {tuple(dy.shape)}, gate {tuple(gate.shape)} and up "
+                         f"{tuple(up.shape)} differ in shape")
+    gate, up, dy = L.aligned(gate), L.aligned(up), L.aligned(dy)
+    cols = gate.shape[-1] if gate.dim() else 1
+    rows = gate.numel() // cols if cols else 0
+    d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
+    if rows:
+        launch_stages(bk, GATED_OP, rows, cols, [("grad", (d_gate, d_up, dy, gate, up), (rows, cols))])
+    return d_gate, d_up
+
+
+def silu_mul_forward(gate: Tensor, up: Tensor) -> Tensor:
+    """The gated SiLU MLP's `act_fn(gate) * up` with act_fn SiLU (discovery checked it)."""
+    return torch.nn.functional.silu(gate) * up
+
+
+def _gated_backward(bk: Any, label: str, dy: Tensor, gate: Tensor, up: Tensor,
+                    needs: tuple[bool, bool]) -> tuple[Tensor | None, Tensor | None]:
+    return kernel_or_eager("silu_mul", label, dy, gate, needs,
+                           lambda: run_silu_mul_backward(bk, dy, gate, up),
+                           silu_mul_forward, (gate, up))
+
+
+class SiluMulFunction(torch.autograd.Function):
+    """Eager: forward = the swapped MLP's forward launch (`run(compiled, gate, up)`), backward =
+    the backward kernel `bk`'s entry `grad` (see the module's docstring)."""
+
+    @staticmethod
+    def forward(ctx, gate: Tensor, up: Tensor, run: Any, compiled: Any, bk: Any,
+                label: str) -> Tensor:
+        ctx.save_for_backward(gate, up)
+        ctx.bk, ctx.label = bk, label
+        return run(compiled, gate, up)
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        gate, up = ctx.saved_tensors
+        d_gate, d_up = _gated_backward(ctx.bk, ctx.label, dy, gate, up,
+                                       tuple(ctx.needs_input_grad[:2]))
+        return d_gate, d_up, None, None, None, None
+
+
+def silu_mul_train(gate: Tensor, up: Tensor, run: Any, compiled: Any, bk: Any,
+                   label: str = GATED_OP) -> Tensor:
+    """One autograd node: the forward launch and, on backward, the backward kernel."""
+    return SiluMulFunction.apply(gate, up, run, compiled, bk, label)
 
 
 # ---- the same as custom ops, for torch.compile ----------------------------------------------
@@ -311,3 +436,42 @@ def _train_op_backward(ctx, dy):
 
 
 rms_norm_train_op.register_autograd(_train_op_backward, setup_context=_setup)
+
+
+@torch.library.custom_op("kernelize::launch_silu_mul_backward", mutates_args=(), device_types="cuda")
+def launch_silu_mul_backward(dy: Tensor, gate: Tensor, up: Tensor,
+                             key: int) -> tuple[Tensor, Tensor]:
+    from . import ops
+    d_gate, d_up = run_silu_mul_backward(ops.kernel(key), dy, gate, up)
+    return d_gate, d_up
+
+
+@launch_silu_mul_backward.register_fake
+def _(dy, gate, up, key):
+    return gate.new_empty(gate.shape), up.new_empty(up.shape)
+
+
+@torch.library.custom_op("kernelize::silu_mul_train", mutates_args=(), device_types="cuda")
+def silu_mul_train_op(gate: Tensor, up: Tensor, fkey: int, bkey: int) -> Tensor:
+    from . import ops
+    return L.run_gated(ops.kernel(fkey), gate, up)
+
+
+@silu_mul_train_op.register_fake
+def _(gate, up, fkey, bkey):
+    return gate.new_empty(gate.shape)
+
+
+def _setup_gated(ctx, inputs, output):
+    gate, up, _fkey, bkey = inputs
+    ctx.save_for_backward(gate, up)
+    ctx.bkey = bkey
+
+
+def _gated_train_op_backward(ctx, dy):
+    gate, up = ctx.saved_tensors
+    d_gate, d_up = torch.ops.kernelize.launch_silu_mul_backward(dy, gate, up, ctx.bkey)
+    return d_gate, d_up, None, None
+
+
+silu_mul_train_op.register_autograd(_gated_train_op_backward, setup_context=_setup_gated)
