@@ -1,11 +1,13 @@
 """Training mode and the named modes (issues 27 and 30), on the CPU.
 
-There is no GPU here: the forward kernel is a stand-in computing HF LlamaRMSNorm's formula, and
-the backward kernel (`training.compiled_backward`) a recording stand-in whose `launch` receives
-exactly what the CUDA entries would (stage, grid, block, tensors, scalars) and, at `dx` and
-`dw`, writes gradients computed with PyTorch's own autograd (or the CPU emulator of eager's
-CUDA backward, `kernelize.backward`). `torch.cuda.is_available` is faked so that `kernelize`
-swaps the (CPU) model's layers. The real entries run only on a GPU (scripts/backward_probe.py).
+There is no GPU here: the forward kernel is a stand-in computing HF LlamaRMSNorm's formula (or,
+for a gated MLP swapped for silu_mul, `F.silu(gate) * up`), and the backward kernel
+(`training.compiled_backward`) a recording stand-in whose `launch` receives exactly what the
+CUDA entries would (stage, grid, block, tensors, scalars) and, at `dx` and `dw`, writes gradients
+computed with PyTorch's own autograd (or the CPU emulator of eager's CUDA backward,
+`kernelize.backward`). `torch.cuda.is_available` is faked so that `kernelize` swaps the (CPU)
+model's layers. The real entries run only on a GPU (scripts/backward_probe.py). The gated MLP's
+backward (silu_mul_backward) is tested in test_training_gated.py with these stand-ins.
 """
 
 from __future__ import annotations
@@ -46,10 +48,19 @@ class ForwardStandIn:
         self.manifest = manifest
 
 
+#: The stand-in forward kernels' formulas: HF LlamaRMSNorm's; a SiLU gated MLP's act(gate) * up
+#: (silu_mul, and silu_and_mul, whose runner takes the same two tensors).
+FORWARD_FORMULAS = {
+    "rms_norm": lambda x, w, eps: _rms_refs(x, w, eps)["llama"].contiguous(),
+    "silu_mul": lambda g, u: (torch.nn.functional.silu(g) * u).contiguous(),
+    "silu_and_mul": lambda g, u: (torch.nn.functional.silu(g) * u).contiguous(),
+}
+
+
 def _forward_run(op, key):
-    # core's runner for a stand-in forward kernel: HF LlamaRMSNorm's formula
-    assert op is ops.op("rms_norm")
-    return lambda _compiled, x, w, eps: _rms_refs(x, w, eps)["llama"].contiguous()
+    # core's runner for a stand-in forward kernel: the op's formula
+    (f,) = [f for name, f in FORWARD_FORMULAS.items() if op is ops.op(name)]
+    return lambda _compiled, *args: f(*args)
 
 
 def _torch_grads(dy, x, w, eps):
@@ -94,17 +105,52 @@ class RecordingBackward(SharedOnCopy):
         return [c[0] for c in self.calls]
 
 
+def eager_gated_grads(dy, g, u):
+    """(d_gate, d_up) of eager autograd of `F.silu(g) * u`, op by op as its nodes run them
+    (MulBackward0: grad * other, grad * self with self = silu(g) rounded to T; SiluBackward0:
+    aten's silu_backward), no autograd needed (so a custom op's CPU kernel can call it).
+    test_training_gated checks it against torch.autograd bit for bit."""
+    act = torch.nn.functional.silu(g)
+    d_up = dy * act
+    d_gate = torch.ops.aten.silu_backward(dy * u, g)
+    return d_gate, d_up
+
+
+class RecordingGatedBackward(SharedOnCopy):
+    """A stand-in `silu_mul_backward` kernel: records every launch; `grad` writes d_gate and
+    d_up (eager's, `eager_gated_grads`) into the tensors of their ABI slots."""
+    device = torch.device("cpu")
+    op = "silu_mul_backward"
+
+    def __init__(self, sms=132, threads_per_sm=2048):
+        self.sms, self.threads_per_sm = sms, threads_per_sm
+        self.calls: list[tuple] = []
+
+    def launch(self, stage, grid, block, tensors, scalars):
+        self.calls.append((stage, grid, block, tensors, scalars))
+        assert stage == "grad"
+        d_gate, d_up, dy, g, u = tensors
+        dg, du = eager_gated_grads(dy, g, u)
+        d_gate.copy_(dg)
+        d_up.copy_(du)
+
+    def stages(self):
+        return [c[0] for c in self.calls]
+
+
 @pytest.fixture
 def gpu_faked(monkeypatch):
-    """kernelize swaps CPU models: CUDA 'available', both kernels stand-ins. Yields the
-    recording backward kernel and the list of (digest, dtype) it was 'compiled' for."""
+    """kernelize swaps CPU models: CUDA 'available', the kernels stand-ins. Yields the recording
+    rms_norm_backward kernel (its `gated`: the recording silu_mul_backward kernel) and the list
+    of (digest, dtype) they were 'compiled' for."""
     bk = RecordingBackward()
+    bk.gated = RecordingGatedBackward()
     loaded = []
 
     def compiled_backward(digest, manifest, source, dtype, device):
-        assert manifest["op"] == "rms_norm_backward" and dtype in manifest["stages"]
+        assert dtype in manifest["stages"]
         loaded.append((digest, dtype))
-        return bk
+        return {"rms_norm_backward": bk, "silu_mul_backward": bk.gated}[manifest["op"]]
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(launch, "compiled", lambda digest, manifest, *a, **k: ForwardStandIn(manifest))

@@ -1,0 +1,619 @@
+"""Training mode for the gated MLP (issue 30): a SiLU gated MLP swapped for `silu_mul` gets the
+backward op `silu_mul_backward`, on the CPU.
+
+The stand-ins are test_training's: the forward kernels compute the layers' formulas, the
+backward kernels record their launches (stage, grid, block, tensors, scalars: exactly what the
+CUDA entries would receive) and write eager's gradients (`eager_gated_grads`: eager autograd's
+chain for `F.silu(gate) * up` op by op, checked here against torch.autograd bit for bit, so a
+gradient that lands in the wrong slot or tensor shows). The real kernel runs only on a GPU
+(test_gpu.py's training test, scripts/training_check.py, scripts/gated_backward_probe.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import pickle
+import shutil
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernelize
+from conftest import REPO
+from kernelize import core, ops, training
+from kernelize.sources import DirSource, HubError, HubRateLimited, HubSource, Key, Resolution
+from test_training import (ABI, DTYPES, NORMS, RecordingGatedBackward, _backward_folder, _grads,
+                           _IS_AVAILABLE, _kz, _llama, _training_lines, eager_gated_grads,
+                           gpu_faked)  # noqa: F401 (gpu_faked: a fixture)
+
+transformers = pytest.importorskip("transformers")
+
+MLPS = ["model.layers.0.mlp", "model.layers.1.mlp"]
+PROJS = ("gate_proj", "up_proj", "down_proj")
+OP = "silu_mul_backward"
+# The ABI of docs/spec.md section 2c (kernel-registry's Op::stages; abi.json has it too)
+GRAD_PARAMS = ("T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, "
+               "long long cols")
+GRAD_NAMES = ["d_gate", "d_up", "dy", "gate", "up", "rows", "cols"]
+
+
+def _folder(root, name, dtypes=None):
+    """kernels/<name> copied under root; a backward kernel's manifest narrowed to `dtypes`."""
+    if name == "rms_norm_llama_backward":
+        return _backward_folder(root)
+    d = root / name
+    shutil.copytree(REPO / "kernels" / name, d)
+    if dtypes is not None:
+        toml = (d / "kernel.toml").read_text(encoding="utf-8")
+        head, _, _ = toml.partition("\n[entry.")
+        tables = ["[entry." + t.strip() + "\n" for t in toml.split("\n[entry.")[1:]]
+        keep = [t for t in tables if t[len("[entry."):t.index("]")] in dtypes]
+        (d / "kernel.toml").write_text(head + "\n\n" + "\n".join(keep), encoding="utf-8")
+    return d
+
+
+def _kernels(root, *names):
+    root.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        _folder(root, n)
+    return root
+
+
+ALL = ("rms_norm_llama", "rms_norm_llama_backward", "silu_mul", "silu_mul_backward")
+
+
+@pytest.fixture
+def kernels(tmp_path):
+    """A kernels_dir with the exact forwards (rms_norm_llama, silu_mul) and both backward kernels."""
+    return _kernels(tmp_path / "kernels", *ALL)
+
+
+@pytest.fixture
+def no_gated_backward(tmp_path):
+    return _kernels(tmp_path / "k", "rms_norm_llama", "rms_norm_llama_backward", "silu_mul")
+
+
+def _mlp(dtype=torch.float32, seed=3):
+    """One HF LlamaMLP (hidden 16, intermediate 24), seeded weights."""
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(hidden_size=16, intermediate_size=24, hidden_act="silu",
+                                   num_attention_heads=4, num_key_value_heads=2)
+    return LlamaMLP(cfg).to(dtype)
+
+
+def _ids(rows=2, cols=7, seed=0, vocab=128):
+    return torch.randint(0, vocab, (rows, cols), generator=torch.Generator().manual_seed(seed))
+
+
+def _gate_values(rows, cols, dtype, seed):
+    """Gate values spread over silu's regimes, with exp's overflow and underflow and signed
+    zeros in the first row."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g) * 4
+    special = torch.tensor([0.0, -0.0, 1e-3, -1e-3, 30.0, -30.0, 89.0, -89.0, 100.0, -100.0])
+    n = min(cols, special.numel())
+    x[0, :n] = special[:n]
+    return x.to(dtype)
+
+
+# ---- the stand-in computes eager's gradients -----------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+def test_the_stand_ins_gradients_are_eager_autograds_bit_for_bit(dtype):
+    t = DTYPES[dtype]
+    g = _gate_values(9, 40, t, 1)
+    gen = torch.Generator().manual_seed(2)
+    u = torch.randn(9, 40, generator=gen).to(t)
+    dy = torch.randn(9, 40, generator=gen).to(t)
+    gs, us = g.clone().requires_grad_(), u.clone().requires_grad_()
+    want = torch.autograd.grad(F.silu(gs) * us, (gs, us), dy)
+    got = eager_gated_grads(dy, g, u)
+    for a, b in zip(got, want):
+        assert a.dtype == t and torch.equal(a.view(torch.int16 if t != torch.float32 else torch.int32),
+                                            b.view(torch.int16 if t != torch.float32 else torch.int32))
+    # the formula training falls back to is the same (its eager autograd)
+    fb = training.eager_autograd(training.silu_mul_forward, dy, (g, u), (True, True), False)
+    assert all(torch.equal(a, b) for a, b in zip(fb, want))
+
+
+# ---- the launch ----------------------------------------------------------------------------
+
+def test_the_gated_backward_grid_is_the_registrys():
+    # kernel_registry::backward's silu_mul_backward_has_no_workspace_and_a_grid_stride_grid
+    dims = lambda r, c, sms=132, tps=2048: training.stage_dims("grad", r, c, sms, tps, OP)  # noqa: E731
+    assert dims(1, 1) == ((1, 1, 1), (256, 1, 1))
+    assert dims(3, 5)[0] == (1, 1, 1)
+    assert dims(1, 256)[0] == (1, 1, 1)
+    assert dims(1, 257)[0] == (2, 1, 1)
+    assert dims(1000, 256)[0] == (1000, 1, 1)
+    assert dims(2112, 256)[0] == (2112, 1, 1)
+    assert dims(2113, 256)[0] == (16 * 132, 1, 1)
+    assert dims(4096, 8192) == ((16 * 132, 1, 1), (256, 1, 1))
+    assert dims(4096, 8192, 1, 256)[0] == (16, 1, 1)   # no reduction: any threads per SM
+    assert training.BLOCKS_OF[OP] == {"grad": 256} and training.GATED_STAGES == ("grad",)
+    with pytest.raises(ValueError, match="no entry `dx`"):
+        training.stage_dims("dx", 4, 4, 132, 2048, OP)
+    with pytest.raises(ValueError, match="empty problem"):
+        dims(0, 4)
+    with pytest.raises(ValueError, match="0 SMs"):
+        dims(4, 4, 0)
+    with pytest.raises(ValueError, match="not a backward op"):
+        training.stage_dims("grad", 4, 4, 132, 2048, "silu_mul")
+
+
+def test_the_gated_abi_is_the_registrys():
+    """abi.json (written by kernel-registry) has the op as this file and the client launch it."""
+    spec = ABI["backward_ops"][OP]
+    assert (spec["forward"], spec["semantics"], spec["takes_eps"]) == ("silu_mul", ["default"], False)
+    assert spec["verdict_depends_on_device"] is False and OP not in kernelize.manifest.VERDICT_ON_DEVICE
+    (stage,) = spec["stages"]
+    assert (stage["name"], stage["block"], stage["params"], stage["names"]) == \
+        ("grad", 256, GRAD_PARAMS, GRAD_NAMES)
+    assert [(g["name"], g["stage"]) for g in spec["gradients"]] == [("d_gate", "grad"), ("d_up", "grad")]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+@pytest.mark.parametrize("shape,sms", [((6, 40), 132), ((2, 3, 40), 132), ((300, 24), 1)])
+def test_the_gated_backward_launches_its_entry_with_the_abi(dtype, shape, sms):
+    t = DTYPES[dtype]
+    cols = shape[-1]
+    rows = int(torch.Size(shape).numel()) // cols
+    g = _gate_values(rows, cols, t, 5).reshape(shape)
+    gen = torch.Generator().manual_seed(6)
+    u = torch.randn(shape, generator=gen).to(t)
+    # dy not contiguous (as a transposed matmul's gradient can be)
+    dy = torch.randn(*shape[:-2], cols, shape[-2], generator=gen).to(t).transpose(-1, -2)
+    assert not dy.is_contiguous()
+    bk = RecordingGatedBackward(sms=sms)
+    d_gate, d_up = training.run_silu_mul_backward(bk, dy, g, u)
+    (call,) = bk.calls
+    stage, grid, block, tensors, scalars = call
+    assert stage == "grad"
+    assert (grid, block) == training.stage_dims("grad", rows, cols, sms, 2048, OP)
+    assert grid == (max(1, min(-(-rows * cols // 256), 16 * sms)), 1, 1) and block == (256, 1, 1)
+    if sms == 1:
+        assert grid == (16, 1, 1)   # capped: the kernel strides over the rest
+    args = [*tensors, *scalars]
+    params = [p.strip() for p in GRAD_PARAMS.split(",")]
+    assert len(args) == len(params) == len(GRAD_NAMES)
+    for p, a in zip(params, args):
+        if "*" in p:
+            assert isinstance(a, torch.Tensor) and a.is_contiguous() and a.dtype == t, p
+        else:
+            assert isinstance(a, int) and not isinstance(a, bool), p
+    named = dict(zip(GRAD_NAMES, args))
+    assert named["d_gate"] is d_gate and named["d_up"] is d_up
+    assert named["gate"] is g and named["up"] is u       # contiguous already: passed as they are
+    assert torch.equal(named["dy"], dy) and named["dy"].data_ptr() != dy.data_ptr()
+    assert (named["rows"], named["cols"]) == (rows, cols)
+    assert d_gate.shape == d_up.shape == g.shape and d_gate.dtype == d_up.dtype == t
+    # each gradient in its slot: eager autograd's bits on the contiguous dy the kernel gets (a
+    # strided dy takes the CPU's scalar loop, whose f32 silu_backward rounds otherwise than its
+    # vectorized one; in an MLP dy is down_proj's input gradient, a fresh contiguous matmul)
+    gs, us = g.clone().requires_grad_(), u.clone().requires_grad_()
+    want = torch.autograd.grad(F.silu(gs) * us, (gs, us), dy.contiguous())
+    assert torch.equal(d_gate, want[0]) and torch.equal(d_up, want[1])
+
+
+def test_a_gate_that_is_not_contiguous_is_passed_as_a_contiguous_copy():
+    bk = RecordingGatedBackward()
+    g = torch.randn(8, 6).to(torch.bfloat16).t()
+    u, dy = torch.randn(6, 8).to(torch.bfloat16), torch.randn(6, 8).to(torch.bfloat16)
+    d_gate, _ = training.run_silu_mul_backward(bk, dy, g, u)
+    passed = bk.calls[0][3][3]
+    assert passed.is_contiguous() and torch.equal(passed, g) and d_gate.is_contiguous()
+
+
+def test_an_empty_gated_batch_launches_nothing_and_shapes_must_agree():
+    bk = RecordingGatedBackward()
+    z = torch.empty(0, 8, dtype=torch.bfloat16)
+    d_gate, d_up = training.run_silu_mul_backward(bk, z, z, z)
+    assert bk.calls == [] and d_gate.shape == d_up.shape == (0, 8)
+    with pytest.raises(ValueError, match="differ in shape"):
+        training.run_silu_mul_backward(bk, torch.zeros(2, 8), torch.zeros(2, 8), torch.zeros(2, 4))
+
+
+# ---- training mode on a model ----------------------------------------------------------------
+
+def test_a_tiny_llamas_norms_and_mlps_all_get_backward_kernels_and_eagers_gradients(kernels, gpu_faked):
+    ref, m = _llama(), _llama()
+    ids = _ids()
+    want = _grads(ref, ids)
+    rep = _kz(m, kernels_dir=kernels, mode="training")
+    mlps = {e.path: e for e in rep.entries if e.op == "silu_mul"}
+    norms = {e.path: e for e in rep.entries if e.op == "rms_norm"}
+    assert sorted(mlps) == MLPS and sorted(norms) == sorted(NORMS)
+    assert all(e.status == "replaced" and e.backward is not None and e.backward.name == OP
+               for e in mlps.values()), str(rep)
+    assert all(e.backward is not None and e.backward.name == "rms_norm_llama_backward"
+               for e in norms.values())
+    lines = _training_lines(rep)
+    gated = [ln for ln in lines if "[silu_mul, bf16, cols=160]" in ln]
+    assert len(gated) == 1 and "(2 layers)" in gated[0] and "silu_mul_backward 1.0.0" in gated[0], lines
+    assert "run under autograd as the forward kernel + backward" in gated[0]
+    assert len(lines) == 2, lines   # the norms' line and the MLPs': every layer has its backward
+    got = _grads(m, ids)
+    assert set(got) == set(want)
+    for n in want:
+        assert torch.equal(got[n], want[n]), n
+    # each MLP: one forward launch, one `grad` launch of [2*7, 160] (gate_proj's and up_proj's
+    # outputs); the norms as in test_training
+    assert kernelize.launch_counts(m) == {p: 1 for p in NORMS + MLPS}
+    gb = gpu_faked.gated
+    assert gb.stages() == ["grad", "grad"] and gpu_faked.stages() == ["dx", "dwp", "dw"] * 5
+    for _, _, _, tensors, scalars in gb.calls:
+        assert scalars == (14, 160) and all(t.shape == (2, 7, 160) for t in tensors)
+    # no autograd: the forward kernels alone
+    with torch.no_grad():
+        m(input_ids=ids, use_cache=False)
+    assert kernelize.launch_counts(m) == {p: 2 for p in NORMS + MLPS} and len(gb.calls) == 2
+    # copies keep the training forward; unkernelize restores all seven layers
+    c = copy.deepcopy(m)
+    assert c.model.layers[0].mlp.__dict__["_kernelize_backward"].name == OP
+    assert kernelize.unkernelize(m) == 7 and "_kz_bwd" not in m.model.layers[0].mlp.__dict__
+
+
+def test_the_gradients_reach_gate_proj_and_up_proj_through_the_kernel(kernels, gpu_faked):
+    """Which output the kernel's d_gate and d_up are given to: a stand-in that swaps them (or
+    writes them as the other's) changes gate_proj's and up_proj's weight gradients."""
+    ref, m = _mlp(torch.bfloat16), _mlp(torch.bfloat16)
+    _kz(m, kernels_dir=kernels, mode="training")
+    x = torch.randn(5, 16, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+
+    def grads(layer):
+        layer.zero_grad(set_to_none=True)
+        xs = x.clone().requires_grad_()
+        layer(xs).float().square().sum().backward()
+        return (xs.grad, *(getattr(layer, p).weight.grad for p in PROJS))
+
+    want = grads(ref)
+    got = grads(m)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert gpu_faked.gated.stages() == ["grad"]
+    # a kernel that wrote d_up where d_gate goes: the gradients differ (the check has teeth)
+    gb = gpu_faked.gated
+    real = gb.launch
+
+    def swapped(stage, grid, block, tensors, scalars):
+        d_gate, d_up, *rest = tensors
+        real(stage, grid, block, (d_up, d_gate, *rest), scalars)
+    gb.launch = swapped
+    bad = grads(m)
+    assert not torch.equal(bad[1], want[1]) and not torch.equal(bad[2], want[2])
+
+
+def test_only_the_gradients_asked_for_are_returned(kernels, gpu_faked):
+    m, ref = _mlp(), _mlp()
+    _kz(m, kernels_dir=kernels, mode="training")
+    for layer in (m, ref):
+        layer.gate_proj.weight.requires_grad_(False)
+    x = torch.randn(3, 16)   # needs no gradient: gate needs none, up does
+    m(x).sum().backward()
+    ref(x).sum().backward()
+    assert m.gate_proj.weight.grad is None
+    assert torch.equal(m.up_proj.weight.grad, ref.up_proj.weight.grad)
+    assert gpu_faked.gated.stages() == ["grad"]
+    # nothing needs a gradient: the forward kernel alone, no autograd node
+    m.up_proj.weight.requires_grad_(False)
+    m.down_proj.weight.requires_grad_(False)
+    y = m(x)
+    assert not y.requires_grad and gpu_faked.gated.stages() == ["grad"]
+    assert kernelize.launch_counts(m) == {"<root>": 2}
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])   # (f16: bf16's path; slow on a CPU)
+def test_the_shipped_tiny_llama_trains_as_eager_with_both_backward_kernels(kernels, gpu_faked, dtype,
+                                                                          monkeypatch):
+    """models/tiny-llama (4 decoder layers: 9 RMSNorm layers, 4 gated MLPs), three AdamW steps
+    kernelized in training mode against eager: every loss and every parameter bit for bit.
+    In f32 the norms keep their original forward under autograd (F32_ACCUMULATION) and the MLPs
+    still take their backward kernel (gate and up each have one consumer: nothing to sum)."""
+    t = DTYPES[dtype]
+
+    def load():
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            REPO / "models" / "tiny-llama", attn_implementation="eager").to(t).train()
+    eager, kz = load(), load()
+    rep = _kz(kz, kernels_dir=kernels, mode="training")
+    mlps = [e for e in rep.entries if e.op == "silu_mul"]
+    norms = [e for e in rep.entries if e.op == "rms_norm"]
+    assert len(mlps) == 4 and len(norms) == 9
+    assert all(e.backward is not None and e.backward.name == OP for e in mlps), str(rep)
+    assert all((e.backward is not None) == (dtype != "f32") for e in norms), str(rep)
+    monkeypatch.setattr(torch.cuda, "is_available", _IS_AVAILABLE)  # swapped; AdamW asks CUDA
+    data = [_ids(2, 16, seed=s, vocab=256) for s in range(3)]
+
+    def train(model):
+        # (eps 1e-4: AdamW's default 1e-8 is 0 in f16, and f16 parameters turn NaN)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-4)
+        losses = []
+        for ids in data:
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.detach())
+        return losses
+
+    le, lk = train(eager), train(kz)
+    assert all(torch.equal(a, b) for a, b in zip(le, lk)), (le, lk)
+    assert all(bool(torch.isfinite(v)) for v in le) and len(set(float(v) for v in le)) == 3, le
+    params = dict(eager.named_parameters())
+    for n, p in kz.named_parameters():
+        assert torch.equal(p, params[n]), n
+    assert gpu_faked.gated.stages() == ["grad"] * 4 * 3
+    assert len(gpu_faked.calls) == (0 if dtype == "f32" else 3 * 9 * 3)
+
+
+def test_a_pickled_training_model_loads_the_gated_backward_again(kernels, gpu_faked):
+    ref, m = _llama(), _llama()
+    ids = _ids(2, 6, seed=3)
+    want = _grads(ref, ids)
+    _kz(m, kernels_dir=kernels, mode="training")
+    loads = len(gpu_faked.loaded)
+    twin = pickle.loads(pickle.dumps(m))
+    assert len(gpu_faked.loaded) == loads + 5 + 2, "each layer's backward kernel is loaded again"
+    assert twin.model.layers[1].mlp.__dict__["_kernelize_backward"].name == OP
+    got = _grads(twin, ids)
+    assert all(torch.equal(got[n], want[n]) for n in want)
+    assert gpu_faked.gated.stages() == ["grad", "grad"]
+
+
+# ---- where no backward kernel qualifies ----------------------------------------------------
+
+def test_no_gated_backward_kernel_keeps_the_mlps_original_forward_and_says_why(
+        no_gated_backward, gpu_faked):
+    ref, m = _llama(), _llama()
+    ids = _ids()
+    rep = _kz(m, kernels_dir=no_gated_backward, mode="training")
+    mlps = [e for e in rep.entries if e.op == "silu_mul"]
+    assert len(mlps) == 2 and all(e.status == "replaced" and e.backward is None for e in mlps)
+    assert all(any("no kernel for silu_mul_backward" in r for r in e.backward_reasons) for e in mlps), \
+        [e.backward_reasons for e in mlps]
+    lines = _training_lines(rep)
+    why = [ln for ln in lines if "[silu_mul, bf16, cols=160]" in ln]
+    assert len(why) == 1 and "(2 layers)" in why[0], lines
+    assert "keep their original forward under autograd: no silu_mul_backward kernel" in why[0]
+    # the norms still take theirs
+    assert all(e.backward is not None for e in rep.entries if e.op == "rms_norm")
+    got, want = _grads(m, ids), _grads(ref, ids)
+    assert all(torch.equal(got[n], want[n]) for n in want)
+    counts = kernelize.launch_counts(m)
+    assert {p: counts[p] for p in MLPS} == {p: 0 for p in MLPS}   # the original forwards ran
+    assert gpu_faked.gated.calls == [] and "_kz_bwd" not in m.model.layers[0].mlp.__dict__
+    with torch.no_grad():   # the forward kernel still runs where no gradient is needed
+        m(input_ids=ids, use_cache=False)
+    assert {p: kernelize.launch_counts(m)[p] for p in MLPS} == {p: 1 for p in MLPS}
+
+
+def test_an_mlp_swapped_for_silu_and_mul_has_no_backward_op(tmp_path, gpu_faked):
+    root = _kernels(tmp_path / "k", "silu_and_mul", "silu_mul_backward")
+    rep = _kz(_llama(), kernels_dir=root, mode="training")
+    mlps = [e for e in rep.entries if e.path in MLPS]
+    assert mlps and all(e.op == "silu_and_mul" and e.status == "replaced" for e in mlps), str(rep)
+    (line,) = [ln for ln in _training_lines(rep) if "silu_and_mul" in ln]
+    assert "no backward op for silu_and_mul yet" in line
+    assert gpu_faked.loaded == []
+
+
+def test_a_gated_backward_kernel_outside_its_dtypes_is_not_taken(tmp_path, gpu_faked):
+    root = _kernels(tmp_path / "k", "silu_mul")
+    _folder(root, "silu_mul_backward", dtypes=("f32",))
+    rep = _kz(_llama(), kernels_dir=root, mode="training")
+    (line,) = [ln for ln in _training_lines(rep) if "[silu_mul, bf16" in ln]
+    assert "no silu_mul_backward kernel" in line and "has no bf16 entry" in line, line
+    assert gpu_faked.loaded == []
+
+
+def test_a_gated_backward_kernel_that_fails_to_load_is_reported(kernels, gpu_faked, monkeypatch):
+    real = training.compiled_backward
+
+    def broken(digest, manifest, *a, **k):
+        if manifest["op"] == OP:
+            raise RuntimeError("no NVRTC here")
+        return real(digest, manifest, *a, **k)
+    monkeypatch.setattr(training, "compiled_backward", broken)
+    m = _llama()
+    rep = _kz(m, kernels_dir=kernels, mode="training")
+    (line,) = [ln for ln in _training_lines(rep) if "[silu_mul" in ln]
+    assert "could not be loaded (RuntimeError: no NVRTC here)" in line
+    assert all(e.backward is None for e in rep.entries if e.op == "silu_mul")
+    assert all(e.backward is not None for e in rep.entries if e.op == "rms_norm")
+    assert "_kz_bwd" not in m.model.layers[0].mlp.__dict__
+
+
+def test_a_dry_run_says_which_gated_backward_it_would_take(kernels):
+    rep = kernelize.kernelize(_llama(), kernels_dir=kernels, arch="sm_90", verbose=False,
+                              mode="training")
+    assert not rep.swapped
+    (line,) = [ln for ln in _training_lines(rep) if "[silu_mul" in ln]
+    assert "would run under autograd" in line and "silu_mul_backward 1.0.0" in line
+
+
+# ---- eager autograd where the kernel cannot give the gradients -------------------------------
+
+def test_double_backward_through_an_mlp_is_computed_by_eager_autograd_and_said_once(
+        kernels, gpu_faked, caplog):
+    ref, mlp = _mlp(), _mlp()
+    _kz(mlp, kernels_dir=kernels, mode="training")
+    assert "_kz_bwd" in mlp.__dict__
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(4))
+    ws = lambda layer: (layer.gate_proj.weight, layer.up_proj.weight)  # noqa: E731
+
+    def second_order(layer):
+        xs = x.clone().requires_grad_()
+        first = torch.autograd.grad(layer(xs).square().sum(), (xs, *ws(layer)), create_graph=True)
+        if layer is mlp:   # create_graph: eager autograd's gradients, not the kernel's
+            assert gpu_faked.gated.calls == []
+        # (the second backward passes the node again, first order: d(2y)/dh; the kernel runs)
+        second = torch.autograd.grad(sum(g.square().sum() for g in first), (xs, *ws(layer)))
+        gpu_faked.gated.calls.clear()
+        return (*first, *second)
+
+    with caplog.at_level(logging.WARNING, logger="kernelize"):
+        got = second_order(mlp)
+        got2 = second_order(mlp)
+    want = second_order(ref)
+    for a, b, c in zip(got[:3], got2[:3], want[:3]):   # first order: eager's bits
+        assert torch.equal(a, c) and torch.equal(b, c)
+    for a, b, c in zip(got[3:], got2[3:], want[3:]):   # second order: eager's formula
+        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-5)
+        assert torch.equal(a, b)
+    said = [r.getMessage() for r in caplog.records if "double backward" in r.getMessage()
+            and "silu_mul layer" in r.getMessage()]
+    assert len(said) <= 1 and all("eager autograd computes them" in s for s in said)
+    assert said or any("silu_mul layer" in w for w in training._SAID)
+    # a first-order backward launches the kernel
+    xs = x.clone().requires_grad_()
+    mlp(xs).sum().backward()
+    assert gpu_faked.gated.stages() == ["grad"]
+
+
+def test_an_incoming_gradient_of_another_dtype_is_computed_by_eager_autograd(caplog):
+    """The engine casts a node's incoming gradient to its output's dtype, so this is the
+    Function's own guard, called as the engine would call it."""
+    bk = RecordingGatedBackward()
+    g = _gate_values(3, 8, torch.bfloat16, 9)
+    u = torch.randn(3, 8).to(torch.bfloat16)
+    dy = torch.randn(3, 8)   # f32
+    ctx = types.SimpleNamespace(saved_tensors=(g, u), bk=bk, label="silu_mul_backward 1.0.0 (test)",
+                                needs_input_grad=(True, True, False, False, False, False))
+    # (the engine runs a first-order backward with grad mode off)
+    with caplog.at_level(logging.WARNING, logger="kernelize"), torch.no_grad():
+        d_gate, d_up, *rest = training.SiluMulFunction.backward(ctx, dy)
+    assert bk.calls == [] and rest == [None] * 4
+    gs, us = g.clone().requires_grad_(), u.clone().requires_grad_()
+    want = torch.autograd.grad(F.silu(gs) * us, (gs, us), dy.to(torch.bfloat16))
+    assert torch.equal(d_gate, want[0]) and torch.equal(d_up, want[1])
+    msg = ("the incoming gradient is torch.float32 on cpu, the layer's input torch.bfloat16 on cpu: "
+           "eager autograd computes the gradients, not silu_mul_backward 1.0.0 (test)")
+    assert msg in training._SAID
+    # the same dtype: the kernel, each gradient asked for
+    ctx.needs_input_grad = (False, True, False, False, False, False)
+    with torch.no_grad():
+        d_gate, d_up, *_ = training.SiluMulFunction.backward(ctx, dy.to(torch.bfloat16))
+    assert bk.stages() == ["grad"] and d_gate is None and torch.equal(d_up, want[1])
+
+
+# ---- torch.compile ---------------------------------------------------------------------------
+
+_GATED_OPS_REGISTERED = False
+
+
+@pytest.fixture
+def cpu_gated_ops():
+    """CPU implementations of the gated training custom ops (this process only; the package
+    registers CUDA ones): the forward formula, and the backward through the recording kernel."""
+    global _GATED_OPS_REGISTERED
+    if not _GATED_OPS_REGISTERED:
+        torch.library.register_kernel(
+            "kernelize::silu_mul_train", "cpu",
+            lambda g, u, fkey, bkey: (F.silu(g) * u).contiguous())
+        torch.library.register_kernel(
+            "kernelize::launch_silu_mul_backward", "cpu",
+            lambda dy, g, u, key: training.run_silu_mul_backward(ops.kernel(key), dy, g, u))
+        _GATED_OPS_REGISTERED = True
+
+
+def test_the_gated_training_ops_are_registered_with_fakes_and_autograd():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    for name in ("silu_mul_train", "launch_silu_mul_backward"):
+        assert hasattr(torch.ops.kernelize, name)
+    with FakeTensorMode():
+        g = torch.empty(2, 3, 8, dtype=torch.bfloat16)
+        y = torch.ops.kernelize.silu_mul_train(g, g, 1, 2)
+        d_gate, d_up = torch.ops.kernelize.launch_silu_mul_backward(g, g, g, 2)
+    assert (y.shape, d_gate.shape, d_up.shape, d_up.dtype) == ((2, 3, 8), (2, 3, 8), (2, 3, 8),
+                                                                torch.bfloat16)
+
+
+def test_a_training_mode_mlp_compiles_without_graph_breaks(kernels, gpu_faked, cpu_gated_ops,
+                                                           monkeypatch):
+    ref, mlp = _mlp(), _mlp()
+    _kz(mlp, kernels_dir=kernels, mode="training")
+    monkeypatch.setattr(torch.cuda, "is_available", _IS_AVAILABLE)  # swapped; dynamo asks CUDA
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        from functorch.compile import make_boxed_func
+        from torch._dynamo.backends.common import aot_autograd
+        return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g),
+                            bw_compiler=lambda g, _: make_boxed_func(g))(gm, example_inputs)
+
+    torch._dynamo.reset()
+    f = torch.compile(mlp, backend=backend, fullgraph=True)
+    x = torch.randn(5, 16, generator=torch.Generator().manual_seed(5))
+    xs, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    f(xs).square().sum().backward()
+    ref(xr).square().sum().backward()
+    assert len(graphs) == 1
+    assert "kernelize.silu_mul_train" in str(graphs[0].graph)
+    # the stand-in computes eager's chain exactly: eager's gradients bit for bit
+    assert torch.equal(xs.grad, xr.grad)
+    for p in PROJS:
+        assert torch.equal(getattr(mlp, p).weight.grad, getattr(ref, p).weight.grad), p
+    assert gpu_faked.gated.stages() == ["grad"]   # the backward op launched the entry
+    torch._dynamo.reset()
+
+
+# ---- the source's answer -------------------------------------------------------------------
+
+class _Hub(HubSource):
+    """A HubSource answering from a local kernels folder (no server), recording each query; a
+    backward answer carries the verification's GPU figures, as a hub's does."""
+
+    def __init__(self, root, shape=None, fail=None):
+        self.url, self.dir, self.shape, self.fail = "http://hub.test", DirSource(root, None), shape, fail
+        self.request_widths, self.queries = False, []
+
+    def resolve(self, key, device=None):
+        self.queries.append((key.op, device))
+        if self.fail is not None and key.op == self.fail[0]:
+            raise self.fail[1]
+        r = self.dir.resolve(key)
+        if r.kernel is not None and key.op in training.BLOCKS_OF and self.shape:
+            r.kernel.evidence["device_shape"] = self.shape
+        return r
+
+
+class _Props:
+    def __init__(self, sms=114, threads_per_sm=2048):
+        self.multi_processor_count, self.max_threads_per_multi_processor = sms, threads_per_sm
+
+
+def test_the_gated_backward_does_not_depend_on_the_gpus_figures(kernels, gpu_faked, monkeypatch):
+    """silu_mul_backward's verdict holds on any GPU (elementwise, any grid gives its bits): its
+    query carries no GPU figures and a verification on a GPU of other figures is taken; the
+    norms' backward (verified on 132 SMs) is refused on this 114-SM GPU."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: _Props())
+    hub = _Hub(kernels, {"name": "NVIDIA H200", "sm_count": 132, "threads_per_sm": 2048})
+    rep = _kz(_llama(), hub=hub, mode="training")
+    assert all(e.backward is not None for e in rep.entries if e.op == "silu_mul"), str(rep)
+    assert all(e.backward is None and "verified on a GPU of 132 SMs" in e.backward_reasons[0]
+               for e in rep.entries if e.op == "rms_norm")
+    sent = dict(q for q in hub.queries if q[0] in training.BLOCKS_OF)
+    assert sent == {"silu_mul_backward": None, "rms_norm_backward": (114, 2048)}
+
+
+def test_a_hub_that_refuses_the_backward_query_leaves_the_layer_under_autograd(kernels, gpu_faked,
+                                                                             monkeypatch):
+    """A hub from before the op answers 400 for it: the MLPs keep their original forward under
+    autograd, with the hub's answer as the reason; a rate limit is still the caller's."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: _Props(132))
+    hub = _Hub(kernels, fail=(OP, HubError("GET /v1/resolve {...}: 400 unknown op silu_mul_backward")))
+    rep = _kz(_llama(), hub=hub, mode="training")
+    mlps = [e for e in rep.entries if e.op == "silu_mul"]
+    assert all(e.status == "replaced" and e.backward is None for e in mlps)
+    (line,) = [ln for ln in _training_lines(rep) if "[silu_mul" in ln]
+    assert "no silu_mul_backward kernel: silu_mul_backward: GET /v1/resolve {...}: 400 unknown op" in line
+    assert all(e.backward is not None for e in rep.entries if e.op == "rms_norm")
+    limited = _Hub(kernels, fail=(OP, HubRateLimited("429", 30.0)))
+    with pytest.raises(HubRateLimited):
+        _kz(_llama(), hub=limited, mode="training")
+    r = core._resolve_backward(hub, Key(OP, "default", "bf16", "sm_90", 160, "bit_exact"), None)
+    assert isinstance(r, Resolution) and r.kernel is None and "400 unknown op" in r.excluded[0]
