@@ -29,24 +29,31 @@ def test_the_workspace_ctas_are_the_registrys():
 
 def test_the_clients_backward_launches_are_the_registrys():
     # kernelize.training.stage_dims, the client's twin of kernel_registry::backward::stage_dims,
-    # at every shape and device of the fixture's table
+    # at every shape and device of the fixture's table, for every backward op
     from kernelize import training
     cases = ABI["backward_dims"]["cases"]
     assert len(cases) >= 200
+    assert {k.split(",")[0] for k in cases} == set(training.BLOCKS_OF) == set(ABI["backward_ops"])
     for key, (grid, block) in cases.items():
         op, stage, rows, cols, sms, tps = key.split(",")
-        assert op == training.OP
-        got = training.stage_dims(stage, int(rows), int(cols), int(sms), int(tps))
+        got = training.stage_dims(stage, int(rows), int(cols), int(sms), int(tps), op)
         assert got == ((grid, 1, 1), (block, 1, 1)), key
 
 
 def test_the_backward_ops_are_the_registrys():
+    from kernelize import training
     ops = ABI["backward_ops"]
-    assert set(ops) == {"rms_norm_backward"}
+    assert set(ops) == {"rms_norm_backward", "silu_mul_backward"}
     op = ops["rms_norm_backward"]
     assert (op["forward"], op["semantics"]) == ("rms_norm", ["llama"])
     assert [s["name"] for s in op["stages"]] == ["dx", "dwp", "dw"]
     assert [s["block"] for s in op["stages"]] == [512, 128, 128]
+    op = ops["silu_mul_backward"]
+    assert (op["forward"], op["semantics"]) == ("silu_mul", ["default"])
+    assert [(s["name"], s["block"]) for s in op["stages"]] == [("grad", 256)]
+    assert op["stages"][0]["names"] == ["d_gate", "d_up", "dy", "gate", "up", "rows", "cols"]
+    # the client launches each with the ABI's blocks
+    assert {o: {s["name"]: s["block"] for s in a["stages"]} for o, a in ops.items()} == training.BLOCKS_OF
     # the backward ops are not forward ops: no client launch, generator or op list knows them
     assert not set(ops) & set(ABI["ops"])
 
@@ -57,7 +64,10 @@ def test_the_manifest_rules_know_the_backward_entries():
     # the client's map from a forward (op, semantics) to its backward op is Op::forward's
     assert manifest.BACKWARD_OF == {(a["forward"], sem): op for op, a in ops.items() for sem in a["semantics"]}
     assert {op: tuple(s["name"] for s in a["stages"]) for op, a in ops.items()} == manifest.BACKWARD_OPS
-    assert {op: list(manifest.SEMANTICS[op]) for op in ops} == {op: a["semantics"] for op, a in ops.items()}
+    assert {op: list(manifest.SEMANTICS.get(op, ("default",))) for op in ops} == \
+        {op: a["semantics"] for op, a in ops.items()}
+    # the ops whose verdict holds only for the GPU figures it was measured with
+    assert set(manifest.VERDICT_ON_DEVICE) == {op for op, a in ops.items() if a["verdict_depends_on_device"]}
 
 
 CASES = json.loads((Path(__file__).parent / "fixtures" / "backward_digests.json").read_text(encoding="utf-8"))["cases"]

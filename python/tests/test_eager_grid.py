@@ -27,14 +27,18 @@ def test_every_bundled_exact_kernel_has_an_eager_layer():
     assert uncovered == [], uncovered
     names = {k["name"] for k in kernels}
     from kernelize.manifest import BACKWARD_OPS, parse_manifest_toml
-    probe = (REPO / "scripts" / "backward_probe.py").read_text(encoding="utf-8")
+    # each backward op's probe against eager autograd
+    probes = {"rms_norm_backward": "backward_probe.py", "silu_mul_backward": "gated_backward_probe.py"}
+    assert set(probes) == set(BACKWARD_OPS)
     for d in (REPO / "kernels").iterdir():
         toml = d / "kernel.toml"
         if not toml.is_file() or "KNOWN-DIFFERENT" in toml.read_text(encoding="utf-8"):
             continue
-        if parse_manifest_toml(toml.read_text(encoding="utf-8"))["op"] in BACKWARD_OPS:
-            # a backward kernel: checked against eager autograd by scripts/backward_probe.py
-            assert f'"{d.name}", "kernel.cu"' in probe, f"{d.name}: scripts/backward_probe.py does not run it"
+        op = parse_manifest_toml(toml.read_text(encoding="utf-8"))["op"]
+        if op in BACKWARD_OPS:
+            # a backward kernel: checked against eager autograd by its op's probe
+            probe = (REPO / "scripts" / probes[op]).read_text(encoding="utf-8")
+            assert f'"{d.name}", "kernel.cu"' in probe, f"{d.name}: scripts/{probes[op]} does not run it"
             continue
         assert d.name in names, f"{d.name} is an exact bundled kernel the grid does not run"
     assert all(k["exact"] for k in kernels)
