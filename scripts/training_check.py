@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Issue 30's model-level check: N optimizer steps of the shipped tiny models kernelized in
-training mode against eager, losses and updated parameters compared bit for bit, and the
-training step's time.
+training mode against eager, losses, gradients and updated parameters compared bit for bit, and
+the training step's time.
 
 On the GPU machine:
 
@@ -11,15 +11,18 @@ Without a GPU, `--dry-run` runs the same code paths on the CPU (kernelize report
 replace and keeps every layer; both runs are eager, so they agree by construction: it checks the
 script and the kernels folder, not the kernels).
 
-What it runs: a kernels folder of the bundled exact forward (`kernels/rms_norm_llama`) and the
-backward kernel (`kernels/rms_norm_llama_backward/`), read with `kernels_dir=` (local
-kernels: not verified by a hub); or, with `--hub URL`, the kernels that hub hands out under the
-default policy (bit_exact), the forward and backward verdicts both certified (the bundled
-certificates of a fresh `kernelize serve`). For each model (models/tiny-llama: its RMSNorm layers get the forward and
-backward kernels; models/tiny-gpt2: LayerNorm, no backward op, so its layers keep their original
-forward under autograd) and dtype: two copies from the same weights, one `kernelize(...,
-mode="training")`, both trained with AdamW on the same batches of models/corpus.txt (bytes as
-tokens, as the models were trained); per step the loss bits, at the end every parameter's bits.
+What it runs: a kernels folder of the bundled exact forwards (`kernels/rms_norm_llama`,
+`kernels/silu_mul`) and their backward kernels (`kernels/rms_norm_llama_backward/`,
+`kernels/silu_mul_backward/`), read with `kernels_dir=` (local kernels: not verified by a hub;
+`--no-gated` leaves the gated MLP's two out); or, with `--hub URL`, the kernels that hub hands
+out under the default policy (bit_exact), the forward and backward verdicts both certified (the
+bundled certificates of a fresh `kernelize serve`). For each model (models/tiny-llama: its
+RMSNorm layers and its gated MLPs get the forward and backward kernels, except the RMSNorm
+layers in f32, which keep their original forward under autograd; models/tiny-gpt2: LayerNorm
+and GELU, no backward op, so its layers keep their original forward under autograd) and dtype:
+two copies from the same weights, one `kernelize(..., mode="training")`, both trained with AdamW
+on the same batches of models/corpus.txt (bytes as tokens, as the models were trained); per
+step the loss bits and every parameter's gradient bits, at the end every parameter's bits.
 Eager must be reproducible for the comparison to mean anything: attention runs HF's eager
 implementation, torch's deterministic algorithms are on (CUBLAS_WORKSPACE_CONFIG set), and a
 second eager copy is trained too: its losses and parameters against the first are the control
@@ -54,12 +57,17 @@ DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 MODELS = ["tiny-llama", "tiny-gpt2"]
 
 
-def kernels_dir(root: str) -> str:
-    """A kernels folder: the bundled exact forward and the backward kernel's folder."""
+KERNELS = ["rms_norm_llama", "rms_norm_llama_backward", "silu_mul", "silu_mul_backward"]
+GATED = ["silu_mul", "silu_mul_backward"]
+
+
+def kernels_dir(root: str, gated: bool = True) -> str:
+    """A kernels folder: the bundled exact forwards and their backward kernels' folders (without
+    the gated MLP's two unless `gated`)."""
     out = os.path.join(root, "kernels")
-    shutil.copytree(os.path.join(ROOT, "kernels", "rms_norm_llama"), os.path.join(out, "rms_norm_llama"))
-    shutil.copytree(os.path.join(ROOT, "kernels", "rms_norm_llama_backward"),
-                    os.path.join(out, "rms_norm_llama_backward"))
+    for name in KERNELS:
+        if gated or name not in GATED:
+            shutil.copytree(os.path.join(ROOT, "kernels", name), os.path.join(out, name))
     return out
 
 
@@ -80,17 +88,28 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().reshape(-1).view(INT_OF_SIZE[t.element_size()])
 
 
-def train(model, data, lr: float, timed_from: int, cuda: bool) -> tuple[list[float], list[bytes], list[float]]:
-    """AdamW steps over `data`: each loss (value and bits), and each step's time (ms) from
-    `timed_from` on."""
+def grad_digests(model) -> dict[str, bytes]:
+    """Each parameter's gradient bits, hashed (None-gradients left out)."""
+    import hashlib
+    return {n: hashlib.sha256(bits(p.grad).cpu().numpy().tobytes()).digest()
+            for n, p in model.named_parameters() if p.grad is not None}
+
+
+def train(model, data, lr: float, timed_from: int, cuda: bool
+          ) -> tuple[list[float], list[bytes], list[float], list[dict[str, bytes]]]:
+    """AdamW steps over `data`: each loss (value and bits), each step's time (ms) from
+    `timed_from` on, and each step's gradient digests (`grad_digests`, taken outside the
+    timed steps)."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses, loss_bits, times = [], [], []
+    losses, loss_bits, times, grads = [], [], [], []
     for i, ids in enumerate(data):
         if cuda:
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         loss = model(input_ids=ids, labels=ids, use_cache=False).loss
         loss.backward()
+        if i < timed_from:
+            grads.append(grad_digests(model))
         opt.step()
         opt.zero_grad(set_to_none=True)
         if cuda:
@@ -100,7 +119,18 @@ def train(model, data, lr: float, timed_from: int, cuda: bool) -> tuple[list[flo
                 times.append(start.elapsed_time(stop))
         losses.append(float(loss))
         loss_bits.append(bits(loss).cpu().numpy().tobytes())
-    return losses, loss_bits, times
+    return losses, loss_bits, times, grads
+
+
+def backward_launches() -> dict[str, dict[str, int]]:
+    """The loaded backward kernels' launches so far, by kernel and entry (summed over dtypes)."""
+    from kernelize import training
+    out: dict[str, dict[str, int]] = {}
+    for bk in list(training._CACHE.values()):
+        per = out.setdefault(bk.manifest["name"], {})
+        for stage, n in bk.launches.items():
+            per[stage] = per.get(stage, 0) + n
+    return out
 
 
 def check(model_name: str, dtype: str, steps: int, source: dict, device, dry: bool) -> dict:
@@ -115,9 +145,11 @@ def check(model_name: str, dtype: str, steps: int, source: dict, device, dry: bo
                               **({"device": "cpu", "swap": False, "arch": "sm_90"} if dry else {}))
     data = batches(steps, 4, 64, device)
     cuda = device.type == "cuda"
-    le, be, te = train(eager, data, 1e-3, 3, cuda)
-    _, ba, _ = train(again, data, 1e-3, 3, cuda)
-    lk, bk, tk = train(kz, data, 1e-3, 3, cuda)
+    le, be, te, ge = train(eager, data, 1e-3, 3, cuda)
+    _, ba, _, ga = train(again, data, 1e-3, 3, cuda)
+    before = backward_launches()
+    lk, bk, tk, gk = train(kz, data, 1e-3, 3, cuda)
+    after = backward_launches()
     params = dict(eager.named_parameters())
 
     def differing(model) -> dict:
@@ -127,23 +159,41 @@ def check(model_name: str, dtype: str, steps: int, source: dict, device, dry: bo
             if d:
                 out[n] = d
         return out
+    def grads_differing(g) -> dict[str, list[str]]:
+        """step -> the parameters whose gradient bits differ from eager's (the untimed steps)."""
+        out = {}
+        for i, (a, b) in enumerate(zip(ge, g)):
+            names = sorted(n for n in set(a) | set(b) if a.get(n) != b.get(n))
+            if names:
+                out[str(i)] = names
+        return out
     loss_diff = [i for i, (a, b) in enumerate(zip(be, bk)) if a != b]
     differ = differing(kz)
-    control = ([i for i, (a, b) in enumerate(zip(be, ba)) if a != b], differing(again))
+    grad_diff = grads_differing(gk)
+    control = ([i for i, (a, b) in enumerate(zip(be, ba)) if a != b], differing(again),
+               grads_differing(ga))
     out = {
         "model": model_name, "dtype": dtype, "steps": steps,
         "replaced": [e.path for e in rep.replaced],
         "with_backward": [e.path for e in rep.entries if getattr(e, "backward", None) is not None],
+        "backward_kernels": sorted({e.backward.name for e in rep.entries
+                                    if getattr(e, "backward", None) is not None}),
+        # each backward kernel's launches by entry while the kernelized copy trained
+        "backward_launches": {k: {s: n - before.get(k, {}).get(s, 0) for s, n in v.items()}
+                              for k, v in after.items()},
         "report": str(rep),
         "losses_eager": le, "losses_kernelized": lk,
         "loss_steps_differing": loss_diff,
         "parameters_differing": differ,
+        "gradients_differing": grad_diff,
+        "grad_steps_compared": len(gk),
         "eager_repeat_loss_steps_differing": control[0],
         "eager_repeat_parameters_differing": control[1],
+        "eager_repeat_gradients_differing": control[2],
         "step_ms_eager": statistics.median(te) if te else None,
         "step_ms_kernelized": statistics.median(tk) if tk else None,
     }
-    out["ok"] = not loss_diff and not differ and not control[0] and not control[1]
+    out["ok"] = not loss_diff and not differ and not grad_diff and not any(control)
     return out
 
 
@@ -156,6 +206,8 @@ def main() -> int:
     p.add_argument("--dry-run", action="store_true", help="the code paths on the CPU (numbers mean nothing)")
     p.add_argument("--hub", metavar="URL", help="take the kernels from this hub (its verified forward and "
                    "backward kernels) instead of the local kernels folder")
+    p.add_argument("--no-gated", action="store_true", help="the local kernels folder without the gated "
+                   "MLP's forward and backward kernels (silu_mul, silu_mul_backward)")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     dry = a.dry_run
@@ -174,8 +226,10 @@ def main() -> int:
         pass
     rows, errors = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        source = {"hub": a.hub} if a.hub else {"kernels_dir": kernels_dir(tmp)}
-        env["source"] = f"hub {a.hub}" if a.hub else "kernels_dir (bundled forward + backward, local)"
+        source = {"hub": a.hub} if a.hub else {"kernels_dir": kernels_dir(tmp, gated=not a.no_gated)}
+        env["source"] = f"hub {a.hub}" if a.hub else (
+            "kernels_dir (bundled forward + backward, local: "
+            + ", ".join(k for k in KERNELS if not (a.no_gated and k in GATED)) + ")")
         for m in a.models.split(","):
             for dt in a.dtypes.split(","):
                 try:
@@ -187,13 +241,16 @@ def main() -> int:
     with open(os.path.join(a.out, "training_check.json"), "w") as f:
         json.dump({"env": env, "rows": rows, "errors": errors}, f, indent=1)
     print(json.dumps(env))
-    print("| model | dtype | layers replaced (with a backward kernel) | loss steps differing | parameters differing | eager vs eager (control) | step ms eager | step ms kernelized |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| model | dtype | layers replaced (with a backward kernel) | loss steps differing | gradient steps differing | parameters differing | eager vs eager (control) | step ms eager | step ms kernelized |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         fmt = lambda v: f"{v:.2f}" if isinstance(v, float) else "-"  # noqa: E731
         print(f"| {r['model']} | {r['dtype']} | {len(r['replaced'])} ({len(r['with_backward'])}) | "
-              f"{len(r['loss_steps_differing'])} of {r['steps']} | {sum(r['parameters_differing'].values())} | "
-              f"{len(r['eager_repeat_loss_steps_differing'])}, {sum(r['eager_repeat_parameters_differing'].values())} | "
+              f"{len(r['loss_steps_differing'])} of {r['steps']} | "
+              f"{len(r['gradients_differing'])} of {r['grad_steps_compared']} | "
+              f"{sum(r['parameters_differing'].values())} | "
+              f"{len(r['eager_repeat_loss_steps_differing'])}, {sum(r['eager_repeat_parameters_differing'].values())}, "
+              f"{len(r['eager_repeat_gradients_differing'])} | "
               f"{fmt(r['step_ms_eager'])} | {fmt(r['step_ms_kernelized'])} |")
     ok = not errors and all(r["ok"] for r in rows)
     print("ALL BIT-IDENTICAL" if ok else "DIFFERENCES OR ERRORS (see training_check.json)")

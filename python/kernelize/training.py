@@ -153,7 +153,8 @@ class BackwardKernel(SharedOnCopy):
     """One dtype's module of a backward kernel (`op`: rms_norm_backward or silu_mul_backward,
     its entries `BACKWARD_OPS[op]`), compiled by NVRTC as the verifier compiles it and loaded on
     one device. `launch(stage, grid, block, tensors, scalars)` launches one entry on the current
-    stream (ints are `long long`, floats `float`)."""
+    stream (ints are `long long`, floats `float`); `launches` counts them by entry (what
+    scripts/training_check.py reports: the backward kernels ran)."""
 
     runtime = "cuda"
 
@@ -182,6 +183,7 @@ class BackwardKernel(SharedOnCopy):
         self._index = device.index
         self._cu_launch = L._cu_launch(self.lib)
         self._lock = threading.Lock()
+        self.launches = {stage: 0 for stage in BACKWARD_OPS[op]}
         self.record = {"kernel": manifest["name"], "op": op, "dtype": dtype,
                        "symbols": dict(self.symbols), "arch": f"sm_{major}{minor}",
                        "program_name": self.code.program_name, "options": list(self.code.options),
@@ -199,6 +201,7 @@ class BackwardKernel(SharedOnCopy):
         with self._lock:
             res = self._cu_launch(self.funcs[stage], *grid, *block, 0,
                                   L._current_stream(self._index), argv, None)
+            self.launches[stage] += 1
         if res != 0:
             L._check(self.lib, res, f"launching {self.symbols[stage]}")
 

@@ -1,6 +1,7 @@
 """GPU: kernelize tiny models with the bundled exact kernels (local folder, as the hub would
 hand them out once verified) and compare the logits bit for bit with eager; run the model-level
-harness (`python3 -m kernelize_verifier.model_level`) on the shipped models in models/.
+harness (`python3 -m kernelize_verifier.model_level`) on the shipped models in models/; train
+the shipped tiny Llama in training mode with the backward kernels against eager (issue 30).
 Skips loudly without CUDA (CI has no GPU); run on the GPU machine with
 `python3 -m pytest -q -rs python/tests/test_gpu.py`.
 
@@ -496,3 +497,41 @@ def test_shipped_tiny_llama_compiled_and_cuda_graphs_bit_exact(mlp_op):
                 assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
     torch._dynamo.reset()
     kernelize.unkernelize(model)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+def test_shipped_tiny_llama_training_bit_exact_with_the_backward_kernels(tmp_path, dtype):
+    """Issue 30: models/tiny-llama kernelized in training mode with the real kernels from a
+    local folder (the exact forwards rms_norm_llama and silu_mul, the backward kernels
+    rms_norm_llama_backward and silu_mul_backward), 5 AdamW steps against eager: every loss,
+    every gradient of the first 3 steps and every parameter at the end bit for bit, eager
+    against itself too (scripts/training_check.py, in its own process: it makes cuBLAS
+    deterministic before CUDA starts). Each of the 4 gated MLPs runs silu_mul_backward's `grad`
+    once a step; the 9 RMSNorm layers their three entries, except in f32, where they keep their
+    original forward under autograd (docs/backward.md)."""
+    steps = 5
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "training_check.py"), str(tmp_path),
+                        "--steps", str(steps), "--dtypes", dtype, "--models", "tiny-llama"],
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    data = json.loads((tmp_path / "training_check.json").read_text())
+    assert not data["errors"], data["errors"]
+    (row,) = data["rows"]
+    mlps = [p for p in row["with_backward"] if p.endswith(".mlp")]
+    assert len(mlps) == 4, row["report"]
+    assert len(row["with_backward"]) == (4 if dtype == "f32" else 13), row["report"]
+    assert row["backward_kernels"] == (["silu_mul_backward"] if dtype == "f32" else
+                                       ["rms_norm_llama_backward", "silu_mul_backward"])
+    launches = row["backward_launches"]
+    assert launches.get("silu_mul_backward") == {"grad": 4 * steps}, launches
+    if dtype != "f32":
+        assert launches.get("rms_norm_llama_backward") == {"dx": 9 * steps, "dwp": 9 * steps,
+                                                           "dw": 9 * steps}, launches
+    # the control: eager repeats itself, else nothing below means anything
+    assert not row["eager_repeat_loss_steps_differing"] and not row["eager_repeat_parameters_differing"]
+    assert not row["eager_repeat_gradients_differing"]
+    assert row["grad_steps_compared"] == 3
+    assert row["loss_steps_differing"] == [], (row["losses_eager"], row["losses_kernelized"])
+    assert row["gradients_differing"] == {}, row["gradients_differing"]
+    assert row["parameters_differing"] == {}, row["parameters_differing"]
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]

@@ -1,7 +1,8 @@
 """scripts/training_check.py (issue 30's model-level training check, run on the GPU machine)
-stays runnable: its --dry-run on the CPU builds the kernels folder (the bundled forward and the
-backward kernel with its entries spelled out), kernelizes the shipped tiny Llama in training mode
-(every RMSNorm layer takes both kernels; nothing is swapped without CUDA) and trains both copies."""
+stays runnable: its --dry-run on the CPU builds the kernels folder (the bundled forwards and the
+backward kernels with their entries spelled out), kernelizes the shipped tiny Llama in training
+mode (every RMSNorm layer and gated MLP takes both kernels; nothing is swapped without CUDA) and
+trains both copies."""
 import json
 import subprocess
 import sys
@@ -18,9 +19,12 @@ def test_the_training_check_runs_on_the_cpu(tmp_path):
     data = json.loads((tmp_path / "training_check.json").read_text())
     assert not data["errors"] and data["env"]["dry_run"] is True
     (row,) = data["rows"]
-    # the tiny Llama's 9 RMSNorm layers: each would take the forward and the backward kernel
-    assert len(row["replaced"]) == 9 and row["with_backward"] == row["replaced"]
+    # the tiny Llama's 9 RMSNorm layers and 4 gated MLPs: each would take the forward and the
+    # backward kernel
+    assert len(row["replaced"]) == 13 and row["with_backward"] == row["replaced"]
+    assert row["backward_kernels"] == ["rms_norm_llama_backward", "silu_mul_backward"]
     assert len(row["losses_eager"]) == 2 and row["ok"]
+    assert row["grad_steps_compared"] == 2 and row["gradients_differing"] == {}
     assert "ALL BIT-IDENTICAL" in r.stdout
 
 
