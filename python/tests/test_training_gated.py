@@ -617,3 +617,22 @@ def test_a_hub_that_refuses_the_backward_query_leaves_the_layer_under_autograd(k
         _kz(_llama(), hub=limited, mode="training")
     r = core._resolve_backward(hub, Key(OP, "default", "bf16", "sm_90", 160, "bit_exact"), None)
     assert isinstance(r, Resolution) and r.kernel is None and "400 unknown op" in r.excluded[0]
+
+
+def test_a_training_lock_pins_the_gated_backward_or_the_hubs_reason(kernels, tmp_path):
+    """kernelize.lock(..., mode="training") pins silu_mul_backward beside the forwards and the
+    norms' backward, read offline; a hub that refuses the query: its reason is pinned."""
+    path = tmp_path / "k.lock.json"
+    data = kernelize.lock(_llama(), hub=_Hub(kernels), path=path, arch="sm_90", mode="training")
+    pinned = {r["op"]: r["digest"] is not None for r in data["resolutions"]}
+    assert pinned == {"rms_norm": True, "rms_norm_backward": True, "silu_mul": True, OP: True}
+    rep = kernelize.kernelize(_llama(), lock=path, arch="sm_90", verbose=False, mode="training")
+    assert all(e.backward is not None and e.backward.name == OP
+               for e in rep.entries if e.op == "silu_mul"), str(rep)
+    refused = _Hub(kernels, fail=(OP, HubError("GET /v1/resolve {...}: 400 unknown op")))
+    data = kernelize.lock(_llama(), hub=refused, path=path, arch="sm_90", mode="training")
+    (r,) = [r for r in data["resolutions"] if r["op"] == OP]
+    assert r["digest"] is None and "400 unknown op" in r["excluded"][0]
+    rep = kernelize.kernelize(_llama(), lock=path, arch="sm_90", verbose=False, mode="training")
+    (line,) = [ln for ln in _training_lines(rep) if "[silu_mul" in ln]
+    assert "no silu_mul_backward kernel" in line and "400 unknown op" in line
