@@ -29,9 +29,10 @@ GB/s of the backward (read dy, x, w, mean, rstd; write dx, dw, db).
 
 The work-in-progress kernel kernels/wip/layer_norm_backward/kernel.cu (skipped with --no-kernel
 and on the dry run): NVRTC compiles it for this GPU's sm (every dtype in one module), and each
-case launches it on the same inputs and eager's saved mean/rstd, as eager launches its kernels
-(dx: block 128, grid rows; dw/db: block (32, 32), grid ceil(cols / 32); dw/db not where rows >
-65536, where ln_bwd_dwdb traps), outputs NaN-poisoned first, inputs compared with clones after:
+case launches it on the same inputs and eager's saved mean/rstd (dx: block 128, grid rows, as eager
+launches its kernel; dw/db: `dwdb_launch`, a tile of 8..64 columns a block chosen for the SM
+count, block (tile threads, bdy(rows)); dw/db not where rows > 65536, where ln_bwd_dwdb traps),
+outputs NaN-poisoned first, inputs compared with clones after:
 elements differing from eager (and from the emulation where it ran). The timing adds the
 kernel's two launches (CUDA events, as eager's bare backward op) and its bits at those shapes. A
 kernel error switches it off for the rest of the run; one that loses the CUDA context (a trap)
@@ -192,16 +193,40 @@ class KernelArgError(ValueError):
     """Inputs the kernel's ABI does not take (nothing was launched)."""
 
 
+def dwdb_launch(rows: int, cols: int, sms: int, aligned: bool = True):
+    """(grid, block) for ln_bwd_dwdb (kernel.cu's header; the bits depend on neither). rows < 64:
+    a block per 32 columns, block (32, 8) (the rows staged through shared memory) from 33 rows on,
+    (32, 1) below (eager's block; staging cost more than it saved there on an H200). Else block
+    (bx, bdy(rows)): a thread carries vc columns (2 where the kernel takes two: cols even and >=
+    4096, dy and x 2-element aligned, as fresh tensors are), the tile is vc * bx columns with bx
+    the widest of 32, 16, 8 (16, 8 below 1024 rows) that still gives at least 0.9 * sms tiles
+    (else 8): on an H200 the widest tiles with about one block a multiprocessor were fastest,
+    narrower tiles spread few columns over more multiprocessors, and with few rows a chain (under
+    1024 rows: 4 groups of 8 or less) blocks of at most 512 threads did better. The grid: a block
+    per tile."""
+    bdy = 1 if rows < 64 else 8 if rows < 128 else 16 if rows < 256 else 32   # kernel.cu's lb_bdy
+    if bdy == 1:
+        return (cols + 31) // 32, (32, 8 if rows > 32 else 1)
+    vc = 2 if cols % 2 == 0 and cols >= DWDB_VC2_COLS and aligned else 1
+    widths = (32, 16, 8) if rows >= 1024 else (16, 8)   # short chains: smaller blocks did better
+    bx = next((b for b in widths if -(-cols // (vc * b)) >= 0.9 * sms), 8)
+    return -(-cols // (vc * bx)), (bx, bdy)
+
+
+DWDB_VC2_COLS = 4096    # kernel.cu's LB_GB_VC2_COLS
+
+
 class GpuLnBackward:
-    """kernel.cu's entries ln_bwd_dx_<dt>, ln_bwd_dwdb_<dt> (one NVRTC module for this GPU's sm),
-    launched as eager launches its kernels: dx with block 128 and grid = rows, dw/db with block
-    (32, 32) and grid ceil(cols / 32). mean, rstd: the forward's saved f32 statistics [rows]."""
+    """kernel.cu's entries ln_bwd_dx_<dt>, ln_bwd_dwdb_<dt> (one NVRTC module for this GPU's sm):
+    dx launched as eager launches its kernel, block 128 and grid = rows; dw/db as `dwdb_launch`
+    says for this GPU's SM count. mean, rstd: the forward's saved f32 statistics [rows]."""
 
     def __init__(self, device):
         src = open(KSRC, encoding="utf-8").read()
         self.mod = CudaModule(src, "layer_norm_backward.cu", device,
                               [f"ln_bwd_{e}_{dt}" for dt in DT for e in ("dx", "dwdb")])
         self.code = self.mod.code
+        self.sms = torch.cuda.get_device_properties(device).multi_processor_count
 
     def bind(self, dy, x, w, mean, rstd, poison=False):
         """A zero-argument function running both launches on these tensors (checked here, once)
@@ -218,7 +243,10 @@ class GpuLnBackward:
                                      f"{t.device}; the ABI wants {want[name]} contiguous on {x.device}")
         dwdb = rows <= DWDB_MAX_ROWS
         launch = self.mod.launch
-        dx_entry, dwdb_entry, tiles = f"ln_bwd_dx_{dt}", f"ln_bwd_dwdb_{dt}", (cols + 31) // 32
+        dx_entry, dwdb_entry = f"ln_bwd_dx_{dt}", f"ln_bwd_dwdb_{dt}"
+        al = 2 * x.element_size()
+        gb_grid, gb_block = dwdb_launch(rows, cols, self.sms,
+                                        aligned=dy.data_ptr() % al == 0 and x.data_ptr() % al == 0)
 
         def go():
             dx = torch.empty((rows, cols), dtype=T, device=x.device)
@@ -231,7 +259,7 @@ class GpuLnBackward:
             # T* dx, const T* dy, const T* x, const float* mean, const float* rstd, const T* w, rows, cols
             launch(dx_entry, rows, 128, (dx, dy, x, mean, rstd, w, rows, cols))
             if dwdb:  # T* dw, T* db, const T* dy, const T* x, const float* mean, const float* rstd, rows, cols
-                launch(dwdb_entry, tiles, (32, 32), (dw, db, dy, x, mean, rstd, rows, cols))
+                launch(dwdb_entry, gb_grid, gb_block, (dw, db, dy, x, mean, rstd, rows, cols))
             return dx, dw, db
         return go
 
@@ -421,6 +449,8 @@ def time_shape(dt, rows, cols, device, reps, do_compile, report, kern=None):
                 t["kernel_dwdb"] = NO_DWDB + ": the time is dx's alone"
             else:
                 t["kernel_dw_max_ulp"] = max_ulp(kdw, ew)
+            g, bl = dwdb_launch(rows, cols, kern.k.sms)
+            t["kernel_dwdb_launch"] = dict(grid=g, block=list(bl))
             t["kernel_bwd_us"] = timed(kern.k.bind(dy, x, w, mean, rstd), device, reps)
             t["kernel_kernels_us"] = kernel_times(kern.k.bind(dy, x, w, mean, rstd), device, reps)
         except Exception as e:  # noqa: BLE001
@@ -692,15 +722,18 @@ def print_kernel_table(rep):
                   f"{t.get('eager_op_over_kernel')} | {d['dx']}/{d['dw']}/{d['db']} "
                   f"({t['kernel_dx_max_ulp']}/{t.get('kernel_dw_max_ulp', '-')}) |")
         print()
-        print("GPU time per kernel (µs a call, torch.profiler): eager's backward op's kernels; the kernel's.\n")
-        print("| dtype | M | N | eager's kernels | the kernel's |")
-        print("| --- | ---: | ---: | --- | --- |")
+        print("GPU time per kernel (µs a call, torch.profiler): eager's backward op's kernels; the kernel's "
+              "(and ln_bwd_dwdb's grid x block).\n")
+        print("| dtype | M | N | eager's kernels | the kernel's | dw/db launch |")
+        print("| --- | ---: | ---: | --- | --- | --- |")
         for t in kt:
             if "kernel_kernels_us" in t:
                 def fmt(d):
                     return "; ".join(f"{k[:48]} {v}" for k, v in d.items()) or "-"
+                ln = t.get("kernel_dwdb_launch")
+                ln = f"{ln['grid']} x ({ln['block'][0]}, {ln['block'][1]})" if ln else "-"
                 print(f"| {t['dtype']} | {t['rows']} | {t['cols']} | {fmt(t.get('eager_bwd_op_kernels_us', {}))} "
-                      f"| {fmt(t['kernel_kernels_us'])} |")
+                      f"| {fmt(t['kernel_kernels_us'])} | {ln} |")
         print()
 
 

@@ -28,7 +28,10 @@
 // colsum (eager's GammaBeta template kernel; M = rows): bdy = 1 (M < 64), 8 (M < 128),
 // 16 (M < 256), else 32; with bdy = 1 one chain sums every row in order; else chain y sums rows
 // R*k + 8*y + i (R = 8*bdy; k = 0, 1, ..; i = 0..7) in order, then the halving tree over the
-// chains, v[y] += v[y + off] for off = bdy/2 .. 1.
+// chains, v[y] += v[y + off] for off = bdy/2 .. 1. Which thread runs which chain, how many columns
+// it carries and when it loads are free (the "dw, db" section below): eager's loads in flight,
+// 2-column loads at cols >= 4096, tiles of 8..64 columns (session 26, H200: eager's bits; 0.70-0.93x
+// of the GPU time of eager's GammaBeta kernel from 1024 rows on, bf16; docs, "The kernel").
 //
 // ABI (contiguous row-major [rows, cols] tensors; mean, rstd f32 [rows]):
 //   ln_bwd_dx_<dt>(T* dx, const T* dy, const T* x, const float* mean, const float* rstd,
@@ -38,9 +41,17 @@
 //       one row per block, as eager launches it).
 //   ln_bwd_dwdb_<dt>(T* dw, T* db, const T* dy, const T* x, const float* mean,
 //                    const float* rstd, long long rows, long long cols)
-//       block (32, Y) with bdy(rows) <= Y <= 32 (traps otherwise): (32, 32) always works,
-//       threads y >= bdy(rows) idle; any grid >= 1: the blocks loop over 32-column tiles
-//       (grid ceil(cols / 32): one tile per block, as eager launches it).
+//       block (X, Y): X = 8, 16 or 32, bdy(rows) <= Y <= 32, X * Y a multiple of 32 (traps
+//       otherwise; (32, 32) always works, threads y >= bdy(rows) idle). The blocks loop over
+//       column tiles of VC * X columns (tile = blockIdx.x, + gridDim.x, ...), VC = 2 where cols
+//       is even and >= 4096 and dy, x are 2 * sizeof(T)-aligned (a thread carries two adjacent
+//       columns), else 1; rows < 64 with Y > 1: tiles of X columns, the rows staged through
+//       shared memory. Every block shape and grid >= 1 gives the same bits. For speed, a block
+//       per tile: rows < 64: (32, 1) up to 32 rows, (32, 8) above, grid ceil(cols / 32); else
+//       (X, bdy(rows)) with X the largest of 32, 16, 8 (16, 8 under 1024 rows) giving
+//       ceil(cols / (VC * X)) >= 0.9 * the SM count (else 8), grid ceil(cols / (VC * X)) (scripts/ln_backward_probe.py,
+//       dwdb_launch; on an H200: 128 x (8, 32) at 8192 x 1024, 128 x (16, 32) at 4096 x 4096,
+//       128 x (32, 32) at 8192 x 8192). Eager launches (32, bdy) x ceil(cols / 32).
 //   <dt>: bf16 (T = __nv_bfloat16), f16 (__half), f32 (float).
 // Out of scope: eager's two-pass dw/db variant (rows > 65536 and cols / 32 < sms / 2, which also
 // depends on the device's SM count): ln_bwd_dwdb traps for every rows > 65536.
@@ -196,64 +207,251 @@ LB_DEV void lb_dx(T* __restrict__ dx, const T* __restrict__ dy, const T* __restr
   }
 }
 
-// ---- dw, db: 32 columns per block tile, bdy(rows) row chains per column --------------------------
-__shared__ float lb_cw[32][33], lb_cb[32][33];  // [chain y][column x]
+// ---- dw, db: VC * blockDim.x columns per block tile, bdy(rows) row chains per column ------------
+// The order per column is eager's (above). Free, and chosen for speed (the bits depend on none of
+// it): which thread runs which chain, how many columns a thread carries, when loads are issued.
+// Like eager's GammaBetaBackwardCUDAKernelTemplate (blockReduceGammaBetaBackwardsHelper), a
+// thread loads whole groups of its chain's rows before adding them, and one lane per row loads
+// that row's mean and rstd for the lanes of its chain, which take them by shuffle; unlike it, a
+// thread loads U groups of 8 rows at once (LGU below: 2, i.e. 16 rows of dy and x in flight, where
+// a load is one 16-bit element) and may carry two
+// adjacent columns with one 2 * sizeof(T)-byte load a row (VC = 2: cols even, dy and x so
+// aligned); the tile's width is VC * blockDim.x (blockDim.x = 8, 16 or 32), so a narrow tile puts
+// few columns on many multiprocessors. The block's rows are walked in rounds of U tiles, the same
+// for every thread (shuffles need the whole warp): full rounds without checks, then the rest one
+// tile at a time whose rows past `rows` are skipped.
+__shared__ float lb_cw[32][65], lb_cb[32][65];  // [chain y][column of the tile]
 
 LB_DEV int lb_bdy(i64 rows) { return rows < 64 ? 1 : rows < 128 ? 8 : rows < 256 ? 16 : 32; }
 
+// VC adjacent elements of T: one load (raw), then f32 values
+template <typename T, int VC> struct LG;
+template <> struct LG<float, 1> {
+  typedef float raw;
+  static LB_DEV raw ld(const float* p) { return *p; }
+  static LB_DEV raw zero() { return 0.f; }
+  static LB_DEV float get(raw v, int) { return v; }
+};
+template <> struct LG<float, 2> {
+  typedef uint2 raw;
+  static LB_DEV raw ld(const float* p) { return *reinterpret_cast<const uint2*>(p); }
+  static LB_DEV raw zero() { return make_uint2(0u, 0u); }
+  static LB_DEV float get(raw v, int j) { return __uint_as_float(j ? v.y : v.x); }
+};
+template <> struct LG<__nv_bfloat16, 1> {
+  typedef unsigned short raw;
+  static LB_DEV raw ld(const __nv_bfloat16* p) { return *reinterpret_cast<const unsigned short*>(p); }
+  static LB_DEV raw zero() { return 0; }
+  static LB_DEV float get(raw v, int) { return __uint_as_float((unsigned)v << 16); }
+};
+template <> struct LG<__nv_bfloat16, 2> {  // element c in the low half, c + 1 in the high half
+  typedef unsigned raw;
+  static LB_DEV raw ld(const __nv_bfloat16* p) { return *reinterpret_cast<const unsigned*>(p); }
+  static LB_DEV raw zero() { return 0u; }
+  static LB_DEV float get(raw v, int j) { return __uint_as_float(j ? v & 0xffff0000u : v << 16); }
+};
+template <> struct LG<__half, 1> {
+  typedef unsigned short raw;
+  static LB_DEV raw ld(const __half* p) { return *reinterpret_cast<const unsigned short*>(p); }
+  static LB_DEV raw zero() { return 0; }
+  static LB_DEV float get(raw v, int) { return __half2float(__ushort_as_half(v)); }
+};
+template <> struct LG<__half, 2> {
+  typedef unsigned raw;
+  static LB_DEV raw ld(const __half* p) { return *reinterpret_cast<const unsigned*>(p); }
+  static LB_DEV raw zero() { return 0u; }
+  static LB_DEV float get(raw v, int j) {
+    return __half2float(__ushort_as_half((unsigned short)(j ? v >> 16 : v & 0xffffu)));
+  }
+};
+
+// groups of 8 rows a thread loads before adding them: 2 with one 16-bit element a load (16 rows of
+// dy and x in flight), else 1 (8 rows of 4- or 8-byte loads); more was not faster on an H200
+template <typename T, int VC> struct LGU { static constexpr int U = VC * sizeof(T) >= 4 ? 1 : 2; };
+#ifdef LB_GB_U
+#define LB_GB_UNROLL LB_GB_U
+#else
+#define LB_GB_UNROLL (LGU<T, VC>::U)
+#endif
+
+// one row's terms into a chain: dw's fma(fl(g * fl(h - m)), r, aw), db's fl(ab + g)
+LB_DEV void lb_gb_add(float g, float h, float m, float r, float& aw, float& ab) {
+  aw = fmaf(__fmul_rn(g, __fsub_rn(h, m)), r, aw);
+  ab = __fadd_rn(ab, g);
+}
+
+// One round: tiles k0 / R .. + U - 1 of the thread's chain (rows k0 + u*R + y8 + i, u < U, i < 8),
+// loads first, then the adds in the chain's order. gp, hp: dy, x at row k0 + y8, the thread's
+// columns. live: the thread has a chain (y < bdy) and columns (< cols); chain: y < bdy. GUARD:
+// rows past `rows` are neither loaded nor added.
+template <typename T, int VC, int U, bool GUARD>
+LB_DEV void lb_gb_round(const T* __restrict__ gp, const T* __restrict__ hp, const float* __restrict__ mean,
+                        const float* __restrict__ rstd, i64 k0, i64 y8, i64 R, i64 RC, i64 rows, i64 cols,
+                        bool live, bool chain, int lane, float (&aw)[VC], float (&ab)[VC]) {
+  typedef LG<T, VC> G;
+  typename G::raw g[U][8], h[U][8];
+  float ms[U], rs[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const i64 r0 = k0 + u * R + y8;  // the group's first row
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const bool ok = live && (!GUARD || r0 + i < rows);
+      g[u][i] = ok ? G::ld(gp + u * RC + i * cols) : G::zero();
+      h[u][i] = ok ? G::ld(hp + u * RC + i * cols) : G::zero();
+    }
+    // lane l holds the statistics of its group's row l % 8 (eager's warp_mean, warp_rstd)
+    const i64 sr = r0 + (lane & 7);
+    const bool sok = chain && (!GUARD || sr < rows);
+    ms[u] = sok ? mean[sr] : 0.f;
+    rs[u] = sok ? rstd[sr] : 0.f;
+  }
+  const int src = lane & ~7;  // lanes src .. src + 7 run the same chain (blockDim.x >= 8)
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float m = __shfl_sync(0xffffffffu, ms[u], src | i);
+      const float r = __shfl_sync(0xffffffffu, rs[u], src | i);
+      if (!GUARD || k0 + u * R + y8 + i < rows) {
+#pragma unroll
+        for (int j = 0; j < VC; ++j) lb_gb_add(G::get(g[u][i], j), G::get(h[u][i], j), m, r, aw[j], ab[j]);
+      }
+    }
+  }
+}
+
+template <typename T, int VC>
+LB_DEV void lb_dwdb_vc(T* __restrict__ dw, T* __restrict__ db, const T* __restrict__ dy,
+                       const T* __restrict__ x, const float* __restrict__ mean,
+                       const float* __restrict__ rstd, i64 rows, i64 cols) {
+  constexpr int U = LB_GB_UNROLL;
+  const int bdy = lb_bdy(rows);
+  const int bx = (int)blockDim.x, tx = (int)threadIdx.x, ty = (int)threadIdx.y;
+  const int lane = (tx + bx * ty) & 31;
+  const bool chain = ty < bdy;
+  const i64 R = 8 * (i64)bdy;  // rows per tile: chain y takes rows R*k + 8*y + i, i = 0..7
+  const i64 RC = R * cols;     // elements from one of a chain's groups to its next
+  const i64 y8 = 8 * (i64)ty;
+  const i64 TW = (i64)VC * bx;  // the tile's columns
+  for (i64 c0 = TW * blockIdx.x; c0 < cols; c0 += TW * gridDim.x) {
+    const i64 c = c0 + VC * tx;  // the thread's first column (VC = 2: cols even, so c + 1 < cols too)
+    const bool live = chain && c < cols;
+    float aw[VC], ab[VC];
+#pragma unroll
+    for (int j = 0; j < VC; ++j) aw[j] = ab[j] = 0.f;
+    const T* gp = dy + y8 * cols + c;  // pointers only: dereferenced where live and the row < rows
+    const T* hp = x + y8 * cols + c;
+    i64 k0 = 0;
+    for (; k0 + U * R <= rows; k0 += U * R, gp += U * RC, hp += U * RC)
+      lb_gb_round<T, VC, U, false>(gp, hp, mean, rstd, k0, y8, R, RC, rows, cols, live, chain, lane, aw, ab);
+    for (; k0 < rows; k0 += R, gp += RC, hp += RC)  // the last tiles one at a time (fewer registers)
+      lb_gb_round<T, VC, 1, true>(gp, hp, mean, rstd, k0, y8, R, RC, rows, cols, live, chain, lane, aw, ab);
+#pragma unroll
+    for (int j = 0; j < VC; ++j) {
+      lb_cw[ty][VC * tx + j] = aw[j];
+      lb_cb[ty][VC * tx + j] = ab[j];
+    }
+    // the halving tree over the chains: v[y] += v[y + off], off = bdy/2 .. 1 (eager's way, a warp
+    // a column and a butterfly over its lanes, was slower here on an H200)
+    for (int off = bdy / 2; off > 0; off >>= 1) {
+      __syncthreads();
+      if (ty < off) {
+#pragma unroll
+        for (int j = 0; j < VC; ++j) {
+          const int cx = VC * tx + j;
+          lb_cw[ty][cx] = __fadd_rn(lb_cw[ty][cx], lb_cw[ty + off][cx]);
+          lb_cb[ty][cx] = __fadd_rn(lb_cb[ty][cx], lb_cb[ty + off][cx]);
+        }
+      }
+    }
+    __syncthreads();
+    if (ty == 0 && c < cols) {
+#pragma unroll
+      for (int j = 0; j < VC; ++j) {
+        LT<T>::st(dw + c + j, lb_cw[0][VC * tx + j]);
+        LT<T>::st(db + c + j, lb_cb[0][VC * tx + j]);
+      }
+    }
+    __syncthreads();  // the next tile rewrites lb_cw, lb_cb
+  }
+}
+
+// rows < 64 (bdy = 1: one chain a column, every row in order) with blockDim.y > 1: the block's
+// threads load the tile's rows (at most 63) into shared memory together, all in flight at once,
+// then thread y = 0 of each column adds them from there in order: one trip to memory, where one
+// thread a column walking the rows itself (blockDim.y = 1, eager's (32, 1) block) makes several.
+// The tile is blockDim.x columns (VC = 1).
+__shared__ float lb_st[2][64];  // the rows' mean, rstd
+template <typename T>
+LB_DEV void lb_dwdb_staged(T* __restrict__ dw, T* __restrict__ db, const T* __restrict__ dy,
+                           const T* __restrict__ x, const float* __restrict__ mean,
+                           const float* __restrict__ rstd, int rows, i64 cols) {
+  float* const sg = &lb_cw[0][0];  // [row][column of the tile] as row * 32 + column: 64 * 32 <= 32 * 65
+  float* const sh = &lb_cb[0][0];
+  const int bx = (int)blockDim.x, by = (int)blockDim.y, tx = (int)threadIdx.x, ty = (int)threadIdx.y;
+  for (i64 c0 = (i64)bx * blockIdx.x; c0 < cols; c0 += (i64)bx * gridDim.x) {
+    const i64 c = c0 + tx;
+    // rows ty + by*i: 8 loads of each in flight a thread (every row when by >= 8)
+    for (int r0 = ty; r0 < rows; r0 += 8 * by) {
+      float g[8], h[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int row = r0 + by * i;
+        const bool ok = row < rows && c < cols;
+        g[i] = ok ? LT<T>::ld(dy + row * cols + c) : 0.f;
+        h[i] = ok ? LT<T>::ld(x + row * cols + c) : 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int row = r0 + by * i;
+        if (row < rows) {
+          sg[row * 32 + tx] = g[i];
+          sh[row * 32 + tx] = h[i];
+        }
+      }
+    }
+    for (int e = tx + bx * ty; e < rows; e += bx * by) {
+      lb_st[0][e] = mean[e];
+      lb_st[1][e] = rstd[e];
+    }
+    __syncthreads();
+    if (ty == 0 && c < cols) {
+      float aw = 0.f, ab = 0.f;
+#pragma unroll 8
+      for (int row = 0; row < rows; ++row)
+        lb_gb_add(sg[row * 32 + tx], sh[row * 32 + tx], lb_st[0][row], lb_st[1][row], aw, ab);
+      LT<T>::st(dw + c, aw);
+      LT<T>::st(db + c, ab);
+    }
+    __syncthreads();  // the next tile rewrites the staged rows
+  }
+}
+
+// VC = 2 where cols is even and at least LB_GB_VC2_COLS, and dy, x are 2 * sizeof(T)-aligned
+// (narrower rows did better with one column a thread on an H200: more threads a column tile)
+#ifndef LB_GB_VC2_COLS
+#define LB_GB_VC2_COLS 4096
+#endif
 template <typename T>
 LB_DEV void lb_dwdb(T* __restrict__ dw, T* __restrict__ db, const T* __restrict__ dy,
                     const T* __restrict__ x, const float* __restrict__ mean,
                     const float* __restrict__ rstd, i64 rows, i64 cols) {
   // eager's two-pass variant (rows > 65536 with few columns; SM-dependent) is not implemented
   if (rows > 65536) __trap();
-  const int bdy = lb_bdy(rows);
-  if (blockDim.x != 32 || (int)blockDim.y < bdy || blockDim.y > 32 || blockDim.z != 1) __trap();
-  const int tx = (int)threadIdx.x, ty = (int)threadIdx.y;
-  const i64 R = 8 * (i64)bdy;  // rows per tile (bdy > 1)
-  for (i64 c0 = 32 * (i64)blockIdx.x; c0 < cols; c0 += 32 * (i64)gridDim.x) {
-    const i64 c = c0 + tx;
-    float aw = 0.f, ab = 0.f;
-    if (ty < bdy && c < cols) {
-      if (bdy == 1) {  // M < 64: one chain, every row in order
-        for (i64 row = 0; row < rows; ++row) {
-          const float g = LT<T>::ld(dy + row * cols + c);
-          const float q = __fmul_rn(g, __fsub_rn(LT<T>::ld(x + row * cols + c), mean[row]));
-          aw = fmaf(q, rstd[row], aw);
-          ab = __fadd_rn(ab, g);
-        }
-      } else {  // chain ty: rows R*k + 8*ty + i, i = 0..7 (rows past M add nothing)
-        for (i64 k0 = 0; k0 < rows; k0 += R) {
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            const i64 row = k0 + 8 * ty + i;
-            if (row < rows) {
-              const float g = LT<T>::ld(dy + row * cols + c);
-              const float q = __fmul_rn(g, __fsub_rn(LT<T>::ld(x + row * cols + c), mean[row]));
-              aw = fmaf(q, rstd[row], aw);
-              ab = __fadd_rn(ab, g);
-            }
-          }
-        }
-      }
-    }
-    lb_cw[ty][tx] = aw;
-    lb_cb[ty][tx] = ab;
-    // the halving tree over the chains: v[y] += v[y + off], off = bdy/2 .. 1
-    for (int off = bdy / 2; off > 0; off >>= 1) {
-      __syncthreads();
-      if (ty < off) {
-        lb_cw[ty][tx] = __fadd_rn(lb_cw[ty][tx], lb_cw[ty + off][tx]);
-        lb_cb[ty][tx] = __fadd_rn(lb_cb[ty][tx], lb_cb[ty + off][tx]);
-      }
-    }
-    __syncthreads();
-    if (ty == 0 && c < cols) {
-      LT<T>::st(dw + c, lb_cw[0][tx]);
-      LT<T>::st(db + c, lb_cb[0][tx]);
-    }
-    __syncthreads();  // the next tile rewrites lb_cw, lb_cb
+  const int bx = (int)blockDim.x, by = (int)blockDim.y;
+  if ((bx != 8 && bx != 16 && bx != 32) || by < lb_bdy(rows) || by > 32 || (bx * by) % 32 != 0 ||
+      blockDim.z != 1)
+    __trap();
+  if (lb_bdy(rows) == 1 && by > 1) {
+    lb_dwdb_staged<T>(dw, db, dy, x, mean, rstd, (int)rows, cols);
+    return;
   }
+  const int A2 = 2 * (int)sizeof(T);
+  if (cols % 2 == 0 && cols >= LB_GB_VC2_COLS && lb_al(dy, A2) && lb_al(x, A2))
+    lb_dwdb_vc<T, 2>(dw, db, dy, x, mean, rstd, rows, cols);
+  else
+    lb_dwdb_vc<T, 1>(dw, db, dy, x, mean, rstd, rows, cols);
 }
 
 #define LB_ENTRIES(NAME, T)                                                                              \
