@@ -125,9 +125,10 @@ SIGS = {op: (a["abi"], ", ".join(a["params"])) for op, a in _ABI.items()}
 # Row kernels (the norms: the ops that take eps) leave the other dtypes' entries out of a module
 # compiled with -DKERNELIZE_DTYPE_<DT> (docs/manifest.md): a third of NVRTC's time per module.
 ROW_OPS = {op for op, a in _ABI.items() if a["takes_eps"]}
-# Bundled kernel folders written by hand, not generated: the backward kernels (docs/backward.md;
-# their entries follow the backward ABI of docs/spec.md section 2c, which no engine here emits).
-HAND_WRITTEN = {"rms_norm_llama_backward"}
+# Bundled kernel folders written by hand, not generated: the backward kernels (docs/backward.md,
+# docs/backward-gated.md; their entries follow the backward ABI of docs/spec.md section 2c, which
+# no engine here emits).
+HAND_WRITTEN = {"rms_norm_llama_backward", "silu_mul_backward"}
 
 
 class K:

@@ -598,6 +598,16 @@ async fn a_backward_kernel_resolves_for_the_gpu_shape_it_was_verified_on(b: Back
         .await;
     assert_eq!(st, StatusCode::BAD_REQUEST, "{r}");
     assert!(detail(&r).contains("apply to backward ops"), "{r}");
+    // silu_mul_backward takes the figures too (a client sends its GPU's for every backward op)
+    // and is not restricted by them (elementwise); its bundled kernel has no certificate yet:
+    // a 404 that names it, and no line about SMs
+    let (st, r) = srv
+        .get("/v1/resolve?op=silu_mul_backward&dtype=bf16&arch=sm_90&cols=256&sms=114&threads_per_sm=2048")
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{r}");
+    let lines = r["excluded"].to_string();
+    assert!(lines.contains("silu_mul_backward 1.0.0"), "{r}");
+    assert!(!lines.contains("SMs"), "{r}");
 }
 
 /// `confirmed:N`: N different worker keys must certify the class on the architecture.

@@ -11,6 +11,9 @@
 //! (python/kernelize/backward.py) compute the same, which tests pin: the C++ and Python against
 //! each other on the CPU (python/tests/test_backward_order_on_cpu.py), this one against the
 //! Python through `python/tests/fixtures/abi.json`'s `backward` table.
+//!
+//! `silu_mul_backward` (docs/backward-gated.md) is elementwise: no workspace, and its one entry
+//! `grad` loops over `rows * cols` elements, so any grid gives the same bits.
 
 use crate::domain::Op;
 use crate::manifest::LaunchDims;
@@ -98,7 +101,7 @@ pub struct DeviceShape {
 
 /// Why `op` has no backward launch arithmetic, or why the problem is out of the ABI's range.
 fn check(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result<(), String> {
-    if op != Op::RmsNormBackward {
+    if !matches!(op, Op::RmsNormBackward | Op::SiluMulBackward) {
         return Err(format!(
             "{op} is not a backward op (docs/spec.md section 2c)"
         ));
@@ -108,7 +111,9 @@ fn check(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result<(), String> {
             "{op}: an empty problem ({rows} x {cols}) launches nothing"
         ));
     }
-    if dev.sms == 0 || dev.threads_per_sm < 512 {
+    // (silu_mul_backward's grid needs an SM; rms_norm_backward's column sum a device eager's
+    // reduction is configured for)
+    if dev.sms == 0 || (op == Op::RmsNormBackward && dev.threads_per_sm < 512) {
         return Err(format!(
             "{op}: a device of {} SMs x {} threads per SM is not one eager's reduction runs on",
             dev.sms, dev.threads_per_sm
@@ -117,9 +122,13 @@ fn check(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result<(), String> {
     Ok(())
 }
 
-/// The workspace `ws` of one call, in floats: `rows + ctas * cols` (docs/backward.md).
+/// The workspace `ws` of one call, in floats: `rows + ctas * cols` for rms_norm_backward
+/// (docs/backward.md); none for silu_mul_backward.
 pub fn workspace_floats(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result<u64, String> {
     check(op, rows, cols, dev)?;
+    if op == Op::SiluMulBackward {
+        return Ok(0);
+    }
     let c = col_config(rows, cols, dev.sms, dev.threads_per_sm);
     c.ctas
         .checked_mul(cols)
@@ -139,11 +148,26 @@ pub fn workspace_bytes(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result
 /// loop over their work); this only sizes it.
 pub const DX_BLOCKS_PER_SM: u64 = 8;
 pub const DWP_BLOCKS_PER_SM: u64 = 16;
+/// Blocks per SM at most of silu_mul_backward's `grad` grid (grid-stride over its elements: any
+/// grid of at least one block gives the same bits; this caps it for large problems).
+pub const GRAD_BLOCKS_PER_SM: u64 = 16;
+
+/// Whether entry `stage` of `op` gives the same bits at any grid of at least one block (it loops
+/// over its work): rms_norm_backward's `dx` and `dwp` (persistent), silu_mul_backward's `grad`
+/// (grid-stride); not rms_norm_backward's `dw` (one thread a column). The verifier launches
+/// these at other grids too.
+pub fn any_grid(op: Op, stage: &str) -> bool {
+    matches!(
+        (op, stage),
+        (Op::RmsNormBackward, "dx" | "dwp") | (Op::SiluMulBackward, "grad")
+    )
+}
 
 /// Grid and block of the entry named `stage` of `op` on `rows x cols` (no dynamic shared
 /// memory): `dx` persistent over rows (at most one block a row), `dwp` persistent over its
-/// (column group, CTA) items, `dw` one thread a column. The block is the ABI's
-/// ([`crate::domain::Stage::block`]).
+/// (column group, CTA) items, `dw` one thread a column; silu_mul_backward's `grad` one thread
+/// an element up to [`GRAD_BLOCKS_PER_SM`] blocks per SM (grid-stride beyond). The block is
+/// the ABI's ([`crate::domain::Stage::block`]).
 pub fn stage_dims(
     op: Op,
     stage: &str,
@@ -166,16 +190,20 @@ pub fn stage_dims(
         .block
         .ok_or_else(|| format!("{op}: entry `{stage}` has no block in the ABI"))?
         as u64;
-    let blocks = match stage {
-        "dx" => rows.min(DX_BLOCKS_PER_SM * dev.sms),
-        "dwp" => {
+    let blocks = match (op, stage) {
+        (Op::RmsNormBackward, "dx") => rows.min(DX_BLOCKS_PER_SM * dev.sms),
+        (Op::RmsNormBackward, "dwp") => {
             let c = col_config(rows, cols, dev.sms, dev.threads_per_sm);
             cols.div_ceil(4)
                 .saturating_mul(c.ctas)
                 .min(DWP_BLOCKS_PER_SM * dev.sms)
         }
-        "dw" => cols.div_ceil(block),
-        other => unreachable!("Op::stages of {op} names `{other}` without launch arithmetic"),
+        (Op::RmsNormBackward, "dw") => cols.div_ceil(block),
+        (Op::SiluMulBackward, "grad") => rows
+            .saturating_mul(cols)
+            .div_ceil(block)
+            .min(GRAD_BLOCKS_PER_SM.saturating_mul(dev.sms)),
+        (_, other) => unreachable!("Op::stages of {op} names `{other}` without launch arithmetic"),
     }
     .max(1);
     if blocks > i32::MAX as u64 {
@@ -347,6 +375,119 @@ mod tests {
         for dt in crate::DType::ALL {
             assert!(src.contains(&format!("KB_ENTRIES({dt}, ")), "{dt}");
         }
+    }
+
+    /// silu_mul_backward: no workspace; `grad` one thread an element, at most
+    /// GRAD_BLOCKS_PER_SM blocks per SM, at least one.
+    #[test]
+    fn silu_mul_backward_has_no_workspace_and_a_grid_stride_grid() {
+        let op = Op::SiluMulBackward;
+        for (rows, cols) in [(1, 1), (3, 5), (4096, 8192), (100_000, 65536)] {
+            assert_eq!(workspace_floats(op, rows, cols, H100), Ok(0));
+            assert_eq!(workspace_bytes(op, rows, cols, H100), Ok(0));
+        }
+        let dims = |r, c, dev| stage_dims(op, "grad", r, c, dev).unwrap();
+        assert_eq!(dims(1, 1, H100).grid, [1, 1, 1]);
+        assert_eq!(dims(3, 5, H100).grid, [1, 1, 1]);
+        assert_eq!(dims(1, 256, H100).grid, [1, 1, 1]);
+        assert_eq!(dims(1, 257, H100).grid, [2, 1, 1]);
+        assert_eq!(dims(1000, 256, H100).grid, [1000, 1, 1]);
+        assert_eq!(dims(2112, 256, H100).grid, [2112, 1, 1]);
+        assert_eq!(dims(2113, 256, H100).grid, [16 * 132, 1, 1]);
+        assert_eq!(dims(4096, 8192, H100).grid, [16 * 132, 1, 1]);
+        assert_eq!(dims(4096, 8192, H100).block, [256, 1, 1]);
+        assert_eq!(dims(4096, 8192, H100).shared_mem_bytes, 0);
+        let small = DeviceShape {
+            sms: 1,
+            threads_per_sm: 256,
+        };
+        assert_eq!(dims(4096, 8192, small).grid, [16, 1, 1]);
+        // larger than any grid: capped, never past CUDA's limit
+        assert_eq!(
+            dims(u64::MAX / 2, 2, H100).grid,
+            [(GRAD_BLOCKS_PER_SM * 132) as u32, 1, 1]
+        );
+        let e = stage_dims(op, "dx", 4, 4, H100).unwrap_err();
+        assert!(e.contains("its entries: grad"), "{e}");
+        let e = stage_dims(op, "grad", 0, 4, H100).unwrap_err();
+        assert!(e.contains("empty problem"), "{e}");
+        let none = DeviceShape {
+            sms: 0,
+            threads_per_sm: 2048,
+        };
+        assert!(stage_dims(op, "grad", 4, 4, none).is_err());
+    }
+
+    /// kernels/silu_mul_backward/kernel.cu spells its entry with the ABI's parameter types, in
+    /// order (`i64` is `long long`), and the bundle fits the manifest form: one `grad` symbol
+    /// per dtype, spelled out in the source (it makes them by token pasting).
+    #[test]
+    fn the_silu_mul_backward_kernel_fits_its_abi_and_manifest() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/silu_mul_backward");
+        let src = std::fs::read_to_string(dir.join("kernel.cu")).unwrap();
+        let types = |params: &str| -> Vec<String> {
+            params
+                .split(',')
+                .map(|p| {
+                    let p = p.trim().replace("i64", "long long");
+                    let name_at = p.rfind([' ', '*']).unwrap();
+                    p[..=name_at].replace(' ', "")
+                })
+                .collect()
+        };
+        let [st] = Op::SiluMulBackward.stages() else {
+            panic!("one stage")
+        };
+        let head = "silu_mul_bwd_##NAME(";
+        let at = src.find(head).expect("the entry macro") + head.len();
+        let params = src[at..at + src[at..].find(')').unwrap()].replace('\\', " ");
+        assert_eq!(types(&params), types(st.params));
+        let names: Vec<String> = params
+            .split(',')
+            .map(|p| p.trim().rsplit([' ', '*']).next().unwrap().to_string())
+            .collect();
+        assert_eq!(names, st.names());
+
+        let b = crate::KernelBundle::load_dir(&dir).unwrap();
+        let m = &b.manifest;
+        assert_eq!(
+            (m.op, m.semantics),
+            (Op::SiluMulBackward, crate::Semantics::Default)
+        );
+        assert_eq!(m.dtypes(), crate::DType::ALL);
+        assert!(m.launch.is_empty());
+        for dt in crate::DType::ALL {
+            let sym = format!("silu_mul_bwd_{dt}");
+            assert_eq!(m.entries[dt], sym);
+            assert_eq!(m.stages[dt].len(), 1);
+            assert_eq!(m.stages[dt]["grad"], sym);
+            assert!(src.contains(&format!("SMB_ENTRY({dt}, ")), "{dt}");
+        }
+        // without the spelled-out symbols the source is refused
+        let toml = std::fs::read_to_string(dir.join("kernel.toml")).unwrap();
+        let cut = src
+            .find("// The entries SMB_ENTRY makes, spelled out")
+            .expect("kernel.cu spells its entries out");
+        let e = crate::KernelBundle::from_parts(&toml, &src[..cut]).unwrap_err();
+        assert_eq!(e.field_name(), Some("entry.bf16.grad"), "{e}");
+    }
+
+    #[test]
+    fn the_entries_that_take_any_grid() {
+        let any: Vec<(Op, &str)> = Op::ALL
+            .iter()
+            .flat_map(|&op| op.stages().iter().map(move |s| (op, s.name)))
+            .filter(|&(op, s)| any_grid(op, s))
+            .collect();
+        assert_eq!(
+            any,
+            [
+                (Op::RmsNormBackward, "dx"),
+                (Op::RmsNormBackward, "dwp"),
+                (Op::SiluMulBackward, "grad")
+            ]
+        );
     }
 
     #[test]

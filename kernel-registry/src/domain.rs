@@ -54,7 +54,8 @@ macro_rules! word_enum {
 
 word_enum!(
     /// The operations of docs/spec.md section 2 (gelu and gelu_tanh counted as two entry names),
-    /// and the backward ops of section 2c (`rms_norm_backward`: the gradients of `rms_norm`).
+    /// and the backward ops of section 2c (`rms_norm_backward`: the gradients of `rms_norm`;
+    /// `silu_mul_backward`: those of `silu_mul`).
     Op, "op", {
         RmsNorm => "rms_norm",
         FusedAddRmsNorm => "fused_add_rms_norm",
@@ -67,6 +68,7 @@ word_enum!(
         SiluMul => "silu_mul",
         GeluTanhMul => "gelu_tanh_mul",
         RmsNormBackward => "rms_norm_backward",
+        SiluMulBackward => "silu_mul_backward",
     }
 );
 
@@ -114,6 +116,7 @@ impl Op {
                 | Op::SiluMul
                 | Op::GeluTanhMul
                 | Op::RmsNormBackward
+                | Op::SiluMulBackward
         )
     }
     /// A backward op (docs/spec.md section 2c): the gradients of [`Op::forward`]'s op under the
@@ -125,6 +128,7 @@ impl Op {
     pub fn forward(self) -> Option<Op> {
         match self {
             Op::RmsNormBackward => Some(Op::RmsNorm),
+            Op::SiluMulBackward => Some(Op::SiluMul),
             _ => None,
         }
     }
@@ -180,6 +184,13 @@ impl Op {
                     block: Some(128),
                 },
             ],
+            // docs/backward-gated.md: eager autograd's chain for silu(gate) * up, elementwise,
+            // both gradients in one launch (grid-stride over rows * cols).
+            Op::SiluMulBackward => &[Stage {
+                name: "grad",
+                params: "T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols",
+                block: Some(256),
+            }],
         }
     }
     /// The gated ops of HF's MLPs: `act(gate) * up` on two `[rows, cols]` tensors.
@@ -215,8 +226,9 @@ impl Op {
         )
     }
     /// The gradients a backward op writes, each compared and classed on its own (docs/spec.md
-    /// section 2c: a class per gradient); empty for a forward op. Written by the stages named
-    /// like them ([`Op::stages`]).
+    /// section 2c: a class per gradient); empty for a forward op. Each is a `T*` parameter of
+    /// exactly one of [`Op::stages`], the stage that writes it ([`Op::gradient_stage`]); one
+    /// stage may write several (silu_mul_backward's `grad`: `d_gate` and `d_up`).
     pub fn gradients(self) -> &'static [Gradient] {
         match self {
             Op::RmsNormBackward => &[
@@ -229,15 +241,40 @@ impl Op {
                     one_row: true,
                 },
             ],
+            Op::SiluMulBackward => &[
+                Gradient {
+                    name: "d_gate",
+                    one_row: false,
+                },
+                Gradient {
+                    name: "d_up",
+                    one_row: false,
+                },
+            ],
             _ => &[],
         }
     }
+    /// The stage of [`Op::stages`] that writes gradient `name` (the one with a `T* name`
+    /// parameter); `None` when no stage does (not a gradient of this op).
+    pub fn gradient_stage(self, name: &str) -> Option<&'static Stage> {
+        self.stages().iter().find(|s| s.writes().contains(&name))
+    }
+    /// Whether a backward op's verdict holds only for the device figures it was measured with
+    /// (SM count, threads per SM): rms_norm_backward's dw follows eager's column sum, whose
+    /// split over CTAs depends on both. silu_mul_backward is elementwise: its bits (and eager's)
+    /// depend on no device figure, and any grid gives the same bits.
+    pub fn verdict_depends_on_device(self) -> bool {
+        matches!(self, Op::RmsNormBackward)
+    }
     /// How many `rows x cols` tensors a launch writes and a verification compares:
-    /// the fused adds write `out` and update `residual`; every other op writes `out`
-    /// (rms_norm_backward: `dx`; its `dw` is one row).
+    /// the fused adds write `out` and update `residual`; a backward op its gradients that are
+    /// not one row (rms_norm_backward: `dx`, its `dw` is one row; silu_mul_backward: `d_gate`
+    /// and `d_up`); every other op writes `out`.
     pub fn outputs(self) -> u64 {
         if self.updates_residual() {
             2
+        } else if self.is_backward() {
+            self.gradients().iter().filter(|g| !g.one_row).count() as u64
         } else {
             1
         }
@@ -263,6 +300,8 @@ impl Op {
             // dy and x read, dx written; w read and dw written (the workspace is the kernel's
             // own traffic, not the problem's).
             Op::RmsNormBackward => n.saturating_mul(3).saturating_add(2 * cols),
+            // dy, gate and up read, d_gate and d_up written.
+            Op::SiluMulBackward => n.saturating_mul(5),
         })
     }
     /// Parse the semantics for this op, checking it is one this op has.
@@ -341,6 +380,17 @@ impl Stage {
             .split(',')
             .zip(self.names())
             .filter(|(param, _)| param.contains('*'))
+            .map(|(_, name)| name)
+            .collect()
+    }
+    /// The names of the tensors of T it writes (`T*` parameters, not `const`), in order: a
+    /// forward op's `out` (and `residual`), a backward op's gradients. The workspace (`float*`)
+    /// is not one.
+    pub fn writes(&self) -> Vec<&'static str> {
+        self.params
+            .split(',')
+            .zip(self.names())
+            .filter(|(param, _)| param.trim().starts_with("T*"))
             .map(|(_, name)| name)
             .collect()
     }
@@ -583,6 +633,76 @@ mod tests {
         }
         // the bytes of the problem: dy, x read and dx written (rows x cols), w read, dw written
         assert_eq!(op.bytes_moved(DType::Bf16, 4, 8), 2 * (3 * 32 + 2 * 8));
+        // each gradient written by the stage named like it; dx is its one rows x cols output
+        assert_eq!(op.gradient_stage("dx").map(|s| s.name), Some("dx"));
+        assert_eq!(op.gradient_stage("dw").map(|s| s.name), Some("dw"));
+        assert_eq!(op.gradient_stage("ws"), None);
+        assert_eq!(op.outputs(), 1);
+        assert!(op.verdict_depends_on_device());
+    }
+
+    /// silu_mul_backward (docs/spec.md section 2c): one elementwise stage `grad` writes both
+    /// gradients, no workspace, no eps.
+    #[test]
+    fn silu_mul_backward_writes_both_gradients_in_one_stage() {
+        let op = Op::SiluMulBackward;
+        assert!(op.is_backward() && op.is_rowwise());
+        assert!(!op.takes_eps() && !op.is_gated() && !op.updates_residual());
+        assert_eq!(op.forward(), Some(Op::SiluMul));
+        assert_eq!(op.semantics(), [Semantics::Default]);
+        assert!(op.check_semantics(Semantics::Llama).is_err());
+        assert_eq!((op.abi(), op.abi_names()), ("", vec![]));
+        let [st] = op.stages() else {
+            panic!("one stage: {:?}", op.stages())
+        };
+        assert_eq!((st.name, st.block), ("grad", Some(256)));
+        assert_eq!(
+            st.names(),
+            ["d_gate", "d_up", "dy", "gate", "up", "rows", "cols"]
+        );
+        assert_eq!(st.tensors(), ["d_gate", "d_up", "dy", "gate", "up"]);
+        assert_eq!(st.writes(), ["d_gate", "d_up"]);
+        assert!(!st.params.contains("float*"), "no workspace");
+        let grads: Vec<_> = op.gradients().iter().map(|g| (g.name, g.one_row)).collect();
+        assert_eq!(grads, [("d_gate", false), ("d_up", false)]);
+        for g in op.gradients() {
+            assert_eq!(op.gradient_stage(g.name), Some(st), "{}", g.name);
+            assert_eq!(g.elements(3, 5), 15);
+        }
+        assert_eq!(op.outputs(), 2);
+        // dy, gate, up read and d_gate, d_up written: 5 x rows x cols elements
+        assert_eq!(op.bytes_moved(DType::Bf16, 4, 8), 2 * 5 * 32);
+        assert_eq!(op.bytes_moved(DType::F32, 3, 7), 4 * 5 * 21);
+        assert!(!op.verdict_depends_on_device());
+    }
+
+    /// Every backward op: each gradient is a `T*` parameter of exactly one stage, and every
+    /// `T*` a stage writes is a gradient (so a verification compares all it writes).
+    #[test]
+    fn every_gradient_is_written_by_one_stage() {
+        for &op in Op::ALL {
+            if !op.is_backward() {
+                assert!(op.gradients().is_empty(), "{op}");
+                assert_eq!(op.stages()[0].writes()[0], "out", "{op}");
+                continue;
+            }
+            let names: Vec<&str> = op.gradients().iter().map(|g| g.name).collect();
+            for g in &names {
+                let n = op
+                    .stages()
+                    .iter()
+                    .filter(|s| s.writes().contains(g))
+                    .count();
+                assert_eq!(n, 1, "{op}: {g}");
+            }
+            for s in op.stages() {
+                for w in s.writes() {
+                    assert!(names.contains(&w), "{op} `{}` writes {w}", s.name);
+                }
+                assert!(s.block.is_some(), "{op} `{}`", s.name);
+            }
+            assert!(op.forward().is_some_and(|f| !f.is_backward()), "{op}");
+        }
     }
 
     /// `python/tests/fixtures/abi.json`: the ABI table for the Python side (the generator of the
@@ -629,6 +749,12 @@ mod tests {
                         "semantics": op.semantics(),
                         "takes_eps": op.takes_eps(),
                         "stages": stages,
+                        "gradients": op.gradients().iter().map(|g| serde_json::json!({
+                            "name": g.name,
+                            "one_row": g.one_row,
+                            "stage": op.gradient_stage(g.name).map(|s| s.name),
+                        })).collect::<Vec<_>>(),
+                        "verdict_depends_on_device": op.verdict_depends_on_device(),
                     }),
                 )
             })

@@ -106,3 +106,7 @@ SMB_DEV void smb(T* __restrict__ d_gate, T* __restrict__ d_up, const T* __restri
 SMB_ENTRY(bf16, __nv_bfloat16)
 SMB_ENTRY(f16, __half)
 SMB_ENTRY(f32, float)
+
+// The entries SMB_ENTRY makes, spelled out (kernel.toml names them; a bundle's check finds each
+// symbol's text in the source):
+//   silu_mul_bwd_bf16 silu_mul_bwd_f16 silu_mul_bwd_f32

@@ -101,11 +101,15 @@ mode = "training"
                        env={"PYTHONPATH": str(REPO / "python"), "PATH": "/usr/bin:/bin",
                             "HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "training: " in r.stdout and "backward resolution(s), 1 with a kernel" in r.stdout, r.stdout
+    # both bundled backward kernels are certified (rms_norm_llama_backward in session 19,
+    # silu_mul_backward in session 26): the norms' and the MLPs' backward answers pinned
+    assert "training: " in r.stdout and "backward resolution(s), 2 with a kernel" in r.stdout, r.stdout
     data = json.loads((tmp_path / "kernelize.lock.json").read_text())
     bwd = [e for e in data["resolutions"] if e["op"] == "rms_norm_backward"]
     assert bwd and all(e["kernel"].startswith("rms_norm_llama_backward ") and e["digest"] for e in bwd), bwd
     assert all(e["evidence"]["device_shape"]["sm_count"] == 132 for e in bwd), bwd
+    gated = [e for e in data["resolutions"] if e["op"] == "silu_mul_backward"]
+    assert gated and all(e["kernel"].startswith("silu_mul_backward ") and e["digest"] for e in gated), gated
     model = transformers.AutoModelForCausalLM.from_pretrained(ref).to(torch.bfloat16).eval()
     rep = kernelize.kernelize(model, lock=tmp_path / "kernelize.lock.json", arch="sm_90",
                               verbose=False, mode="training")
@@ -113,6 +117,8 @@ mode = "training"
     assert norms and all(e.backward is not None and e.backward.name == "rms_norm_llama_backward"
                          and e.backward.evidence["device_shape"]["threads_per_sm"] == 2048
                          for e in norms)
+    mlps = [e for e in rep.entries if e.op == "silu_mul"]
+    assert mlps and all(e.backward is not None and e.backward.name == "silu_mul_backward" for e in mlps)
     # an unknown mode in the project file is refused naming the key
     bad = _write(tmp_path / "bad.toml", toml.read_text().replace('"training"', '"train"'))
     r = subprocess.run([sys.executable, "-m", "kernelize.project", "lock", "--project", str(bad)],

@@ -29,9 +29,9 @@ def test_the_training_check_runs_on_the_cpu(tmp_path):
 
 
 def test_the_training_check_takes_both_kernels_from_a_fresh_hub(tmp_path, fresh_hub):
-    """`--hub`: a hub as a new user starts it hands out the forward and the backward kernel under
-    the default policy, both from the bundled certificates (the backward kernel's recorded on an
-    H200 in session 19, issue 30)."""
+    """`--hub`: a hub as a new user starts it hands out the forward and the backward kernels under
+    the default policy, all from the bundled certificates (the norm's backward recorded on an
+    H200 in session 19, the gated MLP's in session 26; issue 30)."""
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "training_check.py"), str(tmp_path),
                         "--dry-run", "--steps", "2", "--dtypes", "bf16", "--models", "tiny-llama",
                         "--hub", fresh_hub.url],
@@ -40,5 +40,7 @@ def test_the_training_check_takes_both_kernels_from_a_fresh_hub(tmp_path, fresh_
     data = json.loads((tmp_path / "training_check.json").read_text())
     assert not data["errors"] and data["env"]["source"] == f"hub {fresh_hub.url}"
     (row,) = data["rows"]
-    assert len(row["with_backward"]) == 9, row["report"]
+    # the 9 RMSNorm layers and the 4 gated MLPs
+    assert len(row["with_backward"]) == 13, row["report"]
     assert "rms_norm_llama_backward 1.0.0" in row["report"] and "(bit_exact)" in row["report"]
+    assert "backward silu_mul_backward 1.0.0" in row["report"]

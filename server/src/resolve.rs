@@ -144,8 +144,13 @@ pub struct Resolution {
 
 /// Why a backward kernel's verdict `v` does not hold for the asking GPU (`q.device`, which
 /// `api::resolve::parse_query` admits for backward ops only): it was measured on a GPU of
-/// other SMs or threads per SM, or its report does not say.
+/// other SMs or threads per SM, or its report does not say. Only for an op whose verdict
+/// depends on them (`Op::verdict_depends_on_device`: rms_norm_backward's dw); an elementwise
+/// backward op's (silu_mul_backward) holds on any such GPU of the arch.
 fn other_device(q: &Query, v: &VerdictOn) -> Option<String> {
+    if !q.op.verdict_depends_on_device() {
+        return None;
+    }
     let (sms, tps) = q.device?;
     match (v.sm_count, v.threads_per_sm) {
         (Some(s), Some(t)) if (s, t) == (sms, tps) => None,
@@ -1453,6 +1458,50 @@ mod tests {
             max_pending: 0,
         };
         r.explain(q).await
+    }
+
+    /// A backward query's device figures restrict rms_norm_backward (its dw follows eager's
+    /// column sum, configured by them) and not silu_mul_backward (elementwise): its verdict
+    /// from an H200 serves a GPU of other figures of the same arch.
+    #[test]
+    fn the_device_figures_restrict_only_a_verdict_that_depends_on_them() {
+        let on = |sm: Option<u32>| VerdictOn {
+            verification_id: 1,
+            arch: Arch::new(9, 0),
+            device_name: "NVIDIA H200".into(),
+            sm_count: sm,
+            threads_per_sm: sm.map(|_| 2048),
+            created_at: "".into(),
+            class: "bit_exact".into(),
+            suite_version: "".into(),
+            driver_version: "".into(),
+            passes: true,
+            certifying_keys: 0,
+            requested_cols: Arc::from(Vec::new()),
+        };
+        let q = |op: Op, device| Query {
+            op,
+            semantics: op.default_semantics(),
+            dtype: DType::Bf16,
+            arch: Arch::new(9, 0),
+            cols: 4096,
+            rows: None,
+            policy: "bit_exact".parse().unwrap(),
+            include_python: false,
+            device,
+        };
+        let h100_pcie = Some((114, 2048));
+        let why = other_device(&q(Op::RmsNormBackward, h100_pcie), &on(Some(132))).unwrap();
+        assert!(
+            why.contains("verified on a GPU of 132 SMs x 2048 threads per SM"),
+            "{why}"
+        );
+        assert!(other_device(&q(Op::RmsNormBackward, Some((132, 2048))), &on(Some(132))).is_none());
+        assert!(other_device(&q(Op::RmsNormBackward, h100_pcie), &on(None)).is_some());
+        for v in [on(Some(132)), on(None)] {
+            assert!(other_device(&q(Op::SiluMulBackward, h100_pcie), &v).is_none());
+            assert!(other_device(&q(Op::SiluMulBackward, None), &v).is_none());
+        }
     }
 
     #[test]

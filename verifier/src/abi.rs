@@ -19,7 +19,7 @@ pub use kernel_registry::ABI_ALIGN_BYTES;
 /// a backward op's are per entry ([`Stage::tensors`]), and this is empty for it.
 pub fn abi_tensors(op: Op) -> Vec<&'static str> {
     match op.stages() {
-        [s] => s.tensors(),
+        [s] if !op.is_backward() => s.tensors(),
         _ => Vec::new(),
     }
 }
@@ -143,40 +143,41 @@ pub(crate) fn abi_args(spec: &CaseSpec, t: Ptrs, rows: u64) -> Vec<Arg> {
         .collect()
 }
 
-/// Device addresses of one call of a backward op (docs/spec.md section 2c): the gradients it
-/// writes, its workspace, and its inputs.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct BackwardPtrs {
-    pub dx: u64,
-    pub dw: u64,
-    /// `kernel_registry::backward::workspace_bytes` of f32.
-    pub ws: u64,
-    pub dy: u64,
-    pub x: u64,
-    pub w: u64,
+/// Device addresses of one call of a backward op (docs/spec.md section 2c), by the ABI names of
+/// its stages' tensors ([`Stage::tensors`]): the gradients it writes, its workspace (`ws`,
+/// `kernel_registry::backward::workspace_bytes` of f32, where the op has one), and its inputs.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BackwardPtrs(pub Vec<(&'static str, u64)>);
+
+impl BackwardPtrs {
+    /// The address of tensor `name`.
+    pub fn get(&self, name: &str) -> Option<u64> {
+        self.0.iter().find(|(n, _)| *n == name).map(|&(_, p)| p)
+    }
 }
 
 /// Kernel arguments of a backward op's entry `stage` in the ABI order of docs/spec.md section
-/// 2c, built from its one description (`Op::stages`): `rows x cols`, the case's `eps`, the
-/// device's SM count and threads per SM (eager's dw order depends on both).
+/// 2c, built from its one description (`Op::stages`): its tensors at `t`, `rows x cols`, the
+/// case's `eps`, the device's SM count and threads per SM (eager's dw order depends on both).
 pub(crate) fn stage_args(
     stage: &Stage,
-    t: BackwardPtrs,
+    t: &BackwardPtrs,
     rows: u64,
     cols: u64,
     eps: f32,
     dev: DeviceShape,
 ) -> Vec<Arg> {
+    let tensors = stage.tensors();
     stage
         .names()
         .into_iter()
         .map(|name| match name {
-            "dx" => Arg::Ptr(t.dx),
-            "dw" => Arg::Ptr(t.dw),
-            "ws" => Arg::Ptr(t.ws),
-            "dy" => Arg::Ptr(t.dy),
-            "x" => Arg::Ptr(t.x),
-            "w" => Arg::Ptr(t.w),
+            _ if tensors.contains(&name) => Arg::Ptr(t.get(name).unwrap_or_else(|| {
+                panic!(
+                    "entry `{}` takes tensor `{name}`, which the call has no address for",
+                    stage.name
+                )
+            })),
             "rows" => Arg::I64(rows as i64),
             "cols" => Arg::I64(cols as i64),
             "eps" => Arg::F32(eps),
@@ -242,7 +243,7 @@ mod tests {
                 Op::Silu | Op::Gelu | Op::GeluTanh => "[Ptr(100), Ptr(300), I64(15)]",
                 Op::SiluAndMul => "[Ptr(100), Ptr(300), I64(3), I64(5)]",
                 Op::SiluMul | Op::GeluTanhMul => "[Ptr(100), Ptr(300), Ptr(400), I64(3), I64(5)]",
-                Op::RmsNormBackward => unreachable!(),
+                Op::RmsNormBackward | Op::SiluMulBackward => unreachable!(),
             }
         };
         for &op in Op::ALL.iter().filter(|o| !o.is_backward()) {
@@ -260,7 +261,7 @@ mod tests {
                 Op::FusedAddLayerNorm => &["out", "residual", "x", "w", "b"],
                 Op::Silu | Op::Gelu | Op::GeluTanh | Op::SiluAndMul => &["out", "x"],
                 Op::SiluMul | Op::GeluTanhMul => &["out", "gate", "up"],
-                Op::RmsNormBackward => &[],
+                Op::RmsNormBackward | Op::SiluMulBackward => &[],
             }
         };
         for &op in Op::ALL {
@@ -284,14 +285,14 @@ mod tests {
 
     #[test]
     fn backward_launch_arguments_follow_each_entrys_abi() {
-        let t = BackwardPtrs {
-            dx: 100,
-            dw: 200,
-            ws: 300,
-            dy: 400,
-            x: 500,
-            w: 600,
-        };
+        let t = BackwardPtrs(vec![
+            ("dx", 100),
+            ("dw", 200),
+            ("ws", 300),
+            ("dy", 400),
+            ("x", 500),
+            ("w", 600),
+        ]);
         let dev = DeviceShape {
             sms: 132,
             threads_per_sm: 2048,
@@ -304,11 +305,76 @@ mod tests {
         ];
         assert_eq!(op.stages().len(), want.len());
         for (s, want) in op.stages().iter().zip(want) {
-            let args = stage_args(s, t, 3, 5, 0.25, dev);
+            let args = stage_args(s, &t, 3, 5, 0.25, dev);
             assert_eq!(format!("{args:?}"), want, "{}", s.name);
         }
         // no single-entry ABI: the forward helpers give nothing for it
         assert!(abi_tensors(op).is_empty());
+        // silu_mul_backward's one entry: both gradients, then dy, gate, up, rows, cols
+        let t = BackwardPtrs(vec![
+            ("d_gate", 100),
+            ("d_up", 200),
+            ("dy", 300),
+            ("gate", 400),
+            ("up", 500),
+        ]);
+        let [s] = Op::SiluMulBackward.stages() else {
+            panic!("one stage")
+        };
+        assert_eq!(
+            format!("{:?}", stage_args(s, &t, 3, 5, 0.25, dev)),
+            "[Ptr(100), Ptr(200), Ptr(300), Ptr(400), Ptr(500), I64(3), I64(5)]"
+        );
+        assert!(abi_tensors(Op::SiluMulBackward).is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "entry `grad` takes tensor `up`, which the call has no address for")]
+    fn a_backward_launch_without_one_of_its_tensors_is_a_bug_that_names_it() {
+        let t = BackwardPtrs(vec![("d_gate", 1), ("d_up", 2), ("dy", 3), ("gate", 4)]);
+        let dev = DeviceShape {
+            sms: 132,
+            threads_per_sm: 2048,
+        };
+        stage_args(&Op::SiluMulBackward.stages()[0], &t, 3, 5, 0.25, dev);
+    }
+
+    /// The reference entries of the backward ops, by name (`reference_stage_symbol`): what
+    /// reference.cu defines for each stage and dtype.
+    #[test]
+    fn the_backward_reference_symbols_are_named_by_op_semantics_stage_and_dtype() {
+        let sym = |op: Op, dt| -> Vec<String> {
+            op.stages()
+                .iter()
+                .map(|st| reference_stage_symbol(op, op.default_semantics(), st, dt))
+                .collect()
+        };
+        assert_eq!(
+            sym(Op::SiluMulBackward, DType::Bf16),
+            ["ref_silu_mul_backward_default_grad_bf16"]
+        );
+        assert_eq!(
+            sym(Op::SiluMulBackward, DType::F32),
+            ["ref_silu_mul_backward_default_grad_f32"]
+        );
+        assert_eq!(
+            sym(Op::RmsNormBackward, DType::F16),
+            [
+                "ref_rms_norm_backward_llama_dx_f16",
+                "ref_rms_norm_backward_llama_dwp_f16",
+                "ref_rms_norm_backward_llama_dw_f16"
+            ]
+        );
+        // each defined once per dtype, by the REFS macro's instantiations
+        assert!(REFERENCE_SOURCE.contains("void ref_silu_mul_backward_default_grad_##S("));
+        for dt in DType::ALL {
+            assert!(
+                REFERENCE_SOURCE
+                    .lines()
+                    .any(|l| l.starts_with("REFS(") && l.ends_with(&format!(", {dt})"))),
+                "{dt}"
+            );
+        }
     }
 
     #[test]

@@ -228,11 +228,22 @@ fn anchors(quick: bool) -> Vec<Planned> {
     v
 }
 
-/// A backward op's shapes besides the anchors (docs/backward.md, "What remains" 3): its column
-/// sum changes order where the warp-rows start sharing a column (64 rows at model widths) and
-/// where several CTAs share it (from 1021 rows on 132 SMs), and with `cols % 4` (the output
-/// vector: 4, 2 or 1 columns a thread); the training shape 16384 x 4096 is timed.
-fn backward_anchors(quick: bool) -> Vec<Planned> {
+/// A backward op's shapes besides the anchors. rms_norm_backward (docs/backward.md, "What
+/// remains" 3): its column sum changes order where the warp-rows start sharing a column (64
+/// rows at model widths) and where several CTAs share it (from 1021 rows on 132 SMs), and with
+/// `cols % 4` (the output vector: 4, 2 or 1 columns a thread); the training shape 16384 x 4096
+/// is timed. silu_mul_backward (elementwise, no order to cover): problems smaller than one
+/// 16-byte vector or ending in a partial one (a kernel's scalar tail), and one of more than
+/// 2^20 elements ending in a partial vector (its call at other grids gets a third of the grid).
+fn backward_anchors(op: Op, quick: bool) -> Vec<Planned> {
+    if op == Op::SiluMulBackward {
+        return vec![
+            plan(1, 1, Dist::Normal, false),
+            plan(1, 7, Dist::Normal, false),
+            plan(3, 5, Dist::Normal, false),
+            plan(1500, 1001, Dist::Normal, false),
+        ];
+    }
     let mut v = vec![
         plan(63, 4096, Dist::Normal, false),
         plan(1020, 4096, Dist::Normal, false),
@@ -363,8 +374,11 @@ pub fn suite(
             cols: p.cols,
             dist: p.dist,
             measure_speed: p.speed,
-            // A backward op's dw is a sum over the rows: no batch invariance to check.
-            check_batch: p.dist == Dist::Normal && !p.large && !op.is_backward(),
+            // A backward op's gradient of one row (rms_norm_backward's dw) is a sum over the
+            // rows: no batch invariance to check. Gradients of rows x cols are checked.
+            check_batch: p.dist == Dist::Normal
+                && !p.large
+                && !op.gradients().iter().any(|g| g.one_row),
             eps: draw_eps(seed),
             large_index: p.large,
         });
@@ -373,7 +387,7 @@ pub fn suite(
         let mut rng = ChaCha8Rng::seed_from_u64(splitmix(run_seed ^ stable_hash(dtype.as_str())));
         let mut planned = anchors(quick);
         if op.is_backward() {
-            planned.extend(backward_anchors(quick));
+            planned.extend(backward_anchors(op, quick));
         }
         planned.extend(decode(quick, &mut rng));
         planned.extend(random_shapes(if quick { 3 } else { 6 }, &mut rng));
@@ -649,7 +663,8 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
         },
         // Gate and up both drawn from the case's distribution (as silu_and_mul's x holds
         // both), from streams of their own.
-        Op::SiluMul | Op::GeluTanhMul => CaseInputs {
+        // silu_mul_backward's gate and up are its forward's; its dy as rms_norm_backward's.
+        Op::SiluMul | Op::GeluTanhMul | Op::SiluMulBackward => CaseInputs {
             x: t("gate", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
             up: Some(t(
                 "up",
@@ -658,7 +673,12 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
             residual: None,
             weight: None,
             bias: None,
-            dy: None,
+            dy: spec.op.is_backward().then(|| {
+                t(
+                    "dy",
+                    gen_matrix(dt, rows, spec.cols, spec.dist, splitmix(s ^ 5)),
+                )
+            }),
         },
         Op::Silu | Op::Gelu | Op::GeluTanh => CaseInputs {
             x: t("x", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
@@ -741,6 +761,98 @@ mod tests {
         let fwd = suite(Op::RmsNorm, Semantics::Llama, &[DType::Bf16], false, 7, &[]);
         assert!(!fwd.iter().any(|s| s.rows == 1021));
         assert!(generate(&fwd[0]).dy.is_none());
+    }
+
+    /// silu_mul_backward's cases: gate and up drawn as its forward's (the same bits for the same
+    /// case), dy drawn from the case's distribution apart from both, the scalar tails covered,
+    /// batch invariance checked (both gradients are rows x cols), no large-index case.
+    #[test]
+    fn silu_mul_backward_cases_draw_gate_up_and_dy() {
+        for quick in [true, false] {
+            let cases = suite(
+                Op::SiluMulBackward,
+                Semantics::Default,
+                &[DType::Bf16, DType::F32],
+                quick,
+                7,
+                &[],
+            );
+            let has = |r: u64, c: u64| cases.iter().any(|s| s.rows == r && s.cols == c);
+            assert!(
+                has(1, 1) && has(1, 7) && has(3, 5) && has(1500, 1001),
+                "{quick}"
+            );
+            // no column order to cover: not rms_norm_backward's shapes
+            assert!(!has(1021, 4096) && !has(2048, 1002), "{quick}");
+            assert!(cases
+                .iter()
+                .any(|s| (s.rows, s.cols) == (4096, 8192) && s.measure_speed));
+            assert!(cases.iter().all(|s| !s.large_index));
+            assert!(cases
+                .iter()
+                .all(|s| s.check_batch == (s.dist == Dist::Normal)));
+            let ids: std::collections::BTreeSet<_> = cases.iter().map(|c| &c.id).collect();
+            assert_eq!(ids.len(), cases.len(), "case ids are unique");
+            // a modest suite: no more cases than the forward's plus the four above
+            let fwd = suite(
+                Op::SiluMul,
+                Semantics::Default,
+                &[DType::Bf16, DType::F32],
+                quick,
+                7,
+                &[],
+            );
+            assert!(cases.len() <= fwd.len() + 8, "{} cases", cases.len());
+        }
+        let cases = suite(
+            Op::SiluMulBackward,
+            Semantics::Default,
+            &[DType::Bf16],
+            true,
+            4,
+            &[],
+        );
+        let fwd = suite(
+            Op::SiluMul,
+            Semantics::Default,
+            &[DType::Bf16],
+            true,
+            4,
+            &[],
+        );
+        let c = cases.iter().find(|c| (c.rows, c.cols) == (7, 127)).unwrap();
+        let f = fwd.iter().find(|f| f.id == c.id).unwrap();
+        assert_eq!(c.seed, f.seed, "the same case id, the same seed");
+        assert_eq!(
+            c.constraint_size(),
+            127,
+            "a row-wise op: constraints on cols"
+        );
+        let (inp, finp) = (generate(c), generate(f));
+        assert_eq!(
+            (&inp.x, &inp.up),
+            (&finp.x, &finp.up),
+            "gate and up as the forward's"
+        );
+        assert_eq!((inp.x.name, inp.up.as_ref().unwrap().name), ("gate", "up"));
+        let dy = inp.dy.as_ref().expect("dy");
+        assert_eq!((dy.name, dy.len()), ("dy", 7 * 127));
+        assert_ne!(dy.bytes, inp.x.bytes);
+        assert_ne!(&dy.bytes, &inp.up.as_ref().unwrap().bytes);
+        assert!(inp.weight.is_none() && inp.residual.is_none() && inp.bias.is_none());
+        assert!(finp.dy.is_none());
+        // special distributions reach dy too
+        let nf = CaseSpec {
+            dist: Dist::NonFinite,
+            ..c.clone()
+        };
+        let dy = generate(&nf).dy.unwrap();
+        assert!((0..dy.len()).any(|i| is_nan(DType::Bf16, bits_at(DType::Bf16, &dy.bytes, i))));
+        // no eps in its report
+        assert_eq!(
+            case_skeleton(c, kernel_registry::report::CaseStatus::Ran, None).eps,
+            None
+        );
     }
 
     #[test]

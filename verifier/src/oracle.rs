@@ -5,7 +5,7 @@
 use crate::cases::{CaseInputs, CaseSpec};
 use crate::numeric::{bits_at, to_f32};
 use kernel_registry::report::Accuracy;
-use kernel_registry::{DType, Op, Semantics};
+use kernel_registry::{DType, Gradient, Op, Semantics};
 use rayon::prelude::*;
 
 /// At most this many output elements are checked against the oracle per case (2^20 cost
@@ -82,6 +82,29 @@ fn silu(h: f64) -> f64 {
         return -0.0;
     }
     h / (1.0 + (-h).exp())
+}
+
+/// silu's derivative, `sig * (1 + h * (1 - sig))` with `sig = 1 / (1 + exp(-h))`, and its
+/// limits at -inf and +inf (0 and 1; the formula gives NaN there, as silu's does at -inf).
+fn silu_grad(h: f64) -> f64 {
+    if h == f64::NEG_INFINITY {
+        return 0.0;
+    }
+    if h == f64::INFINITY {
+        return 1.0;
+    }
+    let sig = 1.0 / (1.0 + (-h).exp());
+    sig * (1.0 + h * (1.0 - sig))
+}
+
+/// silu_mul_backward's gradients of element `i` in f64, no rounding anywhere (not of the
+/// forward's `silu(gate)` either: the truth): `d_gate = dy * up * silu'(gate)`,
+/// `d_up = dy * silu(gate)`.
+fn silu_mul_backward_at(inp: &CaseInputs, i: usize) -> (f64, f64) {
+    let dy = f(inp.dy.as_ref().expect("a backward case has dy"), i);
+    let g = f(&inp.x, i);
+    let u = f(inp.up.as_ref().expect("silu_mul_backward has up"), i);
+    (dy * u * silu_grad(g), dy * silu(g))
 }
 
 /// Round an f64 sum `a + b` as T would store it (fused_add's stored residual).
@@ -167,6 +190,10 @@ pub fn oracle(spec: &CaseSpec, inp: &CaseInputs, ranges: &[(usize, usize)]) -> V
                     })
                     .collect()
             }
+            // Its first gradient, d_gate; each gradient's: `backward_truth`.
+            Op::SiluMulBackward => (start..start + len)
+                .map(|i| silu_mul_backward_at(inp, i).0)
+                .collect(),
         }
     };
     ranges.par_iter().flat_map_iter(per_range).collect()
@@ -205,29 +232,67 @@ pub fn backward_dw(spec: &CaseSpec, inp: &CaseInputs) -> Vec<f64> {
         .collect()
 }
 
-/// A backward case's accuracy per gradient: `dx` on the sampled rows, `dw` whole. Each pair is
-/// (candidate, reference) bytes of that gradient.
+/// The f64 truth of gradient `g` of a backward case, on the elements it is compared at: a
+/// gradient of rows x cols on the sampled rows ([`sample`]), one of one row whole. Returns those
+/// element ranges and the truth there.
+pub fn backward_truth(
+    spec: &CaseSpec,
+    inp: &CaseInputs,
+    g: &Gradient,
+) -> (Vec<(usize, usize)>, Vec<f64>) {
+    match (spec.op, g.name) {
+        (Op::RmsNormBackward, "dx") => {
+            let ranges = sample(spec);
+            let truth = oracle(spec, inp, &ranges);
+            (ranges, truth)
+        }
+        (Op::RmsNormBackward, "dw") => (vec![(0, spec.cols as usize)], backward_dw(spec, inp)),
+        (Op::SiluMulBackward, "d_gate" | "d_up") => {
+            let ranges = sample(spec);
+            let up = g.name == "d_up";
+            let truth = ranges
+                .par_iter()
+                .flat_map_iter(|&(start, len)| {
+                    (start..start + len).map(move |i| {
+                        let (d_gate, d_up) = silu_mul_backward_at(inp, i);
+                        if up {
+                            d_up
+                        } else {
+                            d_gate
+                        }
+                    })
+                })
+                .collect();
+            (ranges, truth)
+        }
+        (op, other) => unreachable!("{op} has no gradient `{other}` with an oracle"),
+    }
+}
+
+/// A backward case's accuracy per gradient, in [`Op::gradients`] order (rms_norm_backward: `dx`
+/// on the sampled rows, `dw` whole; silu_mul_backward: `d_gate` and `d_up` on the sampled
+/// rows). Each pair is (candidate, reference) bytes of that gradient.
 pub fn backward_accuracy(
     spec: &CaseSpec,
     inp: &CaseInputs,
-    dx: (&[u8], &[u8]),
-    dw: (&[u8], &[u8]),
-) -> (Accuracy, Accuracy) {
-    let of = |ranges: &[(usize, usize)], truth: &[f64], (c, r): (&[u8], &[u8])| {
-        let (cm, cr) = errors(spec.dtype, c, ranges, truth);
-        let (rm, rr) = errors(spec.dtype, r, ranges, truth);
-        Accuracy {
-            candidate_max_abs: cm,
-            candidate_rms: cr,
-            reference_max_abs: rm,
-            reference_rms: rr,
-        }
-    };
-    let ranges = sample(spec);
-    let dx_truth = oracle(spec, inp, &ranges);
-    let all = [(0usize, spec.cols as usize)];
-    let dw_truth = backward_dw(spec, inp);
-    (of(&ranges, &dx_truth, dx), of(&all, &dw_truth, dw))
+    grads: &[(&[u8], &[u8])],
+) -> Vec<Accuracy> {
+    let gs = spec.op.gradients();
+    assert_eq!(gs.len(), grads.len(), "{}: one pair per gradient", spec.op);
+    gs.iter()
+        .zip(grads)
+        .map(|(g, &(c, r))| {
+            let (ranges, truth) = backward_truth(spec, inp, g);
+            let (cm, cr) = errors(spec.dtype, c, &ranges, &truth);
+            let (rm, rr) = errors(spec.dtype, r, &ranges, &truth);
+            Accuracy {
+                candidate_max_abs: cm,
+                candidate_rms: cr,
+                reference_max_abs: rm,
+                reference_rms: rr,
+            }
+        })
+        .collect()
 }
 
 /// Max abs and RMS error of `out` (dtype values) against the oracle, over the sampled
@@ -364,6 +429,87 @@ mod tests {
             let want = slope(&|w| loss(&x0, w), &w0, j);
             assert!((got - want).abs() < 1e-6, "dw[{j}] {got} vs {want}");
         }
+    }
+
+    /// silu_mul_backward's oracle is the derivative of its forward's truth: against central
+    /// finite differences of `L = sum dy * silu(gate) * up` in f64, for d_gate and d_up; and its
+    /// limits at infinite gates.
+    #[test]
+    fn silu_mul_backward_is_the_forward_truths_derivative() {
+        let (rows, cols) = (3usize, 5usize);
+        let gs: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7 % 11) as f32 - 5.0) / 1.5)
+            .collect();
+        let us: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 3 % 13) as f32 - 6.0) / 4.0)
+            .collect();
+        let dys: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 5 % 7) as f32 - 3.0) / 2.0)
+            .collect();
+        let sp = spec(
+            Op::SiluMulBackward,
+            Semantics::Default,
+            rows as u64,
+            cols as u64,
+        );
+        let inp = CaseInputs {
+            x: tensor(DType::F32, &gs),
+            up: Some(tensor(DType::F32, &us)),
+            residual: None,
+            weight: None,
+            bias: None,
+            dy: Some(tensor(DType::F32, &dys)),
+        };
+        let loss = |g: &[f64], u: &[f64]| -> f64 {
+            (0..rows * cols)
+                .map(|i| dys[i] as f64 * silu(g[i]) * u[i])
+                .sum()
+        };
+        let g0: Vec<f64> = gs.iter().map(|&v| v as f64).collect();
+        let u0: Vec<f64> = us.iter().map(|&v| v as f64).collect();
+        let slope = |f: &dyn Fn(&[f64]) -> f64, v: &[f64], i: usize| {
+            let step = 1e-6;
+            let (mut a, mut b) = (v.to_vec(), v.to_vec());
+            a[i] += step;
+            b[i] -= step;
+            (f(&a) - f(&b)) / (2.0 * step)
+        };
+        let [d_gate, d_up] = Op::SiluMulBackward.gradients() else {
+            panic!("two gradients")
+        };
+        let (ranges, dg) = backward_truth(&sp, &inp, d_gate);
+        assert_eq!(ranges.len(), rows, "every row of a small case");
+        assert_eq!(dg, oracle(&sp, &inp, &ranges), "oracle() gives d_gate");
+        let (_, du) = backward_truth(&sp, &inp, d_up);
+        assert_eq!((dg.len(), du.len()), (rows * cols, rows * cols));
+        for i in 0..rows * cols {
+            let want = slope(&|g| loss(g, &u0), &g0, i);
+            assert!(
+                (dg[i] - want).abs() < 1e-6,
+                "d_gate[{i}] {} vs {want}",
+                dg[i]
+            );
+            let want = slope(&|u| loss(&g0, u), &u0, i);
+            assert!((du[i] - want).abs() < 1e-6, "d_up[{i}] {} vs {want}", du[i]);
+        }
+        // by hand at gate 1: sig = 1/(1+e^-1); silu' = sig (1 + (1 - sig))
+        let sig = 1.0 / (1.0 + (-1.0f64).exp());
+        close(silu_grad(1.0), sig * (2.0 - sig));
+        close(silu_grad(0.0), 0.5);
+        // the limits: 0 at -inf, 1 at +inf; large finite gates approach them
+        assert_eq!(silu_grad(f64::NEG_INFINITY), 0.0);
+        assert_eq!(silu_grad(f64::INFINITY), 1.0);
+        assert!(silu_grad(-800.0).abs() < 1e-300 && (silu_grad(800.0) - 1.0).abs() < 1e-15);
+        assert!(silu_grad(f64::NAN).is_nan());
+        // accuracy per gradient, in Op::gradients order: a one-ulp-off d_up counts there only
+        let exact: Vec<u8> = dg.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect();
+        let up: Vec<u8> = du.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect();
+        let mut off = up.clone();
+        off[0..4].copy_from_slice(&(du[0] as f32 + 1.0).to_le_bytes());
+        let a = backward_accuracy(&sp, &inp, &[(&exact, &exact), (&off, &up)]);
+        assert_eq!(a.len(), 2);
+        assert!(a[0].candidate_max_abs < 1e-6 && a[0].reference_max_abs < 1e-6);
+        assert!(a[1].candidate_max_abs > 0.5 && a[1].reference_max_abs < 1e-6);
     }
 
     #[test]

@@ -392,6 +392,39 @@ __device__ void rms_bwd_dw_ref(T* dw, const float* ws, long long rows, long long
     }
 }
 
+// ---- The backward of silu(gate) * up under eager autograd (docs/backward-gated.md) ----------------
+// The candidate's ABI (Op::stages of silu_mul_backward: one entry `grad` writing both gradients),
+// one thread an element (a grid-stride loop: any grid gives the same bits). Per element, g = gate,
+// u = up, in f32, round_to<T> the storage rounding:
+//   act    = round_T(silu(g)), the forward's saved output in its reference order (silu_f above)
+//   d_up   = round_T(dy * act)                                       MulBackward0, grad * self
+//   d_act  = round_T(dy * u)                                         MulBackward0, grad * other
+//   D      = 1 + expf(-g) with expf's last scaling and the 1 + in one FMA (what nvcc made of
+//            eager's silu_backward for sm_90): left to NVRTC's contraction, expf(-g) taken again
+//            on g through an opaque move so that it is not act's (a shared result stays unfused)
+//   s      = 1 / D, IEEE (__frcp_rn)
+//   d_gate = round_T((d_act * s) * fma(1 - s, g, 1))                 SiluBackward0
+__device__ __forceinline__ float silu_bwd_denominator(float g) {
+    float h = g;
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+    asm volatile("mov.b32 %0, %1;" : "=f"(h) : "f"(g));  // (the CPU harness has no PTX: a copy)
+#endif
+    return 1.0f + expf(-h);
+}
+
+template <typename T>
+__device__ void silu_mul_bwd_grad_ref(T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols) {
+    if (rows <= 0 || cols <= 0) return;
+    GRID_STRIDE(i, rows * cols) {
+        const float y = f32_of(dy[i]), g = f32_of(gate[i]), u = f32_of(up[i]);
+        const float act = f32_of(round_to<T>(silu_f(g)));
+        d_up[i] = round_to<T>(__fmul_rn(y, act));
+        const float d_act = f32_of(round_to<T>(__fmul_rn(y, u)));
+        const float s = __frcp_rn(silu_bwd_denominator(g));
+        d_gate[i] = round_to<T>(__fmul_rn(__fmul_rn(d_act, s), fmaf(__fsub_rn(1.0f, s), g, 1.0f)));
+    }
+}
+
 #define REFS(T, S)                                                                                          \
 extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_llama_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 0, false>(out, nullptr, x, w, rows, cols, eps); } \
 extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_gemma_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 1, false>(out, nullptr, x, w, rows, cols, eps); } \
@@ -414,7 +447,8 @@ extern "C" __global__ void ref_gelu_tanh_mul_default_##S(T* out, const T* gate, 
         out[i] = round_to<T>(__fmul_rn(f32_of(s), f32_of(up[i]))); } } \
 extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_backward_llama_dx_##S(T* dx, float* ws, const T* dy, const T* x, const T* w, long long rows, long long cols, float eps) { rms_bwd_dx_ref<T>(dx, ws, dy, x, w, rows, cols, eps); } \
 extern "C" __global__ void ref_rms_norm_backward_llama_dwp_##S(float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_bwd_dwp_ref<T>(ws, dy, x, rows, cols, sms, threads_per_sm); } \
-extern "C" __global__ void ref_rms_norm_backward_llama_dw_##S(T* dw, const float* ws, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_bwd_dw_ref<T>(dw, ws, rows, cols, sms, threads_per_sm); }
+extern "C" __global__ void ref_rms_norm_backward_llama_dw_##S(T* dw, const float* ws, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_bwd_dw_ref<T>(dw, ws, rows, cols, sms, threads_per_sm); } \
+extern "C" __global__ void ref_silu_mul_backward_default_grad_##S(T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols) { silu_mul_bwd_grad_ref<T>(d_gate, d_up, dy, gate, up, rows, cols); }
 
 REFS(__nv_bfloat16, bf16)
 REFS(__half, f16)

@@ -463,6 +463,31 @@ dw = "k_dw"
         assert!(r.cases.iter().all(|c| !c.id.ends_with("large_index")));
     }
 
+    /// The bundled silu_mul_backward kernel (kernels/silu_mul_backward) is verified with its
+    /// backward suite: every dtype, the scalar tails' shapes, no large-index case.
+    #[test]
+    fn the_bundled_silu_mul_backward_kernel_runs_its_backward_suite() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/silu_mul_backward");
+        let b = KernelBundle::load_dir(&dir).unwrap();
+        let mut fake = Fake {
+            fail_on: None,
+            calls: 0,
+        };
+        let r = verify_with(&mut fake, &b, &VerifyOptions::default(), &mut |_| {}).unwrap();
+        assert_eq!(r.kernel.op, kernel_registry::Op::SiluMulBackward);
+        assert_eq!(fake.calls, r.cases.len());
+        for dt in DType::ALL {
+            for id in ["1x1/normal", "1x7/normal", "3x5/normal", "1500x1001/normal"] {
+                assert!(
+                    r.cases.iter().any(|c| c.id == format!("{dt}/{id}")),
+                    "{dt}/{id}"
+                );
+            }
+        }
+        assert!(r.cases.iter().all(|c| !c.id.ends_with("large_index")));
+    }
+
     #[test]
     fn not_applicable_cases_are_not_run_and_summary_is_derived() {
         use kernel_registry::capability::Audit;

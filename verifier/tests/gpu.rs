@@ -87,6 +87,53 @@ fn backward_bundle(variant: &str) -> Result<KernelBundle, String> {
     KernelBundle::from_parts(&toml, &src).map_err(|e| format!("{variant}: {e}"))
 }
 
+/// The backward of silu(gate) * up (`kernels/silu_mul_backward/`, bundled; docs/backward-gated.md),
+/// with one mutation per red-team variant: `exact` none; `fma_unfused` silu_backward's
+/// `fma(1 - s, g, 1)` in two roundings (d_gate moves by ulps, d_up exact; verified in f32, where
+/// an ulp of the f32 chain is not hidden by the rounding to T); `tail_unwritten` the scalar loop
+/// after the 16-byte vectors left out (the last `n % (16 / sizeof(T))` elements of both
+/// gradients never written); `d_up_at_offset_16` nothing written when d_up starts 16 bytes past a
+/// 256-byte boundary (exact at fresh allocations, refused by the address cases).
+fn gated_backward_bundle(variant: &str) -> Result<KernelBundle, String> {
+    let dir = kernels_dir().join("silu_mul_backward");
+    let b = KernelBundle::load_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut src = b.source.clone();
+    let mutate = |src: &mut String, from: &str, to: &str| -> Result<(), String> {
+        if src.matches(from).count() != 1 {
+            return Err(format!("{variant}: `{from}` is not in the kernel once"));
+        }
+        *src = src.replace(from, to);
+        Ok(())
+    };
+    match variant {
+        "exact" => {}
+        "fma_unfused" => mutate(
+            &mut src,
+            "fmaf(__fsub_rn(1.0f, s), g, 1.0f)",
+            "__fadd_rn(__fmul_rn(__fsub_rn(1.0f, s), g), 1.0f)",
+        )?,
+        "tail_unwritten" => mutate(
+            &mut src,
+            "for (i64 e = nv * K + tid; e < n; e += stride)",
+            "for (i64 e = nv * K + tid; e < n && n < 0; e += stride)",
+        )?,
+        "d_up_at_offset_16" => mutate(
+            &mut src,
+            "    if (rows <= 0 || cols <= 0) return;",
+            "    if (rows <= 0 || cols <= 0 || ((unsigned long long)d_up & 255) == 16) return;",
+        )?,
+        other => return Err(format!("no gated backward variant `{other}`")),
+    }
+    let toml = std::fs::read_to_string(dir.join("kernel.toml"))
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .replacen(
+            "name = \"silu_mul_backward\"",
+            &format!("name = \"silu_mul_backward_{variant}\""),
+            1,
+        );
+    KernelBundle::from_parts(&toml, &src).map_err(|e| format!("{variant}: {e}"))
+}
+
 /// The class a backward verification gives `gradient`, as text.
 fn gradient_class(r: &VerificationReport, gradient: &str) -> String {
     r.summary
@@ -98,12 +145,20 @@ fn gradient_class(r: &VerificationReport, gradient: &str) -> String {
 }
 
 /// Verify a fixture (`good/...`, `broken/...`: bf16), a bundled kernel (`kernels/NAME`: every
-/// dtype it declares) or the backward kernel (`backward/VARIANT`: `exact` in every dtype, the
-/// red-team variants in bf16), with the quick suite.
+/// dtype it declares) or a backward kernel (`backward/VARIANT`, rms_norm_llama_backward's, and
+/// `gated_backward/VARIANT`, silu_mul_backward's: `exact` in every dtype, the red-team variants
+/// in bf16, `fma_unfused` in f32), with the quick suite.
 fn run(rel: &str) -> Result<VerificationReport, String> {
     let (b, dtypes) = if let Some(v) = rel.strip_prefix("backward/") {
         let dts = (v != "exact").then(|| vec![DType::Bf16]);
         (backward_bundle(v)?, dts)
+    } else if let Some(v) = rel.strip_prefix("gated_backward/") {
+        let dts = match v {
+            "exact" => None,
+            "fma_unfused" => Some(vec![DType::F32]),
+            _ => Some(vec![DType::Bf16]),
+        };
+        (gated_backward_bundle(v)?, dts)
     } else {
         let (dir, dtypes) = match rel.strip_prefix("kernels/") {
             Some(name) => (kernels_dir().join(name), None),
@@ -466,6 +521,39 @@ fn main() -> ExitCode {
             }
         }),
         ("backward/dw_at_offset_16", |r| {
+            exact_at_fresh_allocations_yet_failed(r)?;
+            any_integrity(r, ADDRESS_REASON)
+        }),
+        // silu_mul_backward through the backward suite: each gradient against the reference,
+        // batch invariance of both; red-team variants each caught where they break it.
+        ("gated_backward/exact", |r| {
+            let v = &r.summary.overall;
+            let (dg, du) = (gradient_class(r, "d_gate"), gradient_class(r, "d_up"));
+            if v.class == ExactnessClass::BitExact
+                && v.deterministic
+                && v.batch_invariant
+                && v.integrity_ok
+                && r.summary.per_dtype.len() == DType::ALL.len()
+            {
+                Ok(format!("d_gate {dg}, d_up {du} over {} cases", v.cases_run))
+            } else {
+                Err(format!("d_gate {dg}, d_up {du}: {}", v.describe()))
+            }
+        }),
+        ("gated_backward/fma_unfused", |r| {
+            let (dg, du) = (gradient_class(r, "d_gate"), gradient_class(r, "d_up"));
+            if dg != "bit_exact" && du == "bit_exact" {
+                Ok(format!("d_gate {dg}, d_up {du}"))
+            } else {
+                Err(format!(
+                    "expected d_gate off and d_up exact: d_gate {dg}, d_up {du}"
+                ))
+            }
+        }),
+        ("gated_backward/tail_unwritten", |r| {
+            any_integrity(r, "d_up: output:").and_then(|_| any_integrity(r, "never written"))
+        }),
+        ("gated_backward/d_up_at_offset_16", |r| {
             exact_at_fresh_allocations_yet_failed(r)?;
             any_integrity(r, ADDRESS_REASON)
         }),

@@ -162,8 +162,8 @@ pub struct ResolveAnswer {
     semantics_defaulted: bool,
     /// The GPU the verification ran on.
     device: String,
-    /// Its SM count (null: the report does not say). A backward kernel's verdict holds for this
-    /// and `device_threads_per_sm` (eager's dw order depends on both).
+    /// Its SM count (null: the report does not say). A rms_norm_backward kernel's verdict holds
+    /// for this and `device_threads_per_sm` (eager's dw order depends on both).
     device_sm_count: Option<u32>,
     /// Its maximum threads per SM (null: the report does not say).
     device_threads_per_sm: Option<u32>,

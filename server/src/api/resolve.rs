@@ -50,7 +50,8 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
         (Some(s), Some(t)) if (1..=MAX_DEVICE_FIGURE).contains(&s) && (1..=MAX_DEVICE_FIGURE).contains(&t) => {
             if !op.is_backward() {
                 return Err(AppError::bad_request(format!(
-                    "query parameters `sms` and `threads_per_sm` apply to backward ops (rms_norm_backward): {op}'s verdict does not depend on the GPU's SM count; leave them out"
+                    "query parameters `sms` and `threads_per_sm` apply to backward ops ({}): {op}'s verdict does not depend on the GPU's SM count; leave them out",
+                    Op::ALL.iter().filter(|o| o.is_backward()).map(|o| o.as_str()).collect::<Vec<_>>().join(", ")
                 ))
                 .with("field", "sms"));
             }
@@ -102,7 +103,7 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
 /// queues anything (`queued_jobs` is always empty here).
 #[utoipa::path(get, path = "/v1/resolve", tag = "resolve",
     params(
-        ("op" = OpName, Query, description = "rms_norm, fused_add_rms_norm, layer_norm, fused_add_layer_norm, silu, silu_and_mul, gelu, gelu_tanh, silu_mul, gelu_tanh_mul, rms_norm_backward (HF LlamaRMSNorm's gradients; its verdict holds for the SM count and threads per SM it was measured on, docs/backward.md)"),
+        ("op" = OpName, Query, description = "rms_norm, fused_add_rms_norm, layer_norm, fused_add_layer_norm, silu, silu_and_mul, gelu, gelu_tanh, silu_mul, gelu_tanh_mul, rms_norm_backward (HF LlamaRMSNorm's gradients; its verdict holds for the SM count and threads per SM it was measured on, docs/backward.md), silu_mul_backward (the gradients of silu(gate) * up, docs/backward-gated.md)"),
         ("semantics" = Option<SemanticsName>, Query, description = "llama, gemma or torch for rms_norm; default otherwise. Left out: the op's default (rms_norm: llama), named in the answer's `semantics` with `semantics_defaulted: true` (a 404 says so in its `detail` too)"),
         ("dtype" = DTypeName, Query, description = "bf16, f16 or f32"),
         ("arch" = ArchName, Query, description = "e.g. sm_90"),
@@ -110,7 +111,7 @@ pub fn parse_query(q: &HashMap<String, String>) -> Result<Query, AppError> {
         ("rows" = Option<u64>, Query, description = "rows: picks the nearest measured speed; a width verification asked for runs rows 1..max(64, rows); never gates", minimum = 1, maximum = 1099511627776_i64),
         ("policy" = Option<PolicyText>, Query, description = "bit_exact (default), ulp:N, tolerance, argmax, with ,deterministic ,batch_invariant ,max_abs_diff=X ,max_mismatch_fraction=X"),
         ("runtime" = Option<String>, Query, description = "cuda (default: CUDA kernels only) or any (Python candidates too, docs/spec.md section 2b)"),
-        ("sms" = Option<u32>, Query, description = "backward ops only, with threads_per_sm: the asking GPU's SM count; a backward kernel is handed out only where its verification ran on a GPU with the same SMs and threads per SM (eager's dw order depends on both)", minimum = 1, maximum = 1048576),
+        ("sms" = Option<u32>, Query, description = "backward ops only, with threads_per_sm: the asking GPU's SM count; a rms_norm_backward kernel is handed out only where its verification ran on a GPU with the same SMs and threads per SM (eager's dw order depends on both); silu_mul_backward's verdict depends on neither (elementwise), so they do not restrict it", minimum = 1, maximum = 1048576),
         ("threads_per_sm" = Option<u32>, Query, description = "backward ops only, with sms: the asking GPU's maximum threads per SM", minimum = 1, maximum = 1048576),
     ),
     responses((status = 200, description = "The chosen kernel with its evidence; `also_qualifying` lists the first 100 other qualifying kernels, fastest first (`also_qualifying_total` counts all). `verified_at` is when the GPU measured it (the report's `started_at`), `imported_at` when this hub imported it (null: measured by this hub's worker); `speed` is the timed case nearest the asked shape, labelled with `measured_at` and `asked_width_measured`; `semantics` is the semantics resolved (`semantics_defaulted`: the parameter was left out)", body = super::openapi::ResolveAnswer), (status = 404, description = "No kernel qualifies; `excluded` says why each is out (the first 100; `excluded_total` counts all); `request_verification` (when a kernel meets the policy but was not verified at this width) is the explicit request that queues a verification of it; `semantics` and `semantics_defaulted` as in the 200 answer"), (status = 400, description = "A bad parameter")))]

@@ -1,41 +1,48 @@
 //! One case of a backward op (docs/spec.md section 2c; docs/backward.md, "What a verification
 //! measures"). The candidate's entries run in [`Op::stages`] order on one stream with
-//! `kernel_registry::backward`'s grids: three times with `dx` and `dw` poisoned afresh (launch 2
-//! on launch 1's poison inverted) and the workspace poisoned afresh, then once more with other
-//! grids for the persistent entries (the ABI promises any grid gives the same bits). Then the
-//! reference's entries (reference.cu, the same ABI) on buffers of their own. Measured: each
-//! gradient's exactness against the reference and accuracy against the f64 oracle, and their
-//! combination; determinism (repeated launches and the other grids); integrity (every element
-//! of dx and dw written, the guards of all six buffers, inputs unchanged, a time limit per
-//! launch); speed (the whole sequence, every timed run's gradients checked on the GPU).
+//! `kernel_registry::backward`'s grids: three times with every gradient ([`Op::gradients`])
+//! poisoned afresh (launch 2 on launch 1's poison inverted) and the workspace, where the op has
+//! one, poisoned afresh, then once more with other grids for the entries that take any grid
+//! (`kernel_registry::backward::any_grid`: the ABI promises they give the same bits). Then the
+//! reference's entries (reference.cu, the same ABI) on buffers of their own. Measured per
+//! gradient: its exactness against the reference and accuracy against the f64 oracle, and
+//! their combination; determinism (repeated launches and the other grids); integrity (every
+//! element of every gradient written, the guards of every buffer, inputs unchanged, a time
+//! limit per launch); batch invariance where every gradient is `rows x cols`
+//! (silu_mul_backward; rms_norm_backward's dw sums the rows); speed (the whole sequence, every
+//! timed run's gradients checked on the GPU).
 //!
-//! Address cases as the forward's (`address::plan`): a deterministic kernel's call with the six
-//! buffers at every placement, its gradients equal to call 1's, inputs unchanged, guards intact.
-//!
-//! Not yet: batch invariance of dx.
+//! The buffers of a call, by their ABI names ([`buffers`]): the gradients, the workspace
+//! (`ws`), the inputs (rms_norm_backward: dx, dw, ws, dy, x, w; silu_mul_backward: d_gate,
+//! d_up, dy, gate, up). Address cases as the forward's (`address::plan` over them): a
+//! deterministic kernel's call with its buffers at every placement, its gradients equal to
+//! call 1's, inputs unchanged, guards intact.
 
 use super::address::{self, Difference, Placement, PERIOD};
+use super::batch;
 use super::poison::{self, Poison};
 use super::{determinism, integrity::unwritten_line, speed, CaseRun, Kern, Tools};
 use crate::abi::{reference_digest, reference_stage_symbol, stage_args, BackwardPtrs, Bufs};
-use crate::cases::HostTensor;
-use crate::cases::{self, CaseSpec};
+use crate::cases::{self, CaseInputs, CaseSpec, HostTensor};
 use crate::cuda::{guard_byte, Arg, DevBuf, Gpu, Launch};
 use crate::exec::{ExecError, Limits};
 use crate::numeric::{combine, compare, worst};
 use crate::oracle;
 use cudarc::driver::sys::CUfunction;
-use kernel_registry::backward::{stage_dims, workspace_bytes, DeviceShape};
+use kernel_registry::backward::{any_grid, stage_dims, workspace_bytes, DeviceShape};
 use kernel_registry::manifest::{entry_options, LaunchDims};
 use kernel_registry::report::{CaseReport, CaseStatus, Exactness, GradientReport};
-use kernel_registry::{KernelBundle, Stage};
+use kernel_registry::{KernelBundle, Op, Stage};
 use std::collections::BTreeMap;
 
-/// A change of the persistent entries' grids: (stage name, default grid) -> grid.
+/// A change of the grids of the entries that take any grid: (stage name, default grid) -> grid.
 type Regrid<'a> = Option<&'a dyn Fn(&str, u32) -> u32>;
 
-/// One call's gradients as downloaded: (dx, dw).
-type Grads = (Vec<u8>, Vec<u8>);
+/// One call's gradients as downloaded, in [`Op::gradients`] order.
+type Grads = Vec<Vec<u8>>;
+
+/// The name of a backward op's workspace in its stages' parameters (`float* ws`).
+const WORKSPACE: &str = "ws";
 
 /// The candidate's and the reference's entries, on a device ready for them.
 struct Loaded<'a> {
@@ -52,11 +59,48 @@ struct Entry {
     f: CUfunction,
 }
 
-/// The buffers one call writes (`dx`, `dw`, the workspace `ws`).
+/// The buffers one call writes: its gradients (in [`Op::gradients`] order) and its workspace.
 struct Outs {
-    dx: DevBuf,
-    dw: DevBuf,
-    ws: DevBuf,
+    grads: Vec<DevBuf>,
+    ws: Option<DevBuf>,
+}
+
+/// The buffers of a backward call of `op` by their ABI names, in the order the address cases
+/// place them: the gradients ([`Op::gradients`] order), the workspace where a stage takes one,
+/// then the inputs (the stages' other tensors, in order of first appearance).
+pub(crate) fn buffers(op: Op) -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = op.gradients().iter().map(|g| g.name).collect();
+    let tensors: Vec<&'static str> = op.stages().iter().flat_map(|s| s.tensors()).collect();
+    if tensors.contains(&WORKSPACE) {
+        v.push(WORKSPACE);
+    }
+    for t in tensors {
+        if !v.contains(&t) {
+            v.push(t);
+        }
+    }
+    v
+}
+
+/// A backward call's input `name` (a tensor of its stages that is neither a gradient nor the
+/// workspace): its host copy and its device buffer.
+fn input<'a>(
+    name: &str,
+    inp: &'a CaseInputs,
+    bufs: &'a Bufs,
+    dy: &'a DevBuf,
+) -> (&'a HostTensor, &'a DevBuf) {
+    let both = |t: Option<&'a HostTensor>, d: Option<&'a DevBuf>| {
+        t.zip(d)
+            .unwrap_or_else(|| panic!("the backward case has no input `{name}`"))
+    };
+    match name {
+        "dy" => both(inp.dy.as_ref(), Some(dy)),
+        "x" | "gate" => (&inp.x, &bufs.x),
+        "up" => both(inp.up.as_ref(), bufs.up.as_ref()),
+        "w" => both(inp.weight.as_ref(), bufs.weight.as_ref()),
+        other => unreachable!("Op::stages names input `{other}`, unknown to the verifier"),
+    }
 }
 
 /// The device's figures a backward launch depends on (`Gpu::open` reads both; eager's dw
@@ -126,18 +170,19 @@ fn load<'a>(
     })
 }
 
-/// Each entry's launch dimensions, the persistent entries' grids changed by `grid` (stage
-/// name, default grid -> grid) when given.
+/// Each entry's launch dimensions on `rows` rows, the grids of the entries that take any grid
+/// changed by `grid` (stage name, default grid -> grid) when given.
 fn dims(
     spec: &CaseSpec,
     entries: &[Entry],
+    rows: u64,
     dev: DeviceShape,
     grid: Regrid<'_>,
 ) -> Result<Vec<LaunchDims>, ExecError> {
     entries
         .iter()
         .map(|e| {
-            let mut d = stage_dims(spec.op, e.stage.name, spec.rows, spec.cols, dev)
+            let mut d = stage_dims(spec.op, e.stage.name, rows, spec.cols, dev)
                 .map_err(|m| launch_error(&e.name, m))?;
             if let Some(g) = grid {
                 d.grid[0] = g(e.stage.name, d.grid[0]).max(1);
@@ -147,25 +192,33 @@ fn dims(
         .collect()
 }
 
-/// The entries' argument lists on `p`.
-fn args(spec: &CaseSpec, entries: &[Entry], p: BackwardPtrs, dev: DeviceShape) -> Vec<Vec<Arg>> {
+/// The entries' argument lists on `p`, `rows` rows.
+fn args(
+    spec: &CaseSpec,
+    entries: &[Entry],
+    p: &BackwardPtrs,
+    rows: u64,
+    dev: DeviceShape,
+) -> Vec<Vec<Arg>> {
     entries
         .iter()
-        .map(|e| stage_args(e.stage, p, spec.rows, spec.cols, spec.eps, dev))
+        .map(|e| stage_args(e.stage, p, rows, spec.cols, spec.eps, dev))
         .collect()
 }
 
-/// One call: every entry launched and waited for (each within the launch limit), then the
-/// whole context idle.
+/// One call on `rows` rows: every entry launched and waited for (each within the launch
+/// limit), then the whole context idle.
 fn call(
     run: &CaseRun<'_>,
     entries: &[Entry],
-    p: BackwardPtrs,
+    p: &BackwardPtrs,
+    rows: u64,
     dev: DeviceShape,
     grid: Regrid<'_>,
 ) -> Result<(), ExecError> {
-    let d = dims(run.spec, entries, dev, grid)?;
-    for ((e, d), a) in entries.iter().zip(&d).zip(args(run.spec, entries, p, dev)) {
+    let d = dims(run.spec, entries, rows, dev, grid)?;
+    let a = args(run.spec, entries, p, rows, dev);
+    for ((e, d), a) in entries.iter().zip(&d).zip(a) {
         run.gpu.launch(
             &e.name,
             e.f,
@@ -196,6 +249,9 @@ pub(crate) fn run_case(
         tools,
     } = load(gpu, bundle, spec)?;
     let es = dt.size_bytes();
+    let grads = op.gradients();
+    let names = buffers(op);
+    let has_ws = names.contains(&WORKSPACE);
     let ws_bytes = workspace_bytes(op, rows, cols, dev)
         .map_err(|m| launch_error("the workspace", m))? as usize;
     let inp = cases::generate(spec);
@@ -203,7 +259,7 @@ pub(crate) fn run_case(
     let dy = gpu.alloc(dy_host.bytes.len())?;
     gpu.upload(&dy, &dy_host.bytes)?;
     // The measurements' shared helpers (keyed sums, poison) through a CaseRun whose kernels
-    // are the dx entries (the only launches made through it are `call`'s).
+    // are the first entries (the only launches made through it are `call`'s).
     let kern = |e: &Entry| Kern {
         name: e.name.clone(),
         f: e.f,
@@ -219,87 +275,103 @@ pub(crate) fn run_case(
         bufs: Bufs::upload(gpu, &inp)?,
         sum_buf: gpu.alloc(8)?,
     };
-    let w = run.bufs.weight.as_ref().expect("rms_norm_backward has w");
+    // The inputs, in the order of `names`: (ABI name, host copy, device buffer).
+    let inputs: Vec<(&'static str, &HostTensor, &DevBuf)> = names
+        .iter()
+        .filter(|n| **n != WORKSPACE && !grads.iter().any(|g| g.name == **n))
+        .map(|&n| {
+            let (h, d) = input(n, &inp, &run.bufs, &dy);
+            (n, h, d)
+        })
+        .collect();
     let alloc = || -> Result<Outs, ExecError> {
         Ok(Outs {
-            dx: gpu.alloc((rows * cols) as usize * es)?,
-            dw: gpu.alloc(cols as usize * es)?,
-            ws: gpu.alloc(ws_bytes)?,
+            grads: grads
+                .iter()
+                .map(|g| gpu.alloc(g.elements(rows, cols) as usize * es))
+                .collect::<Result<_, _>>()?,
+            ws: has_ws.then(|| gpu.alloc(ws_bytes)).transpose()?,
         })
     };
-    let ptrs = |o: &Outs| BackwardPtrs {
-        dx: o.dx.ptr(),
-        dw: o.dw.ptr(),
-        ws: o.ws.ptr(),
-        dy: dy.ptr(),
-        x: run.bufs.x.ptr(),
-        w: w.ptr(),
+    let ptrs = |o: &Outs| {
+        let mut p: Vec<(&'static str, u64)> = grads
+            .iter()
+            .zip(&o.grads)
+            .map(|(g, b)| (g.name, b.ptr()))
+            .collect();
+        p.extend(o.ws.as_ref().map(|w| (WORKSPACE, w.ptr())));
+        p.extend(inputs.iter().map(|(n, _, d)| (*n, d.ptr())));
+        BackwardPtrs(p)
     };
     let poison = |o: &Outs, p: Poison| -> Result<(), ExecError> {
-        gpu.fill_pattern(run.tools.fill, &o.dx, p.key, p.invert)?;
-        gpu.fill_pattern(run.tools.fill, &o.dw, p.key, p.invert)?;
-        // the workspace holds nothing a call may read before writing it
-        gpu.fill_pattern(run.tools.fill, &o.ws, Poison::fresh().key, false)
+        for b in &o.grads {
+            gpu.fill_pattern(run.tools.fill, b, p.key, p.invert)?;
+        }
+        match &o.ws {
+            // the workspace holds nothing a call may read before writing it
+            Some(w) => gpu.fill_pattern(run.tools.fill, w, Poison::fresh().key, false),
+            None => Ok(()),
+        }
+    };
+    let download = |o: &Outs| -> Result<Grads, ExecError> {
+        o.grads.iter().map(|b| gpu.download_vec(b)).collect()
     };
     let out = alloc()?;
 
-    // 1. The candidate: three calls, then one at other grids of the persistent entries.
+    // 1. The candidate: three calls, then one at other grids of the entries that take any.
     let p1 = Poison::fresh();
     let mut got: Vec<Grads> = Vec::new();
     for p in [p1, p1.inverted(), Poison::fresh()] {
         poison(&out, p)?;
-        call(&run, &cand, ptrs(&out), dev, None)?;
-        got.push((gpu.download_vec(&out.dx)?, gpu.download_vec(&out.dw)?));
+        call(&run, &cand, &ptrs(&out), rows, dev, None)?;
+        got.push(download(&out)?);
     }
     let small = rows * cols <= 1 << 20;
     let other_grid = move |stage: &str, g: u32| -> u32 {
-        match stage {
-            "dw" => g,
-            _ if small => 1,
-            _ => g / 3,
+        if !any_grid(op, stage) {
+            g
+        } else if small {
+            1
+        } else {
+            g / 3
         }
     };
     poison(&out, Poison::fresh())?;
-    call(&run, &cand, ptrs(&out), dev, Some(&other_grid))?;
-    let regridded = (gpu.download_vec(&out.dx)?, gpu.download_vec(&out.dw)?);
+    call(&run, &cand, &ptrs(&out), rows, dev, Some(&other_grid))?;
+    let regridded = download(&out)?;
 
     // 2. The reference, after it, on buffers of its own (poisoned before they are freed).
     let refo = alloc()?;
     poison(&refo, Poison::fresh())?;
-    call(&run, &refe, ptrs(&refo), dev, None)?;
-    let (rdx, rdw) = (gpu.download_vec(&refo.dx)?, gpu.download_vec(&refo.dw)?);
+    call(&run, &refe, &ptrs(&refo), rows, dev, None)?;
+    let refg = download(&refo)?;
 
     // 3. Integrity.
     let mut integrity = Vec::new();
-    for (name, first, second, r) in [
-        ("dx", &got[0].0, &got[1].0, rows),
-        ("dw", &got[0].1, &got[1].1, 1),
-    ] {
-        let (n, at) = poison::never_written(first, second, p1, es);
+    for (k, g) in grads.iter().enumerate() {
+        let (n, at) = poison::never_written(&got[0][k], &got[1][k], p1, es);
         if n > 0 {
+            let r = if g.one_row { 1 } else { rows };
             integrity.push(format!(
-                "{name}: {}",
+                "{}: {}",
+                g.name,
                 unwritten_line(n, at.unwrap_or(0), r, cols)
             ));
         }
     }
-    for (name, buf) in [
-        ("dx", &out.dx),
-        ("dw", &out.dw),
-        ("ws", &out.ws),
-        ("dy", &dy),
-        ("x", &run.bufs.x),
-        ("w", w),
-    ] {
+    let guarded: Vec<(&str, &DevBuf)> = grads
+        .iter()
+        .map(|g| g.name)
+        .zip(&out.grads)
+        .chain(out.ws.as_ref().map(|w| (WORKSPACE, w)))
+        .chain(inputs.iter().map(|(n, _, d)| (*n, *d)))
+        .collect();
+    for (name, buf) in guarded {
         for g in gpu.check_guards(buf)? {
             integrity.push(format!("{name}: {g}"));
         }
     }
-    for (t, d) in [
-        (&inp.x, &run.bufs.x),
-        (dy_host, &dy),
-        (inp.weight.as_ref().expect("w"), w),
-    ] {
+    for (_, t, d) in &inputs {
         if !run.holds(d, &t.bytes)? {
             integrity.push(format!("input {} was modified by the kernel", t.name));
         }
@@ -309,7 +381,7 @@ pub(crate) fn run_case(
     let all: Vec<Vec<&[u8]>> = got
         .iter()
         .chain(std::iter::once(&regridded))
-        .map(|(a, b)| vec![a.as_slice(), b.as_slice()])
+        .map(|c| c.iter().map(Vec::as_slice).collect())
         .collect();
     let repeated = determinism::max_differing(dt, &all[..3]);
     let by_grid = determinism::max_differing(dt, &[all[0].clone(), all[3].clone()]);
@@ -321,44 +393,76 @@ pub(crate) fn run_case(
         ));
     }
 
+    // Batch invariance of the rows x cols gradients (none where a gradient sums the rows):
+    // every row recomputed in other batch compositions against call 1's.
+    let batch_invariant = if spec.check_batch {
+        // When deterministic, `out` holds call 1's bits (the call at other grids gave them too).
+        let copies: Option<Vec<DevBuf>> = if deterministic {
+            None
+        } else {
+            Some(
+                got[0]
+                    .iter()
+                    .map(|h| -> Result<DevBuf, ExecError> {
+                        let b = gpu.alloc(h.len())?;
+                        gpu.upload(&b, h)?;
+                        Ok(b)
+                    })
+                    .collect::<Result<_, _>>()?,
+            )
+        };
+        let base: Vec<&DevBuf> = copies.as_ref().unwrap_or(&out.grads).iter().collect();
+        let differ = batch_check(&run, &cand, dev, &inputs, &base)?;
+        let ok = differ.is_none();
+        notes.extend(differ);
+        Some(ok)
+    } else {
+        None
+    };
+
     // Address cases: a deterministic kernel's gradients wherever its buffers lie.
     if deterministic {
-        let inputs = [
-            (dy_host, &dy),
-            (&inp.x, &run.bufs.x),
-            (inp.weight.as_ref().expect("w"), w),
-        ];
-        let sizes = [out.dx.bytes, out.dw.bytes, out.ws.bytes];
-        integrity.extend(placements(&run, &cand, dev, inputs, sizes, &got[0])?);
+        let out_bytes: Vec<usize> = out
+            .grads
+            .iter()
+            .chain(out.ws.as_ref())
+            .map(|b| b.bytes)
+            .collect();
+        integrity.extend(placements(&run, &cand, dev, &inputs, &out_bytes, &got[0])?);
     }
 
     // 5. Exactness per gradient (the worst call when they differ), and their combination.
-    let grad = |k: usize, which: fn(&Grads) -> &Vec<u8>, refr: &[u8]| {
-        let calls = got.iter().chain(std::iter::once(&regridded));
-        let n = if deterministic { 1 } else { k };
-        calls
-            .take(n)
-            .map(|c| compare(dt, &[(which(c).as_slice(), refr)]))
-            .reduce(worst)
-            .expect("at least one call")
-    };
-    let e_dx: Exactness = grad(4, |c| &c.0, &rdx);
-    let e_dw: Exactness = grad(4, |c| &c.1, &rdw);
-    let exactness = combine(&[&e_dx, &e_dw]);
+    let exact: Vec<Exactness> = (0..grads.len())
+        .map(|k| {
+            let calls = got.iter().chain(std::iter::once(&regridded));
+            let n = if deterministic { 1 } else { 4 };
+            calls
+                .take(n)
+                .map(|c| compare(dt, &[(c[k].as_slice(), refg[k].as_slice())]))
+                .reduce(worst)
+                .expect("at least one call")
+        })
+        .collect();
+    let exactness = combine(&exact.iter().collect::<Vec<_>>());
 
     // 6. Accuracy against the f64 oracle, per gradient.
-    let (a_dx, a_dw) = oracle::backward_accuracy(spec, &inp, (&got[0].0, &rdx), (&got[0].1, &rdw));
+    let pairs: Vec<(&[u8], &[u8])> = got[0]
+        .iter()
+        .zip(&refg)
+        .map(|(c, r)| (c.as_slice(), r.as_slice()))
+        .collect();
+    let accuracy = oracle::backward_accuracy(spec, &inp, &pairs);
 
     // 7. Speed: the whole call, each timed run's gradients checked.
     let speed = if spec.measure_speed {
         let reps = limits.speed_reps.max(3) as usize;
         let time = |entries: &[Entry],
                     o: &Outs,
-                    expect: Option<(&[u8], &[u8])>,
+                    expect: Option<&Grads>,
                     bad: &mut Vec<usize>|
          -> Result<f64, ExecError> {
-            let d = dims(spec, entries, dev, None)?;
-            let a = args(spec, entries, ptrs(o), dev);
+            let d = dims(spec, entries, rows, dev, None)?;
+            let a = args(spec, entries, &ptrs(o), rows, dev);
             let seq: Vec<Launch<'_>> = entries
                 .iter()
                 .zip(&d)
@@ -374,10 +478,13 @@ pub(crate) fn run_case(
                 .collect();
             let mut prepare = || poison(o, Poison::fresh());
             let mut check = |rep: usize| -> Result<(), ExecError> {
-                if let Some((ex, ew)) = expect {
+                if let Some(want) = expect {
                     gpu.wait_idle(&entries[0].name)?;
-                    if !(run.holds(&o.dx, ex)? && run.holds(&o.dw, ew)?) {
-                        bad.push(rep);
+                    for (b, w) in o.grads.iter().zip(want) {
+                        if !run.holds(b, w)? {
+                            bad.push(rep);
+                            break;
+                        }
                     }
                 }
                 Ok(())
@@ -385,7 +492,7 @@ pub(crate) fn run_case(
             gpu.time_sequence(&seq, reps, limits.launch(), &mut prepare, &mut check)
         };
         let mut bad = Vec::new();
-        let c = time(&cand, &out, Some((&got[0].0, &got[0].1)), &mut bad)?;
+        let c = time(&cand, &out, Some(&got[0]), &mut bad)?;
         let r = time(&refe, &refo, None, &mut Vec::new())?;
         let s = speed::speed_of(op.bytes_moved(dt, rows, cols), c, r, copy_gbps);
         integrity.extend(speed::wrong_timed_launches(&bad, reps));
@@ -396,11 +503,13 @@ pub(crate) fn run_case(
     };
     poison(&refo, Poison::fresh())?;
 
-    let gradients: BTreeMap<String, GradientReport> = [("dx", e_dx, a_dx), ("dw", e_dw, a_dw)]
-        .into_iter()
-        .map(|(k, exactness, accuracy)| {
+    let gradients: BTreeMap<String, GradientReport> = grads
+        .iter()
+        .zip(exact)
+        .zip(accuracy)
+        .map(|((g, exactness), accuracy)| {
             (
-                k.to_string(),
+                g.name.to_string(),
                 GradientReport {
                     exactness,
                     accuracy: Some(accuracy),
@@ -413,7 +522,7 @@ pub(crate) fn run_case(
         exactness: Some(exactness),
         accuracy: None,
         deterministic: Some(deterministic),
-        batch_invariant: None,
+        batch_invariant,
         integrity_failures: integrity,
         speed,
         gradients,
@@ -421,74 +530,163 @@ pub(crate) fn run_case(
     })
 }
 
-/// The buffers of a backward call in the order the address cases place them.
-const PLACED: [&str; 6] = ["dx", "dw", "ws", "dy", "x", "w"];
+/// Batch invariance of a backward call whose gradients are all `rows x cols`: every
+/// composition of `batch::plan` laid out in one allocation per `rows x cols` tensor (the
+/// inputs gathered there from the case's, the gradients poisoned once, a workspace of each
+/// batch's own size where the op has one), one call per batch on its slices, and every row of
+/// every gradient compared on the GPU with the same row of `base` (call 1's gradients, in
+/// [`Op::gradients`] order). `None` when every row matched, else a note per composition
+/// saying how many rows differed and where.
+fn batch_check(
+    run: &CaseRun<'_>,
+    entries: &[Entry],
+    dev: DeviceShape,
+    inputs: &[(&'static str, &HostTensor, &DevBuf)],
+    base: &[&DevBuf],
+) -> Result<Option<String>, ExecError> {
+    let (gpu, spec) = (run.gpu, run.spec);
+    let op = spec.op;
+    let grads = op.gradients();
+    assert!(
+        grads.iter().all(|g| !g.one_row),
+        "{op}: batch invariance of a gradient summed over the rows"
+    );
+    let es = spec.dtype.size_bytes() as u64;
+    let row = spec.cols * es;
+    let row_wise = |t: &HostTensor| t.bytes.len() as u64 == spec.rows * row;
+    let mut notes = Vec::new();
+    for comp in batch::plan(spec.rows, spec.seed ^ 0xBA7C) {
+        let k = comp.batches.len();
+        let l = batch::layout(&comp.batches, row);
+        let all_idx: Vec<u8> = comp
+            .batches
+            .iter()
+            .flatten()
+            .flat_map(|r| (*r as i64).to_le_bytes())
+            .collect();
+        let idx = gpu.alloc(all_idx.len())?;
+        gpu.upload(&idx, &all_idx)?;
+        // the rows x cols inputs laid out per batch; one-row inputs (a weight) as they are
+        let laid: Vec<Option<DevBuf>> = inputs
+            .iter()
+            .map(|(_, t, _)| row_wise(t).then(|| gpu.alloc(l.total as usize)).transpose())
+            .collect::<Result<_, _>>()?;
+        let outs: Vec<DevBuf> = grads
+            .iter()
+            .map(|_| gpu.alloc(l.total as usize))
+            .collect::<Result<_, _>>()?;
+        let p = Poison::fresh();
+        for o in &outs {
+            gpu.fill_pattern(run.tools.fill, o, p.key, p.invert)?;
+        }
+        let res = batch::result_slots(run, k * grads.len())?;
+        let mut idx_at = 0u64;
+        for (i, b) in comp.batches.iter().enumerate() {
+            let n = b.len() as u64;
+            let idx_ptr = idx.ptr() + 8 * idx_at;
+            let at = l.offsets[i];
+            let mut ptrs: Vec<(&'static str, u64)> = grads
+                .iter()
+                .zip(&outs)
+                .map(|(g, o)| (g.name, o.ptr() + at))
+                .collect();
+            let ws = match workspace_bytes(op, n, spec.cols, dev)
+                .map_err(|m| launch_error("the workspace", m))?
+            {
+                0 => None,
+                bytes => Some(gpu.alloc(bytes as usize)?),
+            };
+            if let Some(w) = &ws {
+                gpu.fill_pattern(run.tools.fill, w, Poison::fresh().key, false)?;
+                ptrs.push((WORKSPACE, w.ptr()));
+            }
+            for ((name, _, src), dst) in inputs.iter().zip(&laid) {
+                match dst {
+                    Some(d) => {
+                        run.gather(d.ptr() + at, src, idx_ptr, n, row)?;
+                        ptrs.push((name, d.ptr() + at));
+                    }
+                    None => ptrs.push((name, src.ptr())),
+                }
+            }
+            call(run, entries, &BackwardPtrs(ptrs), n, dev, None)?;
+            for (slot, (o, b)) in outs.iter().zip(base).enumerate() {
+                let r = res.ptr() + 16 * (i * grads.len() + slot) as u64;
+                batch::enqueue_rows_differ(run, o.ptr() + at, b.ptr(), idx_ptr, n, row, r)?;
+            }
+            idx_at += n;
+        }
+        let got = gpu.download_vec(&res)?;
+        notes.extend(batch::composition_note(&comp, &got, grads.len()));
+    }
+    Ok((!notes.is_empty()).then(|| notes.join("; ")))
+}
 
-/// The address cases of a backward call (`address::plan` over its six buffers): at each
-/// placement the gradients poisoned, the workspace poisoned, the inputs copied, one call of
-/// `entries`; then the gradients must hold `want`'s bits (call 1's at fresh allocations), the
-/// inputs theirs, and every guard region its bytes. Returns the integrity failures: one line
-/// for gradients that depend on the address (the first placement that differed, how many
-/// did), and up to `MAX_OTHER_LINES` for inputs modified or guards written at a placement.
+/// The address cases of a backward call (`address::plan` over its buffers, [`buffers`]): at
+/// each placement the gradients poisoned, the workspace poisoned, the inputs copied, one call
+/// of `entries`; then the gradients must hold `want`'s bits (call 1's at fresh allocations),
+/// the inputs theirs, and every guard region its bytes. `out_bytes` are the sizes of the
+/// gradients then the workspace. Returns the integrity failures: one line for gradients that
+/// depend on the address (the first placement that differed, how many did), and up to
+/// `MAX_OTHER_LINES` for inputs modified or guards written at a placement.
 fn placements(
     run: &CaseRun<'_>,
     entries: &[Entry],
     dev: DeviceShape,
-    inputs: [(&HostTensor, &DevBuf); 3],
-    out_bytes: [usize; 3],
+    inputs: &[(&'static str, &HostTensor, &DevBuf)],
+    out_bytes: &[usize],
     want: &Grads,
 ) -> Result<Vec<String>, ExecError> {
     let (gpu, spec) = (run.gpu, run.spec);
-    let sizes = [
-        out_bytes[0],
-        out_bytes[1],
-        out_bytes[2],
-        inputs[0].1.bytes,
-        inputs[1].1.bytes,
-        inputs[2].1.bytes,
-    ];
+    let names = buffers(spec.op);
+    let n_out = out_bytes.len();
+    let n_grads = want.len();
+    assert_eq!(names.len(), n_out + inputs.len());
+    let sizes: Vec<usize> = out_bytes
+        .iter()
+        .copied()
+        .chain(inputs.iter().map(|(_, _, d)| d.bytes))
+        .collect();
     let mut placed: Vec<DevBuf> = sizes
         .iter()
         .map(|&b| gpu.alloc_placed(b, PERIOD))
         .collect::<Result<_, _>>()?;
-    let plan = address::plan(PLACED.len());
+    let plan = address::plan(names.len());
     let mut first: Option<(Placement, Vec<Difference>)> = None;
     let mut differing = 0usize;
     let mut other: Vec<String> = Vec::new();
     for p in &plan {
         for (i, (buf, &residue)) in placed.iter_mut().zip(&p.at).enumerate() {
             // the gradients and workspace poisoned, the inputs copied
-            let source = i.checked_sub(3).map(|k| inputs[k].1);
+            let source = i.checked_sub(n_out).map(|k| inputs[k].2);
             address::place(run, buf, residue, guard_byte(), source)?;
         }
-        let ptrs = BackwardPtrs {
-            dx: placed[0].ptr(),
-            dw: placed[1].ptr(),
-            ws: placed[2].ptr(),
-            dy: placed[3].ptr(),
-            x: placed[4].ptr(),
-            w: placed[5].ptr(),
-        };
-        call(run, entries, ptrs, dev, None)?;
+        let ptrs = BackwardPtrs(
+            names
+                .iter()
+                .copied()
+                .zip(placed.iter().map(DevBuf::ptr))
+                .collect(),
+        );
+        call(run, entries, &ptrs, spec.rows, dev, None)?;
         let mut diffs = Vec::new();
-        for (i, expected) in [(0, &want.0), (1, &want.1)] {
+        for (i, expected) in want.iter().enumerate().take(n_grads) {
             if !run.holds(&placed[i], expected)? {
                 let now = gpu.download_vec(&placed[i])?;
-                diffs.extend(Difference::of(PLACED[i], spec.dtype, &now, expected));
+                diffs.extend(Difference::of(names[i], spec.dtype, &now, expected));
             }
         }
-        let at = address::describe(&PLACED, p);
-        for (k, (host, _)) in inputs.iter().enumerate() {
-            if !run.holds(&placed[3 + k], &host.bytes)? {
+        let at = address::describe(&names, p);
+        for (k, (name, host, _)) in inputs.iter().enumerate() {
+            if !run.holds(&placed[n_out + k], &host.bytes)? {
                 other.push(format!(
-                    "with {at}: input {} was modified by the kernel",
-                    PLACED[3 + k]
+                    "with {at}: input {name} was modified by the kernel"
                 ));
             }
         }
         for (i, buf) in placed.iter().enumerate() {
             for g in gpu.check_guards(buf)? {
-                other.push(format!("with {at}: {}: {g}", PLACED[i]));
+                other.push(format!("with {at}: {}: {g}", names[i]));
             }
         }
         if !diffs.is_empty() {
@@ -501,7 +699,7 @@ fn placements(
     let mut out: Vec<String> = first
         .iter()
         .map(|(p, d)| {
-            address::address_line(&PLACED, (p, d.as_slice()), differing, plan.len(), spec.cols)
+            address::address_line(&names, (p, d.as_slice()), differing, plan.len(), spec.cols)
         })
         .collect();
     let more = other.len().saturating_sub(address::MAX_OTHER_LINES);
@@ -513,4 +711,67 @@ fn placements(
         ));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The buffers of each backward op's call in the order the address cases place them:
+    /// rms_norm_backward's as before the generalisation (its report lines name them so).
+    #[test]
+    fn the_buffers_of_a_call_are_the_gradients_the_workspace_and_the_inputs() {
+        assert_eq!(
+            buffers(Op::RmsNormBackward),
+            ["dx", "dw", "ws", "dy", "x", "w"]
+        );
+        assert_eq!(
+            buffers(Op::SiluMulBackward),
+            ["d_gate", "d_up", "dy", "gate", "up"]
+        );
+        for &op in Op::ALL.iter().filter(|o| o.is_backward()) {
+            let b = buffers(op);
+            let mut all: Vec<&str> = op.stages().iter().flat_map(|s| s.tensors()).collect();
+            all.sort_unstable();
+            all.dedup();
+            let mut sorted = b.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, all, "{op}: every tensor once");
+            // the address plan takes this many buffers
+            assert!(!address::plan(b.len()).is_empty(), "{op}");
+        }
+    }
+
+    /// Every input of a backward case maps to a tensor the case draws.
+    #[test]
+    fn every_input_of_a_backward_call_is_drawn() {
+        for &op in Op::ALL.iter().filter(|o| o.is_backward()) {
+            let spec = cases::suite(
+                op,
+                op.default_semantics(),
+                &[kernel_registry::DType::Bf16],
+                true,
+                1,
+                &[],
+            )
+            .into_iter()
+            .find(|s| s.rows * s.cols < 10_000)
+            .expect("a small case");
+            let inp = cases::generate(&spec);
+            let grads: Vec<&str> = op.gradients().iter().map(|g| g.name).collect();
+            for n in buffers(op) {
+                if n == WORKSPACE || grads.contains(&n) {
+                    continue;
+                }
+                let t = match n {
+                    "dy" => inp.dy.as_ref(),
+                    "x" | "gate" => Some(&inp.x),
+                    "up" => inp.up.as_ref(),
+                    "w" => inp.weight.as_ref(),
+                    other => panic!("{op}: input `{other}` unknown to `input`"),
+                };
+                assert!(t.is_some(), "{op}: the case draws no `{n}`");
+            }
+        }
+    }
 }

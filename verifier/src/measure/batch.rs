@@ -138,13 +138,7 @@ pub(crate) fn check(
         let out = gpu.alloc(lout.total as usize)?;
         // Per batch: (mismatching rows, first such position) for the output and the residual.
         let slots = if residual.is_some() { 2 } else { 1 };
-        let res = gpu.alloc(16 * k * slots)?;
-        let mut init = Vec::with_capacity(16 * k * slots);
-        for _ in 0..k * slots {
-            init.extend_from_slice(&0u64.to_le_bytes());
-            init.extend_from_slice(&u64::MAX.to_le_bytes());
-        }
-        gpu.upload(&res, &init)?;
+        let res = result_slots(run, k * slots)?;
         let p = Poison::fresh();
         gpu.fill_pattern(run.tools.fill, &out, p.key, p.invert)?;
         let mut idx_at = 0u64;
@@ -170,47 +164,82 @@ pub(crate) fn check(
                 pairs.push((r, b.ptr()));
             }
             for (slot, (got, want)) in pairs.into_iter().enumerate() {
-                gpu.enqueue(
-                    "row comparison on the GPU",
-                    run.tools.rows_differ,
-                    [(n as u32).clamp(1, 4096), 1, 1],
-                    [256, 1, 1],
-                    &[
-                        Arg::Ptr(got),
-                        Arg::Ptr(want),
-                        Arg::Ptr(idx_ptr),
-                        Arg::I64(n as i64),
-                        Arg::I64(out_row as i64),
-                        Arg::Ptr(res.ptr() + 16 * (i * slots + slot) as u64),
-                    ],
-                )?;
+                let at = res.ptr() + 16 * (i * slots + slot) as u64;
+                enqueue_rows_differ(run, got, want, idx_ptr, n, out_row, at)?;
             }
             idx_at += n;
         }
         let got = gpu.download_vec(&res)?;
-        let word = |j: usize| u64::from_le_bytes(got[8 * j..8 * j + 8].try_into().expect("8"));
-        let mut differ_rows = 0u64;
-        let mut example = None;
-        for (i, batch) in comp.batches.iter().enumerate() {
-            for slot in 0..slots {
-                let (count, at) = (
-                    word(2 * (i * slots + slot)),
-                    word(2 * (i * slots + slot) + 1),
-                );
-                if count > 0 {
-                    differ_rows += count;
-                    example.get_or_insert((batch[at as usize], at, batch.len()));
-                }
-            }
-        }
-        if let Some((row, pos, n)) = example {
-            notes.push(format!(
-                "{differ_rows} row(s) differ when recomputed {} (e.g. row {row} at position {pos} of a batch of {n} rows)",
-                comp.name
-            ));
-        }
+        notes.extend(composition_note(&comp, &got, slots));
     }
     Ok((!notes.is_empty()).then(|| notes.join("; ")))
+}
+
+/// `n` result slots on the device for `enqueue_rows_differ`, each (mismatching rows 0, first
+/// such position `u64::MAX`).
+pub(crate) fn result_slots(run: &CaseRun<'_>, n: usize) -> Result<DevBuf, ExecError> {
+    let res = run.gpu.alloc(16 * n)?;
+    let mut init = Vec::with_capacity(16 * n);
+    for _ in 0..n {
+        init.extend_from_slice(&0u64.to_le_bytes());
+        init.extend_from_slice(&u64::MAX.to_le_bytes());
+    }
+    run.gpu.upload(&res, &init)?;
+    Ok(res)
+}
+
+/// Queue the comparison on the GPU of `n` rows of `row_bytes` at `got` with rows `idx[0..n]`
+/// of `base` (`idx` a device array of i64 row indices): the count of rows that differ and the
+/// first such position are added into the result slot at `slot` (no wait).
+pub(crate) fn enqueue_rows_differ(
+    run: &CaseRun<'_>,
+    got: u64,
+    base: u64,
+    idx: u64,
+    n: u64,
+    row_bytes: u64,
+    slot: u64,
+) -> Result<(), ExecError> {
+    run.gpu.enqueue(
+        "row comparison on the GPU",
+        run.tools.rows_differ,
+        [(n as u32).clamp(1, 4096), 1, 1],
+        [256, 1, 1],
+        &[
+            Arg::Ptr(got),
+            Arg::Ptr(base),
+            Arg::Ptr(idx),
+            Arg::I64(n as i64),
+            Arg::I64(row_bytes as i64),
+            Arg::Ptr(slot),
+        ],
+    )
+}
+
+/// The note of one composition from its result slots as downloaded (`slots` per batch, in
+/// batch order): `None` when every row matched.
+pub(crate) fn composition_note(comp: &Composition, got: &[u8], slots: usize) -> Option<String> {
+    let word = |j: usize| u64::from_le_bytes(got[8 * j..8 * j + 8].try_into().expect("8"));
+    let mut differ_rows = 0u64;
+    let mut example = None;
+    for (i, batch) in comp.batches.iter().enumerate() {
+        for slot in 0..slots {
+            let (count, at) = (
+                word(2 * (i * slots + slot)),
+                word(2 * (i * slots + slot) + 1),
+            );
+            if count > 0 {
+                differ_rows += count;
+                example.get_or_insert((batch[at as usize], at, batch.len()));
+            }
+        }
+    }
+    example.map(|(row, pos, n)| {
+        format!(
+            "{differ_rows} row(s) differ when recomputed {} (e.g. row {row} at position {pos} of a batch of {n} rows)",
+            comp.name
+        )
+    })
 }
 
 #[cfg(test)]
@@ -271,6 +300,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_compositions_note_counts_every_slot_and_names_the_first_row() {
+        let comp = Composition {
+            name: "split",
+            batches: vec![vec![4, 2], vec![0, 1, 3]],
+        };
+        let slots = |v: &[(u64, u64)]| -> Vec<u8> {
+            v.iter()
+                .flat_map(|&(c, at)| c.to_le_bytes().into_iter().chain(at.to_le_bytes()))
+                .collect()
+        };
+        let clean = slots(&[(0, u64::MAX); 4]);
+        assert_eq!(composition_note(&comp, &clean, 2), None);
+        // batch 1's second slot: 2 rows, the first at position 1 (row 1)
+        let two = slots(&[(0, u64::MAX), (0, u64::MAX), (0, u64::MAX), (2, 1)]);
+        assert_eq!(
+            composition_note(&comp, &two, 2).unwrap(),
+            "2 row(s) differ when recomputed split (e.g. row 1 at position 1 of a batch of 3 rows)"
+        );
     }
 
     #[test]
