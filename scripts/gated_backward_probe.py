@@ -1,20 +1,19 @@
 #!/usr/bin/env python3
-"""The gated MLP's backward against real eager autograd (issue 30, an experiment): which form of
-`1 + exp(-gate)` eager's silu_backward computes on this GPU, and whether the experimental kernel
-kernels/wip/silu_mul_backward/kernel.cu gives eager's d_gate and d_up bit for bit
-(docs/backward-gated.md).
+"""The gated MLP's backward against real eager autograd (issue 30): whether the bundled kernel of
+op silu_mul_backward (kernels/silu_mul_backward/kernel.cu) gives eager's d_gate and d_up bit for
+bit, and how fast it is (docs/backward-gated.md).
 
     PYTHONUNBUFFERED=1 python3 scripts/gated_backward_probe.py OUT_DIR      # on the GPU machine
     python/.venv/bin/python scripts/gated_backward_probe.py /tmp/gbp --dry-run   # CPU: NVRTC only
 
 For each dtype (bf16, f16, f32) and shape (rows 1..4096 x the MLP widths of the shipped and 1B
-models), gate/up/dy drawn like activations (a normal sample, plus a slice of extreme gate values
-where exp overflows or underflows), eager's gradients of `F.silu(gate) * up` from
-torch.autograd.grad, and the kernel's from each variant of SMB_D (one NVRTC module each): the
-elements of d_gate and d_up whose bits differ (0 = eager's). Then, at the large shapes, the
-median time of eager's backward (autograd.grad) against the kernel's one launch and each CUDA
-kernel's GPU time (torch.profiler). Writes OUT_DIR/gated_backward_probe.json and prints a table;
-exits 1 when something raised.
+models, and 1001 for the kernel's scalar tail), gate/up/dy drawn like activations (a normal
+sample, plus a slice of extreme gate values where exp overflows or underflows), eager's gradients
+of `F.silu(gate) * up` from torch.autograd.grad, and the kernel's (one NVRTC module, the hub's
+block and grid): the elements of d_gate and d_up whose bits differ (0 = eager's). Then, at the
+large shapes, the median time of eager's backward (autograd.grad) against the kernel's one launch
+and each CUDA kernel's GPU time (torch.profiler). Writes OUT_DIR/gated_backward_probe.json and
+prints a table; exits 1 when something raised.
 """
 from __future__ import annotations
 
@@ -32,11 +31,11 @@ from backward_probe import CudaModule, dry_compile, kernel_times, max_ulp, ndiff
 from ln_backward_probe import DT, DT_NAME  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KSRC = os.path.join(ROOT, "kernels", "wip", "silu_mul_backward", "kernel.cu")
-# the bundled kernel (op silu_mul_backward, entry silu_mul_bwd_<dt>(..., rows, cols)): variant 2's
-# arithmetic with 16-byte vector loads and a scalar tail
+# the bundled kernel (op silu_mul_backward, entry silu_mul_bwd_<dt>(..., rows, cols)). Session 25's
+# experiment with three forms of 1 + exp(-g) (kernels/wip/silu_mul_backward, SMB_D) ran here in
+# session 26's run 1: all three gave eager's bits; the experiment was removed after that run.
 BUNDLED = os.path.join(ROOT, "kernels", "silu_mul_backward", "kernel.cu")
-VARIANTS = {"fadd_rn": 0, "contracted": 1, "own_expf": 2, "bundled": None}   # SMB_D's values (kernel.cu)
+VARIANTS = ("bundled",)
 ROWS = [1, 2, 7, 8, 64, 512, 4096]
 # the tiny model's, Llama 1.1B's, Qwen2 1.5B's, Llama 7B's; 1001: the bundled kernel's scalar tail
 COLS = [1408, 5632, 8960, 11008, 1001]
@@ -63,14 +62,11 @@ def eager_grads(gate, up, dy):
 
 
 class Kernel:
-    """One NVRTC module per SMB_D variant and one of the bundled kernel; `bind(variant, dy, gate,
-    up)()` -> (d_gate, d_up), outputs poisoned with NaN first."""
+    """The bundled kernel in one NVRTC module; `bind("bundled", dy, gate, up)()` -> (d_gate, d_up),
+    outputs poisoned with NaN first."""
 
     def __init__(self, device):
-        src = open(KSRC, encoding="utf-8").read()
-        self.mods = {v: CudaModule(src, f"silu_mul_backward_{v}.cu", device, [f"smb_{dt}" for dt in DT],
-                                   (f"-DSMB_D={d}",))
-                     for v, d in VARIANTS.items() if d is not None}
+        self.mods = {}
         self.mods["bundled"] = CudaModule(open(BUNDLED, encoding="utf-8").read(), "silu_mul_backward.cu",
                                           device, [f"silu_mul_bwd_{dt}" for dt in DT], ())
         self.sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -79,10 +75,7 @@ class Kernel:
         n = gate.numel()
         dg, du = torch.full_like(gate, float("nan")), torch.full_like(up, float("nan"))
         grid = max(1, min((n + 255) // 256, self.sms * 16))   # kernel_registry::backward's grid
-        if variant == "bundled":
-            entry, tail = f"silu_mul_bwd_{DT_NAME[gate.dtype]}", (gate.shape[0], gate.shape[-1])
-        else:
-            entry, tail = f"smb_{DT_NAME[gate.dtype]}", (n,)
+        entry, tail = f"silu_mul_bwd_{DT_NAME[gate.dtype]}", (gate.shape[0], gate.shape[-1])
 
         def go():
             self.mods[variant].launch(entry, grid, 256, (dg, du, dy, gate, up) + tail)
@@ -93,7 +86,7 @@ class Kernel:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", nargs="?", default=None)
-    ap.add_argument("--dry-run", action="store_true", help="CPU only: NVRTC compiles the variants' source")
+    ap.add_argument("--dry-run", action="store_true", help="CPU only: NVRTC compiles the kernel")
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args(argv)
     t0 = time.time()
@@ -101,9 +94,7 @@ def main(argv=None):
     report = dict(torch=torch.__version__, device=(torch.cuda.get_device_name(device) if not dry else "cpu"),
                   dry_run=dry, cases=[], timing=[], errors=[])
     if dry:
-        for v, d in VARIANTS.items():
-            report[f"dry_compile_{v}"] = (dry_compile(BUNDLED, "silu_mul_backward.cu", ()) if d is None else
-                                          dry_compile(KSRC, f"silu_mul_backward_{v}.cu", (f"-DSMB_D={d}",)))
+        report["dry_compile_bundled"] = dry_compile(BUNDLED, "silu_mul_backward.cu", ())
         kern = None
     else:
         kern = Kernel(device)
@@ -132,7 +123,7 @@ def main(argv=None):
                          eager_kernels_us=kernel_times(eager, device, args.reps))
                 # bytes that must move: dy, gate, up read; d_gate, d_up written
                 nbytes = 5 * gate.numel() * gate.element_size()
-                for v, key in (("own_expf", "kernel"), ("bundled", "bundled")):
+                for v, key in (("bundled", "bundled"),):
                     go = kern.bind(v, dy, gate, up)
                     t[f"{key}_us"] = timed(go, device, args.reps)
                     t[f"{key}_kernels_us"] = kernel_times(go, device, args.reps)
@@ -149,7 +140,7 @@ def main(argv=None):
 
 
 def print_table(rep):
-    print(f"\n## silu(gate) * up backward: the kernel's variants against eager autograd ({rep['device']}, "
+    print(f"\n## silu(gate) * up backward: the bundled kernel against eager autograd ({rep['device']}, "
           f"torch {rep['torch']}{', DRY RUN' if rep['dry_run'] else ''})\n")
     print("| dtype | cases | " + " | ".join(f"{v}: d_gate / d_up differing (cases all 0)" for v in VARIANTS) + " |")
     print("| --- | ---: | " + " | ".join("---" for _ in VARIANTS) + " |")
@@ -165,14 +156,13 @@ def print_table(rep):
             cells.append(f"{sum(g['d_gate'] for g in got)} / {sum(g['d_up'] for g in got)} ({zero} of {len(got)})")
         print(f"| {dt} | {len(cs)} | " + " | ".join(cells) + " |")
     if rep["timing"]:
-        print("\n| dtype | rows x cols | eager backward us (GPU us per kernel) | own_expf us | GB/s | bundled us | "
-              "GB/s (GPU us) |")
-        print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+        print("\n| dtype | rows x cols | eager backward us (GPU us per kernel) | bundled us | GB/s (GPU us) |")
+        print("| --- | --- | ---: | ---: | ---: |")
         for t in rep["timing"]:
             ek = "; ".join(f"{v}" for v in t["eager_kernels_us"].values())
             bk = "; ".join(f"{v}" for v in t.get("bundled_kernels_us", {}).values())
-            print(f"| {t['dtype']} | {t['rows']} x {t['cols']} | {t['eager_bwd_us']:.1f} ({ek}) | {t['kernel_us']:.1f} | "
-                  f"{t['kernel_GBps']} | {t.get('bundled_us', float('nan')):.1f} | {t.get('bundled_GBps')} ({bk}) |")
+            print(f"| {t['dtype']} | {t['rows']} x {t['cols']} | {t['eager_bwd_us']:.1f} ({ek}) | "
+                  f"{t['bundled_us']:.1f} | {t['bundled_GBps']} ({bk}) |")
     for k, v in rep.items():
         if k.startswith("dry_compile"):
             print(f"{k}: {v}")
