@@ -598,16 +598,17 @@ async fn a_backward_kernel_resolves_for_the_gpu_shape_it_was_verified_on(b: Back
         .await;
     assert_eq!(st, StatusCode::BAD_REQUEST, "{r}");
     assert!(detail(&r).contains("apply to backward ops"), "{r}");
-    // silu_mul_backward takes the figures too (a client sends its GPU's for every backward op)
-    // and is not restricted by them (elementwise); its bundled kernel has no certificate yet:
-    // a 404 that names it, and no line about SMs
+    // silu_mul_backward takes the figures too (a client may send its GPU's with every backward
+    // op) and is not restricted by them (elementwise): its certificate was recorded on 132 SMs
+    // and it resolves for a GPU of 114, with no line about SMs
     let (st, r) = srv
         .get("/v1/resolve?op=silu_mul_backward&dtype=bf16&arch=sm_90&cols=256&sms=114&threads_per_sm=2048")
         .await;
-    assert_eq!(st, StatusCode::NOT_FOUND, "{r}");
-    let lines = r["excluded"].to_string();
-    assert!(lines.contains("silu_mul_backward 1.0.0"), "{r}");
-    assert!(!lines.contains("SMs"), "{r}");
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(r["kernel"]["name"], "silu_mul_backward", "{r}");
+    assert_eq!(r["class"], "bit_exact", "{r}");
+    assert_eq!(r["device_sm_count"], 132, "{r}");
+    assert!(!r["excluded"].to_string().contains("SMs"), "{r}");
 }
 
 /// `confirmed:N`: N different worker keys must certify the class on the architecture.
