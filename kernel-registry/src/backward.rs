@@ -300,6 +300,19 @@ mod tests {
         assert!(e.contains("overflows"), "{e}");
     }
 
+    /// The parameter types of an entry's parameter list, names dropped and spaces removed
+    /// (`i64` read as `long long`): what the kernel tests compare with the ABI's.
+    fn param_types(params: &str) -> Vec<String> {
+        params
+            .split(',')
+            .map(|p| {
+                let p = p.trim().replace("i64", "long long");
+                let name_at = p.rfind([' ', '*']).unwrap();
+                p[..=name_at].replace(' ', "")
+            })
+            .collect()
+    }
+
     /// The kernel of docs/backward.md spells each entry with the ABI's parameter types, in order
     /// (its names may differ: `tps` for `threads_per_sm`; `i64` is `long long`).
     #[test]
@@ -307,22 +320,12 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../kernels/rms_norm_llama_backward/kernel.cu");
         let src = std::fs::read_to_string(&path).unwrap();
-        let types = |params: &str| -> Vec<String> {
-            params
-                .split(',')
-                .map(|p| {
-                    let p = p.trim().replace("i64", "long long");
-                    let name_at = p.rfind([' ', '*']).unwrap();
-                    p[..=name_at].replace(' ', "")
-                })
-                .collect()
-        };
         for s in Op::RmsNormBackward.stages() {
             let head = format!("rms_norm_llama_bwd_{}_##NAME(", s.name);
             let at = src.find(&head).unwrap_or_else(|| panic!("no {head}")) + head.len();
             let params = &src[at..at + src[at..].find(')').unwrap()];
             let params = params.replace('\\', " ");
-            assert_eq!(types(&params), types(s.params), "{}", s.name);
+            assert_eq!(param_types(&params), param_types(s.params), "{}", s.name);
             // the block the ABI fixes is the one the kernel is compiled for
             let bound = src[..at].rsplit("__launch_bounds__(").next().unwrap();
             let threads = bound.split([',', ')']).next().unwrap();
@@ -426,23 +429,13 @@ mod tests {
         let dir =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/silu_mul_backward");
         let src = std::fs::read_to_string(dir.join("kernel.cu")).unwrap();
-        let types = |params: &str| -> Vec<String> {
-            params
-                .split(',')
-                .map(|p| {
-                    let p = p.trim().replace("i64", "long long");
-                    let name_at = p.rfind([' ', '*']).unwrap();
-                    p[..=name_at].replace(' ', "")
-                })
-                .collect()
-        };
         let [st] = Op::SiluMulBackward.stages() else {
             panic!("one stage")
         };
         let head = "silu_mul_bwd_##NAME(";
         let at = src.find(head).expect("the entry macro") + head.len();
         let params = src[at..at + src[at..].find(')').unwrap()].replace('\\', " ");
-        assert_eq!(types(&params), types(st.params));
+        assert_eq!(param_types(&params), param_types(st.params));
         let names: Vec<String> = params
             .split(',')
             .map(|p| p.trim().rsplit([' ', '*']).next().unwrap().to_string())

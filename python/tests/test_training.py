@@ -57,6 +57,18 @@ FORWARD_FORMULAS = {
 }
 
 
+def recording_aot_backend(graphs: list):
+    """A torch.compile backend that records each dynamo graph in `graphs` and runs it through
+    AOTAutograd with the traced forward and backward graphs as they are (no inductor)."""
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        from functorch.compile import make_boxed_func
+        from torch._dynamo.backends.common import aot_autograd
+        return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g),
+                            bw_compiler=lambda g, _: make_boxed_func(g))(gm, example_inputs)
+    return backend
+
+
 def _forward_run(op, key):
     # core's runner for a stand-in forward kernel: the op's formula
     (f,) = [f for name, f in FORWARD_FORMULAS.items() if op is ops.op(name)]
@@ -566,16 +578,8 @@ def test_training_mode_compiles_without_graph_breaks(kernels, gpu_faked, cpu_tra
     # gradients (eager's CUDA orders: close to the CPU's, not equal)
     gpu_faked.grads = _emulated_grads
     graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        from functorch.compile import make_boxed_func
-        from torch._dynamo.backends.common import aot_autograd
-        return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g),
-                            bw_compiler=lambda g, _: make_boxed_func(g))(gm, example_inputs)
-
     torch._dynamo.reset()
-    f = torch.compile(norm, backend=backend, fullgraph=True)
+    f = torch.compile(norm, backend=recording_aot_backend(graphs), fullgraph=True)
     x = torch.randn(5, 16, generator=torch.Generator().manual_seed(5))
     xs, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
     f(xs).square().sum().backward()

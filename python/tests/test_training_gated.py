@@ -27,7 +27,7 @@ from kernelize import core, ops, training
 from kernelize.sources import DirSource, HubError, HubRateLimited, HubSource, Key, Resolution
 from test_training import (ABI, DTYPES, NORMS, RecordingGatedBackward, _backward_folder, _grads,
                            _IS_AVAILABLE, _kz, _llama, _training_lines, eager_gated_grads,
-                           gpu_faked)  # noqa: F401 (gpu_faked: a fixture)
+                           gpu_faked, recording_aot_backend)  # noqa: F401 (gpu_faked: a fixture)
 
 transformers = pytest.importorskip("transformers")
 
@@ -537,16 +537,8 @@ def test_a_training_mode_mlp_compiles_without_graph_breaks(kernels, gpu_faked, c
     _kz(mlp, kernels_dir=kernels, mode="training")
     monkeypatch.setattr(torch.cuda, "is_available", _IS_AVAILABLE)  # swapped; dynamo asks CUDA
     graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        from functorch.compile import make_boxed_func
-        from torch._dynamo.backends.common import aot_autograd
-        return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g),
-                            bw_compiler=lambda g, _: make_boxed_func(g))(gm, example_inputs)
-
     torch._dynamo.reset()
-    f = torch.compile(mlp, backend=backend, fullgraph=True)
+    f = torch.compile(mlp, backend=recording_aot_backend(graphs), fullgraph=True)
     x = torch.randn(5, 16, generator=torch.Generator().manual_seed(5))
     xs, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
     f(xs).square().sum().backward()

@@ -340,6 +340,15 @@ pub fn accuracy(spec: &CaseSpec, inp: &CaseInputs, candidate: &[u8], reference: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// d loss / d v[i] by central differences, `f` the loss as a function of v alone.
+    fn slope(f: &dyn Fn(&[f64]) -> f64, v: &[f64], i: usize) -> f64 {
+        let step = 1e-6;
+        let (mut a, mut b) = (v.to_vec(), v.to_vec());
+        a[i] += step;
+        b[i] -= step;
+        (f(&a) - f(&b)) / (2.0 * step)
+    }
     use crate::cases::{suite, HostTensor};
     use crate::numeric::{from_f32, set_bits};
 
@@ -408,14 +417,6 @@ mod tests {
         };
         let x0: Vec<f64> = xs.iter().map(|&v| v as f64).collect();
         let w0: Vec<f64> = ws.iter().map(|&v| v as f64).collect();
-        // d loss / d v[i] by central differences, `f` the loss as a function of v alone
-        let slope = |f: &dyn Fn(&[f64]) -> f64, v: &[f64], i: usize| {
-            let step = 1e-6;
-            let (mut a, mut b) = (v.to_vec(), v.to_vec());
-            a[i] += step;
-            b[i] -= step;
-            (f(&a) - f(&b)) / (2.0 * step)
-        };
         let ranges = sample(&sp);
         assert_eq!(ranges.len(), rows, "every row of a small case");
         let dx = oracle(&sp, &inp, &ranges);
@@ -467,13 +468,6 @@ mod tests {
         };
         let g0: Vec<f64> = gs.iter().map(|&v| v as f64).collect();
         let u0: Vec<f64> = us.iter().map(|&v| v as f64).collect();
-        let slope = |f: &dyn Fn(&[f64]) -> f64, v: &[f64], i: usize| {
-            let step = 1e-6;
-            let (mut a, mut b) = (v.to_vec(), v.to_vec());
-            a[i] += step;
-            b[i] -= step;
-            (f(&a) - f(&b)) / (2.0 * step)
-        };
         let [d_gate, d_up] = Op::SiluMulBackward.gradients() else {
             panic!("two gradients")
         };

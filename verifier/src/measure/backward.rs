@@ -558,14 +558,7 @@ fn batch_check(
     for comp in batch::plan(spec.rows, spec.seed ^ 0xBA7C) {
         let k = comp.batches.len();
         let l = batch::layout(&comp.batches, row);
-        let all_idx: Vec<u8> = comp
-            .batches
-            .iter()
-            .flatten()
-            .flat_map(|r| (*r as i64).to_le_bytes())
-            .collect();
-        let idx = gpu.alloc(all_idx.len())?;
-        gpu.upload(&idx, &all_idx)?;
+        let idx = batch::upload_rows(gpu, &comp.batches)?;
         // the rows x cols inputs laid out per batch; one-row inputs (a weight) as they are
         let laid: Vec<Option<DevBuf>> = inputs
             .iter()

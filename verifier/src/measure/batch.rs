@@ -8,7 +8,7 @@
 use super::poison::Poison;
 use super::CaseRun;
 use crate::abi::Ptrs;
-use crate::cuda::{Arg, DevBuf};
+use crate::cuda::{Arg, DevBuf, Gpu};
 use crate::exec::ExecError;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -95,6 +95,19 @@ pub fn layout(batches: &[Vec<u64>], row_bytes: u64) -> Layout {
     }
 }
 
+/// The composition's row indices, every batch's in order, as i64 on the device (what the
+/// gather and scatter of a batched launch read).
+pub(crate) fn upload_rows(gpu: &Gpu, batches: &[Vec<u64>]) -> Result<DevBuf, ExecError> {
+    let all_idx: Vec<u8> = batches
+        .iter()
+        .flatten()
+        .flat_map(|r| (*r as i64).to_le_bytes())
+        .collect();
+    let idx = gpu.alloc(all_idx.len())?;
+    gpu.upload(&idx, &all_idx)?;
+    Ok(idx)
+}
+
 /// Run every composition of the case on the GPU against `base` (the case's launch-1 output,
 /// and its residual for fused_add_rms_norm, on the device). A composition is laid out in one
 /// allocation per tensor: its inputs (x, a gated op's up, fused_add's residual) gathered there, its output poisoned once, the candidate
@@ -117,14 +130,7 @@ pub(crate) fn check(
             layout(&comp.batches, in_row),
             layout(&comp.batches, out_row),
         );
-        let all_idx: Vec<u8> = comp
-            .batches
-            .iter()
-            .flatten()
-            .flat_map(|r| (*r as i64).to_le_bytes())
-            .collect();
-        let idx = gpu.alloc(all_idx.len())?;
-        gpu.upload(&idx, &all_idx)?;
+        let idx = upload_rows(gpu, &comp.batches)?;
         let x = gpu.alloc(lin.total as usize)?;
         let residual = match &run.bufs.residual {
             Some(_) => Some(gpu.alloc(lout.total as usize)?),
