@@ -27,7 +27,7 @@ fwd+bwd and backward, Liger's LigerLayerNorm if `import liger_kernel` works, at 
 1024, 4096, 8192} x N in {256, 1024, 4096, 8192, 16384}, bf16 (f16, f32 if --all-dtypes), with
 GB/s of the backward (read dy, x, w, mean, rstd; write dx, dw, db).
 
-The work-in-progress kernel kernels/wip/layer_norm_backward/kernel.cu (skipped with --no-kernel
+The bundled kernel kernels/layer_norm_backward/kernel.cu (skipped with --no-kernel
 and on the dry run): NVRTC compiles it for this GPU's sm (every dtype in one module), and each
 case launches it on the same inputs and eager's saved mean/rstd (dx: block 128, grid rows, as eager
 launches its kernel; dw/db: `dwdb_launch`, a tile of 8..64 columns a block chosen for the SM
@@ -182,7 +182,7 @@ from backward_probe import (CudaModule, dry_compile, env_info as base_env_info, 
 
 # ---- the work-in-progress kernel (docs/backward-layer-norm.md, "The kernel") ---------------------------
 
-KSRC = os.path.join(ROOT, "kernels", "wip", "layer_norm_backward", "kernel.cu")
+KSRC = os.path.join(ROOT, "kernels", "layer_norm_backward", "kernel.cu")
 DWDB_MAX_ROWS = 65536   # ln_bwd_dwdb traps above: eager's two-pass dw/db variant is not in the kernel
 NO_DWDB = f"skipped: rows > {DWDB_MAX_ROWS} trap in ln_bwd_dwdb (eager's two-pass variant, not implemented)"
 DT_NAME = {v: k for k, v in DT.items()}
@@ -521,7 +521,7 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--all-dtypes", action="store_true", help="time f16 and f32 too")
-    ap.add_argument("--no-kernel", action="store_true", help="do not run kernels/wip/layer_norm_backward")
+    ap.add_argument("--no-kernel", action="store_true", help="do not run kernels/layer_norm_backward")
     args = ap.parse_args(argv)
     t_start = time.time()
     out_dir, dry, device = probe_setup(args, "ln_backward_probe_out")
@@ -663,7 +663,7 @@ def print_table(rep):
 
 def print_kernel_table(rep):
     """The work-in-progress kernel against eager autograd: per dtype and kind of case, then its timing rows."""
-    print(f"## The kernel (kernels/wip/layer_norm_backward) vs eager autograd: {rep.get('kernel', '-')}\n")
+    print(f"## The kernel (kernels/layer_norm_backward) vs eager autograd: {rep.get('kernel', '-')}\n")
     if "kernel_dry_compile" in rep:
         print(f"dry run: NVRTC {rep['kernel_dry_compile']}\n")
     kc = rep.get("kernel_compiled")

@@ -14,6 +14,11 @@
 //!
 //! `silu_mul_backward` (docs/backward-gated.md) is elementwise: no workspace, and its one entry
 //! `grad` loops over `rows * cols` elements, so any grid gives the same bits.
+//!
+//! `layer_norm_backward` (docs/backward-layer-norm.md) has no workspace either: `dx` is one
+//! 128-thread block a row (eager's launch), `dwdb` one 2-D block a tile of columns, sized by
+//! [`dwdb_dims`] for speed; both loop over their work, so their bits depend on no grid or block
+//! the rule may choose. It takes at most [`Op::max_rows`] rows.
 
 use crate::domain::Op;
 use crate::manifest::LaunchDims;
@@ -101,7 +106,7 @@ pub struct DeviceShape {
 
 /// Why `op` has no backward launch arithmetic, or why the problem is out of the ABI's range.
 fn check(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result<(), String> {
-    if !matches!(op, Op::RmsNormBackward | Op::SiluMulBackward) {
+    if !op.is_backward() {
         return Err(format!(
             "{op} is not a backward op (docs/spec.md section 2c)"
         ));
@@ -109,6 +114,13 @@ fn check(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result<(), String> {
     if rows == 0 || cols == 0 {
         return Err(format!(
             "{op}: an empty problem ({rows} x {cols}) launches nothing"
+        ));
+    }
+    if let Some(max) = op.max_rows().filter(|&m| rows > m) {
+        return Err(format!(
+            "{op}: {rows} rows is more than the {max} the op takes (eager's column sum beyond is a \
+             two-pass reduction split by the SM count, not implemented: docs/backward-layer-norm.md); \
+             run eager autograd for this shape"
         ));
     }
     // (silu_mul_backward's grid needs an SM; rms_norm_backward's column sum a device eager's
@@ -123,10 +135,10 @@ fn check(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result<(), String> {
 }
 
 /// The workspace `ws` of one call, in floats: `rows + ctas * cols` for rms_norm_backward
-/// (docs/backward.md); none for silu_mul_backward.
+/// (docs/backward.md); none for silu_mul_backward and layer_norm_backward.
 pub fn workspace_floats(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result<u64, String> {
     check(op, rows, cols, dev)?;
-    if op == Op::SiluMulBackward {
+    if op != Op::RmsNormBackward {
         return Ok(0);
     }
     let c = col_config(rows, cols, dev.sms, dev.threads_per_sm);
@@ -154,20 +166,59 @@ pub const GRAD_BLOCKS_PER_SM: u64 = 16;
 
 /// Whether entry `stage` of `op` gives the same bits at any grid of at least one block (it loops
 /// over its work): rms_norm_backward's `dx` and `dwp` (persistent), silu_mul_backward's `grad`
-/// (grid-stride); not rms_norm_backward's `dw` (one thread a column). The verifier launches
-/// these at other grids too.
+/// (grid-stride), layer_norm_backward's `dx` (blocks loop over rows) and `dwdb` (over column
+/// tiles); not rms_norm_backward's `dw` (one thread a column). The verifier launches these at
+/// other grids too.
 pub fn any_grid(op: Op, stage: &str) -> bool {
     matches!(
         (op, stage),
-        (Op::RmsNormBackward, "dx" | "dwp") | (Op::SiluMulBackward, "grad")
+        (Op::RmsNormBackward, "dx" | "dwp")
+            | (Op::SiluMulBackward, "grad")
+            | (Op::LayerNormBackward, "dx" | "dwdb")
     )
+}
+
+/// layer_norm_backward's `dwdb` at or above this many columns (even) takes two adjacent columns
+/// a thread where `dy` and `x` allow (kernel.cu's `LB_GB_VC2_COLS`); the rule assumes they do.
+pub const DWDB_TWO_COLUMNS_FROM: u64 = 4096;
+
+/// Grid and block of layer_norm_backward's `dwdb` (docs/backward-layer-norm.md, "dw/db as fast
+/// as the order allows"; measured on an H200): under 64 rows a block per 32 columns, (32, 8)
+/// from 33 rows (the rows staged through shared memory), (32, 1) below; else block (bx, bdy),
+/// bdy = 8 / 16 / 32 under 128 / 256 rows / above (eager's chains), a tile of vc * bx columns
+/// (vc = 2 at even cols >= [`DWDB_TWO_COLUMNS_FROM`]), bx the widest of 32, 16, 8 (16, 8 under
+/// 1024 rows) that gives at least 0.9 tiles a multiprocessor (else 8), a block a tile. The kernel
+/// takes any (bx in 8, 16, 32; bdy <= by <= 32) block and any grid with the same bits.
+pub fn dwdb_dims(rows: u64, cols: u64, sms: u64) -> (u64, [u32; 3]) {
+    let bdy: u32 = match rows {
+        0..64 => 1,
+        64..128 => 8,
+        128..256 => 16,
+        _ => 32,
+    };
+    if bdy == 1 {
+        return (cols.div_ceil(32), [32, if rows > 32 { 8 } else { 1 }, 1]);
+    }
+    let vc = if cols.is_multiple_of(2) && cols >= DWDB_TWO_COLUMNS_FROM {
+        2
+    } else {
+        1
+    };
+    let widths: &[u64] = if rows >= 1024 { &[32, 16, 8] } else { &[16, 8] };
+    let bx = widths
+        .iter()
+        .copied()
+        .find(|&b| cols.div_ceil(vc * b).saturating_mul(10) >= sms.saturating_mul(9))
+        .unwrap_or(8);
+    (cols.div_ceil(vc * bx), [bx as u32, bdy, 1])
 }
 
 /// Grid and block of the entry named `stage` of `op` on `rows x cols` (no dynamic shared
 /// memory): `dx` persistent over rows (at most one block a row), `dwp` persistent over its
 /// (column group, CTA) items, `dw` one thread a column; silu_mul_backward's `grad` one thread
-/// an element up to [`GRAD_BLOCKS_PER_SM`] blocks per SM (grid-stride beyond). The block is
-/// the ABI's ([`crate::domain::Stage::block`]).
+/// an element up to [`GRAD_BLOCKS_PER_SM`] blocks per SM (grid-stride beyond);
+/// layer_norm_backward's `dx` a block a row, `dwdb` by [`dwdb_dims`]. The block is the ABI's
+/// ([`crate::domain::Stage::block`]) where it fixes one.
 pub fn stage_dims(
     op: Op,
     stage: &str,
@@ -186,26 +237,33 @@ pub fn stage_dims(
                 .join(", ")
         ));
     };
-    let block = s
+    let fixed = s
         .block
-        .ok_or_else(|| format!("{op}: entry `{stage}` has no block in the ABI"))?
-        as u64;
-    let blocks = match (op, stage) {
-        (Op::RmsNormBackward, "dx") => rows.min(DX_BLOCKS_PER_SM * dev.sms),
+        .ok_or_else(|| format!("{op}: entry `{stage}` has no block in the ABI"));
+    let (blocks, block) = match (op, stage) {
+        (Op::RmsNormBackward, "dx") => (rows.min(DX_BLOCKS_PER_SM * dev.sms), [fixed?, 1, 1]),
         (Op::RmsNormBackward, "dwp") => {
             let c = col_config(rows, cols, dev.sms, dev.threads_per_sm);
-            cols.div_ceil(4)
+            let b = cols
+                .div_ceil(4)
                 .saturating_mul(c.ctas)
-                .min(DWP_BLOCKS_PER_SM * dev.sms)
+                .min(DWP_BLOCKS_PER_SM * dev.sms);
+            (b, [fixed?, 1, 1])
         }
-        (Op::RmsNormBackward, "dw") => cols.div_ceil(block),
-        (Op::SiluMulBackward, "grad") => rows
-            .saturating_mul(cols)
-            .div_ceil(block)
-            .min(GRAD_BLOCKS_PER_SM.saturating_mul(dev.sms)),
+        (Op::RmsNormBackward, "dw") => (cols.div_ceil(u64::from(fixed.clone()?)), [fixed?, 1, 1]),
+        (Op::SiluMulBackward, "grad") => {
+            let b = rows
+                .saturating_mul(cols)
+                .div_ceil(u64::from(fixed.clone()?))
+                .min(GRAD_BLOCKS_PER_SM.saturating_mul(dev.sms));
+            (b, [fixed?, 1, 1])
+        }
+        // eager's launch: a block a row
+        (Op::LayerNormBackward, "dx") => (rows, [fixed?, 1, 1]),
+        (Op::LayerNormBackward, "dwdb") => dwdb_dims(rows, cols, dev.sms),
         (_, other) => unreachable!("Op::stages of {op} names `{other}` without launch arithmetic"),
-    }
-    .max(1);
+    };
+    let blocks = blocks.max(1);
     if blocks > i32::MAX as u64 {
         return Err(format!(
             "{op} `{stage}`: a grid of {blocks} blocks exceeds CUDA's limit of 2^31-1"
@@ -213,7 +271,7 @@ pub fn stage_dims(
     }
     Ok(LaunchDims {
         grid: [blocks as u32, 1, 1],
-        block: [block as u32, 1, 1],
+        block,
         shared_mem_bytes: 0,
     })
 }
@@ -478,8 +536,125 @@ mod tests {
             [
                 (Op::RmsNormBackward, "dx"),
                 (Op::RmsNormBackward, "dwp"),
-                (Op::SiluMulBackward, "grad")
+                (Op::SiluMulBackward, "grad"),
+                (Op::LayerNormBackward, "dx"),
+                (Op::LayerNormBackward, "dwdb")
             ]
+        );
+    }
+
+    /// layer_norm_backward: no workspace; dx a block a row; dwdb by the launch rule, at the
+    /// launches docs/backward-layer-norm.md's table names for an H200 (132 SMs); no more than
+    /// 65536 rows.
+    #[test]
+    fn layer_norm_backward_launches_by_its_rule() {
+        let op = Op::LayerNormBackward;
+        let dims = |s, r, c| stage_dims(op, s, r, c, H100).unwrap();
+        for (rows, cols) in [(1, 1), (3, 5), (4096, 8192), (65536, 65536)] {
+            assert_eq!(workspace_floats(op, rows, cols, H100), Ok(0));
+        }
+        assert_eq!(dims("dx", 1, 4096).grid, [1, 1, 1]);
+        assert_eq!(dims("dx", 65536, 8).grid, [65536, 1, 1]);
+        assert_eq!(dims("dx", 7, 5).block, [128, 1, 1]);
+        let dwdb = |r, c| {
+            let d = dims("dwdb", r, c);
+            (d.grid[0], [d.block[0], d.block[1]])
+        };
+        // (rows, cols) -> grid x block, the documented table's launches
+        for ((rows, cols), want) in [
+            ((64, 4096), (128, [16, 8])),
+            ((256, 1024), (128, [8, 32])),
+            ((256, 4096), (128, [16, 32])),
+            ((1024, 8192), (128, [32, 32])),
+            ((4096, 256), (32, [8, 32])),
+            ((4096, 4096), (128, [16, 32])),
+            ((8192, 1024), (128, [8, 32])),
+            ((8192, 8192), (128, [32, 32])),
+            ((8192, 16384), (256, [32, 32])),
+        ] {
+            assert_eq!(dwdb(rows, cols), want, "{rows} x {cols}");
+        }
+        // under 64 rows: eager's one chain, (32, 8) staged from 33 rows; 32 columns a block
+        assert_eq!(dwdb(1, 4096), (128, [32, 1]));
+        assert_eq!(dwdb(32, 4097), (129, [32, 1]));
+        assert_eq!(dwdb(33, 100), (4, [32, 8]));
+        assert_eq!(dwdb(63, 1), (1, [32, 8]));
+        // the chains: 8 / 16 / 32 under 128 / 256 rows / above; odd columns take one a thread
+        assert_eq!(dwdb(127, 4095).1, [16, 8]);
+        assert_eq!(dwdb(128, 4097).1[1], 16);
+        assert_eq!(dwdb(65536, 1).1, [8, 32]);
+        // the block stays one the kernel takes: x in 8, 16, 32; y <= 32; a whole number of warps
+        for rows in [1, 2, 33, 63, 64, 100, 128, 255, 256, 1023, 1024, 65536] {
+            for cols in [1, 7, 32, 1000, 4096, 4099, 65536] {
+                for sms in [1, 8, 114, 132, 1000] {
+                    let dev = DeviceShape {
+                        sms,
+                        threads_per_sm: 2048,
+                    };
+                    let d = stage_dims(op, "dwdb", rows, cols, dev).unwrap();
+                    let [x, y, z] = d.block;
+                    assert!([8, 16, 32].contains(&x) && (1..=32).contains(&y) && z == 1);
+                    assert_eq!((x * y) % 32, 0, "{rows} x {cols}");
+                    assert!(d.grid[0] >= 1 && d.shared_mem_bytes == 0);
+                }
+            }
+        }
+        for s in ["dx", "dwdb"] {
+            let e = stage_dims(op, s, 65537, 4096, H100).unwrap_err();
+            assert!(
+                e.contains("65537 rows") && e.contains("eager autograd"),
+                "{e}"
+            );
+        }
+        let e = workspace_floats(op, 100_000, 8, H100).unwrap_err();
+        assert!(e.contains("more than the 65536"), "{e}");
+    }
+
+    /// kernels/layer_norm_backward/kernel.cu spells both entries with the ABI's parameter types
+    /// and names, in order (`i64` is `long long`), dx compiled for the ABI's 128 threads, and the
+    /// bundle fits the manifest form (the symbols spelled out: the source pastes them).
+    #[test]
+    fn the_layer_norm_backward_kernel_fits_its_abi_and_manifest() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/layer_norm_backward");
+        let src = std::fs::read_to_string(dir.join("kernel.cu")).unwrap();
+        for st in Op::LayerNormBackward.stages() {
+            let head = format!("ln_bwd_{}_##NAME(", st.name);
+            let at = src.find(&head).expect("the entry macro") + head.len();
+            let params = src[at..at + src[at..].find(')').unwrap()].replace('\\', " ");
+            assert_eq!(param_types(&params), param_types(st.params), "{}", st.name);
+            let names: Vec<String> = params
+                .split(',')
+                .map(|p| p.trim().rsplit([' ', '*']).next().unwrap().to_string())
+                .collect();
+            assert_eq!(names, st.names(), "{}", st.name);
+        }
+        assert!(src.contains("#define LB_DX_THREADS 128"));
+        assert!(src.contains("__launch_bounds__(LB_DX_THREADS) ln_bwd_dx_##NAME("));
+        assert!(src.contains(&format!("#define LB_GB_VC2_COLS {DWDB_TWO_COLUMNS_FROM}")));
+
+        let b = crate::KernelBundle::load_dir(&dir).unwrap();
+        let m = &b.manifest;
+        assert_eq!(
+            (m.op, m.semantics),
+            (Op::LayerNormBackward, crate::Semantics::Default)
+        );
+        assert_eq!(m.dtypes(), crate::DType::ALL);
+        assert!(m.launch.is_empty());
+        for dt in crate::DType::ALL {
+            for st in Op::LayerNormBackward.stages() {
+                assert_eq!(m.stages[dt][st.name], format!("ln_bwd_{}_{dt}", st.name));
+            }
+            assert!(src.contains(&format!("LB_ENTRIES({dt}, ")), "{dt}");
+        }
+        let toml = std::fs::read_to_string(dir.join("kernel.toml")).unwrap();
+        let cut = src
+            .find("// The entries LB_ENTRIES makes, spelled out")
+            .expect("kernel.cu spells its entries out");
+        let e = crate::KernelBundle::from_parts(&toml, &src[..cut]).unwrap_err();
+        assert!(
+            e.field_name().is_some_and(|f| f.starts_with("entry.bf16.")),
+            "{e}"
         );
     }
 

@@ -55,7 +55,7 @@ macro_rules! word_enum {
 word_enum!(
     /// The operations of docs/spec.md section 2 (gelu and gelu_tanh counted as two entry names),
     /// and the backward ops of section 2c (`rms_norm_backward`: the gradients of `rms_norm`;
-    /// `silu_mul_backward`: those of `silu_mul`).
+    /// `silu_mul_backward`: those of `silu_mul`; `layer_norm_backward`: those of `layer_norm`).
     Op, "op", {
         RmsNorm => "rms_norm",
         FusedAddRmsNorm => "fused_add_rms_norm",
@@ -69,6 +69,7 @@ word_enum!(
         GeluTanhMul => "gelu_tanh_mul",
         RmsNormBackward => "rms_norm_backward",
         SiluMulBackward => "silu_mul_backward",
+        LayerNormBackward => "layer_norm_backward",
     }
 );
 
@@ -117,6 +118,7 @@ impl Op {
                 | Op::GeluTanhMul
                 | Op::RmsNormBackward
                 | Op::SiluMulBackward
+                | Op::LayerNormBackward
         )
     }
     /// A backward op (docs/spec.md section 2c): the gradients of [`Op::forward`]'s op under the
@@ -129,6 +131,7 @@ impl Op {
         match self {
             Op::RmsNormBackward => Some(Op::RmsNorm),
             Op::SiluMulBackward => Some(Op::SiluMul),
+            Op::LayerNormBackward => Some(Op::LayerNorm),
             _ => None,
         }
     }
@@ -191,6 +194,21 @@ impl Op {
                 params: "T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols",
                 block: Some(256),
             }],
+            // docs/backward-layer-norm.md: eager's two kernels, from the forward's saved f32
+            // statistics (`mean`, `rstd`, `rows` each): dx one 128-thread block a row; dw and db
+            // one column-sum kernel whose block the launch rule sizes (`backward::stage_dims`).
+            Op::LayerNormBackward => &[
+                Stage {
+                    name: "dx",
+                    params: "T* dx, const T* dy, const T* x, const float* mean, const float* rstd, const T* w, long long rows, long long cols",
+                    block: Some(128),
+                },
+                Stage {
+                    name: "dwdb",
+                    params: "T* dw, T* db, const T* dy, const T* x, const float* mean, const float* rstd, long long rows, long long cols",
+                    block: None,
+                },
+            ],
         }
     }
     /// The gated ops of HF's MLPs: `act(gate) * up` on two `[rows, cols]` tensors.
@@ -251,6 +269,20 @@ impl Op {
                     one_row: false,
                 },
             ],
+            Op::LayerNormBackward => &[
+                Gradient {
+                    name: "dx",
+                    one_row: false,
+                },
+                Gradient {
+                    name: "dw",
+                    one_row: true,
+                },
+                Gradient {
+                    name: "db",
+                    one_row: true,
+                },
+            ],
             _ => &[],
         }
     }
@@ -262,9 +294,21 @@ impl Op {
     /// Whether a backward op's verdict holds only for the device figures it was measured with
     /// (SM count, threads per SM): rms_norm_backward's dw follows eager's column sum, whose
     /// split over CTAs depends on both. silu_mul_backward is elementwise: its bits (and eager's)
-    /// depend on no device figure, and any grid gives the same bits.
+    /// depend on no device figure, and any grid gives the same bits. layer_norm_backward's
+    /// column sum is one-pass up to the rows the ABI takes ([`Op::max_rows`]), whose order
+    /// depends on the rows alone.
     pub fn verdict_depends_on_device(self) -> bool {
         matches!(self, Op::RmsNormBackward)
+    }
+    /// The most rows one call takes, where the ABI bounds them: layer_norm_backward's column sum
+    /// is eager's one-pass kernel up to 65536 rows; above, eager runs a two-pass variant whose
+    /// split depends on the SM count, which the op does not implement (docs/backward-layer-norm.md),
+    /// so the launch arithmetic refuses those shapes and a client keeps eager autograd there.
+    pub fn max_rows(self) -> Option<u64> {
+        match self {
+            Op::LayerNormBackward => Some(LN_BACKWARD_MAX_ROWS),
+            _ => None,
+        }
     }
     /// How many `rows x cols` tensors a launch writes and a verification compares:
     /// the fused adds write `out` and update `residual`; a backward op its gradients that are
@@ -302,6 +346,13 @@ impl Op {
             Op::RmsNormBackward => n.saturating_mul(3).saturating_add(2 * cols),
             // dy, gate and up read, d_gate and d_up written.
             Op::SiluMulBackward => n.saturating_mul(5),
+            // dy and x read, dx written; w read, dw and db written (mean and rstd, f32, below).
+            Op::LayerNormBackward => n.saturating_mul(3).saturating_add(3 * cols),
+        })
+        .saturating_add(match self {
+            // mean and rstd: 4 bytes each a row, whatever T is.
+            Op::LayerNormBackward => rows.saturating_mul(8),
+            _ => 0,
         })
     }
     /// Parse the semantics for this op, checking it is one this op has.
@@ -352,6 +403,10 @@ impl Gradient {
 /// `kernelize.launch.ABI_ALIGNMENT` is checked against it (python/tests/fixtures/abi.json).
 pub const ABI_ALIGN_BYTES: u64 = 16;
 
+/// [`Op::max_rows`] of layer_norm_backward: eager's one-pass column sum's limit (`M <= 64 * 1024`
+/// in `LaunchGammaBetaBackwardCUDAKernel`).
+pub const LN_BACKWARD_MAX_ROWS: u64 = 65536;
+
 /// The name of a forward op's one entry in [`Op::stages`] (its manifest's `[entry]` names one
 /// symbol per dtype, no stage).
 pub const FORWARD_STAGE: &str = "entry";
@@ -364,8 +419,9 @@ pub struct Stage {
     pub name: &'static str,
     /// The parameters after the entry's name, as in [`Op::abi`].
     pub params: &'static str,
-    /// Threads per block the ABI fixes for this entry (a backward op's; `None`: the manifest's
-    /// launch rule decides, as for every forward op).
+    /// Threads per block the ABI fixes for this entry (a backward op's; `None`: for a forward
+    /// op the manifest's launch rule decides, for a backward op's entry the launch arithmetic,
+    /// `backward::stage_dims`, as for layer_norm_backward's `dwdb`, whose 2-D block it sizes).
     pub block: Option<u32>,
 }
 
@@ -676,6 +732,51 @@ mod tests {
         assert!(!op.verdict_depends_on_device());
     }
 
+    /// layer_norm_backward (docs/spec.md section 2c, docs/backward-layer-norm.md): dx, then dw
+    /// and db in one column-sum stage, from the forward's saved f32 statistics; no workspace, no
+    /// eps; at most 65536 rows.
+    #[test]
+    fn layer_norm_backward_reads_the_saved_statistics() {
+        let op = Op::LayerNormBackward;
+        assert!(op.is_backward() && op.is_rowwise());
+        assert!(!op.takes_eps() && !op.is_gated() && !op.updates_residual());
+        assert_eq!(op.forward(), Some(Op::LayerNorm));
+        assert_eq!(op.semantics(), [Semantics::Default]);
+        let [dx, dwdb] = op.stages() else {
+            panic!("two stages: {:?}", op.stages())
+        };
+        assert_eq!((dx.name, dx.block), ("dx", Some(128)));
+        assert_eq!((dwdb.name, dwdb.block), ("dwdb", None));
+        assert_eq!(
+            dx.names(),
+            ["dx", "dy", "x", "mean", "rstd", "w", "rows", "cols"]
+        );
+        assert_eq!(
+            dwdb.names(),
+            ["dw", "db", "dy", "x", "mean", "rstd", "rows", "cols"]
+        );
+        assert_eq!((dx.writes(), dwdb.writes()), (vec!["dx"], vec!["dw", "db"]));
+        for s in op.stages() {
+            assert!(s.params.contains("const float* mean, const float* rstd"));
+        }
+        let grads: Vec<_> = op.gradients().iter().map(|g| (g.name, g.one_row)).collect();
+        assert_eq!(grads, [("dx", false), ("dw", true), ("db", true)]);
+        assert_eq!(op.gradient_stage("db"), Some(dwdb));
+        assert_eq!(op.outputs(), 1);
+        // dy, x read and dx written; w read, dw and db written; mean and rstd 4 bytes a row each
+        assert_eq!(
+            op.bytes_moved(DType::Bf16, 4, 8),
+            2 * (3 * 32 + 3 * 8) + 8 * 4
+        );
+        assert_eq!(
+            op.bytes_moved(DType::F32, 3, 7),
+            4 * (3 * 21 + 3 * 7) + 8 * 3
+        );
+        assert!(!op.verdict_depends_on_device());
+        assert_eq!(op.max_rows(), Some(65536));
+        assert_eq!(Op::RmsNormBackward.max_rows(), None);
+    }
+
     /// Every backward op: each gradient is a `T*` parameter of exactly one stage, and every
     /// `T*` a stage writes is a gradient (so a verification compares all it writes).
     #[test]
@@ -699,7 +800,21 @@ mod tests {
                 for w in s.writes() {
                     assert!(names.contains(&w), "{op} `{}` writes {w}", s.name);
                 }
-                assert!(s.block.is_some(), "{op} `{}`", s.name);
+                // a block the ABI fixes, or one the launch arithmetic sizes
+                let d = crate::backward::stage_dims(
+                    op,
+                    s.name,
+                    100,
+                    4096,
+                    crate::backward::DeviceShape {
+                        sms: 132,
+                        threads_per_sm: 2048,
+                    },
+                )
+                .unwrap();
+                if let Some(b) = s.block {
+                    assert_eq!(d.block, [b, 1, 1], "{op} `{}`", s.name);
+                }
             }
             assert!(op.forward().is_some_and(|f| !f.is_backward()), "{op}");
         }
@@ -774,7 +889,7 @@ mod tests {
         for op in Op::ALL.iter().filter(|op| op.is_backward()) {
             for s in op.stages() {
                 for (sms, tps) in [(132u64, 2048u64), (114, 2048), (8, 1536)] {
-                    for rows in [1u64, 3, 64, 1021, 16384] {
+                    for rows in [1u64, 3, 40, 64, 200, 1021, 16384] {
                         for cols in [1u64, 5, 1001, 4096, 8192] {
                             let d = crate::backward::stage_dims(
                                 *op,
@@ -789,7 +904,7 @@ mod tests {
                             .unwrap();
                             dims.insert(
                                 format!("{op},{},{rows},{cols},{sms},{tps}", s.name),
-                                serde_json::json!([d.grid[0], d.block[0]]),
+                                serde_json::json!([d.grid[0], d.block]),
                             );
                         }
                     }
@@ -806,7 +921,7 @@ mod tests {
                 "cases": ctas,
             },
             "backward_dims": {
-                "comment": "\"op,stage,rows,cols,sms,threads_per_sm\": [grid, block] (kernel_registry::backward::stage_dims)",
+                "comment": "\"op,stage,rows,cols,sms,threads_per_sm\": [grid, [block x, y, z]] (kernel_registry::backward::stage_dims)",
                 "cases": dims,
             },
         }))

@@ -37,13 +37,13 @@ def test_the_clients_backward_launches_are_the_registrys():
     for key, (grid, block) in cases.items():
         op, stage, rows, cols, sms, tps = key.split(",")
         got = training.stage_dims(stage, int(rows), int(cols), int(sms), int(tps), op)
-        assert got == ((grid, 1, 1), (block, 1, 1)), key
+        assert got == ((grid, 1, 1), tuple(block)), key
 
 
 def test_the_backward_ops_are_the_registrys():
     from kernelize import training
     ops = ABI["backward_ops"]
-    assert set(ops) == {"rms_norm_backward", "silu_mul_backward"}
+    assert set(ops) == {"rms_norm_backward", "silu_mul_backward", "layer_norm_backward"}
     op = ops["rms_norm_backward"]
     assert (op["forward"], op["semantics"]) == ("rms_norm", ["llama"])
     assert [s["name"] for s in op["stages"]] == ["dx", "dwp", "dw"]
@@ -52,6 +52,14 @@ def test_the_backward_ops_are_the_registrys():
     assert (op["forward"], op["semantics"]) == ("silu_mul", ["default"])
     assert [(s["name"], s["block"]) for s in op["stages"]] == [("grad", 256)]
     assert op["stages"][0]["names"] == ["d_gate", "d_up", "dy", "gate", "up", "rows", "cols"]
+    op = ops["layer_norm_backward"]
+    assert (op["forward"], op["semantics"], op["takes_eps"]) == ("layer_norm", ["default"], False)
+    # dx a 128-thread block a row; dwdb's 2-D block the launch rule's (no block in the ABI)
+    assert [(s["name"], s["block"]) for s in op["stages"]] == [("dx", 128), ("dwdb", None)]
+    assert op["stages"][0]["names"] == ["dx", "dy", "x", "mean", "rstd", "w", "rows", "cols"]
+    assert op["stages"][1]["names"] == ["dw", "db", "dy", "x", "mean", "rstd", "rows", "cols"]
+    assert [(g["name"], g["one_row"], g["stage"]) for g in op["gradients"]] == \
+        [("dx", False, "dx"), ("dw", True, "dwdb"), ("db", True, "dwdb")]
     # the client launches each with the ABI's blocks
     assert {o: {s["name"]: s["block"] for s in a["stages"]} for o, a in ops.items()} == training.BLOCKS_OF
     # the backward ops are not forward ops: no client launch, generator or op list knows them

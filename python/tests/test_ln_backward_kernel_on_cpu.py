@@ -1,5 +1,5 @@
-"""nn.LayerNorm's backward kernel (issue 30, work in progress: kernels/wip/layer_norm_backward/
-kernel.cu, not bundled) run on the CPU under cuda_on_cpu/harness.h (fibers standing for threads),
+"""nn.LayerNorm's backward kernel (op layer_norm_backward: kernels/layer_norm_backward/kernel.cu,
+bundled) and the verifier's reference of the op (verifier/src/reference.cu) run on the CPU under cuda_on_cpu/harness.h (fibers standing for threads),
 against the emulation of eager autograd in kernelize/backward_ln.py (docs/backward-layer-norm.md).
 
 1. Both entries (ln_bwd_dx_*, ln_bwd_dwdb_*), bf16 / f16 / f32, every rows x cols of the grid
@@ -39,7 +39,10 @@ import pytest
 np = pytest.importorskip("numpy")
 
 REPO = Path(__file__).resolve().parents[2]
-KSRC = REPO / "kernels" / "wip" / "layer_norm_backward" / "kernel.cu"
+KSRC = REPO / "kernels" / "layer_norm_backward" / "kernel.cu"
+# The verifier's reference of the op (its layers up to the verifier's utilities), written apart
+# from the kernel: its entries renamed to the kernel's for the runner.
+REF_SRC = REPO / "verifier" / "src" / "reference.cu"
 sys.path.insert(0, str(REPO / "python"))
 
 from kernelize import backward_ln as L  # noqa: E402
@@ -103,6 +106,16 @@ int main(int argc, char** argv) {
 @lru_cache(maxsize=8)
 def _runner(ksrc: str) -> Path:
     return build_own_main("lnbw-", MAIN, ksrc)
+
+
+def _reference_source() -> str:
+    """reference.cu's layers with its layer_norm_backward entries named as the kernel's."""
+    src = REF_SRC.read_text(encoding="utf-8").split("// Verifier utility")[0]
+    for stage in ("dx", "dwdb"):
+        want = f"ref_layer_norm_backward_default_{stage}_##S("
+        assert want in src, want
+        src = src.replace(want, f"ln_bwd_{stage}_##S(")
+    return src
 
 
 def _bdy(rows: int) -> int:
@@ -270,3 +283,30 @@ def test_nvrtc_compiles_it_with_every_rounding_explicit():
     assert not loose, f"contractible f32 arithmetic in the PTX: {sorted(set(loose))}"
     assert re.search(r"\bfma\.rn\.f32\b", fused)
     assert fused == unfused, "the PTX depends on --fmad: some product was left to the compiler"
+
+
+# The reference at the kernel's shapes (each dw/db chain count, cols % 4 != 0, one block's span),
+# launched as the verifier launches it (dx a block a row; dw/db the launch rule's blocks, which
+# the reference ignores: one thread a column), and at blocks and grids the rule never picks.
+REF_CASES = [(dt, rows, cols, 0, rows, -(-cols // 32), 32, 32) for dt in DTYPES
+             for rows in (1, 7, 63, 64, 127, 128, 255, 256, 300) for cols in (32, 1000, 4099)] + [
+    ("bf16", 100, 4100, 0, 3, 1, 8, 8), ("f32", 520, 96, 0, 1, 2, 16, 32),
+    ("f16", 33, 768, 1, 7, 5, 32, 8), ("f32", 300, 1280, 1, 300, 40, 8, 32)]
+
+
+def test_the_reference_on_the_cpu_equals_the_emulation():
+    # what a candidate is measured against: eager's order as the emulation models it, so the
+    # bundled kernel (above) and the reference give the same bits
+    bad = _run(_reference_source(), REF_CASES)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_reference_test_catches_an_order_slip():
+    # the same comparison fails for a reference whose column sum runs its chains' tree the other
+    # way round, or whose dx adds s1 fused
+    src = _reference_source()
+    for old, new in [("for (int o = bdy / 2; o >= 1; o /= 2)", "for (int o = 1; o <= bdy / 2; o *= 2)"),
+                     ("p1[t] = __fadd_rn(p1[t], gw);", "p1[t] = fmaf(f32_of(gr[e]), f32_of(w[e]), p1[t]);")]:
+        assert src.count(old) == 1, old
+        bad = _run(src.replace(old, new), [c for c in REF_CASES if c[0] == "f32" and c[1] >= 128][:4])
+        assert bad, f"not caught: {new}"

@@ -243,7 +243,7 @@ mod tests {
                 Op::Silu | Op::Gelu | Op::GeluTanh => "[Ptr(100), Ptr(300), I64(15)]",
                 Op::SiluAndMul => "[Ptr(100), Ptr(300), I64(3), I64(5)]",
                 Op::SiluMul | Op::GeluTanhMul => "[Ptr(100), Ptr(300), Ptr(400), I64(3), I64(5)]",
-                Op::RmsNormBackward | Op::SiluMulBackward => unreachable!(),
+                Op::RmsNormBackward | Op::SiluMulBackward | Op::LayerNormBackward => unreachable!(),
             }
         };
         for &op in Op::ALL.iter().filter(|o| !o.is_backward()) {
@@ -261,7 +261,7 @@ mod tests {
                 Op::FusedAddLayerNorm => &["out", "residual", "x", "w", "b"],
                 Op::Silu | Op::Gelu | Op::GeluTanh | Op::SiluAndMul => &["out", "x"],
                 Op::SiluMul | Op::GeluTanhMul => &["out", "gate", "up"],
-                Op::RmsNormBackward | Op::SiluMulBackward => &[],
+                Op::RmsNormBackward | Op::SiluMulBackward | Op::LayerNormBackward => &[],
             }
         };
         for &op in Op::ALL {
@@ -326,6 +326,25 @@ mod tests {
             "[Ptr(100), Ptr(200), Ptr(300), Ptr(400), Ptr(500), I64(3), I64(5)]"
         );
         assert!(abi_tensors(Op::SiluMulBackward).is_empty());
+        // layer_norm_backward: dx from dy, x, the saved statistics and w; dw and db together
+        let t = BackwardPtrs(vec![
+            ("dx", 100),
+            ("dw", 200),
+            ("db", 300),
+            ("dy", 400),
+            ("x", 500),
+            ("mean", 600),
+            ("rstd", 700),
+            ("w", 800),
+        ]);
+        let want = [
+            "[Ptr(100), Ptr(400), Ptr(500), Ptr(600), Ptr(700), Ptr(800), I64(3), I64(5)]",
+            "[Ptr(200), Ptr(300), Ptr(400), Ptr(500), Ptr(600), Ptr(700), I64(3), I64(5)]",
+        ];
+        for (s, want) in Op::LayerNormBackward.stages().iter().zip(want) {
+            let args = stage_args(s, &t, 3, 5, 0.25, dev);
+            assert_eq!(format!("{args:?}"), want, "{}", s.name);
+        }
     }
 
     #[test]
@@ -363,6 +382,13 @@ mod tests {
                 "ref_rms_norm_backward_llama_dx_f16",
                 "ref_rms_norm_backward_llama_dwp_f16",
                 "ref_rms_norm_backward_llama_dw_f16"
+            ]
+        );
+        assert_eq!(
+            sym(Op::LayerNormBackward, DType::Bf16),
+            [
+                "ref_layer_norm_backward_default_dx_bf16",
+                "ref_layer_norm_backward_default_dwdb_bf16"
             ]
         );
         // each defined once per dtype, by the REFS macro's instantiations

@@ -236,6 +236,34 @@ fn anchors(quick: bool) -> Vec<Planned> {
 /// 16-byte vector or ending in a partial one (a kernel's scalar tail), and one of more than
 /// 2^20 elements ending in a partial vector (its call at other grids gets a third of the grid).
 fn backward_anchors(op: Op, quick: bool) -> Vec<Planned> {
+    if op == Op::LayerNormBackward {
+        // eager's column sum changes its chains at 64, 128 and 256 rows; the launch rule its
+        // tiles at 1024 rows and 4096 columns (two columns a thread from there, even widths
+        // only); dx its loads with cols % 4; 65536 rows is the most the op takes.
+        let mut v: Vec<Planned> = [
+            (32, 4096),
+            (33, 4096),
+            (63, 1000),
+            (64, 4096),
+            (127, 4099),
+            (128, 4096),
+            (255, 2048),
+            (256, 1001),
+            (1023, 4096),
+            (1024, 4097),
+            (520, 96),
+            (2048, 1002),
+            (65536, 64),
+        ]
+        .into_iter()
+        .map(|(r, c)| plan(r, c, Dist::Normal, false))
+        .collect();
+        if !quick {
+            v.push(plan(16384, 4096, Dist::Normal, true));
+            v.push(plan(4096, 4095, Dist::Normal, false));
+        }
+        return v;
+    }
     if op == Op::SiluMulBackward {
         return vec![
             plan(1, 1, Dist::Normal, false),
@@ -360,7 +388,8 @@ pub fn suite(
         } else {
             format!("{dtype}/{}x{}/{}", p.rows, p.cols, p.dist)
         };
-        if !seen.insert(id.clone()) {
+        // (a backward op that takes a bounded number of rows: never more, requested or not)
+        if op.max_rows().is_some_and(|m| p.rows > m) || !seen.insert(id.clone()) {
             return;
         }
         let seed = splitmix(run_seed ^ stable_hash(&id));
@@ -442,6 +471,31 @@ pub struct CaseInputs {
     pub bias: Option<HostTensor>,
     /// A backward op's incoming gradient `dy` (`[rows, cols]`, like x).
     pub dy: Option<HostTensor>,
+    /// layer_norm_backward's saved statistics of x, f32 `[rows]` each: the forward's `mean`
+    /// and `rstd` ([`row_stats`]).
+    pub mean: Option<HostTensor>,
+    pub rstd: Option<HostTensor>,
+}
+
+/// The statistics nn.LayerNorm's forward saves for its backward, of `x`'s `rows` rows: the mean
+/// and `1 / sqrt(var + eps)` (biased variance), each computed in f64 and rounded once to f32.
+/// Eager's own (Welford in f32) may differ in the last bits; the backward is a function of the
+/// statistics it is given, and the candidate, the reference and the oracle all get these.
+pub fn row_stats(x: &HostTensor, rows: u64, cols: u64, eps: f32) -> (HostTensor, HostTensor) {
+    let (mut mean, mut rstd) = (Vec::new(), Vec::new());
+    for r in 0..rows as usize {
+        let row = (0..cols as usize).map(|c| x.get(r * cols as usize + c) as f64);
+        let m = row.clone().sum::<f64>() / cols as f64;
+        let v = row.map(|v| (v - m) * (v - m)).sum::<f64>() / cols as f64;
+        mean.extend((m as f32).to_le_bytes());
+        rstd.extend(((1.0 / (v + eps as f64).sqrt()) as f32).to_le_bytes());
+    }
+    let t = |name, bytes| HostTensor {
+        name,
+        dtype: DType::F32,
+        bytes,
+    };
+    (t("mean", mean), t("rstd", rstd))
 }
 
 fn scale_large(dt: DType) -> f32 {
@@ -623,6 +677,8 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
                 (1.0, 0.2)
             };
             CaseInputs {
+                mean: None,
+                rstd: None,
                 x: t("x", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
                 up: None,
                 residual: residual(),
@@ -639,7 +695,31 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
                 }),
             }
         }
+        // layer_norm_backward's x, w as its forward's, dy as rms_norm_backward's, the saved
+        // statistics of x with the case's eps.
+        Op::LayerNormBackward => {
+            let x = t("x", gen_matrix(dt, rows, spec.cols, spec.dist, s));
+            let (mean, rstd) = row_stats(&x, rows, spec.cols, spec.eps);
+            CaseInputs {
+                x,
+                up: None,
+                residual: None,
+                weight: Some(t(
+                    "weight",
+                    gen_param(dt, spec.cols, 1.0, 0.2, splitmix(s ^ 2)),
+                )),
+                bias: None,
+                dy: Some(t(
+                    "dy",
+                    gen_matrix(dt, rows, spec.cols, spec.dist, splitmix(s ^ 5)),
+                )),
+                mean: Some(mean),
+                rstd: Some(rstd),
+            }
+        }
         Op::LayerNorm | Op::FusedAddLayerNorm => CaseInputs {
+            mean: None,
+            rstd: None,
             x: t("x", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
             up: None,
             residual: residual(),
@@ -654,6 +734,8 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
             dy: None,
         },
         Op::SiluAndMul => CaseInputs {
+            mean: None,
+            rstd: None,
             x: t("x", gen_matrix(dt, rows, 2 * spec.cols, spec.dist, s)),
             up: None,
             residual: None,
@@ -665,6 +747,8 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
         // both), from streams of their own.
         // silu_mul_backward's gate and up are its forward's; its dy as rms_norm_backward's.
         Op::SiluMul | Op::GeluTanhMul | Op::SiluMulBackward => CaseInputs {
+            mean: None,
+            rstd: None,
             x: t("gate", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
             up: Some(t(
                 "up",
@@ -681,6 +765,8 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
             }),
         },
         Op::Silu | Op::Gelu | Op::GeluTanh => CaseInputs {
+            mean: None,
+            rstd: None,
             x: t("x", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
             up: None,
             residual: None,
@@ -761,6 +847,68 @@ mod tests {
         let fwd = suite(Op::RmsNorm, Semantics::Llama, &[DType::Bf16], false, 7, &[]);
         assert!(!fwd.iter().any(|s| s.rows == 1021));
         assert!(generate(&fwd[0]).dy.is_none());
+    }
+
+    /// layer_norm_backward's cases: x and w as its forward's, dy apart, the saved statistics of
+    /// x (f32, one a row, with the case's eps); eager's chain counts and the launch rule's
+    /// changes covered, the training shape timed; never more than 65536 rows, even when asked.
+    #[test]
+    fn layer_norm_backward_cases_carry_the_saved_statistics() {
+        let big = ShapeRequest {
+            cols: 64,
+            rows_min: 65530,
+            rows_max: 70000,
+        };
+        let cases = suite(
+            Op::LayerNormBackward,
+            Semantics::Default,
+            &[DType::Bf16],
+            false,
+            7,
+            &[big],
+        );
+        let has = |r: u64, c: u64| cases.iter().any(|s| s.rows == r && s.cols == c);
+        for (r, c) in [
+            (63, 1000),
+            (64, 4096),
+            (127, 4099),
+            (128, 4096),
+            (255, 2048),
+        ] {
+            assert!(has(r, c), "{r} x {c}");
+        }
+        assert!(has(256, 1001) && has(1023, 4096) && has(1024, 4097) && has(65536, 64));
+        assert!(
+            cases.iter().all(|s| s.rows <= 65536),
+            "no case past the op's rows"
+        );
+        assert!(
+            cases.iter().any(|s| s.rows == 65530 && s.cols == 64),
+            "the request, cut"
+        );
+        assert!(cases
+            .iter()
+            .any(|s| (s.rows, s.cols) == (16384, 4096) && s.measure_speed));
+        assert!(cases.iter().all(|s| !s.check_batch && !s.large_index));
+        let s = cases.iter().find(|s| s.rows == 7 && s.cols == 127).unwrap();
+        let inp = generate(s);
+        let (mean, rstd) = (inp.mean.as_ref().unwrap(), inp.rstd.as_ref().unwrap());
+        assert_eq!((mean.dtype, mean.len(), rstd.len()), (DType::F32, 7, 7));
+        assert_eq!((mean.name, rstd.name), ("mean", "rstd"));
+        assert_eq!(inp.dy.as_ref().unwrap().len(), 7 * 127);
+        // the statistics are x's: mean and 1 / sqrt(var + eps), rounded once
+        let row: Vec<f64> = (0..127).map(|j| inp.x.get(3 * 127 + j) as f64).collect();
+        let m = row.iter().sum::<f64>() / 127.0;
+        let v = row.iter().map(|h| (h - m) * (h - m)).sum::<f64>() / 127.0;
+        assert_eq!(mean.get(3), m as f32);
+        assert_eq!(rstd.get(3), (1.0 / (v + s.eps as f64).sqrt()) as f32);
+        // x and w are the forward's (the same case of layer_norm draws the same bits)
+        let fwd = CaseSpec {
+            op: Op::LayerNorm,
+            ..s.clone()
+        };
+        let f = generate(&fwd);
+        assert_eq!((f.x, f.weight), (inp.x.clone(), inp.weight.clone()));
     }
 
     /// silu_mul_backward's cases: gate and up drawn as its forward's (the same bits for the same

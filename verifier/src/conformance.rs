@@ -63,6 +63,8 @@ pub fn run(dir: &Path) -> anyhow::Result<String> {
         let bytes = std::fs::read(dir.join(&e.file)).with_context(|| e.file.clone())?;
         let st = SafeTensors::deserialize(&bytes).with_context(|| e.file.clone())?;
         let inp = CaseInputs {
+            mean: None,
+            rstd: None,
             x: tensor(&st, if e.op.is_gated() { "gate" } else { "x" }, e.dtype)?,
             up: opt(&st, "up", e.dtype),
             residual: opt(&st, "residual", e.dtype),

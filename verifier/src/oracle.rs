@@ -194,6 +194,21 @@ pub fn oracle(spec: &CaseSpec, inp: &CaseInputs, ranges: &[(usize, usize)]) -> V
             Op::SiluMulBackward => (start..start + len)
                 .map(|i| silu_mul_backward_at(inp, i).0)
                 .collect(),
+            // Its dx; dw and db (sums over every row) are `ln_backward_dwdb`.
+            Op::LayerNormBackward => {
+                let dy = inp.dy.as_ref().expect("a backward case has dy");
+                let w = inp.weight.as_ref().expect("norm has weight");
+                let row = start / cols;
+                let (m, r, sum_g, sum_gh) = ln_backward_row(inp, row, cols);
+                let n = cols as f64;
+                (start..start + len)
+                    .map(|i| {
+                        let g = f(dy, i) * f(w, i - row * cols);
+                        let h = (f(&inp.x, i) - m) * r;
+                        r / n * (n * g - sum_g - h * sum_gh)
+                    })
+                    .collect()
+            }
         }
     };
     ranges.par_iter().flat_map_iter(per_range).collect()
@@ -212,6 +227,54 @@ fn rms_backward_row(inp: &CaseInputs, row: usize, cols: usize, eps: f32) -> (f64
         gh += f(dy, row * cols + j) * f(w, j) * h;
     }
     (1.0 / (sq / cols as f64 + eps as f64).sqrt(), gh)
+}
+
+/// nn.LayerNorm's backward in f64 for row `row`, from the saved statistics the case gives
+/// (`m`, `r`: the f32 mean and rstd, taken as exact): `(m, r, sum_k g_k, sum_k g_k h_k)` with
+/// `g = dy * w`, `h = (x - m) r` (no rounding anywhere). Then
+/// `dx_j = (r / N) (N g_j - sum_k g_k - h_j sum_k g_k h_k)`.
+fn ln_backward_row(inp: &CaseInputs, row: usize, cols: usize) -> (f64, f64, f64, f64) {
+    let dy = inp.dy.as_ref().expect("a backward case has dy");
+    let w = inp.weight.as_ref().expect("norm has weight");
+    let m = f(
+        inp.mean.as_ref().expect("layer_norm_backward has mean"),
+        row,
+    );
+    let r = f(
+        inp.rstd.as_ref().expect("layer_norm_backward has rstd"),
+        row,
+    );
+    let (mut sg, mut sgh) = (0.0f64, 0.0f64);
+    for j in 0..cols {
+        let g = f(dy, row * cols + j) * f(w, j);
+        sg += g;
+        sgh += g * (f(&inp.x, row * cols + j) - m) * r;
+    }
+    (m, r, sg, sgh)
+}
+
+/// The f64 truth of layer_norm_backward's `dw` and `db` (`[cols]` each): `dw_j = sum_i dy_ij
+/// (x_ij - m_i) r_i`, `db_j = sum_i dy_ij`.
+fn ln_backward_dwdb(spec: &CaseSpec, inp: &CaseInputs, want_db: bool) -> Vec<f64> {
+    let (rows, cols) = (spec.rows as usize, spec.cols as usize);
+    let dy = inp.dy.as_ref().expect("a backward case has dy");
+    let mean = inp.mean.as_ref().expect("layer_norm_backward has mean");
+    let rstd = inp.rstd.as_ref().expect("layer_norm_backward has rstd");
+    (0..cols)
+        .into_par_iter()
+        .map(|j| {
+            (0..rows)
+                .map(|i| {
+                    let g = f(dy, i * cols + j);
+                    if want_db {
+                        g
+                    } else {
+                        g * (f(&inp.x, i * cols + j) - f(mean, i)) * f(rstd, i)
+                    }
+                })
+                .sum()
+        })
+        .collect()
 }
 
 /// The f64 truth of a backward case's `dw` (`[cols]`): a sum over every row.
@@ -247,6 +310,15 @@ pub fn backward_truth(
             (ranges, truth)
         }
         (Op::RmsNormBackward, "dw") => (vec![(0, spec.cols as usize)], backward_dw(spec, inp)),
+        (Op::LayerNormBackward, "dx") => {
+            let ranges = sample(spec);
+            let truth = oracle(spec, inp, &ranges);
+            (ranges, truth)
+        }
+        (Op::LayerNormBackward, "dw" | "db") => (
+            vec![(0, spec.cols as usize)],
+            ln_backward_dwdb(spec, inp, g.name == "db"),
+        ),
         (Op::SiluMulBackward, "d_gate" | "d_up") => {
             let ranges = sample(spec);
             let up = g.name == "d_up";
@@ -396,6 +468,8 @@ mod tests {
         );
         sp.eps = 0.0625;
         let inp = CaseInputs {
+            mean: None,
+            rstd: None,
             x: tensor(DType::F32, &xs),
             up: None,
             residual: None,
@@ -432,6 +506,79 @@ mod tests {
         }
     }
 
+    /// layer_norm_backward's oracle is the derivative of nn.LayerNorm's forward: against
+    /// central finite differences of `L = sum dy * (w * (x - m) r + b)` in f64, m and r the
+    /// row's statistics of x (the case's saved ones are those rounded to f32, hence the
+    /// tolerance), for dx, dw and db.
+    #[test]
+    fn layer_norm_backward_is_the_forward_truths_derivative() {
+        let (rows, cols) = (3usize, 5usize);
+        let xs: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7 % 11) as f32 - 5.0) / 4.0)
+            .collect();
+        let ws: Vec<f32> = (0..cols).map(|j| 0.75 + j as f32 / 8.0).collect();
+        let bs: Vec<f32> = (0..cols).map(|j| j as f32 / 4.0 - 0.5).collect();
+        let dys: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 5 % 7) as f32 - 3.0) / 2.0)
+            .collect();
+        let mut sp = spec(
+            Op::LayerNormBackward,
+            Semantics::Default,
+            rows as u64,
+            cols as u64,
+        );
+        sp.eps = 0.0625;
+        let x = tensor(DType::F32, &xs);
+        let (mean, rstd) = crate::cases::row_stats(&x, rows as u64, cols as u64, sp.eps);
+        let inp = CaseInputs {
+            x,
+            up: None,
+            residual: None,
+            weight: Some(tensor(DType::F32, &ws)),
+            bias: None,
+            dy: Some(tensor(DType::F32, &dys)),
+            mean: Some(mean),
+            rstd: Some(rstd),
+        };
+        let loss = |x: &[f64], w: &[f64], b: &[f64]| -> f64 {
+            let mut l = 0.0;
+            for i in 0..rows {
+                let h = &x[i * cols..(i + 1) * cols];
+                let m = h.iter().sum::<f64>() / cols as f64;
+                let var = h.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / cols as f64;
+                let r = 1.0 / (var + sp.eps as f64).sqrt();
+                for j in 0..cols {
+                    l += dys[i * cols + j] as f64 * (w[j] * (h[j] - m) * r + b[j]);
+                }
+            }
+            l
+        };
+        let x0: Vec<f64> = xs.iter().map(|&v| v as f64).collect();
+        let w0: Vec<f64> = ws.iter().map(|&v| v as f64).collect();
+        let b0: Vec<f64> = bs.iter().map(|&v| v as f64).collect();
+        let [dx, dw, db] = Op::LayerNormBackward.gradients() else {
+            panic!("three gradients")
+        };
+        let (ranges, got) = backward_truth(&sp, &inp, dx);
+        assert_eq!(ranges.len(), rows, "every row of a small case");
+        for (i, &got) in got.iter().enumerate() {
+            let want = slope(&|x| loss(x, &w0, &b0), &x0, i);
+            assert!((got - want).abs() < 1e-5, "dx[{i}] {got} vs {want}");
+        }
+        for (g, wrt_b) in [(dw, false), (db, true)] {
+            let (ranges, got) = backward_truth(&sp, &inp, g);
+            assert_eq!((ranges, got.len()), (vec![(0, cols)], cols));
+            for (j, &got) in got.iter().enumerate() {
+                let want = if wrt_b {
+                    slope(&|b| loss(&x0, &w0, b), &b0, j)
+                } else {
+                    slope(&|w| loss(&x0, w, &b0), &w0, j)
+                };
+                assert!((got - want).abs() < 1e-5, "{}[{j}] {got} vs {want}", g.name);
+            }
+        }
+    }
+
     /// silu_mul_backward's oracle is the derivative of its forward's truth: against central
     /// finite differences of `L = sum dy * silu(gate) * up` in f64, for d_gate and d_up; and its
     /// limits at infinite gates.
@@ -454,6 +601,8 @@ mod tests {
             cols as u64,
         );
         let inp = CaseInputs {
+            mean: None,
+            rstd: None,
             x: tensor(DType::F32, &gs),
             up: Some(tensor(DType::F32, &us)),
             residual: None,
@@ -511,6 +660,8 @@ mod tests {
         // x = [3, 4]: mean square 12.5; eps 1e-6.
         let dt = DType::F32;
         let inp = CaseInputs {
+            mean: None,
+            rstd: None,
             x: tensor(dt, &[3.0, 4.0]),
             up: None,
             residual: None,
@@ -533,6 +684,8 @@ mod tests {
         // x = [1, 2, 3, 6]: mean 3, biased var (4+1+0+9)/4 = 3.5.
         let dt = DType::F32;
         let inp = CaseInputs {
+            mean: None,
+            rstd: None,
             x: tensor(dt, &[1.0, 2.0, 3.0, 6.0]),
             up: None,
             residual: None,
@@ -561,6 +714,8 @@ mod tests {
         // silu_and_mul: rows of [g | u].
         let dt = DType::F32;
         let inp = CaseInputs {
+            mean: None,
+            rstd: None,
             x: tensor(dt, &[1.0, 0.0, 2.0, 5.0]),
             up: None,
             residual: None,
@@ -580,6 +735,8 @@ mod tests {
         // gelu_tanh(h) = h/2 (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3))).
         let dt = DType::F32;
         let inp = |g: &[f32], u: &[f32]| CaseInputs {
+            mean: None,
+            rstd: None,
             x: tensor(dt, g),
             up: Some(tensor(dt, u)),
             residual: None,
@@ -604,6 +761,8 @@ mod tests {
         };
         let b = |v: f32| tensor(DType::Bf16, &[v]);
         let i = CaseInputs {
+            mean: None,
+            rstd: None,
             x: b(1.0),
             up: Some(b(3.0)),
             residual: None,
@@ -633,6 +792,8 @@ mod tests {
         let dt = DType::Bf16;
         // 1 + 2^-9 is not representable in bf16: the stored residual is 1.0.
         let inp = CaseInputs {
+            mean: None,
+            rstd: None,
             x: tensor(dt, &[1.0, 1.0]),
             up: None,
             residual: Some(tensor(DType::F32, &[0.001953125, 0.0]).clone()),

@@ -425,6 +425,99 @@ __device__ void silu_mul_bwd_grad_ref(T* d_gate, T* d_up, const T* dy, const T* 
     }
 }
 
+// ---- The backward of nn.LayerNorm under eager autograd (docs/backward-layer-norm.md) ----------
+// The candidate's ABI (Op::stages of layer_norm_backward: dx, then dwdb, with
+// kernel_registry::backward's grids; mean, rstd the forward's saved f32 statistics). Not the
+// bundled kernel's code: one thread a row (dx) or a column (dw, db), every thread of the grid
+// counted whatever the block's shape, and eager's orders written out sequentially.
+// The index of this thread among all of the launch's, and how many there are (any block shape).
+#define LN_REF_THREADS(i, n)                                                                       \
+    const long long n = (long long)gridDim.x * blockDim.x * blockDim.y * blockDim.z;              \
+    const long long i = ((long long)blockIdx.x * blockDim.z * blockDim.y +                        \
+                         (long long)threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x
+
+// cuda_utils::BlockReduceSum over eager's 128 threads, from their partials p[0..128): a
+// shfl_down halving tree in each warp of 32 (lane l adds lane l + o, o = 16 .. 1), then warp
+// 0's lanes hold the 4 warp sums and zeros, and the same tree.
+__device__ float ln_ref_block_sum(float* p) {
+    float w[32];
+    for (int wp = 0; wp < 4; ++wp) {
+        float* v = p + 32 * wp;
+        for (int o = 16; o >= 1; o /= 2)
+            for (int l = 0; l < o; ++l) v[l] = __fadd_rn(v[l], v[l + o]);
+        w[wp] = v[0];
+    }
+    for (int l = 4; l < 32; ++l) w[l] = 0.0f;
+    for (int o = 16; o >= 1; o /= 2)
+        for (int l = 0; l < o; ++l) w[l] = __fadd_rn(w[l], w[l + o]);
+    return w[0];
+}
+
+// dx, a row a thread. Eager's dx kernel (layer_norm_grad_input_kernel_vectorized): thread t of
+// 128 sums, in increasing order, the elements e with (e / 4) % 128 == t, one accumulator per sum:
+// s1 += fl(dy * w) (unfused), s2 = fma(fl(fl(dy * w) * fl(x - m)), r, s2); both through
+// BlockReduceSum; then per element f1 = fma(fl(N * w), dy, -fl(fl(fl(x - m) * r) * s2)),
+// dx = round_T(fl(fl(f1 - s1) * fl(fl(1 / N) * r))), N = cols as f32.
+template <typename T>
+__device__ void ln_bwd_dx_ref(T* dx, const T* dy, const T* x, const float* mean, const float* rstd, const T* w, long long rows, long long cols) {
+    LN_REF_THREADS(me, all);
+    for (long long row = me; row < rows; row += all) {
+        const T* gr = dy + row * cols;
+        const T* xr = x + row * cols;
+        const float m = mean[row], r = rstd[row];
+        float p1[128], p2[128];
+        for (int t = 0; t < 128; ++t) p1[t] = p2[t] = 0.0f;
+        for (long long e = 0; e < cols; ++e) {
+            const int t = (int)((e / 4) % 128);
+            const float gw = __fmul_rn(f32_of(gr[e]), f32_of(w[e]));
+            p1[t] = __fadd_rn(p1[t], gw);
+            p2[t] = fmaf(__fmul_rn(gw, __fsub_rn(f32_of(xr[e]), m)), r, p2[t]);
+        }
+        const float s1 = ln_ref_block_sum(p1), s2 = ln_ref_block_sum(p2);
+        const float fN = (float)cols;
+        const float term1 = __fmul_rn(__fdiv_rn(1.0f, fN), r);
+        for (long long e = 0; e < cols; ++e) {
+            const float bv = __fmul_rn(__fsub_rn(f32_of(xr[e]), m), r);
+            const float f1 = fmaf(__fmul_rn(fN, f32_of(w[e])), f32_of(gr[e]), -__fmul_rn(bv, s2));
+            dx[row * cols + e] = round_to<T>(__fmul_rn(__fsub_rn(f1, s1), term1));
+        }
+    }
+}
+
+// dw and db, a column a thread. Eager's GammaBetaBackward template kernel (M = rows <= 65536):
+// bdy = 1 / 8 / 16 / 32 chains for M < 64 / < 128 / < 256 / else; chain y adds rows
+// R * k + 8 * y + i (R = 8 * bdy, k = 0, 1, .., i = 0..7; with one chain every row in order):
+// dw's fma(fl(dy * fl(x - m)), r, .), db's fl(. + dy); then the halving tree over the chains,
+// v[y] = v[y] + v[y + o] for o = bdy / 2 .. 1; rounded to T.
+template <typename T>
+__device__ void ln_bwd_dwdb_ref(T* dw, T* db, const T* dy, const T* x, const float* mean, const float* rstd, long long rows, long long cols) {
+    LN_REF_THREADS(me, all);
+    const int bdy = rows < 64 ? 1 : rows < 128 ? 8 : rows < 256 ? 16 : 32;
+    const long long R = 8LL * bdy;
+    for (long long c = me; c < cols; c += all) {
+        float vw[32], vb[32];
+        for (int y = 0; y < bdy; ++y) {
+            vw[y] = vb[y] = 0.0f;
+            for (long long k = 0; k * R < rows; ++k) {
+                for (long long i = 0; i < (bdy == 1 ? R : 8); ++i) {
+                    const long long row = bdy == 1 ? k * R + i : k * R + 8LL * y + i;
+                    if (row >= rows) continue;
+                    const float g = f32_of(dy[row * cols + c]);
+                    vw[y] = fmaf(__fmul_rn(g, __fsub_rn(f32_of(x[row * cols + c]), mean[row])), rstd[row], vw[y]);
+                    vb[y] = __fadd_rn(vb[y], g);
+                }
+            }
+        }
+        for (int o = bdy / 2; o >= 1; o /= 2)
+            for (int y = 0; y < o; ++y) {
+                vw[y] = __fadd_rn(vw[y], vw[y + o]);
+                vb[y] = __fadd_rn(vb[y], vb[y + o]);
+            }
+        dw[c] = round_to<T>(vw[0]);
+        db[c] = round_to<T>(vb[0]);
+    }
+}
+
 #define REFS(T, S)                                                                                          \
 extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_llama_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 0, false>(out, nullptr, x, w, rows, cols, eps); } \
 extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_gemma_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 1, false>(out, nullptr, x, w, rows, cols, eps); } \
@@ -448,7 +541,9 @@ extern "C" __global__ void ref_gelu_tanh_mul_default_##S(T* out, const T* gate, 
 extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_backward_llama_dx_##S(T* dx, float* ws, const T* dy, const T* x, const T* w, long long rows, long long cols, float eps) { rms_bwd_dx_ref<T>(dx, ws, dy, x, w, rows, cols, eps); } \
 extern "C" __global__ void ref_rms_norm_backward_llama_dwp_##S(float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_bwd_dwp_ref<T>(ws, dy, x, rows, cols, sms, threads_per_sm); } \
 extern "C" __global__ void ref_rms_norm_backward_llama_dw_##S(T* dw, const float* ws, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_bwd_dw_ref<T>(dw, ws, rows, cols, sms, threads_per_sm); } \
-extern "C" __global__ void ref_silu_mul_backward_default_grad_##S(T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols) { silu_mul_bwd_grad_ref<T>(d_gate, d_up, dy, gate, up, rows, cols); }
+extern "C" __global__ void ref_silu_mul_backward_default_grad_##S(T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols) { silu_mul_bwd_grad_ref<T>(d_gate, d_up, dy, gate, up, rows, cols); } \
+extern "C" __global__ void ref_layer_norm_backward_default_dx_##S(T* dx, const T* dy, const T* x, const float* mean, const float* rstd, const T* w, long long rows, long long cols) { ln_bwd_dx_ref<T>(dx, dy, x, mean, rstd, w, rows, cols); } \
+extern "C" __global__ void ref_layer_norm_backward_default_dwdb_##S(T* dw, T* db, const T* dy, const T* x, const float* mean, const float* rstd, long long rows, long long cols) { ln_bwd_dwdb_ref<T>(dw, db, dy, x, mean, rstd, rows, cols); }
 
 REFS(__nv_bfloat16, bf16)
 REFS(__half, f16)

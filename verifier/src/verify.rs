@@ -488,6 +488,31 @@ dw = "k_dw"
         assert!(r.cases.iter().all(|c| !c.id.ends_with("large_index")));
     }
 
+    /// The bundled layer_norm_backward kernel (kernels/layer_norm_backward) is verified with
+    /// its backward suite: every dtype, eager's chain-count boundaries, at most 65536 rows.
+    #[test]
+    fn the_bundled_layer_norm_backward_kernel_runs_its_backward_suite() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/layer_norm_backward");
+        let b = KernelBundle::load_dir(&dir).unwrap();
+        let mut fake = Fake {
+            fail_on: None,
+            calls: 0,
+        };
+        let r = verify_with(&mut fake, &b, &VerifyOptions::default(), &mut |_| {}).unwrap();
+        assert_eq!(r.kernel.op, kernel_registry::Op::LayerNormBackward);
+        assert_eq!(fake.calls, r.cases.len());
+        for dt in DType::ALL {
+            for id in ["63x1000/normal", "64x4096/normal", "65536x64/normal"] {
+                assert!(
+                    r.cases.iter().any(|c| c.id == format!("{dt}/{id}")),
+                    "{dt}/{id}"
+                );
+            }
+        }
+        assert!(r.cases.iter().all(|c| c.rows <= 65536));
+    }
+
     #[test]
     fn not_applicable_cases_are_not_run_and_summary_is_derived() {
         use kernel_registry::capability::Audit;

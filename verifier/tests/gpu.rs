@@ -33,58 +33,64 @@ fn kernels_dir() -> PathBuf {
     }
 }
 
+/// The bundled kernel `name` (`kernels/NAME/`) as red-team variant `variant`: its source with
+/// each `(from, to, n)` replaced (`from` found exactly `n` times), named `NAME_VARIANT`.
+fn mutated_bundle(
+    name: &str,
+    variant: &str,
+    mutations: &[(&str, &str, usize)],
+) -> Result<KernelBundle, String> {
+    let dir = kernels_dir().join(name);
+    let b = KernelBundle::load_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut src = b.source.clone();
+    for &(from, to, n) in mutations {
+        if src.matches(from).count() != n {
+            return Err(format!(
+                "{name} {variant}: `{from}` is not in the kernel {n} time(s)"
+            ));
+        }
+        src = src.replace(from, to);
+    }
+    let toml = std::fs::read_to_string(dir.join("kernel.toml"))
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .replacen(
+            &format!("name = \"{name}\""),
+            &format!("name = \"{name}_{variant}\""),
+            1,
+        );
+    KernelBundle::from_parts(&toml, &src).map_err(|e| format!("{variant}: {e}"))
+}
+
 /// The backward kernel of HF LlamaRMSNorm (`kernels/rms_norm_llama_backward/`, bundled;
 /// docs/backward.md), with one mutation per red-team variant: `exact` none;
 /// `cube_regrouped` RsqrtBackward0's `(r * r) * r` taken left to right after the `-0.5 * s` (dx
 /// moves by ulps); `sms_ignored` the column sum's configuration for a device of one SM whatever
 /// it is given (dw differs where several CTAs share a column, from 1021 rows; a device of 100
 /// SMs, tried first, gives the same split as 132 at every quick case with its dw compared: on
-/// the H200 of 2026-11-27 that variant was bit-exact); `dw_at_offset_16` (below).
+/// the H200 of 2026-11-27 that variant was bit-exact); `dw_at_offset_16` dw left unwritten when
+/// it starts 16 bytes past a 256-byte boundary: right at every fresh allocation, wrong in a
+/// user's view of a larger buffer.
 fn backward_bundle(variant: &str) -> Result<KernelBundle, String> {
-    let dir = kernels_dir().join("rms_norm_llama_backward");
-    let b = KernelBundle::load_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut src = b.source.clone();
-    let mutate = |src: &mut String, from: &str, to: &str, n: usize| -> Result<(), String> {
-        if src.matches(from).count() != n {
-            return Err(format!(
-                "{variant}: `{from}` is not in the kernel {n} time(s)"
-            ));
-        }
-        *src = src.replace(from, to);
-        Ok(())
-    };
-    match variant {
-        "exact" => {}
-        "cube_regrouped" => mutate(
-            &mut src,
+    let m: &[(&str, &str, usize)] = match variant {
+        "exact" => &[],
+        "cube_regrouped" => &[(
             "__fmul_rn(__fmul_rn(tot_b, -0.5f), __fmul_rn(__fmul_rn(r, r), r))",
             "__fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(tot_b, -0.5f), r), r), r)",
             1,
-        )?,
-        "sms_ignored" => mutate(
-            &mut src,
+        )],
+        "sms_ignored" => &[(
             "const KbColCfg c = kb_col_cfg(rows, cols, sms, tps);",
             "const KbColCfg c = kb_col_cfg(rows, cols, 1, tps);",
             2,
-        )?,
-        // dw left unwritten when it starts 16 bytes past a 256-byte boundary: right at every
-        // fresh allocation, wrong in a user's view of a larger buffer
-        "dw_at_offset_16" => mutate(
-            &mut src,
+        )],
+        "dw_at_offset_16" => &[(
             "    kb_dw<T>(dw, ws, rows, cols, sms, tps);",
             "    if (((unsigned long long)dw & 255) == 16) return;                                        \\\n    kb_dw<T>(dw, ws, rows, cols, sms, tps);",
             1,
-        )?,
+        )],
         other => return Err(format!("no backward variant `{other}`")),
-    }
-    let toml = std::fs::read_to_string(dir.join("kernel.toml"))
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .replacen(
-            "name = \"rms_norm_llama_backward\"",
-            &format!("name = \"rms_norm_llama_backward_{variant}\""),
-            1,
-        );
-    KernelBundle::from_parts(&toml, &src).map_err(|e| format!("{variant}: {e}"))
+    };
+    mutated_bundle("rms_norm_llama_backward", variant, m)
 }
 
 /// The backward of silu(gate) * up (`kernels/silu_mul_backward/`, bundled; docs/backward-gated.md),
@@ -95,43 +101,51 @@ fn backward_bundle(variant: &str) -> Result<KernelBundle, String> {
 /// gradients never written); `d_up_at_offset_16` nothing written when d_up starts 16 bytes past a
 /// 256-byte boundary (exact at fresh allocations, refused by the address cases).
 fn gated_backward_bundle(variant: &str) -> Result<KernelBundle, String> {
-    let dir = kernels_dir().join("silu_mul_backward");
-    let b = KernelBundle::load_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut src = b.source.clone();
-    let mutate = |src: &mut String, from: &str, to: &str| -> Result<(), String> {
-        if src.matches(from).count() != 1 {
-            return Err(format!("{variant}: `{from}` is not in the kernel once"));
-        }
-        *src = src.replace(from, to);
-        Ok(())
-    };
-    match variant {
-        "exact" => {}
-        "fma_unfused" => mutate(
-            &mut src,
+    let m: &[(&str, &str, usize)] = match variant {
+        "exact" => &[],
+        "fma_unfused" => &[(
             "fmaf(__fsub_rn(1.0f, s), g, 1.0f)",
             "__fadd_rn(__fmul_rn(__fsub_rn(1.0f, s), g), 1.0f)",
-        )?,
-        "tail_unwritten" => mutate(
-            &mut src,
+            1,
+        )],
+        "tail_unwritten" => &[(
             "for (i64 e = nv * K + tid; e < n; e += stride)",
             "for (i64 e = nv * K + tid; e < n && n < 0; e += stride)",
-        )?,
-        "d_up_at_offset_16" => mutate(
-            &mut src,
+            1,
+        )],
+        "d_up_at_offset_16" => &[(
             "    if (rows <= 0 || cols <= 0) return;",
             "    if (rows <= 0 || cols <= 0 || ((unsigned long long)d_up & 255) == 16) return;",
-        )?,
-        other => return Err(format!("no gated backward variant `{other}`")),
-    }
-    let toml = std::fs::read_to_string(dir.join("kernel.toml"))
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .replacen(
-            "name = \"silu_mul_backward\"",
-            &format!("name = \"silu_mul_backward_{variant}\""),
             1,
-        );
-    KernelBundle::from_parts(&toml, &src).map_err(|e| format!("{variant}: {e}"))
+        )],
+        other => return Err(format!("no gated backward variant `{other}`")),
+    };
+    mutated_bundle("silu_mul_backward", variant, m)
+}
+
+/// nn.LayerNorm's backward (`kernels/layer_norm_backward/`, bundled; docs/backward-layer-norm.md),
+/// with one mutation per red-team variant: `exact` none; `s1_fused` dx's row sum of dy * w in
+/// one fused multiply-add a term (eager's SASS has two roundings: f32 dx moves, dw and db do not;
+/// verified in f32); `rstd_ignored` dw's terms taken with rstd 1 (dw wrong, dx and db exact; bf16);
+/// `db_at_offset_16` nothing of dw, db written when db starts 16 bytes past a 256-byte boundary
+/// (exact at fresh allocations, refused by the address cases; bf16).
+fn ln_backward_bundle(variant: &str) -> Result<KernelBundle, String> {
+    let m: &[(&str, &str, usize)] = match variant {
+        "exact" => &[],
+        "s1_fused" => &[("s1 = __fadd_rn(s1, clg);", "s1 = fmaf(gv[i], wv[i], s1);", 1)],
+        "db_at_offset_16" => &[(
+            "    lb_dwdb<T>(dw, db, dy, x, mean, rstd, rows, cols);",
+            "    if (((unsigned long long)db & 255) == 16) return;                                   \\\n    lb_dwdb<T>(dw, db, dy, x, mean, rstd, rows, cols);",
+            1,
+        )],
+        "rstd_ignored" => &[(
+            "aw = fmaf(__fmul_rn(g, __fsub_rn(h, m)), r, aw);",
+            "aw = fmaf(__fmul_rn(g, __fsub_rn(h, m)), 1.0f, aw);",
+            1,
+        )],
+        other => return Err(format!("no layer_norm backward variant `{other}`")),
+    };
+    mutated_bundle("layer_norm_backward", variant, m)
 }
 
 /// The class a backward verification gives `gradient`, as text.
@@ -152,6 +166,13 @@ fn run(rel: &str) -> Result<VerificationReport, String> {
     let (b, dtypes) = if let Some(v) = rel.strip_prefix("backward/") {
         let dts = (v != "exact").then(|| vec![DType::Bf16]);
         (backward_bundle(v)?, dts)
+    } else if let Some(v) = rel.strip_prefix("ln_backward/") {
+        let dts = match v {
+            "exact" => None,
+            "s1_fused" => Some(vec![DType::F32]),
+            _ => Some(vec![DType::Bf16]),
+        };
+        (ln_backward_bundle(v)?, dts)
     } else if let Some(v) = rel.strip_prefix("gated_backward/") {
         let dts = match v {
             "exact" => None,
@@ -554,6 +575,50 @@ fn main() -> ExitCode {
             any_integrity(r, "d_up: output:").and_then(|_| any_integrity(r, "never written"))
         }),
         ("gated_backward/d_up_at_offset_16", |r| {
+            exact_at_fresh_allocations_yet_failed(r)?;
+            any_integrity(r, ADDRESS_REASON)
+        }),
+        // layer_norm_backward through the backward suite: dx, dw, db each against the
+        // reference (eager's orders), red-team variants each caught where they break it.
+        ("ln_backward/exact", |r| {
+            let v = &r.summary.overall;
+            let g: Vec<String> = ["dx", "dw", "db"]
+                .iter()
+                .map(|n| format!("{n} {}", gradient_class(r, n)))
+                .collect();
+            if v.class == ExactnessClass::BitExact
+                && v.deterministic
+                && v.integrity_ok
+                && r.summary.per_dtype.len() == DType::ALL.len()
+            {
+                Ok(format!("{} over {} cases", g.join(", "), v.cases_run))
+            } else {
+                Err(format!("{}: {}", g.join(", "), v.describe()))
+            }
+        }),
+        ("ln_backward/s1_fused", |r| {
+            let g: Vec<String> = ["dx", "dw", "db"]
+                .iter()
+                .map(|n| gradient_class(r, n))
+                .collect();
+            if g[0] != "bit_exact" && g[1] == "bit_exact" && g[2] == "bit_exact" {
+                Ok(format!("dx {}, dw {}, db {}", g[0], g[1], g[2]))
+            } else {
+                Err(format!("expected dx off, dw and db exact: {g:?}"))
+            }
+        }),
+        ("ln_backward/rstd_ignored", |r| {
+            let g: Vec<String> = ["dx", "dw", "db"]
+                .iter()
+                .map(|n| gradient_class(r, n))
+                .collect();
+            if g[0] == "bit_exact" && g[1] != "bit_exact" && g[2] == "bit_exact" {
+                Ok(format!("dx {}, dw {}, db {}", g[0], g[1], g[2]))
+            } else {
+                Err(format!("expected dw off, dx and db exact: {g:?}"))
+            }
+        }),
+        ("ln_backward/db_at_offset_16", |r| {
             exact_at_fresh_allocations_yet_failed(r)?;
             any_integrity(r, ADDRESS_REASON)
         }),

@@ -14,7 +14,7 @@
 //!
 //! The buffers of a call, by their ABI names ([`buffers`]): the gradients, the workspace
 //! (`ws`), the inputs (rms_norm_backward: dx, dw, ws, dy, x, w; silu_mul_backward: d_gate,
-//! d_up, dy, gate, up). Address cases as the forward's (`address::plan` over them): a
+//! d_up, dy, gate, up; layer_norm_backward: dx, dw, db, dy, x, mean, rstd, w). Address cases as the forward's (`address::plan` over them): a
 //! deterministic kernel's call with its buffers at every placement, its gradients equal to
 //! call 1's, inputs unchanged, guards intact.
 
@@ -83,24 +83,39 @@ pub(crate) fn buffers(op: Op) -> Vec<&'static str> {
 }
 
 /// A backward call's input `name` (a tensor of its stages that is neither a gradient nor the
-/// workspace): its host copy and its device buffer.
+/// workspace): its host copy, `None` where the case drew none.
+fn host_input<'a>(name: &str, inp: &'a CaseInputs) -> Option<&'a HostTensor> {
+    match name {
+        "dy" => inp.dy.as_ref(),
+        "x" | "gate" => Some(&inp.x),
+        "up" => inp.up.as_ref(),
+        "w" => inp.weight.as_ref(),
+        "mean" => inp.mean.as_ref(),
+        "rstd" => inp.rstd.as_ref(),
+        other => unreachable!("Op::stages names input `{other}`, unknown to the verifier"),
+    }
+}
+
+/// The inputs a backward call uploads itself (the forward's [`Bufs`] hold the others).
+const OWN_INPUTS: [&str; 3] = ["dy", "mean", "rstd"];
+
+/// A backward call's input `name`: its host copy and its device buffer (`own`: those of
+/// [`OWN_INPUTS`] the case has).
 fn input<'a>(
     name: &str,
     inp: &'a CaseInputs,
     bufs: &'a Bufs,
-    dy: &'a DevBuf,
+    own: &'a [(&'static str, DevBuf)],
 ) -> (&'a HostTensor, &'a DevBuf) {
-    let both = |t: Option<&'a HostTensor>, d: Option<&'a DevBuf>| {
-        t.zip(d)
-            .unwrap_or_else(|| panic!("the backward case has no input `{name}`"))
+    let dev = match name {
+        "x" | "gate" => Some(&bufs.x),
+        "up" => bufs.up.as_ref(),
+        "w" => bufs.weight.as_ref(),
+        _ => own.iter().find(|(n, _)| *n == name).map(|(_, d)| d),
     };
-    match name {
-        "dy" => both(inp.dy.as_ref(), Some(dy)),
-        "x" | "gate" => (&inp.x, &bufs.x),
-        "up" => both(inp.up.as_ref(), bufs.up.as_ref()),
-        "w" => both(inp.weight.as_ref(), bufs.weight.as_ref()),
-        other => unreachable!("Op::stages names input `{other}`, unknown to the verifier"),
-    }
+    host_input(name, inp)
+        .zip(dev)
+        .unwrap_or_else(|| panic!("the backward case has no input `{name}`"))
 }
 
 /// The device's figures a backward launch depends on (`Gpu::open` reads both; eager's dw
@@ -255,9 +270,14 @@ pub(crate) fn run_case(
     let ws_bytes = workspace_bytes(op, rows, cols, dev)
         .map_err(|m| launch_error("the workspace", m))? as usize;
     let inp = cases::generate(spec);
-    let dy_host = inp.dy.as_ref().expect("a backward case has dy");
-    let dy = gpu.alloc(dy_host.bytes.len())?;
-    gpu.upload(&dy, &dy_host.bytes)?;
+    let mut own: Vec<(&'static str, DevBuf)> = Vec::new();
+    for n in OWN_INPUTS {
+        if let Some(h) = names.contains(&n).then(|| host_input(n, &inp)).flatten() {
+            let d = gpu.alloc(h.bytes.len())?;
+            gpu.upload(&d, &h.bytes)?;
+            own.push((n, d));
+        }
+    }
     // The measurements' shared helpers (keyed sums, poison) through a CaseRun whose kernels
     // are the first entries (the only launches made through it are `call`'s).
     let kern = |e: &Entry| Kern {
@@ -280,7 +300,7 @@ pub(crate) fn run_case(
         .iter()
         .filter(|n| **n != WORKSPACE && !grads.iter().any(|g| g.name == **n))
         .map(|&n| {
-            let (h, d) = input(n, &inp, &run.bufs, &dy);
+            let (h, d) = input(n, &inp, &run.bufs, &own);
             (n, h, d)
         })
         .collect();
@@ -722,6 +742,10 @@ mod tests {
             buffers(Op::SiluMulBackward),
             ["d_gate", "d_up", "dy", "gate", "up"]
         );
+        assert_eq!(
+            buffers(Op::LayerNormBackward),
+            ["dx", "dw", "db", "dy", "x", "mean", "rstd", "w"]
+        );
         for &op in Op::ALL.iter().filter(|o| o.is_backward()) {
             let b = buffers(op);
             let mut all: Vec<&str> = op.stages().iter().flat_map(|s| s.tensors()).collect();
@@ -756,14 +780,10 @@ mod tests {
                 if n == WORKSPACE || grads.contains(&n) {
                     continue;
                 }
-                let t = match n {
-                    "dy" => inp.dy.as_ref(),
-                    "x" | "gate" => Some(&inp.x),
-                    "up" => inp.up.as_ref(),
-                    "w" => inp.weight.as_ref(),
-                    other => panic!("{op}: input `{other}` unknown to `input`"),
-                };
-                assert!(t.is_some(), "{op}: the case draws no `{n}`");
+                assert!(
+                    host_input(n, &inp).is_some(),
+                    "{op}: the case draws no `{n}`"
+                );
             }
         }
     }

@@ -1,7 +1,7 @@
-// ---- kernelize: nn.LayerNorm backward, eager autograd's bits (issue 30, work in progress) -------
+// ---- kernelize: nn.LayerNorm's backward in eager autograd's bits (op layer_norm_backward) --------
 // Self-contained: NVRTC with cuda_bf16.h / cuda_fp16.h (and the CPU harness of
-// python/tests/cuda_on_cpu). NOT a bundled kernel (no kernel.toml, nothing loads it):
-// docs/backward-layer-norm.md, "The kernel (work in progress)".
+// python/tests/cuda_on_cpu). The bundled kernel of op layer_norm_backward (docs/spec.md section
+// 2c; docs/backward-layer-norm.md, "The kernel"); kernel.toml names its entries.
 //
 // Written from the emulation in python/kernelize/backward_ln.py (its defaults: dx_fma
 // "xy_sub_z", sum_fma True, s1_fma False: eager's SASS, read in session 25), one f32 rounding
@@ -23,8 +23,8 @@
 // eager's plain kernel (unaligned tensors, or cols % 4 != 0) differed from its vectorized one in
 // a few bits, so on such inputs this kernel follows the emulator (the vectorized kernel's order,
 // with scalar loads), not eager's plain kernel. On an H200 (session 25) this kernel gave eager's
-// bf16 and f16 dx, dw, db and f32 dw, db in every case; its f32 dx then fused s1's add, which
-// eager's SASS does not (s1 unfused since, not yet run on a GPU).
+// bf16 and f16 dx, dw, db and f32 dw, db in every case; with s1's add unfused (eager's SASS)
+// it gave f32 dx too (session 26, every probe case of every dtype).
 // colsum (eager's GammaBeta template kernel; M = rows): bdy = 1 (M < 64), 8 (M < 128),
 // 16 (M < 256), else 32; with bdy = 1 one chain sums every row in order; else chain y sums rows
 // R*k + 8*y + i (R = 8*bdy; k = 0, 1, ..; i = 0..7) in order, then the halving tree over the
@@ -49,7 +49,7 @@
 //       shared memory. Every block shape and grid >= 1 gives the same bits. For speed, a block
 //       per tile: rows < 64: (32, 1) up to 32 rows, (32, 8) above, grid ceil(cols / 32); else
 //       (X, bdy(rows)) with X the largest of 32, 16, 8 (16, 8 under 1024 rows) giving
-//       ceil(cols / (VC * X)) >= 0.9 * the SM count (else 8), grid ceil(cols / (VC * X)) (scripts/ln_backward_probe.py,
+//       ceil(cols / (VC * X)) >= 0.9 * the SM count (else 8), grid ceil(cols / (VC * X)) (kernel_registry::backward::dwdb_dims, scripts/ln_backward_probe.py
 //       dwdb_launch; on an H200: 128 x (8, 32) at 8192 x 1024, 128 x (16, 32) at 4096 x 4096,
 //       128 x (32, 32) at 8192 x 8192). Eager launches (32, bdy) x ceil(cols / 32).
 //   <dt>: bf16 (T = __nv_bfloat16), f16 (__half), f32 (float).
@@ -268,11 +268,7 @@ template <> struct LG<__half, 2> {
 // groups of 8 rows a thread loads before adding them: 2 with one 16-bit element a load (16 rows of
 // dy and x in flight), else 1 (8 rows of 4- or 8-byte loads); more was not faster on an H200
 template <typename T, int VC> struct LGU { static constexpr int U = VC * sizeof(T) >= 4 ? 1 : 2; };
-#ifdef LB_GB_U
-#define LB_GB_UNROLL LB_GB_U
-#else
 #define LB_GB_UNROLL (LGU<T, VC>::U)
-#endif
 
 // one row's terms into a chain: dw's fma(fl(g * fl(h - m)), r, aw), db's fl(ab + g)
 LB_DEV void lb_gb_add(float g, float h, float m, float r, float& aw, float& ab) {
@@ -430,9 +426,8 @@ LB_DEV void lb_dwdb_staged(T* __restrict__ dw, T* __restrict__ db, const T* __re
 
 // VC = 2 where cols is even and at least LB_GB_VC2_COLS, and dy, x are 2 * sizeof(T)-aligned
 // (narrower rows did better with one column a thread on an H200: more threads a column tile)
-#ifndef LB_GB_VC2_COLS
+// (kernel_registry::backward::DWDB_TWO_COLUMNS_FROM: the launch rule's figure)
 #define LB_GB_VC2_COLS 4096
-#endif
 template <typename T>
 LB_DEV void lb_dwdb(T* __restrict__ dw, T* __restrict__ db, const T* __restrict__ dy,
                     const T* __restrict__ x, const float* __restrict__ mean,
@@ -469,5 +464,6 @@ LB_ENTRIES(bf16, __nv_bfloat16)
 LB_ENTRIES(f16, __half)
 LB_ENTRIES(f32, float)
 
-// The entries LB_ENTRIES makes, spelled out:
+// The entries LB_ENTRIES makes, spelled out (kernel.toml names them; a bundle's check finds each
+// symbol's text in the source):
 //   ln_bwd_dx_bf16 ln_bwd_dwdb_bf16 ln_bwd_dx_f16 ln_bwd_dwdb_f16 ln_bwd_dx_f32 ln_bwd_dwdb_f32
