@@ -51,9 +51,9 @@ class Entry:
     # entry is its `dtype` one (see `_fwd_by_call`).
     by_call: bool = False
     # mode "training", a layer whose op has a backward op (rms_norm (llama): rms_norm_backward;
-    # a gated MLP swapped for silu_mul: silu_mul_backward): the backward kernel taken (its
-    # gradients under autograd), or None with the reasons none was (the layer keeps its
-    # original forward under autograd).
+    # a gated MLP swapped for silu_mul: silu_mul_backward; layer_norm: layer_norm_backward):
+    # the backward kernel taken (its gradients under autograd), or None with the reasons none
+    # was (the layer keeps its original forward under autograd).
     backward: Resolved | None = None
     backward_reasons: list[str] = field(default_factory=list)
 
@@ -234,10 +234,12 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     same policy) runs under autograd as one autograd node: the forward kernel, then the
     backward kernel's three entries (`kernelize.training`); likewise a gated SiLU MLP swapped
     for `silu_mul` with a `silu_mul_backward` kernel (its one entry gives the gradients of
-    gate_proj's and up_proj's outputs); where none qualifies the layer keeps its original
-    forward under autograd and the report says why, one line per reason. `"compile"` (alias
-    `"torch_compile"`): inference, then compiled as `compile=True` does (`compile=` still works,
-    and combines with `mode="training"`).
+    gate_proj's and up_proj's outputs), and an nn.LayerNorm swapped for `layer_norm` with a
+    `layer_norm_backward` kernel (under autograd its forward is eager's own native_layer_norm,
+    whose saved mean and rstd the kernel's two entries read); where none qualifies the layer
+    keeps its original forward under autograd and the report says why, one line per reason.
+    `"compile"` (alias `"torch_compile"`): inference, then compiled as `compile=True` does
+    (`compile=` still works, and combines with `mode="training"`).
 
     `compile=True` (or a torch.compile mode: `"default"`, `"reduce-overhead"` for CUDA graphs)
     then compiles the model in place with the exact backend (`kernelize.exact_compile`,
@@ -421,9 +423,10 @@ def _resolve_backward(src, key: Key, figures: tuple[int, int] | None) -> Resolut
 def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str) -> list[str]:
     """Mode "training": resolve each swapped layer's backward kernel from the same source (its
     op's backward op, `BACKWARD_OF`: rms_norm (llama) -> rms_norm_backward, silu_mul ->
-    silu_mul_backward; its dtype and width, the policy) and install it where the layer is
-    swapped; every other layer keeps its original forward under autograd. Returns the report's
-    lines: one per outcome (kernel taken, or reasons), naming the layers it concerns."""
+    silu_mul_backward, layer_norm -> layer_norm_backward; its dtype and width, the policy) and
+    install it where the layer is swapped; every other layer keeps its original forward under
+    autograd. Returns the report's lines: one per outcome (kernel taken, or reasons), naming the
+    layers it concerns."""
     cache: dict[tuple, Resolution] = {}
     groups: dict[tuple, list[str]] = {}
     for s, e in train:
@@ -449,7 +452,8 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
             continue
         key = Key(bop, e.semantics, e.dtype, arch, e.cols, policy)
         # a swapped layer's GPU figures go with the query where the op's verdict depends on them
-        # (a hub keys those backward answers on them); silu_mul_backward's does not
+        # (a hub keys those backward answers on them); silu_mul_backward's and
+        # layer_norm_backward's do not
         on_device = bop in VERDICT_ON_DEVICE
         figures = (gpu_figures(s.module.__dict__["_kz_compiled"].device)
                    if on_device and e.status == "replaced" and isinstance(src, HubSource) else None)
@@ -548,8 +552,8 @@ def _plan_residual_norms(plan: list, src, policy: str, arch: str) -> list[str]:
 
 
 def _install_training(m: nn.Module, k: Resolved, bk: Any) -> None:
-    """Give the swapped layer `m` (an rms_norm or silu_mul one, `_TRAIN_FORWARDS`) the backward
-    kernel `bk` (loaded from `k`)."""
+    """Give the swapped layer `m` (an rms_norm, silu_mul or layer_norm one, `_TRAIN_FORWARDS`)
+    the backward kernel `bk` (loaded from `k`)."""
     d = m.__dict__
     forward = _TRAIN_FORWARDS[d["_kz_swap"][0]]
     d["_kz_bwd"] = (bk, ops.register(bk), k.label)
@@ -676,8 +680,8 @@ def lock(model: nn.Module, hub: str, path: str | os.PathLike = "kernelize.lock.j
     `trusted_keys`, only certified kernels are pinned, and the lock carries their certificates,
     reports and the trusted keys, so that loading it checks them all offline. `mode="training"`
     also pins the backward kernels `kernelize(..., mode="training")` asks for (rms_norm_backward
-    at each rms_norm (llama) layer's dtype and width, silu_mul_backward at each silu_mul MLP's),
-    or the hub's reasons there is none."""
+    at each rms_norm (llama) layer's dtype and width, silu_mul_backward at each silu_mul MLP's,
+    layer_norm_backward at each layer_norm layer's), or the hub's reasons there is none."""
     mode, _ = _check_mode(mode, False)
     src = (HubSource(hub, wait_for_verification_s=wait_for_verification_s,
                      trusted_keys=trusted_keys, allow_python=allow_python)
@@ -693,7 +697,7 @@ def _pin_backward(plan: list, cache: dict, src, policy: str, arch: str) -> None:
     """Training mode's lock: add to `cache` the hub's answer for the backward kernel of every
     layer of `plan` that has a forward kernel and a backward op (rms_norm_backward at each
     rms_norm (llama) layer's dtype and width, silu_mul_backward at each gated MLP's swapped for
-    silu_mul), kernel or reasons."""
+    silu_mul, layer_norm_backward at each layer_norm layer's), kernel or reasons."""
     for s, key, res, _, _ in plan:
         bop = BACKWARD_OF.get((s.op, s.semantics))
         if bop and res.kernel is not None:
@@ -791,6 +795,30 @@ def _fwd_layer_norm(self, x, *a, **kw):
         return self._kz_orig(x, *a, **kw)
     eps = float(self.eps)
     if torch.compiler.is_compiling():
+        return self._kz_op(x, w, b, eps, key)
+    self.__dict__[_LAUNCHES] += 1
+    return self._kz_run(self._kz_compiled, x, w, b, eps)
+
+
+def _fwd_layer_norm_train(self, x, *a, **kw):
+    """Mode "training" with a backward kernel (layer_norm): as `_fwd_layer_norm`, and under
+    autograd one autograd node whose forward is eager's own `native_layer_norm` (it gives the
+    mean and rstd the backward kernel reads; the forward kernel is not launched, so not
+    counted) and whose backward is the kernel's (`training.LayerNormFunction`; while
+    torch.compile traces, the custom op `kernelize::layer_norm_train` with its registered
+    backward)."""
+    key, cols, _, want, index = self._kz
+    w, b = self._parameters.get("weight"), self._parameters.get("bias")
+    if (a or kw or not (_on(x, want, index) and _on(w, want, index) and _on(b, want, index))
+            or x.shape[-1] != cols):
+        return self._kz_orig(x, *a, **kw)
+    eps = float(self.eps)
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad):
+        bk, bkey, label = self._kz_bwd
+        if _is_compiling():
+            return _training.layer_norm_train_op(x, w, b, eps, bkey)[0]
+        return _training.layer_norm_train(x, w, b, eps, bk, label)
+    if _is_compiling():
         return self._kz_op(x, w, b, eps, key)
     self.__dict__[_LAUNCHES] += 1
     return self._kz_run(self._kz_compiled, x, w, b, eps)
@@ -912,7 +940,8 @@ _FORWARDS = {
     "gelu_tanh_mul": _fwd_gated,
 }
 #: Mode "training": a swapped layer's forward once it has a backward kernel (`_install_training`).
-_TRAIN_FORWARDS = {"rms_norm": _fwd_rms_norm_train, "silu_mul": _fwd_gated_train}
+_TRAIN_FORWARDS = {"rms_norm": _fwd_rms_norm_train, "silu_mul": _fwd_gated_train,
+                   "layer_norm": _fwd_layer_norm_train}
 _KZ_ATTRS = ("_kz", "_kz_orig", "_kz_op", "_kz_run", "_kz_compiled", "_kz_fits", "_kz_preps")
 
 

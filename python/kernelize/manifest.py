@@ -22,13 +22,16 @@ OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "fused_add_layer_norm", "
 SEMANTICS = {"rms_norm": ("llama", "gemma", "torch"), "rms_norm_backward": ("llama",)}
 # kernel-registry's backward ops (docs/spec.md section 2c) and their entries (`Op::stages`, in
 # launch order; python/tests/fixtures/abi.json's `backward_ops` is checked against it).
-BACKWARD_OPS = {"rms_norm_backward": ("dx", "dwp", "dw"), "silu_mul_backward": ("grad",)}
+BACKWARD_OPS = {"rms_norm_backward": ("dx", "dwp", "dw"), "silu_mul_backward": ("grad",),
+                "layer_norm_backward": ("dx", "dwdb")}
 # (forward op, semantics) -> its backward op (`Op::forward` read the other way; checked against
 # abi.json's `backward_ops` too): what a training-mode layer can get a backward kernel for.
-BACKWARD_OF = {("rms_norm", "llama"): "rms_norm_backward", ("silu_mul", "default"): "silu_mul_backward"}
+BACKWARD_OF = {("rms_norm", "llama"): "rms_norm_backward", ("silu_mul", "default"): "silu_mul_backward",
+               ("layer_norm", "default"): "layer_norm_backward"}
 # The backward ops whose verdict holds only for the GPU figures (SM count, threads per SM) it
 # was measured with (`Op::verdict_depends_on_device`): rms_norm_backward's dw follows eager's
-# column sum, split over CTAs by both. silu_mul_backward is elementwise: no figure matters.
+# column sum, split over CTAs by both. silu_mul_backward is elementwise, and layer_norm_backward
+# takes at most 65536 rows, below eager's SM-dependent two-pass column sum: no figure matters.
 VERDICT_ON_DEVICE = ("rms_norm_backward",)
 # A norm op -> the op that adds a residual before the same norm of its default semantics
 # (`residual := round(x + residual)`, then the norm; kernel-registry's `Op::updates_residual`):

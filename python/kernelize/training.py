@@ -1,15 +1,17 @@
 """Training mode (`kernelize(model, ..., mode="training")`): a swapped layer under autograd runs
 its forward and its backward as hub kernels (issue 30; docs/backward.md, docs/backward-gated.md,
-docs/spec.md section 2c). Two ops have a backward op:
+docs/spec.md section 2c, docs/backward-layer-norm.md). Three ops have a backward op:
 
 * an HF LlamaRMSNorm-style layer (op `rms_norm`, semantics `llama`): `rms_norm_backward`;
 * a gated SiLU MLP swapped for `silu_mul` (HF LlamaMLP's `act_fn(gate_proj(x)) * up_proj(x)`,
-  act_fn SiLU): `silu_mul_backward`.
+  act_fn SiLU): `silu_mul_backward`;
+* an nn.LayerNorm swapped for `layer_norm` (GPT-2's, say): `layer_norm_backward`.
 
-Forward: the exact forward kernel the layer was swapped for (the same launch as in inference).
-Backward: the entries of the backward kernel (the layer's dtype and width, from the same source
-as the forward), launched in order on the current stream with the grids of `stage_dims`, the
-Python twin of `kernel_registry::backward::stage_dims` (`launch_stages`, shared).
+Forward: the exact forward kernel the layer was swapped for (the same launch as in inference);
+for layer_norm, eager's own `native_layer_norm` (below). Backward: the entries of the backward
+kernel (the layer's dtype and width, from the same source as the forward), launched in order on
+the current stream with the grids of `stage_dims`, the Python twin of
+`kernel_registry::backward::stage_dims` (`launch_stages`, shared).
 
 `rms_norm_backward`, three entries:
 
@@ -31,14 +33,34 @@ eager autograd's chain for `F.silu(gate) * up` (d_up = dy * silu(gate), d_act = 
 = silu_backward(d_act, gate), each rounded to T); gate and up are saved from the forward (eager
 saves silu(gate) too: the kernel recomputes it).
 
-Eagerly the layer calls `RmsNormFunction.apply` / `SiluMulFunction.apply` (a
+`layer_norm_backward`, two entries (no workspace; at most LN_MAX_ROWS = 65536 rows):
+
+    dx  (T* dx, const T* dy, const T* x, const float* mean, const float* rstd, const T* w,
+         rows, cols)                                                                 block 128
+    dwdb(T* dw, T* db, const T* dy, const T* x, const float* mean, const float* rstd,
+         rows, cols)                                               block by the rule, `dwdb_dims`
+
+with mean, rstd the forward's saved f32 statistics ([rows]). The forward under autograd is
+eager's own `torch.native_layer_norm(x, [cols], w, b, eps)` (eager's bits by definition, and it
+gives mean and rstd: the hub's forward kernels write only the output), so x, w, b, mean, rstd are
+saved, as eager saves them; the forward kernel runs where no gradient is needed. `dx` is
+launched where x needs a gradient, `dwdb` where w or b does (it writes both). More than 65536
+rows (eager's column sum is then a two-pass reduction split by the SM count, which the kernel
+does not implement): eager's own `native_layer_norm_backward` on the same saved tensors, said
+once.
+
+Eagerly the layer calls `RmsNormFunction.apply` / `SiluMulFunction.apply` /
+`LayerNormFunction.apply` (a
 `torch.autograd.Function`: the launches go straight to the driver, no dispatcher round trip).
 While torch.compile traces it calls the custom op `kernelize::rms_norm_train(x, weight, eps,
-fkey, bkey)` / `kernelize::silu_mul_train(gate, up, fkey, bkey)`, registered with
+fkey, bkey)` / `kernelize::silu_mul_train(gate, up, fkey, bkey)` / `kernelize::layer_norm_train(x,
+weight, bias, eps, bkey) -> (y, mean, rstd)` (mean, rstd not differentiable), registered with
 `torch.library.register_autograd`: its backward is the custom op
 `kernelize::launch_rms_norm_backward(dy, x, weight, eps, key) -> (dx, dw)` /
-`kernelize::launch_silu_mul_backward(dy, gate, up, key) -> (d_gate, d_up)`; all have fake
-implementations, so dynamo and AOTAutograd trace the forward and the backward as opaque nodes.
+`kernelize::launch_silu_mul_backward(dy, gate, up, key) -> (d_gate, d_up)` /
+`kernelize::launch_layer_norm_backward(dy, x, weight, bias, mean, rstd, key) -> (dx, dw, db)`;
+all have fake implementations, so dynamo and AOTAutograd trace the forward and the backward as
+opaque nodes.
 
 Where the kernel cannot compute a gradient it is computed by eager autograd instead, on the
 layer's own formula recomputed from the saved tensors (so the gradient is eager's): a double
@@ -80,8 +102,21 @@ GATED_BLOCKS = {"grad": 256}
 # elements, so any grid gives the same bits; this caps it for large problems.
 GRAD_BLOCKS_PER_SM = 16
 
-#: Each backward op's blocks by entry (`Op::stages`).
-BLOCKS_OF = {OP: BLOCKS, GATED_OP: GATED_BLOCKS}
+LN_OP = "layer_norm_backward"
+LN_STAGES = BACKWARD_OPS[LN_OP]                     # ("dx", "dwdb")
+# dx: 128 threads (eager's block); dwdb: no block in the ABI, the launch rule decides (`dwdb_dims`)
+LN_BLOCKS = {"dx": 128, "dwdb": None}
+# `Op::max_rows` of layer_norm_backward: above it eager's column sum for dw, db is a two-pass
+# reduction split by the SM count, which the kernel does not implement (the hub refuses those
+# shapes); the client runs eager's own backward there (`run_layer_norm_backward`).
+LN_MAX_ROWS = 65536
+# kernel_registry::backward::DWDB_TWO_COLUMNS_FROM (kernel.cu's LB_GB_VC2_COLS): from this many
+# columns (even) a `dwdb` thread carries two adjacent columns (dy and x aligned, as the client
+# passes them).
+DWDB_TWO_COLUMNS_FROM = 4096
+
+#: Each backward op's blocks by entry (`Op::stages`; None: the launch rule decides).
+BLOCKS_OF = {OP: BLOCKS, GATED_OP: GATED_BLOCKS, LN_OP: LN_BLOCKS}
 
 
 # ---- launch arithmetic (kernel-registry/src/backward.rs) ------------------------------------
@@ -89,6 +124,10 @@ BLOCKS_OF = {OP: BLOCKS, GATED_OP: GATED_BLOCKS}
 def _check(rows: int, cols: int, sms: int, threads_per_sm: int, op: str = OP) -> None:
     if rows <= 0 or cols <= 0:
         raise ValueError(f"{op}: an empty problem ({rows} x {cols}) launches nothing")
+    if op == LN_OP and rows > LN_MAX_ROWS:
+        raise ValueError(f"{op}: {rows} rows is more than the {LN_MAX_ROWS} the op takes (eager's "
+                         "column sum beyond is a two-pass reduction split by the SM count, not "
+                         "implemented: docs/backward-layer-norm.md); run eager autograd for this shape")
     # (silu_mul_backward's grid needs an SM; rms_norm_backward's column sum a device eager's
     # reduction is configured for)
     if sms <= 0 or (op == OP and threads_per_sm < 512):
@@ -109,12 +148,32 @@ def workspace_floats(rows: int, cols: int, sms: int, threads_per_sm: int) -> int
     return rows + ctas(rows, cols, sms, threads_per_sm) * cols
 
 
+def dwdb_dims(rows: int, cols: int, sms: int) -> tuple[int, tuple[int, int, int]]:
+    """`backward::dwdb_dims` (scripts/ln_backward_probe.py's `dwdb_launch` with dy and x
+    aligned): (blocks, block) of layer_norm_backward's `dwdb`, for speed only (any block the
+    kernel takes and any grid give the same bits). Under 64 rows a block per 32 columns, (32, 8)
+    from 33 rows (the rows staged through shared memory), (32, 1) below; else block (bx, bdy),
+    bdy = 8 / 16 / 32 under 128 / 256 rows / above (eager's chains), a tile of vc * bx columns
+    (vc = 2 at even cols >= DWDB_TWO_COLUMNS_FROM), bx the widest of 32, 16, 8 (16, 8 under 1024
+    rows) giving at least 0.9 tiles a multiprocessor (else 8), a block a tile."""
+    bdy = 1 if rows < 64 else 8 if rows < 128 else 16 if rows < 256 else 32   # kernel.cu's lb_bdy
+    if bdy == 1:
+        return -(-cols // 32), (32, 8 if rows > 32 else 1, 1)
+    vc = 2 if cols % 2 == 0 and cols >= DWDB_TWO_COLUMNS_FROM else 1
+    widths = (32, 16, 8) if rows >= 1024 else (16, 8)
+    # (integers: `tiles * 10 >= sms * 9`, as the registry compares)
+    bx = next((b for b in widths if -(-cols // (vc * b)) * 10 >= sms * 9), 8)
+    return -(-cols // (vc * bx)), (bx, bdy, 1)
+
+
 def stage_dims(stage: str, rows: int, cols: int, sms: int, threads_per_sm: int,
                op: str = OP) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """`backward::stage_dims`: (grid, block) of the entry `stage` of `op` on rows x cols (no
     dynamic shared memory). rms_norm_backward: dx persistent over rows (at most one block a
     row), dwp persistent over its (column group, CTA) items, dw one thread a column.
-    silu_mul_backward: grad one thread an element, at most GRAD_BLOCKS_PER_SM blocks per SM."""
+    silu_mul_backward: grad one thread an element, at most GRAD_BLOCKS_PER_SM blocks per SM.
+    layer_norm_backward (at most LN_MAX_ROWS rows): dx a block a row (eager's launch), dwdb by
+    `dwdb_dims`."""
     if op not in BLOCKS_OF:
         raise ValueError(f"{op} is not a backward op the client launches "
                          f"(one of {', '.join(BLOCKS_OF)})")
@@ -122,18 +181,23 @@ def stage_dims(stage: str, rows: int, cols: int, sms: int, threads_per_sm: int,
     blocks_of = BLOCKS_OF[op]
     if stage not in blocks_of:
         raise ValueError(f"{op} has no entry `{stage}` (its entries: {', '.join(BACKWARD_OPS[op])})")
+    block = (blocks_of[stage], 1, 1)
     if (op, stage) == (OP, "dx"):
         blocks = min(rows, DX_BLOCKS_PER_SM * sms)
     elif (op, stage) == (OP, "dwp"):
         blocks = min(-(-cols // 4) * ctas(rows, cols, sms, threads_per_sm), DWP_BLOCKS_PER_SM * sms)
     elif (op, stage) == (OP, "dw"):
         blocks = -(-cols // blocks_of["dw"])
-    else:   # (GATED_OP, "grad")
+    elif (op, stage) == (GATED_OP, "grad"):
         blocks = min(-(-(rows * cols) // blocks_of["grad"]), GRAD_BLOCKS_PER_SM * sms)
+    elif (op, stage) == (LN_OP, "dx"):
+        blocks = rows
+    else:   # (LN_OP, "dwdb")
+        blocks, block = dwdb_dims(rows, cols, sms)
     blocks = max(blocks, 1)
     if blocks > 2**31 - 1:
         raise ValueError(f"{op} `{stage}`: a grid of {blocks} blocks exceeds CUDA's limit of 2^31-1")
-    return (blocks, 1, 1), (blocks_of[stage], 1, 1)
+    return (blocks, 1, 1), block
 
 
 def launch_stages(bk: Any, op: str, rows: int, cols: int,
@@ -150,8 +214,8 @@ def launch_stages(bk: Any, op: str, rows: int, cols: int,
 # ---- the compiled backward kernel -----------------------------------------------------------
 
 class BackwardKernel(SharedOnCopy):
-    """One dtype's module of a backward kernel (`op`: rms_norm_backward or silu_mul_backward,
-    its entries `BACKWARD_OPS[op]`), compiled by NVRTC as the verifier compiles it and loaded on
+    """One dtype's module of a backward kernel (`op`: one of BLOCKS_OF, its entries
+    `BACKWARD_OPS[op]`), compiled by NVRTC as the verifier compiles it and loaded on
     one device. `launch(stage, grid, block, tensors, scalars)` launches one entry on the current
     stream (ints are `long long`, floats `float`); `launches` counts them by entry (what
     scripts/training_check.py reports: the backward kernels ran)."""
@@ -400,6 +464,81 @@ def silu_mul_train(gate: Tensor, up: Tensor, run: Any, compiled: Any, bk: Any,
     return SiluMulFunction.apply(gate, up, run, compiled, bk, label)
 
 
+# ---- layer_norm (nn.LayerNorm; forward eager's own op) ---------------------------------------
+
+def layer_norm_forward(x: Tensor, w: Tensor, b: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """nn.LayerNorm's forward as eager runs it (`F.layer_norm` -> `aten::native_layer_norm`):
+    (y, mean, rstd), the statistics its backward reads (f32 on CUDA, [*x.shape[:-1], 1])."""
+    return torch.native_layer_norm(x, [x.shape[-1]], w, b, eps)
+
+
+def run_layer_norm_backward(bk: Any, dy: Tensor, x: Tensor, w: Tensor, b: Tensor, mean: Tensor,
+                            rstd: Tensor, needs: tuple[bool, bool, bool] = (True, True, True)
+                            ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """(dx, dw, db) by the kernel's two entries from the forward's saved mean and rstd: `dx`
+    where needs[0], `dwdb` where needs[1] or needs[2] (it writes both; the one not asked for is
+    dropped); None where not asked for. Inputs made contiguous and aligned (eager's backward
+    makes dy contiguous too), mean and rstd f32 [rows]. Where the kernel takes no such shape
+    (more than LN_MAX_ROWS rows, or none) eager's own backward op runs on the same saved
+    tensors (the first time said once)."""
+    cols = x.shape[-1]
+    rows = x.numel() // cols if cols else 0
+    if rows == 0 or rows > LN_MAX_ROWS:
+        if rows:
+            _say_once(f"a LayerNorm backward of {rows} rows: {LN_OP} takes at most {LN_MAX_ROWS} "
+                      "(eager's column sum beyond is a two-pass reduction split by the SM count); "
+                      "eager's backward computes the gradients of such calls")
+        got = torch.ops.aten.native_layer_norm_backward(dy, x, [cols], mean, rstd, w, b,
+                                                        [bool(n) for n in needs])
+        return tuple(g if n else None for g, n in zip(got, needs))
+    x, w, dy = L.aligned(x), L.aligned(w), L.aligned(dy)
+    mean = L.aligned(mean.reshape(rows).to(torch.float32))
+    rstd = L.aligned(rstd.reshape(rows).to(torch.float32))
+    launches, dx, dw, db = [], None, None, None
+    if needs[0]:
+        dx = torch.empty_like(x)
+        launches.append(("dx", (dx, dy, x, mean, rstd, w), (rows, cols)))
+    if needs[1] or needs[2]:
+        dw, db = torch.empty_like(w), torch.empty_like(w)
+        launches.append(("dwdb", (dw, db, dy, x, mean, rstd), (rows, cols)))
+    launch_stages(bk, LN_OP, rows, cols, launches)
+    return dx, (dw if needs[1] else None), (db if needs[2] else None)
+
+
+def _ln_backward(bk: Any, label: str, dy: Tensor, saved: tuple[Tensor, ...], eps: float,
+                 needs: tuple[bool, bool, bool]) -> tuple[Tensor | None, ...]:
+    x, w, b, mean, rstd = saved
+    return kernel_or_eager(
+        "layer_norm", label, dy, x, needs,
+        lambda: run_layer_norm_backward(bk, dy, x, w, b, mean, rstd, needs),
+        lambda x_, w_, b_: layer_norm_forward(x_, w_, b_, eps)[0], (x, w, b))
+
+
+class LayerNormFunction(torch.autograd.Function):
+    """Eager: forward = eager's own `native_layer_norm` (its bits by definition, and the mean
+    and rstd its backward reads), backward = the backward kernel `bk`'s two entries on (dy, x,
+    mean, rstd, w) (see the module's docstring)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, b: Tensor, eps: float, bk: Any, label: str) -> Tensor:
+        y, mean, rstd = layer_norm_forward(x, w, b, eps)
+        ctx.save_for_backward(x, w, b, mean, rstd)
+        ctx.eps, ctx.bk, ctx.label = eps, bk, label
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        dx, dw, db = _ln_backward(ctx.bk, ctx.label, dy, ctx.saved_tensors, ctx.eps,
+                                  tuple(ctx.needs_input_grad[:3]))
+        return dx, dw, db, None, None, None
+
+
+def layer_norm_train(x: Tensor, w: Tensor, b: Tensor, eps: float, bk: Any,
+                     label: str = LN_OP) -> Tensor:
+    """One autograd node: eager's forward and, on backward, the backward kernel."""
+    return LayerNormFunction.apply(x, w, b, eps, bk, label)
+
+
 # ---- the same as custom ops, for torch.compile ----------------------------------------------
 
 @torch.library.custom_op("kernelize::launch_rms_norm_backward", mutates_args=(), device_types="cuda")
@@ -478,3 +617,48 @@ def _gated_train_op_backward(ctx, dy):
 
 
 silu_mul_train_op.register_autograd(_gated_train_op_backward, setup_context=_setup_gated)
+
+
+@torch.library.custom_op("kernelize::launch_layer_norm_backward", mutates_args=(), device_types="cuda")
+def launch_layer_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor,
+                               rstd: Tensor, key: int) -> tuple[Tensor, Tensor, Tensor]:
+    from . import ops
+    dx, dw, db = run_layer_norm_backward(ops.kernel(key), dy, x, weight, bias, mean, rstd)
+    return dx, dw, db
+
+
+@launch_layer_norm_backward.register_fake
+def _(dy, x, weight, bias, mean, rstd, key):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), bias.new_empty(bias.shape)
+
+
+@torch.library.custom_op("kernelize::layer_norm_train", mutates_args=(), device_types="cuda")
+def layer_norm_train_op(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
+                        bkey: int) -> tuple[Tensor, Tensor, Tensor]:
+    y, mean, rstd = layer_norm_forward(x, weight, bias, eps)
+    return y, mean, rstd
+
+
+@layer_norm_train_op.register_fake
+def _(x, weight, bias, eps, bkey):
+    stats = (*x.shape[:-1], 1)
+    return (x.new_empty(x.shape), x.new_empty(stats, dtype=torch.float32),
+            x.new_empty(stats, dtype=torch.float32))
+
+
+def _setup_ln(ctx, inputs, output):
+    x, weight, bias, _eps, bkey = inputs
+    _y, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(x, weight, bias, mean, rstd)
+    ctx.bkey = bkey
+
+
+def _ln_train_op_backward(ctx, dy, _dmean, _drstd):
+    x, weight, bias, mean, rstd = ctx.saved_tensors
+    dx, dw, db = torch.ops.kernelize.launch_layer_norm_backward(dy, x, weight, bias, mean, rstd,
+                                                                ctx.bkey)
+    return dx, dw, db, None, None
+
+
+layer_norm_train_op.register_autograd(_ln_train_op_backward, setup_context=_setup_ln)
