@@ -7,7 +7,8 @@ CUDA entries would (stage, grid, block, tensors, scalars) and, at `dx` and `dw`,
 computed with PyTorch's own autograd (or the CPU emulator of eager's CUDA backward,
 `kernelize.backward`). `torch.cuda.is_available` is faked so that `kernelize` swaps the (CPU)
 model's layers. The real entries run only on a GPU (scripts/backward_probe.py). The gated MLP's
-backward (silu_mul_backward) is tested in test_training_gated.py with these stand-ins.
+backward (silu_mul_backward) is tested in test_training_gated.py, nn.LayerNorm's
+(layer_norm_backward) in test_training_layer_norm.py, with these stand-ins.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ FORWARD_FORMULAS = {
     "rms_norm": lambda x, w, eps: _rms_refs(x, w, eps)["llama"].contiguous(),
     "silu_mul": lambda g, u: (torch.nn.functional.silu(g) * u).contiguous(),
     "silu_and_mul": lambda g, u: (torch.nn.functional.silu(g) * u).contiguous(),
+    "layer_norm": lambda x, w, b, eps: torch.nn.functional.layer_norm(x, [x.shape[-1]], w, b,
+                                                                      eps).contiguous(),
 }
 
 
@@ -150,19 +153,63 @@ class RecordingGatedBackward(SharedOnCopy):
         return [c[0] for c in self.calls]
 
 
+def eager_ln_grads(dy, x, mean, rstd, w, needs=(True, True, True)):
+    """(dx, dw, db) of eager's own backward op of nn.LayerNorm (`native_layer_norm_backward`,
+    the one op its autograd node runs) on x [rows, cols] and the forward's saved statistics
+    given as the kernel receives them (f32 [rows]); None where not asked for. On the CPU eager
+    saves them in x's dtype: they are given back in it (exactly: they were rounded to it)."""
+    cols = x.shape[-1]
+    if x.device.type == "cpu":
+        mean, rstd = mean.to(x.dtype), rstd.to(x.dtype)
+    ones = torch.ones(cols, dtype=x.dtype)   # (dw and db do not read w; the op wants one for db)
+    return torch.ops.aten.native_layer_norm_backward(
+        dy, x, [cols], mean, rstd, ones if w is None else w, ones, list(needs))
+
+
+class RecordingLnBackward(SharedOnCopy):
+    """A stand-in `layer_norm_backward` kernel: records every launch; `dx` writes dx, `dwdb` dw
+    and db (eager's, `eager_ln_grads`, each entry from its own ABI slots only: dwdb gets no w)
+    into the tensors of their slots."""
+    device = torch.device("cpu")
+    op = "layer_norm_backward"
+
+    def __init__(self, sms=132, threads_per_sm=2048):
+        self.sms, self.threads_per_sm = sms, threads_per_sm
+        self.calls: list[tuple] = []
+
+    def launch(self, stage, grid, block, tensors, scalars):
+        self.calls.append((stage, grid, block, tensors, scalars))
+        rows, cols = scalars
+        if stage == "dx":
+            dx, dy, x, mean, rstd, w = tensors
+            dx.copy_(eager_ln_grads(dy, x, mean, rstd, w, (True, False, False))[0])
+        else:
+            assert stage == "dwdb"
+            dw, db, dy, x, mean, rstd = tensors
+            _, gw, gb = eager_ln_grads(dy, x, mean, rstd, None, (False, True, True))
+            dw.copy_(gw)
+            db.copy_(gb)
+
+    def stages(self):
+        return [c[0] for c in self.calls]
+
+
 @pytest.fixture
 def gpu_faked(monkeypatch):
     """kernelize swaps CPU models: CUDA 'available', the kernels stand-ins. Yields the recording
-    rms_norm_backward kernel (its `gated`: the recording silu_mul_backward kernel) and the list
-    of (digest, dtype) they were 'compiled' for."""
+    rms_norm_backward kernel (its `gated`: the recording silu_mul_backward kernel; its `ln`: the
+    recording layer_norm_backward kernel) and the list of (digest, dtype) they were 'compiled'
+    for."""
     bk = RecordingBackward()
     bk.gated = RecordingGatedBackward()
+    bk.ln = RecordingLnBackward()
     loaded = []
 
     def compiled_backward(digest, manifest, source, dtype, device):
         assert dtype in manifest["stages"]
         loaded.append((digest, dtype))
-        return {"rms_norm_backward": bk, "silu_mul_backward": bk.gated}[manifest["op"]]
+        return {"rms_norm_backward": bk, "silu_mul_backward": bk.gated,
+                "layer_norm_backward": bk.ln}[manifest["op"]]
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(launch, "compiled", lambda digest, manifest, *a, **k: ForwardStandIn(manifest))
