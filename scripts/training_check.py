@@ -12,14 +12,19 @@ replace and keeps every layer; both runs are eager, so they agree by constructio
 script and the kernels folder, not the kernels).
 
 What it runs: a kernels folder of the bundled exact forwards (`kernels/rms_norm_llama`,
-`kernels/silu_mul`) and their backward kernels (`kernels/rms_norm_llama_backward/`,
-`kernels/silu_mul_backward/`), read with `kernels_dir=` (local kernels: not verified by a hub;
-`--no-gated` leaves the gated MLP's two out); or, with `--hub URL`, the kernels that hub hands
-out under the default policy (bit_exact), the forward and backward verdicts both certified (the
-bundled certificates of a fresh `kernelize serve`). For each model (models/tiny-llama: its
-RMSNorm layers and its gated MLPs get the forward and backward kernels, except the RMSNorm
-layers in f32, which keep their original forward under autograd; models/tiny-gpt2: LayerNorm
-and GELU, no backward op, so its layers keep their original forward under autograd) and dtype:
+`kernels/silu_mul`, `kernels/layer_norm`) and their backward kernels
+(`kernels/rms_norm_llama_backward/`, `kernels/silu_mul_backward/`,
+`kernels/layer_norm_backward/`), read with `kernels_dir=` (local kernels: not verified by a hub;
+`--no-gated` leaves the gated MLP's two out, `--no-layer-norm` LayerNorm's two; `--kernel DIR`
+puts the kernel folder DIR, a kernel.toml and its source, in place of the bundled folder of the
+same name, or beside them: a work-in-progress backward kernel, say); or, with `--hub URL`, the
+kernels that hub hands out under the default policy (bit_exact), the forward and backward
+verdicts both certified (the bundled certificates of a fresh `kernelize serve`). For each model
+(models/tiny-llama: its RMSNorm layers and its gated MLPs get the forward and backward kernels,
+except the RMSNorm layers in f32, which keep their original forward under autograd;
+models/tiny-gpt2: its LayerNorm layers get layer_norm and layer_norm_backward in every dtype,
+under autograd eager's own forward op (its saved mean and rstd) and the backward kernel; its GELU
+has no backward op and no kernel in the folder) and dtype:
 two copies from the same weights, one `kernelize(..., mode="training")`, both trained with AdamW
 on the same batches of models/corpus.txt (bytes as tokens, as the models were trained); per
 step the loss bits and every parameter's gradient bits, at the end every parameter's bits.
@@ -57,17 +62,34 @@ DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 MODELS = ["tiny-llama", "tiny-gpt2"]
 
 
-KERNELS = ["rms_norm_llama", "rms_norm_llama_backward", "silu_mul", "silu_mul_backward"]
+KERNELS = ["rms_norm_llama", "rms_norm_llama_backward", "silu_mul", "silu_mul_backward",
+           "layer_norm", "layer_norm_backward"]
 GATED = ["silu_mul", "silu_mul_backward"]
+LAYER_NORM = ["layer_norm", "layer_norm_backward"]
 
 
-def kernels_dir(root: str, gated: bool = True) -> str:
+def kernel_names(gated: bool = True, layer_norm: bool = True) -> list[str]:
+    """The bundled kernels' folders the kernels folder takes (`kernels_dir`)."""
+    return [k for k in KERNELS if (gated or k not in GATED) and (layer_norm or k not in LAYER_NORM)]
+
+
+def kernels_dir(root: str, gated: bool = True, layer_norm: bool = True,
+                extra: list[str] | None = None) -> str:
     """A kernels folder: the bundled exact forwards and their backward kernels' folders (without
-    the gated MLP's two unless `gated`)."""
+    the gated MLP's two unless `gated`, without LayerNorm's unless `layer_norm`); each folder of
+    `extra` (a kernel.toml and its source) in place of the bundled one of the same folder name,
+    or beside them."""
     out = os.path.join(root, "kernels")
-    for name in KERNELS:
-        if gated or name not in GATED:
-            shutil.copytree(os.path.join(ROOT, "kernels", name), os.path.join(out, name))
+    for name in kernel_names(gated, layer_norm):
+        shutil.copytree(os.path.join(ROOT, "kernels", name), os.path.join(out, name))
+    for d in extra or []:
+        d = os.path.abspath(d)
+        if not os.path.isfile(os.path.join(d, "kernel.toml")):
+            raise SystemExit(f"--kernel {d}: no kernel.toml there (a kernel folder has its "
+                             "manifest and its source)")
+        dest = os.path.join(out, os.path.basename(d.rstrip(os.sep)))
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(d, dest)
     return out
 
 
@@ -208,7 +230,14 @@ def main() -> int:
                    "backward kernels) instead of the local kernels folder")
     p.add_argument("--no-gated", action="store_true", help="the local kernels folder without the gated "
                    "MLP's forward and backward kernels (silu_mul, silu_mul_backward)")
+    p.add_argument("--no-layer-norm", action="store_true", help="the local kernels folder without "
+                   "LayerNorm's forward and backward kernels (layer_norm, layer_norm_backward)")
+    p.add_argument("--kernel", action="append", default=[], metavar="DIR", help="a kernel folder "
+                   "(kernel.toml and source) in the local kernels folder, in place of the bundled "
+                   "folder of the same name (repeatable)")
     a = p.parse_args()
+    if a.hub and a.kernel:
+        p.error("--kernel goes into the local kernels folder: not with --hub")
     os.makedirs(a.out, exist_ok=True)
     dry = a.dry_run
     if not dry and not torch.cuda.is_available():
@@ -226,10 +255,12 @@ def main() -> int:
         pass
     rows, errors = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        source = {"hub": a.hub} if a.hub else {"kernels_dir": kernels_dir(tmp, gated=not a.no_gated)}
+        source = {"hub": a.hub} if a.hub else {"kernels_dir": kernels_dir(
+            tmp, gated=not a.no_gated, layer_norm=not a.no_layer_norm, extra=a.kernel)}
         env["source"] = f"hub {a.hub}" if a.hub else (
             "kernels_dir (bundled forward + backward, local: "
-            + ", ".join(k for k in KERNELS if not (a.no_gated and k in GATED)) + ")")
+            + ", ".join(kernel_names(not a.no_gated, not a.no_layer_norm))
+            + "".join(f"; {os.path.abspath(d)}" for d in a.kernel) + ")")
         for m in a.models.split(","):
             for dt in a.dtypes.split(","):
                 try:
@@ -252,6 +283,10 @@ def main() -> int:
               f"{len(r['eager_repeat_loss_steps_differing'])}, {sum(r['eager_repeat_parameters_differing'].values())}, "
               f"{len(r['eager_repeat_gradients_differing'])} | "
               f"{fmt(r['step_ms_eager'])} | {fmt(r['step_ms_kernelized'])} |")
+    for r in rows:   # which backward kernels ran, by entry
+        launched = "; ".join(f"{k} " + ", ".join(f"{st} {n}" for st, n in v.items())
+                             for k, v in sorted(r["backward_launches"].items()) if any(v.values()))
+        print(f"{r['model']} {r['dtype']} backward launches: {launched or 'none'}")
     ok = not errors and all(r["ok"] for r in rows)
     print("ALL BIT-IDENTICAL" if ok else "DIFFERENCES OR ERRORS (see training_check.json)")
     return 0 if ok else 1

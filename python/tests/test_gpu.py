@@ -535,3 +535,33 @@ def test_shipped_tiny_llama_training_bit_exact_with_the_backward_kernels(tmp_pat
     assert row["gradients_differing"] == {}, row["gradients_differing"]
     assert row["parameters_differing"] == {}, row["parameters_differing"]
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+def test_shipped_tiny_gpt2_training_bit_exact_with_the_layer_norm_backward(tmp_path, dtype):
+    """Issue 30: models/tiny-gpt2 kernelized in training mode with the real kernels from a local
+    folder (the exact forward layer_norm, the backward kernel layer_norm_backward), 5 AdamW
+    steps against eager: every loss, every gradient of the first 3 steps and every parameter at
+    the end bit for bit, eager against itself too (scripts/training_check.py). Under autograd
+    each of the 9 LayerNorm layers runs eager's own forward op and the kernel's `dx` and `dwdb`
+    once a step, in every dtype (f32 too: eager's LayerNorm backward is one node)."""
+    steps = 5
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "training_check.py"), str(tmp_path),
+                        "--steps", str(steps), "--dtypes", dtype, "--models", "tiny-gpt2"],
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    data = json.loads((tmp_path / "training_check.json").read_text())
+    assert not data["errors"], data["errors"]
+    (row,) = data["rows"]
+    assert len(row["with_backward"]) == 9 and row["with_backward"] == row["replaced"], row["report"]
+    assert row["backward_kernels"] == ["layer_norm_backward"]
+    launches = row["backward_launches"]
+    assert launches.get("layer_norm_backward") == {"dx": 9 * steps, "dwdb": 9 * steps}, launches
+    # the control: eager repeats itself, else nothing below means anything
+    assert not row["eager_repeat_loss_steps_differing"] and not row["eager_repeat_parameters_differing"]
+    assert not row["eager_repeat_gradients_differing"]
+    assert row["grad_steps_compared"] == 3
+    assert row["loss_steps_differing"] == [], (row["losses_eager"], row["losses_kernelized"])
+    assert row["gradients_differing"] == {}, row["gradients_differing"]
+    assert row["parameters_differing"] == {}, row["parameters_differing"]
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]

@@ -1,9 +1,10 @@
 """scripts/training_check.py (issue 30's model-level training check, run on the GPU machine)
 stays runnable: its --dry-run on the CPU builds the kernels folder (the bundled forwards and the
-backward kernels with their entries spelled out), kernelizes the shipped tiny Llama in training
-mode (every RMSNorm layer and gated MLP takes both kernels; nothing is swapped without CUDA) and
-trains both copies."""
+backward kernels with their entries spelled out), kernelizes the shipped tiny Llama and tiny
+GPT-2 in training mode (every RMSNorm layer, gated MLP and LayerNorm takes both kernels; nothing
+is swapped without CUDA) and trains both copies."""
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,39 @@ def test_the_training_check_runs_on_the_cpu(tmp_path):
     assert len(row["losses_eager"]) == 2 and row["ok"]
     assert row["grad_steps_compared"] == 2 and row["gradients_differing"] == {}
     assert "ALL BIT-IDENTICAL" in r.stdout
+
+
+def test_the_training_check_runs_tiny_gpt2_with_the_layer_norm_backward(tmp_path):
+    """tiny-gpt2's 9 LayerNorm layers would take layer_norm and layer_norm_backward; `--kernel
+    DIR` puts a kernel folder in place of the bundled one of its name (here a copy of the
+    bundled backward kernel under another version), `--no-layer-norm` leaves LayerNorm's two
+    out."""
+    mine = tmp_path / "mine" / "layer_norm_backward"
+    shutil.copytree(REPO / "kernels" / "layer_norm_backward", mine)
+    toml = (mine / "kernel.toml").read_text(encoding="utf-8")
+    (mine / "kernel.toml").write_text(toml.replace('version = "1.0.0"', 'version = "9.9.9"', 1),
+                                      encoding="utf-8")
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "training_check.py"), str(out),
+                        "--dry-run", "--steps", "2", "--dtypes", "f32", "--models", "tiny-gpt2",
+                        "--kernel", str(mine)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    data = json.loads((out / "training_check.json").read_text())
+    assert not data["errors"] and str(mine) in data["env"]["source"]
+    (row,) = data["rows"]
+    # the 9 LayerNorm layers, in f32 too (eager's LayerNorm backward is one node)
+    assert len(row["replaced"]) == 9 and row["with_backward"] == row["replaced"], row["report"]
+    assert row["backward_kernels"] == ["layer_norm_backward"]
+    assert "layer_norm_backward 9.9.9" in row["report"] and row["ok"]
+    assert "tiny-gpt2 f32 backward launches: none" in r.stdout   # (nothing launches on the CPU)
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "training_check.py"), str(out),
+                        "--dry-run", "--steps", "1", "--dtypes", "bf16", "--models", "tiny-gpt2",
+                        "--no-layer-norm"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    (row,) = json.loads((out / "training_check.json").read_text())["rows"]
+    assert row["replaced"] == [] and row["with_backward"] == [] and row["ok"]
 
 
 def test_the_training_check_takes_both_kernels_from_a_fresh_hub(tmp_path, fresh_hub):
