@@ -609,6 +609,15 @@ async fn a_backward_kernel_resolves_for_the_gpu_shape_it_was_verified_on(b: Back
     assert_eq!(r["class"], "bit_exact", "{r}");
     assert_eq!(r["device_sm_count"], 132, "{r}");
     assert!(!r["excluded"].to_string().contains("SMs"), "{r}");
+    // so is layer_norm_backward (its column sum's order depends on the rows alone, up to the
+    // 65536 it takes)
+    let (st, r) = srv
+        .get("/v1/resolve?op=layer_norm_backward&dtype=f32&arch=sm_90&cols=768&sms=114&threads_per_sm=2048")
+        .await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(r["kernel"]["name"], "layer_norm_backward", "{r}");
+    assert_eq!(r["class"], "bit_exact", "{r}");
+    assert!(!r["excluded"].to_string().contains("SMs"), "{r}");
 }
 
 /// `confirmed:N`: N different worker keys must certify the class on the architecture.

@@ -335,7 +335,7 @@ def test_a_gpt2s_layer_norms_all_get_the_backward_kernel_and_eagers_gradients(ke
     assert all(e.status == "replaced" and e.backward is not None and e.backward.name == OP
                for e in lns.values()), str(rep)
     lines = [ln for ln in _training_lines(rep) if "[layer_norm, bf16, cols=64]" in ln]
-    assert len(lines) == 1 and "(5 layers)" in lines[0] and "layer_norm_backward 1.0.0" in lines[0], \
+    assert len(lines) == 1 and "(5 layers)" in lines[0] and "layer_norm_backward 1.0.1" in lines[0], \
         _training_lines(rep)
     assert "run under autograd as the forward kernel + backward" in lines[0]
     assert gpu_faked.loaded and {dt for _, dt in gpu_faked.loaded} == {"bf16"}
@@ -520,7 +520,7 @@ def test_a_dry_run_says_which_layer_norm_backward_it_would_take(kernels):
                               mode="training")
     assert not rep.swapped
     (line,) = [ln for ln in _training_lines(rep) if "[layer_norm" in ln]
-    assert "would run under autograd" in line and "layer_norm_backward 1.0.0" in line
+    assert "would run under autograd" in line and "layer_norm_backward 1.0.1" in line
 
 
 @pytest.mark.parametrize("kw", [{"bias": False}, {"elementwise_affine": False}])
