@@ -499,6 +499,35 @@ def test_shipped_tiny_llama_compiled_and_cuda_graphs_bit_exact(mlp_op):
     kernelize.unkernelize(model)
 
 
+def _training_check(tmp_path, dtype: str, model: str, steps: int) -> dict:
+    """scripts/training_check.py on one shipped model in one dtype, in its own process (it makes
+    cuBLAS deterministic before CUDA starts): its one row, after checking it ran cleanly."""
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "training_check.py"), str(tmp_path),
+                        "--steps", str(steps), "--dtypes", dtype, "--models", model],
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert r.returncode == 0 or (tmp_path / "training_check.json").exists(), \
+        r.stdout[-2000:] + r.stderr[-3000:]
+    data = json.loads((tmp_path / "training_check.json").read_text())
+    assert not data["errors"], data["errors"]
+    (row,) = data["rows"]
+    row["_process"] = (r.returncode, r.stdout[-2000:] + r.stderr[-3000:])
+    return row
+
+
+def _assert_trained_as_eager(row: dict) -> None:
+    """A training_check row: eager repeats itself (the control, else nothing below means
+    anything), and every loss, the first 3 steps' gradients and every parameter are eager's."""
+    assert not row["eager_repeat_loss_steps_differing"] and not row["eager_repeat_parameters_differing"]
+    assert not row["eager_repeat_gradients_differing"]
+    assert row["grad_steps_compared"] == 3
+    assert row["loss_steps_differing"] == [], (row["losses_eager"], row["losses_kernelized"])
+    assert row["gradients_differing"] == {}, row["gradients_differing"]
+    assert row["parameters_differing"] == {}, row["parameters_differing"]
+    rc, out = row["_process"]
+    assert rc == 0, out
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
 def test_shipped_tiny_llama_training_bit_exact_with_the_backward_kernels(tmp_path, dtype):
     """Issue 30: models/tiny-llama kernelized in training mode with the real kernels from a
@@ -510,13 +539,7 @@ def test_shipped_tiny_llama_training_bit_exact_with_the_backward_kernels(tmp_pat
     once a step; the 9 RMSNorm layers their three entries, except in f32, where they keep their
     original forward under autograd (docs/backward.md)."""
     steps = 5
-    r = subprocess.run([sys.executable, str(REPO / "scripts" / "training_check.py"), str(tmp_path),
-                        "--steps", str(steps), "--dtypes", dtype, "--models", "tiny-llama"],
-                       capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    data = json.loads((tmp_path / "training_check.json").read_text())
-    assert not data["errors"], data["errors"]
-    (row,) = data["rows"]
+    row = _training_check(tmp_path, dtype, "tiny-llama", steps)
     mlps = [p for p in row["with_backward"] if p.endswith(".mlp")]
     assert len(mlps) == 4, row["report"]
     assert len(row["with_backward"]) == (4 if dtype == "f32" else 13), row["report"]
@@ -527,14 +550,7 @@ def test_shipped_tiny_llama_training_bit_exact_with_the_backward_kernels(tmp_pat
     if dtype != "f32":
         assert launches.get("rms_norm_llama_backward") == {"dx": 9 * steps, "dwp": 9 * steps,
                                                            "dw": 9 * steps}, launches
-    # the control: eager repeats itself, else nothing below means anything
-    assert not row["eager_repeat_loss_steps_differing"] and not row["eager_repeat_parameters_differing"]
-    assert not row["eager_repeat_gradients_differing"]
-    assert row["grad_steps_compared"] == 3
-    assert row["loss_steps_differing"] == [], (row["losses_eager"], row["losses_kernelized"])
-    assert row["gradients_differing"] == {}, row["gradients_differing"]
-    assert row["parameters_differing"] == {}, row["parameters_differing"]
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    _assert_trained_as_eager(row)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
@@ -546,22 +562,9 @@ def test_shipped_tiny_gpt2_training_bit_exact_with_the_layer_norm_backward(tmp_p
     each of the 9 LayerNorm layers runs eager's own forward op and the kernel's `dx` and `dwdb`
     once a step, in every dtype (f32 too: eager's LayerNorm backward is one node)."""
     steps = 5
-    r = subprocess.run([sys.executable, str(REPO / "scripts" / "training_check.py"), str(tmp_path),
-                        "--steps", str(steps), "--dtypes", dtype, "--models", "tiny-gpt2"],
-                       capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    data = json.loads((tmp_path / "training_check.json").read_text())
-    assert not data["errors"], data["errors"]
-    (row,) = data["rows"]
+    row = _training_check(tmp_path, dtype, "tiny-gpt2", steps)
     assert len(row["with_backward"]) == 9 and row["with_backward"] == row["replaced"], row["report"]
     assert row["backward_kernels"] == ["layer_norm_backward"]
     launches = row["backward_launches"]
     assert launches.get("layer_norm_backward") == {"dx": 9 * steps, "dwdb": 9 * steps}, launches
-    # the control: eager repeats itself, else nothing below means anything
-    assert not row["eager_repeat_loss_steps_differing"] and not row["eager_repeat_parameters_differing"]
-    assert not row["eager_repeat_gradients_differing"]
-    assert row["grad_steps_compared"] == 3
-    assert row["loss_steps_differing"] == [], (row["losses_eager"], row["losses_kernelized"])
-    assert row["gradients_differing"] == {}, row["gradients_differing"]
-    assert row["parameters_differing"] == {}, row["parameters_differing"]
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    _assert_trained_as_eager(row)

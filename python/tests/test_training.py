@@ -271,6 +271,30 @@ def _kz(model, **kw):
     return kernelize.kernelize(model, arch="sm_90", verbose=False, **kw)
 
 
+def train_bit_for_bit(eager, kz, data):
+    """The same AdamW steps on `eager` and `kz` (kernelized) on each batch of `data` (token ids,
+    labels = ids): every loss and every parameter after the last step bit for bit, the losses
+    finite and all different (so the steps did move the model). (eps 1e-4: AdamW's default 1e-8
+    is 0 in f16, and f16 parameters turn NaN.)"""
+    def train(model):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-4)
+        losses = []
+        for ids in data:
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.detach())
+        return losses
+
+    le, lk = train(eager), train(kz)
+    assert all(torch.equal(a, b) for a, b in zip(le, lk)), (le, lk)
+    assert all(bool(torch.isfinite(v)) for v in le) and len(set(float(v) for v in le)) == len(data), le
+    params = dict(eager.named_parameters())
+    for n, p in kz.named_parameters():
+        assert torch.equal(p, params[n]), n
+
+
 def _training_lines(rep):
     return [n for n in rep.notes if n.startswith("training:")]
 

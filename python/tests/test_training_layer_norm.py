@@ -29,9 +29,8 @@ from torch import nn
 import kernelize
 from conftest import REPO
 from kernelize import core, ops, training
-from test_training import (ABI, DTYPES, RecordingLnBackward, _IS_AVAILABLE, _kz, _training_lines,
-                           eager_ln_grads, gpu_faked,
-                           recording_aot_backend)  # noqa: F401 (gpu_faked: a fixture)
+from test_training import (train_bit_for_bit, ABI, DTYPES, RecordingLnBackward, _IS_AVAILABLE, _kz,
+                           _training_lines, eager_ln_grads, gpu_faked, recording_aot_backend)  # noqa: F401 (gpu_faked: a fixture)
 from test_training_gated import _Hub, _Props, _folder, _kernels
 
 transformers = pytest.importorskip("transformers")
@@ -437,23 +436,7 @@ def test_the_shipped_tiny_gpt2_trains_as_eager_with_the_layer_norm_backward(kern
     monkeypatch.setattr(torch.cuda, "is_available", _IS_AVAILABLE)  # swapped; AdamW asks CUDA
     data = [_ids(2, 16, seed=s, vocab=256) for s in range(3)]
 
-    def train(model):
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-4)
-        losses = []
-        for ids in data:
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(loss.detach())
-        return losses
-
-    le, lk = train(eager), train(kz)
-    assert all(torch.equal(a, b) for a, b in zip(le, lk)), (le, lk)
-    assert all(bool(torch.isfinite(v)) for v in le) and len(set(float(v) for v in le)) == 3, le
-    params = dict(eager.named_parameters())
-    for n, p in kz.named_parameters():
-        assert torch.equal(p, params[n]), n
+    train_bit_for_bit(eager, kz, data)
     assert gpu_faked.ln.stages() == ["dx", "dwdb"] * 9 * 3
 
 
