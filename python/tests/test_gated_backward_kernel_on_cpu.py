@@ -11,7 +11,18 @@ and the CPU compiles without contraction, so `1 + exp(-g)` is two roundings here
 kernel has the form eager's SASS has, docs/backward-gated.md):
 what this checks is the chain's structure (which values are rounded to T, the operand order,
 the 16-byte vectors, the scalar tail, the grid-stride loops at several grids), for bf16, f16 and
-f32, including gate values where exp overflows and underflows."""
+f32, including gate values where exp overflows and underflows.
+
+The bundled kernel of op gelu_tanh_mul_backward (kernels/gelu_tanh_mul_backward/kernel.cu, the same
+structure) likewise, against a transcription of eager's chain for `F.gelu(gate, approximate="tanh")
+* up` with the contractions eager's SASS has (docs/backward-gated.md, "gelu_tanh_mul_backward"):
+
+    x2 = g * g;  t = tanhf(fma(x2 * g, kK, g) * kB);  act = T(0.5g * (1 + t));  d_up = T(dy * act)
+    d_act = T(dy * up);  d_gate = T(d_act * fma(1 + t, 0.5, (0.5g * fma(-t, t, 1)) * (fma(x2, k3, 1) * kB)))
+
+tanhf is glibc's on both sides here (CUDA's libdevice tanhf on the GPU, which the CPU cannot
+run): bit for bit against the transcription, and within a tolerance of CPU torch autograd in f64
+(the derivative itself, which no transcription slip could match)."""
 from __future__ import annotations
 
 import ctypes
@@ -26,6 +37,7 @@ np = pytest.importorskip("numpy")
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = REPO / "kernels" / "silu_mul_backward" / "kernel.cu"
+GELU = REPO / "kernels" / "gelu_tanh_mul_backward" / "kernel.cu"
 sys.path.insert(0, str(REPO / "python"))
 
 from cpu_harness import build_own_main, from_raw, to_raw  # noqa: E402
@@ -71,8 +83,17 @@ int main(int argc, char** argv) {
 """
 
 
-@lru_cache(maxsize=1)
-def _runner() -> Path:
+@lru_cache(maxsize=3)
+def _runner(op="silu_mul_backward") -> Path:
+    if op == "gelu_tanh_mul_backward":   # the same main, the other kernel's entries
+        return build_own_main("gmbb-", BUNDLED_MAIN.replace("silu_mul_bwd_", "gelu_tanh_mul_bwd_"),
+                              GELU.read_text(encoding="utf-8"))
+    if op == "gelu_tanh_mul_backward_reference":   # the verifier's reference, named as the kernel
+        src = (REPO / "verifier" / "src" / "reference.cu").read_text(encoding="utf-8").split("// Verifier utility")[0]
+        want = "ref_gelu_tanh_mul_backward_default_grad_##S("
+        assert want in src, want
+        return build_own_main("gmbr-", BUNDLED_MAIN.replace("silu_mul_bwd_", "gelu_tanh_mul_bwd_"),
+                              src.replace(want, "gelu_tanh_mul_bwd_##S("))
     return build_own_main("smbb-", BUNDLED_MAIN, BUNDLED.read_text(encoding="utf-8"))
 
 
@@ -119,7 +140,7 @@ def _inputs(dt, n, seed):
     return tuple(_rt(v, dt) for v in (dy, g, u))
 
 
-def _run(jobs, tmp_path):
+def _run(jobs, tmp_path, op="silu_mul_backward"):
     lines, outs = [], []
     for i, (dt, dy, g, u, grid, block) in enumerate(jobs):
         fin, fout = tmp_path / f"in{i}", tmp_path / f"out{i}"
@@ -128,7 +149,7 @@ def _run(jobs, tmp_path):
         outs.append((dt, len(g), fout))
     (tmp_path / "jobs").write_text("\n".join(lines) + "\n")
     import subprocess
-    r = subprocess.run([str(_runner()), str(tmp_path / "jobs")], capture_output=True, text=True)
+    r = subprocess.run([str(_runner(op)), str(tmp_path / "jobs")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     got = []
     for dt, n, fout in outs:
@@ -164,3 +185,98 @@ def test_a_rounding_slip_is_caught(tmp_path):
     s = (F32(1) / (F32(1) + e).astype(F32)).astype(F32)
     unrounded = _rt(((dy * u).astype(F32) * s).astype(F32) * _fma((F32(1) - s).astype(F32), g, np.ones_like(g)), "bf16")
     assert (_bits(kg) != _bits(unrounded)).sum() > 0
+
+
+# ---- gelu_tanh_mul_backward ----------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def _tanhf():
+    libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    f = libm.tanhf
+    f.argtypes, f.restype = [ctypes.c_float], ctypes.c_float
+    vec = np.vectorize(lambda v: f(float(v)), otypes=[np.float64])
+    return lambda v: vec(v).astype(F32)
+
+
+KB, KK = F32(0.79788456080286536), F32(0.044715)   # eager's kBeta, kKappa as f32
+K3 = (F32(3) * KK).astype(F32)                       # `opmath_t(3) * kKappa`, folded in f32
+
+
+def _eager_gelu(dy, g, u, dt):
+    one = np.ones_like(g)
+    x2 = (g * g).astype(F32)
+    t = _tanhf()((_fma((x2 * g).astype(F32), np.full_like(g, KK), g) * KB).astype(F32))
+    left, right = (F32(0.5) * g).astype(F32), (F32(1) + t).astype(F32)
+    act = _rt((left * right).astype(F32), dt)
+    d_up = _rt((dy * act).astype(F32), dt)
+    d_act = _rt((dy * u).astype(F32), dt)
+    inner_d = (_fma(x2, np.full_like(g, K3), one) * KB).astype(F32)
+    right_d = ((left * _fma(-t, t, one)).astype(F32) * inner_d).astype(F32)
+    d_gate = _rt((d_act * _fma(right, np.full_like(g, F32(0.5)), right_d)).astype(F32), dt)
+    return d_gate, d_up, d_act
+
+
+def _gelu_inputs(dt, n, seed):
+    rng = np.random.default_rng(seed)
+    g = (rng.standard_normal(n) * 3).astype(F32)
+    # tanh's branches (|inner| below 0.6, to 9.01, saturated), signed zeros, large |g|
+    g[: n // 8] = np.resize(np.array([-100, -10, -5, -3, -0.7, -0.5, 0.5, 0.7, 3, 5, 10, 100, 1e-3, -1e-3,
+                                      0, -0.0, 6e4, -6e4], F32), n // 8)
+    u = rng.standard_normal(n).astype(F32)
+    dy = (rng.standard_normal(n) * 0.1).astype(F32)
+    return tuple(_rt(v, dt) for v in (dy, g, u))
+
+
+def _gelu_jobs():
+    jobs = []
+    for dt in ("bf16", "f16", "f32"):
+        for n, grid, block in ((1, 1, 32), (1000, 3, 64), (4099, 1, 256), (1001, 2, 32), (2048, 3, 32)):
+            dy, g, u = _gelu_inputs(dt, n, seed=n + 3 * len(dt))
+            jobs.append((dt, dy, g, u, grid, block))
+    return jobs
+
+
+@pytest.mark.parametrize("op", ["gelu_tanh_mul_backward", "gelu_tanh_mul_backward_reference"])
+def test_the_gelu_tanh_chain_equals_its_transcription(op, tmp_path):
+    """The bundled kernel, and the verifier's reference (verifier/src/reference.cu, written apart
+    from it), each bit for bit against the transcription."""
+    jobs = _gelu_jobs()
+    for (dt, dy, g, u, grid, block), (kg, ku) in zip(jobs, _run(jobs, tmp_path, op)):
+        eg, eu, _ = _eager_gelu(dy, g, u, dt)
+        assert (_bits(ku) != _bits(eu)).sum() == 0, (dt, len(g), "d_up")
+        assert (_bits(kg) != _bits(eg)).sum() == 0, (dt, len(g), "d_gate")
+
+
+def test_the_gelu_tanh_chain_is_the_derivative_cpu_autograd_takes(tmp_path):
+    """f32: the kernel's gradients against CPU torch autograd of F.gelu(g, approximate="tanh") * u
+    in f64 on the same inputs (the derivative, not eager's bits: another tanh, no rounding)."""
+    torch = pytest.importorskip("torch")
+    jobs = [j for j in _gelu_jobs() if j[0] == "f32"]
+    for (dt, dy, g, u, grid, block), (kg, ku) in zip(jobs, _run(jobs, tmp_path, "gelu_tanh_mul_backward")):
+        gt = torch.tensor(g, dtype=torch.float64, requires_grad=True)
+        ut = torch.tensor(u, dtype=torch.float64, requires_grad=True)
+        y = torch.nn.functional.gelu(gt, approximate="tanh") * ut
+        tg, tu = (v.numpy() for v in torch.autograd.grad(y, (gt, ut), torch.tensor(dy, dtype=torch.float64)))
+        # d_up: act and dy * act rounded once each; d_gate: d_act's rounding and tanhf's few ulp,
+        # amplified by |g|^2 through (1 - t^2) * kB * (1 + 3 kK g^2) where tanh is not saturated
+        # (1 + t cancels where g < 0: act's error is absolute there, some ulp of 1 times |g|)
+        ag = np.abs(g.astype(np.float64))
+        assert np.all(np.abs(ku - tu) <= 4e-7 * np.abs(tu) + 4e-7 * np.abs(dy) * ag + 1e-30), (len(g), "d_up")
+        d_act = dy * u
+        tol = 2e-6 * np.abs(d_act) * (1 + np.minimum(g.astype(np.float64) ** 2, 100.0)) + 1e-30
+        assert np.all(np.abs(kg - tg) <= tol), (len(g), "d_gate", float(np.max(np.abs(kg - tg) - tol)))
+
+
+def test_a_gelu_tanh_contraction_slip_is_caught(tmp_path):
+    """The transcription sees the contractions: 1 - t * t as two roundings changes f32 d_gate."""
+    dy, g, u = _gelu_inputs("f32", 4099, seed=11)
+    (kg, _), = _run([("f32", dy, g, u, 2, 128)], tmp_path, "gelu_tanh_mul_backward")
+    _, _, d_act = _eager_gelu(dy, g, u, "f32")
+    one = np.ones_like(g)
+    x2 = (g * g).astype(F32)
+    t = _tanhf()((_fma((x2 * g).astype(F32), np.full_like(g, KK), g) * KB).astype(F32))
+    left, right = (F32(0.5) * g).astype(F32), (F32(1) + t).astype(F32)
+    inner_d = (_fma(x2, np.full_like(g, K3), one) * KB).astype(F32)
+    unfused = ((left * (F32(1) - (t * t).astype(F32)).astype(F32)).astype(F32) * inner_d).astype(F32)
+    slip = (d_act * _fma(right, np.full_like(g, F32(0.5)), unfused)).astype(F32)
+    assert (_bits(kg) != _bits(slip)).sum() > 0
