@@ -12,8 +12,9 @@
 //! each other on the CPU (python/tests/test_backward_order_on_cpu.py), this one against the
 //! Python through `python/tests/fixtures/abi.json`'s `backward` table.
 //!
-//! `silu_mul_backward` (docs/backward-gated.md) is elementwise: no workspace, and its one entry
-//! `grad` loops over `rows * cols` elements, so any grid gives the same bits.
+//! The gated backward ops `silu_mul_backward` and `gelu_tanh_mul_backward`
+//! (docs/backward-gated.md, [`Op::is_gated_backward`]) are elementwise: no workspace, and their
+//! one entry `grad` loops over `rows * cols` elements, so any grid gives the same bits.
 //!
 //! `layer_norm_backward` (docs/backward-layer-norm.md) has no workspace either: `dx` is one
 //! 128-thread block a row (eager's launch), `dwdb` one 2-D block a tile of columns, sized by
@@ -123,7 +124,7 @@ fn check(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result<(), String> {
              run eager autograd for this shape"
         ));
     }
-    // (silu_mul_backward's grid needs an SM; rms_norm_backward's column sum a device eager's
+    // (the gated backward's grid needs an SM; rms_norm_backward's column sum a device eager's
     // reduction is configured for)
     if dev.sms == 0 || (op == Op::RmsNormBackward && dev.threads_per_sm < 512) {
         return Err(format!(
@@ -135,7 +136,7 @@ fn check(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result<(), String> {
 }
 
 /// The workspace `ws` of one call, in floats: `rows + ctas * cols` for rms_norm_backward
-/// (docs/backward.md); none for silu_mul_backward and layer_norm_backward.
+/// (docs/backward.md); none for the gated backward ops and layer_norm_backward.
 pub fn workspace_floats(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result<u64, String> {
     check(op, rows, cols, dev)?;
     if op != Op::RmsNormBackward {
@@ -160,22 +161,23 @@ pub fn workspace_bytes(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result
 /// loop over their work); this only sizes it.
 pub const DX_BLOCKS_PER_SM: u64 = 8;
 pub const DWP_BLOCKS_PER_SM: u64 = 16;
-/// Blocks per SM at most of silu_mul_backward's `grad` grid (grid-stride over its elements: any
+/// Blocks per SM at most of the gated backward ops' `grad` grid (grid-stride over its elements: any
 /// grid of at least one block gives the same bits; this caps it for large problems).
 pub const GRAD_BLOCKS_PER_SM: u64 = 16;
 
 /// Whether entry `stage` of `op` gives the same bits at any grid of at least one block (it loops
-/// over its work): rms_norm_backward's `dx` and `dwp` (persistent), silu_mul_backward's `grad`
+/// over its work): rms_norm_backward's `dx` and `dwp` (persistent), the gated backward's `grad`
 /// (grid-stride), layer_norm_backward's `dx` (blocks loop over rows) and `dwdb` (over column
 /// tiles); not rms_norm_backward's `dw` (one thread a column). The verifier launches these at
 /// other grids too.
 pub fn any_grid(op: Op, stage: &str) -> bool {
-    matches!(
-        (op, stage),
-        (Op::RmsNormBackward, "dx" | "dwp")
-            | (Op::SiluMulBackward, "grad")
-            | (Op::LayerNormBackward, "dx" | "dwdb")
-    )
+    match (op, stage) {
+        (op, "grad") if op.is_gated_backward() => true,
+        _ => matches!(
+            (op, stage),
+            (Op::RmsNormBackward, "dx" | "dwp") | (Op::LayerNormBackward, "dx" | "dwdb")
+        ),
+    }
 }
 
 /// layer_norm_backward's `dwdb` at or above this many columns (even) takes two adjacent columns
@@ -215,7 +217,7 @@ pub fn dwdb_dims(rows: u64, cols: u64, sms: u64) -> (u64, [u32; 3]) {
 
 /// Grid and block of the entry named `stage` of `op` on `rows x cols` (no dynamic shared
 /// memory): `dx` persistent over rows (at most one block a row), `dwp` persistent over its
-/// (column group, CTA) items, `dw` one thread a column; silu_mul_backward's `grad` one thread
+/// (column group, CTA) items, `dw` one thread a column; the gated backward's `grad` one thread
 /// an element up to [`GRAD_BLOCKS_PER_SM`] blocks per SM (grid-stride beyond);
 /// layer_norm_backward's `dx` a block a row, `dwdb` by [`dwdb_dims`]. The block is the ABI's
 /// ([`crate::domain::Stage::block`]) where it fixes one.
@@ -251,7 +253,7 @@ pub fn stage_dims(
             (b, [fixed?, 1, 1])
         }
         (Op::RmsNormBackward, "dw") => (cols.div_ceil(u64::from(fixed.clone()?)), [fixed?, 1, 1]),
-        (Op::SiluMulBackward, "grad") => {
+        (op, "grad") if op.is_gated_backward() => {
             let b = rows
                 .saturating_mul(cols)
                 .div_ceil(u64::from(fixed.clone()?))
@@ -479,19 +481,63 @@ mod tests {
         assert!(stage_dims(op, "grad", 4, 4, none).is_err());
     }
 
+    /// gelu_tanh_mul_backward launches as silu_mul_backward does (one rule for the gated
+    /// backward ops), and any other op has no `grad` entry.
+    #[test]
+    fn gelu_tanh_mul_backward_launches_as_the_silu_one() {
+        let small = DeviceShape {
+            sms: 1,
+            threads_per_sm: 256,
+        };
+        for (rows, cols) in [
+            (1, 1),
+            (3, 5),
+            (1, 257),
+            (2113, 256),
+            (4096, 8192),
+            (7, 1001),
+        ] {
+            for dev in [H100, small] {
+                assert_eq!(
+                    stage_dims(Op::GeluTanhMulBackward, "grad", rows, cols, dev),
+                    stage_dims(Op::SiluMulBackward, "grad", rows, cols, dev)
+                );
+                assert_eq!(
+                    workspace_floats(Op::GeluTanhMulBackward, rows, cols, dev),
+                    Ok(0)
+                );
+            }
+        }
+        let e = stage_dims(Op::LayerNormBackward, "grad", 4, 4, H100).unwrap_err();
+        assert!(e.contains("no entry `grad`"), "{e}");
+    }
+
     /// kernels/silu_mul_backward/kernel.cu spells its entry with the ABI's parameter types, in
     /// order (`i64` is `long long`), and the bundle fits the manifest form: one `grad` symbol
     /// per dtype, spelled out in the source (it makes them by token pasting).
     #[test]
     fn the_silu_mul_backward_kernel_fits_its_abi_and_manifest() {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/silu_mul_backward");
+        gated_backward_kernel_fits(Op::SiluMulBackward, "silu_mul_bwd", "SMB_ENTRY");
+    }
+
+    /// kernels/gelu_tanh_mul_backward/kernel.cu likewise.
+    #[test]
+    fn the_gelu_tanh_mul_backward_kernel_fits_its_abi_and_manifest() {
+        gated_backward_kernel_fits(Op::GeluTanhMulBackward, "gelu_tanh_mul_bwd", "GMB_ENTRY");
+    }
+
+    /// The bundled kernel of gated backward op `op` (kernels/<op>/): its entry macro `mac`
+    /// makes `<entry>_<dt>` with the ABI's parameters, named in the manifest and spelled out.
+    fn gated_backward_kernel_fits(op: Op, entry: &str, mac: &str) {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../kernels")
+            .join(op.as_str());
         let src = std::fs::read_to_string(dir.join("kernel.cu")).unwrap();
-        let [st] = Op::SiluMulBackward.stages() else {
+        let [st] = op.stages() else {
             panic!("one stage")
         };
-        let head = "silu_mul_bwd_##NAME(";
-        let at = src.find(head).expect("the entry macro") + head.len();
+        let head = format!("{entry}_##NAME(");
+        let at = src.find(&head).expect("the entry macro") + head.len();
         let params = src[at..at + src[at..].find(')').unwrap()].replace('\\', " ");
         assert_eq!(param_types(&params), param_types(st.params));
         let names: Vec<String> = params
@@ -502,23 +548,20 @@ mod tests {
 
         let b = crate::KernelBundle::load_dir(&dir).unwrap();
         let m = &b.manifest;
-        assert_eq!(
-            (m.op, m.semantics),
-            (Op::SiluMulBackward, crate::Semantics::Default)
-        );
+        assert_eq!((m.op, m.semantics), (op, crate::Semantics::Default));
         assert_eq!(m.dtypes(), crate::DType::ALL);
         assert!(m.launch.is_empty());
         for dt in crate::DType::ALL {
-            let sym = format!("silu_mul_bwd_{dt}");
+            let sym = format!("{entry}_{dt}");
             assert_eq!(m.entries[dt], sym);
             assert_eq!(m.stages[dt].len(), 1);
             assert_eq!(m.stages[dt]["grad"], sym);
-            assert!(src.contains(&format!("SMB_ENTRY({dt}, ")), "{dt}");
+            assert!(src.contains(&format!("{mac}({dt}, ")), "{dt}");
         }
         // without the spelled-out symbols the source is refused
         let toml = std::fs::read_to_string(dir.join("kernel.toml")).unwrap();
         let cut = src
-            .find("// The entries SMB_ENTRY makes, spelled out")
+            .find(&format!("// The entries {mac} makes, spelled out"))
             .expect("kernel.cu spells its entries out");
         let e = crate::KernelBundle::from_parts(&toml, &src[..cut]).unwrap_err();
         assert_eq!(e.field_name(), Some("entry.bf16.grad"), "{e}");
@@ -538,7 +581,8 @@ mod tests {
                 (Op::RmsNormBackward, "dwp"),
                 (Op::SiluMulBackward, "grad"),
                 (Op::LayerNormBackward, "dx"),
-                (Op::LayerNormBackward, "dwdb")
+                (Op::LayerNormBackward, "dwdb"),
+                (Op::GeluTanhMulBackward, "grad")
             ]
         );
     }

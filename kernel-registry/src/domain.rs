@@ -55,7 +55,8 @@ macro_rules! word_enum {
 word_enum!(
     /// The operations of docs/spec.md section 2 (gelu and gelu_tanh counted as two entry names),
     /// and the backward ops of section 2c (`rms_norm_backward`: the gradients of `rms_norm`;
-    /// `silu_mul_backward`: those of `silu_mul`; `layer_norm_backward`: those of `layer_norm`).
+    /// `silu_mul_backward`: those of `silu_mul`; `layer_norm_backward`: those of `layer_norm`;
+    /// `gelu_tanh_mul_backward`: those of `gelu_tanh_mul`).
     Op, "op", {
         RmsNorm => "rms_norm",
         FusedAddRmsNorm => "fused_add_rms_norm",
@@ -70,6 +71,7 @@ word_enum!(
         RmsNormBackward => "rms_norm_backward",
         SiluMulBackward => "silu_mul_backward",
         LayerNormBackward => "layer_norm_backward",
+        GeluTanhMulBackward => "gelu_tanh_mul_backward",
     }
 );
 
@@ -119,6 +121,7 @@ impl Op {
                 | Op::RmsNormBackward
                 | Op::SiluMulBackward
                 | Op::LayerNormBackward
+                | Op::GeluTanhMulBackward
         )
     }
     /// A backward op (docs/spec.md section 2c): the gradients of [`Op::forward`]'s op under the
@@ -132,6 +135,7 @@ impl Op {
             Op::RmsNormBackward => Some(Op::RmsNorm),
             Op::SiluMulBackward => Some(Op::SiluMul),
             Op::LayerNormBackward => Some(Op::LayerNorm),
+            Op::GeluTanhMulBackward => Some(Op::GeluTanhMul),
             _ => None,
         }
     }
@@ -187,9 +191,9 @@ impl Op {
                     block: Some(128),
                 },
             ],
-            // docs/backward-gated.md: eager autograd's chain for silu(gate) * up, elementwise,
-            // both gradients in one launch (grid-stride over rows * cols).
-            Op::SiluMulBackward => &[Stage {
+            // docs/backward-gated.md: eager autograd's chain for act(gate) * up (silu, gelu_tanh),
+            // elementwise, both gradients in one launch (grid-stride over rows * cols).
+            Op::SiluMulBackward | Op::GeluTanhMulBackward => &[Stage {
                 name: "grad",
                 params: "T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols",
                 block: Some(256),
@@ -214,6 +218,11 @@ impl Op {
     /// The gated ops of HF's MLPs: `act(gate) * up` on two `[rows, cols]` tensors.
     pub fn is_gated(self) -> bool {
         matches!(self, Op::SiluMul | Op::GeluTanhMul)
+    }
+    /// The backward ops of [`Op::is_gated`]'s ops (docs/backward-gated.md): one elementwise
+    /// stage `grad` writing `d_gate` and `d_up` from (dy, gate, up), no workspace, any grid.
+    pub fn is_gated_backward(self) -> bool {
+        self.forward().is_some_and(Op::is_gated)
     }
     /// The kernel ABI of docs/spec.md section 2: a forward op's entry's parameters after its
     /// name, `T` standing for the dtype's C type ([`DType::cuda_type`]); the verifier builds its
@@ -259,7 +268,7 @@ impl Op {
                     one_row: true,
                 },
             ],
-            Op::SiluMulBackward => &[
+            Op::SiluMulBackward | Op::GeluTanhMulBackward => &[
                 Gradient {
                     name: "d_gate",
                     one_row: false,
@@ -293,7 +302,8 @@ impl Op {
     }
     /// Whether a backward op's verdict holds only for the device figures it was measured with
     /// (SM count, threads per SM): rms_norm_backward's dw follows eager's column sum, whose
-    /// split over CTAs depends on both. silu_mul_backward is elementwise: its bits (and eager's)
+    /// split over CTAs depends on both. The gated backward ops (silu_mul_backward,
+    /// gelu_tanh_mul_backward) are elementwise: their bits (and eager's)
     /// depend on no device figure, and any grid gives the same bits. layer_norm_backward's
     /// column sum is one-pass up to the rows the ABI takes ([`Op::max_rows`]), whose order
     /// depends on the rows alone.
@@ -345,7 +355,7 @@ impl Op {
             // own traffic, not the problem's).
             Op::RmsNormBackward => n.saturating_mul(3).saturating_add(2 * cols),
             // dy, gate and up read, d_gate and d_up written.
-            Op::SiluMulBackward => n.saturating_mul(5),
+            Op::SiluMulBackward | Op::GeluTanhMulBackward => n.saturating_mul(5),
             // dy and x read, dx written; w read, dw and db written (mean and rstd, f32, below).
             Op::LayerNormBackward => n.saturating_mul(3).saturating_add(3 * cols),
         })
@@ -730,6 +740,30 @@ mod tests {
         assert_eq!(op.bytes_moved(DType::Bf16, 4, 8), 2 * 5 * 32);
         assert_eq!(op.bytes_moved(DType::F32, 3, 7), 4 * 5 * 21);
         assert!(!op.verdict_depends_on_device());
+    }
+
+    /// gelu_tanh_mul_backward: gelu_tanh_mul's gradients with silu_mul_backward's ABI (one
+    /// stage `grad`, d_gate and d_up, 5n bytes, no device figure); the two are the gated
+    /// backward ops.
+    #[test]
+    fn gelu_tanh_mul_backward_has_the_gated_backward_abi() {
+        let op = Op::GeluTanhMulBackward;
+        assert_eq!(op.as_str(), "gelu_tanh_mul_backward");
+        assert!(op.is_backward() && op.is_rowwise() && op.is_gated_backward());
+        assert!(!op.takes_eps() && !op.is_gated() && !op.updates_residual());
+        assert_eq!(op.forward(), Some(Op::GeluTanhMul));
+        assert_eq!(op.semantics(), [Semantics::Default]);
+        assert_eq!(op.stages(), Op::SiluMulBackward.stages());
+        assert_eq!(op.gradients(), Op::SiluMulBackward.gradients());
+        assert_eq!(op.outputs(), 2);
+        assert_eq!(op.bytes_moved(DType::Bf16, 4, 8), 2 * 5 * 32);
+        assert!(!op.verdict_depends_on_device());
+        let gated: Vec<Op> = Op::ALL
+            .iter()
+            .copied()
+            .filter(|o| o.is_gated_backward())
+            .collect();
+        assert_eq!(gated, [Op::SiluMulBackward, Op::GeluTanhMulBackward]);
     }
 
     /// layer_norm_backward (docs/spec.md section 2c, docs/backward-layer-norm.md): dx, then dw

@@ -23,9 +23,11 @@ SEMANTICS = {"rms_norm": ("llama", "gemma", "torch"), "rms_norm_backward": ("lla
 # kernel-registry's backward ops (docs/spec.md section 2c) and their entries (`Op::stages`, in
 # launch order; python/tests/fixtures/abi.json's `backward_ops` is checked against it).
 BACKWARD_OPS = {"rms_norm_backward": ("dx", "dwp", "dw"), "silu_mul_backward": ("grad",),
-                "layer_norm_backward": ("dx", "dwdb")}
+                "layer_norm_backward": ("dx", "dwdb"), "gelu_tanh_mul_backward": ("grad",)}
 # (forward op, semantics) -> its backward op (`Op::forward` read the other way; checked against
 # abi.json's `backward_ops` too): what a training-mode layer can get a backward kernel for.
+# Not yet gelu_tanh_mul -> gelu_tanh_mul_backward: the op and its kernel exist (the hub, the
+# verifier), the client's training mode for GELU-tanh gated MLPs does not.
 BACKWARD_OF = {("rms_norm", "llama"): "rms_norm_backward", ("silu_mul", "default"): "silu_mul_backward",
                ("layer_norm", "default"): "layer_norm_backward"}
 # The backward ops whose verdict holds only for the GPU figures (SM count, threads per SM) it

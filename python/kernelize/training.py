@@ -115,8 +115,12 @@ LN_MAX_ROWS = 65536
 # passes them).
 DWDB_TWO_COLUMNS_FROM = 4096
 
+# gelu_tanh_mul's backward (`Op::is_gated_backward`, as silu_mul_backward): its launch arithmetic
+# only; no training-mode layer runs it yet (manifest.BACKWARD_OF leaves it out).
+GELU_GATED_OP = "gelu_tanh_mul_backward"
+
 #: Each backward op's blocks by entry (`Op::stages`; None: the launch rule decides).
-BLOCKS_OF = {OP: BLOCKS, GATED_OP: GATED_BLOCKS, LN_OP: LN_BLOCKS}
+BLOCKS_OF = {OP: BLOCKS, GATED_OP: GATED_BLOCKS, LN_OP: LN_BLOCKS, GELU_GATED_OP: GATED_BLOCKS}
 
 
 # ---- launch arithmetic (kernel-registry/src/backward.rs) ------------------------------------
@@ -188,7 +192,7 @@ def stage_dims(stage: str, rows: int, cols: int, sms: int, threads_per_sm: int,
         blocks = min(-(-cols // 4) * ctas(rows, cols, sms, threads_per_sm), DWP_BLOCKS_PER_SM * sms)
     elif (op, stage) == (OP, "dw"):
         blocks = -(-cols // blocks_of["dw"])
-    elif (op, stage) == (GATED_OP, "grad"):
+    elif stage == "grad" and op in (GATED_OP, GELU_GATED_OP):
         blocks = min(-(-(rows * cols) // blocks_of["grad"]), GRAD_BLOCKS_PER_SM * sms)
     elif (op, stage) == (LN_OP, "dx"):
         blocks = rows

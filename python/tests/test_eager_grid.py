@@ -29,7 +29,7 @@ def test_every_bundled_exact_kernel_has_an_eager_layer():
     from kernelize.manifest import BACKWARD_OPS, parse_manifest_toml
     # each backward op's probe against eager autograd
     probes = {"rms_norm_backward": "backward_probe.py", "silu_mul_backward": "gated_backward_probe.py",
-              "layer_norm_backward": "ln_backward_probe.py"}
+              "layer_norm_backward": "ln_backward_probe.py", "gelu_tanh_mul_backward": "gated_backward_probe.py"}
     assert set(probes) == set(BACKWARD_OPS)
     for d in (REPO / "kernels").iterdir():
         toml = d / "kernel.toml"

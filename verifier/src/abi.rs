@@ -243,7 +243,10 @@ mod tests {
                 Op::Silu | Op::Gelu | Op::GeluTanh => "[Ptr(100), Ptr(300), I64(15)]",
                 Op::SiluAndMul => "[Ptr(100), Ptr(300), I64(3), I64(5)]",
                 Op::SiluMul | Op::GeluTanhMul => "[Ptr(100), Ptr(300), Ptr(400), I64(3), I64(5)]",
-                Op::RmsNormBackward | Op::SiluMulBackward | Op::LayerNormBackward => unreachable!(),
+                Op::RmsNormBackward
+                | Op::SiluMulBackward
+                | Op::LayerNormBackward
+                | Op::GeluTanhMulBackward => unreachable!(),
             }
         };
         for &op in Op::ALL.iter().filter(|o| !o.is_backward()) {
@@ -261,7 +264,10 @@ mod tests {
                 Op::FusedAddLayerNorm => &["out", "residual", "x", "w", "b"],
                 Op::Silu | Op::Gelu | Op::GeluTanh | Op::SiluAndMul => &["out", "x"],
                 Op::SiluMul | Op::GeluTanhMul => &["out", "gate", "up"],
-                Op::RmsNormBackward | Op::SiluMulBackward | Op::LayerNormBackward => &[],
+                Op::RmsNormBackward
+                | Op::SiluMulBackward
+                | Op::LayerNormBackward
+                | Op::GeluTanhMulBackward => &[],
             }
         };
         for &op in Op::ALL {
@@ -377,6 +383,10 @@ mod tests {
             ["ref_silu_mul_backward_default_grad_f32"]
         );
         assert_eq!(
+            sym(Op::GeluTanhMulBackward, DType::F16),
+            ["ref_gelu_tanh_mul_backward_default_grad_f16"]
+        );
+        assert_eq!(
             sym(Op::RmsNormBackward, DType::F16),
             [
                 "ref_rms_norm_backward_llama_dx_f16",
@@ -393,6 +403,7 @@ mod tests {
         );
         // each defined once per dtype, by the REFS macro's instantiations
         assert!(REFERENCE_SOURCE.contains("void ref_silu_mul_backward_default_grad_##S("));
+        assert!(REFERENCE_SOURCE.contains("void ref_gelu_tanh_mul_backward_default_grad_##S("));
         for dt in DType::ALL {
             assert!(
                 REFERENCE_SOURCE

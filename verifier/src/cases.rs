@@ -232,7 +232,7 @@ fn anchors(quick: bool) -> Vec<Planned> {
 /// remains" 3): its column sum changes order where the warp-rows start sharing a column (64
 /// rows at model widths) and where several CTAs share it (from 1021 rows on 132 SMs), and with
 /// `cols % 4` (the output vector: 4, 2 or 1 columns a thread); the training shape 16384 x 4096
-/// is timed. silu_mul_backward (elementwise, no order to cover): problems smaller than one
+/// is timed. The gated backward ops (elementwise, no order to cover): problems smaller than one
 /// 16-byte vector or ending in a partial one (a kernel's scalar tail), and one of more than
 /// 2^20 elements ending in a partial vector (its call at other grids gets a third of the grid).
 fn backward_anchors(op: Op, quick: bool) -> Vec<Planned> {
@@ -264,7 +264,7 @@ fn backward_anchors(op: Op, quick: bool) -> Vec<Planned> {
         }
         return v;
     }
-    if op == Op::SiluMulBackward {
+    if op.is_gated_backward() {
         return vec![
             plan(1, 1, Dist::Normal, false),
             plan(1, 7, Dist::Normal, false),
@@ -745,25 +745,27 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
         },
         // Gate and up both drawn from the case's distribution (as silu_and_mul's x holds
         // both), from streams of their own.
-        // silu_mul_backward's gate and up are its forward's; its dy as rms_norm_backward's.
-        Op::SiluMul | Op::GeluTanhMul | Op::SiluMulBackward => CaseInputs {
-            mean: None,
-            rstd: None,
-            x: t("gate", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
-            up: Some(t(
-                "up",
-                gen_matrix(dt, rows, spec.cols, spec.dist, splitmix(s ^ 4)),
-            )),
-            residual: None,
-            weight: None,
-            bias: None,
-            dy: spec.op.is_backward().then(|| {
-                t(
-                    "dy",
-                    gen_matrix(dt, rows, spec.cols, spec.dist, splitmix(s ^ 5)),
-                )
-            }),
-        },
+        // The gated backward's gate and up are its forward's; its dy as rms_norm_backward's.
+        Op::SiluMul | Op::GeluTanhMul | Op::SiluMulBackward | Op::GeluTanhMulBackward => {
+            CaseInputs {
+                mean: None,
+                rstd: None,
+                x: t("gate", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
+                up: Some(t(
+                    "up",
+                    gen_matrix(dt, rows, spec.cols, spec.dist, splitmix(s ^ 4)),
+                )),
+                residual: None,
+                weight: None,
+                bias: None,
+                dy: spec.op.is_backward().then(|| {
+                    t(
+                        "dy",
+                        gen_matrix(dt, rows, spec.cols, spec.dist, splitmix(s ^ 5)),
+                    )
+                }),
+            }
+        }
         Op::Silu | Op::Gelu | Op::GeluTanh => CaseInputs {
             mean: None,
             rstd: None,

@@ -97,14 +97,41 @@ fn silu_grad(h: f64) -> f64 {
     sig * (1.0 + h * (1.0 - sig))
 }
 
-/// silu_mul_backward's gradients of element `i` in f64, no rounding anywhere (not of the
-/// forward's `silu(gate)` either: the truth): `d_gate = dy * up * silu'(gate)`,
-/// `d_up = dy * silu(gate)`.
-fn silu_mul_backward_at(inp: &CaseInputs, i: usize) -> (f64, f64) {
+/// gelu_tanh's derivative, `0.5 (1 + t) + 0.5 h (1 - t^2) k (1 + 3 c h^2)` with
+/// `t = tanh(k (h + c h^3))`, `k = sqrt(2 / pi)`, `c = 0.044715`, and its limits at -inf and
+/// +inf (0 and 1). Where tanh is saturated (`1 - t^2` is 0 in f64) the second term is 0, not
+/// the NaN of `0 * inf` at huge `h`.
+fn gelu_tanh_grad(h: f64) -> f64 {
+    if h == f64::NEG_INFINITY {
+        return 0.0;
+    }
+    if h == f64::INFINITY {
+        return 1.0;
+    }
+    let (k, c) = ((2.0 / std::f64::consts::PI).sqrt(), 0.044715);
+    let t = (k * (h + c * h * h * h)).tanh();
+    let sech2 = 1.0 - t * t;
+    let right = if sech2 == 0.0 {
+        0.0
+    } else {
+        0.5 * h * sech2 * k * (1.0 + 3.0 * c * h * h)
+    };
+    0.5 * (1.0 + t) + right
+}
+
+/// A gated backward op's gradients of element `i` in f64, no rounding anywhere (not of the
+/// forward's `act(gate)` either: the truth): `d_gate = dy * up * act'(gate)`,
+/// `d_up = dy * act(gate)`, act the forward's activation (silu, gelu_tanh).
+fn gated_backward_at(op: Op, inp: &CaseInputs, i: usize) -> (f64, f64) {
     let dy = f(inp.dy.as_ref().expect("a backward case has dy"), i);
     let g = f(&inp.x, i);
-    let u = f(inp.up.as_ref().expect("silu_mul_backward has up"), i);
-    (dy * u * silu_grad(g), dy * silu(g))
+    let u = f(inp.up.as_ref().expect("a gated backward case has up"), i);
+    let act = gate_activation(op.forward().expect("a backward op"));
+    let grad = match act {
+        Op::Silu => silu_grad(g),
+        _ => gelu_tanh_grad(g),
+    };
+    (dy * u * grad, dy * elementwise(act, g))
 }
 
 /// Round an f64 sum `a + b` as T would store it (fused_add's stored residual).
@@ -191,8 +218,8 @@ pub fn oracle(spec: &CaseSpec, inp: &CaseInputs, ranges: &[(usize, usize)]) -> V
                     .collect()
             }
             // Its first gradient, d_gate; each gradient's: `backward_truth`.
-            Op::SiluMulBackward => (start..start + len)
-                .map(|i| silu_mul_backward_at(inp, i).0)
+            Op::SiluMulBackward | Op::GeluTanhMulBackward => (start..start + len)
+                .map(|i| gated_backward_at(spec.op, inp, i).0)
                 .collect(),
             // Its dx; dw and db (sums over every row) are `ln_backward_dwdb`.
             Op::LayerNormBackward => {
@@ -319,14 +346,14 @@ pub fn backward_truth(
             vec![(0, spec.cols as usize)],
             ln_backward_dwdb(spec, inp, g.name == "db"),
         ),
-        (Op::SiluMulBackward, "d_gate" | "d_up") => {
+        (op, "d_gate" | "d_up") if op.is_gated_backward() => {
             let ranges = sample(spec);
             let up = g.name == "d_up";
             let truth = ranges
                 .par_iter()
                 .flat_map_iter(|&(start, len)| {
                     (start..start + len).map(move |i| {
-                        let (d_gate, d_up) = silu_mul_backward_at(inp, i);
+                        let (d_gate, d_up) = gated_backward_at(op, inp, i);
                         if up {
                             d_up
                         } else {
@@ -653,6 +680,70 @@ mod tests {
         assert_eq!(a.len(), 2);
         assert!(a[0].candidate_max_abs < 1e-6 && a[0].reference_max_abs < 1e-6);
         assert!(a[1].candidate_max_abs > 0.5 && a[1].reference_max_abs < 1e-6);
+    }
+
+    /// gelu_tanh_mul_backward's oracle is the derivative of its forward's truth (gelu_tanh of the
+    /// gate times up): against central differences of the loss `sum dy * gelu_tanh(g) * u`, with
+    /// gates on both sides of tanh's saturation; the limits at +-inf and huge gates.
+    #[test]
+    fn gelu_tanh_mul_backward_is_the_forward_truths_derivative() {
+        let (rows, cols) = (3usize, 6usize);
+        let gs: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7 % 17) as f32 - 8.0) / 1.7)
+            .collect();
+        let us: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 3 % 13) as f32 - 6.0) / 4.0)
+            .collect();
+        let dys: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 5 % 7) as f32 - 3.0) / 2.0)
+            .collect();
+        let op = Op::GeluTanhMulBackward;
+        let sp = spec(op, Semantics::Default, rows as u64, cols as u64);
+        let inp = CaseInputs {
+            mean: None,
+            rstd: None,
+            x: tensor(DType::F32, &gs),
+            up: Some(tensor(DType::F32, &us)),
+            residual: None,
+            weight: None,
+            bias: None,
+            dy: Some(tensor(DType::F32, &dys)),
+        };
+        let gelu = |h: f64| elementwise(Op::GeluTanh, h);
+        let loss = |g: &[f64], u: &[f64]| -> f64 {
+            (0..rows * cols)
+                .map(|i| dys[i] as f64 * gelu(g[i]) * u[i])
+                .sum()
+        };
+        let g0: Vec<f64> = gs.iter().map(|&v| v as f64).collect();
+        let u0: Vec<f64> = us.iter().map(|&v| v as f64).collect();
+        let [d_gate, d_up] = op.gradients() else {
+            panic!("two gradients")
+        };
+        let (ranges, dg) = backward_truth(&sp, &inp, d_gate);
+        assert_eq!(ranges.len(), rows, "every row of a small case");
+        assert_eq!(dg, oracle(&sp, &inp, &ranges), "oracle() gives d_gate");
+        let (_, du) = backward_truth(&sp, &inp, d_up);
+        for i in 0..rows * cols {
+            let want = slope(&|g| loss(g, &u0), &g0, i);
+            assert!(
+                (dg[i] - want).abs() < 1e-6,
+                "d_gate[{i}] {} vs {want}",
+                dg[i]
+            );
+            let want = slope(&|u| loss(&g0, u), &u0, i);
+            assert!((du[i] - want).abs() < 1e-6, "d_up[{i}] {} vs {want}", du[i]);
+        }
+        // by hand at 0: gelu_tanh'(0) = 0.5; the limits; saturated gates give 0 and 1, not NaN
+        close(gelu_tanh_grad(0.0), 0.5);
+        assert_eq!(gelu_tanh_grad(f64::NEG_INFINITY), 0.0);
+        assert_eq!(gelu_tanh_grad(f64::INFINITY), 1.0);
+        assert_eq!(gelu_tanh_grad(-1e200), 0.0);
+        assert_eq!(gelu_tanh_grad(1e200), 1.0);
+        assert!(gelu_tanh_grad(-30.0).abs() < 1e-300 && (gelu_tanh_grad(30.0) - 1.0).abs() < 1e-15);
+        assert!(gelu_tanh_grad(f64::NAN).is_nan());
+        // not silu's: the two activations' derivatives differ at 1
+        assert!((gelu_tanh_grad(1.0) - silu_grad(1.0)).abs() > 1e-2);
     }
 
     #[test]

@@ -226,7 +226,10 @@ pub fn python_args(op: Op) -> &'static [&'static str] {
         Op::SiluMul | Op::GeluTanhMul => &["gate", "up"],
         // No Python signature yet (docs/spec.md section 2c): the manifest refuses a Python
         // backward candidate.
-        Op::RmsNormBackward | Op::SiluMulBackward | Op::LayerNormBackward => &[],
+        Op::RmsNormBackward
+        | Op::SiluMulBackward
+        | Op::LayerNormBackward
+        | Op::GeluTanhMulBackward => &[],
     }
 }
 

@@ -425,6 +425,43 @@ __device__ void silu_mul_bwd_grad_ref(T* d_gate, T* d_up, const T* dy, const T* 
     }
 }
 
+// ---- The backward of gelu_tanh(gate) * up under eager autograd (docs/backward-gated.md) ----------
+// The ABI of silu_mul_backward (one entry `grad`), one thread an element. Per element, in f32:
+//   act    = round_T(gelu_tanh(g)), the forward's saved output in its reference order (gelu_tanh_f)
+//   d_up   = round_T(dy * act)                                       MulBackward0, grad * self
+//   d_act  = round_T(dy * u)                                         MulBackward0, grad * other
+//   d_gate = round_T(gelu_backward(d_act, g))                        GeluBackward0, tanh branch
+// gelu_backward as ActivationGeluKernel.cu writes it, with the contractions nvcc made for sm_90
+// (torch 2.15+cu132's SASS): x_cube = (x * x) * x; inner = kBeta * fma(x_cube, kKappa, x);
+// t = tanhf(inner); left = 0.5 * x; right = 1 + t; tanh_derivative = fma(-t, t, 1);
+// inner_derivative = kBeta * fma(x * x, 3 * kKappa, 1) (3 * kKappa folded in f32);
+// right_derivative = (left * tanh_derivative) * inner_derivative;
+// result = dy * fma(right, 0.5, right_derivative) (0.5 * right + right_derivative, fused).
+__device__ __forceinline__ float gelu_tanh_bwd_f(float dy, float x) {
+    const float kBeta = 0.79788456080286536f, kKappa = 0.044715f;
+    const float three_kappa = __fmul_rn(3.0f, kKappa);
+    const float x_sq = __fmul_rn(x, x);
+    const float x_cube = __fmul_rn(x_sq, x);
+    const float inner = __fmul_rn(kBeta, fmaf(x_cube, kKappa, x));
+    const float tanh_inner = tanhf(inner);
+    const float left = __fmul_rn(0.5f, x);
+    const float right = __fadd_rn(1.0f, tanh_inner);
+    const float tanh_derivative = fmaf(-tanh_inner, tanh_inner, 1.0f);
+    const float inner_derivative = __fmul_rn(kBeta, fmaf(x_sq, three_kappa, 1.0f));
+    const float right_derivative = __fmul_rn(__fmul_rn(left, tanh_derivative), inner_derivative);
+    return __fmul_rn(dy, fmaf(right, 0.5f, right_derivative));
+}
+
+template <typename T>
+__device__ void gelu_tanh_mul_bwd_grad_ref(T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols) {
+    if (rows <= 0 || cols <= 0) return;
+    GRID_STRIDE(i, rows * cols) {
+        const float y = f32_of(dy[i]), g = f32_of(gate[i]), u = f32_of(up[i]);
+        d_up[i] = round_to<T>(__fmul_rn(y, f32_of(round_to<T>(gelu_tanh_f(g)))));
+        d_gate[i] = round_to<T>(gelu_tanh_bwd_f(f32_of(round_to<T>(__fmul_rn(y, u))), g));
+    }
+}
+
 // ---- The backward of nn.LayerNorm under eager autograd (docs/backward-layer-norm.md) ----------
 // The candidate's ABI (Op::stages of layer_norm_backward: dx, then dwdb, with
 // kernel_registry::backward's grids; mean, rstd the forward's saved f32 statistics). Not the
@@ -542,6 +579,7 @@ extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_backward_llama_dx_
 extern "C" __global__ void ref_rms_norm_backward_llama_dwp_##S(float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_bwd_dwp_ref<T>(ws, dy, x, rows, cols, sms, threads_per_sm); } \
 extern "C" __global__ void ref_rms_norm_backward_llama_dw_##S(T* dw, const float* ws, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_bwd_dw_ref<T>(dw, ws, rows, cols, sms, threads_per_sm); } \
 extern "C" __global__ void ref_silu_mul_backward_default_grad_##S(T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols) { silu_mul_bwd_grad_ref<T>(d_gate, d_up, dy, gate, up, rows, cols); } \
+extern "C" __global__ void ref_gelu_tanh_mul_backward_default_grad_##S(T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols) { gelu_tanh_mul_bwd_grad_ref<T>(d_gate, d_up, dy, gate, up, rows, cols); } \
 extern "C" __global__ void ref_layer_norm_backward_default_dx_##S(T* dx, const T* dy, const T* x, const float* mean, const float* rstd, const T* w, long long rows, long long cols) { ln_bwd_dx_ref<T>(dx, dy, x, mean, rstd, w, rows, cols); } \
 extern "C" __global__ void ref_layer_norm_backward_default_dwdb_##S(T* dw, T* db, const T* dy, const T* x, const float* mean, const float* rstd, long long rows, long long cols) { ln_bwd_dwdb_ref<T>(dw, db, dy, x, mean, rstd, rows, cols); }
 

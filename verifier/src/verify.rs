@@ -488,6 +488,31 @@ dw = "k_dw"
         assert!(r.cases.iter().all(|c| !c.id.ends_with("large_index")));
     }
 
+    /// The bundled gelu_tanh_mul_backward kernel (kernels/gelu_tanh_mul_backward) is verified
+    /// with the gated backward suite, as silu_mul_backward's.
+    #[test]
+    fn the_bundled_gelu_tanh_mul_backward_kernel_runs_its_backward_suite() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../kernels/gelu_tanh_mul_backward");
+        let b = KernelBundle::load_dir(&dir).unwrap();
+        let mut fake = Fake {
+            fail_on: None,
+            calls: 0,
+        };
+        let r = verify_with(&mut fake, &b, &VerifyOptions::default(), &mut |_| {}).unwrap();
+        assert_eq!(r.kernel.op, kernel_registry::Op::GeluTanhMulBackward);
+        assert_eq!(fake.calls, r.cases.len());
+        for dt in DType::ALL {
+            for id in ["1x1/normal", "1x7/normal", "3x5/normal", "1500x1001/normal"] {
+                assert!(
+                    r.cases.iter().any(|c| c.id == format!("{dt}/{id}")),
+                    "{dt}/{id}"
+                );
+            }
+        }
+        assert!(r.cases.iter().all(|c| !c.id.ends_with("large_index")));
+    }
+
     /// The bundled layer_norm_backward kernel (kernels/layer_norm_backward) is verified with
     /// its backward suite: every dtype, eager's chain-count boundaries, at most 65536 rows.
     #[test]

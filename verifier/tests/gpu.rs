@@ -123,6 +123,32 @@ fn gated_backward_bundle(variant: &str) -> Result<KernelBundle, String> {
     mutated_bundle("silu_mul_backward", variant, m)
 }
 
+/// The backward of gelu_tanh(gate) * up (`kernels/gelu_tanh_mul_backward/`, bundled;
+/// docs/backward-gated.md), with one mutation per red-team variant: `exact` none;
+/// `tanh_derivative_unfused` gelu_backward's `fma(-t, t, 1)` as `1 - fl(t * t)` (d_gate moves by
+/// ulps, d_up exact; verified in f32); `fast_tanh` tanhf replaced by the hardware's
+/// `tanh.approx.f32` (act and d_gate both move; bf16).
+fn gelu_backward_bundle(variant: &str) -> Result<KernelBundle, String> {
+    let m: &[(&str, &str, usize)] = match variant {
+        "exact" => &[],
+        "tanh_derivative_unfused" => &[(
+            "fmaf(-t, t, 1.0f)",
+            "__fsub_rn(1.0f, __fmul_rn(t, t))",
+            1,
+        )],
+        "fast_tanh" => &[
+            (
+                "#define GMB_K3 0.13414499163627624512f",
+                "#define GMB_K3 0.13414499163627624512f\nGMB_DEV float gmb_fast_tanh(float v) { float r; asm(\"tanh.approx.f32 %0, %1;\" : \"=f\"(r) : \"f\"(v)); return r; }",
+                1,
+            ),
+            ("= tanhf(__fmul_rn", "= gmb_fast_tanh(__fmul_rn", 1),
+        ],
+        other => return Err(format!("no gelu backward variant `{other}`")),
+    };
+    mutated_bundle("gelu_tanh_mul_backward", variant, m)
+}
+
 /// nn.LayerNorm's backward (`kernels/layer_norm_backward/`, bundled; docs/backward-layer-norm.md),
 /// with one mutation per red-team variant: `exact` none; `s1_fused` dx's row sum of dy * w in
 /// one fused multiply-add a term (eager's SASS has two roundings: f32 dx moves, dw and db do not;
@@ -161,7 +187,8 @@ fn gradient_class(r: &VerificationReport, gradient: &str) -> String {
 /// Verify a fixture (`good/...`, `broken/...`: bf16), a bundled kernel (`kernels/NAME`: every
 /// dtype it declares) or a backward kernel (`backward/VARIANT`, rms_norm_llama_backward's, and
 /// `gated_backward/VARIANT`, silu_mul_backward's: `exact` in every dtype, the red-team variants
-/// in bf16, `fma_unfused` in f32), with the quick suite.
+/// in bf16, `fma_unfused` in f32; `gelu_backward/VARIANT`, gelu_tanh_mul_backward's: `exact` in
+/// every dtype, `tanh_derivative_unfused` in f32, `fast_tanh` in bf16), with the quick suite.
 fn run(rel: &str) -> Result<VerificationReport, String> {
     let (b, dtypes) = if let Some(v) = rel.strip_prefix("backward/") {
         let dts = (v != "exact").then(|| vec![DType::Bf16]);
@@ -180,6 +207,13 @@ fn run(rel: &str) -> Result<VerificationReport, String> {
             _ => Some(vec![DType::Bf16]),
         };
         (gated_backward_bundle(v)?, dts)
+    } else if let Some(v) = rel.strip_prefix("gelu_backward/") {
+        let dts = match v {
+            "exact" => None,
+            "tanh_derivative_unfused" => Some(vec![DType::F32]),
+            _ => Some(vec![DType::Bf16]),
+        };
+        (gelu_backward_bundle(v)?, dts)
     } else {
         let (dir, dtypes) = match rel.strip_prefix("kernels/") {
             Some(name) => (kernels_dir().join(name), None),
@@ -577,6 +611,42 @@ fn main() -> ExitCode {
         ("gated_backward/d_up_at_offset_16", |r| {
             exact_at_fresh_allocations_yet_failed(r)?;
             any_integrity(r, ADDRESS_REASON)
+        }),
+        // gelu_tanh_mul_backward likewise (not yet run on a GPU): both gradients against the
+        // reference, batch invariance; its red-team variants each caught where they break it.
+        ("gelu_backward/exact", |r| {
+            let v = &r.summary.overall;
+            let (dg, du) = (gradient_class(r, "d_gate"), gradient_class(r, "d_up"));
+            if v.class == ExactnessClass::BitExact
+                && v.deterministic
+                && v.batch_invariant
+                && v.integrity_ok
+                && r.summary.per_dtype.len() == DType::ALL.len()
+            {
+                Ok(format!("d_gate {dg}, d_up {du} over {} cases", v.cases_run))
+            } else {
+                Err(format!("d_gate {dg}, d_up {du}: {}", v.describe()))
+            }
+        }),
+        ("gelu_backward/tanh_derivative_unfused", |r| {
+            let (dg, du) = (gradient_class(r, "d_gate"), gradient_class(r, "d_up"));
+            if dg != "bit_exact" && du == "bit_exact" {
+                Ok(format!("d_gate {dg}, d_up {du}"))
+            } else {
+                Err(format!(
+                    "expected d_gate off and d_up exact: d_gate {dg}, d_up {du}"
+                ))
+            }
+        }),
+        ("gelu_backward/fast_tanh", |r| {
+            let (dg, du) = (gradient_class(r, "d_gate"), gradient_class(r, "d_up"));
+            if dg != "bit_exact" && du != "bit_exact" {
+                Ok(format!("d_gate {dg}, d_up {du}"))
+            } else {
+                Err(format!(
+                    "expected both gradients off: d_gate {dg}, d_up {du}"
+                ))
+            }
         }),
         // layer_norm_backward through the backward suite: dx, dw, db each against the
         // reference (eager's orders), red-team variants each caught where they break it.
