@@ -295,6 +295,38 @@ def train_bit_for_bit(eager, kz, data):
         assert torch.equal(p, params[n]), n
 
 
+def assert_double_backward_is_eagers(kz, ref, x, params, recorder, label: str, caplog):
+    """A double backward through kernelized layer `kz` (training mode): the first-order
+    gradients under create_graph are eager autograd's (the kernel, recorded by `recorder`, not
+    launched), bit for bit with `ref` and from one call to the next; the second order eager's
+    formula; said at most once (`label`: "<op> layer"). `params(layer)`: its parameters."""
+    def second_order(layer):
+        xs = x.clone().requires_grad_()
+        wrt = (xs, *params(layer))
+        first = torch.autograd.grad(layer(xs).square().sum(), wrt, create_graph=True)
+        if layer is kz:   # create_graph: eager autograd's gradients, not the kernel's
+            assert recorder.calls == []
+        # (the second backward passes the node again, first order; the kernel may run)
+        second = torch.autograd.grad(sum(g.square().sum() for g in first), wrt)
+        recorder.calls.clear()
+        return (*first, *second)
+
+    with caplog.at_level(logging.WARNING, logger="kernelize"):
+        got = second_order(kz)
+        got2 = second_order(kz)
+    want = second_order(ref)
+    n = 1 + len(params(kz))
+    for a, b, c in zip(got[:n], got2[:n], want[:n]):   # first order: eager's bits
+        assert torch.equal(a, c) and torch.equal(b, c)
+    for a, b, c in zip(got[n:], got2[n:], want[n:]):   # second order: eager's formula
+        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-5)
+        assert torch.equal(a, b)
+    said = [r.getMessage() for r in caplog.records if "double backward" in r.getMessage()
+            and label in r.getMessage()]
+    assert len(said) <= 1 and all("eager autograd computes them" in s for s in said)
+    assert said or any(label in w for w in training._SAID)
+
+
 def _training_lines(rep):
     return [n for n in rep.notes if n.startswith("training:")]
 

@@ -25,9 +25,10 @@ import kernelize
 from conftest import REPO
 from kernelize import core, ops, training
 from kernelize.sources import DirSource, HubError, HubRateLimited, HubSource, Key, Resolution
-from test_training import (train_bit_for_bit, ABI, DTYPES, NORMS, RecordingGatedBackward,
-                           _backward_folder, _grads, _IS_AVAILABLE, _kz, _llama, _training_lines,
-                           eager_gated_grads, gpu_faked, recording_aot_backend)  # noqa: F401 (gpu_faked: a fixture)
+from test_training import (assert_double_backward_is_eagers, train_bit_for_bit, ABI, DTYPES, NORMS,
+                           RecordingGatedBackward, _backward_folder, _grads, _IS_AVAILABLE, _kz,
+                           _llama, _training_lines, eager_gated_grads, gpu_faked,
+                           recording_aot_backend)  # noqa: F401 (gpu_faked: a fixture)
 
 transformers = pytest.importorskip("transformers")
 
@@ -425,31 +426,8 @@ def test_double_backward_through_an_mlp_is_computed_by_eager_autograd_and_said_o
     _kz(mlp, kernels_dir=kernels, mode="training")
     assert "_kz_bwd" in mlp.__dict__
     x = torch.randn(4, 16, generator=torch.Generator().manual_seed(4))
-    ws = lambda layer: (layer.gate_proj.weight, layer.up_proj.weight)  # noqa: E731
-
-    def second_order(layer):
-        xs = x.clone().requires_grad_()
-        first = torch.autograd.grad(layer(xs).square().sum(), (xs, *ws(layer)), create_graph=True)
-        if layer is mlp:   # create_graph: eager autograd's gradients, not the kernel's
-            assert gpu_faked.gated.calls == []
-        # (the second backward passes the node again, first order: d(2y)/dh; the kernel runs)
-        second = torch.autograd.grad(sum(g.square().sum() for g in first), (xs, *ws(layer)))
-        gpu_faked.gated.calls.clear()
-        return (*first, *second)
-
-    with caplog.at_level(logging.WARNING, logger="kernelize"):
-        got = second_order(mlp)
-        got2 = second_order(mlp)
-    want = second_order(ref)
-    for a, b, c in zip(got[:3], got2[:3], want[:3]):   # first order: eager's bits
-        assert torch.equal(a, c) and torch.equal(b, c)
-    for a, b, c in zip(got[3:], got2[3:], want[3:]):   # second order: eager's formula
-        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-5)
-        assert torch.equal(a, b)
-    said = [r.getMessage() for r in caplog.records if "double backward" in r.getMessage()
-            and "silu_mul layer" in r.getMessage()]
-    assert len(said) <= 1 and all("eager autograd computes them" in s for s in said)
-    assert said or any("silu_mul layer" in w for w in training._SAID)
+    assert_double_backward_is_eagers(mlp, ref, x, lambda m: (m.gate_proj.weight, m.up_proj.weight),
+                                     gpu_faked.gated, "silu_mul layer", caplog)
     # a first-order backward launches the kernel
     xs = x.clone().requires_grad_()
     mlp(xs).sum().backward()

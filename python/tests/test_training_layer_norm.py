@@ -29,8 +29,9 @@ from torch import nn
 import kernelize
 from conftest import REPO
 from kernelize import core, ops, training
-from test_training import (train_bit_for_bit, ABI, DTYPES, RecordingLnBackward, _IS_AVAILABLE, _kz,
-                           _training_lines, eager_ln_grads, gpu_faked, recording_aot_backend)  # noqa: F401 (gpu_faked: a fixture)
+from test_training import (assert_double_backward_is_eagers, train_bit_for_bit, ABI, DTYPES,
+                           RecordingLnBackward, _IS_AVAILABLE, _kz, _training_lines,
+                           eager_ln_grads, gpu_faked, recording_aot_backend)  # noqa: F401 (gpu_faked: a fixture)
 from test_training_gated import _Hub, _Props, _folder, _kernels
 
 transformers = pytest.importorskip("transformers")
@@ -543,29 +544,8 @@ def test_double_backward_through_a_layer_norm_is_computed_by_eager_autograd_and_
     assert "_kz_bwd" in ln.__dict__
     x = torch.randn(4, 16, generator=torch.Generator().manual_seed(4))
 
-    def second_order(layer):
-        xs = x.clone().requires_grad_()
-        wrt = (xs, layer.weight, layer.bias)
-        first = torch.autograd.grad(layer(xs).square().sum(), wrt, create_graph=True)
-        if layer is ln:   # create_graph: eager autograd's gradients, not the kernel's
-            assert gpu_faked.ln.calls == []
-        second = torch.autograd.grad(sum(g.square().sum() for g in first), wrt)
-        gpu_faked.ln.calls.clear()
-        return (*first, *second)
-
-    with caplog.at_level(logging.WARNING, logger="kernelize"):
-        got = second_order(ln)
-        got2 = second_order(ln)
-    want = second_order(ref)
-    for a, b, c in zip(got[:3], got2[:3], want[:3]):   # first order: eager's bits
-        assert torch.equal(a, c) and torch.equal(b, c)
-    for a, b, c in zip(got[3:], got2[3:], want[3:]):   # second order: eager's formula
-        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-5)
-        assert torch.equal(a, b)
-    said = [r.getMessage() for r in caplog.records if "double backward" in r.getMessage()
-            and "layer_norm layer" in r.getMessage()]
-    assert len(said) <= 1 and all("eager autograd computes them" in s for s in said)
-    assert said or any("layer_norm layer" in w for w in training._SAID)
+    assert_double_backward_is_eagers(ln, ref, x, lambda m: (m.weight, m.bias), gpu_faked.ln,
+                                     "layer_norm layer", caplog)
     xs = x.clone().requires_grad_()
     ln(xs).sum().backward()   # a first-order backward launches the kernel
     assert gpu_faked.ln.stages() == ["dx", "dwdb"]

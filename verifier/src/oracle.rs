@@ -606,45 +606,37 @@ mod tests {
         }
     }
 
-    /// silu_mul_backward's oracle is the derivative of its forward's truth: against central
-    /// finite differences of `L = sum dy * silu(gate) * up` in f64, for d_gate and d_up; and its
-    /// limits at infinite gates.
-    #[test]
-    fn silu_mul_backward_is_the_forward_truths_derivative() {
-        let (rows, cols) = (3usize, 5usize);
-        let gs: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 7 % 11) as f32 - 5.0) / 1.5)
-            .collect();
-        let us: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 3 % 13) as f32 - 6.0) / 4.0)
-            .collect();
-        let dys: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 5 % 7) as f32 - 3.0) / 2.0)
-            .collect();
-        let sp = spec(
-            Op::SiluMulBackward,
-            Semantics::Default,
-            rows as u64,
-            cols as u64,
-        );
+    /// A gated backward op's oracle (`op`, activation `act`) is the derivative of its forward's
+    /// truth: against central finite differences of `L = sum dy * act(gate) * up` in f64, d_gate
+    /// (also `oracle()`'s) and d_up at every element of a `rows x cols` case of these inputs.
+    /// Returns the case and both gradients' truth for the caller's own checks.
+    fn gated_slopes_checked(
+        op: Op,
+        act: &dyn Fn(f64) -> f64,
+        (rows, cols): (usize, usize),
+        gs: &[f32],
+        us: &[f32],
+        dys: &[f32],
+    ) -> (CaseSpec, CaseInputs, Vec<f64>, Vec<f64>) {
+        let sp = spec(op, Semantics::Default, rows as u64, cols as u64);
         let inp = CaseInputs {
             mean: None,
             rstd: None,
-            x: tensor(DType::F32, &gs),
-            up: Some(tensor(DType::F32, &us)),
+            x: tensor(DType::F32, gs),
+            up: Some(tensor(DType::F32, us)),
             residual: None,
             weight: None,
             bias: None,
-            dy: Some(tensor(DType::F32, &dys)),
+            dy: Some(tensor(DType::F32, dys)),
         };
         let loss = |g: &[f64], u: &[f64]| -> f64 {
             (0..rows * cols)
-                .map(|i| dys[i] as f64 * silu(g[i]) * u[i])
+                .map(|i| dys[i] as f64 * act(g[i]) * u[i])
                 .sum()
         };
         let g0: Vec<f64> = gs.iter().map(|&v| v as f64).collect();
         let u0: Vec<f64> = us.iter().map(|&v| v as f64).collect();
-        let [d_gate, d_up] = Op::SiluMulBackward.gradients() else {
+        let [d_gate, d_up] = op.gradients() else {
             panic!("two gradients")
         };
         let (ranges, dg) = backward_truth(&sp, &inp, d_gate);
@@ -662,6 +654,26 @@ mod tests {
             let want = slope(&|u| loss(&g0, u), &u0, i);
             assert!((du[i] - want).abs() < 1e-6, "d_up[{i}] {} vs {want}", du[i]);
         }
+        (sp, inp, dg, du)
+    }
+
+    /// silu_mul_backward's oracle is the derivative of its forward's truth: against central
+    /// finite differences of `L = sum dy * silu(gate) * up` in f64, for d_gate and d_up; and its
+    /// limits at infinite gates.
+    #[test]
+    fn silu_mul_backward_is_the_forward_truths_derivative() {
+        let (rows, cols) = (3usize, 5usize);
+        let gs: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7 % 11) as f32 - 5.0) / 1.5)
+            .collect();
+        let us: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 3 % 13) as f32 - 6.0) / 4.0)
+            .collect();
+        let dys: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 5 % 7) as f32 - 3.0) / 2.0)
+            .collect();
+        let (sp, inp, dg, du) =
+            gated_slopes_checked(Op::SiluMulBackward, &silu, (rows, cols), &gs, &us, &dys);
         // by hand at gate 1: sig = 1/(1+e^-1); silu' = sig (1 + (1 - sig))
         let sig = 1.0 / (1.0 + (-1.0f64).exp());
         close(silu_grad(1.0), sig * (2.0 - sig));
@@ -697,43 +709,8 @@ mod tests {
         let dys: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 5 % 7) as f32 - 3.0) / 2.0)
             .collect();
-        let op = Op::GeluTanhMulBackward;
-        let sp = spec(op, Semantics::Default, rows as u64, cols as u64);
-        let inp = CaseInputs {
-            mean: None,
-            rstd: None,
-            x: tensor(DType::F32, &gs),
-            up: Some(tensor(DType::F32, &us)),
-            residual: None,
-            weight: None,
-            bias: None,
-            dy: Some(tensor(DType::F32, &dys)),
-        };
         let gelu = |h: f64| elementwise(Op::GeluTanh, h);
-        let loss = |g: &[f64], u: &[f64]| -> f64 {
-            (0..rows * cols)
-                .map(|i| dys[i] as f64 * gelu(g[i]) * u[i])
-                .sum()
-        };
-        let g0: Vec<f64> = gs.iter().map(|&v| v as f64).collect();
-        let u0: Vec<f64> = us.iter().map(|&v| v as f64).collect();
-        let [d_gate, d_up] = op.gradients() else {
-            panic!("two gradients")
-        };
-        let (ranges, dg) = backward_truth(&sp, &inp, d_gate);
-        assert_eq!(ranges.len(), rows, "every row of a small case");
-        assert_eq!(dg, oracle(&sp, &inp, &ranges), "oracle() gives d_gate");
-        let (_, du) = backward_truth(&sp, &inp, d_up);
-        for i in 0..rows * cols {
-            let want = slope(&|g| loss(g, &u0), &g0, i);
-            assert!(
-                (dg[i] - want).abs() < 1e-6,
-                "d_gate[{i}] {} vs {want}",
-                dg[i]
-            );
-            let want = slope(&|u| loss(&g0, u), &u0, i);
-            assert!((du[i] - want).abs() < 1e-6, "d_up[{i}] {} vs {want}", du[i]);
-        }
+        gated_slopes_checked(Op::GeluTanhMulBackward, &gelu, (rows, cols), &gs, &us, &dys);
         // by hand at 0: gelu_tanh'(0) = 0.5; the limits; saturated gates give 0 and 1, not NaN
         close(gelu_tanh_grad(0.0), 0.5);
         assert_eq!(gelu_tanh_grad(f64::NEG_INFINITY), 0.0);

@@ -463,22 +463,26 @@ dw = "k_dw"
         assert!(r.cases.iter().all(|c| !c.id.ends_with("large_index")));
     }
 
-    /// The bundled silu_mul_backward kernel (kernels/silu_mul_backward) is verified with its
-    /// backward suite: every dtype, the scalar tails' shapes, no large-index case.
-    #[test]
-    fn the_bundled_silu_mul_backward_kernel_runs_its_backward_suite() {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/silu_mul_backward");
+    /// The bundled backward kernel `name` verified (with a fake executor) by the full suite: its
+    /// op, one call per case, no large-index case, and every dtype's cases of ids `ids`.
+    fn bundled_backward_suite(
+        name: &str,
+        op: kernel_registry::Op,
+        ids: &[&str],
+    ) -> VerificationReport {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../kernels")
+            .join(name);
         let b = KernelBundle::load_dir(&dir).unwrap();
         let mut fake = Fake {
             fail_on: None,
             calls: 0,
         };
         let r = verify_with(&mut fake, &b, &VerifyOptions::default(), &mut |_| {}).unwrap();
-        assert_eq!(r.kernel.op, kernel_registry::Op::SiluMulBackward);
+        assert_eq!(r.kernel.op, op);
         assert_eq!(fake.calls, r.cases.len());
         for dt in DType::ALL {
-            for id in ["1x1/normal", "1x7/normal", "3x5/normal", "1500x1001/normal"] {
+            for id in ids {
                 assert!(
                     r.cases.iter().any(|c| c.id == format!("{dt}/{id}")),
                     "{dt}/{id}"
@@ -486,55 +490,35 @@ dw = "k_dw"
             }
         }
         assert!(r.cases.iter().all(|c| !c.id.ends_with("large_index")));
+        r
     }
 
-    /// The bundled gelu_tanh_mul_backward kernel (kernels/gelu_tanh_mul_backward) is verified
-    /// with the gated backward suite, as silu_mul_backward's.
+    /// The gated backward kernels (kernels/silu_mul_backward, kernels/gelu_tanh_mul_backward)
+    /// are verified with their backward suite: every dtype, the scalar tails' shapes.
     #[test]
-    fn the_bundled_gelu_tanh_mul_backward_kernel_runs_its_backward_suite() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../kernels/gelu_tanh_mul_backward");
-        let b = KernelBundle::load_dir(&dir).unwrap();
-        let mut fake = Fake {
-            fail_on: None,
-            calls: 0,
-        };
-        let r = verify_with(&mut fake, &b, &VerifyOptions::default(), &mut |_| {}).unwrap();
-        assert_eq!(r.kernel.op, kernel_registry::Op::GeluTanhMulBackward);
-        assert_eq!(fake.calls, r.cases.len());
-        for dt in DType::ALL {
-            for id in ["1x1/normal", "1x7/normal", "3x5/normal", "1500x1001/normal"] {
-                assert!(
-                    r.cases.iter().any(|c| c.id == format!("{dt}/{id}")),
-                    "{dt}/{id}"
-                );
-            }
+    fn the_bundled_gated_backward_kernels_run_their_backward_suite() {
+        for (name, op) in [
+            ("silu_mul_backward", kernel_registry::Op::SiluMulBackward),
+            (
+                "gelu_tanh_mul_backward",
+                kernel_registry::Op::GeluTanhMulBackward,
+            ),
+        ] {
+            let ids = ["1x1/normal", "1x7/normal", "3x5/normal", "1500x1001/normal"];
+            bundled_backward_suite(name, op, &ids);
         }
-        assert!(r.cases.iter().all(|c| !c.id.ends_with("large_index")));
     }
 
     /// The bundled layer_norm_backward kernel (kernels/layer_norm_backward) is verified with
     /// its backward suite: every dtype, eager's chain-count boundaries, at most 65536 rows.
     #[test]
     fn the_bundled_layer_norm_backward_kernel_runs_its_backward_suite() {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/layer_norm_backward");
-        let b = KernelBundle::load_dir(&dir).unwrap();
-        let mut fake = Fake {
-            fail_on: None,
-            calls: 0,
-        };
-        let r = verify_with(&mut fake, &b, &VerifyOptions::default(), &mut |_| {}).unwrap();
-        assert_eq!(r.kernel.op, kernel_registry::Op::LayerNormBackward);
-        assert_eq!(fake.calls, r.cases.len());
-        for dt in DType::ALL {
-            for id in ["63x1000/normal", "64x4096/normal", "65536x64/normal"] {
-                assert!(
-                    r.cases.iter().any(|c| c.id == format!("{dt}/{id}")),
-                    "{dt}/{id}"
-                );
-            }
-        }
+        let ids = ["63x1000/normal", "64x4096/normal", "65536x64/normal"];
+        let r = bundled_backward_suite(
+            "layer_norm_backward",
+            kernel_registry::Op::LayerNormBackward,
+            &ids,
+        );
         assert!(r.cases.iter().all(|c| c.rows <= 65536));
     }
 
