@@ -904,6 +904,7 @@ mod tests {
                             "stage": op.gradient_stage(g.name).map(|s| s.name),
                         })).collect::<Vec<_>>(),
                         "verdict_depends_on_device": op.verdict_depends_on_device(),
+                        "max_rows": op.max_rows(),
                     }),
                 )
             })

@@ -83,6 +83,10 @@ def test_the_manifest_rules_know_the_backward_entries():
     assert {op: tuple(s["name"] for s in a["stages"]) for op, a in ops.items()} == manifest.BACKWARD_OPS
     assert {op: list(manifest.SEMANTICS.get(op, ("default",))) for op in ops} == \
         {op: a["semantics"] for op, a in ops.items()}
+    # the most rows a call takes (Op::max_rows): the client's bound is the registry's
+    from kernelize import training
+    assert {op: a["max_rows"] for op, a in ops.items() if a["max_rows"] is not None} == \
+        {"layer_norm_backward": training.LN_MAX_ROWS}
     # the ops whose verdict holds only for the GPU figures it was measured with
     assert set(manifest.VERDICT_ON_DEVICE) == {op for op, a in ops.items() if a["verdict_depends_on_device"]}
 
