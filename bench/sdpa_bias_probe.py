@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
-"""The exact backend's masked attention operator on a GPU (issue 31, session 28): its bits
-against eager's F.scaled_dot_product_attention with the boolean mask, which way it ran (the
-backend operator directly, the composite with the converted mask, or the composite with the
-boolean mask), and its host time a call now and as it ran before session 28 (two
-`torch._fused_sdp_choice` questions every call, then the composite).
+"""The exact backend's masked attention operator on a GPU (issue 31, session 28): could it run
+the cuDNN attention operator directly, skipping the composite? For each case, the bits of
+(1) eager's F.scaled_dot_product_attention with the boolean mask, (2) `kernelize::eager_sdpa_bias`
+(the composite with the hoisted additive mask, as the exact backend runs it), (3) the backend
+operator the composite records for the additive mask (make_fx), called directly with the same
+tensors, each run --repeats times; and the host time a call of each.
 
-    python3 bench/sdpa_bias_probe.py OUT_DIR [--calls N]
+    python3 bench/sdpa_bias_probe.py OUT_DIR [--calls N] [--repeats R]
+
+Session 28, run 1 (an earlier version of this script, docs/gpu-runs/2026-11-29-s28/): the
+direct call gave other bits than eager in 2 of 12 f16 cases at batch 8, where the composite
+gave eager's, and was not faster; this version asks whether each path is deterministic.
 
 Cases: decode (1 and 8 queries' rows against a 512-slot static cache, the mask a prefix of
 valid slots) and prefill (1x512, causal) shapes of the 1B-class Llama (32 heads of 64) and
-Mistral (16 of 128) configs of bench/exact_compile.py, KV repeated to the query heads as
-transformers does when a mask is given; a random mask; a batch row with every key masked; bf16,
-f16 and f32. Writes OUT_DIR/sdpa_bias_probe.json and prints a table.
+Mistral (16 of 128) configs of bench/exact_compile.py; a random mask; a batch row with every key
+masked; bf16, f16 and f32. Writes OUT_DIR/sdpa_bias_probe.json and prints a table.
 """
 from __future__ import annotations
 
@@ -61,10 +65,32 @@ def per_call_us(fn, calls: int) -> float:
     return (time.perf_counter() - t) / calls * 1e6
 
 
+def traced_direct(q, k, v, bias):
+    """The one operator F.scaled_dot_product_attention records for these tensors with `bias` as
+    its mask, as a callable, or None where it records more than that operator and its outputs."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    import operator
+    gm = make_fx(lambda q_, k_, v_, b_: F.scaled_dot_product_attention(q_, k_, v_, attn_mask=b_))(
+        q, k, v, bias)
+    ops = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+    if len(ops) != 1:
+        return None, [str(n.target) for n in ops]
+    node = ops[0]
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    env = dict(zip(names, (q, k, v, bias)))
+
+    def call():
+        args = [env[x.name] if isinstance(x, torch.fx.Node) else x for x in node.args]
+        kw = {key: env[x.name] if isinstance(x, torch.fx.Node) else x for key, x in node.kwargs.items()}
+        return node.target(*args, **kw)[0]
+    return call, [str(node.target)]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out")
-    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--calls", type=int, default=1000)
+    p.add_argument("--repeats", type=int, default=5)
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -74,60 +100,44 @@ def main() -> int:
               ("mistral decode b1", 1, 16, 128, 1, 512), ("mistral decode b8", 8, 16, 128, 1, 512),
               ("mistral prefill 1x512", 1, 16, 128, 512, 512)]
     rows = []
-    real_hoisted = exact._hoisted
-
-    def before(query, key, value, attn_mask, bias, dropout_p, is_causal, scale, enable_gqa, backend):
-        # session 27's operator: both questions every call, then the composite with the bias
-        def choice(m):
-            return int(torch._fused_sdp_choice(query, key, value, m, dropout_p, is_causal,
-                                               scale=scale, enable_gqa=enable_gqa))
-        return choice(attn_mask) == backend and choice(bias) == backend
-
     with torch.no_grad():
         for dt in (torch.bfloat16, torch.float16, torch.float32):
+            if exact.mask_conversion(dt, torch.device("cuda")) is None:
+                print(f"{dt}: no hoisted conversion on this GPU (the exact backend passes the boolean mask)")
+                continue
             for name, b, h, d, q_len, kv_len in shapes:
                 for kind in ("prefix", "random", "masked_row"):
                     if kind == "masked_row" and b == 1:
                         continue
                     q, k, v, mask = tensors(b, h, d, q_len, kv_len, kind, dt, g)
-                    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-                    exact._HOISTED.clear()
-                    bias = exact.sdpa_mask_bias(mask, dt) if exact.mask_conversion(dt, q.device) else mask
-                    got = op(q, k, v, mask, bias, 0.0, False, None, False)
-                    again = op(q, k, v, mask, bias, 0.0, False, None, False)
-                    entry = next(iter(exact._HOISTED.values()), None)
-                    how = (entry[0].name() if isinstance(entry, tuple) else
-                           "composite, converted mask" if entry else "composite, boolean mask")
-                    row = {"dtype": str(dt).split(".")[-1], "case": name, "mask": kind, "how": how,
-                           "identical": same_bits(ref, got) and same_bits(ref, again),
-                           "backend_bool": int(torch._fused_sdp_choice(q, k, v, mask, 0.0, False))}
-                    if kind == "prefix":
-                        row["eager_us"] = per_call_us(
-                            lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask), a.calls)
-                        row["now_us"] = per_call_us(
-                            lambda: op(q, k, v, mask, bias, 0.0, False, None, False), a.calls)
-                        exact._hoisted = before
-                        try:
-                            row["before_us"] = per_call_us(
-                                lambda: op(q, k, v, mask, bias, 0.0, False, None, False), a.calls)
-                            row["before_identical"] = same_bits(ref, op(q, k, v, mask, bias, 0.0, False, None, False))
-                        finally:
-                            exact._hoisted = real_hoisted
+                    bias = exact.sdpa_mask_bias(mask, dt)
+                    direct, traced = traced_direct(q, k, v, bias)
+                    paths = {"eager": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                             "operator": lambda: op(q, k, v, mask, bias, 0.0, False, None, False)}
+                    if direct is not None:
+                        paths["direct"] = direct
+                    ref = paths["eager"]()
+                    row = {"dtype": str(dt).split(".")[-1], "case": name, "mask": kind, "traced": traced}
+                    for label, fn in paths.items():
+                        outs = [fn() for _ in range(a.repeats)]
+                        row[f"{label}_deterministic"] = all(same_bits(outs[0], o) for o in outs)
+                        row[f"{label}_identical"] = all(same_bits(ref, o) for o in outs)
+                        if kind == "prefix":
+                            row[f"{label}_us"] = per_call_us(fn, a.calls)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     env = {"torch": torch.__version__, "device": torch.cuda.get_device_name(),
            "cudnn": torch.backends.cudnn.version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     (out / "sdpa_bias_probe.json").write_text(json.dumps({"env": env, "calls": a.calls, "rows": rows}, indent=1))
-    print(f"\n{env}\n\n| dtype | case | identical (all masks) | how (prefix mask) | eager µs | before µs | now µs |")
-    print("| --- | --- | --- | --- | ---: | ---: | ---: |")
+    print(f"\n{env}\n\n| dtype | case | mask | eager det. | operator = eager | direct = eager | direct det. | eager µs | operator µs | direct µs |")
+    print("| --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |")
     for r in rows:
-        if r["mask"] != "prefix":
-            continue
-        same = all(x["identical"] for x in rows if x["dtype"] == r["dtype"] and x["case"] == r["case"])
-        print(f"| {r['dtype']} | {r['case']} | {same} | {r['how']} | {r['eager_us']:.1f} | "
-              f"{r['before_us']:.1f} | {r['now_us']:.1f} |")
-    bad = [r for r in rows if not r["identical"] or not r.get("before_identical", True)]
-    print(f"\n{len(rows) - len(bad)} of {len(rows)} cases bit-identical with eager")
+        print(f"| {r['dtype']} | {r['case']} | {r['mask']} | {r['eager_deterministic']} | "
+              f"{r['operator_identical']} | {r.get('direct_identical', '-')} | {r.get('direct_deterministic', '-')} | "
+              + " | ".join(f"{r[k]:.1f}" if k in r else "-" for k in ("eager_us", "operator_us", "direct_us")) + " |")
+    bad = [r for r in rows if not r["operator_identical"]]
+    print(f"\nthe operator: {len(rows) - len(bad)} of {len(rows)} cases bit-identical with eager; "
+          f"the direct call: {sum(r.get('direct_identical', False) for r in rows)} of {len(rows)}")
     return 1 if bad else 0
 
 

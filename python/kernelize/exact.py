@@ -318,102 +318,6 @@ def sdpa_mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return _converted(mask, dtype)
 
 
-# Per call, `eager_sdpa_bias` must know that eager would run the hoisted conversion's backend for
-# both masks (above). That answer depends only on what `torch._fused_sdp_choice` reads: the
-# tensors' shapes, strides, dtypes and device, the 16-byte alignment of their addresses, the
-# call's flags, grad mode, and the process's SDPA settings (the backends enabled, their priority,
-# deterministic algorithms). `_hoist_key` is those, and `_HOISTED` keeps each key's answer, so a
-# decode step asks eager's choice once per shape instead of twice per layer (a Mistral-class
-# decode step in default mode is host-bound: bench/COMPILE.md, session 28). Where the answer is
-# yes, the first call of a key also traces (make_fx) what F.scaled_dot_product_attention runs
-# for these tensors with the additive mask; where that is one backend operator reading query,
-# key, value and the mask and returning its output 0 (`_direct_call`), later calls of the key
-# run that operator directly, skipping the composite and its own third choice.
-
-_SDP_SETTINGS = tuple(getattr(torch._C, name) for name in (
-    "_get_cudnn_sdp_enabled", "_get_flash_sdp_enabled", "_get_mem_efficient_sdp_enabled",
-    "_get_math_sdp_enabled", "_get_overrideable_sdp_enabled", "_get_fa3_sdp_enabled",
-    "_get_fa4_sdp_enabled", "_get_deterministic_algorithms",
-    "_get_deterministic_algorithms_warn_only") if hasattr(torch._C, name))
-_sdp_priority = getattr(torch._C, "_get_sdp_priority_order", lambda: ())
-#: `_hoist_key` -> None (the boolean mask, the composite), True (the additive mask, the
-#: composite) or (operator, its tensor arguments' names, its other arguments): the direct call.
-_HOISTED: dict[tuple, Any] = {}
-_HOISTED_MAX = 4096
-
-
-def _hoist_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor,
-               bias: torch.Tensor, dropout_p: float, is_causal: bool, scale: float | None,
-               enable_gqa: bool) -> tuple:
-    return (tuple((t.shape, t.stride(), t.dtype, t.requires_grad, t.data_ptr() % 16)
-                  for t in (query, key, value, attn_mask, bias)),
-            query.device, dropout_p, is_causal, scale, enable_gqa, torch.is_grad_enabled(),
-            tuple(f() for f in _SDP_SETTINGS), tuple(_sdp_priority()))
-
-
-def _direct_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor,
-                 dropout_p: float, is_causal: bool, scale: float | None,
-                 enable_gqa: bool) -> tuple | None:
-    """(operator, its tensor arguments' names, its other arguments) where
-    F.scaled_dot_product_attention, given these tensors and flags with `bias` as its mask,
-    records (make_fx, on the real tensors) exactly one operator reading query, key, value and
-    bias in that order, whose output 0 it returns; None where it records anything else."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.fx.experimental.proxy_tensor import make_fx
-    kw = {"enable_gqa": True} if enable_gqa else {}
-    with unset_fake_temporarily(), torch.no_grad():
-        traced = make_fx(lambda q_, k_, v_, b_: torch.nn.functional.scaled_dot_product_attention(
-            q_, k_, v_, attn_mask=b_, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-            **kw))(query, key, value, bias)
-    nodes = list(traced.graph.nodes)
-    inputs = [n for n in nodes if n.op == "placeholder"]
-    calls = [n for n in nodes if n.op == "call_function"]
-    ops = [n for n in calls if n.target is not operator.getitem]
-    if len(ops) != 1 or not isinstance(ops[0].target, torch._ops.OpOverload):
-        return None
-    attn = ops[0]
-    out = nodes[-1].args[0]
-    if (any(n.args[0] is not attn for n in calls if n is not attn)
-            or not isinstance(out, torch.fx.Node) or out.target is not operator.getitem
-            or out.args != (attn, 0)):
-        return None
-    bound = dict(zip((a.name for a in attn.target._schema.arguments), attn.args))
-    bound.update(attn.kwargs)
-    tensors = [name for name, val in bound.items() if isinstance(val, torch.fx.Node)]
-    if [bound[name] for name in tensors] != inputs:
-        return None
-    return attn.target, tuple(tensors), {n: v for n, v in bound.items() if n not in tensors}
-
-
-def _hoisted(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor,
-             bias: torch.Tensor, dropout_p: float, is_causal: bool, scale: float | None,
-             enable_gqa: bool, backend: int) -> Any:
-    """`_HOISTED`'s entry for this call: whether eager picks `backend` for it with the boolean
-    mask and with the additive one (`torch._fused_sdp_choice`), and if so how to run it."""
-    k = _hoist_key(query, key, value, attn_mask, bias, dropout_p, is_causal, scale, enable_gqa)
-    try:
-        return _HOISTED[k]
-    except KeyError:
-        pass
-
-    def choice(m: torch.Tensor) -> int:
-        return int(torch._fused_sdp_choice(query, key, value, m, dropout_p, is_causal,
-                                           scale=scale, enable_gqa=enable_gqa))
-    entry: Any = None
-    if choice(attn_mask) == backend and choice(bias) == backend:
-        if query.is_cuda and torch.cuda.is_current_stream_capturing():
-            return True   # no tracing into a CUDA graph being captured; a later call traces
-        try:
-            entry = _direct_call(query, key, value, bias, dropout_p, is_causal, scale, enable_gqa)
-        except Exception:   # noqa: BLE001 - a call make_fx cannot trace: the composite
-            entry = None
-        entry = entry or True
-    if len(_HOISTED) >= _HOISTED_MAX:
-        _HOISTED.clear()
-    _HOISTED[k] = entry
-    return entry
-
-
 @_define_op("eager_sdpa_bias", "(Tensor query, Tensor key, Tensor value, Tensor attn_mask, "
             "Tensor bias, float dropout_p, bool is_causal, float? scale, bool enable_gqa) -> Tensor",
             _sdpa_fake, "CompositeExplicitAutograd")
@@ -423,13 +327,10 @@ def eager_sdpa_bias(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     mask = attn_mask
     conv = mask_conversion(query.dtype, query.device)
     if conv is not None and bias.dtype == query.dtype:
-        how = _hoisted(query, key, value, attn_mask, bias, dropout_p, is_causal, scale,
-                       enable_gqa, conv[0])
-        if isinstance(how, tuple):
-            op, names, consts = how
-            return _in_query_layout(op(**consts, **dict(zip(names, (query, key, value, bias))))[0],
-                                    query, value)
-        if how:
+        def choice(m: torch.Tensor) -> int:
+            return int(torch._fused_sdp_choice(query, key, value, m, dropout_p, is_causal,
+                                               scale=scale, enable_gqa=enable_gqa))
+        if choice(attn_mask) == conv[0] and choice(bias) == conv[0]:
             mask = bias
     kw = {"enable_gqa": True} if enable_gqa else {}
     return _in_query_layout(torch.nn.functional.scaled_dot_product_attention(

@@ -1200,44 +1200,6 @@ def test_the_sdpa_operators_return_the_layout_their_fake_declares(layout, monkey
                           test_utils=("test_schema", "test_faketensor"))
 
 
-def test_the_bias_attention_asks_eagers_choice_once_a_shape_and_calls_its_operator(monkeypatch):
-    """`eager_sdpa_bias` keeps eager's backend answer per call key (`_hoist_key`: shapes,
-    strides, dtypes, address alignment, flags, grad mode, the process's SDPA settings) and, where
-    the hoisted backend is picked, runs the one operator the composite records for the additive
-    mask: on the CPU (its flash backend admitted) that operator, with eager's bits; a second call
-    asks no choice; a changed setting (only the math backend) is a new key that eager answers
-    otherwise, and the call then converts its own mask, as eager."""
-    _admit_the_cpu_backend(monkeypatch)
-    monkeypatch.setattr(exact, "_HOISTED", {})
-    asked = []
-    real_choice = torch._fused_sdp_choice
-    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda *a, **kw: asked.append(1) or real_choice(*a, **kw))
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 4, s, 8).transpose(1, 2).contiguous().transpose(1, 2)
-               for s in (3, 9, 9))
-    mask = torch.rand(2, 1, 3, 9) > 0.4
-    mask[..., 0] = True
-    bias = exact.sdpa_mask_bias(mask, q.dtype)
-    op = torch.ops.kernelize.eager_sdpa_bias.default
-    asked.clear()   # (converting the mask probed the backend once)
-    with torch.no_grad():
-        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        first = op(q, k, v, mask, bias, 0.0, False, None, False)
-        n_first = len(asked)
-        second = op(q, k, v, mask, bias, 0.0, False, None, False)
-        (entry,) = exact._HOISTED.values()
-        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-            ref_math = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-            math = op(q, k, v, mask, bias, 0.0, False, None, False)
-    assert n_first == 2 and len(asked) == 2 + 1   # none for the second call; one for the math key (not flash: no second question)
-    assert isinstance(entry, tuple) and "flash_attention" in entry[0].name()
-    assert entry[1] == ("query", "key", "value", "attn_mask")
-    assert len(exact._HOISTED) == 2 and list(exact._HOISTED.values())[1] is None
-    for got, want in ((first, ref), (second, ref), (math, ref_math)):
-        assert locate.compare(want, got).identical
-    assert not locate.compare(ref, ref_math).identical   # the two backends differ here
-
-
 def test_speed_rounds_combine_to_medians():
     """bench/exact_compile.py --isolate --rounds R: each timed cell the median over the rounds
     (each round's value kept beside it), a round that failed counted apart, the candidates in
