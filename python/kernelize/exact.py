@@ -318,73 +318,6 @@ def sdpa_mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return _converted(mask, dtype)
 
 
-# Where eager picks the hoisted conversion's backend for both masks, the composite
-# F.scaled_dot_product_attention, given the additive mask, runs one backend operator and nothing
-# else (cuDNN on torch 2.11: `aten::_scaled_dot_product_cudnn_attention`, traced at every decode
-# and prefill shape of bench/sdpa_bias_probe.py). `direct_attention` traces which (make_fx, once
-# per dtype and device, at `_probe`'s shapes) and `eager_sdpa_bias` calls it directly: the same
-# operator with the same arguments, without the composite's own third backend choice and
-# wrapper (an H200, session 28 run 2: 19-33 µs a call against 29-57 µs; the same bits as the
-# composite in every case, bench/sdpa_bias_probe.py).
-
-_DIRECT: dict[tuple, Callable[..., torch.Tensor] | None] = {}
-
-
-def _trace_direct(dtype: torch.dtype, device: torch.device) -> Callable[..., torch.Tensor] | None:
-    """The backend operator F.scaled_dot_product_attention records for `_probe`'s call with an
-    additive mask of the query's dtype, as `f(query, key, value, bias, scale)`, where it records
-    exactly one operator reading the four tensors and returns its output 0; else None."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.fx.experimental.proxy_tensor import make_fx
-    with unset_fake_temporarily(), torch.no_grad():
-        q, k, v, mask = _probe(dtype, device)
-        bias = torch.zeros(mask.shape, dtype=dtype, device=device)
-        traced = make_fx(lambda q_, k_, v_, b_: torch.nn.functional.scaled_dot_product_attention(
-            q_, k_, v_, attn_mask=b_))(q, k, v, bias)
-    nodes = list(traced.graph.nodes)
-    slots = {n: i for i, n in enumerate(n for n in nodes if n.op == "placeholder")}
-    calls = [n for n in nodes if n.op == "call_function"]
-    ops = [n for n in calls if n.target is not operator.getitem]
-    out = nodes[-1].args[0]
-    if len(ops) != 1 or not isinstance(ops[0].target, torch._ops.OpOverload):
-        return None
-    attn = ops[0]
-    if (any(n.args[0] is not attn for n in calls if n is not attn)
-            or not isinstance(out, torch.fx.Node) or out.args != (attn, 0)
-            or [a for a in (*attn.args, *attn.kwargs.values()) if isinstance(a, torch.fx.Node)]
-            != list(slots)
-            or not any(a.name == "scale" for a in attn.target._schema.arguments)):
-        return None
-    target = attn.target
-    args = [slots.get(a, a) if isinstance(a, torch.fx.Node) else a for a in attn.args]
-    kwargs = {k: a for k, a in attn.kwargs.items() if k != "scale"}
-    at = [(i, slots[a]) for i, a in enumerate(attn.args) if isinstance(a, torch.fx.Node)]
-    kw_at = [(k, slots[a]) for k, a in kwargs.items() if isinstance(a, torch.fx.Node)]
-
-    def direct(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor,
-               scale: float | None) -> torch.Tensor:
-        t = (query, key, value, bias)
-        a = list(args)
-        for i, j in at:
-            a[i] = t[j]
-        kw = dict(kwargs, scale=scale)
-        for k, j in kw_at:
-            kw[k] = t[j]
-        return target(*a, **kw)[0]
-    return direct
-
-
-def direct_attention(dtype: torch.dtype, device: torch.device) -> Callable[..., torch.Tensor] | None:
-    """`_trace_direct`'s operator for queries of `dtype` on `device` (traced once a process)."""
-    key = (dtype, device.type, device.index)
-    if key not in _DIRECT:
-        try:
-            _DIRECT[key] = _trace_direct(dtype, device)
-        except Exception:   # noqa: BLE001 - a torch that traces otherwise: the composite
-            _DIRECT[key] = None
-    return _DIRECT[key]
-
-
 @_define_op("eager_sdpa_bias", "(Tensor query, Tensor key, Tensor value, Tensor attn_mask, "
             "Tensor bias, float dropout_p, bool is_causal, float? scale, bool enable_gqa) -> Tensor",
             _sdpa_fake, "CompositeExplicitAutograd")
@@ -398,9 +331,6 @@ def eager_sdpa_bias(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             return int(torch._fused_sdp_choice(query, key, value, m, dropout_p, is_causal,
                                                scale=scale, enable_gqa=enable_gqa))
         if choice(attn_mask) == conv[0] and choice(bias) == conv[0]:
-            direct = direct_attention(query.dtype, query.device)
-            if direct is not None and dropout_p == 0.0 and not is_causal and not enable_gqa:
-                return _in_query_layout(direct(query, key, value, bias, scale), query, value)
             mask = bias
     kw = {"enable_gqa": True} if enable_gqa else {}
     return _in_query_layout(torch.nn.functional.scaled_dot_product_attention(

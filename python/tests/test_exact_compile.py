@@ -1200,39 +1200,6 @@ def test_the_sdpa_operators_return_the_layout_their_fake_declares(layout, monkey
                           test_utils=("test_schema", "test_faketensor"))
 
 
-def test_the_bias_attention_calls_the_backend_operator_the_composite_records(monkeypatch):
-    """Where eager picks the hoisted backend for both masks, `eager_sdpa_bias` calls the one
-    operator F.scaled_dot_product_attention records for the additive mask (traced from this
-    torch; on the CPU, its flash backend admitted: `_scaled_dot_product_flash_attention_for_cpu`)
-    with the call's scale, and gives eager's bits; where eager picks another backend (only the
-    math one enabled) the call takes the composite with its boolean mask, eager's bits again."""
-    _admit_the_cpu_backend(monkeypatch)
-    monkeypatch.setattr(exact, "_DIRECT", {})
-    direct = exact.direct_attention(torch.float32, torch.device("cpu"))
-    assert direct is not None
-    ran = []
-    monkeypatch.setitem(exact._DIRECT, (torch.float32, "cpu", None),
-                        lambda *a: ran.append(a[-1]) or direct(*a))
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, s, 4, 8).transpose(1, 2) for s in (3, 9, 9))
-    mask = torch.rand(2, 1, 3, 9) > 0.4
-    mask[..., 0] = True
-    bias = exact.sdpa_mask_bias(mask, q.dtype)
-    op = torch.ops.kernelize.eager_sdpa_bias.default
-    F = torch.nn.functional
-    with torch.no_grad():
-        for scale in (None, 0.3):
-            ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-            got = op(q, k, v, mask, bias, 0.0, False, scale, False)
-            assert locate.compare(ref, got).identical and got.stride() == q.stride()
-        assert ran == [None, 0.3]
-        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-            ref_math = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-            got_math = op(q, k, v, mask, bias, 0.0, False, None, False)
-        assert len(ran) == 2 and locate.compare(ref_math, got_math).identical
-        assert not locate.compare(ref_math, F.scaled_dot_product_attention(q, k, v, attn_mask=mask)).identical
-
-
 def test_speed_rounds_combine_to_medians():
     """bench/exact_compile.py --isolate --rounds R: each timed cell the median over the rounds
     (each round's value kept beside it), a round that failed counted apart, the candidates in
