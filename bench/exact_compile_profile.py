@@ -91,10 +91,47 @@ def profile_step(m, batch: int, steps: int, prefill: int = 0, greedy: int = 0) -
                 key = (e.name, k.name[:80])
                 launched[key] = launched.get(key, 0.0) + 1.0 / steps
     by_op = sorted(([op, k, round(n, 2)] for (op, k), n in launched.items()), key=lambda r: -r[2])
-    return dict(batch=batch, prefill=prefill or None, greedy=greedy or None, first_s=first, wall_ms=wall, gpu_kernel_ms=gpu_us / 1e3,
+    return dict(**host_timeline(prof, steps), batch=batch, prefill=prefill or None, greedy=greedy or None, first_s=first, wall_ms=wall, gpu_kernel_ms=gpu_us / 1e3,
                 kernels_per_step=len(kernels) / steps,
                 top_kernels_us=[(n[:90], round(t, 1)) for n, t in top], call_us_spread=spread, norm_calls_us=norm_calls, kernels=every,
                 launched_by=by_op)
+
+
+def host_timeline(prof, steps: int) -> dict:
+    """Where a step's host time goes between operators (issue 31, session 28: under cProfile
+    ours' default-mode decode step ran less Python than plain compile's, yet without it took
+    longer): on the thread that ran the most CPU events, the outermost events in time order; the
+    time a step spends inside them (`host_busy_ms`) and between them (`host_idle_ms`), the
+    largest gaps named by the events on either side (`host_gaps_us`, per step), and the
+    operators with the most own host time (`host_self_us`, per step)."""
+    cpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
+    if not cpu:
+        return {}
+    threads: dict[int, int] = {}
+    for e in cpu:
+        threads[e.thread] = threads.get(e.thread, 0) + 1
+    main = max(threads, key=threads.get)
+    evs = sorted((e for e in cpu if e.thread == main), key=lambda e: (e.time_range.start, -e.time_range.end))
+    outer, end = [], -1.0
+    for e in evs:
+        if e.time_range.start >= end:
+            outer.append(e)
+            end = e.time_range.end
+    busy = sum(e.time_range.end - e.time_range.start for e in outer)
+    gaps: dict[str, float] = {}
+    idle = 0.0
+    for a, b in zip(outer, outer[1:]):
+        gap = b.time_range.start - a.time_range.end
+        idle += gap
+        key = f"{a.name[:60]} -> {b.name[:60]}"
+        gaps[key] = gaps.get(key, 0.0) + gap / steps
+    own: dict[str, float] = {}
+    for e in evs:
+        own[e.name[:90]] = own.get(e.name[:90], 0.0) + e.self_cpu_time_total / steps
+    return dict(host_busy_ms=busy / steps / 1e3, host_idle_ms=idle / steps / 1e3,
+                host_outer_events=len(outer) / steps,
+                host_gaps_us=sorted(([k, round(v, 1)] for k, v in gaps.items()), key=lambda r: -r[1])[:25],
+                host_self_us=sorted(([k, round(v, 1)] for k, v in own.items()), key=lambda r: -r[1])[:40])
 
 
 def isolated(a, out: Path) -> int:
@@ -180,7 +217,7 @@ def main() -> int:
                 row = dict(candidate=how, **profile_step(m, b, a.steps, a.prefill, a.greedy))
             except Exception as e:  # a candidate that fails is a row, not the end of the run
                 row = dict(candidate=how, batch=b, error=repr(e)[:300])
-            print({k: v for k, v in row.items() if k not in ("kernels", "launched_by")}, flush=True)
+            print({k: v for k, v in row.items() if k not in ("kernels", "launched_by", "host_gaps_us", "host_self_us")}, flush=True)
             rows.append(row)
         del m
         torch._dynamo.reset()
