@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -469,11 +470,15 @@ def phase_speed_isolated(a, argv: list[str]) -> list[dict]:
             cmd = [sys.executable, str(Path(__file__).resolve()), str(sub), *argv, "--candidates", how]
             print(f"== {how}, a process of its own (round {rnd + 1} of {a.rounds}): {' '.join(cmd)}",
                   flush=True)
-            done = subprocess.run(cmd, check=False)
+            pin = (lambda: os.sched_setaffinity(0, a.pin_cpus)) if a.pin_cpus else None
+            done = subprocess.run(cmd, check=False, preexec_fn=pin)
             got = sub / "speed.rows.jsonl"
             found = [json.loads(line) for line in got.read_text().splitlines()] if got.is_file() else []
             if not found:
                 found = [dict(arch=a.archs, candidate=how, error=f"its process left no row (exit {done.returncode})")]
+            for r in found:
+                if a.pin_cpus:
+                    r["pinned_cpus"] = sorted(a.pin_cpus)
             if a.rounds == 1:
                 for r in found:
                     emit(r)
@@ -546,6 +551,18 @@ def table(phase: str, rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def parse_cpus(text: str) -> set[int]:
+    """"2,3" or "2-5" or "0,4-6" as a set of CPU numbers."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        try:
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            raise SystemExit(f"--pin: {text!r} is not a CPU list (e.g. 2,3 or 2-5)") from None
+    return cpus
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out")
@@ -589,7 +606,14 @@ def main() -> int:
                    help="speed, with --isolate: R rounds of the candidates' processes, the order "
                         "reversed every other round; each cell the median over the rounds, with "
                         "each round's value beside it (<cell>_rounds)")
+    p.add_argument("--pin", default=None, metavar="CPUS",
+                   help="speed, with --isolate: run each candidate's process on these CPUs only "
+                        "(e.g. 2,3 or 2-3; os.sched_setaffinity): a host-bound step's wall time "
+                        "moved 2x between unpinned processes (COMPILE.md, session 28)")
     a = p.parse_args()
+    a.pin_cpus = parse_cpus(a.pin) if a.pin else None
+    if a.pin_cpus and not a.isolate:
+        p.error("--pin needs --isolate (it pins the candidates' processes)")
     if a.rounds < 1 or (a.rounds > 1 and not a.isolate):
         p.error("--rounds takes R >= 1, and more than one round needs --isolate")
     a.prefill_shapes = [tuple(map(int, x.split("x"))) for x in
@@ -623,9 +647,9 @@ def main() -> int:
         for x in rest:
             if skip:
                 skip = False
-            elif x in ("--candidates", "--rounds"):
+            elif x in ("--candidates", "--rounds", "--pin"):
                 skip = True
-            elif x != "--isolate" and not x.startswith(("--candidates=", "--rounds=")):
+            elif x != "--isolate" and not x.startswith(("--candidates=", "--rounds=", "--pin=")):
                 argv.append(x)
         rows = phase_speed_isolated(a, argv)
     else:

@@ -1200,6 +1200,15 @@ def test_the_sdpa_operators_return_the_layout_their_fake_declares(layout, monkey
                           test_utils=("test_schema", "test_faketensor"))
 
 
+def test_speed_pin_takes_cpu_lists_and_refuses_others():
+    """bench/exact_compile.py --pin CPUS (the candidates' processes on those CPUs only)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import exact_compile as EC
+    assert EC.parse_cpus("2,3") == {2, 3} and EC.parse_cpus("0,4-6") == {0, 4, 5, 6}
+    with pytest.raises(SystemExit, match="not a CPU list"):
+        EC.parse_cpus("two")
+
+
 def test_speed_rounds_combine_to_medians():
     """bench/exact_compile.py --isolate --rounds R: each timed cell the median over the rounds
     (each round's value kept beside it), a round that failed counted apart, the candidates in
