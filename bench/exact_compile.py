@@ -461,6 +461,7 @@ def phase_speed_isolated(a, argv: list[str]) -> list[dict]:
     under OUT_DIR/<i>-<candidate>/ (OUT_DIR/r<round>/<i>-<candidate>/ with `--rounds`); the rows
     come back here, in the candidates' order (with `--rounds`, combined: `combine_rounds`)."""
     hows = a.candidates.split(",")
+    cpus = getattr(a, "pin_cpus", None)
     runs: list[list[dict]] = []
     for rnd in range(a.rounds):
         order = list(enumerate(hows)) if rnd % 2 == 0 else list(enumerate(hows))[::-1]
@@ -470,15 +471,15 @@ def phase_speed_isolated(a, argv: list[str]) -> list[dict]:
             cmd = [sys.executable, str(Path(__file__).resolve()), str(sub), *argv, "--candidates", how]
             print(f"== {how}, a process of its own (round {rnd + 1} of {a.rounds}): {' '.join(cmd)}",
                   flush=True)
-            pin = (lambda: os.sched_setaffinity(0, a.pin_cpus)) if a.pin_cpus else None
+            pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
             done = subprocess.run(cmd, check=False, preexec_fn=pin)
             got = sub / "speed.rows.jsonl"
             found = [json.loads(line) for line in got.read_text().splitlines()] if got.is_file() else []
             if not found:
                 found = [dict(arch=a.archs, candidate=how, error=f"its process left no row (exit {done.returncode})")]
             for r in found:
-                if a.pin_cpus:
-                    r["pinned_cpus"] = sorted(a.pin_cpus)
+                if cpus:
+                    r["pinned_cpus"] = sorted(cpus)
             if a.rounds == 1:
                 for r in found:
                     emit(r)
