@@ -471,8 +471,8 @@ def phase_speed_isolated(a, argv: list[str]) -> list[dict]:
             cmd = [sys.executable, str(Path(__file__).resolve()), str(sub), *argv, "--candidates", how]
             print(f"== {how}, a process of its own (round {rnd + 1} of {a.rounds}): {' '.join(cmd)}",
                   flush=True)
-            pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-            done = subprocess.run(cmd, check=False, preexec_fn=pin)
+            pin = {"preexec_fn": lambda: os.sched_setaffinity(0, cpus)} if cpus else {}
+            done = subprocess.run(cmd, check=False, **pin)
             got = sub / "speed.rows.jsonl"
             found = [json.loads(line) for line in got.read_text().splitlines()] if got.is_file() else []
             if not found:
