@@ -55,6 +55,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 from kernelize import backward as B  # noqa: E402
 from kernelize import backward_ln as LN  # noqa: E402
+from kernelize import training as T  # noqa: E402
 
 DT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 ROWS = [1, 2, 3, 4, 7, 8, 16, 17, 32, 64, 128, 1000, 4096]
@@ -194,26 +195,12 @@ class KernelArgError(ValueError):
 
 
 def dwdb_launch(rows: int, cols: int, sms: int, aligned: bool = True):
-    """(grid, block) for ln_bwd_dwdb (kernel.cu's header; the bits depend on neither). rows < 64:
-    a block per 32 columns, block (32, 8) (the rows staged through shared memory) from 33 rows on,
-    (32, 1) below (eager's block; staging cost more than it saved there on an H200). Else block
-    (bx, bdy(rows)): a thread carries vc columns (2 where the kernel takes two: cols even and >=
-    4096, dy and x 2-element aligned, as fresh tensors are), the tile is vc * bx columns with bx
-    the widest of 32, 16, 8 (16, 8 below 1024 rows) that still gives at least 0.9 * sms tiles
-    (else 8): on an H200 the widest tiles with about one block a multiprocessor were fastest,
-    narrower tiles spread few columns over more multiprocessors, and with few rows a chain (under
-    1024 rows: 4 groups of 8 or less) blocks of at most 512 threads did better. The grid: a block
-    per tile."""
-    bdy = 1 if rows < 64 else 8 if rows < 128 else 16 if rows < 256 else 32   # kernel.cu's lb_bdy
-    if bdy == 1:
-        return (cols + 31) // 32, (32, 8 if rows > 32 else 1)
-    vc = 2 if cols % 2 == 0 and cols >= DWDB_VC2_COLS and aligned else 1
-    widths = (32, 16, 8) if rows >= 1024 else (16, 8)   # short chains: smaller blocks did better
-    bx = next((b for b in widths if -(-cols // (vc * b)) >= 0.9 * sms), 8)
-    return -(-cols // (vc * bx)), (bx, bdy)
-
-
-DWDB_VC2_COLS = 4096    # kernel.cu's LB_GB_VC2_COLS
+    """(grid, block) for ln_bwd_dwdb: the client's launch rule (`kernelize.training.dwdb_dims`,
+    itself checked against the registry's `backward::dwdb_dims`), `aligned=False` for this
+    probe's unaligned cases (the kernel then carries one column a thread). The bits depend on
+    neither."""
+    blocks, (bx, by, _) = T.dwdb_dims(rows, cols, sms, aligned=aligned)
+    return blocks, (bx, by)
 
 
 class GpuLnBackward:

@@ -152,18 +152,20 @@ def workspace_floats(rows: int, cols: int, sms: int, threads_per_sm: int) -> int
     return rows + ctas(rows, cols, sms, threads_per_sm) * cols
 
 
-def dwdb_dims(rows: int, cols: int, sms: int) -> tuple[int, tuple[int, int, int]]:
-    """`backward::dwdb_dims` (scripts/ln_backward_probe.py's `dwdb_launch` with dy and x
-    aligned): (blocks, block) of layer_norm_backward's `dwdb`, for speed only (any block the
-    kernel takes and any grid give the same bits). Under 64 rows a block per 32 columns, (32, 8)
-    from 33 rows (the rows staged through shared memory), (32, 1) below; else block (bx, bdy),
-    bdy = 8 / 16 / 32 under 128 / 256 rows / above (eager's chains), a tile of vc * bx columns
-    (vc = 2 at even cols >= DWDB_TWO_COLUMNS_FROM), bx the widest of 32, 16, 8 (16, 8 under 1024
-    rows) giving at least 0.9 tiles a multiprocessor (else 8), a block a tile."""
+def dwdb_dims(rows: int, cols: int, sms: int,
+              aligned: bool = True) -> tuple[int, tuple[int, int, int]]:
+    """`backward::dwdb_dims`: (blocks, block) of layer_norm_backward's `dwdb`, for speed only
+    (any block the kernel takes and any grid give the same bits). Under 64 rows a block per 32
+    columns, (32, 8) from 33 rows (the rows staged through shared memory), (32, 1) below; else
+    block (bx, bdy), bdy = 8 / 16 / 32 under 128 / 256 rows / above (eager's chains), a tile of
+    vc * bx columns (vc = 2 at even cols >= DWDB_TWO_COLUMNS_FROM where dy and x are 2-element
+    aligned, as the client's inputs always are; `aligned=False`: scripts/ln_backward_probe.py's
+    unaligned cases, where the kernel carries one column a thread), bx the widest of 32, 16, 8
+    (16, 8 under 1024 rows) giving at least 0.9 tiles a multiprocessor (else 8), a block a tile."""
     bdy = 1 if rows < 64 else 8 if rows < 128 else 16 if rows < 256 else 32   # kernel.cu's lb_bdy
     if bdy == 1:
         return -(-cols // 32), (32, 8 if rows > 32 else 1, 1)
-    vc = 2 if cols % 2 == 0 and cols >= DWDB_TWO_COLUMNS_FROM else 1
+    vc = 2 if cols % 2 == 0 and cols >= DWDB_TWO_COLUMNS_FROM and aligned else 1
     widths = (32, 16, 8) if rows >= 1024 else (16, 8)
     # (integers: `tiles * 10 >= sms * 9`, as the registry compares)
     bx = next((b for b in widths if -(-cols // (vc * b)) * 10 >= sms * 9), 8)

@@ -189,16 +189,25 @@ def test_the_layer_norm_backward_launches_are_the_registrys_rule():
         dims("dx", 0, 4)
 
 
-def test_the_dwdb_launch_is_the_probes():
-    """training.dwdb_dims is scripts/ln_backward_probe.py's `dwdb_launch` (aligned: the client
-    passes dy and x aligned), the rule the kernel was measured with."""
+def test_the_dwdb_launch_takes_two_columns_where_the_kernel_does():
+    """training.dwdb_dims (the one launch rule; scripts/ln_backward_probe.py's `dwdb_launch`
+    calls it) sizes a tile of two columns a thread exactly where the kernel carries two: even
+    cols from the kernel's LB_GB_VC2_COLS, dy and x aligned (the client's inputs always are);
+    for the probe's unaligned cases, one column a thread."""
+    import re
+    src = (REPO / "kernels" / "layer_norm_backward" / "kernel.cu").read_text()
+    assert int(re.search(r"#define LB_GB_VC2_COLS (\d+)", src).group(1)) == training.DWDB_TWO_COLUMNS_FROM
     probe = _probe()
-    for rows in (1, 5, 32, 33, 63, 64, 100, 127, 128, 200, 255, 256, 1000, 1023, 1024, 4096, 65536):
-        for cols in (1, 31, 32, 33, 100, 768, 1000, 1024, 2048, 4095, 4096, 4099, 8192, 16384):
-            for sms in (1, 8, 78, 114, 132, 148):
-                grid, block = probe.dwdb_launch(rows, cols, sms, aligned=True)
-                assert training.dwdb_dims(rows, cols, sms) == (grid, (*block, 1)), (rows, cols, sms)
-    assert training.DWDB_TWO_COLUMNS_FROM == probe.DWDB_VC2_COLS
+    for rows in (64, 100, 1023, 1024, 4096, 65536):
+        for cols in (1000, 4094, 4095, 4096, 4097, 8192, 16384):
+            for sms in (78, 114, 132):
+                two = cols % 2 == 0 and cols >= training.DWDB_TWO_COLUMNS_FROM
+                blocks, (bx, by, bz) = training.dwdb_dims(rows, cols, sms)
+                assert blocks == -(-cols // ((2 if two else 1) * bx)) and bz == 1
+                ublocks, (ubx, uby, _) = training.dwdb_dims(rows, cols, sms, aligned=False)
+                assert ublocks == -(-cols // ubx) and uby == by
+                assert probe.dwdb_launch(rows, cols, sms, aligned=False) == (ublocks, (ubx, uby))
+                assert probe.dwdb_launch(rows, cols, sms) == (blocks, (bx, by))
 
 
 def test_the_launches_are_the_fixtures_table():
