@@ -51,7 +51,8 @@ class Entry:
     # entry is its `dtype` one (see `_fwd_by_call`).
     by_call: bool = False
     # mode "training", a layer whose op has a backward op (rms_norm (llama): rms_norm_backward;
-    # a gated MLP swapped for silu_mul: silu_mul_backward; layer_norm: layer_norm_backward):
+    # a gated MLP swapped for silu_mul / gelu_tanh_mul: silu_mul_backward / gelu_tanh_mul_backward;
+    # layer_norm: layer_norm_backward):
     # the backward kernel taken (its gradients under autograd), or None with the reasons none
     # was (the layer keeps its original forward under autograd).
     backward: Resolved | None = None
@@ -233,7 +234,8 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     out an `rms_norm_backward` kernel for its dtype and width (same hub, lock or kernels_dir,
     same policy) runs under autograd as one autograd node: the forward kernel, then the
     backward kernel's three entries (`kernelize.training`); likewise a gated SiLU MLP swapped
-    for `silu_mul` with a `silu_mul_backward` kernel (its one entry gives the gradients of
+    for `silu_mul` with a `silu_mul_backward` kernel, or a tanh-GELU one (Gemma's) swapped for
+    `gelu_tanh_mul` with a `gelu_tanh_mul_backward` kernel (its one entry gives the gradients of
     gate_proj's and up_proj's outputs), and an nn.LayerNorm swapped for `layer_norm` with a
     `layer_norm_backward` kernel (under autograd its forward is eager's own native_layer_norm,
     whose saved mean and rstd the kernel's two entries read); where none qualifies the layer
@@ -423,7 +425,8 @@ def _resolve_backward(src, key: Key, figures: tuple[int, int] | None) -> Resolut
 def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str) -> list[str]:
     """Mode "training": resolve each swapped layer's backward kernel from the same source (its
     op's backward op, `BACKWARD_OF`: rms_norm (llama) -> rms_norm_backward, silu_mul ->
-    silu_mul_backward, layer_norm -> layer_norm_backward; its dtype and width, the policy) and
+    silu_mul_backward, gelu_tanh_mul -> gelu_tanh_mul_backward, layer_norm ->
+    layer_norm_backward; its dtype and width, the policy) and
     install it where the layer is swapped; every other layer keeps its original forward under
     autograd. Returns the report's lines: one per outcome (kernel taken, or reasons), naming the
     layers it concerns."""
@@ -452,7 +455,7 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
             continue
         key = Key(bop, e.semantics, e.dtype, arch, e.cols, policy)
         # a swapped layer's GPU figures go with the query where the op's verdict depends on them
-        # (a hub keys those backward answers on them); silu_mul_backward's and
+        # (a hub keys those backward answers on them); the gated backward ops' and
         # layer_norm_backward's do not
         on_device = bop in VERDICT_ON_DEVICE
         figures = (gpu_figures(s.module.__dict__["_kz_compiled"].device)
@@ -552,7 +555,7 @@ def _plan_residual_norms(plan: list, src, policy: str, arch: str) -> list[str]:
 
 
 def _install_training(m: nn.Module, k: Resolved, bk: Any) -> None:
-    """Give the swapped layer `m` (an rms_norm, silu_mul or layer_norm one, `_TRAIN_FORWARDS`)
+    """Give the swapped layer `m` (an rms_norm, gated or layer_norm one, `_TRAIN_FORWARDS`)
     the backward kernel `bk` (loaded from `k`)."""
     d = m.__dict__
     forward = _TRAIN_FORWARDS[d["_kz_swap"][0]]
@@ -680,7 +683,8 @@ def lock(model: nn.Module, hub: str, path: str | os.PathLike = "kernelize.lock.j
     `trusted_keys`, only certified kernels are pinned, and the lock carries their certificates,
     reports and the trusted keys, so that loading it checks them all offline. `mode="training"`
     also pins the backward kernels `kernelize(..., mode="training")` asks for (rms_norm_backward
-    at each rms_norm (llama) layer's dtype and width, silu_mul_backward at each silu_mul MLP's,
+    at each rms_norm (llama) layer's dtype and width, silu_mul_backward / gelu_tanh_mul_backward
+    at each silu_mul / gelu_tanh_mul MLP's,
     layer_norm_backward at each layer_norm layer's), or the hub's reasons there is none."""
     mode, _ = _check_mode(mode, False)
     src = (HubSource(hub, wait_for_verification_s=wait_for_verification_s,
@@ -696,8 +700,9 @@ def lock(model: nn.Module, hub: str, path: str | os.PathLike = "kernelize.lock.j
 def _pin_backward(plan: list, cache: dict, src, policy: str, arch: str) -> None:
     """Training mode's lock: add to `cache` the hub's answer for the backward kernel of every
     layer of `plan` that has a forward kernel and a backward op (rms_norm_backward at each
-    rms_norm (llama) layer's dtype and width, silu_mul_backward at each gated MLP's swapped for
-    silu_mul, layer_norm_backward at each layer_norm layer's), kernel or reasons."""
+    rms_norm (llama) layer's dtype and width, silu_mul_backward / gelu_tanh_mul_backward at each
+    gated MLP's swapped for silu_mul / gelu_tanh_mul, layer_norm_backward at each layer_norm
+    layer's), kernel or reasons."""
     for s, key, res, _, _ in plan:
         bop = BACKWARD_OF.get((s.op, s.semantics))
         if bop and res.kernel is not None:
@@ -898,10 +903,10 @@ def _fwd_gated(self, x, *a, **kw):
 
 
 def _fwd_gated_train(self, x, *a, **kw):
-    """Mode "training" with a backward kernel (silu_mul): as `_fwd_gated`, and under autograd
-    act_fn(gate) * up is one autograd node between gate_proj / up_proj and down_proj
-    (`training.SiluMulFunction`; while torch.compile traces, the custom op
-    `kernelize::silu_mul_train` with its registered backward)."""
+    """Mode "training" with a backward kernel (silu_mul, gelu_tanh_mul): as `_fwd_gated`, and
+    under autograd act_fn(gate) * up is one autograd node between gate_proj / up_proj and
+    down_proj (`training.GatedMulFunction`; while torch.compile traces, the custom op
+    `kernelize::<op>_train` with its registered backward)."""
     key, cols, _, want, index = self._kz
     if a or kw or not (_on(x, want, index) and _on(self.gate_proj.weight, want, index)
                        and _on(self.up_proj.weight, want, index)):
@@ -918,11 +923,12 @@ def _gated(self, x, key, cols, want, bwd) -> Tensor:
         return self.down_proj(self.act_fn(g) * u)
     if bwd is not None and torch.is_grad_enabled() and (g.requires_grad or u.requires_grad):
         bk, bkey, label = bwd
+        op = self._kz_swap[0]
         if _is_compiling():
-            return self.down_proj(_training.silu_mul_train_op(g, u, key, bkey))
+            return self.down_proj(_training.GATED_TRAIN_OPS[op](g, u, key, bkey))
         self.__dict__[_LAUNCHES] += 1
-        return self.down_proj(_training.silu_mul_train(g, u, self._kz_run, self._kz_compiled,
-                                                       bk, label))
+        return self.down_proj(_training.gated_train(op, g, u, self._kz_run, self._kz_compiled,
+                                                    bk, label))
     if _is_compiling():
         return self.down_proj(self._kz_op(g, u, key))
     self.__dict__[_LAUNCHES] += 1
@@ -940,8 +946,8 @@ _FORWARDS = {
     "gelu_tanh_mul": _fwd_gated,
 }
 #: Mode "training": a swapped layer's forward once it has a backward kernel (`_install_training`).
-_TRAIN_FORWARDS = {"rms_norm": _fwd_rms_norm_train, "silu_mul": _fwd_gated_train,
-                   "layer_norm": _fwd_layer_norm_train}
+_TRAIN_FORWARDS = {"rms_norm": _fwd_rms_norm_train, "layer_norm": _fwd_layer_norm_train,
+                   **{op: _fwd_gated_train for op in _training.GATED_FORMULAS}}
 _KZ_ATTRS = ("_kz", "_kz_orig", "_kz_op", "_kz_run", "_kz_compiled", "_kz_fits", "_kz_preps")
 
 

@@ -26,13 +26,12 @@ BACKWARD_OPS = {"rms_norm_backward": ("dx", "dwp", "dw"), "silu_mul_backward": (
                 "layer_norm_backward": ("dx", "dwdb"), "gelu_tanh_mul_backward": ("grad",)}
 # (forward op, semantics) -> its backward op (`Op::forward` read the other way; checked against
 # abi.json's `backward_ops` too): what a training-mode layer can get a backward kernel for.
-# Not yet gelu_tanh_mul -> gelu_tanh_mul_backward: the op and its kernel exist (the hub, the
-# verifier), the client's training mode for GELU-tanh gated MLPs does not.
 BACKWARD_OF = {("rms_norm", "llama"): "rms_norm_backward", ("silu_mul", "default"): "silu_mul_backward",
-               ("layer_norm", "default"): "layer_norm_backward"}
+               ("layer_norm", "default"): "layer_norm_backward",
+               ("gelu_tanh_mul", "default"): "gelu_tanh_mul_backward"}
 # The backward ops whose verdict holds only for the GPU figures (SM count, threads per SM) it
 # was measured with (`Op::verdict_depends_on_device`): rms_norm_backward's dw follows eager's
-# column sum, split over CTAs by both. silu_mul_backward is elementwise, and layer_norm_backward
+# column sum, split over CTAs by both. The gated backward ops are elementwise, and layer_norm_backward
 # takes at most 65536 rows, below eager's SM-dependent two-pass column sum: no figure matters.
 VERDICT_ON_DEVICE = ("rms_norm_backward",)
 # A norm op -> the op that adds a residual before the same norm of its default semantics

@@ -3,8 +3,9 @@ its forward and its backward as hub kernels (issue 30; docs/backward.md, docs/ba
 docs/spec.md section 2c, docs/backward-layer-norm.md). Three ops have a backward op:
 
 * an HF LlamaRMSNorm-style layer (op `rms_norm`, semantics `llama`): `rms_norm_backward`;
-* a gated SiLU MLP swapped for `silu_mul` (HF LlamaMLP's `act_fn(gate_proj(x)) * up_proj(x)`,
-  act_fn SiLU): `silu_mul_backward`;
+* a gated MLP swapped for `silu_mul` (HF LlamaMLP's `act_fn(gate_proj(x)) * up_proj(x)`,
+  act_fn SiLU): `silu_mul_backward`; for `gelu_tanh_mul` (HF GemmaMLP's, act_fn tanh GELU):
+  `gelu_tanh_mul_backward` (the same ABI: one code path, `GATED_FORMULAS`);
 * an nn.LayerNorm swapped for `layer_norm` (GPT-2's, say): `layer_norm_backward`.
 
 Forward: the exact forward kernel the layer was swapped for (the same launch as in inference);
@@ -25,13 +26,15 @@ of its column sum, `kernelize.backward.col_config`) and `sms`, `threads_per_sm` 
 1020 rows). The backward is a function of (dy, x, w, eps) alone (it recomputes r), so nothing
 but x and w is saved from the forward.
 
-`silu_mul_backward`, one entry (elementwise, grid-stride: any grid gives the same bits):
+`silu_mul_backward` and `gelu_tanh_mul_backward`, one entry each (elementwise, grid-stride: any
+grid gives the same bits):
 
     grad(T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, rows, cols)       block 256
 
-eager autograd's chain for `F.silu(gate) * up` (d_up = dy * silu(gate), d_act = dy * up, d_gate
-= silu_backward(d_act, gate), each rounded to T); gate and up are saved from the forward (eager
-saves silu(gate) too: the kernel recomputes it).
+eager autograd's chain for `act(gate) * up`, act = F.silu or F.gelu(approximate="tanh") (d_up =
+dy * act(gate), d_act = dy * up, d_gate = silu_backward / gelu_backward(d_act, gate), each
+rounded to T); gate and up are saved from the forward (eager saves act(gate) too: the kernel
+recomputes it).
 
 `layer_norm_backward`, two entries (no workspace; at most LN_MAX_ROWS = 65536 rows):
 
@@ -49,15 +52,15 @@ rows (eager's column sum is then a two-pass reduction split by the SM count, whi
 does not implement): eager's own `native_layer_norm_backward` on the same saved tensors, said
 once.
 
-Eagerly the layer calls `RmsNormFunction.apply` / `SiluMulFunction.apply` /
+Eagerly the layer calls `RmsNormFunction.apply` / `GatedMulFunction.apply` /
 `LayerNormFunction.apply` (a
 `torch.autograd.Function`: the launches go straight to the driver, no dispatcher round trip).
 While torch.compile traces it calls the custom op `kernelize::rms_norm_train(x, weight, eps,
-fkey, bkey)` / `kernelize::silu_mul_train(gate, up, fkey, bkey)` / `kernelize::layer_norm_train(x,
-weight, bias, eps, bkey) -> (y, mean, rstd)` (mean, rstd not differentiable), registered with
-`torch.library.register_autograd`: its backward is the custom op
+fkey, bkey)` / `kernelize::<op>_train(gate, up, fkey, bkey)` (op silu_mul or gelu_tanh_mul) /
+`kernelize::layer_norm_train(x, weight, bias, eps, bkey) -> (y, mean, rstd)` (mean, rstd not
+differentiable), registered with `torch.library.register_autograd`: its backward is the custom op
 `kernelize::launch_rms_norm_backward(dy, x, weight, eps, key) -> (dx, dw)` /
-`kernelize::launch_silu_mul_backward(dy, gate, up, key) -> (d_gate, d_up)` /
+`kernelize::launch_<op>_backward(dy, gate, up, key) -> (d_gate, d_up)` /
 `kernelize::launch_layer_norm_backward(dy, x, weight, bias, mean, rstd, key) -> (dx, dw, db)`;
 all have fake implementations, so dynamo and AOTAutograd trace the forward and the backward as
 opaque nodes.
@@ -115,12 +118,13 @@ LN_MAX_ROWS = 65536
 # passes them).
 DWDB_TWO_COLUMNS_FROM = 4096
 
-# gelu_tanh_mul's backward (`Op::is_gated_backward`, as silu_mul_backward): its launch arithmetic
-# only; no training-mode layer runs it yet (manifest.BACKWARD_OF leaves it out).
+# gelu_tanh_mul's backward (`Op::is_gated_backward`): silu_mul_backward's ABI, launch and code path
 GELU_GATED_OP = "gelu_tanh_mul_backward"
 
+#: The gated backward ops (`Op::is_gated_backward`): one `grad` entry of one ABI each.
+GATED_BACKWARD_OPS = (GATED_OP, GELU_GATED_OP)
 #: Each backward op's blocks by entry (`Op::stages`; None: the launch rule decides).
-BLOCKS_OF = {OP: BLOCKS, GATED_OP: GATED_BLOCKS, LN_OP: LN_BLOCKS, GELU_GATED_OP: GATED_BLOCKS}
+BLOCKS_OF = {OP: BLOCKS, LN_OP: LN_BLOCKS, **{op: GATED_BLOCKS for op in GATED_BACKWARD_OPS}}
 
 
 # ---- launch arithmetic (kernel-registry/src/backward.rs) ------------------------------------
@@ -194,7 +198,7 @@ def stage_dims(stage: str, rows: int, cols: int, sms: int, threads_per_sm: int,
         blocks = min(-(-cols // 4) * ctas(rows, cols, sms, threads_per_sm), DWP_BLOCKS_PER_SM * sms)
     elif (op, stage) == (OP, "dw"):
         blocks = -(-cols // blocks_of["dw"])
-    elif stage == "grad" and op in (GATED_OP, GELU_GATED_OP):
+    elif stage == "grad" and op in GATED_BACKWARD_OPS:
         blocks = min(-(-(rows * cols) // blocks_of["grad"]), GRAD_BLOCKS_PER_SM * sms)
     elif (op, stage) == (LN_OP, "dx"):
         blocks = rows
@@ -416,20 +420,24 @@ def rms_norm_train(x: Tensor, w: Tensor, eps: float, run: Any, compiled: Any, bk
     return RmsNormFunction.apply(x, w, eps, run, compiled, bk, label)
 
 
-# ---- silu_mul (a gated SiLU MLP's act_fn(gate) * up) -------------------------------------
+# ---- gated MLPs: silu_mul, gelu_tanh_mul (act_fn(gate) * up) --------------------------------
 
-def run_silu_mul_backward(bk: Any, dy: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
-    """(d_gate, d_up) by the kernel's one entry `grad`, both new contiguous tensors of gate's
-    shape and dtype. Inputs made contiguous and aligned."""
+def run_gated_backward(bk: Any, dy: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
+    """(d_gate, d_up) by the gated backward kernel `bk`'s one entry `grad` (`bk.op`: one of
+    GATED_BACKWARD_OPS, whose ABI is one), both new contiguous tensors of gate's shape and dtype.
+    Inputs made contiguous and aligned."""
+    op = bk.op
+    if op not in GATED_BACKWARD_OPS:
+        raise ValueError(f"{op} is not a gated backward op ({', '.join(GATED_BACKWARD_OPS)})")
     if not (gate.shape == up.shape == dy.shape):
-        raise ValueError(f"{GATED_OP}: dy {tuple(dy.shape)}, gate {tuple(gate.shape)} and up "
+        raise ValueError(f"{op}: dy {tuple(dy.shape)}, gate {tuple(gate.shape)} and up "
                          f"{tuple(up.shape)} differ in shape")
     gate, up, dy = L.aligned(gate), L.aligned(up), L.aligned(dy)
     cols = gate.shape[-1] if gate.dim() else 1
     rows = gate.numel() // cols if cols else 0
     d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
     if rows:
-        launch_stages(bk, GATED_OP, rows, cols, [("grad", (d_gate, d_up, dy, gate, up), (rows, cols))])
+        launch_stages(bk, op, rows, cols, [("grad", (d_gate, d_up, dy, gate, up), (rows, cols))])
     return d_gate, d_up
 
 
@@ -438,36 +446,49 @@ def silu_mul_forward(gate: Tensor, up: Tensor) -> Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
-def _gated_backward(bk: Any, label: str, dy: Tensor, gate: Tensor, up: Tensor,
+def gelu_tanh_mul_forward(gate: Tensor, up: Tensor) -> Tensor:
+    """The GeGLU MLP's `act_fn(gate) * up` with act_fn tanh GELU (Gemma's gelu_pytorch_tanh;
+    discovery checked it)."""
+    return torch.nn.functional.gelu(gate, approximate="tanh") * up
+
+
+#: The gated forward ops training mode runs (each one's backward op: manifest.BACKWARD_OF), with
+#: the formula eager autograd differentiates where the kernel cannot give the gradients.
+GATED_FORMULAS = {"silu_mul": silu_mul_forward, "gelu_tanh_mul": gelu_tanh_mul_forward}
+
+
+def _gated_backward(op: str, bk: Any, label: str, dy: Tensor, gate: Tensor, up: Tensor,
                     needs: tuple[bool, bool]) -> tuple[Tensor | None, Tensor | None]:
-    return kernel_or_eager("silu_mul", label, dy, gate, needs,
-                           lambda: run_silu_mul_backward(bk, dy, gate, up),
-                           silu_mul_forward, (gate, up))
+    return kernel_or_eager(op, label, dy, gate, needs,
+                           lambda: run_gated_backward(bk, dy, gate, up),
+                           GATED_FORMULAS[op], (gate, up))
 
 
-class SiluMulFunction(torch.autograd.Function):
-    """Eager: forward = the swapped MLP's forward launch (`run(compiled, gate, up)`), backward =
-    the backward kernel `bk`'s entry `grad` (see the module's docstring)."""
+class GatedMulFunction(torch.autograd.Function):
+    """Eager: forward = the swapped MLP's forward launch (`run(compiled, gate, up)`, `op`: one of
+    GATED_FORMULAS), backward = the gated backward kernel `bk`'s entry `grad` (see the module's
+    docstring)."""
 
     @staticmethod
-    def forward(ctx, gate: Tensor, up: Tensor, run: Any, compiled: Any, bk: Any,
+    def forward(ctx, gate: Tensor, up: Tensor, op: str, run: Any, compiled: Any, bk: Any,
                 label: str) -> Tensor:
         ctx.save_for_backward(gate, up)
-        ctx.bk, ctx.label = bk, label
+        ctx.op, ctx.bk, ctx.label = op, bk, label
         return run(compiled, gate, up)
 
     @staticmethod
     def backward(ctx, dy: Tensor):
         gate, up = ctx.saved_tensors
-        d_gate, d_up = _gated_backward(ctx.bk, ctx.label, dy, gate, up,
+        d_gate, d_up = _gated_backward(ctx.op, ctx.bk, ctx.label, dy, gate, up,
                                        tuple(ctx.needs_input_grad[:2]))
-        return d_gate, d_up, None, None, None, None
+        return d_gate, d_up, None, None, None, None, None
 
 
-def silu_mul_train(gate: Tensor, up: Tensor, run: Any, compiled: Any, bk: Any,
-                   label: str = GATED_OP) -> Tensor:
-    """One autograd node: the forward launch and, on backward, the backward kernel."""
-    return SiluMulFunction.apply(gate, up, run, compiled, bk, label)
+def gated_train(op: str, gate: Tensor, up: Tensor, run: Any, compiled: Any, bk: Any,
+                label: str | None = None) -> Tensor:
+    """One autograd node for the gated op `op` (silu_mul, gelu_tanh_mul): the forward launch
+    and, on backward, the backward kernel."""
+    return GatedMulFunction.apply(gate, up, op, run, compiled, bk, label or bk.op)
 
 
 # ---- layer_norm (nn.LayerNorm; forward eager's own op) ---------------------------------------
@@ -586,28 +607,15 @@ def _train_op_backward(ctx, dy):
 rms_norm_train_op.register_autograd(_train_op_backward, setup_context=_setup)
 
 
-@torch.library.custom_op("kernelize::launch_silu_mul_backward", mutates_args=(), device_types="cuda")
-def launch_silu_mul_backward(dy: Tensor, gate: Tensor, up: Tensor,
-                             key: int) -> tuple[Tensor, Tensor]:
+def _gated_launch_backward(dy: Tensor, gate: Tensor, up: Tensor, key: int) -> tuple[Tensor, Tensor]:
     from . import ops
-    d_gate, d_up = run_silu_mul_backward(ops.kernel(key), dy, gate, up)
+    d_gate, d_up = run_gated_backward(ops.kernel(key), dy, gate, up)
     return d_gate, d_up
 
 
-@launch_silu_mul_backward.register_fake
-def _(dy, gate, up, key):
-    return gate.new_empty(gate.shape), up.new_empty(up.shape)
-
-
-@torch.library.custom_op("kernelize::silu_mul_train", mutates_args=(), device_types="cuda")
-def silu_mul_train_op(gate: Tensor, up: Tensor, fkey: int, bkey: int) -> Tensor:
+def _gated_train_forward(gate: Tensor, up: Tensor, fkey: int, bkey: int) -> Tensor:
     from . import ops
     return L.run_gated(ops.kernel(fkey), gate, up)
-
-
-@silu_mul_train_op.register_fake
-def _(gate, up, fkey, bkey):
-    return gate.new_empty(gate.shape)
 
 
 def _setup_gated(ctx, inputs, output):
@@ -616,13 +624,29 @@ def _setup_gated(ctx, inputs, output):
     ctx.bkey = bkey
 
 
-def _gated_train_op_backward(ctx, dy):
-    gate, up = ctx.saved_tensors
-    d_gate, d_up = torch.ops.kernelize.launch_silu_mul_backward(dy, gate, up, ctx.bkey)
-    return d_gate, d_up, None, None
+def _gated_train_ops(op: str) -> Any:
+    """`kernelize::<op>_train(gate, up, fkey, bkey)` with its backward
+    `kernelize::launch_<op>_backward(dy, gate, up, key) -> (d_gate, d_up)` (fakes for both):
+    the same two functions for every gated op (the kernels know their op)."""
+    launch = torch.library.custom_op(f"kernelize::launch_{op}_backward", _gated_launch_backward,
+                                     mutates_args=(), device_types="cuda")
+    launch.register_fake(lambda dy, gate, up, key: (gate.new_empty(gate.shape), up.new_empty(up.shape)))
+    train = torch.library.custom_op(f"kernelize::{op}_train", _gated_train_forward,
+                                    mutates_args=(), device_types="cuda")
+    train.register_fake(lambda gate, up, fkey, bkey: gate.new_empty(gate.shape))
+
+    def backward(ctx, dy):
+        gate, up = ctx.saved_tensors
+        d_gate, d_up = launch(dy, gate, up, ctx.bkey)
+        return d_gate, d_up, None, None
+
+    train.register_autograd(backward, setup_context=_setup_gated)
+    return train
 
 
-silu_mul_train_op.register_autograd(_gated_train_op_backward, setup_context=_setup_gated)
+#: Each gated forward op's training custom op (`kernelize::<op>_train`), what a swapped MLP calls
+#: while torch.compile traces.
+GATED_TRAIN_OPS = {op: _gated_train_ops(op) for op in GATED_FORMULAS}
 
 
 @torch.library.custom_op("kernelize::launch_layer_norm_backward", mutates_args=(), device_types="cuda")

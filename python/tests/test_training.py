@@ -49,12 +49,15 @@ class ForwardStandIn:
         self.manifest = manifest
 
 
-#: The stand-in forward kernels' formulas: HF LlamaRMSNorm's; a SiLU gated MLP's act(gate) * up
-#: (silu_mul, and silu_and_mul, whose runner takes the same two tensors).
+#: The stand-in forward kernels' formulas: HF LlamaRMSNorm's (and GemmaRMSNorm's); a gated MLP's
+#: act(gate) * up (silu_mul, and silu_and_mul, whose runner takes the same two tensors;
+#: gelu_tanh_mul); a lone tanh GELU.
 FORWARD_FORMULAS = {
     "rms_norm": lambda x, w, eps: _rms_refs(x, w, eps)["llama"].contiguous(),
     "silu_mul": lambda g, u: (torch.nn.functional.silu(g) * u).contiguous(),
     "silu_and_mul": lambda g, u: (torch.nn.functional.silu(g) * u).contiguous(),
+    "gelu_tanh_mul": lambda g, u: (torch.nn.functional.gelu(g, approximate="tanh") * u).contiguous(),
+    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh").contiguous(),
     "layer_norm": lambda x, w, b, eps: torch.nn.functional.layer_norm(x, [x.shape[-1]], w, b,
                                                                       eps).contiguous(),
 }
@@ -120,32 +123,42 @@ class RecordingBackward(SharedOnCopy):
         return [c[0] for c in self.calls]
 
 
-def eager_gated_grads(dy, g, u):
-    """(d_gate, d_up) of eager autograd of `F.silu(g) * u`, op by op as its nodes run them
-    (MulBackward0: grad * other, grad * self with self = silu(g) rounded to T; SiluBackward0:
-    aten's silu_backward), no autograd needed (so a custom op's CPU kernel can call it).
-    test_training_gated checks it against torch.autograd bit for bit."""
-    act = torch.nn.functional.silu(g)
-    d_up = dy * act
-    d_gate = torch.ops.aten.silu_backward(dy * u, g)
+#: Each gated backward op's two eager nodes' own ops: the activation (whose output MulBackward0
+#: saves) and the activation's backward op (SiluBackward0's silu_backward, GeluBackward0's
+#: gelu_backward with approximate="tanh").
+GATED_CHAINS = {
+    "silu_mul_backward": (torch.nn.functional.silu, torch.ops.aten.silu_backward),
+    "gelu_tanh_mul_backward": (lambda g: torch.nn.functional.gelu(g, approximate="tanh"),
+                               lambda d, g: torch.ops.aten.gelu_backward(d, g, approximate="tanh")),
+}
+
+
+def eager_gated_grads(dy, g, u, op="silu_mul_backward"):
+    """(d_gate, d_up) of eager autograd of `act(g) * u` (`op`'s activation, GATED_CHAINS), op by
+    op as its nodes run them (MulBackward0: grad * other, grad * self with self = act(g) rounded
+    to T; the activation's backward node), no autograd needed (so a custom op's CPU kernel can
+    call it). test_training_gated checks it against torch.autograd bit for bit."""
+    act, act_backward = GATED_CHAINS[op]
+    d_up = dy * act(g)
+    d_gate = act_backward(dy * u, g)
     return d_gate, d_up
 
 
 class RecordingGatedBackward(SharedOnCopy):
-    """A stand-in `silu_mul_backward` kernel: records every launch; `grad` writes d_gate and
-    d_up (eager's, `eager_gated_grads`) into the tensors of their ABI slots."""
+    """A stand-in gated backward kernel (`op`: silu_mul_backward or gelu_tanh_mul_backward):
+    records every launch; `grad` writes d_gate and d_up (eager's, `eager_gated_grads`) into the
+    tensors of their ABI slots."""
     device = torch.device("cpu")
-    op = "silu_mul_backward"
 
-    def __init__(self, sms=132, threads_per_sm=2048):
-        self.sms, self.threads_per_sm = sms, threads_per_sm
+    def __init__(self, sms=132, threads_per_sm=2048, op="silu_mul_backward"):
+        self.sms, self.threads_per_sm, self.op = sms, threads_per_sm, op
         self.calls: list[tuple] = []
 
     def launch(self, stage, grid, block, tensors, scalars):
         self.calls.append((stage, grid, block, tensors, scalars))
         assert stage == "grad"
         d_gate, d_up, dy, g, u = tensors
-        dg, du = eager_gated_grads(dy, g, u)
+        dg, du = eager_gated_grads(dy, g, u, self.op)
         d_gate.copy_(dg)
         d_up.copy_(du)
 
@@ -197,11 +210,12 @@ class RecordingLnBackward(SharedOnCopy):
 @pytest.fixture
 def gpu_faked(monkeypatch):
     """kernelize swaps CPU models: CUDA 'available', the kernels stand-ins. Yields the recording
-    rms_norm_backward kernel (its `gated`: the recording silu_mul_backward kernel; its `ln`: the
-    recording layer_norm_backward kernel) and the list of (digest, dtype) they were 'compiled'
-    for."""
+    rms_norm_backward kernel (its `gated`: the recording silu_mul_backward kernel; its
+    `gelu_gated`: the recording gelu_tanh_mul_backward kernel; its `ln`: the recording
+    layer_norm_backward kernel) and the list of (digest, dtype) they were 'compiled' for."""
     bk = RecordingBackward()
     bk.gated = RecordingGatedBackward()
+    bk.gelu_gated = RecordingGatedBackward(op="gelu_tanh_mul_backward")
     bk.ln = RecordingLnBackward()
     loaded = []
 
@@ -209,7 +223,7 @@ def gpu_faked(monkeypatch):
         assert dtype in manifest["stages"]
         loaded.append((digest, dtype))
         return {"rms_norm_backward": bk, "silu_mul_backward": bk.gated,
-                "layer_norm_backward": bk.ln}[manifest["op"]]
+                "gelu_tanh_mul_backward": bk.gelu_gated, "layer_norm_backward": bk.ln}[manifest["op"]]
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(launch, "compiled", lambda digest, manifest, *a, **k: ForwardStandIn(manifest))
