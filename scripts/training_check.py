@@ -6,16 +6,18 @@ the training step's time.
 On the GPU machine:
 
     PYTHONUNBUFFERED=1 python3 scripts/training_check.py OUT_DIR [--steps 20] [--dtypes bf16,f32]
+        [--models tiny-llama,tiny-gpt2,tiny-gemma]
 
 Without a GPU, `--dry-run` runs the same code paths on the CPU (kernelize reports what it would
 replace and keeps every layer; both runs are eager, so they agree by construction: it checks the
 script and the kernels folder, not the kernels).
 
 What it runs: a kernels folder of the bundled exact forwards (`kernels/rms_norm_llama`,
-`kernels/silu_mul`, `kernels/layer_norm`) and their backward kernels
+`kernels/silu_mul`, `kernels/gelu_tanh_mul`, `kernels/layer_norm`) and their backward kernels
 (`kernels/rms_norm_llama_backward/`, `kernels/silu_mul_backward/`,
-`kernels/layer_norm_backward/`), read with `kernels_dir=` (local kernels: not verified by a hub;
-`--no-gated` leaves the gated MLP's two out, `--no-layer-norm` LayerNorm's two; `--kernel DIR`
+`kernels/gelu_tanh_mul_backward/`, `kernels/layer_norm_backward/`), read with `kernels_dir=`
+(local kernels: not verified by a hub; `--no-gated` leaves the gated MLPs' four out,
+`--no-layer-norm` LayerNorm's two; `--kernel DIR`
 puts the kernel folder DIR, a kernel.toml and its source, in place of the bundled folder of the
 same name, or beside them: a work-in-progress backward kernel, say); or, with `--hub URL`, the
 kernels that hub hands out under the default policy (bit_exact), the forward and backward
@@ -24,14 +26,19 @@ verdicts both certified (the bundled certificates of a fresh `kernelize serve`).
 except the RMSNorm layers in f32, which keep their original forward under autograd;
 models/tiny-gpt2: its LayerNorm layers get layer_norm and layer_norm_backward in every dtype,
 under autograd eager's own forward op (its saved mean and rstd) and the backward kernel; its GELU
-has no backward op and no kernel in the folder) and dtype:
+has no backward op and no kernel in the folder; tiny-gemma: no shipped folder, a random-weight
+HF GemmaForCausalLM built here from a config and a fixed seed (`tiny_gemma`: 4 decoder layers,
+hidden_act gelu_pytorch_tanh), whose GeGLU MLPs get gelu_tanh_mul and gelu_tanh_mul_backward in
+every dtype and whose GemmaRMSNorm layers have no kernel in the folder) and dtype:
 two copies from the same weights, one `kernelize(..., mode="training")`, both trained with AdamW
 on the same batches of models/corpus.txt (bytes as tokens, as the models were trained); per
 step the loss bits and every parameter's gradient bits, at the end every parameter's bits.
 Eager must be reproducible for the comparison to mean anything: attention runs HF's eager
 implementation, torch's deterministic algorithms are on (CUBLAS_WORKSPACE_CONFIG set), and a
 second eager copy is trained too: its losses and parameters against the first are the control
-(`eager_repeat_*`, which must be 0).
+(`eager_repeat_*`, which must be 0). AdamW's eps is its default 1e-8, but 1e-4 in f16, where 1e-8
+rounds to 0 and a parameter with a zero gradient (an embedding row no batch used) turns NaN at
+its first step, and every later loss with it (`adamw_eps` and `losses_finite` in each row).
 Time: median CUDA-event time of a step (forward, backward, optimizer) after 3 warm-up steps,
 both in the same process. Writes OUT_DIR/training_check.json and a table; exit 1 when any loss
 or parameter differs (or anything raised).
@@ -59,13 +66,40 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import kernelize  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-MODELS = ["tiny-llama", "tiny-gpt2"]
+MODELS = ["tiny-llama", "tiny-gpt2", "tiny-gemma"]
 
 
 KERNELS = ["rms_norm_llama", "rms_norm_llama_backward", "silu_mul", "silu_mul_backward",
-           "layer_norm", "layer_norm_backward"]
-GATED = ["silu_mul", "silu_mul_backward"]
+           "gelu_tanh_mul", "gelu_tanh_mul_backward", "layer_norm", "layer_norm_backward"]
+GATED = ["silu_mul", "silu_mul_backward", "gelu_tanh_mul", "gelu_tanh_mul_backward"]
+# AdamW's eps by dtype: its default, but in f16 (where 1e-8 is 0) one f16 represents
+ADAMW_EPS = {"bf16": 1e-8, "f16": 1e-4, "f32": 1e-8}
 LAYER_NORM = ["layer_norm", "layer_norm_backward"]
+
+
+def tiny_gemma():
+    """models/ has no Gemma: a random-weight tiny HF GemmaForCausalLM (4 decoder layers, hidden
+    256, GeGLU MLPs of 704 with hidden_act gelu_pytorch_tanh, byte vocabulary, eager attention),
+    in f32 on the CPU; the same weights at every call (fixed seeds, the global RNG left as it
+    was). Its norm weights are drawn too (Gemma's scale is 1 + w, zero at init)."""
+    import transformers
+    cfg = transformers.GemmaConfig(vocab_size=256, hidden_size=256, intermediate_size=704,
+                                   num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                   head_dim=64, max_position_embeddings=256,
+                                   hidden_act="gelu_pytorch_tanh", attn_implementation="eager")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = transformers.GemmaForCausalLM(cfg)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for m in model.modules():
+            if "RMSNorm" in type(m).__name__:
+                m.weight.copy_(0.3 * torch.randn(m.weight.shape, generator=g))
+    return model
+
+
+#: The models built here, not loaded from models/ (name -> a builder of the f32 CPU model).
+BUILT = {"tiny-gemma": tiny_gemma}
 
 
 def kernel_names(gated: bool = True, layer_norm: bool = True) -> list[str]:
@@ -117,12 +151,12 @@ def grad_digests(model) -> dict[str, bytes]:
             for n, p in model.named_parameters() if p.grad is not None}
 
 
-def train(model, data, lr: float, timed_from: int, cuda: bool
+def train(model, data, lr: float, timed_from: int, cuda: bool, eps: float = 1e-8
           ) -> tuple[list[float], list[bytes], list[float], list[dict[str, bytes]]]:
-    """AdamW steps over `data`: each loss (value and bits), each step's time (ms) from
-    `timed_from` on, and each step's gradient digests (`grad_digests`, taken outside the
+    """AdamW steps (eps `eps`) over `data`: each loss (value and bits), each step's time (ms)
+    from `timed_from` on, and each step's gradient digests (`grad_digests`, taken outside the
     timed steps)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, eps=eps)
     losses, loss_bits, times, grads = [], [], [], []
     for i, ids in enumerate(data):
         if cuda:
@@ -160,6 +194,8 @@ def check(model_name: str, dtype: str, steps: int, source: dict, device, dry: bo
     path = os.path.join(ROOT, "models", model_name)
     t = DTYPES[dtype]
     def load():
+        if model_name in BUILT:
+            return BUILT[model_name]().to(device=device, dtype=t).train()
         return transformers.AutoModelForCausalLM.from_pretrained(
             path, attn_implementation="eager").to(device=device, dtype=t).train()
     eager, again, kz = load(), load(), load()
@@ -167,10 +203,11 @@ def check(model_name: str, dtype: str, steps: int, source: dict, device, dry: bo
                               **({"device": "cpu", "swap": False, "arch": "sm_90"} if dry else {}))
     data = batches(steps, 4, 64, device)
     cuda = device.type == "cuda"
-    le, be, te, ge = train(eager, data, 1e-3, 3, cuda)
-    _, ba, _, ga = train(again, data, 1e-3, 3, cuda)
+    eps = ADAMW_EPS[dtype]
+    le, be, te, ge = train(eager, data, 1e-3, 3, cuda, eps)
+    _, ba, _, ga = train(again, data, 1e-3, 3, cuda, eps)
     before = backward_launches()
-    lk, bk, tk, gk = train(kz, data, 1e-3, 3, cuda)
+    lk, bk, tk, gk = train(kz, data, 1e-3, 3, cuda, eps)
     after = backward_launches()
     params = dict(eager.named_parameters())
 
@@ -195,7 +232,7 @@ def check(model_name: str, dtype: str, steps: int, source: dict, device, dry: bo
     control = ([i for i, (a, b) in enumerate(zip(be, ba)) if a != b], differing(again),
                grads_differing(ga))
     out = {
-        "model": model_name, "dtype": dtype, "steps": steps,
+        "model": model_name, "dtype": dtype, "steps": steps, "adamw_eps": eps,
         "replaced": [e.path for e in rep.replaced],
         "with_backward": [e.path for e in rep.entries if getattr(e, "backward", None) is not None],
         "backward_kernels": sorted({e.backward.name for e in rep.entries
@@ -205,6 +242,7 @@ def check(model_name: str, dtype: str, steps: int, source: dict, device, dry: bo
                               for k, v in after.items()},
         "report": str(rep),
         "losses_eager": le, "losses_kernelized": lk,
+        "losses_finite": all(v == v and abs(v) != float("inf") for v in le + lk),
         "loss_steps_differing": loss_diff,
         "parameters_differing": differ,
         "gradients_differing": grad_diff,
@@ -229,7 +267,8 @@ def main() -> int:
     p.add_argument("--hub", metavar="URL", help="take the kernels from this hub (its verified forward and "
                    "backward kernels) instead of the local kernels folder")
     p.add_argument("--no-gated", action="store_true", help="the local kernels folder without the gated "
-                   "MLP's forward and backward kernels (silu_mul, silu_mul_backward)")
+                   "MLPs' forward and backward kernels (silu_mul, silu_mul_backward, gelu_tanh_mul, "
+                   "gelu_tanh_mul_backward)")
     p.add_argument("--no-layer-norm", action="store_true", help="the local kernels folder without "
                    "LayerNorm's forward and backward kernels (layer_norm, layer_norm_backward)")
     p.add_argument("--kernel", action="append", default=[], metavar="DIR", help="a kernel folder "

@@ -1,7 +1,8 @@
 """GPU: kernelize tiny models with the bundled exact kernels (local folder, as the hub would
 hand them out once verified) and compare the logits bit for bit with eager; run the model-level
 harness (`python3 -m kernelize_verifier.model_level`) on the shipped models in models/; train
-the shipped tiny Llama in training mode with the backward kernels against eager (issue 30).
+the shipped tiny Llama and tiny GPT-2 and a random tiny Gemma in training mode with the backward
+kernels against eager (issue 30).
 Skips loudly without CUDA (CI has no GPU); run on the GPU machine with
 `python3 -m pytest -q -rs python/tests/test_gpu.py`.
 
@@ -550,6 +551,26 @@ def test_shipped_tiny_llama_training_bit_exact_with_the_backward_kernels(tmp_pat
     if dtype != "f32":
         assert launches.get("rms_norm_llama_backward") == {"dx": 9 * steps, "dwp": 9 * steps,
                                                            "dw": 9 * steps}, launches
+    _assert_trained_as_eager(row)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+def test_random_tiny_gemma_training_bit_exact_with_the_gelu_tanh_mul_backward(tmp_path, dtype):
+    """Issue 30: a random-weight tiny Gemma (HF GemmaForCausalLM, hidden_act gelu_pytorch_tanh;
+    scripts/training_check.py's `tiny_gemma`, 4 decoder layers) kernelized in training mode with
+    the real kernels from a local folder (the exact forward gelu_tanh_mul, the backward kernel
+    gelu_tanh_mul_backward), 5 AdamW steps against eager: every loss (finite: f16 with eps 1e-4),
+    every gradient of the first 3 steps and every parameter at the end bit for bit, eager against
+    itself too. Each of the 4 GeGLU MLPs runs gelu_tanh_mul_backward's `grad` once a step, in
+    every dtype; the GemmaRMSNorm layers have no kernel in the folder (eager)."""
+    steps = 5
+    row = _training_check(tmp_path, dtype, "tiny-gemma", steps)
+    assert row["replaced"] == [f"model.layers.{i}.mlp" for i in range(4)], row["report"]
+    assert row["with_backward"] == row["replaced"], row["report"]
+    assert row["backward_kernels"] == ["gelu_tanh_mul_backward"]
+    launches = row["backward_launches"]
+    assert launches.get("gelu_tanh_mul_backward") == {"grad": 4 * steps}, launches
+    assert row["losses_finite"] and len(set(row["losses_eager"])) == steps, row["losses_eager"]
     _assert_trained_as_eager(row)
 
 

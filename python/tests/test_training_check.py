@@ -1,8 +1,8 @@
 """scripts/training_check.py (issue 30's model-level training check, run on the GPU machine)
 stays runnable: its --dry-run on the CPU builds the kernels folder (the bundled forwards and the
 backward kernels with their entries spelled out), kernelizes the shipped tiny Llama and tiny
-GPT-2 in training mode (every RMSNorm layer, gated MLP and LayerNorm takes both kernels; nothing
-is swapped without CUDA) and trains both copies."""
+GPT-2 and a random tiny Gemma in training mode (every RMSNorm (llama) layer, gated MLP and
+LayerNorm takes both kernels; nothing is swapped without CUDA) and trains both copies."""
 import json
 import re
 import shutil
@@ -28,6 +28,33 @@ def test_the_training_check_runs_on_the_cpu(tmp_path):
     assert len(row["losses_eager"]) == 2 and row["ok"]
     assert row["grad_steps_compared"] == 2 and row["gradients_differing"] == {}
     assert "ALL BIT-IDENTICAL" in r.stdout
+
+
+def test_the_training_check_runs_a_random_tiny_gemma_with_the_gelu_tanh_mul_backward(tmp_path):
+    """`--models tiny-gemma`: a random-weight GemmaForCausalLM built by the script (models/ has no
+    Gemma), its 4 GeGLU MLPs would take gelu_tanh_mul and gelu_tanh_mul_backward (its GemmaRMSNorm
+    layers have no kernel in the folder); f16 trains with AdamW eps 1e-4 (1e-8 is 0 in f16 and
+    turns the parameters NaN), so its losses stay finite; `--no-gated` leaves the MLPs alone."""
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "training_check.py"), str(tmp_path),
+                        "--dry-run", "--steps", "2", "--dtypes", "f16", "--models", "tiny-gemma"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    data = json.loads((tmp_path / "training_check.json").read_text())
+    assert not data["errors"]
+    (row,) = data["rows"]
+    assert row["replaced"] == [f"model.layers.{i}.mlp" for i in range(4)], row["report"]
+    assert row["with_backward"] == row["replaced"] and row["backward_kernels"] == ["gelu_tanh_mul_backward"]
+    assert "backward gelu_tanh_mul_backward 1.0.0" in row["report"]
+    assert "[GemmaRMSNorm: rms_norm (gemma), f16, cols=256]" in row["report"]
+    assert row["adamw_eps"] == 1e-4 and row["losses_finite"] and row["ok"]
+    assert len(set(row["losses_eager"])) == 2   # the step moved the model
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "training_check.py"), str(tmp_path),
+                        "--dry-run", "--steps", "1", "--dtypes", "bf16", "--models", "tiny-gemma",
+                        "--no-gated"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "training_check.json").read_text())["rows"]
+    assert row["replaced"] == [] and row["adamw_eps"] == 1e-8 and row["ok"]
 
 
 def test_the_training_check_runs_tiny_gpt2_with_the_layer_norm_backward(tmp_path):
