@@ -2,12 +2,15 @@
 """Issue 30, first slice: does kernels/rms_norm_llama_backward/kernel.cu give eager autograd's
 bits for HF LlamaRMSNorm's dx and dw, and how fast is it? Also checks the CPU emulation
 (python/kernelize/backward.py) against eager on small shapes, so a mismatch says whether the
-order model or the kernel is wrong.
+order model or the kernel is wrong. `--semantics gemma` does the same for HF GemmaRMSNorm
+(Gemma, Gemma2, Gemma3): kernels/rms_norm_gemma_backward/kernel.cu, the emulation
+gemma_rms_norm_backward, weights drawn around 0, the bundled forward kernels/rms_norm_gemma;
+its output file is backward_probe_gemma.json.
 
 On the GPU machine (torch with CUDA; NVRTC through kernelize/nvrtc.py, the driver through
 kernelize/launch.py, as the client does):
 
-    PYTHONUNBUFFERED=1 python3 scripts/backward_probe.py OUT_DIR [--quick] [--compile]
+    PYTHONUNBUFFERED=1 python3 scripts/backward_probe.py OUT_DIR [--quick] [--compile] [--semantics gemma]
 
 On a machine without a GPU, `--dry-run` runs the same code paths on the CPU far enough to catch
 Python errors: eager autograd on the CPU, the emulation in place of the kernel, wall-clock
@@ -43,6 +46,8 @@ from kernelize import nvrtc as NV  # noqa: E402
 
 KSRC = os.path.join(ROOT, "kernels", "rms_norm_llama_backward", "kernel.cu")
 FWD_DIR = os.path.join(ROOT, "kernels", "rms_norm_llama")
+GEMMA_KSRC = os.path.join(ROOT, "kernels", "rms_norm_gemma_backward", "kernel.cu")
+GEMMA_FWD_DIR = os.path.join(ROOT, "kernels", "rms_norm_gemma")
 DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 ROWS = [1, 2, 3, 4, 7, 8, 15, 16, 17, 32, 64, 128, 1000, 4096, 16384]
 COLS = [1024, 2048, 2560, 4096, 5120, 8192]
@@ -71,6 +76,41 @@ class LlamaRMSNorm(torch.nn.Module):
             r.register_hook(r_hook)  # sees the gradient of r (the row sum s); changes nothing
         hidden_states = hidden_states * r
         return self.weight * hidden_states.to(input_dtype)
+
+
+class GemmaRMSNorm(torch.nn.Module):
+    """transformers' GemmaRMSNorm (Gemma2RMSNorm and Gemma3RMSNorm are the same code), verbatim in
+    its arithmetic; `r_hook` as LlamaRMSNorm's."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.zeros(dim))
+
+    def _norm(self, x, r_hook=None):
+        r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if r_hook is not None and r.requires_grad:
+            r.register_hook(r_hook)
+        return x * r
+
+    def forward(self, x, r_hook=None):
+        output = self._norm(x.float(), r_hook)
+        # Llama does x.to(float16) * w whilst Gemma is (x * w).to(float16)
+        output = output * (1.0 + self.weight.float())
+        return output.type_as(x)
+
+
+# What --semantics picks: the module, the kernel (source, symbol prefix), the emulation, the
+# weights' centre (Gemma multiplies by 1 + w: its weights sit around 0), the bundled forward.
+SEMANTICS = {
+    "llama": dict(module=LlamaRMSNorm, ksrc=KSRC, name="rms_norm_llama_backward", prefix="rms_norm_llama_bwd_",
+                  emulate=B.llama_rms_norm_backward, w_center=1.0, fwd_dir=FWD_DIR, fwd="rms_norm_llama",
+                  out="backward_probe.json"),
+    "gemma": dict(module=GemmaRMSNorm, ksrc=GEMMA_KSRC, name="rms_norm_gemma_backward", prefix="rms_norm_gemma_bwd_",
+                  emulate=B.gemma_rms_norm_backward, w_center=0.0, fwd_dir=GEMMA_FWD_DIR, fwd="rms_norm_gemma",
+                  out="backward_probe_gemma.json"),
+}
+SEM = SEMANTICS["llama"]  # main() sets it from --semantics
 
 
 def graph_names(fn, depth=0, seen=None):
@@ -141,14 +181,15 @@ class GpuBackward:
         props = torch.cuda.get_device_properties(device)
         self.sms = props.multi_processor_count
         self.tps = getattr(props, "max_threads_per_multi_processor", 2048)
-        src = open(KSRC, encoding="utf-8").read()
-        self.mod = CudaModule(src, f"rms_norm_llama_backward ({dt}).cu", device,
-                              [f"rms_norm_llama_bwd_{e}_{dt}" for e in ("dx", "dwp", "dw")], defines)
+        src = open(SEM["ksrc"], encoding="utf-8").read()
+        self.prefix = SEM["prefix"]
+        self.mod = CudaModule(src, f"{SEM['name']} ({dt}).cu", device,
+                              [f"{self.prefix}{e}_{dt}" for e in ("dx", "dwp", "dw")], defines)
         self.code = self.mod.code
         self.device = device
 
     def _go(self, name, grid, block, args):
-        self.mod.launch(f"rms_norm_llama_bwd_{name}_{self.dt}", grid, block, args)
+        self.mod.launch(f"{self.prefix}{name}_{self.dt}", grid, block, args)
 
     def plan(self, rows, cols):
         rc = B.row_config(rows, cols)
@@ -193,19 +234,20 @@ class CpuStandIn:
         return dict(row=B.row_config(rows, cols), col=B.col_config(rows, cols, self.sms, self.tps))
 
     def __call__(self, dy, x, w, eps, plan=None):
-        dx, dw = B.llama_rms_norm_backward(x.float().numpy(), w.float().numpy(), dy.float().numpy(), eps, self.dt,
-                                           num_sms=self.sms, max_threads_per_sm=self.tps)
+        dx, dw = SEM["emulate"](x.float().numpy(), w.float().numpy(), dy.float().numpy(), eps, self.dt,
+                                num_sms=self.sms, max_threads_per_sm=self.tps)
         T = DT[self.dt]
         return torch.from_numpy(dx).to(T), torch.from_numpy(dw).to(T)
 
 
 def bundled_forward(dt, device):
-    """The bundled exact forward (kernels/rms_norm_llama), or None with the reason."""
+    """The bundled exact forward (kernels/rms_norm_llama, for gemma kernels/rms_norm_gemma), or None
+    with the reason."""
     try:
         from kernelize import launch as L
         from kernelize.manifest import parse_manifest_toml
-        man = parse_manifest_toml(open(os.path.join(FWD_DIR, "kernel.toml"), encoding="utf-8").read())
-        src = open(os.path.join(FWD_DIR, man["source"]), encoding="utf-8").read()
+        man = parse_manifest_toml(open(os.path.join(SEM["fwd_dir"], "kernel.toml"), encoding="utf-8").read())
+        src = open(os.path.join(SEM["fwd_dir"], man["source"]), encoding="utf-8").read()
         k = L.CompiledKernel(man, src, dt, device)
         return (lambda x, w, eps: L.run_rms_norm(k, x, w, eps)), None
     except Exception as e:  # noqa: BLE001
@@ -268,13 +310,13 @@ def make_inputs(dt, rows, cols, device, seed):
     T = DT[dt]
     scale = torch.empty(rows, 1, device=device).uniform_(0.5, 2.0, generator=g)
     x = (torch.randn(rows, cols, device=device, generator=g) * scale).to(T)
-    w = (1 + 0.2 * torch.randn(cols, device=device, generator=g)).to(T)
+    w = (SEM["w_center"] + 0.2 * torch.randn(cols, device=device, generator=g)).to(T)
     dy = torch.randn(rows, cols, device=device, generator=g).to(T)
     return x, w, dy
 
 
 def eager_backward(x, w, dy, want_s=False):
-    m = LlamaRMSNorm(x.shape[1], EPS).to(device=x.device, dtype=x.dtype)
+    m = SEM["module"](x.shape[1], EPS).to(device=x.device, dtype=x.dtype)
     with torch.no_grad():
         m.weight.copy_(w)
     xr = x.detach().clone().requires_grad_(True)
@@ -295,12 +337,13 @@ def hypotheses(x, w, dy, r, s_e, ew, dt, sms, tps, do_rows, do_cols):
     rr = r.float().cpu().numpy().reshape(-1, 1)
     out = {}
     if do_rows and s_e is not None:
-        q = B.round_to(g * wv[None, :], dt) * h
+        gemma = SEM is SEMANTICS["gemma"]
+        q = (g * (np.float32(1) + wv)[None, :] if gemma else B.round_to(g * wv[None, :], dt)) * h
         se = s_e.reshape(-1).float().cpu().numpy()
         out["row_sum"] = {f"vt0={a},ivs={b}": int((B.row_sum(q, vt0=a, ivs=b).view(np.uint32) != se.view(np.uint32)).sum())
                           for a, b in ((4, 4), (8, 8))}
     if do_cols:
-        gw = B.round_to(g * B.round_to(h * rr, dt), dt)
+        gw = g * (h * rr) if SEM is SEMANTICS["gemma"] else B.round_to(g * B.round_to(h * rr, dt), dt)
         rows, cols = gw.shape
         ewn = ew.float().cpu().numpy()
         other = 114 if sms != 114 else 132
@@ -409,7 +452,11 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rows", default=None, help="comma-separated row counts for the grid (default: the full list)")
     ap.add_argument("--cols", default=None, help="comma-separated widths for the grid (default: the full list)")
+    ap.add_argument("--semantics", choices=sorted(SEMANTICS), default="llama",
+                    help="HF LlamaRMSNorm's backward (default) or GemmaRMSNorm's")
     args = ap.parse_args(argv)
+    global SEM
+    SEM = SEMANTICS[args.semantics]
     t_start = time.time()
     out_dir, dry, device = probe_setup(args, "backward_probe_out")
     rows_list, cols_list = (ROWS, COLS) if not (args.quick or dry) else ([1, 3, 16, 17, 64, 1000], [1024, 2560])
@@ -419,7 +466,8 @@ def main(argv=None):
         rows_list = [int(r) for r in args.rows.split(",")]
     if args.cols:
         cols_list = [int(c) for c in args.cols.split(",")]
-    report = dict(env=env_info(device), dry_run=dry, eps=EPS, cases=[], timing=[], errors=[], graph=None)
+    report = dict(env=env_info(device), dry_run=dry, eps=EPS, semantics=args.semantics, kernel=SEM["name"],
+                  cases=[], timing=[], errors=[], graph=None)
     print(json.dumps(report["env"]))
 
     # compile (the dry run compiles too when NVRTC is there, for the source's sake)
@@ -428,7 +476,7 @@ def main(argv=None):
         try:
             if dry:
                 kernels[dt] = CpuStandIn(dt)
-                report.setdefault("dry_compile", {})[dt] = dry_compile(KSRC, f"rms_norm_llama_backward ({dt}).cu")
+                report.setdefault("dry_compile", {})[dt] = dry_compile(SEM["ksrc"], f"{SEM['name']} ({dt}).cu")
             else:
                 k = GpuBackward(dt, device)
                 kernels[dt] = k
@@ -468,7 +516,7 @@ def main(argv=None):
                                 row_cfg=plan["row"], col_cfg={kk: v for kk, v in plan["col"].items() if kk != "grid"})
                     if small:  # the emulation with eager's own r: is the order model right?
                         r = eager_r(x).float().cpu().numpy()
-                        edx, edw, parts = B.llama_rms_norm_backward(
+                        edx, edw, parts = SEM["emulate"](
                             x.float().cpu().numpy(), w.float().cpu().numpy(), dy.float().cpu().numpy(), EPS, dt, r=r,
                             num_sms=k.sms, max_threads_per_sm=k.tps, return_parts=True)
                         T = DT[dt]
@@ -498,7 +546,7 @@ def main(argv=None):
                 continue
             try:
                 x, w, dy = make_inputs(dt, rows, cols, device, seed=1)
-                m = LlamaRMSNorm(cols, EPS).to(device=device, dtype=DT[dt])
+                m = SEM["module"](cols, EPS).to(device=device, dtype=DT[dt])
                 with torch.no_grad():
                     m.weight.copy_(w)
                 xr = x.detach().clone().requires_grad_(True)
@@ -514,7 +562,7 @@ def main(argv=None):
 
                 k = kernels[dt]
                 plan = k.plan(rows, cols)
-                t = dict(dtype=dt, rows=rows, cols=cols, forward=("bundled rms_norm_llama" if fwd else f"eager ({why})"))
+                t = dict(dtype=dt, rows=rows, cols=cols, forward=(f"bundled {SEM['fwd']}" if fwd else f"eager ({why})"))
                 t["eager_fwd_bwd_us"] = timed(eager_step, device, args.reps)
                 t["eager_fwd_us"] = timed(eager_fwd, device, args.reps)
                 t["ours_bwd_us"] = timed(lambda: k(dy, x, w, EPS, plan), device, args.reps)
@@ -581,15 +629,15 @@ def main(argv=None):
                 traceback.print_exc()
 
     report["seconds"] = round(time.time() - t_start, 1)
-    with open(os.path.join(out_dir, "backward_probe.json"), "w", encoding="utf-8") as fh:
+    with open(os.path.join(out_dir, SEM["out"]), "w", encoding="utf-8") as fh:
         json.dump(report, fh, indent=1)
     print_table(report)
     return 0 if not report["errors"] else 1
 
 
 def print_table(rep):
-    print(f"\n== kernel vs eager autograd (elements differing; emulation in brackets where run), "
-          f"{rep['env'].get('device', 'cpu')} ==")
+    print(f"\n== {rep.get('kernel', 'rms_norm_llama_backward')} vs eager autograd (elements differing; "
+          f"emulation in brackets where run), {rep['env'].get('device', 'cpu')} ==")
     for dt in DT:
         cs = [c for c in rep["cases"] if c["dtype"] == dt]
         if not cs:

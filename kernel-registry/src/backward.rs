@@ -373,70 +373,87 @@ mod tests {
             .collect()
     }
 
-    /// The kernel of docs/backward.md spells each entry with the ABI's parameter types, in order
-    /// (its names may differ: `tps` for `threads_per_sm`; `i64` is `long long`).
+    /// The kernels of docs/backward.md (rms_norm_backward, semantics llama and gemma) spell each
+    /// entry with the ABI's parameter types, in order (their names may differ: `tps` for
+    /// `threads_per_sm`; `i64` is `long long`).
     #[test]
     fn the_backward_kernel_has_the_abi_of_every_entry() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../kernels/rms_norm_llama_backward/kernel.cu");
-        let src = std::fs::read_to_string(&path).unwrap();
-        for s in Op::RmsNormBackward.stages() {
-            let head = format!("rms_norm_llama_bwd_{}_##NAME(", s.name);
-            let at = src.find(&head).unwrap_or_else(|| panic!("no {head}")) + head.len();
-            let params = &src[at..at + src[at..].find(')').unwrap()];
-            let params = params.replace('\\', " ");
-            assert_eq!(param_types(&params), param_types(s.params), "{}", s.name);
-            // the block the ABI fixes is the one the kernel is compiled for
-            let bound = src[..at].rsplit("__launch_bounds__(").next().unwrap();
-            let threads = bound.split([',', ')']).next().unwrap();
-            let want = match threads {
-                "KB_DX_THREADS" => 512,
-                "KB_DW_THREADS" => 128,
-                other => panic!("{other}"),
-            };
-            assert_eq!(s.block, Some(want), "{}", s.name);
+        for sem in ["llama", "gemma"] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("../kernels/rms_norm_{sem}_backward/kernel.cu"));
+            let src = std::fs::read_to_string(&path).unwrap();
+            for s in Op::RmsNormBackward.stages() {
+                let head = format!("rms_norm_{sem}_bwd_{}_##NAME(", s.name);
+                let at = src.find(&head).unwrap_or_else(|| panic!("no {head}")) + head.len();
+                let params = &src[at..at + src[at..].find(')').unwrap()];
+                let params = params.replace('\\', " ");
+                assert_eq!(
+                    param_types(&params),
+                    param_types(s.params),
+                    "{sem} {}",
+                    s.name
+                );
+                // the block the ABI fixes is the one the kernel is compiled for
+                let bound = src[..at].rsplit("__launch_bounds__(").next().unwrap();
+                let threads = bound.split([',', ')']).next().unwrap();
+                let want = match threads {
+                    "KB_DX_THREADS" => 512,
+                    "KB_DW_THREADS" => 128,
+                    other => panic!("{other}"),
+                };
+                assert_eq!(s.block, Some(want), "{sem} {}", s.name);
+            }
+            assert!(src.contains("#define KB_DX_THREADS 512"), "{sem}");
+            assert!(src.contains("#define KB_DW_THREADS 128"), "{sem}");
         }
-        assert!(src.contains("#define KB_DX_THREADS 512"));
-        assert!(src.contains("#define KB_DW_THREADS 128"));
     }
 
-    /// The kernel folder `kernels/rms_norm_llama_backward/` (the one home of its
-    /// manifest: the GPU check, the training check and the client's tests load it) has the
-    /// manifest form of docs/backward.md and fits its source: the source makes its symbols by
-    /// token pasting, so it spells the nine of them out, and without them it is refused.
+    /// The kernel folders `kernels/rms_norm_llama_backward/` and `kernels/rms_norm_gemma_backward/`
+    /// (the one home of each manifest: the GPU check, the training check and the client's tests
+    /// load them) have the manifest form of docs/backward.md and fit their source: the source
+    /// makes its symbols by token pasting, so it spells the nine of them out, and without them it
+    /// is refused.
     #[test]
     fn the_backward_kernel_fits_the_manifest_form() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../kernels/rms_norm_llama_backward");
-        let b = crate::KernelBundle::load_dir(&dir).unwrap();
-        assert_eq!(b.manifest.op, Op::RmsNormBackward);
-        assert_eq!(b.manifest.dtypes(), crate::DType::ALL);
-        assert_eq!(
-            b.manifest.entries[&crate::DType::F16],
-            "rms_norm_llama_bwd_dx_f16"
-        );
-        for dt in crate::DType::ALL {
-            for s in Op::RmsNormBackward.stages() {
-                assert_eq!(
-                    b.manifest.stages[dt][s.name],
-                    format!("rms_norm_llama_bwd_{}_{dt}", s.name)
-                );
+        for (sem, want_sem) in [
+            ("llama", crate::Semantics::Llama),
+            ("gemma", crate::Semantics::Gemma),
+        ] {
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("../kernels/rms_norm_{sem}_backward"));
+            let b = crate::KernelBundle::load_dir(&dir).unwrap();
+            assert_eq!(
+                (b.manifest.op, b.manifest.semantics),
+                (Op::RmsNormBackward, want_sem)
+            );
+            assert_eq!(b.manifest.dtypes(), crate::DType::ALL);
+            assert_eq!(
+                b.manifest.entries[&crate::DType::F16],
+                format!("rms_norm_{sem}_bwd_dx_f16")
+            );
+            for dt in crate::DType::ALL {
+                for s in Op::RmsNormBackward.stages() {
+                    assert_eq!(
+                        b.manifest.stages[dt][s.name],
+                        format!("rms_norm_{sem}_bwd_{}_{dt}", s.name)
+                    );
+                }
             }
-        }
-        // The source makes its symbols by token pasting (`rms_norm_llama_bwd_dx_##NAME`), and a
-        // bundle's check looks for each symbol's text: without the spelled-out list the source
-        // is refused ...
-        let toml = std::fs::read_to_string(dir.join("kernel.toml")).unwrap();
-        let src = &b.source;
-        let cut = src
-            .find("// The entries KB_ENTRIES makes, spelled out")
-            .expect("kernel.cu spells its entries out");
-        let e = crate::KernelBundle::from_parts(&toml, &src[..cut]).unwrap_err();
-        assert_eq!(e.field_name(), Some("entry.bf16.dw"), "{e}");
-        // ... and the macro's instantiations name every dtype (from_parts only finds the
-        // symbols as text)
-        for dt in crate::DType::ALL {
-            assert!(src.contains(&format!("KB_ENTRIES({dt}, ")), "{dt}");
+            // The source makes its symbols by token pasting (`rms_norm_<sem>_bwd_dx_##NAME`),
+            // and a bundle's check looks for each symbol's text: without the spelled-out list
+            // the source is refused ...
+            let toml = std::fs::read_to_string(dir.join("kernel.toml")).unwrap();
+            let src = &b.source;
+            let cut = src
+                .find("// The entries KB_ENTRIES makes, spelled out")
+                .expect("kernel.cu spells its entries out");
+            let e = crate::KernelBundle::from_parts(&toml, &src[..cut]).unwrap_err();
+            assert_eq!(e.field_name(), Some("entry.bf16.dw"), "{sem}: {e}");
+            // ... and the macro's instantiations name every dtype (from_parts only finds the
+            // symbols as text)
+            for dt in crate::DType::ALL {
+                assert!(src.contains(&format!("KB_ENTRIES({dt}, ")), "{sem} {dt}");
+            }
         }
     }
 

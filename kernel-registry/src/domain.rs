@@ -99,8 +99,9 @@ impl Op {
     pub fn semantics(self) -> &'static [Semantics] {
         match self {
             Op::RmsNorm => &[Semantics::Llama, Semantics::Gemma, Semantics::Torch],
-            // HF LlamaRMSNorm's backward only, so far (docs/backward.md).
-            Op::RmsNormBackward => &[Semantics::Llama],
+            // HF LlamaRMSNorm's and GemmaRMSNorm's backward (docs/backward.md): one ABI, the
+            // same orders; llama stays the default (the first).
+            Op::RmsNormBackward => &[Semantics::Llama, Semantics::Gemma],
             _ => &[Semantics::Default],
         }
     }
@@ -672,8 +673,10 @@ mod tests {
         assert!(op.is_backward() && !Op::RmsNorm.is_backward());
         assert_eq!(op.forward(), Some(Op::RmsNorm));
         assert_eq!(Op::RmsNorm.forward(), None);
-        assert_eq!(op.semantics(), [Semantics::Llama]);
-        assert!(op.check_semantics(Semantics::Gemma).is_err());
+        assert_eq!(op.semantics(), [Semantics::Llama, Semantics::Gemma]);
+        assert_eq!(op.default_semantics(), Semantics::Llama);
+        assert!(op.check_semantics(Semantics::Gemma).is_ok());
+        assert!(op.check_semantics(Semantics::Torch).is_err());
         assert_eq!((op.abi(), op.abi_names()), ("", vec![]));
         let st = op.stages();
         let names: Vec<_> = st.iter().map(|s| s.name).collect();

@@ -1,4 +1,4 @@
-"""Eager autograd's backward of HF LlamaRMSNorm on CUDA, emulated on the CPU one rounding at a time.
+"""Eager autograd's backward of HF LlamaRMSNorm (and GemmaRMSNorm: gemma_rms_norm_backward) on CUDA, emulated on the CPU one rounding at a time.
 
 What eager runs (torch 2.11, docs/backward.md has the sources): for
 ``y = w * (x.to(f32) * rsqrt(mean(x.to(f32)^2, -1) + eps)).to(T)`` and an incoming ``dy``:
@@ -305,4 +305,62 @@ def llama_rms_norm_backward(x, w, dy, eps: float, dtype: str, *,
     dx = round_to(gh1 + gh2, dtype)                    # InputBuffer sum, ToCopyBackward0
     if return_parts:
         return dx, dw, dict(r=r, s=s, ga=ga, gp=gp, nc=nc, gw=gw, gn=gn)
+    return dx, dw
+
+
+def gemma_rms_norm_backward(x, w, dy, eps: float, dtype: str, *,
+                            rsqrt: Callable | None = None,
+                            r=None,
+                            row_sum_fn: Callable | None = None,
+                            col_sum_fn: Callable | None = None,
+                            mean_sq_fn: Callable | None = None,
+                            div_n_fn: Callable | None = None,
+                            num_sms: int = 132, max_threads_per_sm: int = 2048,
+                            return_parts: bool = False):
+    """(dx, dw) of eager autograd through HF GemmaRMSNorm (Gemma, Gemma2, Gemma3), as float32
+    arrays holding T values; the pieces as in llama_rms_norm_backward (docs/backward.md, "Gemma").
+
+    ``y = (h * rsqrt(mean(h^2) + eps) * (1 + f32(w))).type_as(x)``, ``h = f32(x)``: the product
+    with the weight is taken in f32 and rounded once at the end, so nothing in the chain rounds
+    to T but dx and dw themselves:
+
+        a  = fl(1 + f32(w))                      AddBackward1's output (the forward's)
+        n  = fl(h * r)                           saved by MulBackward0 of o = n * a (f32)
+        go = f32(dy)                             ToCopyBackward0 of type_as (exact)
+        dw = round_T(colsum_f32(fl(go * n)))     MulBackward0 (grad of a) + sum_to, f32 in and
+                                                 out (sum_functor<float>); ToCopyBackward0 of
+                                                 w.float() rounds to T
+        gn = fl(go * a)                          MulBackward0 (grad of n), f32
+        then llama's steps from gh1 = gn * r on (RsqrtBackward0, MeanBackward1, PowBackward0,
+        the InputBuffer sum, ToCopyBackward0 of x.float())."""
+    h = np.ascontiguousarray(x, dtype=F32)
+    rows, cols = h.shape
+    wv = np.asarray(w, dtype=F32)
+    g_out = np.asarray(dy, dtype=F32)
+    if r is None:
+        if mean_sq_fn is None:
+            var = row_sum(h * h) * mean_factor(rows, cols)
+        else:
+            var = np.asarray(mean_sq_fn(h), dtype=F32)
+        r = (rsqrt or rsqrt_f64)(var + F32(eps))
+    r = np.asarray(r, dtype=F32).reshape(rows)
+    rc = r[:, None]
+    a = F32(1.0) + wv                                  # 1.0 + w.float()
+    n = h * rc                                         # the f32 n, saved
+    gw = g_out * n                                     # MulBackward0: grad * self (n)
+    cs = (col_sum_fn or (lambda v: col_sum(v, num_sms, max_threads_per_sm)))(gw)
+    dw = round_to(cs, dtype)                           # sum_to(.., [cols]) in f32, then to T
+    gn = g_out * a[None, :]                            # MulBackward0: grad * other (a), f32
+    gh1 = gn * rc                                      # MulBackward0 of h * r: grad * r
+    q = gn * h                                         # ... grad * h, then sum_to [rows, 1]
+    s = np.asarray((row_sum_fn or row_sum)(q), dtype=F32).reshape(rows)
+    ga = (s * F32(-0.5)) * ((r * r) * r)               # RsqrtBackward0
+    if div_n_fn is None:
+        gp = ga * inv_n(cols)                          # MeanBackward1: expand, / N
+    else:
+        gp = np.asarray(div_n_fn(ga, cols), dtype=F32)
+    gh2 = gp[:, None] * (h * F32(2.0))                 # PowBackward0: grad * (2 * h.pow(1))
+    dx = round_to(gh1 + gh2, dtype)                    # InputBuffer sum, ToCopyBackward0
+    if return_parts:
+        return dx, dw, dict(r=r, s=s, ga=ga, gp=gp, n=n, gw=gw, gn=gn, a=a)
     return dx, dw

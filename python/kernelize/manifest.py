@@ -19,7 +19,7 @@ from typing import Any
 # kernel-registry's Op, in declaration order (python/tests/fixtures/abi.json is checked against it)
 OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "fused_add_layer_norm", "silu", "silu_and_mul",
        "gelu", "gelu_tanh", "silu_mul", "gelu_tanh_mul")
-SEMANTICS = {"rms_norm": ("llama", "gemma", "torch"), "rms_norm_backward": ("llama",)}
+SEMANTICS = {"rms_norm": ("llama", "gemma", "torch"), "rms_norm_backward": ("llama", "gemma")}
 # kernel-registry's backward ops (docs/spec.md section 2c) and their entries (`Op::stages`, in
 # launch order; python/tests/fixtures/abi.json's `backward_ops` is checked against it).
 BACKWARD_OPS = {"rms_norm_backward": ("dx", "dwp", "dw"), "silu_mul_backward": ("grad",),

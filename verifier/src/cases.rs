@@ -845,6 +845,27 @@ mod tests {
                 s.cols as usize * 2
             );
         }
+        // semantics gemma (GemmaRMSNorm's backward): the same shapes, weights around 0 (the
+        // module multiplies by 1 + w), llama's around 1
+        let gem = suite(
+            Op::RmsNormBackward,
+            Semantics::Gemma,
+            &[DType::Bf16],
+            false,
+            7,
+            &[],
+        );
+        let shapes = |v: &[CaseSpec]| v.iter().map(|s| (s.rows, s.cols)).collect::<Vec<_>>();
+        assert_eq!(shapes(&gem), shapes(&cases));
+        let mean_w = |s: &CaseSpec| {
+            let w = generate(s).weight.unwrap();
+            (0..w.len()).map(|j| w.get(j) as f64).sum::<f64>() / w.len() as f64
+        };
+        let (g, l) = (mean_w(&gem[0]), mean_w(&cases[0]));
+        assert!(
+            g.abs() < 0.25 && (l - 1.0).abs() < 0.25,
+            "gemma {g}, llama {l}"
+        );
         // a forward op's suite is unchanged by it: no dy, its own anchors
         let fwd = suite(Op::RmsNorm, Semantics::Llama, &[DType::Bf16], false, 7, &[]);
         assert!(!fwd.iter().any(|s| s.rows == 1021));

@@ -208,11 +208,11 @@ pub fn oracle(spec: &CaseSpec, inp: &CaseInputs, ranges: &[(usize, usize)]) -> V
                 let dy = inp.dy.as_ref().expect("a backward case has dy");
                 let w = inp.weight.as_ref().expect("norm has weight");
                 let row = start / cols;
-                let (r, sum_gh) = rms_backward_row(inp, row, cols, spec.eps);
+                let (r, sum_gh) = rms_backward_row(spec, inp, row, cols);
                 let n = cols as f64;
                 (start..start + len)
                     .map(|i| {
-                        let g = f(dy, i) * f(w, i - row * cols);
+                        let g = f(dy, i) * rms_weight(spec.semantics, f(w, i - row * cols));
                         r * g - r * r * r / n * f(&inp.x, i) * sum_gh
                     })
                     .collect()
@@ -241,19 +241,28 @@ pub fn oracle(spec: &CaseSpec, inp: &CaseInputs, ranges: &[(usize, usize)]) -> V
     ranges.par_iter().flat_map_iter(per_range).collect()
 }
 
-/// HF LlamaRMSNorm's backward in f64 for row `row`: `r = 1 / sqrt(mean(h^2) + eps)` and
-/// `sum_k g_k h_k` with `g = dy * w` (no rounding anywhere: the truth). Then
-/// `dx_j = r g_j - (r^3 / N) h_j sum_k g_k h_k` and `dw_j = sum_i dy_ij h_ij r_i`.
-fn rms_backward_row(inp: &CaseInputs, row: usize, cols: usize, eps: f32) -> (f64, f64) {
+/// The factor an RMSNorm's normalised row is multiplied by: `w` (llama, torch), `1 + w` (gemma).
+fn rms_weight(sem: Semantics, w: f64) -> f64 {
+    match sem {
+        Semantics::Gemma => 1.0 + w,
+        _ => w,
+    }
+}
+
+/// HF LlamaRMSNorm's (GemmaRMSNorm's) backward in f64 for row `row`: `r = 1 / sqrt(mean(h^2) +
+/// eps)` and `sum_k g_k h_k` with `g = dy * w` (gemma: `dy * (1 + w)`; no rounding anywhere: the
+/// truth). Then `dx_j = r g_j - (r^3 / N) h_j sum_k g_k h_k` and `dw_j = sum_i dy_ij h_ij r_i`
+/// (the same for both: the derivative of `w` and of `1 + w` by `w` is 1).
+fn rms_backward_row(spec: &CaseSpec, inp: &CaseInputs, row: usize, cols: usize) -> (f64, f64) {
     let dy = inp.dy.as_ref().expect("a backward case has dy");
     let w = inp.weight.as_ref().expect("norm has weight");
     let (mut sq, mut gh) = (0.0f64, 0.0f64);
     for j in 0..cols {
         let h = f(&inp.x, row * cols + j);
         sq += h * h;
-        gh += f(dy, row * cols + j) * f(w, j) * h;
+        gh += f(dy, row * cols + j) * rms_weight(spec.semantics, f(w, j)) * h;
     }
-    (1.0 / (sq / cols as f64 + eps as f64).sqrt(), gh)
+    (1.0 / (sq / cols as f64 + spec.eps as f64).sqrt(), gh)
 }
 
 /// nn.LayerNorm's backward in f64 for row `row`, from the saved statistics the case gives
@@ -310,7 +319,7 @@ pub fn backward_dw(spec: &CaseSpec, inp: &CaseInputs) -> Vec<f64> {
     let dy = inp.dy.as_ref().expect("a backward case has dy");
     let r: Vec<f64> = (0..rows)
         .into_par_iter()
-        .map(|i| rms_backward_row(inp, i, cols, spec.eps).0)
+        .map(|i| rms_backward_row(spec, inp, i, cols).0)
         .collect();
     (0..cols)
         .into_par_iter()
@@ -476,9 +485,9 @@ mod tests {
     }
 
     /// The backward oracle is the derivative of the forward's truth: against central finite
-    /// differences of `L = sum dy * y(x, w)` in f64 (y = w * h * r), for dx and dw.
-    #[test]
-    fn rms_norm_backward_is_the_forward_truths_derivative() {
+    /// differences of `L = sum dy * y(x, w)` in f64 (llama: y = w * h * r; gemma: y = (1 + w) * h
+    /// * r), for dx and dw.
+    fn rms_norm_backward_is_the_forward_truths_derivative(sem: Semantics) {
         let (rows, cols) = (3usize, 5usize);
         let xs: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 7 % 11) as f32 - 5.0) / 4.0)
@@ -487,12 +496,7 @@ mod tests {
         let dys: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 5 % 7) as f32 - 3.0) / 2.0)
             .collect();
-        let mut sp = spec(
-            Op::RmsNormBackward,
-            Semantics::Llama,
-            rows as u64,
-            cols as u64,
-        );
+        let mut sp = spec(Op::RmsNormBackward, sem, rows as u64, cols as u64);
         sp.eps = 0.0625;
         let inp = CaseInputs {
             mean: None,
@@ -511,7 +515,7 @@ mod tests {
                 let var = h.iter().map(|v| v * v).sum::<f64>() / cols as f64;
                 let r = 1.0 / (var + sp.eps as f64).sqrt();
                 for j in 0..cols {
-                    l += dys[i * cols + j] as f64 * w[j] * h[j] * r;
+                    l += dys[i * cols + j] as f64 * rms_weight(sem, w[j]) * h[j] * r;
                 }
             }
             l
@@ -523,14 +527,58 @@ mod tests {
         let dx = oracle(&sp, &inp, &ranges);
         for (i, &got) in dx.iter().enumerate() {
             let want = slope(&|x| loss(x, &w0), &x0, i);
-            assert!((got - want).abs() < 1e-6, "dx[{i}] {got} vs {want}");
+            assert!((got - want).abs() < 1e-6, "{sem} dx[{i}] {got} vs {want}");
         }
         let dw = backward_dw(&sp, &inp);
         assert_eq!(dw.len(), cols);
         for (j, &got) in dw.iter().enumerate() {
             let want = slope(&|w| loss(&x0, w), &w0, j);
-            assert!((got - want).abs() < 1e-6, "dw[{j}] {got} vs {want}");
+            assert!((got - want).abs() < 1e-6, "{sem} dw[{j}] {got} vs {want}");
         }
+    }
+
+    #[test]
+    fn rms_norm_backward_llama_is_the_forward_truths_derivative() {
+        rms_norm_backward_is_the_forward_truths_derivative(Semantics::Llama);
+    }
+
+    #[test]
+    fn rms_norm_backward_gemma_is_the_forward_truths_derivative() {
+        rms_norm_backward_is_the_forward_truths_derivative(Semantics::Gemma);
+    }
+
+    /// gemma's dx is not llama's on the same inputs (the weight enters as 1 + w), its dw is.
+    #[test]
+    fn rms_norm_backward_gemma_differs_from_llama_in_dx_only() {
+        let (rows, cols) = (2usize, 4usize);
+        let xs: Vec<f32> = (0..rows * cols).map(|i| i as f32 / 3.0 - 1.0).collect();
+        let ws: Vec<f32> = (0..cols).map(|j| j as f32 / 8.0 - 0.1).collect();
+        let dys: Vec<f32> = (0..rows * cols).map(|i| 1.0 - i as f32 / 5.0).collect();
+        let inp = CaseInputs {
+            mean: None,
+            rstd: None,
+            x: tensor(DType::F32, &xs),
+            up: None,
+            residual: None,
+            weight: Some(tensor(DType::F32, &ws)),
+            bias: None,
+            dy: Some(tensor(DType::F32, &dys)),
+        };
+        let l = spec(
+            Op::RmsNormBackward,
+            Semantics::Llama,
+            rows as u64,
+            cols as u64,
+        );
+        let g = CaseSpec {
+            semantics: Semantics::Gemma,
+            ..l.clone()
+        };
+        let ranges = sample(&l);
+        assert_eq!(sample(&g), ranges);
+        let (dl, dg) = (oracle(&l, &inp, &ranges), oracle(&g, &inp, &ranges));
+        assert!(dl.iter().zip(&dg).any(|(a, b)| (a - b).abs() > 1e-3));
+        assert_eq!(backward_dw(&l, &inp), backward_dw(&g, &inp));
     }
 
     /// layer_norm_backward's oracle is the derivative of nn.LayerNorm's forward: against

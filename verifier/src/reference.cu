@@ -261,7 +261,7 @@ __device__ __forceinline__ float gelu_tanh_f(float h) {
 #define GRID_STRIDE(i, n) \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
 
-// ---- The backward of HF LlamaRMSNorm under eager autograd (docs/backward.md) ------------------
+// ---- The backward of HF LlamaRMSNorm / GemmaRMSNorm under eager autograd (docs/backward.md) ----
 // The candidate's ABI (Op::stages of rms_norm_backward: dx, dwp, dw, launched in that order on
 // one stream with kernel_registry::backward's grids), written as plainly as the forward ones:
 // each loops over its work so any grid gives the same bits. The workspace holds the rows' r
@@ -269,9 +269,28 @@ __device__ __forceinline__ float gelu_tanh_f(float h) {
 // (ctas x cols floats, CTA-major). Not the bundled kernel's code: the row sum is the forward
 // mean's order above, the column sum a transcription of Reduce.cuh's outer reduction
 // (thread_reduce_impl's four accumulators, block_y_reduce, global_reduce) one thread per chain.
+// SEM 0 is llama (y = w * round_T(h * r)), 1 gemma (y = round_T(h * r * (1 + w)), docs/backward.md
+// "Gemma"): the same orders; only the elementwise steps below (rms_bwd_g, rms_bwd_dw_term) differ.
+
+// The gradient reaching n = h * r, in f32: llama's MulBackward0 of w * nc rounds dy * w to T
+// (then ToCopyBackward0 widens it); gemma's MulBackward0 of n * (1 + w) keeps dy * fl(1 + w) in f32.
+template <typename T, int SEM>
+__device__ __forceinline__ float rms_bwd_g(T dy, T w) {
+    if (SEM == 1) return __fmul_rn(f32_of(dy), __fadd_rn(1.0f, f32_of(w)));
+    return f32_of(round_to<T>(__fmul_rn(f32_of(dy), f32_of(w))));
+}
+// dw's summand (MulBackward0's grad of the weight side, before sum_to): llama's
+// round_T(dy * nc), nc = round_T(h * r) (the forward's n.to(T), saved); gemma's fl(dy * n), n = fl(h * r)
+// in f32 (saved), summed in f32 (sum_functor<float>) and rounded to T once at the end.
+template <typename T, int SEM>
+__device__ __forceinline__ float rms_bwd_dw_term(T dy, T x, float r) {
+    const float n = __fmul_rn(f32_of(x), r);
+    if (SEM == 1) return __fmul_rn(f32_of(dy), n);
+    return f32_of(round_to<T>(__fmul_rn(f32_of(dy), f32_of(round_to<T>(n)))));
+}
 
 // dx, and the rows' r into ws: one 512-thread block per row (blocks loop over rows).
-template <typename T>
+template <typename T, int SEM>
 __device__ void rms_bwd_dx_ref(T* dx, float* ws, const T* dy, const T* x, const T* w, long long rows, long long cols, float eps) {
     __shared__ float sh[RB];
     const int t = threadIdx.x;
@@ -284,18 +303,15 @@ __device__ void rms_bwd_dx_ref(T* dx, float* ws, const T* dy, const T* x, const 
         // the forward's r (autograd saves it): the mean of squares in the mean order, + eps, rsqrt
         auto sq = [&](long long i) { const float h = f32_of(xr[i]); return __fmul_rn(h, h); };
         const float r = rsqrtf(__fadd_rn(__fmul_rn(mean_order_sum(sq, rows, row, cols, sh), mean_factor(rows, cols)), eps));
-        // s: the row sum of g * h (MulBackward0 of n = h * r, grad of r; sum_to [rows, 1]), g = f32(round_T(dy * w))
-        auto q = [&](long long i) {
-            const float g = f32_of(round_to<T>(__fmul_rn(f32_of(gr[i]), f32_of(w[i]))));
-            return __fmul_rn(g, f32_of(xr[i]));
-        };
+        // s: the row sum of g * h (MulBackward0 of n = h * r, grad of r; sum_to [rows, 1]), g = rms_bwd_g
+        auto q = [&](long long i) { return __fmul_rn(rms_bwd_g<T, SEM>(gr[i], w[i]), f32_of(xr[i])); };
         const float s = mean_order_sum(q, rows, row, cols, sh);
         // RsqrtBackward0: -0.5 * grad * r.pow(3) (pow 3 = (r * r) * r); MeanBackward1: * (1 / N)
         const float ga = __fmul_rn(__fmul_rn(s, -0.5f), __fmul_rn(__fmul_rn(r, r), r));
         const float gp = __fmul_rn(ga, inv_n);
         for (long long i = t; i < cols; i += RB) {
             const float h = f32_of(xr[i]);
-            const float g = f32_of(round_to<T>(__fmul_rn(f32_of(gr[i]), f32_of(w[i]))));
+            const float g = rms_bwd_g<T, SEM>(gr[i], w[i]);
             const float gh1 = __fmul_rn(g, r);                    // MulBackward0 of h * r: grad * r
             const float gh2 = __fmul_rn(gp, __fmul_rn(2.0f, h));   // PowBackward0: grad * (2 * h)
             dr[i] = round_to<T>(__fadd_rn(gh1, gh2));             // the InputBuffer's sum, to T
@@ -340,10 +356,9 @@ __device__ ColCfg col_cfg(long long rows, long long cols, long long sms, long lo
 // dwp: CTA k's partial of column c, one thread per (k, c): each of the block's warp-rows y
 // (y < bh when they split the rows, else y = 0) runs thread_reduce_impl over rows
 // y + bh*k + step*m (the m-th into accumulator m % 4, folded ((a0 + a1) + a2) + a3), then
-// block_y_reduce: offsets bh/2 .. 1, lower += upper. The summand is MulBackward0's
-// round_T(dy * nc), nc = round_T(h * r) (the forward's n.to(T), saved).
+// block_y_reduce: offsets bh/2 .. 1, lower += upper. The summand is rms_bwd_dw_term.
 #define KZ_REF_MAX_BH 512
-template <typename T>
+template <typename T, int SEM>
 __device__ void rms_bwd_dwp_ref(float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long threads_per_sm) {
     const ColCfg c = col_cfg(rows, cols, sms, threads_per_sm);
     const long long ys = c.split ? c.bh : 1;
@@ -355,9 +370,7 @@ __device__ void rms_bwd_dwp_ref(float* ws, const T* dy, const T* x, long long ro
             float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             long long m = 0;
             for (long long row = y + (c.ctas > 1 ? c.bh * k : 0); row < rows; row += c.step, ++m) {
-                const float h = f32_of(x[row * cols + col]);
-                const T nc = round_to<T>(__fmul_rn(h, ws[row]));
-                const float v = f32_of(round_to<T>(__fmul_rn(f32_of(dy[row * cols + col]), f32_of(nc))));
+                const float v = rms_bwd_dw_term<T, SEM>(dy[row * cols + col], x[row * cols + col], ws[row]);
                 a[m & 3] = __fadd_rn(a[m & 3], v);
             }
             p[y] = __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[1]), a[2]), a[3]);
@@ -575,9 +588,12 @@ extern "C" __global__ void ref_silu_mul_default_##S(T* out, const T* gate, const
 extern "C" __global__ void ref_gelu_tanh_mul_default_##S(T* out, const T* gate, const T* up, long long rows, long long cols) { \
     GRID_STRIDE(i, rows * cols) { T s = round_to<T>(gelu_tanh_f(f32_of(gate[i]))); \
         out[i] = round_to<T>(__fmul_rn(f32_of(s), f32_of(up[i]))); } } \
-extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_backward_llama_dx_##S(T* dx, float* ws, const T* dy, const T* x, const T* w, long long rows, long long cols, float eps) { rms_bwd_dx_ref<T>(dx, ws, dy, x, w, rows, cols, eps); } \
-extern "C" __global__ void ref_rms_norm_backward_llama_dwp_##S(float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_bwd_dwp_ref<T>(ws, dy, x, rows, cols, sms, threads_per_sm); } \
+extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_backward_llama_dx_##S(T* dx, float* ws, const T* dy, const T* x, const T* w, long long rows, long long cols, float eps) { rms_bwd_dx_ref<T, 0>(dx, ws, dy, x, w, rows, cols, eps); } \
+extern "C" __global__ void ref_rms_norm_backward_llama_dwp_##S(float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_bwd_dwp_ref<T, 0>(ws, dy, x, rows, cols, sms, threads_per_sm); } \
 extern "C" __global__ void ref_rms_norm_backward_llama_dw_##S(T* dw, const float* ws, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_bwd_dw_ref<T>(dw, ws, rows, cols, sms, threads_per_sm); } \
+extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_backward_gemma_dx_##S(T* dx, float* ws, const T* dy, const T* x, const T* w, long long rows, long long cols, float eps) { rms_bwd_dx_ref<T, 1>(dx, ws, dy, x, w, rows, cols, eps); } \
+extern "C" __global__ void ref_rms_norm_backward_gemma_dwp_##S(float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_bwd_dwp_ref<T, 1>(ws, dy, x, rows, cols, sms, threads_per_sm); } \
+extern "C" __global__ void ref_rms_norm_backward_gemma_dw_##S(T* dw, const float* ws, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_bwd_dw_ref<T>(dw, ws, rows, cols, sms, threads_per_sm); } \
 extern "C" __global__ void ref_silu_mul_backward_default_grad_##S(T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols) { silu_mul_bwd_grad_ref<T>(d_gate, d_up, dy, gate, up, rows, cols); } \
 extern "C" __global__ void ref_gelu_tanh_mul_backward_default_grad_##S(T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols) { gelu_tanh_mul_bwd_grad_ref<T>(d_gate, d_up, dy, gate, up, rows, cols); } \
 extern "C" __global__ void ref_layer_norm_backward_default_dx_##S(T* dx, const T* dy, const T* x, const float* mean, const float* rstd, const T* w, long long rows, long long cols) { ln_bwd_dx_ref<T>(dx, dy, x, mean, rstd, w, rows, cols); } \

@@ -509,6 +509,27 @@ dw = "k_dw"
         }
     }
 
+    /// The bundled rms_norm_backward kernels (kernels/rms_norm_llama_backward and
+    /// kernels/rms_norm_gemma_backward) are verified with the backward suite of their own
+    /// semantics (the reference entries `ref_rms_norm_backward_<sem>_*`, gemma's weights around 0):
+    /// every dtype, the column sum's order changes.
+    #[test]
+    fn the_bundled_rms_norm_backward_kernels_run_their_backward_suite() {
+        for (name, sem) in [
+            ("rms_norm_llama_backward", kernel_registry::Semantics::Llama),
+            ("rms_norm_gemma_backward", kernel_registry::Semantics::Gemma),
+        ] {
+            let ids = ["1020x4096/normal", "1021x4096/normal", "1500x1001/normal"];
+            let r = bundled_backward_suite(name, kernel_registry::Op::RmsNormBackward, &ids);
+            assert_eq!(r.kernel.semantics, sem, "{name}");
+            assert!(
+                r.reference.contains(&format!("rms_norm_backward/{sem}")),
+                "{name}: {}",
+                r.reference
+            );
+        }
+    }
+
     /// The bundled layer_norm_backward kernel (kernels/layer_norm_backward) is verified with
     /// its backward suite: every dtype, eager's chain-count boundaries, at most 65536 rows.
     #[test]

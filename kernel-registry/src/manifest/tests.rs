@@ -973,9 +973,9 @@ fn bad_backward_manifests_name_the_field() {
             "no Python signature",
         ),
         (
-            bwd_with("semantics = \"llama\"", "semantics = \"gemma\""),
+            bwd_with("semantics = \"llama\"", "semantics = \"torch\""),
             "semantics",
-            "one of llama",
+            "one of llama, gemma",
         ),
         (
             with(
