@@ -1,6 +1,6 @@
 """Training mode (`kernelize(model, ..., mode="training")`): a swapped layer under autograd runs
 its forward and its backward as hub kernels (issue 30; docs/backward.md, docs/backward-gated.md,
-docs/spec.md section 2c, docs/backward-layer-norm.md). Three ops have a backward op:
+docs/spec.md section 2c, docs/backward-layer-norm.md). Four ops have a backward op:
 
 * an HF LlamaRMSNorm-style layer (op `rms_norm`, semantics `llama`): `rms_norm_backward`;
 * a gated MLP swapped for `silu_mul` (HF LlamaMLP's `act_fn(gate_proj(x)) * up_proj(x)`,
