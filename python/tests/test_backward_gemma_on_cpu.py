@@ -188,10 +188,30 @@ SOURCES = {
 }
 
 
-@lru_cache(maxsize=2)
-def _runner(which: str) -> Path:
+# The red-team variants of verifier/tests/gpu.rs (gemma_backward/*): each mutation (from, to)
+# applied to the kernel's source; the test below holds they are gpu.rs's strings.
+GPU_VARIANTS = {
+    "gn_rounded": ("KB_DEV float kb_gn(float dy, float w) { return __fmul_rn(dy, __fadd_rn(1.0f, w)); }",
+                   "#define kb_gn(dy, w) BT<T>::rnd(__fmul_rn((dy), __fadd_rn(1.0f, (w))))"),
+    "dw_terms_rounded": ("KB_DEV float kb_dwt(float dy, float h, float r) { return __fmul_rn(dy, __fmul_rn(h, r)); }",
+                         "#define kb_dwt(dy, h, r) BT<T>::rnd(__fmul_rn((dy), BT<T>::rnd(__fmul_rn((h), (r)))))"),
+}
+
+
+def _source(which: str) -> tuple[str, str]:
+    if which in GPU_VARIANTS:
+        src = KSRC.read_text(encoding="utf-8")
+        a, b = GPU_VARIANTS[which]
+        assert src.count(a) == 1, which
+        return src.replace(a, b), SOURCES["kernel"][1]
     read, prefix = SOURCES[which]
-    return build_own_main("bwg-", L.MAIN.replace("%P%", prefix), read())
+    return read(), prefix
+
+
+@lru_cache(maxsize=4)
+def _runner(which: str) -> Path:
+    src, prefix = _source(which)
+    return build_own_main("bwg-", L.MAIN.replace("%P%", prefix), src)
 
 
 def _run_cases(which, cases, seed):
@@ -263,3 +283,27 @@ def test_in_f32_gemmas_dw_is_llamas_with_the_same_inputs():
         _, ldw = B.llama_rms_norm_backward(x, w, dy, 1e-6, "f32", num_sms=sms)
         _, gdw = B.gemma_rms_norm_backward(x, w, dy, 1e-6, "f32", num_sms=sms)
         assert _ndiff(ldw, gdw) == 0, (rows, cols)
+
+
+def _rust_str(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"')
+
+
+@pytest.mark.parametrize("variant,off,exact", [("gn_rounded", "dx", "dw"), ("dw_terms_rounded", "dw", "dx")])
+def test_the_gpu_checks_red_team_variants_break_one_gradient(variant, off, exact):
+    # verifier/tests/gpu.rs's gemma_backward/<variant> (verified in bf16 there): on the CPU the
+    # mutated kernel is off in the one gradient and exact in the other, in bf16 and f16; in f32
+    # (rounding to T the identity) exact in both
+    gpu = (REPO / "verifier" / "tests" / "gpu.rs").read_text(encoding="utf-8")
+    for part in GPU_VARIANTS[variant]:
+        assert f'"{_rust_str(part)}"' in gpu, f"gpu.rs's {variant} is not this test's: {part}"
+    cases = [(33, 100, 132, 1, 1), (64, 1024, 132, 2, 5), (1100, 512, 5, 4, 9)]
+    n = {}
+    for (dt, rows, cols, sms, x, dy, w), (kr, kdx, kdw) in _run_cases(variant, cases, 11):
+        edx, edw = B.gemma_rms_norm_backward(x, w, dy, 1e-6, dt, rsqrt=L._harness_rsqrt, num_sms=sms)
+        d = n.setdefault(dt, {"dx": 0, "dw": 0})
+        d["dx"] += _ndiff(kdx, edx)
+        d["dw"] += _ndiff(kdw, edw)
+    for dt in ("bf16", "f16"):
+        assert n[dt][off] > 0 and n[dt][exact] == 0, (variant, dt, n)
+    assert n["f32"] == {"dx": 0, "dw": 0}, (variant, n)

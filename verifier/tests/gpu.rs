@@ -93,6 +93,30 @@ fn backward_bundle(variant: &str) -> Result<KernelBundle, String> {
     mutated_bundle("rms_norm_llama_backward", variant, m)
 }
 
+/// The backward of HF GemmaRMSNorm (`kernels/rms_norm_gemma_backward/`, bundled; docs/backward.md,
+/// "Gemma"), with one mutation per red-team variant: `exact` none; `gn_rounded` the gradient of n,
+/// `dy * (1 + w)`, rounded to T as llama's `dy * w` is (dx moves, dw exact; bf16: in f32 the
+/// rounding is the identity); `dw_terms_rounded` dw's summands rounded to T as llama's are,
+/// `round_T(dy * round_T(h * r))` (dw moves, dx exact; bf16). Both are what porting the llama
+/// kernel without gemma's f32 chain gives.
+fn gemma_backward_bundle(variant: &str) -> Result<KernelBundle, String> {
+    let m: &[(&str, &str, usize)] = match variant {
+        "exact" => &[],
+        "gn_rounded" => &[(
+            "KB_DEV float kb_gn(float dy, float w) { return __fmul_rn(dy, __fadd_rn(1.0f, w)); }",
+            "#define kb_gn(dy, w) BT<T>::rnd(__fmul_rn((dy), __fadd_rn(1.0f, (w))))",
+            1,
+        )],
+        "dw_terms_rounded" => &[(
+            "KB_DEV float kb_dwt(float dy, float h, float r) { return __fmul_rn(dy, __fmul_rn(h, r)); }",
+            "#define kb_dwt(dy, h, r) BT<T>::rnd(__fmul_rn((dy), BT<T>::rnd(__fmul_rn((h), (r)))))",
+            1,
+        )],
+        other => return Err(format!("no gemma backward variant `{other}`")),
+    };
+    mutated_bundle("rms_norm_gemma_backward", variant, m)
+}
+
 /// The backward of silu(gate) * up (`kernels/silu_mul_backward/`, bundled; docs/backward-gated.md),
 /// with one mutation per red-team variant: `exact` none; `fma_unfused` silu_backward's
 /// `fma(1 - s, g, 1)` in two roundings (d_gate moves by ulps, d_up exact; verified in f32, where
@@ -185,7 +209,8 @@ fn gradient_class(r: &VerificationReport, gradient: &str) -> String {
 }
 
 /// Verify a fixture (`good/...`, `broken/...`: bf16), a bundled kernel (`kernels/NAME`: every
-/// dtype it declares) or a backward kernel (`backward/VARIANT`, rms_norm_llama_backward's, and
+/// dtype it declares) or a backward kernel (`backward/VARIANT`, rms_norm_llama_backward's;
+/// `gemma_backward/VARIANT`, rms_norm_gemma_backward's: `exact` in every dtype, the others in bf16;
 /// `gated_backward/VARIANT`, silu_mul_backward's: `exact` in every dtype, the red-team variants
 /// in bf16, `fma_unfused` in f32; `gelu_backward/VARIANT`, gelu_tanh_mul_backward's: `exact` in
 /// every dtype, `tanh_derivative_unfused` in f32, `fast_tanh` in bf16), with the quick suite.
@@ -193,6 +218,9 @@ fn run(rel: &str) -> Result<VerificationReport, String> {
     let (b, dtypes) = if let Some(v) = rel.strip_prefix("backward/") {
         let dts = (v != "exact").then(|| vec![DType::Bf16]);
         (backward_bundle(v)?, dts)
+    } else if let Some(v) = rel.strip_prefix("gemma_backward/") {
+        let dts = (v != "exact").then(|| vec![DType::Bf16]);
+        (gemma_backward_bundle(v)?, dts)
     } else if let Some(v) = rel.strip_prefix("ln_backward/") {
         let dts = match v {
             "exact" => None,
@@ -626,6 +654,39 @@ fn main() -> ExitCode {
         ("backward/dw_at_offset_16", |r| {
             exact_at_fresh_allocations_yet_failed(r)?;
             any_integrity(r, ADDRESS_REASON)
+        }),
+        // rms_norm_backward semantics gemma (HF GemmaRMSNorm; session 28, not yet run on a GPU):
+        // dx and dw against the reference's gemma entries in every dtype, and llama's roundings
+        // ported by mistake caught in the gradient each breaks.
+        ("gemma_backward/exact", |r| {
+            let v = &r.summary.overall;
+            let (dx, dw) = (gradient_class(r, "dx"), gradient_class(r, "dw"));
+            if v.class == ExactnessClass::BitExact
+                && v.deterministic
+                && v.integrity_ok
+                && r.summary.per_dtype.len() == DType::ALL.len()
+            {
+                bit_exact_policy_admits(r)?;
+                Ok(format!("dx {dx}, dw {dw} over {} cases", v.cases_run))
+            } else {
+                Err(format!("dx {dx}, dw {dw}: {}", v.describe()))
+            }
+        }),
+        ("gemma_backward/gn_rounded", |r| {
+            let (dx, dw) = (gradient_class(r, "dx"), gradient_class(r, "dw"));
+            if dx != "bit_exact" && dw == "bit_exact" {
+                Ok(format!("dx {dx}, dw {dw}"))
+            } else {
+                Err(format!("expected dx off and dw exact: dx {dx}, dw {dw}"))
+            }
+        }),
+        ("gemma_backward/dw_terms_rounded", |r| {
+            let (dx, dw) = (gradient_class(r, "dx"), gradient_class(r, "dw"));
+            if dx == "bit_exact" && dw != "bit_exact" {
+                Ok(format!("dx {dx}, dw {dw}"))
+            } else {
+                Err(format!("expected dw off and dx exact: dx {dx}, dw {dw}"))
+            }
         }),
         // silu_mul_backward through the backward suite: each gradient against the reference,
         // batch invariance of both; red-team variants each caught where they break it.
