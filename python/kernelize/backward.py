@@ -258,6 +258,38 @@ def inv_n(cols: int) -> np.float32:
     return F32(1.0 / float(cols))
 
 
+def _saved(x, w, dy, eps: float, rsqrt: Callable | None, r, mean_sq_fn: Callable | None):
+    """The RMSNorm backward's inputs as f32 arrays (h = f32(x), w, dy) and the forward's saved
+    rsqrt r [rows] (given, or computed in the forward's order), for both semantics."""
+    h = np.ascontiguousarray(x, dtype=F32)
+    rows, cols = h.shape
+    if r is None:
+        if mean_sq_fn is None:
+            var = row_sum(h * h) * mean_factor(rows, cols)
+        else:
+            var = np.asarray(mean_sq_fn(h), dtype=F32)
+        r = (rsqrt or rsqrt_f64)(var + F32(eps))
+    return h, np.asarray(w, dtype=F32), np.asarray(dy, dtype=F32), np.asarray(r, dtype=F32).reshape(rows)
+
+
+def _dx_from_gn(gn, h, r, dtype: str, row_sum_fn: Callable | None, div_n_fn: Callable | None):
+    """dx from gn, the f32 gradient reaching n = h * r (both semantics' chains from there on
+    are the same: MulBackward0 of h * r, RsqrtBackward0, MeanBackward1, PowBackward0, the
+    InputBuffer sum, ToCopyBackward0), and the intermediate parts (r, s, ga, gp)."""
+    rows, cols = h.shape
+    gh1 = gn * r[:, None]                              # MulBackward0 of h * r: grad * r
+    q = gn * h                                         # ... grad * h, then sum_to [rows, 1]
+    s = np.asarray((row_sum_fn or row_sum)(q), dtype=F32).reshape(rows)
+    ga = (s * F32(-0.5)) * ((r * r) * r)               # RsqrtBackward0
+    if div_n_fn is None:
+        gp = ga * inv_n(cols)                          # MeanBackward1: expand, / N
+    else:
+        gp = np.asarray(div_n_fn(ga, cols), dtype=F32)
+    gh2 = gp[:, None] * (h * F32(2.0))                 # PowBackward0: grad * (2 * h.pow(1))
+    dx = round_to(gh1 + gh2, dtype)                    # InputBuffer sum, ToCopyBackward0
+    return dx, dict(r=r, s=s, ga=ga, gp=gp)
+
+
 def llama_rms_norm_backward(x, w, dy, eps: float, dtype: str, *,
                             rsqrt: Callable | None = None,
                             r=None,
@@ -275,36 +307,16 @@ def llama_rms_norm_backward(x, w, dy, eps: float, dtype: str, *,
     mean of squares, `rsqrt`, or `r` ([rows], the forward's saved rsqrt directly),
     `row_sum_fn(v) -> [rows]`, `col_sum_fn(v) -> [cols]` (f32, before rounding to T),
     `div_n_fn(a, n) -> a / n` (the MeanBackward division)."""
-    h = np.ascontiguousarray(x, dtype=F32)
-    rows, cols = h.shape
-    wv = np.asarray(w, dtype=F32)
-    g_out = np.asarray(dy, dtype=F32)
-    if r is None:
-        if mean_sq_fn is None:
-            var = row_sum(h * h) * mean_factor(rows, cols)
-        else:
-            var = np.asarray(mean_sq_fn(h), dtype=F32)
-        r = (rsqrt or rsqrt_f64)(var + F32(eps))
-    r = np.asarray(r, dtype=F32).reshape(rows)
+    h, wv, g_out, r = _saved(x, w, dy, eps, rsqrt, r, mean_sq_fn)
     rc = r[:, None]
     nc = round_to(h * rc, dtype)                       # the forward's n.to(T), saved
     gw = round_to(g_out * nc, dtype)                   # MulBackward0: grad * other
     cs = (col_sum_fn or (lambda v: col_sum(v, num_sms, max_threads_per_sm)))(gw)
     dw = round_to(cs, dtype)                           # sum_to(.., [cols]) in T
-    gn = round_to(g_out * wv[None, :], dtype)          # MulBackward0: grad * self (w)
-    g = gn                                             # ToCopyBackward0: exact widening
-    gh1 = g * rc                                       # MulBackward0 of h * r: grad * r
-    q = g * h                                          # ... grad * h, then sum_to [rows, 1]
-    s = np.asarray((row_sum_fn or row_sum)(q), dtype=F32).reshape(rows)
-    ga = (s * F32(-0.5)) * ((r * r) * r)               # RsqrtBackward0
-    if div_n_fn is None:
-        gp = ga * inv_n(cols)                          # MeanBackward1: expand, / N
-    else:
-        gp = np.asarray(div_n_fn(ga, cols), dtype=F32)
-    gh2 = gp[:, None] * (h * F32(2.0))                 # PowBackward0: grad * (2 * h.pow(1))
-    dx = round_to(gh1 + gh2, dtype)                    # InputBuffer sum, ToCopyBackward0
+    gn = round_to(g_out * wv[None, :], dtype)          # MulBackward0: grad * self (w); widened exactly
+    dx, parts = _dx_from_gn(gn, h, r, dtype, row_sum_fn, div_n_fn)
     if return_parts:
-        return dx, dw, dict(r=r, s=s, ga=ga, gp=gp, nc=nc, gw=gw, gn=gn)
+        return dx, dw, dict(parts, nc=nc, gw=gw, gn=gn)
     return dx, dw
 
 
@@ -333,17 +345,7 @@ def gemma_rms_norm_backward(x, w, dy, eps: float, dtype: str, *,
         gn = fl(go * a)                          MulBackward0 (grad of n), f32
         then llama's steps from gh1 = gn * r on (RsqrtBackward0, MeanBackward1, PowBackward0,
         the InputBuffer sum, ToCopyBackward0 of x.float())."""
-    h = np.ascontiguousarray(x, dtype=F32)
-    rows, cols = h.shape
-    wv = np.asarray(w, dtype=F32)
-    g_out = np.asarray(dy, dtype=F32)
-    if r is None:
-        if mean_sq_fn is None:
-            var = row_sum(h * h) * mean_factor(rows, cols)
-        else:
-            var = np.asarray(mean_sq_fn(h), dtype=F32)
-        r = (rsqrt or rsqrt_f64)(var + F32(eps))
-    r = np.asarray(r, dtype=F32).reshape(rows)
+    h, wv, g_out, r = _saved(x, w, dy, eps, rsqrt, r, mean_sq_fn)
     rc = r[:, None]
     a = F32(1.0) + wv                                  # 1.0 + w.float()
     n = h * rc                                         # the f32 n, saved
@@ -351,16 +353,7 @@ def gemma_rms_norm_backward(x, w, dy, eps: float, dtype: str, *,
     cs = (col_sum_fn or (lambda v: col_sum(v, num_sms, max_threads_per_sm)))(gw)
     dw = round_to(cs, dtype)                           # sum_to(.., [cols]) in f32, then to T
     gn = g_out * a[None, :]                            # MulBackward0: grad * other (a), f32
-    gh1 = gn * rc                                      # MulBackward0 of h * r: grad * r
-    q = gn * h                                         # ... grad * h, then sum_to [rows, 1]
-    s = np.asarray((row_sum_fn or row_sum)(q), dtype=F32).reshape(rows)
-    ga = (s * F32(-0.5)) * ((r * r) * r)               # RsqrtBackward0
-    if div_n_fn is None:
-        gp = ga * inv_n(cols)                          # MeanBackward1: expand, / N
-    else:
-        gp = np.asarray(div_n_fn(ga, cols), dtype=F32)
-    gh2 = gp[:, None] * (h * F32(2.0))                 # PowBackward0: grad * (2 * h.pow(1))
-    dx = round_to(gh1 + gh2, dtype)                    # InputBuffer sum, ToCopyBackward0
+    dx, parts = _dx_from_gn(gn, h, r, dtype, row_sum_fn, div_n_fn)
     if return_parts:
-        return dx, dw, dict(r=r, s=s, ga=ga, gp=gp, n=n, gw=gw, gn=gn, a=a)
+        return dx, dw, dict(parts, n=n, gw=gw, gn=gn, a=a)
     return dx, dw
