@@ -13,9 +13,10 @@ replace and keeps every layer; both runs are eager, so they agree by constructio
 script and the kernels folder, not the kernels).
 
 What it runs: a kernels folder of the bundled exact forwards (`kernels/rms_norm_llama`,
-`kernels/silu_mul`, `kernels/gelu_tanh_mul`, `kernels/layer_norm`) and their backward kernels
-(`kernels/rms_norm_llama_backward/`, `kernels/silu_mul_backward/`,
-`kernels/gelu_tanh_mul_backward/`, `kernels/layer_norm_backward/`), read with `kernels_dir=`
+`kernels/rms_norm_gemma`, `kernels/silu_mul`, `kernels/gelu_tanh_mul`, `kernels/layer_norm`) and
+their backward kernels (`kernels/rms_norm_llama_backward/`, `kernels/rms_norm_gemma_backward/`,
+`kernels/silu_mul_backward/`, `kernels/gelu_tanh_mul_backward/`, `kernels/layer_norm_backward/`),
+read with `kernels_dir=`
 (local kernels: not verified by a hub; `--no-gated` leaves the gated MLPs' four out,
 `--no-layer-norm` LayerNorm's two; `--kernel DIR`
 puts the kernel folder DIR, a kernel.toml and its source, in place of the bundled folder of the
@@ -29,7 +30,8 @@ under autograd eager's own forward op (its saved mean and rstd) and the backward
 has no backward op and no kernel in the folder; tiny-gemma: no shipped folder, a random-weight
 HF GemmaForCausalLM built here from a config and a fixed seed (`tiny_gemma`: 4 decoder layers,
 hidden_act gelu_pytorch_tanh), whose GeGLU MLPs get gelu_tanh_mul and gelu_tanh_mul_backward in
-every dtype and whose GemmaRMSNorm layers have no kernel in the folder) and dtype:
+every dtype and whose 9 GemmaRMSNorm layers rms_norm_gemma and rms_norm_gemma_backward, except
+in f32, where they keep their original forward under autograd as Llama's) and dtype:
 two copies from the same weights, one `kernelize(..., mode="training")`, both trained with AdamW
 on the same batches of models/corpus.txt (bytes as tokens, as the models were trained); per
 step the loss bits and every parameter's gradient bits, at the end every parameter's bits.
@@ -69,8 +71,9 @@ DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 MODELS = ["tiny-llama", "tiny-gpt2", "tiny-gemma"]
 
 
-KERNELS = ["rms_norm_llama", "rms_norm_llama_backward", "silu_mul", "silu_mul_backward",
-           "gelu_tanh_mul", "gelu_tanh_mul_backward", "layer_norm", "layer_norm_backward"]
+KERNELS = ["rms_norm_llama", "rms_norm_llama_backward", "rms_norm_gemma", "rms_norm_gemma_backward",
+           "silu_mul", "silu_mul_backward", "gelu_tanh_mul", "gelu_tanh_mul_backward", "layer_norm",
+           "layer_norm_backward"]
 GATED = ["silu_mul", "silu_mul_backward", "gelu_tanh_mul", "gelu_tanh_mul_backward"]
 # AdamW's eps by dtype: its default, but in f16 (where 1e-8 is 0) one f16 represents
 ADAMW_EPS = {"bf16": 1e-8, "f16": 1e-4, "f32": 1e-8}

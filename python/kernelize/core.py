@@ -50,7 +50,7 @@ class Entry:
     # A parameterless layer resolved for each dtype, loaded for the dtype of its calls: this
     # entry is its `dtype` one (see `_fwd_by_call`).
     by_call: bool = False
-    # mode "training", a layer whose op has a backward op (rms_norm (llama): rms_norm_backward;
+    # mode "training", a layer whose op has a backward op (rms_norm (llama, gemma): rms_norm_backward;
     # a gated MLP swapped for silu_mul / gelu_tanh_mul: silu_mul_backward / gelu_tanh_mul_backward;
     # layer_norm: layer_norm_backward):
     # the backward kernel taken (its gradients under autograd), or None with the reasons none
@@ -230,9 +230,9 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     `mode` names what the model is kernelized for, as other kernel hubs name it:
     `"inference"` (the default): forward kernels; a call under autograd (grad enabled and an
     input or weight that requires grad) runs the layer's original forward. `"training"`: the
-    same, and a swapped HF LlamaRMSNorm-style layer (rms_norm, llama) whose source also hands
-    out an `rms_norm_backward` kernel for its dtype and width (same hub, lock or kernels_dir,
-    same policy) runs under autograd as one autograd node: the forward kernel, then the
+    same, and a swapped HF LlamaRMSNorm-style layer (rms_norm, llama) or HF GemmaRMSNorm one
+    (rms_norm, gemma) whose source also hands out an `rms_norm_backward` kernel of its semantics
+    for its dtype and width (same hub, lock or kernels_dir, same policy) runs under autograd as one autograd node: the forward kernel, then the
     backward kernel's three entries (`kernelize.training`); likewise a gated SiLU MLP swapped
     for `silu_mul` with a `silu_mul_backward` kernel, or a tanh-GELU one (Gemma's) swapped for
     `gelu_tanh_mul` with a `gelu_tanh_mul_backward` kernel (its one entry gives the gradients of
@@ -424,7 +424,8 @@ def _resolve_backward(src, key: Key, figures: tuple[int, int] | None) -> Resolut
 
 def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str) -> list[str]:
     """Mode "training": resolve each swapped layer's backward kernel from the same source (its
-    op's backward op, `BACKWARD_OF`: rms_norm (llama) -> rms_norm_backward, silu_mul ->
+    op's backward op, `BACKWARD_OF`: rms_norm (llama, gemma) -> rms_norm_backward of the same
+    semantics (with the GPU's SMs and threads per SM, `VERDICT_ON_DEVICE`), silu_mul ->
     silu_mul_backward, gelu_tanh_mul -> gelu_tanh_mul_backward, layer_norm ->
     layer_norm_backward; its dtype and width, the policy) and
     install it where the layer is swapped; every other layer keeps its original forward under
@@ -442,6 +443,7 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
                                "forward runs under autograd"), []).append(e.path)
             continue
         if e.op == "rms_norm" and e.dtype == "f32" and e.path != "<root>":
+            # (either semantics: GemmaRMSNorm's f32 graph has no cast node either)
             # Eager's f32 graph has no cast node in the norm, so the layer's input gradient is
             # three f32 terms summed in autograd's order, ((residual + x*r path) + pow path);
             # a backward kernel returns the norm's two as one dx, summed first: other bits
@@ -683,9 +685,9 @@ def lock(model: nn.Module, hub: str, path: str | os.PathLike = "kernelize.lock.j
     `trusted_keys`, only certified kernels are pinned, and the lock carries their certificates,
     reports and the trusted keys, so that loading it checks them all offline. `mode="training"`
     also pins the backward kernels `kernelize(..., mode="training")` asks for (rms_norm_backward
-    at each rms_norm (llama) layer's dtype and width, silu_mul_backward / gelu_tanh_mul_backward
-    at each silu_mul / gelu_tanh_mul MLP's,
-    layer_norm_backward at each layer_norm layer's), or the hub's reasons there is none."""
+    at each rms_norm (llama, gemma) layer's semantics, dtype and width, silu_mul_backward /
+    gelu_tanh_mul_backward at each silu_mul / gelu_tanh_mul MLP's, layer_norm_backward at each
+    layer_norm layer's), or the hub's reasons there is none."""
     mode, _ = _check_mode(mode, False)
     src = (HubSource(hub, wait_for_verification_s=wait_for_verification_s,
                      trusted_keys=trusted_keys, allow_python=allow_python)
@@ -700,9 +702,9 @@ def lock(model: nn.Module, hub: str, path: str | os.PathLike = "kernelize.lock.j
 def _pin_backward(plan: list, cache: dict, src, policy: str, arch: str) -> None:
     """Training mode's lock: add to `cache` the hub's answer for the backward kernel of every
     layer of `plan` that has a forward kernel and a backward op (rms_norm_backward at each
-    rms_norm (llama) layer's dtype and width, silu_mul_backward / gelu_tanh_mul_backward at each
-    gated MLP's swapped for silu_mul / gelu_tanh_mul, layer_norm_backward at each layer_norm
-    layer's), kernel or reasons."""
+    rms_norm (llama, gemma) layer's semantics, dtype and width, silu_mul_backward /
+    gelu_tanh_mul_backward at each gated MLP's swapped for silu_mul / gelu_tanh_mul,
+    layer_norm_backward at each layer_norm layer's), kernel or reasons."""
     for s, key, res, _, _ in plan:
         bop = BACKWARD_OF.get((s.op, s.semantics))
         if bop and res.kernel is not None:

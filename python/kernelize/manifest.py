@@ -26,7 +26,8 @@ BACKWARD_OPS = {"rms_norm_backward": ("dx", "dwp", "dw"), "silu_mul_backward": (
                 "layer_norm_backward": ("dx", "dwdb"), "gelu_tanh_mul_backward": ("grad",)}
 # (forward op, semantics) -> its backward op (`Op::forward` read the other way; checked against
 # abi.json's `backward_ops` too): what a training-mode layer can get a backward kernel for.
-BACKWARD_OF = {("rms_norm", "llama"): "rms_norm_backward", ("silu_mul", "default"): "silu_mul_backward",
+BACKWARD_OF = {("rms_norm", "llama"): "rms_norm_backward", ("rms_norm", "gemma"): "rms_norm_backward",
+               ("silu_mul", "default"): "silu_mul_backward",
                ("layer_norm", "default"): "layer_norm_backward",
                ("gelu_tanh_mul", "default"): "gelu_tanh_mul_backward"}
 # The backward ops whose verdict holds only for the GPU figures (SM count, threads per SM) it

@@ -2,7 +2,9 @@
 its forward and its backward as hub kernels (issue 30; docs/backward.md, docs/backward-gated.md,
 docs/spec.md section 2c, docs/backward-layer-norm.md). Four ops have a backward op:
 
-* an HF LlamaRMSNorm-style layer (op `rms_norm`, semantics `llama`): `rms_norm_backward`;
+* an HF LlamaRMSNorm-style layer (op `rms_norm`, semantics `llama`) or an HF GemmaRMSNorm one
+  (Gemma, Gemma2, Gemma3: semantics `gemma`, the `(1 + weight)` formula): `rms_norm_backward` of
+  the layer's semantics (the same ABI and launch: one code path, `RMS_NORM_FORMULAS`);
 * a gated MLP swapped for `silu_mul` (HF LlamaMLP's `act_fn(gate_proj(x)) * up_proj(x)`,
   act_fn SiLU): `silu_mul_backward`; for `gelu_tanh_mul` (HF GemmaMLP's, act_fn tanh GELU):
   `gelu_tanh_mul_backward` (the same ABI: one code path, `GATED_FORMULAS`);
@@ -14,7 +16,7 @@ kernel (the layer's dtype and width, from the same source as the forward), launc
 the current stream with the grids of `stage_dims`, the Python twin of
 `kernel_registry::backward::stage_dims` (`launch_stages`, shared).
 
-`rms_norm_backward`, three entries:
+`rms_norm_backward` (semantics llama or gemma), three entries:
 
     dx (T* dx, float* ws, const T* dy, const T* x, const T* w, rows, cols, float eps)   block 512
     dwp(float* ws, const T* dy, const T* x, rows, cols, sms, threads_per_sm)            block 128
@@ -238,6 +240,8 @@ class BackwardKernel(SharedOnCopy):
             raise ValueError(f"{manifest.get('name')}: op {op}, not a backward op the client "
                              f"launches ({', '.join(BLOCKS_OF)})")
         self.op, self.manifest, self.dtype, self.device = op, manifest, dtype, device
+        # rms_norm_backward's formula (RMS_NORM_FORMULAS) is its semantics'; the others have one
+        self.semantics = manifest.get("semantics", "default")
         self.symbols = dict(manifest["stages"][dtype])
         major, minor = torch.cuda.get_device_capability(device)
         props = torch.cuda.get_device_properties(device)
@@ -349,7 +353,7 @@ def kernel_or_eager(layer: str, label: str, dy: Tensor, like: Tensor, needs: tup
     return tuple(g if n else None for g, n in zip(got, needs))
 
 
-# ---- rms_norm (llama) -----------------------------------------------------------------------
+# ---- rms_norm (llama, gemma) -----------------------------------------------------------------
 
 def run_rms_norm_backward(bk: Any, dy: Tensor, x: Tensor, w: Tensor, eps: float,
                           need_dw: bool = True) -> tuple[Tensor, Tensor | None]:
@@ -373,27 +377,44 @@ def run_rms_norm_backward(bk: Any, dy: Tensor, x: Tensor, w: Tensor, eps: float,
     return dx, dw
 
 
+def _normed(x: Tensor, eps: float) -> Tensor:
+    """`h * rsqrt(mean(h^2) + eps)` with h = f32(x), in f32: both semantics' first part."""
+    h = x.to(torch.float32)
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def llama_forward(x: Tensor, w: Tensor, eps: float) -> Tensor:
     """HF LlamaRMSNorm's forward (the layer's own formula: discovery checked it bit for bit)."""
-    h = x.to(torch.float32)
-    r = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return w * (h * r).to(x.dtype)
+    return w * _normed(x, eps).to(x.dtype)
+
+
+def gemma_forward(x: Tensor, w: Tensor, eps: float) -> Tensor:
+    """HF GemmaRMSNorm's forward (Gemma2RMSNorm's, Gemma3RMSNorm's: the same code; discovery
+    checked it bit for bit): all in f32, `(1 + w)`, one rounding to x's dtype at the end."""
+    return (_normed(x, eps) * (1.0 + w.float())).type_as(x)
+
+
+#: Each rms_norm semantics training mode runs (its backward op: manifest.BACKWARD_OF, the
+#: backward kernel's `semantics`), with the layer's formula eager autograd differentiates where
+#: the kernel cannot give the gradients.
+RMS_NORM_FORMULAS = {"llama": llama_forward, "gemma": gemma_forward}
 
 
 def eager_grads(dy: Tensor, x: Tensor, w: Tensor, eps: float, needs: tuple[bool, bool],
-                create_graph: bool) -> tuple[Tensor | None, Tensor | None]:
-    """The gradients eager autograd gives, on HF LlamaRMSNorm's formula recomputed from x and w
-    (`eager_autograd`)."""
-    return eager_autograd(lambda x_, w_: llama_forward(x_, w_, eps), dy, (x, w), needs,
-                          create_graph)
+                create_graph: bool, semantics: str = "llama") -> tuple[Tensor | None, Tensor | None]:
+    """The gradients eager autograd gives, on the `semantics` layer's formula (RMS_NORM_FORMULAS)
+    recomputed from x and w (`eager_autograd`)."""
+    formula = RMS_NORM_FORMULAS[semantics]
+    return eager_autograd(lambda x_, w_: formula(x_, w_, eps), dy, (x, w), needs, create_graph)
 
 
 def _backward(bk: Any, label: str, dy: Tensor, x: Tensor, w: Tensor, eps: float,
               needs: tuple[bool, bool]) -> tuple[Tensor | None, Tensor | None]:
+    formula = RMS_NORM_FORMULAS[bk.semantics]   # the kernel's semantics: the layer's
     return kernel_or_eager(
         "rms_norm", label, dy, x, needs,
         lambda: run_rms_norm_backward(bk, dy, x, w, eps, need_dw=needs[1]),
-        lambda x_, w_: llama_forward(x_, w_, eps), (x, w))
+        lambda x_, w_: formula(x_, w_, eps), (x, w))
 
 
 class RmsNormFunction(torch.autograd.Function):

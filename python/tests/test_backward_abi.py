@@ -77,12 +77,11 @@ def test_the_manifest_rules_know_the_backward_entries():
     from kernelize import manifest
     ops = ABI["backward_ops"]
     # the client's map from a forward (op, semantics) to its backward op is Op::forward's: training
-    # mode has every backward op
+    # mode has every backward op, of every semantics (GemmaRMSNorm's, rms_norm_backward semantics
+    # gemma, beside LlamaRMSNorm's)
     registry = {(a["forward"], sem): op for op, a in ops.items() for sem in a["semantics"]}
-    # but for GemmaRMSNorm's (rms_norm_backward semantics gemma, session 28): the op and its
-    # bundled kernel exist, the client's training mode for Gemma norms does not yet
-    assert ("rms_norm", "gemma") in registry and ("rms_norm", "gemma") not in manifest.BACKWARD_OF
-    assert manifest.BACKWARD_OF == {k: v for k, v in registry.items() if k != ("rms_norm", "gemma")}
+    assert ("rms_norm", "gemma") in registry
+    assert manifest.BACKWARD_OF == registry
     assert {op: tuple(s["name"] for s in a["stages"]) for op, a in ops.items()} == manifest.BACKWARD_OPS
     assert {op: list(manifest.SEMANTICS.get(op, ("default",))) for op in ops} == \
         {op: a["semantics"] for op, a in ops.items()}

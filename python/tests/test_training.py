@@ -1,6 +1,7 @@
 """Training mode and the named modes (issues 27 and 30), on the CPU.
 
-There is no GPU here: the forward kernel is a stand-in computing HF LlamaRMSNorm's formula (or,
+There is no GPU here: the forward kernel is a stand-in computing HF LlamaRMSNorm's formula (HF
+GemmaRMSNorm's for an rms_norm gemma kernel: the norm tests run for both, `family`; or,
 for a gated MLP swapped for silu_mul, `F.silu(gate) * up`), and the backward kernel
 (`training.compiled_backward`) a recording stand-in whose `launch` receives exactly what the
 CUDA entries would (stage, grid, block, tensors, scalars) and, at `dx` and `dw`, writes gradients
@@ -17,6 +18,7 @@ import copy
 import json
 import logging
 import shutil
+from typing import Callable, NamedTuple
 
 import pytest
 import torch
@@ -76,35 +78,47 @@ def recording_aot_backend(graphs: list):
 
 
 def _forward_run(op, key):
-    # core's runner for a stand-in forward kernel: the op's formula
+    # core's runner for a stand-in forward kernel: the op's formula (an rms_norm kernel's: its
+    # semantics')
+    if op is ops.op("rms_norm"):
+        semantics = ops.kernel(key).manifest["semantics"]
+        return lambda _compiled, x, w, eps: _rms_refs(x, w, eps)[semantics].contiguous()
     (f,) = [f for name, f in FORWARD_FORMULAS.items() if op is ops.op(name)]
     return lambda _compiled, *args: f(*args)
 
 
-def _torch_grads(dy, x, w, eps):
-    """dx, dw of eager autograd on the llama formula (discover's reference, not training's)."""
+def _torch_grads(dy, x, w, eps, semantics="llama"):
+    """dx, dw of eager autograd on the `semantics` formula (discover's reference, not
+    training's)."""
     with torch.enable_grad():
         xs, ws = x.detach().requires_grad_(), w.detach().requires_grad_()
-        return torch.autograd.grad(_rms_refs(xs, ws, eps)["llama"], (xs, ws), dy)
+        return torch.autograd.grad(_rms_refs(xs, ws, eps)[semantics], (xs, ws), dy)
 
 
-def _emulated_grads(dy, x, w, eps):
+#: The CPU emulators of eager's CUDA backward (kernelize.backward), by semantics.
+EMULATORS = {"llama": B.llama_rms_norm_backward, "gemma": B.gemma_rms_norm_backward}
+
+
+def _emulated_grads(dy, x, w, eps, semantics="llama"):
     """dx, dw of the CPU emulator of eager's CUDA backward (kernelize.backward)."""
     dt = {v: k for k, v in DTYPES.items()}[x.dtype]
     cols = x.shape[-1]
-    dx, dw = B.llama_rms_norm_backward(x.float().reshape(-1, cols).numpy(), w.float().numpy(),
-                                       dy.float().reshape(-1, cols).numpy(), eps, dt)
+    dx, dw = EMULATORS[semantics](x.float().reshape(-1, cols).numpy(), w.float().numpy(),
+                                  dy.float().reshape(-1, cols).numpy(), eps, dt)
     return (torch.from_numpy(dx).reshape(x.shape).to(x.dtype), torch.from_numpy(dw).to(w.dtype))
 
 
 class RecordingBackward(SharedOnCopy):
-    """A stand-in `rms_norm_backward` kernel: records every launch; `dx` writes dx and the rows'
-    r into the workspace, `dw` writes dw (both computed by `grads`). Shared by copies, as the
-    real `training.BackwardKernel`."""
+    """A stand-in `rms_norm_backward` kernel of `semantics` (llama, gemma): records every
+    launch; `dx` writes dx and the rows' r into the workspace, `dw` writes dw (both computed by
+    `grads`, on the semantics' formula). Shared by copies, as the real
+    `training.BackwardKernel`."""
     device = torch.device("cpu")
+    op = "rms_norm_backward"
 
-    def __init__(self, grads=_torch_grads, sms=132, threads_per_sm=2048):
+    def __init__(self, grads=_torch_grads, sms=132, threads_per_sm=2048, semantics="llama"):
         self.grads, self.sms, self.threads_per_sm = grads, sms, threads_per_sm
+        self.semantics = semantics
         self.calls: list[tuple] = []
         self._dw = None
 
@@ -113,7 +127,7 @@ class RecordingBackward(SharedOnCopy):
         if stage == "dx":
             dx, ws, dy, x, w = tensors
             rows, cols, eps = scalars
-            gx, self._dw = self.grads(dy, x, w, eps)
+            gx, self._dw = self.grads(dy, x, w, eps, self.semantics)
             dx.copy_(gx)
             ws[:rows] = torch.rsqrt(x.float().pow(2).mean(-1) + eps).reshape(-1)
         elif stage == "dw":
@@ -210,10 +224,12 @@ class RecordingLnBackward(SharedOnCopy):
 @pytest.fixture
 def gpu_faked(monkeypatch):
     """kernelize swaps CPU models: CUDA 'available', the kernels stand-ins. Yields the recording
-    rms_norm_backward kernel (its `gated`: the recording silu_mul_backward kernel; its
+    rms_norm_backward kernel (llama; its `gemma`: the recording rms_norm_backward gemma kernel;
+    its `gated`: the recording silu_mul_backward kernel; its
     `gelu_gated`: the recording gelu_tanh_mul_backward kernel; its `ln`: the recording
     layer_norm_backward kernel) and the list of (digest, dtype) they were 'compiled' for."""
     bk = RecordingBackward()
+    bk.gemma = RecordingBackward(semantics="gemma")
     bk.gated = RecordingGatedBackward()
     bk.gelu_gated = RecordingGatedBackward(op="gelu_tanh_mul_backward")
     bk.ln = RecordingLnBackward()
@@ -222,6 +238,8 @@ def gpu_faked(monkeypatch):
     def compiled_backward(digest, manifest, source, dtype, device):
         assert dtype in manifest["stages"]
         loaded.append((digest, dtype))
+        if manifest["op"] == "rms_norm_backward" and manifest["semantics"] == "gemma":
+            return bk.gemma
         return {"rms_norm_backward": bk, "silu_mul_backward": bk.gated,
                 "gelu_tanh_mul_backward": bk.gelu_gated, "layer_norm_backward": bk.ln}[manifest["op"]]
 
@@ -236,12 +254,13 @@ def gpu_faked(monkeypatch):
 BACKWARD_DIR = REPO / "kernels" / "rms_norm_llama_backward"
 
 
-def _backward_folder(root, dtypes=("bf16", "f16", "f32"), constraints=""):
-    """A local rms_norm_backward kernel: kernels/rms_norm_llama_backward (its source
-    spells its nine entry symbols out), its manifest narrowed to `dtypes` and given
-    `constraints` where a test asks."""
-    d = root / "rms_norm_llama_backward"
-    shutil.copytree(BACKWARD_DIR, d)
+def _backward_folder(root, dtypes=("bf16", "f16", "f32"), constraints="",
+                     name="rms_norm_llama_backward"):
+    """A local rms_norm_backward kernel: kernels/<name> (rms_norm_llama_backward or
+    rms_norm_gemma_backward; its source spells its nine entry symbols out), its manifest
+    narrowed to `dtypes` and given `constraints` where a test asks."""
+    d = root / name
+    shutil.copytree(BACKWARD_DIR.parent / name, d)
     toml = (d / "kernel.toml").read_text(encoding="utf-8")
     head, _, _ = toml.partition("\n[entry.")
     tables = ["[entry." + t.strip() + "\n" for t in toml.split("\n[entry.")[1:]]
@@ -272,6 +291,76 @@ def _llama(dtype=torch.bfloat16, seed=0):
                                    num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=2, max_position_embeddings=64)
     return transformers.LlamaForCausalLM(cfg).to(dtype)
+
+
+def _gemma(dtype=torch.bfloat16, seed=0):
+    """A tiny GemmaForCausalLM of _llama's sizes: its five GemmaRMSNorm layers (rms_norm gemma)
+    at NORMS' paths (its GeGLU MLPs have no kernel in these folders and stay eager); seeded
+    weights, the norms' drawn around 0 (HF initialises them to 0: `1 + w` would be all ones)."""
+    torch.manual_seed(seed)
+    cfg = transformers.GemmaConfig(vocab_size=128, hidden_size=64, intermediate_size=160,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                                   hidden_act="gelu_pytorch_tanh", attn_implementation="eager")
+    m = transformers.GemmaForCausalLM(cfg)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if n.endswith("norm.weight"):
+                p.normal_(0.0, 0.2)
+    return m.to(dtype)
+
+
+class Family(NamedTuple):
+    """An RMSNorm family training mode runs: its semantics, a tiny model of it (five norms at
+    NORMS), its HF norm class and the bundled forward and backward kernels' folders."""
+    semantics: str
+    model: Callable
+    norm_class: str        # module:Class
+    forward: str
+    backward: str
+
+    def recorder(self, gpu_faked):
+        """gpu_faked's recording rms_norm_backward kernel of this semantics."""
+        return gpu_faked.gemma if self.semantics == "gemma" else gpu_faked
+
+    def norm(self, dtype=torch.float32, cols=16):
+        """One norm layer of this family, random weights."""
+        import importlib
+        mod, cls = self.norm_class.split(":")
+        torch.manual_seed(3)
+        norm = getattr(importlib.import_module(mod), cls)(cols, eps=1e-6).to(dtype)
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(cols))
+        return norm
+
+    def folder(self, root, backward=True, **kw):
+        """A kernels_dir: the bundled forward kernel, and the backward one (narrowed by `kw`,
+        `_backward_folder`) where `backward`."""
+        shutil.copytree(REPO / "kernels" / self.forward, root / self.forward)
+        if backward:
+            _backward_folder(root, name=self.backward, **kw)
+        return root
+
+    @property
+    def what(self):
+        return f"rms_norm ({self.semantics})"
+
+
+LLAMA = Family("llama", _llama, "transformers.models.llama.modeling_llama:LlamaRMSNorm",
+               "rms_norm_llama", "rms_norm_llama_backward")
+GEMMA = Family("gemma", _gemma, "transformers.models.gemma.modeling_gemma:GemmaRMSNorm",
+               "rms_norm_gemma", "rms_norm_gemma_backward")
+
+
+@pytest.fixture(params=[LLAMA, GEMMA], ids=lambda f: f.semantics)
+def family(request):
+    return request.param
+
+
+@pytest.fixture
+def fkernels(family, tmp_path):
+    """The family's kernels_dir: its bundled exact forward and backward kernels."""
+    return family.folder(tmp_path / "kernels")
 
 
 def _grads(model, ids):
@@ -464,21 +553,24 @@ def test_an_empty_batch_launches_nothing():
 
 # ---- training mode on a model ----------------------------------------------------------------
 
-def test_training_mode_runs_the_kernels_under_autograd_and_the_gradients_are_eagers(kernels, gpu_faked):
-    ref, m = _llama(), _llama()
+def test_training_mode_runs_the_kernels_under_autograd_and_the_gradients_are_eagers(
+        family, fkernels, gpu_faked):
+    ref, m = family.model(), family.model()
     ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(0))
     want = _grads(ref, ids)
-    rep = _kz(m, kernels_dir=kernels, mode="training")
+    rep = _kz(m, kernels_dir=fkernels, mode="training")
     assert rep.mode == "training"
     norms = {e.path: e for e in rep.entries if e.op == "rms_norm"}
     assert sorted(norms) == sorted(NORMS)
+    assert all(e.semantics == family.semantics for e in norms.values())
     assert all(e.status == "replaced" and e.backward is not None
-               and e.backward.name == "rms_norm_llama_backward" for e in norms.values())
+               and e.backward.name == family.backward for e in norms.values())
     assert gpu_faked.loaded and {dt for _, dt in gpu_faked.loaded} == {"bf16"}
     lines = _training_lines(rep)
     # one line for the five norms (the backward taken), one for the layers with no backward op
-    ok = [ln for ln in lines if "rms_norm_llama_backward 1.0.0" in ln]
+    ok = [ln for ln in lines if f"{family.backward} 1.0.0" in ln]
     assert len(ok) == 1 and "(5 layers)" in ok[0] and "run under autograd as the forward" in ok[0], lines
+    assert f"[{family.what}, bf16, cols=64]" in ok[0], ok
     assert "unverified local kernel" in ok[0]
     assert ok[0] in str(rep)
     got = _grads(m, ids)
@@ -487,172 +579,153 @@ def test_training_mode_runs_the_kernels_under_autograd_and_the_gradients_are_eag
         assert torch.equal(got[n], want[n]), n
     # every norm ran its forward kernel once and its backward's three entries once
     assert kernelize.launch_counts(m) == {p: 1 for p in NORMS}
-    assert gpu_faked.stages() == ["dx", "dwp", "dw"] * 5
-    rows = {c[4][0] for c in gpu_faked.calls}
+    bk = family.recorder(gpu_faked)
+    assert bk.stages() == ["dx", "dwp", "dw"] * 5
+    assert (gpu_faked if bk is gpu_faked.gemma else gpu_faked.gemma).calls == []
+    rows = {c[4][0] for c in bk.calls}
     assert rows == {14}
     # no autograd (eval under no_grad): the forward kernel alone, as in inference
     with torch.no_grad():
         m(input_ids=ids, use_cache=False)
-    assert kernelize.launch_counts(m) == {p: 2 for p in NORMS} and len(gpu_faked.calls) == 15
+    assert kernelize.launch_counts(m) == {p: 2 for p in NORMS} and len(bk.calls) == 15
     # copies keep the training forward
     c = copy.deepcopy(m)
-    assert c.model.norm.__dict__["_kernelize_backward"].name == "rms_norm_llama_backward"
+    assert c.model.norm.__dict__["_kernelize_backward"].name == family.backward
     assert kernelize.unkernelize(m) == 5 + 0 and "_kz_bwd" not in m.model.norm.__dict__
 
 
-def test_a_pickled_training_model_loads_both_kernels_again_and_trains_with_them(kernels, gpu_faked):
+def test_a_pickled_training_model_loads_both_kernels_again_and_trains_with_them(family, fkernels,
+                                                                              gpu_faked):
     # torch.save / pickle: the loading process loads the forward and the backward kernel again
     # from the manifests and sources the layers carry (digests checked) and trains with them
     import pickle
-    ref, m = _llama(), _llama()
+    ref, m = family.model(), family.model()
     ids = torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(3))
     want = _grads(ref, ids)
-    _kz(m, kernels_dir=kernels, mode="training")
+    _kz(m, kernels_dir=fkernels, mode="training")
     loads = len(gpu_faked.loaded)
     twin = pickle.loads(pickle.dumps(m))
     assert len(gpu_faked.loaded) == loads + 5, "each norm's backward kernel is loaded again"
-    assert twin.model.norm.__dict__["_kernelize_backward"].name == "rms_norm_llama_backward"
-    before = len(gpu_faked.calls)
+    assert twin.model.norm.__dict__["_kernelize_backward"].name == family.backward
+    bk = family.recorder(gpu_faked)
+    before = len(bk.calls)
     got = _grads(twin, ids)
-    assert gpu_faked.stages()[before:] == ["dx", "dwp", "dw"] * 5
+    assert bk.stages()[before:] == ["dx", "dwp", "dw"] * 5
     for n in want:
         assert torch.equal(got[n], want[n]), n
     assert kernelize.launch_counts(twin) == {p: 1 for p in NORMS}
 
 
-def test_gradients_from_the_cuda_order_emulator_match_eager_autograd(kernels, gpu_faked):
+def test_gradients_from_the_cuda_order_emulator_match_eager_autograd(family, fkernels, gpu_faked):
     # bf16 (in f32 a model's norms take no backward kernel: the test below): the emulator's
     # CUDA reduction orders differ from the CPU's by an ulp here and there
-    gpu_faked.grads = _emulated_grads
-    ref, m = _llama(), _llama()
+    bk = family.recorder(gpu_faked)
+    bk.grads = _emulated_grads
+    ref, m = family.model(), family.model()
     ids = torch.randint(0, 128, (3, 5), generator=torch.Generator().manual_seed(2))
     want = _grads(ref, ids)
-    rep = _kz(m, kernels_dir=kernels, mode="training")
+    rep = _kz(m, kernels_dir=fkernels, mode="training")
     assert all(e.backward is not None for e in rep.entries if e.op == "rms_norm")
     got = _grads(m, ids)
-    assert len(gpu_faked.calls) == 15
+    assert len(bk.calls) == 15
     for n in want:
         torch.testing.assert_close(got[n].float(), want[n].float(), rtol=5e-2, atol=1e-3, msg=n)
 
 
-def test_inference_mode_is_unchanged_under_autograd(kernels, gpu_faked):
-    ref, m = _llama(), _llama()
+def test_inference_mode_is_unchanged_under_autograd(family, fkernels, gpu_faked):
+    ref, m = family.model(), family.model()
     ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(0))
-    rep = _kz(m, kernels_dir=kernels)
+    rep = _kz(m, kernels_dir=fkernels)
     assert rep.mode == "inference" and _training_lines(rep) == []
     assert all(e.backward is None and e.backward_reasons == [] for e in rep.entries)
     assert gpu_faked.loaded == []
     got, want = _grads(m, ids), _grads(ref, ids)
     assert all(torch.equal(got[n], want[n]) for n in want)
     assert kernelize.launch_counts(m) == {p: 0 for p in NORMS}  # the original forwards ran
-    assert gpu_faked.calls == []
+    assert gpu_faked.calls == [] and gpu_faked.gemma.calls == []
 
 
 def test_no_backward_kernel_keeps_the_original_forward_under_autograd_and_says_why_once(
-        forward_only, gpu_faked):
-    ref, m = _llama(), _llama()
+        family, tmp_path, gpu_faked):
+    ref, m = family.model(), family.model()
     ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(0))
-    rep = _kz(m, kernels_dir=forward_only, mode="training")
+    rep = _kz(m, kernels_dir=family.folder(tmp_path / "fwd", backward=False), mode="training")
     norms = [e for e in rep.entries if e.op == "rms_norm"]
-    assert all(e.status == "replaced" and e.backward is None for e in norms)
-    assert all(any("no kernel for rms_norm_backward (llama)" in r for r in e.backward_reasons)
-               for e in norms)
+    assert len(norms) == 5 and all(e.status == "replaced" and e.backward is None for e in norms)
+    assert all(any(f"no kernel for rms_norm_backward ({family.semantics})" in r
+                   for r in e.backward_reasons) for e in norms)
     lines = _training_lines(rep)
     why = [ln for ln in lines if "keep their original forward under autograd" in ln]
     assert len(why) == 1 and "(5 layers)" in why[0] and "no rms_norm_backward kernel" in why[0], lines
+    assert f"[{family.what}, bf16, cols=64]" in why[0], why
     assert str(rep).count("no rms_norm_backward kernel") == 1
     got, want = _grads(m, ids), _grads(ref, ids)
     assert all(torch.equal(got[n], want[n]) for n in want)
     assert kernelize.launch_counts(m) == {p: 0 for p in NORMS} and gpu_faked.calls == []
+    assert gpu_faked.gemma.calls == []
     with torch.no_grad():  # the forward kernel still runs where no gradient is needed
         m(input_ids=ids, use_cache=False)
     assert kernelize.launch_counts(m) == {p: 1 for p in NORMS}
 
 
-def test_a_backward_kernel_outside_its_dtypes_or_constraints_is_not_taken(tmp_path, gpu_faked):
-    root = tmp_path / "k"
-    shutil.copytree(REPO / "kernels/rms_norm_llama", root / "rms_norm_llama")
-    _backward_folder(root, dtypes=("f32",))
-    rep = _kz(_llama(), kernels_dir=root, mode="training")
-    lines = [ln for ln in _training_lines(rep) if "rms_norm (llama)" in ln]
+def test_a_backward_kernel_outside_its_dtypes_or_constraints_is_not_taken(family, tmp_path,
+                                                                          gpu_faked):
+    root = family.folder(tmp_path / "k", dtypes=("f32",))
+    rep = _kz(family.model(), kernels_dir=root, mode="training")
+    lines = [ln for ln in _training_lines(rep) if family.what in ln]
     assert len(lines) == 1 and "has no bf16 entry" in lines[0], lines
-    root2 = tmp_path / "k2"
-    shutil.copytree(REPO / "kernels/rms_norm_llama", root2 / "rms_norm_llama")
-    _backward_folder(root2, constraints="\n[constraints]\ncols_min = 128\n")
-    rep = _kz(_llama(), kernels_dir=root2, mode="training")
-    lines = [ln for ln in _training_lines(rep) if "rms_norm (llama)" in ln]
+    root2 = family.folder(tmp_path / "k2", constraints="\n[constraints]\ncols_min = 128\n")
+    rep = _kz(family.model(), kernels_dir=root2, mode="training")
+    lines = [ln for ln in _training_lines(rep) if family.what in ln]
     assert len(lines) == 1 and "cols 64 < cols_min 128" in lines[0], lines
     assert gpu_faked.loaded == []
 
 
-def test_a_backward_kernel_that_fails_to_load_is_reported(kernels, gpu_faked, monkeypatch):
+def test_a_backward_kernel_that_fails_to_load_is_reported(family, fkernels, gpu_faked, monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("no NVRTC here")
     monkeypatch.setattr(training, "compiled_backward", broken)
-    m = _llama()
-    rep = _kz(m, kernels_dir=kernels, mode="training")
-    lines = [ln for ln in _training_lines(rep) if "rms_norm (llama)" in ln]
+    m = family.model()
+    rep = _kz(m, kernels_dir=fkernels, mode="training")
+    lines = [ln for ln in _training_lines(rep) if family.what in ln]
     assert len(lines) == 1 and "could not be loaded (RuntimeError: no NVRTC here)" in lines[0]
     assert all(e.backward is None for e in rep.entries)
     assert "_kz_bwd" not in m.model.norm.__dict__
 
 
-def test_a_dry_run_says_which_backward_it_would_take(kernels):
-    rep = kernelize.kernelize(_llama(), kernels_dir=kernels, arch="sm_90", verbose=False,
+def test_a_dry_run_says_which_backward_it_would_take(family, fkernels):
+    rep = kernelize.kernelize(family.model(), kernels_dir=fkernels, arch="sm_90", verbose=False,
                               mode="training")
     assert not rep.swapped
-    lines = [ln for ln in _training_lines(rep) if "rms_norm (llama)" in ln]
+    lines = [ln for ln in _training_lines(rep) if family.what in ln]
     assert len(lines) == 1 and "would run under autograd" in lines[0]
+    assert f"{family.backward} 1.0.0" in lines[0]
 
 
-def _one_norm(dtype=torch.float32):
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-    torch.manual_seed(3)
-    norm = LlamaRMSNorm(16, eps=1e-6).to(dtype)
-    with torch.no_grad():
-        norm.weight.copy_(torch.randn(16))
-    return norm
-
-
-def test_double_backward_is_computed_by_eager_autograd_and_said_once(kernels, gpu_faked, caplog):
-    ref, norm = _one_norm(), _one_norm()
-    _kz(norm, kernels_dir=kernels, mode="training")
+def test_double_backward_is_computed_by_eager_autograd_and_said_once(family, fkernels, gpu_faked,
+                                                                     caplog):
+    ref, norm = family.norm(), family.norm()
+    _kz(norm, kernels_dir=fkernels, mode="training")
     assert "_kz_bwd" in norm.__dict__
     x = torch.randn(4, 16, generator=torch.Generator().manual_seed(4))
-
-    def second_order(layer):
-        xs = x.clone().requires_grad_()
-        y = layer(xs)
-        gx, gw = torch.autograd.grad(y.square().sum(), (xs, layer.weight), create_graph=True)
-        return (gx, gw, *torch.autograd.grad((gx.square().sum() + gw.sum()), (xs, layer.weight)))
-
-    with caplog.at_level(logging.WARNING, logger="kernelize"):
-        got = second_order(norm)
-        got2 = second_order(norm)
-    want = second_order(ref)
-    for a, b, c in zip(got[:2], got2[:2], want[:2]):   # the first-order gradients: eager's bits
-        assert torch.equal(a, c) and torch.equal(b, c)
-    # the second-order ones: eager's formula, its contributions summed in another graph order
-    for a, b, c in zip(got[2:], got2[2:], want[2:]):
-        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
-        assert torch.equal(a, b)
-    said = [r.getMessage() for r in caplog.records if "double backward" in r.getMessage()]
-    assert len(said) <= 1 and all("eager autograd computes them" in s for s in said)
-    assert said or training._SAID  # said once in this process (earlier tests may have said it)
+    bk = family.recorder(gpu_faked)
+    assert_double_backward_is_eagers(norm, ref, x, lambda m: (m.weight,), bk, "rms_norm layer",
+                                     caplog)
     # a first-order backward launches the kernel
-    gpu_faked.calls.clear()
+    bk.calls.clear()
     xs = x.clone().requires_grad_()
     norm(xs).sum().backward()
-    assert gpu_faked.stages() == ["dx", "dwp", "dw"]
+    assert bk.stages() == ["dx", "dwp", "dw"]
 
 
-def test_only_the_gradients_asked_for_are_computed(kernels, gpu_faked):
-    norm = _one_norm()
-    _kz(norm, kernels_dir=kernels, mode="training")
+def test_only_the_gradients_asked_for_are_computed(family, fkernels, gpu_faked):
+    norm = family.norm()
+    _kz(norm, kernels_dir=fkernels, mode="training")
     norm.weight.requires_grad_(False)
     x = torch.randn(4, 16).requires_grad_()
     norm(x).sum().backward()
-    assert gpu_faked.stages() == ["dx"] and x.grad is not None and norm.weight.grad is None
+    bk = family.recorder(gpu_faked)
+    assert bk.stages() == ["dx"] and x.grad is not None and norm.weight.grad is None
 
 
 # ---- torch.compile ---------------------------------------------------------------------------
@@ -668,7 +741,8 @@ def cpu_training_ops():
     if not _OPS_REGISTERED:
         torch.library.register_kernel(
             "kernelize::rms_norm_train", "cpu",
-            lambda x, w, eps, fkey, bkey: _rms_refs(x, w, eps)["llama"].contiguous())
+            lambda x, w, eps, fkey, bkey:
+                _rms_refs(x, w, eps)[ops.kernel(fkey).manifest["semantics"]].contiguous())
         torch.library.register_kernel(
             "kernelize::launch_rms_norm_backward", "cpu",
             lambda dy, x, w, eps, key: training.run_rms_norm_backward(ops.kernel(key), dy, x, w, eps))
@@ -686,14 +760,15 @@ def test_training_ops_are_registered_with_fakes_and_autograd():
     assert (y.shape, dx.shape, dw.shape, dw.dtype) == ((3, 8), (3, 8), (8,), torch.bfloat16)
 
 
-def test_training_mode_compiles_without_graph_breaks(kernels, gpu_faked, cpu_training_ops,
-                                                     monkeypatch):
-    ref, norm = _one_norm(), _one_norm()
-    _kz(norm, kernels_dir=kernels, mode="training")
+def test_training_mode_compiles_without_graph_breaks(family, fkernels, gpu_faked,
+                                                     cpu_training_ops, monkeypatch):
+    ref, norm = family.norm(), family.norm()
+    _kz(norm, kernels_dir=fkernels, mode="training")
     monkeypatch.setattr(torch.cuda, "is_available", _IS_AVAILABLE)  # swapped; dynamo asks CUDA
     # inside a custom op's implementation there is no autograd: the emulator computes the fake's
     # gradients (eager's CUDA orders: close to the CPU's, not equal)
-    gpu_faked.grads = _emulated_grads
+    bk = family.recorder(gpu_faked)
+    bk.grads = _emulated_grads
     graphs = []
     torch._dynamo.reset()
     f = torch.compile(norm, backend=recording_aot_backend(graphs), fullgraph=True)
@@ -705,7 +780,7 @@ def test_training_mode_compiles_without_graph_breaks(kernels, gpu_faked, cpu_tra
     assert "kernelize.rms_norm_train" in str(graphs[0].graph)
     torch.testing.assert_close(xs.grad, xr.grad, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(norm.weight.grad, ref.weight.grad, rtol=1e-4, atol=1e-6)
-    assert gpu_faked.stages() == ["dx", "dwp", "dw"]   # the backward op launched the entries
+    assert bk.stages() == ["dx", "dwp", "dw"]   # the backward op launched the entries
     torch._dynamo.reset()
 
 
@@ -737,25 +812,25 @@ class _Props:
 
 @pytest.mark.parametrize("sms, tps, taken", [(132, 2048, True), (114, 2048, False), (132, 1536, False)])
 def test_the_hubs_backward_kernel_is_taken_only_on_a_gpu_of_the_sms_it_was_verified_on(
-        fresh_hub, gpu_faked, monkeypatch, sms, tps, taken):
+        family, fresh_hub, gpu_faked, monkeypatch, sms, tps, taken):
     """A fresh hub hands out the bundled backward kernel, certified on an H200 (132 SMs x 2048
     threads per SM). Eager's dw order depends on both figures: the client sends the GPU's with
     the backward query, the hub hands the kernel out for the same figures only, and the layer
     keeps its original forward under autograd elsewhere, the report saying which figures were
     verified and which this GPU has."""
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: _Props(sms, tps))
-    rep = _kz(_llama(), hub=fresh_hub.url, mode="training")
+    rep = _kz(family.model(), hub=fresh_hub.url, mode="training")
     norms = [e for e in rep.entries if e.op == "rms_norm"]
     assert len(norms) == 5 and all(e.status == "replaced" for e in norms), str(rep)
     shapes = {tuple(sorted(e.backward.evidence["device_shape"].items())) for e in norms if e.backward}
     if taken:
-        assert all(e.backward is not None and e.backward.name == "rms_norm_llama_backward"
+        assert all(e.backward is not None and e.backward.name == family.backward
                    for e in norms), str(rep)
         assert shapes == {(("name", "NVIDIA H200"), ("sm_count", 132), ("threads_per_sm", 2048))}
         assert gpu_faked.loaded
     else:
         assert all(e.backward is None for e in norms) and not gpu_faked.loaded
-        (line,) = [ln for ln in _training_lines(rep) if "rms_norm (llama)" in ln]
+        (line,) = [ln for ln in _training_lines(rep) if family.what in ln]
         assert "verified on a GPU of 132 SMs x 2048 threads per SM (NVIDIA H200)" in line, line
         assert f"asks for {sms} x {tps}" in line, line   # the hub's exclusion
 
@@ -779,13 +854,14 @@ def test_a_backward_kernel_verified_on_another_gpu_shape_is_refused_by_the_clien
     assert core.other_device_shape(k, lambda: torch.device("cpu")) is None   # local: no figures
 
 
-def test_f32_keeps_the_original_forward_under_autograd_and_says_why(kernels, gpu_faked):
+def test_f32_keeps_the_original_forward_under_autograd_and_says_why(family, fkernels, gpu_faked):
     # eager's f32 input gradient is three terms summed in autograd's order (docs/backward.md;
-    # test_backward_order_on_cpu pins it): no backward kernel is taken in f32
+    # test_backward_order_on_cpu pins it; GemmaRMSNorm's f32 graph has no cast node either): no
+    # backward kernel is taken in f32
     from kernelize import core
-    ref, m = _llama(torch.float32), _llama(torch.float32)
+    ref, m = family.model(torch.float32), family.model(torch.float32)
     ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(0))
-    rep = _kz(m, kernels_dir=kernels, mode="training")
+    rep = _kz(m, kernels_dir=fkernels, mode="training")
     norms = [e for e in rep.entries if e.op == "rms_norm"]
     assert len(norms) == 5 and all(e.status == "replaced" and e.backward is None
                                    and e.backward_reasons == [core.F32_ACCUMULATION] for e in norms)
@@ -794,7 +870,28 @@ def test_f32_keeps_the_original_forward_under_autograd_and_says_why(kernels, gpu
     assert len(why) == 1 and "(5 layers)" in why[0] and "in f32 eager autograd" in why[0], lines
     got, want = _grads(m, ids), _grads(ref, ids)
     assert set(got) == set(want) and all(torch.equal(got[n], want[n]) for n in want)
-    assert gpu_faked.stages() == []
+    assert gpu_faked.stages() == [] and gpu_faked.gemma.stages() == []
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])   # (f16: bf16's path; slow on a CPU)
+def test_adamw_steps_of_a_training_mode_model_are_eagers_bit_for_bit(family, fkernels, gpu_faked,
+                                                                      monkeypatch, dtype):
+    """Three AdamW steps of the family's tiny model kernelized in training mode against eager:
+    every loss and every parameter bit for bit (the stand-ins compute the layer's formula and
+    eager autograd's gradients of it: this checks the plumbing, the GPU the kernels' bits). In
+    f32 the norms keep their original forward under autograd (F32_ACCUMULATION)."""
+    t = DTYPES[dtype]
+    eager, kz = family.model(t, seed=1).train(), family.model(t, seed=1).train()
+    rep = _kz(kz, kernels_dir=fkernels, mode="training")
+    norms = [e for e in rep.entries if e.op == "rms_norm"]
+    assert len(norms) == 5 and all(e.status == "replaced" for e in norms)
+    assert all((e.backward is not None) == (dtype != "f32") for e in norms), str(rep)
+    monkeypatch.setattr(torch.cuda, "is_available", _IS_AVAILABLE)  # swapped; AdamW asks CUDA
+    g = torch.Generator().manual_seed(7)
+    data = [torch.randint(0, 128, (2, 9), generator=g) for _ in range(3)]
+    train_bit_for_bit(eager, kz, data)
+    bk = family.recorder(gpu_faked)
+    assert bk.stages() == ([] if dtype == "f32" else ["dx", "dwp", "dw"] * 5 * 3)
 
 
 def test_the_gpu_figures_of_a_report_for_a_hub_whose_answer_lacks_them():

@@ -1,8 +1,9 @@
 """scripts/training_check.py (issue 30's model-level training check, run on the GPU machine)
 stays runnable: its --dry-run on the CPU builds the kernels folder (the bundled forwards and the
 backward kernels with their entries spelled out), kernelizes the shipped tiny Llama and tiny
-GPT-2 and a random tiny Gemma in training mode (every RMSNorm (llama) layer, gated MLP and
-LayerNorm takes both kernels; nothing is swapped without CUDA) and trains both copies."""
+GPT-2 and a random tiny Gemma in training mode (every RMSNorm (llama, gemma) layer, gated MLP
+and LayerNorm takes both kernels, but the norms in f32; nothing is swapped without CUDA) and
+trains both copies."""
 import json
 import re
 import shutil
@@ -30,11 +31,12 @@ def test_the_training_check_runs_on_the_cpu(tmp_path):
     assert "ALL BIT-IDENTICAL" in r.stdout
 
 
-def test_the_training_check_runs_a_random_tiny_gemma_with_the_gelu_tanh_mul_backward(tmp_path):
+def test_the_training_check_runs_a_random_tiny_gemma_with_its_backward_kernels(tmp_path):
     """`--models tiny-gemma`: a random-weight GemmaForCausalLM built by the script (models/ has no
-    Gemma), its 4 GeGLU MLPs would take gelu_tanh_mul and gelu_tanh_mul_backward (its GemmaRMSNorm
-    layers have no kernel in the folder); f16 trains with AdamW eps 1e-4 (1e-8 is 0 in f16 and
-    turns the parameters NaN), so its losses stay finite; `--no-gated` leaves the MLPs alone."""
+    Gemma), its 4 GeGLU MLPs would take gelu_tanh_mul and gelu_tanh_mul_backward, its 9
+    GemmaRMSNorm layers rms_norm_gemma and rms_norm_gemma_backward (but in f32: the forward
+    only, F32_ACCUMULATION); f16 trains with AdamW eps 1e-4 (1e-8 is 0 in f16 and turns the
+    parameters NaN), so its losses stay finite; `--no-gated` leaves the MLPs alone."""
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "training_check.py"), str(tmp_path),
                         "--dry-run", "--steps", "2", "--dtypes", "f16", "--models", "tiny-gemma"],
                        capture_output=True, text=True, timeout=600)
@@ -42,19 +44,28 @@ def test_the_training_check_runs_a_random_tiny_gemma_with_the_gelu_tanh_mul_back
     data = json.loads((tmp_path / "training_check.json").read_text())
     assert not data["errors"]
     (row,) = data["rows"]
-    assert row["replaced"] == [f"model.layers.{i}.mlp" for i in range(4)], row["report"]
-    assert row["with_backward"] == row["replaced"] and row["backward_kernels"] == ["gelu_tanh_mul_backward"]
+    mlps = [f"model.layers.{i}.mlp" for i in range(4)]
+    norms = [f"model.layers.{i}.{n}" for i in range(4)
+             for n in ("input_layernorm", "post_attention_layernorm")] + ["model.norm"]
+    assert sorted(row["replaced"]) == sorted(mlps + norms), row["report"]
+    assert row["with_backward"] == row["replaced"]
+    assert row["backward_kernels"] == ["gelu_tanh_mul_backward", "rms_norm_gemma_backward"]
     assert "backward gelu_tanh_mul_backward 1.0.0" in row["report"]
     assert "[GemmaRMSNorm: rms_norm (gemma), f16, cols=256]" in row["report"]
+    assert ("(9 layers) [rms_norm (gemma), f16, cols=256] would run under autograd as the forward "
+            "kernel + backward rms_norm_gemma_backward 1.0.0") in row["report"]
     assert row["adamw_eps"] == 1e-4 and row["losses_finite"] and row["ok"]
     assert len(set(row["losses_eager"])) == 2   # the step moved the model
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "training_check.py"), str(tmp_path),
-                        "--dry-run", "--steps", "1", "--dtypes", "bf16", "--models", "tiny-gemma",
+                        "--dry-run", "--steps", "1", "--dtypes", "f32", "--models", "tiny-gemma",
                         "--no-gated"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     (row,) = json.loads((tmp_path / "training_check.json").read_text())["rows"]
-    assert row["replaced"] == [] and row["adamw_eps"] == 1e-8 and row["ok"]
+    # the norms alone, and in f32 without their backward (eager's input-gradient order)
+    assert sorted(row["replaced"]) == sorted(norms) and row["with_backward"] == [], row["report"]
+    assert "(9 layers) [rms_norm (gemma), f32, cols=256] keep their original forward" in row["report"]
+    assert row["adamw_eps"] == 1e-8 and row["ok"]
 
 
 def test_the_training_check_runs_tiny_gpt2_with_the_layer_norm_backward(tmp_path):
