@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -70,15 +70,24 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> int:
 
 # ---- RMSNorm semantics -------------------------------------------------------------------
 
+def _normed(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """`h * rsqrt(mean(h^2) + eps)` with h = f32(x), in f32: the llama and gemma formulas' first part."""
+    h = x.float()
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+
+
+#: Each RMSNorm semantics as its layer computes it (HF LlamaRMSNorm; GemmaRMSNorm, Gemma2's and
+#: Gemma3's: all in f32, `(1 + w)`, one rounding at the end; F.rms_norm), differentiable: the one
+#: home of the formulas discovery checks layers against and training mode's fallbacks recompute.
+RMS_FORMULAS: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
+    "llama": lambda x, w, eps: w * _normed(x, eps).to(x.dtype),
+    "gemma": lambda x, w, eps: (_normed(x, eps) * (1.0 + w.float())).to(x.dtype),
+    "torch": lambda x, w, eps: F.rms_norm(x, (x.shape[-1],), w, eps),
+}
+
+
 def _rms_refs(x: torch.Tensor, w: torch.Tensor, eps: float) -> dict[str, torch.Tensor]:
-    dt = x.dtype
-    xf = x.float()
-    r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return {
-        "llama": w * (xf * r).to(dt),
-        "gemma": (xf * r * (1.0 + w.float())).to(dt),
-        "torch": F.rms_norm(x, (x.shape[-1],), w, eps),
-    }
+    return {sem: f(x, w, eps) for sem, f in RMS_FORMULAS.items()}
 
 
 def _rms_eps(m: nn.Module) -> float | None:

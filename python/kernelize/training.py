@@ -87,6 +87,7 @@ from torch import Tensor
 
 from . import launch as L
 from . import nvrtc as _nv
+from .discover import RMS_FORMULAS
 from .manifest import BACKWARD_OPS
 from .pykernel import SharedOnCopy
 
@@ -377,27 +378,11 @@ def run_rms_norm_backward(bk: Any, dy: Tensor, x: Tensor, w: Tensor, eps: float,
     return dx, dw
 
 
-def _normed(x: Tensor, eps: float) -> Tensor:
-    """`h * rsqrt(mean(h^2) + eps)` with h = f32(x), in f32: both semantics' first part."""
-    h = x.to(torch.float32)
-    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-
-
-def llama_forward(x: Tensor, w: Tensor, eps: float) -> Tensor:
-    """HF LlamaRMSNorm's forward (the layer's own formula: discovery checked it bit for bit)."""
-    return w * _normed(x, eps).to(x.dtype)
-
-
-def gemma_forward(x: Tensor, w: Tensor, eps: float) -> Tensor:
-    """HF GemmaRMSNorm's forward (Gemma2RMSNorm's, Gemma3RMSNorm's: the same code; discovery
-    checked it bit for bit): all in f32, `(1 + w)`, one rounding to x's dtype at the end."""
-    return (_normed(x, eps) * (1.0 + w.float())).type_as(x)
-
-
 #: Each rms_norm semantics training mode runs (its backward op: manifest.BACKWARD_OF, the
 #: backward kernel's `semantics`), with the layer's formula eager autograd differentiates where
-#: the kernel cannot give the gradients.
-RMS_NORM_FORMULAS = {"llama": llama_forward, "gemma": gemma_forward}
+#: the kernel cannot give the gradients: discovery's (`discover.RMS_FORMULAS`, checked bit for
+#: bit against the layers themselves), the one home of the formulas.
+RMS_NORM_FORMULAS = {sem: RMS_FORMULAS[sem] for sem in ("llama", "gemma")}
 
 
 def eager_grads(dy: Tensor, x: Tensor, w: Tensor, eps: float, needs: tuple[bool, bool],
