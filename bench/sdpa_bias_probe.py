@@ -31,6 +31,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from kernelize import exact  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from op_overhead import per_call_us  # noqa: E402  (the median of 5 repetitions; runs 1-3 timed one)
+
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8),
@@ -52,17 +55,6 @@ def tensors(b: int, heads: int, d: int, q_len: int, kv_len: int, kind: str, dt, 
         if kind == "masked_row" and b > 1:
             mask[-1] = False
     return q, k, v, mask
-
-
-def per_call_us(fn, calls: int) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / calls * 1e6
 
 
 def traced_direct(q, k, v, bias):
