@@ -58,6 +58,13 @@ template <> struct KB<__half> {
 // decode row measured ~0.9 us on the H200, against ~0.1 us unrolled).
 KZ_DEV constexpr int kz_clog2(int n) { return n <= 1 ? 0 : 1 + kz_clog2(n / 2); }
 
+// 1/n for a compile-time n (the unrolled loops' constants): the compiler folds the quotient of two
+// constants with IEEE round-to-nearest, the value __fdiv_rn(1.0f, n) computes at run time. Run-time
+// divisions of constants sat between the Welford pushes of the decode paths (kz_direct's and
+// ln_resid.cuh's), a dozen instructions and a branch each, 4 a unit (SASS of NVRTC 13 for sm_90:
+// fused_add_layer_norm's bf16 decode row ran 37 divisions at NU = 8, 9 with this).
+KZ_DEV constexpr float kz_recip(int n) { return 1.0f / (float)n; }
+
 template <typename T> KZ_DEV unsigned kz_ld1(const T* p) {
   if constexpr (sizeof(T) == 2) return (unsigned)*reinterpret_cast<const unsigned short*>(p);
   else return *reinterpret_cast<const unsigned*>(p);
@@ -1104,48 +1111,53 @@ template <typename T> KZ_DEV bool kz_direct_fits(i64 cols) {
 // kz_stage_mean_trees's one-warp branch, with K and the lane-warps per warp-row (NWB = bw / 32)
 // known at compile time: straight-line code (with them at run time the tree measured 3x longer);
 // the row's parameter into kz_prm. Split is NWB < K (with NWB == K the y-trees are empty).
-template <int K, int NWB, class P> KZ_DEV void kz_direct_tree(const P& p) {
+template <int K, int NWB, class P> KZ_DEV typename P::Prm kz_direct_tree(const P& p) {
   const int g = threadIdx.x & 31;
   float a[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) a[k] = kz_ls[g + 32 * k];
   typename P::S st = P::ident();
   st.a0 = kz_mean_tree<K>(a, NWB, NWB < K);
-  if (g == 0) P::put(kz_prm, p.template prm<true>(st));
+  return p.template prm<true>(st);
 }
 // (The dispatches compare ranges, not values, so that they stay compare-and-branch chains rather
 // than a jump table read from the constant bank.)
-template <int K, class P> KZ_DEV void kz_direct_tree_k(const P& p, int nwb) {
-  if (nwb >= K) kz_direct_tree<K, K>(p);
-  else if constexpr (K >= 2) {
-    if (nwb <= 1) kz_direct_tree<K, 1>(p);
-    else if constexpr (K >= 4) {
-      if (nwb <= 2) kz_direct_tree<K, 2>(p);
-      else if constexpr (K >= 8) {
-        if (nwb <= 4) kz_direct_tree<K, 4>(p);
-        else if constexpr (K >= 16) kz_direct_tree<K, 8>(p);
-      }
-    }
+template <int K, class P> KZ_DEV typename P::Prm kz_direct_tree_k(const P& p, int nwb) {
+  if constexpr (K >= 2) {
+    if (nwb <= 1) return kz_direct_tree<K, 1>(p);
   }
+  if constexpr (K >= 4) {
+    if (nwb <= 2) return kz_direct_tree<K, 2>(p);
+  }
+  if constexpr (K >= 8) {
+    if (nwb <= 4) return kz_direct_tree<K, 4>(p);
+  }
+  if constexpr (K >= 16) {
+    if (nwb <= 8) return kz_direct_tree<K, 8>(p);
+  }
+  return kz_direct_tree<K, K>(p);  // nwb >= K
 }
-template <typename T, class P, bool RESID>
-KZ_DEV void kz_direct(const P& p, const T* x, T* res, i64 rows, const KzCfg& c) {
+// LATE (the mean order's entry): p0 comes without its factor and c0 is not the config; both are
+// computed after the row's loads are issued, so that the loads' latency hides them (the factor's
+// division and Reduce.cuh's config stood ahead of the first load, about 0.2 us at a decode row).
+template <typename T, class P, bool RESID, bool LATE = false>
+KZ_DEV void kz_direct(const P& p0, const T* x, T* res, i64 rows, const KzCfg& c0) {
   constexpr int EPC = V16<T>::EPC;
   constexpr int U = EPC / 4;  // 4-vector units per 16-byte chunk
-  const int lanes = P::kMean ? c.lanes : 128;
   const int t = kz_tid(), nt = kz_nthreads();
-  constexpr int JC = KZ_DC;            // chunks per thread (fewer rows: the rest predicated off)
-  const int cpr = (int)(p.cols / EPC);  // chunks of a row (<= JC * nt)
-  const int nun = (int)(p.cols / 4);    // units of a row
-  const bool own = nun <= lanes;        // unit u is lane u's only unit
+  constexpr int JC = KZ_DC;             // chunks per thread (fewer rows: the rest predicated off)
+  const int cpr = (int)(p0.cols / EPC);  // chunks of a row (<= JC * nt)
+  const int nun = (int)(p0.cols / 4);    // units of a row
   T* xs = reinterpret_cast<T*>(kz_tile);
-  if constexpr (P::kInv) {
-    if (!own)
+  if constexpr (P::kInv) {  // the layer-norm order (never LATE): 128 lanes
+    if (nun > 128)
       for (int i = t; i < KZ_INV_N; i += nt) kz_inv[i] = __fdiv_rn(1.0f, (float)(i + 1));
   }
+  P p = p0;
+  KzCfg c = c0;
   for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
     const i64 base = row * p.cols;
-    V16<T> h[JC];
+    V16<T> h[JC], r[JC];
     typename P::Wt wt[JC];
 #pragma unroll
     for (int j = 0; j < JC; ++j) {
@@ -1153,13 +1165,21 @@ KZ_DEV void kz_direct(const P& p, const T* x, T* res, i64 rows, const KzCfg& c) 
       if (ch < cpr) {
         h[j] = kz_ld16(x + base + (i64)ch * EPC);
         wt[j] = p.wld((i64)ch * EPC);
+        if constexpr (RESID) r[j] = kz_ld16(res + base + (i64)ch * EPC);
       }
     }
+    if constexpr (LATE) {
+      // here, between the loads and their first use (a warp issues in order): rows made opaque
+      // with a memory clobber, so that the compiler neither hoists the factor and the config
+      // above the loads nor sinks the loads below them
+      i64 r_ = rows;
+#ifdef __CUDA_ARCH__
+      asm volatile("" : "+l"(r_) : : "memory");
+#endif
+      p.fac = kz_mean_factor(r_, p0.cols);
+      c = kz_mean_cfg(r_, p0.cols);
+    }
     if constexpr (RESID) {  // s = round(x + residual); residual := s; the statistics see s
-      V16<T> r[JC];
-#pragma unroll
-      for (int j = 0; j < JC; ++j)
-        if (t + nt * j < cpr) r[j] = kz_ld16(res + base + (i64)(t + nt * j) * EPC);
 #pragma unroll
       for (int j = 0; j < JC; ++j) {
         if (t + nt * j < cpr) {
@@ -1169,6 +1189,8 @@ KZ_DEV void kz_direct(const P& p, const T* x, T* res, i64 rows, const KzCfg& c) 
         }
       }
     }
+    const int lanes = P::kMean ? c.lanes : 128;
+    const bool own = nun <= lanes;  // unit u is lane u's only unit
     if (own) {  // the lane's one unit is in this thread's registers; lanes without a unit are empty
 #pragma unroll
       for (int j = 0; j < JC; ++j) {
@@ -1178,7 +1200,7 @@ KZ_DEV void kz_direct(const P& p, const T* x, T* res, i64 rows, const KzCfg& c) 
             typename P::S st = P::ident();
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-              P::push_staged(st, h[j].f(4 * i + e), e, P::kInv ? __fdiv_rn(1.0f, (float)(e + 1)) : 0.0f);
+              P::push_staged(st, h[j].f(4 * i + e), e, P::kInv ? kz_recip(e + 1) : 0.0f);
             kz_ls_put<P>((t + nt * j) * U + i, st);
           }
         }
@@ -1196,24 +1218,27 @@ KZ_DEV void kz_direct(const P& p, const T* x, T* res, i64 rows, const KzCfg& c) 
       }
     }
     __syncthreads();  // every lane's result is in kz_ls
+    typename P::Prm q;
     if constexpr (P::kMean) {
-      if (t < 32) {
-        const int nwb = c.bw >> 5;
-        if (lanes <= 32) kz_direct_tree_k<1>(p, nwb);
-        else if (lanes <= 64) kz_direct_tree_k<2>(p, nwb);
-        else if (lanes <= 128) kz_direct_tree_k<4>(p, nwb);
-        else if (lanes <= 256) kz_direct_tree_k<8>(p, nwb);
-        else kz_direct_tree_k<16>(p, nwb);
-      }
+      // every warp runs the row's tree itself (the same additions in the same order): the
+      // parameter is in each thread's registers without a second barrier
+      const int nwb = c.bw >> 5;
+      if (lanes <= 32) q = kz_direct_tree_k<1>(p, nwb);
+      else if (lanes <= 64) q = kz_direct_tree_k<2>(p, nwb);
+      else if (lanes <= 128) q = kz_direct_tree_k<4>(p, nwb);
+      else if (lanes <= 256) q = kz_direct_tree_k<8>(p, nwb);
+      else q = kz_direct_tree_k<16>(p, nwb);
     } else {
       kz_stage_trees<P>(p, 1, lanes, c);  // the layer-norm order's 4 lane-warps (one barrier)
+      __syncthreads();  // the row's parameters are in kz_prm
+      q = P::get(kz_prm);
     }
-    __syncthreads();  // the row's parameters are in kz_prm
-    const typename P::Prm q = P::get(kz_prm);
 #pragma unroll
     for (int j = 0; j < JC; ++j)
       if (t + nt * j < cpr) kz_st16(p.out + base + (i64)(t + nt * j) * EPC, p.out16w(h[j], wt[j], q));
-    __syncthreads();  // kz_prm and kz_ls are rewritten only after every thread has read them
+    // kz_prm and kz_ls are rewritten only after every thread has read them (a block's last row
+    // needs no barrier: nothing is rewritten after it)
+    if (row + gridDim.x < rows) __syncthreads();
   }
 }
 // Launch shapes (the manifests' [[launch]] rules):
@@ -1225,17 +1250,24 @@ KZ_DEV void kz_direct(const P& p, const T* x, T* res, i64 rows, const KzCfg& c) 
 template <typename T, int MODE, bool RESID>
 KZ_DEV void kz_mean_norm(T* out, T* res, const T* x, const T* w, i64 rows, i64 cols, float eps) {
   typedef MeanP<T, MODE, RESID> P;
+  if (blockDim.z != 1) __trap();
+  if (cols > 128 && (cols * (i64)sizeof(T)) % 16 == 0 && kz_al16(x) && kz_al16(out) && kz_al16(w) &&
+      (!RESID || kz_al16(res)) && rows <= gridDim.x && kz_direct_fits<T>(cols)) {
+    // the decode path first, its loads before the factor and the config (kz_direct's LATE);
+    // 16-byte aligned tensors and whole 16-byte rows make `al` and `wal` true
+    const P p0{out, res, x, w, cols, eps, true, true, 0.0f};
+    kz_direct<T, P, RESID, true>(p0, x, res, rows, KzCfg{});
+    return;
+  }
   const bool bal = kz_al<T>(x) && kz_al<T>(out) && (!RESID || kz_al<T>(res));
   const P p{out, res, x, w, cols, eps, cols % 4 == 0 && bal, kz_al<T>(w), kz_mean_factor(rows, cols)};
   // units kept in registers: 16 x 8 bytes (2-byte T) or 8 x 16 bytes (f32) per thread
   constexpr int NB = sizeof(T) == 2 ? 16 : 8;
   const i64 nv = cols / 4;
   const KzCfg c = kz_mean_cfg(rows, cols);
-  if (blockDim.z != 1) __trap();
   if (cols > 128 && (cols * (i64)sizeof(T)) % 16 == 0 && kz_al16(x) && kz_al16(out) && kz_al16(w) &&
       (!RESID || kz_al16(res))) {
-    if (rows <= gridDim.x && kz_direct_fits<T>(cols)) kz_direct<T, P, RESID>(p, x, res, rows, c);
-    else kz_staged<T, P, RESID>(p, x, res, rows, c);
+    kz_staged<T, P, RESID>(p, x, res, rows, c);  // decode rows took the path above
     return;
   }
   // kz_rows: the configs of 16 rows and more with aligned row starts (cols <= 128 or cols % 4
@@ -1397,7 +1429,7 @@ KZ_DEV void kz_ln_resid_direct(const LnResP<T>& p, i64 rows) {
         for (int e = 0; e < 4; ++e) h[c].set(e, __fadd_rn(h[c].f(e), r[c].f(e)));
         h[c].st(p.res + base + 4 * (i64)u, true);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) B::push_staged(st, h[c].f(e), e, __fdiv_rn(1.0f, (float)(4 * c + e + 1)));
+        for (int e = 0; e < 4; ++e) B::push_staged(st, h[c].f(e), e, kz_recip(4 * c + e + 1));
       }
     }
 #pragma unroll

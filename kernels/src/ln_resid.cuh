@@ -91,7 +91,7 @@ KZ_DEV void kz_ln_resid_direct(const LnResP<T>& p, i64 rows) {
         for (int e = 0; e < 4; ++e) h[c].set(e, __fadd_rn(h[c].f(e), r[c].f(e)));
         h[c].st(p.res + base + 4 * (i64)u, true);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) B::push_staged(st, h[c].f(e), e, __fdiv_rn(1.0f, (float)(4 * c + e + 1)));
+        for (int e = 0; e < 4; ++e) B::push_staged(st, h[c].f(e), e, kz_recip(4 * c + e + 1));
       }
     }
 #pragma unroll
