@@ -14,7 +14,9 @@
 //!
 //! The gated backward ops `silu_mul_backward` and `gelu_tanh_mul_backward`
 //! (docs/backward-gated.md, [`Op::is_gated_backward`]) are elementwise: no workspace, and their
-//! one entry `grad` loops over `rows * cols` elements, so any grid gives the same bits.
+//! one entry `grad` loops over `rows * cols` elements, so any grid gives the same bits. So do the
+//! activations' backward ops `silu_backward`, `gelu_backward` and `gelu_tanh_backward`
+//! ([`Op::is_activation_backward`]), whose one entry `grad` loops over `n` elements.
 //!
 //! `layer_norm_backward` (docs/backward-layer-norm.md) has no workspace either: `dx` is one
 //! 128-thread block a row (eager's launch), `dwdb` one 2-D block a tile of columns, sized by
@@ -172,7 +174,7 @@ pub const GRAD_BLOCKS_PER_SM: u64 = 16;
 /// other grids too.
 pub fn any_grid(op: Op, stage: &str) -> bool {
     match (op, stage) {
-        (op, "grad") if op.is_gated_backward() => true,
+        (op, "grad") if op.is_gated_backward() || op.is_activation_backward() => true,
         _ => matches!(
             (op, stage),
             (Op::RmsNormBackward, "dx" | "dwp") | (Op::LayerNormBackward, "dx" | "dwdb")
@@ -253,7 +255,8 @@ pub fn stage_dims(
             (b, [fixed?, 1, 1])
         }
         (Op::RmsNormBackward, "dw") => (cols.div_ceil(u64::from(fixed.clone()?)), [fixed?, 1, 1]),
-        (op, "grad") if op.is_gated_backward() => {
+        // (an activation's backward takes n = rows * cols: the same count)
+        (op, "grad") if op.is_gated_backward() || op.is_activation_backward() => {
             let b = rows
                 .saturating_mul(cols)
                 .div_ceil(u64::from(fixed.clone()?))
@@ -599,9 +602,50 @@ mod tests {
                 (Op::SiluMulBackward, "grad"),
                 (Op::LayerNormBackward, "dx"),
                 (Op::LayerNormBackward, "dwdb"),
-                (Op::GeluTanhMulBackward, "grad")
+                (Op::GeluTanhMulBackward, "grad"),
+                (Op::SiluBackward, "grad"),
+                (Op::GeluBackward, "grad"),
+                (Op::GeluTanhBackward, "grad")
             ]
         );
+    }
+
+    /// The activations' backward ops launch `grad` as the gated backward ops do over the same
+    /// element count (their `n` is the `rows * cols` of a call), with no workspace.
+    #[test]
+    fn the_activation_backward_ops_launch_as_the_gated_ones_over_n() {
+        let small = DeviceShape {
+            sms: 1,
+            threads_per_sm: 256,
+        };
+        for op in [Op::SiluBackward, Op::GeluBackward, Op::GeluTanhBackward] {
+            for (rows, cols) in [
+                (1, 1),
+                (3, 5),
+                (1, 257),
+                (2113, 256),
+                (4096, 8192),
+                (7, 1001),
+            ] {
+                for dev in [H100, small] {
+                    assert_eq!(
+                        stage_dims(op, "grad", rows, cols, dev),
+                        stage_dims(Op::SiluMulBackward, "grad", rows, cols, dev),
+                        "{op} {rows} x {cols}"
+                    );
+                    // the grid depends on the element count alone
+                    assert_eq!(
+                        stage_dims(op, "grad", rows, cols, dev),
+                        stage_dims(op, "grad", 1, rows * cols, dev),
+                        "{op} {rows} x {cols}"
+                    );
+                    assert_eq!(workspace_floats(op, rows, cols, dev), Ok(0));
+                }
+            }
+            assert!(stage_dims(op, "grad", 0, 5, H100).is_err());
+            let e = stage_dims(op, "dx", 4, 4, H100).unwrap_err();
+            assert!(e.contains("its entries: grad"), "{e}");
+        }
     }
 
     /// layer_norm_backward: no workspace; dx a block a row; dwdb by the launch rule, at the

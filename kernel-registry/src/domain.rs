@@ -56,7 +56,9 @@ word_enum!(
     /// The operations of docs/spec.md section 2 (gelu and gelu_tanh counted as two entry names),
     /// and the backward ops of section 2c (`rms_norm_backward`: the gradients of `rms_norm`;
     /// `silu_mul_backward`: those of `silu_mul`; `layer_norm_backward`: those of `layer_norm`;
-    /// `gelu_tanh_mul_backward`: those of `gelu_tanh_mul`).
+    /// `gelu_tanh_mul_backward`: those of `gelu_tanh_mul`; `silu_backward`, `gelu_backward`,
+    /// `gelu_tanh_backward`: those of the elementwise activations, one backward op per forward op
+    /// as the forward ops are one op per activation).
     Op, "op", {
         RmsNorm => "rms_norm",
         FusedAddRmsNorm => "fused_add_rms_norm",
@@ -72,6 +74,9 @@ word_enum!(
         SiluMulBackward => "silu_mul_backward",
         LayerNormBackward => "layer_norm_backward",
         GeluTanhMulBackward => "gelu_tanh_mul_backward",
+        SiluBackward => "silu_backward",
+        GeluBackward => "gelu_backward",
+        GeluTanhBackward => "gelu_tanh_backward",
     }
 );
 
@@ -137,6 +142,9 @@ impl Op {
             Op::SiluMulBackward => Some(Op::SiluMul),
             Op::LayerNormBackward => Some(Op::LayerNorm),
             Op::GeluTanhMulBackward => Some(Op::GeluTanhMul),
+            Op::SiluBackward => Some(Op::Silu),
+            Op::GeluBackward => Some(Op::Gelu),
+            Op::GeluTanhBackward => Some(Op::GeluTanh),
             _ => None,
         }
     }
@@ -199,6 +207,14 @@ impl Op {
                 params: "T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols",
                 block: Some(256),
             }],
+            // eager autograd's SiluBackward0 / GeluBackward0 (approximate 'none', 'tanh'): one
+            // elementwise kernel, dx = round_T(f'(x) * dy) in f32 (docs/backward-activations.md);
+            // elementwise like the forward ops, so `n` as theirs (grid-stride over n).
+            Op::SiluBackward | Op::GeluBackward | Op::GeluTanhBackward => &[Stage {
+                name: "grad",
+                params: "T* dx, const T* dy, const T* x, long long n",
+                block: Some(256),
+            }],
             // docs/backward-layer-norm.md: eager's two kernels, from the forward's saved f32
             // statistics (`mean`, `rstd`, `rows` each): dx one 128-thread block a row; dw and db
             // one column-sum kernel whose block the launch rule sizes (`backward::stage_dims`).
@@ -224,6 +240,13 @@ impl Op {
     /// stage `grad` writing `d_gate` and `d_up` from (dy, gate, up), no workspace, any grid.
     pub fn is_gated_backward(self) -> bool {
         self.forward().is_some_and(Op::is_gated)
+    }
+    /// The backward ops of the elementwise activations (`silu`, `gelu`, `gelu_tanh`; eager's
+    /// SiluBackward0 / GeluBackward0): one elementwise stage `grad` writing `dx` from (dy, x) over
+    /// `n` elements, no workspace, any grid; elementwise (not row-wise) like their forward ops, so
+    /// resolved and verified by element count as those are.
+    pub fn is_activation_backward(self) -> bool {
+        self.forward().is_some_and(|f| !f.is_rowwise())
     }
     /// The kernel ABI of docs/spec.md section 2: a forward op's entry's parameters after its
     /// name, `T` standing for the dtype's C type ([`DType::cuda_type`]); the verifier builds its
@@ -279,6 +302,10 @@ impl Op {
                     one_row: false,
                 },
             ],
+            Op::SiluBackward | Op::GeluBackward | Op::GeluTanhBackward => &[Gradient {
+                name: "dx",
+                one_row: false,
+            }],
             Op::LayerNormBackward => &[
                 Gradient {
                     name: "dx",
@@ -304,10 +331,10 @@ impl Op {
     /// Whether a backward op's verdict holds only for the device figures it was measured with
     /// (SM count, threads per SM): rms_norm_backward's dw follows eager's column sum, whose
     /// split over CTAs depends on both. The gated backward ops (silu_mul_backward,
-    /// gelu_tanh_mul_backward) are elementwise: their bits (and eager's)
-    /// depend on no device figure, and any grid gives the same bits. layer_norm_backward's
-    /// column sum is one-pass up to the rows the ABI takes ([`Op::max_rows`]), whose order
-    /// depends on the rows alone.
+    /// gelu_tanh_mul_backward) and the activations' (silu_backward, gelu_backward,
+    /// gelu_tanh_backward) are elementwise: their bits (and eager's) depend on no device figure,
+    /// and any grid gives the same bits. layer_norm_backward's column sum is one-pass up to the
+    /// rows the ABI takes ([`Op::max_rows`]), whose order depends on the rows alone.
     pub fn verdict_depends_on_device(self) -> bool {
         matches!(self, Op::RmsNormBackward)
     }
@@ -357,6 +384,8 @@ impl Op {
             Op::RmsNormBackward => n.saturating_mul(3).saturating_add(2 * cols),
             // dy, gate and up read, d_gate and d_up written.
             Op::SiluMulBackward | Op::GeluTanhMulBackward => n.saturating_mul(5),
+            // dy and x read, dx written.
+            Op::SiluBackward | Op::GeluBackward | Op::GeluTanhBackward => n.saturating_mul(3),
             // dy and x read, dx written; w read, dw and db written (mean and rstd, f32, below).
             Op::LayerNormBackward => n.saturating_mul(3).saturating_add(3 * cols),
         })
@@ -767,6 +796,54 @@ mod tests {
             .filter(|o| o.is_gated_backward())
             .collect();
         assert_eq!(gated, [Op::SiluMulBackward, Op::GeluTanhMulBackward]);
+    }
+
+    /// The activations' backward ops (silu_backward, gelu_backward, gelu_tanh_backward): one per
+    /// forward activation, elementwise like it (`n`, not rows and cols), one stage `grad` writing
+    /// `dx` from (dy, x), 3n elements moved, no device figure.
+    #[test]
+    fn the_activation_backward_ops_take_dy_and_x_over_n() {
+        let ops = [
+            (Op::SiluBackward, Op::Silu, "silu_backward"),
+            (Op::GeluBackward, Op::Gelu, "gelu_backward"),
+            (Op::GeluTanhBackward, Op::GeluTanh, "gelu_tanh_backward"),
+        ];
+        for (op, fwd, name) in ops {
+            assert_eq!(op.as_str(), name);
+            assert_eq!(op.forward(), Some(fwd));
+            assert!(op.is_backward() && op.is_activation_backward());
+            assert!(
+                !op.is_rowwise() && !fwd.is_rowwise(),
+                "{op}: elementwise as {fwd}"
+            );
+            assert!(!op.is_gated_backward() && !op.takes_eps() && !op.updates_residual());
+            assert_eq!(op.semantics(), [Semantics::Default]);
+            assert_eq!((op.abi(), op.abi_names()), ("", vec![]));
+            let [st] = op.stages() else {
+                panic!("one stage: {:?}", op.stages())
+            };
+            assert_eq!((st.name, st.block), ("grad", Some(256)));
+            assert_eq!(st.names(), ["dx", "dy", "x", "n"]);
+            assert_eq!(st.tensors(), ["dx", "dy", "x"]);
+            assert_eq!(st.writes(), ["dx"]);
+            // the forward's `n` and the forward's input name
+            assert_eq!(fwd.abi_names()[1..], ["x", "n"]);
+            let grads: Vec<_> = op.gradients().iter().map(|g| (g.name, g.one_row)).collect();
+            assert_eq!(grads, [("dx", false)]);
+            assert_eq!(op.gradient_stage("dx"), Some(st));
+            assert_eq!(op.outputs(), 1);
+            // dy and x read, dx written
+            assert_eq!(op.bytes_moved(DType::Bf16, 4, 8), 2 * 3 * 32);
+            assert_eq!(op.bytes_moved(DType::F32, 3, 7), 4 * 3 * 21);
+            assert!(!op.verdict_depends_on_device());
+            assert_eq!(op.max_rows(), None);
+        }
+        let act: Vec<Op> = Op::ALL
+            .iter()
+            .copied()
+            .filter(|o| o.is_activation_backward())
+            .collect();
+        assert_eq!(act, ops.map(|o| o.0));
     }
 
     /// layer_norm_backward (docs/spec.md section 2c, docs/backward-layer-norm.md): dx, then dw

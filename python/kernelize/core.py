@@ -442,6 +442,11 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
             groups.setdefault((what, None, None, f"no backward op for {what} yet: its original "
                                "forward runs under autograd"), []).append(e.path)
             continue
+        if e.op not in _TRAIN_FORWARDS:
+            # (the activations' backward ops: in the hub, not yet in training mode)
+            groups.setdefault((what, None, None, f"training mode does not run {bop} yet: its "
+                               "original forward runs under autograd"), []).append(e.path)
+            continue
         if e.op == "rms_norm" and e.dtype == "f32" and e.path != "<root>":
             # (either semantics: GemmaRMSNorm's f32 graph has no cast node either)
             # Eager's f32 graph has no cast node in the norm, so the layer's input gradient is
@@ -706,7 +711,7 @@ def _pin_backward(plan: list, cache: dict, src, policy: str, arch: str) -> None:
     gelu_tanh_mul_backward at each gated MLP's swapped for silu_mul / gelu_tanh_mul,
     layer_norm_backward at each layer_norm layer's), kernel or reasons."""
     for s, key, res, _, _ in plan:
-        bop = BACKWARD_OF.get((s.op, s.semantics))
+        bop = BACKWARD_OF.get((s.op, s.semantics)) if s.op in _TRAIN_FORWARDS else None
         if bop and res.kernel is not None:
             bkey = Key(bop, s.semantics, key.dtype, arch, key.cols, policy)
             if bkey not in cache:

@@ -126,8 +126,13 @@ GELU_GATED_OP = "gelu_tanh_mul_backward"
 
 #: The gated backward ops (`Op::is_gated_backward`): one `grad` entry of one ABI each.
 GATED_BACKWARD_OPS = (GATED_OP, GELU_GATED_OP)
+#: The elementwise activations' backward ops (`Op::is_activation_backward`: SiluBackward0,
+#: GeluBackward0 'none' and 'tanh'): one `grad` entry `(T* dx, const T* dy, const T* x, n)`,
+#: block 256, launched as the gated ones over n = rows * cols elements.
+ACTIVATION_BACKWARD_OPS = ("silu_backward", "gelu_backward", "gelu_tanh_backward")
 #: Each backward op's blocks by entry (`Op::stages`; None: the launch rule decides).
-BLOCKS_OF = {OP: BLOCKS, LN_OP: LN_BLOCKS, **{op: GATED_BLOCKS for op in GATED_BACKWARD_OPS}}
+BLOCKS_OF = {OP: BLOCKS, LN_OP: LN_BLOCKS,
+             **{op: GATED_BLOCKS for op in GATED_BACKWARD_OPS + ACTIVATION_BACKWARD_OPS}}
 
 
 # ---- launch arithmetic (kernel-registry/src/backward.rs) ------------------------------------
@@ -184,7 +189,8 @@ def stage_dims(stage: str, rows: int, cols: int, sms: int, threads_per_sm: int,
     """`backward::stage_dims`: (grid, block) of the entry `stage` of `op` on rows x cols (no
     dynamic shared memory). rms_norm_backward: dx persistent over rows (at most one block a
     row), dwp persistent over its (column group, CTA) items, dw one thread a column.
-    silu_mul_backward: grad one thread an element, at most GRAD_BLOCKS_PER_SM blocks per SM.
+    silu_mul_backward (and the other gated and activation backward ops): grad one thread an
+    element, at most GRAD_BLOCKS_PER_SM blocks per SM.
     layer_norm_backward (at most LN_MAX_ROWS rows): dx a block a row (eager's launch), dwdb by
     `dwdb_dims`."""
     if op not in BLOCKS_OF:
@@ -201,7 +207,7 @@ def stage_dims(stage: str, rows: int, cols: int, sms: int, threads_per_sm: int,
         blocks = min(-(-cols // 4) * ctas(rows, cols, sms, threads_per_sm), DWP_BLOCKS_PER_SM * sms)
     elif (op, stage) == (OP, "dw"):
         blocks = -(-cols // blocks_of["dw"])
-    elif stage == "grad" and op in GATED_BACKWARD_OPS:
+    elif stage == "grad" and op in GATED_BACKWARD_OPS + ACTIVATION_BACKWARD_OPS:
         blocks = min(-(-(rows * cols) // blocks_of["grad"]), GRAD_BLOCKS_PER_SM * sms)
     elif (op, stage) == (LN_OP, "dx"):
         blocks = rows

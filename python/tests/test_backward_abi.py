@@ -44,7 +44,7 @@ def test_the_backward_ops_are_the_registrys():
     from kernelize import training
     ops = ABI["backward_ops"]
     assert set(ops) == {"rms_norm_backward", "silu_mul_backward", "layer_norm_backward",
-                        "gelu_tanh_mul_backward"}
+                        "gelu_tanh_mul_backward", "silu_backward", "gelu_backward", "gelu_tanh_backward"}
     op = ops["rms_norm_backward"]
     # HF LlamaRMSNorm's and GemmaRMSNorm's gradients: one ABI (llama the default semantics)
     assert (op["forward"], op["semantics"]) == ("rms_norm", ["llama", "gemma"])
@@ -59,6 +59,15 @@ def test_the_backward_ops_are_the_registrys():
     assert (op["forward"], op["semantics"]) == ("gelu_tanh_mul", ["default"])
     assert op["stages"] == ops["silu_mul_backward"]["stages"]
     assert op["gradients"] == ops["silu_mul_backward"]["gradients"]
+    # the activations' (SiluBackward0, GeluBackward0 'none' / 'tanh'): one elementwise entry over n
+    for act in ("silu", "gelu", "gelu_tanh"):
+        op = ops[f"{act}_backward"]
+        assert (op["forward"], op["semantics"], op["takes_eps"]) == (act, ["default"], False)
+        assert [(s["name"], s["block"]) for s in op["stages"]] == [("grad", 256)]
+        assert op["stages"][0]["names"] == ["dx", "dy", "x", "n"]
+        assert [(g["name"], g["one_row"], g["stage"]) for g in op["gradients"]] == [("dx", False, "grad")]
+        assert not op["verdict_depends_on_device"] and op["max_rows"] is None
+        assert not ABI["ops"][act]["rowwise"], f"{act}: elementwise, as its backward"
     op = ops["layer_norm_backward"]
     assert (op["forward"], op["semantics"], op["takes_eps"]) == ("layer_norm", ["default"], False)
     # dx a 128-thread block a row; dwdb's 2-D block the launch rule's (no block in the ABI)

@@ -180,6 +180,8 @@ pub(crate) fn stage_args(
             })),
             "rows" => Arg::I64(rows as i64),
             "cols" => Arg::I64(cols as i64),
+            // an elementwise backward op's element count (the activations')
+            "n" => Arg::I64((rows * cols) as i64),
             "eps" => Arg::F32(eps),
             "sms" => Arg::I64(dev.sms as i64),
             "threads_per_sm" => Arg::I64(dev.threads_per_sm as i64),
@@ -246,7 +248,10 @@ mod tests {
                 Op::RmsNormBackward
                 | Op::SiluMulBackward
                 | Op::LayerNormBackward
-                | Op::GeluTanhMulBackward => unreachable!(),
+                | Op::GeluTanhMulBackward
+                | Op::SiluBackward
+                | Op::GeluBackward
+                | Op::GeluTanhBackward => unreachable!(),
             }
         };
         for &op in Op::ALL.iter().filter(|o| !o.is_backward()) {
@@ -267,7 +272,10 @@ mod tests {
                 Op::RmsNormBackward
                 | Op::SiluMulBackward
                 | Op::LayerNormBackward
-                | Op::GeluTanhMulBackward => &[],
+                | Op::GeluTanhMulBackward
+                | Op::SiluBackward
+                | Op::GeluBackward
+                | Op::GeluTanhBackward => &[],
             }
         };
         for &op in Op::ALL {
@@ -350,6 +358,18 @@ mod tests {
         for (s, want) in Op::LayerNormBackward.stages().iter().zip(want) {
             let args = stage_args(s, &t, 3, 5, 0.25, dev);
             assert_eq!(format!("{args:?}"), want, "{}", s.name);
+        }
+        // the activations' backward: dx, dy, x and the element count n = rows * cols
+        let t = BackwardPtrs(vec![("dx", 100), ("dy", 200), ("x", 300)]);
+        for op in [Op::SiluBackward, Op::GeluBackward, Op::GeluTanhBackward] {
+            let [s] = op.stages() else {
+                panic!("one stage")
+            };
+            assert_eq!(
+                format!("{:?}", stage_args(s, &t, 3, 5, 0.25, dev)),
+                "[Ptr(100), Ptr(200), Ptr(300), I64(15)]",
+                "{op}"
+            );
         }
     }
 

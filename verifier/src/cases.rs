@@ -234,7 +234,8 @@ fn anchors(quick: bool) -> Vec<Planned> {
 /// `cols % 4` (the output vector: 4, 2 or 1 columns a thread); the training shape 16384 x 4096
 /// is timed. The gated backward ops (elementwise, no order to cover): problems smaller than one
 /// 16-byte vector or ending in a partial one (a kernel's scalar tail), and one of more than
-/// 2^20 elements ending in a partial vector (its call at other grids gets a third of the grid).
+/// 2^20 elements ending in a partial vector (its call at other grids gets a third of the grid);
+/// the activations' backward ops (elementwise too) the same shapes.
 fn backward_anchors(op: Op, quick: bool) -> Vec<Planned> {
     if op == Op::LayerNormBackward {
         // eager's column sum changes its chains at 64, 128 and 256 rows; the launch rule its
@@ -264,7 +265,7 @@ fn backward_anchors(op: Op, quick: bool) -> Vec<Planned> {
         }
         return v;
     }
-    if op.is_gated_backward() {
+    if op.is_gated_backward() || op.is_activation_backward() {
         return vec![
             plan(1, 1, Dist::Normal, false),
             plan(1, 7, Dist::Normal, false),
@@ -766,7 +767,13 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
                 }),
             }
         }
-        Op::Silu | Op::Gelu | Op::GeluTanh => CaseInputs {
+        // An activation's backward: x as its forward's, dy as rms_norm_backward's.
+        Op::Silu
+        | Op::Gelu
+        | Op::GeluTanh
+        | Op::SiluBackward
+        | Op::GeluBackward
+        | Op::GeluTanhBackward => CaseInputs {
             mean: None,
             rstd: None,
             x: t("x", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
@@ -774,7 +781,12 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
             residual: None,
             weight: None,
             bias: None,
-            dy: None,
+            dy: spec.op.is_backward().then(|| {
+                t(
+                    "dy",
+                    gen_matrix(dt, rows, spec.cols, spec.dist, splitmix(s ^ 5)),
+                )
+            }),
         },
     }
 }

@@ -119,6 +119,31 @@ fn gelu_tanh_grad(h: f64) -> f64 {
     0.5 * (1.0 + t) + right
 }
 
+/// gelu's (erf form) derivative, `Phi(h) + h phi(h)` (`Phi(h) = 0.5 (1 + erf(h / sqrt(2)))`,
+/// `phi(h) = exp(-h^2 / 2) / sqrt(2 pi)`), and its limits at -inf and +inf (0 and 1; where
+/// `exp` underflows the second term is 0, not the NaN of `inf * 0`).
+fn gelu_grad(h: f64) -> f64 {
+    if h == f64::NEG_INFINITY {
+        return 0.0;
+    }
+    if h == f64::INFINITY {
+        return 1.0;
+    }
+    let pdf = (-0.5 * h * h).exp() / (2.0 * std::f64::consts::PI).sqrt();
+    let right = if pdf == 0.0 { 0.0 } else { h * pdf };
+    0.5 * (1.0 + erf(h / std::f64::consts::SQRT_2)) + right
+}
+
+/// The derivative of elementwise activation `act` (silu, gelu, gelu_tanh) at `h`, in f64.
+pub fn activation_grad(act: Op, h: f64) -> f64 {
+    match act {
+        Op::Silu => silu_grad(h),
+        Op::Gelu => gelu_grad(h),
+        Op::GeluTanh => gelu_tanh_grad(h),
+        _ => unreachable!("{act} is not an elementwise activation"),
+    }
+}
+
 /// A gated backward op's gradients of element `i` in f64, no rounding anywhere (not of the
 /// forward's `act(gate)` either: the truth): `d_gate = dy * up * act'(gate)`,
 /// `d_up = dy * act(gate)`, act the forward's activation (silu, gelu_tanh).
@@ -127,11 +152,15 @@ fn gated_backward_at(op: Op, inp: &CaseInputs, i: usize) -> (f64, f64) {
     let g = f(&inp.x, i);
     let u = f(inp.up.as_ref().expect("a gated backward case has up"), i);
     let act = gate_activation(op.forward().expect("a backward op"));
-    let grad = match act {
-        Op::Silu => silu_grad(g),
-        _ => gelu_tanh_grad(g),
-    };
-    (dy * u * grad, dy * elementwise(act, g))
+    (dy * u * activation_grad(act, g), dy * elementwise(act, g))
+}
+
+/// An activation's backward op's `dx` at element `i` in f64 (silu_backward, gelu_backward,
+/// gelu_tanh_backward): `dy * act'(x)`, no rounding anywhere.
+fn activation_backward_at(op: Op, inp: &CaseInputs, i: usize) -> f64 {
+    let dy = f(inp.dy.as_ref().expect("a backward case has dy"), i);
+    let act = op.forward().expect("a backward op");
+    dy * activation_grad(act, f(&inp.x, i))
 }
 
 /// Round an f64 sum `a + b` as T would store it (fused_add's stored residual).
@@ -220,6 +249,10 @@ pub fn oracle(spec: &CaseSpec, inp: &CaseInputs, ranges: &[(usize, usize)]) -> V
             // Its first gradient, d_gate; each gradient's: `backward_truth`.
             Op::SiluMulBackward | Op::GeluTanhMulBackward => (start..start + len)
                 .map(|i| gated_backward_at(spec.op, inp, i).0)
+                .collect(),
+            // dy * act'(x), its one gradient
+            Op::SiluBackward | Op::GeluBackward | Op::GeluTanhBackward => (start..start + len)
+                .map(|i| activation_backward_at(spec.op, inp, i))
                 .collect(),
             // Its dx; dw and db (sums over every row) are `ln_backward_dwdb`.
             Op::LayerNormBackward => {
@@ -347,6 +380,12 @@ pub fn backward_truth(
         }
         (Op::RmsNormBackward, "dw") => (vec![(0, spec.cols as usize)], backward_dw(spec, inp)),
         (Op::LayerNormBackward, "dx") => {
+            let ranges = sample(spec);
+            let truth = oracle(spec, inp, &ranges);
+            (ranges, truth)
+        }
+        // elementwise: evenly spaced runs ([`sample`] of an elementwise op)
+        (op, "dx") if op.is_activation_backward() => {
             let ranges = sample(spec);
             let truth = oracle(spec, inp, &ranges);
             (ranges, truth)
@@ -769,6 +808,62 @@ mod tests {
         assert!(gelu_tanh_grad(f64::NAN).is_nan());
         // not silu's: the two activations' derivatives differ at 1
         assert!((gelu_tanh_grad(1.0) - silu_grad(1.0)).abs() > 1e-2);
+    }
+
+    /// The activations' backward ops' oracle is the derivative of their forward's truth
+    /// (`elementwise`): against central finite differences of `L = sum dy * act(x)` in f64 at
+    /// every element of a small case, x on both sides of 0, where tanh and erf saturate and where
+    /// silu's exp is large; `oracle()` gives the same as `backward_truth`; the limits.
+    #[test]
+    fn activation_backward_ops_are_the_forward_truths_derivative() {
+        let n = 24usize;
+        let xs: Vec<f32> = (0..n).map(|i| (i as f32 - 11.5) / 1.9).collect();
+        let dys: Vec<f32> = (0..n).map(|i| ((i * 5 % 7) as f32 - 3.0) / 2.0).collect();
+        for op in [Op::SiluBackward, Op::GeluBackward, Op::GeluTanhBackward] {
+            let act = op.forward().unwrap();
+            let sp = spec(op, Semantics::Default, 1, n as u64);
+            let inp = CaseInputs {
+                mean: None,
+                rstd: None,
+                x: tensor(DType::F32, &xs),
+                up: None,
+                residual: None,
+                weight: None,
+                bias: None,
+                dy: Some(tensor(DType::F32, &dys)),
+            };
+            let loss = |x: &[f64]| -> f64 {
+                (0..n)
+                    .map(|i| dys[i] as f64 * elementwise(act, x[i]))
+                    .sum()
+            };
+            let x0: Vec<f64> = xs.iter().map(|&v| v as f64).collect();
+            let [dx] = op.gradients() else {
+                panic!("one gradient")
+            };
+            let (ranges, got) = backward_truth(&sp, &inp, dx);
+            assert_eq!(ranges, [(0, n)], "{op}: every element of a small case");
+            assert_eq!(got, oracle(&sp, &inp, &ranges), "{op}");
+            for (i, &g) in got.iter().enumerate() {
+                let want = slope(&loss, &x0, i);
+                assert!((g - want).abs() < 1e-6, "{op} dx[{i}] {g} vs {want}");
+            }
+            // the limits at -inf and +inf, and huge finite inputs approaching them
+            assert_eq!(activation_grad(act, f64::NEG_INFINITY), 0.0, "{op}");
+            assert_eq!(activation_grad(act, f64::INFINITY), 1.0, "{op}");
+            assert!(activation_grad(act, -1e200).abs() < 1e-300, "{op}");
+            assert!((activation_grad(act, 1e200) - 1.0).abs() < 1e-15, "{op}");
+            assert!(activation_grad(act, f64::NAN).is_nan(), "{op}");
+        }
+        // by hand: gelu'(0) = 0.5 and gelu'(1) = Phi(1) + phi(1); the erf and tanh forms differ
+        close(gelu_grad(0.0), 0.5);
+        let phi1 = (-0.5f64).exp() / (2.0 * std::f64::consts::PI).sqrt();
+        close(
+            gelu_grad(1.0),
+            0.5 * (1.0 + erf(1.0 / std::f64::consts::SQRT_2)) + phi1,
+        );
+        assert!((gelu_grad(1.0) - gelu_tanh_grad(1.0)).abs() > 1e-5);
+        assert!((gelu_grad(1.0) - gelu_tanh_grad(1.0)).abs() < 1e-2);
     }
 
     #[test]

@@ -229,7 +229,10 @@ pub fn python_args(op: Op) -> &'static [&'static str] {
         Op::RmsNormBackward
         | Op::SiluMulBackward
         | Op::LayerNormBackward
-        | Op::GeluTanhMulBackward => &[],
+        | Op::GeluTanhMulBackward
+        | Op::SiluBackward
+        | Op::GeluBackward
+        | Op::GeluTanhBackward => &[],
     }
 }
 

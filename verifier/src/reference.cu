@@ -475,6 +475,47 @@ __device__ void gelu_tanh_mul_bwd_grad_ref(T* d_gate, T* d_up, const T* dy, cons
     }
 }
 
+// ---- The backward of the elementwise activations under eager autograd (docs/backward-activations.md)
+// The candidate's ABI (Op::stages of silu_backward, gelu_backward, gelu_tanh_backward: one entry
+// `grad`, dx from dy and x over n elements), one thread an element. dx = round_T(f(dy, x)) in f32,
+// f the one CUDA kernel eager autograd runs for the node, with the contractions nvcc made of it:
+//   SiluBackward0 (silu_backward_kernel): s = 1 / D as silu_mul_backward's d_gate above (D with
+//       expf's last scaling and the 1 + in one FMA; IEEE reciprocal), dx = (dy * s) * fma(1 - s, x, 1)
+//   GeluBackward0, approximate 'tanh': gelu_tanh_bwd_f above (read from eager's sm_90 SASS)
+//   GeluBackward0, approximate 'none' (GeluBackwardCUDAKernelImpl's erf branch, written from the
+//       source; its SASS not read): kAlpha = f32(M_SQRT1_2), kBeta = f32(M_2_SQRTPI * M_SQRT1_2 * 0.5),
+//       cdf = 0.5 * (1 + erff(x * kAlpha)), pdf = expf((-0.5 * x) * x) * kBeta,
+//       dx = dy * (cdf + x * pdf), the sum with cdf's product fused (0.5 * (1 + erf) + x * pdf as
+//       fma(1 + erf, 0.5, x * pdf), the tanh branch's choice of the first product; 0.5 * (1 + erf)
+//       is exact, so this gives the bits of no contraction). The other candidate, x * pdf fused
+//       (fma(x, pdf, cdf)), is the bundled kernel's GB_FMA_XPDF variant; the GPU run decides
+//       (docs/backward-activations.md).
+__device__ __forceinline__ float gelu_erf_bwd_f(float dy, float x) {
+    const float kBeta = 0.3989422804014327f, kAlpha = 0.70710678118654752f;
+    const float one_plus_erf = __fadd_rn(1.0f, erff(__fmul_rn(x, kAlpha)));
+    const float pdf = __fmul_rn(expf(__fmul_rn(__fmul_rn(-0.5f, x), x)), kBeta);
+    return __fmul_rn(dy, fmaf(one_plus_erf, 0.5f, __fmul_rn(x, pdf)));
+}
+
+template <typename T>
+__device__ void silu_bwd_grad_ref(T* dx, const T* dy, const T* x, long long n) {
+    GRID_STRIDE(i, n) {
+        const float y = f32_of(dy[i]), h = f32_of(x[i]);
+        const float s = __frcp_rn(silu_bwd_denominator(h));
+        dx[i] = round_to<T>(__fmul_rn(__fmul_rn(y, s), fmaf(__fsub_rn(1.0f, s), h, 1.0f)));
+    }
+}
+
+template <typename T>
+__device__ void gelu_bwd_grad_ref(T* dx, const T* dy, const T* x, long long n) {
+    GRID_STRIDE(i, n) dx[i] = round_to<T>(gelu_erf_bwd_f(f32_of(dy[i]), f32_of(x[i])));
+}
+
+template <typename T>
+__device__ void gelu_tanh_bwd_grad_ref(T* dx, const T* dy, const T* x, long long n) {
+    GRID_STRIDE(i, n) dx[i] = round_to<T>(gelu_tanh_bwd_f(f32_of(dy[i]), f32_of(x[i])));
+}
+
 // ---- The backward of nn.LayerNorm under eager autograd (docs/backward-layer-norm.md) ----------
 // The candidate's ABI (Op::stages of layer_norm_backward: dx, then dwdb, with
 // kernel_registry::backward's grids; mean, rstd the forward's saved f32 statistics). Not the
@@ -597,7 +638,10 @@ extern "C" __global__ void ref_rms_norm_backward_gemma_dw_##S(T* dw, const float
 extern "C" __global__ void ref_silu_mul_backward_default_grad_##S(T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols) { silu_mul_bwd_grad_ref<T>(d_gate, d_up, dy, gate, up, rows, cols); } \
 extern "C" __global__ void ref_gelu_tanh_mul_backward_default_grad_##S(T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols) { gelu_tanh_mul_bwd_grad_ref<T>(d_gate, d_up, dy, gate, up, rows, cols); } \
 extern "C" __global__ void ref_layer_norm_backward_default_dx_##S(T* dx, const T* dy, const T* x, const float* mean, const float* rstd, const T* w, long long rows, long long cols) { ln_bwd_dx_ref<T>(dx, dy, x, mean, rstd, w, rows, cols); } \
-extern "C" __global__ void ref_layer_norm_backward_default_dwdb_##S(T* dw, T* db, const T* dy, const T* x, const float* mean, const float* rstd, long long rows, long long cols) { ln_bwd_dwdb_ref<T>(dw, db, dy, x, mean, rstd, rows, cols); }
+extern "C" __global__ void ref_layer_norm_backward_default_dwdb_##S(T* dw, T* db, const T* dy, const T* x, const float* mean, const float* rstd, long long rows, long long cols) { ln_bwd_dwdb_ref<T>(dw, db, dy, x, mean, rstd, rows, cols); } \
+extern "C" __global__ void ref_silu_backward_default_grad_##S(T* dx, const T* dy, const T* x, long long n) { silu_bwd_grad_ref<T>(dx, dy, x, n); } \
+extern "C" __global__ void ref_gelu_backward_default_grad_##S(T* dx, const T* dy, const T* x, long long n) { gelu_bwd_grad_ref<T>(dx, dy, x, n); } \
+extern "C" __global__ void ref_gelu_tanh_backward_default_grad_##S(T* dx, const T* dy, const T* x, long long n) { gelu_tanh_bwd_grad_ref<T>(dx, dy, x, n); }
 
 REFS(__nv_bfloat16, bf16)
 REFS(__half, f16)
