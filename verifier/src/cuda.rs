@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 
 pub use crate::exec::ExecError;
 
+/// How long `Gpu::wait` polls a launch's event without sleeping before it sleeps between polls.
+const WAIT_SPIN: Duration = Duration::from_micros(200);
+
 /// Bytes of guard region before and after every device buffer (keeps the ABI's alignment).
 pub const GUARD_BYTES: usize = 4096;
 const _: () = assert!((GUARD_BYTES as u64).is_multiple_of(kernel_registry::ABI_ALIGN_BYTES));
@@ -271,6 +274,7 @@ type Image = Vec<std::ffi::c_char>;
 
 /// One module to compile: `options` are the author's NVRTC options plus any the verifier adds
 /// for this module (the dtype macro); they key the module.
+#[derive(Clone)]
 pub struct CompileJob<'a> {
     pub digest: &'a str,
     pub what: String,
@@ -349,11 +353,30 @@ pub struct Launch<'a> {
     pub args: &'a [Arg],
 }
 
+/// A module's key: (digest, architecture, the job's options).
+type ModKey = (String, Arch, Vec<String>);
+
+/// What NVRTC made of one module on its compile thread: the image, whether it is a CUBIN, its
+/// PTX and the capability audit of that PTX.
+type Made = (Image, bool, Result<String, String>, Result<Audit, String>);
+
+/// A module being compiled: what it is, NVRTC's full options and version, its CUBIN cache entry.
+struct Pending {
+    what: String,
+    opts: Vec<String>,
+    nvrtc_version: String,
+    cached: Option<std::path::PathBuf>,
+}
+
 pub struct Gpu {
     _ctx: Arc<CudaContext>,
     pub info: DeviceInfo,
     pub l2_bytes: usize,
-    modules: HashMap<(String, Arch, Vec<String>), Module>,
+    modules: HashMap<ModKey, Module>,
+    /// Modules whose NVRTC is running on a thread of its own (`Gpu::start_compiles`), loaded
+    /// when a case asks for them (`Gpu::compile_all`).
+    compiling: crate::compile_queue::Queue<ModKey, Made>,
+    pending: HashMap<ModKey, Pending>,
     functions: HashMap<(String, String), sys::CUfunction>,
     flush: Option<DevBuf>,
     /// Page-locked staging for large transfers (pageable copies ran at 0.7-2 GB/s on the H200
@@ -455,6 +478,8 @@ impl Gpu {
             _ctx: ctx,
             l2_bytes,
             modules: HashMap::new(),
+            compiling: crate::compile_queue::Queue::new(),
+            pending: HashMap::new(),
             functions: HashMap::new(),
             flush: None,
             staging: std::sync::Mutex::new(None),
@@ -501,18 +526,17 @@ impl Gpu {
         }])
     }
 
-    /// Compile several modules, NVRTC running on one thread per module not already loaded or
-    /// in the CUBIN cache (NVRTC is thread-safe for distinct programs; each compile is single
-    /// threaded), then load them on this thread. The first compile error is returned, after
-    /// every compile has finished.
-    pub fn compile_all(&mut self, jobs: &[CompileJob<'_>]) -> Result<(), ExecError> {
+    /// Start compiling the modules of `jobs` that are neither loaded nor compiling: a module in
+    /// the CUBIN cache is loaded at once; every other one gets NVRTC on a thread of its own
+    /// (NVRTC is thread-safe for distinct programs; each compile is single threaded) and is
+    /// loaded when `compile_all` asks for it. Nothing waits here.
+    pub fn start_compiles(&mut self, jobs: &[CompileJob<'_>]) {
         let arch = self.info.arch;
         // Asked of NVRTC only when a module is not loaded yet (not on every case).
         let mut nvrtc_version = None;
-        let mut todo = Vec::new();
         for job in jobs {
             let key = (job.digest.to_string(), arch, job.options.clone());
-            if self.modules.contains_key(&key) {
+            if self.modules.contains_key(&key) || self.compiling.contains(&key) {
                 continue;
             }
             let opts = nvrtc_options(arch, &cuda_include_dir(), &job.options);
@@ -535,100 +559,91 @@ impl Gpu {
                     continue;
                 }
             }
-            todo.push((job, key, opts, cached));
-        }
-        if todo.is_empty() {
-            return Ok(());
-        }
-        let compiled = todo.len();
-        let t0 = Instant::now();
-        type Done = (
-            Image,
-            bool,
-            Result<String, String>,
-            Result<Audit, String>,
-            f64,
-        );
-        let images: Vec<Result<Done, String>> = std::thread::scope(|s| {
-            let handles: Vec<_> = todo
-                .iter()
-                .map(|(job, _, opts, _)| {
-                    s.spawn(move || {
-                        let t = Instant::now();
-                        nvrtc_image(job.source, &job.what, opts).map(|(img, cubin, ptx)| {
-                            // Audited on the compile thread, beside NVRTC.
-                            let audit = ptx.as_deref().map(audit_ptx).map_err(Clone::clone);
-                            (img, cubin, ptx, audit, t.elapsed().as_secs_f64())
-                        })
-                    })
+            let (source, what, thread_opts) =
+                (job.source.to_string(), job.what.clone(), opts.clone());
+            self.compiling.start(key.clone(), move || {
+                nvrtc_image(&source, &what, &thread_opts).map(|(img, cubin, ptx)| {
+                    // Audited on the compile thread, beside NVRTC.
+                    let audit = ptx.as_deref().map(audit_ptx).map_err(Clone::clone);
+                    (img, cubin, ptx, audit)
                 })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err("NVRTC panicked while compiling".into()))
-                })
-                .collect()
-        });
-        let wall = t0.elapsed().as_secs_f64();
-        let mut first_err = None;
-        for ((job, key, opts, cached), res) in todo.into_iter().zip(images) {
-            let cerr = |log: String| ExecError::Compile {
-                what: job.what.clone(),
-                log,
-            };
-            let (image, is_cubin, ptx, audit, secs) = match res {
-                Ok(r) => r,
-                Err(log) => {
-                    first_err.get_or_insert(cerr(log));
-                    continue;
-                }
-            };
-            let t_load = Instant::now();
-            // SAFETY: `image` is a CUBIN or NUL-terminated PTX text produced by NVRTC.
-            let module = match unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
-            {
-                Ok(m) => m,
-                Err(e) => {
-                    first_err.get_or_insert(cerr(format!(
-                        "the driver could not load the compiled module: {}",
-                        describe(&e)
-                    )));
-                    continue;
-                }
-            };
-            crate::trace(|| {
-                format!(
-                    "compile {}: NVRTC {secs:.3} s (of {wall:.3} s for {} in parallel), {} {} KiB, driver load {:.3} s",
-                    job.what,
-                    compiled,
-                    if is_cubin { "CUBIN" } else { "PTX (JIT)" },
-                    image.len() / 1024,
-                    t_load.elapsed().as_secs_f64()
-                )
             });
-            if let (true, Some(p), Ok(ptx)) = (is_cubin, &cached, &ptx) {
-                // SAFETY: c_char and u8 have the same size and layout.
-                let bytes =
-                    unsafe { std::slice::from_raw_parts(image.as_ptr() as *const u8, image.len()) };
-                // The PTX first: a CUBIN is used from the cache only beside its PTX.
-                crate::compile_cache::store(&crate::compile_cache::ptx_path(p), ptx.as_bytes());
-                crate::compile_cache::store(p, bytes);
-            }
-            // SAFETY: c_char and u8 have the same size and layout.
-            let bytes =
-                unsafe { std::slice::from_raw_parts(image.as_ptr() as *const u8, image.len()) };
-            let record = record(
-                &opts,
-                nvrtc_version.as_deref().unwrap_or(""),
-                bytes,
-                is_cubin,
-                audit,
+            self.pending.insert(
+                key,
+                Pending {
+                    what: job.what.clone(),
+                    opts,
+                    nvrtc_version: nv.clone(),
+                    cached,
+                },
             );
-            self.modules.insert(key, Module { module, record });
+        }
+    }
+
+    /// Compile and load the modules of `jobs`: those not started yet start now
+    /// (`start_compiles`), then this waits for each of `jobs` alone, not for other modules still
+    /// compiling, and loads it on this thread. The first compile error is returned, after every
+    /// module of `jobs` has finished.
+    pub fn compile_all(&mut self, jobs: &[CompileJob<'_>]) -> Result<(), ExecError> {
+        self.start_compiles(jobs);
+        let mut first_err = None;
+        for job in jobs {
+            let key = (job.digest.to_string(), self.info.arch, job.options.clone());
+            if let Err(e) = self.finish_compile(&key) {
+                first_err.get_or_insert(e);
+            }
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// Wait for the module of `key` (when it is compiling) and load it.
+    fn finish_compile(&mut self, key: &ModKey) -> Result<(), ExecError> {
+        if self.modules.contains_key(key) {
+            return Ok(());
+        }
+        let (Some(p), Some(done)) = (self.pending.remove(key), self.compiling.take(key)) else {
+            return Err(ExecError::Driver {
+                what: format!("loading the module of {}", key.0),
+                message: "the module was never compiled".into(),
+            });
+        };
+        let cerr = |log: String| ExecError::Compile {
+            what: p.what.clone(),
+            log,
+        };
+        let (image, is_cubin, ptx, audit) = done.result.map_err(cerr)?;
+        let t_load = Instant::now();
+        // SAFETY: `image` is a CUBIN or NUL-terminated PTX text produced by NVRTC.
+        let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+            .map_err(|e| {
+                cerr(format!(
+                    "the driver could not load the compiled module: {}",
+                    describe(&e)
+                ))
+            })?;
+        crate::trace(|| {
+            format!(
+                "compile {}: NVRTC {:.3} s, ready {:.3} s after it started, waited {:.3} s ({} other module(s) still compiling), {} {} KiB, driver load {:.3} s",
+                p.what,
+                done.work_s,
+                done.since_start_s,
+                done.waited_s,
+                self.compiling.len(),
+                if is_cubin { "CUBIN" } else { "PTX (JIT)" },
+                image.len() / 1024,
+                t_load.elapsed().as_secs_f64()
+            )
+        });
+        // SAFETY: c_char and u8 have the same size and layout.
+        let bytes = unsafe { std::slice::from_raw_parts(image.as_ptr() as *const u8, image.len()) };
+        if let (true, Some(c), Ok(ptx)) = (is_cubin, &p.cached, &ptx) {
+            // The PTX first: a CUBIN is used from the cache only beside its PTX.
+            crate::compile_cache::store(&crate::compile_cache::ptx_path(c), ptx.as_bytes());
+            crate::compile_cache::store(c, bytes);
+        }
+        let record = record(&p.opts, &p.nvrtc_version, bytes, is_cubin, audit);
+        self.modules.insert(key.clone(), Module { module, record });
+        Ok(())
     }
 
     /// How the module of `digest` with `options` (the job's options) was made, once loaded.
@@ -913,6 +928,7 @@ impl Gpu {
         })
     }
 
+    /// Wait for the work queued so far on the default stream, polling an event, at most `limit`.
     fn wait(&self, what: &str, limit: Duration) -> Result<(), ExecError> {
         // SAFETY: events are live; legacy default stream.
         unsafe { result::event::record(self.stop, std::ptr::null_mut()) }.map_err(|e| {
@@ -940,13 +956,21 @@ impl Gpu {
                     limit_s: limit.as_secs_f64(),
                 }));
             }
-            std::thread::sleep(Duration::from_micros(
-                if t0.elapsed() < Duration::from_millis(5) {
-                    20
-                } else {
-                    500
-                },
-            ));
+            // Most launches of a case end within microseconds: poll without sleeping for the
+            // first WAIT_SPIN (a 20 us sleep lasts 50 us or more on Linux, and a case waits for
+            // dozens of launches), then sleep between polls.
+            let waited = t0.elapsed();
+            if waited < WAIT_SPIN {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(
+                    if waited < Duration::from_millis(5) {
+                        20
+                    } else {
+                        500
+                    },
+                ));
+            }
         }
     }
 

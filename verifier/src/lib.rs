@@ -12,6 +12,7 @@ pub mod abi;
 pub mod cases;
 mod child;
 pub mod compile_cache;
+pub mod compile_queue;
 pub mod conformance;
 pub mod cuda;
 pub mod exec;

@@ -410,11 +410,36 @@ fn load<'a>(
     Ok((&*gpu, cand, refk, tools))
 }
 
+/// Every module of `bundle` (each dtype's entry) and the reference layers, and of them the ones
+/// a case of `dt` launches: its dtype's entry and the reference layers.
+pub(crate) fn compile_jobs<'a>(
+    bundle: &'a KernelBundle,
+    digest: &'a str,
+    reference_digest: &'a str,
+    dt: kernel_registry::DType,
+) -> (Vec<CompileJob<'a>>, Vec<CompileJob<'a>>) {
+    let mut all = crate::abi::entry_jobs(bundle, digest);
+    all.push(CompileJob {
+        digest: reference_digest,
+        what: "reference layers".into(),
+        source: REFERENCE_SOURCE,
+        options: Vec::new(),
+    });
+    let own = entry_options(&bundle.manifest.nvrtc_options, dt);
+    let needed = all
+        .iter()
+        .filter(|j| j.digest == reference_digest || j.options == own)
+        .cloned()
+        .collect();
+    (all, needed)
+}
+
 /// Compile the bundle's modules and the reference layers (cached per process), and look up
 /// the verifier's own utilities for `dt`. Every dtype's entry is its own module (the author's
 /// options plus the dtype macro, as the clients compile it); on the first case all of them and
-/// the reference layers compile at once, in parallel. Compile time is traced by
-/// `Gpu::compile_all`.
+/// the reference layers start compiling at once, in parallel, and a case waits only for its
+/// own dtype's module and the reference layers (`crate::compile_queue`), so the first dtype's
+/// cases run while the others compile. Compile time is traced by `Gpu::compile_all`.
 fn compile_with_tools(
     gpu: &mut Gpu,
     bundle: &KernelBundle,
@@ -422,14 +447,9 @@ fn compile_with_tools(
 ) -> Result<Tools, ExecError> {
     let digest = bundle.digest().to_string();
     let rd = reference_digest();
-    let mut jobs = crate::abi::entry_jobs(bundle, &digest);
-    jobs.push(CompileJob {
-        digest: &rd,
-        what: "reference layers".into(),
-        source: REFERENCE_SOURCE,
-        options: Vec::new(),
-    });
-    gpu.compile_all(&jobs)?;
+    let (all, needed) = compile_jobs(bundle, &digest, &rd, dt);
+    gpu.start_compiles(&all);
+    gpu.compile_all(&needed)?;
     let mut tool = |name: &str| gpu.function(&rd, &[], name);
     Ok(Tools {
         keyed_sum: tool("kz_keyed_sum_u32")?,
