@@ -32,6 +32,8 @@ in PATCHES; applied there, then kernels/generate.py rewrites every kernel from t
   decode_prologue  the norms' decode paths: loads before the factor and the config, the Welford
               pushes' 1/n folded, every warp running the mean tree (session 23; the patch's
               header says what and why)
+  rows_nu0    the generic row engines (kz_rows) streamed instead of held in registers, the same
+              bits: NVRTC time of the norms' modules (issue 29; the patch's header)
 """
 from __future__ import annotations
 
@@ -296,6 +298,7 @@ VARIANTS = {
 # name -> (the revision the patch is against, the patch)
 PATCHES = {
     "decode_prologue": ("4295c07", ROOT / "bench" / "variants" / "decode-prologue.patch"),
+    "rows_nu0": ("c851cef", ROOT / "bench" / "variants" / "rows-nu0.patch"),
 }
 
 
