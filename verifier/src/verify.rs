@@ -207,9 +207,16 @@ pub fn verify_with(
         reports.push(report);
     }
     crate::trace(|| format!("verify {}: {} cases done", m.name, reports.len()));
-    // What the GPU ran, for clients that must run the same code (a failure here is not the
-    // kernel's: the cases already say whether it compiled).
-    let compiled = exec.compiled(bundle).unwrap_or_default();
+    // What the GPU ran, for clients that must run the same code. Every entry's module is loaded
+    // here, also those of dtypes the run left out (a case waits only for its own dtype's): one
+    // that does not compile rejects the kernel, as it would on its dtype's first case. Any other
+    // failure here is not the kernel's.
+    let compiled = match exec.compiled(bundle) {
+        Err(ExecError::Compile { what, log }) => {
+            return Err(VerifyError::Compile(format!("{what}:\n{log}")))
+        }
+        r => r.unwrap_or_default(),
+    };
     let capabilities = audit(exec, bundle);
     let summary = Summary::from_cases(&reports);
     Ok(VerificationReport {
@@ -662,6 +669,50 @@ dw = "k_dw"
         let r2 = verify_with(&mut fake, &bundle(), &opts, &mut |_| {}).unwrap();
         let ids = |r: &VerificationReport| r.cases.iter().map(|c| c.id.clone()).collect::<Vec<_>>();
         assert_eq!(ids(&r), ids(&r2));
+    }
+
+    /// A module that does not compile rejects the kernel even when the run leaves its dtype out
+    /// (the cases compile only their own dtypes' modules; `compiled` loads every entry's).
+    #[test]
+    fn an_entry_that_does_not_compile_rejects_the_kernel_in_any_dtype_filter() {
+        struct BrokenF32(Fake);
+        impl Executor for BrokenF32 {
+            fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
+                self.0.device_info()
+            }
+            fn run_case(
+                &mut self,
+                b: &KernelBundle,
+                spec: &CaseSpec,
+                l: &Limits,
+                c: f64,
+            ) -> Result<CaseReport, ExecError> {
+                self.0.run_case(b, spec, l, c)
+            }
+            fn compiled(
+                &mut self,
+                _b: &KernelBundle,
+            ) -> Result<Vec<kernel_registry::report::CompiledModule>, ExecError> {
+                Err(ExecError::Compile {
+                    what: "k (f32)".into(),
+                    log: "error: expected a ';'".into(),
+                })
+            }
+        }
+        let opts = VerifyOptions {
+            dtypes: Some(vec![DType::Bf16]),
+            quick: true,
+            ..Default::default()
+        };
+        let mut exec = BrokenF32(Fake {
+            fail_on: None,
+            calls: 0,
+        });
+        match verify_with(&mut exec, &bundle(), &opts, &mut |_| {}) {
+            Err(VerifyError::Compile(log)) => assert!(log.contains("k (f32)"), "{log}"),
+            other => panic!("{:?}", other.map(|r| r.summary)),
+        }
+        assert!(exec.0.calls > 0, "the bf16 cases ran first");
     }
 
     #[test]
