@@ -537,18 +537,32 @@ mod tests {
     /// per dtype, spelled out in the source (it makes them by token pasting).
     #[test]
     fn the_silu_mul_backward_kernel_fits_its_abi_and_manifest() {
-        gated_backward_kernel_fits(Op::SiluMulBackward, "silu_mul_bwd", "SMB_ENTRY");
+        grad_kernel_fits(Op::SiluMulBackward, "silu_mul_bwd", "SMB_ENTRY");
     }
 
     /// kernels/gelu_tanh_mul_backward/kernel.cu likewise.
     #[test]
     fn the_gelu_tanh_mul_backward_kernel_fits_its_abi_and_manifest() {
-        gated_backward_kernel_fits(Op::GeluTanhMulBackward, "gelu_tanh_mul_bwd", "GMB_ENTRY");
+        grad_kernel_fits(Op::GeluTanhMulBackward, "gelu_tanh_mul_bwd", "GMB_ENTRY");
     }
 
-    /// The bundled kernel of gated backward op `op` (kernels/<op>/): its entry macro `mac`
-    /// makes `<entry>_<dt>` with the ABI's parameters, named in the manifest and spelled out.
-    fn gated_backward_kernel_fits(op: Op, entry: &str, mac: &str) {
+    /// kernels/{silu,gelu,gelu_tanh}_backward/kernel.cu likewise: the activations' backward ops
+    /// (their entry `grad(T* dx, const T* dy, const T* x, long long n)`).
+    #[test]
+    fn the_activation_backward_kernels_fit_their_abi_and_manifest() {
+        for (op, entry, mac) in [
+            (Op::SiluBackward, "silu_bwd", "SB_ENTRY"),
+            (Op::GeluBackward, "gelu_bwd", "GB_ENTRY"),
+            (Op::GeluTanhBackward, "gelu_tanh_bwd", "GTB_ENTRY"),
+        ] {
+            grad_kernel_fits(op, entry, mac);
+        }
+    }
+
+    /// The bundled kernel of a one-entry (`grad`) backward op `op` (kernels/<op>/): its entry
+    /// macro `mac` makes `<entry>_<dt>` with the ABI's parameters, named in the manifest and
+    /// spelled out.
+    fn grad_kernel_fits(op: Op, entry: &str, mac: &str) {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../kernels")
             .join(op.as_str());

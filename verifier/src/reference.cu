@@ -482,14 +482,12 @@ __device__ void gelu_tanh_mul_bwd_grad_ref(T* d_gate, T* d_up, const T* dy, cons
 //   SiluBackward0 (silu_backward_kernel): s = 1 / D as silu_mul_backward's d_gate above (D with
 //       expf's last scaling and the 1 + in one FMA; IEEE reciprocal), dx = (dy * s) * fma(1 - s, x, 1)
 //   GeluBackward0, approximate 'tanh': gelu_tanh_bwd_f above (read from eager's sm_90 SASS)
-//   GeluBackward0, approximate 'none' (GeluBackwardCUDAKernelImpl's erf branch, written from the
-//       source; its SASS not read): kAlpha = f32(M_SQRT1_2), kBeta = f32(M_2_SQRTPI * M_SQRT1_2 * 0.5),
-//       cdf = 0.5 * (1 + erff(x * kAlpha)), pdf = expf((-0.5 * x) * x) * kBeta,
-//       dx = dy * (cdf + x * pdf), the sum with cdf's product fused (0.5 * (1 + erf) + x * pdf as
-//       fma(1 + erf, 0.5, x * pdf), the tanh branch's choice of the first product; 0.5 * (1 + erf)
-//       is exact, so this gives the bits of no contraction). The other candidate, x * pdf fused
-//       (fma(x, pdf, cdf)), is the bundled kernel's GB_FMA_XPDF variant; the GPU run decides
-//       (docs/backward-activations.md).
+//   GeluBackward0, approximate 'none' (GeluBackwardCUDAKernelImpl's erf branch; its sm_90 SASS read
+//       from torch 2.15.0+cu132, docs/backward-activations.md): kAlpha = f32(M_SQRT1_2),
+//       kBeta = f32(M_2_SQRTPI * M_SQRT1_2 * 0.5), cdf = 0.5 * (1 + erff(x * kAlpha)),
+//       pdf = expf((-0.5 * x) * x) * kBeta, dx = dy * (cdf + x * pdf), the sum with cdf's product
+//       fused (fma(1 + erf, 0.5, x * pdf); 0.5 * (1 + erf) is exact, so these are the bits of no
+//       contraction); `1 + erf` and every product unfused.
 __device__ __forceinline__ float gelu_erf_bwd_f(float dy, float x) {
     const float kBeta = 0.3989422804014327f, kAlpha = 0.70710678118654752f;
     const float one_plus_erf = __fadd_rn(1.0f, erff(__fmul_rn(x, kAlpha)));
