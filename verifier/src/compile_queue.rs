@@ -179,7 +179,7 @@ mod tests {
         let b = KernelBundle::load_dir(&dir).unwrap();
         let digest = b.digest().to_string();
         for &dt in DType::ALL {
-            let (all, needed) = crate::measure::compile_jobs(&b, &digest, "ref", dt);
+            let (all, needed) = crate::measure::compile_jobs(&b, &digest, ("ref", "source"), dt);
             assert_eq!(
                 all.len(),
                 4,

@@ -99,8 +99,10 @@ impl CudaExecutor {
     ) -> Result<ReferenceOutputs, ExecError> {
         let (op, dt) = (spec.op, spec.dtype);
         let gpu = self.gpu()?;
-        let rd = reference_digest();
-        gpu.compile(&rd, "reference layers", REFERENCE_SOURCE, &[])?;
+        // The op's reference entries alone (`crate::ref_module`), as a CUDA case compiles them.
+        let rsrc = crate::ref_module::source(op, spec.semantics);
+        let rd = crate::ref_module::digest(op, spec.semantics, &rsrc);
+        gpu.compile(&rd, "reference layers", &rsrc, &[])?;
         let f = gpu.function(&rd, &[], &reference_symbol(op, spec.semantics, dt))?;
         let gpu = &*gpu;
         let inp = cases::generate(spec);

@@ -22,6 +22,7 @@ pub mod model;
 pub mod numeric;
 pub mod oracle;
 pub mod python;
+pub mod ref_module;
 pub mod sandbox;
 pub mod verify;
 

@@ -13,9 +13,7 @@ pub mod large;
 pub mod poison;
 pub mod speed;
 
-use crate::abi::{
-    abi_args, reference_digest, reference_dims, reference_symbol, Bufs, Ptrs, REFERENCE_SOURCE,
-};
+use crate::abi::{abi_args, reference_dims, reference_symbol, Bufs, Ptrs};
 use crate::cases::{self, CaseSpec};
 use crate::cuda::{guard_byte, Arg, CompileJob, DevBuf, Gpu};
 use crate::exec::{ExecError, Limits};
@@ -46,6 +44,8 @@ pub(crate) struct Tools {
     pub rows_differ: CUfunction,
     pub gen: CUfunction,
     pub mismatch: CUfunction,
+    /// The key of the module they and the op's reference entries are in (`crate::ref_module`).
+    pub reference: String,
 }
 
 /// Everything one case's measurements share.
@@ -404,25 +404,37 @@ fn load<'a>(
     })?;
     let tools = compile_with_tools(gpu, bundle, dt)?;
     let digest = bundle.digest().to_string();
-    let rd = reference_digest();
     let cand = gpu.function(&digest, &entry_options(&m.nvrtc_options, dt), sym)?;
-    let refk = gpu.function(&rd, &[], &reference_symbol(spec.op, spec.semantics, dt))?;
+    let refk = gpu.function(
+        &tools.reference,
+        &[],
+        &reference_symbol(spec.op, spec.semantics, dt),
+    )?;
     Ok((&*gpu, cand, refk, tools))
 }
 
-/// Every module of `bundle` (each dtype's entry) and the reference layers, and of them the ones
-/// a case of `dt` launches: its dtype's entry and the reference layers.
+/// The reference layers' module of `bundle`'s op (`crate::ref_module`): its key and source.
+pub(crate) fn reference_module(bundle: &KernelBundle) -> (String, String) {
+    let (op, sem) = (bundle.manifest.op, bundle.manifest.semantics);
+    let source = crate::ref_module::source(op, sem);
+    (crate::ref_module::digest(op, sem, &source), source)
+}
+
+/// Every module of `bundle` (each dtype's entry) and the reference layers (`reference`: the
+/// module's key and source), and of them the ones a case of `dt` launches: its dtype's entry and
+/// the reference layers.
 pub(crate) fn compile_jobs<'a>(
     bundle: &'a KernelBundle,
     digest: &'a str,
-    reference_digest: &'a str,
+    reference: (&'a str, &'a str),
     dt: kernel_registry::DType,
 ) -> (Vec<CompileJob<'a>>, Vec<CompileJob<'a>>) {
+    let reference_digest = reference.0;
     let mut all = crate::abi::entry_jobs(bundle, digest);
     all.push(CompileJob {
         digest: reference_digest,
         what: "reference layers".into(),
-        source: REFERENCE_SOURCE,
+        source: reference.1,
         options: Vec::new(),
     });
     let own = entry_options(&bundle.manifest.nvrtc_options, dt);
@@ -434,8 +446,9 @@ pub(crate) fn compile_jobs<'a>(
     (all, needed)
 }
 
-/// Compile the bundle's modules and the reference layers (cached per process), and look up
-/// the verifier's own utilities for `dt`. Every dtype's entry is its own module (the author's
+/// Compile the bundle's modules and the reference layers of its op (cached per process; the
+/// other ops' reference entries left out, `crate::ref_module`), and look up the verifier's own
+/// utilities for `dt`. Every dtype's entry is its own module (the author's
 /// options plus the dtype macro, as the clients compile it); on the first case all of them and
 /// the reference layers start compiling at once, in parallel, and a case waits only for its
 /// own dtype's module and the reference layers (`crate::compile_queue`), so the first dtype's
@@ -446,8 +459,8 @@ fn compile_with_tools(
     dt: kernel_registry::DType,
 ) -> Result<Tools, ExecError> {
     let digest = bundle.digest().to_string();
-    let rd = reference_digest();
-    let (all, needed) = compile_jobs(bundle, &digest, &rd, dt);
+    let (rd, rsrc) = reference_module(bundle);
+    let (all, needed) = compile_jobs(bundle, &digest, (&rd, &rsrc), dt);
     gpu.start_compiles(&all);
     gpu.compile_all(&needed)?;
     let mut tool = |name: &str| gpu.function(&rd, &[], name);
@@ -458,6 +471,7 @@ fn compile_with_tools(
         rows_differ: tool("kz_rows_differ")?,
         gen: tool(&format!("kz_gen_{dt}"))?,
         mismatch: tool(&format!("kz_mismatch_{dt}"))?,
+        reference: rd,
     })
 }
 

@@ -22,7 +22,7 @@ use super::address::{self, Difference, Placement, PERIOD};
 use super::batch;
 use super::poison::{self, Poison};
 use super::{determinism, integrity::unwritten_line, speed, CaseRun, Kern, Tools};
-use crate::abi::{reference_digest, reference_stage_symbol, stage_args, BackwardPtrs, Bufs};
+use crate::abi::{reference_stage_symbol, stage_args, BackwardPtrs, Bufs};
 use crate::cases::{self, CaseInputs, CaseSpec, HostTensor};
 use crate::cuda::{guard_byte, Arg, DevBuf, Gpu, Launch};
 use crate::exec::{ExecError, Limits};
@@ -155,7 +155,7 @@ fn load<'a>(
     let tools = super::compile_with_tools(gpu, bundle, dt)?;
     let digest = bundle.digest().to_string();
     let opts = entry_options(&m.nvrtc_options, dt);
-    let rd = reference_digest();
+    let rd = tools.reference.clone();
     let (mut cand, mut refe) = (Vec::new(), Vec::new());
     for st in spec.op.stages() {
         let sym = syms.get(st.name).ok_or_else(|| ExecError::Compile {
