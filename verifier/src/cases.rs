@@ -1038,6 +1038,49 @@ mod tests {
         );
     }
 
+    /// The activations' backward ops' cases: x drawn as their forward's (the same bits for the
+    /// same case), dy from the case's distribution apart from it; the forward's anchors plus the
+    /// gated backward's problems smaller than a 16-byte vector or ending in a partial one;
+    /// elementwise constraints (the element count); batch invariance checked, no large-index
+    /// case.
+    #[test]
+    fn activation_backward_cases_draw_x_and_dy() {
+        for (op, fwd) in [
+            (Op::SiluBackward, Op::Silu),
+            (Op::GeluBackward, Op::Gelu),
+            (Op::GeluTanhBackward, Op::GeluTanh),
+        ] {
+            let cases = suite(op, Semantics::Default, &[DType::Bf16], true, 9, &[]);
+            let fwds = suite(fwd, Semantics::Default, &[DType::Bf16], true, 9, &[]);
+            let has = |r: u64, c: u64| cases.iter().any(|s| s.rows == r && s.cols == c);
+            assert!(
+                has(1, 1) && has(1, 7) && has(3, 5) && has(1500, 1001),
+                "{op}"
+            );
+            assert!(cases.iter().all(|s| !s.large_index), "{op}");
+            assert!(
+                fwds.iter().any(|s| s.large_index),
+                "{fwd}: its forward has one"
+            );
+            assert!(cases
+                .iter()
+                .all(|s| s.check_batch == (s.dist == Dist::Normal)));
+            let c = cases.iter().find(|c| (c.rows, c.cols) == (7, 127)).unwrap();
+            assert_eq!(c.constraint_size(), 7 * 127, "{op}: elementwise");
+            let f = fwds.iter().find(|f| f.id == c.id).unwrap();
+            let (inp, finp) = (generate(c), generate(f));
+            assert_eq!(inp.x, finp.x, "{op}: x as its forward's");
+            let dy = inp.dy.as_ref().expect("dy");
+            assert_eq!(dy.bytes.len(), inp.x.bytes.len());
+            assert_ne!(dy.bytes, inp.x.bytes);
+            assert!(inp.up.is_none() && inp.weight.is_none() && finp.dy.is_none());
+            assert_eq!(
+                case_skeleton(c, kernel_registry::report::CaseStatus::Ran, None).eps,
+                None
+            );
+        }
+    }
+
     #[test]
     fn same_seed_same_cases_and_inputs() {
         let a = suite(Op::RmsNorm, Semantics::Llama, &[DType::Bf16], true, 42, &[]);

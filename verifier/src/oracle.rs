@@ -832,11 +832,8 @@ mod tests {
                 bias: None,
                 dy: Some(tensor(DType::F32, &dys)),
             };
-            let loss = |x: &[f64]| -> f64 {
-                (0..n)
-                    .map(|i| dys[i] as f64 * elementwise(act, x[i]))
-                    .sum()
-            };
+            let loss =
+                |x: &[f64]| -> f64 { (0..n).map(|i| dys[i] as f64 * elementwise(act, x[i])).sum() };
             let x0: Vec<f64> = xs.iter().map(|&v| v as f64).collect();
             let [dx] = op.gradients() else {
                 panic!("one gradient")

@@ -173,6 +173,60 @@ fn gelu_backward_bundle(variant: &str) -> Result<KernelBundle, String> {
     mutated_bundle("gelu_tanh_mul_backward", variant, m)
 }
 
+/// The backward kernels of the elementwise activations (`kernels/{silu,gelu,gelu_tanh}_backward/`,
+/// bundled; docs/backward-activations.md), `ACT_VARIANT`, with one mutation per red-team variant:
+/// `<act>_exact` none (every dtype); `silu_fma_unfused` SiluBackward0's `fma(1 - s, x, 1)` in two
+/// roundings (f32); `gelu_fma_xpdf` gelu's other candidate of `cdf + x * pdf` (x * pdf fused
+/// instead of cdf's product, the kernel's `-DGB_FMA_XPDF=1`; f32, where about a tenth of dx
+/// differs); `gelu_tanh_fast_tanh` tanhf replaced by the hardware's `tanh.approx.f32` (bf16);
+/// `silu_tail_unwritten` the scalar loop after the 16-byte vectors left out (bf16);
+/// `gelu_dx_at_offset_16` nothing written when dx starts 16 bytes past a 256-byte boundary (exact
+/// at fresh allocations, refused by the address cases; bf16). Returns the bundle and its dtypes.
+fn activation_backward_bundle(rel: &str) -> Result<(KernelBundle, Option<Vec<DType>>), String> {
+    let (act, variant) = ["gelu_tanh", "silu", "gelu"]
+        .iter()
+        .find_map(|a| {
+            rel.strip_prefix(a)
+                .and_then(|v| v.strip_prefix('_'))
+                .map(|v| (*a, v))
+        })
+        .ok_or_else(|| format!("no activation backward check `{rel}`"))?;
+    let m: &[(&str, &str, usize)] = match (act, variant) {
+        (_, "exact") => &[],
+        ("silu", "fma_unfused") => &[(
+            "fmaf(__fsub_rn(1.0f, s), x, 1.0f)",
+            "__fadd_rn(__fmul_rn(__fsub_rn(1.0f, s), x), 1.0f)",
+            1,
+        )],
+        ("silu", "tail_unwritten") => &[(
+            "for (i64 e = nv * K + tid; e < n; e += stride)",
+            "for (i64 e = nv * K + tid; e < n && n < 0; e += stride)",
+            1,
+        )],
+        ("gelu", "fma_xpdf") => &[("#define GB_FMA_XPDF 0", "#define GB_FMA_XPDF 1", 1)],
+        ("gelu", "dx_at_offset_16") => &[(
+            "    if (n <= 0) return;",
+            "    if (n <= 0 || ((unsigned long long)dx & 255) == 16) return;",
+            1,
+        )],
+        ("gelu_tanh", "fast_tanh") => &[
+            (
+                "#define GTB_K3 0.13414499163627624512f",
+                "#define GTB_K3 0.13414499163627624512f\nGTB_DEV float gtb_fast_tanh(float v) { float r; asm(\"tanh.approx.f32 %0, %1;\" : \"=f\"(r) : \"f\"(v)); return r; }",
+                1,
+            ),
+            ("= tanhf(__fmul_rn", "= gtb_fast_tanh(__fmul_rn", 1),
+        ],
+        _ => return Err(format!("no activation backward variant `{rel}`")),
+    };
+    let dts = match variant {
+        "exact" => None,
+        "fma_unfused" | "fma_xpdf" => Some(vec![DType::F32]),
+        _ => Some(vec![DType::Bf16]),
+    };
+    Ok((mutated_bundle(&format!("{act}_backward"), variant, m)?, dts))
+}
+
 /// nn.LayerNorm's backward (`kernels/layer_norm_backward/`, bundled; docs/backward-layer-norm.md),
 /// with one mutation per red-team variant: `exact` none; `s1_fused` dx's row sum of dy * w in
 /// one fused multiply-add a term (eager's SASS has two roundings: f32 dx moves, dw and db do not;
@@ -213,7 +267,8 @@ fn gradient_class(r: &VerificationReport, gradient: &str) -> String {
 /// `gemma_backward/VARIANT`, rms_norm_gemma_backward's: `exact` in every dtype, the others in bf16;
 /// `gated_backward/VARIANT`, silu_mul_backward's: `exact` in every dtype, the red-team variants
 /// in bf16, `fma_unfused` in f32; `gelu_backward/VARIANT`, gelu_tanh_mul_backward's: `exact` in
-/// every dtype, `tanh_derivative_unfused` in f32, `fast_tanh` in bf16), with the quick suite.
+/// every dtype, `tanh_derivative_unfused` in f32, `fast_tanh` in bf16; `activation_backward/ACT_VARIANT`,
+/// the activations' backward kernels: `activation_backward_bundle`), with the quick suite.
 fn run(rel: &str) -> Result<VerificationReport, String> {
     let (b, dtypes) = if let Some(v) = rel.strip_prefix("backward/") {
         let dts = (v != "exact").then(|| vec![DType::Bf16]);
@@ -235,6 +290,8 @@ fn run(rel: &str) -> Result<VerificationReport, String> {
             _ => Some(vec![DType::Bf16]),
         };
         (gated_backward_bundle(v)?, dts)
+    } else if let Some(v) = rel.strip_prefix("activation_backward/") {
+        activation_backward_bundle(v)?
     } else if let Some(v) = rel.strip_prefix("gelu_backward/") {
         let dts = match v {
             "exact" => None,
@@ -340,6 +397,32 @@ fn gated_backward_exact(r: &VerificationReport) -> Result<String, String> {
         Ok(format!("d_gate {dg}, d_up {du} over {} cases", v.cases_run))
     } else {
         Err(format!("d_gate {dg}, d_up {du}: {}", v.describe()))
+    }
+}
+
+/// An activation's backward kernel through the backward suite: dx bit_exact, deterministic,
+/// batch invariant and intact in every dtype, admitted by the bit_exact policy.
+fn activation_backward_exact(r: &VerificationReport) -> Result<String, String> {
+    let v = &r.summary.overall;
+    let dx = gradient_class(r, "dx");
+    if v.class == ExactnessClass::BitExact
+        && v.deterministic
+        && v.batch_invariant
+        && v.integrity_ok
+        && r.summary.per_dtype.len() == DType::ALL.len()
+    {
+        bit_exact_policy_admits(r)?;
+        Ok(format!("dx {dx} over {} cases", v.cases_run))
+    } else {
+        Err(format!("dx {dx}: {}", v.describe()))
+    }
+}
+
+/// An activation backward variant whose mutation moves the arithmetic: dx not bit_exact.
+fn dx_off(r: &VerificationReport) -> Result<String, String> {
+    match gradient_class(r, "dx") {
+        dx if dx != "bit_exact" && dx != "missing" => Ok(format!("dx {dx}")),
+        dx => Err(format!("expected dx off: dx {dx}")),
     }
 }
 
@@ -715,6 +798,25 @@ fn main() -> ExitCode {
                     "expected both gradients off: d_gate {dg}, d_up {du}"
                 ))
             }
+        }),
+        // The activations' backward ops (silu_backward, gelu_backward, gelu_tanh_backward; not
+        // yet run on a GPU): dx against the reference in every dtype, batch invariance; the
+        // red-team variants each caught (gelu's other contraction candidate among them).
+        ("activation_backward/silu_exact", activation_backward_exact),
+        ("activation_backward/gelu_exact", activation_backward_exact),
+        (
+            "activation_backward/gelu_tanh_exact",
+            activation_backward_exact,
+        ),
+        ("activation_backward/silu_fma_unfused", dx_off),
+        ("activation_backward/gelu_fma_xpdf", dx_off),
+        ("activation_backward/gelu_tanh_fast_tanh", dx_off),
+        ("activation_backward/silu_tail_unwritten", |r| {
+            any_integrity(r, "dx: output:").and_then(|_| any_integrity(r, "never written"))
+        }),
+        ("activation_backward/gelu_dx_at_offset_16", |r| {
+            exact_at_fresh_allocations_yet_failed(r)?;
+            any_integrity(r, ADDRESS_REASON)
         }),
         // layer_norm_backward through the backward suite: dx, dw, db each against the
         // reference (eager's orders), red-team variants each caught where they break it.

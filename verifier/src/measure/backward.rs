@@ -14,7 +14,8 @@
 //!
 //! The buffers of a call, by their ABI names ([`buffers`]): the gradients, the workspace
 //! (`ws`), the inputs (rms_norm_backward: dx, dw, ws, dy, x, w; silu_mul_backward: d_gate,
-//! d_up, dy, gate, up; layer_norm_backward: dx, dw, db, dy, x, mean, rstd, w). Address cases as the forward's (`address::plan` over them): a
+//! d_up, dy, gate, up; layer_norm_backward: dx, dw, db, dy, x, mean, rstd, w; the activations'
+//! backward ops: dx, dy, x). Address cases as the forward's (`address::plan` over them): a
 //! deterministic kernel's call with its buffers at every placement, its gradients equal to
 //! call 1's, inputs unchanged, guards intact.
 
@@ -746,6 +747,9 @@ mod tests {
             buffers(Op::LayerNormBackward),
             ["dx", "dw", "db", "dy", "x", "mean", "rstd", "w"]
         );
+        for op in [Op::SiluBackward, Op::GeluBackward, Op::GeluTanhBackward] {
+            assert_eq!(buffers(op), ["dx", "dy", "x"], "{op}");
+        }
         for &op in Op::ALL.iter().filter(|o| o.is_backward()) {
             let b = buffers(op);
             let mut all: Vec<&str> = op.stages().iter().flat_map(|s| s.tensors()).collect();
