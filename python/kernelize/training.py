@@ -10,6 +10,12 @@ docs/spec.md section 2c, docs/backward-layer-norm.md). Four ops have a backward 
   `gelu_tanh_mul_backward` (the same ABI: one code path, `GATED_FORMULAS`);
 * an nn.LayerNorm swapped for `layer_norm` (GPT-2's, say): `layer_norm_backward`.
 
+The elementwise activations (`silu`, `gelu`, `gelu_tanh`) have backward ops too (`silu_backward`,
+`gelu_backward`, `gelu_tanh_backward`: one entry `grad(T* dx, const T* dy, const T* x, n)`,
+block 256, docs/backward-activations.md); `activation_train` is their one autograd node, but
+kernelize(..., mode="training") does not use it yet (a standalone activation is swapped by the
+dtype of its calls and keeps its original forward under autograd).
+
 Forward: the exact forward kernel the layer was swapped for (the same launch as in inference);
 for layer_norm, eager's own `native_layer_norm` (below). Backward: the entries of the backward
 kernel (the layer's dtype and width, from the same source as the forward), launched in order on
@@ -501,6 +507,63 @@ def gated_train(op: str, gate: Tensor, up: Tensor, run: Any, compiled: Any, bk: 
     """One autograd node for the gated op `op` (silu_mul, gelu_tanh_mul): the forward launch
     and, on backward, the backward kernel."""
     return GatedMulFunction.apply(gate, up, op, run, compiled, bk, label or bk.op)
+
+
+# ---- standalone activations: silu, gelu, gelu_tanh (not yet wired into kernelize()) ----------
+
+def run_activation_backward(bk: Any, dy: Tensor, x: Tensor) -> Tensor:
+    """dx by the activation backward kernel `bk`'s one entry `grad(dx, dy, x, n)` (`bk.op`: one
+    of ACTIVATION_BACKWARD_OPS), a new contiguous tensor of x's shape and dtype. Inputs made
+    contiguous and aligned."""
+    op = bk.op
+    if op not in ACTIVATION_BACKWARD_OPS:
+        raise ValueError(f"{op} is not an activation backward op ({', '.join(ACTIVATION_BACKWARD_OPS)})")
+    if dy.shape != x.shape:
+        raise ValueError(f"{op}: dy {tuple(dy.shape)} and x {tuple(x.shape)} differ in shape")
+    x, dy = L.aligned(x), L.aligned(dy)
+    dx = torch.empty_like(x)
+    n = x.numel()
+    if n:
+        # elementwise: the grid is the element count's (stage_dims of 1 x n)
+        launch_stages(bk, op, 1, n, [("grad", (dx, dy, x), (n,))])
+    return dx
+
+
+#: The activations training mode can give a backward kernel (each one's backward op:
+#: manifest.BACKWARD_OF), with the formula eager autograd differentiates where the kernel cannot
+#: give the gradient (a double backward, a dy of another dtype or device).
+ACTIVATION_FORMULAS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
+                       "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}
+
+
+class ActivationFunction(torch.autograd.Function):
+    """Eager: forward = the swapped activation's forward launch (`run(compiled, x)`, `op`: one of
+    ACTIVATION_FORMULAS), backward = the activation backward kernel `bk`'s entry `grad` on (dy,
+    x), x saved (as eager's SiluBackward0 / GeluBackward0 save it)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, op: str, run: Any, compiled: Any, bk: Any, label: str) -> Tensor:
+        ctx.save_for_backward(x)
+        ctx.op, ctx.bk, ctx.label = op, bk, label
+        return run(compiled, x)
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        (x,) = ctx.saved_tensors
+        (dx,) = kernel_or_eager(ctx.op, ctx.label, dy, x, (ctx.needs_input_grad[0],),
+                                lambda: (run_activation_backward(ctx.bk, dy, x),),
+                                ACTIVATION_FORMULAS[ctx.op], (x,))
+        return dx, None, None, None, None, None
+
+
+def activation_train(op: str, x: Tensor, run: Any, compiled: Any, bk: Any,
+                     label: str | None = None) -> Tensor:
+    """One autograd node for the activation `op` (silu, gelu, gelu_tanh): the forward launch and,
+    on backward, the backward kernel. The building block of training mode for standalone
+    activations (GPT-2's gelu_new, BERT's GELU); kernelize(..., mode="training") does not call
+    it yet: such a layer is swapped by the dtype of its calls, and keeps its original forward
+    under autograd."""
+    return ActivationFunction.apply(x, op, run, compiled, bk, label or bk.op)
 
 
 # ---- layer_norm (nn.LayerNorm; forward eager's own op) ---------------------------------------
