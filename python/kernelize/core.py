@@ -438,12 +438,13 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
         if e.status not in ("replaced", "would replace"):
             continue   # kept: its original forward everywhere (the report's line says why)
         bop = BACKWARD_OF.get((e.op, e.semantics))
-        if bop is None or e.by_call:
+        if bop is None:
             groups.setdefault((what, None, None, f"no backward op for {what} yet: its original "
                                "forward runs under autograd"), []).append(e.path)
             continue
-        if e.op not in _TRAIN_FORWARDS:
-            # (the activations' backward ops: in the hub, not yet in training mode)
+        if e.by_call or e.op not in _TRAIN_FORWARDS:
+            # (the activations' backward ops, and any layer swapped by the dtype of its calls: in
+            # the hub, not yet in training mode; training.activation_train is their node)
             groups.setdefault((what, None, None, f"training mode does not run {bop} yet: its "
                                "original forward runs under autograd"), []).append(e.path)
             continue

@@ -18,7 +18,7 @@ import torch
 
 from kernelize import training
 from kernelize.pykernel import SharedOnCopy
-from test_training import ABI
+from test_training import ABI, gpu_faked  # noqa: F401 (gpu_faked: a fixture)
 
 ACTS = ("silu", "gelu", "gelu_tanh")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -146,3 +146,38 @@ def test_every_activation_with_a_backward_op_has_a_formula():
     from kernelize.manifest import BACKWARD_OF
     acts = {fwd for (fwd, _), bop in BACKWARD_OF.items() if bop in training.ACTIVATION_BACKWARD_OPS}
     assert acts == set(training.ACTIVATION_FORMULAS) == set(ACTS)
+
+
+def test_kernelize_in_training_mode_says_a_standalone_activation_keeps_eager_autograd(
+        tmp_path, gpu_faked, monkeypatch):
+    """kernelize(..., mode="training") on a model with an nn.GELU (a layer swapped by the dtype of
+    its calls) and both its kernels in the folder: the forward kernel is taken, no backward kernel
+    is loaded, and the report says training mode does not run gelu_backward yet; the gradients
+    are eager's (its original forward runs under autograd)."""
+    import shutil
+
+    import kernelize
+    from conftest import REPO
+    import test_training
+    from test_training import _kz, _training_lines
+    # the stand-in forward kernel computes eager's GELU (where no gradient is needed)
+    monkeypatch.setitem(test_training.FORWARD_FORMULAS, "gelu", torch.nn.functional.gelu)
+    for name in ("gelu", "gelu_backward"):
+        shutil.copytree(REPO / "kernels" / name, tmp_path / name)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16))
+    ref = torch.nn.Sequential(*(m for m in __import__("copy").deepcopy(model)))
+    rep = _kz(model, kernels_dir=tmp_path, mode="training")
+    (gelu,) = {e.status for e in rep.entries if e.path == "1"}
+    assert gelu == "replaced", str(rep)
+    (line,) = [ln for ln in _training_lines(rep) if "[gelu]" in ln]
+    assert "training mode does not run gelu_backward yet" in line, line
+    assert gpu_faked.loaded == []
+    x = torch.randn(4, 16)
+    got = torch.autograd.grad(model(x).sum(), list(model.parameters()))
+    want = torch.autograd.grad(ref(x).sum(), list(ref.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert kernelize.launch_counts(model).get("1", 0) == 0   # the original forward ran
+    with torch.no_grad():   # the forward kernel still runs where no gradient is needed
+        model(x)
+    assert kernelize.launch_counts(model)["1"] == 1
