@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from backward_probe import CudaModule, dry_compile, kernel_times, max_ulp, probe_setup, same_device, timed  # noqa: E402
 from ln_backward_probe import DT, DT_NAME  # noqa: E402
+from kernelize.training import stage_dims  # noqa: E402 (backward_probe put python/ on the path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 F = torch.nn.functional
@@ -78,16 +79,17 @@ class Kernel:
     poisoned with NaN first."""
 
     def __init__(self, device, act):
-        self.prefix = f"{act}_bwd"
+        self.act, self.prefix = act, f"{act}_bwd"
         self.mods = {v: CudaModule(open(source(act), encoding="utf-8").read(), f"{act}_backward.cu", device,
                                    [f"{self.prefix}_{dt}" for dt in DT], opts)
                      for v, opts in ACTS[act][1].items()}
-        self.sms = torch.cuda.get_device_properties(device).multi_processor_count
+        props = torch.cuda.get_device_properties(device)
+        self.sms, self.tps = props.multi_processor_count, props.max_threads_per_multi_processor
 
     def bind(self, variant, dy, x):
         n = x.numel()
         dx = torch.full_like(x, float("nan"))
-        grid = max(1, min((n + 255) // 256, self.sms * 16))   # kernel_registry::backward's grid
+        grid = stage_dims("grad", 1, n, self.sms, self.tps, f"{self.act}_backward")[0][0]   # the hub's launch (the client's twin)
         entry = f"{self.prefix}_{DT_NAME[x.dtype]}"
 
         def go():

@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from backward_probe import CudaModule, dry_compile, kernel_times, max_ulp, ndiff, probe_setup, timed  # noqa: E402
 from ln_backward_probe import DT, DT_NAME  # noqa: E402
+from kernelize.training import stage_dims  # noqa: E402 (backward_probe put python/ on the path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the bundled kernel (op silu_mul_backward, entry silu_mul_bwd_<dt>(..., rows, cols)). Session 25's
@@ -76,15 +77,17 @@ class Kernel:
 
     def __init__(self, device, act="silu"):
         path, self.prefix, _ = ACTS[act]
+        self.op = f"{act}_mul_backward"  # silu_mul_backward, gelu_tanh_mul_backward
         self.mods = {}
         self.mods["bundled"] = CudaModule(open(path, encoding="utf-8").read(), os.path.basename(os.path.dirname(path)) + ".cu",
                                           device, [f"{self.prefix}_{dt}" for dt in DT], ())
-        self.sms = torch.cuda.get_device_properties(device).multi_processor_count
+        props = torch.cuda.get_device_properties(device)
+        self.sms, self.tps = props.multi_processor_count, props.max_threads_per_multi_processor
 
     def bind(self, variant, dy, gate, up):
         n = gate.numel()
         dg, du = torch.full_like(gate, float("nan")), torch.full_like(up, float("nan"))
-        grid = max(1, min((n + 255) // 256, self.sms * 16))   # kernel_registry::backward's grid
+        grid = stage_dims("grad", 1, n, self.sms, self.tps, self.op)[0][0]   # the hub's launch (the client's twin)
         entry, tail = f"{self.prefix}_{DT_NAME[gate.dtype]}", (gate.shape[0], gate.shape[-1])
 
         def go():
