@@ -142,6 +142,23 @@ def setup_rms_norm_llama(rows, cols, dt):
     return (lambda: m(x)), (lambda ck: (lambda: L.run_rms_norm(ck, x, m.weight, 1e-5)))
 
 
+def setup_rms_norm_gemma(rows, cols, dt):
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    m = GemmaRMSNorm(cols, eps=1e-6).cuda().to(dt)
+    with torch.no_grad():
+        m.weight.copy_(_norm_weight(cols, dt, base=0.0))  # Gemma's w is the offset from 1
+    x = torch.randn(rows, cols, device="cuda", dtype=dt)
+    return (lambda: m(x)), (lambda ck: (lambda: L.run_rms_norm(ck, x, m.weight, 1e-6)))
+
+
+def setup_rms_norm_torch(rows, cols, dt):
+    m = nn.RMSNorm(cols, eps=1e-5).cuda().to(dt)
+    with torch.no_grad():
+        m.weight.copy_(_norm_weight(cols, dt))
+    x = torch.randn(rows, cols, device="cuda", dtype=dt)
+    return (lambda: m(x)), (lambda ck: (lambda: L.run_rms_norm(ck, x, m.weight, 1e-5)))
+
+
 def _fused_add(rows, cols, dt, norm, run):
     """A fused add's section: eager adds in the model's dtype (HF's `residual + hidden_states`,
     GPT-2's `attn_output + residual`) then runs `norm`; the kernel is `run(ck, x, residual)`,
@@ -202,6 +219,8 @@ def setup_silu(rows, cols, dt):
 
 SECTIONS = {
     "rms_norm_llama": ((2048, 4096, 8192), ((4096, 8192), (32768, 4096)), setup_rms_norm_llama),
+    "rms_norm_gemma": ((2048, 3072), ((4096, 8192), (32768, 4096)), setup_rms_norm_gemma),
+    "rms_norm_torch": ((2048, 4096), ((4096, 8192), (32768, 4096)), setup_rms_norm_torch),
     "fused_add_rms_norm": ((2048, 4096), ((4096, 8192), (32768, 4096)), setup_fused_add_rms_norm),
     "layer_norm": ((2048, 4096), ((4096, 8192), (32768, 4096)), setup_layer_norm),
     # GPT-2's widths (1280: the 1B config of bench/model_bench.py)
@@ -211,7 +230,7 @@ SECTIONS = {
 }
 # Elements read + written per output element, over 2: a copy of COPY[name] * rows * cols elements
 # moves as many bytes as the kernel (the norms' weight and bias left out).
-COPY = {"rms_norm_llama": 1, "fused_add_rms_norm": 2, "layer_norm": 1, "fused_add_layer_norm": 2,
+COPY = {"rms_norm_llama": 1, "rms_norm_gemma": 1, "rms_norm_torch": 1, "fused_add_rms_norm": 2, "layer_norm": 1, "fused_add_layer_norm": 2,
         "silu_mul": 1.5, "silu": 1}
 
 
@@ -240,6 +259,12 @@ def main() -> int:
     p.add_argument("--row-grid", action="store_true",
                    help="also `after-rowgrid`: the after kernel with its persistent grid capped at one block a row")
     a = p.parse_args()
+    unknown = [k for k in a.kernels.split(",") if k not in SECTIONS]
+    if unknown:
+        p.error(f"--kernels: no section for {', '.join(unknown)} (sections: {', '.join(SECTIONS)})")
+    for v in [a.before] + [Path(v.partition("=")[2]) for v in a.variant]:
+        if v is not None and not v.is_dir():
+            p.error(f"{v}: no such kernels folder (a folder that is not in the tree must be carried to the GPU machine)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     dt = DT[a.dtype]
