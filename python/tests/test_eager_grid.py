@@ -29,7 +29,8 @@ def test_every_bundled_exact_kernel_has_an_eager_layer():
     from kernelize.manifest import BACKWARD_OPS, parse_manifest_toml
     # each backward op's probe against eager autograd
     probes = {"rms_norm_backward": "backward_probe.py", "silu_mul_backward": "gated_backward_probe.py",
-              "layer_norm_backward": "ln_backward_probe.py", "gelu_tanh_mul_backward": "gated_backward_probe.py"}
+              "layer_norm_backward": "ln_backward_probe.py", "gelu_tanh_mul_backward": "gated_backward_probe.py",
+              **{f"{a}_backward": "activation_backward_probe.py" for a in ("silu", "gelu", "gelu_tanh")}}
     assert set(probes) == set(BACKWARD_OPS)
     for d in (REPO / "kernels").iterdir():
         toml = d / "kernel.toml"
@@ -39,7 +40,13 @@ def test_every_bundled_exact_kernel_has_an_eager_layer():
         if op in BACKWARD_OPS:
             # a backward kernel: checked against eager autograd by its op's probe
             probe = (REPO / "scripts" / probes[op]).read_text(encoding="utf-8")
-            assert f'"{d.name}", "kernel.cu"' in probe, f"{d.name}: scripts/{probes[op]} does not run it"
+            # (the activations' probe names each kernel by its activation, ACTS's key, and finds it
+            # as kernels/<act>_backward/kernel.cu)
+            act = d.name.removesuffix("_backward")
+            runs_it = f'"{d.name}", "kernel.cu"' in probe or (
+                probes[op] == "activation_backward_probe.py" and f'    "{act}": (' in probe
+                and 'f"{act}_backward", "kernel.cu"' in probe)
+            assert runs_it, f"{d.name}: scripts/{probes[op]} does not run it"
             continue
         assert d.name in names, f"{d.name} is an exact bundled kernel the grid does not run"
     assert all(k["exact"] for k in kernels)
