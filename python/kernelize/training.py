@@ -94,7 +94,7 @@ from torch import Tensor
 from . import launch as L
 from . import nvrtc as _nv
 from .discover import RMS_FORMULAS
-from .manifest import BACKWARD_OPS
+from .manifest import BACKWARD_OF, BACKWARD_OPS, ROWWISE_OPS
 from .pykernel import SharedOnCopy
 
 log = logging.getLogger("kernelize")
@@ -135,7 +135,8 @@ GATED_BACKWARD_OPS = (GATED_OP, GELU_GATED_OP)
 #: The elementwise activations' backward ops (`Op::is_activation_backward`: SiluBackward0,
 #: GeluBackward0 'none' and 'tanh'): one `grad` entry `(T* dx, const T* dy, const T* x, n)`,
 #: block 256, launched as the gated ones over n = rows * cols elements.
-ACTIVATION_BACKWARD_OPS = ("silu_backward", "gelu_backward", "gelu_tanh_backward")
+#: Derived as the registry derives it: a backward op whose forward op is not row-wise.
+ACTIVATION_BACKWARD_OPS = tuple(b for (f, _), b in BACKWARD_OF.items() if f not in ROWWISE_OPS)
 #: Each backward op's blocks by entry (`Op::stages`; None: the launch rule decides).
 BLOCKS_OF = {OP: BLOCKS, LN_OP: LN_BLOCKS,
              **{op: GATED_BLOCKS for op in GATED_BACKWARD_OPS + ACTIVATION_BACKWARD_OPS}}
