@@ -29,12 +29,18 @@ pub const REFERENCE_SOURCE: &str = include_str!("reference.cu");
 
 /// The reference entry for (op, semantics, dtype).
 pub fn reference_symbol(op: Op, sem: Semantics, dt: DType) -> String {
-    format!("ref_{op}_{sem}_{dt}")
+    format!("{}{dt}", reference_prefix(op, sem))
+}
+
+/// What every reference entry of (op, semantics) is named with: `ref_{op}_{sem}_`, then the dtype
+/// ([`reference_symbol`]) or the stage and the dtype ([`reference_stage_symbol`]).
+pub fn reference_prefix(op: Op, sem: Semantics) -> String {
+    format!("ref_{op}_{sem}_")
 }
 
 /// The reference entry of one stage of a backward op (its [`Op::stages`], the candidate's ABI).
 pub fn reference_stage_symbol(op: Op, sem: Semantics, stage: &Stage, dt: DType) -> String {
-    format!("ref_{op}_{sem}_{}_{dt}", stage.name)
+    format!("{}{}_{dt}", reference_prefix(op, sem), stage.name)
 }
 
 pub(crate) fn reference_digest() -> String {

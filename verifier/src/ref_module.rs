@@ -7,20 +7,13 @@
 //! utility, compiles to the same SASS as in the whole module (checked with nvdisasm for silu,
 //! layer_norm and rms_norm llama, NVRTC 13.0.88, sm_90: docs/verifier.md).
 
-use crate::abi::REFERENCE_SOURCE;
+use crate::abi::{reference_prefix, REFERENCE_SOURCE};
 use kernel_registry::{Op, Semantics};
-
-/// What every reference entry of (op, semantics) is named with: `ref_{op}_{sem}_` then the dtype
-/// (forward ops, `abi::reference_symbol`) or the stage and the dtype (backward ops,
-/// `abi::reference_stage_symbol`).
-pub fn entry_prefix(op: Op, sem: Semantics) -> String {
-    format!("ref_{op}_{sem}_")
-}
 
 /// The reference layers' source for (op, semantics): `reference.cu` without the reference
 /// entries of other ops and semantics.
 pub fn source(op: Op, sem: Semantics) -> String {
-    keep_entries(REFERENCE_SOURCE, &entry_prefix(op, sem))
+    keep_entries(REFERENCE_SOURCE, &reference_prefix(op, sem))
 }
 
 /// The module's key (with its source's hash, like `abi::reference_digest`).
@@ -101,7 +94,7 @@ mod tests {
             for &sem in op.semantics() {
                 let src = source(op, sem);
                 let kept = entries(&src);
-                let prefix = entry_prefix(op, sem);
+                let prefix = reference_prefix(op, sem);
                 // Kept: exactly the whole module's entries of this op and semantics.
                 let want: Vec<_> = all.iter().filter(|e| e.starts_with(&prefix)).collect();
                 assert_eq!(kept.iter().collect::<Vec<_>>(), want, "{op}/{sem}");
