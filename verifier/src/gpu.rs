@@ -100,10 +100,9 @@ impl CudaExecutor {
         let (op, dt) = (spec.op, spec.dtype);
         let gpu = self.gpu()?;
         // The op's reference entries alone (`crate::ref_module`), as a CUDA case compiles them.
-        let rsrc = crate::ref_module::source(op, spec.semantics);
-        let rd = crate::ref_module::digest(op, spec.semantics, &rsrc);
-        gpu.compile(&rd, "reference layers", &rsrc, &[])?;
-        let f = gpu.function(&rd, &[], &reference_symbol(op, spec.semantics, dt))?;
+        let (rd, rsrc) = crate::ref_module::module(op, spec.semantics);
+        gpu.compile(rd, "reference layers", rsrc, &[])?;
+        let f = gpu.function(rd, &[], &reference_symbol(op, spec.semantics, dt))?;
         let gpu = &*gpu;
         let inp = cases::generate(spec);
         let bufs = Bufs::upload(gpu, &inp)?;

@@ -413,11 +413,10 @@ fn load<'a>(
     Ok((&*gpu, cand, refk, tools))
 }
 
-/// The reference layers' module of `bundle`'s op (`crate::ref_module`): its key and source.
-pub(crate) fn reference_module(bundle: &KernelBundle) -> (String, String) {
-    let (op, sem) = (bundle.manifest.op, bundle.manifest.semantics);
-    let source = crate::ref_module::source(op, sem);
-    (crate::ref_module::digest(op, sem, &source), source)
+/// The reference layers' module of `bundle`'s op (`crate::ref_module::module`): its key and
+/// source.
+pub(crate) fn reference_module(bundle: &KernelBundle) -> (&'static str, &'static str) {
+    crate::ref_module::module(bundle.manifest.op, bundle.manifest.semantics)
 }
 
 /// Every module of `bundle` (each dtype's entry) and the reference layers (`reference`: the
@@ -460,10 +459,10 @@ fn compile_with_tools(
 ) -> Result<Tools, ExecError> {
     let digest = bundle.digest().to_string();
     let (rd, rsrc) = reference_module(bundle);
-    let (all, needed) = compile_jobs(bundle, &digest, (&rd, &rsrc), dt);
+    let (all, needed) = compile_jobs(bundle, &digest, (rd, rsrc), dt);
     gpu.start_compiles(&all);
     gpu.compile_all(&needed)?;
-    let mut tool = |name: &str| gpu.function(&rd, &[], name);
+    let mut tool = |name: &str| gpu.function(rd, &[], name);
     Ok(Tools {
         keyed_sum: tool("kz_keyed_sum_u32")?,
         fill: tool("kz_fill_pattern")?,
@@ -471,7 +470,7 @@ fn compile_with_tools(
         rows_differ: tool("kz_rows_differ")?,
         gen: tool(&format!("kz_gen_{dt}"))?,
         mismatch: tool(&format!("kz_mismatch_{dt}"))?,
-        reference: rd,
+        reference: rd.to_string(),
     })
 }
 

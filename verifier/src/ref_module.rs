@@ -24,6 +24,25 @@ pub fn digest(op: Op, sem: Semantics, source: &str) -> String {
     )
 }
 
+/// The reference layers' module of (op, semantics): its key ([`digest`]) and source ([`source`]),
+/// made once per process (every case of a verification asks for it; the source is filtered from
+/// reference.cu's 1 MB and hashed).
+pub fn module(op: Op, sem: Semantics) -> (&'static str, &'static str) {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    type Made = HashMap<(Op, Semantics), (&'static str, &'static str)>;
+    static MADE: OnceLock<Mutex<Made>> = OnceLock::new();
+    let mut made = MADE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    *made.entry((op, sem)).or_insert_with(|| {
+        // (leaked once per op and semantics: a few dozen modules at most per process)
+        let src: &'static str = Box::leak(source(op, sem).into_boxed_str());
+        (Box::leak(digest(op, sem, src).into_boxed_str()), src)
+    })
+}
+
 /// The name of a reference entry defined on `line` (`extern "C" __global__ void
 /// [__launch_bounds__(..)] ref_<name>_##S(`), if one is.
 fn entry_on(line: &str) -> Option<&str> {
@@ -84,6 +103,17 @@ mod tests {
             .filter_map(entry_on)
             .map(str::to_string)
             .collect()
+    }
+
+    /// `module` is `digest` and `source`, made once: a second call hands back the same text.
+    #[test]
+    fn the_module_is_made_once_per_op() {
+        let (d, s) = module(Op::LayerNorm, Semantics::Default);
+        assert_eq!(s, source(Op::LayerNorm, Semantics::Default));
+        assert_eq!(d, digest(Op::LayerNorm, Semantics::Default, s));
+        let (d2, s2) = module(Op::LayerNorm, Semantics::Default);
+        assert!(std::ptr::eq(s, s2) && std::ptr::eq(d, d2));
+        assert_ne!(module(Op::Silu, Semantics::Default).0, d);
     }
 
     #[test]
