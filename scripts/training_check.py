@@ -13,12 +13,13 @@ replace and keeps every layer; both runs are eager, so they agree by constructio
 script and the kernels folder, not the kernels).
 
 What it runs: a kernels folder of the bundled exact forwards (`kernels/rms_norm_llama`,
-`kernels/rms_norm_gemma`, `kernels/silu_mul`, `kernels/gelu_tanh_mul`, `kernels/layer_norm`) and
-their backward kernels (`kernels/rms_norm_llama_backward/`, `kernels/rms_norm_gemma_backward/`,
-`kernels/silu_mul_backward/`, `kernels/gelu_tanh_mul_backward/`, `kernels/layer_norm_backward/`),
+`kernels/rms_norm_gemma`, `kernels/silu_mul`, `kernels/gelu_tanh_mul`, `kernels/layer_norm`,
+`kernels/gelu`) and their backward kernels (`kernels/rms_norm_llama_backward/`,
+`kernels/rms_norm_gemma_backward/`, `kernels/silu_mul_backward/`,
+`kernels/gelu_tanh_mul_backward/`, `kernels/layer_norm_backward/`, `kernels/gelu_backward/`),
 read with `kernels_dir=`
 (local kernels: not verified by a hub; `--no-gated` leaves the gated MLPs' four out,
-`--no-layer-norm` LayerNorm's two; `--kernel DIR`
+`--no-layer-norm` LayerNorm's two, `--no-activations` the standalone GELU's two; `--kernel DIR`
 puts the kernel folder DIR, a kernel.toml and its source, in place of the bundled folder of the
 same name, or beside them: a work-in-progress backward kernel, say); or, with `--hub URL`, the
 kernels that hub hands out under the default policy (bit_exact), the forward and backward
@@ -26,8 +27,8 @@ verdicts both certified (the bundled certificates of a fresh `kernelize serve`).
 (models/tiny-llama: its RMSNorm layers and its gated MLPs get the forward and backward kernels,
 except the RMSNorm layers in f32, which keep their original forward under autograd;
 models/tiny-gpt2: its LayerNorm layers get layer_norm and layer_norm_backward in every dtype,
-under autograd eager's own forward op (its saved mean and rstd) and the backward kernel; its GELU
-has no backward op and no kernel in the folder; tiny-gemma: no shipped folder, a random-weight
+under autograd eager's own forward op (its saved mean and rstd) and the backward kernel, and its
+4 GELUs (HF GELUActivation: F.gelu, erf) gelu and gelu_backward in every dtype; tiny-gemma: no shipped folder, a random-weight
 HF GemmaForCausalLM built here from a config and a fixed seed (`tiny_gemma`: 4 decoder layers,
 hidden_act gelu_pytorch_tanh), whose GeGLU MLPs get gelu_tanh_mul and gelu_tanh_mul_backward in
 every dtype and whose 9 GemmaRMSNorm layers rms_norm_gemma and rms_norm_gemma_backward, except
@@ -73,11 +74,13 @@ MODELS = ["tiny-llama", "tiny-gpt2", "tiny-gemma"]
 
 KERNELS = ["rms_norm_llama", "rms_norm_llama_backward", "rms_norm_gemma", "rms_norm_gemma_backward",
            "silu_mul", "silu_mul_backward", "gelu_tanh_mul", "gelu_tanh_mul_backward", "layer_norm",
-           "layer_norm_backward"]
+           "layer_norm_backward", "gelu", "gelu_backward"]
 GATED = ["silu_mul", "silu_mul_backward", "gelu_tanh_mul", "gelu_tanh_mul_backward"]
 # AdamW's eps by dtype: its default, but in f16 (where 1e-8 is 0) one f16 represents
 ADAMW_EPS = {"bf16": 1e-8, "f16": 1e-4, "f32": 1e-8}
 LAYER_NORM = ["layer_norm", "layer_norm_backward"]
+# the standalone activations' (tiny-gpt2's GELUs; the gated MLPs' act_fn is covered by their op)
+ACTIVATIONS = ["gelu", "gelu_backward"]
 
 
 def tiny_gemma():
@@ -105,19 +108,21 @@ def tiny_gemma():
 BUILT = {"tiny-gemma": tiny_gemma}
 
 
-def kernel_names(gated: bool = True, layer_norm: bool = True) -> list[str]:
+def kernel_names(gated: bool = True, layer_norm: bool = True, activations: bool = True) -> list[str]:
     """The bundled kernels' folders the kernels folder takes (`kernels_dir`)."""
-    return [k for k in KERNELS if (gated or k not in GATED) and (layer_norm or k not in LAYER_NORM)]
+    return [k for k in KERNELS if (gated or k not in GATED) and (layer_norm or k not in LAYER_NORM)
+            and (activations or k not in ACTIVATIONS)]
 
 
 def kernels_dir(root: str, gated: bool = True, layer_norm: bool = True,
-                extra: list[str] | None = None) -> str:
+                extra: list[str] | None = None, activations: bool = True) -> str:
     """A kernels folder: the bundled exact forwards and their backward kernels' folders (without
-    the gated MLP's two unless `gated`, without LayerNorm's unless `layer_norm`); each folder of
+    the gated MLP's two unless `gated`, without LayerNorm's unless `layer_norm`, without the
+    standalone activations' unless `activations`); each folder of
     `extra` (a kernel.toml and its source) in place of the bundled one of the same folder name,
     or beside them."""
     out = os.path.join(root, "kernels")
-    for name in kernel_names(gated, layer_norm):
+    for name in kernel_names(gated, layer_norm, activations):
         shutil.copytree(os.path.join(ROOT, "kernels", name), os.path.join(out, name))
     for d in extra or []:
         d = os.path.abspath(d)
@@ -274,6 +279,8 @@ def main() -> int:
                    "gelu_tanh_mul_backward)")
     p.add_argument("--no-layer-norm", action="store_true", help="the local kernels folder without "
                    "LayerNorm's forward and backward kernels (layer_norm, layer_norm_backward)")
+    p.add_argument("--no-activations", action="store_true", help="the local kernels folder without "
+                   "the standalone activations' forward and backward kernels (gelu, gelu_backward)")
     p.add_argument("--kernel", action="append", default=[], metavar="DIR", help="a kernel folder "
                    "(kernel.toml and source) in the local kernels folder, in place of the bundled "
                    "folder of the same name (repeatable)")
@@ -298,10 +305,11 @@ def main() -> int:
     rows, errors = [], []
     with tempfile.TemporaryDirectory() as tmp:
         source = {"hub": a.hub} if a.hub else {"kernels_dir": kernels_dir(
-            tmp, gated=not a.no_gated, layer_norm=not a.no_layer_norm, extra=a.kernel)}
+            tmp, gated=not a.no_gated, layer_norm=not a.no_layer_norm, extra=a.kernel,
+            activations=not a.no_activations)}
         env["source"] = f"hub {a.hub}" if a.hub else (
             "kernels_dir (bundled forward + backward, local: "
-            + ", ".join(kernel_names(not a.no_gated, not a.no_layer_norm))
+            + ", ".join(kernel_names(not a.no_gated, not a.no_layer_norm, not a.no_activations))
             + "".join(f"; {os.path.abspath(d)}" for d in a.kernel) + ")")
         for m in a.models.split(","):
             for dt in a.dtypes.split(","):

@@ -52,7 +52,8 @@ class Entry:
     by_call: bool = False
     # mode "training", a layer whose op has a backward op (rms_norm (llama, gemma): rms_norm_backward;
     # a gated MLP swapped for silu_mul / gelu_tanh_mul: silu_mul_backward / gelu_tanh_mul_backward;
-    # layer_norm: layer_norm_backward):
+    # layer_norm: layer_norm_backward; a standalone activation swapped for silu / gelu / gelu_tanh:
+    # silu_backward / gelu_backward / gelu_tanh_backward):
     # the backward kernel taken (its gradients under autograd), or None with the reasons none
     # was (the layer keeps its original forward under autograd).
     backward: Resolved | None = None
@@ -238,7 +239,11 @@ def kernelize(model: nn.Module, hub: str | None = None, *, lock: str | os.PathLi
     `gelu_tanh_mul` with a `gelu_tanh_mul_backward` kernel (its one entry gives the gradients of
     gate_proj's and up_proj's outputs), and an nn.LayerNorm swapped for `layer_norm` with a
     `layer_norm_backward` kernel (under autograd its forward is eager's own native_layer_norm,
-    whose saved mean and rstd the kernel's two entries read); where none qualifies the layer
+    whose saved mean and rstd the kernel's two entries read), and a standalone activation swapped
+    for `silu` / `gelu` / `gelu_tanh` with a `silu_backward` / `gelu_backward` /
+    `gelu_tanh_backward` kernel, where its eager autograd is that one node on its input
+    (`training.activation_node_check`: not HF's NewGELUActivation, whose own formula records
+    other nodes); where none qualifies the layer
     keeps its original forward under autograd and the report says why, one line per reason.
     `"compile"` (alias `"torch_compile"`): inference, then compiled as `compile=True` does
     (`compile=` still works, and combines with `mode="training"`).
@@ -427,7 +432,9 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
     op's backward op, `BACKWARD_OF`: rms_norm (llama, gemma) -> rms_norm_backward of the same
     semantics (with the GPU's SMs and threads per SM, `VERDICT_ON_DEVICE`), silu_mul ->
     silu_mul_backward, gelu_tanh_mul -> gelu_tanh_mul_backward, layer_norm ->
-    layer_norm_backward; its dtype and width, the policy) and
+    layer_norm_backward, silu / gelu / gelu_tanh -> silu_backward / gelu_backward /
+    gelu_tanh_backward (where the layer's eager autograd is that activation's one node,
+    `training.activation_node_check`); its dtype and width, the policy) and
     install it where the layer is swapped; every other layer keeps its original forward under
     autograd. Returns the report's lines: one per outcome (kernel taken, or reasons), naming the
     layers it concerns."""
@@ -443,11 +450,21 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
                                "forward runs under autograd"), []).append(e.path)
             continue
         if e.by_call or e.op not in _TRAIN_FORWARDS:
-            # (the activations' backward ops, and any layer swapped by the dtype of its calls: in
-            # the hub, not yet in training mode; training.activation_train is their node)
-            groups.setdefault((what, None, None, f"training mode does not run {bop} yet: its "
-                               "original forward runs under autograd"), []).append(e.path)
+            # (a layer swapped by the dtype of its calls: a model with no parameters, nn.SiLU()
+            # alone; its kernels are loaded at its first call in each dtype)
+            groups.setdefault((what, None, None, f"training mode does not run {bop} yet for a "
+                               "layer swapped by the dtype of its calls (a model without "
+                               "parameters): its original forward runs under autograd"),
+                              []).append(e.path)
             continue
+        if e.op in _training.ACTIVATION_FORMULAS:
+            why = _training.activation_node_check(_orig_callable(s.module), e.op,
+                                                  _TORCH_OF[e.dtype])
+            if why is not None:
+                e.backward_reasons = [why]
+                groups.setdefault((what, e.dtype, e.cols, "keeps its original forward under "
+                                   "autograd: " + why), []).append(e.path)
+                continue
         if e.op == "rms_norm" and e.dtype == "f32" and e.path != "<root>":
             # (either semantics: GemmaRMSNorm's f32 graph has no cast node either)
             # Eager's f32 graph has no cast node in the norm, so the layer's input gradient is
@@ -562,8 +579,17 @@ def _plan_residual_norms(plan: list, src, policy: str, arch: str) -> list[str]:
     return lines
 
 
+def _orig_callable(m: nn.Module) -> Any:
+    """What computes `m`'s original forward: its `_kz_orig` once swapped, else `m` itself."""
+    return m.__dict__.get("_kz_orig") or m
+
+
+_TORCH_OF = {v: k for k, v in TORCH_DTYPES.items()}   # "bf16" -> torch.bfloat16
+
+
 def _install_training(m: nn.Module, k: Resolved, bk: Any) -> None:
-    """Give the swapped layer `m` (an rms_norm, gated or layer_norm one, `_TRAIN_FORWARDS`)
+    """Give the swapped layer `m` (an rms_norm, gated, layer_norm or activation one,
+    `_TRAIN_FORWARDS`)
     the backward kernel `bk` (loaded from `k`)."""
     d = m.__dict__
     forward = _TRAIN_FORWARDS[d["_kz_swap"][0]]
@@ -693,7 +719,8 @@ def lock(model: nn.Module, hub: str, path: str | os.PathLike = "kernelize.lock.j
     also pins the backward kernels `kernelize(..., mode="training")` asks for (rms_norm_backward
     at each rms_norm (llama, gemma) layer's semantics, dtype and width, silu_mul_backward /
     gelu_tanh_mul_backward at each silu_mul / gelu_tanh_mul MLP's, layer_norm_backward at each
-    layer_norm layer's), or the hub's reasons there is none."""
+    layer_norm layer's, silu_backward / gelu_backward / gelu_tanh_backward at each activation's),
+    or the hub's reasons there is none."""
     mode, _ = _check_mode(mode, False)
     src = (HubSource(hub, wait_for_verification_s=wait_for_verification_s,
                      trusted_keys=trusted_keys, allow_python=allow_python)
@@ -710,7 +737,8 @@ def _pin_backward(plan: list, cache: dict, src, policy: str, arch: str) -> None:
     layer of `plan` that has a forward kernel and a backward op (rms_norm_backward at each
     rms_norm (llama, gemma) layer's semantics, dtype and width, silu_mul_backward /
     gelu_tanh_mul_backward at each gated MLP's swapped for silu_mul / gelu_tanh_mul,
-    layer_norm_backward at each layer_norm layer's), kernel or reasons."""
+    layer_norm_backward at each layer_norm layer's, an activation's backward op at each
+    activation's), kernel or reasons."""
     for s, key, res, _, _ in plan:
         bop = BACKWARD_OF.get((s.op, s.semantics)) if s.op in _TRAIN_FORWARDS else None
         if bop and res.kernel is not None:
@@ -872,6 +900,38 @@ def _fwd_elementwise(self, x, *a, **kw):
     return out
 
 
+def _fwd_elementwise_train(self, x, *a, **kw):
+    """Mode "training" with a backward kernel (silu, gelu, gelu_tanh): as `_fwd_elementwise`,
+    and under autograd one autograd node (`training.ActivationFunction`: the forward launch,
+    then the backward kernel on (dy, x); while torch.compile traces, the custom op
+    `kernelize::<op>_train` with its registered backward), on an element count both kernels
+    take (else the original forward)."""
+    key, _, _, want, index = self._kz
+    if a or kw or not _on(x, want, index):
+        return self._kz_orig(x, *a, **kw)
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return _fwd_elementwise(self, x)
+    if not _fits_train(self, x.numel()):
+        return self._kz_orig(x)
+    bk, bkey, label = self._kz_bwd
+    op = self._kz_swap[0]
+    if _is_compiling():
+        return _training.ACTIVATION_TRAIN_OPS[op](x, key, bkey)
+    self.__dict__[_LAUNCHES] += 1
+    return _training.activation_train(op, x, self._kz_run, self._kz_compiled, bk, label)
+
+
+def _fits_train(self, n: int) -> bool:
+    """Whether `n` elements are within both the forward and the backward kernel's constraints
+    (kept per count)."""
+    fits = self._kz_fits
+    fit = fits.get(("train", n))
+    if fit is None:
+        fit = fits[("train", n)] = n > 0 and _fits(self, n) and not not_applicable(
+            self._kernelize_backward.manifest, n, None)
+    return fit
+
+
 def _fits(self, n: int) -> bool:
     """Whether `n` elements are within the kernel's constraints (kept per count)."""
     fits = self._kz_fits
@@ -955,7 +1015,8 @@ _FORWARDS = {
 }
 #: Mode "training": a swapped layer's forward once it has a backward kernel (`_install_training`).
 _TRAIN_FORWARDS = {"rms_norm": _fwd_rms_norm_train, "layer_norm": _fwd_layer_norm_train,
-                   **{op: _fwd_gated_train for op in _training.GATED_FORMULAS}}
+                   **{op: _fwd_gated_train for op in _training.GATED_FORMULAS},
+                   **{op: _fwd_elementwise_train for op in _training.ACTIVATION_FORMULAS}}
 _KZ_ATTRS = ("_kz", "_kz_orig", "_kz_op", "_kz_run", "_kz_compiled", "_kz_fits", "_kz_preps")
 
 

@@ -1,6 +1,7 @@
 """Training mode (`kernelize(model, ..., mode="training")`): a swapped layer under autograd runs
 its forward and its backward as hub kernels (issue 30; docs/backward.md, docs/backward-gated.md,
-docs/spec.md section 2c, docs/backward-layer-norm.md). Four ops have a backward op:
+docs/spec.md section 2c, docs/backward-layer-norm.md, docs/backward-activations.md). These layers
+have a backward op:
 
 * an HF LlamaRMSNorm-style layer (op `rms_norm`, semantics `llama`) or an HF GemmaRMSNorm one
   (Gemma, Gemma2, Gemma3: semantics `gemma`, the `(1 + weight)` formula): `rms_norm_backward` of
@@ -10,11 +11,12 @@ docs/spec.md section 2c, docs/backward-layer-norm.md). Four ops have a backward 
   `gelu_tanh_mul_backward` (the same ABI: one code path, `GATED_FORMULAS`);
 * an nn.LayerNorm swapped for `layer_norm` (GPT-2's, say): `layer_norm_backward`.
 
-The elementwise activations (`silu`, `gelu`, `gelu_tanh`) have backward ops too (`silu_backward`,
-`gelu_backward`, `gelu_tanh_backward`: one entry `grad(T* dx, const T* dy, const T* x, n)`,
-block 256, docs/backward-activations.md); `activation_train` is their one autograd node, but
-kernelize(..., mode="training") does not use it yet (a standalone activation is swapped by the
-dtype of its calls and keeps its original forward under autograd).
+* a standalone activation swapped for `silu`, `gelu` or `gelu_tanh` (nn.SiLU, nn.GELU, HF's
+  GELUActivation, GELUTanh, ...; one whose eager autograd is the one node SiluBackward0 /
+  GeluBackward0 of the same approximation on its input, `activation_node_check`):
+  `silu_backward` / `gelu_backward` / `gelu_tanh_backward`, one entry
+  `grad(T* dx, const T* dy, const T* x, n)`, block 256 (docs/backward-activations.md; one code
+  path, `ACTIVATION_FORMULAS`, the node `activation_train`).
 
 Forward: the exact forward kernel the layer was swapped for (the same launch as in inference);
 for layer_norm, eager's own `native_layer_norm` (below). Backward: the entries of the backward
@@ -60,16 +62,25 @@ rows (eager's column sum is then a two-pass reduction split by the SM count, whi
 does not implement): eager's own `native_layer_norm_backward` on the same saved tensors, said
 once.
 
+The activations' `grad`, one entry (elementwise, grid-stride: the grid of 1 x n elements):
+
+    grad(T* dx, const T* dy, const T* x, n)                                             block 256
+
+eager's SiluBackward0 / GeluBackward0 (`dx = round_T(f(dy, x))`, f in f32); x is saved from the
+forward, as eager saves it.
+
 Eagerly the layer calls `RmsNormFunction.apply` / `GatedMulFunction.apply` /
-`LayerNormFunction.apply` (a
+`LayerNormFunction.apply` / `ActivationFunction.apply` (a
 `torch.autograd.Function`: the launches go straight to the driver, no dispatcher round trip).
 While torch.compile traces it calls the custom op `kernelize::rms_norm_train(x, weight, eps,
 fkey, bkey)` / `kernelize::<op>_train(gate, up, fkey, bkey)` (op silu_mul or gelu_tanh_mul) /
 `kernelize::layer_norm_train(x, weight, bias, eps, bkey) -> (y, mean, rstd)` (mean, rstd not
-differentiable), registered with `torch.library.register_autograd`: its backward is the custom op
+differentiable) / `kernelize::<act>_train(x, fkey, bkey)` (act silu, gelu or gelu_tanh),
+registered with `torch.library.register_autograd`: its backward is the custom op
 `kernelize::launch_rms_norm_backward(dy, x, weight, eps, key) -> (dx, dw)` /
 `kernelize::launch_<op>_backward(dy, gate, up, key) -> (d_gate, d_up)` /
-`kernelize::launch_layer_norm_backward(dy, x, weight, bias, mean, rstd, key) -> (dx, dw, db)`;
+`kernelize::launch_layer_norm_backward(dy, x, weight, bias, mean, rstd, key) -> (dx, dw, db)` /
+`kernelize::launch_<act>_backward(dy, x, key) -> dx`;
 all have fake implementations, so dynamo and AOTAutograd trace the forward and the backward as
 opaque nodes.
 
@@ -510,7 +521,7 @@ def gated_train(op: str, gate: Tensor, up: Tensor, run: Any, compiled: Any, bk: 
     return GatedMulFunction.apply(gate, up, op, run, compiled, bk, label or bk.op)
 
 
-# ---- standalone activations: silu, gelu, gelu_tanh (not yet wired into kernelize()) ----------
+# ---- standalone activations: silu, gelu, gelu_tanh ------------------------------------------
 
 def run_activation_backward(bk: Any, dy: Tensor, x: Tensor) -> Tensor:
     """dx by the activation backward kernel `bk`'s one entry `grad(dx, dy, x, n)` (`bk.op`: one
@@ -537,6 +548,41 @@ ACTIVATION_FORMULAS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functi
                        "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}
 
 
+#: Each activation's one eager autograd node: its name, and GeluBackward0's `approximate`.
+ACTIVATION_NODES = {"silu": ("SiluBackward0", None), "gelu": ("GeluBackward0", "none"),
+                    "gelu_tanh": ("GeluBackward0", "tanh")}
+
+
+def activation_node_check(forward: Any, op: str, dtype: torch.dtype) -> str | None:
+    """Why a backward kernel of `op` (one of ACTIVATION_FORMULAS) would not give the gradient
+    eager autograd gives through the layer whose original forward is `forward`, or None where
+    it would: eager's graph of `forward(x)` must be that one node (ACTIVATION_NODES) on x itself,
+    in x's dtype, as F.silu / F.gelu record it (nn.SiLU, nn.GELU, HF's GELUActivation, GELUTanh,
+    SiLUActivation). A layer matched by its forward's bits alone (discovery's probe) may compute
+    them with other ops, whose backward is another chain of nodes (HF's NewGELUActivation,
+    GPT-2's gelu_new, is `0.5 * x * (1 + tanh(...))`: MulBackward0 ...). Probed on a CPU
+    tensor of `dtype`."""
+    name, approximate = ACTIVATION_NODES[op]
+    g = torch.Generator().manual_seed(5)
+    with torch.enable_grad():
+        leaf = (torch.randn(3, 64, generator=g) * 3).to(dtype).requires_grad_(True)
+        x = leaf.clone()                      # not a leaf: an in-place forward is recorded too
+        before = x.grad_fn
+        try:
+            y = forward(x)
+        except Exception as e:  # noqa: BLE001 (the layer's own error: no backward kernel)
+            return f"its forward failed on an autograd probe ({type(e).__name__}: {e})"
+    node = getattr(y, "grad_fn", None)
+    got = type(node).__name__ if node is not None else "no node"
+    if (node is None or got != name
+            or (approximate is not None and getattr(node, "_saved_approximate", None) != approximate)
+            or [f for f, _ in node.next_functions] != [before] or y.dtype != dtype):
+        want = name + (f"(approximate={approximate!r})" if approximate else "")
+        return (f"its eager autograd is not one {want} on its input (the probe's output node: "
+                f"{got}); the {BACKWARD_OF[(op, 'default')]} kernel gives that node's bits only")
+    return None
+
+
 class ActivationFunction(torch.autograd.Function):
     """Eager: forward = the swapped activation's forward launch (`run(compiled, x)`, `op`: one of
     ACTIVATION_FORMULAS), backward = the activation backward kernel `bk`'s entry `grad` on (dy,
@@ -560,11 +606,50 @@ class ActivationFunction(torch.autograd.Function):
 def activation_train(op: str, x: Tensor, run: Any, compiled: Any, bk: Any,
                      label: str | None = None) -> Tensor:
     """One autograd node for the activation `op` (silu, gelu, gelu_tanh): the forward launch and,
-    on backward, the backward kernel. The building block of training mode for standalone
-    activations (GPT-2's gelu_new, BERT's GELU); kernelize(..., mode="training") does not call
-    it yet: such a layer is swapped by the dtype of its calls, and keeps its original forward
-    under autograd."""
+    on backward, the backward kernel: what a standalone activation swapped in training mode runs
+    under autograd (core's `_fwd_elementwise_train`), where its eager autograd is that one node
+    (`activation_node_check`)."""
     return ActivationFunction.apply(x, op, run, compiled, bk, label or bk.op)
+
+
+def _act_launch_backward(dy: Tensor, x: Tensor, key: int) -> Tensor:
+    from . import ops
+    return run_activation_backward(ops.kernel(key), dy, x)
+
+
+def _act_train_forward(x: Tensor, fkey: int, bkey: int) -> Tensor:
+    from . import ops
+    return L.run_elementwise(ops.kernel(fkey), x)
+
+
+def _setup_act(ctx, inputs, output):
+    x, _fkey, bkey = inputs
+    ctx.save_for_backward(x)
+    ctx.bkey = bkey
+
+
+def _act_train_ops(op: str) -> Any:
+    """`kernelize::<op>_train(x, fkey, bkey)` with its backward
+    `kernelize::launch_<op>_backward(dy, x, key) -> dx` (fakes for both): the same two functions
+    for every activation (the kernels know their op)."""
+    launch = torch.library.custom_op(f"kernelize::launch_{op}_backward", _act_launch_backward,
+                                     mutates_args=(), device_types="cuda")
+    launch.register_fake(lambda dy, x, key: x.new_empty(x.shape))
+    train = torch.library.custom_op(f"kernelize::{op}_train", _act_train_forward,
+                                    mutates_args=(), device_types="cuda")
+    train.register_fake(lambda x, fkey, bkey: x.new_empty(x.shape))
+
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        return launch(dy, x, ctx.bkey), None, None
+
+    train.register_autograd(backward, setup_context=_setup_act)
+    return train
+
+
+#: Each activation's training custom op (`kernelize::<op>_train`), what a swapped activation
+#: calls under autograd while torch.compile traces.
+ACTIVATION_TRAIN_OPS = {op: _act_train_ops(op) for op in ACTIVATION_FORMULAS}
 
 
 # ---- layer_norm (nn.LayerNorm; forward eager's own op) ---------------------------------------

@@ -1,8 +1,8 @@
 """GPU: kernelize tiny models with the bundled exact kernels (local folder, as the hub would
 hand them out once verified) and compare the logits bit for bit with eager; run the model-level
 harness (`python3 -m kernelize_verifier.model_level`) on the shipped models in models/; train
-the shipped tiny Llama and tiny GPT-2 and a random tiny Gemma in training mode with the backward
-kernels against eager (issue 30).
+the shipped tiny Llama and tiny GPT-2 (its LayerNorms and its GELUs) and a random tiny Gemma in
+training mode with the backward kernels against eager (issue 30).
 Skips loudly without CUDA (CI has no GPU); run on the GPU machine with
 `python3 -m pytest -q -rs python/tests/test_gpu.py`.
 
@@ -585,17 +585,23 @@ def test_random_tiny_gemma_training_bit_exact_with_the_gelu_tanh_mul_backward(tm
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
-def test_shipped_tiny_gpt2_training_bit_exact_with_the_layer_norm_backward(tmp_path, dtype):
+def test_shipped_tiny_gpt2_training_bit_exact_with_the_layer_norm_and_gelu_backward(tmp_path, dtype):
     """Issue 30: models/tiny-gpt2 kernelized in training mode with the real kernels from a local
-    folder (the exact forward layer_norm, the backward kernel layer_norm_backward), 5 AdamW
-    steps against eager: every loss, every gradient of the first 3 steps and every parameter at
-    the end bit for bit, eager against itself too (scripts/training_check.py). Under autograd
-    each of the 9 LayerNorm layers runs eager's own forward op and the kernel's `dx` and `dwdb`
-    once a step, in every dtype (f32 too: eager's LayerNorm backward is one node)."""
+    folder (the exact forwards layer_norm and gelu, the backward kernels layer_norm_backward and
+    gelu_backward), 5 AdamW steps against eager: every loss, every gradient of the first 3 steps
+    and every parameter at the end bit for bit, eager against itself too
+    (scripts/training_check.py). Under autograd each of the 9 LayerNorm layers runs eager's own
+    forward op and the kernel's `dx` and `dwdb` once a step, and each of the 4 GELUs (HF
+    GELUActivation, F.gelu: eager's one GeluBackward0 node) the gelu forward kernel and
+    gelu_backward's `grad` once a step, in every dtype (f32 too: each is one node in eager)."""
     steps = 5
     row = _training_check(tmp_path, dtype, "tiny-gpt2", steps)
-    assert len(row["with_backward"]) == 9 and row["with_backward"] == row["replaced"], row["report"]
-    assert row["backward_kernels"] == ["layer_norm_backward"]
+    gelus = [f"transformer.h.{i}.mlp.act" for i in range(4)]
+    assert len(row["replaced"]) == 13, row["report"]
+    assert row["with_backward"] == row["replaced"], row["report"]
+    assert sorted(p for p in row["with_backward"] if p.endswith(".act")) == gelus, row["report"]
+    assert row["backward_kernels"] == ["gelu_backward", "layer_norm_backward"]
     launches = row["backward_launches"]
     assert launches.get("layer_norm_backward") == {"dx": 9 * steps, "dwdb": 9 * steps}, launches
+    assert launches.get("gelu_backward") == {"grad": 4 * steps}, launches
     _assert_trained_as_eager(row)

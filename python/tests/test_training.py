@@ -53,13 +53,15 @@ class ForwardStandIn:
 
 #: The stand-in forward kernels' formulas: HF LlamaRMSNorm's (and GemmaRMSNorm's); a gated MLP's
 #: act(gate) * up (silu_mul, and silu_and_mul, whose runner takes the same two tensors;
-#: gelu_tanh_mul); a lone tanh GELU.
+#: gelu_tanh_mul); a lone SiLU, GELU or tanh GELU.
 FORWARD_FORMULAS = {
     "rms_norm": lambda x, w, eps: _rms_refs(x, w, eps)["llama"].contiguous(),
     "silu_mul": lambda g, u: (torch.nn.functional.silu(g) * u).contiguous(),
     "silu_and_mul": lambda g, u: (torch.nn.functional.silu(g) * u).contiguous(),
     "gelu_tanh_mul": lambda g, u: (torch.nn.functional.gelu(g, approximate="tanh") * u).contiguous(),
     "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh").contiguous(),
+    "silu": lambda x: torch.nn.functional.silu(x).contiguous(),
+    "gelu": lambda x: torch.nn.functional.gelu(x).contiguous(),
     "layer_norm": lambda x, w, b, eps: torch.nn.functional.layer_norm(x, [x.shape[-1]], w, b,
                                                                       eps).contiguous(),
 }
@@ -180,6 +182,44 @@ class RecordingGatedBackward(SharedOnCopy):
         return [c[0] for c in self.calls]
 
 
+#: Each activation's backward op, the one op its eager autograd node runs (SiluBackward0's
+#: silu_backward, GeluBackward0's gelu_backward with its approximate).
+ACTIVATION_BACKWARD = {
+    "silu": torch.ops.aten.silu_backward,
+    "gelu": lambda dy, x: torch.ops.aten.gelu_backward(dy, x, approximate="none"),
+    "gelu_tanh": lambda dy, x: torch.ops.aten.gelu_backward(dy, x, approximate="tanh"),
+}
+
+
+def eager_dx(act: str, dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Eager autograd's dx of the activation `act` (silu, gelu, gelu_tanh) at x for dy: the op
+    its one backward node runs (ACTIVATION_BACKWARD; no autograd needed, so a custom op's CPU
+    kernel can call it; test_training_activation checks it against torch.autograd bit for bit)."""
+    return ACTIVATION_BACKWARD[act](dy, x)
+
+
+class RecordingActivationBackward(SharedOnCopy):
+    """A stand-in activation backward kernel (`op`: <act>_backward): records every launch;
+    `grad` writes eager's dx of its `x` slot for its `dy` slot into its `dx` slot."""
+    device = torch.device("cpu")
+
+    def __init__(self, act: str, sms=132, threads_per_sm=2048):
+        self.act, self.op = act, f"{act}_backward"
+        self.sms, self.threads_per_sm = sms, threads_per_sm
+        self.calls: list[tuple] = []
+
+    def launch(self, stage, grid, block, tensors, scalars):
+        self.calls.append((stage, grid, block, tensors, scalars))
+        assert stage == "grad"
+        dx, dy, x = tensors
+        (n,) = scalars
+        assert n == x.numel() == dy.numel() == dx.numel()
+        dx.copy_(eager_dx(self.act, dy, x))
+
+    def stages(self):
+        return [c[0] for c in self.calls]
+
+
 def eager_ln_grads(dy, x, mean, rstd, w, needs=(True, True, True)):
     """(dx, dw, db) of eager's own backward op of nn.LayerNorm (`native_layer_norm_backward`,
     the one op its autograd node runs) on x [rows, cols] and the forward's saved statistics
@@ -227,12 +267,15 @@ def gpu_faked(monkeypatch):
     rms_norm_backward kernel (llama; its `gemma`: the recording rms_norm_backward gemma kernel;
     its `gated`: the recording silu_mul_backward kernel; its
     `gelu_gated`: the recording gelu_tanh_mul_backward kernel; its `ln`: the recording
-    layer_norm_backward kernel) and the list of (digest, dtype) they were 'compiled' for."""
+    layer_norm_backward kernel; its `acts`: the recording silu_backward, gelu_backward and
+    gelu_tanh_backward kernels by activation) and the list of (digest, dtype) they were
+    'compiled' for."""
     bk = RecordingBackward()
     bk.gemma = RecordingBackward(semantics="gemma")
     bk.gated = RecordingGatedBackward()
     bk.gelu_gated = RecordingGatedBackward(op="gelu_tanh_mul_backward")
     bk.ln = RecordingLnBackward()
+    bk.acts = {act: RecordingActivationBackward(act) for act in training.ACTIVATION_FORMULAS}
     loaded = []
 
     def compiled_backward(digest, manifest, source, dtype, device):
@@ -241,7 +284,8 @@ def gpu_faked(monkeypatch):
         if manifest["op"] == "rms_norm_backward" and manifest["semantics"] == "gemma":
             return bk.gemma
         return {"rms_norm_backward": bk, "silu_mul_backward": bk.gated,
-                "gelu_tanh_mul_backward": bk.gelu_gated, "layer_norm_backward": bk.ln}[manifest["op"]]
+                "gelu_tanh_mul_backward": bk.gelu_gated, "layer_norm_backward": bk.ln,
+                **{a.op: a for a in bk.acts.values()}}[manifest["op"]]
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(launch, "compiled", lambda digest, manifest, *a, **k: ForwardStandIn(manifest))
@@ -829,7 +873,12 @@ def test_the_hubs_backward_kernel_is_taken_only_on_a_gpu_of_the_sms_it_was_verif
         assert shapes == {(("name", "NVIDIA H200"), ("sm_count", 132), ("threads_per_sm", 2048))}
         assert gpu_faked.loaded
     else:
-        assert all(e.backward is None for e in norms) and not gpu_faked.loaded
+        assert all(e.backward is None for e in norms)
+        # (what else was loaded is another layer's: Gemma's act_fn, swapped alone for gelu_tanh
+        # where the hub has no gelu_tanh_mul at its width, takes gelu_tanh_backward)
+        others = {e.backward.digest for e in rep.entries if e.backward is not None}
+        assert all(e.op != "rms_norm" for e in rep.entries if e.backward is not None)
+        assert {d for d, _ in gpu_faked.loaded} == others
         (line,) = [ln for ln in _training_lines(rep) if family.what in ln]
         assert "verified on a GPU of 132 SMs x 2048 threads per SM (NVIDIA H200)" in line, line
         assert f"asks for {sms} x {tps}" in line, line   # the hub's exclusion

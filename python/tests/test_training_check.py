@@ -1,8 +1,9 @@
 """scripts/training_check.py (issue 30's model-level training check, run on the GPU machine)
 stays runnable: its --dry-run on the CPU builds the kernels folder (the bundled forwards and the
 backward kernels with their entries spelled out), kernelizes the shipped tiny Llama and tiny
-GPT-2 and a random tiny Gemma in training mode (every RMSNorm (llama, gemma) layer, gated MLP
-and LayerNorm takes both kernels, but the norms in f32; nothing is swapped without CUDA) and
+GPT-2 and a random tiny Gemma in training mode (every RMSNorm (llama, gemma) layer, gated MLP,
+LayerNorm and standalone GELU takes both kernels, but the norms in f32; nothing is swapped
+without CUDA) and
 trains both copies."""
 import json
 import re
@@ -69,10 +70,10 @@ def test_the_training_check_runs_a_random_tiny_gemma_with_its_backward_kernels(t
 
 
 def test_the_training_check_runs_tiny_gpt2_with_the_layer_norm_backward(tmp_path):
-    """tiny-gpt2's 9 LayerNorm layers would take layer_norm and layer_norm_backward; `--kernel
-    DIR` puts a kernel folder in place of the bundled one of its name (here a copy of the
-    bundled backward kernel under another version), `--no-layer-norm` leaves LayerNorm's two
-    out."""
+    """tiny-gpt2's 9 LayerNorm layers would take layer_norm and layer_norm_backward, its 4 GELUs
+    (HF GELUActivation) gelu and gelu_backward; `--kernel DIR` puts a kernel folder in place of
+    the bundled one of its name (here a copy of the bundled backward kernel under another
+    version), `--no-layer-norm` leaves LayerNorm's two out, `--no-activations` the GELU's."""
     mine = tmp_path / "mine" / "layer_norm_backward"
     shutil.copytree(REPO / "kernels" / "layer_norm_backward", mine)
     toml = (mine / "kernel.toml").read_text(encoding="utf-8")
@@ -87,14 +88,25 @@ def test_the_training_check_runs_tiny_gpt2_with_the_layer_norm_backward(tmp_path
     data = json.loads((out / "training_check.json").read_text())
     assert not data["errors"] and str(mine) in data["env"]["source"]
     (row,) = data["rows"]
-    # the 9 LayerNorm layers, in f32 too (eager's LayerNorm backward is one node)
-    assert len(row["replaced"]) == 9 and row["with_backward"] == row["replaced"], row["report"]
-    assert row["backward_kernels"] == ["layer_norm_backward"]
+    # the 9 LayerNorm layers, in f32 too (eager's LayerNorm backward is one node), and the 4 GELUs
+    gelus = [f"transformer.h.{i}.mlp.act" for i in range(4)]
+    assert len(row["replaced"]) == 13 and row["with_backward"] == row["replaced"], row["report"]
+    assert sorted(p for p in row["replaced"] if p.endswith(".act")) == gelus, row["report"]
+    assert row["backward_kernels"] == ["gelu_backward", "layer_norm_backward"]
     assert "layer_norm_backward 9.9.9" in row["report"] and row["ok"]
+    assert ("transformer.h.0.mlp.act ... transformer.h.3.mlp.act (4 layers) [gelu, f32, cols=1024] "
+            "would run under autograd as the forward kernel + backward gelu_backward 1.0.0") in row["report"]
     assert "tiny-gpt2 f32 backward launches: none" in r.stdout   # (nothing launches on the CPU)
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "training_check.py"), str(out),
                         "--dry-run", "--steps", "1", "--dtypes", "bf16", "--models", "tiny-gpt2",
                         "--no-layer-norm"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    (row,) = json.loads((out / "training_check.json").read_text())["rows"]
+    assert row["replaced"] == row["with_backward"] == gelus and row["ok"], row["report"]
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "training_check.py"), str(out),
+                        "--dry-run", "--steps", "1", "--dtypes", "bf16", "--models", "tiny-gpt2",
+                        "--no-layer-norm", "--no-activations"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     (row,) = json.loads((out / "training_check.json").read_text())["rows"]

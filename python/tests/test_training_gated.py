@@ -464,9 +464,10 @@ def test_no_gated_backward_kernel_keeps_the_mlps_original_forward_and_says_why(
 
 def test_an_mlps_fallback_op_has_no_backward_op(gated, tmp_path, gpu_faked):
     """Without the gated forward kernel an MLP falls back to silu_and_mul (SiLU) or a gelu_tanh
-    kernel for its act_fn (tanh GELU): silu_and_mul has no backward op, gelu_tanh's
-    (gelu_tanh_backward) training mode does not run yet; either way no backward kernel is loaded,
-    whatever the folder holds."""
+    kernel for its act_fn (tanh GELU): silu_and_mul has no backward op; gelu_tanh's
+    (gelu_tanh_backward) is not in this folder (the gated op's backward kernel is not it);
+    either way no backward kernel is loaded. (With gelu_tanh_backward in the folder the act_fn
+    takes it: test_training_activation.)"""
     root = _kernels(tmp_path / "k", gated.alternative, gated.bop)
     rep = _kz(gated.model(), kernels_dir=root, mode="training")
     alts = [e for e in rep.entries if e.path in gated.alternative_paths]
@@ -475,8 +476,8 @@ def test_an_mlps_fallback_op_has_no_backward_op(gated, tmp_path, gpu_faked):
     (line,) = [ln for ln in _training_lines(rep) if gated.alternative in ln]
     from kernelize.manifest import BACKWARD_OF
     bop = BACKWARD_OF.get((gated.alternative, "default"))
-    assert (f"training mode does not run {bop} yet" if bop else
-            f"no backward op for {gated.alternative} yet") in line
+    assert (f"keep their original forward under autograd: no {bop} kernel" if bop else
+            f"no backward op for {gated.alternative} yet") in line, line
     assert gpu_faked.loaded == []
 
 
