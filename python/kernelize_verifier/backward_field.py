@@ -1,0 +1,200 @@
+"""The field's backward (issue 30) as Python candidates: their signature, and an interim check
+against eager autograd until the verifier measures them (docs/backward.md, "The field's backward
+as Python candidates").
+
+The hub's backward ops (docs/spec.md section 2c) are verified for CUDA kernels only: the
+registry refuses a Python candidate of a backward op, and the verifier's Python path measures one
+output of a forward op (what is missing is listed in docs/backward.md). This module holds the
+piece that does not wait for that:
+
+* `SIGNATURES`: each backward op's Python signature, `f(*args) -> gradients`, derived from the
+  CUDA ABI (docs/spec.md section 2c: the stages' tensors that are not gradients or the
+  workspace, in order of first appearance, then `eps` where the op takes it; the gradients in
+  `Op::gradients` order). `python/tests/test_backward_field.py` checks it against abi.json.
+* `eager_gradients`: the gradients the hub's reference stands for, eager autograd's, on the same
+  inputs (rms_norm_backward llama: autograd of HF LlamaRMSNorm's formula; layer_norm_backward:
+  eager's own `native_layer_norm_backward` on the given mean and rstd; the gated ops: autograd
+  of `act(gate) * up`; the activations: eager's `silu_backward` / `gelu_backward`).
+* `check`: one candidate function against them on one problem: per gradient the elements whose
+  bits differ and the largest ulp distance, the same bits over three calls, the inputs unchanged,
+  the gradients' count, shapes, dtypes and devices. Not a verdict: no reference layer, oracle,
+  batch or address cases, integrity of the allocator, speed or model level (those are the
+  verifier's); eager autograd on the same GPU is the comparison.
+
+`scripts/backward_field_check.py` runs `check` over kernels/third-party-backward/ on a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+#: Each backward op's Python signature: (argument names, gradient names).
+SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "rms_norm_backward": (("dy", "x", "w", "eps"), ("dx", "dw")),
+    "layer_norm_backward": (("dy", "x", "mean", "rstd", "w"), ("dx", "dw", "db")),
+    "silu_mul_backward": (("dy", "gate", "up"), ("d_gate", "d_up")),
+    "gelu_tanh_mul_backward": (("dy", "gate", "up"), ("d_gate", "d_up")),
+    "silu_backward": (("dy", "x"), ("dx",)),
+    "gelu_backward": (("dy", "x"), ("dx",)),
+    "gelu_tanh_backward": (("dy", "x"), ("dx",)),
+}
+
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+def llama_rms_norm(x, w, eps):
+    """HF LlamaRMSNorm's forward, op by op (its f32 upcast, mean of squares, rsqrt, the cast
+    back before the weight)."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+_GATED = {"silu_mul_backward": F.silu,
+          "gelu_tanh_mul_backward": lambda g: F.gelu(g, approximate="tanh")}
+_ACT_BACKWARD = {
+    "silu_backward": lambda dy, x: torch.ops.aten.silu_backward(dy, x),
+    "gelu_backward": lambda dy, x: torch.ops.aten.gelu_backward(dy, x, approximate="none"),
+    "gelu_tanh_backward": lambda dy, x: torch.ops.aten.gelu_backward(dy, x, approximate="tanh"),
+}
+
+
+def inputs(op: str, dtype: str, rows: int, cols: int, device, seed: int = 0) -> dict[str, Any]:
+    """A problem of `op` as keyword arguments of its signature: x (the gate) normal times 3 with
+    exp's and tanh's saturations in its first row, dy and up normal, w normal around 1, eps 1e-6;
+    layer_norm_backward's mean and rstd as eager's own forward saves them (f32, one a row)."""
+    t = DTYPES[dtype]
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g) * 3
+    special = torch.tensor([0.0, -0.0, 30.0, -30.0, 100.0, -100.0, 1e-3, -1e-3])
+    x[0, :min(cols, 8)] = special[:min(cols, 8)]
+    out = {"dy": torch.randn(rows, cols, generator=g).to(t).to(device), "x": x.to(t).to(device)}
+    if op in _GATED:
+        out["gate"] = out.pop("x")
+        out["up"] = torch.randn(rows, cols, generator=g).to(t).to(device)
+    if op in ("rms_norm_backward", "layer_norm_backward"):
+        out["w"] = (1 + 0.2 * torch.randn(cols, generator=g)).to(t).to(device)
+    if op == "rms_norm_backward":
+        out["eps"] = 1e-6
+    if op == "layer_norm_backward":
+        b = torch.zeros(cols, dtype=t, device=device)
+        _, mean, rstd = torch.native_layer_norm(out["x"], [cols], out["w"], b, 1e-5)
+        out["mean"], out["rstd"] = mean.reshape(rows).float(), rstd.reshape(rows).float()
+    return {k: out[k] for k in SIGNATURES[op][0]}
+
+
+def eager_gradients(op: str, semantics: str, args: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    """The gradients eager autograd gives for the problem `args` (the hub's reference stands for
+    them), in SIGNATURES order."""
+    if op == "rms_norm_backward":
+        if semantics != "llama":
+            raise ValueError(f"rms_norm_backward semantics {semantics}: only llama is checked here")
+        with torch.enable_grad():
+            x = args["x"].detach().requires_grad_(True)
+            w = args["w"].detach().requires_grad_(True)
+            return torch.autograd.grad(llama_rms_norm(x, w, args["eps"]), (x, w), args["dy"])
+    if op == "layer_norm_backward":
+        x, w = args["x"], args["w"]
+        rows, cols = x.shape
+        mean, rstd = args["mean"].reshape(rows, 1), args["rstd"].reshape(rows, 1)
+        if x.device.type == "cpu":   # (on the CPU eager keeps them in x's dtype)
+            mean, rstd = mean.to(x.dtype), rstd.to(x.dtype)
+        return tuple(torch.ops.aten.native_layer_norm_backward(
+            args["dy"], x, [cols], mean, rstd, w, torch.zeros_like(w), [True, True, True]))
+    if op in _GATED:
+        with torch.enable_grad():
+            g = args["gate"].detach().requires_grad_(True)
+            u = args["up"].detach().requires_grad_(True)
+            return torch.autograd.grad(_GATED[op](g) * u, (g, u), args["dy"])
+    return (_ACT_BACKWARD[op](args["dy"], args["x"]),)
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The largest distance in units in the last place between a's and b's elements (their
+    bits as ordered integers; NaN against NaN is 0, NaN against a number the integer range)."""
+    it = torch.int32 if a.dtype == torch.float32 else torch.int16
+    def ordered(t):
+        i = t.contiguous().view(it).to(torch.int64)
+        # sign-magnitude to two's complement order: negative floats count down from -0
+        sign = i < 0
+        return torch.where(sign, -(i & (torch.iinfo(it).max)), i)
+    both_nan = torch.isnan(a) & torch.isnan(b)
+    d = (ordered(a) - ordered(b)).abs()
+    d = torch.where(both_nan, torch.zeros_like(d), d)
+    return int(d.max()) if d.numel() else 0
+
+
+def load(folder: str | Path) -> tuple[dict[str, Any], Any]:
+    """A candidate folder's manifest (kernel.toml as TOML) and its module, loaded from its
+    source under a name of its own."""
+    folder = Path(folder)
+    manifest = tomllib.loads((folder / "kernel.toml").read_text(encoding="utf-8"))
+    if manifest.get("runtime") != "python" or manifest.get("op") not in SIGNATURES:
+        raise ValueError(f"{folder}: not a Python candidate of a backward op ({manifest.get('op')})")
+    name = f"kernelize_backward_candidate_{manifest['name']}"
+    spec = importlib.util.spec_from_file_location(name, folder / manifest["source"])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module   # (dynamo finds a compiled function's module by name)
+    spec.loader.exec_module(module)
+    return manifest, module
+
+
+def check(function: Callable, op: str, semantics: str, dtype: str, rows: int, cols: int,
+          device, seed: int = 0, calls: int = 3) -> dict[str, Any]:
+    """`function` (a candidate's entry, SIGNATURES[op]) against eager autograd on one problem:
+    {"ok", "error", "gradients": {name: {"differing", "elements", "max_ulp"}},
+    "deterministic", "inputs_changed"}; `ok` means every gradient bit-exact, deterministic,
+    inputs unchanged."""
+    args = inputs(op, dtype, rows, cols, device, seed)
+    pristine = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    want = eager_gradients(op, semantics, pristine)
+    names = SIGNATURES[op][1]
+    out: dict[str, Any] = {"op": op, "dtype": dtype, "rows": rows, "cols": cols, "error": None,
+                           "gradients": {}, "deterministic": None, "inputs_changed": []}
+    got_calls = []
+    for _ in range(calls):
+        try:
+            got = function(*[args[k] for k in SIGNATURES[op][0]])
+        except Exception as e:  # noqa: BLE001 - the candidate's error is the finding
+            out["error"] = f"{type(e).__name__}: {e}"
+            out["ok"] = False
+            return out
+        got = tuple(got) if isinstance(got, (tuple, list)) else (got,)
+        if len(got) != len(names) or not all(
+                isinstance(g, torch.Tensor) and g.shape == w.shape and g.dtype == w.dtype
+                and g.device == w.device for g, w in zip(got, want)):
+            said = [(tuple(g.shape), str(g.dtype), str(g.device)) if isinstance(g, torch.Tensor)
+                    else type(g).__name__ for g in got]
+            wanted = [(tuple(w.shape), str(w.dtype), str(w.device)) for w in want]
+            out["error"] = f"returned {said}, not {wanted} ({', '.join(names)})"
+            out["ok"] = False
+            return out
+        got_calls.append(tuple(g.clone() for g in got))
+    if device != "cpu" and torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+    out["inputs_changed"] = [k for k, v in args.items() if isinstance(v, torch.Tensor)
+                             and not _same_bits(v, pristine[k])]
+    first = got_calls[0]
+    out["deterministic"] = all(_same_bits(a, b) for c in got_calls[1:] for a, b in zip(c, first))
+    for name, g, w in zip(names, first, want):
+        differ = int((_bits(g) != _bits(w)).sum())
+        out["gradients"][name] = {"differing": differ, "elements": g.numel(),
+                                  "max_ulp": ulp_distance(g, w) if differ else 0}
+    out["ok"] = (out["deterministic"] and not out["inputs_changed"]
+                 and all(v["differing"] == 0 for v in out["gradients"].values()))
+    return out
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32 if t.dtype == torch.float32 else torch.int16)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(_bits(a), _bits(b))
