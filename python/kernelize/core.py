@@ -449,13 +449,9 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
             groups.setdefault((what, None, None, f"no backward op for {what} yet: its original "
                                "forward runs under autograd"), []).append(e.path)
             continue
-        if e.by_call or e.op not in _TRAIN_FORWARDS:
-            # (a layer swapped by the dtype of its calls: a model with no parameters, nn.SiLU()
-            # alone; its kernels are loaded at its first call in each dtype)
-            groups.setdefault((what, None, None, f"training mode does not run {bop} yet for a "
-                               "layer swapped by the dtype of its calls (a model without "
-                               "parameters): its original forward runs under autograd"),
-                              []).append(e.path)
+        if e.op not in _TRAIN_FORWARDS:   # pragma: no cover (every op with a backward op has one)
+            groups.setdefault((what, None, None, f"training mode does not run {bop} yet: its "
+                               "original forward runs under autograd"), []).append(e.path)
             continue
         if e.op in _training.ACTIVATION_FORMULAS:
             why = _training.activation_node_check(_orig_callable(s.module), e.op,
@@ -496,6 +492,12 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
                                   or ["none qualifies"])
         elif other_gpu:
             e.backward_reasons = [other_gpu]
+        elif e.status == "replaced" and e.by_call:
+            # a layer swapped by the dtype of its calls (a model without parameters, nn.SiLU()
+            # alone): its backward kernel, as its forward, is loaded at its first call in the
+            # dtype (`_load_by_call`)
+            s.module.__dict__.setdefault("_kz_by_call_bwd", {})[e.dtype] = r.kernel
+            e.backward = r.kernel
         elif e.status == "replaced":
             try:
                 compiled = s.module.__dict__["_kz_compiled"]
@@ -513,7 +515,9 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
             how = ("runs under autograd as the forward kernel + backward" if e.status == "replaced"
                    else "would run under autograd as the forward kernel + backward")
             outcome = (f"{how} {e.backward.label} {e.backward.digest[:19]}…"
-                       + (f" ({cls})" if cls else ""))
+                       + (f" ({cls})" if cls else "")
+                       + (f" (both loaded at its first call in {e.dtype})"
+                          if e.by_call and e.status == "replaced" else ""))
         else:
             outcome = (f"keeps its original forward under autograd: no {bop} kernel: "
                        + "; ".join(e.backward_reasons))
@@ -1100,9 +1104,13 @@ class _ByDtype:
     """One dtype's loaded kernel of a layer swapped by the dtype of its calls."""
 
 
-def _install_by_call(m: nn.Module, kernels: dict[str, Any], swap: tuple, prior: Any) -> None:
-    """`kernels`: dtype -> the Resolved kernel, or the reasons none is taken."""
+def _install_by_call(m: nn.Module, kernels: dict[str, Any], swap: tuple, prior: Any,
+                     backward: dict[str, Resolved] | None = None) -> None:
+    """`kernels`: dtype -> the Resolved kernel, or the reasons none is taken; `backward` (mode
+    "training"): dtype -> the Resolved backward kernel its calls under autograd take."""
     d = m.__dict__
+    if backward:
+        d["_kz_by_call_bwd"] = dict(backward)
     d.update(_kernelize_kernel={dt: k for dt, k in kernels.items() if isinstance(k, Resolved)},
              _kz_orig=_orig_forward(m, prior), _kz_swap=swap, _kz_by_call=dict(kernels),
              _kz_dtypes={})
@@ -1120,6 +1128,8 @@ def _fwd_by_call(self, x, *a, **kw):
         per = self._kz_dtypes[x.dtype] = _load_by_call(self, x.dtype)
     if per is False:
         return self._kz_orig(x, *a, **kw)
+    if "_kz_bwd" in per.__dict__:   # mode "training" with a backward kernel in this dtype
+        return _fwd_elementwise_train(per, x, *a, **kw)
     return _fwd_elementwise(per, x, *a, **kw)
 
 
@@ -1132,9 +1142,22 @@ def _load_by_call(m: nn.Module, dtype: torch.dtype) -> Any:
         try:
             per = _ByDtype()
             per.__dict__.update(_loaded(k, (op, dt, cols, eps, device, allow_python), m._kz_orig))
-            return per
         except Exception as e:  # noqa: BLE001 (any failure: the original forward, said once)
             k = [f"{k.label} could not be loaded ({type(e).__name__}: {e})"]
+        else:
+            bwd = m.__dict__.get("_kz_by_call_bwd", {}).get(dt)
+            if bwd is not None:
+                try:
+                    bk = _training.compiled_backward(bwd.digest, bwd.manifest, bwd.source, dt,
+                                                     per._kz_compiled.device)
+                    per.__dict__.update(_kz_bwd=(bk, ops.register(bk), bwd.label),
+                                        _kernelize_backward=bwd)
+                except Exception as e:  # noqa: BLE001 (the forward kernel stays; said once)
+                    log.warning("kernelize: %s [%s] called in %s: its backward kernel %s could "
+                                "not be loaded (%s); its calls in %s under autograd run its "
+                                "original forward", type(m).__name__, op, dt, bwd.label,
+                                f"{type(e).__name__}: {e}", dt)
+            return per
     log.warning("kernelize: %s [%s] called in %s: no kernel (%s); its calls in %s run its "
                 "original forward", type(m).__name__, op, dt or dtype, "; ".join(k) or "none qualified",
                 dt or dtype)
@@ -1154,7 +1177,7 @@ def _load_by_call(m: nn.Module, dtype: torch.dtype) -> Any:
 # and prepares its own launches (`_Prepared`).
 
 _KZ_STATE = (_ORIG, "_kernelize_kernel", _LAUNCHES, "_kz_swap", "__getstate__", "_kz_by_call",
-             "_kz_dtypes", "_kz_bwd", "_kernelize_backward", *_KZ_ATTRS)
+             "_kz_dtypes", "_kz_bwd", "_kernelize_backward", "_kz_by_call_bwd", *_KZ_ATTRS)
 
 
 class _NoInstanceForward:
@@ -1176,7 +1199,8 @@ class _Reswap:
     def __reduce__(self):
         d = self.m.__dict__
         if "_kz_by_call" in d:   # loaded at the first call in each dtype, as before
-            return (_install_by_call_again, (self.m, d["_kz_by_call"], d["_kz_swap"], d[_ORIG]))
+            return (_install_by_call_again, (self.m, d["_kz_by_call"], d["_kz_swap"], d[_ORIG],
+                                             d.get("_kz_by_call_bwd")))
         return (_reswap, (self.m, d["_kernelize_kernel"], d["_kz_swap"], d[_ORIG],
                           d.get("_kernelize_backward")))
 
@@ -1228,9 +1252,12 @@ def _reswap(m: nn.Module, k: Resolved, swap: tuple, prior: Any,
     return m.__dict__["forward"]
 
 
-def _install_by_call_again(m: nn.Module, kernels: dict[str, Any], swap: tuple, prior: Any) -> Any:
-    """Unpickling a layer swapped by the dtype of its calls: the digests checked again now, the
-    kernels loaded at the first call in each dtype."""
+def _install_by_call_again(m: nn.Module, kernels: dict[str, Any], swap: tuple, prior: Any,
+                           backward: dict[str, Resolved] | None = None) -> Any:
+    """Unpickling a layer swapped by the dtype of its calls: the digests checked again now (a
+    training-mode layer's backward kernels' too: one that fails is dropped, with a warning, and
+    its calls under autograd run the original forward), the kernels loaded at the first call in
+    each dtype."""
     kernels = dict(kernels)
     for dt, k in kernels.items():
         if isinstance(k, Resolved):
@@ -1238,5 +1265,14 @@ def _install_by_call_again(m: nn.Module, kernels: dict[str, Any], swap: tuple, p
                 check_digest(k.manifest, k.source, k.digest, f"{k.label} carried by a pickled layer")
             except Exception as e:  # noqa: BLE001
                 kernels[dt] = [f"{type(e).__name__}: {e}"]
-    _install_by_call(m, kernels, swap, prior)
+    backward = dict(backward or {})
+    for dt, k in list(backward.items()):
+        try:
+            check_digest(k.manifest, k.source, k.digest, f"{k.label} carried by a pickled layer")
+        except Exception as e:  # noqa: BLE001
+            del backward[dt]
+            log.warning("kernelize: a loaded %s runs its original forward under autograd in %s: "
+                        "its backward kernel %s (%s)", type(m).__name__, dt, k.label,
+                        f"{type(e).__name__}: {e}")
+    _install_by_call(m, kernels, swap, prior, backward)
     return m.__dict__["forward"]

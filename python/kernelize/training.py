@@ -16,7 +16,8 @@ have a backward op:
   GeluBackward0 of the same approximation on its input, `activation_node_check`):
   `silu_backward` / `gelu_backward` / `gelu_tanh_backward`, one entry
   `grad(T* dx, const T* dy, const T* x, n)`, block 256 (docs/backward-activations.md; one code
-  path, `ACTIVATION_FORMULAS`, the node `activation_train`).
+  path, `ACTIVATION_FORMULAS`, the node `activation_train`); a layer swapped by the dtype of its
+  calls (no parameters) loads it with the forward kernel at its first call in each dtype.
 
 Forward: the exact forward kernel the layer was swapped for (the same launch as in inference);
 for layer_norm, eager's own `native_layer_norm` (below). Backward: the entries of the backward

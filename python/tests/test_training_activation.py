@@ -385,22 +385,76 @@ def test_only_a_call_needing_a_gradient_builds_the_node(tmp_path, gpu_faked):
     assert model[1].weight.grad is not None and gpu_faked.acts["silu"].calls == []
 
 
-def test_a_layer_swapped_by_the_dtype_of_its_calls_says_training_does_not_run_it_yet(
+def test_a_layer_swapped_by_the_dtype_of_its_calls_takes_its_backward_at_its_first_call(
         tmp_path, gpu_faked):
     """nn.GELU kernelized alone (a model with no parameters: swapped by the dtype of its calls,
-    its kernels loaded at its first call in each): no backward kernel, the report's line says
-    so, and under autograd its original forward runs."""
+    resolved for bf16, f16 and f32): each dtype's backward kernel is resolved too (the report
+    says so, one line per dtype) and loaded with its forward kernel at the first call in that
+    dtype; under autograd a call in a dtype with both runs the node (eager's gradient, one
+    `grad`), a dtype with none (f64) its original forward."""
     import kernelize
     from test_training import _kz, _training_lines
     model = torch.nn.GELU()
     rep = _kz(model, kernels_dir=_act_folder(tmp_path / "k", "gelu"), mode="training")
     assert {e.status for e in rep.entries} == {"replaced"} and all(e.by_call for e in rep.entries)
-    (line,) = [ln for ln in _training_lines(rep) if "[gelu]" in ln]
-    assert ("training mode does not run gelu_backward yet for a layer swapped by the dtype of its "
-            "calls") in line, line
-    x = torch.randn(4, 16, requires_grad=True)
-    model(x).sum().backward()
-    assert x.grad is not None and kernelize.launch_counts(model).get("<root>", 0) == 0
+    assert all(e.backward is not None and e.backward.name == "gelu_backward" for e in rep.entries)
+    lines = [ln for ln in _training_lines(rep) if "[gelu, " in ln]
+    assert len(lines) == 3 and all(
+        "runs under autograd as the forward kernel + backward gelu_backward 1.0.0" in ln
+        and "(both loaded at its first call in " in ln for ln in lines), lines
+    assert gpu_faked.loaded == []   # nothing loaded before a call
+    bk = gpu_faked.acts["gelu"]
+    for t in (torch.float32, torch.bfloat16):
+        x = (torch.randn(4, 16) * 3).to(t).requires_grad_(True)
+        dy = torch.randn(4, 16).to(t)
+        y = model(x)
+        assert type(y.grad_fn).__name__ == "ActivationFunctionBackward"
+        (got,) = torch.autograd.grad(y, (x,), dy)
+        assert torch.equal(got, eager_dx("gelu", dy, x.detach()))
+    assert [c[0] for c in bk.calls] == ["grad", "grad"]
+    assert [dt for _, dt in gpu_faked.loaded] == ["f32", "bf16"]
+    assert kernelize.launch_counts(model)["<root>"] == 2
+    x64 = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    model(x64).sum().backward()
+    assert x64.grad is not None and len(bk.calls) == 2
+
+
+def test_a_pickled_by_call_layer_keeps_its_backward_kernels(tmp_path, gpu_faked):
+    import copy
+    import pickle
+
+    from test_training import _kz
+    model = torch.nn.SiLU()
+    _kz(model, kernels_dir=_act_folder(tmp_path / "k", "silu"), mode="training")
+    for again in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        assert set(again.__dict__["_kz_by_call_bwd"]) == {"bf16", "f16", "f32"}
+        x = torch.randn(2, 8, requires_grad=True)
+        again(x).sum().backward()
+        assert torch.equal(x.grad, eager_dx("silu", torch.ones(2, 8), x.detach()))
+    assert [c[0] for c in gpu_faked.acts["silu"].calls] == ["grad", "grad"]
+
+
+def test_a_by_call_backward_kernel_that_fails_to_load_leaves_the_forward_kernel(
+        tmp_path, gpu_faked, monkeypatch, caplog):
+    import logging
+
+    import kernelize
+    from test_training import _kz
+
+    def fail(*a, **k):
+        raise RuntimeError("no NVRTC here")
+    monkeypatch.setattr(training, "compiled_backward", fail)
+    model = torch.nn.SiLU()
+    _kz(model, kernels_dir=_act_folder(tmp_path / "k", "silu"), mode="training")
+    x = torch.randn(2, 8, requires_grad=True)
+    with caplog.at_level(logging.WARNING, logger="kernelize"):
+        model(x).sum().backward()
+    assert x.grad is not None and kernelize.launch_counts(model)["<root>"] == 0
+    assert any("its backward kernel silu_backward 1.0.0 could not be loaded" in r.getMessage()
+               for r in caplog.records)
+    with torch.no_grad():
+        model(x)
+    assert kernelize.launch_counts(model)["<root>"] == 1
 
 
 _OPS_REGISTERED = False
