@@ -550,3 +550,38 @@ def test_a_geglu_mlps_act_fn_swapped_alone_takes_the_gelu_tanh_backward(tmp_path
     got, want = _param_grads(mlp, x, dy), _param_grads(ref, x, dy)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert [c[0] for c in gpu_faked.acts["gelu_tanh"].calls] == ["grad"]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])   # (f16: bf16's path; slow on a CPU)
+def test_the_shipped_tiny_gpt2_trains_as_eager_with_the_gelu_and_layer_norm_backward(
+        tmp_path, gpu_faked, dtype, monkeypatch):
+    """The CPU twin of test_gpu.py's tiny GPT-2 training test: models/tiny-gpt2 (HF
+    GELUActivation, F.gelu) kernelized in training mode with layer_norm, gelu and both backward
+    kernels (stand-ins), three AdamW steps against eager: every loss and every parameter bit for
+    bit; each step runs gelu_backward's `grad` once per block (4) beside LayerNorm's entries (9)."""
+    import shutil
+
+    import transformers
+
+    from conftest import REPO
+    from test_training import DTYPES as DT, _IS_AVAILABLE, _kz, train_bit_for_bit
+    from test_training_layer_norm import _ids
+    t = DT[dtype]
+    root = _act_folder(tmp_path / "k", "gelu")
+    for name in ("layer_norm", "layer_norm_backward"):
+        shutil.copytree(REPO / "kernels" / name, root / name)
+
+    def load():
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            REPO / "models" / "tiny-gpt2", attn_implementation="eager").to(t).train()
+    eager, kz = load(), load()
+    rep = _kz(kz, kernels_dir=root, mode="training")
+    gelus = [e for e in rep.entries if e.op == "gelu"]
+    assert [e.path for e in gelus] == [f"transformer.h.{i}.mlp.act" for i in range(4)], str(rep)
+    assert all(e.backward is not None and e.backward.name == "gelu_backward" for e in gelus)
+    assert all(e.backward is not None for e in rep.entries if e.op == "layer_norm")
+    monkeypatch.setattr(torch.cuda, "is_available", _IS_AVAILABLE)  # swapped; AdamW asks CUDA
+    data = [_ids(2, 16, seed=s, vocab=256) for s in range(3)]
+    train_bit_for_bit(eager, kz, data)
+    assert [c[0] for c in gpu_faked.acts["gelu"].calls] == ["grad"] * 4 * 3
+    assert gpu_faked.ln.stages() == ["dx", "dwdb"] * 9 * 3
