@@ -19,6 +19,11 @@ Phases (each writes OUT_DIR/<phase>.json and prints a markdown table last):
   positions (the same step replayed: CUDA-graph-able, GPU time per token). The candidates share
   one process unless `--isolate` gives each its own: in one process the host-bound rows (decode,
   prefill 1x512) of a candidate compiled after another are slower (session 21).
+
+A candidate's name ending in `-cppw` (`compile-cppw`, `kernelize+exact-cppw`, ...) compiles with
+inductor's C++ wrapper (`torch._inductor.config.cpp_wrapper = True`) in place of its Python one
+(the exact backend keeps a caller's global inductor settings it does not fix); give it a process
+of its own (`--isolate`), as the setting stays for the rest of the process.
 """
 from __future__ import annotations
 
@@ -113,11 +118,23 @@ def emit(row: dict) -> None:
 PLAIN = ("compile", "compile-ro", "compile-regional", "compile-regional-ro")
 
 
+def plain(how: str) -> bool:
+    """Whether `how` is plain torch.compile (with either of inductor's wrappers)."""
+    return how.removesuffix("-cppw") in PLAIN
+
+
 def candidate(base, how: str):
     """A copy of `base` made into the candidate `how` (the copy is what runs). transformers'
     generate() is kept from compiling any candidate on its own (each is what it names)."""
     m = copy.deepcopy(base)
     _exact.FUSE_RESIDUAL_NORMS = True
+    # -cppw: inductor's C++ wrapper (`torch._inductor.config.cpp_wrapper`) instead of its Python
+    # one, for every graph this process compiles from here on (run such a candidate in a process
+    # of its own, `--isolate`): the wrapper's host time per launch is what default mode's decode
+    # step is bound by
+    import torch._inductor.config as inductor_config
+    inductor_config.cpp_wrapper = how.endswith("-cppw")
+    how = how.removesuffix("-cppw")
     # -noproofs: the math-library functions all eager's kernels, none proven and fused (what the
     # proofs gain; set until the next candidate is made, as -unfused)
     _exact.PROVE_MATH = not how.endswith("-noproofs")
@@ -154,7 +171,7 @@ def candidate(base, how: str):
         m.compile(mode="reduce-overhead")
     else:
         raise ValueError(how)
-    if how in PLAIN and how.endswith("-ro"):
+    if plain(how) and how.endswith("-ro"):
         # the recipe a user of plain compile follows for CUDA graphs: one step per forward
         # (needed block by block; harmless whole) -- exact_compile does this itself
         m.register_forward_pre_hook(lambda *_: torch.compiler.cudagraph_mark_step_begin())
@@ -291,7 +308,7 @@ def phase_exact(a) -> list[dict]:
             refs = {False: lm_steps(base, ids, a.decode_steps)}
             gen_ref = None
             for how in hows:
-                static = how.endswith("-ro")
+                static = how.removesuffix("-cppw").endswith("-ro")
                 if static not in refs:
                     refs[static] = lm_steps(base, ids, a.decode_steps, static=True)
                 ref_full, ref_steps = refs[static]
@@ -300,14 +317,14 @@ def phase_exact(a) -> list[dict]:
                 try:
                     m = candidate(base, how)
                     full, steps = lm_steps(m, ids, a.decode_steps, static=static,
-                                           recipe=how in PLAIN)
+                                           recipe=plain(how))
                     dp = compare(ref_full, full)
                     dd = compare(torch.stack(ref_steps), torch.stack(steps))
                     rows.append(dict(model=label, dtype=dt, candidate=how,
                                      prefill_mismatched=dp.mismatched, prefill_max_abs=dp.max_abs_diff,
                                      decode_mismatched=dd.mismatched, decode_max_abs=dd.max_abs_diff,
                                      numel=dp.numel + dd.numel, s=time.perf_counter() - t0))
-                    if a.generate and how not in PLAIN:
+                    if a.generate and not plain(how):
                         # as a user decodes: generate() into the static cache it makes itself
                         if gen_ref is None:
                             base.generation_config.disable_compile = True

@@ -76,8 +76,15 @@ def main() -> int:
     p.add_argument("--sm", default="90")
     p.add_argument("--source-dir", type=Path, default=ROOT / "kernels")
     p.add_argument("--reference", type=Path, help="reference.cu to time (default: verifier/src/reference.cu)")
+    p.add_argument("--option", action="append", default=[], metavar="OPT",
+                   help="one more NVRTC option for every kernel module (repeatable), e.g. "
+                        "-Xptxas=--split-compile=0 (ptxas on several threads: the table's seconds "
+                        "are then wall seconds, the compiling thread's CPU time being no measure)")
+    p.add_argument("--wall", action="store_true", help="the table in wall seconds (default: CPU)")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
+    if a.option:
+        a.wall = True
 
     nv = nvrtc.load_nvrtc([a.nvrtc]) if a.nvrtc else nvrtc.load_nvrtc()
     inc = a.include or nvrtc.cuda_include_dir()
@@ -96,7 +103,7 @@ def main() -> int:
         for dt in man["entry"]:
             if a.dtypes and dt not in a.dtypes:
                 continue
-            opts = nvrtc.module_options(man, dt, arch, inc)
+            opts = nvrtc.module_options(man, dt, arch, inc) + a.option
             jobs.append((k, dt, nvrtc.program_name(man["name"], dt), src, opts))
     if not a.no_reference:
         src = (a.reference or ROOT / "verifier" / "src" / "reference.cu").read_bytes()
@@ -111,7 +118,7 @@ def main() -> int:
             code = nvrtc.compile_program(src, name, opts, nv=nv)
             times.append(time.perf_counter() - t)
             cpu.append(time.thread_time() - c)
-        row = {"kernel": k, "dtype": dt, "s": statistics.median(cpu), "all_cpu_s": cpu,
+        row = {"kernel": k, "dtype": dt, "s": statistics.median(times if a.wall else cpu), "all_cpu_s": cpu,
                "wall_s": statistics.median(times), "all_wall_s": times,
                "cubin_kib": len(code.code) / 1024, "code_kind": code.code_kind,
                "sha256": hashlib.sha256(code.code).hexdigest()}
@@ -127,7 +134,9 @@ def main() -> int:
     wall = time.perf_counter() - t0
 
     head = (f"CPU: {cpu_model()} ({os.cpu_count()} cores), NVRTC {nv.version} ({os.path.basename(nv.path)}), "
-            f"sm_{a.sm}, {a.jobs} module(s) at once, median of {a.reps}, seconds of the compiling thread's CPU time, "
+            f"sm_{a.sm}, {a.jobs} module(s) at once, median of {a.reps}, "
+            f"{'wall seconds' if a.wall else 'seconds of the compiling thread' + chr(39) + 's CPU time'}, "
+            f"extra options {a.option or 'none'}, "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, total {wall:.1f} s")
     print(head)
     print()

@@ -1209,6 +1209,15 @@ def test_speed_pin_takes_cpu_lists_and_refuses_others():
         EC.parse_cpus("two")
 
 
+def test_bench_cpp_wrapper_suffix_keeps_the_candidate_kind():
+    """bench/exact_compile.py's `-cppw` candidates (inductor's C++ wrapper): plain compile with it
+    is still plain compile (the CUDA-graph recipe, no generate() comparison), ours is not."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import exact_compile as EC
+    assert EC.plain("compile-cppw") and EC.plain("compile-ro-cppw") and EC.plain("compile")
+    assert not EC.plain("kernelize+exact-cppw") and not EC.plain("kernelize+exact")
+
+
 def test_speed_rounds_combine_to_medians():
     """bench/exact_compile.py --isolate --rounds R: each timed cell the median over the rounds
     (each round's value kept beside it), a round that failed counted apart, the candidates in
