@@ -821,6 +821,23 @@ impl Gpu {
             .map_err(drv("device copy"))
     }
 
+    /// `copy` queued on the legacy default stream without waiting: it completes before any
+    /// later launch or copy on that stream starts (a candidate's launch, a download), which is
+    /// what the callers need; its errors surface at the next synchronisation.
+    pub fn copy_queued(&self, dst: &DevBuf, src: &DevBuf) -> Result<(), ExecError> {
+        assert_eq!(dst.bytes, src.bytes);
+        // SAFETY: both ranges inside their allocations; legacy default stream.
+        unsafe { result::memcpy_dtod_async(dst.ptr(), src.ptr(), src.bytes, std::ptr::null_mut()) }
+            .map_err(drv("device copy"))
+    }
+
+    /// `fill` queued on the legacy default stream without waiting (as `copy_queued`).
+    pub fn fill_queued(&self, buf: &DevBuf, byte: u8) -> Result<(), ExecError> {
+        // SAFETY: payload range; legacy default stream.
+        unsafe { result::memset_d8_async(buf.ptr(), byte, buf.bytes, std::ptr::null_mut()) }
+            .map_err(drv("poisoning"))
+    }
+
     /// Fill the payload with a repeated byte (the output poison).
     pub fn fill(&self, buf: &DevBuf, byte: u8) -> Result<(), ExecError> {
         // SAFETY: payload range.
@@ -1053,21 +1070,32 @@ impl Gpu {
         key: u64,
         invert: bool,
     ) -> Result<(), ExecError> {
+        self.enqueue_pattern(f, buf, key, invert)?;
+        self.wait("poisoning the output", Duration::from_secs(60))
+    }
+
+    /// `fill_pattern` queued without waiting (the verifier's own kernel: its errors surface at
+    /// the next synchronisation, as `enqueue`'s).
+    pub fn enqueue_pattern(
+        &self,
+        f: sys::CUfunction,
+        buf: &DevBuf,
+        key: u64,
+        invert: bool,
+    ) -> Result<(), ExecError> {
         let words = (buf.bytes as u64).div_ceil(8);
         let blocks = words.div_ceil(256).clamp(1, 1 << 16) as u32;
-        self.launch(
+        self.enqueue(
             "poisoning the output",
             f,
             [blocks, 1, 1],
             [256, 1, 1],
-            0,
             &[
                 Arg::Ptr(buf.ptr()),
                 Arg::I64(buf.bytes as i64),
                 Arg::U64(key),
                 Arg::I64(invert as i64),
             ],
-            Duration::from_secs(60),
         )
     }
 

@@ -163,7 +163,9 @@ pub fn address_line(
 pub(crate) const MAX_OTHER_LINES: usize = 4;
 
 /// Put `buf` at `residue` of its period with its guard regions holding `guard`, and its payload
-/// a copy of `source` (an input) or fresh poison (an output or workspace).
+/// a copy of `source` (an input) or fresh poison (an output or workspace). All of it is queued
+/// on the stream the candidate's launch follows, without waiting: a placement costs the
+/// launch's wait and one download, not a synchronisation per tensor.
 pub(crate) fn place(
     run: &CaseRun<'_>,
     buf: &mut DevBuf,
@@ -174,10 +176,11 @@ pub(crate) fn place(
     buf.place(residue, PERIOD);
     run.gpu.fill_allocation(buf, guard)?;
     match source {
-        Some(src) => run.gpu.copy(buf, src),
+        Some(src) => run.gpu.copy_queued(buf, src),
         None => {
             let q = Poison::fresh();
-            run.gpu.fill_pattern(run.tools.fill, buf, q.key, q.invert)
+            run.gpu
+                .enqueue_pattern(run.tools.fill, buf, q.key, q.invert)
         }
     }
 }
@@ -294,7 +297,7 @@ pub(crate) fn check(
             bias: at("b"),
         };
         run.launch_at(&run.cand, ptrs, spec.rows)?;
-        gpu.fill(&sums, 0)?;
+        gpu.fill_queued(&sums, 0)?;
         for (i, buf) in placed.iter().enumerate() {
             let slot = |k: usize| sums.ptr() + 8 * (3 * i + k) as u64;
             let end = buf.ptr() + buf.bytes as u64;
