@@ -1062,21 +1062,10 @@ impl Gpu {
     }
 
     /// Fill the payload with the poison pattern of `key` (`kz_fill_pattern` of the verifier's
-    /// utility module, whose function the caller passes).
+    /// utility module, whose function the caller passes), queued on the legacy default stream
+    /// without waiting: the launch or download that follows on that stream sees it done (the
+    /// verifier's own kernel: its errors surface at the next synchronisation, as `enqueue`'s).
     pub fn fill_pattern(
-        &self,
-        f: sys::CUfunction,
-        buf: &DevBuf,
-        key: u64,
-        invert: bool,
-    ) -> Result<(), ExecError> {
-        self.enqueue_pattern(f, buf, key, invert)?;
-        self.wait("poisoning the output", Duration::from_secs(60))
-    }
-
-    /// `fill_pattern` queued without waiting (the verifier's own kernel: its errors surface at
-    /// the next synchronisation, as `enqueue`'s).
-    pub fn enqueue_pattern(
         &self,
         f: sys::CUfunction,
         buf: &DevBuf,

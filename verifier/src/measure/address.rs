@@ -179,8 +179,7 @@ pub(crate) fn place(
         Some(src) => run.gpu.copy_queued(buf, src),
         None => {
             let q = Poison::fresh();
-            run.gpu
-                .enqueue_pattern(run.tools.fill, buf, q.key, q.invert)
+            run.gpu.fill_pattern(run.tools.fill, buf, q.key, q.invert)
         }
     }
 }
