@@ -376,12 +376,13 @@ mod tests {
             .collect()
     }
 
-    /// The kernels of docs/backward.md (rms_norm_backward, semantics llama and gemma) spell each
+    /// The kernels of docs/backward.md (rms_norm_backward, semantics llama and gemma) and of
+    /// docs/backward-rms-torch.md (semantics torch) spell each
     /// entry with the ABI's parameter types, in order (their names may differ: `tps` for
     /// `threads_per_sm`; `i64` is `long long`).
     #[test]
     fn the_backward_kernel_has_the_abi_of_every_entry() {
-        for sem in ["llama", "gemma"] {
+        for sem in ["llama", "gemma", "torch"] {
             let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join(format!("../kernels/rms_norm_{sem}_backward/kernel.cu"));
             let src = std::fs::read_to_string(&path).unwrap();
@@ -411,7 +412,8 @@ mod tests {
         }
     }
 
-    /// The kernel folders `kernels/rms_norm_llama_backward/` and `kernels/rms_norm_gemma_backward/`
+    /// The kernel folders `kernels/rms_norm_llama_backward/`, `kernels/rms_norm_gemma_backward/`
+    /// and `kernels/rms_norm_torch_backward/`
     /// (the one home of each manifest: the GPU check, the training check and the client's tests
     /// load them) have the manifest form of docs/backward.md and fit their source: the source
     /// makes its symbols by token pasting, so it spells the nine of them out, and without them it
@@ -421,6 +423,7 @@ mod tests {
         for (sem, want_sem) in [
             ("llama", crate::Semantics::Llama),
             ("gemma", crate::Semantics::Gemma),
+            ("torch", crate::Semantics::Torch),
         ] {
             let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join(format!("../kernels/rms_norm_{sem}_backward"));

@@ -105,8 +105,9 @@ impl Op {
         match self {
             Op::RmsNorm => &[Semantics::Llama, Semantics::Gemma, Semantics::Torch],
             // HF LlamaRMSNorm's and GemmaRMSNorm's backward (docs/backward.md): one ABI, the
-            // same orders; llama stays the default (the first).
-            Op::RmsNormBackward => &[Semantics::Llama, Semantics::Gemma],
+            // same orders; llama stays the default (the first). F.rms_norm's (torch: eager's
+            // _fused_rms_norm_backward, docs/backward-rms-torch.md): the same ABI, other orders.
+            Op::RmsNormBackward => &[Semantics::Llama, Semantics::Gemma, Semantics::Torch],
             _ => &[Semantics::Default],
         }
     }
@@ -702,10 +703,14 @@ mod tests {
         assert!(op.is_backward() && !Op::RmsNorm.is_backward());
         assert_eq!(op.forward(), Some(Op::RmsNorm));
         assert_eq!(Op::RmsNorm.forward(), None);
-        assert_eq!(op.semantics(), [Semantics::Llama, Semantics::Gemma]);
+        assert_eq!(
+            op.semantics(),
+            [Semantics::Llama, Semantics::Gemma, Semantics::Torch]
+        );
         assert_eq!(op.default_semantics(), Semantics::Llama);
         assert!(op.check_semantics(Semantics::Gemma).is_ok());
-        assert!(op.check_semantics(Semantics::Torch).is_err());
+        assert!(op.check_semantics(Semantics::Torch).is_ok());
+        assert!(op.check_semantics(Semantics::Default).is_err());
         assert_eq!((op.abi(), op.abi_names()), ("", vec![]));
         let st = op.stages();
         let names: Vec<_> = st.iter().map(|s| s.name).collect();

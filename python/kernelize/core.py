@@ -461,8 +461,10 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
                 groups.setdefault((what, e.dtype, e.cols, "keeps its original forward under "
                                    "autograd: " + why), []).append(e.path)
                 continue
-        if e.op == "rms_norm" and e.dtype == "f32" and e.path != "<root>":
-            # (either semantics: GemmaRMSNorm's f32 graph has no cast node either)
+        if e.op == "rms_norm" and e.dtype == "f32" and e.path != "<root>" and e.semantics != "torch":
+            # (llama and gemma: GemmaRMSNorm's f32 graph has no cast node either; not torch:
+            # F.rms_norm is one node, _fused_rms_norm's, whose one dx the engine adds to the
+            # residual's gradient as it adds a backward kernel's, docs/backward-rms-torch.md)
             # Eager's f32 graph has no cast node in the norm, so the layer's input gradient is
             # three f32 terms summed in autograd's order, ((residual + x*r path) + pow path);
             # a backward kernel returns the norm's two as one dx, summed first: other bits

@@ -19,7 +19,7 @@ from typing import Any
 # kernel-registry's Op, in declaration order (python/tests/fixtures/abi.json is checked against it)
 OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "fused_add_layer_norm", "silu", "silu_and_mul",
        "gelu", "gelu_tanh", "silu_mul", "gelu_tanh_mul")
-SEMANTICS = {"rms_norm": ("llama", "gemma", "torch"), "rms_norm_backward": ("llama", "gemma")}
+SEMANTICS = {"rms_norm": ("llama", "gemma", "torch"), "rms_norm_backward": ("llama", "gemma", "torch")}
 # kernel-registry's backward ops (docs/spec.md section 2c) and their entries (`Op::stages`, in
 # launch order; python/tests/fixtures/abi.json's `backward_ops` is checked against it).
 BACKWARD_OPS = {"rms_norm_backward": ("dx", "dwp", "dw"), "silu_mul_backward": ("grad",),
@@ -28,6 +28,7 @@ BACKWARD_OPS = {"rms_norm_backward": ("dx", "dwp", "dw"), "silu_mul_backward": (
 # (forward op, semantics) -> its backward op (`Op::forward` read the other way; checked against
 # abi.json's `backward_ops` too): what a training-mode layer can get a backward kernel for.
 BACKWARD_OF = {("rms_norm", "llama"): "rms_norm_backward", ("rms_norm", "gemma"): "rms_norm_backward",
+               ("rms_norm", "torch"): "rms_norm_backward",
                ("silu_mul", "default"): "silu_mul_backward",
                ("layer_norm", "default"): "layer_norm_backward",
                ("gelu_tanh_mul", "default"): "gelu_tanh_mul_backward",

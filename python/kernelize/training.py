@@ -3,9 +3,11 @@ its forward and its backward as hub kernels (issue 30; docs/backward.md, docs/ba
 docs/spec.md section 2c, docs/backward-layer-norm.md, docs/backward-activations.md). These layers
 have a backward op:
 
-* an HF LlamaRMSNorm-style layer (op `rms_norm`, semantics `llama`) or an HF GemmaRMSNorm one
-  (Gemma, Gemma2, Gemma3: semantics `gemma`, the `(1 + weight)` formula): `rms_norm_backward` of
-  the layer's semantics (the same ABI and launch: one code path, `RMS_NORM_FORMULAS`);
+* an HF LlamaRMSNorm-style layer (op `rms_norm`, semantics `llama`), an HF GemmaRMSNorm one
+  (Gemma, Gemma2, Gemma3: semantics `gemma`, the `(1 + weight)` formula) or an nn.RMSNorm /
+  F.rms_norm one (semantics `torch`: eager's `_fused_rms_norm`, docs/backward-rms-torch.md):
+  `rms_norm_backward` of the layer's semantics (the same ABI and launch: one code path,
+  `RMS_NORM_FORMULAS`);
 * a gated MLP swapped for `silu_mul` (HF LlamaMLP's `act_fn(gate_proj(x)) * up_proj(x)`,
   act_fn SiLU): `silu_mul_backward`; for `gelu_tanh_mul` (HF GemmaMLP's, act_fn tanh GELU):
   `gelu_tanh_mul_backward` (the same ABI: one code path, `GATED_FORMULAS`);
@@ -25,7 +27,7 @@ kernel (the layer's dtype and width, from the same source as the forward), launc
 the current stream with the grids of `stage_dims`, the Python twin of
 `kernel_registry::backward::stage_dims` (`launch_stages`, shared).
 
-`rms_norm_backward` (semantics llama or gemma), three entries:
+`rms_norm_backward` (semantics llama, gemma or torch), three entries:
 
     dx (T* dx, float* ws, const T* dy, const T* x, const T* w, rows, cols, float eps)   block 512
     dwp(float* ws, const T* dy, const T* x, rows, cols, sms, threads_per_sm)            block 128
@@ -407,7 +409,7 @@ def run_rms_norm_backward(bk: Any, dy: Tensor, x: Tensor, w: Tensor, eps: float,
 #: backward kernel's `semantics`), with the layer's formula eager autograd differentiates where
 #: the kernel cannot give the gradients: discovery's (`discover.RMS_FORMULAS`, checked bit for
 #: bit against the layers themselves), the one home of the formulas.
-RMS_NORM_FORMULAS = {sem: RMS_FORMULAS[sem] for sem in ("llama", "gemma")}
+RMS_NORM_FORMULAS = {sem: RMS_FORMULAS[sem] for sem in ("llama", "gemma", "torch")}
 
 
 def eager_grads(dy: Tensor, x: Tensor, w: Tensor, eps: float, needs: tuple[bool, bool],
@@ -418,9 +420,24 @@ def eager_grads(dy: Tensor, x: Tensor, w: Tensor, eps: float, needs: tuple[bool,
     return eager_autograd(lambda x_, w_: formula(x_, w_, eps), dy, (x, w), needs, create_graph)
 
 
+def torch_two_pass(rows: int, cols: int, sms: int) -> bool:
+    """Whether eager's dw of F.rms_norm (rms_norm_backward semantics torch: the layer-norm column
+    kernel) is its two-pass variant there (`rows > 65536 and cols // 32 < sms // 2`), which the
+    bundled kernel does not implement (docs/backward-rms-torch.md)."""
+    return rows > LN_MAX_ROWS and cols // 32 < sms // 2
+
+
 def _backward(bk: Any, label: str, dy: Tensor, x: Tensor, w: Tensor, eps: float,
               needs: tuple[bool, bool]) -> tuple[Tensor | None, Tensor | None]:
     formula = RMS_NORM_FORMULAS[bk.semantics]   # the kernel's semantics: the layer's
+    cols = x.shape[-1]
+    rows = x.numel() // cols if cols else 0
+    if bk.semantics == "torch" and torch_two_pass(rows, cols, int(bk.sms)):
+        _say_once(f"an F.rms_norm backward of {rows} x {cols}: eager's dw there is a two-pass "
+                  f"column sum split by the SM count, which {label} does not implement; eager "
+                  "autograd computes the gradients of such calls")
+        return eager_autograd(lambda x_, w_: formula(x_, w_, eps), dy, (x, w), needs,
+                              create_graph=torch.is_grad_enabled())
     return kernel_or_eager(
         "rms_norm", label, dy, x, needs,
         lambda: run_rms_norm_backward(bk, dy, x, w, eps, need_dw=needs[1]),

@@ -46,8 +46,8 @@ def test_the_backward_ops_are_the_registrys():
     assert set(ops) == {"rms_norm_backward", "silu_mul_backward", "layer_norm_backward",
                         "gelu_tanh_mul_backward", "silu_backward", "gelu_backward", "gelu_tanh_backward"}
     op = ops["rms_norm_backward"]
-    # HF LlamaRMSNorm's and GemmaRMSNorm's gradients: one ABI (llama the default semantics)
-    assert (op["forward"], op["semantics"]) == ("rms_norm", ["llama", "gemma"])
+    # HF LlamaRMSNorm's, GemmaRMSNorm's and F.rms_norm's gradients: one ABI (llama the default)
+    assert (op["forward"], op["semantics"]) == ("rms_norm", ["llama", "gemma", "torch"])
     assert [s["name"] for s in op["stages"]] == ["dx", "dwp", "dw"]
     assert [s["block"] for s in op["stages"]] == [512, 128, 128]
     op = ops["silu_mul_backward"]
@@ -120,7 +120,7 @@ def test_a_backward_manifest_parses_and_digests_as_the_registrys(case):
     (("dw = \"bwd_dw_bf16\"\n", "dw = \"bwd_dw_bf16\"\ndb = \"x\"\n"), "entry.bf16.db"),
     (("dw = \"bwd_dw_bf16\"", "dw = \"bwd_dx_bf16\""), "entry.bf16.dx"),
     (("source = \"kernel.cu\"", "source = \"kernel.cu\"\n[launch]\nblock = 512\ngrid = \"persistent\"\nblocks_per_sm = 8\n"), "launch"),
-    (("semantics = \"llama\"", "semantics = \"torch\""), "semantics"),
+    (("semantics = \"llama\"", "semantics = \"default\""), "semantics"),
 ])
 def test_bad_backward_manifests_name_the_field_as_the_registry(edit, field):
     from kernelize.manifest import ManifestError, parse_manifest_toml

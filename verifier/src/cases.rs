@@ -235,8 +235,13 @@ fn anchors(quick: bool) -> Vec<Planned> {
 /// is timed. The gated backward ops (elementwise, no order to cover): problems smaller than one
 /// 16-byte vector or ending in a partial one (a kernel's scalar tail), and one of more than
 /// 2^20 elements ending in a partial vector (its call at other grids gets a third of the grid);
-/// the activations' backward ops (elementwise too) the same shapes.
-fn backward_anchors(op: Op, quick: bool) -> Vec<Planned> {
+/// the activations' backward ops (elementwise too) the same shapes. rms_norm_backward's torch
+/// semantics (docs/backward-rms-torch.md: eager's layer-norm backward kernels) adds
+/// layer_norm_backward's chain-count boundaries (dw's chains change at 64, 128 and 256 rows; the
+/// forward's order and dx's loads with cols % 4) and the kernel's two dwp modes (the chains left
+/// in the workspace where Reduce.cuh's CTAs reach 32: 4096 x 1024 on 132 SMs; else the tree in
+/// the block).
+fn backward_anchors(op: Op, semantics: Semantics, quick: bool) -> Vec<Planned> {
     if op == Op::LayerNormBackward {
         // eager's column sum changes its chains at 64, 128 and 256 rows; the launch rule its
         // tiles at 1024 rows and 4096 columns (two columns a thread from there, even widths
@@ -280,6 +285,22 @@ fn backward_anchors(op: Op, quick: bool) -> Vec<Planned> {
         plan(2048, 1002, Dist::Normal, false),
         plan(1500, 1001, Dist::Normal, false),
     ];
+    if semantics == Semantics::Torch {
+        v.extend(
+            [
+                (33, 4096),
+                (64, 4096),
+                (127, 4099),
+                (128, 4096),
+                (255, 2048),
+                (256, 1001),
+                (520, 96),
+                (4096, 1024),
+            ]
+            .into_iter()
+            .map(|(r, c)| plan(r, c, Dist::Normal, false)),
+        );
+    }
     if !quick {
         v.push(plan(16384, 4096, Dist::Normal, true));
         v.push(plan(4096, 2050, Dist::Normal, false));
@@ -417,7 +438,7 @@ pub fn suite(
         let mut rng = ChaCha8Rng::seed_from_u64(splitmix(run_seed ^ stable_hash(dtype.as_str())));
         let mut planned = anchors(quick);
         if op.is_backward() {
-            planned.extend(backward_anchors(op, quick));
+            planned.extend(backward_anchors(op, semantics, quick));
         }
         planned.extend(decode(quick, &mut rng));
         planned.extend(random_shapes(if quick { 3 } else { 6 }, &mut rng));
@@ -878,6 +899,21 @@ mod tests {
             g.abs() < 0.25 && (l - 1.0).abs() < 0.25,
             "gemma {g}, llama {l}"
         );
+        // semantics torch (F.rms_norm's backward, eager's layer-norm kernels): llama's shapes
+        // and the chain counts' boundaries, weights around 1
+        let tor = suite(
+            Op::RmsNormBackward,
+            Semantics::Torch,
+            &[DType::Bf16],
+            false,
+            7,
+            &[],
+        );
+        let th = |r: u64, c: u64| tor.iter().any(|s| s.rows == r && s.cols == c);
+        assert!(shapes(&cases).iter().all(|&(r, c)| th(r, c)));
+        assert!(th(63, 4096) && th(64, 4096) && th(127, 4099) && th(256, 1001) && th(4096, 1024));
+        assert!(!has(127, 4099));
+        assert!((mean_w(&tor[0]) - 1.0).abs() < 0.25);
         // a forward op's suite is unchanged by it: no dy, its own anchors
         let fwd = suite(Op::RmsNorm, Semantics::Llama, &[DType::Bf16], false, 7, &[]);
         assert!(!fwd.iter().any(|s| s.rows == 1021));

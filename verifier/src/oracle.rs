@@ -586,6 +586,12 @@ mod tests {
         rms_norm_backward_is_the_forward_truths_derivative(Semantics::Gemma);
     }
 
+    /// F.rms_norm's gradients (semantics torch): llama's function (x * r * w), other orders.
+    #[test]
+    fn rms_norm_backward_torch_is_the_forward_truths_derivative() {
+        rms_norm_backward_is_the_forward_truths_derivative(Semantics::Torch);
+    }
+
     /// gemma's dx is not llama's on the same inputs (the weight enters as 1 + w), its dw is.
     #[test]
     fn rms_norm_backward_gemma_differs_from_llama_in_dx_only() {

@@ -607,6 +607,114 @@ __device__ void ln_bwd_dwdb_ref(T* dw, T* db, const T* dy, const T* x, const flo
     }
 }
 
+// ---- The backward of F.rms_norm / nn.RMSNorm under eager autograd (docs/backward-rms-torch.md) ---
+// rms_norm_backward's ABI (dx, dwp, dw; ws: the rows' r, then the column sums), semantics torch:
+// eager's _fused_rms_norm_backward, i.e. the layer-norm backward kernels with rms_norm = true, from
+// the rstd the forward saved (recomputed here in the forward's order). Not the bundled kernel's
+// code: one thread a row (dx) or a column (dwp, dw), the orders written out sequentially.
+// The forward's rstd of one row (F.rms_norm's layer-norm order): cols % 4 == 0: thread t of 128
+// folds its 4-vectors t, t + 128, .. with fmaf(x, x, .), each warp's halving tree, then (w0 + w2) +
+// (w1 + w3); r = rsqrt(m2 / cols + eps). Else 512 lanes of WelfordOps (lane l: elements l, l + 512,
+// ..), each warp's tree, then the 16 warp results' tree; r = rsqrt(fma(mean, mean, m2 / n) + eps).
+template <typename T>
+__device__ float rms_torch_ref_row_rstd(const T* xr, long long cols, float eps) {
+    if (cols % 4 == 0 && cols <= (1LL << 24)) {
+        float p[128];
+        for (int t = 0; t < 128; ++t) p[t] = 0.0f;
+        for (long long e = 0; e < cols; ++e) {
+            const float h = f32_of(xr[e]);
+            float& a = p[(e / 4) % 128];
+            a = fmaf(h, h, a);
+        }
+        float wsum[4];
+        for (int wp = 0; wp < 4; ++wp) {
+            float* v = p + 32 * wp;
+            for (int o = 16; o >= 1; o /= 2)
+                for (int l = 0; l < o; ++l) v[l] = __fadd_rn(v[l], v[l + o]);
+            wsum[wp] = v[0];
+        }
+        const float m2 = __fadd_rn(__fadd_rn(wsum[0], wsum[2]), __fadd_rn(wsum[1], wsum[3]));
+        return rsqrtf(__fadd_rn(__fdiv_rn(m2, (float)cols), eps));
+    }
+    St wres[16];
+    for (int j = 0; j < 16; ++j) {
+        St v[32];
+        for (int l = 0; l < 32; ++l) {
+            v[l] = St{0.0f, 0.0f, 0.0f};
+            for (long long e = 32 * j + l; e < cols; e += 512) wr_push(v[l], f32_of(xr[e]));
+        }
+        for (int o = 16; o >= 1; o /= 2)
+            for (int l = 0; l < o; ++l) v[l] = wr_combine(v[l], v[l + o]);
+        wres[j] = v[0];
+    }
+    for (int o = 8; o >= 1; o /= 2)
+        for (int j = 0; j < o; ++j) wres[j] = wr_combine(wres[j], wres[j + o]);
+    return rsqrtf(__fadd_rn(fmaf(wres[0].mean, wres[0].mean, __fdiv_rn(wres[0].m2, wres[0].n)), eps));
+}
+
+// dx, a row a thread: s2 over eager's dx kernel's 128 threads (thread t: the elements e with
+// (e / 4) % 128 == t, in order), s2 = fma(fl(fl(dy * w) * x), r, s2), BlockReduceSum; then
+// dx = round_T(fl(fma(fl(N * w), dy, -fl(fl(x * r) * s2)) * fl(fl(1 / N) * r))). ws[row] = r.
+template <typename T>
+__device__ void rms_torch_bwd_dx_ref(T* dx, float* ws, const T* dy, const T* x, const T* w, long long rows, long long cols, float eps) {
+    LN_REF_THREADS(me, all);
+    for (long long row = me; row < rows; row += all) {
+        const T* gr = dy + row * cols;
+        const T* xr = x + row * cols;
+        const float r = rms_torch_ref_row_rstd<T>(xr, cols, eps);
+        float p2[128];
+        for (int t = 0; t < 128; ++t) p2[t] = 0.0f;
+        for (long long e = 0; e < cols; ++e) {
+            const int t = (int)((e / 4) % 128);
+            const float gw = __fmul_rn(f32_of(gr[e]), f32_of(w[e]));
+            p2[t] = fmaf(__fmul_rn(gw, f32_of(xr[e])), r, p2[t]);
+        }
+        const float s2 = ln_ref_block_sum(p2);
+        const float fN = (float)cols;
+        const float term1 = __fmul_rn(__fdiv_rn(1.0f, fN), r);
+        for (long long e = 0; e < cols; ++e) {
+            const float bv = __fmul_rn(f32_of(xr[e]), r);
+            const float f1 = fmaf(__fmul_rn(fN, f32_of(w[e])), f32_of(gr[e]), -__fmul_rn(bv, s2));
+            dx[row * cols + e] = round_to<T>(__fmul_rn(f1, term1));
+        }
+        ws[row] = r;
+    }
+}
+
+// dw's f32 sums, a column a thread (GammaBetaBackward, rows <= 65536 or cols / 32 >= sms / 2):
+// bdy = 1 / 8 / 16 / 32 chains for rows < 64 / < 128 / < 256 / else; chain y adds rows R * k +
+// 8 * y + i (R = 8 * bdy; one chain: every row in order): fma(fl(dy * x), r, .); the halving tree
+// over the chains. ws[rows + c] = the sum; eager's two-pass variant (more rows, few columns) is not
+// written: it traps.
+template <typename T>
+__device__ void rms_torch_bwd_dwp_ref(float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long) {
+    if (rows > 65536 && cols / 32 < sms / 2) __trap();
+    LN_REF_THREADS(me, all);
+    const int bdy = rows < 64 ? 1 : rows < 128 ? 8 : rows < 256 ? 16 : 32;
+    const long long R = 8LL * bdy;
+    for (long long c = me; c < cols; c += all) {
+        float v[32];
+        for (int y = 0; y < bdy; ++y) {
+            v[y] = 0.0f;
+            for (long long k = 0; k * R < rows; ++k)
+                for (long long i = 0; i < (bdy == 1 ? R : 8); ++i) {
+                    const long long row = bdy == 1 ? k * R + i : k * R + 8LL * y + i;
+                    if (row < rows)
+                        v[y] = fmaf(__fmul_rn(f32_of(dy[row * cols + c]), f32_of(x[row * cols + c])), ws[row], v[y]);
+                }
+        }
+        for (int o = bdy / 2; o >= 1; o /= 2)
+            for (int y = 0; y < o; ++y) v[y] = __fadd_rn(v[y], v[y + o]);
+        ws[rows + c] = v[0];
+    }
+}
+
+template <typename T>
+__device__ void rms_torch_bwd_dw_ref(T* dw, const float* ws, long long rows, long long cols) {
+    LN_REF_THREADS(me, all);
+    for (long long c = me; c < cols; c += all) dw[c] = round_to<T>(ws[rows + c]);
+}
+
 #define REFS(T, S)                                                                                          \
 extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_llama_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 0, false>(out, nullptr, x, w, rows, cols, eps); } \
 extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_gemma_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 1, false>(out, nullptr, x, w, rows, cols, eps); } \
@@ -633,6 +741,9 @@ extern "C" __global__ void ref_rms_norm_backward_llama_dw_##S(T* dw, const float
 extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_backward_gemma_dx_##S(T* dx, float* ws, const T* dy, const T* x, const T* w, long long rows, long long cols, float eps) { rms_bwd_dx_ref<T, 1>(dx, ws, dy, x, w, rows, cols, eps); } \
 extern "C" __global__ void ref_rms_norm_backward_gemma_dwp_##S(float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_bwd_dwp_ref<T, 1>(ws, dy, x, rows, cols, sms, threads_per_sm); } \
 extern "C" __global__ void ref_rms_norm_backward_gemma_dw_##S(T* dw, const float* ws, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_bwd_dw_ref<T>(dw, ws, rows, cols, sms, threads_per_sm); } \
+extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_backward_torch_dx_##S(T* dx, float* ws, const T* dy, const T* x, const T* w, long long rows, long long cols, float eps) { rms_torch_bwd_dx_ref<T>(dx, ws, dy, x, w, rows, cols, eps); } \
+extern "C" __global__ void ref_rms_norm_backward_torch_dwp_##S(float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_torch_bwd_dwp_ref<T>(ws, dy, x, rows, cols, sms, threads_per_sm); } \
+extern "C" __global__ void ref_rms_norm_backward_torch_dw_##S(T* dw, const float* ws, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_torch_bwd_dw_ref<T>(dw, ws, rows, cols); } \
 extern "C" __global__ void ref_silu_mul_backward_default_grad_##S(T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols) { silu_mul_bwd_grad_ref<T>(d_gate, d_up, dy, gate, up, rows, cols); } \
 extern "C" __global__ void ref_gelu_tanh_mul_backward_default_grad_##S(T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols) { gelu_tanh_mul_bwd_grad_ref<T>(d_gate, d_up, dy, gate, up, rows, cols); } \
 extern "C" __global__ void ref_layer_norm_backward_default_dx_##S(T* dx, const T* dy, const T* x, const float* mean, const float* rstd, const T* w, long long rows, long long cols) { ln_bwd_dx_ref<T>(dx, dy, x, mean, rstd, w, rows, cols); } \

@@ -516,8 +516,8 @@ dw = "k_dw"
         }
     }
 
-    /// The bundled rms_norm_backward kernels (kernels/rms_norm_llama_backward and
-    /// kernels/rms_norm_gemma_backward) are verified with the backward suite of their own
+    /// The bundled rms_norm_backward kernels (kernels/rms_norm_llama_backward,
+    /// kernels/rms_norm_gemma_backward and kernels/rms_norm_torch_backward) are verified with the backward suite of their own
     /// semantics (the reference entries `ref_rms_norm_backward_<sem>_*`, gemma's weights around 0):
     /// every dtype, the column sum's order changes.
     #[test]
@@ -525,6 +525,7 @@ dw = "k_dw"
         for (name, sem) in [
             ("rms_norm_llama_backward", kernel_registry::Semantics::Llama),
             ("rms_norm_gemma_backward", kernel_registry::Semantics::Gemma),
+            ("rms_norm_torch_backward", kernel_registry::Semantics::Torch),
         ] {
             let ids = ["1020x4096/normal", "1021x4096/normal", "1500x1001/normal"];
             let r = bundled_backward_suite(name, kernel_registry::Op::RmsNormBackward, &ids);

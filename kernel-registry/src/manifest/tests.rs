@@ -973,9 +973,9 @@ fn bad_backward_manifests_name_the_field() {
             "no Python signature",
         ),
         (
-            bwd_with("semantics = \"llama\"", "semantics = \"torch\""),
+            bwd_with("semantics = \"llama\"", "semantics = \"default\""),
             "semantics",
-            "one of llama, gemma",
+            "one of llama, gemma, torch",
         ),
         (
             with(
