@@ -509,6 +509,10 @@ def main(argv=None):
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--all-dtypes", action="store_true", help="time f16 and f32 too")
     ap.add_argument("--no-kernel", action="store_true", help="do not run kernels/layer_norm_backward")
+    ap.add_argument("--timed-m", help="the timing's M values, comma-separated (default: QuACK PR 136's)")
+    ap.add_argument("--timed-n", help="the timing's N values, comma-separated (default: QuACK PR 136's)")
+    ap.add_argument("--timing-budget", type=float, default=None,
+                    help="seconds for the timing (default: --budget)")
     args = ap.parse_args(argv)
     t_start = time.time()
     out_dir, dry, device = probe_setup(args, "ln_backward_probe_out")
@@ -522,6 +526,14 @@ def main(argv=None):
         rows_list, cols_list = [1, 3, 17, 64, 128, 1000], [768, 1000, 4096, 4099]
     partial, unaligned = EXTRA_PARTIAL, UNALIGNED
     tm, tn = TIMED_M, TIMED_N
+    try:
+        if args.timed_m:
+            tm = [int(v) for v in args.timed_m.split(",")]
+        if args.timed_n:
+            tn = [int(v) for v in args.timed_n.split(",")]
+    except ValueError:
+        ap.error(f"--timed-m/--timed-n take comma-separated integers, got {args.timed_m!r} / {args.timed_n!r}")
+    timing_budget = args.budget if args.timing_budget is None else args.timing_budget
     if dry:
         rows_list, cols_list = [1, 3, 70, 130], [768, 1000, 4099]
         partial, unaligned, tm, tn = [(65600, 64)], [(17, 1024)], [64], [256]
@@ -557,7 +569,7 @@ def main(argv=None):
     for dt in (["bf16", "f16", "f32"] if args.all_dtypes else ["bf16"]):
         for rows in tm:
             for cols in tn:
-                if time.time() - t_timing > args.budget:
+                if time.time() - t_timing > timing_budget:
                     report["errors"].append(f"time budget: no timing of {dt} [{rows}, {cols}]")
                     continue
                 if kern.context_lost:
