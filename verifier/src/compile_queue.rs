@@ -1,8 +1,10 @@
 //! Compiles that run in the background (issue 29): every module of a kernel (one per dtype) and
 //! the reference layers start on the first case, one thread each, and a case waits only for
 //! the modules it launches (its dtype's entry and the reference layers), not for the others.
-//! A verification's cases run dtype by dtype, so the first dtype's cases run while the other
-//! dtypes' modules are still compiling; before, every case waited for the slowest module.
+//! A verification's cases run dtype by dtype, the dtype whose module finished first first
+//! (`Executor::first_ready`, which polls `Queue::is_finished`), so one dtype's cases run while
+//! the other dtypes' modules are still compiling; before, every case waited for the slowest
+//! module.
 //!
 //! `Queue` is the scheduling alone, generic over the key and what a job makes, so that it is
 //! tested on the CPU; `cuda::Gpu` runs NVRTC through it and loads what it gets on its own
@@ -79,6 +81,13 @@ impl<K: Eq + Hash, T: Send + 'static> Queue<K, T> {
         self.running.contains_key(key)
     }
 
+    /// Whether the job of `key` was started and has finished (its outcome waits to be taken).
+    pub fn is_finished(&self, key: &K) -> bool {
+        self.running
+            .get(key)
+            .is_some_and(|r| r.handle.is_finished())
+    }
+
     /// How many jobs were started and not yet taken.
     pub fn len(&self) -> usize {
         self.running.len()
@@ -153,6 +162,27 @@ mod tests {
         // Taken: the key may start again (a module is asked for again only when not loaded).
         assert!(q.start(1, || Ok(30)));
         assert_eq!(q.take(&1).expect("started").result, Ok(30));
+    }
+
+    /// `is_finished` says whether taking a job would wait, without taking it.
+    #[test]
+    fn a_job_is_finished_once_it_has_returned_and_until_it_is_taken() {
+        let mut q: Queue<u8, u8> = Queue::new();
+        let (release, gate) = mpsc::channel::<()>();
+        q.start(1, move || {
+            gate.recv_timeout(Duration::from_secs(30))
+                .map_err(|e| e.to_string())?;
+            Ok(1)
+        });
+        assert!(!q.is_finished(&1) && !q.is_finished(&2));
+        release.send(()).expect("the job waits");
+        let t0 = std::time::Instant::now();
+        while !q.is_finished(&1) {
+            assert!(t0.elapsed() < Duration::from_secs(30), "never finished");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(q.take(&1).expect("started").result, Ok(1));
+        assert!(!q.is_finished(&1), "taken");
     }
 
     #[test]

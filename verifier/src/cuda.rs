@@ -646,6 +646,13 @@ impl Gpu {
         Ok(())
     }
 
+    /// Whether the module of `digest` with `options` (the job's options) is loaded or its
+    /// compile has finished (well or not), so that asking for it does not wait.
+    pub fn module_ready(&self, digest: &str, options: &[String]) -> bool {
+        let key = (digest.to_string(), self.info.arch, options.to_vec());
+        self.modules.contains_key(&key) || self.compiling.is_finished(&key)
+    }
+
     /// How the module of `digest` with `options` (the job's options) was made, once loaded.
     pub fn module_record(&self, digest: &str, options: &[String]) -> Option<&ModuleRecord> {
         self.modules

@@ -4,7 +4,7 @@
 use crate::cases::CaseSpec;
 use kernel_registry::capability::ModuleAudit;
 use kernel_registry::report::{CaseReport, CompiledModule, DeviceInfo, PythonRuntime};
-use kernel_registry::KernelBundle;
+use kernel_registry::{DType, KernelBundle};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -81,6 +81,17 @@ pub trait Executor {
         limits: &Limits,
         copy_gbps: f64,
     ) -> Result<CaseReport, ExecError>;
+    /// Of `dtypes` (those with cases left to run, in the suite's order), the first whose
+    /// compiled code is ready, waiting until one is: a verification runs the cases of the dtype
+    /// that compiled first while the others still compile (issue 29). `None`: this executor
+    /// cannot tell, and the suite's order is kept.
+    fn first_ready(
+        &mut self,
+        _bundle: &KernelBundle,
+        _dtypes: &[DType],
+    ) -> Result<Option<DType>, ExecError> {
+        Ok(None)
+    }
     /// What each dtype's entry was compiled into (options and the code's hash), compiling it
     /// if needed. Executors that compile nothing have nothing to say.
     fn compiled(&mut self, _bundle: &KernelBundle) -> Result<Vec<CompiledModule>, ExecError> {

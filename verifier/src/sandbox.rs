@@ -9,7 +9,7 @@ use crate::exec::{ExecError, Executor, Limits};
 use crate::gpu::CudaExecutor;
 use kernel_registry::capability::ModuleAudit;
 use kernel_registry::report::{CaseReport, CompiledModule, DeviceInfo};
-use kernel_registry::KernelBundle;
+use kernel_registry::{DType, KernelBundle, Runtime};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -32,6 +32,12 @@ pub enum Request {
         manifest_toml: String,
         source: String,
     },
+    /// Of `dtypes`, the first whose module has compiled (`Executor::first_ready`).
+    FirstReady {
+        manifest_toml: String,
+        source: String,
+        dtypes: Vec<DType>,
+    },
     /// The capability audit of each dtype's module (docs/spec.md section 3b).
     Audits {
         manifest_toml: String,
@@ -53,6 +59,7 @@ pub enum Response {
     Case(Box<CaseReport>),
     Compiled(Vec<CompiledModule>),
     Audits(Vec<ModuleAudit>),
+    FirstReady(Option<DType>),
     /// The reference ran; its median time when `reps > 0`.
     Reference {
         median_us: Option<f64>,
@@ -87,6 +94,20 @@ pub fn serve() -> anyhow::Result<()> {
                 }),
                 Ok(b) => match exec.compiled(&b) {
                     Ok(c) => Response::Compiled(c),
+                    Err(e) => Response::Error(e),
+                },
+            },
+            Request::FirstReady {
+                manifest_toml,
+                source,
+                dtypes,
+            } => match KernelBundle::from_parts(&manifest_toml, &source) {
+                Err(e) => Response::Error(ExecError::Compile {
+                    what: "kernel.toml".into(),
+                    log: e.to_string(),
+                }),
+                Ok(b) => match exec.first_ready(&b, &dtypes) {
+                    Ok(d) => Response::FirstReady(d),
                     Err(e) => Response::Error(e),
                 },
             },
@@ -339,6 +360,26 @@ impl Executor for SandboxExecutor {
         };
         match self.call(&req, "compile record")? {
             Response::Compiled(c) => Ok(c),
+            Response::Error(e) => Err(e),
+            _ => Err(ExecError::Sandbox("unexpected answer".into())),
+        }
+    }
+
+    fn first_ready(
+        &mut self,
+        bundle: &KernelBundle,
+        dtypes: &[DType],
+    ) -> Result<Option<DType>, ExecError> {
+        if bundle.manifest.runtime != Runtime::Cuda || dtypes.len() < 2 {
+            return Ok(None);
+        }
+        let req = Request::FirstReady {
+            manifest_toml: bundle.manifest_toml.clone(),
+            source: bundle.source.clone(),
+            dtypes: dtypes.to_vec(),
+        };
+        match self.call(&req, "waiting for a compiled module")? {
+            Response::FirstReady(d) => Ok(d),
             Response::Error(e) => Err(e),
             _ => Err(ExecError::Sandbox("unexpected answer".into())),
         }

@@ -1,13 +1,13 @@
 //! One verification: the suite of cases for a kernel, run through an `Executor`, turned into a
 //! `VerificationReport` (summary by `Summary::from_cases`).
 
-use crate::cases::{self, case_skeleton, SUITE_VERSION};
+use crate::cases::{self, case_skeleton, CaseSpec, SUITE_VERSION};
 use crate::exec::{ExecError, Executor, Limits};
 use crate::python::{PythonExecutor, PythonOptions};
 use crate::sandbox::SandboxExecutor;
 use kernel_registry::capability::CapabilityReport;
 use kernel_registry::report::{
-    CaseReport, CaseStatus, KernelRef, ShapeRequest, Summary, VerificationReport,
+    CaseReport, CaseStatus, DeviceInfo, KernelRef, ShapeRequest, Summary, VerificationReport,
     REPORT_SCHEMA_VERSION,
 };
 use kernel_registry::{DType, KernelBundle, Runtime};
@@ -122,6 +122,77 @@ pub fn outcome(c: &CaseReport) -> String {
     }
 }
 
+/// Cases that could not run in a row, and the last one's error: after
+/// `MAX_CONSECUTIVE_ERRORS` the rest are not run.
+#[derive(Default)]
+struct Consecutive {
+    errors: usize,
+    last: String,
+}
+
+/// One case of a verification: not applicable, refused by the launch rule, not run after too
+/// many errors in a row, or run by `exec`. A compile error or a missing GPU ends the
+/// verification (`Err`).
+fn run_one(
+    exec: &mut dyn Executor,
+    bundle: &KernelBundle,
+    spec: &CaseSpec,
+    opts: &VerifyOptions,
+    device: &DeviceInfo,
+    state: &mut Consecutive,
+) -> Result<CaseReport, VerifyError> {
+    let m = &bundle.manifest;
+    if let Some(why) = m.not_applicable(spec.constraint_size(), Some(device.arch)) {
+        return Ok(case_skeleton(spec, CaseStatus::NotApplicable, Some(why)));
+    }
+    if let (Runtime::Cuda, false, Err(why)) = (
+        m.runtime,
+        // a backward op's entries have the ABI's launch arithmetic, checked as they launch
+        m.op.is_backward(),
+        m.launch_dims(spec.rows, spec.cols, device.sm_count),
+    ) {
+        return Ok(case_skeleton(
+            spec,
+            CaseStatus::Error,
+            Some(format!("launch rule: {why}")),
+        ));
+    }
+    if state.errors >= MAX_CONSECUTIVE_ERRORS {
+        return Ok(case_skeleton(
+            spec,
+            CaseStatus::Error,
+            Some(format!(
+                "not run: the previous {MAX_CONSECUTIVE_ERRORS} cases failed to run (last: {})",
+                state.last
+            )),
+        ));
+    }
+    let t_case = Instant::now();
+    let r = exec.run_case(bundle, spec, &opts.limits, device.copy_gbps);
+    crate::trace(|| {
+        format!(
+            "case {} round trip {:.3} s",
+            spec.id,
+            t_case.elapsed().as_secs_f64()
+        )
+    });
+    match r {
+        Ok(c) => {
+            state.errors = 0;
+            Ok(c)
+        }
+        Err(ExecError::Compile { what, log }) => {
+            Err(VerifyError::Compile(format!("{what}:\n{log}")))
+        }
+        Err(ExecError::Unavailable(s)) => Err(VerifyError::NoGpu(s)),
+        Err(e) => {
+            state.errors += 1;
+            state.last = e.to_string();
+            Ok(case_skeleton(spec, CaseStatus::Error, Some(e.to_string())))
+        }
+    }
+}
+
 /// Verify through any executor (tests use a fake one).
 pub fn verify_with(
     exec: &mut dyn Executor,
@@ -144,68 +215,55 @@ pub fn verify_with(
     crate::trace(|| "device info (child start, context, copy bandwidth) done".to_string());
     let specs = cases::suite(m.op, m.semantics, &dtypes, opts.quick, seed, &opts.shapes);
     let total = specs.len();
-    let mut reports = Vec::with_capacity(total);
-    let mut consecutive_errors = 0usize;
-    let mut last_error = String::new();
+    // The cases of one dtype after another, the dtype whose module compiled first first (the
+    // others compile meanwhile); the report keeps the suite's order.
+    let mut by_dtype: Vec<(DType, Vec<usize>)> = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
-        progress(&Progress {
-            done: i,
-            total,
-            case_id: spec.id.clone(),
-            outcome: None,
-        });
-        let report = if let Some(why) = m.not_applicable(spec.constraint_size(), Some(device.arch))
-        {
-            case_skeleton(spec, CaseStatus::NotApplicable, Some(why))
-        } else if let (Runtime::Cuda, false, Err(why)) = (
-            m.runtime,
-            // a backward op's entries have the ABI's launch arithmetic, checked as they launch
-            m.op.is_backward(),
-            m.launch_dims(spec.rows, spec.cols, device.sm_count),
-        ) {
-            case_skeleton(spec, CaseStatus::Error, Some(format!("launch rule: {why}")))
-        } else if consecutive_errors >= MAX_CONSECUTIVE_ERRORS {
-            case_skeleton(
-                spec,
-                CaseStatus::Error,
-                Some(format!(
-                    "not run: the previous {MAX_CONSECUTIVE_ERRORS} cases failed to run (last: {last_error})"
-                )),
-            )
-        } else {
-            let t_case = Instant::now();
-            let r = exec.run_case(bundle, spec, &opts.limits, device.copy_gbps);
-            crate::trace(|| {
-                format!(
-                    "case {} round trip {:.3} s",
-                    spec.id,
-                    t_case.elapsed().as_secs_f64()
-                )
-            });
-            match r {
-                Ok(c) => {
-                    consecutive_errors = 0;
-                    c
-                }
-                Err(ExecError::Compile { what, log }) => {
-                    return Err(VerifyError::Compile(format!("{what}:\n{log}")))
-                }
-                Err(ExecError::Unavailable(s)) => return Err(VerifyError::NoGpu(s)),
-                Err(e) => {
-                    consecutive_errors += 1;
-                    last_error = e.to_string();
-                    case_skeleton(spec, CaseStatus::Error, Some(e.to_string()))
-                }
+        match by_dtype.iter_mut().find(|(d, _)| *d == spec.dtype) {
+            Some((_, idx)) => idx.push(i),
+            None => by_dtype.push((spec.dtype, vec![i])),
+        }
+    }
+    let mut slots: Vec<Option<CaseReport>> = (0..total).map(|_| None).collect();
+    let mut state = Consecutive::default();
+    let mut done = 0usize;
+    while !by_dtype.is_empty() {
+        let left: Vec<DType> = by_dtype.iter().map(|(d, _)| *d).collect();
+        let pick = match exec.first_ready(bundle, &left) {
+            Ok(d) => d,
+            Err(e) => {
+                crate::trace(|| format!("waiting for a compiled module: {e} (the suite's order)"));
+                None
             }
         };
-        progress(&Progress {
-            done: i + 1,
-            total,
-            case_id: spec.id.clone(),
-            outcome: Some(outcome(&report)),
-        });
-        reports.push(report);
+        let at = pick
+            .and_then(|d| by_dtype.iter().position(|(x, _)| *x == d))
+            .unwrap_or(0);
+        let (dt, idx) = by_dtype.remove(at);
+        crate::trace(|| format!("verify {}: the {dt} cases now", m.name));
+        for i in idx {
+            let spec = &specs[i];
+            progress(&Progress {
+                done,
+                total,
+                case_id: spec.id.clone(),
+                outcome: None,
+            });
+            let report = run_one(exec, bundle, spec, opts, &device, &mut state)?;
+            done += 1;
+            progress(&Progress {
+                done,
+                total,
+                case_id: spec.id.clone(),
+                outcome: Some(outcome(&report)),
+            });
+            slots[i] = Some(report);
+        }
     }
+    let reports: Vec<CaseReport> = slots
+        .into_iter()
+        .map(|r| r.expect("every case of the suite ran"))
+        .collect();
     crate::trace(|| format!("verify {}: {} cases done", m.name, reports.len()));
     // What the GPU ran, for clients that must run the same code. Every entry's module is loaded
     // here, also those of dtypes the run left out (a case waits only for its own dtype's): one
@@ -356,6 +414,90 @@ cols_max = 16384
             c.cols = spec.cols;
             Ok(c)
         }
+    }
+
+    /// The cases of the dtype whose module compiled first run first (the executor is asked at
+    /// each dtype's turn, with the dtypes still to run), and the report keeps the suite's order.
+    #[test]
+    fn the_dtype_compiled_first_runs_first_and_the_report_keeps_the_suite_order() {
+        struct F32First {
+            inner: Fake,
+            ran: Vec<DType>,
+            asked: Vec<Vec<DType>>,
+        }
+        impl Executor for F32First {
+            fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
+                self.inner.device_info()
+            }
+            fn run_case(
+                &mut self,
+                b: &KernelBundle,
+                spec: &CaseSpec,
+                l: &Limits,
+                c: f64,
+            ) -> Result<CaseReport, ExecError> {
+                self.ran.push(spec.dtype);
+                self.inner.run_case(b, spec, l, c)
+            }
+            fn first_ready(
+                &mut self,
+                _b: &KernelBundle,
+                dtypes: &[DType],
+            ) -> Result<Option<DType>, ExecError> {
+                self.asked.push(dtypes.to_vec());
+                Ok(dtypes.iter().copied().find(|d| *d == DType::F32))
+            }
+        }
+        let opts = VerifyOptions {
+            seed: Some(3),
+            quick: true,
+            ..Default::default()
+        };
+        let mut exec = F32First {
+            inner: Fake {
+                fail_on: None,
+                calls: 0,
+            },
+            ran: Vec::new(),
+            asked: Vec::new(),
+        };
+        let r = verify_with(&mut exec, &bundle(), &opts, &mut |_| {}).unwrap();
+        let suite_order: Vec<DType> = r.cases.iter().map(|c| c.dtype).collect();
+        assert_eq!(
+            suite_order.first(),
+            Some(&DType::Bf16),
+            "the suite starts with bf16"
+        );
+        assert_eq!(
+            exec.ran.first(),
+            Some(&DType::F32),
+            "f32 compiled first, ran first"
+        );
+        let f32s = exec.ran.iter().filter(|d| **d == DType::F32).count();
+        assert!(
+            exec.ran[..f32s].iter().all(|d| *d == DType::F32),
+            "f32's cases together"
+        );
+        let applicable = r.cases.iter();
+        let applicable = applicable.filter(|c| c.status != CaseStatus::NotApplicable);
+        assert_eq!(exec.ran.len(), applicable.count());
+        assert_eq!(
+            exec.asked,
+            vec![vec![DType::Bf16, DType::F32], vec![DType::Bf16]]
+        );
+        let ids: Vec<String> = cases::suite(
+            r.kernel.op,
+            r.kernel.semantics,
+            &[DType::Bf16, DType::F32],
+            true,
+            3,
+            &[],
+        )
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+        let got: Vec<String> = r.cases.iter().map(|c| c.id.clone()).collect();
+        assert_eq!(got, ids, "the report in the suite's order");
     }
 
     /// `Fake` whose modules audit as `audits` says.
