@@ -21,7 +21,9 @@ piece that does not wait for that:
   batch or address cases, integrity of the allocator, speed or model level (those are the
   verifier's); eager autograd on the same GPU is the comparison.
 
-`scripts/backward_field_check.py` runs `check` over kernels/third-party-backward/ on a GPU.
+`timings` gives the candidate's median time beside eager's backward and eager's forward +
+backward (a caller's time, not the verifier's speed figure). `scripts/backward_field_check.py`
+runs `check` (and `timings`) over kernels/third-party-backward/ on a GPU.
 """
 
 from __future__ import annotations
@@ -189,6 +191,82 @@ def check(function: Callable, op: str, semantics: str, dtype: str, rows: int, co
                                   "max_ulp": ulp_distance(g, w) if differ else 0}
     out["ok"] = (out["deterministic"] and not out["inputs_changed"]
                  and all(v["differing"] == 0 for v in out["gradients"].values()))
+    return out
+
+
+def _forward_of(op: str, semantics: str, args: dict[str, Any]) -> tuple[Callable, tuple]:
+    """(the layer's eager forward, the inputs it differentiates) of a problem of a backward op
+    whose eager node runs after a forward of its own (not layer_norm_backward: its statistics are
+    given)."""
+    if op == "rms_norm_backward":
+        return (lambda x, w: llama_rms_norm(x, w, args["eps"])), (args["x"], args["w"])
+    if op in _GATED:
+        return (lambda g, u: _GATED[op](g) * u), (args["gate"], args["up"])
+    act = {"silu_backward": F.silu, "gelu_backward": F.gelu,
+           "gelu_tanh_backward": lambda x: F.gelu(x, approximate="tanh")}[op]
+    return act, (args["x"],)
+
+
+def eager_timings(op: str, semantics: str, args: dict[str, Any], reps: int, device) -> dict[str, float]:
+    """Eager's median times (µs) on the problem: `eager_backward_us`, the backward alone (the
+    autograd graph built once, `torch.autograd.grad` with retain_graph; layer_norm_backward:
+    `native_layer_norm_backward` on the statistics), and `eager_forward_backward_us`, the forward
+    and the backward (what a candidate that runs its own forward, as Liger's RMSNorm, SwiGLU and
+    GeGLU and the compiled ones do, replaces)."""
+    if op == "layer_norm_backward":
+        return {"eager_backward_us": median_us(lambda: eager_gradients(op, semantics, args), reps,
+                                               device)}
+    out = {}
+    fwd, xs = _forward_of(op, semantics, args)
+    with torch.enable_grad():
+        leaves = tuple(t.detach().requires_grad_(True) for t in xs)
+        y = fwd(*leaves)
+        out["eager_backward_us"] = median_us(
+            lambda: torch.autograd.grad(y, leaves, args["dy"], retain_graph=True), reps, device)
+
+        def both():
+            ls = tuple(t.detach().requires_grad_(True) for t in xs)
+            return torch.autograd.grad(fwd(*ls), ls, args["dy"])
+        out["eager_forward_backward_us"] = median_us(both, reps, device)
+    return out
+
+
+def median_us(fn: Callable, reps: int, device) -> float:
+    """The median time of `fn()` in µs over `reps` calls after 2 warm-up calls: CUDA events on a
+    GPU, each call after the L2 is flushed (a 2 x L2 buffer zeroed); perf_counter on the CPU."""
+    import statistics
+    import time
+    for _ in range(2):
+        fn()
+    times = []
+    if torch.device(device).type == "cuda":
+        l2 = torch.cuda.get_device_properties(device).L2_cache_size
+        flush = torch.empty(max(2 * l2, 1), dtype=torch.uint8, device=device)
+        for _ in range(reps):
+            flush.zero_()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1000.0)
+    else:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def timings(function: Callable, op: str, semantics: str, dtype: str, rows: int, cols: int,
+            device, reps: int = 20, seed: int = 0) -> dict[str, Any]:
+    """The candidate's median time on one problem beside eager's (`eager_timings`), in µs: what
+    a caller pays (Python and dispatch included), not the verifier's speed figure."""
+    args = inputs(op, dtype, rows, cols, device, seed)
+    ordered = [args[k] for k in SIGNATURES[op][0]]
+    out = {"op": op, "dtype": dtype, "rows": rows, "cols": cols,
+           "candidate_us": median_us(lambda: function(*ordered), reps, device)}
+    out.update(eager_timings(op, semantics, args, reps, device))
     return out
 
 

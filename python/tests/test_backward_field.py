@@ -320,13 +320,32 @@ def test_the_script_runs_the_liger_candidates_on_the_cpu_with_a_package_dir(tmp_
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "backward_field_check.py"), str(out),
                         *LIGER, "--device", "cpu", "--dtypes", "f32", "--shapes", "3x40,1x8",
-                        "--package-dir", str(pkgs)], capture_output=True, text=True, timeout=600)
+                        "--time-shapes", "8x64", "--reps", "3", "--package-dir", str(pkgs)],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     data = json.loads((out / "backward_field.json").read_text())
     assert not data["errors"] and len(data["rows"]) == len(LIGER) * 2
     assert all(row["ok"] for row in data["rows"]), data["rows"]
     assert "| liger_swiglu_backward | f32 | 3x40 | d_gate 0 of 120 (0); d_up 0 of 120 (0) | True | - |" in r.stdout
+    # the timed problem: the candidate beside eager's backward (and forward + backward where
+    # eager's node follows a forward of its own: not LayerNorm's, whose statistics are given)
+    assert len(data["times"]) == len(LIGER) and not any("error" in t for t in data["times"])
+    for t in data["times"]:
+        assert t["candidate_us"] > 0 and t["eager_backward_us"] > 0
+        assert ("eager_forward_backward_us" in t) == (t["op"] != "layer_norm_backward"), t
+    assert "| liger_swiglu_backward | f32 | 8x64 | " in r.stdout
     if not torch.cuda.is_available():
         r = subprocess.run([sys.executable, str(REPO / "scripts" / "backward_field_check.py"),
                             str(out)], capture_output=True, text=True, timeout=600)
         assert r.returncode == 2 and "no CUDA device" in r.stderr
+
+
+@pytest.mark.parametrize("op", sorted(BF.SIGNATURES))
+def test_timings_time_the_candidate_and_eager(op):
+    sem = "llama" if op == "rms_norm_backward" else "default"
+
+    def eager(*args):
+        return BF.eager_gradients(op, sem, dict(zip(BF.SIGNATURES[op][0], args)))
+    t = BF.timings(eager, op, sem, "f32", 4, 32, "cpu", reps=3)
+    assert t["candidate_us"] > 0 and t["eager_backward_us"] > 0
+    assert ("eager_forward_backward_us" in t) == (op != "layer_norm_backward")
