@@ -585,3 +585,27 @@ def test_the_shipped_tiny_gpt2_trains_as_eager_with_the_gelu_and_layer_norm_back
     train_bit_for_bit(eager, kz, data)
     assert [c[0] for c in gpu_faked.acts["gelu"].calls] == ["grad"] * 4 * 3
     assert gpu_faked.ln.stages() == ["dx", "dwdb"] * 9 * 3
+
+
+def test_a_by_call_layer_compiles_with_its_training_op(tmp_path, gpu_faked, cpu_activation_ops,
+                                                       monkeypatch):
+    """A layer swapped by the dtype of its calls, called once eagerly in f32 (its kernels are
+    loaded then), compiles (fullgraph, AOTAutograd) to the custom op kernelize::silu_train, whose
+    backward launches `grad`; the gradient is eager's."""
+    from test_training import _IS_AVAILABLE, _kz, recording_aot_backend
+    model = torch.nn.SiLU()
+    _kz(model, kernels_dir=_act_folder(tmp_path / "k", "silu"), mode="training")
+    x = torch.randn(3, 8, requires_grad=True)
+    model(x)                                   # loads the f32 kernels
+    monkeypatch.setattr(torch.cuda, "is_available", _IS_AVAILABLE)
+    graphs = []
+    torch._dynamo.reset()
+    f = torch.compile(model, backend=recording_aot_backend(graphs), fullgraph=True)
+    bk = gpu_faked.acts["silu"]
+    bk.calls.clear()
+    xs = x.detach().clone().requires_grad_(True)
+    f(xs).sum().backward()
+    assert len(graphs) == 1 and "kernelize.silu_train" in str(graphs[0].graph)
+    assert torch.equal(xs.grad, eager_dx("silu", torch.ones(3, 8), x.detach()))
+    assert [c[0] for c in bk.calls] == ["grad"]
+    torch._dynamo.reset()
