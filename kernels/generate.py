@@ -129,7 +129,8 @@ ROW_OPS = {op for op, a in _ABI.items() if a["takes_eps"]}
 # docs/backward-gated.md; their entries follow the backward ABI of docs/spec.md section 2c, which
 # no engine here emits).
 HAND_WRITTEN = {"rms_norm_llama_backward", "rms_norm_gemma_backward", "silu_mul_backward", "layer_norm_backward", "gelu_tanh_mul_backward",
-                "silu_backward", "gelu_backward", "gelu_tanh_backward", "rms_norm_torch_backward"}
+                "silu_backward", "gelu_backward", "gelu_tanh_backward", "rms_norm_torch_backward",
+                "fused_add_rms_norm_backward"}
 
 
 class K:

@@ -128,7 +128,7 @@ fn check(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result<(), String> {
     }
     // (the gated backward's grid needs an SM; rms_norm_backward's column sum a device eager's
     // reduction is configured for)
-    if dev.sms == 0 || (op == Op::RmsNormBackward && dev.threads_per_sm < 512) {
+    if dev.sms == 0 || (op.verdict_depends_on_device() && dev.threads_per_sm < 512) {
         return Err(format!(
             "{op}: a device of {} SMs x {} threads per SM is not one eager's reduction runs on",
             dev.sms, dev.threads_per_sm
@@ -141,7 +141,7 @@ fn check(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result<(), String> {
 /// (docs/backward.md); none for the gated backward ops and layer_norm_backward.
 pub fn workspace_floats(op: Op, rows: u64, cols: u64, dev: DeviceShape) -> Result<u64, String> {
     check(op, rows, cols, dev)?;
-    if op != Op::RmsNormBackward {
+    if !op.verdict_depends_on_device() {
         return Ok(0);
     }
     let c = col_config(rows, cols, dev.sms, dev.threads_per_sm);
@@ -177,7 +177,10 @@ pub fn any_grid(op: Op, stage: &str) -> bool {
         (op, "grad") if op.is_gated_backward() || op.is_activation_backward() => true,
         _ => matches!(
             (op, stage),
-            (Op::RmsNormBackward, "dx" | "dwp") | (Op::LayerNormBackward, "dx" | "dwdb")
+            (
+                Op::RmsNormBackward | Op::FusedAddRmsNormBackward,
+                "dx" | "dwp"
+            ) | (Op::LayerNormBackward, "dx" | "dwdb")
         ),
     }
 }
@@ -245,8 +248,10 @@ pub fn stage_dims(
         .block
         .ok_or_else(|| format!("{op}: entry `{stage}` has no block in the ABI"));
     let (blocks, block) = match (op, stage) {
-        (Op::RmsNormBackward, "dx") => (rows.min(DX_BLOCKS_PER_SM * dev.sms), [fixed?, 1, 1]),
-        (Op::RmsNormBackward, "dwp") => {
+        (Op::RmsNormBackward | Op::FusedAddRmsNormBackward, "dx") => {
+            (rows.min(DX_BLOCKS_PER_SM * dev.sms), [fixed?, 1, 1])
+        }
+        (Op::RmsNormBackward | Op::FusedAddRmsNormBackward, "dwp") => {
             let c = col_config(rows, cols, dev.sms, dev.threads_per_sm);
             let b = cols
                 .div_ceil(4)
@@ -254,7 +259,9 @@ pub fn stage_dims(
                 .min(DWP_BLOCKS_PER_SM * dev.sms);
             (b, [fixed?, 1, 1])
         }
-        (Op::RmsNormBackward, "dw") => (cols.div_ceil(u64::from(fixed.clone()?)), [fixed?, 1, 1]),
+        (Op::RmsNormBackward | Op::FusedAddRmsNormBackward, "dw") => {
+            (cols.div_ceil(u64::from(fixed.clone()?)), [fixed?, 1, 1])
+        }
         // (an activation's backward takes n = rows * cols: the same count)
         (op, "grad") if op.is_gated_backward() || op.is_activation_backward() => {
             let b = rows
@@ -463,6 +470,57 @@ mod tests {
         }
     }
 
+    /// fused_add_rms_norm_backward (docs/backward-fused-add.md): rms_norm_backward's workspace
+    /// and grids; its bundled kernel spells each entry with the ABI's parameter types and blocks,
+    /// and fits the manifest form.
+    #[test]
+    fn fused_add_rms_norm_backward_launches_as_rms_norm_backward_and_its_kernel_fits() {
+        let op = Op::FusedAddRmsNormBackward;
+        for (rows, cols) in [(1, 64), (1021, 4096), (16384, 4096), (3, 1001)] {
+            assert_eq!(
+                workspace_floats(op, rows, cols, H100),
+                workspace_floats(Op::RmsNormBackward, rows, cols, H100)
+            );
+            for s in ["dx", "dwp", "dw"] {
+                assert_eq!(
+                    stage_dims(op, s, rows, cols, H100),
+                    stage_dims(Op::RmsNormBackward, s, rows, cols, H100),
+                    "{s}"
+                );
+                assert_eq!(any_grid(op, s), any_grid(Op::RmsNormBackward, s));
+            }
+        }
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../kernels/fused_add_rms_norm_backward");
+        let src = std::fs::read_to_string(dir.join("kernel.cu")).unwrap();
+        for s in op.stages() {
+            let head = format!("fused_add_rms_norm_bwd_{}_##NAME(", s.name);
+            let at = src.find(&head).unwrap_or_else(|| panic!("no {head}")) + head.len();
+            let params = src[at..at + src[at..].find(')').unwrap()].replace('\\', " ");
+            assert_eq!(param_types(&params), param_types(s.params), "{}", s.name);
+            let bound = src[..at].rsplit("__launch_bounds__(").next().unwrap();
+            let want = match bound.split([',', ')']).next().unwrap() {
+                "KB_DX_THREADS" => 512,
+                "KB_DW_THREADS" => 128,
+                other => panic!("{other}"),
+            };
+            assert_eq!(s.block, Some(want), "{}", s.name);
+        }
+        let b = crate::KernelBundle::load_dir(&dir).unwrap();
+        assert_eq!(
+            (b.manifest.op, b.manifest.semantics),
+            (op, crate::Semantics::Default)
+        );
+        for dt in crate::DType::ALL {
+            for s in op.stages() {
+                assert_eq!(
+                    b.manifest.stages[dt][s.name],
+                    format!("fused_add_rms_norm_bwd_{}_{dt}", s.name)
+                );
+            }
+        }
+    }
+
     /// silu_mul_backward: no workspace; `grad` one thread an element, at most
     /// GRAD_BLOCKS_PER_SM blocks per SM, at least one.
     #[test]
@@ -622,7 +680,9 @@ mod tests {
                 (Op::GeluTanhMulBackward, "grad"),
                 (Op::SiluBackward, "grad"),
                 (Op::GeluBackward, "grad"),
-                (Op::GeluTanhBackward, "grad")
+                (Op::GeluTanhBackward, "grad"),
+                (Op::FusedAddRmsNormBackward, "dx"),
+                (Op::FusedAddRmsNormBackward, "dwp")
             ]
         );
     }

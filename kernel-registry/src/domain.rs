@@ -58,7 +58,8 @@ word_enum!(
     /// `silu_mul_backward`: those of `silu_mul`; `layer_norm_backward`: those of `layer_norm`;
     /// `gelu_tanh_mul_backward`: those of `gelu_tanh_mul`; `silu_backward`, `gelu_backward`,
     /// `gelu_tanh_backward`: those of the elementwise activations, one backward op per forward op
-    /// as the forward ops are one op per activation).
+    /// as the forward ops are one op per activation; `fused_add_rms_norm_backward`: those of
+    /// `fused_add_rms_norm`, an HF decoder block's residual add and the LlamaRMSNorm after it).
     Op, "op", {
         RmsNorm => "rms_norm",
         FusedAddRmsNorm => "fused_add_rms_norm",
@@ -77,6 +78,7 @@ word_enum!(
         SiluBackward => "silu_backward",
         GeluBackward => "gelu_backward",
         GeluTanhBackward => "gelu_tanh_backward",
+        FusedAddRmsNormBackward => "fused_add_rms_norm_backward",
     }
 );
 
@@ -129,6 +131,7 @@ impl Op {
                 | Op::SiluMulBackward
                 | Op::LayerNormBackward
                 | Op::GeluTanhMulBackward
+                | Op::FusedAddRmsNormBackward
         )
     }
     /// A backward op (docs/spec.md section 2c): the gradients of [`Op::forward`]'s op under the
@@ -146,6 +149,7 @@ impl Op {
             Op::SiluBackward => Some(Op::Silu),
             Op::GeluBackward => Some(Op::Gelu),
             Op::GeluTanhBackward => Some(Op::GeluTanh),
+            Op::FusedAddRmsNormBackward => Some(Op::FusedAddRmsNorm),
             _ => None,
         }
     }
@@ -188,6 +192,27 @@ impl Op {
                 Stage {
                     name: "dx",
                     params: "T* dx, float* ws, const T* dy, const T* x, const T* w, long long rows, long long cols, float eps",
+                    block: Some(512),
+                },
+                Stage {
+                    name: "dwp",
+                    params: "float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long threads_per_sm",
+                    block: Some(128),
+                },
+                Stage {
+                    name: "dw",
+                    params: "T* dw, const float* ws, long long rows, long long cols, long long sms, long long threads_per_sm",
+                    block: Some(128),
+                },
+            ],
+            // docs/backward-fused-add.md: rms_norm_backward's (llama) entries with the gradient
+            // `dres` reaching the residual output (x here is that output, h = residual + x, the
+            // norm's input) added into dx as eager's engine adds it; dx is the gradient of both
+            // of the forward's inputs (x and residual).
+            Op::FusedAddRmsNormBackward => &[
+                Stage {
+                    name: "dx",
+                    params: "T* dx, float* ws, const T* dy, const T* dres, const T* x, const T* w, long long rows, long long cols, float eps",
                     block: Some(512),
                 },
                 Stage {
@@ -275,6 +300,7 @@ impl Op {
                 | Op::LayerNorm
                 | Op::FusedAddLayerNorm
                 | Op::RmsNormBackward
+                | Op::FusedAddRmsNormBackward
         )
     }
     /// The gradients a backward op writes, each compared and classed on its own (docs/spec.md
@@ -283,7 +309,7 @@ impl Op {
     /// stage may write several (silu_mul_backward's `grad`: `d_gate` and `d_up`).
     pub fn gradients(self) -> &'static [Gradient] {
         match self {
-            Op::RmsNormBackward => &[
+            Op::RmsNormBackward | Op::FusedAddRmsNormBackward => &[
                 Gradient {
                     name: "dx",
                     one_row: false,
@@ -330,14 +356,15 @@ impl Op {
         self.stages().iter().find(|s| s.writes().contains(&name))
     }
     /// Whether a backward op's verdict holds only for the device figures it was measured with
-    /// (SM count, threads per SM): rms_norm_backward's dw follows eager's column sum, whose
+    /// (SM count, threads per SM): rms_norm_backward's (and fused_add_rms_norm_backward's) dw
+    /// follows eager's column sum, whose
     /// split over CTAs depends on both. The gated backward ops (silu_mul_backward,
     /// gelu_tanh_mul_backward) and the activations' (silu_backward, gelu_backward,
     /// gelu_tanh_backward) are elementwise: their bits (and eager's) depend on no device figure,
     /// and any grid gives the same bits. layer_norm_backward's column sum is one-pass up to the
     /// rows the ABI takes ([`Op::max_rows`]), whose order depends on the rows alone.
     pub fn verdict_depends_on_device(self) -> bool {
-        matches!(self, Op::RmsNormBackward)
+        matches!(self, Op::RmsNormBackward | Op::FusedAddRmsNormBackward)
     }
     /// The most rows one call takes, where the ABI bounds them: layer_norm_backward's column sum
     /// is eager's one-pass kernel up to 65536 rows; above, eager runs a two-pass variant whose
@@ -385,6 +412,8 @@ impl Op {
             Op::RmsNormBackward => n.saturating_mul(3).saturating_add(2 * cols),
             // dy, gate and up read, d_gate and d_up written.
             Op::SiluMulBackward | Op::GeluTanhMulBackward => n.saturating_mul(5),
+            // dy, dres and x read, dx written; w read and dw written.
+            Op::FusedAddRmsNormBackward => n.saturating_mul(4).saturating_add(2 * cols),
             // dy and x read, dx written.
             Op::SiluBackward | Op::GeluBackward | Op::GeluTanhBackward => n.saturating_mul(3),
             // dy and x read, dx written; w read, dw and db written (mean and rstd, f32, below).
@@ -777,6 +806,33 @@ mod tests {
         assert_eq!(op.bytes_moved(DType::Bf16, 4, 8), 2 * 5 * 32);
         assert_eq!(op.bytes_moved(DType::F32, 3, 7), 4 * 5 * 21);
         assert!(!op.verdict_depends_on_device());
+    }
+
+    /// fused_add_rms_norm_backward: rms_norm_backward's three entries with the residual output's
+    /// gradient `dres` read by `dx`; gradients dx (of x and residual) and dw; the same device
+    /// figures; 4n + 2 cols elements.
+    #[test]
+    fn fused_add_rms_norm_backward_is_rms_norm_backward_with_the_residuals_gradient() {
+        let op = Op::FusedAddRmsNormBackward;
+        assert_eq!(op.as_str(), "fused_add_rms_norm_backward");
+        assert!(op.is_backward() && op.is_rowwise() && op.takes_eps());
+        assert!(!op.is_gated_backward() && !op.is_activation_backward() && !op.updates_residual());
+        assert_eq!(op.forward(), Some(Op::FusedAddRmsNorm));
+        assert_eq!(op.semantics(), [Semantics::Default]);
+        let st = op.stages();
+        let llama = Op::RmsNormBackward.stages();
+        assert_eq!(st.len(), 3);
+        assert_eq!(
+            st[0].names(),
+            ["dx", "ws", "dy", "dres", "x", "w", "rows", "cols", "eps"]
+        );
+        assert_eq!(st[0].writes(), ["dx"]);
+        assert_eq!((st[1], st[2]), (llama[1], llama[2]));
+        assert_eq!(op.gradients(), Op::RmsNormBackward.gradients());
+        assert_eq!(op.outputs(), 1);
+        assert_eq!(op.bytes_moved(DType::Bf16, 4, 8), 2 * (4 * 32 + 2 * 8));
+        assert!(op.verdict_depends_on_device());
+        assert_eq!(op.max_rows(), None);
     }
 
     /// gelu_tanh_mul_backward: gelu_tanh_mul's gradients with silu_mul_backward's ABI (one

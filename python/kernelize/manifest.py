@@ -24,7 +24,8 @@ SEMANTICS = {"rms_norm": ("llama", "gemma", "torch"), "rms_norm_backward": ("lla
 # launch order; python/tests/fixtures/abi.json's `backward_ops` is checked against it).
 BACKWARD_OPS = {"rms_norm_backward": ("dx", "dwp", "dw"), "silu_mul_backward": ("grad",),
                 "layer_norm_backward": ("dx", "dwdb"), "gelu_tanh_mul_backward": ("grad",),
-                "silu_backward": ("grad",), "gelu_backward": ("grad",), "gelu_tanh_backward": ("grad",)}
+                "silu_backward": ("grad",), "gelu_backward": ("grad",), "gelu_tanh_backward": ("grad",),
+                "fused_add_rms_norm_backward": ("dx", "dwp", "dw")}
 # (forward op, semantics) -> its backward op (`Op::forward` read the other way; checked against
 # abi.json's `backward_ops` too): what a training-mode layer can get a backward kernel for.
 BACKWARD_OF = {("rms_norm", "llama"): "rms_norm_backward", ("rms_norm", "gemma"): "rms_norm_backward",
@@ -33,12 +34,13 @@ BACKWARD_OF = {("rms_norm", "llama"): "rms_norm_backward", ("rms_norm", "gemma")
                ("layer_norm", "default"): "layer_norm_backward",
                ("gelu_tanh_mul", "default"): "gelu_tanh_mul_backward",
                ("silu", "default"): "silu_backward", ("gelu", "default"): "gelu_backward",
-               ("gelu_tanh", "default"): "gelu_tanh_backward"}
+               ("gelu_tanh", "default"): "gelu_tanh_backward",
+               ("fused_add_rms_norm", "default"): "fused_add_rms_norm_backward"}
 # The backward ops whose verdict holds only for the GPU figures (SM count, threads per SM) it
 # was measured with (`Op::verdict_depends_on_device`): rms_norm_backward's dw follows eager's
 # column sum, split over CTAs by both. The gated and the activations' backward ops are elementwise, and layer_norm_backward
 # takes at most 65536 rows, below eager's SM-dependent two-pass column sum: no figure matters.
-VERDICT_ON_DEVICE = ("rms_norm_backward",)
+VERDICT_ON_DEVICE = ("rms_norm_backward", "fused_add_rms_norm_backward")
 # A norm op -> the op that adds a residual before the same norm of its default semantics
 # (`residual := round(x + residual)`, then the norm; kernel-registry's `Op::updates_residual`):
 # what exact compile fuses a residual add and a swapped norm into.

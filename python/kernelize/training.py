@@ -152,7 +152,12 @@ GATED_BACKWARD_OPS = (GATED_OP, GELU_GATED_OP)
 #: Derived as the registry derives it: a backward op whose forward op is not row-wise.
 ACTIVATION_BACKWARD_OPS = tuple(b for (f, _), b in BACKWARD_OF.items() if f not in ROWWISE_OPS)
 #: Each backward op's blocks by entry (`Op::stages`; None: the launch rule decides).
-BLOCKS_OF = {OP: BLOCKS, LN_OP: LN_BLOCKS,
+# fused_add_rms_norm's backward (docs/backward-fused-add.md): rms_norm_backward's entries, blocks,
+# workspace and grids, `dx` reading the residual output's gradient `dres` too. Training mode does
+# not run it yet (the residual add and the norm are fused only by exact compile, which has no
+# backward); its launch arithmetic is the registry's twin for the probe and the tests.
+FUSED_OP = "fused_add_rms_norm_backward"
+BLOCKS_OF = {OP: BLOCKS, LN_OP: LN_BLOCKS, FUSED_OP: BLOCKS,
              **{op: GATED_BLOCKS for op in GATED_BACKWARD_OPS + ACTIVATION_BACKWARD_OPS}}
 
 
@@ -167,7 +172,7 @@ def _check(rows: int, cols: int, sms: int, threads_per_sm: int, op: str = OP) ->
                          "implemented: docs/backward-layer-norm.md); run eager autograd for this shape")
     # (silu_mul_backward's grid needs an SM; rms_norm_backward's column sum a device eager's
     # reduction is configured for)
-    if sms <= 0 or (op == OP and threads_per_sm < 512):
+    if sms <= 0 or (op in (OP, FUSED_OP) and threads_per_sm < 512):
         raise ValueError(f"{op}: a device of {sms} SMs x {threads_per_sm} threads per SM is not one "
                          "eager's reduction runs on")
 
@@ -222,11 +227,11 @@ def stage_dims(stage: str, rows: int, cols: int, sms: int, threads_per_sm: int,
     if stage not in blocks_of:
         raise ValueError(f"{op} has no entry `{stage}` (its entries: {', '.join(BACKWARD_OPS[op])})")
     block = (blocks_of[stage], 1, 1)
-    if (op, stage) == (OP, "dx"):
+    if op in (OP, FUSED_OP) and stage == "dx":
         blocks = min(rows, DX_BLOCKS_PER_SM * sms)
-    elif (op, stage) == (OP, "dwp"):
+    elif op in (OP, FUSED_OP) and stage == "dwp":
         blocks = min(-(-cols // 4) * ctas(rows, cols, sms, threads_per_sm), DWP_BLOCKS_PER_SM * sms)
-    elif (op, stage) == (OP, "dw"):
+    elif op in (OP, FUSED_OP) and stage == "dw":
         blocks = -(-cols // blocks_of["dw"])
     elif stage == "grad" and op in GATED_BACKWARD_OPS + ACTIVATION_BACKWARD_OPS:
         blocks = min(-(-(rows * cols) // blocks_of["grad"]), GRAD_BLOCKS_PER_SM * sms)

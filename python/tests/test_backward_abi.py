@@ -44,7 +44,13 @@ def test_the_backward_ops_are_the_registrys():
     from kernelize import training
     ops = ABI["backward_ops"]
     assert set(ops) == {"rms_norm_backward", "silu_mul_backward", "layer_norm_backward",
-                        "gelu_tanh_mul_backward", "silu_backward", "gelu_backward", "gelu_tanh_backward"}
+                        "gelu_tanh_mul_backward", "silu_backward", "gelu_backward", "gelu_tanh_backward",
+                        "fused_add_rms_norm_backward"}
+    # fused_add_rms_norm's: rms_norm_backward's entries, dx reading the residual's gradient too
+    fa = ops["fused_add_rms_norm_backward"]
+    assert (fa["forward"], fa["semantics"]) == ("fused_add_rms_norm", ["default"])
+    assert fa["stages"][0]["names"] == ["dx", "ws", "dy", "dres", "x", "w", "rows", "cols", "eps"]
+    assert fa["stages"][1:] == ops["rms_norm_backward"]["stages"][1:]
     op = ops["rms_norm_backward"]
     # HF LlamaRMSNorm's, GemmaRMSNorm's and F.rms_norm's gradients: one ABI (llama the default)
     assert (op["forward"], op["semantics"]) == ("rms_norm", ["llama", "gemma", "torch"])

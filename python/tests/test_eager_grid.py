@@ -30,7 +30,8 @@ def test_every_bundled_exact_kernel_has_an_eager_layer():
     # each backward op's probe against eager autograd
     probes = {"rms_norm_backward": "backward_probe.py", "silu_mul_backward": "gated_backward_probe.py",
               "layer_norm_backward": "ln_backward_probe.py", "gelu_tanh_mul_backward": "gated_backward_probe.py",
-              **{f"{a}_backward": "activation_backward_probe.py" for a in ("silu", "gelu", "gelu_tanh")}}
+              **{f"{a}_backward": "activation_backward_probe.py" for a in ("silu", "gelu", "gelu_tanh")},
+              "fused_add_rms_norm_backward": "fused_add_backward_probe.py"}
     assert set(probes) == set(BACKWARD_OPS)
     for d in (REPO / "kernels").iterdir():
         toml = d / "kernel.toml"

@@ -257,7 +257,8 @@ mod tests {
                 | Op::GeluTanhMulBackward
                 | Op::SiluBackward
                 | Op::GeluBackward
-                | Op::GeluTanhBackward => unreachable!(),
+                | Op::GeluTanhBackward
+                | Op::FusedAddRmsNormBackward => unreachable!(),
             }
         };
         for &op in Op::ALL.iter().filter(|o| !o.is_backward()) {
@@ -281,7 +282,8 @@ mod tests {
                 | Op::GeluTanhMulBackward
                 | Op::SiluBackward
                 | Op::GeluBackward
-                | Op::GeluTanhBackward => &[],
+                | Op::GeluTanhBackward
+                | Op::FusedAddRmsNormBackward => &[],
             }
         };
         for &op in Op::ALL {

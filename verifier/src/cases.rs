@@ -692,7 +692,9 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
         // rms_norm_backward's x and w are its forward's; its dy is drawn from the case's
         // distribution on a stream of its own (a zero, huge or non-finite dy is as much a case
         // as such an x).
-        Op::RmsNorm | Op::FusedAddRmsNorm | Op::RmsNormBackward => {
+        // fused_add_rms_norm_backward: x is the forward's residual output (the norm's input), w
+        // llama's, dy and the residual output's gradient dres (in `residual`) drawn apart.
+        Op::RmsNorm | Op::FusedAddRmsNorm | Op::RmsNormBackward | Op::FusedAddRmsNormBackward => {
             let (center, spread) = if spec.semantics == Semantics::Gemma {
                 (0.0, 0.2)
             } else {
@@ -703,7 +705,14 @@ pub fn generate_shape(spec: &CaseSpec, rows: u64) -> CaseInputs {
                 rstd: None,
                 x: t("x", gen_matrix(dt, rows, spec.cols, spec.dist, s)),
                 up: None,
-                residual: residual(),
+                residual: if spec.op == Op::FusedAddRmsNormBackward {
+                    Some(t(
+                        "dres",
+                        gen_matrix(dt, rows, spec.cols, spec.dist, splitmix(s ^ 6)),
+                    ))
+                } else {
+                    residual()
+                },
                 weight: Some(t(
                     "weight",
                     gen_param(dt, spec.cols, center, spread, splitmix(s ^ 2)),
@@ -914,6 +923,22 @@ mod tests {
         assert!(th(63, 4096) && th(64, 4096) && th(127, 4099) && th(256, 1001) && th(4096, 1024));
         assert!(!has(127, 4099));
         assert!((mean_w(&tor[0]) - 1.0).abs() < 0.25);
+        // fused_add_rms_norm_backward: rms_norm_backward's shapes, and dres drawn apart from dy
+        let fa = suite(
+            Op::FusedAddRmsNormBackward,
+            Semantics::Default,
+            &[DType::Bf16],
+            false,
+            7,
+            &[],
+        );
+        assert_eq!(shapes(&fa), shapes(&cases));
+        let inp = generate(&fa[0]);
+        let dres = inp.residual.as_ref().expect("dres");
+        assert_eq!(dres.name, "dres");
+        assert_eq!(dres.bytes.len(), inp.x.bytes.len());
+        assert_ne!(dres.bytes, inp.dy.as_ref().unwrap().bytes);
+        assert_ne!(dres.bytes, inp.x.bytes);
         // a forward op's suite is unchanged by it: no dy, its own anchors
         let fwd = suite(Op::RmsNorm, Semantics::Llama, &[DType::Bf16], false, 7, &[]);
         assert!(!fwd.iter().any(|s| s.rows == 1021));

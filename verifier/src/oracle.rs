@@ -232,10 +232,16 @@ pub fn oracle(spec: &CaseSpec, inp: &CaseInputs, ranges: &[(usize, usize)]) -> V
             Op::Silu | Op::Gelu | Op::GeluTanh => (start..start + len)
                 .map(|i| elementwise(spec.op, f(&inp.x, i)))
                 .collect(),
-            // Its dx; its dw (a sum over every row) is `backward_dw`.
-            Op::RmsNormBackward => {
+            // Its dx; its dw (a sum over every row) is `backward_dw`. fused_add_rms_norm's: the
+            // norm's dx plus the residual output's gradient (x is the residual output h).
+            Op::RmsNormBackward | Op::FusedAddRmsNormBackward => {
                 let dy = inp.dy.as_ref().expect("a backward case has dy");
                 let w = inp.weight.as_ref().expect("norm has weight");
+                let dres = (spec.op == Op::FusedAddRmsNormBackward).then(|| {
+                    inp.residual
+                        .as_ref()
+                        .expect("a fused add's backward has dres")
+                });
                 let row = start / cols;
                 let (r, sum_gh) = rms_backward_row(spec, inp, row, cols);
                 let n = cols as f64;
@@ -243,6 +249,7 @@ pub fn oracle(spec: &CaseSpec, inp: &CaseInputs, ranges: &[(usize, usize)]) -> V
                     .map(|i| {
                         let g = f(dy, i) * rms_weight(spec.semantics, f(w, i - row * cols));
                         r * g - r * r * r / n * f(&inp.x, i) * sum_gh
+                            + dres.map_or(0.0, |d| f(d, i))
                     })
                     .collect()
             }
@@ -373,12 +380,14 @@ pub fn backward_truth(
     g: &Gradient,
 ) -> (Vec<(usize, usize)>, Vec<f64>) {
     match (spec.op, g.name) {
-        (Op::RmsNormBackward, "dx") => {
+        (Op::RmsNormBackward | Op::FusedAddRmsNormBackward, "dx") => {
             let ranges = sample(spec);
             let truth = oracle(spec, inp, &ranges);
             (ranges, truth)
         }
-        (Op::RmsNormBackward, "dw") => (vec![(0, spec.cols as usize)], backward_dw(spec, inp)),
+        (Op::RmsNormBackward | Op::FusedAddRmsNormBackward, "dw") => {
+            (vec![(0, spec.cols as usize)], backward_dw(spec, inp))
+        }
         (Op::LayerNormBackward, "dx") => {
             let ranges = sample(spec);
             let truth = oracle(spec, inp, &ranges);
@@ -584,6 +593,42 @@ mod tests {
     #[test]
     fn rms_norm_backward_gemma_is_the_forward_truths_derivative() {
         rms_norm_backward_is_the_forward_truths_derivative(Semantics::Gemma);
+    }
+
+    /// fused_add_rms_norm_backward's truth: the llama norm's (checked against finite
+    /// differences above) plus the residual output's gradient in dx (d/dh of `sum dy * y(h) +
+    /// sum dres * h`), its dw the norm's.
+    #[test]
+    fn fused_add_rms_norm_backward_is_the_norms_plus_the_residuals_gradient() {
+        let (rows, cols) = (3usize, 5usize);
+        let v = |k: usize, d: f32| -> Vec<f32> {
+            (0..rows * cols)
+                .map(|i| ((i * k % 11) as f32 - 5.0) / d)
+                .collect()
+        };
+        let ws: Vec<f32> = (0..cols).map(|j| 0.75 + j as f32 / 8.0).collect();
+        let inp = |dres: Option<Vec<f32>>| CaseInputs {
+            mean: None,
+            rstd: None,
+            x: tensor(DType::F32, &v(7, 4.0)),
+            up: None,
+            residual: dres.map(|d| tensor(DType::F32, &d)),
+            weight: Some(tensor(DType::F32, &ws)),
+            bias: None,
+            dy: Some(tensor(DType::F32, &v(5, 2.0))),
+        };
+        let dres = v(3, 8.0);
+        let mut fa = spec(Op::FusedAddRmsNormBackward, Semantics::Default, 3, 5);
+        let mut ll = spec(Op::RmsNormBackward, Semantics::Llama, 3, 5);
+        fa.eps = 0.0625;
+        ll.eps = 0.0625;
+        let (fi, li) = (inp(Some(dres.clone())), inp(None));
+        let ranges = sample(&fa);
+        let (got, want) = (oracle(&fa, &fi, &ranges), oracle(&ll, &li, &ranges));
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            close(*g, w + dres[i] as f64);
+        }
+        assert_eq!(backward_dw(&fa, &fi), backward_dw(&ll, &li));
     }
 
     /// F.rms_norm's gradients (semantics torch): llama's function (x * r * w), other orders.

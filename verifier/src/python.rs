@@ -232,7 +232,8 @@ pub fn python_args(op: Op) -> &'static [&'static str] {
         | Op::GeluTanhMulBackward
         | Op::SiluBackward
         | Op::GeluBackward
-        | Op::GeluTanhBackward => &[],
+        | Op::GeluTanhBackward
+        | Op::FusedAddRmsNormBackward => &[],
     }
 }
 

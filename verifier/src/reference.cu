@@ -715,6 +715,42 @@ __device__ void rms_torch_bwd_dw_ref(T* dw, const float* ws, long long rows, lon
     for (long long c = me; c < cols; c += all) dw[c] = round_to<T>(ws[rows + c]);
 }
 
+// ---- The backward of fused_add_rms_norm under eager autograd (docs/backward-fused-add.md) ------
+// An HF decoder block's h = residual + x; y = LlamaRMSNorm(h): rms_norm_backward's llama entries
+// (x here is h, the forward's residual output), dx adding dres, the gradient reaching h from the
+// layers after it, as eager's engine adds it: in bf16 / f16 the norm's input gradient is one T
+// tensor (h.to(f32)'s ToCopyBackward0) and one add in T joins dres; in f32 h's buffer receives
+// dres, then MulBackward0's gh1, then PowBackward0's gh2: fl(fl(dres + gh1) + gh2). dx is the
+// gradient of both x and residual (AddBackward0). dwp and dw are llama's.
+template <typename T>
+__device__ void fa_bwd_dx_ref(T* dx, float* ws, const T* dy, const T* dres, const T* x, const T* w, long long rows, long long cols, float eps) {
+    __shared__ float sh[RB];
+    const int t = threadIdx.x;
+    const float inv_n = (float)(1.0 / (double)cols);
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const T* xr = x + row * cols;
+        const T* gr = dy + row * cols;
+        const T* rr = dres + row * cols;
+        T* dr = dx + row * cols;
+        auto sq = [&](long long i) { const float h = f32_of(xr[i]); return __fmul_rn(h, h); };
+        const float r = rsqrtf(__fadd_rn(__fmul_rn(mean_order_sum(sq, rows, row, cols, sh), mean_factor(rows, cols)), eps));
+        auto q = [&](long long i) { return __fmul_rn(rms_bwd_g<T, 0>(gr[i], w[i]), f32_of(xr[i])); };
+        const float s = mean_order_sum(q, rows, row, cols, sh);
+        const float ga = __fmul_rn(__fmul_rn(s, -0.5f), __fmul_rn(__fmul_rn(r, r), r));
+        const float gp = __fmul_rn(ga, inv_n);
+        for (long long i = t; i < cols; i += RB) {
+            const float h = f32_of(xr[i]);
+            const float gh1 = __fmul_rn(rms_bwd_g<T, 0>(gr[i], w[i]), r);
+            const float gh2 = __fmul_rn(gp, __fmul_rn(2.0f, h));
+            const float d = f32_of(rr[i]);
+            dr[i] = sizeof(T) == 4 ? round_to<T>(__fadd_rn(__fadd_rn(d, gh1), gh2))
+                                   : round_to<T>(__fadd_rn(f32_of(round_to<T>(__fadd_rn(gh1, gh2))), d));
+        }
+        if (t == 0) ws[row] = r;
+        __syncthreads();
+    }
+}
+
 #define REFS(T, S)                                                                                          \
 extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_llama_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 0, false>(out, nullptr, x, w, rows, cols, eps); } \
 extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_gemma_##S(T* out, const T* x, const T* w, long long rows, long long cols, float eps) { rms_norm_ref<T, 1, false>(out, nullptr, x, w, rows, cols, eps); } \
@@ -744,6 +780,9 @@ extern "C" __global__ void ref_rms_norm_backward_gemma_dw_##S(T* dw, const float
 extern "C" __global__ void __launch_bounds__(RB) ref_rms_norm_backward_torch_dx_##S(T* dx, float* ws, const T* dy, const T* x, const T* w, long long rows, long long cols, float eps) { rms_torch_bwd_dx_ref<T>(dx, ws, dy, x, w, rows, cols, eps); } \
 extern "C" __global__ void ref_rms_norm_backward_torch_dwp_##S(float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_torch_bwd_dwp_ref<T>(ws, dy, x, rows, cols, sms, threads_per_sm); } \
 extern "C" __global__ void ref_rms_norm_backward_torch_dw_##S(T* dw, const float* ws, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_torch_bwd_dw_ref<T>(dw, ws, rows, cols); } \
+extern "C" __global__ void __launch_bounds__(RB) ref_fused_add_rms_norm_backward_default_dx_##S(T* dx, float* ws, const T* dy, const T* dres, const T* x, const T* w, long long rows, long long cols, float eps) { fa_bwd_dx_ref<T>(dx, ws, dy, dres, x, w, rows, cols, eps); } \
+extern "C" __global__ void ref_fused_add_rms_norm_backward_default_dwp_##S(float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_bwd_dwp_ref<T, 0>(ws, dy, x, rows, cols, sms, threads_per_sm); } \
+extern "C" __global__ void ref_fused_add_rms_norm_backward_default_dw_##S(T* dw, const float* ws, long long rows, long long cols, long long sms, long long threads_per_sm) { rms_bwd_dw_ref<T>(dw, ws, rows, cols, sms, threads_per_sm); } \
 extern "C" __global__ void ref_silu_mul_backward_default_grad_##S(T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols) { silu_mul_bwd_grad_ref<T>(d_gate, d_up, dy, gate, up, rows, cols); } \
 extern "C" __global__ void ref_gelu_tanh_mul_backward_default_grad_##S(T* d_gate, T* d_up, const T* dy, const T* gate, const T* up, long long rows, long long cols) { gelu_tanh_mul_bwd_grad_ref<T>(d_gate, d_up, dy, gate, up, rows, cols); } \
 extern "C" __global__ void ref_layer_norm_backward_default_dx_##S(T* dx, const T* dy, const T* x, const float* mean, const float* rstd, const T* w, long long rows, long long cols) { ln_bwd_dx_ref<T>(dx, dy, x, mean, rstd, w, rows, cols); } \

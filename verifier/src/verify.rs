@@ -680,6 +680,24 @@ dw = "k_dw"
         }
     }
 
+    /// The bundled fused_add_rms_norm_backward kernel (kernels/fused_add_rms_norm_backward) is
+    /// verified with rms_norm_backward's shapes (the column sum's order changes), every dtype,
+    /// against its own reference entries.
+    #[test]
+    fn the_bundled_fused_add_rms_norm_backward_kernel_runs_its_backward_suite() {
+        let ids = ["1020x4096/normal", "1021x4096/normal", "1500x1001/normal"];
+        let r = bundled_backward_suite(
+            "fused_add_rms_norm_backward",
+            kernel_registry::Op::FusedAddRmsNormBackward,
+            &ids,
+        );
+        assert!(
+            r.reference.contains("fused_add_rms_norm_backward"),
+            "{}",
+            r.reference
+        );
+    }
+
     /// The bundled layer_norm_backward kernel (kernels/layer_norm_backward) is verified with
     /// its backward suite: every dtype, eager's chain-count boundaries, at most 65536 rows.
     #[test]

@@ -88,6 +88,8 @@ pub(crate) fn buffers(op: Op) -> Vec<&'static str> {
 fn host_input<'a>(name: &str, inp: &'a CaseInputs) -> Option<&'a HostTensor> {
     match name {
         "dy" => inp.dy.as_ref(),
+        // fused_add_rms_norm_backward's gradient of the residual output (drawn as `residual`)
+        "dres" => inp.residual.as_ref(),
         "x" | "gate" => Some(&inp.x),
         "up" => inp.up.as_ref(),
         "w" => inp.weight.as_ref(),
@@ -98,7 +100,7 @@ fn host_input<'a>(name: &str, inp: &'a CaseInputs) -> Option<&'a HostTensor> {
 }
 
 /// The inputs a backward call uploads itself (the forward's [`Bufs`] hold the others).
-const OWN_INPUTS: [&str; 3] = ["dy", "mean", "rstd"];
+const OWN_INPUTS: [&str; 4] = ["dy", "dres", "mean", "rstd"];
 
 /// A backward call's input `name`: its host copy and its device buffer (`own`: those of
 /// [`OWN_INPUTS`] the case has).
@@ -750,6 +752,10 @@ mod tests {
         for op in [Op::SiluBackward, Op::GeluBackward, Op::GeluTanhBackward] {
             assert_eq!(buffers(op), ["dx", "dy", "x"], "{op}");
         }
+        assert_eq!(
+            buffers(Op::FusedAddRmsNormBackward),
+            ["dx", "dw", "ws", "dy", "dres", "x", "w"]
+        );
         for &op in Op::ALL.iter().filter(|o| o.is_backward()) {
             let b = buffers(op);
             let mut all: Vec<&str> = op.stages().iter().flat_map(|s| s.tensors()).collect();
