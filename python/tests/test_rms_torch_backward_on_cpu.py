@@ -220,6 +220,14 @@ MUTATIONS = [
     ("dx contraction", "const float f1 = fmaf(__fmul_rn(fH, wv[i]), gv[i], -__fmul_rn(__fmul_rn(hv[i], r), s2));",
      "const float f1 = fmaf(-__fmul_rn(hv[i], r), s2, __fmul_rn(__fmul_rn(fH, wv[i]), gv[i]));",
      [(5, 1000, 132, 1, 1)]),
+    # the GPU check's red-team variants (verifier/tests/gpu.rs torch_backward/*): s2's add and
+    # dw's chain adds in two roundings each
+    ("s2 unfused", "if (i < n) s2 = fmaf(__fmul_rn(__fmul_rn(gv[i], wv[i]), hv[i]), r, s2);",
+     "if (i < n) s2 = __fadd_rn(s2, __fmul_rn(__fmul_rn(__fmul_rn(gv[i], wv[i]), hv[i]), r));",
+     [(64, 1024, 132, 2, 2)]),
+    ("dw chains unfused", "for (int i = 0; i < 8; ++i) acc = fmaf(__fmul_rn(gv[i], hv[i]), rv[i], acc);",
+     "for (int i = 0; i < 8; ++i) acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(gv[i], hv[i]), rv[i]));",
+     [(300, 96, 132, 2, 2)]),
     # the forward's 4 warp sums in order ((w0 + w1) + w2) + w3
     ("forward warp tree", "__fadd_rn(__fadd_rn(kt_wsq[g][0], kt_wsq[g][2]), __fadd_rn(kt_wsq[g][1], kt_wsq[g][3]))",
      "__fadd_rn(__fadd_rn(__fadd_rn(kt_wsq[g][0], kt_wsq[g][1]), kt_wsq[g][2]), kt_wsq[g][3])",

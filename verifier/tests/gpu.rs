@@ -117,6 +117,58 @@ fn gemma_backward_bundle(variant: &str) -> Result<KernelBundle, String> {
     mutated_bundle("rms_norm_gemma_backward", variant, m)
 }
 
+/// The backward of F.rms_norm (`kernels/rms_norm_torch_backward/`, bundled; rms_norm_backward
+/// semantics torch, docs/backward-rms-torch.md), with one mutation per red-team variant: `exact`
+/// none; `s2_unfused` dx's row sum with its product and add in two roundings (eager's SASS fuses
+/// them: dx moves, dw exact; f32); `dx_x_sub_yz` dx's other contraction of `A * dy - Bv * s2`
+/// (dx moves, dw exact; f32); `dw_chains_unfused` dw's chain adds in two roundings (dw moves,
+/// dx exact; f32).
+fn torch_backward_bundle(variant: &str) -> Result<KernelBundle, String> {
+    let m: &[(&str, &str, usize)] = match variant {
+        "exact" => &[],
+        "s2_unfused" => &[(
+            "if (i < n) s2 = fmaf(__fmul_rn(__fmul_rn(gv[i], wv[i]), hv[i]), r, s2);",
+            "if (i < n) s2 = __fadd_rn(s2, __fmul_rn(__fmul_rn(__fmul_rn(gv[i], wv[i]), hv[i]), r));",
+            1,
+        )],
+        "dx_x_sub_yz" => &[(
+            "const float f1 = fmaf(__fmul_rn(fH, wv[i]), gv[i], -__fmul_rn(__fmul_rn(hv[i], r), s2));",
+            "const float f1 = fmaf(-__fmul_rn(hv[i], r), s2, __fmul_rn(__fmul_rn(fH, wv[i]), gv[i]));",
+            1,
+        )],
+        "dw_chains_unfused" => &[(
+            "for (int i = 0; i < 8; ++i) acc = fmaf(__fmul_rn(gv[i], hv[i]), rv[i], acc);",
+            "for (int i = 0; i < 8; ++i) acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(gv[i], hv[i]), rv[i]));",
+            1,
+        )],
+        other => return Err(format!("no torch backward variant `{other}`")),
+    };
+    mutated_bundle("rms_norm_torch_backward", variant, m)
+}
+
+/// The backward of the residual add + LlamaRMSNorm (`kernels/fused_add_rms_norm_backward/`,
+/// bundled; docs/backward-fused-add.md), with one mutation per red-team variant: `exact` none;
+/// `f32_norm_first` the f32 sum as a kernel of the norm alone would give it, `dres + (gh1 +
+/// gh2)` (dx moves, dw exact; f32); `unrounded_before_add` bf16's norm gradient not rounded to T
+/// before the residual's is added (dx moves, dw exact; bf16).
+fn fused_add_backward_bundle(variant: &str) -> Result<KernelBundle, String> {
+    let m: &[(&str, &str, usize)] = match variant {
+        "exact" => &[],
+        "f32_norm_first" => &[(
+            "if constexpr (sizeof(T) == 4) return __fadd_rn(__fadd_rn(dres, gh1), gh2);",
+            "if constexpr (sizeof(T) == 4) return __fadd_rn(dres, __fadd_rn(gh1, gh2));",
+            1,
+        )],
+        "unrounded_before_add" => &[(
+            "else return __fadd_rn(BT<T>::rnd(__fadd_rn(gh1, gh2)), dres);",
+            "else return __fadd_rn(__fadd_rn(gh1, gh2), dres);",
+            1,
+        )],
+        other => return Err(format!("no fused add backward variant `{other}`")),
+    };
+    mutated_bundle("fused_add_rms_norm_backward", variant, m)
+}
+
 /// The backward of silu(gate) * up (`kernels/silu_mul_backward/`, bundled; docs/backward-gated.md),
 /// with one mutation per red-team variant: `exact` none; `fma_unfused` silu_backward's
 /// `fma(1 - s, g, 1)` in two roundings (d_gate moves by ulps, d_up exact; verified in f32, where
@@ -252,6 +304,33 @@ fn ln_backward_bundle(variant: &str) -> Result<KernelBundle, String> {
     mutated_bundle("layer_norm_backward", variant, m)
 }
 
+/// A dx-and-dw backward op's `exact` check: bit_exact in both over every dtype, deterministic,
+/// integrity ok, admitted by the bit_exact policy.
+fn two_gradients_exact(r: &VerificationReport) -> Result<String, String> {
+    let v = &r.summary.overall;
+    let (dx, dw) = (gradient_class(r, "dx"), gradient_class(r, "dw"));
+    if v.class == ExactnessClass::BitExact
+        && v.deterministic
+        && v.integrity_ok
+        && r.summary.per_dtype.len() == DType::ALL.len()
+    {
+        bit_exact_policy_admits(r)?;
+        Ok(format!("dx {dx}, dw {dw} over {} cases", v.cases_run))
+    } else {
+        Err(format!("dx {dx}, dw {dw}: {}", v.describe()))
+    }
+}
+
+/// A red-team variant that breaks dx alone.
+fn dx_off_dw_exact(r: &VerificationReport) -> Result<String, String> {
+    let (dx, dw) = (gradient_class(r, "dx"), gradient_class(r, "dw"));
+    if dx != "bit_exact" && dw == "bit_exact" {
+        Ok(format!("dx {dx}, dw {dw}"))
+    } else {
+        Err(format!("expected dx off and dw exact: dx {dx}, dw {dw}"))
+    }
+}
+
 /// The class a backward verification gives `gradient`, as text.
 fn gradient_class(r: &VerificationReport, gradient: &str) -> String {
     r.summary
@@ -276,6 +355,16 @@ fn run(rel: &str) -> Result<VerificationReport, String> {
     } else if let Some(v) = rel.strip_prefix("gemma_backward/") {
         let dts = (v != "exact").then(|| vec![DType::Bf16]);
         (gemma_backward_bundle(v)?, dts)
+    } else if let Some(v) = rel.strip_prefix("torch_backward/") {
+        let dts = (v != "exact").then(|| vec![DType::F32]);
+        (torch_backward_bundle(v)?, dts)
+    } else if let Some(v) = rel.strip_prefix("fused_add_backward/") {
+        let dts = match v {
+            "exact" => None,
+            "f32_norm_first" => Some(vec![DType::F32]),
+            _ => Some(vec![DType::Bf16]),
+        };
+        (fused_add_backward_bundle(v)?, dts)
     } else if let Some(v) = rel.strip_prefix("ln_backward/") {
         let dts = match v {
             "exact" => None,
@@ -771,6 +860,24 @@ fn main() -> ExitCode {
                 Err(format!("expected dw off and dx exact: dx {dx}, dw {dw}"))
             }
         }),
+        // rms_norm_backward semantics torch (F.rms_norm; session 30, not yet run on a GPU) and
+        // fused_add_rms_norm_backward (session 30, not yet run on a GPU): dx and dw against the
+        // reference's entries in every dtype, and the red-team variants caught in the gradient
+        // each breaks.
+        ("torch_backward/exact", two_gradients_exact),
+        ("torch_backward/s2_unfused", dx_off_dw_exact),
+        ("torch_backward/dx_x_sub_yz", dx_off_dw_exact),
+        ("torch_backward/dw_chains_unfused", |r| {
+            let (dx, dw) = (gradient_class(r, "dx"), gradient_class(r, "dw"));
+            if dx == "bit_exact" && dw != "bit_exact" {
+                Ok(format!("dx {dx}, dw {dw}"))
+            } else {
+                Err(format!("expected dw off and dx exact: dx {dx}, dw {dw}"))
+            }
+        }),
+        ("fused_add_backward/exact", two_gradients_exact),
+        ("fused_add_backward/f32_norm_first", dx_off_dw_exact),
+        ("fused_add_backward/unrounded_before_add", dx_off_dw_exact),
         // silu_mul_backward through the backward suite: each gradient against the reference,
         // batch invariance of both; red-team variants each caught where they break it.
         ("gated_backward/exact", gated_backward_exact),
