@@ -6,7 +6,7 @@ the training step's time.
 On the GPU machine:
 
     PYTHONUNBUFFERED=1 python3 scripts/training_check.py OUT_DIR [--steps 20] [--dtypes bf16,f32]
-        [--models tiny-llama,tiny-gpt2,tiny-gemma]
+        [--models tiny-llama,tiny-gpt2,tiny-gemma]    # also: tiny-llama-rmsnorm
 
 Without a GPU, `--dry-run` runs the same code paths on the CPU (kernelize reports what it would
 replace and keeps every layer; both runs are eager, so they agree by construction: it checks the
@@ -32,7 +32,9 @@ under autograd eager's own forward op (its saved mean and rstd) and the backward
 HF GemmaForCausalLM built here from a config and a fixed seed (`tiny_gemma`: 4 decoder layers,
 hidden_act gelu_pytorch_tanh), whose GeGLU MLPs get gelu_tanh_mul and gelu_tanh_mul_backward in
 every dtype and whose 9 GemmaRMSNorm layers rms_norm_gemma and rms_norm_gemma_backward, except
-in f32, where they keep their original forward under autograd as Llama's) and dtype:
+in f32, where they keep their original forward under autograd as Llama's; tiny-llama-rmsnorm,
+not run by default: models/tiny-llama with nn.RMSNorm norms, which get rms_norm_torch and
+rms_norm_torch_backward in every dtype, f32 included: F.rms_norm is one autograd node) and dtype:
 two copies from the same weights, one `kernelize(..., mode="training")`, both trained with AdamW
 on the same batches of models/corpus.txt (bytes as tokens, as the models were trained); per
 step the loss bits and every parameter's gradient bits, at the end every parameter's bits.
@@ -73,6 +75,7 @@ MODELS = ["tiny-llama", "tiny-gpt2", "tiny-gemma"]
 
 
 KERNELS = ["rms_norm_llama", "rms_norm_llama_backward", "rms_norm_gemma", "rms_norm_gemma_backward",
+           "rms_norm_torch", "rms_norm_torch_backward",
            "silu_mul", "silu_mul_backward", "gelu_tanh_mul", "gelu_tanh_mul_backward", "layer_norm",
            "layer_norm_backward", "gelu", "gelu_backward"]
 GATED = ["silu_mul", "silu_mul_backward", "gelu_tanh_mul", "gelu_tanh_mul_backward"]
@@ -104,8 +107,25 @@ def tiny_gemma():
     return model
 
 
+def tiny_llama_rmsnorm():
+    """models/tiny-llama with its 9 LlamaRMSNorm layers replaced by torch.nn.RMSNorm of the same
+    width, eps and weights (F.rms_norm: rms_norm semantics torch, eager's one _fused_rms_norm node
+    on CUDA; docs/backward-rms-torch.md), f32 on the CPU."""
+    import transformers
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.join(ROOT, "models", "tiny-llama"), attn_implementation="eager").float()
+    for name, m in list(model.named_modules()):
+        if type(m).__name__ == "LlamaRMSNorm":
+            parent, _, attr = name.rpartition(".")
+            new = torch.nn.RMSNorm(m.weight.shape[0], eps=m.variance_epsilon)
+            with torch.no_grad():
+                new.weight.copy_(m.weight)
+            setattr(model.get_submodule(parent) if parent else model, attr, new)
+    return model
+
+
 #: The models built here, not loaded from models/ (name -> a builder of the f32 CPU model).
-BUILT = {"tiny-gemma": tiny_gemma}
+BUILT = {"tiny-gemma": tiny_gemma, "tiny-llama-rmsnorm": tiny_llama_rmsnorm}
 
 
 def kernel_names(gated: bool = True, layer_norm: bool = True, activations: bool = True) -> list[str]:

@@ -557,6 +557,26 @@ def test_shipped_tiny_llama_training_bit_exact_with_the_backward_kernels(tmp_pat
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+def test_tiny_llama_with_torch_rms_norms_training_bit_exact_with_their_backward(tmp_path, dtype):
+    """Issue 30 (session 30, not yet run on a GPU): models/tiny-llama with its 9 norms replaced by
+    nn.RMSNorm (scripts/training_check.py's `tiny-llama-rmsnorm`; rms_norm semantics torch, eager's
+    one _fused_rms_norm node) kernelized in training mode with the real kernels from a local
+    folder (rms_norm_torch and rms_norm_torch_backward, silu_mul and silu_mul_backward), 5 AdamW
+    steps against eager: every loss, the first 3 steps' gradients and every parameter bit for
+    bit. The norms take their backward kernel in f32 too (one node in eager: the residual's
+    gradient meets one dx, as with the kernel; docs/backward-rms-torch.md)."""
+    steps = 5
+    row = _training_check(tmp_path, dtype, "tiny-llama-rmsnorm", steps)
+    assert len(row["replaced"]) == 13 and len(row["with_backward"]) == 13, row["report"]
+    assert row["backward_kernels"] == ["rms_norm_torch_backward", "silu_mul_backward"]
+    launches = row["backward_launches"]
+    assert launches.get("rms_norm_torch_backward") == {"dx": 9 * steps, "dwp": 9 * steps,
+                                                       "dw": 9 * steps}, launches
+    assert launches.get("silu_mul_backward") == {"grad": 4 * steps}, launches
+    _assert_trained_as_eager(row)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
 def test_random_tiny_gemma_training_bit_exact_with_the_gelu_tanh_mul_backward(tmp_path, dtype):
     """Issue 30: a random-weight tiny Gemma (HF GemmaForCausalLM, hidden_act gelu_pytorch_tanh;
     scripts/training_check.py's `tiny_gemma`, 4 decoder layers) kernelized in training mode with

@@ -129,3 +129,20 @@ def test_the_training_check_takes_both_kernels_from_a_fresh_hub(tmp_path, fresh_
     assert len(row["with_backward"]) == 13, row["report"]
     assert "rms_norm_llama_backward 1.0.0" in row["report"] and "(bit_exact)" in row["report"]
     assert "backward silu_mul_backward 1.0.0" in row["report"]
+
+
+def test_the_training_check_runs_a_tiny_llama_with_torch_rms_norms(tmp_path):
+    """`--models tiny-llama-rmsnorm`: the shipped tiny Llama with nn.RMSNorm norms (rms_norm
+    semantics torch): its 9 norms would take rms_norm_torch and rms_norm_torch_backward, in f32
+    too (F.rms_norm is one autograd node: no F32_ACCUMULATION), its 4 MLPs silu_mul and
+    silu_mul_backward."""
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "training_check.py"), str(tmp_path),
+                        "--dry-run", "--steps", "2", "--dtypes", "f32", "--models", "tiny-llama-rmsnorm"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    data = json.loads((tmp_path / "training_check.json").read_text())
+    assert not data["errors"], data["errors"]
+    (row,) = data["rows"]
+    assert len(row["replaced"]) == 13 and row["with_backward"] == row["replaced"], row["report"]
+    assert row["backward_kernels"] == ["rms_norm_torch_backward", "silu_mul_backward"]
+    assert row["ok"]
