@@ -703,7 +703,7 @@ __device__ void rms_torch_bwd_dwp_ref(float* ws, const T* dy, const T* x, long l
                         v[y] = fmaf(__fmul_rn(f32_of(dy[row * cols + c]), f32_of(x[row * cols + c])), ws[row], v[y]);
                 }
         }
-        for (int o = bdy / 2; o >= 1; o /= 2)
+        for (int o = bdy >> 1; o > 0; o >>= 1)  // the halving tree over the chains
             for (int y = 0; y < o; ++y) v[y] = __fadd_rn(v[y], v[y + o]);
         ws[rows + c] = v[0];
     }
