@@ -122,7 +122,12 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--budget", type=float, default=420.0, help="seconds for the grid (timing still runs)")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--dtypes", default="bf16,f16,f32", help="comma-separated, in this order (f32 first "
+                    "to reach it within a short budget)")
     args = ap.parse_args(argv)
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    if not dtypes or not set(dtypes) <= set(DT):
+        ap.error(f"--dtypes: some of {', '.join(DT)}")
     t0 = time.time()
     out_dir, dry, device = probe_setup(args, "fused_add_backward_probe_out")
     rep = dict(env=env_info(device), dry_run=dry, cases=[], timing=[], errors=[], alternatives={},
@@ -146,7 +151,7 @@ def main(argv=None):
     else:
         shapes = [(r, c) for r in ROWS for c in COLS]
     stop = False
-    for dt in DT:
+    for dt in dtypes:
         for rows, cols in shapes:
             if time.time() - t0 > args.budget:
                 rep["errors"].append(f"budget: the grid stopped at {dt} [{rows}, {cols}] after {args.budget} s")
@@ -186,7 +191,7 @@ def main(argv=None):
                 break
         if stop:
             break
-    for dt in (["bf16"] if dry else list(DT)):
+    for dt in (dtypes[:1] if dry else dtypes):
         for rows, cols in ([(64, 256)] if dry else TIMED):
             if stop:
                 break
