@@ -265,3 +265,37 @@ def test_nvrtc_compiles_it_with_every_rounding_explicit():
         f"fused_add_rms_norm_bwd_{e}_{dt}" for e in ("dx", "dwp", "dw") for dt in DTYPES)
     assert not re.findall(r"\b(?:add|sub|mul|fma|mad)(?:\.ftz)?(?:\.sat)?\.f32\b", fused)
     assert fused == unfused
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_the_sum_is_eagers_in_an_hf_decoder_blocks_residual_stream(dt):
+    # the block as HF's LlamaDecoderLayer runs its second half: h1 = residual + attn_out;
+    # post_attention_layernorm(h1) -> LlamaMLP -> h2 = h1 + mlp_out; the loss reads h2. h1's
+    # gradient: the MLP's residual add (dres), then the norm's paths, as the engine orders them
+    # with the MLP's nodes in between; the emulation given the norm's incoming gradient (read with
+    # a hook) and dres gives eager's residual gradient bit for bit
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+    T = TT[dt]
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=160, rms_norm_eps=1e-6)
+    torch.manual_seed(5)
+    norm, mlp = LlamaRMSNorm(64, eps=1e-6), LlamaMLP(cfg)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.2 * torch.randn(64))
+    norm, mlp = norm.to(T), mlp.to(T)
+    g = torch.Generator().manual_seed(6)
+    res = torch.randn(2, 9, 64, generator=g).to(T).requires_grad_(True)
+    attn = torch.randn(2, 9, 64, generator=g).to(T).requires_grad_(True)
+    gout = torch.randn(2, 9, 64, generator=g).to(T)
+    h1 = res + attn
+    n = norm(h1)
+    box = {}
+    n.register_hook(lambda grad: box.__setitem__("dy", grad.detach().clone()))
+    h2 = h1 + mlp(n)
+    h2.backward(gout)
+    f = lambda t: t.detach().float().reshape(-1, 64).numpy()  # noqa: E731
+    dx, dw = FA.fused_add_rms_norm_backward(f(h1), f(norm.weight), f(box["dy"]), f(gout), 1e-6, dt,
+                                            **_cpu_pieces(torch, T))
+    assert torch.equal(res.grad, attn.grad)
+    assert _ndiff(dx, f(res.grad)) == 0, dt
+    assert _ndiff(dw, norm.weight.grad.float().numpy()) == 0, dt
