@@ -315,6 +315,21 @@ const ALLOWED_OPTION_PREFIXES: &[&str] = &[
     "-default-device",
 ];
 
+/// The one ptxas option an author may pass, whole: ptxas on `N` threads (0: as many as it likes)
+/// over the module's functions (`-Xptxas=--split-compile=N` or `--ptxas-options=--split-compile=N`).
+/// It changes how long ptxas takes, not the code: the same SASS instruction for instruction
+/// (docs/verifier.md, session 30); the CUBIN's bytes differ, so it is a manifest option
+/// like any other, recorded with the module and used by the clients.
+pub fn is_ptxas_threads_option(o: &str) -> bool {
+    [
+        "-Xptxas=--split-compile=",
+        "--ptxas-options=--split-compile=",
+    ]
+    .iter()
+    .filter_map(|p| o.strip_prefix(p))
+    .any(|n| (1..=3).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// The macro defined when one dtype's entry is compiled as its own module, as the verifier and
 /// the clients do: `-DKERNELIZE_DTYPE_BF16`, `_F16` or `_F32`. A kernel may leave the other
 /// dtypes' entries out under it (docs/manifest.md); one that ignores it compiles them all.
@@ -1018,11 +1033,13 @@ impl Manifest {
                     ),
                 ));
             }
-            if !ALLOWED_OPTION_PREFIXES.iter().any(|p| o.starts_with(p)) {
+            if !ALLOWED_OPTION_PREFIXES.iter().any(|p| o.starts_with(p))
+                && !is_ptxas_threads_option(o)
+            {
                 return Err(fe(
                     format!("nvrtc_options[{i}]"),
                     format!(
-                        "`{o}` is not allowed; the verifier sets the architecture and include paths. Allowed: {}",
+                        "`{o}` is not allowed; the verifier sets the architecture and include paths. Allowed: {} -Xptxas=--split-compile=N",
                         ALLOWED_OPTION_PREFIXES.join(" ")
                     ),
                 ));

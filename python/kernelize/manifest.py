@@ -127,6 +127,17 @@ _ALLOWED_OPTION_PREFIXES = (
 )
 
 
+def is_ptxas_threads_option(o: str) -> bool:
+    """The one ptxas option an author may pass, whole (kernel_registry::manifest's
+    `is_ptxas_threads_option`): `-Xptxas=--split-compile=N` or `--ptxas-options=--split-compile=N`,
+    N of one to three digits; ptxas's threads, not the code (the same SASS)."""
+    for p in ("-Xptxas=--split-compile=", "--ptxas-options=--split-compile="):
+        if o.startswith(p):
+            n = o[len(p):]
+            return 1 <= len(n) <= 3 and n.isascii() and n.isdigit()
+    return False
+
+
 class ManifestError(ValueError):
     """A kernel.toml the registry would refuse; the message names the field."""
 
@@ -385,7 +396,7 @@ def _nvrtc_options(raw: dict[str, Any]) -> list[str]:
         defined = o[len("--define-macro="):] if o.startswith("--define-macro=") else (o[2:] if o.startswith("-D") else "")
         if defined.startswith("KERNELIZE_"):
             raise _fe(f"nvrtc_options[{i}]", f"`{o}`: macros named KERNELIZE_* are the verifier's")
-        if not any(o.startswith(p) for p in _ALLOWED_OPTION_PREFIXES):
+        if not any(o.startswith(p) for p in _ALLOWED_OPTION_PREFIXES) and not is_ptxas_threads_option(o):
             raise _fe(f"nvrtc_options[{i}]", f"`{o}` is not allowed")
     return opts
 

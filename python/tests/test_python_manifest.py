@@ -85,3 +85,24 @@ def test_requirement_names_normalise_as_pip_does():
     assert check_requirement("torch >= 2.5") == "torch"
     with pytest.raises(ValueError):
         check_requirement("torch>=2.5 ; python_version>'3'")
+
+
+def test_ptxas_threads_is_the_one_ptxas_option_and_only_whole():
+    """As kernel_registry's manifest test of the same name: `-Xptxas=--split-compile=N` (N of one
+    to three digits) is allowed whole, nothing else for ptxas."""
+    from kernelize.manifest import is_ptxas_threads_option
+    toml = (Path(__file__).resolve().parents[2] / "kernels" / "silu" / "kernel.toml").read_text()
+    assert 'source = "kernel.cu"' in toml
+    for ok in ("-Xptxas=--split-compile=0", "-Xptxas=--split-compile=16",
+               "--ptxas-options=--split-compile=128"):
+        assert is_ptxas_threads_option(ok)
+        m = parse_manifest_toml(toml.replace('source = "kernel.cu"',
+                                             f'source = "kernel.cu"\nnvrtc_options = ["{ok}"]', 1))
+        assert m["nvrtc_options"] == [ok]
+    for bad in ("-Xptxas=--split-compile=", "-Xptxas=--split-compile=0,-O0",
+                "-Xptxas=--split-compile=1234", "-Xptxas=-O0", "-Xptxas=--split-compile=٣",
+                "--ptxas-options=--gpu-name=sm_80"):
+        assert not is_ptxas_threads_option(bad)
+        with pytest.raises(ManifestError, match="not allowed"):
+            parse_manifest_toml(toml.replace('source = "kernel.cu"',
+                                             f'source = "kernel.cu"\nnvrtc_options = ["{bad}"]', 1))

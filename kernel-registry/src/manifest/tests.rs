@@ -203,6 +203,14 @@ fn bad_manifests_name_the_field() {
         (
             with(
                 "source = \"k.cu\"",
+                "source = \"k.cu\"\nnvrtc_options = [\"-Xptxas=--split-compile=0,-O0\"]",
+            ),
+            "`nvrtc_options[0]`",
+            "not allowed",
+        ),
+        (
+            with(
+                "source = \"k.cu\"",
                 "source = \"k.cu\"\nnvrtc_options = [\"-DKERNELIZE_DTYPE_F16\"]",
             ),
             "`nvrtc_options[0]`",
@@ -1104,4 +1112,40 @@ fn launch_fixture_is_current() {
     .unwrap()
         + "\n";
     crate::fixtures::check_current("launch_dims.json", &want, "launch_fixture");
+}
+
+/// ptxas on several threads is the one ptxas option an author may pass, and only whole: a thread
+/// count of at most three digits, nothing after it (a comma would pass more options to ptxas).
+#[test]
+fn ptxas_threads_is_the_one_ptxas_option_and_only_whole() {
+    for ok in [
+        "-Xptxas=--split-compile=0",
+        "-Xptxas=--split-compile=16",
+        "--ptxas-options=--split-compile=128",
+    ] {
+        assert!(is_ptxas_threads_option(ok), "{ok}");
+        let m = Manifest::parse(&with(
+            "source = \"k.cu\"",
+            &format!("source = \"k.cu\"\nnvrtc_options = [\"{ok}\"]"),
+        ))
+        .unwrap();
+        assert_eq!(m.nvrtc_options, vec![ok.to_string()]);
+    }
+    for bad in [
+        "-Xptxas=--split-compile=",
+        "-Xptxas=--split-compile=0,-O0",
+        "-Xptxas=--split-compile=1234",
+        "-Xptxas=-O0",
+        "-Xptxas=--split-compile=x",
+        "--ptxas-options=--gpu-name=sm_80",
+    ] {
+        assert!(!is_ptxas_threads_option(bad), "{bad}");
+        let e = Manifest::parse(&with(
+            "source = \"k.cu\"",
+            &format!("source = \"k.cu\"\nnvrtc_options = [\"{bad}\"]"),
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("not allowed"), "{bad}: {e}");
+    }
 }
