@@ -409,6 +409,43 @@ mod tests {
         rest.trim_start().chars().next().unwrap()
     }
 
+    /// The parent's question for the first compiled dtype and the child's answer cross the
+    /// pipe as JSON lines, as every request does; a Python candidate is never asked (it has no
+    /// modules), nor a kernel of one dtype.
+    #[test]
+    fn first_ready_crosses_the_pipe_and_is_asked_only_where_it_can_help() {
+        let req = Request::FirstReady {
+            manifest_toml: "m".into(),
+            source: "s".into(),
+            dtypes: vec![DType::Bf16, DType::F32],
+        };
+        let line = serde_json::to_string(&req).unwrap();
+        match serde_json::from_str::<Request>(&line).unwrap() {
+            Request::FirstReady { dtypes, .. } => assert_eq!(dtypes, [DType::Bf16, DType::F32]),
+            other => panic!("{other:?}"),
+        }
+        for answer in [Some(DType::F32), None] {
+            let line = serde_json::to_string(&Response::FirstReady(answer)).unwrap();
+            match serde_json::from_str::<Response>(&line).unwrap() {
+                Response::FirstReady(d) => assert_eq!(d, answer),
+                other => panic!("{other:?}"),
+            }
+        }
+        // No child is started for a question that cannot help (this executable is no sandbox).
+        let mut exec = SandboxExecutor::new(Some(PathBuf::from("/nonexistent"))).unwrap();
+        let kernels = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels");
+        let cuda = KernelBundle::load_dir(&kernels.join("silu")).unwrap();
+        assert_eq!(exec.first_ready(&cuda, &[DType::Bf16]).unwrap(), None);
+        let python = std::fs::read_dir(kernels.join("third-party"))
+            .unwrap()
+            .filter_map(|e| KernelBundle::load_dir(&e.ok()?.path()).ok())
+            .find(|b| b.manifest.runtime == Runtime::Python)
+            .expect("a bundled Python candidate");
+        let all = [DType::Bf16, DType::F16, DType::F32];
+        assert_eq!(exec.first_ready(&python, &all).unwrap(), None);
+        assert_eq!(exec.children_started, 0);
+    }
+
     #[test]
     fn a_frozen_child_group_is_stopped_until_thawed_and_killed_whole() {
         // A shell (the group's leader) with a child of its own in the group.
