@@ -80,50 +80,28 @@ pub fn serve() -> anyhow::Result<()> {
         }
         let req: Request = serde_json::from_str(&line)?;
         let resp = match req {
-            Request::Device => match exec.device_info() {
-                Ok(d) => Response::Device(d),
-                Err(e) => Response::Error(e),
-            },
+            Request::Device => exec
+                .device_info()
+                .map_or_else(Response::Error, Response::Device),
             Request::Compiled {
                 manifest_toml,
                 source,
-            } => match KernelBundle::from_parts(&manifest_toml, &source) {
-                Err(e) => Response::Error(ExecError::Compile {
-                    what: "kernel.toml".into(),
-                    log: e.to_string(),
-                }),
-                Ok(b) => match exec.compiled(&b) {
-                    Ok(c) => Response::Compiled(c),
-                    Err(e) => Response::Error(e),
-                },
-            },
+            } => answer(&manifest_toml, &source, |b| {
+                exec.compiled(b).map(Response::Compiled)
+            }),
             Request::FirstReady {
                 manifest_toml,
                 source,
                 dtypes,
-            } => match KernelBundle::from_parts(&manifest_toml, &source) {
-                Err(e) => Response::Error(ExecError::Compile {
-                    what: "kernel.toml".into(),
-                    log: e.to_string(),
-                }),
-                Ok(b) => match exec.first_ready(&b, &dtypes) {
-                    Ok(d) => Response::FirstReady(d),
-                    Err(e) => Response::Error(e),
-                },
-            },
+            } => answer(&manifest_toml, &source, |b| {
+                exec.first_ready(b, &dtypes).map(Response::FirstReady)
+            }),
             Request::Audits {
                 manifest_toml,
                 source,
-            } => match KernelBundle::from_parts(&manifest_toml, &source) {
-                Err(e) => Response::Error(ExecError::Compile {
-                    what: "kernel.toml".into(),
-                    log: e.to_string(),
-                }),
-                Ok(b) => match exec.audits(&b) {
-                    Ok(a) => Response::Audits(a),
-                    Err(e) => Response::Error(e),
-                },
-            },
+            } => answer(&manifest_toml, &source, |b| {
+                exec.audits(b).map(Response::Audits)
+            }),
             Request::Reference { spec, reps, dir } => {
                 let written = exec.reference_case(&spec, reps).and_then(|r| {
                     let write = |name: &str, bytes: &[u8]| {
@@ -140,10 +118,9 @@ pub fn serve() -> anyhow::Result<()> {
                     }
                     Ok(r.median_us)
                 });
-                match written {
-                    Ok(median_us) => Response::Reference { median_us },
-                    Err(e) => Response::Error(e),
-                }
+                written.map_or_else(Response::Error, |median_us| Response::Reference {
+                    median_us,
+                })
             }
             Request::Case {
                 manifest_toml,
@@ -151,29 +128,22 @@ pub fn serve() -> anyhow::Result<()> {
                 spec,
                 limits,
                 copy_gbps,
-            } => match KernelBundle::from_parts(&manifest_toml, &source) {
-                Err(e) => Response::Error(ExecError::Compile {
-                    what: "kernel.toml".into(),
-                    log: e.to_string(),
-                }),
-                Ok(b) => {
-                    // A panic inside the run (a bug of ours) must not look like a kernel fault.
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        exec.run_case(&b, &spec, &limits, copy_gbps)
-                    }));
-                    match r {
-                        Ok(Ok(c)) => Response::Case(Box::new(c)),
-                        Ok(Err(e)) => Response::Error(e),
-                        Err(p) => Response::Error(ExecError::Sandbox(format!(
-                            "verifier panic: {}",
-                            p.downcast_ref::<String>()
-                                .cloned()
-                                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                                .unwrap_or_default()
-                        ))),
-                    }
+            } => answer(&manifest_toml, &source, |b| {
+                // A panic inside the run (a bug of ours) must not look like a kernel fault.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    exec.run_case(b, &spec, &limits, copy_gbps)
+                }));
+                match r {
+                    Ok(c) => c.map(|c| Response::Case(Box::new(c))),
+                    Err(p) => Err(ExecError::Sandbox(format!(
+                        "verifier panic: {}",
+                        p.downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default()
+                    ))),
                 }
-            },
+            }),
         };
         let fatal = matches!(&resp, Response::Error(e) if e.context_broken());
         serde_json::to_writer(&mut out, &resp)?;
@@ -185,6 +155,22 @@ pub fn serve() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The answer to a request about a kernel: `f` on its bundle, or the error that its manifest or
+/// source is refused (`kernel.toml`), as a compile error.
+fn answer(
+    manifest_toml: &str,
+    source: &str,
+    f: impl FnOnce(&KernelBundle) -> Result<Response, ExecError>,
+) -> Response {
+    match KernelBundle::from_parts(manifest_toml, source) {
+        Err(e) => Response::Error(ExecError::Compile {
+            what: "kernel.toml".into(),
+            log: e.to_string(),
+        }),
+        Ok(b) => f(&b).unwrap_or_else(Response::Error),
+    }
 }
 
 /// The parent side: an `Executor` whose cases run in a child process.
