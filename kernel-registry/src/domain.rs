@@ -194,16 +194,8 @@ impl Op {
                     params: "T* dx, float* ws, const T* dy, const T* x, const T* w, long long rows, long long cols, float eps",
                     block: Some(512),
                 },
-                Stage {
-                    name: "dwp",
-                    params: "float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long threads_per_sm",
-                    block: Some(128),
-                },
-                Stage {
-                    name: "dw",
-                    params: "T* dw, const float* ws, long long rows, long long cols, long long sms, long long threads_per_sm",
-                    block: Some(128),
-                },
+                RMS_NORM_DWP,
+                RMS_NORM_DW,
             ],
             // docs/backward-fused-add.md: rms_norm_backward's (llama) entries with the gradient
             // `dres` reaching the residual output (x here is that output, h = residual + x, the
@@ -215,16 +207,8 @@ impl Op {
                     params: "T* dx, float* ws, const T* dy, const T* dres, const T* x, const T* w, long long rows, long long cols, float eps",
                     block: Some(512),
                 },
-                Stage {
-                    name: "dwp",
-                    params: "float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long threads_per_sm",
-                    block: Some(128),
-                },
-                Stage {
-                    name: "dw",
-                    params: "T* dw, const float* ws, long long rows, long long cols, long long sms, long long threads_per_sm",
-                    block: Some(128),
-                },
+                RMS_NORM_DWP,
+                RMS_NORM_DW,
             ],
             // docs/backward-gated.md: eager autograd's chain for act(gate) * up (silu, gelu_tanh),
             // elementwise, both gradients in one launch (grid-stride over rows * cols).
@@ -480,6 +464,20 @@ pub const LN_BACKWARD_MAX_ROWS: u64 = 65536;
 /// The name of a forward op's one entry in [`Op::stages`] (its manifest's `[entry]` names one
 /// symbol per dtype, no stage).
 pub const FORWARD_STAGE: &str = "entry";
+
+/// rms_norm_backward's column-sum stages (docs/backward.md, "The kernel"): the per-CTA partials
+/// of dw into the workspace, then their global reduce; fused_add_rms_norm_backward has the same
+/// two (its dx differs).
+const RMS_NORM_DWP: Stage = Stage {
+    name: "dwp",
+    params: "float* ws, const T* dy, const T* x, long long rows, long long cols, long long sms, long long threads_per_sm",
+    block: Some(128),
+};
+const RMS_NORM_DW: Stage = Stage {
+    name: "dw",
+    params: "T* dw, const float* ws, long long rows, long long cols, long long sms, long long threads_per_sm",
+    block: Some(128),
+};
 
 /// One entry of an op's ABI: what a manifest names per dtype and a launch passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
