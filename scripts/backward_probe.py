@@ -272,6 +272,18 @@ def ndiff(a: torch.Tensor, b: torch.Tensor) -> int:
     return int((a.view(torch.int16) != b.view(torch.int16)).sum().item())
 
 
+def np32(t: torch.Tensor):
+    """`t` as a float32 numpy array on the CPU (an emulation's input or a kernel's output)."""
+    return t.detach().float().cpu().numpy()
+
+
+def bits_diff(a, b) -> int:
+    """Elements whose float32 bits differ between two arrays (numpy, or anything numpy takes):
+    `ndiff` for the emulations, which compute in float32 on the host."""
+    return int(np.count_nonzero(np.asarray(a, np.float32).view(np.uint32)
+                                != np.asarray(b, np.float32).view(np.uint32)))
+
+
 def max_ulp(a: torch.Tensor, b: torch.Tensor) -> int:
     """The largest distance in units in the last place of T between a and b, as ordered integers
     of T's bit patterns (-0 and +0 one apart from the smallest subnormals, not 2^31)."""

@@ -37,8 +37,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_probe import (CudaModule, LlamaRMSNorm, dry_compile, env_info, kernel_times, max_ulp, ndiff,  # noqa: E402
-                            probe_setup, timed)
+from backward_probe import (CudaModule, LlamaRMSNorm, bits_diff, dry_compile, env_info, kernel_times,  # noqa: E402
+                            max_ulp, ndiff, np32, probe_setup, timed)
 from kernelize import backward as B  # noqa: E402 (backward_probe put python/ on the path)
 from kernelize import backward_fused_add as FA  # noqa: E402
 from kernelize.training import stage_dims, workspace_floats  # noqa: E402
@@ -106,13 +106,6 @@ class Kernel:
             return dx, dw
         return go
 
-
-def np32(t):
-    return t.detach().float().cpu().numpy()
-
-
-def bits_diff(a, b) -> int:
-    return int(np.count_nonzero(np.asarray(a, np.float32).view(np.uint32) != np.asarray(b, np.float32).view(np.uint32)))
 
 
 def main(argv=None):

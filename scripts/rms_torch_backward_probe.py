@@ -44,8 +44,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_probe import (CudaModule, dry_compile, env_info, graph_names, kernel_times, max_ulp,  # noqa: E402
-                            ndiff, probe_setup, timed)
+from backward_probe import (CudaModule, bits_diff, dry_compile, env_info, graph_names, kernel_times,  # noqa: E402
+                            max_ulp, ndiff, np32, probe_setup, timed)
 from kernelize import backward_ln as BL  # noqa: E402 (backward_probe put python/ on the path)
 from kernelize import backward_rms_torch as RT  # noqa: E402
 from kernelize.training import stage_dims, workspace_floats  # noqa: E402
@@ -135,13 +135,6 @@ def bundled_forward(dt, device):
     except Exception as e:  # noqa: BLE001
         return None, f"{type(e).__name__}: {e}"
 
-
-def np32(t):
-    return t.detach().float().cpu().numpy()
-
-
-def bits_diff(a: np.ndarray, b: np.ndarray) -> int:
-    return int(np.count_nonzero(np.asarray(a, np.float32).view(np.uint32) != np.asarray(b, np.float32).view(np.uint32)))
 
 
 # alternatives to the documented order, scored by the emulation from eager's rstd
