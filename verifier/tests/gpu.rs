@@ -331,6 +331,16 @@ fn dx_off_dw_exact(r: &VerificationReport) -> Result<String, String> {
     }
 }
 
+/// A red-team variant that breaks dw alone.
+fn dw_off_dx_exact(r: &VerificationReport) -> Result<String, String> {
+    let (dx, dw) = (gradient_class(r, "dx"), gradient_class(r, "dw"));
+    if dx == "bit_exact" && dw != "bit_exact" {
+        Ok(format!("dx {dx}, dw {dw}"))
+    } else {
+        Err(format!("expected dw off and dx exact: dx {dx}, dw {dw}"))
+    }
+}
+
 /// The class a backward verification gives `gradient`, as text.
 fn gradient_class(r: &VerificationReport, gradient: &str) -> String {
     r.summary
@@ -785,14 +795,7 @@ fn main() -> ExitCode {
                 Err(format!("dx {dx}, dw {dw}: {}", v.describe()))
             }
         }),
-        ("backward/cube_regrouped", |r| {
-            let (dx, dw) = (gradient_class(r, "dx"), gradient_class(r, "dw"));
-            if dx != "bit_exact" && dw == "bit_exact" {
-                Ok(format!("dx {dx}, dw {dw}"))
-            } else {
-                Err(format!("expected dx off and dw exact: dx {dx}, dw {dw}"))
-            }
-        }),
+        ("backward/cube_regrouped", dx_off_dw_exact),
         ("backward/sms_ignored", |r| {
             let (dx, dw) = (gradient_class(r, "dx"), gradient_class(r, "dw"));
             let off: Vec<&str> = r
@@ -830,36 +833,9 @@ fn main() -> ExitCode {
         // rms_norm_backward semantics gemma (HF GemmaRMSNorm; session 28, not yet run on a GPU):
         // dx and dw against the reference's gemma entries in every dtype, and llama's roundings
         // ported by mistake caught in the gradient each breaks.
-        ("gemma_backward/exact", |r| {
-            let v = &r.summary.overall;
-            let (dx, dw) = (gradient_class(r, "dx"), gradient_class(r, "dw"));
-            if v.class == ExactnessClass::BitExact
-                && v.deterministic
-                && v.integrity_ok
-                && r.summary.per_dtype.len() == DType::ALL.len()
-            {
-                bit_exact_policy_admits(r)?;
-                Ok(format!("dx {dx}, dw {dw} over {} cases", v.cases_run))
-            } else {
-                Err(format!("dx {dx}, dw {dw}: {}", v.describe()))
-            }
-        }),
-        ("gemma_backward/gn_rounded", |r| {
-            let (dx, dw) = (gradient_class(r, "dx"), gradient_class(r, "dw"));
-            if dx != "bit_exact" && dw == "bit_exact" {
-                Ok(format!("dx {dx}, dw {dw}"))
-            } else {
-                Err(format!("expected dx off and dw exact: dx {dx}, dw {dw}"))
-            }
-        }),
-        ("gemma_backward/dw_terms_rounded", |r| {
-            let (dx, dw) = (gradient_class(r, "dx"), gradient_class(r, "dw"));
-            if dx == "bit_exact" && dw != "bit_exact" {
-                Ok(format!("dx {dx}, dw {dw}"))
-            } else {
-                Err(format!("expected dw off and dx exact: dx {dx}, dw {dw}"))
-            }
-        }),
+        ("gemma_backward/exact", two_gradients_exact),
+        ("gemma_backward/gn_rounded", dx_off_dw_exact),
+        ("gemma_backward/dw_terms_rounded", dw_off_dx_exact),
         // rms_norm_backward semantics torch (F.rms_norm; session 30, not yet run on a GPU) and
         // fused_add_rms_norm_backward (session 30, not yet run on a GPU): dx and dw against the
         // reference's entries in every dtype, and the red-team variants caught in the gradient
@@ -867,14 +843,7 @@ fn main() -> ExitCode {
         ("torch_backward/exact", two_gradients_exact),
         ("torch_backward/s2_unfused", dx_off_dw_exact),
         ("torch_backward/dx_x_sub_yz", dx_off_dw_exact),
-        ("torch_backward/dw_chains_unfused", |r| {
-            let (dx, dw) = (gradient_class(r, "dx"), gradient_class(r, "dw"));
-            if dx == "bit_exact" && dw != "bit_exact" {
-                Ok(format!("dx {dx}, dw {dw}"))
-            } else {
-                Err(format!("expected dw off and dx exact: dx {dx}, dw {dw}"))
-            }
-        }),
+        ("torch_backward/dw_chains_unfused", dw_off_dx_exact),
         ("fused_add_backward/exact", two_gradients_exact),
         ("fused_add_backward/f32_norm_first", dx_off_dw_exact),
         ("fused_add_backward/unrounded_before_add", dx_off_dw_exact),
