@@ -19,7 +19,7 @@ from . import ops
 from . import training as _training
 from .digest import check_digest
 from .manifest import BACKWARD_OF, FUSED_ADD, SEMANTICS, VERDICT_ON_DEVICE, not_applicable
-from .discover import TORCH_DTYPES, Discovery, Site, discover
+from .discover import DTYPE_OF_NAME, TORCH_DTYPES, Discovery, Site, discover
 from .sources import (DirSource, HubError, HubRateLimited, HubSource, Key, LockSource, Resolution,
                       Resolved, write_lock)
 
@@ -455,7 +455,7 @@ def _plan_training(train: list[tuple[Site, Entry]], src, policy: str, arch: str)
             continue
         if e.op in _training.ACTIVATION_FORMULAS:
             why = _training.activation_node_check(_orig_callable(s.module), e.op,
-                                                  _TORCH_OF[e.dtype])
+                                                  DTYPE_OF_NAME[e.dtype])
             if why is not None:
                 e.backward_reasons = [why]
                 groups.setdefault((what, e.dtype, e.cols, "keeps its original forward under "
@@ -590,9 +590,6 @@ def _orig_callable(m: nn.Module) -> Any:
     return m.__dict__.get("_kz_orig") or m
 
 
-_TORCH_OF = {v: k for k, v in TORCH_DTYPES.items()}   # "bf16" -> torch.bfloat16
-
-
 def _install_training(m: nn.Module, k: Resolved, bk: Any) -> None:
     """Give the swapped layer `m` (an rms_norm, gated, layer_norm or activation one,
     `_TRAIN_FORWARDS`)
@@ -636,7 +633,7 @@ class Kernel:
         self.key = ops.register(compiled)
         self.evidence = {**kernel.evidence, "kernel": f"{kernel.name}@{kernel.version}",
                          "digest": kernel.digest, "origin": kernel.origin}
-        self._want = {v: k for k, v in TORCH_DTYPES.items()}[dtype]
+        self._want = DTYPE_OF_NAME[dtype]
         self.__name__ = op
 
     def __repr__(self) -> str:
@@ -1076,7 +1073,7 @@ def _loaded(k: Resolved, swap: tuple, orig_forward: Any) -> dict[str, Any]:
     """What a swapped forward reads from its layer: `k` loaded for `swap`, its custom op, key,
     runner and constants."""
     op_name, dtype, cols, eps, device, allow_python = swap
-    want = {v: k_ for k_, v in TORCH_DTYPES.items()}[dtype]
+    want = DTYPE_OF_NAME[dtype]
     # Only a Python candidate needs the opt-in passed on (the CUDA call stays as it was).
     opt_in = {"allow_python": allow_python} if L.is_python(k.manifest) else {}
     compiled = L.compiled(k.digest, k.manifest, k.source, dtype, torch.device(device), **opt_in)

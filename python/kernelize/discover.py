@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 TORCH_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+#: The other way: "bf16" -> torch.bfloat16.
+DTYPE_OF_NAME = {v: k for k, v in TORCH_DTYPES.items()}
 
 
 @dataclass

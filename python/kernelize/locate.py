@@ -38,6 +38,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
+from .discover import DTYPE_OF_NAME
+
 # ---- comparing outputs --------------------------------------------------------------------
 
 _INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
@@ -495,11 +497,8 @@ def _which_switch(pg: torch.fx.GraphModule, tensors: list[Tensor], want: Any, op
 
 # ---- the command line ---------------------------------------------------------------------
 
-_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-
-
 def _load(args: argparse.Namespace) -> tuple[nn.Module, Any, dict]:
-    dtype = _DTYPES[args.dtype]
+    dtype = DTYPE_OF_NAME[args.dtype]
     if args.seed_model:
         from . import seeds
         m, x = seeds.build(args.seed_model, dtype, args.device)
@@ -534,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
                         "or another torch.compile backend name")
     p.add_argument("--kernels-dir", help="kernel folders for --candidate kernelize")
     p.add_argument("--hub", help="a hub URL for --candidate kernelize")
-    p.add_argument("--dtype", choices=list(_DTYPES), default="bf16")
+    p.add_argument("--dtype", choices=list(DTYPE_OF_NAME), default="bf16")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--text", help="text to feed a --model (default: one sentence)")
     p.add_argument("--max-tokens", type=int, default=128)

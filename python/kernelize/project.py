@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from .certs import parse_key_list
-from .discover import TORCH_DTYPES
+from .discover import DTYPE_OF_NAME, TORCH_DTYPES
 
 try:
     import tomllib
@@ -42,7 +42,6 @@ except ImportError:  # pragma: no cover - Python 3.10
 TABLE = "tool.kernelize"
 KEYS = {"hub": str, "models": list, "dtypes": list, "arch": str, "policy": str, "lock": str,
         "trusted_keys": str, "mode": str}
-BY_NAME = {name: dt for dt, name in TORCH_DTYPES.items()}   # "bf16" -> torch.bfloat16
 
 
 class ProjectError(ValueError):
@@ -75,8 +74,8 @@ def read_project(path: str | Path) -> dict[str, Any]:
         if k in table and not all(isinstance(x, str) and x for x in table[k]):
             raise ProjectError(f"{p}: [{TABLE}] {k} must be a list of non-empty strings")
     for d in table.get("dtypes", []):
-        if d not in BY_NAME:
-            raise ProjectError(f"{p}: [{TABLE}] dtypes: {d!r} is not one of {', '.join(BY_NAME)}")
+        if d not in DTYPE_OF_NAME:
+            raise ProjectError(f"{p}: [{TABLE}] dtypes: {d!r} is not one of {', '.join(DTYPE_OF_NAME)}")
     if "mode" in table:
         from .core import _check_mode
         try:
@@ -107,7 +106,7 @@ def build_model(ref: str, dtype: str | None, base: Path) -> tuple[Any, str]:
                                "(`dtypes = [\"bf16\"]`)")
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
-    return model.to(BY_NAME[dtype]).eval(), dtype
+    return model.to(DTYPE_OF_NAME[dtype]).eval(), dtype
 
 
 def lock_project(table: dict[str, Any], base: Path, out: Path, log=print) -> dict:
