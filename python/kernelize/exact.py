@@ -475,6 +475,59 @@ def fuse_residual_norms(gm: torch.fx.GraphModule) -> int:
     return n_fused
 
 
+# ---- products of one term: pointwise -------------------------------------------------------
+
+# A matmul whose inner dimension is 1 (`a @ b` with a `[..., M, 1]` and b `[..., 1, N]`: the
+# rotary embedding's `inv_freq @ position_ids` in every HF decoder) adds nothing: each output
+# element is one product a[i] * b[j], rounded once to the output's dtype, by cuBLAS (alpha 1,
+# beta 0) as by a pointwise multiply (bf16/f16 products are exact in f32 and rounded once; an f32
+# product is rounded once). So `a * b` (broadcast) has eager's bits, and inductor fuses it with the
+# cos / sin / cat after it instead of calling cuBLAS once a step (plain compile's pattern passes
+# do the same; session 30's profile, bench/COMPILE.md). Not where the product could use TF32 (f32
+# with a matmul precision other than "highest", or TF32 on for CUDA matmuls), under autograd
+# (the backward of a multiply reduces in another order than the matmul's), for 1-D operands, or
+# where the shapes are symbolic.
+
+_MATMULS = frozenset({operator.matmul, torch.matmul, torch.bmm, torch.mm})
+
+
+def _tf32_possible() -> bool:
+    return torch.get_float32_matmul_precision() != "highest" or bool(
+        getattr(torch.backends.cuda.matmul, "allow_tf32", False))
+
+
+def pointwise_outer_products(gm: torch.fx.GraphModule) -> int:
+    """Replace every matmul of a dynamo graph whose inner dimension is statically 1 by the
+    broadcast product (above); returns how many were replaced."""
+    n_replaced = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _MATMULS or node.kwargs or len(node.args) != 2:
+            continue
+        a, b = node.args
+        va, vb, vo = _value(a), _value(b), _value(node)
+        if not (_is_tensor(va) and _is_tensor(vb) and _is_tensor(vo)):
+            continue
+        if va.dim() < 2 or vb.dim() < 2 or vo.requires_grad or not (va.dtype == vb.dtype == vo.dtype):
+            continue
+        if va.dtype not in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+            continue
+        if va.dtype == torch.float32 and _tf32_possible():
+            continue
+        if type(va.shape[-1]) is not int or type(vb.shape[-2]) is not int or va.shape[-1] != 1 \
+                or vb.shape[-2] != 1 or not all(type(d) is int for d in vo.shape):
+            continue
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_function(operator.mul, (a, b))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        n_replaced += 1
+    if n_replaced:
+        gm.graph.lint()
+        gm.recompile()
+    return n_replaced
+
+
 _STATE = "_kernelize_compile"
 _MAX_AUTOTUNE = ("max-autotune", "max-autotune-no-cudagraphs")
 _LOCK = threading.RLock()
@@ -934,6 +987,7 @@ def make_backend(config: dict[str, Any] | None = None, eager_ops: bool = True) -
         patches.update({k: v for k, v in _NO_GRAPH_CACHE.items() if _has_config(k)})
         opaque_sdpa(gm)
         hoist_sdpa_masks(gm)
+        pointwise_outer_products(gm)
         if FUSE_RESIDUAL_NORMS:
             fuse_residual_norms(gm)
 

@@ -741,6 +741,61 @@ def test_attention_through_sdpa_is_called_as_eager_calls_it():
     assert locate.compare(ref, got).identical
 
 
+class _Rotary(nn.Module):
+    """HF's rotary tables: `inv_freq[None, :, None] @ position_ids[:, None, :]` (inner
+    dimension 1), then cos and sin of the angles; `k2` multiplies by a two-column table too."""
+
+    def __init__(self, k2: bool = False):
+        super().__init__()
+        self.k2 = k2
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16)))
+        self.w2 = nn.Parameter(torch.randn(2, 5), requires_grad=False)
+
+    def forward(self, pos):
+        f = self.inv_freq[None, :, None].expand(pos.shape[0], -1, 1) @ pos[:, None, :].float()
+        emb = torch.cat((f.transpose(1, 2), f.transpose(1, 2)), dim=-1)
+        out = emb.cos() + emb.sin()
+        if self.k2:
+            out = out + (out[..., :2] @ self.w2).sum()
+        return out
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_products_of_one_term_become_pointwise_with_eager_bits(tf32):
+    torch.manual_seed(0)
+    m, pos = _Rotary(k2=True).eval(), torch.arange(37).view(1, 37).expand(3, 37) * 1.37
+    replaced = []
+
+    def spy(gm, example_inputs, **kw):
+        replaced.append(exact.pointwise_outer_products(gm))
+        return exact.backend(gm, example_inputs, **kw)
+
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    try:
+        with torch.no_grad():
+            ref = m(pos)
+            got = torch.compile(m, backend=spy, fullgraph=True)(pos)
+    finally:
+        torch.set_float32_matmul_precision(old)
+    # the inner-dimension-1 product only (not the two-column one), and none where f32 may use TF32
+    assert replaced == [0 if tf32 else 1]
+    assert locate.compare(ref, got).identical
+
+
+def test_products_of_one_term_under_autograd_stay_matmuls():
+    m = _Rotary()
+    seen = []
+
+    def spy(gm, example_inputs, **kw):
+        seen.append(exact.pointwise_outer_products(gm))
+        return exact.backend(gm, example_inputs, **kw)
+
+    pos = torch.arange(5).view(1, 5).float().requires_grad_(True)
+    torch.compile(m, backend=spy, fullgraph=True)(pos).sum().backward()
+    assert seen == [0] and pos.grad is not None
+
+
 def test_kernelize_diff_command_runs_the_locator():
     # `kernelize diff -- ARGS` runs `python3 -m kernelize.locate ARGS` with this Python and the
     # repository's package; its exit code is the locator's (1: a divergence was found)
