@@ -132,6 +132,15 @@ HAND_WRITTEN = {"rms_norm_llama_backward", "rms_norm_gemma_backward", "silu_mul_
                 "silu_backward", "gelu_backward", "gelu_tanh_backward", "rms_norm_torch_backward",
                 "fused_add_rms_norm_backward"}
 
+# ptxas on every core of the host (docs/manifest.md: the one ptxas option a manifest may carry):
+# the same SASS, half the module's compile time on the GPU machine's host (session 30,
+# docs/verifier.md), which is most of a verification of the eager engine's norms (issue 29's
+# <= 10 s). Given to the exact row kernels from their versions of session 31; the known-different
+# rms_norm_llama_wbr keeps its released version.
+PTXAS_THREADS = "-Xptxas=--split-compile=0"
+PTXAS_THREADED = {"rms_norm_llama", "rms_norm_gemma", "rms_norm_torch", "fused_add_rms_norm", "layer_norm",
+                  "fused_add_layer_norm"}
+
 
 class K:
     """One bundled kernel: name, op, semantics (None = default), engine, launch rules, the
@@ -141,6 +150,11 @@ class K:
         self.name, self.op, self.semantics, self.engine = name, op, semantics, engine
         self.launch, self.call, self.description = launch, call, description
         self.args = args or SIGS[op][1]
+
+    @property
+    def nvrtc_options(self) -> list[str]:
+        """The manifest's nvrtc_options: PTXAS_THREADS for the kernels in PTXAS_THREADED."""
+        return [PTXAS_THREADS] if self.name in PTXAS_THREADED else []
 
 
 # The mean-order and layer-norm-order engine calls take one argument list per order: the mean
@@ -299,7 +313,10 @@ def kernel_toml(k: K, version: str) -> str:
     if k.semantics:
         lines.append(f'semantics = "{k.semantics}"')
     lines += [f'description = """{desc}"""', 'authors = ["kernelize"]', 'license = "Apache-2.0"',
-              'source = "kernel.cu"', "", "[entry]"]
+              'source = "kernel.cu"']
+    if k.nvrtc_options:
+        lines.append("nvrtc_options = [" + ", ".join(f'"{o}"' for o in k.nvrtc_options) + "]")
+    lines += ["", "[entry]"]
     lines += [f'{dt} = "{k.name}_{dt}"' for dt in DTYPES]
     lines.append(k.launch)
     for name, reason in CAPABILITIES.get(k.engine, []):
