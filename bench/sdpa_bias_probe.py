@@ -15,7 +15,9 @@ gave eager's, and was not faster; this version asks whether each path is determi
 Cases: decode (1 and 8 queries' rows against a 512-slot static cache, the mask a prefix of
 valid slots) and prefill (1x512, causal) shapes of the 1B-class Llama (32 heads of 64) and
 Mistral (16 of 128) configs of bench/exact_compile.py; a random mask; a batch row with every key
-masked; bf16, f16 and f32. Writes OUT_DIR/sdpa_bias_probe.json and prints a table.
+masked; bf16, f16 and f32. Writes OUT_DIR/sdpa_bias_probe.json and prints a table, and (session
+31) where the operator's host time goes: F.sdpa with the additive mask alone, the two backend
+choices alone, the operator's function without the dispatcher.
 """
 from __future__ import annotations
 
@@ -109,6 +111,14 @@ def main() -> int:
                     if direct is not None:
                         paths["direct"] = direct
                     ref = paths["eager"]()
+                    if kind == "prefix":   # where the operator's host time goes (session 31)
+                        def choice():
+                            for m_ in (mask, bias):
+                                torch._fused_sdp_choice(q, k, v, m_, 0.0, False, scale=None, enable_gqa=False)
+                        parts = {"bias": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+                                 "python": lambda: exact.eager_sdpa_bias(q, k, v, mask, bias, 0.0, False, None, False),
+                                 "choice": choice}
+                        parts_us = {label: per_call_us(fn, a.calls) for label, fn in parts.items()}
                     row = {"dtype": str(dt).split(".")[-1], "case": name, "mask": kind, "traced": traced}
                     for label, fn in paths.items():
                         outs = [fn() for _ in range(a.repeats)]
@@ -116,6 +126,8 @@ def main() -> int:
                         row[f"{label}_identical"] = all(same_bits(ref, o) for o in outs)
                         if kind == "prefix":
                             row[f"{label}_us"] = per_call_us(fn, a.calls)
+                    if kind == "prefix":
+                        row.update({f"{label}_us": us for label, us in parts_us.items()})
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     env = {"torch": torch.__version__, "device": torch.cuda.get_device_name(),
@@ -127,6 +139,15 @@ def main() -> int:
         print(f"| {r['dtype']} | {r['case']} | {r['mask']} | {r['eager_deterministic']} | "
               f"{r['operator_identical']} | {r.get('direct_identical', '-')} | {r.get('direct_deterministic', '-')} | "
               + " | ".join(f"{r[k]:.1f}" if k in r else "-" for k in ("eager_us", "operator_us", "direct_us")) + " |")
+    print("\nWhere the operator's host time goes (µs a call; bias: F.scaled_dot_product_attention with "
+          "the additive mask, what the operator calls; python: the operator's function called without "
+          "the dispatcher; choice: its two torch._fused_sdp_choice calls):\n")
+    print("| dtype | case | eager | bias | choice | python | operator |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        if "python_us" in r:
+            print(f"| {r['dtype']} | {r['case']} | " + " | ".join(
+                f"{r[k + '_us']:.1f}" for k in ("eager", "bias", "choice", "python", "operator")) + " |")
     bad = [r for r in rows if not r["operator_identical"]]
     print(f"\nthe operator: {len(rows) - len(bad)} of {len(rows)} cases bit-identical with eager; "
           f"the direct call: {sum(r.get('direct_identical', False) for r in rows)} of {len(rows)}")
