@@ -781,12 +781,9 @@ impl Manifest {
             ));
         }
         let capabilities = check_capabilities(raw.capability.take(), runtime)?;
-        if op.is_backward() && runtime == Runtime::Python {
-            return Err(fe(
-                "runtime",
-                format!("{op} has no Python signature yet (docs/spec.md section 2c); a backward kernel is CUDA"),
-            ));
-        }
+        // A Python candidate of a backward op names one function per dtype as a forward one
+        // does (its signature, docs/spec.md section 2b: the stages' inputs, returning the
+        // gradients), not a table of stages: the function launches what it likes.
         if runtime == Runtime::Python {
             let mut symbols = BTreeMap::new();
             for (k, v) in entry {
@@ -795,7 +792,7 @@ impl Manifest {
                     RawEntry::Stages(_) => {
                         return Err(fe(
                             format!("entry.{k}"),
-                            "name one Python function, e.g. `bf16 = \"rms_norm\"`",
+                            format!("name one Python function, e.g. `{k} = \"{op}\"` (a Python candidate of a backward op too: it returns every gradient)"),
                         ))
                     }
                 };

@@ -270,8 +270,8 @@ def parse_manifest_toml(text: str) -> dict[str, Any]:
     if runtime == "python" and "capability" in raw:
         raise _fe("capability", "a Python candidate's code is not audited (it compiles its kernels at run "
                   "time); remove it")
-    if runtime == "python" and op in BACKWARD_OPS:
-        raise _fe("runtime", f"{op} has no Python signature yet (docs/spec.md section 2c); a backward kernel is CUDA")
+    # A Python candidate of a backward op names one function per dtype, as a forward one does
+    # (its signature: docs/spec.md section 2b), not its stages.
     if runtime == "python":
         return _parse_python(raw, name, version, op, semantics, _rust_trim(description), authors,
                              _rust_trim(lic), source)
@@ -500,6 +500,9 @@ def _parse_python(raw, name, version, op, semantics, description, authors, lic, 
     for k, v in entry.items():
         if k not in DTYPES:
             raise _fe(f"entry.{k}", f"dtype `{k}` is not valid")
+        if isinstance(v, dict):
+            raise _fe(f"entry.{k}", f"name one Python function, e.g. `{k} = \"{op}\"` (a Python "
+                      "candidate of a backward op too: it returns every gradient)")
         if (not isinstance(v, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v)
                 or v.startswith("__")):
             raise _fe(f"entry.{k}", f"`{v}` is not a Python function name")

@@ -106,3 +106,80 @@ def test_ptxas_threads_is_the_one_ptxas_option_and_only_whole():
         with pytest.raises(ManifestError, match="not allowed"):
             parse_manifest_toml(toml.replace('source = "kernel.cu"',
                                              f'source = "kernel.cu"\nnvrtc_options = ["{bad}"]', 1))
+
+
+# ---- Python candidates of backward ops (docs/spec.md section 2b; docs/backward.md, "What the
+# verifier lacks", item 1) --------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+# kernel-registry's manifest::tests::PY_BWD and PY_BWD_SRC, and the digest Rust gives them
+# (asserted there too: a_python_candidate_of_a_backward_op_hashes_as_in_python).
+PY_BWD = """
+name = "liger_rms_norm_llama_backward"
+version = "1.0.0"
+op = "rms_norm_backward"
+semantics = "llama"
+description = "Liger-Kernel's RMSNorm backward, llama casting mode"
+authors = ["kernelize"]
+license = "Apache-2.0"
+runtime = "python"
+source = "kernel.py"
+requires = ["liger-kernel==0.8.5", "torch>=2.5"]
+
+[entry]
+bf16 = "rms_norm_backward"
+f32 = "rms_norm_backward"
+"""
+PY_BWD_SRC = "import torch\n\n\ndef rms_norm_backward(dy, x, w, eps):\n    return dy.clone(), w.clone()\n"
+PY_BWD_DIGEST = "sha256:1ab5f747654c767a854d211f5427889d80f9526aa54a8f26802565b3ae11fc1e"
+
+
+def test_a_python_candidate_of_a_backward_op_is_accepted_as_in_rust():
+    m = parse_manifest_toml(PY_BWD)
+    assert (m["op"], m["runtime"], m["launch"]) == ("rms_norm_backward", "python", [])
+    assert m["entries"] == {"bf16": "rms_norm_backward", "f32": "rms_norm_backward"}
+    assert "stages" not in m  # a forward Python candidate's canonical form
+    assert m == canonical_manifest(m)
+    assert digest_of(m, PY_BWD_SRC) == PY_BWD_DIGEST
+
+
+@pytest.mark.parametrize("op", ["rms_norm_backward", "fused_add_rms_norm_backward",
+                                "layer_norm_backward", "silu_mul_backward",
+                                "gelu_tanh_mul_backward", "silu_backward", "gelu_backward",
+                                "gelu_tanh_backward"])
+def test_every_backward_op_takes_a_python_candidate(op):
+    sem = "llama" if op == "rms_norm_backward" else "default"
+    m = parse_manifest_toml(PY_BWD.replace('op = "rms_norm_backward"', f'op = "{op}"')
+                            .replace('semantics = "llama"', f'semantics = "{sem}"'))
+    assert (m["op"], m["semantics"], m["runtime"]) == (op, sem, "python")
+
+
+@pytest.mark.parametrize("old,new,field,words", [
+    ('[entry]\nbf16 = "rms_norm_backward"\nf32 = "rms_norm_backward"\n',
+     '[entry.bf16]\ndx = "dx"\ndwp = "dwp"\ndw = "dw"\n', "`entry.bf16`", "name one Python function"),
+    ('f32 = "rms_norm_backward"\n', 'f32 = "rms_norm_backward"\n\n[launch]\nblock = 256\n',
+     "`launch`", "no launch rules"),
+    ('requires = ["liger-kernel==0.8.5", "torch>=2.5"]\n', "", "`requires`", "list the Python packages"),
+    ('bf16 = "rms_norm_backward"', 'bf16 = "__rms_norm_backward"', "`entry.bf16`",
+     "not a Python function name"),
+])
+def test_bad_python_backward_candidates_name_the_field(old, new, field, words):
+    """As kernel-registry's a_python_candidate_of_a_backward_op_names_one_function_per_dtype."""
+    assert old in PY_BWD
+    with pytest.raises(ManifestError) as e:
+        parse_manifest_toml(PY_BWD.replace(old, new, 1))
+    assert field in str(e.value) and words in str(e.value), str(e.value)
+
+
+def test_the_field_backward_candidates_parse():
+    """kernels/third-party-backward/ (docs/backward.md, "The field's backward as Python
+    candidates"): each parses, and each entry is defined in its source."""
+    from kernelize.manifest import defines_function
+    folders = sorted(p for p in (REPO / "kernels" / "third-party-backward").iterdir()
+                     if (p / "kernel.toml").exists())
+    assert len(folders) >= 7
+    for f in folders:
+        m = parse_manifest_toml((f / "kernel.toml").read_text(encoding="utf-8"))
+        assert m["runtime"] == "python" and m["op"].endswith("_backward"), f.name
+        src = (f / m["source"]).read_text(encoding="utf-8")
+        assert all(defines_function(src, fn) for fn in m["entries"].values()), f.name

@@ -973,12 +973,13 @@ fn bad_backward_manifests_name_the_field() {
             "launches are its ABI's",
         ),
         (
+            // a Python candidate of a backward op names a function per dtype, not its stages
             bwd_with(
                 "source = \"kernel.cu\"",
                 "source = \"kernel.py\"\nruntime = \"python\"\nrequires = [\"torch>=2.5\"]",
             ),
-            "runtime",
-            "no Python signature",
+            "entry.bf16",
+            "name one Python function",
         ),
         (
             bwd_with("semantics = \"llama\"", "semantics = \"default\""),
@@ -1034,6 +1035,120 @@ fn bad_backward_manifests_name_the_field() {
         .replace("[entry]\nbf16 = \"k_bf16\"\nf32 = \"k_f32\"\n", "[entry.bf16]\ndx = \"k_bf16\"\n");
     let e = Manifest::parse(&py).unwrap_err();
     assert_eq!(e.field_name(), Some("entry.bf16"), "{e}");
+}
+
+/// A Python candidate of a backward op (docs/spec.md section 2b: `f(dy, x, w, eps) -> (dx, dw)`
+/// for rms_norm_backward), as `kernels/third-party-backward/` holds them.
+const PY_BWD: &str = r#"
+name = "liger_rms_norm_llama_backward"
+version = "1.0.0"
+op = "rms_norm_backward"
+semantics = "llama"
+description = "Liger-Kernel's RMSNorm backward, llama casting mode"
+authors = ["kernelize"]
+license = "Apache-2.0"
+runtime = "python"
+source = "kernel.py"
+requires = ["liger-kernel==0.8.5", "torch>=2.5"]
+
+[entry]
+bf16 = "rms_norm_backward"
+f32 = "rms_norm_backward"
+"#;
+
+const PY_BWD_SRC: &str =
+    "import torch\n\n\ndef rms_norm_backward(dy, x, w, eps):\n    return dy.clone(), w.clone()\n";
+
+#[test]
+fn a_python_candidate_of_a_backward_op_names_one_function_per_dtype() {
+    let m = Manifest::parse(PY_BWD).unwrap();
+    assert_eq!((m.op, m.runtime), (Op::RmsNormBackward, Runtime::Python));
+    assert_eq!(m.entries[&DType::Bf16], "rms_norm_backward");
+    assert_eq!(m.dtypes(), vec![DType::Bf16, DType::F32]);
+    // no stages (the function launches its own kernels) and no launch rules
+    assert!(m.stages.is_empty() && m.launch.is_empty());
+    assert!(m.launch_dims(4, 4096, 132).is_err());
+    // its canonical form is a forward Python candidate's: no `stages` key
+    let j = serde_json::to_string(&m).unwrap();
+    assert!(!j.contains("stages"), "{j}");
+    assert!(
+        j.ends_with(r#""runtime":"python","requires":["liger-kernel==0.8.5","torch>=2.5"]}"#),
+        "{j}"
+    );
+    let b = KernelBundle::from_parts(PY_BWD, PY_BWD_SRC).unwrap();
+    assert_eq!(b.manifest, m);
+    // the function must be defined in the source, as a forward candidate's
+    let e =
+        KernelBundle::from_parts(PY_BWD, "import torch\nrms_norm_backward = None\n").unwrap_err();
+    assert_eq!(e.field_name(), Some("entry.bf16"), "{e}");
+    // every backward op takes one (the semantics its op has)
+    for &op in Op::ALL.iter().filter(|o| o.is_backward()) {
+        let text = PY_BWD
+            .replace("op = \"rms_norm_backward\"", &format!("op = \"{op}\""))
+            .replace(
+                "semantics = \"llama\"",
+                &format!("semantics = \"{}\"", op.default_semantics()),
+            );
+        let m = Manifest::parse(&text).unwrap_or_else(|e| panic!("{op}: {e}"));
+        assert_eq!((m.op, m.runtime), (op, Runtime::Python));
+    }
+    // what a Python candidate refuses, a backward one refuses too
+    for (from, to, field) in [
+        (
+            "[entry]\nbf16 = \"rms_norm_backward\"\n",
+            "[entry]\nbf16 = \"rms_norm_backward\"\n\n[launch]\nblock = 256\ngrid = \"per_row\"\n",
+            "launch",
+        ),
+        (
+            "requires = [\"liger-kernel==0.8.5\", \"torch>=2.5\"]\n",
+            "",
+            "requires",
+        ),
+        (
+            "bf16 = \"rms_norm_backward\"",
+            "bf16 = \"__rms_norm_backward\"",
+            "entry.bf16",
+        ),
+        (
+            "[entry]\nbf16 = \"rms_norm_backward\"\nf32 = \"rms_norm_backward\"\n",
+            "[entry.bf16]\ndx = \"dx\"\ndwp = \"dwp\"\ndw = \"dw\"\n",
+            "entry.bf16",
+        ),
+    ] {
+        assert!(PY_BWD.contains(from), "fixture lacks {from}");
+        let e = Manifest::parse(&PY_BWD.replacen(from, to, 1)).unwrap_err();
+        assert_eq!(e.field_name(), Some(field), "{e}");
+    }
+}
+
+/// The digest of [`PY_BWD`] and [`PY_BWD_SRC`], which python/tests/test_python_manifest.py's
+/// copy of both must get from the client's parser and digest too.
+#[test]
+fn a_python_candidate_of_a_backward_op_hashes_as_in_python() {
+    let b = KernelBundle::from_parts(PY_BWD, PY_BWD_SRC).unwrap();
+    assert_eq!(
+        b.digest().to_string(),
+        "sha256:1ab5f747654c767a854d211f5427889d80f9526aa54a8f26802565b3ae11fc1e"
+    );
+}
+
+/// The Python candidates of backward ops in `kernels/third-party-backward/` parse, and their
+/// entries are defined in their sources.
+#[test]
+fn the_field_backward_candidates_parse() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/third-party-backward");
+    let mut dirs: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    dirs.sort();
+    let mut n = 0;
+    for d in dirs.iter().filter(|d| d.join("kernel.toml").exists()) {
+        let b = KernelBundle::load_dir(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        assert!(b.manifest.op.is_backward() && b.manifest.runtime == Runtime::Python);
+        n += 1;
+    }
+    assert!(n >= 7, "{n} candidates in {}", dir.display());
 }
 
 /// `python/tests/fixtures/backward_digests.json`: a backward kernel's canonical manifest and
