@@ -66,11 +66,17 @@ pub enum PyRequest {
     Case(PyCase),
 }
 
-/// One tensor file of a case: `dir/NAME.bin`, raw little-endian elements of the case's dtype.
+/// One tensor file of a case: `dir/NAME.bin`, raw little-endian elements of `dtype` (the case's,
+/// but f32 for layer_norm_backward's `mean` and `rstd` in every dtype).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PyTensor {
     pub name: String,
     pub shape: Vec<u64>,
+    pub dtype: DType,
+    /// Its first dimension is the case's rows (`x`, `dy`, `mean`; not `weight` or a one-row
+    /// gradient): a batch takes its rows, and the timed calls rotate them.
+    #[serde(default)]
+    pub rowwise: bool,
 }
 
 /// A batch composition of `measure::batch::plan`.
@@ -541,31 +547,52 @@ impl<R: ReferenceLayers> Drop for PythonExecutor<R> {
     }
 }
 
+/// Write the case's inputs (`cases::generate`, every tensor it has: a backward op's `dy`, `mean`
+/// and `rstd` too) into `dir`, each in its own dtype, in `CaseInputs`' order.
 fn write_inputs(dir: &Path, spec: &CaseSpec, inp: &CaseInputs) -> Result<Vec<PyTensor>, ExecError> {
-    let x_cols = if spec.op == Op::SiluAndMul {
-        2 * spec.cols
-    } else {
-        spec.cols
-    };
     let mut out = Vec::new();
-    let tensors: [(Option<&HostTensor>, Vec<u64>); 5] = [
-        (Some(&inp.x), vec![spec.rows, x_cols]),
-        (inp.up.as_ref(), vec![spec.rows, spec.cols]),
-        (inp.residual.as_ref(), vec![spec.rows, spec.cols]),
-        (inp.weight.as_ref(), vec![spec.cols]),
-        (inp.bias.as_ref(), vec![spec.cols]),
-    ];
-    for (t, shape) in tensors {
-        let Some(t) = t else { continue };
+    for t in input_tensors(inp) {
         std::fs::write(dir.join(format!("{}.bin", t.name)), &t.bytes).map_err(|e| {
             ExecError::Sandbox(format!("{}: cannot write {}: {e}", spec.id, t.name))
         })?;
-        out.push(PyTensor {
-            name: t.name.to_string(),
-            shape,
-        });
+        out.push(py_input(spec, t));
     }
     Ok(out)
+}
+
+/// Every tensor of `inp`, in the order the child is told of them.
+fn input_tensors(inp: &CaseInputs) -> impl Iterator<Item = &HostTensor> {
+    [
+        Some(&inp.x),
+        inp.up.as_ref(),
+        inp.residual.as_ref(),
+        inp.weight.as_ref(),
+        inp.bias.as_ref(),
+        inp.dy.as_ref(),
+        inp.mean.as_ref(),
+        inp.rstd.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+}
+
+/// How the child is told of input `t` of `spec`: `x` `[rows, cols]` (silu_and_mul's `[rows,
+/// 2*cols]`), the weight and bias `[cols]`, layer_norm_backward's statistics `[rows]`, every
+/// other (`up`, `residual`, `dy`, `dres`, a gate) `[rows, cols]`.
+fn py_input(spec: &CaseSpec, t: &HostTensor) -> PyTensor {
+    let (rows, cols) = (spec.rows, spec.cols);
+    let (shape, rowwise) = match t.name {
+        "x" if spec.op == Op::SiluAndMul => (vec![rows, 2 * cols], true),
+        "weight" | "bias" => (vec![cols], false),
+        "mean" | "rstd" => (vec![rows], true),
+        _ => (vec![rows, cols], true),
+    };
+    PyTensor {
+        name: t.name.to_string(),
+        shape,
+        dtype: t.dtype,
+        rowwise,
+    }
 }
 
 /// The address cases' line (`measure::address::address_line`) for what the runner found.
@@ -670,7 +697,13 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
             0
         };
         let inputs = write_inputs(&dir, spec, &inp)?;
-        let mutable: Vec<String> = inp.residual.iter().map(|t| t.name.to_string()).collect();
+        // The fused adds' residual (fused_add_rms_norm_backward's `residual` is `dres`, an input).
+        let mutable: Vec<String> = inp
+            .residual
+            .iter()
+            .filter(|_| op.updates_residual())
+            .map(|t| t.name.to_string())
+            .collect();
         let compositions = if spec.check_batch {
             batch::plan(spec.rows, spec.seed)
                 .into_iter()
@@ -853,20 +886,65 @@ mod tests {
             ..spec
         };
         let inp = crate::cases::generate(&spec);
-        [
-            Some(&inp.x),
-            inp.up.as_ref(),
-            inp.residual.as_ref(),
-            inp.weight.as_ref(),
-            inp.bias.as_ref(),
-            inp.dy.as_ref(),
-            inp.mean.as_ref(),
-            inp.rstd.as_ref(),
-        ]
-        .into_iter()
-        .flatten()
-        .map(|t| t.name)
-        .collect()
+        input_tensors(&inp).map(|t| t.name).collect()
+    }
+
+    /// A case of `op` in `dt`, `rows x cols`.
+    fn small_spec(op: Op, dt: DType, rows: u64, cols: u64) -> CaseSpec {
+        let spec = crate::cases::suite(op, op.default_semantics(), &[dt], true, 3, &[])[0].clone();
+        CaseSpec {
+            rows,
+            cols,
+            large_index: false,
+            ..spec
+        }
+    }
+
+    #[test]
+    fn every_input_is_written_in_its_own_dtype() {
+        // layer_norm_backward in bf16: dy, x, weight in bf16; mean and rstd f32 `[rows]`.
+        let dir = tempfile::tempdir().unwrap();
+        let spec = small_spec(Op::LayerNormBackward, DType::Bf16, 3, 8);
+        let inp = crate::cases::generate(&spec);
+        let t = write_inputs(dir.path(), &spec, &inp).unwrap();
+        let got: Vec<(&str, &[u64], DType, bool)> = t
+            .iter()
+            .map(|t| (t.name.as_str(), t.shape.as_slice(), t.dtype, t.rowwise))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("x", &[3, 8][..], DType::Bf16, true),
+                ("weight", &[8], DType::Bf16, false),
+                ("dy", &[3, 8], DType::Bf16, true),
+                ("mean", &[3], DType::F32, true),
+                ("rstd", &[3], DType::F32, true),
+            ]
+        );
+        for t in &t {
+            let bytes = std::fs::read(dir.path().join(format!("{}.bin", t.name))).unwrap();
+            let want = t.shape.iter().product::<u64>() as usize * t.dtype.size_bytes();
+            assert_eq!(bytes.len(), want, "{}", t.name);
+        }
+        let mean = std::fs::read(dir.path().join("mean.bin")).unwrap();
+        assert_eq!(mean, inp.mean.as_ref().unwrap().bytes);
+        // Every op's inputs are written with the shape their bytes hold, and the child is told
+        // of each argument of the Python signature.
+        for &op in Op::ALL {
+            let spec = small_spec(op, DType::F16, 2, 4);
+            let inp = crate::cases::generate(&spec);
+            let dir = tempfile::tempdir().unwrap();
+            let t = write_inputs(dir.path(), &spec, &inp).unwrap();
+            for (t, h) in t.iter().zip(input_tensors(&inp)) {
+                assert_eq!(t.dtype, h.dtype, "{op} {}", t.name);
+                let n = t.shape.iter().product::<u64>() as usize;
+                assert_eq!(n, h.len(), "{op} {}: {:?}", t.name, t.shape);
+            }
+            let names: Vec<&str> = t.iter().map(|t| t.name.as_str()).collect();
+            for a in python_args(op).iter().filter(|a| **a != "eps") {
+                assert!(names.contains(a), "{op}: `{a}` not written ({names:?})");
+            }
+        }
     }
 
     #[test]

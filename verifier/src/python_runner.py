@@ -45,7 +45,7 @@ class Failure(Exception):
 # timing or a comparison) fails the case. Best effort: code in this process can always change it
 # in ways this does not see (docs/spec.md section 2b, docs/python-candidates.md).
 GUARDED_RUNNER = ("answer", "bits", "same_bits", "sync", "poison", "call", "run_case", "batch",
-                  "timed", "write_tensor", "read_tensor", "check_guard", "rolled", "PROTOCOL",
+                  "timed", "write_tensor", "read_tensor", "check_guard", "rolled", "rowwise", "PROTOCOL",
                   "placed", "difference")
 GUARD = {}
 
@@ -148,9 +148,11 @@ def load(req):
 
 
 def read_tensor(folder, t, dtype):
+    """Input `t` of the case (python.rs's PyTensor) in its own dtype (layer_norm_backward's
+    mean and rstd are f32 in every case dtype); `dtype`, the case's, where it names none."""
     with open(os.path.join(folder, t["name"] + ".bin"), "rb") as f:
         raw = bytearray(f.read())
-    return torch.frombuffer(raw, dtype=dtype).reshape(t["shape"]).to(DEVICE)
+    return torch.frombuffer(raw, dtype=DTYPES[t.get("dtype") or dtype]).reshape(t["shape"]).to(DEVICE)
 
 
 def write_tensor(folder, name, t):
@@ -221,7 +223,7 @@ def run_case(c):
     dtype = DTYPES[c["dtype"]]
     fn = getattr(MODULE, c["function"])
     folder = c["dir"]
-    inputs = {t["name"]: read_tensor(folder, t, dtype) for t in c["inputs"]}
+    inputs = {t["name"]: read_tensor(folder, t, c["dtype"]) for t in c["inputs"]}
     pristine = {k: v.clone() for k, v in inputs.items()}
     mutable = set(c["mutable"])
     eps = c["eps"]
@@ -336,11 +338,11 @@ def placed(fn, c, pristine, mutable, first, first_res, args_of):
 def batch(fn, c, inputs, pristine, mutable, first, first_res, args_of):
     """Every row again in other batch compositions (python.rs sends verifier's batch::plan);
     the first row whose bits differ from the case's own call, if any."""
+    by_row = rowwise(c)
     for comp in c["compositions"]:
         for b in comp["batches"]:
             idx = torch.tensor(b, dtype=torch.long, device=DEVICE)
-            sub = {k: (pristine[k].index_select(0, idx).clone() if pristine[k].dim() == 2
-                       and pristine[k].shape[0] == c["rows"] else pristine[k])
+            sub = {k: (pristine[k].index_select(0, idx).clone() if k in by_row else pristine[k])
                    for k in inputs}
             sub_c = dict(c, out_rows=len(b))
             out = call(fn, args_of(sub), sub_c, f"`{c['function']}` on a batch of {len(b)} rows")
@@ -356,9 +358,16 @@ def batch(fn, c, inputs, pristine, mutable, first, first_res, args_of):
     return None
 
 
+def rowwise(c):
+    """The names of the case's inputs whose first dimension is its rows (python.rs's
+    `PyTensor::rowwise`: x, dy, layer_norm_backward's mean and rstd; not weight or bias)."""
+    return {t["name"] for t in c["inputs"]
+            if t.get("rowwise", len(t["shape"]) == 2 and t["shape"][0] == c["rows"])}
+
+
 def rolled(t, k, rows):
-    """`t` with its rows rotated by `k` when it is one of the case's row-major tensors."""
-    return torch.roll(t, k, 0) if t.dim() == 2 and t.shape[0] == rows and rows > 1 else t
+    """`t`, one of the case's row-major tensors, with its rows rotated by `k`."""
+    return torch.roll(t, k, 0) if t.dim() >= 1 and t.shape[0] == rows and rows > 1 else t
 
 
 def timed(fn, c, inputs, pristine, mutable, first, args_of, out_bytes):
@@ -376,6 +385,7 @@ def timed(fn, c, inputs, pristine, mutable, first, args_of, out_bytes):
     a torch.compile'd LayerNorm at 4096x8192)."""
     reps = c["speed_reps"]
     rows = c["rows"]
+    by_row = rowwise(c)
     check_at = c["poison_seed"] % (reps + 1)
     if DEVICE.type == "cuda":
         l2 = torch.cuda.get_device_properties(DEVICE).L2_cache_size
@@ -386,7 +396,7 @@ def timed(fn, c, inputs, pristine, mutable, first, args_of, out_bytes):
         rep = call_no - (call_no > check_at)  # the timed call's index; the checked one's: its slot
         k = (call_no + 1) % rows if rows > 1 else 0
         for name, t in inputs.items():
-            if name in mutable or t.dim() == 2:
+            if name in mutable or name in by_row:
                 t.copy_(rolled(pristine[name], k, rows))
         want = rolled(first, k, rows)
         poison(out_bytes, c["poison_seed"] + call_no + 2, invert=False)
