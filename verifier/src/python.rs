@@ -91,18 +91,22 @@ pub struct PyCase {
     pub function: String,
     pub dtype: DType,
     pub rows: u64,
-    /// Rows of the output (`rows`; for a batch the batch's).
-    pub out_rows: u64,
     pub cols: u64,
     pub eps: f32,
     pub dir: PathBuf,
     pub inputs: Vec<PyTensor>,
     /// The function's arguments in order: input names, and `eps`.
     pub args: Vec<String>,
+    /// What the function returns, in order ([`python_outputs`]): a forward op's `out`, a
+    /// backward op's gradients. A `rowwise` one has the rows of the call (a batch's in a batch).
+    pub outputs: Vec<PyTensor>,
+    /// The function returns a tuple of `outputs` (a backward op; one gradient may also come
+    /// bare), not one tensor.
+    pub returns_tuple: bool,
     /// Inputs the op updates in place (fused_add_rms_norm's residual); restored before each
     /// call and written after it as `NAME{k}.bin`.
     pub mutable: Vec<String>,
-    /// Calls whose outputs are written as `out{k}.bin` (3: determinism and the poison pair).
+    /// Calls whose outputs are written as `NAME{k}.bin` (3: determinism and the poison pair).
     pub launches: u32,
     pub poison_seed: u64,
     pub compositions: Vec<PyComposition>,
@@ -133,8 +137,12 @@ pub struct PyLoaded {
     pub isolation: Vec<String>,
 }
 
+/// An output some elements of which the candidate never wrote (launch 2's bits the exact
+/// complement of launch 1's poison).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PyUnwritten {
+    /// The output's name (`out`, `dx`, `dw`).
+    pub tensor: String,
     pub count: u64,
     pub first: usize,
 }
@@ -142,17 +150,19 @@ pub struct PyUnwritten {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PyTimed {
     pub median_us: f64,
-    /// Timed calls whose output differed from the first call's.
+    /// Timed calls an output of which differed from what the first call gives.
     pub bad: Vec<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PyCaseResult {
-    /// Output file names (without `.bin`), one per launch.
-    pub outputs: Vec<String>,
-    /// Integrity failures the child saw (inputs modified).
+    /// Output file names (without `.bin`): per launch, one per output of the case, in its
+    /// `outputs` order (`out0`; `dx0`, `dw0`).
+    pub outputs: Vec<Vec<String>>,
+    /// Integrity failures the child saw (inputs modified, memory handed back).
     pub integrity: Vec<String>,
-    pub unwritten: Option<PyUnwritten>,
+    /// Every output with elements never written.
+    pub unwritten: Vec<PyUnwritten>,
     /// The first row that differed in another batch composition, said plainly.
     pub batch: Option<String>,
     pub timed: Option<PyTimed>,
@@ -638,46 +648,90 @@ fn read_output(dir: &Path, name: &str, want_bytes: usize) -> Result<Vec<u8>, Exe
     Ok(b)
 }
 
-impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
-    fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
-        self.reference.device_info()
-    }
+/// What the child gave for one case of a Python candidate, before anything is compared with a
+/// reference (`PythonExecutor::run_candidate`): the case's inputs, every call's outputs and the
+/// child's findings as the verifier's lines.
+#[derive(Debug, Clone)]
+pub struct PyRun {
+    pub inputs: CaseInputs,
+    /// Per call (3: determinism and the poison pair), one per [`python_outputs`] in that order:
+    /// a forward op's `out`, a backward op's gradients (`[cols]` for a one-row one).
+    pub outputs: Vec<Vec<Vec<u8>>>,
+    /// Per call, the updated residual of the fused adds; empty for every other op.
+    pub residuals: Vec<Vec<u8>>,
+    /// Repeated calls gave the same bits in every output.
+    pub deterministic: bool,
+    /// Inputs modified, an output not every element of which was written, an output in memory
+    /// the caller still holds, an output that depends on the inputs' addresses.
+    pub integrity_failures: Vec<String>,
+    /// Repeated calls that differ, the batch compositions' line, an address line where the
+    /// candidate is not deterministic.
+    pub notes: Vec<String>,
+    /// `None` where the case does not check batches.
+    pub batch_invariant: Option<bool>,
+    /// The timed calls (speed cases).
+    pub timed: Option<PyTimed>,
+    /// Timed calls made (0: speed not measured).
+    pub reps: u32,
+}
 
-    fn run_case(
+/// How the child is told of output `name` of `spec` (a forward op's `out` `[rows, cols]`, a
+/// backward op's gradients: `[cols]` for a one-row one, else `[rows, cols]`).
+fn py_output(spec: &CaseSpec, name: &str) -> PyTensor {
+    let one_row = spec
+        .op
+        .gradients()
+        .iter()
+        .any(|g| g.name == name && g.one_row);
+    PyTensor {
+        name: name.to_string(),
+        shape: if one_row {
+            vec![spec.cols]
+        } else {
+            vec![spec.rows, spec.cols]
+        },
+        dtype: spec.dtype,
+        rowwise: !one_row,
+    }
+}
+
+/// The lines an unwritten output of the child gives: a forward op's as the CUDA runner's, a
+/// backward op's prefixed with the gradient's name as `measure::backward`'s.
+fn unwritten_lines(spec: &CaseSpec, u: &[PyUnwritten], outputs: &[PyTensor]) -> Vec<String> {
+    u.iter()
+        .map(|u| {
+            let t = outputs.iter().find(|t| t.name == u.tensor);
+            let rows = match t {
+                Some(t) if !t.rowwise => 1,
+                _ => spec.rows,
+            };
+            let line = integrity::unwritten_line(u.count, u.first, rows, spec.cols);
+            if spec.op.is_backward() {
+                format!("{}: {line}", u.tensor)
+            } else {
+                line
+            }
+        })
+        .collect()
+}
+
+impl<R: ReferenceLayers> PythonExecutor<R> {
+    /// Run one case of a Python candidate in the child: its inputs written, its function called
+    /// (3 times, in the batch compositions, at the address placements, timed), its outputs
+    /// read back, and what the child found said as the verifier says it. Nothing is compared
+    /// with a reference: `run_case` does that for forward ops.
+    pub fn run_candidate(
         &mut self,
         bundle: &KernelBundle,
         spec: &CaseSpec,
         limits: &Limits,
-        copy_gbps: f64,
-    ) -> Result<CaseReport, ExecError> {
+    ) -> Result<PyRun, ExecError> {
         let m = &bundle.manifest;
         if m.runtime != Runtime::Python {
             return Err(ExecError::Sandbox(format!(
                 "{} is a {} kernel, not a Python candidate",
                 m.name, m.runtime
             )));
-        }
-        let skeleton = crate::cases::case_skeleton(spec, CaseStatus::Ran, None);
-        if spec.large_index {
-            // Above 2^32 elements the CUDA runner makes and compares the data on the GPU; through
-            // files that is tens of GB per case.
-            return Ok(CaseReport {
-                status: CaseStatus::NotApplicable,
-                note: Some("above 2^32 elements: not run for Python candidates".into()),
-                ..skeleton
-            });
-        }
-        if m.op.is_backward() {
-            // docs/backward.md, "What the verifier lacks": the inputs, outputs and reference of a
-            // backward case are not through the child's protocol yet.
-            return Ok(CaseReport {
-                status: CaseStatus::Error,
-                note: Some(format!(
-                    "{} is a backward op: a Python candidate of one is accepted but not measured yet",
-                    m.op
-                )),
-                ..skeleton
-            });
         }
         let function = m
             .entries
@@ -704,7 +758,13 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
             .filter(|_| op.updates_residual())
             .map(|t| t.name.to_string())
             .collect();
-        let compositions = if spec.check_batch {
+        let outputs: Vec<PyTensor> = python_outputs(op)
+            .into_iter()
+            .map(|n| py_output(spec, n))
+            .collect();
+        // Batches compare rows: only where every output is row-wise (cases.rs decides so for
+        // CUDA too: no batch where a gradient sums the rows).
+        let compositions = if spec.check_batch && outputs.iter().all(|t| t.rowwise) {
             batch::plan(spec.rows, spec.seed)
                 .into_iter()
                 .map(|c| PyComposition {
@@ -715,7 +775,7 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
         } else {
             Vec::new()
         };
-        // The address cases: every input placed (the candidate allocates its output).
+        // The address cases: every input placed (the candidate allocates its outputs).
         let placements: Vec<Vec<u64>> = address::plan(inputs.len())
             .into_iter()
             .map(|p| p.at)
@@ -725,16 +785,17 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
             function: function.clone(),
             dtype: dt,
             rows: spec.rows,
-            out_rows: spec.rows,
             cols: spec.cols,
             eps: spec.eps,
             dir: dir.clone(),
             inputs,
             args: python_args(op).iter().map(|s| s.to_string()).collect(),
+            outputs: outputs.clone(),
+            returns_tuple: op.is_backward(),
             mutable: mutable.clone(),
             launches: 3,
             poison_seed: spec.seed ^ 0x9e37_79b9_7f4a_7c15,
-            compositions,
+            compositions: compositions.clone(),
             speed_reps: reps,
             placements: placements.clone(),
             address_period: address::PERIOD,
@@ -755,15 +816,27 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
                 return Err(ExecError::Sandbox("unexpected answer to a case".into()))
             }
         };
-        let out_bytes = (spec.rows * spec.cols) as usize * dt.size_bytes();
-        let outs = r
-            .outputs
-            .iter()
-            .map(|o| read_output(&dir, o, out_bytes))
-            .collect::<Result<Vec<_>, _>>()?;
+        let elements = |t: &PyTensor| t.shape.iter().product::<u64>() as usize;
+        let mut outs = Vec::new();
+        for files in &r.outputs {
+            if files.len() != outputs.len() {
+                return Err(ExecError::Sandbox(format!(
+                    "the child wrote {} output files for a call, not {}",
+                    files.len(),
+                    outputs.len()
+                )));
+            }
+            let call = files
+                .iter()
+                .zip(&outputs)
+                .map(|(f, t)| read_output(&dir, f, elements(t) * dt.size_bytes()))
+                .collect::<Result<Vec<_>, _>>()?;
+            outs.push(call);
+        }
+        let res_bytes = (spec.rows * spec.cols) as usize * dt.size_bytes();
         let ress = match mutable.first() {
             Some(name) => (0..outs.len())
-                .map(|k| read_output(&dir, &format!("{name}{k}"), out_bytes))
+                .map(|k| read_output(&dir, &format!("{name}{k}"), res_bytes))
                 .collect::<Result<Vec<_>, _>>()?,
             None => Vec::new(),
         };
@@ -771,17 +844,14 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
         if outs.is_empty() {
             return Err(ExecError::Sandbox("the child wrote no output".into()));
         }
-        let reference = self.reference_frozen(spec, &inp, reps)?;
 
         let mut integrity_failures = r.integrity;
-        if let Some(u) = &r.unwritten {
-            integrity_failures.push(integrity::unwritten_line(
-                u.count, u.first, spec.rows, spec.cols,
-            ));
-        }
+        integrity_failures.extend(unwritten_lines(spec, &r.unwritten, &outputs));
         let all: Vec<Vec<&[u8]>> = (0..outs.len())
             .map(|k| {
-                std::iter::once(outs[k].as_slice())
+                outs[k]
+                    .iter()
+                    .map(Vec::as_slice)
                     .chain(ress.get(k).map(|v| v.as_slice()))
                     .collect()
             })
@@ -789,6 +859,91 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
         let differing = determinism::max_differing(dt, &all);
         let deterministic = differing == 0;
         let mut notes: Vec<String> = determinism::note(differing).into_iter().collect();
+        let batch_invariant = (!compositions.is_empty()).then(|| r.batch.is_none());
+        notes.extend(r.batch);
+        if let Some(a) = &r.address {
+            let line = address_line_of(a, &input_names, &placements, spec.cols)?;
+            if deterministic {
+                integrity_failures.push(line);
+            } else {
+                notes.push(format!("{line} (the candidate is not deterministic)"));
+            }
+        }
+        Ok(PyRun {
+            inputs: inp,
+            outputs: outs,
+            residuals: ress,
+            deterministic,
+            integrity_failures,
+            notes,
+            batch_invariant,
+            timed: r.timed,
+            reps,
+        })
+    }
+}
+
+impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
+    fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
+        self.reference.device_info()
+    }
+
+    fn run_case(
+        &mut self,
+        bundle: &KernelBundle,
+        spec: &CaseSpec,
+        limits: &Limits,
+        copy_gbps: f64,
+    ) -> Result<CaseReport, ExecError> {
+        let skeleton = crate::cases::case_skeleton(spec, CaseStatus::Ran, None);
+        if spec.large_index {
+            // Above 2^32 elements the CUDA runner makes and compares the data on the GPU; through
+            // files that is tens of GB per case.
+            return Ok(CaseReport {
+                status: CaseStatus::NotApplicable,
+                note: Some("above 2^32 elements: not run for Python candidates".into()),
+                ..skeleton
+            });
+        }
+        let (dt, op) = (spec.dtype, spec.op);
+        let run = self.run_candidate(bundle, spec, limits)?;
+        let PyRun {
+            inputs: inp,
+            outputs: outs,
+            residuals: ress,
+            deterministic,
+            mut integrity_failures,
+            mut notes,
+            batch_invariant,
+            timed,
+            reps,
+        } = run;
+        if op.is_backward() {
+            // The child's checks ran (integrity, determinism, batches, addresses, the timed
+            // calls' outputs); the gradients are not compared with a reference: the backward
+            // reference layers run only beside a CUDA candidate (docs/backward.md, "What the
+            // verifier lacks", items 5-7), so the case has no verdict.
+            if let Some(t) = &timed {
+                integrity_failures.extend(speed::wrong_timed_launches(&t.bad, reps as usize));
+                notes.push(format!(
+                    "the candidate's median time {:.1} us (no reference time)",
+                    t.median_us
+                ));
+            }
+            notes.push(format!(
+                "{op}: the gradients were not compared with a reference (a Python candidate of a backward op has no reference layer outside its process yet)"
+            ));
+            return Ok(CaseReport {
+                status: CaseStatus::Error,
+                note: Some(notes.join("; ")),
+                deterministic: Some(deterministic),
+                batch_invariant,
+                integrity_failures,
+                ..skeleton
+            });
+        }
+        let outs: Vec<Vec<u8>> = outs.into_iter().map(|mut o| o.remove(0)).collect();
+        let reference = self.reference_frozen(spec, &inp, reps)?;
         let exact_of = |k: usize| {
             let mut pairs: Vec<(&[u8], &[u8])> = vec![(&outs[k], &reference.out)];
             if let (Some(res), Some(rr)) = (ress.get(k), &reference.residual) {
@@ -803,17 +958,7 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
             }
         }
         let accuracy = oracle::accuracy(spec, &inp, &outs[0], &reference.out);
-        let batch_invariant = spec.check_batch.then(|| r.batch.is_none());
-        notes.extend(r.batch);
-        if let Some(a) = &r.address {
-            let line = address_line_of(a, &input_names, &placements, spec.cols)?;
-            if deterministic {
-                integrity_failures.push(line);
-            } else {
-                notes.push(format!("{line} (the candidate is not deterministic)"));
-            }
-        }
-        let speed = match (&r.timed, reference.median_us) {
+        let speed = match (&timed, reference.median_us) {
             (Some(t), Some(ref_us)) => {
                 let s = speed::speed_of(
                     op.bytes_moved(dt, spec.rows, spec.cols),
@@ -985,7 +1130,7 @@ mod tests {
     #[test]
     fn the_address_cases_answer_becomes_the_verifiers_line() {
         let r: PyResponse = serde_json::from_str(
-            r#"{"case":{"outputs":["out0"],"integrity":[],"unwritten":null,"batch":null,"timed":null,
+            r#"{"case":{"outputs":[["out0"]],"integrity":[],"unwritten":[],"batch":null,"timed":null,
                "address":{"placement":1,"differing":17,"diffs":[{"tensor":"out","differ":64,
                "elements":64,"first":0,"max_abs_diff":null}]}}}"#,
         )
@@ -1007,7 +1152,7 @@ mod tests {
         assert!(address_line_of(&far, &names, &plan, 64).is_err());
         // An answer from a runner without the address cases still parses.
         let old: PyResponse = serde_json::from_str(
-            r#"{"case":{"outputs":["out0"],"integrity":[],"unwritten":null,"batch":null,"timed":null}}"#,
+            r#"{"case":{"outputs":[["out0"]],"integrity":[],"unwritten":[],"batch":null,"timed":null}}"#,
         )
         .unwrap();
         assert!(matches!(old, PyResponse::Case(r) if r.address.is_none()));
@@ -1051,11 +1196,11 @@ mod tests {
         );
         // The runner writes exactly the keys of PyCaseResult.
         let ok: PyResponse = serde_json::from_str(
-            r#"{"case":{"outputs":["out0"],"integrity":[],"unwritten":{"count":2,"first":5},"batch":null,"timed":{"median_us":3.5,"bad":[]}}}"#,
+            r#"{"case":{"outputs":[["dx0","dw0"]],"integrity":[],"unwritten":[{"tensor":"dw","count":2,"first":5}],"batch":null,"timed":{"median_us":3.5,"bad":[]}}}"#,
         )
         .unwrap();
         assert!(
-            matches!(ok, PyResponse::Case(r) if r.unwritten == Some(PyUnwritten { count: 2, first: 5 }))
+            matches!(ok, PyResponse::Case(r) if r.unwritten == [PyUnwritten { tensor: "dw".into(), count: 2, first: 5 }])
         );
         for key in [
             "\"outputs\"",
