@@ -103,6 +103,11 @@ pub struct PyCase {
     /// The function returns a tuple of `outputs` (a backward op; one gradient may also come
     /// bare), not one tensor.
     pub returns_tuple: bool,
+    /// The inputs every output is odd in ([`incoming_gradients`]: a backward op's `dy`, `dres`):
+    /// where the timed calls cannot rotate the rows (an output sums them, or one row), every
+    /// other timed call gets them negated and must give every output negated.
+    #[serde(default)]
+    pub negate: Vec<String>,
     /// Inputs the op updates in place (fused_add_rms_norm's residual); restored before each
     /// call and written after it as `NAME{k}.bin`.
     pub mutable: Vec<String>,
@@ -250,6 +255,18 @@ pub fn python_args(op: Op) -> &'static [&'static str] {
         Op::LayerNormBackward => &["dy", "x", "mean", "rstd", "weight"],
         Op::SiluMulBackward | Op::GeluTanhMulBackward => &["dy", "gate", "up"],
         Op::SiluBackward | Op::GeluBackward | Op::GeluTanhBackward => &["dy", "x"],
+    }
+}
+
+/// The inputs of a backward op that are incoming gradients (`dy`; fused_add_rms_norm_backward's
+/// `dres` too): every gradient is linear in them, and computed with roundings that are symmetric
+/// in sign (round to nearest even), so negating them all negates every gradient bit for bit
+/// (up to the sign of a zero and a NaN's bits). Empty for a forward op.
+pub fn incoming_gradients(op: Op) -> &'static [&'static str] {
+    match op {
+        Op::FusedAddRmsNormBackward => &["dy", "dres"],
+        _ if op.is_backward() => &["dy"],
+        _ => &[],
     }
 }
 
@@ -792,6 +809,10 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
             args: python_args(op).iter().map(|s| s.to_string()).collect(),
             outputs: outputs.clone(),
             returns_tuple: op.is_backward(),
+            negate: incoming_gradients(op)
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             mutable: mutable.clone(),
             launches: 3,
             poison_seed: spec.seed ^ 0x9e37_79b9_7f4a_7c15,
@@ -1113,6 +1134,10 @@ mod tests {
             }
             assert_eq!(python_args(op), want.as_slice(), "{op}");
             assert_eq!(python_outputs(op), grads, "{op}");
+            // The incoming gradients are arguments: `dy` first, and the fused add's `dres`.
+            let incoming = incoming_gradients(op);
+            assert_eq!(incoming[0], "dy", "{op}");
+            assert!(incoming.iter().all(|a| python_args(op).contains(a)), "{op}");
             // Every tensor argument is one the case generates, and every input is an argument.
             let mut names = input_names(op);
             let mut args: Vec<&str> = python_args(op)
@@ -1125,6 +1150,7 @@ mod tests {
             assert_eq!(args, names, "{op}");
         }
         assert_eq!(python_outputs(Op::RmsNorm), ["out"]);
+        assert!(incoming_gradients(Op::FusedAddRmsNorm).is_empty());
     }
 
     #[test]

@@ -46,7 +46,7 @@ class Failure(Exception):
 # in ways this does not see (docs/spec.md section 2b, docs/python-candidates.md).
 GUARDED_RUNNER = ("answer", "bits", "same_bits", "sync", "poison", "call", "run_case", "batch",
                   "timed", "write_tensor", "read_tensor", "check_guard", "rolled", "rowwise", "PROTOCOL",
-                  "as_outputs", "same_outputs", "want_shape", "out_bytes",
+                  "as_outputs", "same_outputs", "same_values", "want_shape", "out_bytes",
                   "placed", "difference")
 GUARD = {}
 
@@ -61,7 +61,7 @@ def guard_objects():
     for n in ("clone", "contiguous", "view", "copy_", "index_select", "any", "sum", "__ne__",
               "__eq__", "__xor__", "cpu", "numpy", "nonzero", "flatten", "to", "zero_",
               "data_ptr", "numel", "element_size", "__getitem__", "__and__", "__invert__", "abs",
-              "max", "float"):
+              "max", "float", "neg", "__or__", "all"):
         objs[f"torch.Tensor.{n}"] = getattr(torch.Tensor, n)
     if hasattr(torch, "cuda"):
         objs["torch.cuda.synchronize"] = torch.cuda.synchronize
@@ -427,13 +427,25 @@ def rolled(t, k, rows):
     return torch.roll(t, k, 0) if t.dim() >= 1 and t.shape[0] == rows and rows > 1 else t
 
 
-def same_outputs(out, want, c):
-    """Whether what a timed call returned is the case's outputs with exactly `want`'s bits."""
+def same_values(a, b):
+    """`a` has `b`'s bits, but for the sign of a zero and a NaN's bits (what negating the
+    incoming gradients may leave: (+0) + (-0) is +0 either way)."""
+    a, b = a.contiguous(), b.contiguous()
+    if a.shape != b.shape:
+        return False
+    same = (bits(a) == bits(b)) | ((a == 0) & (b == 0)) | (torch.isnan(a) & torch.isnan(b))
+    return bool(same.all())
+
+
+def same_outputs(out, want, c, negated):
+    """Whether what a timed call returned is the case's outputs with exactly `want`'s bits
+    (`negated`: `want`'s values, the sign of a zero and NaN bits aside)."""
     try:
         outs = as_outputs(out, c, "")
     except Failure:
         return False
-    return all(isinstance(o, torch.Tensor) and same_bits(o.contiguous(), w) for o, w in zip(outs, want))
+    same = same_values if negated else same_bits
+    return all(isinstance(o, torch.Tensor) and same(o.contiguous(), w) for o, w in zip(outs, want))
 
 
 def timed(fn, c, inputs, pristine, mutable, first, args_of):
@@ -443,9 +455,11 @@ def timed(fn, c, inputs, pristine, mutable, first, args_of):
     output (by address, by version or by content) and hands it back is wrong, not fast; its
     outputs must be the first call's rows rotated alike (rows are computed independently).
     Where an output is not row-wise (a backward op's `dw`, `db`: sums over the rows, whose
-    order a rotation changes) the rows are not rotated: every timed call's outputs must be the
-    first call's bits (as the CUDA runner checks its timed launches), which does not catch an
-    output kept and handed back (docs/backward.md, "What the verifier lacks").
+    order a rotation changes) or the case has one row, the rows are not rotated: every other
+    timed call gets the incoming gradients (`negate`: dy, dres) negated instead, and must give
+    every output negated (each gradient is linear in them and rounded symmetrically; the sign
+    of a zero and NaN bits aside), the others call 1's bits. A kept output handed back is then
+    wrong every other call.
 
     One more call, at a position drawn from the case's seed among the timed ones and made the
     same way (events around it), is not timed: a copy of its outputs is queued on the caller's
@@ -458,6 +472,7 @@ def timed(fn, c, inputs, pristine, mutable, first, args_of):
     by_row = rowwise(c)
     names = [t["name"] for t in c["outputs"]]
     rotate = rows > 1 and all(t.get("rowwise", True) for t in c["outputs"])
+    negate = set() if rotate else set(c.get("negate", ()))
     sizes = out_bytes(c, rows)
     check_at = c["poison_seed"] % (reps + 1)
     if DEVICE.type == "cuda":
@@ -468,10 +483,14 @@ def timed(fn, c, inputs, pristine, mutable, first, args_of):
         checked = call_no == check_at
         rep = call_no - (call_no > check_at)  # the timed call's index; the checked one's: its slot
         k = (call_no + 1) % rows if rotate else 0
+        flip = bool(negate) and call_no % 2 == 1
         for name, t in inputs.items():
-            if name in mutable or name in by_row:
-                t.copy_(rolled(pristine[name], k, rows))
+            if name in mutable or name in by_row or name in negate:
+                v = rolled(pristine[name], k, rows)
+                t.copy_(v.neg() if flip and name in negate else v)
         want = [rolled(first[n], k, rows) for n in names]
+        if flip:
+            want = [w.neg() for w in want]
         poison(sizes, c["poison_seed"] + call_no + 2, invert=False)
         snaps = None
         if DEVICE.type == "cuda":
@@ -498,7 +517,7 @@ def timed(fn, c, inputs, pristine, mutable, first, args_of):
             raise Failure("wrong_output", f"a timed call of `{c['function']}` returned an output that was not "
                           "complete in the caller's stream order: work on another stream that the current "
                           "stream does not wait for (the CUDA events did not time it)")
-        if not same_outputs(out, want, c):
+        if not same_outputs(out, want, c, flip):
             # The checked call counts as the timed slot it took (the last one when it came last).
             bad.append(min(rep, reps - 1))
     # Once for the timed calls, not between them: a replaced function stays replaced, and work
