@@ -528,3 +528,94 @@ fn integrity_is_checked_per_gradient() {
     );
     check_gradients(&s2, &run, 1e-5);
 }
+
+/// A Python whose torch sees a CUDA GPU, or `None` after saying loudly that the GPU test ran
+/// nothing (a failure with `KERNELIZE_REQUIRE_GPU=1`).
+fn cuda_python() -> Option<PathBuf> {
+    let py = python()?;
+    let ok = std::process::Command::new(&py)
+        .args([
+            "-c",
+            "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        let require = std::env::var("KERNELIZE_REQUIRE_GPU").as_deref() == Ok("1");
+        eprintln!("\n{}", "#".repeat(78));
+        eprintln!(
+            "#  PYTHON BACKWARD GPU TEST SKIPPED: torch sees no CUDA GPU ({}).",
+            py.display()
+        );
+        eprintln!("#  It ran NOTHING. KERNELIZE_REQUIRE_GPU=1 turns this into a failure.");
+        eprintln!("{}\n", "#".repeat(78));
+        assert!(
+            !require,
+            "KERNELIZE_REQUIRE_GPU=1 and torch sees no CUDA GPU"
+        );
+    }
+    ok.then_some(py)
+}
+
+/// The same checks with CUDA tensors and PyTorch's caching allocator (the poisoned blocks are
+/// handed back there, so an unwritten gradient element holds the poison's complement), and the
+/// candidate's output copy checked in the caller's stream order. Skips loudly without a GPU.
+#[test]
+fn on_a_gpu_the_child_checks_each_gradient() {
+    let Some(py) = cuda_python() else { return };
+    let mut ex = PythonExecutor::new(
+        NoReference,
+        PythonOptions {
+            python: py,
+            device: PyDevice::Cuda,
+            case_limit: Duration::from_secs(300),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for (op, b, tol) in [
+        (Op::RmsNormBackward, rms_candidate("", ""), 1.0 / 64.0),
+        (Op::LayerNormBackward, layer_norm_candidate(), 1.0 / 64.0),
+        (Op::SiluMulBackward, silu_mul_candidate(""), 1.0 / 64.0),
+    ] {
+        let s = spec(op, DType::Bf16, 64, 256);
+        let run = ex.run_candidate(&b, &s, &LIMITS).unwrap();
+        check_gradients(&s, &run, tol);
+        assert!(
+            run.integrity_failures.is_empty() && run.deterministic,
+            "{op}: {:?} {:?}",
+            run.integrity_failures,
+            run.notes
+        );
+        assert!(run.timed.as_ref().is_some_and(|t| t.bad.is_empty()), "{op}");
+    }
+    let s = spec(Op::RmsNormBackward, DType::Bf16, 64, 256);
+    // dw allocated first with torch.empty, its last element never written.
+    let run = ex
+        .run_candidate(
+            &rms_candidate(
+                "    out = torch.empty_like(w)",
+                "    out[:-1] = dw[:-1]\n    dw = out",
+            ),
+            &s,
+            &LIMITS,
+        )
+        .unwrap();
+    let never = run
+        .integrity_failures
+        .iter()
+        .any(|f| f.starts_with("dw: output: ") && f.contains("never written"));
+    eprintln!(
+        "GPU: an unwritten dw element: {:?} {:?}",
+        run.integrity_failures, run.notes
+    );
+    // Likely, not certain (the allocator may serve dw from another block): either the poison's
+    // complement or calls that differ.
+    assert!(never || !run.deterministic, "{:?}", run.integrity_failures);
+    // A kept answer handed back: caught by the negated timed calls.
+    let body = "    key = (dy.data_ptr(), x.data_ptr(), w.data_ptr(), tuple(x.shape))\n    if key not in CACHE:\n        CACHE[key] = grads(dy, x, w, eps)\n    return tuple(t.clone() for t in CACHE[key])";
+    let run = ex
+        .run_candidate(&rms_candidate(body, ""), &s, &LIMITS)
+        .unwrap();
+    assert!(!run.timed.as_ref().unwrap().bad.is_empty());
+}
