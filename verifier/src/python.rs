@@ -7,6 +7,14 @@
 //! `ReferenceLayers` (on a GPU: the CUDA sandbox), so the suite, reports, policies and storage do
 //! not care which runtime a kernel uses.
 //!
+//! A backward op's candidate (docs/spec.md section 2b's backward signatures) goes through the
+//! same child: every input in its own dtype, its gradients returned as a tuple and checked one by
+//! one (`PyCase::outputs`), batches only where no gradient sums the rows, and timed calls that
+//! negate the incoming gradients where rows cannot be rotated ([`PythonExecutor::run_candidate`]).
+//! Its gradients are not compared with a reference yet: the backward reference layers run only
+//! beside a CUDA candidate (docs/backward.md, "What the verifier lacks", items 5-7), so such a
+//! case is recorded with the child's findings and no verdict.
+//!
 //! Isolation (docs/python-candidates.md): the child runs in a private temporary directory with a
 //! scrubbed environment, in a network namespace of its own where the kernel allows one (Linux
 //! user namespaces), under an RLIMIT_DATA memory limit and a time limit per case; a crash or a

@@ -6,10 +6,12 @@ over stdin/stdout, one request, one answer, in the shapes of python.rs's `PyRequ
 `{"case": {...}}` -> `{"case": {...}}`, any failure -> `{"error": {"kind": ..., "message": ...}}`).
 Tensors travel as raw little-endian files in the case's folder, never through the pipe.
 
-It loads the candidate's source, calls its function on the case's inputs and checks what the
-verifier cannot see from outside: inputs unchanged, output type, shape, dtype and device, every
-element written (stale memory of PyTorch's caching allocator poisoned before each call), the same
-bits with the inputs at other addresses (the address cases, `placed`). The
+It loads the candidate's source, calls its function on the case's inputs (each in its own dtype)
+and checks what the verifier cannot see from outside: inputs unchanged, each output's type,
+shape, dtype and device (a backward op's gradients come as a tuple, the case's `outputs` in
+order), every element written (stale memory of PyTorch's caching allocator poisoned before each
+call, one block per output), new memory every call, the same bits with the inputs at other
+addresses (the address cases, `placed`), in batches (`batch`) and when timed (`timed`). The
 measurements against the reference and the oracle are the verifier's, in Rust.
 """
 
