@@ -203,7 +203,7 @@ mod tests {
     /// and starts every module: each dtype's entry and the reference layers.
     #[test]
     fn a_case_waits_for_its_own_dtypes_module_and_the_reference_layers() {
-        use kernel_registry::manifest::dtype_macro;
+        use kernel_registry::manifest::entry_options;
         use kernel_registry::{DType, KernelBundle};
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/layer_norm");
         let b = KernelBundle::load_dir(&dir).unwrap();
@@ -224,7 +224,8 @@ mod tests {
                 .any(|j| j.digest == "ref" && j.options.is_empty()));
             assert!(needed
                 .iter()
-                .any(|j| j.digest == digest && j.options == vec![dtype_macro(dt)]));
+                .any(|j| j.digest == digest
+                    && j.options == entry_options(&b.manifest.nvrtc_options, dt)));
         }
     }
 
