@@ -179,6 +179,25 @@ def _is_tensor(v: Any) -> bool:
     return isinstance(v, torch.Tensor)
 
 
+def _replace(gm: torch.fx.GraphModule, node: torch.fx.Node, target: Any, args: tuple) -> torch.fx.Node:
+    """Put a call of `target` on `args` where `node` is, with its metadata (the example value the
+    passes after it read), and remove `node`: the one form of every rewrite below."""
+    with gm.graph.inserting_before(node):
+        new = gm.graph.call_function(target, args)
+    new.meta = dict(node.meta)
+    node.replace_all_uses_with(new)
+    gm.graph.erase_node(node)
+    return new
+
+
+def _recompiled(gm: torch.fx.GraphModule, n: int) -> int:
+    """`n` (how many rewrites a pass made), after checking and recompiling `gm` where it made any."""
+    if n:
+        gm.graph.lint()
+        gm.recompile()
+    return n
+
+
 def opaque_sdpa(gm: torch.fx.GraphModule) -> int:
     """Replace every scaled-dot-product-attention call of a dynamo graph by `eager_sdpa`;
     returns how many were replaced. Calls traced under autograd (an output that requires grad)
@@ -194,15 +213,9 @@ def opaque_sdpa(gm: torch.fx.GraphModule) -> int:
         vals = dict(zip(_SDPA_ARGS, node.args))
         vals.update(node.kwargs)
         args = tuple(vals.get(k, _SDPA_DEFAULTS.get(k)) for k in _SDPA_ARGS)
-        with gm.graph.inserting_before(node):
-            new = gm.graph.call_function(torch.ops.kernelize.eager_sdpa.default, args)
-        new.meta = dict(node.meta)
-        node.replace_all_uses_with(new)
-        gm.graph.erase_node(node)
+        _replace(gm, node, torch.ops.kernelize.eager_sdpa.default, args)
         n_replaced += 1
-    if n_replaced:
-        gm.recompile()
-    return n_replaced
+    return _recompiled(gm, n_replaced)
 
 
 # ---- attention masks: converted once, as eager converts them --------------------------------
@@ -360,16 +373,9 @@ def hoist_sdpa_masks(gm: torch.fx.GraphModule) -> int:
             bias = gm.graph.call_function(torch.ops.kernelize.sdpa_mask_bias.default, (mask, dtype))
         for node in calls:
             q, k, v, m, dropout_p, is_causal, scale, gqa = node.args
-            with gm.graph.inserting_before(node):
-                new = gm.graph.call_function(torch.ops.kernelize.eager_sdpa_bias.default,
-                                             (q, k, v, m, bias, dropout_p, is_causal, scale, gqa))
-            new.meta = dict(node.meta)
-            node.replace_all_uses_with(new)
-            gm.graph.erase_node(node)
-    if groups:
-        gm.graph.lint()
-        gm.recompile()
-    return len(groups)
+            _replace(gm, node, torch.ops.kernelize.eager_sdpa_bias.default,
+                     (q, k, v, m, bias, dropout_p, is_causal, scale, gqa))
+    return _recompiled(gm, len(groups))
 
 
 # ---- residual add + norm: one kernel --------------------------------------------------------
@@ -461,18 +467,11 @@ def fuse_residual_norms(gm: torch.fx.GraphModule) -> int:
         other = h.args[0] if h.args[1] is res else h.args[1]
         if other is res:
             continue   # x + x
-        with gm.graph.inserting_before(node):
-            new = gm.graph.call_function(fused_op, (other, res, *params, fkey))
-        new.meta = dict(node.meta)
-        node.replace_all_uses_with(new)
-        gm.graph.erase_node(node)
+        _replace(gm, node, fused_op, (other, res, *params, fkey))
         h.replace_all_uses_with(res)   # the sum: what the kernel wrote over `res`
         gm.graph.erase_node(h)
         n_fused += 1
-    if n_fused:
-        gm.graph.lint()
-        gm.recompile()
-    return n_fused
+    return _recompiled(gm, n_fused)
 
 
 # ---- products of one term: pointwise -------------------------------------------------------
@@ -516,16 +515,9 @@ def pointwise_outer_products(gm: torch.fx.GraphModule) -> int:
         if type(va.shape[-1]) is not int or type(vb.shape[-2]) is not int or va.shape[-1] != 1 \
                 or vb.shape[-2] != 1 or not all(type(d) is int for d in vo.shape):
             continue
-        with gm.graph.inserting_before(node):
-            new = gm.graph.call_function(operator.mul, (a, b))
-        new.meta = dict(node.meta)
-        node.replace_all_uses_with(new)
-        gm.graph.erase_node(node)
+        _replace(gm, node, operator.mul, (a, b))
         n_replaced += 1
-    if n_replaced:
-        gm.graph.lint()
-        gm.recompile()
-    return n_replaced
+    return _recompiled(gm, n_replaced)
 
 
 _STATE = "_kernelize_compile"
