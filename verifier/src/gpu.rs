@@ -150,6 +150,18 @@ impl CudaExecutor {
             median_us,
         })
     }
+
+    /// The reference layers of a backward case on `spec`'s own inputs, for a candidate measured
+    /// in another process (a Python candidate): every gradient, the median time of the whole
+    /// sequence with `reps > 0`, and this device's SMs and threads per SM
+    /// (`measure::backward::reference_case`).
+    pub fn reference_backward_case(
+        &mut self,
+        spec: &CaseSpec,
+        reps: u32,
+    ) -> Result<BackwardReferenceOutputs, ExecError> {
+        crate::measure::backward::reference_case(self.gpu()?, spec, reps)
+    }
 }
 
 /// The reference layer's outputs for one case (and its time, when asked).
@@ -158,6 +170,49 @@ pub struct ReferenceOutputs {
     pub out: Vec<u8>,
     pub residual: Option<Vec<u8>>,
     pub median_us: Option<f64>,
+}
+
+/// A backward case's reference gradients (reference.cu's entries of its op in stage order, on
+/// the case's own inputs), its time when asked, and the figures of the device they ran on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackwardReferenceOutputs {
+    /// One per gradient, in [`Op::gradients`] order (`dx` `rows x cols`, `dw` `cols`).
+    pub grads: Vec<Vec<u8>>,
+    /// The whole sequence's median time (L2 flushed) when `reps > 0`.
+    pub median_us: Option<f64>,
+    /// The device's SMs and threads per SM: rms_norm_backward's reference `dw` (eager's column
+    /// sums) depends on both (`Op::verdict_depends_on_device`).
+    pub sms: u64,
+    pub threads_per_sm: u64,
+}
+
+/// The reference layers in this process, for a Python candidate measured without the sandbox
+/// (tests; the verifier's own runs take them from the sandbox, `crate::sandbox`). `dir` is not
+/// used: nothing crosses a process.
+impl crate::python::ReferenceLayers for CudaExecutor {
+    fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
+        Ok(self.gpu()?.info.clone())
+    }
+
+    fn reference(
+        &mut self,
+        spec: &CaseSpec,
+        _inputs: &CaseInputs,
+        reps: u32,
+        _dir: &std::path::Path,
+    ) -> Result<ReferenceOutputs, ExecError> {
+        self.reference_case(spec, reps)
+    }
+
+    fn reference_backward(
+        &mut self,
+        spec: &CaseSpec,
+        _inputs: &CaseInputs,
+        reps: u32,
+        _dir: &std::path::Path,
+    ) -> Result<BackwardReferenceOutputs, ExecError> {
+        self.reference_backward_case(spec, reps)
+    }
 }
 
 /// How long `first_ready` waits for any module before keeping the suite's order (well under

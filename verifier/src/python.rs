@@ -23,7 +23,7 @@
 use crate::cases::{self, CaseInputs, CaseSpec, HostTensor};
 use crate::child::ChildProc;
 use crate::exec::{ExecError, Executor, Limits};
-use crate::gpu::ReferenceOutputs;
+use crate::gpu::{BackwardReferenceOutputs, ReferenceOutputs};
 use crate::measure::{address, batch, determinism, integrity, speed};
 use crate::numeric::{compare, worst};
 use crate::oracle;
@@ -241,6 +241,22 @@ pub trait ReferenceLayers {
         reps: u32,
         dir: &Path,
     ) -> Result<ReferenceOutputs, ExecError>;
+    /// A backward op's reference layers on `spec`'s inputs (its entries in stage order): every
+    /// gradient in [`Op::gradients`] order, the median time over `reps` runs when `reps > 0`,
+    /// and the SMs and threads per SM of the device they ran on. Reference layers without
+    /// backward ones (test fakes of forward ops) answer that they have none.
+    fn reference_backward(
+        &mut self,
+        spec: &CaseSpec,
+        _inputs: &CaseInputs,
+        _reps: u32,
+        _dir: &Path,
+    ) -> Result<BackwardReferenceOutputs, ExecError> {
+        Err(ExecError::Sandbox(format!(
+            "{}: these reference layers have no backward ones ({})",
+            spec.id, spec.op
+        )))
+    }
 }
 
 /// The Python signature's arguments of `op` (docs/spec.md section 2b table), as names of `CaseInputs`' tensors

@@ -50,6 +50,14 @@ pub enum Request {
         reps: u32,
         dir: PathBuf,
     },
+    /// A backward op's reference layers on a case's inputs (its entries in stage order), for a
+    /// candidate measured elsewhere (a Python candidate): every gradient written to
+    /// `dir/ref_<gradient>.bin` ([`reference_file`]).
+    ReferenceBackward {
+        spec: CaseSpec,
+        reps: u32,
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -64,7 +72,96 @@ pub enum Response {
     Reference {
         median_us: Option<f64>,
     },
+    /// The backward reference ran: the gradients it wrote (in `Op::gradients` order), its
+    /// median time when `reps > 0`, and the device's SMs and threads per SM it ran with.
+    ReferenceBackward {
+        gradients: Vec<String>,
+        median_us: Option<f64>,
+        sms: u64,
+        threads_per_sm: u64,
+    },
     Error(ExecError),
+}
+
+/// The file a backward reference's gradient `name` is written to in the request's folder.
+pub fn reference_file(name: &str) -> String {
+    format!("ref_{name}.bin")
+}
+
+/// The child's side of `Request::ReferenceBackward`: `r`'s gradients written into `dir` (one
+/// [`reference_file`] each, in `op`'s gradient order), and the answer naming them.
+fn write_reference_backward(
+    dir: &std::path::Path,
+    op: kernel_registry::Op,
+    r: &crate::gpu::BackwardReferenceOutputs,
+) -> Result<Response, ExecError> {
+    let names: Vec<String> = op.gradients().iter().map(|g| g.name.to_string()).collect();
+    if names.len() != r.grads.len() {
+        return Err(ExecError::Sandbox(format!(
+            "{op}: the reference gave {} gradients, not {}",
+            r.grads.len(),
+            names.len()
+        )));
+    }
+    for (n, bytes) in names.iter().zip(&r.grads) {
+        std::fs::write(dir.join(reference_file(n)), bytes).map_err(|e| {
+            ExecError::Sandbox(format!(
+                "cannot write the reference's {n} in {}: {e}",
+                dir.display()
+            ))
+        })?;
+    }
+    Ok(Response::ReferenceBackward {
+        gradients: names,
+        median_us: r.median_us,
+        sms: r.sms,
+        threads_per_sm: r.threads_per_sm,
+    })
+}
+
+/// The parent's side: the gradients the answer names, read from `dir`, each checked to be the
+/// gradient of `spec` the op has in that place and of its size.
+fn read_reference_backward(
+    dir: &std::path::Path,
+    spec: &CaseSpec,
+    gradients: &[String],
+    median_us: Option<f64>,
+    sms: u64,
+    threads_per_sm: u64,
+) -> Result<crate::gpu::BackwardReferenceOutputs, ExecError> {
+    let want = spec.op.gradients();
+    let named: Vec<&str> = gradients.iter().map(String::as_str).collect();
+    let expected: Vec<&str> = want.iter().map(|g| g.name).collect();
+    if named != expected {
+        return Err(ExecError::Sandbox(format!(
+            "{}: the backward reference wrote {named:?}, not {expected:?}",
+            spec.id
+        )));
+    }
+    let es = spec.dtype.size_bytes();
+    let grads = want
+        .iter()
+        .map(|g| {
+            let f = reference_file(g.name);
+            let b = std::fs::read(dir.join(&f)).map_err(|e| {
+                ExecError::Sandbox(format!("the reference's {f} is unreadable: {e}"))
+            })?;
+            let n = g.elements(spec.rows, spec.cols) as usize * es;
+            if b.len() != n {
+                return Err(ExecError::Sandbox(format!(
+                    "the reference's {f} holds {} bytes, not {n}",
+                    b.len()
+                )));
+            }
+            Ok(b)
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(crate::gpu::BackwardReferenceOutputs {
+        grads,
+        median_us,
+        sms,
+        threads_per_sm,
+    })
 }
 
 /// The child side: serve requests from stdin until it closes. After an error that broke the
@@ -122,6 +219,10 @@ pub fn serve() -> anyhow::Result<()> {
                     median_us,
                 })
             }
+            Request::ReferenceBackward { spec, reps, dir } => exec
+                .reference_backward_case(&spec, reps)
+                .and_then(|r| write_reference_backward(&dir, spec.op, &r))
+                .unwrap_or_else(Response::Error),
             Request::Case {
                 manifest_toml,
                 source,
@@ -299,6 +400,30 @@ impl crate::python::ReferenceLayers for SandboxExecutor {
             _ => Err(ExecError::Sandbox("unexpected answer".into())),
         }
     }
+
+    fn reference_backward(
+        &mut self,
+        spec: &CaseSpec,
+        _inputs: &crate::cases::CaseInputs,
+        reps: u32,
+        dir: &std::path::Path,
+    ) -> Result<crate::gpu::BackwardReferenceOutputs, ExecError> {
+        let req = Request::ReferenceBackward {
+            spec: spec.clone(),
+            reps,
+            dir: dir.to_path_buf(),
+        };
+        match self.call(&req, &format!("backward reference of {}", spec.id))? {
+            Response::ReferenceBackward {
+                gradients,
+                median_us,
+                sms,
+                threads_per_sm,
+            } => read_reference_backward(dir, spec, &gradients, median_us, sms, threads_per_sm),
+            Response::Error(e) => Err(e),
+            _ => Err(ExecError::Sandbox("unexpected answer".into())),
+        }
+    }
 }
 
 impl Drop for SandboxExecutor {
@@ -430,6 +555,102 @@ mod tests {
         let all = [DType::Bf16, DType::F16, DType::F32];
         assert_eq!(exec.first_ready(&python, &all).unwrap(), None);
         assert_eq!(exec.children_started, 0);
+    }
+
+    /// A backward reference's request and answer cross the pipe as JSON lines; its gradients
+    /// cross as files in the request's folder, read back in the op's gradient order with their
+    /// sizes checked, and the device's figures come back with them.
+    #[test]
+    fn the_backward_reference_crosses_the_pipe_and_its_gradients_the_folder() {
+        use kernel_registry::Op;
+        let spec = crate::cases::suite(
+            Op::RmsNormBackward,
+            Op::RmsNormBackward.default_semantics(),
+            &[DType::Bf16],
+            true,
+            5,
+            &[],
+        )
+        .into_iter()
+        .find(|s| !s.large_index)
+        .map(|s| CaseSpec {
+            rows: 3,
+            cols: 8,
+            ..s
+        })
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let req = Request::ReferenceBackward {
+            spec: spec.clone(),
+            reps: 7,
+            dir: dir.path().to_path_buf(),
+        };
+        let line = serde_json::to_string(&req).unwrap();
+        assert!(line.starts_with("{\"reference_backward\":"), "{line}");
+        let Request::ReferenceBackward {
+            spec: s,
+            reps,
+            dir: d,
+        } = serde_json::from_str::<Request>(&line).unwrap()
+        else {
+            panic!("{line}")
+        };
+        assert_eq!(
+            (s.id.as_str(), s.rows, s.cols, reps),
+            (spec.id.as_str(), 3, 8, 7)
+        );
+        assert_eq!(d, dir.path());
+        // The child: dx 3x8 and dw 8 bf16 elements, written to the folder.
+        let dx: Vec<u8> = (0..48).collect();
+        let dw: Vec<u8> = (100..116).collect();
+        let r = crate::gpu::BackwardReferenceOutputs {
+            grads: vec![dx.clone(), dw.clone()],
+            median_us: Some(12.5),
+            sms: 132,
+            threads_per_sm: 2048,
+        };
+        let answer = write_reference_backward(dir.path(), s.op, &r).unwrap();
+        let line = serde_json::to_string(&answer).unwrap();
+        assert_eq!(
+            line,
+            r#"{"reference_backward":{"gradients":["dx","dw"],"median_us":12.5,"sms":132,"threads_per_sm":2048}}"#
+        );
+        // The parent: the same bytes and figures back.
+        let Response::ReferenceBackward {
+            gradients,
+            median_us,
+            sms,
+            threads_per_sm,
+        } = serde_json::from_str::<Response>(&line).unwrap()
+        else {
+            panic!("{line}")
+        };
+        let got = read_reference_backward(
+            dir.path(),
+            &spec,
+            &gradients,
+            median_us,
+            sms,
+            threads_per_sm,
+        )
+        .unwrap();
+        assert_eq!(got, r);
+        // Gradients named out of order, or a file of the wrong size, are refused.
+        let swapped = ["dw".to_string(), "dx".to_string()];
+        let e = read_reference_backward(dir.path(), &spec, &swapped, None, 1, 1).unwrap_err();
+        assert!(e.to_string().contains("not [\"dx\", \"dw\"]"), "{e}");
+        std::fs::write(dir.path().join(reference_file("dw")), &dw[..14]).unwrap();
+        let e = read_reference_backward(dir.path(), &spec, &gradients, None, 1, 1).unwrap_err();
+        assert!(
+            e.to_string().contains("ref_dw.bin holds 14 bytes, not 16"),
+            "{e}"
+        );
+        // A forward op's count of gradients is refused on the child's side.
+        let one = crate::gpu::BackwardReferenceOutputs {
+            grads: vec![dx],
+            ..r
+        };
+        assert!(write_reference_backward(dir.path(), s.op, &one).is_err());
     }
 
     #[test]

@@ -27,6 +27,7 @@ use crate::abi::{reference_stage_symbol, stage_args, BackwardPtrs, Bufs};
 use crate::cases::{self, CaseInputs, CaseSpec, HostTensor};
 use crate::cuda::{guard_byte, Arg, DevBuf, Gpu, Launch};
 use crate::exec::{ExecError, Limits};
+use crate::gpu::BackwardReferenceOutputs;
 use crate::numeric::{combine, compare, worst};
 use crate::oracle;
 use cudarc::driver::sys::CUfunction;
@@ -35,6 +36,7 @@ use kernel_registry::manifest::{entry_options, LaunchDims};
 use kernel_registry::report::{CaseReport, CaseStatus, Exactness, GradientReport};
 use kernel_registry::{KernelBundle, Op, Stage};
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// A change of the grids of the entries that take any grid: (stage name, default grid) -> grid.
 type Regrid<'a> = Option<&'a dyn Fn(&str, u32) -> u32>;
@@ -234,20 +236,196 @@ fn call(
     dev: DeviceShape,
     grid: Regrid<'_>,
 ) -> Result<(), ExecError> {
-    let d = dims(run.spec, entries, rows, dev, grid)?;
-    let a = args(run.spec, entries, p, rows, dev);
+    call_on(
+        run.gpu,
+        run.spec,
+        run.limits.launch(),
+        entries,
+        p,
+        rows,
+        dev,
+        grid,
+    )
+}
+
+/// [`call`] without a [`CaseRun`]: on `gpu`, each launch within `limit`.
+#[allow(clippy::too_many_arguments)]
+fn call_on(
+    gpu: &Gpu,
+    spec: &CaseSpec,
+    limit: Duration,
+    entries: &[Entry],
+    p: &BackwardPtrs,
+    rows: u64,
+    dev: DeviceShape,
+    grid: Regrid<'_>,
+) -> Result<(), ExecError> {
+    let d = dims(spec, entries, rows, dev, grid)?;
+    let a = args(spec, entries, p, rows, dev);
     for ((e, d), a) in entries.iter().zip(&d).zip(a) {
-        run.gpu.launch(
-            &e.name,
-            e.f,
-            d.grid,
-            d.block,
-            d.shared_mem_bytes,
-            &a,
-            run.limits.launch(),
-        )?;
+        gpu.launch(&e.name, e.f, d.grid, d.block, d.shared_mem_bytes, &a, limit)?;
     }
-    run.gpu.wait_idle(&entries[0].name)
+    gpu.wait_idle(&entries[0].name)
+}
+
+/// The inputs a backward call of `spec.op` uploads itself ([`OWN_INPUTS`] the case has).
+fn upload_own(
+    gpu: &Gpu,
+    op: Op,
+    inp: &CaseInputs,
+) -> Result<Vec<(&'static str, DevBuf)>, ExecError> {
+    let names = buffers(op);
+    let mut own = Vec::new();
+    for n in OWN_INPUTS {
+        if let Some(h) = names.contains(&n).then(|| host_input(n, inp)).flatten() {
+            let d = gpu.alloc(h.bytes.len())?;
+            gpu.upload(&d, &h.bytes)?;
+            own.push((n, d));
+        }
+    }
+    Ok(own)
+}
+
+/// A backward call's inputs, in the order of [`buffers`]: (ABI name, host copy, device buffer).
+fn call_inputs<'a>(
+    op: Op,
+    inp: &'a CaseInputs,
+    bufs: &'a Bufs,
+    own: &'a [(&'static str, DevBuf)],
+) -> Vec<(&'static str, &'a HostTensor, &'a DevBuf)> {
+    let grads = op.gradients();
+    buffers(op)
+        .into_iter()
+        .filter(|n| *n != WORKSPACE && !grads.iter().any(|g| g.name == *n))
+        .map(|n| {
+            let (h, d) = input(n, inp, bufs, own);
+            (n, h, d)
+        })
+        .collect()
+}
+
+/// The gradients' buffers of one call (each `rows x cols` or `cols`) and the workspace
+/// (`ws_bytes`, where the op has one).
+fn alloc_outs(gpu: &Gpu, spec: &CaseSpec, ws_bytes: usize) -> Result<Outs, ExecError> {
+    let es = spec.dtype.size_bytes();
+    Ok(Outs {
+        grads: spec
+            .op
+            .gradients()
+            .iter()
+            .map(|g| gpu.alloc(g.elements(spec.rows, spec.cols) as usize * es))
+            .collect::<Result<_, _>>()?,
+        ws: buffers(spec.op)
+            .contains(&WORKSPACE)
+            .then(|| gpu.alloc(ws_bytes))
+            .transpose()?,
+    })
+}
+
+/// Every buffer of a call by its ABI name: `o`'s gradients and workspace, then the inputs.
+fn call_ptrs(op: Op, o: &Outs, inputs: &[(&'static str, &HostTensor, &DevBuf)]) -> BackwardPtrs {
+    let mut p: Vec<(&'static str, u64)> = op
+        .gradients()
+        .iter()
+        .zip(&o.grads)
+        .map(|(g, b)| (g.name, b.ptr()))
+        .collect();
+    p.extend(o.ws.as_ref().map(|w| (WORKSPACE, w.ptr())));
+    p.extend(inputs.iter().map(|(n, _, d)| (*n, d.ptr())));
+    BackwardPtrs(p)
+}
+
+/// `o`'s gradients poisoned with `p` (`fill`: `kz_fill_pattern`), its workspace afresh.
+fn poison_outs(gpu: &Gpu, fill: CUfunction, o: &Outs, p: Poison) -> Result<(), ExecError> {
+    for b in &o.grads {
+        gpu.fill_pattern(fill, b, p.key, p.invert)?;
+    }
+    match &o.ws {
+        // the workspace holds nothing a call may read before writing it
+        Some(w) => gpu.fill_pattern(fill, w, Poison::fresh().key, false),
+        None => Ok(()),
+    }
+}
+
+/// The reference layers of a backward case on its own inputs (`cases::generate(spec)`), for a
+/// candidate measured in another process (a Python candidate, `crate::python`): reference.cu's
+/// entries of the op (`crate::ref_module`) in [`Op::stages`] order with `stage_dims`, on
+/// gradients and a workspace poisoned as `run_case` poisons the reference's (the workspace
+/// sized by `workspace_bytes` for this device's SMs and threads per SM), every gradient
+/// downloaded in [`Op::gradients`] order; with `reps > 0` the whole sequence's median time with
+/// the L2 flushed, as `run_case` times the reference. The device's figures come back with it:
+/// rms_norm_backward's reference dw depends on them (`Op::verdict_depends_on_device`).
+pub(crate) fn reference_case(
+    gpu: &mut Gpu,
+    spec: &CaseSpec,
+    reps: u32,
+) -> Result<BackwardReferenceOutputs, ExecError> {
+    let (op, dt, rows, cols) = (spec.op, spec.dtype, spec.rows, spec.cols);
+    if !op.is_backward() {
+        return Err(ExecError::Sandbox(format!(
+            "{}: {op} is not a backward op (its reference is `Request::Reference`)",
+            spec.id
+        )));
+    }
+    let dev = device_shape(gpu)?;
+    let (rd, rsrc) = crate::ref_module::module(op, spec.semantics);
+    gpu.compile(rd, "reference layers", rsrc, &[])?;
+    let fill = gpu.function(rd, &[], "kz_fill_pattern")?;
+    let refe: Vec<Entry> = op
+        .stages()
+        .iter()
+        .map(|st| {
+            Ok(Entry {
+                stage: st,
+                name: format!("reference {}", st.name),
+                f: gpu.function(rd, &[], &reference_stage_symbol(op, spec.semantics, st, dt))?,
+            })
+        })
+        .collect::<Result<_, ExecError>>()?;
+    let gpu = &*gpu;
+    let ws_bytes = workspace_bytes(op, rows, cols, dev)
+        .map_err(|m| launch_error("the workspace", m))? as usize;
+    let inp = cases::generate(spec);
+    let bufs = Bufs::upload(gpu, &inp)?;
+    let own = upload_own(gpu, op, &inp)?;
+    let inputs = call_inputs(op, &inp, &bufs, &own);
+    let o = alloc_outs(gpu, spec, ws_bytes)?;
+    let ptrs = call_ptrs(op, &o, &inputs);
+    let limit = Duration::from_secs(120);
+    poison_outs(gpu, fill, &o, Poison::fresh())?;
+    call_on(gpu, spec, limit, &refe, &ptrs, rows, dev, None)?;
+    let grads: Grads = o
+        .grads
+        .iter()
+        .map(|b| gpu.download_vec(b))
+        .collect::<Result<_, _>>()?;
+    let median_us = if reps > 0 {
+        let d = dims(spec, &refe, rows, dev, None)?;
+        let a = args(spec, &refe, &ptrs, rows, dev);
+        let seq: Vec<Launch<'_>> = refe
+            .iter()
+            .zip(&d)
+            .zip(&a)
+            .map(|((e, d), a)| Launch {
+                what: &e.name,
+                f: e.f,
+                grid: d.grid,
+                block: d.block,
+                smem: d.shared_mem_bytes,
+                args: a,
+            })
+            .collect();
+        let mut prepare = || poison_outs(gpu, fill, &o, Poison::fresh());
+        Some(gpu.time_sequence(&seq, reps as usize, limit, &mut prepare, &mut |_| Ok(()))?)
+    } else {
+        None
+    };
+    Ok(BackwardReferenceOutputs {
+        grads,
+        median_us,
+        sms: dev.sms,
+        threads_per_sm: dev.threads_per_sm,
+    })
 }
 
 /// Run one backward case of `bundle` and measure it.
@@ -268,19 +446,10 @@ pub(crate) fn run_case(
     } = load(gpu, bundle, spec)?;
     let es = dt.size_bytes();
     let grads = op.gradients();
-    let names = buffers(op);
-    let has_ws = names.contains(&WORKSPACE);
     let ws_bytes = workspace_bytes(op, rows, cols, dev)
         .map_err(|m| launch_error("the workspace", m))? as usize;
     let inp = cases::generate(spec);
-    let mut own: Vec<(&'static str, DevBuf)> = Vec::new();
-    for n in OWN_INPUTS {
-        if let Some(h) = names.contains(&n).then(|| host_input(n, &inp)).flatten() {
-            let d = gpu.alloc(h.bytes.len())?;
-            gpu.upload(&d, &h.bytes)?;
-            own.push((n, d));
-        }
-    }
+    let own = upload_own(gpu, op, &inp)?;
     // The measurements' shared helpers (keyed sums, poison) through a CaseRun whose kernels
     // are the first entries (the only launches made through it are `call`'s).
     let kern = |e: &Entry| Kern {
@@ -298,44 +467,11 @@ pub(crate) fn run_case(
         bufs: Bufs::upload(gpu, &inp)?,
         sum_buf: gpu.alloc(8)?,
     };
-    // The inputs, in the order of `names`: (ABI name, host copy, device buffer).
-    let inputs: Vec<(&'static str, &HostTensor, &DevBuf)> = names
-        .iter()
-        .filter(|n| **n != WORKSPACE && !grads.iter().any(|g| g.name == **n))
-        .map(|&n| {
-            let (h, d) = input(n, &inp, &run.bufs, &own);
-            (n, h, d)
-        })
-        .collect();
-    let alloc = || -> Result<Outs, ExecError> {
-        Ok(Outs {
-            grads: grads
-                .iter()
-                .map(|g| gpu.alloc(g.elements(rows, cols) as usize * es))
-                .collect::<Result<_, _>>()?,
-            ws: has_ws.then(|| gpu.alloc(ws_bytes)).transpose()?,
-        })
-    };
-    let ptrs = |o: &Outs| {
-        let mut p: Vec<(&'static str, u64)> = grads
-            .iter()
-            .zip(&o.grads)
-            .map(|(g, b)| (g.name, b.ptr()))
-            .collect();
-        p.extend(o.ws.as_ref().map(|w| (WORKSPACE, w.ptr())));
-        p.extend(inputs.iter().map(|(n, _, d)| (*n, d.ptr())));
-        BackwardPtrs(p)
-    };
-    let poison = |o: &Outs, p: Poison| -> Result<(), ExecError> {
-        for b in &o.grads {
-            gpu.fill_pattern(run.tools.fill, b, p.key, p.invert)?;
-        }
-        match &o.ws {
-            // the workspace holds nothing a call may read before writing it
-            Some(w) => gpu.fill_pattern(run.tools.fill, w, Poison::fresh().key, false),
-            None => Ok(()),
-        }
-    };
+    // The inputs, in the order of `buffers(op)`: (ABI name, host copy, device buffer).
+    let inputs = call_inputs(op, &inp, &run.bufs, &own);
+    let alloc = || alloc_outs(gpu, spec, ws_bytes);
+    let ptrs = |o: &Outs| call_ptrs(op, o, &inputs);
+    let poison = |o: &Outs, p: Poison| poison_outs(gpu, run.tools.fill, o, p);
     let download = |o: &Outs| -> Result<Grads, ExecError> {
         o.grads.iter().map(|b| gpu.download_vec(b)).collect()
     };
