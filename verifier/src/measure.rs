@@ -8,6 +8,7 @@ pub mod address;
 pub mod backward;
 pub mod batch;
 pub mod determinism;
+pub mod gradients;
 pub mod integrity;
 pub mod large;
 pub mod poison;

@@ -11,9 +11,10 @@
 //! same child: every input in its own dtype, its gradients returned as a tuple and checked one by
 //! one (`PyCase::outputs`), batches only where no gradient sums the rows, and timed calls that
 //! negate the incoming gradients where rows cannot be rotated ([`PythonExecutor::run_candidate`]).
-//! Its gradients are not compared with a reference yet: the backward reference layers run only
-//! beside a CUDA candidate (docs/backward.md, "What the verifier lacks", items 5-7), so such a
-//! case is recorded with the child's findings and no verdict.
+//! Its gradients are judged against the reference layers' (`ReferenceLayers::reference_backward`:
+//! on a GPU the sandbox's `Request::ReferenceBackward`) by the function a CUDA candidate's
+//! backward case uses (`measure::gradients::verdict`), so `CaseReport::gradients` means the same
+//! for both runtimes (docs/backward.md, "What the verifier lacks", items 5 and 6).
 //!
 //! Isolation (docs/python-candidates.md): the child runs in a private temporary directory with a
 //! scrubbed environment, in a network namespace of its own where the kernel allows one (Linux
@@ -475,17 +476,16 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
         }
     }
 
-    /// The reference layers' outputs and time on `spec`, computed after the candidate's calls
-    /// (its outputs already read) with the candidate's process group stopped: nothing of the
-    /// candidate runs while the reference is timed (it cannot load the GPU to make the
-    /// reference look slow) or while the reference's files exist (it cannot read them as an
-    /// answer key for a later call). The files are removed before the child continues.
-    fn reference_frozen(
+    /// `f` on the reference layers, after the candidate's calls (its outputs already read) with
+    /// the candidate's process group stopped: nothing of the candidate runs while the reference
+    /// is timed (it cannot load the GPU to make the reference look slow) or while the
+    /// reference's files exist in the folder `f` is given (it cannot read them as an answer key
+    /// for a later call). The files are removed before the child continues.
+    fn with_child_frozen<T>(
         &mut self,
         spec: &CaseSpec,
-        inp: &cases::CaseInputs,
-        reps: u32,
-    ) -> Result<ReferenceOutputs, ExecError> {
+        f: impl FnOnce(&mut R, &Path) -> Result<T, ExecError>,
+    ) -> Result<T, ExecError> {
         struct Thaw<'a>(Option<&'a ChildProc>);
         impl Drop for Thaw<'_> {
             fn drop(&mut self) {
@@ -504,9 +504,30 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
             c.freeze(true);
         }
         let _thaw = Thaw(child);
-        let r = self.reference.reference(spec, inp, reps, &dir);
+        let r = f(&mut self.reference, &dir);
         let _ = std::fs::remove_dir_all(&dir);
         r
+    }
+
+    /// The reference layers' outputs and time on `spec`, the candidate frozen
+    /// ([`Self::with_child_frozen`]).
+    fn reference_frozen(
+        &mut self,
+        spec: &CaseSpec,
+        inp: &cases::CaseInputs,
+        reps: u32,
+    ) -> Result<ReferenceOutputs, ExecError> {
+        self.with_child_frozen(spec, |r, dir| r.reference(spec, inp, reps, dir))
+    }
+
+    /// A backward op's reference gradients and time on `spec`, the candidate frozen.
+    fn reference_backward_frozen(
+        &mut self,
+        spec: &CaseSpec,
+        inp: &cases::CaseInputs,
+        reps: u32,
+    ) -> Result<BackwardReferenceOutputs, ExecError> {
+        self.with_child_frozen(spec, |r, dir| r.reference_backward(spec, inp, reps, dir))
     }
 
     fn case_dir(&self, spec: &CaseSpec) -> Result<PathBuf, ExecError> {
@@ -760,7 +781,7 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
     /// Run one case of a Python candidate in the child: its inputs written, its function called
     /// (3 times, in the batch compositions, at the address placements, timed), its outputs
     /// read back, and what the child found said as the verifier says it. Nothing is compared
-    /// with a reference: `run_case` does that for forward ops.
+    /// with a reference: `run_case` does that.
     pub fn run_candidate(
         &mut self,
         bundle: &KernelBundle,
@@ -958,32 +979,50 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
             residuals: ress,
             deterministic,
             mut integrity_failures,
-            mut notes,
+            notes,
             batch_invariant,
             timed,
             reps,
         } = run;
-        if op.is_backward() {
-            // The child's checks ran (integrity, determinism, batches, addresses, the timed
-            // calls' outputs); the gradients are not compared with a reference: the backward
-            // reference layers run only beside a CUDA candidate (docs/backward.md, "What the
-            // verifier lacks", items 5-7), so the case has no verdict.
-            if let Some(t) = &timed {
-                integrity_failures.extend(speed::wrong_timed_launches(&t.bad, reps as usize));
-                notes.push(format!(
-                    "the candidate's median time {:.1} us (no reference time)",
-                    t.median_us
-                ));
+        // Speed against the reference's time, every timed call's outputs checked by the child.
+        let speed_of = |ref_us: Option<f64>, integrity: &mut Vec<String>| match (&timed, ref_us) {
+            (Some(t), Some(ref_us)) => {
+                let s = speed::speed_of(
+                    op.bytes_moved(dt, spec.rows, spec.cols),
+                    t.median_us,
+                    ref_us,
+                    copy_gbps,
+                );
+                integrity.extend(speed::wrong_timed_launches(&t.bad, reps as usize));
+                integrity.extend(s.above_roofline());
+                Some(s)
             }
-            notes.push(format!(
-                "{op}: the gradients were not compared with a reference (a Python candidate of a backward op has no reference layer outside its process yet)"
-            ));
+            _ => None,
+        };
+        if op.is_backward() {
+            // The reference's gradients from the reference layers (on a GPU: the sandbox's
+            // `Request::ReferenceBackward`), and the verdict a CUDA candidate's case gets from
+            // the same host bytes (`measure::gradients::verdict`): per gradient its exactness
+            // (the worst call where the 3 calls differ) and accuracy, and their combination.
+            let reference = self.reference_backward_frozen(spec, &inp, reps)?;
+            let calls: Vec<Vec<&[u8]>> = outs
+                .iter()
+                .map(|c| c.iter().map(Vec::as_slice).collect())
+                .collect();
+            let refs: Vec<&[u8]> = reference.grads.iter().map(Vec::as_slice).collect();
+            crate::measure::gradients::check_sizes(spec, &calls, &refs)
+                .map_err(ExecError::Sandbox)?;
+            let v = crate::measure::gradients::verdict(spec, &inp, &calls, &refs, deterministic);
+            let speed = speed_of(reference.median_us, &mut integrity_failures);
             return Ok(CaseReport {
-                status: CaseStatus::Error,
-                note: Some(notes.join("; ")),
+                note: (!notes.is_empty()).then(|| notes.join("; ")),
+                exactness: Some(v.exactness),
+                accuracy: None,
                 deterministic: Some(deterministic),
                 batch_invariant,
                 integrity_failures,
+                speed,
+                gradients: v.gradients,
                 ..skeleton
             });
         }
@@ -1003,20 +1042,7 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
             }
         }
         let accuracy = oracle::accuracy(spec, &inp, &outs[0], &reference.out);
-        let speed = match (&timed, reference.median_us) {
-            (Some(t), Some(ref_us)) => {
-                let s = speed::speed_of(
-                    op.bytes_moved(dt, spec.rows, spec.cols),
-                    t.median_us,
-                    ref_us,
-                    copy_gbps,
-                );
-                integrity_failures.extend(speed::wrong_timed_launches(&t.bad, reps as usize));
-                integrity_failures.extend(s.above_roofline());
-                Some(s)
-            }
-            _ => None,
-        };
+        let speed = speed_of(reference.median_us, &mut integrity_failures);
         Ok(CaseReport {
             note: (!notes.is_empty()).then(|| notes.join("; ")),
             exactness: Some(exactness),

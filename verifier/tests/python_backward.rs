@@ -1,20 +1,25 @@
 //! Python candidates of backward ops (docs/spec.md section 2b's backward signatures;
-//! docs/backward.md, "What the verifier lacks", items 1-4) through the Python runner, on the CPU:
+//! docs/backward.md, "What the verifier lacks", items 1-6) through the Python runner, on the CPU:
 //! eager PyTorch candidates (autograd, or the formula in f32) get every input in its own dtype
 //! (layer_norm_backward's f32 statistics), return their gradients as a tuple, and the child
 //! checks each (count, shape, dtype, device, every element written, new memory every call,
 //! inputs unchanged, addresses, batches where no gradient sums the rows, the timed calls). The
-//! gradients are checked here against the f64 oracle; no reference layer is involved (a
-//! backward op has none outside a CUDA candidate's process yet: the case says so and has no
-//! verdict). Needs a Python with torch (`KERNELIZE_PYTHON`, else `python3`); without one every
-//! test says so loudly and checks nothing else, or fails when `KERNELIZE_REQUIRE_PYTHON=1`.
+//! gradients are checked here against the f64 oracle, and `run_case` judges them against the
+//! reference layers' gradients (`ReferenceLayers::reference_backward`; on the CPU a host stand-in
+//! that gives the rounded oracle or bytes a test recorded) with the verdict a CUDA candidate's
+//! case gets (`measure::gradients::verdict`). Needs a Python with torch (`KERNELIZE_PYTHON`,
+//! else `python3`); without one every test says so loudly and checks nothing else, or fails
+//! when `KERNELIZE_REQUIRE_PYTHON=1`. The GPU tests also need torch to see a CUDA GPU.
 
 use kernel_registry::report::{CaseStatus, DeviceInfo};
 use kernel_registry::{Arch, DType, KernelBundle, Op};
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::Duration;
 use verifier::cases::{self, CaseInputs, CaseSpec};
-use verifier::gpu::ReferenceOutputs;
+use verifier::gpu::{BackwardReferenceOutputs, ReferenceOutputs};
+use verifier::numeric::{from_f32, round_f64, set_bits};
 use verifier::python::{PyDevice, PyRun, PythonExecutor, PythonOptions, ReferenceLayers};
 use verifier::{oracle, ExecError, Executor, Limits};
 
@@ -39,11 +44,41 @@ fn python() -> Option<PathBuf> {
     ok.then_some(py)
 }
 
-/// No reference layers: a backward case must not ask for one (there is none outside a CUDA
-/// candidate's process yet).
-struct NoReference;
+/// The reference layers on the host, a stand-in for the GPU's (the sandbox's
+/// `Request::ReferenceBackward`): a backward case's gradients are the `recorded` ones where a
+/// test set them, else the f64 oracle rounded to the dtype on its sampled elements (all of a
+/// small case's; zeros elsewhere), and a time of 1000 us when asked for one. Written to the
+/// folder as the sandbox writes them. A forward case must not ask.
+#[derive(Clone, Default)]
+struct HostGradients {
+    recorded: Rc<RefCell<Option<Vec<Vec<u8>>>>>,
+    /// (case, reps) of every question.
+    asked: Rc<RefCell<Vec<(String, u32)>>>,
+}
 
-impl ReferenceLayers for NoReference {
+/// The f64 oracle's gradients of a backward case rounded to its dtype (zeros where not sampled).
+fn rounded_truth(spec: &CaseSpec, inp: &CaseInputs) -> Vec<Vec<u8>> {
+    let es = spec.dtype.size_bytes();
+    spec.op
+        .gradients()
+        .iter()
+        .map(|g| {
+            let n = g.elements(spec.rows, spec.cols) as usize;
+            let (ranges, truth) = oracle::backward_truth(spec, inp, g);
+            let mut b = vec![0u8; n * es];
+            let mut t = truth.iter();
+            for (start, len) in ranges {
+                for i in start..start + len {
+                    let v = round_f64(spec.dtype, *t.next().unwrap());
+                    set_bits(spec.dtype, &mut b, i, from_f32(spec.dtype, v));
+                }
+            }
+            b
+        })
+        .collect()
+}
+
+impl ReferenceLayers for HostGradients {
     fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
         Ok(DeviceInfo {
             name: "CPU (test)".into(),
@@ -63,6 +98,28 @@ impl ReferenceLayers for NoReference {
         _dir: &Path,
     ) -> Result<ReferenceOutputs, ExecError> {
         panic!("{}: a backward case asked for a forward reference", spec.id)
+    }
+    fn reference_backward(
+        &mut self,
+        spec: &CaseSpec,
+        inputs: &CaseInputs,
+        reps: u32,
+        dir: &Path,
+    ) -> Result<BackwardReferenceOutputs, ExecError> {
+        self.asked.borrow_mut().push((spec.id.clone(), reps));
+        let grads = match &*self.recorded.borrow() {
+            Some(g) => g.clone(),
+            None => rounded_truth(spec, inputs),
+        };
+        for (g, b) in spec.op.gradients().iter().zip(&grads) {
+            std::fs::write(dir.join(format!("ref_{}.bin", g.name)), b).unwrap();
+        }
+        Ok(BackwardReferenceOutputs {
+            grads,
+            median_us: (reps > 0).then_some(1000.0),
+            sms: 1,
+            threads_per_sm: 2048,
+        })
     }
 }
 
@@ -123,9 +180,13 @@ fn spec(op: Op, dt: DType, rows: u64, cols: u64) -> CaseSpec {
     s
 }
 
-fn executor(py: PathBuf) -> PythonExecutor<NoReference> {
+fn executor(py: PathBuf) -> PythonExecutor<HostGradients> {
+    executor_with(py, HostGradients::default())
+}
+
+fn executor_with(py: PathBuf, reference: HostGradients) -> PythonExecutor<HostGradients> {
     PythonExecutor::new(
-        NoReference,
+        reference,
         PythonOptions {
             python: py,
             device: PyDevice::Cpu,
@@ -193,17 +254,81 @@ fn an_eager_rms_norm_backward_runs_through_the_suites_checks() {
         assert_eq!(run.batch_invariant, None);
         let t = run.timed.as_ref().expect("timed");
         assert!(t.median_us > 0.0 && t.bad.is_empty(), "{t:?}");
-        // run_case: the child's checks, no verdict (no reference layer for a backward op).
+        // run_case: the child's checks, and the verdict against the reference's gradients
+        // (here the host's oracle, rounded): per gradient, combined, timed against the
+        // reference's time.
         let c = ex.run_case(&b, &s, &LIMITS, 1e6).unwrap();
-        assert_eq!(c.status, CaseStatus::Error, "{c:?}");
-        let note = c.note.as_deref().unwrap();
-        assert!(
-            note.contains("not compared with a reference") && note.contains("median time"),
-            "{note}"
-        );
+        assert_eq!(c.status, CaseStatus::Ran, "{c:?}");
         assert_eq!(c.deterministic, Some(true));
-        assert!(c.integrity_failures.is_empty() && c.exactness.is_none());
+        assert!(
+            c.integrity_failures.is_empty(),
+            "{:?}",
+            c.integrity_failures
+        );
+        assert_eq!(c.gradients.keys().collect::<Vec<_>>(), ["dw", "dx"]);
+        let (dx, dw) = (&c.gradients["dx"], &c.gradients["dw"]);
+        assert!(dx.accuracy.is_some() && dw.accuracy.is_some());
+        let e = c.exactness.as_ref().unwrap();
+        assert_eq!(e.elements, dx.exactness.elements + dw.exactness.elements);
+        assert_eq!(
+            e.mismatches,
+            dx.exactness.mismatches + dw.exactness.mismatches
+        );
+        assert!(
+            c.accuracy.is_none(),
+            "a backward case's accuracy is per gradient"
+        );
+        let sp = c.speed.as_ref().expect("speed");
+        assert_eq!(sp.reference_median_us, 1000.0);
     }
+    assert_eq!(ex.children_started, 1);
+}
+
+/// A backward case reaches the verdict from the reference's bytes: the candidate's own
+/// gradients as the reference give every gradient bit for bit; the reference's dw one ulp off
+/// gives dw one mismatch and dx none; the reference is asked once per case, with the timed
+/// calls' count, and its files are gone when the case ends.
+#[test]
+fn a_backward_case_gets_its_verdict_from_the_reference_bytes() {
+    let Some(py) = python() else { return };
+    let reference = HostGradients::default();
+    let mut ex = executor_with(py, reference.clone());
+    let b = rms_candidate("", "");
+    for dt in [DType::Bf16, DType::F32] {
+        let s = spec(Op::RmsNormBackward, dt, 16, 48);
+        let run = ex.run_candidate(&b, &s, &LIMITS).unwrap();
+        *reference.recorded.borrow_mut() = Some(run.outputs[0].clone());
+        let c = ex.run_case(&b, &s, &LIMITS, 1e6).unwrap();
+        assert_eq!(c.status, CaseStatus::Ran, "{c:?}");
+        for (name, g) in &c.gradients {
+            assert_eq!(g.exactness.mismatches, 0, "{dt} {name}: {g:?}");
+            let a = g.accuracy.as_ref().unwrap();
+            assert_eq!(a.candidate_max_abs, a.reference_max_abs, "{dt} {name}");
+        }
+        let e = c.exactness.as_ref().unwrap();
+        assert_eq!((e.elements, e.mismatches), (16 * 48 + 48, 0), "{dt}");
+        // dw's element 5 one ulp further from zero in the reference.
+        let mut g = run.outputs[0].clone();
+        let bits = verifier::numeric::bits_at(dt, &g[1], 5);
+        set_bits(dt, &mut g[1], 5, bits + 1);
+        *reference.recorded.borrow_mut() = Some(g);
+        let c = ex.run_case(&b, &s, &LIMITS, 1e6).unwrap();
+        assert_eq!(c.gradients["dx"].exactness.mismatches, 0, "{dt}");
+        let dw = &c.gradients["dw"].exactness;
+        assert_eq!((dw.mismatches, dw.max_ulp), (1, 1), "{dt}: {dw:?}");
+        assert_eq!(c.exactness.as_ref().unwrap().mismatches, 1);
+        // A reference of another size is the reference's fault, said as such.
+        let mut g = run.outputs[0].clone();
+        let half = g[1].len() / 2;
+        g[1].truncate(half);
+        *reference.recorded.borrow_mut() = Some(g);
+        let e = ex.run_case(&b, &s, &LIMITS, 1e6).unwrap_err();
+        assert!(e.to_string().contains("the reference's dw holds"), "{e}");
+        *reference.recorded.borrow_mut() = None;
+    }
+    let asked = reference.asked.borrow();
+    assert_eq!(asked.len(), 6, "{asked:?}");
+    assert!(asked.iter().all(|(_, reps)| *reps == LIMITS.speed_reps));
     assert_eq!(ex.children_started, 1);
 }
 
@@ -299,7 +424,8 @@ fn a_kept_dw_is_caught_by_negated_timed_calls() {
 
 /// The quick suite (its narrow cases: every distribution, the non-finite and extreme ones
 /// included) of honest eager candidates: the child's checks find nothing, the timed calls'
-/// negated incoming gradients included (eager's gradients are exactly odd in dy).
+/// negated incoming gradients included (eager's gradients are exactly odd in dy), and every
+/// case gets a verdict per gradient (against the host's rounded oracle here).
 #[test]
 fn honest_backward_candidates_pass_the_childs_checks_over_the_quick_suite() {
     let Some(py) = python() else { return };
@@ -328,10 +454,17 @@ fn honest_backward_candidates_pass_the_childs_checks_over_the_quick_suite() {
             .collect();
         assert!(!measured.is_empty(), "{}", b.manifest.name);
         for c in measured {
-            let note = c.note.as_deref().unwrap_or("");
             assert!(
-                c.status == CaseStatus::Error && note.contains("not compared with a reference"),
+                c.status == CaseStatus::Ran && c.exactness.is_some(),
                 "{} {}: {c:?}",
+                b.manifest.name,
+                c.id
+            );
+            let names: Vec<&str> = b.manifest.op.gradients().iter().map(|g| g.name).collect();
+            assert_eq!(
+                c.gradients.len(),
+                names.len(),
+                "{} {}",
                 b.manifest.name,
                 c.id
             );
@@ -564,7 +697,7 @@ fn cuda_python() -> Option<PathBuf> {
 fn on_a_gpu_the_child_checks_each_gradient() {
     let Some(py) = cuda_python() else { return };
     let mut ex = PythonExecutor::new(
-        NoReference,
+        HostGradients::default(),
         PythonOptions {
             python: py,
             device: PyDevice::Cuda,
@@ -618,4 +751,56 @@ fn on_a_gpu_the_child_checks_each_gradient() {
         .run_candidate(&rms_candidate(body, ""), &s, &LIMITS)
         .unwrap();
     assert!(!run.timed.as_ref().unwrap().bad.is_empty());
+}
+
+/// A Python candidate's backward case against the real reference layers (in this process,
+/// `CudaExecutor` as `ReferenceLayers`: what the sandbox's `Request::ReferenceBackward` runs),
+/// on the GPU torch uses: eager autograd of HF LlamaRMSNorm, which rms_norm_backward's
+/// reference reproduces bit for bit on the same device (dw's column sums in eager's order for
+/// its SMs and threads per SM), gets a bit-exact verdict in dx and dw; the other ops' eager
+/// candidates get a verdict per gradient (printed). Skips loudly without a GPU.
+#[test]
+fn on_a_gpu_a_python_backward_case_is_judged_against_the_reference_layers() {
+    let Some(py) = cuda_python() else { return };
+    let mut ex = PythonExecutor::new(
+        verifier::gpu::CudaExecutor::new(),
+        PythonOptions {
+            python: py,
+            device: PyDevice::Cuda,
+            case_limit: Duration::from_secs(300),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for (op, b) in [
+        (Op::RmsNormBackward, rms_candidate("", "")),
+        (Op::LayerNormBackward, layer_norm_candidate()),
+        (Op::SiluMulBackward, silu_mul_candidate("")),
+    ] {
+        // 2048 rows: rms_norm_backward's dw takes several CTAs per column there.
+        for (dt, rows, cols) in [(DType::Bf16, 2048, 512), (DType::F32, 64, 256)] {
+            let s = spec(op, dt, rows, cols);
+            let c = ex.run_case(&b, &s, &LIMITS, 1e6).unwrap();
+            eprintln!(
+                "GPU {op} {dt} {rows}x{cols}: {:?} {:?}",
+                c.gradients
+                    .iter()
+                    .map(|(n, g)| (n, g.exactness.mismatches, g.exactness.max_ulp))
+                    .collect::<Vec<_>>(),
+                c.note
+            );
+            assert_eq!(c.status, CaseStatus::Ran, "{op} {dt}: {c:?}");
+            assert!(c.integrity_failures.is_empty(), "{op} {dt}: {c:?}");
+            assert_eq!(c.gradients.len(), op.gradients().len(), "{op}");
+            assert!(c.speed.is_some(), "{op} {dt}: timed against the reference");
+            if op == Op::RmsNormBackward {
+                for (n, g) in &c.gradients {
+                    assert_eq!(
+                        g.exactness.mismatches, 0,
+                        "{op} {dt} {n}: eager's gradients and the reference's differ: {g:?}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -28,14 +28,11 @@ use crate::cases::{self, CaseInputs, CaseSpec, HostTensor};
 use crate::cuda::{guard_byte, Arg, DevBuf, Gpu, Launch};
 use crate::exec::{ExecError, Limits};
 use crate::gpu::BackwardReferenceOutputs;
-use crate::numeric::{combine, compare, worst};
-use crate::oracle;
 use cudarc::driver::sys::CUfunction;
 use kernel_registry::backward::{any_grid, stage_dims, workspace_bytes, DeviceShape};
 use kernel_registry::manifest::{entry_options, LaunchDims};
-use kernel_registry::report::{CaseReport, CaseStatus, Exactness, GradientReport};
+use kernel_registry::report::{CaseReport, CaseStatus};
 use kernel_registry::{KernelBundle, Op, Stage};
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// A change of the grids of the entries that take any grid: (stage name, default grid) -> grid.
@@ -590,27 +587,11 @@ pub(crate) fn run_case(
         integrity.extend(placements(&run, &cand, dev, &inputs, &out_bytes, &got[0])?);
     }
 
-    // 5. Exactness per gradient (the worst call when they differ), and their combination.
-    let exact: Vec<Exactness> = (0..grads.len())
-        .map(|k| {
-            let calls = got.iter().chain(std::iter::once(&regridded));
-            let n = if deterministic { 1 } else { 4 };
-            calls
-                .take(n)
-                .map(|c| compare(dt, &[(c[k].as_slice(), refg[k].as_slice())]))
-                .reduce(worst)
-                .expect("at least one call")
-        })
-        .collect();
-    let exactness = combine(&exact.iter().collect::<Vec<_>>());
-
-    // 6. Accuracy against the f64 oracle, per gradient.
-    let pairs: Vec<(&[u8], &[u8])> = got[0]
-        .iter()
-        .zip(&refg)
-        .map(|(c, r)| (c.as_slice(), r.as_slice()))
-        .collect();
-    let accuracy = oracle::backward_accuracy(spec, &inp, &pairs);
+    // 5, 6. Exactness per gradient against the reference (the worst call, at other grids too,
+    // when they differ), their combination, and accuracy against the f64 oracle: from host
+    // bytes, as a Python candidate's (`gradients::verdict`).
+    let refs: Vec<&[u8]> = refg.iter().map(Vec::as_slice).collect();
+    let verdict = super::gradients::verdict(spec, &inp, &all, &refs, deterministic);
 
     // 7. Speed: the whole call, each timed run's gradients checked.
     let speed = if spec.measure_speed {
@@ -662,29 +643,15 @@ pub(crate) fn run_case(
     };
     poison(&refo, Poison::fresh())?;
 
-    let gradients: BTreeMap<String, GradientReport> = grads
-        .iter()
-        .zip(exact)
-        .zip(accuracy)
-        .map(|((g, exactness), accuracy)| {
-            (
-                g.name.to_string(),
-                GradientReport {
-                    exactness,
-                    accuracy: Some(accuracy),
-                },
-            )
-        })
-        .collect();
     Ok(CaseReport {
         note: (!notes.is_empty()).then(|| notes.join("; ")),
-        exactness: Some(exactness),
+        exactness: Some(verdict.exactness),
         accuracy: None,
         deterministic: Some(deterministic),
         batch_invariant,
         integrity_failures: integrity,
         speed,
-        gradients,
+        gradients: verdict.gradients,
         ..cases::case_skeleton(spec, CaseStatus::Ran, None)
     })
 }
