@@ -149,6 +149,65 @@ pub struct PyLoaded {
     pub packages: BTreeMap<String, String>,
     /// What isolation the child found itself in (network, directory, memory).
     pub isolation: Vec<String>,
+    /// The GPU the candidate's tensors are on, read before anything of the candidate was
+    /// loaded (`None` on the CPU, or from a runner without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<PyDeviceFigures>,
+}
+
+/// The figures of the child's GPU (`torch.cuda.get_device_properties`) that a backward verdict
+/// depends on (`Op::verdict_depends_on_device`: rms_norm_backward's dw order).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PyDeviceFigures {
+    pub name: String,
+    /// `multi_processor_count`.
+    pub sms: u64,
+    /// `max_threads_per_multi_processor` (`None` where this torch does not say).
+    pub threads_per_sm: Option<u64>,
+}
+
+/// Why a backward case's verdict cannot stand on these devices: the reference's gradients came
+/// from a device (`reference`: its SMs and threads per SM, `BackwardReferenceOutputs`) other
+/// than the one the report names (`report`: `device_info`, keyed by the hub) or other than the
+/// candidate's GPU (`child`, where the child runs on one). Only for ops whose verdict depends
+/// on the device (`Op::verdict_depends_on_device`); `None` where they agree or are not known.
+pub fn device_mismatch(
+    op: Op,
+    report: Option<&DeviceInfo>,
+    child: Option<&PyDeviceFigures>,
+    reference: (u64, u64),
+) -> Option<String> {
+    if !op.verdict_depends_on_device() {
+        return None;
+    }
+    let (sms, tps) = reference;
+    let said = |s: u64, t: Option<u64>| match t {
+        Some(t) => format!("{s} SMs of {t} threads"),
+        None => format!("{s} SMs"),
+    };
+    let differs = |s: u64, t: Option<u64>| s != sms || t.is_some_and(|t| t != tps);
+    if let Some(d) = report {
+        let t = d.threads_per_sm.map(u64::from);
+        if differs(d.sm_count as u64, t) {
+            return Some(format!(
+                "{op}: the reference ran on a device of {}, the report's device ({}) has {}",
+                said(sms, Some(tps)),
+                d.name,
+                said(d.sm_count as u64, t)
+            ));
+        }
+    }
+    if let Some(c) = child {
+        if differs(c.sms, c.threads_per_sm) {
+            return Some(format!(
+                "{op}: the candidate ran on {} with {}, the reference on a device of {}: its verdict depends on the device's SMs and threads per SM",
+                c.name,
+                said(c.sms, c.threads_per_sm),
+                said(sms, Some(tps))
+            ));
+        }
+    }
+    None
 }
 
 /// An output some elements of which the candidate never wrote (launch 2's bits the exact
@@ -344,6 +403,8 @@ pub struct PythonExecutor<R: ReferenceLayers> {
     /// The candidate the child has loaded.
     loaded: Option<Digest>,
     runtime: Option<PyLoaded>,
+    /// The device `device_info` reported (the report's, which the hub keys a verdict by).
+    device: Option<DeviceInfo>,
     /// Children started so far (the first, and one after each crash or hang).
     pub children_started: u32,
 }
@@ -361,8 +422,15 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
             child: None,
             loaded: None,
             runtime: None,
+            device: None,
             children_started: 0,
         })
+    }
+
+    /// The GPU figures the loaded child read of its device (`None` before a candidate is
+    /// loaded, and on the CPU).
+    pub fn child_device(&self) -> Option<&PyDeviceFigures> {
+        self.runtime.as_ref().and_then(|l| l.device.as_ref())
     }
 
     fn spawn(&mut self) -> Result<(), ExecError> {
@@ -951,7 +1019,9 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
 
 impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
     fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
-        self.reference.device_info()
+        let d = self.reference.device_info()?;
+        self.device = Some(d.clone());
+        Ok(d)
     }
 
     fn run_case(
@@ -1005,6 +1075,12 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
             // the same host bytes (`measure::gradients::verdict`): per gradient its exactness
             // (the worst call where the 3 calls differ) and accuracy, and their combination.
             let reference = self.reference_backward_frozen(spec, &inp, reps)?;
+            // The verdict holds for the device the report names, and the candidate ran there.
+            let child = self.child_device();
+            let figures = (reference.sms, reference.threads_per_sm);
+            if let Some(why) = device_mismatch(op, self.device.as_ref(), child, figures) {
+                return Err(ExecError::Sandbox(why));
+            }
             let calls: Vec<Vec<&[u8]>> = outs
                 .iter()
                 .map(|c| c.iter().map(Vec::as_slice).collect())
@@ -1232,6 +1308,103 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(old, PyResponse::Case(r) if r.address.is_none()));
+    }
+
+    /// A backward verdict that depends on the device (rms_norm_backward's dw order) stands only
+    /// where the reference's device is the report's and the candidate's GPU has its figures.
+    #[test]
+    fn a_backward_verdict_needs_the_reference_on_the_reports_and_the_candidates_device() {
+        let h200 = DeviceInfo {
+            name: "NVIDIA H200".into(),
+            arch: kernel_registry::Arch::new(9, 0),
+            sm_count: 132,
+            driver_version: "580".into(),
+            cuda_version: "13.0".into(),
+            copy_gbps: 4000.0,
+            threads_per_sm: Some(2048),
+        };
+        let child = |sms: u64, tps: Option<u64>| PyDeviceFigures {
+            name: "NVIDIA H200".into(),
+            sms,
+            threads_per_sm: tps,
+        };
+        let op = Op::RmsNormBackward;
+        let same = child(132, Some(2048));
+        assert_eq!(
+            device_mismatch(op, Some(&h200), Some(&same), (132, 2048)),
+            None
+        );
+        // Unknown figures are not a mismatch (the CPU child; a torch without the threads).
+        assert_eq!(device_mismatch(op, None, None, (132, 2048)), None);
+        assert_eq!(
+            device_mismatch(op, Some(&h200), Some(&child(132, None)), (132, 2048)),
+            None
+        );
+        // The reference on another device than the report names.
+        let why = device_mismatch(op, Some(&h200), Some(&same), (114, 2048)).unwrap();
+        assert_eq!(
+            why,
+            "rms_norm_backward: the reference ran on a device of 114 SMs of 2048 threads, the report's device (NVIDIA H200) has 132 SMs of 2048 threads"
+        );
+        let fewer_threads = DeviceInfo {
+            threads_per_sm: Some(1024),
+            ..h200.clone()
+        };
+        assert!(device_mismatch(op, Some(&fewer_threads), None, (132, 2048)).is_some());
+        // The candidate on another GPU than the reference.
+        let why =
+            device_mismatch(op, Some(&h200), Some(&child(78, Some(2048))), (132, 2048)).unwrap();
+        assert!(
+            why.starts_with("rms_norm_backward: the candidate ran on NVIDIA H200 with 78 SMs of 2048 threads, the reference on a device of 132 SMs of 2048 threads"),
+            "{why}"
+        );
+        // Ops whose verdict does not depend on the device are not asked.
+        for op in [Op::SiluMulBackward, Op::LayerNormBackward, Op::RmsNorm] {
+            assert!(!op.verdict_depends_on_device());
+            assert_eq!(
+                device_mismatch(op, Some(&h200), Some(&child(1, Some(1))), (2, 2)),
+                None
+            );
+        }
+    }
+
+    /// The child's answer to `load` carries its GPU's figures (read before the candidate is
+    /// loaded), and an answer without them (the CPU, an older runner) still parses.
+    #[test]
+    fn the_childs_gpu_figures_come_with_its_load_answer() {
+        let r: PyResponse = serde_json::from_str(
+            r#"{"loaded":{"python":"3.12.3","torch":"2.11.0","packages":{},"isolation":["isolated"],
+               "device":{"name":"NVIDIA H200","sms":132,"threads_per_sm":2048}}}"#,
+        )
+        .unwrap();
+        let PyResponse::Loaded(l) = r else { panic!() };
+        assert_eq!(
+            l.device,
+            Some(PyDeviceFigures {
+                name: "NVIDIA H200".into(),
+                sms: 132,
+                threads_per_sm: Some(2048)
+            })
+        );
+        let cpu: PyResponse = serde_json::from_str(
+            r#"{"loaded":{"python":"3.12.3","torch":"2.11.0","packages":{},"isolation":[]}}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            cpu,
+            PyResponse::Loaded(PyLoaded { device: None, .. })
+        ));
+        for key in [
+            "multi_processor_count",
+            "max_threads_per_multi_processor",
+            "\"threads_per_sm\"",
+        ] {
+            assert!(RUNNER_SOURCE.contains(key), "python_runner.py lacks {key}");
+        }
+        // Read before the candidate's source is executed.
+        let props = RUNNER_SOURCE.find("get_device_properties").unwrap();
+        let exec = RUNNER_SOURCE.find("exec_module(MODULE)").unwrap();
+        assert!(props < exec);
     }
 
     #[test]

@@ -119,8 +119,15 @@ def load(req):
         if not torch.cuda.is_available():
             raise Failure("import", "torch.cuda.is_available() is False in the child")
         DEVICE = torch.device("cuda", 0)
+        # The GPU's figures a backward verdict depends on (rms_norm_backward's dw order), read
+        # before anything of the candidate is loaded.
+        props = torch.cuda.get_device_properties(DEVICE)
+        tps = getattr(props, "max_threads_per_multi_processor", None)
+        device = {"name": props.name, "sms": int(props.multi_processor_count),
+                  "threads_per_sm": None if tps is None else int(tps)}
     else:
         DEVICE = torch.device("cpu")
+        device = None
     spec = importlib.util.spec_from_file_location("kernelize_candidate", req["source_path"])
     MODULE = importlib.util.module_from_spec(spec)
     sys.modules["kernelize_candidate"] = MODULE  # importable by name (Dynamo reads globals so)
@@ -146,8 +153,11 @@ def load(req):
             packages[name] = "torch " + torch.__version__ if name == "torch" else "missing"
     if "torch" in packages and packages["torch"].startswith("torch "):
         packages["torch"] = torch.__version__
-    return {"loaded": {"python": sys.version.split()[0], "torch": torch.__version__,
-                       "packages": packages, "isolation": isolation}}
+    loaded = {"python": sys.version.split()[0], "torch": torch.__version__,
+              "packages": packages, "isolation": isolation}
+    if device is not None:
+        loaded["device"] = device
+    return {"loaded": loaded}
 
 
 def read_tensor(folder, t, dtype):

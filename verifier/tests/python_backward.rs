@@ -54,6 +54,9 @@ struct HostGradients {
     recorded: Rc<RefCell<Option<Vec<Vec<u8>>>>>,
     /// (case, reps) of every question.
     asked: Rc<RefCell<Vec<(String, u32)>>>,
+    /// The device figures the backward reference answers with, where a test sets them (else
+    /// `device_info`'s: 132 SMs of 2048 threads).
+    figures: Rc<RefCell<Option<(u64, u64)>>>,
 }
 
 /// The f64 oracle's gradients of a backward case rounded to its dtype (zeros where not sampled).
@@ -83,11 +86,11 @@ impl ReferenceLayers for HostGradients {
         Ok(DeviceInfo {
             name: "CPU (test)".into(),
             arch: Arch::new(9, 0),
-            sm_count: 1,
+            sm_count: 132,
             driver_version: "0".into(),
             cuda_version: "0".into(),
             copy_gbps: 1e6,
-            threads_per_sm: None,
+            threads_per_sm: Some(2048),
         })
     }
     fn reference(
@@ -114,11 +117,12 @@ impl ReferenceLayers for HostGradients {
         for (g, b) in spec.op.gradients().iter().zip(&grads) {
             std::fs::write(dir.join(format!("ref_{}.bin", g.name)), b).unwrap();
         }
+        let (sms, threads_per_sm) = self.figures.borrow().unwrap_or((132, 2048));
         Ok(BackwardReferenceOutputs {
             grads,
             median_us: (reps > 0).then_some(1000.0),
-            sms: 1,
-            threads_per_sm: 2048,
+            sms,
+            threads_per_sm,
         })
     }
 }
@@ -332,6 +336,31 @@ fn a_backward_case_gets_its_verdict_from_the_reference_bytes() {
     assert_eq!(ex.children_started, 1);
 }
 
+/// rms_norm_backward's verdict depends on the device's SMs and threads per SM: a reference that
+/// ran on another device than the report names gives no verdict (the case is an error naming
+/// both); silu_mul_backward's verdict does not depend on them.
+#[test]
+fn a_reference_from_another_device_gives_no_verdict_where_it_matters() {
+    let Some(py) = python() else { return };
+    let reference = HostGradients::default();
+    let mut ex = executor_with(py, reference.clone());
+    Executor::device_info(&mut ex).unwrap();
+    *reference.figures.borrow_mut() = Some((114, 2048));
+    let s = spec(Op::RmsNormBackward, DType::Bf16, 8, 32);
+    let e = ex
+        .run_case(&rms_candidate("", ""), &s, &LIMITS, 1e6)
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "sandbox: rms_norm_backward: the reference ran on a device of 114 SMs of 2048 threads, the report's device (CPU (test)) has 132 SMs of 2048 threads"
+    );
+    let s = spec(Op::SiluMulBackward, DType::Bf16, 8, 32);
+    let c = ex
+        .run_case(&silu_mul_candidate(""), &s, &LIMITS, 1e6)
+        .unwrap();
+    assert_eq!(c.status, CaseStatus::Ran, "{c:?}");
+}
+
 #[test]
 fn layer_norm_backward_gets_its_f32_statistics() {
     let Some(py) = python() else { return };
@@ -447,6 +476,12 @@ fn honest_backward_candidates_pass_the_childs_checks_over_the_quick_suite() {
             ..Default::default()
         };
         let r = verifier::verify_with(&mut ex, &b, &opts, &mut |_| {}).unwrap();
+        // The report names the device's SMs and threads per SM, as a CUDA kernel's does (the
+        // hub keys rms_norm_backward's verdicts by them).
+        assert_eq!(
+            (r.device.sm_count, r.device.threads_per_sm),
+            (132, Some(2048))
+        );
         let measured: Vec<_> = r
             .cases
             .iter()
@@ -772,6 +807,12 @@ fn on_a_gpu_a_python_backward_case_is_judged_against_the_reference_layers() {
         },
     )
     .unwrap();
+    // The report's device (the reference layers') with its SMs and threads per SM.
+    let dev = Executor::device_info(&mut ex).unwrap();
+    assert!(
+        dev.threads_per_sm.is_some(),
+        "the report's device has no threads per SM: {dev:?}"
+    );
     for (op, b) in [
         (Op::RmsNormBackward, rms_candidate("", "")),
         (Op::LayerNormBackward, layer_norm_candidate()),
@@ -791,6 +832,13 @@ fn on_a_gpu_a_python_backward_case_is_judged_against_the_reference_layers() {
             );
             assert_eq!(c.status, CaseStatus::Ran, "{op} {dt}: {c:?}");
             assert!(c.integrity_failures.is_empty(), "{op} {dt}: {c:?}");
+            // The child read its GPU's figures: the report's device's.
+            let child = ex.child_device().expect("the child's GPU figures");
+            assert_eq!(
+                (child.sms, child.threads_per_sm),
+                (dev.sm_count as u64, dev.threads_per_sm.map(u64::from)),
+                "{child:?} {dev:?}"
+            );
             assert_eq!(c.gradients.len(), op.gradients().len(), "{op}");
             assert!(c.speed.is_some(), "{op} {dt}: timed against the reference");
             if op == Op::RmsNormBackward {
