@@ -371,6 +371,32 @@ pub fn backward_dw(spec: &CaseSpec, inp: &CaseInputs) -> Vec<f64> {
         .collect()
 }
 
+/// Every gradient of a backward case as the f64 oracle gives it, rounded to the case's dtype,
+/// in [`Op::gradients`] order: the sampled elements ([`backward_truth`]), zeros elsewhere (all
+/// of a small case's). The stand-in for the reference layers' gradients in the tests that run
+/// without a GPU.
+pub fn rounded_backward_truth(spec: &CaseSpec, inp: &CaseInputs) -> Vec<Vec<u8>> {
+    use crate::numeric::{from_f32, round_f64, set_bits};
+    let es = spec.dtype.size_bytes();
+    spec.op
+        .gradients()
+        .iter()
+        .map(|g| {
+            let n = g.elements(spec.rows, spec.cols) as usize;
+            let (ranges, truth) = backward_truth(spec, inp, g);
+            let mut b = vec![0u8; n * es];
+            let mut t = truth.iter();
+            for (start, len) in ranges {
+                for i in start..start + len {
+                    let v = round_f64(spec.dtype, *t.next().unwrap());
+                    set_bits(spec.dtype, &mut b, i, from_f32(spec.dtype, v));
+                }
+            }
+            b
+        })
+        .collect()
+}
+
 /// The f64 truth of gradient `g` of a backward case, on the elements it is compared at: a
 /// gradient of rows x cols on the sampled rows ([`sample`]), one of one row whole. Returns those
 /// element ranges and the truth there.

@@ -11,6 +11,8 @@
 //! else `python3`); without one every test says so loudly and checks nothing else, or fails
 //! when `KERNELIZE_REQUIRE_PYTHON=1`. The GPU tests also need torch to see a CUDA GPU.
 
+mod common;
+
 use kernel_registry::report::{CaseStatus, DeviceInfo};
 use kernel_registry::{Arch, DType, KernelBundle, Op};
 use std::cell::RefCell;
@@ -19,29 +21,12 @@ use std::rc::Rc;
 use std::time::Duration;
 use verifier::cases::{self, CaseInputs, CaseSpec};
 use verifier::gpu::{BackwardReferenceOutputs, ReferenceOutputs};
-use verifier::numeric::{from_f32, round_f64, set_bits};
+use verifier::numeric::set_bits;
 use verifier::python::{PyDevice, PyRun, PythonExecutor, PythonOptions, ReferenceLayers};
 use verifier::{oracle, ExecError, Executor, Limits};
 
 fn python() -> Option<PathBuf> {
-    let py = PathBuf::from(std::env::var_os("KERNELIZE_PYTHON").unwrap_or("python3".into()));
-    let ok = std::process::Command::new(&py)
-        .args(["-c", "import torch"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok && std::env::var_os("KERNELIZE_REQUIRE_PYTHON").is_some_and(|v| v == "1") {
-        panic!(
-            "{} cannot import torch and KERNELIZE_REQUIRE_PYTHON=1: set KERNELIZE_PYTHON to a Python with torch (scripts/test uses python/.venv)",
-            py.display()
-        );
-    }
-    if !ok {
-        eprintln!(
-            "SKIPPED: {} cannot import torch; set KERNELIZE_PYTHON to a Python with torch to run the Python runner's backward tests",
-            py.display()
-        );
-    }
-    ok.then_some(py)
+    common::python("the Python runner's backward tests")
 }
 
 /// The reference layers on the host, a stand-in for the GPU's (the sandbox's
@@ -57,28 +42,6 @@ struct HostGradients {
     /// The device figures the backward reference answers with, where a test sets them (else
     /// `device_info`'s: 132 SMs of 2048 threads).
     figures: Rc<RefCell<Option<(u64, u64)>>>,
-}
-
-/// The f64 oracle's gradients of a backward case rounded to its dtype (zeros where not sampled).
-fn rounded_truth(spec: &CaseSpec, inp: &CaseInputs) -> Vec<Vec<u8>> {
-    let es = spec.dtype.size_bytes();
-    spec.op
-        .gradients()
-        .iter()
-        .map(|g| {
-            let n = g.elements(spec.rows, spec.cols) as usize;
-            let (ranges, truth) = oracle::backward_truth(spec, inp, g);
-            let mut b = vec![0u8; n * es];
-            let mut t = truth.iter();
-            for (start, len) in ranges {
-                for i in start..start + len {
-                    let v = round_f64(spec.dtype, *t.next().unwrap());
-                    set_bits(spec.dtype, &mut b, i, from_f32(spec.dtype, v));
-                }
-            }
-            b
-        })
-        .collect()
 }
 
 impl ReferenceLayers for HostGradients {
@@ -112,7 +75,7 @@ impl ReferenceLayers for HostGradients {
         self.asked.borrow_mut().push((spec.id.clone(), reps));
         let grads = match &*self.recorded.borrow() {
             Some(g) => g.clone(),
-            None => rounded_truth(spec, inputs),
+            None => oracle::rounded_backward_truth(spec, inputs),
         };
         for (g, b) in spec.op.gradients().iter().zip(&grads) {
             std::fs::write(dir.join(format!("ref_{}.bin", g.name)), b).unwrap();

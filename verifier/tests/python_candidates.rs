@@ -6,6 +6,8 @@
 //! `python3`; `scripts/test` passes python/.venv's); without one every test says so loudly and
 //! checks nothing else, or fails when `KERNELIZE_REQUIRE_PYTHON=1` (CI).
 
+mod common;
+
 use kernel_registry::report::{CaseStatus, DeviceInfo};
 use kernel_registry::{Arch, DType, KernelBundle, Op, Semantics};
 use std::path::{Path, PathBuf};
@@ -17,24 +19,7 @@ use verifier::python::{PyDevice, PythonExecutor, PythonOptions, ReferenceLayers}
 use verifier::{ExecError, Executor, Limits};
 
 fn python() -> Option<PathBuf> {
-    let py = PathBuf::from(std::env::var_os("KERNELIZE_PYTHON").unwrap_or("python3".into()));
-    let ok = std::process::Command::new(&py)
-        .args(["-c", "import torch"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok && std::env::var_os("KERNELIZE_REQUIRE_PYTHON").is_some_and(|v| v == "1") {
-        panic!(
-            "{} cannot import torch and KERNELIZE_REQUIRE_PYTHON=1: set KERNELIZE_PYTHON to a Python with torch (scripts/test uses python/.venv)",
-            py.display()
-        );
-    }
-    if !ok {
-        eprintln!(
-            "SKIPPED: {} cannot import torch; set KERNELIZE_PYTHON to a Python with torch to run the Python runner's tests",
-            py.display()
-        );
-    }
-    ok.then_some(py)
+    common::python("the Python runner's tests")
 }
 
 /// The reference computed on the host: the oracle, rounded to the dtype.

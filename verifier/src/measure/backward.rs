@@ -223,6 +223,24 @@ fn args(
         .collect()
 }
 
+/// The entries as one launch sequence, with their dimensions `d` and argument lists `a`
+/// ([`dims`], [`args`]): what the timed calls replay.
+fn sequence<'a>(entries: &'a [Entry], d: &[LaunchDims], a: &'a [Vec<Arg>]) -> Vec<Launch<'a>> {
+    entries
+        .iter()
+        .zip(d)
+        .zip(a)
+        .map(|((e, d), a)| Launch {
+            what: &e.name,
+            f: e.f,
+            grid: d.grid,
+            block: d.block,
+            smem: d.shared_mem_bytes,
+            args: a,
+        })
+        .collect()
+}
+
 /// One call on `rows` rows: every entry launched and waited for (each within the launch
 /// limit), then the whole context idle.
 fn call(
@@ -399,19 +417,7 @@ pub(crate) fn reference_case(
     let median_us = if reps > 0 {
         let d = dims(spec, &refe, rows, dev, None)?;
         let a = args(spec, &refe, &ptrs, rows, dev);
-        let seq: Vec<Launch<'_>> = refe
-            .iter()
-            .zip(&d)
-            .zip(&a)
-            .map(|((e, d), a)| Launch {
-                what: &e.name,
-                f: e.f,
-                grid: d.grid,
-                block: d.block,
-                smem: d.shared_mem_bytes,
-                args: a,
-            })
-            .collect();
+        let seq = sequence(&refe, &d, &a);
         let mut prepare = || poison_outs(gpu, fill, &o, Poison::fresh());
         Some(gpu.time_sequence(&seq, reps as usize, limit, &mut prepare, &mut |_| Ok(()))?)
     } else {
@@ -603,19 +609,7 @@ pub(crate) fn run_case(
          -> Result<f64, ExecError> {
             let d = dims(spec, entries, rows, dev, None)?;
             let a = args(spec, entries, &ptrs(o), rows, dev);
-            let seq: Vec<Launch<'_>> = entries
-                .iter()
-                .zip(&d)
-                .zip(&a)
-                .map(|((e, d), a)| Launch {
-                    what: &e.name,
-                    f: e.f,
-                    grid: d.grid,
-                    block: d.block,
-                    smem: d.shared_mem_bytes,
-                    args: a,
-                })
-                .collect();
+            let seq = sequence(entries, &d, &a);
             let mut prepare = || poison(o, Poison::fresh());
             let mut check = |rep: usize| -> Result<(), ExecError> {
                 if let Some(want) = expect {

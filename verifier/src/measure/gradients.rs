@@ -125,7 +125,7 @@ pub fn verdict(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::numeric::{bits_at, from_f32, round_f64, set_bits};
+    use crate::numeric::{bits_at, from_f32, set_bits};
     use kernel_registry::report::ULP_INFINITE;
     use kernel_registry::{DType, Op};
 
@@ -141,27 +141,14 @@ mod tests {
     }
 
     /// The oracle's gradients rounded to the dtype (every element: a small case's sample is all
-    /// of it).
+    /// of it, which this checks).
     fn rounded_truth(spec: &CaseSpec, inp: &CaseInputs) -> Vec<Vec<u8>> {
-        let es = spec.dtype.size_bytes();
-        spec.op
-            .gradients()
-            .iter()
-            .map(|g| {
-                let n = g.elements(spec.rows, spec.cols) as usize;
-                let (ranges, truth) = oracle::backward_truth(spec, inp, g);
-                assert_eq!(ranges.iter().map(|r| r.1).sum::<usize>(), n, "{}", g.name);
-                let mut b = vec![0u8; n * es];
-                let mut t = truth.iter();
-                for (start, len) in ranges {
-                    for i in start..start + len {
-                        let v = round_f64(spec.dtype, *t.next().unwrap());
-                        set_bits(spec.dtype, &mut b, i, from_f32(spec.dtype, v));
-                    }
-                }
-                b
-            })
-            .collect()
+        for g in spec.op.gradients() {
+            let n = g.elements(spec.rows, spec.cols) as usize;
+            let (ranges, _) = oracle::backward_truth(spec, inp, g);
+            assert_eq!(ranges.iter().map(|r| r.1).sum::<usize>(), n, "{}", g.name);
+        }
+        oracle::rounded_backward_truth(spec, inp)
     }
 
     fn as_call(g: &[Vec<u8>]) -> Vec<&[u8]> {
