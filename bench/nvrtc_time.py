@@ -56,11 +56,14 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def ptx_of(nv, source: bytes, name: str, options: list[str]) -> int:
-    """Bytes of the PTX NVRTC makes for the same program (compiled again, to PTX only)."""
+def ptx_of(nv, source: bytes, name: str, options: list[str]) -> tuple[int, float]:
+    """Bytes of the PTX NVRTC makes for the same program (compiled again, to PTX only), and the
+    wall seconds that compile took: NVRTC's front end and optimizer without ptxas, so that the
+    CUBIN's time less this one is ptxas's."""
     opts = [o.replace("sm_", "compute_") if o.startswith("--gpu-architecture") else o for o in options]
+    t0 = time.perf_counter()
     code = nvrtc.compile_program(source, name, opts, nv=nv)
-    return len(code.code)
+    return len(code.code), time.perf_counter() - t0
 
 
 def main() -> int:
@@ -70,7 +73,7 @@ def main() -> int:
     p.add_argument("--no-reference", action="store_true", help="skip verifier/src/reference.cu")
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--jobs", type=int, default=1, help="modules compiled at once (default 1)")
-    p.add_argument("--ptx", action="store_true", help="also the PTX size (one more compile each)")
+    p.add_argument("--ptx", action="store_true", help="also the PTX size and the time of compiling to PTX only (one more compile each; the CUBIN time less it is ptxas's)")
     p.add_argument("--nvrtc", help="libnvrtc to load (default: the client's search)")
     p.add_argument("--include", help="include path (default: the client's cuda_include_dir)")
     p.add_argument("--sm", default="90")
@@ -123,7 +126,8 @@ def main() -> int:
                "cubin_kib": len(code.code) / 1024, "code_kind": code.code_kind,
                "sha256": hashlib.sha256(code.code).hexdigest()}
         if a.ptx:
-            row["ptx_kib"] = ptx_of(nv, src, name, opts) / 1024
+            size, row["ptx_s"] = ptx_of(nv, src, name, opts)
+            row["ptx_kib"] = size / 1024
         print(f"{k:24} {dt:5} {row['s']:7.2f} s CPU {row['wall_s']:7.2f} s wall  {row['cubin_kib']:6.0f} KiB  {row['sha256'][:10]}",
               file=sys.stderr, flush=True)
         return row
@@ -143,8 +147,8 @@ def main() -> int:
     by = {}
     for r in rows:
         by.setdefault(r["kernel"], {})[r["dtype"]] = r
-    print("| kernel | bf16 s | f16 s | f32 s | slowest s | CUBIN KiB (bf16) |" + (" PTX KiB (bf16) |" if a.ptx else ""))
-    print("| --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if a.ptx else ""))
+    print("| kernel | bf16 s | f16 s | f32 s | slowest s | CUBIN KiB (bf16) |" + (" PTX KiB (bf16) | to PTX only, s (bf16) |" if a.ptx else ""))
+    print("| --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if a.ptx else ""))
     for k, d in by.items():
         cells = [f"{d[dt]['s']:.2f}" if dt in d else "" for dt in ("bf16", "f16", "f32")]
         if "-" in d:
@@ -153,7 +157,7 @@ def main() -> int:
         slowest = max(r["s"] for r in d.values())
         line = f"| {k} | " + " | ".join(cells) + f" | {slowest:.2f} | {first['cubin_kib']:.0f} |"
         if a.ptx:
-            line += f" {first.get('ptx_kib', 0):.0f} |"
+            line += f" {first.get('ptx_kib', 0):.0f} | {first.get('ptx_s', 0):.2f} |"
         print(line)
     if a.json:
         a.json.write_text(json.dumps({"header": head, "rows": rows}, indent=1))
