@@ -491,8 +491,20 @@ _MATMULS = frozenset({operator.matmul, torch.matmul, torch.bmm, torch.mm})
 
 
 def _tf32_possible() -> bool:
-    return torch.get_float32_matmul_precision() != "highest" or bool(
-        getattr(torch.backends.cuda.matmul, "allow_tf32", False))
+    """Whether an f32 matmul may run below f32 precision (TF32 on CUDA; TF32 or bf16 in oneDNN on
+    the CPU), by either of torch's APIs (`set_float32_matmul_precision` / `allow_tf32`, and the
+    `fp32_precision` settings). Where a setting cannot be read (torch refuses to answer
+    `allow_tf32` once both APIs were used), it may."""
+    try:
+        if torch.get_float32_matmul_precision() != "highest":
+            return True
+        for owner in (torch.backends, getattr(torch.backends.cuda, "matmul", None),
+                      getattr(getattr(torch.backends, "mkldnn", None), "matmul", None)):
+            if getattr(owner, "fp32_precision", "none") not in ("none", "ieee"):
+                return True
+        return bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
+    except RuntimeError:
+        return True
 
 
 def pointwise_outer_products(gm: torch.fx.GraphModule) -> int:

@@ -783,6 +783,33 @@ def test_products_of_one_term_become_pointwise_with_eager_bits(tf32):
     assert locate.compare(ref, got).identical
 
 
+def test_tf32_is_seen_through_either_api_and_never_raises():
+    # In a process of its own: torch refuses to answer `allow_tf32` once both of its TF32 APIs
+    # were used, and the settings are global.
+    import subprocess
+    code = """
+import torch
+from kernelize import exact
+assert not exact._tf32_possible()
+torch.backends.cuda.matmul.fp32_precision = "tf32"
+assert exact._tf32_possible()
+torch.backends.cuda.matmul.fp32_precision = "ieee"
+assert not exact._tf32_possible()
+torch.backends.cuda.matmul.allow_tf32 = False      # the legacy API agreeing
+assert not exact._tf32_possible()
+torch.backends.fp32_precision = "tf32"             # the generic setting: torch then refuses
+try:                                               # to answer allow_tf32
+    torch.backends.cuda.matmul.allow_tf32
+except RuntimeError:
+    pass
+assert exact._tf32_possible()
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=str(Path(__file__).resolve().parents[1]))
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
 def test_products_of_one_term_under_autograd_stay_matmuls():
     m = _Rotary()
     seen = []
