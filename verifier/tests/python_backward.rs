@@ -588,60 +588,49 @@ fn wrong_gradients_are_refused_naming_the_gradient() {
     assert_eq!(ex.children_started, 1);
 }
 
+/// Run `rms_candidate("", after)` on `s` and require an integrity failure that `caught` names.
+fn assert_caught(
+    ex: &mut PythonExecutor<HostGradients>,
+    s: &CaseSpec,
+    after: &str,
+    caught: impl Fn(&String) -> bool,
+) {
+    let run = ex
+        .run_candidate(&rms_candidate("", after), s, &LIMITS)
+        .unwrap();
+    assert!(
+        run.integrity_failures.iter().any(caught),
+        "{after}: {:?}",
+        run.integrity_failures
+    );
+}
+
 #[test]
 fn integrity_is_checked_per_gradient() {
     let Some(py) = python() else { return };
     let mut ex = executor(py);
     let s = spec(Op::RmsNormBackward, DType::Bf16, 8, 32);
     // dy overwritten in place (Liger's in_place backward does so).
-    let run = ex
-        .run_candidate(&rms_candidate("", "    dy.copy_(dx)"), &s, &LIMITS)
-        .unwrap();
-    assert!(
-        run.integrity_failures
-            .iter()
-            .any(|f| f.contains("input `dy`") && f.contains("changed by call 1")),
-        "{:?}",
-        run.integrity_failures
-    );
+    assert_caught(&mut ex, &s, "    dy.copy_(dx)", |f| {
+        f.contains("input `dy`") && f.contains("changed by call 1")
+    });
     // The same dw tensor handed back by every call.
     let after = "    dw = CACHE.setdefault('dw', dw)";
-    let run = ex
-        .run_candidate(&rms_candidate("", after), &s, &LIMITS)
-        .unwrap();
-    assert!(
-        run.integrity_failures
-            .iter()
-            .any(|f| f.starts_with("dw: call 2 returned the memory of call 1's `dw`")),
-        "{:?}",
-        run.integrity_failures
-    );
+    assert_caught(&mut ex, &s, after, |f| {
+        f.starts_with("dw: call 2 returned the memory of call 1's `dw`")
+    });
     // dw's last element never written. On the CPU torch.empty is not the poisoned block handed
     // back (the GPU's caching allocator does that), so the candidate emulates what such an
     // element holds there: call 2's bits the exact complement of call 1's.
     let after = "    n = CACHE.setdefault('n', [0])\n    n[0] += 1\n    if n[0] == 1:\n        CACHE['last'] = dw[-1:].clone()\n    elif n[0] == 2:\n        dw = dw.clone()\n        dw[-1:] = CACHE['last'].view(torch.int16).bitwise_not().view(dw.dtype)";
-    let run = ex
-        .run_candidate(&rms_candidate("", after), &s, &LIMITS)
-        .unwrap();
-    assert!(
-        run.integrity_failures
-            .iter()
-            .any(|f| f == "dw: output: 1 of 32 elements never written (first: row 0, col 31)"),
-        "{:?}",
-        run.integrity_failures
-    );
+    assert_caught(&mut ex, &s, after, |f| {
+        f == "dw: output: 1 of 32 elements never written (first: row 0, col 31)"
+    });
     // Every output at the address placements: a dw that depends on x's address.
     let after = "    if x.data_ptr() % 64 != 0:\n        dw = dw * 2";
-    let run = ex
-        .run_candidate(&rms_candidate("", after), &s, &LIMITS)
-        .unwrap();
-    assert!(
-        run.integrity_failures
-            .iter()
-            .any(|f| f.contains("output depends on the buffer address") && f.contains("dw")),
-        "{:?}",
-        run.integrity_failures
-    );
+    assert_caught(&mut ex, &s, after, |f| {
+        f.contains("output depends on the buffer address") && f.contains("dw")
+    });
     // fused_add_rms_norm_backward: dres is an input (not written back as a residual).
     let src = "import torch\n\n\ndef fused_add_rms_norm_backward(dy, dres, x, w, eps):\n    with torch.enable_grad():\n        xx = x.detach().requires_grad_(True)\n        ww = w.detach().requires_grad_(True)\n        h = xx.float()\n        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)\n        y = ww * h.to(xx.dtype)\n        dx, dw = torch.autograd.grad(y, (xx, ww), dy)\n    return dx + dres, dw\n";
     let b = KernelBundle::from_parts(
