@@ -14,7 +14,7 @@
 mod common;
 
 use kernel_registry::report::{CaseStatus, DeviceInfo};
-use kernel_registry::{Arch, DType, KernelBundle, Op};
+use kernel_registry::{DType, KernelBundle, Op};
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -46,15 +46,7 @@ struct HostGradients {
 
 impl ReferenceLayers for HostGradients {
     fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
-        Ok(DeviceInfo {
-            name: "CPU (test)".into(),
-            arch: Arch::new(9, 0),
-            sm_count: 132,
-            driver_version: "0".into(),
-            cuda_version: "0".into(),
-            copy_gbps: 1e6,
-            threads_per_sm: Some(2048),
-        })
+        Ok(common::test_device(132, Some(2048)))
     }
     fn reference(
         &mut self,

@@ -9,7 +9,7 @@
 mod common;
 
 use kernel_registry::report::{CaseStatus, DeviceInfo};
-use kernel_registry::{Arch, DType, KernelBundle, Op, Semantics};
+use kernel_registry::{DType, KernelBundle, Op, Semantics};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use verifier::cases::{self, CaseInputs, CaseSpec};
@@ -27,15 +27,7 @@ struct HostReference;
 
 impl ReferenceLayers for HostReference {
     fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
-        Ok(DeviceInfo {
-            name: "CPU (test)".into(),
-            arch: Arch::new(9, 0),
-            sm_count: 1,
-            driver_version: "0".into(),
-            cuda_version: "0".into(),
-            copy_gbps: 1e6,
-            threads_per_sm: None,
-        })
+        Ok(common::test_device(1, None))
     }
     fn reference(
         &mut self,

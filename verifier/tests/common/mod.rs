@@ -26,3 +26,20 @@ pub fn python(what: &str) -> Option<PathBuf> {
     }
     ok.then_some(py)
 }
+
+/// The device the host stand-ins for the reference layers report: "CPU (test)", sm_90, with
+/// `sm_count` SMs of `threads_per_sm` threads (what a backward verdict is keyed on).
+pub fn test_device(
+    sm_count: u32,
+    threads_per_sm: Option<u32>,
+) -> kernel_registry::report::DeviceInfo {
+    kernel_registry::report::DeviceInfo {
+        name: "CPU (test)".into(),
+        arch: kernel_registry::Arch::new(9, 0),
+        sm_count,
+        driver_version: "0".into(),
+        cuda_version: "0".into(),
+        copy_gbps: 1e6,
+        threads_per_sm,
+    }
+}
