@@ -29,7 +29,8 @@ The exact backend (`backend`, registered with dynamo as "kernelize_exact") close
    removed from the table handed to AOT autograd).
 3. `EXACT_CONFIG`: the pattern matcher off.
 4. (roundings): `EXACT_CONFIG`: eager's casts emulated, division rounded as eager, no
-   flush-to-zero, PyTorch's libdevice where this torch has those switches.
+   flush-to-zero, PyTorch's libdevice where this torch has those switches; an op with a Python
+   number written as eager computes it (`scalar_rdiv_as_eager`, `cpu_scalar_opmath`).
 
 5. Library code that takes another path when it knows it is compiled (transformers' SDPA
    attention and the mask builders' decisions) is kept on eager's path while exact-compiled
@@ -532,6 +533,83 @@ def pointwise_outer_products(gm: torch.fx.GraphModule) -> int:
     return _recompiled(gm, n_replaced)
 
 
+# ---- ops with a Python scalar, as eager computes them ----------------------------------------
+
+# `s / t` (a Python scalar over a tensor) is `Tensor.__rtruediv__`, which eager computes as
+# `t.reciprocal() * s` (torch/_tensor.py): the reciprocal rounded to t's dtype, then the product
+# rounded. Dynamo records `operator.truediv(s, t)` and inductor lowers one division: `0.7 / x`
+# in bf16 differed from eager in 21,592 of 131,072 elements on the CPU (session 31). The exact
+# backend writes it back as eager's two ops (`scalar_rdiv_as_eager`), on every device.
+#
+# A 16-bit tensor times a Python scalar: eager's CPU `mul` takes the scalar's own value in f32
+# (its opmath), then rounds once; inductor's C++ code for the CPU, under
+# `emulate_precision_casts` (which the exact backend needs for the roundings between fused ops),
+# first rounds the scalar to bf16/f16 (`0.044715 * x` in bf16: 24,698 of 131,072 elements 1 ulp
+# off; GPT-2's `gelu_new`; found by `kernelize.diff`, session 31). The same holds for `t / s`.
+# Eager's add and sub round the scalar to the tensor's dtype as inductor does, and Triton's code
+# on CUDA keeps a product's scalar in f32 (GPT-2 exact on the GPU since session 21), so only a
+# CPU product or quotient is written as eager computes it, `(t.float() * s).to(t.dtype)`
+# (`cpu_scalar_opmath`): the upcast is exact, the op is f32's, the cast rounds once.
+
+_MULS = frozenset({operator.mul, torch.mul})
+_DIVS = frozenset({operator.truediv, torch.div, torch.true_divide})
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def scalar_rdiv_as_eager(gm: torch.fx.GraphModule) -> int:
+    """Rewrite every `s / t` of a dynamo graph (s a Python number, t a floating tensor) as
+    `t.reciprocal() * s`, eager's `Tensor.__rtruediv__`; returns how many."""
+    n = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _DIVS or node.kwargs \
+                or len(node.args) != 2 or not _number(node.args[0]):
+            continue
+        s, t = node.args
+        vt = _value(t)
+        if not _is_tensor(vt) or not vt.dtype.is_floating_point:
+            continue
+        with gm.graph.inserting_before(node):
+            rec = gm.graph.call_method("reciprocal", (t,))
+            rec.meta = {"example_value": vt}   # same shape and dtype: what later passes read
+        _replace(gm, node, operator.mul, (rec, s))
+        n += 1
+    return _recompiled(gm, n)
+
+
+def cpu_scalar_opmath(gm: torch.fx.GraphModule) -> int:
+    """Rewrite every product of a bf16/f16 CPU tensor and a Python number (and every quotient of
+    one by a number) in a dynamo graph as `(t.float() * s).to(t.dtype)` (above); returns how
+    many. Not under autograd (the casts would
+    change the backward graph)."""
+    n = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _MULS | _DIVS or node.kwargs \
+                or len(node.args) != 2:
+            continue
+        a, b = node.args
+        t, scalar = (a, b) if isinstance(a, torch.fx.Node) else (b, a)
+        if not isinstance(t, torch.fx.Node) or not _number(scalar) \
+                or (node.target in _DIVS and t is not a):
+            continue
+        vt, vo = _value(t), _value(node)
+        if not (_is_tensor(vt) and _is_tensor(vo)) or vt.device.type != "cpu" \
+                or vt.dtype not in (torch.bfloat16, torch.float16) or vo.dtype != vt.dtype \
+                or vt.requires_grad or vo.requires_grad:
+            continue
+        with gm.graph.inserting_before(node):
+            up = gm.graph.call_method("float", (t,))
+            wide = gm.graph.call_function(node.target, (up, scalar) if t is a else (scalar, up))
+            down = gm.graph.call_method("to", (wide, vt.dtype))
+        down.meta = dict(node.meta)
+        node.replace_all_uses_with(down)
+        gm.graph.erase_node(node)
+        n += 1
+    return _recompiled(gm, n)
+
+
 _STATE = "_kernelize_compile"
 _MAX_AUTOTUNE = ("max-autotune", "max-autotune-no-cudagraphs")
 _LOCK = threading.RLock()
@@ -994,6 +1072,8 @@ def make_backend(config: dict[str, Any] | None = None, eager_ops: bool = True) -
         pointwise_outer_products(gm)
         if FUSE_RESIDUAL_NORMS:
             fuse_residual_norms(gm)
+        scalar_rdiv_as_eager(gm)
+        cpu_scalar_opmath(gm)   # after it: a reciprocal's product is one of its products
 
         def inner(*args: Any, **kwargs: Any) -> Any:
             # Lowering runs here: for the forward now, for a backward when first needed.

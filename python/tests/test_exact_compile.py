@@ -810,6 +810,37 @@ print("ok")
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 
+_SCALAR_FNS = {
+    "mul": lambda a: a * 0.1, "rmul": lambda a: 1.1 * a, "add": lambda a: a + 0.3,
+    "rsub": lambda a: 0.3 - a, "div": lambda a: a / 0.7, "rdiv": lambda a: 0.7 / a,
+    # GPT-2's gelu_new, where kernelize.diff found the CPU's product with a rounded scalar
+    "gelu_new": lambda x: 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0)))),
+}
+
+
+def _scalar_ops_differing(dt, monkeypatch=None) -> dict:
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 512).to(dt)
+    out = {}
+    for name, fn in _SCALAR_FNS.items():
+        torch._dynamo.reset()
+        with torch.no_grad():
+            got = torch.compile(fn, backend=exact.backend)(x)
+        out[name] = locate.compare(fn(x), got).mismatched
+    return out
+
+
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16, torch.float32])
+def test_ops_with_a_python_scalar_keep_eagers_bits_on_the_cpu(dt, monkeypatch):
+    # eager: `t * s` and `t / s` take s in f32 on the CPU, `s / t` is `t.reciprocal() * s`
+    assert _scalar_ops_differing(dt) == dict.fromkeys(_SCALAR_FNS, 0)
+    if dt != torch.float32:   # and without the two rewrites, inductor's CPU code differs there
+        monkeypatch.setattr(exact, "scalar_rdiv_as_eager", lambda gm: 0)
+        monkeypatch.setattr(exact, "cpu_scalar_opmath", lambda gm: 0)
+        off = _scalar_ops_differing(dt)
+        assert all(off[k] > 0 for k in ("mul", "div", "rdiv", "gelu_new")), off
+
+
 def test_products_of_one_term_under_autograd_stay_matmuls():
     m = _Rotary()
     seen = []
