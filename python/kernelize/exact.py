@@ -180,15 +180,22 @@ def _is_tensor(v: Any) -> bool:
     return isinstance(v, torch.Tensor)
 
 
-def _replace(gm: torch.fx.GraphModule, node: torch.fx.Node, target: Any, args: tuple) -> torch.fx.Node:
-    """Put a call of `target` on `args` where `node` is, with its metadata (the example value the
-    passes after it read), and remove `node`: the one form of every rewrite below."""
+def _replace_with(gm: torch.fx.GraphModule, node: torch.fx.Node,
+                  build: Callable[[], torch.fx.Node]) -> torch.fx.Node:
+    """Put what `build` inserts (its last node stands for the result) where `node` is, with
+    `node`'s metadata (the example value the passes after it read), and remove `node`: the one
+    form of every rewrite below."""
     with gm.graph.inserting_before(node):
-        new = gm.graph.call_function(target, args)
+        new = build()
     new.meta = dict(node.meta)
     node.replace_all_uses_with(new)
     gm.graph.erase_node(node)
     return new
+
+
+def _replace(gm: torch.fx.GraphModule, node: torch.fx.Node, target: Any, args: tuple) -> torch.fx.Node:
+    """`_replace_with` one call of `target` on `args`."""
+    return _replace_with(gm, node, lambda: gm.graph.call_function(target, args))
 
 
 def _recompiled(gm: torch.fx.GraphModule, n: int) -> int:
@@ -571,10 +578,11 @@ def scalar_rdiv_as_eager(gm: torch.fx.GraphModule) -> int:
         vt = _value(t)
         if not _is_tensor(vt) or not vt.dtype.is_floating_point:
             continue
-        with gm.graph.inserting_before(node):
+        def build() -> torch.fx.Node:   # called at once, in this iteration
             rec = gm.graph.call_method("reciprocal", (t,))
             rec.meta = {"example_value": vt}   # same shape and dtype: what later passes read
-        _replace(gm, node, operator.mul, (rec, s))
+            return gm.graph.call_function(operator.mul, (rec, s))
+        _replace_with(gm, node, build)
         n += 1
     return _recompiled(gm, n)
 
@@ -599,13 +607,11 @@ def cpu_scalar_opmath(gm: torch.fx.GraphModule) -> int:
                 or vt.dtype not in (torch.bfloat16, torch.float16) or vo.dtype != vt.dtype \
                 or vt.requires_grad or vo.requires_grad:
             continue
-        with gm.graph.inserting_before(node):
+        def build() -> torch.fx.Node:   # called at once, in this iteration
             up = gm.graph.call_method("float", (t,))
             wide = gm.graph.call_function(node.target, (up, scalar) if t is a else (scalar, up))
-            down = gm.graph.call_method("to", (wide, vt.dtype))
-        down.meta = dict(node.meta)
-        node.replace_all_uses_with(down)
-        gm.graph.erase_node(node)
+            return gm.graph.call_method("to", (wide, vt.dtype))
+        _replace_with(gm, node, build)
         n += 1
     return _recompiled(gm, n)
 

@@ -87,6 +87,12 @@ pub struct CaseSpec {
 }
 
 impl CaseSpec {
+    /// The bytes gradient `g` of this backward case holds in its dtype (`rows x cols`, or one
+    /// row for `dw` and `db`): what a call, the reference and the oracle's stand-in each give.
+    pub fn gradient_bytes(&self, g: &kernel_registry::Gradient) -> usize {
+        g.elements(self.rows, self.cols) as usize * self.dtype.size_bytes()
+    }
+
     /// The size the kernel's constraints are checked against: cols for row-wise ops, the
     /// element count for elementwise ops.
     pub fn constraint_size(&self) -> u64 {

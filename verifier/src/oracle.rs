@@ -377,14 +377,12 @@ pub fn backward_dw(spec: &CaseSpec, inp: &CaseInputs) -> Vec<f64> {
 /// without a GPU.
 pub fn rounded_backward_truth(spec: &CaseSpec, inp: &CaseInputs) -> Vec<Vec<u8>> {
     use crate::numeric::{from_f32, round_f64, set_bits};
-    let es = spec.dtype.size_bytes();
     spec.op
         .gradients()
         .iter()
         .map(|g| {
-            let n = g.elements(spec.rows, spec.cols) as usize;
             let (ranges, truth) = backward_truth(spec, inp, g);
-            let mut b = vec![0u8; n * es];
+            let mut b = vec![0u8; spec.gradient_bytes(g)];
             let mut t = truth.iter();
             for (start, len) in ranges {
                 for i in start..start + len {

@@ -206,7 +206,7 @@ def poison(sizes, seed, invert):
 def want_shape(t, rows):
     """The shape output `t` of the case (python.rs's PyTensor) has in a call on `rows` rows: a
     row-wise one's first dimension is the call's rows (a batch's in a batch)."""
-    return [rows] + list(t["shape"][1:]) if t.get("rowwise", True) else list(t["shape"])
+    return [rows] + list(t["shape"][1:]) if t["rowwise"] else list(t["shape"])
 
 
 def out_bytes(c, rows):
@@ -414,7 +414,7 @@ def batch(fn, c, inputs, pristine, mutable, first, first_res, args_of):
             outs = call(fn, args_of(sub), c, f"`{c['function']}` on a batch of {len(b)} rows", len(b))
             diff = torch.zeros(len(b), dtype=torch.bool, device=DEVICE)
             for t, out in zip(c["outputs"], outs):
-                if t.get("rowwise", True):
+                if t["rowwise"]:
                     want = first[t["name"]].index_select(0, idx)
                     diff |= (bits(out) != bits(want)).reshape(len(b), -1).any(dim=1)
             if mutable:
@@ -431,7 +431,7 @@ def rowwise(c):
     """The names of the case's inputs whose first dimension is its rows (python.rs's
     `PyTensor::rowwise`: x, dy, layer_norm_backward's mean and rstd; not weight or bias)."""
     return {t["name"] for t in c["inputs"]
-            if t.get("rowwise", len(t["shape"]) == 2 and t["shape"][0] == c["rows"])}
+            if t["rowwise"]}
 
 
 def rolled(t, k, rows):
@@ -483,7 +483,7 @@ def timed(fn, c, inputs, pristine, mutable, first, args_of):
     rows = c["rows"]
     by_row = rowwise(c)
     names = [t["name"] for t in c["outputs"]]
-    rotate = rows > 1 and all(t.get("rowwise", True) for t in c["outputs"])
+    rotate = rows > 1 and all(t["rowwise"] for t in c["outputs"])
     negate = set() if rotate else set(c.get("negate", ()))
     sizes = out_bytes(c, rows)
     check_at = c["poison_seed"] % (reps + 1)

@@ -138,7 +138,6 @@ fn read_reference_backward(
             spec.id
         )));
     }
-    let es = spec.dtype.size_bytes();
     let grads = want
         .iter()
         .map(|g| {
@@ -146,7 +145,7 @@ fn read_reference_backward(
             let b = std::fs::read(dir.join(&f)).map_err(|e| {
                 ExecError::Sandbox(format!("the reference's {f} is unreadable: {e}"))
             })?;
-            let n = g.elements(spec.rows, spec.cols) as usize * es;
+            let n = spec.gradient_bytes(g);
             if b.len() != n {
                 return Err(ExecError::Sandbox(format!(
                     "the reference's {f} holds {} bytes, not {n}",

@@ -70,7 +70,7 @@ impl ReferenceLayers for HostGradients {
             None => oracle::rounded_backward_truth(spec, inputs),
         };
         for (g, b) in spec.op.gradients().iter().zip(&grads) {
-            std::fs::write(dir.join(format!("ref_{}.bin", g.name)), b).unwrap();
+            std::fs::write(dir.join(verifier::sandbox::reference_file(g.name)), b).unwrap();
         }
         let (sms, threads_per_sm) = self.figures.borrow().unwrap_or((132, 2048));
         Ok(BackwardReferenceOutputs {

@@ -322,13 +322,12 @@ fn call_inputs<'a>(
 /// The gradients' buffers of one call (each `rows x cols` or `cols`) and the workspace
 /// (`ws_bytes`, where the op has one).
 fn alloc_outs(gpu: &Gpu, spec: &CaseSpec, ws_bytes: usize) -> Result<Outs, ExecError> {
-    let es = spec.dtype.size_bytes();
     Ok(Outs {
         grads: spec
             .op
             .gradients()
             .iter()
-            .map(|g| gpu.alloc(g.elements(spec.rows, spec.cols) as usize * es))
+            .map(|g| gpu.alloc(spec.gradient_bytes(g)))
             .collect::<Result<_, _>>()?,
         ws: buffers(spec.op)
             .contains(&WORKSPACE)

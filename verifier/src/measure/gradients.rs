@@ -30,7 +30,6 @@ pub fn check_sizes(
     reference: &[&[u8]],
 ) -> Result<(), String> {
     let grads = spec.op.gradients();
-    let es = spec.dtype.size_bytes();
     if calls.is_empty() {
         return Err(format!("{}: no call of the candidate", spec.id));
     }
@@ -49,7 +48,7 @@ pub fn check_sizes(
             ));
         }
         for (g, b) in grads.iter().zip(got) {
-            let n = g.elements(spec.rows, spec.cols) as usize * es;
+            let n = spec.gradient_bytes(g);
             if b.len() != n {
                 return Err(format!(
                     "{}: {who}'s {} holds {} bytes, not {n}",
