@@ -300,47 +300,53 @@ def phase_exact(a) -> list[dict]:
         models = [(f"arch:{arch}", lambda arch=arch: build_arch(arch, "small", dtype, DEV))
                   for arch in a.archs.split(",") if arch]
         models += [(f"shipped:{n}", lambda n=n: shipped(n, dtype, DEV)) for n in ("tiny-llama", "tiny-gpt2")
-                   if (ROOT / "models" / n / "model.safetensors").is_file()]
+                   if a.shipped and (ROOT / "models" / n / "model.safetensors").is_file()]
         for label, make in models:
             base = make()
             g = torch.Generator().manual_seed(7)
-            ids = torch.randint(0, min(256, base.config.vocab_size), (2, 64), generator=g).to(DEV)
-            refs = {False: lm_steps(base, ids, a.decode_steps)}
-            gen_ref = None
+            idss = {b: torch.randint(0, min(256, base.config.vocab_size), (b, 64), generator=g).to(DEV)
+                    for b in a.batches}
+            refs: dict = {}
+            gen_refs: dict = {}
             for how in hows:
                 static = how.removesuffix("-cppw").endswith("-ro")
-                if static not in refs:
-                    refs[static] = lm_steps(base, ids, a.decode_steps, static=True)
-                ref_full, ref_steps = refs[static]
-                t0 = time.perf_counter()
                 m = None
-                try:
-                    m = candidate(base, how)
-                    full, steps = lm_steps(m, ids, a.decode_steps, static=static,
-                                           recipe=plain(how))
-                    dp = compare(ref_full, full)
-                    dd = compare(torch.stack(ref_steps), torch.stack(steps))
-                    rows.append(dict(model=label, dtype=dt, candidate=how,
-                                     prefill_mismatched=dp.mismatched, prefill_max_abs=dp.max_abs_diff,
-                                     decode_mismatched=dd.mismatched, decode_max_abs=dd.max_abs_diff,
-                                     numel=dp.numel + dd.numel, s=time.perf_counter() - t0))
-                    if a.generate and not plain(how):
-                        # as a user decodes: generate() into the static cache it makes itself
-                        if gen_ref is None:
-                            base.generation_config.disable_compile = True
-                            gen_ref = generated(base, ids, a.generate)
-                        seq, logits = generated(m, ids, a.generate)
-                        dg = compare(gen_ref[1], logits)
-                        rows[-1].update(generate_tokens_same=bool(torch.equal(seq, gen_ref[0])),
-                                        generate_mismatched=dg.mismatched,
-                                        generate_max_abs=dg.max_abs_diff, generate_numel=dg.numel)
-                except Exception as e:
-                    rows.append(dict(model=label, dtype=dt, candidate=how, error=repr(e)[:300]))
-                    traceback.print_exc()
-                from torch._dynamo.utils import counters
-                rows[-1]["cudagraph_skips"] = counters["inductor"].get("cudagraph_skips", 0)
-                counters.clear()
-                emit(rows[-1])
+                # one compiled candidate for every batch, in this order, as a user's process runs
+                # them (a new batch recompiles, or runs a graph dynamic in the batch)
+                for b, ids in idss.items():
+                    name = label if a.batches == [2] else f"{label} b{b}"
+                    if (b, static) not in refs:
+                        refs[(b, static)] = lm_steps(base, ids, a.decode_steps, static=static)
+                    ref_full, ref_steps = refs[(b, static)]
+                    t0 = time.perf_counter()
+                    try:
+                        if m is None:
+                            m = candidate(base, how)
+                        full, steps = lm_steps(m, ids, a.decode_steps, static=static,
+                                               recipe=plain(how))
+                        dp = compare(ref_full, full)
+                        dd = compare(torch.stack(ref_steps), torch.stack(steps))
+                        rows.append(dict(model=name, dtype=dt, candidate=how, batch=b,
+                                         prefill_mismatched=dp.mismatched, prefill_max_abs=dp.max_abs_diff,
+                                         decode_mismatched=dd.mismatched, decode_max_abs=dd.max_abs_diff,
+                                         numel=dp.numel + dd.numel, s=time.perf_counter() - t0))
+                        if a.generate and not plain(how):
+                            # as a user decodes: generate() into the static cache it makes itself
+                            if b not in gen_refs:
+                                base.generation_config.disable_compile = True
+                                gen_refs[b] = generated(base, ids, a.generate)
+                            seq, logits = generated(m, ids, a.generate)
+                            dg = compare(gen_refs[b][1], logits)
+                            rows[-1].update(generate_tokens_same=bool(torch.equal(seq, gen_refs[b][0])),
+                                            generate_mismatched=dg.mismatched,
+                                            generate_max_abs=dg.max_abs_diff, generate_numel=dg.numel)
+                    except Exception as e:
+                        rows.append(dict(model=name, dtype=dt, candidate=how, batch=b, error=repr(e)[:300]))
+                        traceback.print_exc()
+                    from torch._dynamo.utils import counters
+                    rows[-1]["cudagraph_skips"] = counters["inductor"].get("cudagraph_skips", 0)
+                    counters.clear()
+                    emit(rows[-1])
                 del m
                 torch._dynamo.reset()
     return rows
@@ -606,6 +612,11 @@ def main() -> int:
     p.add_argument("--greedy", type=int, default=0, metavar="N",
                    help="speed: tokens/s of a greedy loop of N new tokens at batch 1 (N <= 64), "
                         "every candidate, plain reduce-overhead compile included")
+    p.add_argument("--batches", default="2", metavar="B,...",
+                   help="exact: the batch sizes (each 64 tokens of prefill, then the decode steps), "
+                        "one compiled candidate running them all in this order (default 2)")
+    p.add_argument("--no-shipped", dest="shipped", action="store_false",
+                   help="exact: leave out the shipped trained models")
     p.add_argument("--no-seeds", dest="seeds", action="store_false",
                    help="exact, locate: the architectures (and shipped models) only")
     p.add_argument("--prefills", default=None, metavar="BxS,...",
@@ -630,6 +641,7 @@ def main() -> int:
                         "moved 2x between unpinned processes (COMPILE.md, session 28)")
     a = p.parse_args()
     a.pin_cpus = parse_cpus(a.pin) if a.pin else None
+    a.batches = [int(b) for b in a.batches.split(",") if b]
     if a.pin_cpus and not a.isolate:
         p.error("--pin needs --isolate (it pins the candidates' processes)")
     if a.rounds < 1 or (a.rounds > 1 and not a.isolate):
