@@ -195,6 +195,13 @@ pub struct Manifest {
     /// of the canonical encoding then (forward digests predate it).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub stages: BTreeMap<DType, BTreeMap<String, String>>,
+    /// A Python candidate of a backward op (`[setup]`, docs/spec.md section 2b): per dtype, a
+    /// function of the op's inputs other than the incoming gradients that returns what its
+    /// backward reads from a forward (Liger's RSTD, the autograd graph); the entry is then called
+    /// with that state as its last argument, and the verifier runs the setup untimed before each
+    /// call. Empty otherwise, and left out of the canonical encoding then (digests predate it).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub setup: BTreeMap<DType, String>,
 }
 
 // ---- what the author writes -------------------------------------------------------------
@@ -219,12 +226,59 @@ struct RawManifest {
     runtime: Option<String>,
     requires: Option<Vec<String>>,
     capability: Option<Vec<RawCapability>>,
+    setup: Option<BTreeMap<String, String>>,
 }
 
 /// One dtype's `[entry]` value: a forward op's symbol, or a backward op's table of stages.
 enum RawEntry {
     Symbol(String),
     Stages(BTreeMap<String, String>),
+}
+
+/// A Python backward candidate's `[setup]` table (see [`Manifest::setup`]): only for a backward
+/// op, one function per dtype of `[entry]` and none other, each a Python function name.
+fn check_setup(
+    raw: Option<BTreeMap<String, String>>,
+    entries: &BTreeMap<DType, String>,
+    op: Op,
+) -> Result<BTreeMap<DType, String>, ManifestError> {
+    let Some(raw) = raw else {
+        return Ok(BTreeMap::new());
+    };
+    if !op.is_backward() {
+        return Err(fe(
+            "setup",
+            format!("{op} is a forward op: its function is the whole computation; a setup function is for a backward op's candidate (what the backward reads from a forward); remove it"),
+        ));
+    }
+    let mut setup = BTreeMap::new();
+    for (k, v) in raw {
+        let dt: DType = k
+            .parse()
+            .map_err(|e| fe(format!("setup.{k}"), format!("{e}")))?;
+        if !entries.contains_key(&dt) {
+            return Err(fe(
+                format!("setup.{k}"),
+                format!(
+                    "`[entry]` names no function for {dt}; a setup function goes with an entry"
+                ),
+            ));
+        }
+        if !is_identifier(&v) || v.starts_with("__") {
+            return Err(fe(
+                format!("setup.{k}"),
+                format!("`{v}` is not a Python function name (ASCII letters, digits and _, not starting with a digit or __)"),
+            ));
+        }
+        setup.insert(dt, v);
+    }
+    if let Some(dt) = entries.keys().find(|d| !setup.contains_key(d)) {
+        return Err(fe(
+            "setup",
+            format!("names no setup function for {dt}: give one for every dtype of `[entry]` (each call of an entry gets its setup's state)"),
+        ));
+    }
+    Ok(setup)
 }
 
 /// The `[entry]` values by their TOML type (a string, or a table of strings); anything else is
@@ -455,6 +509,22 @@ fn check_lengths(raw: &RawManifest, entry: &[(String, RawEntry)]) -> Result<(), 
     }
     for (i, r) in raw.requires.iter().flatten().enumerate() {
         at_most(&format!("requires[{i}]"), r, MAX_REQUIREMENT)?;
+    }
+    if let Some(t) = &raw.setup {
+        if t.len() > DType::ALL.len() {
+            return Err(fe(
+                "setup",
+                format!(
+                    "names {} functions; at most one per dtype ({})",
+                    t.len(),
+                    DType::ALL.len()
+                ),
+            ));
+        }
+        for (k, v) in t {
+            at_most("setup", k, MAX_WORD)?;
+            at_most(&format!("setup.{k}"), v, MAX_ENTRY)?;
+        }
     }
     let caps = raw.capability.as_deref().unwrap_or_default();
     if caps.len() > Capability::ALL.len() {
@@ -704,6 +774,10 @@ impl Manifest {
         for (i, r) in raw.requires.iter().flatten().enumerate() {
             plain_text(&format!("requires[{i}]"), r, false)?;
         }
+        for (k, v) in raw.setup.iter().flatten() {
+            plain_text("setup", k, false)?;
+            plain_text(&format!("setup.{k}"), v, false)?;
+        }
         for (i, c) in raw.capability.iter().flatten().enumerate() {
             plain_text(&format!("capability[{i}].name"), &c.name, false)?;
             plain_text(&format!("capability[{i}].reason"), &c.reason, true)?;
@@ -803,6 +877,12 @@ impl Manifest {
             return Err(fe(
                 "requires",
                 "only a Python candidate (runtime = \"python\") names Python packages; remove it",
+            ));
+        }
+        if raw.setup.is_some() {
+            return Err(fe(
+                "setup",
+                "only a Python candidate of a backward op has a setup function (a CUDA kernel's stages are its entries); remove it",
             ));
         }
 
@@ -1065,13 +1145,14 @@ impl Manifest {
             requires: Vec::new(),
             capabilities,
             stages,
+            setup: BTreeMap::new(),
         })
     }
 
     /// The rest of `check` for `runtime = "python"`: entries are Python function names, no
     /// launch rules or NVRTC options, and `requires` lists the packages with versions.
     fn check_python(
-        raw: RawManifest,
+        mut raw: RawManifest,
         entry: BTreeMap<String, String>,
         version: semver::Version,
         op: Op,
@@ -1108,6 +1189,7 @@ impl Manifest {
             }
             entries.insert(dt, v.clone());
         }
+        let setup = check_setup(raw.setup.take(), &entries, op)?;
         let Some(requires) = raw.requires else {
             return Err(fe(
                 "requires",
@@ -1178,6 +1260,7 @@ impl Manifest {
             requires,
             capabilities: Vec::new(),
             stages: BTreeMap::new(),
+            setup,
         })
     }
 
@@ -1300,6 +1383,17 @@ impl KernelBundle {
                 return Err(ManifestError::field(
                     format!("entry.{dt}"),
                     format!("symbol `{sym}` does not appear in {}", manifest.source),
+                ));
+            }
+        }
+        for (dt, f) in &manifest.setup {
+            if !defines_function(source, f) {
+                return Err(ManifestError::field(
+                    format!("setup.{dt}"),
+                    format!(
+                        "function `{f}` is not defined (`def {f}(` at the start of a line) in {}",
+                        manifest.source
+                    ),
                 ));
             }
         }

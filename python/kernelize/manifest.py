@@ -104,6 +104,13 @@ def _check_lengths(raw: dict[str, Any]) -> None:
     reqs = raw.get("requires")
     for i, r in enumerate(reqs if isinstance(reqs, list) else []):
         at_most(f"requires[{i}]", r, "MAX_REQUIREMENT")
+    setup = raw.get("setup")
+    if isinstance(setup, dict):
+        if len(setup) > len(DTYPES):
+            raise _fe("setup", f"names {len(setup)} functions; at most one per dtype ({len(DTYPES)})")
+        for k, v in setup.items():
+            at_most("setup", k, "MAX_WORD")
+            at_most(f"setup.{k}", v, "MAX_ENTRY")
 
 
 MANIFEST_FIELDS = (
@@ -112,7 +119,7 @@ MANIFEST_FIELDS = (
 )
 # Left out of the canonical form of a CUDA kernel (`runtime` "cuda", `requires` empty), so that
 # CUDA digests made before Python candidates (docs/spec.md section 2b) hold.
-OPTIONAL_FIELDS = ("runtime", "requires", "capabilities", "stages")
+OPTIONAL_FIELDS = ("runtime", "requires", "capabilities", "stages", "setup")
 # `[[capability]]` names in kernel-registry's `Capability` order (the canonical form sorts the
 # declarations by it); `inline_asm` is found by the audit but never declared.
 CAPABILITIES = ("clock", "environment", "state", "global_atomics", "printf", "trap",
@@ -158,6 +165,8 @@ def canonical_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     if manifest.get("stages"):  # a backward op's entries per dtype (after capabilities: serde's order)
         m["stages"] = {d: {k: manifest["stages"][d][k] for k in sorted(manifest["stages"][d])}
                        for d in DTYPES if d in manifest["stages"]}
+    if manifest.get("setup"):  # a Python backward candidate's setup functions (serde's order: last)
+        m["setup"] = {d: manifest["setup"][d] for d in DTYPES if d in manifest["setup"]}
     m["entries"] = {d: manifest["entries"][d] for d in DTYPES if d in manifest["entries"]}
     if len(m["entries"]) != len(manifest["entries"]):
         raise ManifestError(f"entries: unknown dtype in {sorted(manifest['entries'])}")
@@ -226,7 +235,7 @@ def parse_manifest_toml(text: str) -> dict[str, Any]:
         raise ManifestError(f"kernel.toml: {e}") from None
     known = {"name", "version", "op", "semantics", "description", "authors", "license",
              "source", "entry", "launch", "constraints", "nvrtc_options", "runtime", "requires",
-             "capability"}
+             "capability", "setup"}
     for k in raw:
         if k not in known:
             raise ManifestError(f"kernel.toml: unknown field `{k}`")
@@ -277,6 +286,9 @@ def parse_manifest_toml(text: str) -> dict[str, Any]:
                              _rust_trim(lic), source)
     if "requires" in raw:
         raise _fe("requires", "only a Python candidate (runtime = \"python\") names Python packages")
+    if "setup" in raw:
+        raise _fe("setup", "only a Python candidate of a backward op has a setup function (a CUDA "
+                  "kernel's stages are its entries); remove it")
     capabilities = _capabilities(raw.get("capability"))
     if op in BACKWARD_OPS:
         entries, stages = _backward_entries(raw, op)
@@ -507,6 +519,7 @@ def _parse_python(raw, name, version, op, semantics, description, authors, lic, 
                 or v.startswith("__")):
             raise _fe(f"entry.{k}", f"`{v}` is not a Python function name")
         entries[k] = v
+    setup = _setup(raw.get("setup"), entries, op)
     if "requires" not in raw:
         raise _fe("requires", "list the Python packages the source imports, with versions")
     requires = raw["requires"]
@@ -526,8 +539,34 @@ def _parse_python(raw, name, version, op, semantics, description, authors, lic, 
         "name": name, "version": version, "op": op, "semantics": semantics,
         "description": description, "authors": authors, "license": lic, "source": source,
         "entries": entries, "launch": [], "constraints": _constraints(raw), "nvrtc_options": [],
-        "runtime": "python", "requires": requires,
+        "runtime": "python", "requires": requires, "setup": setup,
     })
+
+
+def _setup(raw: Any, entries: dict[str, str], op: str) -> dict[str, str]:
+    """kernel-registry `check_setup`: a Python backward candidate's `[setup]`, one function per
+    dtype of `[entry]` (docs/spec.md section 2b); {} when absent."""
+    if raw is None:
+        return {}
+    if op not in BACKWARD_OPS:
+        raise _fe("setup", f"{op} is a forward op: its function is the whole computation; a setup "
+                  "function is for a backward op's candidate; remove it")
+    if not isinstance(raw, dict):
+        raise _fe("setup", "name one Python function per dtype, e.g. `[setup]` with `bf16 = \"prepare\"`")
+    setup = {}
+    for k, v in raw.items():
+        if k not in DTYPES:
+            raise _fe(f"setup.{k}", f"dtype `{k}` is not valid")
+        if k not in entries:
+            raise _fe(f"setup.{k}", f"`[entry]` names no function for {k}")
+        if (not isinstance(v, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v)
+                or v.startswith("__")):
+            raise _fe(f"setup.{k}", f"`{v}` is not a Python function name")
+        setup[k] = v
+    missing = [d for d in DTYPES if d in entries and d not in setup]
+    if missing:
+        raise _fe("setup", f"names no setup function for {missing[0]}: give one for every dtype of `[entry]`")
+    return setup
 
 
 def defines_function(source: str, name: str) -> bool:

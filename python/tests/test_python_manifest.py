@@ -171,6 +171,44 @@ def test_bad_python_backward_candidates_name_the_field(old, new, field, words):
     assert field in str(e.value) and words in str(e.value), str(e.value)
 
 
+# kernel-registry's manifest::tests::py_bwd_setup() and PY_BWD_SETUP_SRC, and their digest
+# (a_python_backward_candidate_may_name_a_setup_function_per_dtype asserts it there).
+PY_BWD_SETUP = PY_BWD + '\n[setup]\nbf16 = "forward"\nf32 = "forward"\n'
+PY_BWD_SETUP_SRC = ("import torch\n\n\ndef forward(x, w, eps):\n    return None\n\n\n"
+                    "def rms_norm_backward(dy, x, w, eps, state):\n    return dy.clone(), w.clone()\n")
+PY_BWD_SETUP_DIGEST = "sha256:6d56547d90ec5bcdac21a2a527e1892e6e600f3834f9ed49a6e06ab0f961e164"
+
+
+def test_a_python_backward_candidates_setup_is_read_and_hashed_as_in_rust():
+    m = parse_manifest_toml(PY_BWD_SETUP)
+    assert m["setup"] == {"bf16": "forward", "f32": "forward"}
+    assert list(canonical_manifest(m))[-1] == "setup" and m == canonical_manifest(m)
+    assert digest_of(m, PY_BWD_SETUP_SRC) == PY_BWD_SETUP_DIGEST
+    assert "setup" not in parse_manifest_toml(PY_BWD)  # absent: the digests before it hold
+
+
+@pytest.mark.parametrize("old,new,field,words", [
+    ('f32 = "forward"\n', 'f32 = "forward"\nf16 = "forward"\n', "`setup.f16`", "names no function"),
+    ('f32 = "forward"\n', "", "`setup`", "no setup function for f32"),
+    ('bf16 = "forward"', 'bf16 = "__forward"', "`setup.bf16`", "not a Python function name"),
+    ('bf16 = "forward"', 'fp8 = "forward"', "`setup.fp8`", "not valid"),
+    ('op = "rms_norm_backward"', 'op = "rms_norm"', "`setup`", "forward op"),
+])
+def test_bad_setup_tables_name_the_field(old, new, field, words):
+    """As kernel-registry's a_python_backward_candidate_may_name_a_setup_function_per_dtype."""
+    assert old in PY_BWD_SETUP
+    with pytest.raises(ManifestError) as e:
+        parse_manifest_toml(PY_BWD_SETUP.replace(old, new, 1))
+    assert field in str(e.value) and words in str(e.value), str(e.value)
+
+
+def test_a_cuda_kernel_has_no_setup():
+    cuda = (REPO / "kernels" / "rms_norm_llama_backward" / "kernel.toml").read_text(encoding="utf-8")
+    with pytest.raises(ManifestError) as e:
+        parse_manifest_toml(cuda + '\n[setup]\nbf16 = "forward"\n')
+    assert "`setup`" in str(e.value), str(e.value)
+
+
 def test_the_field_backward_candidates_parse():
     """kernels/third-party-backward/ (docs/backward.md, "The field's backward as Python
     candidates"): each parses, and each entry is defined in its source."""
@@ -183,3 +221,4 @@ def test_the_field_backward_candidates_parse():
         assert m["runtime"] == "python" and m["op"].endswith("_backward"), f.name
         src = (f / m["source"]).read_text(encoding="utf-8")
         assert all(defines_function(src, fn) for fn in m["entries"].values()), f.name
+        assert all(defines_function(src, fn) for fn in m.get("setup", {}).values()), f.name

@@ -64,6 +64,10 @@ pub enum PyRequest {
     Load {
         source_path: PathBuf,
         entries: BTreeMap<DType, String>,
+        /// A backward candidate's setup functions ([`Manifest::setup`](kernel_registry::Manifest)),
+        /// checked callable at import as the entries are.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        setup: BTreeMap<DType, String>,
         package_dirs: Vec<PathBuf>,
         requires: Vec<String>,
         device: PyDevice,
@@ -106,6 +110,13 @@ pub struct PyCase {
     pub inputs: Vec<PyTensor>,
     /// The function's arguments in order: input names, and `eps`.
     pub args: Vec<String>,
+    /// A backward candidate's setup function (`[setup]`), run on `setup_args` before each call
+    /// (outside the timed region); its result is the function's last argument.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup: Option<String>,
+    /// The setup's arguments ([`setup_args`]), by name, in `args` order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub setup_args: Vec<String>,
     /// What the function returns, in order ([`python_outputs`]): a forward op's `out`, a
     /// backward op's gradients. A `rowwise` one has the rows of the call (a batch's in a batch).
     pub outputs: Vec<PyTensor>,
@@ -354,6 +365,17 @@ pub fn incoming_gradients(op: Op) -> &'static [&'static str] {
     }
 }
 
+/// The arguments of a backward candidate's setup function (`[setup]`, docs/spec.md section 2b):
+/// its signature's ([`python_args`]) less the incoming gradients ([`incoming_gradients`]), in
+/// order: what a forward had (rms_norm_backward: `x`, `weight`, `eps`).
+pub fn setup_args(op: Op) -> Vec<&'static str> {
+    python_args(op)
+        .iter()
+        .copied()
+        .filter(|a| !incoming_gradients(op).contains(a))
+        .collect()
+}
+
 /// What the Python function of `op` returns, in order: a forward op's one tensor `out`; a
 /// backward op's gradients ([`Op::gradients`]: a tuple, `dx` then `dw` for rms_norm_backward).
 pub fn python_outputs(op: Op) -> Vec<&'static str> {
@@ -512,6 +534,7 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
         let req = PyRequest::Load {
             source_path: src,
             entries: m.entries.clone(),
+            setup: m.setup.clone(),
             package_dirs: self.opts.package_dirs.clone(),
             requires: m.requires.clone(),
             device: self.opts.device,
@@ -920,6 +943,12 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
             dir: dir.clone(),
             inputs,
             args: python_args(op).iter().map(|s| s.to_string()).collect(),
+            setup: m.setup.get(&dt).cloned(),
+            setup_args: if m.setup.contains_key(&dt) {
+                setup_args(op).into_iter().map(String::from).collect()
+            } else {
+                Vec::new()
+            },
             outputs: outputs.clone(),
             returns_tuple: op.is_backward(),
             negate: incoming_gradients(op)
@@ -1277,6 +1306,17 @@ mod tests {
         }
         assert_eq!(python_outputs(Op::RmsNorm), ["out"]);
         assert!(incoming_gradients(Op::FusedAddRmsNorm).is_empty());
+        // A setup function gets what a forward had: the arguments less the incoming gradients.
+        assert_eq!(setup_args(Op::RmsNormBackward), ["x", "weight", "eps"]);
+        assert_eq!(
+            setup_args(Op::FusedAddRmsNormBackward),
+            ["x", "weight", "eps"]
+        );
+        assert_eq!(
+            setup_args(Op::LayerNormBackward),
+            ["x", "mean", "rstd", "weight"]
+        );
+        assert_eq!(setup_args(Op::SiluMulBackward), ["gate", "up"]);
     }
 
     #[test]
@@ -1412,6 +1452,7 @@ mod tests {
         let req = PyRequest::Load {
             source_path: "/t/c.py".into(),
             entries: BTreeMap::from([(DType::Bf16, "f".to_string())]),
+            setup: BTreeMap::new(),
             package_dirs: vec![],
             requires: vec!["torch>=2".into()],
             device: PyDevice::Cpu,

@@ -144,6 +144,9 @@ def load(req):
     for dtype, fn in req["entries"].items():
         if not callable(getattr(MODULE, fn, None)):
             raise Failure("import", f"entry.{dtype}: the source defines no callable `{fn}`")
+    for dtype, fn in req.get("setup", {}).items():
+        if not callable(getattr(MODULE, fn, None)):
+            raise Failure("import", f"setup.{dtype}: the source defines no callable `{fn}`")
     packages = {}
     for r in req["requires"]:
         name = re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", r).group(0)).lower()
@@ -283,8 +286,33 @@ def call(fn, args, c, what, rows):
     return [o.contiguous() for o in outs]
 
 
-def run_case(c):
+def entry_of(c):
+    """The case's function as the calls below make it, and `prepare(args)` -> a call with no
+    arguments. Without a setup (`[setup]`, docs/spec.md section 2b) the call is the entry on
+    `args`. With one, `prepare` first runs the setup on the arguments that are not incoming
+    gradients (`setup_args`: what a forward had, e.g. x, w, eps) and the call passes its state
+    to the entry as the last argument: the timed calls prepare before their timer starts, so
+    what the backward reads from a forward (Liger's RSTD, an autograd graph) is not timed; the
+    untimed calls prepare anew for every call, on that call's tensors."""
     fn = getattr(MODULE, c["function"])
+    if not c.get("setup"):
+        return fn, lambda args: (lambda: fn(*args))
+    setup = getattr(MODULE, c["setup"])
+    at = [c["args"].index(a) for a in c["setup_args"]]
+
+    def prepare(args):
+        try:
+            state = setup(*[args[i] for i in at])
+        except BaseException:  # noqa: BLE001 - the candidate's exception, reported as such
+            raise Failure("exception", f"the setup `{c['setup']}` raised:\n"
+                          + traceback.format_exc(limit=6)) from None
+        return lambda: fn(*args, state)
+
+    return (lambda *args: prepare(args)()), prepare
+
+
+def run_case(c):
+    fn, prepare = entry_of(c)
     folder = c["dir"]
     inputs = {t["name"]: read_tensor(folder, t, c["dtype"]) for t in c["inputs"]}
     pristine = {k: v.clone() for k, v in inputs.items()}
@@ -348,7 +376,7 @@ def run_case(c):
     if c.get("placements"):
         result["address"] = placed(fn, c, pristine, mutable, first, first_res, args_of)
     if c["speed_reps"]:
-        result["timed"] = timed(fn, c, inputs, pristine, mutable, first, args_of)
+        result["timed"] = timed(prepare, c, inputs, pristine, mutable, first, args_of)
     return {"case": result}
 
 
@@ -460,8 +488,9 @@ def same_outputs(out, want, c, negated):
     return all(isinstance(o, torch.Tensor) and same(o.contiguous(), w) for o, w in zip(outs, want))
 
 
-def timed(fn, c, inputs, pristine, mutable, first, args_of):
-    """Median time of `speed_reps` calls with the L2 flushed before each; every timed call's
+def timed(prepare, c, inputs, pristine, mutable, first, args_of):
+    """Median time of `speed_reps` calls with the L2 flushed before each (each call prepared by
+    `entry_of`'s `prepare` before the flush: a setup is not timed); every timed call's
     outputs are checked. Timed call `r` gets the case's rows rotated by `r + 1` (in the same
     tensors, written before the timer starts), so that a candidate which keeps an earlier
     output (by address, by version or by content) and hands it back is wrong, not fast; its
@@ -504,6 +533,8 @@ def timed(fn, c, inputs, pristine, mutable, first, args_of):
         if flip:
             want = [w.neg() for w in want]
         poison(sizes, c["poison_seed"] + call_no + 2, invert=False)
+        with torch.no_grad():
+            go = prepare(args_of(inputs))
         snaps = None
         if DEVICE.type == "cuda":
             flush.zero_()
@@ -511,7 +542,7 @@ def timed(fn, c, inputs, pristine, mutable, first, args_of):
             end = torch.cuda.Event(enable_timing=True)
             start.record()
             with torch.no_grad():
-                out = fn(*args_of(inputs))
+                out = go()
             end.record()
             if checked:
                 snaps = [(o, o.detach().clone()) for o in (out if isinstance(out, (tuple, list)) else (out,))
@@ -522,7 +553,7 @@ def timed(fn, c, inputs, pristine, mutable, first, args_of):
         else:
             t0 = time.perf_counter()
             with torch.no_grad():
-                out = fn(*args_of(inputs))
+                out = go()
             if not checked:
                 times.append((time.perf_counter() - t0) * 1e6)
         if snaps is not None and not all(same_bits(s, o) for o, s in snaps):

@@ -641,6 +641,61 @@ fn integrity_is_checked_per_gradient() {
     check_gradients(&s2, &run, 1e-5);
 }
 
+/// A candidate with a setup function (`[setup]`, docs/spec.md section 2b): `forward(x, w, eps)`
+/// builds the autograd graph of HF LlamaRMSNorm (what Liger's and compile's backward read from
+/// their forward), the entry takes it as its last argument and runs only the backward, `body`
+/// first in the setup. The setup runs before every call and outside the timed region.
+fn setup_candidate(body: &str) -> KernelBundle {
+    let toml = format!(
+        "{}\n[setup]\nbf16 = \"forward\"\nf32 = \"forward\"\n",
+        toml(Op::RmsNormBackward, "rms_norm_backward")
+    );
+    let src = format!(
+        "import time\nimport torch\n\n\ndef forward(x, w, eps):\n{body}\n    with torch.enable_grad():\n        xx = x.detach().requires_grad_(True)\n        ww = w.detach().requires_grad_(True)\n        h = xx.float()\n        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)\n        return xx, ww, ww * h.to(xx.dtype)\n\n\ndef rms_norm_backward(dy, x, w, eps, state):\n    xx, ww, y = state\n    assert xx.shape == x.shape and torch.equal(xx, x), 'the state of another call'\n    return torch.autograd.grad(y, (xx, ww), dy)\n"
+    );
+    KernelBundle::from_parts(&toml, &src).unwrap()
+}
+
+#[test]
+fn a_setup_function_runs_before_each_call_and_is_not_timed() {
+    let Some(py) = python() else { return };
+    let mut ex = executor(py);
+    for (dt, rows) in [(DType::F32, 8), (DType::Bf16, 1)] {
+        let mut s = spec(Op::RmsNormBackward, dt, rows, 32);
+        s.measure_speed = true;
+        // 50 ms of setup before each call: far above the backward's time on 8 x 32
+        let run = ex
+            .run_candidate(&setup_candidate("    time.sleep(0.05)"), &s, &LIMITS)
+            .unwrap();
+        check_gradients(&s, &run, 1.0 / 64.0);
+        assert!(
+            run.integrity_failures.is_empty() && run.deterministic,
+            "{:?} {:?}",
+            run.integrity_failures,
+            run.notes
+        );
+        // the timed calls got their own state (rotated rows, or negated dy on one row) and
+        // were right; the setup's sleep is not in their time
+        let t = run.timed.as_ref().expect("timed calls");
+        assert!(t.bad.is_empty(), "{t:?}");
+        assert!(t.median_us < 25_000.0, "the setup was timed: {t:?}");
+    }
+    // the setup's exception is the candidate's, named
+    let s = spec(Op::RmsNormBackward, DType::F32, 8, 32);
+    let e = ex
+        .run_candidate(
+            &setup_candidate("    raise ValueError('no forward')"),
+            &s,
+            &LIMITS,
+        )
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("the setup `forward` raised") && msg.contains("no forward"),
+        "{msg}"
+    );
+}
+
 /// A Python whose torch sees a CUDA GPU, or `None` after saying loudly that the GPU test ran
 /// nothing (a failure with `KERNELIZE_REQUIRE_GPU=1`).
 fn cuda_python() -> Option<PathBuf> {

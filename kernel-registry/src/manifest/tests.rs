@@ -1121,6 +1121,67 @@ fn a_python_candidate_of_a_backward_op_names_one_function_per_dtype() {
     }
 }
 
+/// [`PY_BWD`] with a setup function per dtype (`[setup]`, docs/spec.md section 2b).
+fn py_bwd_setup() -> String {
+    format!("{PY_BWD}\n[setup]\nbf16 = \"forward\"\nf32 = \"forward\"\n")
+}
+
+const PY_BWD_SETUP_SRC: &str = "import torch\n\n\ndef forward(x, w, eps):\n    return None\n\n\ndef rms_norm_backward(dy, x, w, eps, state):\n    return dy.clone(), w.clone()\n";
+
+#[test]
+fn a_python_backward_candidate_may_name_a_setup_function_per_dtype() {
+    let text = py_bwd_setup();
+    let m = Manifest::parse(&text).unwrap();
+    assert_eq!(m.setup[&DType::Bf16], "forward");
+    assert_eq!(m.setup.keys().copied().collect::<Vec<_>>(), m.dtypes());
+    // in the canonical form last (serde's order), and only when given: the digests of
+    // candidates without one are unchanged (a_python_candidate_of_a_backward_op_hashes_as_in_python)
+    let j = serde_json::to_string(&m).unwrap();
+    assert!(
+        j.ends_with(r#""setup":{"bf16":"forward","f32":"forward"}}"#),
+        "{j}"
+    );
+    assert!(!serde_json::to_string(&Manifest::parse(PY_BWD).unwrap())
+        .unwrap()
+        .contains("setup"));
+    let b = KernelBundle::from_parts(&text, PY_BWD_SETUP_SRC).unwrap();
+    assert_ne!(
+        b.digest(),
+        KernelBundle::from_parts(PY_BWD, PY_BWD_SETUP_SRC)
+            .unwrap()
+            .digest()
+    );
+    // python/tests/test_python_manifest.py's copy of both gets the same from the client
+    assert_eq!(
+        b.digest().to_string(),
+        "sha256:6d56547d90ec5bcdac21a2a527e1892e6e600f3834f9ed49a6e06ab0f961e164"
+    );
+    // the function must be defined, as an entry's
+    let e = KernelBundle::from_parts(&text, PY_BWD_SRC).unwrap_err();
+    assert_eq!(e.field_name(), Some("setup.bf16"), "{e}");
+    assert!(e.to_string().contains("`forward` is not defined"), "{e}");
+    // refused: a dtype without an entry, a dtype without a setup, a bad name, an unknown dtype,
+    // a forward op's candidate, a CUDA kernel
+    for (from, to, field) in [
+        (
+            "f32 = \"forward\"\n",
+            "f32 = \"forward\"\nf16 = \"forward\"\n",
+            "setup.f16",
+        ),
+        ("f32 = \"forward\"\n", "", "setup"),
+        ("bf16 = \"forward\"", "bf16 = \"__forward\"", "setup.bf16"),
+        ("bf16 = \"forward\"", "fp8 = \"forward\"", "setup.fp8"),
+        ("op = \"rms_norm_backward\"", "op = \"rms_norm\"", "setup"),
+    ] {
+        assert!(text.contains(from), "fixture lacks {from}");
+        let e = Manifest::parse(&text.replacen(from, to, 1)).unwrap_err();
+        assert_eq!(e.field_name(), Some(field), "{from} -> {to}: {e}");
+    }
+    let cuda = format!("{BWD}\n[setup]\nbf16 = \"forward\"\n");
+    let e = Manifest::parse(&cuda).unwrap_err();
+    assert_eq!(e.field_name(), Some("setup"), "{e}");
+}
+
 /// The digest of [`PY_BWD`] and [`PY_BWD_SRC`], which python/tests/test_python_manifest.py's
 /// copy of both must get from the client's parser and digest too.
 #[test]
