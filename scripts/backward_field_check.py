@@ -74,7 +74,7 @@ def main() -> int:
             print(errors[-1]["error"], file=sys.stderr)
             continue
         for dt in a.dtypes.split(","):
-            fn = getattr(module, manifest["entry"][dt])
+            fn = BF.entry(manifest, module, dt)  # with its setup, where it has one
             for rows, cols in shapes:
                 r = BF.check(fn, manifest["op"], manifest.get("semantics", "default"), dt, rows,
                              cols, a.device)

@@ -148,6 +148,29 @@ def load(folder: str | Path) -> tuple[dict[str, Any], Any]:
     return manifest, module
 
 
+#: The incoming gradients of a backward signature (kernelize's verifier::python::incoming_gradients):
+#: what a candidate's setup function does not get.
+INCOMING = ("dy", "dres")
+
+
+def entry(manifest: dict[str, Any], module: Any, dtype: str) -> Callable:
+    """A candidate's function for `dtype` with its op's signature (SIGNATURES): its entry, or,
+    where it names a setup (`[setup]`, docs/spec.md section 2b), the setup on the signature's
+    arguments less the incoming gradients and then the entry with the setup's state last (what
+    the verifier runs, there with the setup outside the timed region; here both are timed)."""
+    fn = getattr(module, manifest["entry"][dtype])
+    name = manifest.get("setup", {}).get(dtype)
+    if name is None:
+        return fn
+    setup = getattr(module, name)
+    keep = [i for i, a in enumerate(SIGNATURES[manifest["op"]][0]) if a not in INCOMING]
+
+    def call(*args):
+        return fn(*args, setup(*[args[i] for i in keep]))
+
+    return call
+
+
 def check(function: Callable, op: str, semantics: str, dtype: str, rows: int, cols: int,
           device, seed: int = 0, calls: int = 3) -> dict[str, Any]:
     """`function` (a candidate's entry, SIGNATURES[op]) against eager autograd on one problem:

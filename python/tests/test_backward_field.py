@@ -184,9 +184,15 @@ def test_each_candidate_follows_its_ops_signature(name):
     assert set(m["entry"]) == {"bf16", "f16", "f32"}
     src = (FOLDER / name / "kernel.py").read_text(encoding="utf-8")
     fns = {n.name: n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef)}
+    sig = BF.SIGNATURES[m["op"]][0]
     for fn in set(m["entry"].values()):
         assert defines_function(src, fn)
-        assert tuple(a.arg for a in fns[fn].args.args) == BF.SIGNATURES[m["op"]][0], (name, fn)
+        # with a setup (`[setup]`), its state comes last
+        assert tuple(a.arg for a in fns[fn].args.args) == sig + (("state",) if m.get("setup") else ()), (name, fn)
+    for fn in set(m.get("setup", {}).values()):
+        # a setup gets what a forward had: the signature less the incoming gradients
+        assert tuple(a.arg for a in fns[fn].args.args) == tuple(a for a in sig if a not in BF.INCOMING), (name, fn)
+    assert set(m.get("setup", {})) in (set(), set(m["entry"])), name
     if name.startswith("liger_"):
         assert "liger-kernel==0.8.5" in m["requires"]
 
@@ -274,7 +280,7 @@ def _check_candidate(name, dtypes=("f32", "bf16"), rows=6, cols=48):
     sem = manifest.get("semantics", "default")
     out = []
     for dt in dtypes if manifest["op"] != "layer_norm_backward" else ("f32",):
-        r = BF.check(getattr(module, manifest["entry"][dt]), manifest["op"], sem, dt, rows, cols, "cpu")
+        r = BF.check(BF.entry(manifest, module, dt), manifest["op"], sem, dt, rows, cols, "cpu")
         out.append(r)
     return out
 

@@ -3,7 +3,9 @@ docs/backward.md, "The field's backward as Python candidates").
 
 The layer's formula (transformers' LlamaRMSNorm.forward, op by op) is compiled; called under
 autograd, AOTAutograd traces its backward and Inductor compiles it: the gradients are those of a
-compiled training step. The compiled forward runs too (its output is dropped).
+compiled training step. The compiled forward runs in `forward`, the candidate's setup (`[setup]`,
+docs/spec.md section 2b), and the entry runs only the backward (so the verifier times the
+backward alone).
 """
 
 import torch
@@ -24,9 +26,15 @@ def _llama_rms_norm(x, w, eps):
 _compiled = torch.compile(_llama_rms_norm)
 
 
-def rms_norm_backward(dy, x, w, eps):
+def forward(x, w, eps):
     with torch.enable_grad():
         xr = x.detach().requires_grad_(True)
         wr = w.detach().requires_grad_(True)
-        dx, dw = torch.autograd.grad(_compiled(xr, wr, eps), (xr, wr), dy)
+        y = _compiled(xr, wr, eps)
+    return xr, wr, y
+
+
+def rms_norm_backward(dy, x, w, eps, state):
+    xr, wr, y = state
+    dx, dw = torch.autograd.grad(y, (xr, wr), dy)
     return dx, dw

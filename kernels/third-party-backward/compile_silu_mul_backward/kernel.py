@@ -2,7 +2,9 @@
 docs/backward.md, "The field's backward as Python candidates").
 
 Called under autograd, AOTAutograd traces the compiled product's backward and Inductor compiles
-it: the gradients of a compiled training step. The compiled forward runs too.
+it: the gradients of a compiled training step. The compiled forward runs in `forward`, the
+candidate's setup (`[setup]`, docs/spec.md section 2b), and the entry runs only the backward
+(so the verifier times the backward alone).
 """
 
 import torch
@@ -20,9 +22,15 @@ def _silu_mul(gate, up):
     return F.silu(gate) * up
 
 
-def silu_mul_backward(dy, gate, up):
+def forward(gate, up):
     with torch.enable_grad():
         g = gate.detach().requires_grad_(True)
         u = up.detach().requires_grad_(True)
-        d_gate, d_up = torch.autograd.grad(_silu_mul(g, u), (g, u), dy)
+        y = _silu_mul(g, u)
+    return g, u, y
+
+
+def silu_mul_backward(dy, gate, up, state):
+    g, u, y = state
+    d_gate, d_up = torch.autograd.grad(y, (g, u), dy)
     return d_gate, d_up

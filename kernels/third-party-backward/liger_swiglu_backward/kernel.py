@@ -2,17 +2,25 @@
 "The field's backward as Python candidates").
 
 Imports the installed package; no Liger code is copied here. Liger's SwiGLU backward writes the
-gradients into the tensors its forward saved (gate and up): they are copies here, never the
-caller's inputs. Its forward runs too (the autograd node it builds is the backward's).
+gradients into the tensors its forward saved (gate and up): `forward`, the candidate's setup
+(`[setup]`, docs/spec.md section 2b), runs Liger's forward on copies, never the caller's inputs,
+and hands its autograd graph to the entry, which runs only the backward (so the verifier times
+the backward alone).
 """
 
 import torch
 from liger_kernel.transformers.functional import liger_swiglu
 
 
-def silu_mul_backward(dy, gate, up):
+def forward(gate, up):
     with torch.enable_grad():
         g = gate.detach().clone().requires_grad_(True)
         u = up.detach().clone().requires_grad_(True)
-        d_gate, d_up = torch.autograd.grad(liger_swiglu(g, u), (g, u), dy)
+        y = liger_swiglu(g, u)
+    return g, u, y
+
+
+def silu_mul_backward(dy, gate, up, state):
+    g, u, y = state
+    d_gate, d_up = torch.autograd.grad(y, (g, u), dy)
     return d_gate, d_up
