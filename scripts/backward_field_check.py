@@ -10,7 +10,7 @@ autograd on the same GPU, bit for bit per gradient, three calls, the inputs chec
         [--device cpu]        # the torch.compile ones on the CPU (Liger's need a GPU)
         [--time-shapes 4096x4096] [--reps 20]   # timed problems ("" for none)
 
-NAME: folders of kernels/third-party-backward/ (default: all). Writes OUT_DIR/backward_field.json
+NAME: folders of kernels/third-party/ (default: every candidate of a backward op there). Writes OUT_DIR/backward_field.json
 and prints a table: per candidate, dtype and shape, each gradient's differing elements and
 largest ulp distance, determinism, inputs changed, or the candidate's error; then, at the timed
 shapes, the candidate's median time beside eager's backward alone and eager's forward + backward
@@ -28,7 +28,7 @@ import sys
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FOLDER = os.path.join(ROOT, "kernels", "third-party-backward")
+FOLDER = os.path.join(ROOT, "kernels", "third-party")
 
 
 def main() -> int:
@@ -51,8 +51,7 @@ def main() -> int:
         print("no CUDA device: run on the GPU machine (or --device cpu for the torch.compile ones)",
               file=sys.stderr)
         return 2
-    names = a.names or sorted(n for n in os.listdir(FOLDER)
-                              if os.path.isfile(os.path.join(FOLDER, n, "kernel.toml")))
+    names = a.names or BF.candidates(FOLDER)
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "torch": torch.__version__, "python": platform.python_version(), "device": a.device,

@@ -29,7 +29,9 @@ for d in ${DTYPES:-bf16}; do DT_ARGS+=(--dtype "$d"); done
 CANDS=("$@")
 [ ${#CANDS[@]} -gt 0 ] || CANDS=(liger_rms_norm_llama f_rms_norm_as_llama compile_llama_rms_norm
   liger_layer_norm compile_layer_norm liger_swiglu compile_silu_mul liger_geglu
-  liger_rms_norm_gemma compile_gemma_rms_norm)
+  liger_rms_norm_gemma compile_gemma_rms_norm
+  liger_rms_norm_llama_backward compile_llama_rms_norm_backward liger_layer_norm_backward
+  compile_layer_norm_backward liger_swiglu_backward compile_silu_mul_backward liger_geglu_backward)
 {
   date -u +"date %Y-%m-%dT%H:%M:%SZ"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sed 's/^/gpu /'

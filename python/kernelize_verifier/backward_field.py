@@ -23,7 +23,7 @@ piece that does not wait for that:
 
 `timings` gives the candidate's median time beside eager's backward and eager's forward +
 backward (a caller's time, not the verifier's speed figure). `scripts/backward_field_check.py`
-runs `check` (and `timings`) over kernels/third-party-backward/ on a GPU.
+runs `check` (and `timings`) over the backward candidates of kernels/third-party/ on a GPU.
 """
 
 from __future__ import annotations
@@ -131,6 +131,19 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
     d = (ordered(a) - ordered(b)).abs()
     d = torch.where(both_nan, torch.zeros_like(d), d)
     return int(d.max()) if d.numel() else 0
+
+
+def candidates(folder: str | Path) -> list[str]:
+    """The folders of `folder` (kernels/third-party) holding a Python candidate of a backward op
+    (one SIGNATURES names), sorted."""
+    folder = Path(folder)
+    out = []
+    for d in sorted(folder.iterdir()):
+        if (d / "kernel.toml").is_file():
+            m = tomllib.loads((d / "kernel.toml").read_text(encoding="utf-8"))
+            if m.get("runtime") == "python" and m.get("op") in SIGNATURES:
+                out.append(d.name)
+    return out
 
 
 def load(folder: str | Path) -> tuple[dict[str, Any], Any]:

@@ -1,8 +1,8 @@
-"""The field's backward as Python candidates (issue 30; kernels/third-party-backward/,
+"""The field's backward as Python candidates (issue 30; the backward candidates of kernels/third-party/,
 kernelize_verifier.backward_field, scripts/backward_field_check.py), on the CPU.
 
-The verifier cannot measure a Python candidate of a backward op yet (docs/backward.md, "The
-field's backward as Python candidates"); these tests pin what exists meanwhile: the Python
+The verifier measures them as it measures any Python candidate (docs/backward.md, "The field's
+backward as Python candidates", items 1-8); these tests pin, on the CPU: the Python
 signature of each backward op against the CUDA ABI (abi.json), every candidate folder against
 it, the interim check against eager autograd (it finds a wrong, modifying, non-deterministic or
 misshapen candidate), and each candidate's wiring: the torch.compile ones with torch.compile
@@ -29,9 +29,9 @@ from conftest import REPO
 from kernelize.manifest import ManifestError, check_requirement, defines_function, parse_manifest_toml
 from kernelize_verifier import backward_field as BF
 
-FOLDER = REPO / "kernels" / "third-party-backward"
+FOLDER = REPO / "kernels" / "third-party"
 ABI = json.loads((REPO / "python/tests/fixtures/abi.json").read_text(encoding="utf-8"))
-CANDIDATES = sorted(d.name for d in FOLDER.iterdir() if (d / "kernel.toml").is_file())
+CANDIDATES = BF.candidates(FOLDER)   # the backward ones among kernels/third-party/
 SCALARS = ("rows", "cols", "n", "sms", "threads_per_sm", "eps")
 
 # A stand-in for liger_kernel 0.8.5's entry points the candidates call (eager's formulas behind
@@ -200,9 +200,9 @@ def test_each_candidate_follows_its_ops_signature(name):
 @pytest.mark.parametrize("name", CANDIDATES)
 def test_the_client_parses_them_as_backward_candidates(name):
     """Since session 31 the registry (Manifest::check_python) and the client take a Python
-    candidate of a backward op, one function per dtype; they stay here, not in
-    kernels/third-party/, until the verifier gives a backward case a verdict (docs/backward.md,
-    "What the verifier lacks", items 5-10)."""
+    candidate of a backward op, one function per dtype (a setup function too, since session 32);
+    they sit in kernels/third-party/ with the forward ones since the verifier gives a backward
+    case a verdict (docs/backward.md, "What the verifier lacks", items 1-8)."""
     m = parse_manifest_toml((FOLDER / name / "kernel.toml").read_text(encoding="utf-8"))
     assert m["op"].endswith("_backward") and m["runtime"] == "python"
     assert set(m["entries"]) and all(isinstance(f, str) for f in m["entries"].values())

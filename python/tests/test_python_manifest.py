@@ -210,11 +210,11 @@ def test_a_cuda_kernel_has_no_setup():
 
 
 def test_the_field_backward_candidates_parse():
-    """kernels/third-party-backward/ (docs/backward.md, "The field's backward as Python
-    candidates"): each parses, and each entry is defined in its source."""
+    """The backward candidates of kernels/third-party/ (docs/backward.md, "The field's backward
+    as Python candidates"): each parses, and each entry and setup is defined in its source."""
     from kernelize.manifest import defines_function
-    folders = sorted(p for p in (REPO / "kernels" / "third-party-backward").iterdir()
-                     if (p / "kernel.toml").exists())
+    folders = sorted(p for p in (REPO / "kernels" / "third-party").iterdir()
+                     if (p / "kernel.toml").exists() and p.name.endswith("_backward"))
     assert len(folders) >= 7
     for f in folders:
         m = parse_manifest_toml((f / "kernel.toml").read_text(encoding="utf-8"))

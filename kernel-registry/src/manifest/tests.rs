@@ -1038,7 +1038,7 @@ fn bad_backward_manifests_name_the_field() {
 }
 
 /// A Python candidate of a backward op (docs/spec.md section 2b: `f(dy, x, w, eps) -> (dx, dw)`
-/// for rms_norm_backward), as `kernels/third-party-backward/` holds them.
+/// for rms_norm_backward), as `kernels/third-party/` holds them.
 const PY_BWD: &str = r#"
 name = "liger_rms_norm_llama_backward"
 version = "1.0.0"
@@ -1193,12 +1193,11 @@ fn a_python_candidate_of_a_backward_op_hashes_as_in_python() {
     );
 }
 
-/// The Python candidates of backward ops in `kernels/third-party-backward/` parse, and their
-/// entries are defined in their sources.
+/// The Python candidates of backward ops in `kernels/third-party/` parse, and their entries
+/// (and setup functions) are defined in their sources.
 #[test]
 fn the_field_backward_candidates_parse() {
-    let dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/third-party-backward");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/third-party");
     let mut dirs: Vec<_> = std::fs::read_dir(&dir)
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
@@ -1206,10 +1205,12 @@ fn the_field_backward_candidates_parse() {
     let mut n = 0;
     for d in dirs.iter().filter(|d| d.join("kernel.toml").exists()) {
         let b = KernelBundle::load_dir(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
-        assert!(b.manifest.op.is_backward() && b.manifest.runtime == Runtime::Python);
-        n += 1;
+        if b.manifest.op.is_backward() {
+            assert_eq!(b.manifest.runtime, Runtime::Python, "{}", d.display());
+            n += 1;
+        }
     }
-    assert!(n >= 7, "{n} candidates in {}", dir.display());
+    assert!(n >= 7, "{n} backward candidates in {}", dir.display());
 }
 
 /// `python/tests/fixtures/backward_digests.json`: a backward kernel's canonical manifest and
