@@ -30,35 +30,16 @@ sys.path.insert(0, str(ROOT / "python"))
 import torch  # noqa: E402
 
 import bench_kernels as bk  # noqa: E402
+from decode_rows import capture_graph, replay_us  # noqa: E402 (bench/, this script's folder)
 
 
 ROW_OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm")
 
 
 def graph_us(fn, launches: int, replays: int = 20) -> float:
-    """µs per call of `fn` captured `launches` times in one CUDA graph (median of the replays)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(launches):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / launches)
-    return statistics.median(times)
+    """µs per call of `fn` captured `launches` times in one CUDA graph (bench/decode_rows.py's
+    capture), the median of `replays` replays."""
+    return statistics.median(replay_us(capture_graph(fn, launches), replays)) / launches
 
 
 def main() -> int:
