@@ -10,6 +10,7 @@ use support::{bundle_files, detail, Backend, TestServer};
 both_backends!(
     a_python_candidate_needs_the_submit_python_scope,
     reports_and_resolve_across_runtimes,
+    a_backward_candidates_setup_is_stored_and_shown,
 );
 
 /// A Python silu candidate (manifest, source).
@@ -305,4 +306,67 @@ async fn reports_and_resolve_across_runtimes(b: Backend) {
         .get_json("/v1/kernels?op=silu&policy=ulp:1&dtype=bf16&arch=sm_90")
         .await;
     assert_eq!(l["total"], 2, "{l}");
+}
+
+/// A Python candidate of a backward op with a setup function (`[setup]`, docs/python-candidates.md)
+/// is stored with it: its source comes back with the setup in the manifest and the same digest
+/// (re-checked), and the kernel page says what runs before each call.
+async fn a_backward_candidates_setup_is_stored_and_shown(b: Backend) {
+    let srv = TestServer::start(&b, &["--no-bundled"]).await;
+    let python = srv.token("submit-python");
+    let m = r#"name = "py_rms_bwd"
+version = "1.1.0"
+op = "rms_norm_backward"
+semantics = "llama"
+description = "eager autograd of LlamaRMSNorm, its forward in a setup"
+authors = ["tests"]
+license = "MIT"
+runtime = "python"
+source = "kernel.py"
+requires = ["torch>=2.4"]
+
+[entry]
+bf16 = "rms_norm_backward"
+
+[setup]
+bf16 = "forward"
+"#;
+    let s = "import torch\n\n\ndef forward(x, w, eps):\n    return None\n\n\ndef rms_norm_backward(dy, x, w, eps, state):\n    return dy.clone(), w.clone()\n";
+    let (st, sub) = srv
+        .post("/v1/kernels", &python, &json!({"manifest": m, "source": s}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{sub}");
+    let digest = sub["digest"].as_str().unwrap().to_string();
+    let src = srv.get_json(&format!("/v1/sources/{digest}")).await;
+    assert_eq!(src["digest"], digest.as_str(), "{src}");
+    assert_eq!(src["manifest"]["setup"], json!({"bf16": "forward"}), "{src}");
+    assert!(
+        src["manifest_toml"]
+            .as_str()
+            .is_some_and(|t| t.contains("[setup]")),
+        "{src}"
+    );
+    // A setup that names no function of the source is refused, naming the field.
+    let bad = s.replace("def forward(", "def forward_(");
+    let (st, p) = srv
+        .post(
+            "/v1/kernels",
+            &python,
+            &json!({"manifest": m.replace("1.1.0", "1.1.1"), "source": bad}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+    assert_eq!(p["field"], "setup.bf16", "{p}");
+    let r = srv
+        .client
+        .get(srv.url("/kernels/py_rms_bwd/1.1.0"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let html = r.text().await.unwrap();
+    assert!(
+        html.contains("id=\"setup\"") && html.contains("<code>forward</code> (bf16)"),
+        "{html}"
+    );
 }

@@ -48,6 +48,16 @@ pub async fn page(
                 @if let Some(m) = k.cols_max { ", <= " (m) }
                 @if k.cols_multiple_of > 1 { ", multiple of " (k.cols_multiple_of) }
             }
+            // A Python backward candidate's setup functions (`[setup]`, docs/python-candidates.md):
+            // what runs before each call, outside the timed region.
+            @if let Some(setup) = src.as_ref().map(|s| &s.manifest.setup).filter(|t| !t.is_empty()) {
+                dt { "setup" } dd #setup {
+                    @for (d, f) in setup {
+                        code { (f) } " (" (d.as_str()) "); "
+                    }
+                    span.muted { "run before each call, untimed: the forward its backward reads" }
+                }
+            }
             @if let Some(declared) = src.as_ref().map(|s| &s.manifest.capabilities).filter(|d| !d.is_empty()) {
                 dt { "declares" } dd #declared-capabilities {
                     @for d in declared {
