@@ -1433,15 +1433,9 @@ async fn shape_exact_resolve_queues_and_runs_a_width_job(b: Backend) {
     );
 
     // The dashboard's explorer says so without queueing anything.
-    let (st, html) = {
-        let r = srv
-            .client
-            .get(srv.url("/policy?policy=bit_exact&dtype=bf16&arch=sm_90&cols=13824&op=rms_norm"))
-            .send()
-            .await
-            .unwrap();
-        (r.status(), r.text().await.unwrap())
-    };
+    let (st, html) = srv
+        .get_page("/policy?policy=bit_exact&dtype=bf16&arch=sm_90&cols=13824&op=rms_norm")
+        .await;
     assert_eq!(st, StatusCode::OK);
     assert!(html.contains("not verified at this width"), "{html}");
     let k: Value = srv.get_json("/v1/kernels/width_k/1.0.0").await;

@@ -165,18 +165,7 @@ async fn populated(extra: &[&str]) -> (Backend, TestServer) {
 }
 
 async fn page(srv: &TestServer, path: &str) -> (StatusCode, String) {
-    let r = srv.client.get(srv.url(path)).send().await.unwrap();
-    let st = r.status();
-    let ctype = r
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap().to_string())
-        .unwrap_or_default();
-    let body = r.text().await.unwrap();
-    if st == StatusCode::OK {
-        assert!(ctype.starts_with("text/html"), "{path}: {ctype}");
-    }
-    (st, body)
+    srv.get_page(path).await
 }
 
 async fn html_ok(srv: &TestServer, path: &str) -> String {

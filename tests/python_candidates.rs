@@ -339,7 +339,11 @@ bf16 = "forward"
     let digest = sub["digest"].as_str().unwrap().to_string();
     let src = srv.get_json(&format!("/v1/sources/{digest}")).await;
     assert_eq!(src["digest"], digest.as_str(), "{src}");
-    assert_eq!(src["manifest"]["setup"], json!({"bf16": "forward"}), "{src}");
+    assert_eq!(
+        src["manifest"]["setup"],
+        json!({"bf16": "forward"}),
+        "{src}"
+    );
     assert!(
         src["manifest_toml"]
             .as_str()
@@ -357,14 +361,8 @@ bf16 = "forward"
         .await;
     assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
     assert_eq!(p["field"], "setup.bf16", "{p}");
-    let r = srv
-        .client
-        .get(srv.url("/kernels/py_rms_bwd/1.1.0"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
-    let html = r.text().await.unwrap();
+    let (st, html) = srv.get_page("/kernels/py_rms_bwd/1.1.0").await;
+    assert_eq!(st, StatusCode::OK);
     assert!(
         html.contains("id=\"setup\"") && html.contains("<code>forward</code> (bf16)"),
         "{html}"

@@ -287,6 +287,18 @@ impl Op {
                 | Op::FusedAddRmsNormBackward
         )
     }
+    /// The inputs of a backward op that are incoming gradients (`dy`; fused_add_rms_norm_backward's
+    /// `dres` too): every gradient is linear in them, and computed with roundings that are
+    /// symmetric in sign (round to nearest even), so negating them all negates every gradient bit
+    /// for bit (up to the sign of a zero and a NaN's bits). What a Python candidate's setup
+    /// function does not get (docs/spec.md section 2b). Empty for a forward op.
+    pub fn incoming_gradients(self) -> &'static [&'static str] {
+        match self {
+            Op::FusedAddRmsNormBackward => &["dy", "dres"],
+            _ if self.is_backward() => &["dy"],
+            _ => &[],
+        }
+    }
     /// The gradients a backward op writes, each compared and classed on its own (docs/spec.md
     /// section 2c: a class per gradient); empty for a forward op. Each is a `T*` parameter of
     /// exactly one of [`Op::stages`], the stage that writes it ([`Op::gradient_stage`]); one
@@ -1042,6 +1054,7 @@ mod tests {
                             "one_row": g.one_row,
                             "stage": op.gradient_stage(g.name).map(|s| s.name),
                         })).collect::<Vec<_>>(),
+                        "incoming": op.incoming_gradients(),
                         "verdict_depends_on_device": op.verdict_depends_on_device(),
                         "max_rows": op.max_rows(),
                     }),

@@ -161,8 +161,9 @@ def load(folder: str | Path) -> tuple[dict[str, Any], Any]:
     return manifest, module
 
 
-#: The incoming gradients of a backward signature (kernelize's verifier::python::incoming_gradients):
-#: what a candidate's setup function does not get.
+#: The incoming gradients of a backward signature (kernel-registry's `Op::incoming_gradients`,
+#: the `incoming` of each op in python/tests/fixtures/abi.json, which test_backward_field holds
+#: this to): what a candidate's setup function does not get.
 INCOMING = ("dy", "dres")
 
 

@@ -162,6 +162,12 @@ def test_each_backward_ops_python_signature_is_its_abis():
         if spec["takes_eps"]:
             args.append("eps")
         assert BF.SIGNATURES[op] == (tuple(args), grads), op
+    # the incoming gradients (what a setup function does not get) are Op::incoming_gradients
+    for op, spec in ops.items():
+        assert set(spec["incoming"]) <= set(BF.INCOMING), op
+        if op in BF.SIGNATURES:
+            sig = BF.SIGNATURES[op][0]
+            assert tuple(a for a in sig if a in BF.INCOMING) == tuple(spec["incoming"]), op
 
 
 # ---- the candidate folders ---------------------------------------------------------------------

@@ -197,6 +197,22 @@ impl TestServer {
         (st, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// A dashboard page: its status and body; an OK answer must be HTML.
+    pub async fn get_page(&self, path: &str) -> (StatusCode, String) {
+        let r = self.client.get(self.url(path)).send().await.unwrap();
+        let st = r.status();
+        let ctype = r
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        let body = r.text().await.unwrap();
+        if st == StatusCode::OK {
+            assert!(ctype.starts_with("text/html"), "{path}: {ctype}");
+        }
+        (st, body)
+    }
+
     pub async fn get_json(&self, path: &str) -> Value {
         let (st, v) = self.get(path).await;
         assert_eq!(st, StatusCode::OK, "GET {path}: {v}");

@@ -353,16 +353,10 @@ pub fn python_args(op: Op) -> &'static [&'static str] {
     }
 }
 
-/// The inputs of a backward op that are incoming gradients (`dy`; fused_add_rms_norm_backward's
-/// `dres` too): every gradient is linear in them, and computed with roundings that are symmetric
-/// in sign (round to nearest even), so negating them all negates every gradient bit for bit
-/// (up to the sign of a zero and a NaN's bits). Empty for a forward op.
+/// The inputs of a backward op that are incoming gradients: [`Op::incoming_gradients`] (the one
+/// home of the rule; the Python client's backward_field reads it through abi.json).
 pub fn incoming_gradients(op: Op) -> &'static [&'static str] {
-    match op {
-        Op::FusedAddRmsNormBackward => &["dy", "dres"],
-        _ if op.is_backward() => &["dy"],
-        _ => &[],
-    }
+    op.incoming_gradients()
 }
 
 /// The arguments of a backward candidate's setup function (`[setup]`, docs/spec.md section 2b):
