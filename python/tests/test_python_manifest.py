@@ -22,6 +22,15 @@ def test_fixture_covers_the_third_party_candidates():
             "compile_layer_norm", "compile_silu_mul", "f_rms_norm_as_llama"} <= names
 
 
+def assert_refused(base: str, old: str, new: str, field: str, words: str) -> None:
+    """`base` with `old` replaced by `new` is refused, the message naming `field` and saying
+    `words`."""
+    assert old in base
+    with pytest.raises(ManifestError) as e:
+        parse_manifest_toml(base.replace(old, new, 1))
+    assert field in str(e.value) and words in str(e.value), str(e.value)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_python_candidates_hash_as_in_rust(case):
     m = parse_manifest_toml(case["manifest_toml"])
@@ -63,10 +72,7 @@ REQ = 'requires = ["liger-kernel==0.8.5", "torch>=2.5,<3"]'
     ('runtime = "python"', 'runtime = "python"\nextra = 1', "unknown field `extra`", ""),
 ])
 def test_bad_python_candidates_name_the_field(old, new, field, words):
-    assert old in GOOD
-    with pytest.raises(ManifestError) as e:
-        parse_manifest_toml(GOOD.replace(old, new, 1))
-    assert field in str(e.value) and words in str(e.value), str(e.value)
+    assert_refused(GOOD, old, new, field, words)
 
 
 def test_launch_rules_are_refused_for_python_and_required_for_cuda():
@@ -165,10 +171,7 @@ def test_every_backward_op_takes_a_python_candidate(op):
 ])
 def test_bad_python_backward_candidates_name_the_field(old, new, field, words):
     """As kernel-registry's a_python_candidate_of_a_backward_op_names_one_function_per_dtype."""
-    assert old in PY_BWD
-    with pytest.raises(ManifestError) as e:
-        parse_manifest_toml(PY_BWD.replace(old, new, 1))
-    assert field in str(e.value) and words in str(e.value), str(e.value)
+    assert_refused(PY_BWD, old, new, field, words)
 
 
 # kernel-registry's manifest::tests::py_bwd_setup() and PY_BWD_SETUP_SRC, and their digest
@@ -196,10 +199,7 @@ def test_a_python_backward_candidates_setup_is_read_and_hashed_as_in_rust():
 ])
 def test_bad_setup_tables_name_the_field(old, new, field, words):
     """As kernel-registry's a_python_backward_candidate_may_name_a_setup_function_per_dtype."""
-    assert old in PY_BWD_SETUP
-    with pytest.raises(ManifestError) as e:
-        parse_manifest_toml(PY_BWD_SETUP.replace(old, new, 1))
-    assert field in str(e.value) and words in str(e.value), str(e.value)
+    assert_refused(PY_BWD_SETUP, old, new, field, words)
 
 
 def test_a_cuda_kernel_has_no_setup():

@@ -201,11 +201,7 @@ impl TestServer {
     pub async fn get_page(&self, path: &str) -> (StatusCode, String) {
         let r = self.client.get(self.url(path)).send().await.unwrap();
         let st = r.status();
-        let ctype = r
-            .headers()
-            .get("content-type")
-            .map(|v| v.to_str().unwrap().to_string())
-            .unwrap_or_default();
+        let ctype = content_type(&r);
         let body = r.text().await.unwrap();
         if st == StatusCode::OK {
             assert!(ctype.starts_with("text/html"), "{path}: {ctype}");
@@ -231,11 +227,7 @@ impl TestServer {
         }
         let r = req.send().await.unwrap();
         let st = r.status();
-        let ctype = r
-            .headers()
-            .get("content-type")
-            .map(|v| v.to_str().unwrap().to_string())
-            .unwrap_or_default();
+        let ctype = content_type(&r);
         (st, r.json().await.unwrap_or(Value::Null), ctype)
     }
 
@@ -258,6 +250,14 @@ impl Drop for TestServer {
 }
 
 /// A small valid silu kernel (manifest, source); `body` varies its content.
+/// A response's `content-type` ("" when it has none).
+fn content_type(r: &reqwest::Response) -> String {
+    r.headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
 pub fn bundle_files(name: &str, version: &str, body: &str) -> (String, String) {
     let manifest = format!(
         r#"name = "{name}"
