@@ -56,6 +56,15 @@ def profile_step(m, batch: int, steps: int, prefill: int = 0, greedy: int = 0) -
         torch.cuda.synchronize()
         first = time.perf_counter() - t0
         wall = B.timed_ms(step, steps)
+        # the host's time to issue a step (the call's return, the GPU idle at its start): a step
+        # whose issue time is its wall time is bound by the host
+        issue = []
+        for _ in range(steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step()
+            issue.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(steps):
                 step()
@@ -91,10 +100,38 @@ def profile_step(m, batch: int, steps: int, prefill: int = 0, greedy: int = 0) -
                 key = (e.name, k.name[:80])
                 launched[key] = launched.get(key, 0.0) + 1.0 / steps
     by_op = sorted(([op, k, round(n, 2)] for (op, k), n in launched.items()), key=lambda r: -r[2])
-    return dict(**host_timeline(prof, steps), batch=batch, prefill=prefill or None, greedy=greedy or None, first_s=first, wall_ms=wall, gpu_kernel_ms=gpu_us / 1e3,
+    return dict(**host_timeline(prof, steps), **gpu_timeline(kernels, steps), batch=batch, prefill=prefill or None, greedy=greedy or None, first_s=first, wall_ms=wall, host_issue_ms=statistics.median(issue), gpu_kernel_ms=gpu_us / 1e3,
                 kernels_per_step=len(kernels) / steps,
                 top_kernels_us=[(n[:90], round(t, 1)) for n, t in top], call_us_spread=spread, norm_calls_us=norm_calls, kernels=every,
                 launched_by=by_op)
+
+
+def gpu_timeline(kernels, steps: int) -> dict:
+    """Is a step bound by the GPU or by the host issuing its work (issue 31's unexplained decode
+    gap)? From the kernels' GPU timestamps: the span from the first kernel's start to the last's
+    end (`gpu_span_ms`, per step), and the GPU's idle time inside it between one kernel's end and
+    the next one's start, split into short gaps (< 5 µs: a CUDA graph's node-to-node launch, or
+    a stream's back-to-back launches; `gpu_short_gaps_ms`, with their count) and long ones (the
+    GPU waiting for the host: `gpu_long_gaps_ms`), per step. A step whose wall time is its GPU
+    span, short gaps included, is bound by the GPU even where the kernels' sum is lower."""
+    ks = sorted(kernels, key=lambda e: e.time_range.start)
+    if not ks:
+        return {}
+    short = long_ = 0.0
+    n_short = 0
+    end = ks[0].time_range.end
+    for e in ks[1:]:
+        gap = e.time_range.start - end
+        if gap > 0:
+            if gap < 5.0:
+                short += gap
+                n_short += 1
+            else:
+                long_ += gap
+        end = max(end, e.time_range.end)
+    span = end - ks[0].time_range.start
+    return dict(gpu_span_ms=span / steps / 1e3, gpu_short_gaps_ms=short / steps / 1e3,
+                gpu_short_gaps=n_short / steps, gpu_long_gaps_ms=long_ / steps / 1e3)
 
 
 def host_timeline(prof, steps: int) -> dict:
@@ -162,7 +199,9 @@ def isolated(a, out: Path) -> int:
             if not got:
                 table.append(dict(candidate=how, batch=b, error="no run"))
                 continue
-            med = {k: statistics.median(x[k] for x in got) for k in ("wall_ms", "gpu_kernel_ms", "kernels_per_step")}
+            med = {k: statistics.median(x[k] for x in got)
+                   for k in ("wall_ms", "gpu_kernel_ms", "kernels_per_step", "host_issue_ms", "gpu_span_ms", "gpu_short_gaps_ms",
+                             "gpu_long_gaps_ms") if all(k in x for x in got)}
             row = dict(candidate=how, batch=b, runs=len(got), **med,
                        wall_each=[round(x["wall_ms"], 3) for x in got])
             if base:
@@ -172,16 +211,18 @@ def isolated(a, out: Path) -> int:
             table.append(row)
     (out / "isolated.json").write_text(json.dumps(dict(command=" ".join(sys.argv), rows=table), indent=1))
     print(f"\n| candidate | batch | runs | step wall, ms (median; each) | GPU kernels, ms | kernels | "
-          f"speed vs {cands[0]} (wall / GPU) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+          f"speed vs {cands[0]} (wall / GPU) | host issue, ms | GPU span, ms (short gaps / long gaps) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for t in table:
         if "error" in t:
-            print(f"| {t['candidate']} | {t['batch']} | 0 | {t['error']} | | | |")
+            print(f"| {t['candidate']} | {t['batch']} | 0 | {t['error']} | | | | | |")
             continue
         ratio = (f"{t['speed_vs_first_wall']:.2f}x / {t['speed_vs_first_gpu']:.2f}x"
                  if "speed_vs_first_wall" in t else "")
         print(f"| {t['candidate']} | {t['batch']} | {t['runs']} | {t['wall_ms']:.3f} ({', '.join(map(str, t['wall_each']))}) "
-              f"| {t['gpu_kernel_ms']:.3f} | {t['kernels_per_step']:.0f} | {ratio} |")
+              f"| {t['gpu_kernel_ms']:.3f} | {t['kernels_per_step']:.0f} | {ratio} | {t.get('host_issue_ms', float('nan')):.3f} | "
+              + (f"{t['gpu_span_ms']:.3f} ({t['gpu_short_gaps_ms']:.3f} / {t['gpu_long_gaps_ms']:.3f}) |"
+                 if "gpu_span_ms" in t else " |"))
     return 0
 
 
