@@ -540,6 +540,59 @@ def pointwise_outer_products(gm: torch.fx.GraphModule) -> int:
     return _recompiled(gm, n_replaced)
 
 
+# ---- a batched matmul folded into one as eager folds it --------------------------------------
+
+# `a @ w` with `a` of 3 or more dimensions and `w` a matrix: eager's `matmul` folds `a` into a
+# matrix and calls one mm when its leading dimensions can be merged without a copy,
+# `a.stride(i) == a.stride(i + 1) * a.size(i + 1)` for every i before the last two (ATen's
+# `should_fold`), which a slice of a row holds (`x[..., :2]` of a contiguous x). PyTorch's traced
+# decomposition of `matmul` folds only a fully contiguous `a` and otherwise expands `w` and calls
+# bmm, a different GEMM: on a CPU with AVX-512, `x[..., :2] @ w` (x 3x37x16, w 2x5) differed from
+# eager in 144 of 555 elements (session 33). Where eager would fold and the decomposition would
+# not, the exact backend writes eager's fold into the dynamo graph (`matmuls_folded_as_eager`):
+# `a.reshape(-1, k)` (the same view), one mm, the result viewed back. (A vector `w`, eager's mv,
+# is not rewritten: the compiled mv differed from eager's on that CPU whether folded or not.)
+
+_FOLDABLE = frozenset({operator.matmul, torch.matmul})
+
+
+def _eager_folds(va: torch.Tensor, vb: torch.Tensor) -> bool:
+    """Whether eager's matmul folds `va` (3+ dims) @ `vb` (a matrix) into one mm while PyTorch's
+    decomposition, which needs `va` contiguous, would not (static shapes only)."""
+    if va.dim() < 3 or vb.dim() != 2:
+        return False
+    shape, stride = va.shape, va.stride()
+    if not all(type(d) is int for d in (*shape, *stride, *vb.shape)):
+        return False
+    if va.numel() == 0 or va.is_contiguous():
+        return False   # both fold (or there is nothing to compute)
+    if vb.requires_grad:
+        return True    # eager folds, copying if it must
+    return all(stride[i] == stride[i + 1] * shape[i + 1] for i in range(va.dim() - 2))
+
+
+def matmuls_folded_as_eager(gm: torch.fx.GraphModule) -> int:
+    """Rewrite every `a @ w` of a dynamo graph that eager folds into one mm and PyTorch's
+    decomposition would not (above) as eager's fold; returns how many were rewritten."""
+    n_replaced = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _FOLDABLE or node.kwargs or len(node.args) != 2:
+            continue
+        a, b = node.args
+        va, vb, vo = _value(a), _value(b), _value(node)
+        if not (_is_tensor(va) and _is_tensor(vb) and _is_tensor(vo)) or not _eager_folds(va, vb):
+            continue
+        k, out_shape = int(va.shape[-1]), tuple(int(d) for d in vo.shape)
+
+        def build(a=a, b=b, k=k, out_shape=out_shape) -> torch.fx.Node:
+            flat = gm.graph.call_function(torch.reshape, (a, (-1, k)))
+            prod = gm.graph.call_function(torch.mm, (flat, b))
+            return gm.graph.call_function(torch.reshape, (prod, out_shape))
+        _replace_with(gm, node, build)
+        n_replaced += 1
+    return _recompiled(gm, n_replaced)
+
+
 # ---- ops with a Python scalar, as eager computes them ----------------------------------------
 
 # `s / t` (a Python scalar over a tensor) is `Tensor.__rtruediv__`, which eager computes as
@@ -1076,6 +1129,7 @@ def make_backend(config: dict[str, Any] | None = None, eager_ops: bool = True) -
         opaque_sdpa(gm)
         hoist_sdpa_masks(gm)
         pointwise_outer_products(gm)
+        matmuls_folded_as_eager(gm)   # after it: an outer product is no GEMM
         if FUSE_RESIDUAL_NORMS:
             fuse_residual_norms(gm)
         scalar_rdiv_as_eager(gm)

@@ -783,6 +783,51 @@ def test_products_of_one_term_become_pointwise_with_eager_bits(tf32):
     assert locate.compare(ref, got).identical
 
 
+class _SliceMatmul(nn.Module):
+    """`h[..., :k] @ w` on a slice of an intermediate: eager folds it into one mm as a view,
+    PyTorch's decomposition would expand `w` and call bmm. `how`: "slice" (foldable, not
+    contiguous), "whole" (contiguous: both fold), "transposed" (leading dims not mergeable:
+    neither folds)."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.w = nn.Parameter(torch.randn(2, 5), requires_grad=False)
+
+    def forward(self, x):
+        h = (x * 1.37).sin()                       # an intermediate, contiguous [3, 37, 16]
+        if self.how == "whole":
+            a = h[..., :2].contiguous()
+        elif self.how == "transposed":
+            a = h.transpose(0, 1)[..., :2]         # [37, 3, 2]: dim 0's stride is not dim 1's x size
+        else:
+            a = h[..., :2]
+        return a @ self.w
+
+
+@pytest.mark.parametrize("how,folds", [("slice", 1), ("whole", 0), ("transposed", 0)])
+def test_a_batched_matmul_is_folded_as_eager_folds_it(how, folds):
+    torch.manual_seed(0)
+    m, x = _SliceMatmul(how).eval(), torch.randn(3, 37, 16)
+    rewritten = []
+
+    def spy(gm, example_inputs, **kw):
+        rewritten.append(exact.matmuls_folded_as_eager(gm))
+        return exact.backend(gm, example_inputs, **kw)
+
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        with torch.no_grad():
+            ref = m(x)
+            got = torch.compile(m, backend=spy, fullgraph=True)(x)
+    finally:
+        torch.set_float32_matmul_precision(old)
+    assert rewritten == [folds]
+    assert ref.shape == got.shape
+    assert locate.compare(ref, got).identical
+
+
 def test_tf32_is_seen_through_either_api_and_never_raises():
     # In a process of its own: torch refuses to answer `allow_tf32` once both of its TF32 APIs
     # were used, and the settings are global.
