@@ -515,17 +515,23 @@ def _tf32_possible() -> bool:
         return True
 
 
+def _tensor_products(gm: torch.fx.GraphModule, targets: frozenset) -> Iterator[tuple]:
+    """(node, a, b, va, vb, vo) for every call of one of `targets` in a dynamo graph on two
+    positional tensor operands: the nodes and their example values (the matmul rewrites' scan)."""
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in targets or node.kwargs or len(node.args) != 2:
+            continue
+        a, b = node.args
+        va, vb, vo = _value(a), _value(b), _value(node)
+        if _is_tensor(va) and _is_tensor(vb) and _is_tensor(vo):
+            yield node, a, b, va, vb, vo
+
+
 def pointwise_outer_products(gm: torch.fx.GraphModule) -> int:
     """Replace every matmul of a dynamo graph whose inner dimension is statically 1 by the
     broadcast product (above); returns how many were replaced."""
     n_replaced = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in _MATMULS or node.kwargs or len(node.args) != 2:
-            continue
-        a, b = node.args
-        va, vb, vo = _value(a), _value(b), _value(node)
-        if not (_is_tensor(va) and _is_tensor(vb) and _is_tensor(vo)):
-            continue
+    for node, a, b, va, vb, vo in _tensor_products(gm, _MATMULS):
         if va.dim() < 2 or vb.dim() < 2 or vo.requires_grad or not (va.dtype == vb.dtype == vo.dtype):
             continue
         if va.dtype not in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
@@ -575,12 +581,8 @@ def matmuls_folded_as_eager(gm: torch.fx.GraphModule) -> int:
     """Rewrite every `a @ w` of a dynamo graph that eager folds into one mm and PyTorch's
     decomposition would not (above) as eager's fold; returns how many were rewritten."""
     n_replaced = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in _FOLDABLE or node.kwargs or len(node.args) != 2:
-            continue
-        a, b = node.args
-        va, vb, vo = _value(a), _value(b), _value(node)
-        if not (_is_tensor(va) and _is_tensor(vb) and _is_tensor(vo)) or not _eager_folds(va, vb):
+    for node, a, b, va, vb, vo in _tensor_products(gm, _FOLDABLE):
+        if not _eager_folds(va, vb):
             continue
         k, out_shape = int(va.shape[-1]), tuple(int(d) for d in vo.shape)
 

@@ -760,24 +760,29 @@ class _Rotary(nn.Module):
         return out
 
 
+def _eager_and_exact(m: nn.Module, x: torch.Tensor, rewrite, precision: str = "highest"):
+    """`m(x)` eagerly and compiled by the exact backend under the f32 matmul `precision`, and how
+    many rewrites the pass `rewrite` made on the dynamo graph (run first, by a spy backend)."""
+    made = []
+
+    def spy(gm, example_inputs, **kw):
+        made.append(rewrite(gm))
+        return exact.backend(gm, example_inputs, **kw)
+
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        with torch.no_grad():
+            return m(x), torch.compile(m, backend=spy, fullgraph=True)(x), made
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
 @pytest.mark.parametrize("tf32", [False, True])
 def test_products_of_one_term_become_pointwise_with_eager_bits(tf32):
     torch.manual_seed(0)
     m, pos = _Rotary(k2=True).eval(), torch.arange(37).view(1, 37).expand(3, 37) * 1.37
-    replaced = []
-
-    def spy(gm, example_inputs, **kw):
-        replaced.append(exact.pointwise_outer_products(gm))
-        return exact.backend(gm, example_inputs, **kw)
-
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    try:
-        with torch.no_grad():
-            ref = m(pos)
-            got = torch.compile(m, backend=spy, fullgraph=True)(pos)
-    finally:
-        torch.set_float32_matmul_precision(old)
+    ref, got, replaced = _eager_and_exact(m, pos, exact.pointwise_outer_products, "high" if tf32 else "highest")
     # the inner-dimension-1 product only (not the two-column one), and none where f32 may use TF32
     assert replaced == [0 if tf32 else 1]
     assert locate.compare(ref, got).identical
@@ -809,20 +814,7 @@ class _SliceMatmul(nn.Module):
 def test_a_batched_matmul_is_folded_as_eager_folds_it(how, folds):
     torch.manual_seed(0)
     m, x = _SliceMatmul(how).eval(), torch.randn(3, 37, 16)
-    rewritten = []
-
-    def spy(gm, example_inputs, **kw):
-        rewritten.append(exact.matmuls_folded_as_eager(gm))
-        return exact.backend(gm, example_inputs, **kw)
-
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        with torch.no_grad():
-            ref = m(x)
-            got = torch.compile(m, backend=spy, fullgraph=True)(x)
-    finally:
-        torch.set_float32_matmul_precision(old)
+    ref, got, rewritten = _eager_and_exact(m, x, exact.matmuls_folded_as_eager)
     assert rewritten == [folds]
     assert ref.shape == got.shape
     assert locate.compare(ref, got).identical
