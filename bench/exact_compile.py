@@ -374,17 +374,26 @@ def phase_locate(a) -> list[dict]:
     return rows
 
 
-def timed_all_ms(fn, reps: int) -> list[float]:
-    """Each of `reps` calls' time (CUDA events around the call, ms), sorted."""
+def timed_steps(fn, reps: int) -> list[tuple[float, float]]:
+    """(wall, host issue) of each of `reps` calls, ms, in call order: the wall from CUDA events
+    around the call, its end waited for; the issue time the host's until the call returns (the GPU
+    idle at its start), so a call whose issue time is its wall is bound by the host."""
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     ts = []
     for _ in range(reps):
         s.record()
+        t0 = time.perf_counter()
         fn()
+        issue = (time.perf_counter() - t0) * 1e3
         e.record()
         e.synchronize()
-        ts.append(s.elapsed_time(e))
-    return sorted(ts)
+        ts.append((s.elapsed_time(e), issue))
+    return ts
+
+
+def timed_all_ms(fn, reps: int) -> list[float]:
+    """Each of `reps` calls' time (CUDA events around the call, ms), sorted."""
+    return sorted(w for w, _ in timed_steps(fn, reps))
 
 
 def timed_ms(fn, reps: int) -> float:

@@ -55,21 +55,10 @@ def profile_step(m, batch: int, steps: int, prefill: int = 0, greedy: int = 0) -
             step()
         torch.cuda.synchronize()
         first = time.perf_counter() - t0
-        # each step's wall (CUDA events around it, the step's end waited for) and, of the same
-        # step, the host's time to issue it (until the call returns; the GPU idle at its start):
-        # a step whose issue time is its wall time is bound by the host. (Session 33 timed the two
-        # in separate loops, and in default mode one process's host moved 2x between them.)
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        walls, issue = [], []
-        for _ in range(steps):
-            torch.cuda.synchronize()
-            s.record()
-            t0 = time.perf_counter()
-            step()
-            issue.append((time.perf_counter() - t0) * 1e3)
-            e.record()
-            e.synchronize()
-            walls.append(s.elapsed_time(e))
+        # each step's wall and, of the same steps, the host's time to issue it (B.timed_steps;
+        # session 33 timed the two in separate loops, and in default mode one process's host
+        # moved 2x between them)
+        walls, issue = zip(*B.timed_steps(step, steps))
         wall = statistics.median(walls)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(steps):

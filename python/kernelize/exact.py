@@ -570,10 +570,8 @@ def _eager_folds(va: torch.Tensor, vb: torch.Tensor) -> bool:
     shape, stride = va.shape, va.stride()
     if not all(type(d) is int for d in (*shape, *stride, *vb.shape)):
         return False
-    if va.numel() == 0 or va.is_contiguous():
+    if va.numel() == 0 or va.is_contiguous() or vb.requires_grad:
         return False   # both fold (or there is nothing to compute)
-    if vb.requires_grad:
-        return True    # eager folds, copying if it must
     return all(stride[i] == stride[i + 1] * shape[i + 1] for i in range(va.dim() - 2))
 
 
