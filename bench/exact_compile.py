@@ -128,6 +128,10 @@ def candidate(base, how: str):
     generate() is kept from compiling any candidate on its own (each is what it names)."""
     m = copy.deepcopy(base)
     _exact.FUSE_RESIDUAL_NORMS = True
+    # -nohoist: each attention call converts its boolean mask itself, as eager (what
+    # exact.hoist_sdpa_masks gains or costs; set until the next candidate is made, as -unfused)
+    _exact.HOIST_SDPA_MASKS = not how.endswith("-nohoist")
+    how = how.removesuffix("-nohoist")
     # -cppw: inductor's C++ wrapper (`torch._inductor.config.cpp_wrapper`) instead of its Python
     # one, for every graph this process compiles from here on (run such a candidate in a process
     # of its own, `--isolate`): the wrapper's host time per launch is what default mode's decode

@@ -22,7 +22,10 @@ step's shape), the host microseconds of one call made:
   its wall time divided by the calls: the custom op, the `Library` op, and `F.rms_norm` lowered
   by inductor itself (plain compile's way).
 - the SDPA op of the exact backend (`kernelize::eager_sdpa`) against `F.scaled_dot_product_attention`
-  at a decode step's shape (batch 1, 32 heads, 1 query, 576 keys, head 64).
+  at a decode step's shape (batch 1, 32 heads, 1 query, 576 keys, head 64); where the exact
+  backend hoists the mask's conversion (cuDNN): its `eager_sdpa_bias`, F.scaled_dot_product_attention
+  given the additive mask, ATen's backend choice alone (the hoisted op asks it twice a call), and
+  the cuDNN operator that plain compile's graph calls.
 
 Each figure is the median over 5 repetitions of `--calls` calls then one synchronisation.
 Writes OUT_DIR/op_overhead.json and prints a table.
@@ -126,6 +129,23 @@ def main() -> int:
             lambda: F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask), a.calls)
         rows["sdpa: kernelize::eager_sdpa"] = per_call_us(
             lambda: sdpa(q, kv, kv, mask, 0.0, False, None, False), a.calls)
+        # the hoisted form (exact.hoist_sdpa_masks): the mask converted once, each call given the
+        # additive mask and asking ATen's backend choice for both; and its parts
+        backend = int(torch._fused_sdp_choice(q, kv, kv, mask, 0.0, False))
+        rows["sdpa: torch._fused_sdp_choice (backend %d)" % backend] = per_call_us(
+            lambda: torch._fused_sdp_choice(q, kv, kv, mask, 0.0, False, scale=None, enable_gqa=False),
+            a.calls)
+        if _exact.mask_conversion(q.dtype, dev) is not None:
+            bias = torch.ops.kernelize.sdpa_mask_bias.default(mask, q.dtype)
+            sdpa_bias = torch.ops.kernelize.eager_sdpa_bias.default
+            rows["sdpa: F.scaled_dot_product_attention, additive mask"] = per_call_us(
+                lambda: F.scaled_dot_product_attention(q, kv, kv, attn_mask=bias), a.calls)
+            rows["sdpa: kernelize::eager_sdpa_bias"] = per_call_us(
+                lambda: sdpa_bias(q, kv, kv, mask, bias, 0.0, False, None, False), a.calls)
+            if backend == 3:   # what plain compile's graph calls: the cuDNN operator itself
+                cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention.default
+                rows["sdpa: aten::_scaled_dot_product_cudnn_attention, additive mask"] = per_call_us(
+                    lambda: cudnn(q, kv, kv, bias, False, 0.0, False, False), a.calls)
 
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -508,6 +508,13 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--all-dtypes", action="store_true", help="time f16 and f32 too")
+    ap.add_argument("--timed-dtypes", default=None, metavar="DT,...",
+                    help="the timing's dtypes, comma-separated from bf16, f16, f32 (default bf16; "
+                         "--all-dtypes: all three), e.g. one per GPU of a machine")
+    ap.add_argument("--no-copy-bw", action="store_true", help="do not measure the copy bandwidth")
+    ap.add_argument("--no-grid", action="store_true",
+                    help="skip the bits grid: the timing alone (which still compares the bits of "
+                         "every candidate at each timed shape)")
     ap.add_argument("--no-kernel", action="store_true", help="do not run kernels/layer_norm_backward")
     ap.add_argument("--timed-m", help="the timing's M values, comma-separated (default: QuACK PR 136's)")
     ap.add_argument("--timed-n", help="the timing's N values, comma-separated (default: QuACK PR 136's)")
@@ -533,6 +540,10 @@ def main(argv=None):
             tn = [int(v) for v in args.timed_n.split(",")]
     except ValueError:
         ap.error(f"--timed-m/--timed-n take comma-separated integers, got {args.timed_m!r} / {args.timed_n!r}")
+    timed_dts = (args.timed_dtypes.split(",") if args.timed_dtypes else
+                 ["bf16", "f16", "f32"] if args.all_dtypes else ["bf16"])
+    if any(d not in DT for d in timed_dts) or not timed_dts:
+        ap.error(f"--timed-dtypes takes a comma-separated list of {', '.join(DT)}; got {args.timed_dtypes!r}")
     timing_budget = args.budget if args.timing_budget is None else args.timing_budget
     if dry:
         rows_list, cols_list = [1, 3, 70, 130], [768, 1000, 4099]
@@ -549,7 +560,7 @@ def main(argv=None):
     plan += [(dt, r, c, "partial", True) for dt in ("f32", "bf16") for r, c in partial]
     # the extra cases early enough to keep their emulation: after each dtype's grid
     plan.sort(key=lambda p: (list(DT).index(p[0]), p[3] != "grid"))
-    for dt, rows, cols, kind, align in plan:
+    for dt, rows, cols, kind, align in ([] if args.no_grid else plan):
         if time.time() - t_start > args.budget:
             report["errors"].append(f"time budget: stopped the grid before {dt} [{rows}, {cols}] {kind}")
             break
@@ -566,7 +577,14 @@ def main(argv=None):
 
     # timing
     t_timing = time.time()
-    for dt in (["bf16", "f16", "f32"] if args.all_dtypes else ["bf16"]):
+    if device.type == "cuda" and not args.no_copy_bw:
+        # the copy bandwidth in the same run (read + write of 1 GiB each way): the GB/s below as
+        # fractions of it
+        src = torch.empty(1 << 29, dtype=torch.uint8, device=device).random_(0, 255)
+        dst = torch.empty_like(src)
+        report["copy_gbps"] = round(2 * src.numel() / (timed(lambda: dst.copy_(src), device, 10) * 1e-6) / 1e9, 1)
+        del src, dst
+    for dt in timed_dts:
         for rows in tm:
             for cols in tn:
                 if time.time() - t_timing > timing_budget:
@@ -639,6 +657,8 @@ def print_table(rep):
     print(f"cases {len(rep['cases'])}, emulated {len(emu_cases)}, total differing elements {tot}; "
           f"graph {json.dumps(rep['graph'])}\n")
     if rep["timing"]:
+        if rep.get("copy_gbps"):
+            print(f"Copy bandwidth in this run (1 GiB device-to-device, read + write): {rep['copy_gbps']} GB/s\n")
         print("| dtype | M | N | eager fwd+bwd us | eager bwd us (GB/s) | bwd op us (GB/s) | compile fwd+bwd us | "
               "compile bwd us (GB/s) | Liger fwd+bwd us | Liger bwd us (GB/s) |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -359,6 +359,12 @@ def eager_sdpa_bias(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         scale=scale, **kw), query, value)
 
 
+#: Whether the exact backend converts a mask read by several attention calls once
+#: (`hoist_sdpa_masks`; a switch for the benchmarks that measure what it gains or costs: in
+#: default mode each hoisted call asks ATen's backend choice twice more; both ways are exact).
+HOIST_SDPA_MASKS = True
+
+
 def hoist_sdpa_masks(gm: torch.fx.GraphModule) -> int:
     """Give the `eager_sdpa` calls of a graph that read one boolean mask (two or more of them:
     one call converts it once anyway) that mask converted once (`sdpa_mask_bias` +
@@ -1127,7 +1133,8 @@ def make_backend(config: dict[str, Any] | None = None, eager_ops: bool = True) -
             return compile_fx(gm, example_inputs, config_patches=patches)
         patches.update({k: v for k, v in _NO_GRAPH_CACHE.items() if _has_config(k)})
         opaque_sdpa(gm)
-        hoist_sdpa_masks(gm)
+        if HOIST_SDPA_MASKS:
+            hoist_sdpa_masks(gm)
         pointwise_outer_products(gm)
         matmuls_folded_as_eager(gm)   # after it: an outer product is no GEMM
         if FUSE_RESIDUAL_NORMS:
