@@ -639,7 +639,8 @@ def main() -> int:
                    help="speed: decode against a cache left zeros instead of filled by a 512-token "
                         "prefill (the same work a step; no prefill shape to compile)")
     p.add_argument("--decode", default=None, metavar="B,...",
-                   help="speed: the decode batches (default 1,8; --prefill-only: none)")
+                   help="speed: the decode batches (default 1,8; --prefill-only: none; none or an "
+                        "empty string: no decode row)")
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the exact and locate phases")
     p.add_argument("--isolate", action="store_true",
                    help="speed: each candidate in a process of its own, one after the other (wall "
@@ -664,7 +665,8 @@ def main() -> int:
                          ("1x512" if a.quick else "1x512,8x2048")).split(",")
                         if x not in ("", "none")]
     a.decode_batches = [int(b) for b in (a.decode if a.decode is not None else
-                                         ("" if a.prefill_only else "1,8")).split(",") if b]
+                                         ("" if a.prefill_only else "1,8")).split(",")
+                        if b not in ("", "none")]
     if a.packed_decision_inside:
         _exact._DERIVES_CONSECUTIVE_POSITIONS = frozenset()
     global DEV, ARCH
