@@ -84,6 +84,12 @@ EXACT_CONFIG: dict[str, Any] = {
     # 4. the CUDA toolkit's libdevice (torch >= 2.13; the ops it would matter for are fallbacks)
     "eager_numerics.use_pytorch_libdevice": True,
     "use_fast_math": False,
+    # 2. no Triton or C++ GEMM templates in place of eager's cuBLAS/BLAS matmuls (they accumulate
+    # in another order) and no tuning that rewrites matrix products, whatever the caller's options
+    # ask (mode="max-autotune" is refused outright: `_config_patches`)
+    "max_autotune": False,
+    "max_autotune_gemm": False,
+    "coordinate_descent_tuning": False,
 }
 
 #: With the lowering table patched (`eager_lowerings`), inductor's FX graph caches are off: the
@@ -109,7 +115,27 @@ EAGER_OPS: dict[str, str] = {
         "elu", "selu", "celu", "hardswish", "hardsigmoid", "logit", "lgamma", "digamma")},
     "pow": "a math-library function unless the exponent is 2 (which both compute as x * x) or "
            "`prove` finds a lowering eager's on every input",
+    **{name: "a matrix-vector or vector product: its decomposition, `(a * b).sum()`, adds the "
+             "products in another order than eager's BLAS kernel" for name in (
+        "mv", "dot", "vdot", "addmv")},
 }
+
+#: ATen ops whose decompositions the exact backend leaves out while keeping inductor's lowering
+#: (a call of eager's ATen kernel, cuBLAS or the CPU's BLAS), and why. Inductor's table rewrites a
+#: matrix product of some shapes into pointwise products and a sum (mm and bmm of one row by one
+#: column on the CPU, any row or column count under coordinate-descent tuning), or a product of
+#: inner size 1 plus a bias into a rounded product and a rounded add (addmm on CUDA), where
+#: eager's GEMM accumulates in its own order and rounds once.
+UNDECOMPOSED: dict[str, str] = {
+    name: "a matrix product: at some shapes its decomposition is products and a sum, or a rounded "
+          "product and an add, where eager's GEMM accumulates and rounds once" for name in (
+        "mm", "bmm", "addmm")}
+
+#: Matrix products the exact backend leaves to eager's kernels on the CPU, where inductor's
+#: lowering itself writes some shapes as products and a sum (a bmm of one row or one column;
+#: small mm): a call of the CPU's BLAS there. On CUDA inductor's lowering is kept (an extern
+#: cuBLAS call, the kernel eager calls; measured bit-identical on every model, session 34).
+CPU_EAGER_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm"})
 
 # ---- attention: scaled-dot-product attention as eager runs it -------------------------------
 
@@ -562,16 +588,19 @@ def pointwise_outer_products(gm: torch.fx.GraphModule) -> int:
 # bmm, a different GEMM: on a CPU with AVX-512, `x[..., :2] @ w` (x 3x37x16, w 2x5) differed from
 # eager in 144 of 555 elements (session 33). Where eager would fold and the decomposition would
 # not, the exact backend writes eager's fold into the dynamo graph (`matmuls_folded_as_eager`):
-# `a.reshape(-1, k)` (the same view), one mm, the result viewed back. (A vector `w`, eager's mv,
-# is not rewritten: the compiled mv differed from eager's on that CPU whether folded or not.)
+# `a.reshape(-1, k)` (the same view), one mm, the result viewed back. A vector `w` is folded the
+# same way into eager's mv (`a.reshape(-1, k).mv(w)`), which `EAGER_OPS` keeps eager's kernel:
+# inductor's decomposition of mv, `(a * w).sum(1)`, differed from eager's in 75 of 111 f32
+# elements of a contiguous 3x37x16 `a` on that CPU, and a sliced `a` went to bmm (session 34).
 
 _FOLDABLE = frozenset({operator.matmul, torch.matmul})
 
 
 def _eager_folds(va: torch.Tensor, vb: torch.Tensor) -> bool:
-    """Whether eager's matmul folds `va` (3+ dims) @ `vb` (a matrix) into one mm while PyTorch's
-    decomposition, which needs `va` contiguous, would not (static shapes only)."""
-    if va.dim() < 3 or vb.dim() != 2:
+    """Whether eager's matmul folds `va` (3+ dims) @ `vb` (a matrix or a vector) into one mm or
+    mv while PyTorch's decomposition, which needs `va` contiguous, would not (static shapes
+    only)."""
+    if va.dim() < 3 or vb.dim() not in (1, 2):
         return False
     shape, stride = va.shape, va.stride()
     if not all(type(d) is int for d in (*shape, *stride, *vb.shape)):
@@ -582,17 +611,19 @@ def _eager_folds(va: torch.Tensor, vb: torch.Tensor) -> bool:
 
 
 def matmuls_folded_as_eager(gm: torch.fx.GraphModule) -> int:
-    """Rewrite every `a @ w` of a dynamo graph that eager folds into one mm and PyTorch's
-    decomposition would not (above) as eager's fold; returns how many were rewritten."""
+    """Rewrite every `a @ w` of a dynamo graph that eager folds into one mm (or mv, `w` a
+    vector) and PyTorch's decomposition would not (above) as eager's fold; returns how many
+    were rewritten."""
     n_replaced = 0
     for node, a, b, va, vb, vo in _tensor_products(gm, _FOLDABLE):
         if not _eager_folds(va, vb):
             continue
         k, out_shape = int(va.shape[-1]), tuple(int(d) for d in vo.shape)
+        product = torch.mm if vb.dim() == 2 else torch.mv
 
-        def build(a=a, b=b, k=k, out_shape=out_shape) -> torch.fx.Node:
+        def build(a=a, b=b, k=k, out_shape=out_shape, product=product) -> torch.fx.Node:
             flat = gm.graph.call_function(torch.reshape, (a, (-1, k)))
-            prod = gm.graph.call_function(torch.mm, (flat, b))
+            prod = gm.graph.call_function(product, (flat, b))
             return gm.graph.call_function(torch.reshape, (prod, out_shape))
         _replace_with(gm, node, build)
         n_replaced += 1
@@ -710,9 +741,10 @@ def eager_overloads() -> list[Any]:
 
 def exact_decompositions() -> dict[Any, Callable]:
     """Inductor's decomposition table without the ops of `EAGER_OPS` (those reach lowering
-    whole and are lowered as fallbacks to eager's kernels)."""
+    whole and are lowered as fallbacks to eager's kernels) and of `UNDECOMPOSED` (inductor's
+    lowering of those calls eager's kernel)."""
     from torch._inductor.decomposition import select_decomp_table
-    keep = set(EAGER_OPS)
+    keep = set(EAGER_OPS) | set(UNDECOMPOSED)
     return {op: fn for op, fn in select_decomp_table().items()
             if getattr(getattr(op, "overloadpacket", None), "__name__", None) not in keep}
 
@@ -737,6 +769,14 @@ def eager_lowerings() -> Iterator[None]:
                 if ov.overloadpacket.__name__ in PROVABLE:
                     handler = _math_handler(ov, saved[ov], handler)
                 low.lowerings[ov] = handler
+            for name in CPU_EAGER_OPS:
+                packet = getattr(torch.ops.aten, name, None)
+                for ov in (getattr(packet, o) for o in packet.overloads()) if packet is not None else ():
+                    if ov in saved or low.lowerings.get(ov) is None:
+                        continue
+                    saved[ov] = low.lowerings[ov]
+                    low.lowerings[ov] = _cpu_eager_handler(
+                        saved[ov], low.fallback_handler(ov, add_to_fallback_set=False))
             yield
         finally:
             for ov, old in saved.items():
@@ -744,6 +784,15 @@ def eager_lowerings() -> Iterator[None]:
                     low.lowerings.pop(ov, None)
                 else:
                     low.lowerings[ov] = old
+
+
+def _cpu_eager_handler(lowered: Callable, fallback: Callable) -> Callable:
+    """A lowering that is eager's kernel (`fallback`) where the op's tensors are on the CPU and
+    inductor's own (`lowered`) elsewhere (`CPU_EAGER_OPS`)."""
+    def handler(*args: Any, **kwargs: Any) -> Any:
+        devices = {d.type for d in (getattr(a, "get_device", lambda: None)() for a in args) if d is not None}
+        return (fallback if devices == {"cpu"} else lowered)(*args, **kwargs)
+    return handler
 
 
 def _math_handler(ov: Any, lowered: Callable | None, fallback: Callable) -> Callable:

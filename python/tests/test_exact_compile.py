@@ -1427,3 +1427,35 @@ def test_speed_rounds_run_each_candidate_in_alternating_order(tmp_path, monkeypa
                    ("r2/0-compile", "compile"), ("r2/1-kernelize_exact", "kernelize+exact")]
     assert [(r["candidate"], r["prefill_1x512_ms_rounds"], r["prefill_1x512_ms"]) for r in rows] == [
         ("compile", [1.0, 4.0, 5.0], 4.0), ("kernelize+exact", [2.0, 3.0, 6.0], 3.0)]
+
+
+# Matrix-vector, dot and small matrix products: inductor's decomposition table rewrites them into
+# pointwise products and a sum (mv, dot, vdot, addmv always; mm, bmm and addmm of one row by one
+# column or a small right operand on the CPU), which adds in another order than eager's BLAS
+# (`exact.EAGER_OPS`, `exact.UNDECOMPOSED`); and eager folds a vector product of a sliced batch into
+# one mv (`exact.matmuls_folded_as_eager`).
+_PRODUCTS = {
+    "mv": (lambda a, b, c: a @ b, ((37, 16), (16,))),
+    "batched_mv": (lambda a, b, c: a @ b, ((3, 37, 16), (16,))),
+    "sliced_batched_mv": (lambda a, b, c: a[..., :16] @ b, ((3, 37, 18), (16,))),
+    "dot": (lambda a, b, c: torch.dot(a, b), ((64,), (64,))),
+    "addmv": (lambda a, b, c: torch.addmv(c, a, b), ((37, 16), (16,), (37,))),
+    "row_by_column": (lambda a, b, c: a @ b, ((1, 64), (64, 1))),
+    "bmm_row_by_column": (lambda a, b, c: torch.bmm(a, b), ((3, 1, 64), (3, 64, 1))),
+    "addmm_small": (lambda a, b, c: torch.addmm(c, a, b), ((1, 16), (16, 8), (1, 8))),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("case", sorted(_PRODUCTS))
+def test_vector_and_small_matrix_products_keep_eager_bits(case, dtype):
+    fn, shapes = _PRODUCTS[case]
+    torch.manual_seed(0)
+    a, b, *rest = (torch.randn(*s, dtype=dtype) for s in shapes)
+    c = rest[0] if rest else None
+    torch._dynamo.reset()
+    with torch.no_grad():
+        ref = fn(a, b, c)
+        got = torch.compile(fn, backend=exact.backend, fullgraph=True)(a, b, c)
+    assert ref.shape == got.shape
+    assert locate.compare(ref, got).identical, f"{case} {dtype}: {locate.compare(ref, got)}"
