@@ -12,6 +12,7 @@ always the one its records give.
 from __future__ import annotations
 
 import json
+import lzma
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ OUT = Path(_ARGS.pop(_ARGS.index("--out") + 1)) if "--out" in _ARGS else ROOT / 
 _ARGS = [a for a in _ARGS if a != "--out"]
 RUN = Path(_ARGS[0]) if _ARGS else ROOT / "docs" / "gpu-runs" / "2026-11-26-s8"
 ENV = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "transformers": "5.17.0",
-       "date": "2026-11-26 (layers, models) and 2026-11-28 (math functions; one row on an H200)"}
+       "date": "2026-11-26 (layers, models), 2026-11-28 (the two blocks; math functions, one row on an H200)"}
 # The math-library functions, proven on every input (bench/math_proofs.py), run by run: a later
 # record of a function and dtype replaces an earlier one. Session 20 (H100): every function, then
 # the `x * x * x` rewrite of pow(x, 3.0); session 21: the sigmoid, silu and gelu rewrites (H100),
@@ -56,6 +57,35 @@ MODELS = [  # (model key in the rows, what, rewrite)
     ("arch:gemma", "Gemma architecture", "not located"),
     ("arch:gpt2", "GPT-2 architecture", "not located"),
 ]
+
+
+# The two blocks of the exact phase (bench/exact_compile.py, since session 20), from session 21's
+# run (H100, plain compile and kernelize(compile=True) in one job per dtype), with the rewrite the
+# divergence locator named under plain compile (session 34, H200, every dtype).
+BLOCKS_RUN = ROOT / "docs" / "gpu-runs" / "2026-11-28-s21"
+BLOCKS = [  # (model key in the rows, what, rewrite)
+    ("block:rotary", "rotary embedding (the rotary tables and q * cos + rotate_half(q) * sin)",
+     "a dropped intermediate rounding (located: the product, aten.mul, in bf16/f16; the sum, "
+     "aten.add, in f32; docs/gpu-runs/2026-11-29-s34 run 5)"),
+    ("block:sdpa_attention", "attention through F.scaled_dot_product_attention",
+     "none at this shape (the locator: identical; exact compile still runs SDPA as eager picks "
+     "its backend, kernelize::eager_sdpa)"),
+]
+
+
+def block_rows() -> list[dict]:
+    """One row per block and dtype: plain compile and kernelize(compile=True) against eager."""
+    recs = {}
+    for dt in ("bf16", "f16", "f32"):
+        doc = json.loads(lzma.open(BLOCKS_RUN / f"run2-exact-{dt}-exact.json.xz").read())
+        for r in doc["rows"]:
+            recs[(r["model"], r["dtype"], r["candidate"])] = r
+    return [dict(subject=what, rewrite=rewrite, dtypes=dt,
+                 measured="outputs bit for bit against eager (bench/exact_compile.py)",
+                 inductor=bits(recs.get((key, dt, "compile"))),
+                 exact=bits(recs.get((key, dt, "kernelize+exact"))),
+                 evidence=f"docs/gpu-runs/{BLOCKS_RUN.name}/")
+            for key, what, rewrite in BLOCKS for dt in ("bf16", "f16", "f32")]
 
 
 def verdict(path: Path) -> str:
@@ -146,6 +176,7 @@ def main() -> int:
                                 inductor=bits(plain.get((key, dt, "compile"))),
                                 exact=bits(final.get((key, dt, "kernelize+exact"))),
                                 evidence=f"docs/gpu-runs/{RUN.name}/"))
+    entries += block_rows()
     entries += proof_rows()
     out = OUT
     out.write_text(json.dumps({**ENV, "rewrites": entries}, indent=1) + "\n")

@@ -327,6 +327,9 @@ async fn overview_kernel_and_policy_pages() {
         "transformers LlamaRMSNorm",
         "<strong>bit_exact</strong>",
         "pytorch#179578",
+        // the two blocks of the exact phase (session 21's records, the locator's rewrite)
+        "rotary embedding",
+        "attention through F.scaled_dot_product_attention",
         // the math-library functions proven on every input (sessions 20 and 21), with the
         // rewrites exact compile tried
         "tanh(x) (math library)",

@@ -257,6 +257,10 @@ mod tests {
             "nn.LayerNorm",
             "silu(gate) * up",
             "pytorch#179578",
+            "pytorch#179575",
+            "Linear -> LayerNorm(1024) -> Linear",
+            "rotary embedding",
+            "F.scaled_dot_product_attention",
             "tanh(x) (math library)",
             "pow(x, 3.0) (math library)",
         ] {
