@@ -68,10 +68,34 @@ def test_config_is_applied_per_compilation_and_restored(monkeypatch):
     assert _inductor_config_snapshot() == before
 
 
+def test_autotuning_options_are_turned_off(monkeypatch):
+    # a caller's options that would swap eager's GEMMs for templates (or rewrite matrix products
+    # while tuning) lose to the exact configuration; the mode that asks for them is refused
+    from torch._inductor import compile_fx as cfx
+    from torch._inductor import config as ic
+    seen = {}
+    real_inner = cfx.compile_fx_inner
+
+    def spy_inner(*a, **k):
+        seen.update(max_autotune=ic.max_autotune, gemm=ic.max_autotune_gemm,
+                    cdt=ic.coordinate_descent_tuning)
+        return real_inner(*a, **k)
+
+    monkeypatch.setattr(cfx, "compile_fx_inner", spy_inner)
+    gm_backend = exact.backend
+    opts = {"max_autotune": True, "max_autotune_gemm": True, "coordinate_descent_tuning": True}
+    f = torch.compile(lambda a, b: a @ b, backend=lambda gm, ex: gm_backend(gm, ex, options=opts))
+    f(torch.randn(8, 16), torch.randn(16, 4))
+    assert seen == {"max_autotune": False, "gemm": False, "cdt": False}
+    with pytest.raises(ValueError, match="max-autotune"):
+        exact._config_patches("max-autotune", None, None)
+
+
 def test_decompositions_leave_the_eager_ops_whole():
     table = exact.exact_decompositions()
     names = {getattr(op, "overloadpacket", op).__name__ for op in table}
-    for op in ("native_layer_norm", "_softmax", "var_mean", "sigmoid", "gelu"):
+    for op in ("native_layer_norm", "_softmax", "var_mean", "sigmoid", "gelu", "mv", "dot", "addmv",
+               "mm", "bmm", "addmm"):
         assert op not in names, op
     # the rest of inductor's table is still there (the fusions stay)
     assert len(table) > 100
