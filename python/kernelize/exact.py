@@ -26,7 +26,12 @@ The exact backend (`backend`, registered with dynamo as "kernelize_exact") close
    swapped a layer for a verified exact kernel, that kernel is an opaque custom op
    (`kernelize::launch_*`) and inductor never sees the reduction at all.
 2. `EAGER_OPS` includes the ops whose decompositions change bits (their decomposition is
-   removed from the table handed to AOT autograd).
+   removed from the table handed to AOT autograd), matrix-vector and dot products among them;
+   `UNDECOMPOSED` (mm, bmm, addmm) keeps inductor's lowering of a matrix product (eager's GEMM)
+   without the decompositions that write some shapes as products and a sum, and on the CPU,
+   whose lowering does that too, `CPU_EAGER_OPS` are eager's kernels; a batched product is
+   folded into one mm or mv as eager folds it (`matmuls_folded_as_eager`); GEMM autotuning is
+   off (`EXACT_CONFIG`).
 3. `EXACT_CONFIG`: the pattern matcher off.
 4. (roundings): `EXACT_CONFIG`: eager's casts emulated, division rounded as eager, no
    flush-to-zero, PyTorch's libdevice where this torch has those switches; an op with a Python
@@ -84,7 +89,7 @@ EXACT_CONFIG: dict[str, Any] = {
     # 4. the CUDA toolkit's libdevice (torch >= 2.13; the ops it would matter for are fallbacks)
     "eager_numerics.use_pytorch_libdevice": True,
     "use_fast_math": False,
-    # 2. no Triton or C++ GEMM templates in place of eager's cuBLAS/BLAS matmuls (they accumulate
+    # 2. (matrix products) no Triton or C++ GEMM templates in place of eager's cuBLAS/BLAS matmuls (they accumulate
     # in another order) and no tuning that rewrites matrix products, whatever the caller's options
     # ask (mode="max-autotune" is refused outright: `_config_patches`)
     "max_autotune": False,
