@@ -8,6 +8,18 @@ On the GPU machine:
     PYTHONUNBUFFERED=1 python3 scripts/training_check.py OUT_DIR [--steps 20] [--dtypes bf16,f32]
         [--models tiny-llama,tiny-gpt2,tiny-gemma]    # also: tiny-llama-rmsnorm
 
+A backward candidate's model level (docs/backward.md, "What the verifier lacks", item 9):
+
+    PYTHONUNBUFFERED=1 python3 scripts/training_check.py OUT_DIR --backward-candidate DIR
+        [--models tiny-llama,tiny-gpt2] [--dtypes bf16,f16,f32] [--steps 20]
+
+takes the Python candidate folder DIR (rms_norm_backward llama or layer_norm_backward, e.g.
+kernels/third-party/liger_rms_norm_llama_backward) as the autograd backward of the models'
+layers of its op (their forward stays eager's: `kernelize_verifier.backward_field.wrap_layers`),
+trains that copy beside eager and beside a control whose layers run eager's own gradients of the
+op through the same wrapping, and compares losses, gradients and parameters bit for bit (with
+--dry-run on the CPU, where the comparison is real: the candidate runs there).
+
 Without a GPU, `--dry-run` runs the same code paths on the CPU (kernelize reports what it would
 replace and keeps every layer; both runs are eager, so they agree by construction: it checks the
 script and the kernels folder, not the kernels).
@@ -53,6 +65,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import shutil
@@ -217,16 +230,39 @@ def backward_launches() -> dict[str, dict[str, int]]:
     return out
 
 
-def check(model_name: str, dtype: str, steps: int, source: dict, device, dry: bool) -> dict:
+def load_model(model_name: str, dtype: str, device):
+    """A copy of the model in training mode (the shipped folder's weights, or `BUILT`'s), eager
+    attention."""
     import transformers
-    path = os.path.join(ROOT, "models", model_name)
     t = DTYPES[dtype]
-    def load():
-        if model_name in BUILT:
-            return BUILT[model_name]().to(device=device, dtype=t).train()
-        return transformers.AutoModelForCausalLM.from_pretrained(
-            path, attn_implementation="eager").to(device=device, dtype=t).train()
-    eager, again, kz = load(), load(), load()
+    if model_name in BUILT:
+        return BUILT[model_name]().to(device=device, dtype=t).train()
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.join(ROOT, "models", model_name), attn_implementation="eager").to(device=device, dtype=t).train()
+
+
+def parameters_differing(model, params: dict) -> dict[str, int]:
+    """Parameter name -> elements whose bits differ from `params`' (eager's), where any do."""
+    out = {}
+    for n, p in model.named_parameters():
+        d = int((bits(p) != bits(params[n])).sum())
+        if d:
+            out[n] = d
+    return out
+
+
+def gradients_differing(eager_grads: list, grads: list) -> dict[str, list[str]]:
+    """step -> the parameters whose gradient bits differ from eager's (the untimed steps)."""
+    out = {}
+    for i, (a, b) in enumerate(zip(eager_grads, grads)):
+        names = sorted(n for n in set(a) | set(b) if a.get(n) != b.get(n))
+        if names:
+            out[str(i)] = names
+    return out
+
+
+def check(model_name: str, dtype: str, steps: int, source: dict, device, dry: bool) -> dict:
+    eager, again, kz = (load_model(model_name, dtype, device) for _ in range(3))
     rep = kernelize.kernelize(kz, **source, mode="training", verbose=False,
                               **({"device": "cpu", "swap": False, "arch": "sm_90"} if dry else {}))
     data = batches(steps, 4, 64, device)
@@ -238,27 +274,11 @@ def check(model_name: str, dtype: str, steps: int, source: dict, device, dry: bo
     lk, bk, tk, gk = train(kz, data, 1e-3, 3, cuda, eps)
     after = backward_launches()
     params = dict(eager.named_parameters())
-
-    def differing(model) -> dict:
-        out = {}
-        for n, p in model.named_parameters():
-            d = int((bits(p) != bits(params[n])).sum())
-            if d:
-                out[n] = d
-        return out
-    def grads_differing(g) -> dict[str, list[str]]:
-        """step -> the parameters whose gradient bits differ from eager's (the untimed steps)."""
-        out = {}
-        for i, (a, b) in enumerate(zip(ge, g)):
-            names = sorted(n for n in set(a) | set(b) if a.get(n) != b.get(n))
-            if names:
-                out[str(i)] = names
-        return out
     loss_diff = [i for i, (a, b) in enumerate(zip(be, bk)) if a != b]
-    differ = differing(kz)
-    grad_diff = grads_differing(gk)
-    control = ([i for i, (a, b) in enumerate(zip(be, ba)) if a != b], differing(again),
-               grads_differing(ga))
+    differ = parameters_differing(kz, params)
+    grad_diff = gradients_differing(ge, gk)
+    control = ([i for i, (a, b) in enumerate(zip(be, ba)) if a != b], parameters_differing(again, params),
+               gradients_differing(ge, ga))
     out = {
         "model": model_name, "dtype": dtype, "steps": steps, "adamw_eps": eps,
         "replaced": [e.path for e in rep.replaced],
@@ -285,6 +305,72 @@ def check(model_name: str, dtype: str, steps: int, source: dict, device, dry: bo
     return out
 
 
+def check_candidate(model_name: str, dtype: str, steps: int, folder: str, device) -> dict:
+    """A backward candidate's model level (docs/backward.md, "What the verifier lacks", item 9):
+    three copies of the model train on the same batches: eager; the control, whose layers of the
+    candidate's op run eager's forward and eager's own gradients of the op through the wrapping
+    (`backward_field.eager_function`); the candidate's, whose layers run the candidate as their
+    backward (`backward_field.wrap_layers`). Losses, gradients and parameters of the last two
+    against eager's, bit for bit."""
+    from kernelize_verifier import backward_field as BF
+    manifest, module = BF.load(folder)
+    op = manifest["op"]
+    eager, control, cand = (load_model(model_name, dtype, device) for _ in range(3))
+    wrapped = BF.wrap_layers(cand, op, BF.entry(manifest, module, dtype))
+    BF.wrap_layers(control, op, BF.eager_function(op))
+    out = {"model": model_name, "dtype": dtype, "steps": steps, "op": op,
+           "candidate": f"{manifest['name']} {manifest['version']}", "layers_wrapped": wrapped}
+    if not wrapped:
+        fwd, sem = BF.MODEL_LEVEL_OPS[op]
+        out.update(skipped=f"no layer of {model_name} computes {fwd} ({sem})", ok=None)
+        return out
+    data = batches(steps, 4, 64, device)
+    cuda, eps = device.type == "cuda", ADAMW_EPS[dtype]
+    le, be, te, ge = train(eager, data, 1e-3, 3, cuda, eps)
+    lc, bc, _, gc = train(control, data, 1e-3, 3, cuda, eps)
+    lk, bk, tk, gk = train(cand, data, 1e-3, 3, cuda, eps)
+    params = dict(eager.named_parameters())
+    finite = [abs(a - b) for a, b in zip(le, lk) if math.isfinite(a) and math.isfinite(b)]
+    out.update({
+        "adamw_eps": eps, "losses_eager": le, "losses_control": lc, "losses_candidate": lk,
+        "control_loss_steps_differing": [i for i, (a, b) in enumerate(zip(be, bc)) if a != b],
+        "control_parameters_differing": parameters_differing(control, params),
+        "control_gradients_differing": gradients_differing(ge, gc),
+        "candidate_loss_steps_differing": [i for i, (a, b) in enumerate(zip(be, bk)) if a != b],
+        "candidate_parameters_differing": parameters_differing(cand, params),
+        "candidate_gradients_differing": gradients_differing(ge, gk),
+        "grad_steps_compared": len(gk),
+        "max_loss_abs_diff": max(finite) if finite else None,
+        "losses_finite": len(finite) == len(le),
+        "step_ms_eager": statistics.median(te) if te else None,
+        "step_ms_candidate": statistics.median(tk) if tk else None,
+    })
+    out["control_identical"] = not (out["control_loss_steps_differing"] or out["control_parameters_differing"]
+                                    or out["control_gradients_differing"])
+    out["ok"] = not (out["candidate_loss_steps_differing"] or out["candidate_parameters_differing"]
+                     or out["candidate_gradients_differing"])
+    return out
+
+
+def print_candidate_rows(rows: list[dict]) -> None:
+    print("| model | dtype | candidate | layers wrapped | loss steps differing | gradient steps differing "
+          "| parameter elements differing | max loss diff | control (eager's gradients wrapped) |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    for r in rows:
+        if r.get("skipped"):
+            print(f"| {r['model']} | {r['dtype']} | {r['candidate']} | 0 | {r['skipped']} | | | | |")
+            continue
+        ctl = ("identical to eager" if r["control_identical"] else
+               f"differs: loss steps {len(r['control_loss_steps_differing'])}, parameter elements "
+               f"{sum(r['control_parameters_differing'].values())}")
+        mx = r["max_loss_abs_diff"]
+        print(f"| {r['model']} | {r['dtype']} | {r['candidate']} | {len(r['layers_wrapped'])} | "
+              f"{len(r['candidate_loss_steps_differing'])} of {r['steps']} | "
+              f"{len(r['candidate_gradients_differing'])} of {r['grad_steps_compared']} | "
+              f"{sum(r['candidate_parameters_differing'].values())} | "
+              f"{'-' if mx is None else f'{mx:.3g}'} | {ctl} |")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
@@ -304,7 +390,15 @@ def main() -> int:
     p.add_argument("--kernel", action="append", default=[], metavar="DIR", help="a kernel folder "
                    "(kernel.toml and source) in the local kernels folder, in place of the bundled "
                    "folder of the same name (repeatable)")
+    p.add_argument("--backward-candidate", metavar="DIR", help="a backward candidate's model level "
+                   "instead of kernelize's training mode: the Python candidate folder DIR (a backward op "
+                   "of rms_norm llama or layer_norm, kernels/third-party/*_backward) as the autograd "
+                   "backward of the models' matching layers, beside eager and a control (eager's own "
+                   "gradients of the op through the same wrapping); with --dry-run on the CPU, where "
+                   "the comparison is real (the candidate runs on the CPU)")
     a = p.parse_args()
+    if a.backward_candidate and (a.hub or a.kernel):
+        p.error("--backward-candidate measures that candidate alone: not with --hub or --kernel")
     if a.hub and a.kernel:
         p.error("--kernel goes into the local kernels folder: not with --hub")
     os.makedirs(a.out, exist_ok=True)
@@ -323,6 +417,26 @@ def main() -> int:
     except ImportError:
         pass
     rows, errors = [], []
+    if a.backward_candidate:
+        env["source"] = f"backward candidate {os.path.abspath(a.backward_candidate)}"
+        for m in a.models.split(","):
+            for dt in a.dtypes.split(","):
+                try:
+                    rows.append(check_candidate(m, dt, a.steps, a.backward_candidate, device))
+                except Exception:  # noqa: BLE001 - every failure is recorded, the rest still runs
+                    errors.append({"model": m, "dtype": dt, "error": traceback.format_exc()})
+                    print(errors[-1]["error"], file=sys.stderr)
+        with open(os.path.join(a.out, "training_check.json"), "w") as f:
+            json.dump({"env": env, "rows": rows, "errors": errors}, f, indent=1)
+        print(json.dumps(env))
+        print_candidate_rows(rows)
+        measured = [r for r in rows if not r.get("skipped")]
+        if not measured and not errors:
+            print("NOTHING MEASURED: no model given has a layer of the candidate's op")
+            return 1
+        ok = not errors and all(r["ok"] for r in measured)
+        print("ALL BIT-IDENTICAL" if ok else "DIFFERENCES OR ERRORS (see training_check.json)")
+        return 0 if ok else 1
     with tempfile.TemporaryDirectory() as tmp:
         source = {"hub": a.hub} if a.hub else {"kernels_dir": kernels_dir(
             tmp, gated=not a.no_gated, layer_norm=not a.no_layer_norm, extra=a.kernel,

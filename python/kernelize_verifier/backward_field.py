@@ -313,3 +313,93 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(_bits(a), _bits(b))
+
+
+# ---- the model level: a candidate as its layers' autograd backward (docs/backward.md, item 9) ---
+#
+# A backward candidate's model level is a training step: the layers of a model that compute its
+# op's forward keep eager's forward and run the candidate as their backward under autograd, and
+# the model trains beside an eager copy (scripts/training_check.py --backward-candidate compares
+# the losses, gradients and parameters bit for bit). A third copy whose layers run eager's own
+# gradients of the op through the same wrapping (`eager_function`) is the control: what the
+# wrapping does to eager's training by itself (in f32 eager sums an RMSNorm's input gradient in
+# three terms, which one dx cannot reproduce: docs/backward.md, "What remains", item 1).
+
+#: The backward ops whose layers the model level wraps: their forward op and semantics (the norms,
+#: one module each; the gated and elementwise ops are not wrapped yet).
+MODEL_LEVEL_OPS: dict[str, tuple[str, str]] = {
+    "rms_norm_backward": ("rms_norm", "llama"),
+    "layer_norm_backward": ("layer_norm", "default"),
+}
+
+
+class _RmsNormWithBackward(torch.autograd.Function):
+    """The layer's own forward; `function(dy, x, w, eps) -> (dx, dw)` on rows as its backward."""
+
+    @staticmethod
+    def forward(ctx, x, w, layer_forward, function, eps):
+        ctx.save_for_backward(x, w)
+        ctx.function, ctx.eps = function, eps
+        return layer_forward(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        cols = x.shape[-1]
+        dx, dw = ctx.function(dy.reshape(-1, cols).contiguous(), x.reshape(-1, cols).contiguous(),
+                              w, ctx.eps)
+        return dx.reshape(x.shape), dw, None, None, None
+
+
+class _LayerNormWithBackward(torch.autograd.Function):
+    """nn.LayerNorm's forward as eager runs it (`native_layer_norm`, which gives the mean and
+    rstd eager saves); `function(dy, x, mean, rstd, w) -> (dx, dw, db)` on rows as its backward."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, function, eps):
+        cols = x.shape[-1]
+        x2 = x.reshape(-1, cols).contiguous()
+        y, mean, rstd = torch.native_layer_norm(x2, [cols], w, b, eps)
+        ctx.save_for_backward(x2, w, mean, rstd)
+        ctx.function, ctx.shape, ctx.has_bias = function, x.shape, b is not None
+        return y.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, w, mean, rstd = ctx.saved_tensors
+        rows, cols = x2.shape
+        dx, dw, db = ctx.function(dy.reshape(rows, cols).contiguous(), x2,
+                                  mean.reshape(rows).float(), rstd.reshape(rows).float(), w)
+        return dx.reshape(ctx.shape), dw, db if ctx.has_bias else None, None, None
+
+
+def eager_function(op: str) -> Callable:
+    """Eager autograd's gradients of `op` (`eager_gradients`) as a function of its signature: the
+    control of the model level."""
+    names = SIGNATURES[op][0]
+    semantics = MODEL_LEVEL_OPS[op][1]
+    return lambda *args: eager_gradients(op, semantics, dict(zip(names, args)))
+
+
+def wrap_layers(model: torch.nn.Module, op: str, function: Callable) -> list[str]:
+    """Make every layer of `model` that computes `op`'s forward (kernelize's discovery, the op and
+    semantics of MODEL_LEVEL_OPS) run eager's forward and `function` (SIGNATURES[op]) as its
+    backward; returns the layers' paths (none: nothing of `model` computes it)."""
+    from kernelize.discover import discover
+    if op not in MODEL_LEVEL_OPS:
+        raise ValueError(f"the model level wraps the layers of {', '.join(MODEL_LEVEL_OPS)}; "
+                         f"not {op} yet")
+    fwd_op, semantics = MODEL_LEVEL_OPS[op]
+    paths = []
+    for s in discover(model).sites:
+        if s.op != fwd_op or s.semantics != semantics:
+            continue
+        m = s.module
+        if fwd_op == "rms_norm":
+            m.forward = (lambda x, m=m, own=m.forward, eps=s.eps:
+                         _RmsNormWithBackward.apply(x, m.weight, own, function, eps))
+        else:
+            m.forward = (lambda x, m=m: _LayerNormWithBackward.apply(x, m.weight, m.bias, function,
+                                                                     m.eps))
+        paths.append(s.path)
+    return paths

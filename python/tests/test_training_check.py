@@ -146,3 +146,95 @@ def test_the_training_check_runs_a_tiny_llama_with_torch_rms_norms(tmp_path):
     assert len(row["replaced"]) == 13 and row["with_backward"] == row["replaced"], row["report"]
     assert row["backward_kernels"] == ["rms_norm_torch_backward", "silu_mul_backward"]
     assert row["ok"]
+
+
+_CANDIDATE_TOML = """name = "{name}"
+version = "1.0.0"
+op = "{op}"
+semantics = "{semantics}"
+description = "a test candidate"
+authors = ["test"]
+license = "Apache-2.0"
+runtime = "python"
+source = "kernel.py"
+
+[entry]
+bf16 = "{op}"
+f16 = "{op}"
+f32 = "{op}"
+"""
+
+_RMS_CANDIDATE = '''import torch
+
+
+def rms_norm_backward(dy, x, w, eps):
+    # eager autograd of HF LlamaRMSNorm's formula{note}
+    with torch.enable_grad():
+        xr = x.detach().requires_grad_(True)
+        wr = w.detach().requires_grad_(True)
+        h = xr.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        dx, dw = torch.autograd.grad(wr * h.to(x.dtype), (xr, wr), dy)
+    return dx * {scale}, dw
+'''
+
+_LN_CANDIDATE = '''import torch
+
+
+def layer_norm_backward(dy, x, mean, rstd, w):
+    # eager's own backward op on the saved statistics (kept in x's dtype on the CPU)
+    rows, cols = x.shape
+    m, r = mean.reshape(rows, 1).to(x.dtype), rstd.reshape(rows, 1).to(x.dtype)
+    dx, dw, db = torch.ops.aten.native_layer_norm_backward(dy, x, [cols], m, r, w, torch.zeros_like(w),
+                                                           [True, True, True])
+    return dx, dw, db
+'''
+
+
+def _candidate(folder: Path, name: str, op: str, semantics: str, source: str) -> Path:
+    folder.mkdir()
+    (folder / "kernel.toml").write_text(_CANDIDATE_TOML.format(name=name, op=op, semantics=semantics))
+    (folder / "kernel.py").write_text(source)
+    return folder
+
+
+def _model_level(tmp_path: Path, candidate: Path, model: str) -> tuple[int, dict, str]:
+    out = tmp_path / f"out-{candidate.name}"
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "training_check.py"), str(out), "--dry-run",
+                        "--steps", "2", "--dtypes", "bf16", "--models", model,
+                        "--backward-candidate", str(candidate)],
+                       capture_output=True, text=True, timeout=600)
+    data = json.loads((out / "training_check.json").read_text())
+    assert not data["errors"], data["errors"]
+    (row,) = data["rows"]
+    return r.returncode, row, r.stdout
+
+
+def test_a_backward_candidates_model_level_trains_with_it_as_the_layers_backward(tmp_path):
+    """`--backward-candidate DIR` (docs/backward.md, item 9): the layers computing the candidate's
+    op keep eager's forward and run the candidate as their backward; a candidate that computes
+    eager autograd's gradients trains bit for bit as eager (bf16), one whose dx is 1 % off moves
+    the losses from the second step on, and the control (eager's gradients through the same
+    wrapping) stays identical in both runs."""
+    exact = _candidate(tmp_path / "exact", "eager_rms", "rms_norm_backward", "llama",
+                       _RMS_CANDIDATE.format(note="", scale="1"))
+    rc, row, out = _model_level(tmp_path, exact, "tiny-llama")
+    assert rc == 0, out
+    assert len(row["layers_wrapped"]) == 9 and row["ok"] and row["control_identical"]
+    assert row["max_loss_abs_diff"] == 0 and "ALL BIT-IDENTICAL" in out
+    off = _candidate(tmp_path / "off", "off_rms", "rms_norm_backward", "llama",
+                     _RMS_CANDIDATE.format(note=", dx then scaled by 1.01", scale="1.01"))
+    rc, row, out = _model_level(tmp_path, off, "tiny-llama")
+    assert rc == 1 and not row["ok"] and row["control_identical"]
+    assert row["candidate_loss_steps_differing"] == [1]   # the first step's loss comes before it
+    assert row["candidate_gradients_differing"] and sum(row["candidate_parameters_differing"].values()) > 0
+
+
+def test_a_layer_norm_backward_candidates_model_level_wraps_gpt2s_layer_norms(tmp_path):
+    ln = _candidate(tmp_path / "ln", "eager_ln", "layer_norm_backward", "default", _LN_CANDIDATE)
+    rc, row, out = _model_level(tmp_path, ln, "tiny-gpt2")
+    assert rc == 0, out
+    assert len(row["layers_wrapped"]) == 9 and row["ok"] and row["control_identical"]
+    rc, row, out = _model_level(tmp_path, ln, "tiny-llama")   # no LayerNorm there: said, not failed
+    assert row["skipped"] == "no layer of tiny-llama computes layer_norm (default)"
+    assert rc == 1 and "NOTHING MEASURED" in out
