@@ -13,8 +13,8 @@ A backward candidate's model level (docs/backward.md, "What the verifier lacks",
     PYTHONUNBUFFERED=1 python3 scripts/training_check.py OUT_DIR --backward-candidate DIR
         [--models tiny-llama,tiny-gpt2] [--dtypes bf16,f16,f32] [--steps 20]
 
-takes the Python candidate folder DIR (rms_norm_backward llama or layer_norm_backward, e.g.
-kernels/third-party/liger_rms_norm_llama_backward) as the autograd backward of the models'
+takes the Python candidate folder DIR (rms_norm_backward llama, layer_norm_backward,
+silu_mul_backward or gelu_tanh_mul_backward, e.g. kernels/third-party/liger_rms_norm_llama_backward) as the autograd backward of the models'
 layers of its op (their forward stays eager's: `kernelize_verifier.backward_field.wrap_layers`),
 trains that copy beside eager and beside a control whose layers run eager's own gradients of the
 op through the same wrapping, and compares losses, gradients and parameters bit for bit (with
@@ -392,7 +392,7 @@ def main() -> int:
                    "folder of the same name (repeatable)")
     p.add_argument("--backward-candidate", metavar="DIR", help="a backward candidate's model level "
                    "instead of kernelize's training mode: the Python candidate folder DIR (a backward op "
-                   "of rms_norm llama or layer_norm, kernels/third-party/*_backward) as the autograd "
+                   "of rms_norm llama, layer_norm or a gated MLP, kernels/third-party/*_backward) as the autograd "
                    "backward of the models' matching layers, beside eager and a control (eager's own "
                    "gradients of the op through the same wrapping); with --dry-run on the CPU, where "
                    "the comparison is real (the candidate runs on the CPU)")

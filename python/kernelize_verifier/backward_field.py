@@ -325,11 +325,14 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 # wrapping does to eager's training by itself (in f32 eager sums an RMSNorm's input gradient in
 # three terms, which one dx cannot reproduce: docs/backward.md, "What remains", item 1).
 
-#: The backward ops whose layers the model level wraps: their forward op and semantics (the norms,
-#: one module each; the gated and elementwise ops are not wrapped yet).
+#: The backward ops whose layers the model level wraps: their forward op and semantics (the norms;
+#: the gated MLPs, `down_proj(act(gate_proj(x)) * up_proj(x))`, whose product is wrapped; the
+#: standalone activations are not wrapped yet).
 MODEL_LEVEL_OPS: dict[str, tuple[str, str]] = {
     "rms_norm_backward": ("rms_norm", "llama"),
     "layer_norm_backward": ("layer_norm", "default"),
+    "silu_mul_backward": ("silu_mul", "default"),
+    "gelu_tanh_mul_backward": ("gelu_tanh_mul", "default"),
 }
 
 
@@ -373,6 +376,25 @@ class _LayerNormWithBackward(torch.autograd.Function):
         return dx.reshape(ctx.shape), dw, db if ctx.has_bias else None, None, None
 
 
+class _GatedWithBackward(torch.autograd.Function):
+    """`act(gate) * up` as eager computes it; `function(dy, gate, up) -> (d_gate, d_up)` on rows
+    as its backward."""
+
+    @staticmethod
+    def forward(ctx, gate, up, act, function):
+        ctx.save_for_backward(gate, up)
+        ctx.function = function
+        return act(gate) * up
+
+    @staticmethod
+    def backward(ctx, dy):
+        gate, up = ctx.saved_tensors
+        cols = gate.shape[-1]
+        dg, du = ctx.function(dy.reshape(-1, cols).contiguous(), gate.reshape(-1, cols).contiguous(),
+                              up.reshape(-1, cols).contiguous())
+        return dg.reshape(gate.shape), du.reshape(up.shape), None, None
+
+
 def eager_function(op: str) -> Callable:
     """Eager autograd's gradients of `op` (`eager_gradients`) as a function of its signature: the
     control of the model level."""
@@ -398,6 +420,10 @@ def wrap_layers(model: torch.nn.Module, op: str, function: Callable) -> list[str
         if fwd_op == "rms_norm":
             m.forward = (lambda x, m=m, own=m.forward, eps=s.eps:
                          _RmsNormWithBackward.apply(x, m.weight, own, function, eps))
+        elif fwd_op in ("silu_mul", "gelu_tanh_mul"):
+            act = _GATED[op]   # the activation eager's act_fn computes (discover probed it)
+            m.forward = (lambda x, m=m, act=act: m.down_proj(_GatedWithBackward.apply(
+                m.gate_proj(x), m.up_proj(x), act, function)))
         else:
             m.forward = (lambda x, m=m: _LayerNormWithBackward.apply(x, m.weight, m.bias, function,
                                                                      m.eps))

@@ -191,6 +191,19 @@ def layer_norm_backward(dy, x, mean, rstd, w):
 '''
 
 
+_GATED_CANDIDATE = '''import torch
+import torch.nn.functional as F
+
+
+def silu_mul_backward(dy, gate, up):
+    # eager autograd of F.silu(gate) * up
+    with torch.enable_grad():
+        g = gate.detach().requires_grad_(True)
+        u = up.detach().requires_grad_(True)
+        return torch.autograd.grad(F.silu(g) * u, (g, u), dy)
+'''
+
+
 def _candidate(folder: Path, name: str, op: str, semantics: str, source: str) -> Path:
     folder.mkdir()
     (folder / "kernel.toml").write_text(_CANDIDATE_TOML.format(name=name, op=op, semantics=semantics))
@@ -238,3 +251,13 @@ def test_a_layer_norm_backward_candidates_model_level_wraps_gpt2s_layer_norms(tm
     rc, row, out = _model_level(tmp_path, ln, "tiny-llama")   # no LayerNorm there: said, not failed
     assert row["skipped"] == "no layer of tiny-llama computes layer_norm (default)"
     assert rc == 1 and "NOTHING MEASURED" in out
+
+
+def test_a_gated_backward_candidates_model_level_wraps_the_gated_mlps(tmp_path):
+    """silu_mul_backward: each of the tiny Llama's 4 gated MLPs runs down_proj(silu(gate_proj(x))
+    * up_proj(x)) with the candidate as the product's backward."""
+    gated = _candidate(tmp_path / "gated", "eager_swiglu", "silu_mul_backward", "default", _GATED_CANDIDATE)
+    rc, row, out = _model_level(tmp_path, gated, "tiny-llama")
+    assert rc == 0, out
+    assert row["layers_wrapped"] == [f"model.layers.{i}.mlp" for i in range(4)]
+    assert row["ok"] and row["control_identical"]
