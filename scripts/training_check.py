@@ -417,18 +417,24 @@ def main() -> int:
     except ImportError:
         pass
     rows, errors = [], []
-    if a.backward_candidate:
-        env["source"] = f"backward candidate {os.path.abspath(a.backward_candidate)}"
+
+    def each(run) -> None:
+        """`run(model, dtype)` for every model and dtype asked; a failure is recorded, the rest
+        still runs; then the records are written."""
         for m in a.models.split(","):
             for dt in a.dtypes.split(","):
                 try:
-                    rows.append(check_candidate(m, dt, a.steps, a.backward_candidate, device))
-                except Exception:  # noqa: BLE001 - every failure is recorded, the rest still runs
+                    rows.append(run(m, dt))
+                except Exception:  # noqa: BLE001
                     errors.append({"model": m, "dtype": dt, "error": traceback.format_exc()})
                     print(errors[-1]["error"], file=sys.stderr)
         with open(os.path.join(a.out, "training_check.json"), "w") as f:
             json.dump({"env": env, "rows": rows, "errors": errors}, f, indent=1)
         print(json.dumps(env))
+
+    if a.backward_candidate:
+        env["source"] = f"backward candidate {os.path.abspath(a.backward_candidate)}"
+        each(lambda m, dt: check_candidate(m, dt, a.steps, a.backward_candidate, device))
         print_candidate_rows(rows)
         measured = [r for r in rows if not r.get("skipped")]
         if not measured and not errors:
@@ -445,17 +451,7 @@ def main() -> int:
             "kernels_dir (bundled forward + backward, local: "
             + ", ".join(kernel_names(not a.no_gated, not a.no_layer_norm, not a.no_activations))
             + "".join(f"; {os.path.abspath(d)}" for d in a.kernel) + ")")
-        for m in a.models.split(","):
-            for dt in a.dtypes.split(","):
-                try:
-                    r = check(m, dt, a.steps, source, device, dry)
-                    rows.append(r)
-                except Exception:  # noqa: BLE001 - every failure is recorded, the rest still runs
-                    errors.append({"model": m, "dtype": dt, "error": traceback.format_exc()})
-                    print(errors[-1]["error"], file=sys.stderr)
-    with open(os.path.join(a.out, "training_check.json"), "w") as f:
-        json.dump({"env": env, "rows": rows, "errors": errors}, f, indent=1)
-    print(json.dumps(env))
+        each(lambda m, dt: check(m, dt, a.steps, source, device, dry))
     print("| model | dtype | layers replaced (with a backward kernel) | loss steps differing | gradient steps differing | parameters differing | eager vs eager (control) | step ms eager | step ms kernelized |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
