@@ -80,12 +80,17 @@ def block_rows() -> list[dict]:
         doc = json.loads(lzma.open(BLOCKS_RUN / f"run2-exact-{dt}-exact.json.xz").read())
         for r in doc["rows"]:
             recs[(r["model"], r["dtype"], r["candidate"])] = r
-    return [dict(subject=what, rewrite=rewrite, dtypes=dt,
-                 measured="outputs bit for bit against eager (bench/exact_compile.py)",
-                 inductor=bits(recs.get((key, dt, "compile"))),
-                 exact=bits(recs.get((key, dt, "kernelize+exact"))),
-                 evidence=f"docs/gpu-runs/{BLOCKS_RUN.name}/")
-            for key, what, rewrite in BLOCKS for dt in ("bf16", "f16", "f32")]
+    return compared_rows(BLOCKS, recs, recs, "outputs bit for bit against eager (bench/exact_compile.py)",
+                         f"docs/gpu-runs/{BLOCKS_RUN.name}/")
+
+
+def compared_rows(table: list, plain: dict, final: dict, measured: str, evidence: str) -> list[dict]:
+    """One row per (model key, what, rewrite) of `table` and dtype: plain compile's record in
+    `plain` and kernelize(compile=True)'s in `final`, each against eager."""
+    return [dict(subject=what, rewrite=rewrite, dtypes=dt, measured=measured,
+                 inductor=bits(plain.get((key, dt, "compile"))),
+                 exact=bits(final.get((key, dt, "kernelize+exact"))), evidence=evidence)
+            for key, what, rewrite in table for dt in ("bf16", "f16", "f32")]
 
 
 def verdict(path: Path) -> str:
@@ -169,13 +174,8 @@ def main() -> int:
     plain = {**rows_of("run1-*.rows.jsonl"), **rows_of("run2-exact-f*-part.rows.jsonl"),
              **rows_of("run3-exact-*.rows.jsonl")}
     final = rows_of("run7-*.rows.jsonl")
-    for key, what, rewrite in MODELS:
-        for dt in ("bf16", "f16", "f32"):
-            entries.append(dict(subject=what, rewrite=rewrite, dtypes=dt,
-                                measured="logits bit for bit against eager (bench/exact_compile.py)",
-                                inductor=bits(plain.get((key, dt, "compile"))),
-                                exact=bits(final.get((key, dt, "kernelize+exact"))),
-                                evidence=f"docs/gpu-runs/{RUN.name}/"))
+    entries += compared_rows(MODELS, plain, final, "logits bit for bit against eager (bench/exact_compile.py)",
+                             f"docs/gpu-runs/{RUN.name}/")
     entries += block_rows()
     entries += proof_rows()
     out = OUT

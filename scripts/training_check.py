@@ -14,8 +14,9 @@ A backward candidate's model level (docs/backward.md, "What the verifier lacks",
         [--models tiny-llama,tiny-gpt2] [--dtypes bf16,f16,f32] [--steps 20]
 
 takes the Python candidate folder DIR (rms_norm_backward llama, layer_norm_backward,
-silu_mul_backward or gelu_tanh_mul_backward, e.g. kernels/third-party/liger_rms_norm_llama_backward) as the autograd backward of the models'
-layers of its op (their forward stays eager's: `kernelize_verifier.backward_field.wrap_layers`),
+silu_mul_backward or gelu_tanh_mul_backward, e.g.
+kernels/third-party/liger_rms_norm_llama_backward) as the autograd backward of the models' layers
+of its op (their forward stays eager's: `kernelize_verifier.backward_field.wrap_layers`),
 trains that copy beside eager and beside a control whose layers run eager's own gradients of the
 op through the same wrapping, and compares losses, gradients and parameters bit for bit (with
 --dry-run on the CPU, where the comparison is real: the candidate runs there).
@@ -261,6 +262,15 @@ def gradients_differing(eager_grads: list, grads: list) -> dict[str, list[str]]:
     return out
 
 
+def against_eager(prefix: str, eager_run: tuple, run: tuple, model, params: dict) -> dict:
+    """A copy's training (`run`, what `train` returned for `model`) against eager's
+    (`eager_run`, `params` its parameters): `<prefix>loss_steps_differing`,
+    `<prefix>parameters_differing` and `<prefix>gradients_differing`."""
+    return {f"{prefix}loss_steps_differing": [i for i, (a, b) in enumerate(zip(eager_run[1], run[1])) if a != b],
+            f"{prefix}parameters_differing": parameters_differing(model, params),
+            f"{prefix}gradients_differing": gradients_differing(eager_run[3], run[3])}
+
+
 def check(model_name: str, dtype: str, steps: int, source: dict, device, dry: bool) -> dict:
     eager, again, kz = (load_model(model_name, dtype, device) for _ in range(3))
     rep = kernelize.kernelize(kz, **source, mode="training", verbose=False,
@@ -268,17 +278,13 @@ def check(model_name: str, dtype: str, steps: int, source: dict, device, dry: bo
     data = batches(steps, 4, 64, device)
     cuda = device.type == "cuda"
     eps = ADAMW_EPS[dtype]
-    le, be, te, ge = train(eager, data, 1e-3, 3, cuda, eps)
-    _, ba, _, ga = train(again, data, 1e-3, 3, cuda, eps)
+    ran_eager = train(eager, data, 1e-3, 3, cuda, eps)
+    ran_again = train(again, data, 1e-3, 3, cuda, eps)
     before = backward_launches()
-    lk, bk, tk, gk = train(kz, data, 1e-3, 3, cuda, eps)
+    ran_kz = train(kz, data, 1e-3, 3, cuda, eps)
     after = backward_launches()
+    (le, _, te, _), (lk, _, tk, gk) = ran_eager, ran_kz
     params = dict(eager.named_parameters())
-    loss_diff = [i for i, (a, b) in enumerate(zip(be, bk)) if a != b]
-    differ = parameters_differing(kz, params)
-    grad_diff = gradients_differing(ge, gk)
-    control = ([i for i, (a, b) in enumerate(zip(be, ba)) if a != b], parameters_differing(again, params),
-               gradients_differing(ge, ga))
     out = {
         "model": model_name, "dtype": dtype, "steps": steps, "adamw_eps": eps,
         "replaced": [e.path for e in rep.replaced],
@@ -291,17 +297,13 @@ def check(model_name: str, dtype: str, steps: int, source: dict, device, dry: bo
         "report": str(rep),
         "losses_eager": le, "losses_kernelized": lk,
         "losses_finite": all(v == v and abs(v) != float("inf") for v in le + lk),
-        "loss_steps_differing": loss_diff,
-        "parameters_differing": differ,
-        "gradients_differing": grad_diff,
+        **against_eager("", ran_eager, ran_kz, kz, params),
         "grad_steps_compared": len(gk),
-        "eager_repeat_loss_steps_differing": control[0],
-        "eager_repeat_parameters_differing": control[1],
-        "eager_repeat_gradients_differing": control[2],
+        **against_eager("eager_repeat_", ran_eager, ran_again, again, params),
         "step_ms_eager": statistics.median(te) if te else None,
         "step_ms_kernelized": statistics.median(tk) if tk else None,
     }
-    out["ok"] = not loss_diff and not differ and not grad_diff and not any(control)
+    out["ok"] = not any(v for k, v in out.items() if k.endswith("_differing"))
     return out
 
 
@@ -314,41 +316,36 @@ def check_candidate(model_name: str, dtype: str, steps: int, folder: str, device
     against eager's, bit for bit."""
     from kernelize_verifier import backward_field as BF
     manifest, module = BF.load(folder)
-    op = manifest["op"]
+    op, sem = manifest["op"], manifest.get("semantics", "default")
     eager, control, cand = (load_model(model_name, dtype, device) for _ in range(3))
-    wrapped = BF.wrap_layers(cand, op, BF.entry(manifest, module, dtype))
-    BF.wrap_layers(control, op, BF.eager_function(op))
+    wrapped = BF.wrap_layers(cand, op, sem, BF.entry(manifest, module, dtype))
+    BF.wrap_layers(control, op, sem, BF.eager_function(op, sem))
     out = {"model": model_name, "dtype": dtype, "steps": steps, "op": op,
            "candidate": f"{manifest['name']} {manifest['version']}", "layers_wrapped": wrapped}
     if not wrapped:
-        fwd, sem = BF.MODEL_LEVEL_OPS[op]
-        out.update(skipped=f"no layer of {model_name} computes {fwd} ({sem})", ok=None)
+        out.update(skipped=f"no layer of {model_name} computes {BF.forward_of(op, sem)} ({sem})", ok=None)
         return out
     data = batches(steps, 4, 64, device)
     cuda, eps = device.type == "cuda", ADAMW_EPS[dtype]
-    le, be, te, ge = train(eager, data, 1e-3, 3, cuda, eps)
-    lc, bc, _, gc = train(control, data, 1e-3, 3, cuda, eps)
-    lk, bk, tk, gk = train(cand, data, 1e-3, 3, cuda, eps)
+    ran_eager = train(eager, data, 1e-3, 3, cuda, eps)
+    ran_control = train(control, data, 1e-3, 3, cuda, eps)
+    ran_cand = train(cand, data, 1e-3, 3, cuda, eps)
+    (le, _, te, _), (lk, _, tk, gk) = ran_eager, ran_cand
     params = dict(eager.named_parameters())
     finite = [abs(a - b) for a, b in zip(le, lk) if math.isfinite(a) and math.isfinite(b)]
     out.update({
-        "adamw_eps": eps, "losses_eager": le, "losses_control": lc, "losses_candidate": lk,
-        "control_loss_steps_differing": [i for i, (a, b) in enumerate(zip(be, bc)) if a != b],
-        "control_parameters_differing": parameters_differing(control, params),
-        "control_gradients_differing": gradients_differing(ge, gc),
-        "candidate_loss_steps_differing": [i for i, (a, b) in enumerate(zip(be, bk)) if a != b],
-        "candidate_parameters_differing": parameters_differing(cand, params),
-        "candidate_gradients_differing": gradients_differing(ge, gk),
+        "adamw_eps": eps, "losses_eager": le, "losses_control": ran_control[0], "losses_candidate": lk,
+        **against_eager("control_", ran_eager, ran_control, control, params),
+        **against_eager("candidate_", ran_eager, ran_cand, cand, params),
         "grad_steps_compared": len(gk),
         "max_loss_abs_diff": max(finite) if finite else None,
         "losses_finite": len(finite) == len(le),
         "step_ms_eager": statistics.median(te) if te else None,
         "step_ms_candidate": statistics.median(tk) if tk else None,
     })
-    out["control_identical"] = not (out["control_loss_steps_differing"] or out["control_parameters_differing"]
-                                    or out["control_gradients_differing"])
-    out["ok"] = not (out["candidate_loss_steps_differing"] or out["candidate_parameters_differing"]
-                     or out["candidate_gradients_differing"])
+    def differs(prefix: str) -> bool:
+        return any(v for k, v in out.items() if k.startswith(prefix) and k.endswith("_differing"))
+    out["control_identical"], out["ok"] = not differs("control_"), not differs("candidate_")
     return out
 
 

@@ -27,9 +27,9 @@ The exact backend (`backend`, registered with dynamo as "kernelize_exact") close
    (`kernelize::launch_*`) and inductor never sees the reduction at all.
 2. `EAGER_OPS` includes the ops whose decompositions change bits (their decomposition is
    removed from the table handed to AOT autograd), matrix-vector and dot products among them;
-   `UNDECOMPOSED` (mm, bmm, addmm) keeps inductor's lowering of a matrix product (eager's GEMM)
-   without the decompositions that write some shapes as products and a sum, and on the CPU,
-   whose lowering does that too, `CPU_EAGER_OPS` are eager's kernels; a batched product is
+   `MATRIX_PRODUCTS` (mm, bmm, addmm, baddbmm) keep inductor's lowering of a matrix product
+   (eager's GEMM) on CUDA without the decompositions that write some shapes as products and a
+   sum, and are eager's kernels on the CPU, whose lowering does that too; a batched product is
    folded into one mm or mv as eager folds it (`matmuls_folded_as_eager`); GEMM autotuning is
    off (`EXACT_CONFIG`).
 3. `EXACT_CONFIG`: the pattern matcher off.
@@ -66,7 +66,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -89,9 +89,9 @@ EXACT_CONFIG: dict[str, Any] = {
     # 4. the CUDA toolkit's libdevice (torch >= 2.13; the ops it would matter for are fallbacks)
     "eager_numerics.use_pytorch_libdevice": True,
     "use_fast_math": False,
-    # 2. (matrix products) no Triton or C++ GEMM templates in place of eager's cuBLAS/BLAS matmuls (they accumulate
-    # in another order) and no tuning that rewrites matrix products, whatever the caller's options
-    # ask (mode="max-autotune" is refused outright: `_config_patches`)
+    # 2. (matrix products) no Triton or C++ GEMM templates in place of eager's cuBLAS/BLAS
+    # matmuls (they accumulate in another order) and no tuning that rewrites matrix products,
+    # whatever the caller's options ask (mode="max-autotune" is refused: `_config_patches`)
     "max_autotune": False,
     "max_autotune_gemm": False,
     "coordinate_descent_tuning": False,
@@ -125,22 +125,19 @@ EAGER_OPS: dict[str, str] = {
         "mv", "dot", "vdot", "addmv")},
 }
 
-#: ATen ops whose decompositions the exact backend leaves out while keeping inductor's lowering
-#: (a call of eager's ATen kernel, cuBLAS or the CPU's BLAS), and why. Inductor's table rewrites a
-#: matrix product of some shapes into pointwise products and a sum (mm and bmm of one row by one
-#: column on the CPU, any row or column count under coordinate-descent tuning), or a product of
-#: inner size 1 plus a bias into a rounded product and a rounded add (addmm on CUDA), where
-#: eager's GEMM accumulates in its own order and rounds once.
-UNDECOMPOSED: dict[str, str] = {
-    name: "a matrix product: at some shapes its decomposition is products and a sum, or a rounded "
-          "product and an add, where eager's GEMM accumulates and rounds once" for name in (
-        "mm", "bmm", "addmm")}
-
-#: Matrix products the exact backend leaves to eager's kernels on the CPU, where inductor's
-#: lowering itself writes some shapes as products and a sum (a bmm of one row or one column;
-#: small mm): a call of the CPU's BLAS there. On CUDA inductor's lowering is kept (an extern
-#: cuBLAS call, the kernel eager calls; measured bit-identical on every model, session 34).
-CPU_EAGER_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm"})
+#: The matrix products (ATen ops) whose decompositions the exact backend leaves out while keeping
+#: inductor's lowering on CUDA (an extern cuBLAS call, the kernel eager calls; measured
+#: bit-identical on every model, session 34), and which it makes eager's own kernels on the CPU,
+#: where inductor's lowering itself writes some shapes as products and a sum (a bmm of one row or
+#: one column; small mm). Inductor's decomposition table rewrites a matrix product of some shapes
+#: into pointwise products and a sum (mm and bmm of one row by one column on the CPU, any row or
+#: column count under coordinate-descent tuning), or a product of inner size 1 plus a bias into a
+#: rounded product and a rounded add (addmm on CUDA), where eager's GEMM accumulates in its own
+#: order and rounds once.
+MATRIX_PRODUCTS: dict[str, str] = {
+    name: "a matrix product: at some shapes its decomposition (or its CPU lowering) is products and "
+          "a sum, or a rounded product and an add, where eager's GEMM accumulates and rounds once"
+    for name in ("mm", "bmm", "addmm", "baddbmm")}
 
 # ---- attention: scaled-dot-product attention as eager runs it -------------------------------
 
@@ -732,10 +729,10 @@ def exact_config() -> dict[str, Any]:
     return {k: v for k, v in EXACT_CONFIG.items() if _has_config(k)}
 
 
-def eager_overloads() -> list[Any]:
-    """Every overload of every op of `EAGER_OPS` that this torch has."""
+def _overloads(names: Iterable[str]) -> list[Any]:
+    """Every overload of every ATen op named in `names` that this torch has."""
     out = []
-    for name in EAGER_OPS:
+    for name in names:
         packet = getattr(torch.ops.aten, name, None)
         if packet is None:
             continue
@@ -744,12 +741,17 @@ def eager_overloads() -> list[Any]:
     return out
 
 
+def eager_overloads() -> list[Any]:
+    """Every overload of every op of `EAGER_OPS` that this torch has."""
+    return _overloads(EAGER_OPS)
+
+
 def exact_decompositions() -> dict[Any, Callable]:
     """Inductor's decomposition table without the ops of `EAGER_OPS` (those reach lowering
-    whole and are lowered as fallbacks to eager's kernels) and of `UNDECOMPOSED` (inductor's
+    whole and are lowered as fallbacks to eager's kernels) and of `MATRIX_PRODUCTS` (inductor's
     lowering of those calls eager's kernel)."""
     from torch._inductor.decomposition import select_decomp_table
-    keep = set(EAGER_OPS) | set(UNDECOMPOSED)
+    keep = set(EAGER_OPS) | set(MATRIX_PRODUCTS)
     return {op: fn for op, fn in select_decomp_table().items()
             if getattr(getattr(op, "overloadpacket", None), "__name__", None) not in keep}
 
@@ -774,14 +776,12 @@ def eager_lowerings() -> Iterator[None]:
                 if ov.overloadpacket.__name__ in PROVABLE:
                     handler = _math_handler(ov, saved[ov], handler)
                 low.lowerings[ov] = handler
-            for name in CPU_EAGER_OPS:
-                packet = getattr(torch.ops.aten, name, None)
-                for ov in (getattr(packet, o) for o in packet.overloads()) if packet is not None else ():
-                    if ov in saved or low.lowerings.get(ov) is None:
-                        continue
-                    saved[ov] = low.lowerings[ov]
-                    low.lowerings[ov] = _cpu_eager_handler(
-                        saved[ov], low.fallback_handler(ov, add_to_fallback_set=False))
+            for ov in _overloads(MATRIX_PRODUCTS):
+                if ov in saved or low.lowerings.get(ov) is None:
+                    continue
+                saved[ov] = low.lowerings[ov]
+                low.lowerings[ov] = _cpu_eager_handler(
+                    saved[ov], low.fallback_handler(ov, add_to_fallback_set=False))
             yield
         finally:
             for ov, old in saved.items():
@@ -793,7 +793,7 @@ def eager_lowerings() -> Iterator[None]:
 
 def _cpu_eager_handler(lowered: Callable, fallback: Callable) -> Callable:
     """A lowering that is eager's kernel (`fallback`) where the op's tensors are on the CPU and
-    inductor's own (`lowered`) elsewhere (`CPU_EAGER_OPS`)."""
+    inductor's own (`lowered`) elsewhere (`MATRIX_PRODUCTS`)."""
     def handler(*args: Any, **kwargs: Any) -> Any:
         devices = {d.type for d in (getattr(a, "get_device", lambda: None)() for a in args) if d is not None}
         return (fallback if devices == {"cpu"} else lowered)(*args, **kwargs)

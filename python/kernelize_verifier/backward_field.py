@@ -325,15 +325,23 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 # wrapping does to eager's training by itself (in f32 eager sums an RMSNorm's input gradient in
 # three terms, which one dx cannot reproduce: docs/backward.md, "What remains", item 1).
 
-#: The backward ops whose layers the model level wraps: their forward op and semantics (the norms;
-#: the gated MLPs, `down_proj(act(gate_proj(x)) * up_proj(x))`, whose product is wrapped; the
-#: standalone activations are not wrapped yet).
-MODEL_LEVEL_OPS: dict[str, tuple[str, str]] = {
-    "rms_norm_backward": ("rms_norm", "llama"),
-    "layer_norm_backward": ("layer_norm", "default"),
-    "silu_mul_backward": ("silu_mul", "default"),
-    "gelu_tanh_mul_backward": ("gelu_tanh_mul", "default"),
-}
+#: The forward ops whose layers the model level can wrap (the norms; the gated MLPs,
+#: `down_proj(act(gate_proj(x)) * up_proj(x))`, whose product is wrapped; the standalone
+#: activations are not wrapped yet). Which forward a backward op belongs to is kernelize's
+#: `BACKWARD_OF` (`forward_of`).
+WRAPPED_FORWARDS = frozenset({"rms_norm", "layer_norm", "silu_mul", "gelu_tanh_mul"})
+
+
+def forward_of(op: str, semantics: str) -> str:
+    """The forward op whose layers a backward `op` of `semantics` differentiates (kernelize's
+    `manifest.BACKWARD_OF`, read the other way); ValueError where the model level does not wrap
+    it."""
+    from kernelize.manifest import BACKWARD_OF
+    fwd = next((f for (f, sem), b in BACKWARD_OF.items() if b == op and sem == semantics), None)
+    if fwd not in WRAPPED_FORWARDS:
+        raise ValueError(f"the model level wraps the layers of {', '.join(sorted(WRAPPED_FORWARDS))}; "
+                         f"not those of {op} ({semantics}) yet")
+    return fwd
 
 
 class _RmsNormWithBackward(torch.autograd.Function):
@@ -395,23 +403,19 @@ class _GatedWithBackward(torch.autograd.Function):
         return dg.reshape(gate.shape), du.reshape(up.shape), None, None
 
 
-def eager_function(op: str) -> Callable:
+def eager_function(op: str, semantics: str) -> Callable:
     """Eager autograd's gradients of `op` (`eager_gradients`) as a function of its signature: the
     control of the model level."""
     names = SIGNATURES[op][0]
-    semantics = MODEL_LEVEL_OPS[op][1]
     return lambda *args: eager_gradients(op, semantics, dict(zip(names, args)))
 
 
-def wrap_layers(model: torch.nn.Module, op: str, function: Callable) -> list[str]:
-    """Make every layer of `model` that computes `op`'s forward (kernelize's discovery, the op and
-    semantics of MODEL_LEVEL_OPS) run eager's forward and `function` (SIGNATURES[op]) as its
-    backward; returns the layers' paths (none: nothing of `model` computes it)."""
+def wrap_layers(model: torch.nn.Module, op: str, semantics: str, function: Callable) -> list[str]:
+    """Make every layer of `model` that computes the forward of `op` of `semantics` (`forward_of`;
+    kernelize's discovery) run eager's forward and `function` (SIGNATURES[op]) as its backward;
+    returns the layers' paths (none: nothing of `model` computes it)."""
     from kernelize.discover import discover
-    if op not in MODEL_LEVEL_OPS:
-        raise ValueError(f"the model level wraps the layers of {', '.join(MODEL_LEVEL_OPS)}; "
-                         f"not {op} yet")
-    fwd_op, semantics = MODEL_LEVEL_OPS[op]
+    fwd_op = forward_of(op, semantics)
     paths = []
     for s in discover(model).sites:
         if s.op != fwd_op or s.semantics != semantics:

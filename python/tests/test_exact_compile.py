@@ -1456,7 +1456,7 @@ def test_speed_rounds_run_each_candidate_in_alternating_order(tmp_path, monkeypa
 # Matrix-vector, dot and small matrix products: inductor's decomposition table rewrites them into
 # pointwise products and a sum (mv, dot, vdot, addmv always; mm, bmm and addmm of one row by one
 # column or a small right operand on the CPU), which adds in another order than eager's BLAS
-# (`exact.EAGER_OPS`, `exact.UNDECOMPOSED`); and eager folds a vector product of a sliced batch into
+# (`exact.EAGER_OPS`, `exact.MATRIX_PRODUCTS`); and eager folds a vector product of a sliced batch into
 # one mv (`exact.matmuls_folded_as_eager`).
 _PRODUCTS = {
     "mv": (lambda a, b, c: a @ b, ((37, 16), (16,))),
