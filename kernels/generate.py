@@ -132,6 +132,22 @@ HAND_WRITTEN = {"rms_norm_llama_backward", "rms_norm_gemma_backward", "silu_mul_
                 "silu_backward", "gelu_backward", "gelu_tanh_backward", "rms_norm_torch_backward",
                 "fused_add_rms_norm_backward"}
 
+# Backward kernels whose kernel.cu is generated though their kernel.toml is written by hand: the
+# RMSNorm family, one engine (kernels/src/rms_backward.cuh) and a file of each kernel's own
+# (kernels/src/<name>.cu: its elementwise steps and entries), the engine pasted where that file
+# includes it.
+PASTED_BACKWARD = {"rms_norm_llama_backward": "rms_backward.cuh", "rms_norm_gemma_backward": "rms_backward.cuh",
+                   "fused_add_rms_norm_backward": "rms_backward.cuh"}
+
+
+def pasted_cu(name: str) -> str:
+    own, engine = _read(f"{name}.cu"), PASTED_BACKWARD[name]
+    line = f'#include "{engine}"\n'
+    if own.count(line) != 1:
+        raise ValueError(f"kernels/src/{name}.cu must include {engine} exactly once")
+    return own.replace(line, _read(engine))
+
+
 # ptxas on every core of the host (docs/manifest.md: the one ptxas option a manifest may carry):
 # the same SASS. Given to the exact row kernels in session 31 for issue 29's verification time, on
 # session 30's measure of half the module's compile time; measured after on a fresh machine, it
@@ -332,6 +348,9 @@ def render(kernels_dir: str = KERNELS_DIR, kernels: list[K] | None = None) -> di
             raise ValueError(f"kernel {k.name} is listed twice")
         out[f"{k.name}/kernel.toml"] = kernel_toml(k, current_version(kernels_dir, k.name))
         out[f"{k.name}/kernel.cu"] = kernel_cu(k)
+    if kernels is None:
+        for name in PASTED_BACKWARD:
+            out[f"{name}/kernel.cu"] = pasted_cu(name)
     return out
 
 
@@ -388,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if bad else 0
     files = render()
     write(KERNELS_DIR, files)
-    print(f"wrote {len(files) // 2} kernels to {KERNELS_DIR}")
+    print(f"wrote {sum(rel.endswith('/kernel.cu') for rel in files)} kernels to {KERNELS_DIR}")
     return 0
 
 

@@ -176,17 +176,30 @@ class CudaModule:
 class GpuBackward:
     """The three entries of one dtype, compiled by NVRTC for this GPU, launched with cuLaunchKernel."""
 
-    def __init__(self, dt: str, device: torch.device, defines: tuple = ()):
+    def __init__(self, dt: str, device: torch.device, defines: tuple = (), src_path: str | None = None):
         self.dt = dt
         props = torch.cuda.get_device_properties(device)
         self.sms = props.multi_processor_count
         self.tps = getattr(props, "max_threads_per_multi_processor", 2048)
-        src = open(SEM["ksrc"], encoding="utf-8").read()
+        src = open(src_path or SEM["ksrc"], encoding="utf-8").read()
         self.prefix = SEM["prefix"]
         self.mod = CudaModule(src, f"{SEM['name']} ({dt}).cu", device,
                               [f"{self.prefix}{e}_{dt}" for e in ("dx", "dwp", "dw")], defines)
         self.code = self.mod.code
         self.device = device
+
+    def resources(self) -> dict:
+        """Registers a thread and local (spilled) bytes a thread of each entry, as the driver
+        loaded them (cuFuncGetAttribute)."""
+        out = {}
+        for e, f in self.mod.funcs.items():
+            vals = {}
+            for key, attr in (("regs", 4), ("local_bytes", 3)):  # CU_FUNC_ATTRIBUTE_NUM_REGS, _LOCAL_SIZE_BYTES
+                v = ctypes.c_int()
+                self.mod.lib.cuFuncGetAttribute(ctypes.byref(v), attr, f)
+                vals[key] = v.value
+            out[e.removeprefix(self.prefix).removesuffix(f"_{self.dt}")] = vals
+        return out
 
     def _go(self, name, grid, block, args):
         self.mod.launch(f"{self.prefix}{name}_{self.dt}", grid, block, args)
@@ -464,6 +477,14 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rows", default=None, help="comma-separated row counts for the grid (default: the full list)")
     ap.add_argument("--cols", default=None, help="comma-separated widths for the grid (default: the full list)")
+    ap.add_argument("--against", metavar="SRC",
+                    help="another source of the same kernel (e.g. the release: git show REV:kernels/...); "
+                         "timed beside the working tree's as variant 'against', its bits compared")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=DEFINES",
+                    help="the working tree's source with these space-separated NVRTC defines, timed as "
+                         "variant NAME (repeatable; default: unbounded=-DKB_DX_MINB=1 -DKB_DWP_MINB=1)")
+    ap.add_argument("--timed", default=None, metavar="RxC,...",
+                    help="the timed shapes (default: " + ",".join(f"{r}x{c}" for r, c in TIMED) + ")")
     ap.add_argument("--semantics", choices=sorted(SEMANTICS), default="llama",
                     help="HF LlamaRMSNorm's backward (default) or GemmaRMSNorm's")
     args = ap.parse_args(argv)
@@ -546,8 +567,10 @@ def main(argv=None):
                     traceback.print_exc()
 
     # timing
-    unbounded = {}
+    variant_kernels = {}
     timed_shapes = TIMED if not dry else [(17, 1024)]
+    if args.timed:
+        timed_shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.timed.split(",")]
     for dt in (["bf16", "f16", "f32"] if not dry else ["bf16"]):
         if dt not in kernels:
             continue
@@ -601,22 +624,30 @@ def main(argv=None):
                     k(dy, x, w, EPS, plan)
 
                 t["ours_fwd_bwd_us"] = timed(ours_step, device, args.reps)
-                if not dry:  # the variant without the launch bounds (fewer blocks per SM, more registers)
-                    try:
-                        if dt not in unbounded:
-                            unbounded[dt] = GpuBackward(dt, device, ("-DKB_DX_MINB=1", "-DKB_DWP_MINB=1"))
-                        k1 = unbounded[dt]
-                        dx1, dw1 = k1(dy, x, w, EPS, plan)
-                        dx0, dw0 = k(dy, x, w, EPS, plan)
-                        t["unbounded_same_bits"] = bool(ndiff(dx1, dx0) == 0 and ndiff(dw1, dw0) == 0)
-                        t["unbounded_bwd_us"] = timed(lambda: k1(dy, x, w, EPS, plan), device, args.reps)
-                        by1 = {}
-                        for mult in (1, 2, 4):
-                            pv = dict(plan, dx_grid=min(plan["dx_grid_max"], k1.sms * mult))
-                            by1[str(pv["dx_grid"])] = timed(lambda: k1(dy, x, w, EPS, pv, which="dx"), device, args.reps)
-                        t["unbounded_bwd_dx_us_by_grid"] = by1
-                    except Exception as e:  # noqa: BLE001
-                        t["unbounded_error"] = f"{type(e).__name__}: {e}"[:300]
+                if not dry:  # the variants (other defines, another source): same bits? how fast?
+                    t["resources"] = k.resources()
+                    for name, vsrc, defs in variants_of(args):
+                        v = t.setdefault("variants", {})[name] = {}
+                        try:
+                            if (name, dt) not in variant_kernels:
+                                variant_kernels[(name, dt)] = GpuBackward(dt, device, defs, vsrc)
+                            k1 = variant_kernels[(name, dt)]
+                            v["resources"] = k1.resources()
+                            dx1, dw1 = k1(dy, x, w, EPS, plan)
+                            dx0, dw0 = k(dy, x, w, EPS, plan)
+                            v["same_bits"] = bool(ndiff(dx1, dx0) == 0 and ndiff(dw1, dw0) == 0)
+                            v["bwd_us"] = timed(lambda: k1(dy, x, w, EPS, plan), device, args.reps)
+                            k1(dy, x, w, EPS, plan)
+                            ws1 = k1.last_ws
+                            v["dx_us"] = timed(lambda: k1(dy, x, w, EPS, plan, which="dx"), device, args.reps)
+                            v["dw_us"] = timed(lambda: k1(dy, x, w, EPS, plan, which="dw", ws=ws1), device, args.reps)
+                            by1 = {}
+                            for mult in (1, 2, 4, 8):
+                                pv = dict(plan, dx_grid=min(plan["dx_grid_max"], k1.sms * mult))
+                                by1[str(pv["dx_grid"])] = timed(lambda: k1(dy, x, w, EPS, pv, which="dx"), device, args.reps)
+                            v["dx_us_by_grid"] = by1
+                        except Exception as e:  # noqa: BLE001
+                            v["error"] = f"{type(e).__name__}: {e}"[:300]
                 t["speedup_fwd_bwd"] = round(t["eager_fwd_bwd_us"] / t["ours_fwd_bwd_us"], 2)
                 if args.compile and not dry:
                     try:
@@ -645,6 +676,18 @@ def main(argv=None):
         json.dump(report, fh, indent=1)
     print_table(report)
     return 0 if not report["errors"] else 1
+
+
+def variants_of(args) -> list:
+    """(name, source path or None, defines) of each variant timed beside the kernel."""
+    specs = args.variant or ["unbounded=-DKB_DX_MINB=1 -DKB_DWP_MINB=1"]
+    out = []
+    for spec in specs:
+        name, _, defs = spec.partition("=")
+        out.append((name, None, tuple(defs.split())))
+    if args.against:
+        out.append(("against", args.against, ()))
+    return out
 
 
 def print_table(rep):
@@ -690,10 +733,18 @@ def print_table(rep):
                   + (f"; bwd parts dx {t['ours_bwd_dx_us']:.1f} dw {t['ours_bwd_dw_us']:.1f}; dx by grid "
                      + ", ".join(f"{g}: {v:.1f}" for g, v in t["ours_bwd_dx_us_by_grid"].items())
                      if "ours_bwd_dx_us" in t else "")
-                  + (f"; unbounded bwd {t['unbounded_bwd_us']:.1f} (same bits: {t['unbounded_same_bits']}), dx by grid "
-                     + ", ".join(f"{g}: {v:.1f}" for g, v in t["unbounded_bwd_dx_us_by_grid"].items())
-                     if "unbounded_bwd_us" in t else "")
+                  + "".join(f"; {n} " + (f"bwd {v['bwd_us']:.1f} (same bits: {v['same_bits']}) dx {v['dx_us']:.1f} "
+                                          f"dw {v['dw_us']:.1f}, dx by grid "
+                                          + ", ".join(f"{g}: {u:.1f}" for g, u in v["dx_us_by_grid"].items())
+                                          if "bwd_us" in v else v.get("error", "?"))
+                            for n, v in t.get("variants", {}).items())
                   + (f", compile {t['compile_fwd_bwd_us']:.1f}" if "compile_fwd_bwd_us" in t else ""))
+    for t in rep["timing"]:
+        if "resources" in t:
+            print(f"registers/local bytes {t['dtype']} [{t['rows']}, {t['cols']}]: "
+                  + "; ".join(f"{n}: " + ", ".join(f"{e} {r['regs']}/{r['local_bytes']}" for e, r in res.items())
+                              for n, res in [("kernel", t["resources"])]
+                              + [(n, v["resources"]) for n, v in t.get("variants", {}).items() if "resources" in v]))
     for e in rep["errors"]:
         print("ERROR", e)
     print(f"seconds {rep['seconds']}")

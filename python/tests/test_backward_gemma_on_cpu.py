@@ -191,10 +191,10 @@ SOURCES = {
 # The red-team variants of verifier/tests/gpu.rs (gemma_backward/*): each mutation (from, to)
 # applied to the kernel's source; the test below holds they are gpu.rs's strings.
 GPU_VARIANTS = {
-    "gn_rounded": ("KB_DEV float kb_gn(float dy, float w) { return __fmul_rn(dy, __fadd_rn(1.0f, w)); }",
-                   "#define kb_gn(dy, w) BT<T>::rnd(__fmul_rn((dy), __fadd_rn(1.0f, (w))))"),
-    "dw_terms_rounded": ("KB_DEV float kb_dwt(float dy, float h, float r) { return __fmul_rn(dy, __fmul_rn(h, r)); }",
-                         "#define kb_dwt(dy, h, r) BT<T>::rnd(__fmul_rn((dy), BT<T>::rnd(__fmul_rn((h), (r)))))"),
+    "gn_rounded": ("template <typename T> KB_DEV float kb_gn(float dy, float w) { return __fmul_rn(dy, __fadd_rn(1.0f, w)); }",
+                   "template <typename T> KB_DEV float kb_gn(float dy, float w) { return BT<T>::rnd(__fmul_rn(dy, __fadd_rn(1.0f, w))); }"),
+    "dw_terms_rounded": ("template <typename T> KB_DEV float kb_dwt(float dy, float h, float r) { return __fmul_rn(dy, __fmul_rn(h, r)); }",
+                         "template <typename T> KB_DEV float kb_dwt(float dy, float h, float r) { return BT<T>::rnd(__fmul_rn(dy, BT<T>::rnd(__fmul_rn(h, r)))); }"),
 }
 
 

@@ -412,6 +412,10 @@ KERNEL_CASES = [
     (17, 8195, 132, 2, 3), (33, 100, 132, 1, 1), (64, 1024, 132, 2, 5), (70, 12, 132, 1, 2),
     (300, 7, 132, 3, 2), (530, 10, 2, 2, 3), (1100, 16, 1, 4, 7), (2100, 64, 1, 5, 9),
     (1100, 512, 5, 4, 9),  # the model widths' block (32 x 4, output 4-vectors) with 18 CTAs
+    # dx's rows kept in registers between its passes (a lane's 4-vectors fit KB_DX_NV): with the
+    # split row's two trees by shuffles (8168, 8192: some lanes short of a vector), 32-lane rows
+    # (500), and the shared-memory trees of decode rows (3 x 4096)
+    (20, 8168, 132, 3, 2), (33, 8192, 132, 5, 4), (40, 500, 132, 1, 2), (3, 4096, 132, 2, 2),
 ]
 
 

@@ -70,7 +70,7 @@ def test_the_hand_written_folders_are_backward_kernels():
 
 
 def test_every_source_piece_is_used_and_each_kernel_cu_is_self_contained():
-    used = {p for pieces in GEN.ENGINES.values() for p in pieces}
+    used = {p for pieces in GEN.ENGINES.values() for p in pieces} | set(GEN.PASTED_BACKWARD.values())
     on_disk = {p.name for p in (KERNELS / "src").glob("*.cuh")}
     assert on_disk == used, (f"kernels/src/ holds {sorted(on_disk - used)} that no engine uses "
                              f"(dead code: remove it) or an engine names a missing piece "

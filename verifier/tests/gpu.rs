@@ -103,13 +103,13 @@ fn gemma_backward_bundle(variant: &str) -> Result<KernelBundle, String> {
     let m: &[(&str, &str, usize)] = match variant {
         "exact" => &[],
         "gn_rounded" => &[(
-            "KB_DEV float kb_gn(float dy, float w) { return __fmul_rn(dy, __fadd_rn(1.0f, w)); }",
-            "#define kb_gn(dy, w) BT<T>::rnd(__fmul_rn((dy), __fadd_rn(1.0f, (w))))",
+            "template <typename T> KB_DEV float kb_gn(float dy, float w) { return __fmul_rn(dy, __fadd_rn(1.0f, w)); }",
+            "template <typename T> KB_DEV float kb_gn(float dy, float w) { return BT<T>::rnd(__fmul_rn(dy, __fadd_rn(1.0f, w))); }",
             1,
         )],
         "dw_terms_rounded" => &[(
-            "KB_DEV float kb_dwt(float dy, float h, float r) { return __fmul_rn(dy, __fmul_rn(h, r)); }",
-            "#define kb_dwt(dy, h, r) BT<T>::rnd(__fmul_rn((dy), BT<T>::rnd(__fmul_rn((h), (r)))))",
+            "template <typename T> KB_DEV float kb_dwt(float dy, float h, float r) { return __fmul_rn(dy, __fmul_rn(h, r)); }",
+            "template <typename T> KB_DEV float kb_dwt(float dy, float h, float r) { return BT<T>::rnd(__fmul_rn(dy, BT<T>::rnd(__fmul_rn(h, r)))); }",
             1,
         )],
         other => return Err(format!("no gemma backward variant `{other}`")),
