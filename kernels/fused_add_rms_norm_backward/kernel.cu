@@ -234,10 +234,13 @@ KB_DEV float kb_warp_tree(float v, int n) {
   return v;
 }
 
-// RESID: dres (the residual's incoming gradient, as dy) is added into dx (fused_add_rms_norm)
-template <typename T, bool RESID>
-KB_DEV void kb_dx(T* __restrict__ dx, float* __restrict__ ws, const T* __restrict__ dy, const T* __restrict__ dres,
-                  const T* __restrict__ x, const T* __restrict__ w, i64 rows, i64 cols, float eps) {
+// RESID: dres (the residual's incoming gradient, as dy) is added into dx (fused_add_rms_norm).
+// CACHED: the row stays in registers between the passes (kb_dx says when); a path of its own, so
+// that the other rows' code keeps those registers
+template <typename T, bool RESID, bool CACHED>
+KB_DEV void kb_dx_rows(T* __restrict__ dx, float* __restrict__ ws, const T* __restrict__ dy,
+                       const T* __restrict__ dres, const T* __restrict__ x, const T* __restrict__ w, i64 rows,
+                       i64 cols, float eps) {
   const KbRowCfg c = kb_row_cfg(rows, cols);
   const int L = c.lanes;
   const int G = L < 32 ? 32 : L;
@@ -249,12 +252,7 @@ KB_DEV void kb_dx(T* __restrict__ dx, float* __restrict__ ws, const T* __restric
   const float inv_n = (float)(1.0 / (double)cols);                   // MeanBackward's 1 / N
   const int A = 4 * (int)sizeof(T);
   const bool wal = kb_al(w, A);
-  // the row in registers (bf16 and f16: f32's 16-byte vectors would not fit beside the rest in
-  // the 64 registers of two blocks per SM, and spilled them, measured slower): every row starts on
-  // a 4-vector (no head), every access aligned, and a lane's 4-vectors fit (the vectors
-  // k = t + L j of both passes are then the same: G = L)
-  const bool cached = sizeof(T) == 2 && c.vec && cols % 4 == 0 && wal && kb_al(x, A) && kb_al(dy, A) &&
-                      kb_al(dx, A) && (!RESID || kb_al(dres, A)) && cols / 4 <= (i64)KB_DX_NV * L;
+  constexpr bool cached = CACHED;
   int par = 0;
   for (i64 r0 = (i64)blockIdx.x * rpb; r0 < rows; r0 += (i64)gridDim.x * rpb, par ^= 1) {
     const i64 row = r0 + grp;
@@ -265,7 +263,7 @@ KB_DEV void kb_dx(T* __restrict__ dx, float* __restrict__ ws, const T* __restric
     if (live) {
       const T* xr = x + row * cols;
       const T* gr = dy + row * cols;
-      if (cached) {                              // every load first, then eager's chains
+      if constexpr (cached) {  // every load first, then eager's chains
         const int nvec = (int)(cols / 4);
 #pragma unroll
         for (int j = 0; j < KB_DX_NV; ++j) {
@@ -413,7 +411,7 @@ KB_DEV void kb_dx(T* __restrict__ dx, float* __restrict__ ws, const T* __restric
       T* dr = dx + row * cols;
       const T* rr = RESID ? dres + row * cols : nullptr;
       float rv[4] = {0.f, 0.f, 0.f, 0.f};
-      if (cached) {
+      if constexpr (cached) {
         const int nvec = (int)(cols / 4);
 #pragma unroll
         for (int j = 0; j < KB_DX_NV; ++j) {
@@ -463,6 +461,25 @@ KB_DEV void kb_dx(T* __restrict__ dx, float* __restrict__ ws, const T* __restric
       }
     }
   }
+}
+
+template <typename T, bool RESID>
+KB_DEV void kb_dx(T* __restrict__ dx, float* __restrict__ ws, const T* __restrict__ dy, const T* __restrict__ dres,
+                  const T* __restrict__ x, const T* __restrict__ w, i64 rows, i64 cols, float eps) {
+  const KbRowCfg c = kb_row_cfg(rows, cols);
+  const int A = 4 * (int)sizeof(T);
+  // the row in registers (bf16 and f16: f32's 16-byte vectors would not fit beside the rest in
+  // the 64 registers of two blocks per SM, and spilled them, measured slower): every row starts on
+  // a 4-vector (no head), every access aligned, and a lane's 4-vectors fit (the vectors
+  // k = t + L j of both passes are then the same: G = L)
+  if constexpr (sizeof(T) == 2) {
+    if (c.vec && cols % 4 == 0 && kb_al(w, A) && kb_al(x, A) && kb_al(dy, A) && kb_al(dx, A) &&
+        (!RESID || kb_al(dres, A)) && cols / 4 <= (i64)KB_DX_NV * c.lanes) {
+      kb_dx_rows<T, RESID, true>(dx, ws, dy, dres, x, w, rows, cols, eps);
+      return;
+    }
+  }
+  kb_dx_rows<T, RESID, false>(dx, ws, dy, dres, x, w, rows, cols, eps);
 }
 
 // ---- dw, partials: work item (column tile, CTA k); virtual threads (y, column group) ------------
@@ -544,6 +561,41 @@ KB_DEV void kb_dwp(float* __restrict__ ws, const T* __restrict__ dy, const T* __
 }
 
 // ---- dw, final: global_reduce over the CTAs' partials, then round to T ---------------------------
+// the halving tree over q[0, N): q[y] += q[y + N/2] for y < N/2, then over the first half
+template <int N> KB_DEV void kb_halve(float* q) {
+  if constexpr (N > 1) {
+#pragma unroll
+    for (int y = 0; y < N / 2; ++y) q[y] = __fadd_rn(q[y], q[y + N / 2]);
+    kb_halve<N / 2>(q);
+  }
+}
+// one column's global reduce with BH warp-rows: the partials of each y in order (y, y + BH, ...),
+// the BH chains side by side (four rounds of loads in flight), then the tree over y; in registers
+template <int BH> KB_DEV float kb_dw_sum(const float* part, i64 cols, i64 col, int ctas) {
+  float q[BH];
+#pragma unroll
+  for (int y = 0; y < BH; ++y) q[y] = 0.f;  // ident
+  int k0 = 0;
+  for (; k0 + 4 * BH <= ctas; k0 += 4 * BH) {
+    float v[4][BH];
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+      for (int y = 0; y < BH; ++y) v[m][y] = part[(i64)(k0 + m * BH + y) * cols + col];
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+      for (int y = 0; y < BH; ++y) q[y] = __fadd_rn(q[y], v[m][y]);
+  }
+  for (; k0 < ctas; k0 += BH) {
+#pragma unroll
+    for (int y = 0; y < BH; ++y)
+      if (k0 + y < ctas) q[y] = __fadd_rn(q[y], part[(i64)(k0 + y) * cols + col]);
+  }
+  kb_halve<BH>(q);
+  return q[0];
+}
+
 template <typename T>
 KB_DEV void kb_dw(T* __restrict__ dw, const float* __restrict__ ws, i64 rows, i64 cols, i64 sms, i64 tps) {
   const KbColCfg c = kb_col_cfg(rows, cols, sms, tps);
@@ -554,24 +606,14 @@ KB_DEV void kb_dw(T* __restrict__ dw, const float* __restrict__ ws, i64 rows, i6
   if (c.ctas == 1) {
     v = part[col];
   } else if (c.bh <= 32) {
-    // the partials of each y in order (y, y + bh, ...), the bh chains side by side so that their
-    // loads are in flight together, then the halving tree over y: all in registers
-    const int bh = c.bh;
-    float q[32];
-#pragma unroll
-    for (int y = 0; y < 32; ++y) q[y] = 0.f;  // ident
-#pragma unroll 2
-    for (int k0 = 0; k0 < c.ctas; k0 += bh) {
-#pragma unroll
-      for (int y = 0; y < 32; ++y)
-        if (y < bh && k0 + y < c.ctas) q[y] = __fadd_rn(q[y], part[(i64)(k0 + y) * cols + col]);
+    switch (c.bh) {
+      case 1: v = kb_dw_sum<1>(part, cols, col, c.ctas); break;
+      case 2: v = kb_dw_sum<2>(part, cols, col, c.ctas); break;
+      case 4: v = kb_dw_sum<4>(part, cols, col, c.ctas); break;
+      case 8: v = kb_dw_sum<8>(part, cols, col, c.ctas); break;
+      case 16: v = kb_dw_sum<16>(part, cols, col, c.ctas); break;
+      default: v = kb_dw_sum<32>(part, cols, col, c.ctas); break;
     }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2)
-      if (off < bh)
-#pragma unroll
-        for (int y = 0; y < off; ++y) q[y] = __fadd_rn(q[y], q[y + off]);
-    v = q[0];
   } else {
     float q[512];
     const int bh = c.bh;

@@ -352,15 +352,22 @@ fn gradient_class(r: &VerificationReport, gradient: &str) -> String {
 }
 
 /// Verify a fixture (`good/...`, `broken/...`: bf16), a bundled kernel (`kernels/NAME`: every
-/// dtype it declares) or a backward kernel (`backward/VARIANT`, rms_norm_llama_backward's;
-/// `gemma_backward/VARIANT`, rms_norm_gemma_backward's: `exact` in every dtype, the others in bf16;
+/// dtype it declares) or a backward kernel (`backward/VARIANT`, rms_norm_llama_backward's: `exact`
+/// in every dtype, `sms_ignored` in f32, the others in bf16; `gemma_backward/VARIANT`, rms_norm_gemma_backward's: `exact` in every dtype, the others in bf16;
 /// `gated_backward/VARIANT`, silu_mul_backward's: `exact` in every dtype, the red-team variants
 /// in bf16, `fma_unfused` in f32; `gelu_backward/VARIANT`, gelu_tanh_mul_backward's: `exact` in
 /// every dtype, `tanh_derivative_unfused` in f32, `fast_tanh` in bf16; `activation_backward/ACT_VARIANT`,
 /// the activations' backward kernels: `activation_backward_bundle`), with the quick suite.
 fn run(rel: &str) -> Result<VerificationReport, String> {
     let (b, dtypes) = if let Some(v) = rel.strip_prefix("backward/") {
-        let dts = (v != "exact").then(|| vec![DType::Bf16]);
+        // sms_ignored in f32: its dw sums in another order, which bf16's rounding of dw hides in
+        // all but a case or two of the quick suite (caught in 1-2 of them in sessions 14-32, in
+        // none in session 35's run)
+        let dts = match v {
+            "exact" => None,
+            "sms_ignored" => Some(vec![DType::F32]),
+            _ => Some(vec![DType::Bf16]),
+        };
         (backward_bundle(v)?, dts)
     } else if let Some(v) = rel.strip_prefix("gemma_backward/") {
         let dts = (v != "exact").then(|| vec![DType::Bf16]);
