@@ -327,9 +327,9 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 #: The forward ops whose layers the model level can wrap (the norms; the gated MLPs,
 #: `down_proj(act(gate_proj(x)) * up_proj(x))`, whose product is wrapped; the standalone
-#: activations are not wrapped yet). Which forward a backward op belongs to is kernelize's
+#: activation modules, e.g. GPT-2's GELU). Which forward a backward op belongs to is kernelize's
 #: `BACKWARD_OF` (`forward_of`).
-WRAPPED_FORWARDS = frozenset({"rms_norm", "layer_norm", "silu_mul", "gelu_tanh_mul"})
+WRAPPED_FORWARDS = frozenset({"rms_norm", "layer_norm", "silu_mul", "gelu_tanh_mul", "silu", "gelu", "gelu_tanh"})
 
 
 def forward_of(op: str, semantics: str) -> str:
@@ -403,6 +403,26 @@ class _GatedWithBackward(torch.autograd.Function):
         return dg.reshape(gate.shape), du.reshape(up.shape), None, None
 
 
+class _ActWithBackward(torch.autograd.Function):
+    """An activation module's own forward; `function(dy, x) -> dx` (or `(dx,)`) on rows as its
+    backward."""
+
+    @staticmethod
+    def forward(ctx, x, layer_forward, function):
+        ctx.save_for_backward(x)
+        ctx.function = function
+        return layer_forward(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        cols = x.shape[-1]
+        dx = ctx.function(dy.reshape(-1, cols).contiguous(), x.reshape(-1, cols).contiguous())
+        if isinstance(dx, (tuple, list)):
+            (dx,) = dx
+        return dx.reshape(x.shape), None, None
+
+
 def eager_function(op: str, semantics: str) -> Callable:
     """Eager autograd's gradients of `op` (`eager_gradients`) as a function of its signature: the
     control of the model level."""
@@ -428,6 +448,8 @@ def wrap_layers(model: torch.nn.Module, op: str, semantics: str, function: Calla
             act = _GATED[op]   # the activation eager's act_fn computes (discover probed it)
             m.forward = (lambda x, m=m, act=act: m.down_proj(_GatedWithBackward.apply(
                 m.gate_proj(x), m.up_proj(x), act, function)))
+        elif fwd_op in ("silu", "gelu", "gelu_tanh"):
+            m.forward = lambda x, own=m.forward: _ActWithBackward.apply(x, own, function)
         else:
             m.forward = (lambda x, m=m: _LayerNormWithBackward.apply(x, m.weight, m.bias, function,
                                                                      m.eps))

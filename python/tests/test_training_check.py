@@ -268,3 +268,32 @@ def test_a_gated_backward_candidates_model_level_wraps_the_gated_mlps(tmp_path):
     assert rc == 0, out
     assert row["layers_wrapped"] == [f"model.layers.{i}.mlp" for i in range(4)]
     assert row["ok"] and row["control_identical"]
+
+
+_GELU_CANDIDATE = '''import torch
+import torch.nn.functional as F
+
+
+def gelu_backward(dy, x):
+    # eager autograd of F.gelu (erf){note}
+    with torch.enable_grad():
+        xr = x.detach().requires_grad_(True)
+        (dx,) = torch.autograd.grad(F.gelu(xr), (xr,), dy)
+    return dx * {scale}
+'''
+
+
+def test_an_activation_backward_candidates_model_level_wraps_the_activation_modules(tmp_path):
+    """gelu_backward: the tiny GPT-2's 4 GELU modules (its MLPs' act) keep their forward and run
+    the candidate as their backward; eager's gradient trains as eager, one 1 % off does not."""
+    exact = _candidate(tmp_path / "gelu", "eager_gelu", "gelu_backward", "default",
+                       _GELU_CANDIDATE.format(note="", scale="1"))
+    rc, row, out = _model_level(tmp_path, exact, "tiny-gpt2")
+    assert rc == 0, out
+    assert row["layers_wrapped"] == [f"transformer.h.{i}.mlp.act" for i in range(4)], row["layers_wrapped"]
+    assert row["ok"] and row["control_identical"] and row["max_loss_abs_diff"] == 0
+    off = _candidate(tmp_path / "gelu_off", "off_gelu", "gelu_backward", "default",
+                     _GELU_CANDIDATE.format(note=", dx then scaled by 1.01", scale="1.01"))
+    rc, row, out = _model_level(tmp_path, off, "tiny-gpt2")
+    assert rc == 1 and not row["ok"] and row["control_identical"]
+    assert sum(row["candidate_parameters_differing"].values()) > 0
