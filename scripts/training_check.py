@@ -66,7 +66,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import shutil
@@ -83,6 +82,8 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import kernelize  # noqa: E402
+from kernelize_verifier.training_level import (  # noqa: E402  (one home: the verifier's model harness uses them too)
+    ADAMW_EPS, against_eager, compare_candidate, train, windows)
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 MODELS = ["tiny-llama", "tiny-gpt2", "tiny-gemma"]
@@ -93,8 +94,6 @@ KERNELS = ["rms_norm_llama", "rms_norm_llama_backward", "rms_norm_gemma", "rms_n
            "silu_mul", "silu_mul_backward", "gelu_tanh_mul", "gelu_tanh_mul_backward", "layer_norm",
            "layer_norm_backward", "gelu", "gelu_backward"]
 GATED = ["silu_mul", "silu_mul_backward", "gelu_tanh_mul", "gelu_tanh_mul_backward"]
-# AdamW's eps by dtype: its default, but in f16 (where 1e-8 is 0) one f16 represents
-ADAMW_EPS = {"bf16": 1e-8, "f16": 1e-4, "f32": 1e-8}
 LAYER_NORM = ["layer_norm", "layer_norm_backward"]
 # the standalone activations' (tiny-gpt2's GELUs; the gated MLPs' act_fn is covered by their op)
 ACTIVATIONS = ["gelu", "gelu_backward"]
@@ -172,52 +171,7 @@ def kernels_dir(root: str, gated: bool = True, layer_norm: bool = True,
 def batches(n: int, batch: int, seq: int, device) -> list[torch.Tensor]:
     """`n` batches of byte tokens from models/corpus.txt (fixed: the same for both runs)."""
     data = open(os.path.join(ROOT, "models", "corpus.txt"), "rb").read()
-    t = torch.tensor(list(data), dtype=torch.long)
-    g = torch.Generator().manual_seed(0)
-    starts = torch.randint(0, len(t) - seq - 1, (n, batch), generator=g)
-    return [torch.stack([t[s:s + seq] for s in row.tolist()]).to(device) for row in starts]
-
-
-INT_OF_SIZE = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The elements' bit patterns (an integer tensor of the same element size)."""
-    return t.detach().contiguous().reshape(-1).view(INT_OF_SIZE[t.element_size()])
-
-
-def grad_digests(model) -> dict[str, bytes]:
-    """Each parameter's gradient bits, hashed (None-gradients left out)."""
-    import hashlib
-    return {n: hashlib.sha256(bits(p.grad).cpu().numpy().tobytes()).digest()
-            for n, p in model.named_parameters() if p.grad is not None}
-
-
-def train(model, data, lr: float, timed_from: int, cuda: bool, eps: float = 1e-8
-          ) -> tuple[list[float], list[bytes], list[float], list[dict[str, bytes]]]:
-    """AdamW steps (eps `eps`) over `data`: each loss (value and bits), each step's time (ms)
-    from `timed_from` on, and each step's gradient digests (`grad_digests`, taken outside the
-    timed steps)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, eps=eps)
-    losses, loss_bits, times, grads = [], [], [], []
-    for i, ids in enumerate(data):
-        if cuda:
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-        loss.backward()
-        if i < timed_from:
-            grads.append(grad_digests(model))
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if cuda:
-            stop.record()
-            torch.cuda.synchronize()
-            if i >= timed_from:
-                times.append(start.elapsed_time(stop))
-        losses.append(float(loss))
-        loss_bits.append(bits(loss).cpu().numpy().tobytes())
-    return losses, loss_bits, times, grads
+    return windows(list(data), n, batch, seq, device)
 
 
 def backward_launches() -> dict[str, dict[str, int]]:
@@ -240,35 +194,6 @@ def load_model(model_name: str, dtype: str, device):
         return BUILT[model_name]().to(device=device, dtype=t).train()
     return transformers.AutoModelForCausalLM.from_pretrained(
         os.path.join(ROOT, "models", model_name), attn_implementation="eager").to(device=device, dtype=t).train()
-
-
-def parameters_differing(model, params: dict) -> dict[str, int]:
-    """Parameter name -> elements whose bits differ from `params`' (eager's), where any do."""
-    out = {}
-    for n, p in model.named_parameters():
-        d = int((bits(p) != bits(params[n])).sum())
-        if d:
-            out[n] = d
-    return out
-
-
-def gradients_differing(eager_grads: list, grads: list) -> dict[str, list[str]]:
-    """step -> the parameters whose gradient bits differ from eager's (the untimed steps)."""
-    out = {}
-    for i, (a, b) in enumerate(zip(eager_grads, grads)):
-        names = sorted(n for n in set(a) | set(b) if a.get(n) != b.get(n))
-        if names:
-            out[str(i)] = names
-    return out
-
-
-def against_eager(prefix: str, eager_run: tuple, run: tuple, model, params: dict) -> dict:
-    """A copy's training (`run`, what `train` returned for `model`) against eager's
-    (`eager_run`, `params` its parameters): `<prefix>loss_steps_differing`,
-    `<prefix>parameters_differing` and `<prefix>gradients_differing`."""
-    return {f"{prefix}loss_steps_differing": [i for i, (a, b) in enumerate(zip(eager_run[1], run[1])) if a != b],
-            f"{prefix}parameters_differing": parameters_differing(model, params),
-            f"{prefix}gradients_differing": gradients_differing(eager_run[3], run[3])}
 
 
 def check(model_name: str, dtype: str, steps: int, source: dict, device, dry: bool) -> dict:
@@ -317,35 +242,13 @@ def check_candidate(model_name: str, dtype: str, steps: int, folder: str, device
     from kernelize_verifier import backward_field as BF
     manifest, module = BF.load(folder)
     op, sem = manifest["op"], manifest.get("semantics", "default")
-    eager, control, cand = (load_model(model_name, dtype, device) for _ in range(3))
-    wrapped = BF.wrap_layers(cand, op, sem, BF.entry(manifest, module, dtype))
-    BF.wrap_layers(control, op, sem, BF.eager_function(op, sem))
     out = {"model": model_name, "dtype": dtype, "steps": steps, "op": op,
-           "candidate": f"{manifest['name']} {manifest['version']}", "layers_wrapped": wrapped}
-    if not wrapped:
-        out.update(skipped=f"no layer of {model_name} computes {BF.forward_of(op, sem)} ({sem})", ok=None)
-        return out
-    data = batches(steps, 4, 64, device)
-    cuda, eps = device.type == "cuda", ADAMW_EPS[dtype]
-    ran_eager = train(eager, data, 1e-3, 3, cuda, eps)
-    ran_control = train(control, data, 1e-3, 3, cuda, eps)
-    ran_cand = train(cand, data, 1e-3, 3, cuda, eps)
-    (le, _, te, _), (lk, _, tk, gk) = ran_eager, ran_cand
-    params = dict(eager.named_parameters())
-    finite = [abs(a - b) for a, b in zip(le, lk) if math.isfinite(a) and math.isfinite(b)]
-    out.update({
-        "adamw_eps": eps, "losses_eager": le, "losses_control": ran_control[0], "losses_candidate": lk,
-        **against_eager("control_", ran_eager, ran_control, control, params),
-        **against_eager("candidate_", ran_eager, ran_cand, cand, params),
-        "grad_steps_compared": len(gk),
-        "max_loss_abs_diff": max(finite) if finite else None,
-        "losses_finite": len(finite) == len(le),
-        "step_ms_eager": statistics.median(te) if te else None,
-        "step_ms_candidate": statistics.median(tk) if tk else None,
-    })
-    def differs(prefix: str) -> bool:
-        return any(v for k, v in out.items() if k.startswith(prefix) and k.endswith("_differing"))
-    out["control_identical"], out["ok"] = not differs("control_"), not differs("candidate_")
+           "candidate": f"{manifest['name']} {manifest['version']}"}
+    out.update(compare_candidate(lambda: load_model(model_name, dtype, device), op, sem,
+                                 BF.entry(manifest, module, dtype), batches(steps, 4, 64, device),
+                                 dtype, device))
+    if out.get("skipped"):
+        out["skipped"] = f"no layer of {model_name} computes {BF.forward_of(op, sem)} ({sem})"
     return out
 
 
