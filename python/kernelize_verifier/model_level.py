@@ -44,6 +44,15 @@ unless this process has a network namespace of its own (the verifier starts it i
 kernel allows it: verifier/src/model.rs). Being PyTorch code, a Python candidate also runs on the
 CPU (`--device cpu --arch sm_90` without `--dry-run`), which the CPU tests use.
 
+A backward op's model level is training, not logits (docs/backward.md, item 9): for a Python
+candidate of a backward op, each model x dtype trains three copies with AdamW on `--train-steps`
+batches of windows of the text's tokens: eager; a control whose layers of the op's forward run
+eager's forward and eager's own gradients of the op through an autograd.Function; the candidate's,
+whose layers run the candidate as their backward (`training_level.compare_candidate`, as
+scripts/training_check.py --backward-candidate). summary.json's `training` lists, per model and
+dtype, the loss steps, gradient steps and parameter elements whose bits differ from eager's,
+for the candidate and the control. A CUDA backward kernel's training is not run here yet.
+
 Tokenizer convention: a config.json with `"kernelize_tokenizer": "bytes"` (the models in
 models/) means token ids are the UTF-8 bytes of the text (vocab 256); otherwise the model
 folder's own tokenizer (`AutoTokenizer`) is used.
@@ -154,13 +163,16 @@ def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def load_model(model_dir: Path, dtype: str, device):
-    """`AutoModelForCausalLM.from_pretrained` in `dtype` on `device`, in eval mode.
+def load_model(model_dir: Path, dtype: str, device, training: bool = False):
+    """`AutoModelForCausalLM.from_pretrained` in `dtype` on `device`, in eval mode (`training`:
+    in training mode with HF's eager attention, whose gradients repeat bit for bit).
     transformers >= 4.56 names the argument `dtype` (`torch_dtype` before)."""
     import transformers
     dt = torch_dtype(dtype)
     kw = ({"dtype": dt} if _version_tuple(transformers.__version__) >= (4, 56)
           else {"torch_dtype": dt})
+    if training:
+        kw["attn_implementation"] = "eager"
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), **kw)
     except (OSError, ValueError) as e:
@@ -169,7 +181,8 @@ def load_model(model_dir: Path, dtype: str, device):
             f"cannot load {model_dir} with AutoModelForCausalLM: {first}. If its weights are "
             "missing (the shipped models' weights come from a GPU run), train them with "
             "`python3 models/train.py --out models` on a GPU machine.") from None
-    return model.to(device=device, dtype=dt).eval()
+    model = model.to(device=device, dtype=dt)
+    return model.train() if training else model.eval()
 
 
 # ---- adapting a model to the kernel's semantics ---------------------------------------------
@@ -372,15 +385,20 @@ def load_kernel(path: Path) -> Kernel:
     return Kernel(path, manifest, digest, source)
 
 
-def _declared_runtime(path: Path) -> str:
-    """The runtime kernel.toml declares ("cuda" when it cannot be read: loading it later says
-    why)."""
+def _declared(path: Path, key: str, default: str) -> str:
+    """What kernel.toml declares for `key` (`default` when it cannot be read: loading it later
+    says why)."""
     try:
         import tomllib
         with open(path / "kernel.toml", "rb") as f:
-            return str(tomllib.load(f).get("runtime", "cuda"))
+            return str(tomllib.load(f).get(key, default))
     except Exception:  # noqa: BLE001 - only a hint for argument checks
-        return "cuda"
+        return default
+
+
+def _declared_runtime(path: Path) -> str:
+    """The runtime kernel.toml declares ("cuda" when it cannot be read)."""
+    return _declared(path, "runtime", "cuda")
 
 
 def isolation_lines(confinement: Path | None) -> list[str]:
@@ -411,10 +429,11 @@ def load_python_candidate(kernel: Kernel, dtypes: list[str], device, require_iso
         raise HarnessError(f"--require-network-isolation: this process is {isolation[0]}; "
                            "refusing to run the Python candidate's code. Run it where "
                            "unprivileged user namespaces are allowed, or drop the flag.")
+    from kernelize.manifest import BACKWARD_OPS
     packages = package_versions(kernel.manifest)
     for dtype in dtypes:
-        if dtype not in kernel.manifest["entries"]:
-            continue
+        if dtype not in kernel.manifest["entries"] or kernel.op in BACKWARD_OPS:
+            continue   # (a backward candidate's module is loaded by backward_field.load)
         try:
             launch.compiled(kernel.digest, kernel.manifest, kernel.source, dtype, device,
                             allow_python=True)
@@ -537,6 +556,30 @@ def measure(kernel: Kernel, model_dir: Path, dtype: str, text: str, args, device
     return run, None
 
 
+def train_candidate(function, kernel: Kernel, model_dir: Path, dtype: str, text: str, args,
+                    device) -> tuple[dict | None, dict | None]:
+    """A backward candidate's model level on one model and dtype (`training_level`): (row, None)
+    or (None, skip) where no layer of the model computes the op's forward."""
+    from kernelize_verifier import training_level as TL
+    config = read_config(model_dir)
+    ids, _ = tokenize(model_dir, config, text)
+    seq = min(64, max(2, len(ids) // 4))
+    if len(ids) < seq + 2:
+        raise HarnessError(f"the text gives {len(ids)} token(s) for {model_dir.name}: too few to "
+                           "train on; give a longer --text.")
+    data = TL.windows(ids, args.train_steps, 2, seq, device)
+    t0 = time.time()
+    row = TL.compare_candidate(lambda: load_model(model_dir, dtype, device, training=True),
+                               kernel.op, kernel.semantics, function, data, dtype, device,
+                               timed_from=args.train_steps)
+    row.update(model_name=model_dir.name, model_dir=str(model_dir), seq=seq, batch=2,
+               seconds=round(time.time() - t0, 3))
+    if row.get("skipped"):
+        return None, {"model_name": model_dir.name, "model_dir": str(model_dir), "dtype": dtype,
+                      "reason": row["skipped"]}
+    return row, None
+
+
 def _save(path: Path, ids, eager, cand, metadata: dict[str, str]) -> None:
     import torch
     from safetensors.torch import save_file
@@ -581,6 +624,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=_positive, default=512,
                    help="truncate the text's tokens (also to the model's max positions)")
     p.add_argument("--arch", help="sm_XY for the kernel's constraints (default: the device's)")
+    p.add_argument("--train-steps", type=_positive, default=4,
+                   help="a backward candidate's model level: AdamW steps per copy (default 4)")
     p.add_argument("--dry-run", action="store_true",
                    help="no launch: report what would be replaced (works on the CPU)")
     p.add_argument("--package-dir", action="append", type=Path, default=[],
@@ -608,6 +653,10 @@ def main(argv: list[str] | None = None) -> int:
                 "cuda, or --dry-run to check models and matching without a GPU")
     if not args.device.startswith("cuda") and not args.arch:
         p.error(f"--device {args.device} needs --arch (e.g. sm_90) for the kernel's constraints")
+    if _declared(args.kernel, "op", "").endswith("_backward"):
+        # deterministic cuBLAS (before CUDA starts): a backward candidate's model level compares
+        # training runs bit for bit, and eager's own bits must repeat
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     # Before anything imports torch: a candidate's packages (a torch among them) come first.
     for d in reversed(args.package_dir):
         sys.path.insert(0, str(d.resolve()))
@@ -676,9 +725,37 @@ def _run(args) -> int:
         summary_path.unlink(missing_ok=True)  # never leave a stale summary behind a failure
         log(f"kernel {kernel.label} ({kernel.digest[:19]}...) on {device_name} ({arch})"
             + (" [dry run]" if args.dry_run else ""))
-        runs, skipped = [], []
+        from kernelize.manifest import BACKWARD_OPS
+        runs, skipped, training = [], [], []
+        backward = kernel.op in BACKWARD_OPS   # its model level is training
+        if backward:
+            stage = "loading the backward candidate"
+            if not kernel.is_python:
+                raise HarnessError(f"{kernel.label}: the training steps of a CUDA backward kernel are "
+                                   "not run by this harness yet (Python candidates only)")
+            from kernelize_verifier import backward_field as BF
+            bmanifest, bmodule = BF.load(args.kernel)
+            torch.use_deterministic_algorithms(True, warn_only=True)
         for model_dir in args.model:
-            for dtype in args.dtypes:
+            for dtype in args.dtypes if backward else []:
+                stage = f"training {model_dir.name} in {dtype}"
+                if dtype not in kernel.manifest["entries"]:
+                    skipped.append({"model_name": model_dir.name, "model_dir": str(model_dir),
+                                    "dtype": dtype, "reason": f"the candidate has no {dtype} entry"})
+                    continue
+                row, skip = train_candidate(BF.entry(bmanifest, bmodule, dtype), kernel,
+                                            model_dir.resolve(), dtype, text, args, device)
+                if row is not None:
+                    training.append(row)
+                    log(f"{model_dir.name} {dtype}: {row['steps']} AdamW steps with the candidate as "
+                        f"the backward of {len(row['layers_wrapped'])} layer(s): "
+                        + ("bit-identical with eager" if row["ok"] else "differs from eager")
+                        + ("" if row["control_identical"] else " (the control differs too)")
+                        + f" ({row['seconds']:.1f} s)")
+                else:
+                    skipped.append(skip)
+                    log(f"{model_dir.name} {dtype}: skipped: {skip['reason']}")
+            for dtype in [] if backward else args.dtypes:
                 stage = f"measuring {model_dir.name} in {dtype}"
                 run, skip = measure(kernel, model_dir.resolve(), dtype, text, args, device, arch)
                 if run is not None:
@@ -705,12 +782,14 @@ def _run(args) -> int:
             "text": str(args.text.resolve()), "max_tokens": args.max_tokens,
             "runs": runs, "skipped": skipped,
         }
+        if backward:
+            summary["training"] = training
         if python_info is not None:
             summary["python"] = python_info
         tmp = summary_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
         os.replace(tmp, summary_path)
-        log(f"wrote {summary_path}: {len(runs)} run(s), {len(skipped)} skipped")
+        log(f"wrote {summary_path}: {len(runs) + len(training)} run(s), {len(skipped)} skipped")
         return 0
     except HarnessError as e:
         log(f"failed while {stage}: {e}")

@@ -69,7 +69,7 @@ def train(model, data, lr: float, timed_from: int, cuda: bool, eps: float = 1e-8
             torch.cuda.synchronize()
             if i >= timed_from:
                 times.append(start.elapsed_time(stop))
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         loss_bits.append(bits(loss).cpu().numpy().tobytes())
     return losses, loss_bits, times, grads
 

@@ -178,6 +178,15 @@ def _run(tmp_path, kernel, model_dirs, *extra, dtype="bf16", dry=True):
     return rc, summary, out
 
 
+def test_a_cuda_backward_kernels_training_is_refused_with_the_reason(tmp_path, models, capsys):
+    """A backward op's model level is training; the harness runs it for Python candidates
+    (verifier/tests/python_candidates.rs trains the model with one), not yet for CUDA ones."""
+    rc, s, _ = _run(tmp_path, KERNELS / "rms_norm_llama_backward", [models["llama"]])
+    err = capsys.readouterr().err
+    assert rc == 1 and s is None
+    assert "the training steps of a CUDA backward kernel are not run by this harness yet" in err, err
+
+
 def test_dry_run_summary_contract(tmp_path, models, capsys):
     rc, s, out = _run(tmp_path, KERNELS / "rms_norm_torch", [models["llama"], models["gpt2-gelu"]],
                       dtype="bf16,f32")

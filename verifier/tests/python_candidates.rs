@@ -491,6 +491,83 @@ fn model_level_runs_the_python_function_in_a_confined_harness() {
     );
 }
 
+/// A backward candidate's model level is training (docs/backward.md, item 9): the harness trains
+/// the model three times (eager; a control with eager's own gradients of the op through the
+/// wrapping; the candidate as the backward of every RMSNorm layer), in the confined child, on the
+/// CPU here. Eager autograd's own formula trains bit for bit as eager in bf16; a dx 1 % off moves
+/// the losses and parameters, and the note says by how much.
+#[test]
+fn a_backward_candidates_model_level_trains_the_model_with_it() {
+    let Some(py) = python() else { return };
+    let d = tempfile::tempdir().unwrap();
+    let Some(model) = tiny_llama(&py, d.path()) else {
+        return;
+    };
+    std::fs::write(
+        d.path().join("eval.txt"),
+        "The quick brown fox jumps over the lazy dog, and then it runs away into the woods \
+         where nobody can find it again for a long, long time.",
+    )
+    .unwrap();
+    let toml = TOML
+        .replace("fake_py_rms", "eager_rms_backward")
+        .replace("op = \"rms_norm\"", "op = \"rms_norm_backward\"")
+        .replace("= \"rms_norm\"", "= \"rms_norm_backward\"");
+    let source = |scale: &str| {
+        format!(
+            "import torch\n\n\ndef rms_norm_backward(dy, x, w, eps):\n\
+             \x20   with torch.enable_grad():\n\
+             \x20       xr = x.detach().requires_grad_(True)\n\
+             \x20       wr = w.detach().requires_grad_(True)\n\
+             \x20       h = xr.to(torch.float32)\n\
+             \x20       h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)\n\
+             \x20       dx, dw = torch.autograd.grad(wr * h.to(x.dtype), (xr, wr), dy)\n\
+             \x20   return dx * {scale}, dw\n"
+        )
+    };
+    let opts = verifier::model::ModelOptions {
+        models: vec![model.clone()],
+        text: d.path().join("eval.txt"),
+        python: py.display().to_string(),
+        python_path: repo().join("python"),
+        max_tokens: 64,
+        timeout: Duration::from_secs(300),
+        python_candidate: PythonOptions {
+            python: py.clone(),
+            device: PyDevice::Cpu,
+            ..Default::default()
+        },
+    };
+    let run = |scale: &str| {
+        let bundle = KernelBundle::from_parts(&toml, &source(scale)).unwrap();
+        let mut lines = vec![];
+        let o = verifier::model::run_models(&bundle, &[DType::Bf16], &opts, &mut |l| {
+            lines.push(l.to_string())
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", lines.join("\n")));
+        assert!(o.reports.is_empty() && o.skipped.is_empty(), "{o:?}");
+        assert_eq!(o.training.len(), 1, "{o:?} {lines:?}");
+        o.training[0].clone()
+    };
+    let exact = run("1");
+    assert_eq!(exact.model_name, "tiny-llama");
+    assert_eq!(exact.layers_wrapped.len(), 5, "{exact:?}"); // 2 layers x 2 norms + the final norm
+    assert!(exact.ok && exact.control_identical, "{exact:?}");
+    assert!(
+        exact.note().ends_with("bit-identical with eager's"),
+        "{}",
+        exact.note()
+    );
+    let off = run("1.01");
+    assert!(!off.ok && off.control_identical, "{off:?}");
+    assert!(
+        off.candidate_parameters_differing.values().sum::<u64>() > 0
+            && !off.candidate_gradients_differing.is_empty(),
+        "{off:?}"
+    );
+    assert!(off.note().contains("differs from eager"), "{}", off.note());
+}
+
 // ---- hostile candidates: verifier/tests/fixtures/python-hostile, each with its expect.toml -----
 
 /// The Python executor with every case timed (the suite times only GPU-sized shapes, which the
