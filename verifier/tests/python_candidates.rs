@@ -347,6 +347,30 @@ fn repo() -> PathBuf {
         .to_path_buf()
 }
 
+/// The model level of a Python candidate on the CPU: `model`, the eval text `text`, 64 tokens,
+/// the confined child with `package_dirs` first on its path.
+fn cpu_model_options(
+    py: &Path,
+    model: &Path,
+    text: &Path,
+    package_dirs: Vec<PathBuf>,
+) -> verifier::model::ModelOptions {
+    verifier::model::ModelOptions {
+        models: vec![model.to_path_buf()],
+        text: text.to_path_buf(),
+        python: py.display().to_string(),
+        python_path: repo().join("python"),
+        max_tokens: 64,
+        timeout: Duration::from_secs(300),
+        python_candidate: PythonOptions {
+            python: py.to_path_buf(),
+            device: PyDevice::Cpu,
+            package_dirs,
+            ..Default::default()
+        },
+    }
+}
+
 #[test]
 fn model_level_runs_the_python_function_in_a_confined_harness() {
     let Some(py) = python() else { return };
@@ -396,20 +420,7 @@ fn model_level_runs_the_python_function_in_a_confined_harness() {
         "import kz_probe\n\n\ndef rms_norm(x, weight, eps):\n    return kz_probe.rms_norm(x, weight, eps)\n",
     )
     .unwrap();
-    let opts = verifier::model::ModelOptions {
-        models: vec![model.clone()],
-        text: d.path().join("eval.txt"),
-        python: py.display().to_string(),
-        python_path: repo().join("python"),
-        max_tokens: 64,
-        timeout: Duration::from_secs(300),
-        python_candidate: PythonOptions {
-            python: py.clone(),
-            device: PyDevice::Cpu,
-            package_dirs: vec![pkgs.clone()],
-            ..Default::default()
-        },
-    };
+    let opts = cpu_model_options(&py, &model, &d.path().join("eval.txt"), vec![pkgs.clone()]);
     let mut lines = vec![];
     let o = verifier::model::run_models(&bundle, &[DType::Bf16, DType::F32], &opts, &mut |l| {
         lines.push(l.to_string())
@@ -525,19 +536,7 @@ fn a_backward_candidates_model_level_trains_the_model_with_it() {
              \x20   return dx * {scale}, dw\n"
         )
     };
-    let opts = verifier::model::ModelOptions {
-        models: vec![model.clone()],
-        text: d.path().join("eval.txt"),
-        python: py.display().to_string(),
-        python_path: repo().join("python"),
-        max_tokens: 64,
-        timeout: Duration::from_secs(300),
-        python_candidate: PythonOptions {
-            python: py.clone(),
-            device: PyDevice::Cpu,
-            ..Default::default()
-        },
-    };
+    let opts = cpu_model_options(&py, &model, &d.path().join("eval.txt"), vec![]);
     let run = |scale: &str| {
         let bundle = KernelBundle::from_parts(&toml, &source(scale)).unwrap();
         let mut lines = vec![];
