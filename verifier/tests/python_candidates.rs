@@ -347,6 +347,16 @@ fn repo() -> PathBuf {
         .to_path_buf()
 }
 
+/// A Python with torch, and a temporary folder holding a tiny Llama and `text` as eval.txt (None,
+/// said, where there is no such Python).
+fn tiny_model_level(text: &str) -> Option<(PathBuf, tempfile::TempDir, PathBuf)> {
+    let py = python()?;
+    let d = tempfile::tempdir().unwrap();
+    let model = tiny_llama(&py, d.path())?;
+    std::fs::write(d.path().join("eval.txt"), text).unwrap();
+    Some((py, d, model))
+}
+
 /// The model level of a Python candidate on the CPU: `model`, the eval text `text`, 64 tokens,
 /// the confined child with `package_dirs` first on its path.
 fn cpu_model_options(
@@ -373,16 +383,11 @@ fn cpu_model_options(
 
 #[test]
 fn model_level_runs_the_python_function_in_a_confined_harness() {
-    let Some(py) = python() else { return };
-    let d = tempfile::tempdir().unwrap();
-    let Some(model) = tiny_llama(&py, d.path()) else {
+    let Some((py, d, model)) =
+        tiny_model_level("The quick brown fox jumps over the lazy dog, and then it runs away.")
+    else {
         return;
     };
-    std::fs::write(
-        d.path().join("eval.txt"),
-        "The quick brown fox jumps over the lazy dog, and then it runs away.",
-    )
-    .unwrap();
     // A package folder as `pip install --target` leaves it, holding the candidate's function:
     // F.rms_norm (one rounding where LlamaRMSNorm rounds twice), and a record of what the
     // process it runs in looks like.
@@ -509,17 +514,12 @@ fn model_level_runs_the_python_function_in_a_confined_harness() {
 /// the losses and parameters, and the note says by how much.
 #[test]
 fn a_backward_candidates_model_level_trains_the_model_with_it() {
-    let Some(py) = python() else { return };
-    let d = tempfile::tempdir().unwrap();
-    let Some(model) = tiny_llama(&py, d.path()) else {
-        return;
-    };
-    std::fs::write(
-        d.path().join("eval.txt"),
+    let Some((py, d, model)) = tiny_model_level(
         "The quick brown fox jumps over the lazy dog, and then it runs away into the woods \
          where nobody can find it again for a long, long time.",
-    )
-    .unwrap();
+    ) else {
+        return;
+    };
     let toml = TOML
         .replace("fake_py_rms", "eager_rms_backward")
         .replace("op = \"rms_norm\"", "op = \"rms_norm_backward\"")
