@@ -244,11 +244,9 @@ def check_candidate(model_name: str, dtype: str, steps: int, folder: str, device
     op, sem = manifest["op"], manifest.get("semantics", "default")
     out = {"model": model_name, "dtype": dtype, "steps": steps, "op": op,
            "candidate": f"{manifest['name']} {manifest['version']}"}
-    out.update(compare_candidate(lambda: load_model(model_name, dtype, device), op, sem,
+    out.update(compare_candidate(lambda: load_model(model_name, dtype, device), model_name, op, sem,
                                  BF.entry(manifest, module, dtype), batches(steps, 4, 64, device),
                                  dtype, device))
-    if out.get("skipped"):
-        out["skipped"] = f"no layer of {model_name} computes {BF.forward_of(op, sem)} ({sem})"
     return out
 
 

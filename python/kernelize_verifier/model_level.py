@@ -570,8 +570,8 @@ def train_candidate(function, kernel: Kernel, model_dir: Path, dtype: str, text:
     data = TL.windows(ids, args.train_steps, 2, seq, device)
     t0 = time.time()
     row = TL.compare_candidate(lambda: load_model(model_dir, dtype, device, training=True),
-                               kernel.op, kernel.semantics, function, data, dtype, device,
-                               timed_from=args.train_steps)
+                               model_dir.name, kernel.op, kernel.semantics, function, data, dtype,
+                               device, timed_from=args.train_steps)
     row.update(model_name=model_dir.name, model_dir=str(model_dir), seq=seq, batch=2,
                seconds=round(time.time() - t0, 3))
     if row.get("skipped"):

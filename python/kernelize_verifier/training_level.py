@@ -103,9 +103,9 @@ def against_eager(prefix: str, eager_run: tuple, run: tuple, model, params: dict
             f"{prefix}gradients_differing": gradients_differing(eager_run[3], run[3])}
 
 
-def compare_candidate(load: Callable[[], Any], op: str, semantics: str, function: Callable,
-                      data: list[torch.Tensor], dtype: str, device, timed_from: int = 3,
-                      lr: float = 1e-3) -> dict[str, Any]:
+def compare_candidate(load: Callable[[], Any], model_name: str, op: str, semantics: str,
+                      function: Callable, data: list[torch.Tensor], dtype: str, device,
+                      timed_from: int = 3, lr: float = 1e-3) -> dict[str, Any]:
     """A backward candidate's model level: three copies of the model (`load()`, the same weights
     each time) train on `data`: eager; the control, whose layers of `op` run eager's forward and
     eager's own gradients of the op through the wrapping (`backward_field.eager_function`); the
@@ -120,7 +120,8 @@ def compare_candidate(load: Callable[[], Any], op: str, semantics: str, function
     BF.wrap_layers(control, op, semantics, BF.eager_function(op, semantics))
     out: dict[str, Any] = {"dtype": dtype, "steps": len(data), "op": op, "layers_wrapped": wrapped}
     if not wrapped:
-        out.update(skipped=f"no layer computes {BF.forward_of(op, semantics)} ({semantics})", ok=None)
+        out.update(skipped=f"no layer of {model_name} computes {BF.forward_of(op, semantics)} ({semantics})",
+                   ok=None)
         return out
     cuda, eps = device.type == "cuda", ADAMW_EPS[dtype]
     ran_eager = train(eager, data, lr, timed_from, cuda, eps)

@@ -23,6 +23,13 @@ sys.path.insert(0, str(REPO / "python"))
 BIN = Path(os.environ.get("KERNELIZE_BIN", REPO / "target" / "debug" / "kernelize"))
 
 
+def bundled_version(name: str) -> str:
+    """The version of the bundled kernel `name` (kernels/NAME/kernel.toml): what a fresh hub
+    serves and a kernels folder copied from kernels/ holds."""
+    import tomllib
+    return tomllib.loads((REPO / "kernels" / name / "kernel.toml").read_text(encoding="utf-8"))["version"]
+
+
 def load_script(path: Path, name: str):
     """The Python file at `path` (a script, not a package module) imported as module `name`."""
     spec = importlib.util.spec_from_file_location(name, path)

@@ -75,6 +75,10 @@ def test_every_source_piece_is_used_and_each_kernel_cu_is_self_contained():
     assert on_disk == used, (f"kernels/src/ holds {sorted(on_disk - used)} that no engine uses "
                              f"(dead code: remove it) or an engine names a missing piece "
                              f"{sorted(used - on_disk)}")
+    # a pasted backward kernel's own source: one per PASTED_BACKWARD kernel, no other
+    own = {p.stem for p in (KERNELS / "src").glob("*.cu")}
+    assert own == set(GEN.PASTED_BACKWARD), (f"kernels/src/*.cu {sorted(own)} are not the pasted backward "
+                                             f"kernels {sorted(GEN.PASTED_BACKWARD)}")
     for rel, text in FILES.items():
         if rel.endswith(".cu"):
             # one file per digest: nothing but the CUDA headers NVRTC finds itself

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 import kernelize
-from conftest import REPO
+from conftest import REPO, bundled_version
 from kernelize import backward as B
 from kernelize import core, launch, ops, training
 from kernelize.discover import _rms_refs
@@ -474,13 +474,6 @@ def assert_double_backward_is_eagers(kz, ref, x, params, recorder, label: str, c
     assert said or any(label in w for w in training._SAID)
 
 
-def _bundled_version(name: str) -> str:
-    """The version of the bundled kernel `name` (kernels/NAME/kernel.toml): what a kernels folder
-    copied from kernels/ holds."""
-    import tomllib
-    return tomllib.loads((REPO / "kernels" / name / "kernel.toml").read_text(encoding="utf-8"))["version"]
-
-
 def _training_lines(rep):
     return [n for n in rep.notes if n.startswith("training:")]
 
@@ -619,7 +612,7 @@ def test_training_mode_runs_the_kernels_under_autograd_and_the_gradients_are_eag
     assert gpu_faked.loaded and {dt for _, dt in gpu_faked.loaded} == {"bf16"}
     lines = _training_lines(rep)
     # one line for the five norms (the backward taken), one for the layers with no backward op
-    ok = [ln for ln in lines if f"{family.backward} {_bundled_version(family.backward)}" in ln]
+    ok = [ln for ln in lines if f"{family.backward} {bundled_version(family.backward)}" in ln]
     assert len(ok) == 1 and "(5 layers)" in ok[0] and "run under autograd as the forward" in ok[0], lines
     assert f"[{family.what}, bf16, cols=64]" in ok[0], ok
     assert "unverified local kernel" in ok[0]
@@ -750,7 +743,7 @@ def test_a_dry_run_says_which_backward_it_would_take(family, fkernels):
     assert not rep.swapped
     lines = [ln for ln in _training_lines(rep) if family.what in ln]
     assert len(lines) == 1 and "would run under autograd" in lines[0]
-    assert f"{family.backward} {_bundled_version(family.backward)}" in lines[0]
+    assert f"{family.backward} {bundled_version(family.backward)}" in lines[0]
 
 
 def test_double_backward_is_computed_by_eager_autograd_and_said_once(family, fkernels, gpu_faked,

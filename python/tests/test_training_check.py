@@ -12,13 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _bundled_version(name: str) -> str:
-    """The version of the bundled kernel `name` (kernels/NAME/kernel.toml): what a fresh hub serves."""
-    import tomllib
-    return tomllib.loads((REPO / "kernels" / name / "kernel.toml").read_text(encoding="utf-8"))["version"]
+from conftest import REPO, bundled_version
 
 
 def test_the_training_check_runs_on_the_cpu(tmp_path):
@@ -60,7 +54,7 @@ def test_the_training_check_runs_a_random_tiny_gemma_with_its_backward_kernels(t
     assert "backward gelu_tanh_mul_backward 1.0.0" in row["report"]
     assert "[GemmaRMSNorm: rms_norm (gemma), f16, cols=256]" in row["report"]
     assert ("(9 layers) [rms_norm (gemma), f16, cols=256] would run under autograd as the forward "
-            f"kernel + backward rms_norm_gemma_backward {_bundled_version('rms_norm_gemma_backward')}") in row["report"]
+            f"kernel + backward rms_norm_gemma_backward {bundled_version('rms_norm_gemma_backward')}") in row["report"]
     assert row["adamw_eps"] == 1e-4 and row["losses_finite"] and row["ok"]
     assert len(set(row["losses_eager"])) == 2   # the step moved the model
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "training_check.py"), str(tmp_path),
@@ -133,7 +127,7 @@ def test_the_training_check_takes_both_kernels_from_a_fresh_hub(tmp_path, fresh_
     (row,) = data["rows"]
     # the 9 RMSNorm layers and the 4 gated MLPs
     assert len(row["with_backward"]) == 13, row["report"]
-    assert f"rms_norm_llama_backward {_bundled_version('rms_norm_llama_backward')}" in row["report"]
+    assert f"rms_norm_llama_backward {bundled_version('rms_norm_llama_backward')}" in row["report"]
     assert "(bit_exact)" in row["report"]
     assert "backward silu_mul_backward 1.0.0" in row["report"]
 
