@@ -385,20 +385,15 @@ def load_kernel(path: Path) -> Kernel:
     return Kernel(path, manifest, digest, source)
 
 
-def _declared(path: Path, key: str, default: str) -> str:
-    """What kernel.toml declares for `key` (`default` when it cannot be read: loading it later
-    says why)."""
+def _declared_runtime(path: Path) -> str:
+    """The runtime kernel.toml declares ("cuda" when it cannot be read: loading it later says
+    why)."""
     try:
         import tomllib
         with open(path / "kernel.toml", "rb") as f:
-            return str(tomllib.load(f).get(key, default))
+            return str(tomllib.load(f).get("runtime", "cuda"))
     except Exception:  # noqa: BLE001 - only a hint for argument checks
-        return default
-
-
-def _declared_runtime(path: Path) -> str:
-    """The runtime kernel.toml declares ("cuda" when it cannot be read)."""
-    return _declared(path, "runtime", "cuda")
+        return "cuda"
 
 
 def isolation_lines(confinement: Path | None) -> list[str]:
@@ -653,10 +648,6 @@ def main(argv: list[str] | None = None) -> int:
                 "cuda, or --dry-run to check models and matching without a GPU")
     if not args.device.startswith("cuda") and not args.arch:
         p.error(f"--device {args.device} needs --arch (e.g. sm_90) for the kernel's constraints")
-    if _declared(args.kernel, "op", "").endswith("_backward"):
-        # deterministic cuBLAS (before CUDA starts): a backward candidate's model level compares
-        # training runs bit for bit, and eager's own bits must repeat
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     # Before anything imports torch: a candidate's packages (a torch among them) come first.
     for d in reversed(args.package_dir):
         sys.path.insert(0, str(d.resolve()))
@@ -735,6 +726,9 @@ def _run(args) -> int:
                                    "not run by this harness yet (Python candidates only)")
             from kernelize_verifier import backward_field as BF
             bmanifest, bmodule = BF.load(args.kernel)
+            # training runs compared bit for bit: eager's own bits must repeat (cuBLAS reads its
+            # workspace setting when its first handle is made, at the first model's first matmul)
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True, warn_only=True)
         for model_dir in args.model:
             for dtype in args.dtypes if backward else []:
