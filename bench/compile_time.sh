@@ -5,6 +5,9 @@
 # it was in the all-entries module.
 # Run on the GPU machine from the repository root after scripts/gpu-stage:
 #   bench/compile_time.sh OUT_DIR        (a short table is printed last)
+# KERNELS="silu_backward layer_norm" verifies only those (default: every kernels/*/);
+# PASSES=cold skips the warm pass; SKIP_NVCC=1 skips step 1. Each cold verification's trace is
+# summed per case phase by bench/trace_phases.py into OUT_DIR/phases.txt.
 set -u
 out="${1:?usage: bench/compile_time.sh OUT_DIR}"
 mkdir -p "$out"
@@ -52,10 +55,12 @@ done
 echo "== 2. kernelize verify (full suite, 3 dtypes), first on the machine (empty CUBIN cache) then warm" | tee -a "$log"
 rows=()
 mkdir -p "$tmp/reports"
-for d in kernels/*/; do
+kernels_dirs=$(for n in ${KERNELS:-}; do echo "kernels/$n/"; done)
+for d in ${kernels_dirs:-kernels/*/}; do
     name=$(basename "$d")
     cache="$tmp/cache-$name"
-    for pass in cold warm; do
+    warm=-
+    for pass in ${PASSES:-cold warm}; do
         s=$(now)
         KERNELIZE_COMPILE_CACHE="$cache" KERNELIZE_TRACE=1 "$k" verify "$d" --json "$tmp/reports/$name.$pass.json" \
             >"$tmp/$name.$pass.log" 2>&1
@@ -66,11 +71,12 @@ for d in kernels/*/; do
         [ $pass = warm ] && warm=$t
         [ $pass = cold ] && grep "compile .*NVRTC" "$tmp/$name.cold.log" | sed "s/^/  /" >>"$log"
     done
-    verdict=$(grep -m1 "^overall:" "$tmp/$name.warm.log" | cut -c1-100)
+    python3 "$root/bench/trace_phases.py" "$tmp/$name.cold.log" >>"$out/phases.txt"
+    verdict=$(grep -m1 "^overall:" "$tmp/$name.cold.log" | cut -c1-100)
     echo "$name cold ${cold} s (rc $rc_cold) warm ${warm} s (rc $rc) | $verdict" | tee -a "$log"
     rows+=("| $name | $cold | $warm | $rc |")
     grep -v "^trace" "$tmp/$name.cold.log" >"$tmp/reports/$name.cold.txt"
-    grep -v "^trace" "$tmp/$name.warm.log" >"$tmp/reports/$name.warm.txt"
+    [ -f "$tmp/$name.warm.log" ] && grep -v "^trace" "$tmp/$name.warm.log" >"$tmp/reports/$name.warm.txt"
 done
 tar czf "$out/reports.tgz" -C "$tmp/reports" .
 rm -rf "$tmp"

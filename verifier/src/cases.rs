@@ -510,14 +510,20 @@ pub struct CaseInputs {
 /// Eager's own (Welford in f32) may differ in the last bits; the backward is a function of the
 /// statistics it is given, and the candidate, the reference and the oracle all get these.
 pub fn row_stats(x: &HostTensor, rows: u64, cols: u64, eps: f32) -> (HostTensor, HostTensor) {
-    let (mut mean, mut rstd) = (Vec::new(), Vec::new());
-    for r in 0..rows as usize {
-        let row = (0..cols as usize).map(|c| x.get(r * cols as usize + c) as f64);
-        let m = row.clone().sum::<f64>() / cols as f64;
-        let v = row.map(|v| (v - m) * (v - m)).sum::<f64>() / cols as f64;
-        mean.extend((m as f32).to_le_bytes());
-        rstd.extend(((1.0 / (v + eps as f64).sqrt()) as f32).to_le_bytes());
-    }
+    // Each row's sums in order on its own (the rows in parallel: the same values).
+    let stats: Vec<(f32, f32)> = (0..rows as usize)
+        .into_par_iter()
+        .map(|r| {
+            let row: Vec<f64> = (0..cols as usize)
+                .map(|c| x.get(r * cols as usize + c) as f64)
+                .collect();
+            let m = row.iter().sum::<f64>() / cols as f64;
+            let v = row.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / cols as f64;
+            (m as f32, (1.0 / (v + eps as f64).sqrt()) as f32)
+        })
+        .collect();
+    let mean = stats.iter().flat_map(|s| s.0.to_le_bytes()).collect();
+    let rstd = stats.iter().flat_map(|s| s.1.to_le_bytes()).collect();
     let t = |name, bytes| HostTensor {
         name,
         dtype: DType::F32,

@@ -198,6 +198,24 @@ impl<'a> CaseRun<'a> {
         Ok(self.device_sum(dev, key)? == keyed_sum(host, key, guard_byte()))
     }
 
+    /// An expectation of a buffer's bits for repeated checks on the GPU ([`Self::still_holds`]):
+    /// one key drawn now (after the candidate's launches that made `host`) and the host's sum
+    /// once, where [`Self::holds`] hashes the host copy again at every check.
+    pub fn expect(&self, host: &[u8]) -> Held {
+        let key = RandomState::new().hash_one(host.as_ptr());
+        Held {
+            key,
+            sum: keyed_sum(host, key, guard_byte()),
+            bytes: host.len(),
+        }
+    }
+
+    /// Whether `dev` holds the bits `h` was made from, decided on the GPU.
+    pub fn still_holds(&self, dev: &DevBuf, h: &Held) -> Result<bool, ExecError> {
+        assert_eq!(dev.bytes, h.bytes);
+        Ok(self.device_sum(dev, h.key)? == h.sum)
+    }
+
     /// Queue dst row j := src row idx[j] on the GPU (no wait: ordered before later launches).
     pub fn gather(
         &self,
@@ -300,9 +318,8 @@ impl<'a> CaseRun<'a> {
         };
         let (d, args) = self.timed_args(&self.cand, &out, res.as_ref())?;
         // One key for all checks of this measurement, drawn now; the host sums once.
-        let key = RandomState::new().hash_one(out.ptr());
-        let want_out = keyed_sum(expected_out, key, guard_byte());
-        let want_res = expected_res.map(|r| keyed_sum(r, key, guard_byte()));
+        let want_out = self.expect(expected_out);
+        let want_res = expected_res.map(|r| self.expect(r));
         let mut prepare = || -> Result<(), ExecError> {
             let p = Poison::fresh();
             gpu.fill_pattern(self.tools.fill, &out, p.key, p.invert)?;
@@ -313,9 +330,9 @@ impl<'a> CaseRun<'a> {
         };
         let mut check = |rep: usize| -> Result<(), ExecError> {
             gpu.wait_idle(&self.cand.name)?;
-            let mut ok = self.device_sum(&out, key)? == want_out;
-            if let (Some(r), Some(w)) = (&res, want_res) {
-                ok &= self.device_sum(r, key)? == w;
+            let mut ok = self.still_holds(&out, &want_out)?;
+            if let (Some(r), Some(w)) = (&res, &want_res) {
+                ok &= self.still_holds(r, w)?;
             }
             if !ok {
                 bad.push(rep);
@@ -475,6 +492,36 @@ fn compile_with_tools(
     })
 }
 
+/// What a buffer must hold, for checks on the GPU (`CaseRun::expect`).
+pub(crate) struct Held {
+    key: u64,
+    sum: u64,
+    bytes: usize,
+}
+
+/// A case's phases for `KERNELIZE_TRACE` (`bench/trace_phases.py` sums them over a run): each
+/// mark traces the seconds since the previous one as `<case id> <phase>: <s> s`.
+pub(crate) struct Phases<'a> {
+    id: &'a str,
+    last: std::time::Instant,
+}
+
+impl<'a> Phases<'a> {
+    pub(crate) fn start(id: &'a str) -> Self {
+        Phases {
+            id,
+            last: std::time::Instant::now(),
+        }
+    }
+
+    pub(crate) fn mark(&mut self, name: &str) {
+        let now = std::time::Instant::now();
+        let secs = (now - self.last).as_secs_f64();
+        crate::trace(|| format!("{} {name}: {secs:.3} s", self.id));
+        self.last = now;
+    }
+}
+
 /// Run one case of `bundle` and measure it.
 pub(crate) fn run_case(
     gpu: &mut Gpu,
@@ -501,13 +548,8 @@ pub(crate) fn run_case(
         f: ref_f,
         dims: Box::new(move |r, c| Ok(reference_dims(op, r, c))),
     };
-    let mut t_last = std::time::Instant::now();
-    let mut phase = |name: &str| {
-        let now = std::time::Instant::now();
-        let secs = (now - t_last).as_secs_f64();
-        crate::trace(|| format!("{} {name}: {secs:.3} s", spec.id));
-        t_last = now;
-    };
+    let mut phases = Phases::start(&spec.id);
+    let mut phase = |name: &str| phases.mark(name);
     let skeleton = crate::cases::case_skeleton(spec, CaseStatus::Ran, None);
     if spec.large_index {
         return large::run(gpu, spec, limits, cand, refk, tools, skeleton);

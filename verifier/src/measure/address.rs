@@ -197,6 +197,73 @@ pub(crate) struct Outcome {
     pub exactness: Option<Exactness>,
 }
 
+/// The keyed sums that check placed buffers after a launch: per buffer the sum of its payload
+/// and of each of its two guard regions, all queued on the GPU and downloaded at once (one
+/// synchronisation a placement, not one per tensor). One key for every check of a measurement,
+/// drawn when it starts (after the candidate's launches), so a kernel cannot forge a sum; the
+/// host sums each expected payload once with it ([`PlacedSums::of`]).
+pub(crate) struct PlacedSums {
+    sums: DevBuf,
+    key: u64,
+    want_guard: u64,
+}
+
+/// One placed buffer after a launch: its payload's keyed sum, and whether both guard regions
+/// still hold the guard byte.
+pub(crate) struct Summed {
+    pub payload: u64,
+    pub guards_ok: bool,
+}
+
+impl PlacedSums {
+    /// Sums for up to `buffers` placed buffers, the key drawn from `seed` and a fresh state.
+    pub(crate) fn new(run: &CaseRun<'_>, buffers: usize, seed: u64) -> Result<Self, ExecError> {
+        let key = RandomState::new().hash_one(seed);
+        let g = guard_byte();
+        Ok(PlacedSums {
+            sums: run.gpu.alloc(8 * 3 * buffers)?,
+            key,
+            want_guard: keyed_sum(&vec![g; GUARD_BYTES], key, g),
+        })
+    }
+
+    /// The sum of a buffer whose payload holds `host`.
+    pub(crate) fn of(&self, host: &[u8]) -> u64 {
+        keyed_sum(host, self.key, guard_byte())
+    }
+
+    /// `placed`'s sums, after the launch that wrote them (queued behind it on its stream).
+    pub(crate) fn after_launch(
+        &self,
+        run: &CaseRun<'_>,
+        placed: &[DevBuf],
+    ) -> Result<Vec<Summed>, ExecError> {
+        assert!(24 * placed.len() <= self.sums.bytes);
+        let guard_words = (GUARD_BYTES / 4) as u64;
+        run.gpu.fill_queued(&self.sums, 0)?;
+        for (i, buf) in placed.iter().enumerate() {
+            let slot = |k: usize| self.sums.ptr() + 8 * (3 * i + k) as u64;
+            let end = buf.ptr() + buf.bytes as u64;
+            run.enqueue_sum(buf.ptr(), buf.bytes.div_ceil(4) as u64, self.key, slot(0))?;
+            run.enqueue_sum(
+                buf.ptr() - GUARD_BYTES as u64,
+                guard_words,
+                self.key,
+                slot(1),
+            )?;
+            run.enqueue_sum(end.next_multiple_of(4), guard_words, self.key, slot(2))?;
+        }
+        let got = run.gpu.download_vec(&self.sums)?;
+        let word = |j: usize| u64::from_le_bytes(got[8 * j..8 * j + 8].try_into().expect("8"));
+        Ok((0..placed.len())
+            .map(|i| Summed {
+                payload: word(3 * i),
+                guards_ok: word(3 * i + 1) == self.want_guard && word(3 * i + 2) == self.want_guard,
+            })
+            .collect())
+    }
+}
+
 /// Run the candidate at every placement of `plan` and compare: outputs bit for bit with launch
 /// 1's (a non-deterministic kernel's with any of its launches, and against `reference` when
 /// none), inputs unchanged, guards intact.
@@ -251,19 +318,16 @@ pub(crate) fn check(
             }
         })
         .collect();
-    // One key for every check of this measurement, drawn after the candidate's launches; the
-    // host sums once.
     let g = guard_byte();
-    let key = RandomState::new().hash_one(spec.seed);
+    let sums = PlacedSums::new(run, tensors.len(), spec.seed)?;
     let want: Vec<u64> = tensors
         .iter()
         .map(|t| match (t.input, t.expected.first()) {
-            (Some(host), _) => keyed_sum(host, key, g),
-            (None, Some(out)) => keyed_sum(out, key, g),
+            (Some(host), _) => sums.of(host),
+            (None, Some(out)) => sums.of(out),
             (None, None) => unreachable!("{}: no launch output", t.name),
         })
         .collect();
-    let want_guard = keyed_sum(&vec![g; GUARD_BYTES], key, g);
     let mut placed: Vec<DevBuf> = tensors
         .iter()
         .map(|t| {
@@ -271,9 +335,6 @@ pub(crate) fn check(
             gpu.alloc_placed(bytes, PERIOD)
         })
         .collect::<Result<_, _>>()?;
-    // Per tensor: the payload's sum, the guard before it and the guard after it.
-    let sums = gpu.alloc(8 * 3 * tensors.len())?;
-    let guard_words = (GUARD_BYTES / 4) as u64;
     let placements = plan(tensors.len());
     let mut first_differing: Option<(Placement, Vec<Difference>)> = None;
     let mut differing = 0usize;
@@ -296,23 +357,13 @@ pub(crate) fn check(
             bias: at("b"),
         };
         run.launch_at(&run.cand, ptrs, spec.rows)?;
-        gpu.fill_queued(&sums, 0)?;
-        for (i, buf) in placed.iter().enumerate() {
-            let slot = |k: usize| sums.ptr() + 8 * (3 * i + k) as u64;
-            let end = buf.ptr() + buf.bytes as u64;
-            run.enqueue_sum(buf.ptr(), buf.bytes.div_ceil(4) as u64, key, slot(0))?;
-            run.enqueue_sum(buf.ptr() - GUARD_BYTES as u64, guard_words, key, slot(1))?;
-            run.enqueue_sum(end.next_multiple_of(4), guard_words, key, slot(2))?;
-        }
-        let got = gpu.download_vec(&sums)?;
-        let word = |j: usize| u64::from_le_bytes(got[8 * j..8 * j + 8].try_into().expect("8"));
+        let got = sums.after_launch(run, &placed)?;
         let mut diffs = Vec::new();
         let mut lines = Vec::new();
         // The placed outputs, for a non-deterministic kernel's exactness: (out, residual).
         let mut outputs: Vec<Option<Vec<u8>>> = vec![None; tensors.len()];
         for (i, (t, buf)) in tensors.iter().zip(&placed).enumerate() {
-            let payload_ok = word(3 * i) == want[i];
-            let guards_ok = word(3 * i + 1) == want_guard && word(3 * i + 2) == want_guard;
+            let (payload_ok, guards_ok) = (got[i].payload == want[i], got[i].guards_ok);
             if payload_ok && guards_ok {
                 continue;
             }

@@ -22,7 +22,7 @@
 use super::address::{self, Difference, Placement, PERIOD};
 use super::batch;
 use super::poison::{self, Poison};
-use super::{determinism, integrity::unwritten_line, speed, CaseRun, Kern, Tools};
+use super::{determinism, integrity::unwritten_line, speed, CaseRun, Held, Kern, Tools};
 use crate::abi::{reference_stage_symbol, stage_args, BackwardPtrs, Bufs};
 use crate::cases::{self, CaseInputs, CaseSpec, HostTensor};
 use crate::cuda::{guard_byte, Arg, DevBuf, Gpu, Launch};
@@ -33,6 +33,7 @@ use kernel_registry::backward::{any_grid, stage_dims, workspace_bytes, DeviceSha
 use kernel_registry::manifest::{entry_options, LaunchDims};
 use kernel_registry::report::{CaseReport, CaseStatus};
 use kernel_registry::{KernelBundle, Op, Stage};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A change of the grids of the entries that take any grid: (stage name, default grid) -> grid.
@@ -439,6 +440,7 @@ pub(crate) fn run_case(
     copy_gbps: f64,
 ) -> Result<CaseReport, ExecError> {
     let (op, dt, rows, cols) = (spec.op, spec.dtype, spec.rows, spec.cols);
+    let mut phases = super::Phases::start(&spec.id);
     let dev = device_shape(gpu)?;
     let Loaded {
         gpu,
@@ -450,7 +452,9 @@ pub(crate) fn run_case(
     let grads = op.gradients();
     let ws_bytes = workspace_bytes(op, rows, cols, dev)
         .map_err(|m| launch_error("the workspace", m))? as usize;
+    phases.mark("load");
     let inp = cases::generate(spec);
+    phases.mark("generate");
     let own = upload_own(gpu, op, &inp)?;
     // The measurements' shared helpers (keyed sums, poison) through a CaseRun whose kernels
     // are the first entries (the only launches made through it are `call`'s).
@@ -478,14 +482,30 @@ pub(crate) fn run_case(
         o.grads.iter().map(|b| gpu.download_vec(b)).collect()
     };
     let out = alloc()?;
+    phases.mark("upload");
 
     // 1. The candidate: three calls, then one at other grids of the entries that take any.
+    // Call 1's gradients are downloaded; a later call's share that copy where every gradient
+    // holds its bits (keyed sums on the GPU, the host's sums made once: `first`), and are
+    // downloaded only where one differs.
     let p1 = Poison::fresh();
-    let mut got: Vec<Grads> = Vec::new();
-    for p in [p1, p1.inverted(), Poison::fresh()] {
+    poison(&out, p1)?;
+    call(&run, &cand, &ptrs(&out), rows, dev, None)?;
+    let call1 = Arc::new(download(&out)?);
+    let first: Vec<Held> = call1.iter().map(|g| run.expect(g)).collect();
+    let same_or_download = |o: &Outs| -> Result<Arc<Grads>, ExecError> {
+        for (b, h) in o.grads.iter().zip(&first) {
+            if !run.still_holds(b, h)? {
+                return Ok(Arc::new(download(o)?));
+            }
+        }
+        Ok(Arc::clone(&call1))
+    };
+    let mut got: Vec<Arc<Grads>> = vec![Arc::clone(&call1)];
+    for p in [p1.inverted(), Poison::fresh()] {
         poison(&out, p)?;
         call(&run, &cand, &ptrs(&out), rows, dev, None)?;
-        got.push(download(&out)?);
+        got.push(same_or_download(&out)?);
     }
     let small = rows * cols <= 1 << 20;
     let other_grid = move |stage: &str, g: u32| -> u32 {
@@ -499,17 +519,22 @@ pub(crate) fn run_case(
     };
     poison(&out, Poison::fresh())?;
     call(&run, &cand, &ptrs(&out), rows, dev, Some(&other_grid))?;
-    let regridded = download(&out)?;
+    let regridded = same_or_download(&out)?;
+    phases.mark("4 candidate calls");
 
     // 2. The reference, after it, on buffers of its own (poisoned before they are freed).
     let refo = alloc()?;
     poison(&refo, Poison::fresh())?;
     call(&run, &refe, &ptrs(&refo), rows, dev, None)?;
     let refg = download(&refo)?;
+    phases.mark("reference");
 
     // 3. Integrity.
     let mut integrity = Vec::new();
-    for (k, g) in grads.iter().enumerate() {
+    // (Calls 1 and 2 ran on inverse poisons: where call 2 gave call 1's very bits, every
+    // element was written, since an unwritten one differs in every bit.)
+    let both_wrote = Arc::ptr_eq(&got[0], &got[1]);
+    for (k, g) in grads.iter().enumerate().filter(|_| !both_wrote) {
         let (n, at) = poison::never_written(&got[0][k], &got[1][k], p1, es);
         if n > 0 {
             let r = if g.one_row { 1 } else { rows };
@@ -538,14 +563,26 @@ pub(crate) fn run_case(
         }
     }
 
+    phases.mark("integrity");
+
     // 4. Determinism: the three calls and the call at other grids.
     let all: Vec<Vec<&[u8]>> = got
         .iter()
         .chain(std::iter::once(&regridded))
         .map(|c| c.iter().map(Vec::as_slice).collect())
         .collect();
-    let repeated = determinism::max_differing(dt, &all[..3]);
-    let by_grid = determinism::max_differing(dt, &[all[0].clone(), all[3].clone()]);
+    // Calls that shared call 1's copy (the same bits, checked on the GPU) differ in nothing;
+    // only the others are compared element by element.
+    let differing = |k: usize| -> u64 {
+        let other = if k == 3 { &regridded } else { &got[k] };
+        if Arc::ptr_eq(other, &got[0]) {
+            0
+        } else {
+            determinism::max_differing(dt, &[all[0].clone(), all[k].clone()])
+        }
+    };
+    let repeated = differing(1).max(differing(2));
+    let by_grid = differing(3);
     let deterministic = repeated == 0 && by_grid == 0;
     let mut notes: Vec<String> = determinism::note(repeated).into_iter().collect();
     if by_grid > 0 {
@@ -553,6 +590,8 @@ pub(crate) fn run_case(
             "the persistent entries at other grids give other bits in up to {by_grid} element(s) (the ABI promises any grid gives the same)"
         ));
     }
+
+    phases.mark("determinism");
 
     // Batch invariance of the rows x cols gradients (none where a gradient sums the rows):
     // every row recomputed in other batch compositions against call 1's.
@@ -581,6 +620,8 @@ pub(crate) fn run_case(
         None
     };
 
+    phases.mark("batch invariance");
+
     // Address cases: a deterministic kernel's gradients wherever its buffers lie.
     if deterministic {
         let out_bytes: Vec<usize> = out
@@ -596,14 +637,16 @@ pub(crate) fn run_case(
     // when they differ), their combination, and accuracy against the f64 oracle: from host
     // bytes, as a Python candidate's (`gradients::verdict`).
     let refs: Vec<&[u8]> = refg.iter().map(Vec::as_slice).collect();
+    phases.mark("address placements");
     let verdict = super::gradients::verdict(spec, &inp, &all, &refs, deterministic);
+    phases.mark("exactness+oracle (host)");
 
     // 7. Speed: the whole call, each timed run's gradients checked.
     let speed = if spec.measure_speed {
         let reps = limits.speed_reps.max(3) as usize;
         let time = |entries: &[Entry],
                     o: &Outs,
-                    expect: Option<&Grads>,
+                    expect: Option<&[Held]>,
                     bad: &mut Vec<usize>|
          -> Result<f64, ExecError> {
             let d = dims(spec, entries, rows, dev, None)?;
@@ -614,7 +657,7 @@ pub(crate) fn run_case(
                 if let Some(want) = expect {
                     gpu.wait_idle(&entries[0].name)?;
                     for (b, w) in o.grads.iter().zip(want) {
-                        if !run.holds(b, w)? {
+                        if !run.still_holds(b, w)? {
                             bad.push(rep);
                             break;
                         }
@@ -625,7 +668,7 @@ pub(crate) fn run_case(
             gpu.time_sequence(&seq, reps, limits.launch(), &mut prepare, &mut check)
         };
         let mut bad = Vec::new();
-        let c = time(&cand, &out, Some(&got[0]), &mut bad)?;
+        let c = time(&cand, &out, Some(&first), &mut bad)?;
         let r = time(&refe, &refo, None, &mut Vec::new())?;
         let s = speed::speed_of(op.bytes_moved(dt, rows, cols), c, r, copy_gbps);
         integrity.extend(speed::wrong_timed_launches(&bad, reps));
@@ -635,6 +678,7 @@ pub(crate) fn run_case(
         None
     };
     poison(&refo, Poison::fresh())?;
+    phases.mark("speed");
 
     Ok(CaseReport {
         note: (!notes.is_empty()).then(|| notes.join("; ")),
@@ -736,9 +780,10 @@ fn batch_check(
 
 /// The address cases of a backward call (`address::plan` over its buffers, [`buffers`]): at
 /// each placement the gradients poisoned, the workspace poisoned, the inputs copied, one call
-/// of `entries`; then the gradients must hold `want`'s bits (call 1's at fresh allocations),
-/// the inputs theirs, and every guard region its bytes. `out_bytes` are the sizes of the
-/// gradients then the workspace. Returns the integrity failures: one line for gradients that
+/// of `entries`; then the gradients must hold `expected`'s bits (call 1's at fresh allocations),
+/// the inputs theirs, and every guard region its bytes, all checked on the GPU by keyed sums
+/// downloaded once a placement (`address::PlacedSums`, as the forward's address cases).
+/// `out_bytes` are the sizes of the gradients then the workspace. Returns the integrity failures: one line for gradients that
 /// depend on the address (the first placement that differed, how many did), and up to
 /// `MAX_OTHER_LINES` for inputs modified or guards written at a placement.
 fn placements(
@@ -747,12 +792,11 @@ fn placements(
     dev: DeviceShape,
     inputs: &[(&'static str, &HostTensor, &DevBuf)],
     out_bytes: &[usize],
-    want: &Grads,
+    expected: &Grads,
 ) -> Result<Vec<String>, ExecError> {
     let (gpu, spec) = (run.gpu, run.spec);
     let names = buffers(spec.op);
     let n_out = out_bytes.len();
-    let n_grads = want.len();
     assert_eq!(names.len(), n_out + inputs.len());
     let sizes: Vec<usize> = out_bytes
         .iter()
@@ -764,6 +808,15 @@ fn placements(
         .map(|&b| gpu.alloc_placed(b, PERIOD))
         .collect::<Result<_, _>>()?;
     let plan = address::plan(names.len());
+    // What each placed buffer must sum to: the gradients call 1's, the inputs their host
+    // copies (the workspace's payload is not checked: a call may leave anything there).
+    let sums = address::PlacedSums::new(run, placed.len(), spec.seed)?;
+    let want: Vec<Option<u64>> = (0..names.len())
+        .map(|i| match i.checked_sub(n_out) {
+            Some(k) => Some(sums.of(&inputs[k].1.bytes)),
+            None => expected.get(i).map(|g| sums.of(g)),
+        })
+        .collect();
     let mut first: Option<(Placement, Vec<Difference>)> = None;
     let mut differing = 0usize;
     let mut other: Vec<String> = Vec::new();
@@ -781,24 +834,38 @@ fn placements(
                 .collect(),
         );
         call(run, entries, &ptrs, spec.rows, dev, None)?;
-        let mut diffs = Vec::new();
-        for (i, expected) in want.iter().enumerate().take(n_grads) {
-            if !run.holds(&placed[i], expected)? {
-                let now = gpu.download_vec(&placed[i])?;
-                diffs.extend(Difference::of(names[i], spec.dtype, &now, expected));
-            }
-        }
+        let got = sums.after_launch(run, &placed)?;
         let at = address::describe(&names, p);
-        for (k, (name, host, _)) in inputs.iter().enumerate() {
-            if !run.holds(&placed[n_out + k], &host.bytes)? {
-                other.push(format!(
-                    "with {at}: input {name} was modified by the kernel"
-                ));
-            }
-        }
+        let mut diffs = Vec::new();
         for (i, buf) in placed.iter().enumerate() {
-            for g in gpu.check_guards(buf)? {
-                other.push(format!("with {at}: {}: {g}", names[i]));
+            let payload_ok = want[i].is_none_or(|w| got[i].payload == w);
+            if payload_ok && got[i].guards_ok {
+                continue;
+            }
+            // Only when something differs: download and say what.
+            if !payload_ok {
+                let now = gpu.download_vec(buf)?;
+                match i.checked_sub(n_out) {
+                    None => diffs.extend(Difference::of(names[i], spec.dtype, &now, &expected[i])),
+                    Some(k) => other.push(format!(
+                        "with {at}: input {} was modified by the kernel",
+                        inputs[k].0
+                    )),
+                }
+            }
+            if !got[i].guards_ok {
+                let lines = gpu.check_guards(buf)?;
+                if lines.is_empty() {
+                    other.push(format!(
+                        "with {at}: {}: the guard regions changed",
+                        names[i]
+                    ));
+                }
+                other.extend(
+                    lines
+                        .into_iter()
+                        .map(|g| format!("with {at}: {}: {g}", names[i])),
+                );
             }
         }
         if !diffs.is_empty() {
