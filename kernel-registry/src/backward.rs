@@ -383,6 +383,36 @@ mod tests {
             .collect()
     }
 
+    /// Entry `stage`'s parameter list in the source of kernel `k` (`rms_norm_llama`, ...) and the
+    /// first `__launch_bounds__` argument it is compiled with. The RMSNorm engine's kernels
+    /// (kernels/src/rms_backward.cuh) make their entries with its `KB_ENTRIES(K, NAME, T,
+    /// RESID)` through `KB_KERNEL(k, RESID)` (dx takes `dres` where RESID is 1); the others
+    /// spell `<k>_bwd_<stage>_##NAME(` themselves.
+    fn entry_in_source<'s>(src: &'s str, k: &str, stage: &str) -> (String, &'s str) {
+        let own = format!("{k}_bwd_{stage}_##NAME(");
+        let (at, resid) = match src.find(&own) {
+            Some(at) => (at + own.len(), None),
+            None => {
+                let call = format!("KB_KERNEL({k}, ");
+                let c = src
+                    .find(&call)
+                    .unwrap_or_else(|| panic!("no {own} nor {call}"));
+                let r = &src[c + call.len()..c + call.len() + 1];
+                let head = format!("K##_bwd_{stage}_##NAME(");
+                let at = src.find(&head).unwrap_or_else(|| panic!("no {head}")) + head.len();
+                (at, Some(r == "1"))
+            }
+        };
+        // the list ends at the body's brace (the engine's holds `KB_DRES_PARAM_##RESID(T)`)
+        let mut params = src[at..at + src[at..].find(") {").unwrap()].replace('\\', " ");
+        if let Some(resid) = resid {
+            let dres = if resid { "const T* dres," } else { "" };
+            params = params.replace("KB_DRES_PARAM_##RESID(T)", dres);
+        }
+        let bound = src[..at].rsplit("__launch_bounds__(").next().unwrap();
+        (params, bound.split([',', ')']).next().unwrap())
+    }
+
     /// The kernels of docs/backward.md (rms_norm_backward, semantics llama and gemma) and of
     /// docs/backward-rms-torch.md (semantics torch) spell each
     /// entry with the ABI's parameter types, in order (their names may differ: `tps` for
@@ -394,10 +424,7 @@ mod tests {
                 .join(format!("../kernels/rms_norm_{sem}_backward/kernel.cu"));
             let src = std::fs::read_to_string(&path).unwrap();
             for s in Op::RmsNormBackward.stages() {
-                let head = format!("rms_norm_{sem}_bwd_{}_##NAME(", s.name);
-                let at = src.find(&head).unwrap_or_else(|| panic!("no {head}")) + head.len();
-                let params = &src[at..at + src[at..].find(')').unwrap()];
-                let params = params.replace('\\', " ");
+                let (params, threads) = entry_in_source(&src, &format!("rms_norm_{sem}"), s.name);
                 assert_eq!(
                     param_types(&params),
                     param_types(s.params),
@@ -405,8 +432,6 @@ mod tests {
                     s.name
                 );
                 // the block the ABI fixes is the one the kernel is compiled for
-                let bound = src[..at].rsplit("__launch_bounds__(").next().unwrap();
-                let threads = bound.split([',', ')']).next().unwrap();
                 let want = match threads {
                     "KB_DX_THREADS" => 512,
                     "KB_DW_THREADS" => 128,
@@ -459,13 +484,19 @@ mod tests {
             let src = &b.source;
             let cut = src
                 .find("// The entries KB_ENTRIES makes, spelled out")
+                .or_else(|| src.find("// The entries KB_KERNEL makes"))
                 .expect("kernel.cu spells its entries out");
             let e = crate::KernelBundle::from_parts(&toml, &src[..cut]).unwrap_err();
             assert_eq!(e.field_name(), Some("entry.bf16.dw"), "{sem}: {e}");
             // ... and the macro's instantiations name every dtype (from_parts only finds the
             // symbols as text)
             for dt in crate::DType::ALL {
-                assert!(src.contains(&format!("KB_ENTRIES({dt}, ")), "{sem} {dt}");
+                let own = format!("KB_ENTRIES({dt}, ");
+                let engine = format!("(KB_ENTRIES(K, {dt}, ");
+                let made = src.contains(&own)
+                    || (src.contains(&engine)
+                        && src.contains(&format!("KB_KERNEL(rms_norm_{sem}, ")));
+                assert!(made, "{sem} {dt}");
             }
         }
     }
@@ -494,12 +525,9 @@ mod tests {
             .join("../kernels/fused_add_rms_norm_backward");
         let src = std::fs::read_to_string(dir.join("kernel.cu")).unwrap();
         for s in op.stages() {
-            let head = format!("fused_add_rms_norm_bwd_{}_##NAME(", s.name);
-            let at = src.find(&head).unwrap_or_else(|| panic!("no {head}")) + head.len();
-            let params = src[at..at + src[at..].find(')').unwrap()].replace('\\', " ");
+            let (params, threads) = entry_in_source(&src, "fused_add_rms_norm", s.name);
             assert_eq!(param_types(&params), param_types(s.params), "{}", s.name);
-            let bound = src[..at].rsplit("__launch_bounds__(").next().unwrap();
-            let want = match bound.split([',', ')']).next().unwrap() {
+            let want = match threads {
                 "KB_DX_THREADS" => 512,
                 "KB_DW_THREADS" => 128,
                 other => panic!("{other}"),

@@ -209,7 +209,6 @@ KB_DEV void kb_dx_rows(T* __restrict__ dx, float* __restrict__ ws, const T* __re
   const float inv_n = (float)(1.0 / (double)cols);                   // MeanBackward's 1 / N
   const int A = 4 * (int)sizeof(T);
   const bool wal = kb_al(w, A);
-  constexpr bool cached = CACHED;
   int par = 0;
   for (i64 r0 = (i64)blockIdx.x * rpb; r0 < rows; r0 += (i64)gridDim.x * rpb, par ^= 1) {
     const i64 row = r0 + grp;
@@ -220,7 +219,7 @@ KB_DEV void kb_dx_rows(T* __restrict__ dx, float* __restrict__ ws, const T* __re
     if (live) {
       const T* xr = x + row * cols;
       const T* gr = dy + row * cols;
-      if constexpr (cached) {  // every load first, then eager's chains
+      if constexpr (CACHED) {  // every load first, then eager's chains
         const int nvec = (int)(cols / 4);
 #pragma unroll
         for (int j = 0; j < KB_DX_NV; ++j) {
@@ -368,7 +367,7 @@ KB_DEV void kb_dx_rows(T* __restrict__ dx, float* __restrict__ ws, const T* __re
       T* dr = dx + row * cols;
       const T* rr = RESID ? dres + row * cols : nullptr;
       float rv[4] = {0.f, 0.f, 0.f, 0.f};
-      if constexpr (cached) {
+      if constexpr (CACHED) {
         const int nvec = (int)(cols / 4);
 #pragma unroll
         for (int j = 0; j < KB_DX_NV; ++j) {
@@ -587,16 +586,6 @@ KB_DEV void kb_dw(T* __restrict__ dw, const float* __restrict__ ws, i64 rows, i6
 }
 
 // Blocks per SM the compiler must fit (registers: 64 a thread at 2 x 512 and 8 x 128). Without
-// the bound ptxas takes ~96 (dx) and ~80-95 (dwp) registers: one dx block of 512 threads per SM.
-// scripts/backward_probe.py times both (-DKB_DX_MINB=1 -DKB_DWP_MINB=1 for the unbounded one).
-#ifndef KB_DX_MINB
-#define KB_DX_MINB 2
-#endif
-#ifndef KB_DWP_MINB
-#define KB_DWP_MINB 8
-#endif
-
-// Blocks per SM the compiler must fit (registers: 64 a thread at 2 x 512 and 8 x 128). Without
 // the bound ptxas takes ~96-107 (dx) and ~80-105 (dwp) registers: one dx block of 512 threads per
 // SM. scripts/backward_probe.py times both (-DKB_DX_MINB=1 -DKB_DWP_MINB=1 for the unbounded one).
 #ifndef KB_DX_MINB
@@ -605,3 +594,48 @@ KB_DEV void kb_dw(T* __restrict__ dw, const float* __restrict__ ws, i64 rows, i6
 #ifndef KB_DWP_MINB
 #define KB_DWP_MINB 8
 #endif
+
+// A kernel's three entries for one dtype (NAME: bf16, f16, f32; T its C type): <K>_bwd_dx_<NAME>,
+// <K>_bwd_dwp_<NAME> and <K>_bwd_dw_<NAME> (docs/backward.md's ABI); RESID 1 where dx also takes
+// the residual's gradient dres (fused_add_rms_norm_backward), 0 otherwise.
+#define KB_DRES_PARAM_0(T)
+#define KB_DRES_PARAM_1(T) const T* dres,
+#define KB_DRES_ARG_0 nullptr
+#define KB_DRES_ARG_1 dres
+#define KB_ENTRIES(K, NAME, T, RESID)                                                                  \
+  extern "C" __global__ void __launch_bounds__(KB_DX_THREADS, KB_DX_MINB) K##_bwd_dx_##NAME(           \
+      T* dx, float* ws, const T* dy, KB_DRES_PARAM_##RESID(T) const T* x, const T* w, i64 rows,       \
+      i64 cols, float eps) {                                                                           \
+    kb_dx<T, RESID == 1>(dx, ws, dy, KB_DRES_ARG_##RESID, x, w, rows, cols, eps);                      \
+  }                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(KB_DW_THREADS, KB_DWP_MINB) K##_bwd_dwp_##NAME(         \
+      float* ws, const T* dy, const T* x, i64 rows, i64 cols, i64 sms, i64 tps) {                      \
+    if (cols % 4 == 0) kb_dwp<T, 4>(ws, dy, x, rows, cols, sms, tps);                                  \
+    else kb_dwp<T, 1>(ws, dy, x, rows, cols, sms, tps);                                                \
+  }                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(KB_DW_THREADS) K##_bwd_dw_##NAME(                       \
+      T* dw, const float* ws, i64 rows, i64 cols, i64 sms, i64 tps) {                                  \
+    kb_dw<T>(dw, ws, rows, cols, sms, tps);                                                            \
+  }
+// Every dtype's entries, or only one dtype's where the module is compiled for it (the verifier and
+// the client compile one module per dtype with -DKERNELIZE_DTYPE_<DT>; docs/manifest.md): NVRTC
+// then compiles a third of the code.
+#if !defined(KERNELIZE_DTYPE_F16) && !defined(KERNELIZE_DTYPE_F32)
+#define KB_IF_BF16(x) x
+#else
+#define KB_IF_BF16(x)
+#endif
+#if !defined(KERNELIZE_DTYPE_BF16) && !defined(KERNELIZE_DTYPE_F32)
+#define KB_IF_F16(x) x
+#else
+#define KB_IF_F16(x)
+#endif
+#if !defined(KERNELIZE_DTYPE_BF16) && !defined(KERNELIZE_DTYPE_F16)
+#define KB_IF_F32(x) x
+#else
+#define KB_IF_F32(x)
+#endif
+#define KB_KERNEL(K, RESID)                                                                            \
+  KB_IF_BF16(KB_ENTRIES(K, bf16, __nv_bfloat16, RESID))                                                \
+  KB_IF_F16(KB_ENTRIES(K, f16, __half, RESID))                                                         \
+  KB_IF_F32(KB_ENTRIES(K, f32, float, RESID))

@@ -44,26 +44,10 @@ template <typename T> KB_DEV float kb_dwt(float dy, float h, float r) {
   return BT<T>::rnd(__fmul_rn(dy, BT<T>::rnd(__fmul_rn(h, r))));
 }
 
-#define KB_ENTRIES(NAME, T)                                                                            \
-  extern "C" __global__ void __launch_bounds__(KB_DX_THREADS, KB_DX_MINB) rms_norm_llama_bwd_dx_##NAME(            \
-      T* dx, float* ws, const T* dy, const T* x, const T* w, i64 rows, i64 cols, float eps) {          \
-    kb_dx<T, false>(dx, ws, dy, nullptr, x, w, rows, cols, eps);                                         \
-  }                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(KB_DW_THREADS, KB_DWP_MINB) rms_norm_llama_bwd_dwp_##NAME(           \
-      float* ws, const T* dy, const T* x, i64 rows, i64 cols, i64 sms, i64 tps) {                      \
-    if (cols % 4 == 0) kb_dwp<T, 4>(ws, dy, x, rows, cols, sms, tps);                                  \
-    else kb_dwp<T, 1>(ws, dy, x, rows, cols, sms, tps);                                                \
-  }                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(KB_DW_THREADS) rms_norm_llama_bwd_dw_##NAME(            \
-      T* dw, const float* ws, i64 rows, i64 cols, i64 sms, i64 tps) {                                  \
-    kb_dw<T>(dw, ws, rows, cols, sms, tps);                                                            \
-  }
+KB_KERNEL(rms_norm_llama, 0)
 
-KB_ENTRIES(bf16, __nv_bfloat16)
-KB_ENTRIES(f16, __half)
-KB_ENTRIES(f32, float)
-
-// The entries KB_ENTRIES makes, spelled out (kernel.toml names them; a bundle's check finds each
+// The entries KB_KERNEL makes (the engine's KB_ENTRIES; one dtype's alone under
+// -DKERNELIZE_DTYPE_<DT>), spelled out (kernel.toml names them; a bundle's check finds each
 // symbol's text in the source):
 //   rms_norm_llama_bwd_dx_bf16 rms_norm_llama_bwd_dwp_bf16 rms_norm_llama_bwd_dw_bf16
 //   rms_norm_llama_bwd_dx_f16 rms_norm_llama_bwd_dwp_f16 rms_norm_llama_bwd_dw_f16

@@ -332,41 +332,55 @@ fn ln_backward_row(inp: &CaseInputs, row: usize, cols: usize) -> (f64, f64, f64,
 /// The f64 truth of layer_norm_backward's `dw` and `db` (`[cols]` each): `dw_j = sum_i dy_ij
 /// (x_ij - m_i) r_i`, `db_j = sum_i dy_ij`.
 fn ln_backward_dwdb(spec: &CaseSpec, inp: &CaseInputs, want_db: bool) -> Vec<f64> {
-    let (rows, cols) = (spec.rows as usize, spec.cols as usize);
     let dy = inp.dy.as_ref().expect("a backward case has dy");
     let mean = inp.mean.as_ref().expect("layer_norm_backward has mean");
     let rstd = inp.rstd.as_ref().expect("layer_norm_backward has rstd");
-    (0..cols)
-        .into_par_iter()
-        .map(|j| {
-            (0..rows)
-                .map(|i| {
-                    let g = f(dy, i * cols + j);
-                    if want_db {
-                        g
-                    } else {
-                        g * (f(&inp.x, i * cols + j) - f(mean, i)) * f(rstd, i)
-                    }
-                })
-                .sum()
-        })
-        .collect()
+    column_sums(spec, |i, at| {
+        let g = f(dy, at);
+        if want_db {
+            g
+        } else {
+            g * (f(&inp.x, at) - f(mean, i)) * f(rstd, i)
+        }
+    })
 }
 
 /// The f64 truth of a backward case's `dw` (`[cols]`): a sum over every row.
 pub fn backward_dw(spec: &CaseSpec, inp: &CaseInputs) -> Vec<f64> {
     let (rows, cols) = (spec.rows as usize, spec.cols as usize);
     let dy = inp.dy.as_ref().expect("a backward case has dy");
+    // r of every row, as rms_backward_row's (its sum of squares alone)
     let r: Vec<f64> = (0..rows)
         .into_par_iter()
-        .map(|i| rms_backward_row(spec, inp, i, cols).0)
+        .map(|i| {
+            let sq: f64 = (0..cols)
+                .map(|j| f(&inp.x, i * cols + j))
+                .fold(0.0, |sq, h| sq + h * h);
+            1.0 / (sq / cols as f64 + spec.eps as f64).sqrt()
+        })
         .collect();
-    (0..cols)
+    column_sums(spec, |i, at| f(dy, at) * f(&inp.x, at) * r[i])
+}
+
+/// Per column j of a `rows x cols` case, the sum over the rows i in order of `term(i, i * cols +
+/// j)` (f64, from `Sum`'s start: every column's the same value as `(0..rows).map(..).sum()`).
+/// Blocks of columns in parallel, each walking the rows in order over its columns, so that
+/// memory is read along the rows rather than one column at a time down a large tensor.
+fn column_sums(spec: &CaseSpec, term: impl Fn(usize, usize) -> f64 + Sync) -> Vec<f64> {
+    const BLOCK: usize = 64;
+    let (rows, cols) = (spec.rows as usize, spec.cols as usize);
+    let start: f64 = std::iter::empty::<f64>().sum();
+    (0..cols.div_ceil(BLOCK))
         .into_par_iter()
-        .map(|j| {
-            (0..rows)
-                .map(|i| f(dy, i * cols + j) * f(&inp.x, i * cols + j) * r[i])
-                .sum()
+        .flat_map_iter(|b| {
+            let (j0, j1) = (b * BLOCK, ((b + 1) * BLOCK).min(cols));
+            let mut acc = vec![start; j1 - j0];
+            for i in 0..rows {
+                for (k, a) in acc.iter_mut().enumerate() {
+                    *a += term(i, i * cols + j0 + k);
+                }
+            }
+            acc
         })
         .collect()
 }
@@ -541,6 +555,47 @@ mod tests {
             name: "t",
             dtype: dt,
             bytes: b,
+        }
+    }
+
+    /// The column sums of the backward oracles (rms_norm_backward's dw, layer_norm_backward's dw
+    /// and db) walk blocks of columns along the rows; each column's value is, bit for bit, its
+    /// terms summed down the column in row order (`(0..rows).map(..).sum()`).
+    #[test]
+    fn the_column_sums_are_each_columns_sum_in_row_order() {
+        for (op, rows, cols) in [
+            (Op::RmsNormBackward, 37, 150),
+            (Op::RmsNormBackward, 5, 64),
+            (Op::LayerNormBackward, 29, 131),
+        ] {
+            for dt in [DType::Bf16, DType::F32] {
+                let s = CaseSpec {
+                    dtype: dt,
+                    ..spec(op, op.default_semantics(), rows, cols)
+                };
+                let inp = crate::cases::generate(&s);
+                let (rows, cols) = (rows as usize, cols as usize);
+                let dy = inp.dy.as_ref().unwrap();
+                let naive = |term: &dyn Fn(usize, usize) -> f64| -> Vec<f64> {
+                    (0..cols)
+                        .map(|j| (0..rows).map(|i| term(i, i * cols + j)).sum())
+                        .collect()
+                };
+                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                if op == Op::RmsNormBackward {
+                    let r: Vec<f64> = (0..rows)
+                        .map(|i| rms_backward_row(&s, &inp, i, cols).0)
+                        .collect();
+                    let want = naive(&|i, at| f(dy, at) * f(&inp.x, at) * r[i]);
+                    assert_eq!(bits(&backward_dw(&s, &inp)), bits(&want), "{op} {dt}");
+                } else {
+                    let (m, r) = (inp.mean.as_ref().unwrap(), inp.rstd.as_ref().unwrap());
+                    let dw = naive(&|i, at| f(dy, at) * (f(&inp.x, at) - f(m, i)) * f(r, i));
+                    let db = naive(&|_, at| f(dy, at));
+                    assert_eq!(bits(&ln_backward_dwdb(&s, &inp, false)), bits(&dw), "{dt}");
+                    assert_eq!(bits(&ln_backward_dwdb(&s, &inp, true)), bits(&db), "{dt}");
+                }
+            }
         }
     }
 
