@@ -460,9 +460,17 @@ LB_DEV void lb_dwdb(T* __restrict__ dw, T* __restrict__ db, const T* __restrict_
     lb_dwdb<T>(dw, db, dy, x, mean, rstd, rows, cols);                                                   \
   }
 
+// One dtype's entries alone where the module is compiled for it (-DKERNELIZE_DTYPE_<DT>, as the
+// verifier and the client compile a module per dtype; docs/manifest.md), every dtype's otherwise.
+#if !defined(KERNELIZE_DTYPE_F16) && !defined(KERNELIZE_DTYPE_F32)
 LB_ENTRIES(bf16, __nv_bfloat16)
+#endif
+#if !defined(KERNELIZE_DTYPE_BF16) && !defined(KERNELIZE_DTYPE_F32)
 LB_ENTRIES(f16, __half)
+#endif
+#if !defined(KERNELIZE_DTYPE_BF16) && !defined(KERNELIZE_DTYPE_F16)
 LB_ENTRIES(f32, float)
+#endif
 
 // The entries LB_ENTRIES makes, spelled out (kernel.toml names them; a bundle's check finds each
 // symbol's text in the source):

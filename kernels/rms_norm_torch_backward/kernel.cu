@@ -437,9 +437,17 @@ KB_DEV void kt_dw(T* __restrict__ dw, const float* __restrict__ ws, i64 rows, i6
     kt_dw<T>(dw, ws, rows, cols, sms, tps);                                                            \
   }
 
+// One dtype's entries alone where the module is compiled for it (-DKERNELIZE_DTYPE_<DT>, as the
+// verifier and the client compile a module per dtype; docs/manifest.md), every dtype's otherwise.
+#if !defined(KERNELIZE_DTYPE_F16) && !defined(KERNELIZE_DTYPE_F32)
 KB_ENTRIES(bf16, __nv_bfloat16)
+#endif
+#if !defined(KERNELIZE_DTYPE_BF16) && !defined(KERNELIZE_DTYPE_F32)
 KB_ENTRIES(f16, __half)
+#endif
+#if !defined(KERNELIZE_DTYPE_BF16) && !defined(KERNELIZE_DTYPE_F16)
 KB_ENTRIES(f32, float)
+#endif
 
 // The entries KB_ENTRIES makes, spelled out (kernel.toml names them; a bundle's check finds each
 // symbol's text in the source):

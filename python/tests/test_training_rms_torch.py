@@ -19,7 +19,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, bundled_version
 from kernelize import core, launch, training
 from test_training import (_IS_AVAILABLE, NORMS, ForwardStandIn, RecordingBackward, _backward_folder, _forward_run, _grads,
                            _kz, _llama, _training_lines, train_bit_for_bit)
@@ -118,7 +118,7 @@ def test_training_mode_takes_the_torch_backward_and_gives_eagers_gradients(dtype
     # in f32 too: no F32_ACCUMULATION for F.rms_norm's one node
     assert all(e.backward is not None and e.backward.name == "rms_norm_torch_backward"
                for e in norms.values()), [e.backward_reasons for e in norms.values()]
-    ok = [ln for ln in _training_lines(rep) if "rms_norm_torch_backward 1.0.0" in ln]
+    ok = [ln for ln in _training_lines(rep) if f"rms_norm_torch_backward {bundled_version('rms_norm_torch_backward')}" in ln]
     assert len(ok) == 1 and "(5 layers)" in ok[0] and "[rms_norm (torch), " in ok[0], _training_lines(rep)
     got = _grads(m, ids)
     assert set(got) == set(want)
