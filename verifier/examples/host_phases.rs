@@ -39,7 +39,7 @@ fn main() {
         truth_s += t.elapsed().as_secs_f64();
         let refs: Vec<&[u8]> = truth.iter().map(Vec::as_slice).collect();
         let t = Instant::now();
-        let v = gradients::verdict(spec, &inp, std::slice::from_ref(&refs), &refs, true);
+        let v = gradients::verdict(spec, &inp, std::slice::from_ref(&refs), &refs, true, None);
         let d = t.elapsed().as_secs_f64();
         assert_eq!(v.exactness.mismatches, 0);
         gen_s += g;

@@ -81,6 +81,10 @@ pub trait Executor {
         limits: &Limits,
         copy_gbps: f64,
     ) -> Result<CaseReport, ExecError>;
+    /// `spec` is the case that will run after the one about to run: its inputs may be drawn
+    /// meanwhile (`ahead::prefetch`, in the process that runs it). A hint: without it every
+    /// case runs the same.
+    fn prefetch(&mut self, _spec: &CaseSpec) {}
     /// Of `dtypes` (those with cases left to run, in the suite's order), the first whose
     /// compiled code is ready, waiting until one is: a verification runs the cases of the dtype
     /// that compiled first while the others still compile (issue 29). `None`: this executor

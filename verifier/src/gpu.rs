@@ -234,6 +234,10 @@ impl Executor for CudaExecutor {
         crate::measure::run_case(self.gpu()?, bundle, spec, limits, copy_gbps)
     }
 
+    fn prefetch(&mut self, spec: &CaseSpec) {
+        crate::ahead::prefetch(spec);
+    }
+
     /// Starts every module compiling (as the first case would) and polls them: the first of
     /// `dtypes` whose module has finished, in the suite's order among those ready at once.
     /// Gives up after `FIRST_READY_WAIT` (`None`: the suite's order), so that a module that

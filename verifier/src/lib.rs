@@ -9,6 +9,7 @@
 //! `conformance` (built-in references against PyTorch eager outputs).
 
 pub mod abi;
+pub mod ahead;
 pub mod cases;
 mod child;
 pub mod compile_cache;

@@ -15,7 +15,7 @@ pub mod poison;
 pub mod speed;
 
 use crate::abi::{abi_args, reference_dims, reference_symbol, Bufs, Ptrs};
-use crate::cases::{self, CaseSpec};
+use crate::cases::CaseSpec;
 use crate::cuda::{guard_byte, Arg, CompileJob, DevBuf, Gpu};
 use crate::exec::{ExecError, Limits};
 use crate::numeric::{compare, keyed_sum, worst};
@@ -555,7 +555,7 @@ pub(crate) fn run_case(
         return large::run(gpu, spec, limits, cand, refk, tools, skeleton);
     }
 
-    let inp = cases::generate(spec);
+    let inp = crate::ahead::take(spec).inputs;
     phase("generate");
     let run = CaseRun {
         gpu,

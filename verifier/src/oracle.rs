@@ -409,6 +409,18 @@ pub fn rounded_backward_truth(spec: &CaseSpec, inp: &CaseInputs) -> Vec<Vec<u8>>
         .collect()
 }
 
+/// A gradient's oracle: the element ranges it is compared at and the f64 truth there.
+pub type Truth = (Vec<(usize, usize)>, Vec<f64>);
+
+/// Every gradient's [`backward_truth`], in [`Op::gradients`] order.
+pub fn backward_truths(spec: &CaseSpec, inp: &CaseInputs) -> Vec<Truth> {
+    spec.op
+        .gradients()
+        .iter()
+        .map(|g| backward_truth(spec, inp, g))
+        .collect()
+}
+
 /// The f64 truth of gradient `g` of a backward case, on the elements it is compared at: a
 /// gradient of rows x cols on the sampled rows ([`sample`]), one of one row whole. Returns those
 /// element ranges and the truth there.
@@ -470,15 +482,30 @@ pub fn backward_accuracy(
     spec: &CaseSpec,
     inp: &CaseInputs,
     grads: &[(&[u8], &[u8])],
+    truths: Option<&[Truth]>,
 ) -> Vec<Accuracy> {
     let gs = spec.op.gradients();
     assert_eq!(gs.len(), grads.len(), "{}: one pair per gradient", spec.op);
+    let owned;
+    let truths = match truths {
+        Some(t) => t,
+        None => {
+            owned = backward_truths(spec, inp);
+            &owned
+        }
+    };
+    assert_eq!(
+        truths.len(),
+        gs.len(),
+        "{}: one truth per gradient",
+        spec.op
+    );
     gs.iter()
         .zip(grads)
-        .map(|(g, &(c, r))| {
-            let (ranges, truth) = backward_truth(spec, inp, g);
-            let (cm, cr) = errors(spec.dtype, c, &ranges, &truth);
-            let (rm, rr) = errors(spec.dtype, r, &ranges, &truth);
+        .zip(truths)
+        .map(|((_, &(c, r)), (ranges, truth))| {
+            let (cm, cr) = errors(spec.dtype, c, ranges, truth);
+            let (rm, rr) = errors(spec.dtype, r, ranges, truth);
             Accuracy {
                 candidate_max_abs: cm,
                 candidate_rms: cr,
@@ -905,7 +932,7 @@ mod tests {
         let up: Vec<u8> = du.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect();
         let mut off = up.clone();
         off[0..4].copy_from_slice(&(du[0] as f32 + 1.0).to_le_bytes());
-        let a = backward_accuracy(&sp, &inp, &[(&exact, &exact), (&off, &up)]);
+        let a = backward_accuracy(&sp, &inp, &[(&exact, &exact), (&off, &up)], None);
         assert_eq!(a.len(), 2);
         assert!(a[0].candidate_max_abs < 1e-6 && a[0].reference_max_abs < 1e-6);
         assert!(a[1].candidate_max_abs > 0.5 && a[1].reference_max_abs < 1e-6);

@@ -891,7 +891,7 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
         self.ensure_loaded(bundle)?;
         let (dt, op) = (spec.dtype, spec.op);
         let dir = self.case_dir(spec)?;
-        let inp = cases::generate(spec);
+        let inp = crate::ahead::take(spec).inputs;
         let reps = if spec.measure_speed {
             limits.speed_reps.max(3)
         } else {
@@ -1047,6 +1047,11 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
         Ok(d)
     }
 
+    fn prefetch(&mut self, spec: &CaseSpec) {
+        // the candidate's inputs are drawn here, in this process (written to its case's files)
+        crate::ahead::prefetch(spec);
+    }
+
     fn run_case(
         &mut self,
         bundle: &KernelBundle,
@@ -1111,7 +1116,8 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
             let refs: Vec<&[u8]> = reference.grads.iter().map(Vec::as_slice).collect();
             crate::measure::gradients::check_sizes(spec, &calls, &refs)
                 .map_err(ExecError::Sandbox)?;
-            let v = crate::measure::gradients::verdict(spec, &inp, &calls, &refs, deterministic);
+            let v =
+                crate::measure::gradients::verdict(spec, &inp, &calls, &refs, deterministic, None);
             let speed = speed_of(reference.median_us, &mut integrity_failures);
             return Ok(CaseReport {
                 note: (!notes.is_empty()).then(|| notes.join("; ")),

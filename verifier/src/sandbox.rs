@@ -27,6 +27,10 @@ pub enum Request {
         spec: CaseSpec,
         limits: Limits,
         copy_gbps: f64,
+        /// The case expected after this one: the child starts drawing its inputs first
+        /// (`ahead::prefetch`).
+        #[serde(default)]
+        next: Option<CaseSpec>,
     },
     Compiled {
         manifest_toml: String,
@@ -228,7 +232,11 @@ pub fn serve() -> anyhow::Result<()> {
                 spec,
                 limits,
                 copy_gbps,
+                next,
             } => answer(&manifest_toml, &source, |b| {
+                if let Some(n) = &next {
+                    crate::ahead::prefetch(n);
+                }
                 // A panic inside the run (a bug of ours) must not look like a kernel fault.
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     exec.run_case(b, &spec, &limits, copy_gbps)
@@ -281,6 +289,8 @@ pub struct SandboxExecutor {
     pub case_limit: Duration,
     /// Children started so far (the first, and one after each broken context).
     pub children_started: u32,
+    /// The case expected after the next one run (`Executor::prefetch`), sent with it.
+    next: Option<CaseSpec>,
 }
 
 impl SandboxExecutor {
@@ -296,6 +306,7 @@ impl SandboxExecutor {
             child: None,
             case_limit: Duration::from_secs(180),
             children_started: 0,
+            next: None,
         })
     }
 
@@ -434,6 +445,10 @@ impl Drop for SandboxExecutor {
 }
 
 impl Executor for SandboxExecutor {
+    fn prefetch(&mut self, spec: &CaseSpec) {
+        self.next = Some(spec.clone());
+    }
+
     fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
         match self.call(&Request::Device, "device query")? {
             Response::Device(d) => Ok(d),
@@ -455,6 +470,7 @@ impl Executor for SandboxExecutor {
             spec: spec.clone(),
             limits: *limits,
             copy_gbps,
+            next: self.next.take(),
         };
         match self.call(&req, &spec.id)? {
             Response::Case(c) => Ok(*c),

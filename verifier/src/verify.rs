@@ -241,8 +241,16 @@ pub fn verify_with(
             .unwrap_or(0);
         let (dt, idx) = by_dtype.remove(at);
         crate::trace(|| format!("verify {}: the {dt} cases now", m.name));
-        for i in idx {
+        for (k, &i) in idx.iter().enumerate() {
             let spec = &specs[i];
+            // the inputs of this dtype's next case drawn while this one runs (where it will run)
+            if let Some(n) = idx.get(k + 1).map(|&n| &specs[n]) {
+                if m.not_applicable(n.constraint_size(), Some(device.arch))
+                    .is_none()
+                {
+                    exec.prefetch(n);
+                }
+            }
             progress(&Progress {
                 done,
                 total,

@@ -68,7 +68,7 @@ fn the_backward_reference_runs_on_a_cases_inputs_outside_a_candidate() {
                 .iter()
                 .map(|g| (g.as_slice(), g.as_slice()))
                 .collect();
-            let acc = oracle::backward_accuracy(&s, &inp, &pairs);
+            let acc = oracle::backward_accuracy(&s, &inp, &pairs, None);
             for (g, acc) in op.gradients().iter().zip(&acc) {
                 let (_, truth) = oracle::backward_truth(&s, &inp, g);
                 let scale = truth.iter().fold(0f64, |m, v| m.max(v.abs()));

@@ -453,7 +453,10 @@ pub(crate) fn run_case(
     let ws_bytes = workspace_bytes(op, rows, cols, dev)
         .map_err(|m| launch_error("the workspace", m))? as usize;
     phases.mark("load");
-    let inp = cases::generate(spec);
+    let crate::ahead::Drawn {
+        inputs: inp,
+        truths,
+    } = crate::ahead::take(spec);
     phases.mark("generate");
     let own = upload_own(gpu, op, &inp)?;
     // The measurements' shared helpers (keyed sums, poison) through a CaseRun whose kernels
@@ -638,7 +641,8 @@ pub(crate) fn run_case(
     // bytes, as a Python candidate's (`gradients::verdict`).
     let refs: Vec<&[u8]> = refg.iter().map(Vec::as_slice).collect();
     phases.mark("address placements");
-    let verdict = super::gradients::verdict(spec, &inp, &all, &refs, deterministic);
+    let verdict =
+        super::gradients::verdict(spec, &inp, &all, &refs, deterministic, truths.as_deref());
     phases.mark("exactness+oracle (host)");
 
     // 7. Speed: the whole call, each timed run's gradients checked.

@@ -79,6 +79,7 @@ pub fn verdict(
     calls: &[Vec<&[u8]>],
     reference: &[&[u8]],
     deterministic: bool,
+    truths: Option<&[oracle::Truth]>,
 ) -> GradientVerdict {
     if let Err(e) = check_sizes(spec, calls, reference) {
         panic!("{e}");
@@ -100,7 +101,7 @@ pub fn verdict(
         .zip(reference)
         .map(|(c, r)| (*c, *r))
         .collect();
-    let accuracy = oracle::backward_accuracy(spec, inputs, &pairs);
+    let accuracy = oracle::backward_accuracy(spec, inputs, &pairs, truths);
     let gradients = grads
         .iter()
         .zip(exact)
@@ -171,7 +172,7 @@ mod tests {
             let (nx, nw) = (6 * 16, 16);
             // Exact: every gradient bit for bit, the combination over every element.
             let three = vec![refs.clone(); 3];
-            let v = verdict(&s, &inp, &three, &refs, true);
+            let v = verdict(&s, &inp, &three, &refs, true, None);
             assert_eq!(v.exactness.elements, nx + nw, "{dt}");
             assert_eq!(v.exactness.mismatches, 0, "{dt}");
             assert_eq!(v.gradients.len(), 2);
@@ -184,7 +185,7 @@ mod tests {
             assert_eq!(v.gradients["dw"].exactness.elements, nw);
             // dx one ulp off in one element: dx has the mismatch, dw none, the case one.
             let g = off(&refg, dt, 0, 7, 1);
-            let v = verdict(&s, &inp, &[as_call(&g)], &refs, true);
+            let v = verdict(&s, &inp, &[as_call(&g)], &refs, true, None);
             let dx = &v.gradients["dx"].exactness;
             assert_eq!((dx.mismatches, dx.max_ulp), (1, 1), "{dt}");
             assert!(dx.within_tolerance && dx.nonfinite_parity);
@@ -194,7 +195,7 @@ mod tests {
             let mut g = refg.clone();
             let nan = from_f32(dt, f32::NAN);
             set_bits(dt, &mut g[0], 3, nan);
-            let v = verdict(&s, &inp, &[as_call(&g)], &refs, true);
+            let v = verdict(&s, &inp, &[as_call(&g)], &refs, true, None);
             let dx = &v.gradients["dx"].exactness;
             assert!(!dx.nonfinite_parity && dx.max_ulp == ULP_INFINITE, "{dt}");
             assert!(!v.exactness.nonfinite_parity);
@@ -204,7 +205,7 @@ mod tests {
             );
             // dw off by 3 ulps in its last element: dw's alone.
             let g = off(&refg, dt, 1, 15, 3);
-            let v = verdict(&s, &inp, &[as_call(&g)], &refs, true);
+            let v = verdict(&s, &inp, &[as_call(&g)], &refs, true, None);
             assert_eq!(v.gradients["dx"].exactness.mismatches, 0, "{dt}");
             let dw = &v.gradients["dw"].exactness;
             assert_eq!((dw.mismatches, dw.max_ulp), (1, 3), "{dt}");
@@ -222,9 +223,9 @@ mod tests {
         // call 2's db two ulps off: counted only when the calls are said to differ.
         let bad = off(&refg, DType::Bf16, 2, 0, 2);
         let calls = [refs.clone(), as_call(&bad), refs.clone()];
-        let same = verdict(&s, &inp, &calls, &refs, true);
+        let same = verdict(&s, &inp, &calls, &refs, true, None);
         assert_eq!(same.exactness.mismatches, 0);
-        let differ = verdict(&s, &inp, &calls, &refs, false);
+        let differ = verdict(&s, &inp, &calls, &refs, false, None);
         assert_eq!(differ.gradients["db"].exactness.max_ulp, 2);
         assert_eq!(differ.gradients["dw"].exactness.mismatches, 0);
         assert_eq!(differ.gradients["dx"].exactness.mismatches, 0);
@@ -245,6 +246,6 @@ mod tests {
         let (s, inp) = case(Op::RmsNormBackward, DType::F32, 2, 4);
         let refg = rounded_truth(&s, &inp);
         let short = [refg[0].as_slice(), &refg[1][..4]];
-        verdict(&s, &inp, &[as_call(&refg)], &short, true);
+        verdict(&s, &inp, &[as_call(&refg)], &short, true, None);
     }
 }
