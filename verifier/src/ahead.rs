@@ -15,14 +15,20 @@ use std::thread::JoinHandle;
 pub struct Drawn {
     pub inputs: CaseInputs,
     pub truths: Option<Vec<Truth>>,
+    /// Whether this came from [`prefetch`]'s thread (else it was drawn on the spot).
+    pub ahead: bool,
 }
 
-type Slot = Option<(CaseSpec, JoinHandle<Drawn>)>;
-static AHEAD: Mutex<Slot> = Mutex::new(None);
+/// Cases whose work has started ahead, oldest first. The case running now may still be here
+/// when the next one's work starts (the sandbox's child starts the next case's work, then runs
+/// its own case; the in-process executor likewise), so two are kept.
+const KEPT: usize = 2;
+type Pending = Vec<(CaseSpec, JoinHandle<Drawn>)>;
+static AHEAD: Mutex<Pending> = Mutex::new(Vec::new());
 
-/// Start `spec`'s host work on a thread of its own, for the case that asks for it next
-/// ([`take`]). One case ahead at most (a later call replaces an earlier one that was not taken:
-/// that thread is left to finish on its own); the large-index cases draw their data on the GPU.
+/// Start `spec`'s host work on a thread of its own, for the case that asks for it ([`take`]).
+/// At most [`KEPT`] cases ahead (an older one not taken is dropped: its thread finishes on its
+/// own); the large-index cases draw their data on the GPU.
 pub fn prefetch(spec: &CaseSpec) {
     if spec.large_index {
         return;
@@ -33,23 +39,36 @@ pub fn prefetch(spec: &CaseSpec) {
         let truths =
             s.op.is_backward()
                 .then(|| oracle::backward_truths(&s, &inputs));
-        Drawn { inputs, truths }
+        Drawn {
+            inputs,
+            truths,
+            ahead: true,
+        }
     });
-    *AHEAD.lock().unwrap_or_else(|e| e.into_inner()) = Some((spec.clone(), handle));
+    let mut pending = AHEAD.lock().unwrap_or_else(|e| e.into_inner());
+    pending.push((spec.clone(), handle));
+    if pending.len() > KEPT {
+        pending.remove(0);
+    }
 }
 
 /// `spec`'s inputs (and its gradients' truth) as [`prefetch`] made them, else its inputs drawn
 /// now (`truths` then `None`: the verdict computes them). The same bytes either way
 /// ([`generate`] and the oracle are functions of the spec).
 pub fn take(spec: &CaseSpec) -> Drawn {
-    let ahead = AHEAD.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let handle = {
+        let mut pending = AHEAD.lock().unwrap_or_else(|e| e.into_inner());
+        let at = pending.iter().position(|(s, _)| s == spec);
+        at.map(|i| pending.remove(i).1)
+    };
     let now = || Drawn {
         inputs: generate(spec),
         truths: None,
+        ahead: false,
     };
-    match ahead {
-        Some((s, handle)) if s == *spec => handle.join().unwrap_or_else(|_| now()),
-        _ => now(),
+    match handle {
+        Some(h) => h.join().unwrap_or_else(|_| now()),
+        None => now(),
     }
 }
 
@@ -59,8 +78,9 @@ mod tests {
     use kernel_registry::{DType, Op, Semantics};
 
     /// A case's inputs are the same bytes whether [`prefetch`] drew them ahead or [`take`] draws
-    /// them on the spot (another case's prefetch is not taken for it), and a backward case's
-    /// truths computed ahead are the oracle's.
+    /// them on the spot, a backward case's truths computed ahead are the oracle's, and the
+    /// work started for a case is still there when the next case's has started too (as the
+    /// sandbox's child does it).
     #[test]
     fn work_done_ahead_is_the_work_done_on_the_spot() {
         let specs = crate::cases::suite(
@@ -73,14 +93,21 @@ mod tests {
         );
         let (a, b) = (&specs[3], &specs[4]);
         prefetch(a);
+        prefetch(b);
         let d = take(a);
+        assert!(d.ahead);
         assert_eq!(d.inputs, generate(a));
-        if let Some(t) = &d.truths {
-            assert_eq!(t, &oracle::backward_truths(a, &d.inputs));
-        }
-        prefetch(a);
+        let t = d
+            .truths
+            .as_ref()
+            .expect("a backward case's truths are computed ahead");
+        assert_eq!(t, &oracle::backward_truths(a, &d.inputs));
         let d = take(b);
+        assert!(d.ahead);
         assert_eq!(d.inputs, generate(b));
-        assert!(d.truths.is_none());
+        // nothing ahead for it: drawn on the spot
+        let d = take(a);
+        assert!(!d.ahead && d.truths.is_none());
+        assert_eq!(d.inputs, generate(a));
     }
 }

@@ -555,8 +555,13 @@ pub(crate) fn run_case(
         return large::run(gpu, spec, limits, cand, refk, tools, skeleton);
     }
 
-    let inp = crate::ahead::take(spec).inputs;
-    phase("generate");
+    let drawn = crate::ahead::take(spec);
+    let inp = drawn.inputs;
+    phase(if drawn.ahead {
+        "generate (ahead)"
+    } else {
+        "generate"
+    });
     let run = CaseRun {
         gpu,
         spec,

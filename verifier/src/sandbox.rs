@@ -538,6 +538,53 @@ mod tests {
     /// The parent's question for the first compiled dtype and the child's answer cross the
     /// pipe as JSON lines, as every request does; a Python candidate is never asked (it has no
     /// modules), nor a kernel of one dtype.
+    /// The case named by `Executor::prefetch` crosses the pipe with the case before it, equal
+    /// to the spec its own request brings (what `ahead::take` matches on), and a request from an
+    /// older parent without it still parses.
+    #[test]
+    fn the_next_case_crosses_the_pipe_with_the_case_before_it() {
+        let specs = crate::cases::suite(
+            kernel_registry::Op::RmsNormBackward,
+            kernel_registry::Semantics::Llama,
+            &[DType::Bf16, DType::F32],
+            false,
+            11,
+            &[],
+        );
+        for pair in specs.windows(2) {
+            let req = Request::Case {
+                manifest_toml: String::new(),
+                source: String::new(),
+                spec: pair[0].clone(),
+                limits: Limits::default(),
+                copy_gbps: 1.0,
+                next: Some(pair[1].clone()),
+            };
+            let line = serde_json::to_string(&req).unwrap();
+            match serde_json::from_str::<Request>(&line).unwrap() {
+                Request::Case { spec, next, .. } => {
+                    assert_eq!(spec, pair[0]);
+                    assert_eq!(next.as_ref(), Some(&pair[1]));
+                }
+                _ => panic!("not a case"),
+            }
+        }
+        let mut v: serde_json::Value = serde_json::to_value(Request::Case {
+            manifest_toml: String::new(),
+            source: String::new(),
+            spec: specs[0].clone(),
+            limits: Limits::default(),
+            copy_gbps: 1.0,
+            next: None,
+        })
+        .unwrap();
+        assert!(v["case"].as_object_mut().unwrap().remove("next").is_some());
+        match serde_json::from_value::<Request>(v).unwrap() {
+            Request::Case { next, .. } => assert!(next.is_none()),
+            _ => panic!("not a case"),
+        }
+    }
+
     #[test]
     fn first_ready_crosses_the_pipe_and_is_asked_only_where_it_can_help() {
         let req = Request::FirstReady {

@@ -456,8 +456,13 @@ pub(crate) fn run_case(
     let crate::ahead::Drawn {
         inputs: inp,
         truths,
+        ahead,
     } = crate::ahead::take(spec);
-    phases.mark("generate");
+    phases.mark(if ahead {
+        "generate (ahead)"
+    } else {
+        "generate"
+    });
     let own = upload_own(gpu, op, &inp)?;
     // The measurements' shared helpers (keyed sums, poison) through a CaseRun whose kernels
     // are the first entries (the only launches made through it are `call`'s).
