@@ -449,6 +449,24 @@ fn mismatched(c: &kernel_registry::report::CaseReport) -> bool {
     c.exactness.as_ref().is_some_and(|e| e.mismatches > 0)
 }
 
+/// Whether the forward red-team fixtures' simplified eager order (`mean_order_sum`: 4-vectors
+/// from each row's start, `var = sum * (1 / cols)`) can be eager's at this case's shape, so that
+/// a check may require the fixture to match there. Not the large-index case, nor where
+/// `rows * cols` is beyond f32's exact integers (MeanOps' factor `float(rows) / float(rows *
+/// cols)` is then not `1 / cols`), nor where 16 rows or more start off a 16-byte boundary (odd
+/// widths: eager's vectorised reduction takes such a row's head first; docs/kernels.md). Every
+/// run draws random shapes from its seed: session 36's run 7 drew 479357x8960, 883019x4864
+/// (large-index) and 2783x1917, where `cols_multiple_of_8_only` and
+/// `unnormalised_at_16_byte_offset` mismatched eager for those reasons, not their tricks.
+fn in_fixture_order(c: &kernel_registry::report::CaseReport) -> bool {
+    let n = c.rows * c.cols;
+    let exact = |v: u64| (v as f32) as u64 == v;
+    !c.id.ends_with("large_index")
+        && exact(n)
+        && exact(c.rows)
+        && (c.cols.is_multiple_of(4) || c.rows < 16)
+}
+
 fn any_integrity(r: &VerificationReport, needle: &str) -> Result<String, String> {
     r.cases
         .iter()
@@ -1015,7 +1033,7 @@ fn main() -> ExitCode {
             if bad.is_empty() {
                 return Err("no case mismatched".into());
             }
-            if let Some(c) = bad.iter().find(|c| c.cols % 8 == 0) {
+            if let Some(c) = bad.iter().find(|c| c.cols % 8 == 0 && in_fixture_order(c)) {
                 return Err(format!("{} (cols % 8 == 0) mismatched too", c.id));
             }
             Ok(format!(
@@ -1046,7 +1064,10 @@ fn main() -> ExitCode {
             if bad.is_empty() {
                 return Err("no case mismatched".into());
             }
-            if let Some(c) = bad.iter().find(|c| c.eps == Some(1e-6)) {
+            if let Some(c) = bad
+                .iter()
+                .find(|c| c.eps == Some(1e-6) && in_fixture_order(c))
+            {
                 return Err(format!(
                     "{} mismatched at eps 1e-6, the value it hard-codes",
                     c.id
@@ -1067,7 +1088,10 @@ fn main() -> ExitCode {
             if bad.is_empty() {
                 return Err("no case mismatched".into());
             }
-            if let Some(c) = bad.iter().find(|c| ANCHORS.contains(&c.cols)) {
+            if let Some(c) = bad
+                .iter()
+                .find(|c| ANCHORS.contains(&c.cols) && in_fixture_order(c))
+            {
                 return Err(format!("{} (an anchor width) mismatched too", c.id));
             }
             Ok(format!(
@@ -1129,7 +1153,19 @@ fn main() -> ExitCode {
         // Issue 26: exact at fresh allocations (on a large boundary), unnormalised 16 bytes
         // into a larger one; only the address cases see it.
         ("broken/unnormalised_at_16_byte_offset", |r| {
-            exact_at_fresh_allocations_yet_failed(r)?;
+            if let Some(c) = r
+                .cases
+                .iter()
+                .find(|c| mismatched(c) && in_fixture_order(c))
+            {
+                return Err(format!(
+                    "{} mismatched at the fresh allocations: the trick should show only at other addresses",
+                    c.id
+                ));
+            }
+            if r.summary.overall.class != ExactnessClass::Fails {
+                return Err(format!("classified {}", r.summary.overall.class));
+            }
             any_integrity(r, ADDRESS_REASON)
         }),
         ("broken/never_finishes", |r| {
