@@ -3,7 +3,9 @@
 //! oracle's truth of its gradients computed from them (seconds each for the largest shapes).
 //! `crate::verify` names the next case (`Executor::prefetch`), the process that runs it starts
 //! the work ([`prefetch`]) and the case takes it ([`take`]). A hint only: a case whose work was
-//! not started ahead does it on the spot, with the same result.
+//! not started ahead does it on the spot, with the same result. `KERNELIZE_AHEAD=0` turns it
+//! off (a host short of memory: up to two more cases' inputs are held, about 1 GB each at the
+//! suite's largest f32 shapes).
 
 use crate::cases::{generate, CaseInputs, CaseSpec};
 use crate::oracle::{self, Truth};
@@ -30,7 +32,7 @@ static AHEAD: Mutex<Pending> = Mutex::new(Vec::new());
 /// At most [`KEPT`] cases ahead (an older one not taken is dropped: its thread finishes on its
 /// own); the large-index cases draw their data on the GPU.
 pub fn prefetch(spec: &CaseSpec) {
-    if spec.large_index {
+    if spec.large_index || !enabled(std::env::var_os("KERNELIZE_AHEAD").as_deref()) {
         return;
     }
     let s = spec.clone();
@@ -50,6 +52,11 @@ pub fn prefetch(spec: &CaseSpec) {
     if pending.len() > KEPT {
         pending.remove(0);
     }
+}
+
+/// Whether work is done ahead, given `KERNELIZE_AHEAD`'s value: unless it is `0`.
+fn enabled(setting: Option<&std::ffi::OsStr>) -> bool {
+    setting.is_none_or(|v| v != "0")
 }
 
 /// `spec`'s inputs (and its gradients' truth) as [`prefetch`] made them, else its inputs drawn
@@ -81,6 +88,14 @@ mod tests {
     /// them on the spot, a backward case's truths computed ahead are the oracle's, and the
     /// work started for a case is still there when the next case's has started too (as the
     /// sandbox's child does it).
+    #[test]
+    fn kernelize_ahead_0_turns_it_off() {
+        use std::ffi::OsStr;
+        assert!(enabled(None));
+        assert!(enabled(Some(OsStr::new("1"))));
+        assert!(!enabled(Some(OsStr::new("0"))));
+    }
+
     #[test]
     fn work_done_ahead_is_the_work_done_on_the_spot() {
         let specs = crate::cases::suite(
