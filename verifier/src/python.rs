@@ -801,6 +801,8 @@ fn read_output(dir: &Path, name: &str, want_bytes: usize) -> Result<Vec<u8>, Exe
 #[derive(Debug, Clone)]
 pub struct PyRun {
     pub inputs: CaseInputs,
+    /// A backward case's gradients' oracle truth where it was computed ahead (`crate::ahead`).
+    pub truths: Option<Vec<crate::oracle::Truth>>,
     /// Per call (3: determinism and the poison pair), one per [`python_outputs`] in that order:
     /// a forward op's `out`, a backward op's gradients (`[cols]` for a one-row one).
     pub outputs: Vec<Vec<Vec<u8>>>,
@@ -891,7 +893,11 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
         self.ensure_loaded(bundle)?;
         let (dt, op) = (spec.dtype, spec.op);
         let dir = self.case_dir(spec)?;
-        let inp = crate::ahead::take(spec).inputs;
+        let crate::ahead::Drawn {
+            inputs: inp,
+            truths,
+            ..
+        } = crate::ahead::take(spec);
         let reps = if spec.measure_speed {
             limits.speed_reps.max(3)
         } else {
@@ -1028,6 +1034,7 @@ impl<R: ReferenceLayers> PythonExecutor<R> {
         }
         Ok(PyRun {
             inputs: inp,
+            truths,
             outputs: outs,
             residuals: ress,
             deterministic,
@@ -1073,6 +1080,7 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
         let run = self.run_candidate(bundle, spec, limits)?;
         let PyRun {
             inputs: inp,
+            truths,
             outputs: outs,
             residuals: ress,
             deterministic,
@@ -1116,8 +1124,14 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
             let refs: Vec<&[u8]> = reference.grads.iter().map(Vec::as_slice).collect();
             crate::measure::gradients::check_sizes(spec, &calls, &refs)
                 .map_err(ExecError::Sandbox)?;
-            let v =
-                crate::measure::gradients::verdict(spec, &inp, &calls, &refs, deterministic, None);
+            let v = crate::measure::gradients::verdict(
+                spec,
+                &inp,
+                &calls,
+                &refs,
+                deterministic,
+                truths.as_deref(),
+            );
             let speed = speed_of(reference.median_us, &mut integrity_failures);
             return Ok(CaseReport {
                 note: (!notes.is_empty()).then(|| notes.join("; ")),
