@@ -289,7 +289,8 @@ pub struct SandboxExecutor {
     pub case_limit: Duration,
     /// Children started so far (the first, and one after each broken context).
     pub children_started: u32,
-    /// The case expected after the next one run (`Executor::prefetch`), sent with it.
+    /// The case named by `Executor::prefetch` (expected after the next case run), sent with
+    /// that case's request.
     next: Option<CaseSpec>,
 }
 
