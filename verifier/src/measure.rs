@@ -193,21 +193,28 @@ impl<'a> CaseRun<'a> {
     /// to 3 bytes into the guard (padded with the guard byte on the host; a kernel that wrote
     /// there is reported by the guard check).
     pub fn holds(&self, dev: &DevBuf, host: &[u8]) -> Result<bool, ExecError> {
-        assert_eq!(dev.bytes, host.len());
-        let key = RandomState::new().hash_one(dev.ptr());
-        Ok(self.device_sum(dev, key)? == keyed_sum(host, key, guard_byte()))
+        self.still_holds(dev, &self.expect(host))
     }
 
     /// An expectation of a buffer's bits for repeated checks on the GPU ([`Self::still_holds`]):
     /// one key drawn now (after the candidate's launches that made `host`) and the host's sum
     /// once, where [`Self::holds`] hashes the host copy again at every check.
     pub fn expect(&self, host: &[u8]) -> Held {
-        let key = RandomState::new().hash_one(host.as_ptr());
-        Held {
-            key,
-            sum: keyed_sum(host, key, guard_byte()),
-            bytes: host.len(),
-        }
+        self.expect_all(&[host]).remove(0)
+    }
+
+    /// [`Self::expect`] of each of `hosts`, all with one key (`address::PlacedSums::sharing`
+    /// checks placed buffers with it, without hashing the host copies again).
+    pub fn expect_all(&self, hosts: &[&[u8]]) -> Vec<Held> {
+        let key = RandomState::new().hash_one(hosts.as_ptr());
+        hosts
+            .iter()
+            .map(|h| Held {
+                key,
+                sum: keyed_sum(h, key, guard_byte()),
+                bytes: h.len(),
+            })
+            .collect()
     }
 
     /// Whether `dev` holds the bits `h` was made from, decided on the GPU.
@@ -494,8 +501,8 @@ fn compile_with_tools(
 
 /// What a buffer must hold, for checks on the GPU (`CaseRun::expect`).
 pub(crate) struct Held {
-    key: u64,
-    sum: u64,
+    pub(crate) key: u64,
+    pub(crate) sum: u64,
     bytes: usize,
 }
 
@@ -549,7 +556,6 @@ pub(crate) fn run_case(
         dims: Box::new(move |r, c| Ok(reference_dims(op, r, c))),
     };
     let mut phases = Phases::start(&spec.id);
-    let mut phase = |name: &str| phases.mark(name);
     let skeleton = crate::cases::case_skeleton(spec, CaseStatus::Ran, None);
     if spec.large_index {
         return large::run(gpu, spec, limits, cand, refk, tools, skeleton);
@@ -557,7 +563,7 @@ pub(crate) fn run_case(
 
     let drawn = crate::ahead::take(spec);
     let inp = drawn.inputs;
-    phase(if drawn.ahead {
+    phases.mark(if drawn.ahead {
         "generate (ahead)"
     } else {
         "generate"
@@ -580,13 +586,13 @@ pub(crate) fn run_case(
 
     // 1. The candidate, three times, before the reference has run.
     let launches = run.candidate_launches(&out, res.as_ref())?;
-    phase("3 candidate launches");
+    phases.mark("3 candidate launches");
     // 2. The reference, after it.
     let (ref_host, ref_res_host) = run.reference()?;
-    phase("reference");
+    phases.mark("reference");
     // 3. Integrity: every element written, nothing outside the buffers, inputs unchanged.
     let mut integrity = integrity::check(&run, &inp, &launches, &out, res.as_ref())?;
-    phase("integrity");
+    phases.mark("integrity");
     // 4. Determinism.
     let all: Vec<Vec<&[u8]>> = (0..launches.outs.len())
         .map(|k| {
@@ -619,10 +625,10 @@ pub(crate) fn run_case(
             exactness = worst(exactness, exact_of(k));
         }
     }
-    phase("determinism+exactness");
+    phases.mark("determinism+exactness");
     // 6. Accuracy against the f64 oracle.
     let accuracy = oracle::accuracy(spec, &inp, &launches.outs[0], &ref_host);
-    phase("oracle");
+    phases.mark("oracle");
     // 7. Batch invariance: every row, in other compositions, against launch 1 (its device copy).
     // When deterministic, `out` (and `res`) still hold launch 1's bits: no copy is needed.
     let batch_invariant = if spec.check_batch {
@@ -648,7 +654,7 @@ pub(crate) fn run_case(
     } else {
         None
     };
-    phase("batch invariance");
+    phases.mark("batch invariance");
     // 8. Address cases: the candidate again with every tensor at other addresses the ABI
     // allows, the same bits required (a non-deterministic kernel's placed launches count in its
     // exactness instead).
@@ -664,7 +670,7 @@ pub(crate) fn run_case(
     if let Some(e) = placed.exactness {
         exactness = worst(exactness, e);
     }
-    phase("address placements");
+    phases.mark("address placements");
     // 9. Speed, every timed launch checked.
     let speed = if spec.measure_speed {
         let timed = speed::measure(
@@ -678,7 +684,7 @@ pub(crate) fn run_case(
     } else {
         None
     };
-    phase("speed");
+    phases.mark("speed");
     Ok(CaseReport {
         note: (!notes.is_empty()).then(|| notes.join("; ")),
         exactness: Some(exactness),

@@ -218,7 +218,20 @@ pub(crate) struct Summed {
 impl PlacedSums {
     /// Sums for up to `buffers` placed buffers, the key drawn from `seed` and a fresh state.
     pub(crate) fn new(run: &CaseRun<'_>, buffers: usize, seed: u64) -> Result<Self, ExecError> {
-        let key = RandomState::new().hash_one(seed);
+        Self::keyed(run, buffers, RandomState::new().hash_one(seed))
+    }
+
+    /// Sums with the key of `held` (`CaseRun::expect_all`): a placed buffer that should hold
+    /// what one of them was made from sums to its `sum`.
+    pub(crate) fn sharing(
+        run: &CaseRun<'_>,
+        buffers: usize,
+        held: &super::Held,
+    ) -> Result<Self, ExecError> {
+        Self::keyed(run, buffers, held.key)
+    }
+
+    fn keyed(run: &CaseRun<'_>, buffers: usize, key: u64) -> Result<Self, ExecError> {
         let g = guard_byte();
         Ok(PlacedSums {
             sums: run.gpu.alloc(8 * 3 * buffers)?,

@@ -500,7 +500,16 @@ pub(crate) fn run_case(
     poison(&out, p1)?;
     call(&run, &cand, &ptrs(&out), rows, dev, None)?;
     let call1 = Arc::new(download(&out)?);
-    let first: Vec<Held> = call1.iter().map(|g| run.expect(g)).collect();
+    // One key for the case's later checks: call 1's gradients, then the inputs' host copies.
+    let mut held: Vec<Held> = run.expect_all(
+        &call1
+            .iter()
+            .map(Vec::as_slice)
+            .chain(inputs.iter().map(|(_, t, _)| t.bytes.as_slice()))
+            .collect::<Vec<_>>(),
+    );
+    let held_inputs = held.split_off(call1.len());
+    let first = held;
     let same_or_download = |o: &Outs| -> Result<Arc<Grads>, ExecError> {
         for (b, h) in o.grads.iter().zip(&first) {
             if !run.still_holds(b, h)? {
@@ -565,8 +574,8 @@ pub(crate) fn run_case(
             integrity.push(format!("{name}: {g}"));
         }
     }
-    for (_, t, d) in &inputs {
-        if !run.holds(d, &t.bytes)? {
+    for ((_, t, d), h) in inputs.iter().zip(&held_inputs) {
+        if !run.still_holds(d, h)? {
             integrity.push(format!("input {} was modified by the kernel", t.name));
         }
     }
@@ -638,7 +647,10 @@ pub(crate) fn run_case(
             .chain(out.ws.as_ref())
             .map(|b| b.bytes)
             .collect();
-        integrity.extend(placements(&run, &cand, dev, &inputs, &out_bytes, &got[0])?);
+        let held_all: Vec<&Held> = first.iter().chain(&held_inputs).collect();
+        integrity.extend(placements(
+            &run, &cand, dev, &inputs, &out_bytes, &got[0], &held_all,
+        )?);
     }
 
     // 5, 6. Exactness per gradient against the reference (the worst call, at other grids too,
@@ -792,7 +804,8 @@ fn batch_check(
 /// of `entries`; then the gradients must hold `expected`'s bits (call 1's at fresh allocations),
 /// the inputs theirs, and every guard region its bytes, all checked on the GPU by keyed sums
 /// downloaded once a placement (`address::PlacedSums`, as the forward's address cases).
-/// `out_bytes` are the sizes of the gradients then the workspace. Returns the integrity failures: one line for gradients that
+/// `out_bytes` are the sizes of the gradients then the workspace; `held` what the gradients
+/// (call 1's) and the inputs must hold, with the case's one key (`CaseRun::expect_all`). Returns the integrity failures: one line for gradients that
 /// depend on the address (the first placement that differed, how many did), and up to
 /// `MAX_OTHER_LINES` for inputs modified or guards written at a placement.
 fn placements(
@@ -802,6 +815,7 @@ fn placements(
     inputs: &[(&'static str, &HostTensor, &DevBuf)],
     out_bytes: &[usize],
     expected: &Grads,
+    held: &[&Held],
 ) -> Result<Vec<String>, ExecError> {
     let (gpu, spec) = (run.gpu, run.spec);
     let names = buffers(spec.op);
@@ -818,12 +832,15 @@ fn placements(
         .collect::<Result<_, _>>()?;
     let plan = address::plan(names.len());
     // What each placed buffer must sum to: the gradients call 1's, the inputs their host
-    // copies (the workspace's payload is not checked: a call may leave anything there).
-    let sums = address::PlacedSums::new(run, placed.len(), spec.seed)?;
+    // copies, as `held` (the case's one key) says (the workspace's payload is not checked: a
+    // call may leave anything there).
+    let n_grads = expected.len();
+    assert_eq!(held.len(), n_grads + inputs.len());
+    let sums = address::PlacedSums::sharing(run, placed.len(), held[0])?;
     let want: Vec<Option<u64>> = (0..names.len())
         .map(|i| match i.checked_sub(n_out) {
-            Some(k) => Some(sums.of(&inputs[k].1.bytes)),
-            None => expected.get(i).map(|g| sums.of(g)),
+            Some(k) => Some(held[n_grads + k].sum),
+            None => (i < n_grads).then(|| held[i].sum),
         })
         .collect();
     let mut first: Option<(Placement, Vec<Difference>)> = None;
