@@ -7,7 +7,8 @@
 #   bench/compile_time.sh OUT_DIR        (a short table is printed last)
 # KERNELS="silu_backward layer_norm" verifies only those (default: every kernels/*/);
 # PASSES=cold skips the warm pass; SKIP_NVCC=1 skips step 1. Each cold verification's trace is
-# summed per case phase by bench/trace_phases.py into OUT_DIR/phases.txt.
+# summed per case phase by bench/trace_phases.py into OUT_DIR/phases.txt; KEEP_TRACES=1 also keeps
+# the whole traces (every case's phases, by case) in OUT_DIR/traces.tgz.
 set -u
 out="${1:?usage: bench/compile_time.sh OUT_DIR}"
 mkdir -p "$out"
@@ -79,6 +80,7 @@ for d in ${kernels_dirs:-kernels/*/}; do
     [ -f "$tmp/$name.warm.log" ] && grep -v "^trace" "$tmp/$name.warm.log" >"$tmp/reports/$name.warm.txt"
 done
 tar czf "$out/reports.tgz" -C "$tmp/reports" .
+[ "${KEEP_TRACES:-0}" = 1 ] && (cd "$tmp" && tar czf "$out/traces.tgz" ./*.cold.log)
 rm -rf "$tmp"
 {
     echo

@@ -1,6 +1,7 @@
 //! A case's host work done ahead of it: while one case runs (mostly waiting for the GPU), the
-//! next case's inputs are drawn on a thread of their own, and for a backward op the f64
-//! oracle's truth of its gradients computed from them (seconds each for the largest shapes).
+//! next case's inputs are drawn on a thread of their own, and the f64 oracle's truth of its
+//! output (a forward op) or of its gradients (a backward op) computed from them (seconds each
+//! for the largest backward shapes).
 //! `crate::verify` names the next case (`Executor::prefetch`), the process that runs it starts
 //! the work ([`prefetch`]) and the case takes it ([`take`]). A hint only: a case whose work was
 //! not started ahead does it on the spot, with the same result. `KERNELIZE_AHEAD=0` turns it
@@ -12,8 +13,9 @@ use crate::oracle::{self, Truth};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
 
-/// A case's inputs, and the oracle's truth of its gradients (a backward op's, in
-/// [`kernel_registry::Op::gradients`] order) where it was computed ahead.
+/// A case's inputs, and the oracle's truths ([`oracle::truths`]: a forward op's output, a
+/// backward op's gradients in [`kernel_registry::Op::gradients`] order) where they were
+/// computed ahead.
 pub struct Drawn {
     pub inputs: CaseInputs,
     pub truths: Option<Vec<Truth>>,
@@ -38,9 +40,7 @@ pub fn prefetch(spec: &CaseSpec) {
     let s = spec.clone();
     let handle = std::thread::spawn(move || {
         let inputs = generate(&s);
-        let truths =
-            s.op.is_backward()
-                .then(|| oracle::backward_truths(&s, &inputs));
+        let truths = Some(oracle::truths(&s, &inputs));
         Drawn {
             inputs,
             truths,
@@ -59,7 +59,7 @@ fn enabled(setting: Option<&std::ffi::OsStr>) -> bool {
     setting.is_none_or(|v| v != "0")
 }
 
-/// `spec`'s inputs (and its gradients' truth) as [`prefetch`] made them, else its inputs drawn
+/// `spec`'s inputs (and their truths) as [`prefetch`] made them, else its inputs drawn
 /// now (`truths` then `None`: the verdict computes them). The same bytes either way
 /// ([`generate`] and the oracle are functions of the spec).
 pub fn take(spec: &CaseSpec) -> Drawn {
@@ -124,5 +124,11 @@ mod tests {
         let d = take(a);
         assert!(!d.ahead && d.truths.is_none());
         assert_eq!(d.inputs, generate(a));
+        // a forward case: its output's truth
+        let f = &crate::cases::suite(Op::RmsNorm, Semantics::Llama, &[DType::F16], true, 7, &[])[5];
+        prefetch(f);
+        let d = take(f);
+        assert!(d.ahead);
+        assert_eq!(d.truths, Some(vec![oracle::forward_truth(f, &d.inputs)]));
     }
 }

@@ -884,8 +884,33 @@ impl Gpu {
         self.wait(what, limit)
     }
 
+    /// Queue a candidate's launch without waiting. Its wait is [`Gpu::wait_queued`], which the
+    /// caller must reach before it reads anything the launch wrote; that wait bounds every
+    /// launch queued before it together, so that a launch that never ends is still found.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_queued(
+        &self,
+        what: &str,
+        f: sys::CUfunction,
+        grid: [u32; 3],
+        block: [u32; 3],
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<(), ExecError> {
+        self.launch_async(what, f, grid, block, smem, args)
+    }
+
+    /// Wait for everything queued (the candidate's launches queued with [`Gpu::launch_queued`]
+    /// among it) within `limit`, as [`Gpu::launch`] waits for one launch: past it, a timeout
+    /// that marks the context broken.
+    pub fn wait_queued(&self, what: &str, limit: Duration) -> Result<(), ExecError> {
+        self.wait(what, limit)?;
+        self.wait_idle(what)
+    }
+
     /// Queue one of the verifier's own kernels without waiting (its errors surface at the next
-    /// synchronisation; never used for a candidate, whose launches are always waited for).
+    /// synchronisation; never used for a candidate, whose launches are waited for: by
+    /// [`Gpu::launch`] at once, or by [`Gpu::wait_queued`]).
     pub fn enqueue(
         &self,
         what: &str,

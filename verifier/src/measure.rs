@@ -103,22 +103,27 @@ impl<'a> CaseRun<'a> {
 
     /// Launch `k` on `rows` rows at the given addresses, and wait for the context to be idle.
     pub fn launch_at(&self, k: &Kern<'_>, t: Ptrs, rows: u64) -> Result<(), ExecError> {
+        self.launch_at_queued(k, t, rows)?;
+        self.wait_queued(&k.name, 1)
+    }
+
+    /// [`CaseRun::launch_at`] without the wait: queued behind what is already on the stream.
+    /// [`CaseRun::wait_queued`] must follow before anything it wrote is read.
+    pub fn launch_at_queued(&self, k: &Kern<'_>, t: Ptrs, rows: u64) -> Result<(), ExecError> {
         let d = (k.dims)(rows, self.spec.cols).map_err(|e| ExecError::Launch {
             what: format!("launch rule of {}", k.name),
             message: e,
         })?;
         let args = abi_args(self.spec, t, rows);
-        let limit = self.limits.launch();
-        self.gpu.launch(
-            &k.name,
-            k.f,
-            d.grid,
-            d.block,
-            d.shared_mem_bytes,
-            &args,
-            limit,
-        )?;
-        self.gpu.wait_idle(&k.name)
+        self.gpu
+            .launch_queued(&k.name, k.f, d.grid, d.block, d.shared_mem_bytes, &args)
+    }
+
+    /// Wait for `launches` queued launches of the candidate (`what`: the entry's name; each
+    /// launch allowed the launch limit) and everything queued with them.
+    pub fn wait_queued(&self, what: &str, launches: usize) -> Result<(), ExecError> {
+        let limit = self.limits.launch() * launches.max(1) as u32;
+        self.gpu.wait_queued(what, limit)
     }
 
     /// Poison `out` with `p` and launch the candidate into it.
@@ -562,7 +567,10 @@ pub(crate) fn run_case(
     }
 
     let drawn = crate::ahead::take(spec);
-    let inp = drawn.inputs;
+    let (inp, truth) = (
+        drawn.inputs,
+        drawn.truths.and_then(|t| t.into_iter().next()),
+    );
     phases.mark(if drawn.ahead {
         "generate (ahead)"
     } else {
@@ -627,7 +635,7 @@ pub(crate) fn run_case(
     }
     phases.mark("determinism+exactness");
     // 6. Accuracy against the f64 oracle.
-    let accuracy = oracle::accuracy(spec, &inp, &launches.outs[0], &ref_host);
+    let accuracy = oracle::accuracy(spec, &inp, &launches.outs[0], &ref_host, truth.as_ref());
     phases.mark("oracle");
     // 7. Batch invariance: every row, in other compositions, against launch 1 (its device copy).
     // When deterministic, `out` (and `res`) still hold launch 1's bits: no copy is needed.

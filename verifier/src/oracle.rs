@@ -412,6 +412,24 @@ pub fn rounded_backward_truth(spec: &CaseSpec, inp: &CaseInputs) -> Vec<Vec<u8>>
 /// A gradient's oracle: the element ranges it is compared at and the f64 truth there.
 pub type Truth = (Vec<(usize, usize)>, Vec<f64>);
 
+/// The f64 truth of a forward case's output on the elements it is compared at ([`sample`]):
+/// those element ranges and the truth there.
+pub fn forward_truth(spec: &CaseSpec, inp: &CaseInputs) -> Truth {
+    let ranges = sample(spec);
+    let truth = oracle(spec, inp, &ranges);
+    (ranges, truth)
+}
+
+/// What a case's verdict compares with the f64 oracle, from its inputs alone: a forward op's
+/// output ([`forward_truth`]), a backward op's gradients ([`backward_truths`]).
+pub fn truths(spec: &CaseSpec, inp: &CaseInputs) -> Vec<Truth> {
+    if spec.op.is_backward() {
+        backward_truths(spec, inp)
+    } else {
+        vec![forward_truth(spec, inp)]
+    }
+}
+
 /// Every gradient's [`backward_truth`], in [`Op::gradients`] order.
 pub fn backward_truths(spec: &CaseSpec, inp: &CaseInputs) -> Vec<Truth> {
     spec.op
@@ -545,11 +563,26 @@ pub fn errors(dt: DType, out: &[u8], ranges: &[(usize, usize)], truth: &[f64]) -
 }
 
 /// Candidate and reference accuracy against the oracle.
-pub fn accuracy(spec: &CaseSpec, inp: &CaseInputs, candidate: &[u8], reference: &[u8]) -> Accuracy {
-    let ranges = sample(spec);
-    let truth = oracle(spec, inp, &ranges);
-    let (cm, cr) = errors(spec.dtype, candidate, &ranges, &truth);
-    let (rm, rr) = errors(spec.dtype, reference, &ranges, &truth);
+///
+/// `truth`: the output's [`forward_truth`] where it was computed already (`crate::ahead`), else
+/// it is computed here.
+pub fn accuracy(
+    spec: &CaseSpec,
+    inp: &CaseInputs,
+    candidate: &[u8],
+    reference: &[u8],
+    truth: Option<&Truth>,
+) -> Accuracy {
+    let own;
+    let (ranges, truth) = match truth {
+        Some(t) => t,
+        None => {
+            own = forward_truth(spec, inp);
+            &own
+        }
+    };
+    let (cm, cr) = errors(spec.dtype, candidate, ranges, truth);
+    let (rm, rr) = errors(spec.dtype, reference, ranges, truth);
     Accuracy {
         candidate_max_abs: cm,
         candidate_rms: cr,

@@ -1160,7 +1160,8 @@ impl<R: ReferenceLayers> Executor for PythonExecutor<R> {
                 exactness = worst(exactness, exact_of(k));
             }
         }
-        let accuracy = oracle::accuracy(spec, &inp, &outs[0], &reference.out);
+        let truth = truths.as_ref().and_then(|t| t.first());
+        let accuracy = oracle::accuracy(spec, &inp, &outs[0], &reference.out, truth);
         let speed = speed_of(reference.median_us, &mut integrity_failures);
         Ok(CaseReport {
             note: (!notes.is_empty()).then(|| notes.join("; ")),

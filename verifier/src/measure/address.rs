@@ -197,13 +197,19 @@ pub(crate) struct Outcome {
     pub exactness: Option<Exactness>,
 }
 
-/// The keyed sums that check placed buffers after a launch: per buffer the sum of its payload
-/// and of each of its two guard regions, all queued on the GPU and downloaded at once (one
-/// synchronisation a placement, not one per tensor). One key for every check of a measurement,
-/// drawn when it starts (after the candidate's launches), so a kernel cannot forge a sum; the
-/// host sums each expected payload once with it ([`PlacedSums::of`]).
+/// Placements queued together before one wait and one download: the launches between two
+/// synchronisations (a case's 33 placements in 5 waits; before, each placement waited for its
+/// launch and for its sums). A launch that never ends is found within this many launch limits.
+pub(crate) const CHUNK: usize = 8;
+
+/// The keyed sums that check placed buffers after launches: per launch and buffer the sum of
+/// its payload and of each of its two guard regions, all queued on the GPU behind the launch and
+/// downloaded at once for up to [`CHUNK`] launches (`queue`, then `take`). One key for every
+/// check of a measurement, drawn when it starts (after the candidate's launches), so a kernel
+/// cannot forge a sum; the host sums each expected payload once with it ([`PlacedSums::of`]).
 pub(crate) struct PlacedSums {
     sums: DevBuf,
+    buffers: usize,
     key: u64,
     want_guard: u64,
 }
@@ -216,7 +222,8 @@ pub(crate) struct Summed {
 }
 
 impl PlacedSums {
-    /// Sums for up to `buffers` placed buffers, the key drawn from `seed` and a fresh state.
+    /// Sums for up to [`CHUNK`] launches of `buffers` placed buffers, the key drawn from `seed`
+    /// and a fresh state.
     pub(crate) fn new(run: &CaseRun<'_>, buffers: usize, seed: u64) -> Result<Self, ExecError> {
         Self::keyed(run, buffers, RandomState::new().hash_one(seed))
     }
@@ -234,7 +241,8 @@ impl PlacedSums {
     fn keyed(run: &CaseRun<'_>, buffers: usize, key: u64) -> Result<Self, ExecError> {
         let g = guard_byte();
         Ok(PlacedSums {
-            sums: run.gpu.alloc(8 * 3 * buffers)?,
+            sums: run.gpu.alloc(8 * 3 * buffers * CHUNK)?,
+            buffers,
             key,
             want_guard: keyed_sum(&vec![g; GUARD_BYTES], key, g),
         })
@@ -245,36 +253,140 @@ impl PlacedSums {
         keyed_sum(host, self.key, guard_byte())
     }
 
-    /// `placed`'s sums, after the launch that wrote them (queued behind it on its stream).
+    /// Zero the slots of the next `take`, queued before the launches they follow.
+    pub(crate) fn clear(&self, run: &CaseRun<'_>) -> Result<(), ExecError> {
+        run.gpu.fill_queued(&self.sums, 0)
+    }
+
+    /// Queue `placed`'s sums into the slots of launch `slot` (< [`CHUNK`]) of the next `take`,
+    /// behind the launch that wrote them on its stream.
+    pub(crate) fn queue(
+        &self,
+        run: &CaseRun<'_>,
+        slot: usize,
+        placed: &[DevBuf],
+    ) -> Result<(), ExecError> {
+        assert!(slot < CHUNK && placed.len() == self.buffers);
+        let guard_words = (GUARD_BYTES / 4) as u64;
+        for (i, buf) in placed.iter().enumerate() {
+            let at = |k: usize| self.sums.ptr() + 8 * (3 * (slot * self.buffers + i) + k) as u64;
+            let end = buf.ptr() + buf.bytes as u64;
+            run.enqueue_sum(buf.ptr(), buf.bytes.div_ceil(4) as u64, self.key, at(0))?;
+            run.enqueue_sum(buf.ptr() - GUARD_BYTES as u64, guard_words, self.key, at(1))?;
+            run.enqueue_sum(end.next_multiple_of(4), guard_words, self.key, at(2))?;
+        }
+        Ok(())
+    }
+
+    /// The sums of launches `0..launches`, downloaded at once; the launches must have been
+    /// waited for.
+    pub(crate) fn take(
+        &self,
+        run: &CaseRun<'_>,
+        launches: usize,
+    ) -> Result<Vec<Vec<Summed>>, ExecError> {
+        let got = run.gpu.download_vec(&self.sums)?;
+        let word = |j: usize| u64::from_le_bytes(got[8 * j..8 * j + 8].try_into().expect("8"));
+        Ok((0..launches)
+            .map(|l| {
+                (0..self.buffers)
+                    .map(|i| {
+                        let j = 3 * (l * self.buffers + i);
+                        Summed {
+                            payload: word(j),
+                            guards_ok: word(j + 1) == self.want_guard
+                                && word(j + 2) == self.want_guard,
+                        }
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+
+    /// `placed`'s sums after one launch, waited for: `clear`, `queue` and `take` of one.
     pub(crate) fn after_launch(
         &self,
         run: &CaseRun<'_>,
         placed: &[DevBuf],
     ) -> Result<Vec<Summed>, ExecError> {
-        assert!(24 * placed.len() <= self.sums.bytes);
-        let guard_words = (GUARD_BYTES / 4) as u64;
-        run.gpu.fill_queued(&self.sums, 0)?;
-        for (i, buf) in placed.iter().enumerate() {
-            let slot = |k: usize| self.sums.ptr() + 8 * (3 * i + k) as u64;
-            let end = buf.ptr() + buf.bytes as u64;
-            run.enqueue_sum(buf.ptr(), buf.bytes.div_ceil(4) as u64, self.key, slot(0))?;
-            run.enqueue_sum(
-                buf.ptr() - GUARD_BYTES as u64,
-                guard_words,
-                self.key,
-                slot(1),
-            )?;
-            run.enqueue_sum(end.next_multiple_of(4), guard_words, self.key, slot(2))?;
-        }
-        let got = run.gpu.download_vec(&self.sums)?;
-        let word = |j: usize| u64::from_le_bytes(got[8 * j..8 * j + 8].try_into().expect("8"));
-        Ok((0..placed.len())
-            .map(|i| Summed {
-                payload: word(3 * i),
-                guards_ok: word(3 * i + 1) == self.want_guard && word(3 * i + 2) == self.want_guard,
-            })
-            .collect())
+        assert_eq!(placed.len(), self.buffers);
+        self.clear(run)?;
+        self.queue(run, 0, placed)?;
+        Ok(self.take(run, 1)?.remove(0))
     }
+}
+
+/// Every placement of `plan`, screened by keyed sums alone: `put` places `placed` there (queued),
+/// `launch` queues the candidate's call on them (`call_launches` launches), and the sums are
+/// queued behind it; [`CHUNK`] placements go between two waits (a call that never ends is found
+/// within `CHUNK * call_launches` launch limits). Returns the placements where a guard region
+/// changed or a payload summed to what `payload_ok(buffer, sums)` refuses, with their sums:
+/// only these are looked at closely (launched there again, alone, and downloaded), by the
+/// caller.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn screen<'p, P, L, K>(
+    run: &CaseRun<'_>,
+    plan: &'p [Placement],
+    placed: &mut [DevBuf],
+    sums: &PlacedSums,
+    put: &mut P,
+    launch: L,
+    (what, call_launches): (&str, usize),
+    payload_ok: K,
+) -> Result<Vec<(&'p Placement, Vec<Summed>)>, ExecError>
+where
+    P: FnMut(&mut [DevBuf], &Placement) -> Result<(), ExecError>,
+    L: Fn(&[DevBuf]) -> Result<(), ExecError>,
+    K: Fn(usize, &Summed) -> bool,
+{
+    let mut flagged = Vec::new();
+    for chunk in plan.chunks(CHUNK) {
+        sums.clear(run)?;
+        for (slot, p) in chunk.iter().enumerate() {
+            put(placed, p)?;
+            launch(placed)?;
+            sums.queue(run, slot, placed)?;
+        }
+        run.wait_queued(what, chunk.len() * call_launches)?;
+        for (p, got) in chunk.iter().zip(sums.take(run, chunk.len())?) {
+            if !got
+                .iter()
+                .enumerate()
+                .all(|(i, s)| s.guards_ok && payload_ok(i, s))
+            {
+                flagged.push((p, got));
+            }
+        }
+    }
+    Ok(flagged)
+}
+
+/// What a placement's screening launch showed of one buffer (`tensor`, its sums `got`) that a
+/// second launch there, looked at closely, did not: the kernel did not do the same thing twice
+/// at that address, which a verdict cannot rest on. `payload_ok`: whether its payload summed as
+/// wanted (`None`: not checked). Empty when the screening found nothing wrong with it.
+pub(crate) fn unrepeated(
+    tensor: &str,
+    got: &Summed,
+    payload_ok: Option<bool>,
+    input: bool,
+) -> Vec<String> {
+    let mut what = Vec::new();
+    if payload_ok == Some(false) {
+        what.push(if input {
+            "the input was modified"
+        } else {
+            "the payload differed from launch 1's"
+        });
+    }
+    if !got.guards_ok {
+        what.push("the guard regions changed");
+    }
+    what.into_iter()
+        .map(|w| format!(
+            "{tensor}: {w} after the first launch at this placement (keyed sums on the GPU), but not after a second launch there: the kernel does not do the same thing twice at this address"
+        ))
+        .collect()
 }
 
 /// Run the candidate at every placement of `plan` and compare: outputs bit for bit with launch
@@ -333,12 +445,18 @@ pub(crate) fn check(
         .collect();
     let g = guard_byte();
     let sums = PlacedSums::new(run, tensors.len(), spec.seed)?;
-    let want: Vec<u64> = tensors
+    // What each placed tensor may sum to: an input its host copy, an output any of the
+    // candidate's launches at fresh allocations (one, when they agree).
+    let want: Vec<Vec<u64>> = tensors
         .iter()
-        .map(|t| match (t.input, t.expected.first()) {
-            (Some(host), _) => sums.of(host),
-            (None, Some(out)) => sums.of(out),
-            (None, None) => unreachable!("{}: no launch output", t.name),
+        .map(|t| match t.input {
+            Some(host) => vec![sums.of(host)],
+            None => {
+                assert!(!t.expected.is_empty(), "{}: no launch output", t.name);
+                let mut w: Vec<u64> = t.expected.iter().map(|e| sums.of(e)).collect();
+                w.dedup();
+                w
+            }
         })
         .collect();
     let mut placed: Vec<DevBuf> = tensors
@@ -349,17 +467,15 @@ pub(crate) fn check(
         })
         .collect::<Result<_, _>>()?;
     let placements = plan(tensors.len());
-    let mut first_differing: Option<(Placement, Vec<Difference>)> = None;
-    let mut differing = 0usize;
-    let mut other: Vec<String> = Vec::new();
-    let mut other_more = 0usize;
-    let mut exactness: Option<Exactness> = None;
-    for p in &placements {
+    let mut put = |placed: &mut [DevBuf], p: &Placement| -> Result<(), ExecError> {
         for ((t, buf), &residue) in tensors.iter().zip(placed.iter_mut()).zip(&p.at) {
             place(run, buf, residue, g, t.source)?;
         }
+        Ok(())
+    };
+    let ptrs_of = |placed: &[DevBuf]| {
         let at = |n: &str| names.iter().position(|&m| m == n).map(|i| placed[i].ptr());
-        let ptrs = Ptrs {
+        Ptrs {
             out: at("out").unwrap_or_else(|| missing("out")),
             residual: at("residual"),
             x: at("x")
@@ -368,15 +484,35 @@ pub(crate) fn check(
             up: at("up"),
             weight: at("w"),
             bias: at("b"),
-        };
-        run.launch_at(&run.cand, ptrs, spec.rows)?;
+        }
+    };
+    let summed_ok = |i: usize, s: &Summed| want[i].contains(&s.payload);
+    let flagged = screen(
+        run,
+        &placements,
+        &mut placed,
+        &sums,
+        &mut put,
+        |placed: &[DevBuf]| run.launch_at_queued(&run.cand, ptrs_of(placed), spec.rows),
+        (&run.cand.name, 1),
+        summed_ok,
+    )?;
+    let mut first_differing: Option<(Placement, Vec<Difference>)> = None;
+    let mut differing = 0usize;
+    let mut other: Vec<String> = Vec::new();
+    let mut other_more = 0usize;
+    let mut exactness: Option<Exactness> = None;
+    for (p, screened) in flagged {
+        // Again, alone, to see what differs.
+        put(&mut placed, p)?;
+        run.launch_at(&run.cand, ptrs_of(&placed), spec.rows)?;
         let got = sums.after_launch(run, &placed)?;
         let mut diffs = Vec::new();
         let mut lines = Vec::new();
         // The placed outputs, for a non-deterministic kernel's exactness: (out, residual).
         let mut outputs: Vec<Option<Vec<u8>>> = vec![None; tensors.len()];
         for (i, (t, buf)) in tensors.iter().zip(&placed).enumerate() {
-            let (payload_ok, guards_ok) = (got[i].payload == want[i], got[i].guards_ok);
+            let (payload_ok, guards_ok) = (summed_ok(i, &got[i]), got[i].guards_ok);
             if payload_ok && guards_ok {
                 continue;
             }
@@ -403,6 +539,14 @@ pub(crate) fn check(
                 lines.push(format!("{}: the guard regions changed", t.name));
             }
             lines.extend(guards.into_iter().map(|l| format!("{}: {l}", t.name)));
+        }
+        if diffs.is_empty() && lines.is_empty() {
+            // Nothing the second time: what the screening launch's sums showed stands (a
+            // non-deterministic kernel's output may differ from launch to launch).
+            for (i, (t, s)) in tensors.iter().zip(&screened).enumerate() {
+                let payload = (t.input.is_some() || deterministic).then(|| summed_ok(i, s));
+                lines.extend(unrepeated(t.name, s, payload, t.input.is_some()));
+            }
         }
         if !diffs.is_empty() {
             differing += 1;
@@ -549,6 +693,33 @@ mod tests {
             ),
             "out at offset 0, x at offset 16, w at offset 16 (bytes past a 2 MiB boundary)"
         );
+    }
+
+    #[test]
+    fn a_screening_that_a_second_launch_does_not_repeat_is_said_per_finding() {
+        let clean = Summed {
+            payload: 7,
+            guards_ok: true,
+        };
+        assert!(unrepeated("out", &clean, Some(true), false).is_empty());
+        // a non-deterministic kernel's output is not held to launch 1's bits
+        assert!(unrepeated("out", &clean, None, false).is_empty());
+        let out = unrepeated("out", &clean, Some(false), false);
+        assert_eq!(out.len(), 1);
+        assert!(
+            out[0].starts_with("out: the payload differed from launch 1's after the first launch")
+                && out[0].contains("does not do the same thing twice"),
+            "{}",
+            out[0]
+        );
+        let written = Summed {
+            payload: 7,
+            guards_ok: false,
+        };
+        let x = unrepeated("x", &written, Some(false), true);
+        assert_eq!(x.len(), 2, "{x:?}");
+        assert!(x[0].starts_with("x: the input was modified"), "{}", x[0]);
+        assert!(x[1].starts_with("x: the guard regions changed"), "{}", x[1]);
     }
 
     fn bf16s(v: &[f32]) -> Vec<u8> {
