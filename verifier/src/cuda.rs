@@ -141,6 +141,11 @@ impl DevBuf {
     /// Move the payload of a placed buffer to the first address at or after `GUARD_BYTES` into
     /// the allocation that is `residue` bytes past a multiple of `period` (a power of two); its
     /// contents and guards are the caller's to fill (`Gpu::fill_allocation`).
+    /// The allocation's base address, its size and the payload's offset in it (bytes).
+    pub fn layout(&self) -> (u64, usize, usize) {
+        (self.base, self.total, self.lead)
+    }
+
     pub fn place(&mut self, residue: u64, period: u64) {
         let lead = placed_lead(self.base, residue, period);
         assert!(
@@ -813,6 +818,15 @@ impl Gpu {
         // SAFETY: source range is inside the allocation.
         unsafe { result::memcpy_dtoh_sync(out, buf.ptr() + offset as u64) }
             .map_err(drv("copying from the device"))
+    }
+
+    /// The whole allocation of `buf` (guards and any room around its payload), as it is now.
+    pub fn download_allocation(&self, buf: &DevBuf) -> Result<Vec<u8>, ExecError> {
+        let mut v = vec![0u8; buf.total];
+        // SAFETY: the whole allocation, nothing past it.
+        unsafe { result::memcpy_dtoh_sync(&mut v, buf.base) }
+            .map_err(drv("copying from the device"))?;
+        Ok(v)
     }
 
     pub fn download_vec(&self, buf: &DevBuf) -> Result<Vec<u8>, ExecError> {

@@ -40,7 +40,9 @@ pub(crate) struct Kern<'a> {
 /// The verifier's own GPU utilities (reference.cu's `kz_*` entries).
 pub(crate) struct Tools {
     pub keyed_sum: CUfunction,
+    pub keyed_sums: CUfunction,
     pub fill: CUfunction,
+    pub place: CUfunction,
     pub gather: CUfunction,
     pub rows_differ: CUfunction,
     pub gen: CUfunction,
@@ -416,7 +418,7 @@ impl<'a> CaseRun<'a> {
 }
 
 /// Blocks of a keyed sum over `words` words.
-fn sum_blocks(words: u64, gpu: &Gpu) -> u32 {
+pub(crate) fn sum_blocks(words: u64, gpu: &Gpu) -> u32 {
     words.div_ceil(256).clamp(1, 8 * gpu.info.sm_count as u64) as u32
 }
 
@@ -495,7 +497,9 @@ fn compile_with_tools(
     let mut tool = |name: &str| gpu.function(rd, &[], name);
     Ok(Tools {
         keyed_sum: tool("kz_keyed_sum_u32")?,
+        keyed_sums: tool("kz_keyed_sums")?,
         fill: tool("kz_fill_pattern")?,
+        place: tool("kz_place")?,
         gather: tool("kz_gather_rows")?,
         rows_differ: tool("kz_rows_differ")?,
         gen: tool(&format!("kz_gen_{dt}"))?,

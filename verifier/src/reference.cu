@@ -835,6 +835,64 @@ extern "C" __global__ void kz_fill_pattern(unsigned char* p, long long n, unsign
     }
 }
 
+// The address cases' placements (crate::measure::address), one launch for all of a placement's
+// buffers: op y (blockIdx.y) makes its allocation [base, base + total) hold the guard byte, but
+// for the payload [base + lead, base + lead + bytes): a copy of src's bytes (an input), or when
+// src is 0 the output poison of kz_fill_pattern with key and invert (byte j of the payload).
+// The same bytes as a memset of the allocation, then a copy or kz_fill_pattern, in one launch.
+struct KzPlaceOp {
+    unsigned long long base, total, lead, bytes, src, key;
+    unsigned int guard, invert;
+};
+extern "C" __global__ void kz_place(const KzPlaceOp* ops) {
+    const KzPlaceOp o = ops[blockIdx.y];
+    unsigned char* a = reinterpret_cast<unsigned char*>(o.base);
+    const unsigned char* src = reinterpret_cast<const unsigned char*>(o.src);
+    const unsigned int g = o.guard * 0x01010101u;
+    const long long words = (long long)(o.total / 4);
+    for (long long w = blockIdx.x * (long long)blockDim.x + threadIdx.x; w <= words; w += (long long)blockDim.x * gridDim.x) {
+        const unsigned long long b0 = (unsigned long long)w * 4;
+        if (b0 >= o.total) break;
+        if (b0 + 4 <= o.lead || b0 >= o.lead + o.bytes) {
+            if (b0 + 4 <= o.total) *reinterpret_cast<unsigned int*>(a + b0) = g;
+            else for (unsigned long long b = b0; b < o.total; ++b) a[b] = (unsigned char)o.guard;
+            continue;
+        }
+        for (unsigned long long b = b0; b < b0 + 4 && b < o.total; ++b) {
+            unsigned char v = (unsigned char)o.guard;
+            if (b >= o.lead && b < o.lead + o.bytes) {
+                const unsigned long long j = b - o.lead;
+                if (src) {
+                    v = src[j];
+                } else {
+                    unsigned long long z = kz_mix(o.key + (j / 8) * 0x9E3779B97F4A7C15ull);
+                    if (o.invert) z = ~z;
+                    v = (unsigned char)(z >> (8 * (j % 8)));
+                }
+            }
+            a[b] = v;
+        }
+    }
+}
+
+// kz_keyed_sum_u32 over many ranges in one launch: range y (blockIdx.y) is {address, words};
+// its sum goes to sums[y] (zeroed before).
+struct KzRange {
+    unsigned long long at, words;
+};
+extern "C" __global__ void kz_keyed_sums(const KzRange* ranges, unsigned long long key, unsigned long long* sums) {
+    const KzRange r = ranges[blockIdx.y];
+    const unsigned int* a = reinterpret_cast<const unsigned int*>(r.at);
+    const long long n = (long long)r.words;
+    unsigned long long local = 0;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)blockDim.x * gridDim.x) {
+        unsigned long long z = (key + (unsigned long long)i * 0x9E3779B97F4A7C15ull) ^ (unsigned long long)a[i];
+        local += kz_mix(z);
+    }
+    for (int o = 16; o > 0; o >>= 1) local += __shfl_down_sync(0xffffffffu, local, o);
+    if ((threadIdx.x & 31) == 0) atomicAdd(sums + blockIdx.y, local);
+}
+
 // Batch compositions: dst row j := src row idx[j] (row_bytes bytes each).
 extern "C" __global__ void kz_gather_rows(unsigned char* dst, const unsigned char* src, const long long* idx,
                                           long long nrows, long long row_bytes) {

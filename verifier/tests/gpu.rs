@@ -1179,6 +1179,20 @@ fn main() -> ExitCode {
     let only = std::env::var("KERNELIZE_GPU_ONLY").unwrap_or_default();
     let prefixes: Vec<&str> = only.split(',').collect();
     let mut failed = 0;
+    // The address cases' own kernels (kz_place, kz_keyed_sums) against their host meaning.
+    let rel = "tools/placements";
+    if prefixes.iter().any(|p| rel.starts_with(p)) {
+        let t0 = Instant::now();
+        let res = verifier::measure::address::placement_self_check();
+        let secs = t0.elapsed().as_secs_f64();
+        match res {
+            Ok(why) => println!("ok    {rel:<36} {secs:6.1} s  {why}"),
+            Err(e) => {
+                failed += 1;
+                println!("FAIL  {rel:<36} {secs:6.1} s  {e}");
+            }
+        }
+    }
     for (rel, check) in checks {
         if !prefixes.iter().any(|p| rel.starts_with(p)) {
             continue;

@@ -16,7 +16,7 @@ use super::poison::Poison;
 use super::{CaseRun, Launches};
 use crate::abi::{abi_tensors, Ptrs, ABI_ALIGN_BYTES};
 use crate::cases::CaseInputs;
-use crate::cuda::{guard_byte, DevBuf, GUARD_BYTES};
+use crate::cuda::{guard_byte, Arg, DevBuf, GUARD_BYTES};
 use crate::exec::ExecError;
 use crate::numeric::{bits_at, compare, count_bit_differences, is_nan, keyed_sum, worst};
 use kernel_registry::report::Exactness;
@@ -184,6 +184,20 @@ pub(crate) fn place(
     }
 }
 
+/// [`place`] every buffer of `placed` at placement `p`, its payload from its `sources` entry
+/// (queued; the placement a screened one is looked at closely with).
+pub(crate) fn place_all(
+    run: &CaseRun<'_>,
+    placed: &mut [DevBuf],
+    p: &Placement,
+    sources: &[Option<&DevBuf>],
+) -> Result<(), ExecError> {
+    for ((buf, &residue), source) in placed.iter_mut().zip(&p.at).zip(sources) {
+        place(run, buf, residue, guard_byte(), *source)?;
+    }
+    Ok(())
+}
+
 /// What the address cases found in one case.
 #[derive(Debug, Default)]
 pub(crate) struct Outcome {
@@ -258,6 +272,13 @@ impl PlacedSums {
         run.gpu.fill_queued(&self.sums, 0)
     }
 
+    /// The device address of launch `slot`'s sums (3 words a buffer: payload, guard before,
+    /// guard after).
+    fn slot(&self, slot: usize) -> u64 {
+        assert!(slot < CHUNK);
+        self.sums.ptr() + (8 * 3 * slot * self.buffers) as u64
+    }
+
     /// Queue `placed`'s sums into the slots of launch `slot` (< [`CHUNK`]) of the next `take`,
     /// behind the launch that wrote them on its stream.
     pub(crate) fn queue(
@@ -316,36 +337,293 @@ impl PlacedSums {
     }
 }
 
-/// Every placement of `plan`, screened by keyed sums alone: `put` places `placed` there (queued),
-/// `launch` queues the candidate's call on them (`call_launches` launches), and the sums are
-/// queued behind it; [`CHUNK`] placements go between two waits (a call that never ends is found
-/// within `CHUNK * call_launches` launch limits). Returns the placements where a guard region
-/// changed or a payload summed to what `payload_ok(buffer, sums)` refuses, with their sums:
-/// only these are looked at closely (launched there again, alone, and downloaded), by the
-/// caller.
+/// What `kz_place` and `kz_keyed_sums` read for every placement of a plan, in one buffer to
+/// upload: each placement's ops (reference.cu's `KzPlaceOp`, one a buffer: 6 u64 and 2 u32,
+/// little-endian), then each placement's ranges (`KzRange`, 2 u64: each buffer's payload, guard
+/// before and guard after, in that order).
+pub(crate) struct Tables {
+    pub bytes: Vec<u8>,
+    buffers: usize,
+    placements: usize,
+    /// The most 4-byte words in one allocation, and in one summed range.
+    most_words: u64,
+    most_summed: u64,
+}
+
+impl Tables {
+    const OP: usize = 56;
+    const RANGE: usize = 16;
+
+    /// The tables of `plan` for `placed` (moved to each placement in turn: left at the last),
+    /// the payloads from `sources` (`None`: fresh poison, a key of its own for each).
+    pub(crate) fn of(
+        placed: &mut [DevBuf],
+        plan: &[Placement],
+        sources: &[Option<&DevBuf>],
+        guard: u8,
+    ) -> Tables {
+        let n = placed.len();
+        assert_eq!(sources.len(), n);
+        let guard_words = (GUARD_BYTES / 4) as u64;
+        let mut ops: Vec<u8> = Vec::with_capacity(plan.len() * n * Self::OP);
+        let mut ranges: Vec<u8> = Vec::with_capacity(plan.len() * n * 3 * Self::RANGE);
+        let (mut most_words, mut most_summed) = (1u64, 1u64);
+        for p in plan {
+            for ((buf, &residue), source) in placed.iter_mut().zip(&p.at).zip(sources) {
+                buf.place(residue, PERIOD);
+                let (base, total, lead) = buf.layout();
+                let (ptr, bytes) = (buf.ptr(), buf.bytes as u64);
+                let src = source.map_or(0, |s| s.ptr());
+                for v in [
+                    base,
+                    total as u64,
+                    lead as u64,
+                    bytes,
+                    src,
+                    Poison::fresh().key,
+                ] {
+                    ops.extend(v.to_le_bytes());
+                }
+                ops.extend(u32::from(guard).to_le_bytes());
+                ops.extend(0u32.to_le_bytes());
+                let payload_words = bytes.div_ceil(4);
+                let after = (ptr + bytes).next_multiple_of(4);
+                for (at, words) in [
+                    (ptr, payload_words),
+                    (ptr - GUARD_BYTES as u64, guard_words),
+                    (after, guard_words),
+                ] {
+                    ranges.extend(at.to_le_bytes());
+                    ranges.extend(words.to_le_bytes());
+                }
+                most_words = most_words.max(total as u64 / 4 + 1);
+                most_summed = most_summed.max(payload_words).max(guard_words);
+            }
+        }
+        ops.extend(ranges);
+        Tables {
+            bytes: ops,
+            buffers: n,
+            placements: plan.len(),
+            most_words,
+            most_summed,
+        }
+    }
+
+    /// Byte offset of placement `k`'s ops.
+    pub(crate) fn op_at(&self, k: u64) -> u64 {
+        k * (self.buffers * Self::OP) as u64
+    }
+
+    /// Byte offset of placement `k`'s ranges.
+    pub(crate) fn ranges_at(&self, k: u64) -> u64 {
+        ((self.placements * self.buffers * Self::OP) + k as usize * self.buffers * 3 * Self::RANGE)
+            as u64
+    }
+
+    /// The poison key of placement `k`'s buffer `i` (what its op asks `kz_place` to write).
+    pub(crate) fn key(&self, k: usize, i: usize) -> u64 {
+        let at = (k * self.buffers + i) * Self::OP + 40;
+        u64::from_le_bytes(self.bytes[at..at + 8].try_into().expect("8"))
+    }
+
+    /// Blocks (x) of a `kz_place` launch and of a `kz_keyed_sums` launch.
+    pub(crate) fn blocks(&self, gpu: &crate::cuda::Gpu) -> (u32, u32) {
+        let sms = u64::from(gpu.info.sm_count);
+        (
+            self.most_words.div_ceil(256).clamp(1, 2 * sms) as u32,
+            super::sum_blocks(self.most_summed, gpu),
+        )
+    }
+}
+
+/// The GPU check of `kz_place` and `kz_keyed_sums` (the screening's own kernels) against their
+/// host meaning, for `verifier/tests/gpu.rs` (`tools/placements`): buffers of odd and even
+/// sizes, from 2 bytes to past the 2 MiB period, inputs and poisoned outputs, at every placement
+/// of the plan; each whole allocation downloaded and compared byte for byte with what it must
+/// hold (the guard byte around a copy of the input or the op's poison), and every range's sum
+/// with the host's keyed sum of the same bytes. Returns what it compared.
+#[doc(hidden)]
+pub fn placement_self_check() -> Result<String, String> {
+    use crate::cuda::Gpu;
+    use kernel_registry::{Op, Semantics};
+    let e = |e: ExecError| e.to_string();
+    let mut gpu = Gpu::open().map_err(e)?;
+    let (rd, src) = crate::ref_module::module(Op::RmsNorm, Semantics::Llama);
+    gpu.compile(rd, "reference layers", src, &[]).map_err(e)?;
+    let place_f = gpu.function(rd, &[], "kz_place").map_err(e)?;
+    let sums_f = gpu.function(rd, &[], "kz_keyed_sums").map_err(e)?;
+    let sizes = [2usize, 6, 4096, 8190, (2 << 20) + 10];
+    let inputs: Vec<Option<(DevBuf, Vec<u8>)>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            if i % 2 == 1 {
+                return Ok(None);
+            }
+            let host: Vec<u8> = (0..n).map(|j| (j * 131 + i * 7 + 1) as u8).collect();
+            let b = gpu.alloc(n)?;
+            gpu.upload(&b, &host)?;
+            Ok(Some((b, host)))
+        })
+        .collect::<Result<_, ExecError>>()
+        .map_err(e)?;
+    let sources: Vec<Option<&DevBuf>> = inputs.iter().map(|i| i.as_ref().map(|x| &x.0)).collect();
+    let mut placed: Vec<DevBuf> = sizes
+        .iter()
+        .map(|&n| gpu.alloc_placed(n, PERIOD))
+        .collect::<Result<_, _>>()
+        .map_err(e)?;
+    let plan = plan(sizes.len());
+    let g = guard_byte();
+    let t = Tables::of(&mut placed, &plan, &sources, g);
+    let table = gpu.alloc(t.bytes.len()).map_err(e)?;
+    gpu.upload(&table, &t.bytes).map_err(e)?;
+    let (pb, sb) = t.blocks(&gpu);
+    let n = sizes.len();
+    let sums = gpu.alloc(8 * 3 * n).map_err(e)?;
+    let key = 0x5eed_u64;
+    let mut compared = 0usize;
+    for (k, p) in plan.iter().enumerate() {
+        for (buf, &r) in placed.iter_mut().zip(&p.at) {
+            buf.place(r, PERIOD);
+        }
+        gpu.fill_queued(&sums, 0).map_err(e)?;
+        let k64 = k as u64;
+        gpu.enqueue(
+            "kz_place",
+            place_f,
+            [pb, n as u32, 1],
+            [256, 1, 1],
+            &[Arg::Ptr(table.ptr() + t.op_at(k64))],
+        )
+        .map_err(e)?;
+        gpu.enqueue(
+            "kz_keyed_sums",
+            sums_f,
+            [sb, 3 * n as u32, 1],
+            [256, 1, 1],
+            &[
+                Arg::Ptr(table.ptr() + t.ranges_at(k64)),
+                Arg::U64(key),
+                Arg::Ptr(sums.ptr()),
+            ],
+        )
+        .map_err(e)?;
+        gpu.wait_queued("the placement check", std::time::Duration::from_secs(10))
+            .map_err(e)?;
+        let got_sums = gpu.download_vec(&sums).map_err(e)?;
+        for (i, buf) in placed.iter().enumerate() {
+            let all = gpu.download_allocation(buf).map_err(e)?;
+            let (_, _, lead) = buf.layout();
+            let poison = Poison {
+                key: t.key(k, i),
+                invert: false,
+            };
+            for (j, &b) in all.iter().enumerate() {
+                let want = match j.checked_sub(lead).filter(|&o| o < buf.bytes) {
+                    None => g,
+                    Some(o) => match &inputs[i] {
+                        Some((_, host)) => host[o],
+                        None => poison.byte(o),
+                    },
+                };
+                if b != want {
+                    return Err(format!(
+                        "placement {k} ({}), buffer {i} of {} bytes: byte {j} of the allocation is {b:#04x}, not {want:#04x} (payload at {lead})",
+                        describe(&["a", "b", "c", "d", "e"], p),
+                        buf.bytes
+                    ));
+                }
+            }
+            let payload_end = lead + buf.bytes;
+            let after = payload_end.next_multiple_of(4);
+            for (slot, range) in [
+                lead..payload_end,
+                lead - GUARD_BYTES..lead,
+                after..after + GUARD_BYTES,
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let at = 8 * (3 * i + slot);
+                let got = u64::from_le_bytes(got_sums[at..at + 8].try_into().expect("8"));
+                let want = keyed_sum(&all[range], key, g);
+                if got != want {
+                    return Err(format!(
+                        "placement {k}, buffer {i}: kz_keyed_sums of range {slot} gave {got:#x}, the host {want:#x}"
+                    ));
+                }
+            }
+            compared += all.len();
+        }
+    }
+    Ok(format!(
+        "{} placements of {n} buffers ({} to {} bytes): {compared} allocation bytes as they must be, {} keyed sums equal to the host's",
+        plan.len(),
+        sizes[0],
+        sizes[n - 1],
+        plan.len() * n * 3
+    ))
+}
+
+/// Every placement of `plan`, screened by keyed sums alone. For each placement one launch of
+/// `kz_place` puts every buffer of `placed` there (the guard byte around it; its payload a copy
+/// of its `sources` entry, or fresh poison where that is `None`), `launch` queues the
+/// candidate's call on them (`call_launches` launches), and one launch of `kz_keyed_sums` sums
+/// each buffer's payload and guard regions; what those two read comes from a table made on
+/// the host for all of the case's placements and uploaded once. [`CHUNK`] placements go
+/// between two waits (a call that never ends is found within `CHUNK * call_launches` launch
+/// limits). Returns the placements where a guard region changed or a payload summed to what
+/// `payload_ok(buffer, sums)` refuses, with their sums: only these are looked at closely
+/// (placed again by [`place`], launched there alone, and downloaded), by the caller.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn screen<'p, P, L, K>(
+pub(crate) fn screen<'p, L, K>(
     run: &CaseRun<'_>,
     plan: &'p [Placement],
     placed: &mut [DevBuf],
+    sources: &[Option<&DevBuf>],
     sums: &PlacedSums,
-    put: &mut P,
     launch: L,
     (what, call_launches): (&str, usize),
     payload_ok: K,
 ) -> Result<Vec<(&'p Placement, Vec<Summed>)>, ExecError>
 where
-    P: FnMut(&mut [DevBuf], &Placement) -> Result<(), ExecError>,
     L: Fn(&[DevBuf]) -> Result<(), ExecError>,
     K: Fn(usize, &Summed) -> bool,
 {
+    let n = placed.len();
+    let t = Tables::of(placed, plan, sources, guard_byte());
+    let table = run.gpu.alloc(t.bytes.len())?;
+    run.gpu.upload(&table, &t.bytes)?;
+    let (place_blocks, sum_blocks) = t.blocks(run.gpu);
     let mut flagged = Vec::new();
-    for chunk in plan.chunks(CHUNK) {
+    for (c, chunk) in plan.chunks(CHUNK).enumerate() {
         sums.clear(run)?;
         for (slot, p) in chunk.iter().enumerate() {
-            put(placed, p)?;
+            let k = (c * CHUNK + slot) as u64;
+            for (buf, &residue) in placed.iter_mut().zip(&p.at) {
+                buf.place(residue, PERIOD);
+            }
+            run.gpu.enqueue(
+                "placing the buffers",
+                run.tools.place,
+                [place_blocks, n as u32, 1],
+                [256, 1, 1],
+                &[Arg::Ptr(table.ptr() + t.op_at(k))],
+            )?;
             launch(placed)?;
-            sums.queue(run, slot, placed)?;
+            run.gpu.enqueue(
+                "keyed sums on the GPU",
+                run.tools.keyed_sums,
+                [sum_blocks, 3 * n as u32, 1],
+                [256, 1, 1],
+                &[
+                    Arg::Ptr(table.ptr() + t.ranges_at(k)),
+                    Arg::U64(sums.key),
+                    Arg::Ptr(sums.slot(slot)),
+                ],
+            )?;
         }
         run.wait_queued(what, chunk.len() * call_launches)?;
         for (p, got) in chunk.iter().zip(sums.take(run, chunk.len())?) {
@@ -443,7 +721,6 @@ pub(crate) fn check(
             }
         })
         .collect();
-    let g = guard_byte();
     let sums = PlacedSums::new(run, tensors.len(), spec.seed)?;
     // What each placed tensor may sum to: an input its host copy, an output any of the
     // candidate's launches at fresh allocations (one, when they agree).
@@ -467,12 +744,7 @@ pub(crate) fn check(
         })
         .collect::<Result<_, _>>()?;
     let placements = plan(tensors.len());
-    let mut put = |placed: &mut [DevBuf], p: &Placement| -> Result<(), ExecError> {
-        for ((t, buf), &residue) in tensors.iter().zip(placed.iter_mut()).zip(&p.at) {
-            place(run, buf, residue, g, t.source)?;
-        }
-        Ok(())
-    };
+    let sources: Vec<Option<&DevBuf>> = tensors.iter().map(|t| t.source).collect();
     let ptrs_of = |placed: &[DevBuf]| {
         let at = |n: &str| names.iter().position(|&m| m == n).map(|i| placed[i].ptr());
         Ptrs {
@@ -491,8 +763,8 @@ pub(crate) fn check(
         run,
         &placements,
         &mut placed,
+        &sources,
         &sums,
-        &mut put,
         |placed: &[DevBuf]| run.launch_at_queued(&run.cand, ptrs_of(placed), spec.rows),
         (&run.cand.name, 1),
         summed_ok,
@@ -504,7 +776,7 @@ pub(crate) fn check(
     let mut exactness: Option<Exactness> = None;
     for (p, screened) in flagged {
         // Again, alone, to see what differs.
-        put(&mut placed, p)?;
+        place_all(run, &mut placed, p, &sources)?;
         run.launch_at(&run.cand, ptrs_of(&placed), spec.rows)?;
         let got = sums.after_launch(run, &placed)?;
         let mut diffs = Vec::new();

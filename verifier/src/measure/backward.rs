@@ -25,7 +25,7 @@ use super::poison::{self, Poison};
 use super::{determinism, integrity::unwritten_line, speed, CaseRun, Held, Kern, Tools};
 use crate::abi::{reference_stage_symbol, stage_args, BackwardPtrs, Bufs};
 use crate::cases::{self, CaseInputs, CaseSpec, HostTensor};
-use crate::cuda::{guard_byte, Arg, DevBuf, Gpu, Launch};
+use crate::cuda::{Arg, DevBuf, Gpu, Launch};
 use crate::exec::{ExecError, Limits};
 use crate::gpu::BackwardReferenceOutputs;
 use cudarc::driver::sys::CUfunction;
@@ -861,14 +861,10 @@ fn placements(
             None => (i < n_grads).then(|| held[i].sum),
         })
         .collect();
-    let mut put = |placed: &mut [DevBuf], p: &Placement| -> Result<(), ExecError> {
-        for (i, (buf, &residue)) in placed.iter_mut().zip(&p.at).enumerate() {
-            // the gradients and workspace poisoned, the inputs copied
-            let source = i.checked_sub(n_out).map(|k| inputs[k].2);
-            address::place(run, buf, residue, guard_byte(), source)?;
-        }
-        Ok(())
-    };
+    // the gradients and workspace poisoned, the inputs copied
+    let sources: Vec<Option<&DevBuf>> = (0..placed.len())
+        .map(|i| i.checked_sub(n_out).map(|k| inputs[k].2))
+        .collect();
     let ptrs_of = |placed: &[DevBuf]| {
         BackwardPtrs(
             names
@@ -883,8 +879,8 @@ fn placements(
         run,
         &plan,
         &mut placed,
+        &sources,
         &sums,
-        &mut put,
         |placed: &[DevBuf]| call_queued(run, entries, &ptrs_of(placed), spec.rows, dev),
         (&entries[0].name, entries.len()),
         summed_ok,
@@ -894,7 +890,7 @@ fn placements(
     let mut other: Vec<String> = Vec::new();
     for (p, screened) in flagged {
         // Again, alone, to see what differs.
-        put(&mut placed, p)?;
+        address::place_all(run, &mut placed, p, &sources)?;
         call(run, entries, &ptrs_of(&placed), spec.rows, dev, None)?;
         let got = sums.after_launch(run, &placed)?;
         let at = address::describe(&names, p);
