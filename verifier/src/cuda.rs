@@ -162,11 +162,82 @@ impl Drop for DevBuf {
         if CONTEXT_BROKEN.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
+        if pool::keep(self.base, self.total) {
+            return;
+        }
         // SAFETY: allocated by `Gpu::alloc`; errors are ignored on drop.
         unsafe {
             let _ = result::free_sync(self.base);
         }
     }
+}
+
+/// Device allocations a case freed, kept for the next cases (issue 29's verification time: a
+/// case allocates and frees a dozen or more buffers, and `cuMemFree` waits for the device).
+/// Only allocations up to [`pool::MAX_ALLOC`] bytes, at most [`pool::MAX_BYTES`] in all. A kept
+/// allocation is overwritten with zeros when it is kept (queued on the legacy stream, behind
+/// everything that used it): what a case left in it (a reference output, an input) is not
+/// there for a later kernel to find, as it would not be in memory given back to the driver.
+/// `KERNELIZE_POOL=0` turns it off.
+mod pool {
+    use super::{result, sys};
+    use std::sync::Mutex;
+
+    pub const MAX_ALLOC: usize = 64 << 20;
+    pub const MAX_BYTES: usize = 512 << 20;
+
+    /// Free allocations: (base, bytes).
+    static FREE: Mutex<Vec<(sys::CUdeviceptr, usize)>> = Mutex::new(Vec::new());
+
+    fn enabled() -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| std::env::var_os("KERNELIZE_POOL").is_none_or(|v| v != "0"))
+    }
+
+    /// Keep an allocation of `total` bytes at `base` (zeroed, queued) instead of freeing it;
+    /// `false` when it is not kept (too large, the pool full, or off).
+    pub fn keep(base: sys::CUdeviceptr, total: usize) -> bool {
+        if !enabled() || total > MAX_ALLOC {
+            return false;
+        }
+        let mut free = FREE.lock().unwrap_or_else(|e| e.into_inner());
+        if free.iter().map(|f| f.1).sum::<usize>() + total > MAX_BYTES {
+            return false;
+        }
+        // SAFETY: the whole allocation; legacy default stream.
+        if unsafe { result::memset_d8_async(base, 0, total, std::ptr::null_mut()) }.is_err() {
+            return false;
+        }
+        free.push((base, total));
+        true
+    }
+
+    /// A kept allocation of at least `total` bytes (the smallest that fits, at most twice the
+    /// size and 4 MiB more), with its size; `None`: allocate afresh.
+    pub fn take(total: usize) -> Option<(sys::CUdeviceptr, usize)> {
+        if !enabled() {
+            return None;
+        }
+        let mut free = FREE.lock().unwrap_or_else(|e| e.into_inner());
+        let i = free
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.1 >= total && f.1 <= 2 * total + (4 << 20))
+            .min_by_key(|(_, f)| f.1)?
+            .0;
+        Some(free.swap_remove(i))
+    }
+}
+
+/// A device allocation of at least `total` bytes: a kept one ([`pool::take`]) or a fresh one.
+/// Returns its base and its size.
+fn allocate(total: usize) -> Result<(sys::CUdeviceptr, usize), ExecError> {
+    if let Some(kept) = pool::take(total) {
+        return Ok(kept);
+    }
+    // SAFETY: plain allocation; freed (or kept) by DevBuf's Drop.
+    let base = unsafe { result::malloc_sync(total) }.map_err(drv("allocating device memory"))?;
+    Ok((base, total))
 }
 
 /// Transfers of at least this many bytes go through the pinned staging buffer.
@@ -700,10 +771,7 @@ impl Gpu {
     }
 
     pub fn alloc(&self, bytes: usize) -> Result<DevBuf, ExecError> {
-        let total = bytes + 2 * GUARD_BYTES;
-        // SAFETY: plain allocation; freed by DevBuf's Drop.
-        let base =
-            unsafe { result::malloc_sync(total) }.map_err(drv("allocating device memory"))?;
+        let (base, total) = allocate(bytes + 2 * GUARD_BYTES)?;
         let b = DevBuf {
             base,
             bytes,
@@ -725,10 +793,7 @@ impl Gpu {
     /// of guard on either side wherever it lies. Nothing is filled: see `fill_allocation`.
     pub fn alloc_placed(&self, bytes: usize, period: u64) -> Result<DevBuf, ExecError> {
         assert!(period.is_power_of_two());
-        let total = bytes + period as usize + 2 * GUARD_BYTES + 16;
-        // SAFETY: plain allocation; freed by DevBuf's Drop.
-        let base =
-            unsafe { result::malloc_sync(total) }.map_err(drv("allocating device memory"))?;
+        let (base, total) = allocate(bytes + period as usize + 2 * GUARD_BYTES + 16)?;
         let mut b = DevBuf {
             base,
             bytes,

@@ -518,20 +518,27 @@ pub fn backward_accuracy(
         "{}: one truth per gradient",
         spec.op
     );
-    gs.iter()
-        .zip(grads)
+    grads
+        .par_iter()
         .zip(truths)
-        .map(|((_, &(c, r)), (ranges, truth))| {
-            let (cm, cr) = errors(spec.dtype, c, ranges, truth);
-            let (rm, rr) = errors(spec.dtype, r, ranges, truth);
-            Accuracy {
-                candidate_max_abs: cm,
-                candidate_rms: cr,
-                reference_max_abs: rm,
-                reference_rms: rr,
-            }
-        })
+        .map(|(&(c, r), t)| accuracy_against(spec.dtype, c, r, t))
         .collect()
+}
+
+/// The candidate's and the reference's [`errors`] against `truth`, the two at once (each the
+/// same serial sum as alone).
+fn accuracy_against(dt: DType, candidate: &[u8], reference: &[u8], truth: &Truth) -> Accuracy {
+    let (ranges, truth) = truth;
+    let ((cm, cr), (rm, rr)) = rayon::join(
+        || errors(dt, candidate, ranges, truth),
+        || errors(dt, reference, ranges, truth),
+    );
+    Accuracy {
+        candidate_max_abs: cm,
+        candidate_rms: cr,
+        reference_max_abs: rm,
+        reference_rms: rr,
+    }
 }
 
 /// Max abs and RMS error of `out` (dtype values) against the oracle, over the sampled
@@ -573,21 +580,9 @@ pub fn accuracy(
     reference: &[u8],
     truth: Option<&Truth>,
 ) -> Accuracy {
-    let own;
-    let (ranges, truth) = match truth {
-        Some(t) => t,
-        None => {
-            own = forward_truth(spec, inp);
-            &own
-        }
-    };
-    let (cm, cr) = errors(spec.dtype, candidate, ranges, truth);
-    let (rm, rr) = errors(spec.dtype, reference, ranges, truth);
-    Accuracy {
-        candidate_max_abs: cm,
-        candidate_rms: cr,
-        reference_max_abs: rm,
-        reference_rms: rr,
+    match truth {
+        Some(t) => accuracy_against(spec.dtype, candidate, reference, t),
+        None => accuracy_against(spec.dtype, candidate, reference, &forward_truth(spec, inp)),
     }
 }
 

@@ -592,11 +592,13 @@ where
     L: Fn(&[DevBuf]) -> Result<(), ExecError>,
     K: Fn(usize, &Summed) -> bool,
 {
+    let started = std::time::Instant::now();
     let n = placed.len();
     let t = Tables::of(placed, plan, sources, guard_byte());
     let table = run.gpu.alloc(t.bytes.len())?;
     run.gpu.upload(&table, &t.bytes)?;
     let (place_blocks, sum_blocks) = t.blocks(run.gpu);
+    let tabled = started.elapsed().as_secs_f64();
     let mut flagged = Vec::new();
     for (c, chunk) in plan.chunks(CHUNK).enumerate() {
         sums.clear(run)?;
@@ -636,6 +638,16 @@ where
             }
         }
     }
+    crate::trace(|| {
+        format!(
+            "{} screening: tables {:.2} ms, {} placements {:.2} ms, {} flagged",
+            run.spec.id,
+            1e3 * tabled,
+            plan.len(),
+            1e3 * (started.elapsed().as_secs_f64() - tabled),
+            flagged.len()
+        )
+    });
     Ok(flagged)
 }
 
@@ -730,9 +742,14 @@ pub(crate) fn check(
             Some(host) => vec![sums.of(host)],
             None => {
                 assert!(!t.expected.is_empty(), "{}: no launch output", t.name);
-                let mut w: Vec<u64> = t.expected.iter().map(|e| sums.of(e)).collect();
-                w.dedup();
-                w
+                // hashed once per distinct output (a deterministic kernel's are one)
+                let mut distinct: Vec<&[u8]> = Vec::new();
+                for e in &t.expected {
+                    if !distinct.contains(&e.as_slice()) {
+                        distinct.push(e);
+                    }
+                }
+                distinct.into_iter().map(|e| sums.of(e)).collect()
             }
         })
         .collect();
