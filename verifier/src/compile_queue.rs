@@ -199,8 +199,8 @@ mod tests {
         assert_eq!(q.take(&3).expect("started").result, Ok(3));
     }
 
-    /// A case waits for its dtype's module and the reference layers (`measure::compile_jobs`),
-    /// and starts every module: each dtype's entry and the reference layers.
+    /// A case waits for its dtype's module and its dtype's reference layers
+    /// (`measure::compile_jobs`), and starts every module: each dtype's entry and reference layers.
     #[test]
     fn a_case_waits_for_its_own_dtypes_module_and_the_reference_layers() {
         use kernel_registry::manifest::entry_options;
@@ -209,11 +209,16 @@ mod tests {
         let b = KernelBundle::load_dir(&dir).unwrap();
         let digest = b.digest().to_string();
         for &dt in DType::ALL {
-            let (all, needed) = crate::measure::compile_jobs(&b, &digest, ("ref", "source"), dt);
+            let reference = |d: DType| match d {
+                DType::Bf16 => ("ref-bf16", "source"),
+                DType::F16 => ("ref-f16", "source"),
+                DType::F32 => ("ref-f32", "source"),
+            };
+            let (all, needed) = crate::measure::compile_jobs(&b, &digest, reference, dt);
             assert_eq!(
                 all.len(),
-                4,
-                "three dtypes' entries and the reference layers"
+                6,
+                "three dtypes' entries and three dtypes' reference layers"
             );
             let mut macros: Vec<_> = all.iter().filter_map(|j| j.options.last()).collect();
             macros.sort();
@@ -221,7 +226,7 @@ mod tests {
             assert_eq!(needed.len(), 2, "{dt}");
             assert!(needed
                 .iter()
-                .any(|j| j.digest == "ref" && j.options.is_empty()));
+                .any(|j| j.digest == reference(dt).0 && j.options.is_empty()));
             assert!(needed
                 .iter()
                 .any(|j| j.digest == digest

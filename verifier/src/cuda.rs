@@ -419,6 +419,43 @@ fn nvrtc_image(source: &str, what: &str, opts: &[String]) -> Result<Compiled, St
 }
 
 /// The process's CUDA device: context, caches, scratch for L2 flushes.
+/// How many timed runs a measurement takes: `most`, or where `budget_ms` is set fewer (never
+/// under 3) once the runs so far took that much GPU time. The reference layers are timed so
+/// (`REFERENCE_TIMING_MS`): at the largest shapes a run of some takes 10 ms or more, and their
+/// time is only the ratio's denominator, while every run of a candidate is checked and counts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reps {
+    pub most: usize,
+    pub budget_ms: Option<f64>,
+}
+
+/// The GPU time the reference layers' timed runs of one case may take before they stop (at
+/// least 3 runs).
+pub const REFERENCE_TIMING_MS: f64 = 50.0;
+
+impl Reps {
+    /// `n` runs.
+    pub fn all(n: usize) -> Reps {
+        Reps {
+            most: n,
+            budget_ms: None,
+        }
+    }
+
+    /// Up to `n` runs, fewer (at least 3) past [`REFERENCE_TIMING_MS`] of GPU time.
+    pub fn reference(n: usize) -> Reps {
+        Reps {
+            most: n,
+            budget_ms: Some(REFERENCE_TIMING_MS),
+        }
+    }
+
+    /// Whether the runs stop after `done` of them, which took `spent_ms` in all.
+    pub fn enough(&self, done: usize, spent_ms: f64) -> bool {
+        done >= self.most || (done >= 3 && self.budget_ms.is_some_and(|b| spent_ms >= b))
+    }
+}
+
 /// One launch of a timed sequence (`Gpu::time_sequence`).
 pub struct Launch<'a> {
     pub what: &'a str,
@@ -1125,7 +1162,7 @@ impl Gpu {
         block: [u32; 3],
         smem: u32,
         args: &[Arg],
-        reps: usize,
+        reps: Reps,
         limit: Duration,
         prepare: &mut dyn FnMut() -> Result<(), ExecError>,
         check: &mut dyn FnMut(usize) -> Result<(), ExecError>,
@@ -1146,14 +1183,17 @@ impl Gpu {
     pub fn time_sequence(
         &self,
         launches: &[Launch<'_>],
-        reps: usize,
+        reps: Reps,
         limit: Duration,
         prepare: &mut dyn FnMut() -> Result<(), ExecError>,
         check: &mut dyn FnMut(usize) -> Result<(), ExecError>,
     ) -> Result<f64, ExecError> {
         let what = launches.last().map(|l| l.what).unwrap_or("nothing");
-        let mut times = Vec::with_capacity(reps);
-        for rep in 0..reps {
+        let mut times = Vec::with_capacity(reps.most);
+        for rep in 0.. {
+            if reps.enough(rep, times.iter().sum::<f64>() / 1e3) {
+                break;
+            }
             prepare()?;
             self.flush_l2()?;
             // SAFETY: live events, default stream.
@@ -1257,6 +1297,18 @@ pub fn median(xs: &mut [f64]) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_reference_is_timed_until_its_budget_the_candidate_every_run() {
+        // a candidate: all 25 runs, however long
+        let c = Reps::all(25);
+        assert!(!c.enough(24, 1e6) && c.enough(25, 0.0));
+        // the reference: 25 runs of 0.2 ms all, 12 ms runs stop after 5 (60 ms), never under 3
+        let r = Reps::reference(25);
+        assert!(!r.enough(24, 24.0 * 0.2) && r.enough(25, 5.0));
+        assert!(!r.enough(4, 48.0) && r.enough(5, 60.0));
+        assert!(!r.enough(2, 1e3) && r.enough(3, 1e3));
+    }
+
     use super::*;
     use kernel_registry::manifest::entry_options;
     use kernel_registry::DType;

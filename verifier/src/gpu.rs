@@ -100,7 +100,7 @@ impl CudaExecutor {
         let (op, dt) = (spec.op, spec.dtype);
         let gpu = self.gpu()?;
         // The op's reference entries alone (`crate::ref_module`), as a CUDA case compiles them.
-        let (rd, rsrc) = crate::ref_module::module(op, spec.semantics);
+        let (rd, rsrc) = crate::ref_module::module(op, spec.semantics, dt);
         gpu.compile(rd, "reference layers", rsrc, &[])?;
         let f = gpu.function(rd, &[], &reference_symbol(op, spec.semantics, dt))?;
         let gpu = &*gpu;
@@ -136,7 +136,7 @@ impl CudaExecutor {
                 d.block,
                 0,
                 &args,
-                reps as usize,
+                crate::cuda::Reps::reference(reps as usize),
                 limit,
                 &mut prepare,
                 &mut |_| Ok(()),
@@ -253,8 +253,12 @@ impl Executor for CudaExecutor {
         }
         let digest = bundle.digest().to_string();
         let gpu = self.gpu()?;
-        let reference = crate::measure::reference_module(bundle);
-        let (all, _) = crate::measure::compile_jobs(bundle, &digest, reference, dtypes[0]);
+        let (all, _) = crate::measure::compile_jobs(
+            bundle,
+            &digest,
+            |d| crate::measure::reference_module(bundle, d),
+            dtypes[0],
+        );
         gpu.start_compiles(&all);
         let t0 = std::time::Instant::now();
         loop {

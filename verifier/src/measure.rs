@@ -367,7 +367,7 @@ impl<'a> CaseRun<'a> {
             d.block,
             d.shared_mem_bytes,
             &args,
-            reps,
+            crate::cuda::Reps::all(reps),
             self.limits.launch(),
             &mut prepare,
             &mut check,
@@ -396,7 +396,7 @@ impl<'a> CaseRun<'a> {
             d.block,
             d.shared_mem_bytes,
             &args,
-            reps,
+            crate::cuda::Reps::reference(reps),
             self.limits.launch(),
             &mut prepare,
             &mut |_| Ok(()),
@@ -452,41 +452,52 @@ fn load<'a>(
     Ok((&*gpu, cand, refk, tools))
 }
 
-/// The reference layers' module of `bundle`'s op (`crate::ref_module::module`): its key and
-/// source.
-pub(crate) fn reference_module(bundle: &KernelBundle) -> (&'static str, &'static str) {
-    crate::ref_module::module(bundle.manifest.op, bundle.manifest.semantics)
+/// The reference layers' module of `bundle`'s op for `dt` (`crate::ref_module::module`): its key
+/// and source.
+pub(crate) fn reference_module(
+    bundle: &KernelBundle,
+    dt: kernel_registry::DType,
+) -> (&'static str, &'static str) {
+    crate::ref_module::module(bundle.manifest.op, bundle.manifest.semantics, dt)
 }
 
-/// Every module of `bundle` (each dtype's entry) and the reference layers (`reference`: the
-/// module's key and source), and of them the ones a case of `dt` launches: its dtype's entry and
-/// the reference layers.
+/// Every module of `bundle` (each dtype's entry, and each dtype's reference layers: `reference`
+/// gives a dtype's module key and source), and of them the two a case of `dt` launches: its
+/// dtype's entry and its dtype's reference layers.
 pub(crate) fn compile_jobs<'a>(
     bundle: &'a KernelBundle,
     digest: &'a str,
-    reference: (&'a str, &'a str),
+    reference: impl Fn(kernel_registry::DType) -> (&'a str, &'a str),
     dt: kernel_registry::DType,
 ) -> (Vec<CompileJob<'a>>, Vec<CompileJob<'a>>) {
-    let reference_digest = reference.0;
     let mut all = crate::abi::entry_jobs(bundle, digest);
-    all.push(CompileJob {
-        digest: reference_digest,
-        what: "reference layers".into(),
-        source: reference.1,
-        options: Vec::new(),
-    });
+    for &d in kernel_registry::DType::ALL {
+        if bundle.manifest.entries.contains_key(&d) {
+            let (key, source) = reference(d);
+            all.push(CompileJob {
+                digest: key,
+                what: format!("reference layers ({d})"),
+                source,
+                options: Vec::new(),
+            });
+        }
+    }
     let own = entry_options(&bundle.manifest.nvrtc_options, dt);
+    let own_reference = reference(dt).0;
     let needed = all
         .iter()
-        .filter(|j| j.digest == reference_digest || j.options == own)
+        .filter(|j| {
+            (j.digest == own_reference && j.options.is_empty())
+                || (j.digest == digest && j.options == own)
+        })
         .cloned()
         .collect();
     (all, needed)
 }
 
 /// Compile the bundle's modules and the reference layers of its op (cached per process; the
-/// other ops' reference entries left out, `crate::ref_module`), and look up the verifier's own
-/// utilities for `dt`. Every dtype's entry is its own module (the author's
+/// other ops' reference entries and the other dtypes' left out, `crate::ref_module`), and look
+/// up the verifier's own utilities for `dt`. Every dtype's entry is its own module (the author's
 /// options plus the dtype macro, as the clients compile it); on the first case all of them and
 /// the reference layers start compiling at once, in parallel, and a case waits only for its
 /// own dtype's module and the reference layers (`crate::compile_queue`), so the first dtype's
@@ -497,8 +508,8 @@ fn compile_with_tools(
     dt: kernel_registry::DType,
 ) -> Result<Tools, ExecError> {
     let digest = bundle.digest().to_string();
-    let (rd, rsrc) = reference_module(bundle);
-    let (all, needed) = compile_jobs(bundle, &digest, (rd, rsrc), dt);
+    let (all, needed) = compile_jobs(bundle, &digest, |d| reference_module(bundle, d), dt);
+    let rd = reference_module(bundle, dt).0;
     gpu.start_compiles(&all);
     gpu.compile_all(&needed)?;
     let mut tool = |name: &str| gpu.function(rd, &[], name);

@@ -449,7 +449,7 @@ pub fn placement_self_check() -> Result<String, String> {
     use kernel_registry::{Op, Semantics};
     let e = |e: ExecError| e.to_string();
     let mut gpu = Gpu::open().map_err(e)?;
-    let (rd, src) = crate::ref_module::module(Op::RmsNorm, Semantics::Llama);
+    let (rd, src) = crate::ref_module::module(Op::RmsNorm, Semantics::Llama, DType::Bf16);
     gpu.compile(rd, "reference layers", src, &[]).map_err(e)?;
     let place_f = gpu.function(rd, &[], "kz_place").map_err(e)?;
     let sums_f = gpu.function(rd, &[], "kz_keyed_sums").map_err(e)?;

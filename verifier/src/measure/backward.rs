@@ -25,7 +25,7 @@ use super::poison::{self, Poison};
 use super::{determinism, integrity::unwritten_line, speed, CaseRun, Held, Kern, Tools};
 use crate::abi::{reference_stage_symbol, stage_args, BackwardPtrs, Bufs};
 use crate::cases::{self, CaseInputs, CaseSpec, HostTensor};
-use crate::cuda::{Arg, DevBuf, Gpu, Launch};
+use crate::cuda::{Arg, DevBuf, Gpu, Launch, Reps};
 use crate::exec::{ExecError, Limits};
 use crate::gpu::BackwardReferenceOutputs;
 use cudarc::driver::sys::CUfunction;
@@ -401,7 +401,7 @@ pub(crate) fn reference_case(
         )));
     }
     let dev = device_shape(gpu)?;
-    let (rd, rsrc) = crate::ref_module::module(op, spec.semantics);
+    let (rd, rsrc) = crate::ref_module::module(op, spec.semantics, spec.dtype);
     gpu.compile(rd, "reference layers", rsrc, &[])?;
     let fill = gpu.function(rd, &[], "kz_fill_pattern")?;
     let refe: Vec<Entry> = op
@@ -437,7 +437,13 @@ pub(crate) fn reference_case(
         let a = args(spec, &refe, &ptrs, rows, dev);
         let seq = sequence(&refe, &d, &a);
         let mut prepare = || poison_outs(gpu, fill, &o, Poison::fresh());
-        Some(gpu.time_sequence(&seq, reps as usize, limit, &mut prepare, &mut |_| Ok(()))?)
+        Some(gpu.time_sequence(
+            &seq,
+            crate::cuda::Reps::reference(reps as usize),
+            limit,
+            &mut prepare,
+            &mut |_| Ok(()),
+        )?)
     } else {
         None
     };
@@ -686,7 +692,8 @@ pub(crate) fn run_case(
         let time = |entries: &[Entry],
                     o: &Outs,
                     expect: Option<&[Held]>,
-                    bad: &mut Vec<usize>|
+                    bad: &mut Vec<usize>,
+                    reps: Reps|
          -> Result<f64, ExecError> {
             let d = dims(spec, entries, rows, dev, None)?;
             let a = args(spec, entries, &ptrs(o), rows, dev);
@@ -707,8 +714,8 @@ pub(crate) fn run_case(
             gpu.time_sequence(&seq, reps, limits.launch(), &mut prepare, &mut check)
         };
         let mut bad = Vec::new();
-        let c = time(&cand, &out, Some(&first), &mut bad)?;
-        let r = time(&refe, &refo, None, &mut Vec::new())?;
+        let c = time(&cand, &out, Some(&first), &mut bad, Reps::all(reps))?;
+        let r = time(&refe, &refo, None, &mut Vec::new(), Reps::reference(reps))?;
         let s = speed::speed_of(op.bytes_moved(dt, rows, cols), c, r, copy_gbps);
         integrity.extend(speed::wrong_timed_launches(&bad, reps));
         integrity.extend(s.above_roofline());
