@@ -996,24 +996,8 @@ impl Gpu {
         args: &[Arg],
         limit: Duration,
     ) -> Result<(), ExecError> {
-        self.launch_async(what, f, grid, block, smem, args)?;
+        self.launch_queued(what, f, grid, block, smem, args)?;
         self.wait(what, limit)
-    }
-
-    /// Queue a candidate's launch without waiting. Its wait is [`Gpu::wait_queued`], which the
-    /// caller must reach before it reads anything the launch wrote; that wait bounds every
-    /// launch queued before it together, so that a launch that never ends is still found.
-    #[allow(clippy::too_many_arguments)]
-    pub fn launch_queued(
-        &self,
-        what: &str,
-        f: sys::CUfunction,
-        grid: [u32; 3],
-        block: [u32; 3],
-        smem: u32,
-        args: &[Arg],
-    ) -> Result<(), ExecError> {
-        self.launch_async(what, f, grid, block, smem, args)
     }
 
     /// Wait for everything queued (the candidate's launches queued with [`Gpu::launch_queued`]
@@ -1035,10 +1019,13 @@ impl Gpu {
         block: [u32; 3],
         args: &[Arg],
     ) -> Result<(), ExecError> {
-        self.launch_async(what, f, grid, block, 0, args)
+        self.launch_queued(what, f, grid, block, 0, args)
     }
 
-    fn launch_async(
+    /// Queue a launch without waiting. A candidate's wait is then [`Gpu::wait_queued`], which
+    /// the caller must reach before it reads anything the launch wrote; that wait bounds every
+    /// launch queued before it together, so that a launch that never ends is still found.
+    pub(crate) fn launch_queued(
         &self,
         what: &str,
         f: sys::CUfunction,
@@ -1200,7 +1187,7 @@ impl Gpu {
             unsafe { result::event::record(self.start, std::ptr::null_mut()) }
                 .map_err(drv("timing"))?;
             for l in launches {
-                self.launch_async(l.what, l.f, l.grid, l.block, l.smem, l.args)?;
+                self.launch_queued(l.what, l.f, l.grid, l.block, l.smem, l.args)?;
             }
             self.wait(what, limit)?;
             // SAFETY: both events recorded and complete.

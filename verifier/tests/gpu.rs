@@ -1179,26 +1179,12 @@ fn main() -> ExitCode {
     let only = std::env::var("KERNELIZE_GPU_ONLY").unwrap_or_default();
     let prefixes: Vec<&str> = only.split(',').collect();
     let mut failed = 0;
-    // The address cases' own kernels (kz_place, kz_keyed_sums) against their host meaning.
-    let rel = "tools/placements";
-    if prefixes.iter().any(|p| rel.starts_with(p)) {
-        let t0 = Instant::now();
-        let res = verifier::measure::address::placement_self_check();
-        let secs = t0.elapsed().as_secs_f64();
-        match res {
-            Ok(why) => println!("ok    {rel:<36} {secs:6.1} s  {why}"),
-            Err(e) => {
-                failed += 1;
-                println!("FAIL  {rel:<36} {secs:6.1} s  {e}");
-            }
-        }
-    }
-    for (rel, check) in checks {
+    let mut check_if_asked = |rel: &str, check: &dyn Fn() -> Result<String, String>| {
         if !prefixes.iter().any(|p| rel.starts_with(p)) {
-            continue;
+            return;
         }
         let t0 = Instant::now();
-        let res = run(rel).and_then(|r| check(&r).map_err(|e| format!("{e}\n    {}", notes(&r))));
+        let res = check();
         let secs = t0.elapsed().as_secs_f64();
         match res {
             Ok(why) => println!("ok    {rel:<36} {secs:6.1} s  {why}"),
@@ -1207,6 +1193,16 @@ fn main() -> ExitCode {
                 println!("FAIL  {rel:<36} {secs:6.1} s  {e}");
             }
         }
+    };
+    // The address cases' own kernels (kz_place, kz_keyed_sums) against their host meaning.
+    check_if_asked(
+        "tools/placements",
+        &verifier::measure::address::placement_self_check,
+    );
+    for (rel, check) in checks {
+        check_if_asked(rel, &|| {
+            run(rel).and_then(|r| check(&r).map_err(|e| format!("{e}\n    {}", notes(&r))))
+        });
     }
     if failed > 0 {
         println!("{failed} GPU check(s) failed");
