@@ -185,7 +185,7 @@ pub(crate) fn place(
 }
 
 /// [`place`] every buffer of `placed` at placement `p`, its payload from its `sources` entry
-/// (queued; the placement a screened one is looked at closely with).
+/// (queued): how a placement the screening flagged is put again, to be looked at closely.
 pub(crate) fn place_all(
     run: &CaseRun<'_>,
     placed: &mut [DevBuf],
