@@ -140,12 +140,8 @@ impl DevBuf {
 
     /// Move the payload of a placed buffer to the first address at or after `GUARD_BYTES` into
     /// the allocation that is `residue` bytes past a multiple of `period` (a power of two); its
-    /// contents and guards are the caller's to fill (`Gpu::fill_allocation`).
-    /// The allocation's base address, its size and the payload's offset in it (bytes).
-    pub fn layout(&self) -> (u64, usize, usize) {
-        (self.base, self.total, self.lead)
-    }
-
+    /// contents and guards are the caller's to fill (the verifier's `kz_place`,
+    /// `measure::address::Placing`).
     pub fn place(&mut self, residue: u64, period: u64) {
         let lead = placed_lead(self.base, residue, period);
         assert!(
@@ -154,6 +150,13 @@ impl DevBuf {
             self.bytes
         );
         self.lead = lead;
+    }
+}
+
+impl DevBuf {
+    /// The allocation's base address, its size and the payload's offset in it (bytes).
+    pub fn layout(&self) -> (u64, usize, usize) {
+        (self.base, self.total, self.lead)
     }
 }
 
@@ -827,7 +830,7 @@ impl Gpu {
 
     /// A buffer of `bytes` whose payload can be placed at any address residue modulo `period`
     /// (`DevBuf::place`; it starts at the first such address, residue 0), with `GUARD_BYTES`
-    /// of guard on either side wherever it lies. Nothing is filled: see `fill_allocation`.
+    /// of guard on either side wherever it lies. Nothing is filled: see `DevBuf::place`.
     pub fn alloc_placed(&self, bytes: usize, period: u64) -> Result<DevBuf, ExecError> {
         assert!(period.is_power_of_two());
         let (base, total) = allocate(bytes + period as usize + 2 * GUARD_BYTES + 16)?;
@@ -839,14 +842,6 @@ impl Gpu {
         };
         b.place(0, period);
         Ok(b)
-    }
-
-    /// Fill the whole allocation (payload, guards and any room around them) with `byte`,
-    /// queued on the legacy stream (ordered before later copies and launches).
-    pub fn fill_allocation(&self, buf: &DevBuf, byte: u8) -> Result<(), ExecError> {
-        // SAFETY: the whole allocation.
-        unsafe { result::memset_d8_async(buf.base, byte, buf.total, std::ptr::null_mut()) }
-            .map_err(drv("filling guards"))
     }
 
     /// Copy `len` bytes between the host and the device through the pinned staging buffer, one
@@ -944,17 +939,9 @@ impl Gpu {
             .map_err(drv("device copy"))
     }
 
-    /// `copy` queued on the legacy default stream without waiting: it completes before any
-    /// later launch or copy on that stream starts (a candidate's launch, a download), which is
-    /// what the callers need; its errors surface at the next synchronisation.
-    pub fn copy_queued(&self, dst: &DevBuf, src: &DevBuf) -> Result<(), ExecError> {
-        assert_eq!(dst.bytes, src.bytes);
-        // SAFETY: both ranges inside their allocations; legacy default stream.
-        unsafe { result::memcpy_dtod_async(dst.ptr(), src.ptr(), src.bytes, std::ptr::null_mut()) }
-            .map_err(drv("device copy"))
-    }
-
-    /// `fill` queued on the legacy default stream without waiting (as `copy_queued`).
+    /// `fill` queued on the legacy default stream without waiting: it completes before any
+    /// later launch or copy on that stream starts; its errors surface at the next
+    /// synchronisation.
     pub fn fill_queued(&self, buf: &DevBuf, byte: u8) -> Result<(), ExecError> {
         // SAFETY: payload range; legacy default stream.
         unsafe { result::memset_d8_async(buf.ptr(), byte, buf.bytes, std::ptr::null_mut()) }

@@ -28,7 +28,6 @@ use poison::Poison;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// A kernel ready to launch: function, and how its dims are found.
 pub(crate) struct Kern<'a> {
@@ -153,27 +152,14 @@ impl<'a> CaseRun<'a> {
         self.launch_candidate_poisoned(Poison::fresh(), out, res, x, rows)
     }
 
-    /// The keyed sum of a device buffer's words, computed on the GPU.
+    /// The keyed sum of a device buffer's words, computed on the GPU (the verifier's own kernel,
+    /// queued behind the candidate's launches already waited for; the download waits for it).
     fn device_sum(&self, dev: &DevBuf, key: u64) -> Result<u64, ExecError> {
-        let gpu = self.gpu;
-        gpu.fill(&self.sum_buf, 0)?;
+        self.gpu.fill_queued(&self.sum_buf, 0)?;
         let words = dev.bytes.div_ceil(4) as u64;
-        gpu.launch(
-            "keyed sum on the GPU",
-            self.tools.keyed_sum,
-            [sum_blocks(words, gpu), 1, 1],
-            [256, 1, 1],
-            0,
-            &[
-                Arg::Ptr(dev.ptr()),
-                Arg::I64(words as i64),
-                Arg::U64(key),
-                Arg::Ptr(self.sum_buf.ptr()),
-            ],
-            Duration::from_secs(60),
-        )?;
+        self.enqueue_sum(dev.ptr(), words, key, self.sum_buf.ptr())?;
         let mut c = [0u8; 8];
-        gpu.download(&self.sum_buf, &mut c)?;
+        self.gpu.download(&self.sum_buf, &mut c)?;
         Ok(u64::from_le_bytes(c))
     }
 

@@ -795,24 +795,6 @@ REFS(__nv_bfloat16, bf16)
 REFS(__half, f16)
 REFS(float, f32)
 
-// Verifier utility (not a reference layer): *sum += sum over i of mix(key, i, a[i]) mod 2^64,
-// mix = splitmix64's finaliser of (key + i * golden) ^ word, a bijection in the word, so one
-// changed word always changes the sum. The key is drawn after the candidate's launches, so a
-// kernel cannot make changes that cancel. The host computes the same sum over its own copy
-// (crate::numeric::keyed_sum) and downloads the buffer only when the two differ.
-extern "C" __global__ void kz_keyed_sum_u32(const unsigned int* a, long long n, unsigned long long key,
-                                            unsigned long long* sum) {
-    unsigned long long local = 0;
-    GRID_STRIDE(i, n) {
-        unsigned long long z = (key + (unsigned long long)i * 0x9E3779B97F4A7C15ull) ^ (unsigned long long)a[i];
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        local += z ^ (z >> 31);
-    }
-    for (int o = 16; o > 0; o >>= 1) local += __shfl_down_sync(0xffffffffu, local, o);
-    if ((threadIdx.x & 31) == 0) atomicAdd(sum, local);
-}
-
 // ---- Verifier utilities (not reference layers) ---------------------------------------------------
 __device__ __forceinline__ unsigned long long kz_mix(unsigned long long z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -820,14 +802,37 @@ __device__ __forceinline__ unsigned long long kz_mix(unsigned long long z) {
     return z ^ (z >> 31);
 }
 
+// The keyed sum: *sum += sum over i of mix(key, i, a[i]) mod 2^64 for the n words at a (this
+// block's share; blocks along x), mix = splitmix64's finaliser of (key + i * golden) ^ word, a
+// bijection in the word, so one changed word always changes the sum. The key is drawn after the
+// candidate's launches, so a kernel cannot make changes that cancel. The host computes the same
+// sum over its own copy (crate::numeric::keyed_sum) and downloads the buffer only when the two
+// differ. kz_keyed_sum_u32 sums one range, kz_keyed_sums many.
+__device__ __forceinline__ void kz_keyed_words(const unsigned int* a, long long n, unsigned long long key,
+                                               unsigned long long* sum) {
+    unsigned long long local = 0;
+    GRID_STRIDE(i, n)
+        local += kz_mix((key + (unsigned long long)i * 0x9E3779B97F4A7C15ull) ^ (unsigned long long)a[i]);
+    for (int o = 16; o > 0; o >>= 1) local += __shfl_down_sync(0xffffffffu, local, o);
+    if ((threadIdx.x & 31) == 0) atomicAdd(sum, local);
+}
+
+extern "C" __global__ void kz_keyed_sum_u32(const unsigned int* a, long long n, unsigned long long key,
+                                            unsigned long long* sum) {
+    kz_keyed_words(a, n, key, sum);
+}
+
 // The output poison: byte i of the payload = byte (i % 8) of mix(key + (i / 8) * golden), all
 // bits inverted when `invert` (crate::measure::poison::Poison computes the same on the host).
 // Pseudo-random bytes, so a kernel cannot tell a poisoned buffer by a pattern; a fresh key for
 // every launch, so it cannot tell it by a remembered value either.
+__device__ __forceinline__ unsigned long long kz_poison_word(unsigned long long key, int invert, unsigned long long i) {
+    const unsigned long long z = kz_mix(key + i * 0x9E3779B97F4A7C15ull);
+    return invert ? ~z : z;
+}
 extern "C" __global__ void kz_fill_pattern(unsigned char* p, long long n, unsigned long long key, int invert) {
     GRID_STRIDE(i, (n + 7) / 8) {
-        unsigned long long z = kz_mix(key + (unsigned long long)i * 0x9E3779B97F4A7C15ull);
-        if (invert) z = ~z;
+        const unsigned long long z = kz_poison_word(key, invert, (unsigned long long)i);
         for (int b = 0; b < 8; ++b) {
             long long j = i * 8 + b;
             if (j < n) p[j] = (unsigned char)(z >> (8 * b));
@@ -865,9 +870,7 @@ extern "C" __global__ void kz_place(const KzPlaceOp* ops) {
                 if (src) {
                     v = src[j];
                 } else {
-                    unsigned long long z = kz_mix(o.key + (j / 8) * 0x9E3779B97F4A7C15ull);
-                    if (o.invert) z = ~z;
-                    v = (unsigned char)(z >> (8 * (j % 8)));
+                    v = (unsigned char)(kz_poison_word(o.key, o.invert, j / 8) >> (8 * (j % 8)));
                 }
             }
             a[b] = v;
@@ -875,22 +878,14 @@ extern "C" __global__ void kz_place(const KzPlaceOp* ops) {
     }
 }
 
-// kz_keyed_sum_u32 over many ranges in one launch: range y (blockIdx.y) is {address, words};
-// its sum goes to sums[y] (zeroed before).
+// The keyed sums of many ranges in one launch: range y (blockIdx.y) is {address, words}; its sum
+// goes to sums[y] (zeroed before).
 struct KzRange {
     unsigned long long at, words;
 };
 extern "C" __global__ void kz_keyed_sums(const KzRange* ranges, unsigned long long key, unsigned long long* sums) {
     const KzRange r = ranges[blockIdx.y];
-    const unsigned int* a = reinterpret_cast<const unsigned int*>(r.at);
-    const long long n = (long long)r.words;
-    unsigned long long local = 0;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)blockDim.x * gridDim.x) {
-        unsigned long long z = (key + (unsigned long long)i * 0x9E3779B97F4A7C15ull) ^ (unsigned long long)a[i];
-        local += kz_mix(z);
-    }
-    for (int o = 16; o > 0; o >>= 1) local += __shfl_down_sync(0xffffffffu, local, o);
-    if ((threadIdx.x & 31) == 0) atomicAdd(sums + blockIdx.y, local);
+    kz_keyed_words(reinterpret_cast<const unsigned int*>(r.at), (long long)r.words, key, sums + blockIdx.y);
 }
 
 // Batch compositions: dst row j := src row idx[j] (row_bytes bytes each).

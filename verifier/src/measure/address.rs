@@ -16,9 +16,10 @@ use super::poison::Poison;
 use super::{CaseRun, Launches};
 use crate::abi::{abi_tensors, Ptrs, ABI_ALIGN_BYTES};
 use crate::cases::CaseInputs;
-use crate::cuda::{guard_byte, Arg, DevBuf, GUARD_BYTES};
+use crate::cuda::{guard_byte, Arg, DevBuf, Gpu, GUARD_BYTES};
 use crate::exec::ExecError;
 use crate::numeric::{bits_at, compare, count_bit_differences, is_nan, keyed_sum, worst};
+use cudarc::driver::sys::CUfunction;
 use kernel_registry::report::Exactness;
 use kernel_registry::DType;
 use std::collections::hash_map::RandomState;
@@ -162,42 +163,6 @@ pub fn address_line(
 /// At most this many lines of guard or input failures at placed addresses per case.
 pub(crate) const MAX_OTHER_LINES: usize = 4;
 
-/// Put `buf` at `residue` of its period with its guard regions holding `guard`, and its payload
-/// a copy of `source` (an input) or fresh poison (an output or workspace). All of it is queued
-/// on the stream the candidate's launch follows, without waiting: a placement costs the
-/// launch's wait and one download, not a synchronisation per tensor.
-pub(crate) fn place(
-    run: &CaseRun<'_>,
-    buf: &mut DevBuf,
-    residue: u64,
-    guard: u8,
-    source: Option<&DevBuf>,
-) -> Result<(), ExecError> {
-    buf.place(residue, PERIOD);
-    run.gpu.fill_allocation(buf, guard)?;
-    match source {
-        Some(src) => run.gpu.copy_queued(buf, src),
-        None => {
-            let q = Poison::fresh();
-            run.gpu.fill_pattern(run.tools.fill, buf, q.key, q.invert)
-        }
-    }
-}
-
-/// [`place`] every buffer of `placed` at placement `p`, its payload from its `sources` entry
-/// (queued): how a placement the screening flagged is put again, to be looked at closely.
-pub(crate) fn place_all(
-    run: &CaseRun<'_>,
-    placed: &mut [DevBuf],
-    p: &Placement,
-    sources: &[Option<&DevBuf>],
-) -> Result<(), ExecError> {
-    for ((buf, &residue), source) in placed.iter_mut().zip(&p.at).zip(sources) {
-        place(run, buf, residue, guard_byte(), *source)?;
-    }
-    Ok(())
-}
-
 /// What the address cases found in one case.
 #[derive(Debug, Default)]
 pub(crate) struct Outcome {
@@ -217,8 +182,8 @@ pub(crate) struct Outcome {
 pub(crate) const CHUNK: usize = 8;
 
 /// The keyed sums that check placed buffers after launches: per launch and buffer the sum of
-/// its payload and of each of its two guard regions, all queued on the GPU behind the launch and
-/// downloaded at once for up to [`CHUNK`] launches (`queue`, then `take`). One key for every
+/// its payload and of each of its two guard regions, all queued on the GPU behind the launch
+/// (`Placing::sum`) and downloaded at once for up to [`CHUNK`] launches (`take`). One key for every
 /// check of a measurement, drawn when it starts (after the candidate's launches), so a kernel
 /// cannot forge a sum; the host sums each expected payload once with it ([`PlacedSums::of`]).
 pub(crate) struct PlacedSums {
@@ -238,24 +203,24 @@ pub(crate) struct Summed {
 impl PlacedSums {
     /// Sums for up to [`CHUNK`] launches of `buffers` placed buffers, the key drawn from `seed`
     /// and a fresh state.
-    pub(crate) fn new(run: &CaseRun<'_>, buffers: usize, seed: u64) -> Result<Self, ExecError> {
-        Self::keyed(run, buffers, RandomState::new().hash_one(seed))
+    pub(crate) fn new(gpu: &Gpu, buffers: usize, seed: u64) -> Result<Self, ExecError> {
+        Self::keyed(gpu, buffers, RandomState::new().hash_one(seed))
     }
 
     /// Sums with the key of `held` (`CaseRun::expect_all`): a placed buffer that should hold
     /// what one of them was made from sums to its `sum`.
     pub(crate) fn sharing(
-        run: &CaseRun<'_>,
+        gpu: &Gpu,
         buffers: usize,
         held: &super::Held,
     ) -> Result<Self, ExecError> {
-        Self::keyed(run, buffers, held.key)
+        Self::keyed(gpu, buffers, held.key)
     }
 
-    fn keyed(run: &CaseRun<'_>, buffers: usize, key: u64) -> Result<Self, ExecError> {
+    fn keyed(gpu: &Gpu, buffers: usize, key: u64) -> Result<Self, ExecError> {
         let g = guard_byte();
         Ok(PlacedSums {
-            sums: run.gpu.alloc(8 * 3 * buffers * CHUNK)?,
+            sums: gpu.alloc(8 * 3 * buffers * CHUNK)?,
             buffers,
             key,
             want_guard: keyed_sum(&vec![g; GUARD_BYTES], key, g),
@@ -268,8 +233,8 @@ impl PlacedSums {
     }
 
     /// Zero the slots of the next `take`, queued before the launches they follow.
-    pub(crate) fn clear(&self, run: &CaseRun<'_>) -> Result<(), ExecError> {
-        run.gpu.fill_queued(&self.sums, 0)
+    pub(crate) fn clear(&self, gpu: &Gpu) -> Result<(), ExecError> {
+        gpu.fill_queued(&self.sums, 0)
     }
 
     /// The device address of launch `slot`'s sums (3 words a buffer: payload, guard before,
@@ -279,34 +244,10 @@ impl PlacedSums {
         self.sums.ptr() + (8 * 3 * slot * self.buffers) as u64
     }
 
-    /// Queue `placed`'s sums into the slots of launch `slot` (< [`CHUNK`]) of the next `take`,
-    /// behind the launch that wrote them on its stream.
-    pub(crate) fn queue(
-        &self,
-        run: &CaseRun<'_>,
-        slot: usize,
-        placed: &[DevBuf],
-    ) -> Result<(), ExecError> {
-        assert!(slot < CHUNK && placed.len() == self.buffers);
-        let guard_words = (GUARD_BYTES / 4) as u64;
-        for (i, buf) in placed.iter().enumerate() {
-            let at = |k: usize| self.sums.ptr() + 8 * (3 * (slot * self.buffers + i) + k) as u64;
-            let end = buf.ptr() + buf.bytes as u64;
-            run.enqueue_sum(buf.ptr(), buf.bytes.div_ceil(4) as u64, self.key, at(0))?;
-            run.enqueue_sum(buf.ptr() - GUARD_BYTES as u64, guard_words, self.key, at(1))?;
-            run.enqueue_sum(end.next_multiple_of(4), guard_words, self.key, at(2))?;
-        }
-        Ok(())
-    }
-
     /// The sums of launches `0..launches`, downloaded at once; the launches must have been
     /// waited for.
-    pub(crate) fn take(
-        &self,
-        run: &CaseRun<'_>,
-        launches: usize,
-    ) -> Result<Vec<Vec<Summed>>, ExecError> {
-        let got = run.gpu.download_vec(&self.sums)?;
+    pub(crate) fn take(&self, gpu: &Gpu, launches: usize) -> Result<Vec<Vec<Summed>>, ExecError> {
+        let got = gpu.download_vec(&self.sums)?;
         let word = |j: usize| u64::from_le_bytes(got[8 * j..8 * j + 8].try_into().expect("8"));
         Ok((0..launches)
             .map(|l| {
@@ -322,18 +263,6 @@ impl PlacedSums {
                     .collect()
             })
             .collect())
-    }
-
-    /// `placed`'s sums after one launch, waited for: `clear`, `queue` and `take` of one.
-    pub(crate) fn after_launch(
-        &self,
-        run: &CaseRun<'_>,
-        placed: &[DevBuf],
-    ) -> Result<Vec<Summed>, ExecError> {
-        assert_eq!(placed.len(), self.buffers);
-        self.clear(run)?;
-        self.queue(run, 0, placed)?;
-        Ok(self.take(run, 1)?.remove(0))
     }
 }
 
@@ -353,6 +282,8 @@ pub(crate) struct Tables {
 impl Tables {
     const OP: usize = 56;
     const RANGE: usize = 16;
+    /// Where an op's poison key lies in it (its sixth u64).
+    const KEY_AT: usize = 40;
 
     /// The tables of `plan` for `placed` (moved to each placement in turn: left at the last),
     /// the payloads from `sources` (`None`: fresh poison, a key of its own for each).
@@ -423,17 +354,178 @@ impl Tables {
 
     /// The poison key of placement `k`'s buffer `i` (what its op asks `kz_place` to write).
     pub(crate) fn key(&self, k: usize, i: usize) -> u64 {
-        let at = (k * self.buffers + i) * Self::OP + 40;
+        let at = (k * self.buffers + i) * Self::OP + Self::KEY_AT;
         u64::from_le_bytes(self.bytes[at..at + 8].try_into().expect("8"))
     }
 
+    /// Placement `k`'s ops with a fresh poison key for each buffer (the poison of a placement
+    /// placed again: every launch of the candidate gets fresh poison).
+    fn fresh_ops(&self, k: usize) -> Vec<u8> {
+        let at = k * self.buffers * Self::OP;
+        let mut ops = self.bytes[at..at + self.buffers * Self::OP].to_vec();
+        for op in ops.chunks_mut(Self::OP) {
+            op[Self::KEY_AT..Self::KEY_AT + 8].copy_from_slice(&Poison::fresh().key.to_le_bytes());
+        }
+        ops
+    }
+}
+
+/// A case's placements made ready on the GPU: their [`Tables`] uploaded once, and the launches
+/// that place a placement's buffers (`kz_place`) and sum them (`kz_keyed_sums`). The one home
+/// of what a placed buffer holds and of which of its ranges are summed, for the screening and
+/// for the closer look alike.
+pub(crate) struct Placing {
+    t: Tables,
+    table: DevBuf,
+    place_f: CUfunction,
+    sums_f: CUfunction,
     /// Blocks (x) of a `kz_place` launch and of a `kz_keyed_sums` launch.
-    pub(crate) fn blocks(&self, gpu: &crate::cuda::Gpu) -> (u32, u32) {
+    blocks: (u32, u32),
+}
+
+impl Placing {
+    /// The tables of `plan` for `placed` (left at the last placement) and `sources` (as
+    /// [`Tables::of`]), uploaded; `tools`: `kz_place` and `kz_keyed_sums`.
+    pub(crate) fn new(
+        gpu: &Gpu,
+        (place_f, sums_f): (CUfunction, CUfunction),
+        plan: &[Placement],
+        placed: &mut [DevBuf],
+        sources: &[Option<&DevBuf>],
+    ) -> Result<Placing, ExecError> {
+        let t = Tables::of(placed, plan, sources, guard_byte());
+        let table = gpu.alloc(t.bytes.len())?;
+        gpu.upload(&table, &t.bytes)?;
         let sms = u64::from(gpu.info.sm_count);
-        (
-            self.most_words.div_ceil(256).clamp(1, 2 * sms) as u32,
-            super::sum_blocks(self.most_summed, gpu),
+        let blocks = (
+            t.most_words.div_ceil(256).clamp(1, 2 * sms) as u32,
+            super::sum_blocks(t.most_summed, gpu),
+        );
+        Ok(Placing {
+            t,
+            table,
+            place_f,
+            sums_f,
+            blocks,
+        })
+    }
+
+    /// Move `placed` to placement `p` and queue the `kz_place` of the ops at device address
+    /// `ops` (placement `p`'s, as the table holds them or afresh).
+    fn put(
+        &self,
+        gpu: &Gpu,
+        p: &Placement,
+        ops: u64,
+        placed: &mut [DevBuf],
+    ) -> Result<(), ExecError> {
+        for (buf, &residue) in placed.iter_mut().zip(&p.at) {
+            buf.place(residue, PERIOD);
+        }
+        let n = self.t.buffers as u32;
+        gpu.enqueue(
+            "placing the buffers",
+            self.place_f,
+            [self.blocks.0, n, 1],
+            [256, 1, 1],
+            &[Arg::Ptr(ops)],
         )
+    }
+
+    /// Queue placement `k`'s sums into launch `slot` of `sums`.
+    fn sum(&self, gpu: &Gpu, k: usize, sums: &PlacedSums, slot: usize) -> Result<(), ExecError> {
+        gpu.enqueue(
+            "keyed sums on the GPU",
+            self.sums_f,
+            [self.blocks.1, 3 * self.t.buffers as u32, 1],
+            [256, 1, 1],
+            &[
+                Arg::Ptr(self.table.ptr() + self.t.ranges_at(k as u64)),
+                Arg::U64(sums.key),
+                Arg::Ptr(sums.slot(slot)),
+            ],
+        )
+    }
+
+    /// Every placement of `plan` (the plan of [`Placing::new`]), screened by keyed sums alone:
+    /// per placement `put`, `launch` (the candidate's call queued on `placed`, `call_launches`
+    /// launches), `sum`. [`CHUNK`] placements go between two waits (a call that never ends is
+    /// found within `CHUNK * call_launches` launch limits). Returns the placements (by index)
+    /// where a guard region changed or a payload summed to what `payload_ok(buffer, sums)`
+    /// refuses, with their sums: only these are looked at closely ([`Placing::again`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn screen<L, K>(
+        &self,
+        run: &CaseRun<'_>,
+        plan: &[Placement],
+        placed: &mut [DevBuf],
+        sums: &PlacedSums,
+        launch: L,
+        (what, call_launches): (&str, usize),
+        payload_ok: K,
+    ) -> Result<Vec<(usize, Vec<Summed>)>, ExecError>
+    where
+        L: Fn(&[DevBuf]) -> Result<(), ExecError>,
+        K: Fn(usize, &Summed) -> bool,
+    {
+        let started = std::time::Instant::now();
+        let gpu = run.gpu;
+        let mut flagged = Vec::new();
+        for (c, chunk) in plan.chunks(CHUNK).enumerate() {
+            sums.clear(gpu)?;
+            for (slot, p) in chunk.iter().enumerate() {
+                let k = c * CHUNK + slot;
+                self.put(gpu, p, self.table.ptr() + self.t.op_at(k as u64), placed)?;
+                launch(placed)?;
+                self.sum(gpu, k, sums, slot)?;
+            }
+            run.wait_queued(what, chunk.len() * call_launches)?;
+            for (slot, got) in sums.take(gpu, chunk.len())?.into_iter().enumerate() {
+                if !got
+                    .iter()
+                    .enumerate()
+                    .all(|(i, s)| s.guards_ok && payload_ok(i, s))
+                {
+                    flagged.push((c * CHUNK + slot, got));
+                }
+            }
+        }
+        crate::trace(|| {
+            format!(
+                "{} screening: {} placements {:.2} ms, {} flagged",
+                run.spec.id,
+                plan.len(),
+                1e3 * started.elapsed().as_secs_f64(),
+                flagged.len()
+            )
+        });
+        Ok(flagged)
+    }
+
+    /// Placement `k` (`p`) again, alone, to look at closely: placed with fresh poison,
+    /// `launch` queued and waited for, then its sums. `placed` is left there to download.
+    pub(crate) fn again<L>(
+        &self,
+        run: &CaseRun<'_>,
+        (k, p): (usize, &Placement),
+        placed: &mut [DevBuf],
+        sums: &PlacedSums,
+        launch: L,
+        (what, call_launches): (&str, usize),
+    ) -> Result<Vec<Summed>, ExecError>
+    where
+        L: Fn(&[DevBuf]) -> Result<(), ExecError>,
+    {
+        let gpu = run.gpu;
+        let ops = self.t.fresh_ops(k);
+        let fresh = gpu.alloc(ops.len())?;
+        gpu.upload(&fresh, &ops)?;
+        sums.clear(gpu)?;
+        self.put(gpu, p, fresh.ptr(), placed)?;
+        launch(placed)?;
+        self.sum(gpu, k, sums, 0)?;
+        run.wait_queued(what, call_launches)?;
+        Ok(sums.take(gpu, 1)?.remove(0))
     }
 }
 
@@ -476,48 +568,23 @@ pub fn placement_self_check() -> Result<String, String> {
         .map_err(e)?;
     let plan = plan(sizes.len());
     let g = guard_byte();
-    let t = Tables::of(&mut placed, &plan, &sources, g);
-    let table = gpu.alloc(t.bytes.len()).map_err(e)?;
-    gpu.upload(&table, &t.bytes).map_err(e)?;
-    let (pb, sb) = t.blocks(&gpu);
+    let placing = Placing::new(&gpu, (place_f, sums_f), &plan, &mut placed, &sources).map_err(e)?;
     let n = sizes.len();
-    let sums = gpu.alloc(8 * 3 * n).map_err(e)?;
-    let key = 0x5eed_u64;
+    let sums = PlacedSums::new(&gpu, n, 0x5eed).map_err(e)?;
     let mut compared = 0usize;
     for (k, p) in plan.iter().enumerate() {
-        for (buf, &r) in placed.iter_mut().zip(&p.at) {
-            buf.place(r, PERIOD);
-        }
-        gpu.fill_queued(&sums, 0).map_err(e)?;
-        let k64 = k as u64;
-        gpu.enqueue(
-            "kz_place",
-            place_f,
-            [pb, n as u32, 1],
-            [256, 1, 1],
-            &[Arg::Ptr(table.ptr() + t.op_at(k64))],
-        )
-        .map_err(e)?;
-        gpu.enqueue(
-            "kz_keyed_sums",
-            sums_f,
-            [sb, 3 * n as u32, 1],
-            [256, 1, 1],
-            &[
-                Arg::Ptr(table.ptr() + t.ranges_at(k64)),
-                Arg::U64(key),
-                Arg::Ptr(sums.ptr()),
-            ],
-        )
-        .map_err(e)?;
+        sums.clear(&gpu).map_err(e)?;
+        let ops = placing.table.ptr() + placing.t.op_at(k as u64);
+        placing.put(&gpu, p, ops, &mut placed).map_err(e)?;
+        placing.sum(&gpu, k, &sums, 0).map_err(e)?;
         gpu.wait_queued("the placement check", std::time::Duration::from_secs(10))
             .map_err(e)?;
-        let got_sums = gpu.download_vec(&sums).map_err(e)?;
+        let got = sums.take(&gpu, 1).map_err(e)?.remove(0);
         for (i, buf) in placed.iter().enumerate() {
             let all = gpu.download_allocation(buf).map_err(e)?;
             let (_, _, lead) = buf.layout();
             let poison = Poison {
-                key: t.key(k, i),
+                key: placing.t.key(k, i),
                 invert: false,
             };
             for (j, &b) in all.iter().enumerate() {
@@ -536,24 +603,15 @@ pub fn placement_self_check() -> Result<String, String> {
                     ));
                 }
             }
-            let payload_end = lead + buf.bytes;
-            let after = payload_end.next_multiple_of(4);
-            for (slot, range) in [
-                lead..payload_end,
-                lead - GUARD_BYTES..lead,
-                after..after + GUARD_BYTES,
-            ]
-            .into_iter()
-            .enumerate()
-            {
-                let at = 8 * (3 * i + slot);
-                let got = u64::from_le_bytes(got_sums[at..at + 8].try_into().expect("8"));
-                let want = keyed_sum(&all[range], key, g);
-                if got != want {
-                    return Err(format!(
-                        "placement {k}, buffer {i}: kz_keyed_sums of range {slot} gave {got:#x}, the host {want:#x}"
-                    ));
-                }
+            // the bytes are right: kz_keyed_sums must give the host's sums of them (the
+            // payload's; each guard region's is PlacedSums' want_guard, in `guards_ok`)
+            let want = sums.of(&all[lead..lead + buf.bytes]);
+            if got[i].payload != want || !got[i].guards_ok {
+                return Err(format!(
+                    "placement {k}, buffer {i}: kz_keyed_sums gave payload {:#x} (the host {want:#x}), guards {}",
+                    got[i].payload,
+                    if got[i].guards_ok { "as they must be" } else { "not the guard byte's sums" }
+                ));
             }
             compared += all.len();
         }
@@ -565,90 +623,6 @@ pub fn placement_self_check() -> Result<String, String> {
         sizes[n - 1],
         plan.len() * n * 3
     ))
-}
-
-/// Every placement of `plan`, screened by keyed sums alone. For each placement one launch of
-/// `kz_place` puts every buffer of `placed` there (the guard byte around it; its payload a copy
-/// of its `sources` entry, or fresh poison where that is `None`), `launch` queues the
-/// candidate's call on them (`call_launches` launches), and one launch of `kz_keyed_sums` sums
-/// each buffer's payload and guard regions; what those two read comes from a table made on
-/// the host for all of the case's placements and uploaded once. [`CHUNK`] placements go
-/// between two waits (a call that never ends is found within `CHUNK * call_launches` launch
-/// limits). Returns the placements where a guard region changed or a payload summed to what
-/// `payload_ok(buffer, sums)` refuses, with their sums: only these are looked at closely
-/// (placed again by [`place`], launched there alone, and downloaded), by the caller.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn screen<'p, L, K>(
-    run: &CaseRun<'_>,
-    plan: &'p [Placement],
-    placed: &mut [DevBuf],
-    sources: &[Option<&DevBuf>],
-    sums: &PlacedSums,
-    launch: L,
-    (what, call_launches): (&str, usize),
-    payload_ok: K,
-) -> Result<Vec<(&'p Placement, Vec<Summed>)>, ExecError>
-where
-    L: Fn(&[DevBuf]) -> Result<(), ExecError>,
-    K: Fn(usize, &Summed) -> bool,
-{
-    let started = std::time::Instant::now();
-    let n = placed.len();
-    let t = Tables::of(placed, plan, sources, guard_byte());
-    let table = run.gpu.alloc(t.bytes.len())?;
-    run.gpu.upload(&table, &t.bytes)?;
-    let (place_blocks, sum_blocks) = t.blocks(run.gpu);
-    let tabled = started.elapsed().as_secs_f64();
-    let mut flagged = Vec::new();
-    for (c, chunk) in plan.chunks(CHUNK).enumerate() {
-        sums.clear(run)?;
-        for (slot, p) in chunk.iter().enumerate() {
-            let k = (c * CHUNK + slot) as u64;
-            for (buf, &residue) in placed.iter_mut().zip(&p.at) {
-                buf.place(residue, PERIOD);
-            }
-            run.gpu.enqueue(
-                "placing the buffers",
-                run.tools.place,
-                [place_blocks, n as u32, 1],
-                [256, 1, 1],
-                &[Arg::Ptr(table.ptr() + t.op_at(k))],
-            )?;
-            launch(placed)?;
-            run.gpu.enqueue(
-                "keyed sums on the GPU",
-                run.tools.keyed_sums,
-                [sum_blocks, 3 * n as u32, 1],
-                [256, 1, 1],
-                &[
-                    Arg::Ptr(table.ptr() + t.ranges_at(k)),
-                    Arg::U64(sums.key),
-                    Arg::Ptr(sums.slot(slot)),
-                ],
-            )?;
-        }
-        run.wait_queued(what, chunk.len() * call_launches)?;
-        for (p, got) in chunk.iter().zip(sums.take(run, chunk.len())?) {
-            if !got
-                .iter()
-                .enumerate()
-                .all(|(i, s)| s.guards_ok && payload_ok(i, s))
-            {
-                flagged.push((p, got));
-            }
-        }
-    }
-    crate::trace(|| {
-        format!(
-            "{} screening: tables {:.2} ms, {} placements {:.2} ms, {} flagged",
-            run.spec.id,
-            1e3 * tabled,
-            plan.len(),
-            1e3 * (started.elapsed().as_secs_f64() - tabled),
-            flagged.len()
-        )
-    });
-    Ok(flagged)
 }
 
 /// What a placement's screening launch showed of one buffer (`tensor`, its sums `got`) that a
@@ -733,7 +707,7 @@ pub(crate) fn check(
             }
         })
         .collect();
-    let sums = PlacedSums::new(run, tensors.len(), spec.seed)?;
+    let sums = PlacedSums::new(gpu, tensors.len(), spec.seed)?;
     // What each placed tensor may sum to: an input its host copy, an output any of the
     // candidate's launches at fresh allocations (one, when they agree).
     let want: Vec<Vec<u64>> = tensors
@@ -776,14 +750,22 @@ pub(crate) fn check(
         }
     };
     let summed_ok = |i: usize, s: &Summed| want[i].contains(&s.payload);
-    let flagged = screen(
-        run,
+    let launch = |placed: &[DevBuf]| run.launch_at_queued(&run.cand, ptrs_of(placed), spec.rows);
+    let calls = (run.cand.name.as_str(), 1);
+    let placing = Placing::new(
+        gpu,
+        (run.tools.place, run.tools.keyed_sums),
         &placements,
         &mut placed,
         &sources,
+    )?;
+    let flagged = placing.screen(
+        run,
+        &placements,
+        &mut placed,
         &sums,
-        |placed: &[DevBuf]| run.launch_at_queued(&run.cand, ptrs_of(placed), spec.rows),
-        (&run.cand.name, 1),
+        launch,
+        calls,
         summed_ok,
     )?;
     let mut first_differing: Option<(Placement, Vec<Difference>)> = None;
@@ -791,11 +773,10 @@ pub(crate) fn check(
     let mut other: Vec<String> = Vec::new();
     let mut other_more = 0usize;
     let mut exactness: Option<Exactness> = None;
-    for (p, screened) in flagged {
+    for (k, screened) in flagged {
         // Again, alone, to see what differs.
-        place_all(run, &mut placed, p, &sources)?;
-        run.launch_at(&run.cand, ptrs_of(&placed), spec.rows)?;
-        let got = sums.after_launch(run, &placed)?;
+        let p = &placements[k];
+        let got = placing.again(run, (k, p), &mut placed, &sums, launch, calls)?;
         let mut diffs = Vec::new();
         let mut lines = Vec::new();
         // The placed outputs, for a non-deterministic kernel's exactness: (out, residual).

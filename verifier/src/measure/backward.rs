@@ -861,7 +861,7 @@ fn placements(
     // call may leave anything there).
     let n_grads = expected.len();
     assert_eq!(held.len(), n_grads + inputs.len());
-    let sums = address::PlacedSums::sharing(run, placed.len(), held[0])?;
+    let sums = address::PlacedSums::sharing(gpu, placed.len(), held[0])?;
     let want: Vec<Option<u64>> = (0..names.len())
         .map(|i| match i.checked_sub(n_out) {
             Some(k) => Some(held[n_grads + k].sum),
@@ -882,24 +882,23 @@ fn placements(
         )
     };
     let summed_ok = |i: usize, s: &address::Summed| want[i].is_none_or(|w| s.payload == w);
-    let flagged = address::screen(
-        run,
+    let launch = |placed: &[DevBuf]| call_queued(run, entries, &ptrs_of(placed), spec.rows, dev);
+    let calls = (entries[0].name.as_str(), entries.len());
+    let placing = address::Placing::new(
+        gpu,
+        (run.tools.place, run.tools.keyed_sums),
         &plan,
         &mut placed,
         &sources,
-        &sums,
-        |placed: &[DevBuf]| call_queued(run, entries, &ptrs_of(placed), spec.rows, dev),
-        (&entries[0].name, entries.len()),
-        summed_ok,
     )?;
+    let flagged = placing.screen(run, &plan, &mut placed, &sums, launch, calls, summed_ok)?;
     let mut first: Option<(Placement, Vec<Difference>)> = None;
     let mut differing = 0usize;
     let mut other: Vec<String> = Vec::new();
-    for (p, screened) in flagged {
+    for (k, screened) in flagged {
         // Again, alone, to see what differs.
-        address::place_all(run, &mut placed, p, &sources)?;
-        call(run, entries, &ptrs_of(&placed), spec.rows, dev, None)?;
-        let got = sums.after_launch(run, &placed)?;
+        let p = &plan[k];
+        let got = placing.again(run, (k, p), &mut placed, &sums, launch, calls)?;
         let at = address::describe(&names, p);
         let mut diffs = Vec::new();
         let lines_before = other.len();
