@@ -795,6 +795,8 @@ REFS(__nv_bfloat16, bf16)
 REFS(__half, f16)
 REFS(float, f32)
 
+// Verifier utility (not a reference layer): everything from here on. The CPU harnesses of
+// python/tests take reference.cu up to this line as the reference layers.
 // ---- Verifier utilities (not reference layers) ---------------------------------------------------
 __device__ __forceinline__ unsigned long long kz_mix(unsigned long long z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
