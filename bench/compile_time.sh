@@ -5,7 +5,8 @@
 # it was in the all-entries module.
 # Run on the GPU machine from the repository root after scripts/gpu-stage:
 #   bench/compile_time.sh OUT_DIR        (a short table is printed last)
-# KERNELS="silu_backward layer_norm" verifies only those (default: every kernels/*/);
+# KERNELS="silu_backward layer_norm" verifies only those (default: every kernels/*/); KERNELS_ROOT=DIR
+# takes them from DIR/<name>/ instead of kernels/ (e.g. a released version beside the tree's);
 # PASSES=cold skips the warm pass; SKIP_NVCC=1 skips step 1. Each cold verification's trace is
 # summed per case phase by bench/trace_phases.py into OUT_DIR/phases.txt; KEEP_TRACES=1 also keeps
 # the whole traces (every case's phases, by case) in OUT_DIR/traces.tgz.
@@ -56,8 +57,9 @@ done
 echo "== 2. kernelize verify (full suite, 3 dtypes), first on the machine (empty CUBIN cache) then warm" | tee -a "$log"
 rows=()
 mkdir -p "$tmp/reports"
-kernels_dirs=$(for n in ${KERNELS:-}; do echo "kernels/$n/"; done)
-for d in ${kernels_dirs:-kernels/*/}; do
+kernels_root="${KERNELS_ROOT:-kernels}"
+kernels_dirs=$(for n in ${KERNELS:-}; do echo "$kernels_root/$n/"; done)
+for d in ${kernels_dirs:-$kernels_root/*/}; do
     name=$(basename "$d")
     cache="$tmp/cache-$name"
     warm=-

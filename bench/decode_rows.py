@@ -25,6 +25,9 @@ own time: each call then finds its inputs and weights out of L2, as a norm insid
 does (the step's weights stream through L2 between two norms). --row-grid adds `after-rowgrid`,
 the after kernel with its persistent grid capped at one block a row.
 
+--widths and --large-shapes replace every section's widths and large shapes (odd widths time
+the paths a kernel takes for rows that are not whole 16-byte chunks).
+
 --large adds the large shapes (4096x8192 and 32768x4096 rows for the norms, 256x14336,
 1024x14336 and 4096x14336 for the gated op, 512x4096, 2048x4096 and 32768x4096 for SiLU: the
 elementwise kernels' two shapes of work, one 16-byte vector per thread below a 2048-block grid
@@ -256,6 +259,9 @@ def main() -> int:
     p.add_argument("--cold", action="store_true",
                    help="before every call, write a 128 MB buffer (L2 evicted, as a model's weights stream "
                         "through it between two norms); the write's own time is subtracted")
+    p.add_argument("--widths", help="widths of the row counts, comma-separated, instead of each section's own "
+                                    "(e.g. 1001,4099: rows that are not whole 16-byte chunks, the generic paths)")
+    p.add_argument("--large-shapes", help="with --large: ROWSxCOLS,... instead of each section's own")
     p.add_argument("--row-grid", action="store_true",
                    help="also `after-rowgrid`: the after kernel with its persistent grid capped at one block a row")
     a = p.parse_args()
@@ -291,6 +297,10 @@ def main() -> int:
             return graph_us(lambda: (scratch.zero_(), fn())[1], reps) - flush_us
     for name in a.kernels.split(","):
         widths, large, setup = SECTIONS[name]
+        if a.widths:
+            widths = tuple(int(c) for c in a.widths.split(","))
+        if a.large_shapes:
+            large = tuple(tuple(int(v) for v in s.split("x")) for s in a.large_shapes.split(","))
         dirs = dict(versions)
         if not (dirs["after"] / name).is_dir():
             # not bundled yet: this checkout's staged kernel (kernels/generate.py --staged)

@@ -437,7 +437,9 @@ struct LnP {
 template <class P, bool VEC, int G, int L>
 KZ_DEV typename P::S kz_reduce(typename P::S (&st)[L], typename P::S* sh) {
   typedef typename P::S S;
-#pragma unroll
+  // Loops, not unrolled: each comb of the layer-norm order is a Welford step with a division, and
+  // every unrolled copy costs NVRTC time (issue 29); these are the rare rows' trees (kz_rows).
+#pragma unroll 1
   for (int j = 0; j < L; ++j) {
     st[j] = P::fold(st[j]);
 #pragma unroll
@@ -445,9 +447,9 @@ KZ_DEV typename P::S kz_reduce(typename P::S (&st)[L], typename P::S* sh) {
   }
   if constexpr (G == 32) {
     // lane 0 holds every lane-warp's result: lane-warp j in st[j]
-#pragma unroll
+#pragma unroll 1
     for (int s = kz_clog2(L) - 1; s >= 0; --s)
-#pragma unroll
+#pragma unroll 1
       for (int j = 0; j < (1 << s); ++j) st[j] = P::template comb<VEC>(st[j], st[j + (1 << s)]);
     return P::bcast(st[0]);
   } else {
@@ -461,9 +463,9 @@ KZ_DEV typename P::S kz_reduce(typename P::S (&st)[L], typename P::S* sh) {
     S v[W];
 #pragma unroll
     for (int y = 0; y < W; ++y) v[y] = sh[y];
-#pragma unroll
+#pragma unroll 1
     for (int s = kz_clog2(W) - 1; s >= 0; --s)
-#pragma unroll
+#pragma unroll 1
       for (int y = 0; y < (1 << s); ++y) v[y] = P::template comb<VEC>(v[y], v[y + (1 << s)]);
     __syncthreads();  // sh is free for the next row
     return v[0];
@@ -480,14 +482,50 @@ KZ_DEV void kz_push(typename P::S& s, const Un<T, VEC>& u, int k) {
   }
 }
 
+// The streamed rows' units (kz_rows with NU == 0, kz_mean_rows, kz_mean_out): a thread's unit k
+// starts at element e0 + stride * k of its row. B = VEC ? 4 : 1 units are loaded before any is used
+// (4-vectors: enough loads in flight; single elements: one, the shortest code), the loops around
+// them not unrolled: these rows are rare, and every unrolled copy costs NVRTC time (issue 29).
+
+// Lane j's units k = j, j + L, ... (k < nc) pushed into s in increasing order, the (k / L)-th
+// of the lane as such.
+template <typename T, class P, bool VEC>
+KZ_DEV void kz_lane_push(const P& p, typename P::S& s, i64 row, i64 e0, i64 stride, int j, int L, i64 nc) {
+  constexpr int B = VEC ? 4 : 1;
+#pragma unroll 1
+  for (i64 k0 = j; k0 < nc; k0 += (i64)L * B) {
+    Un<T, VEC> u[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b)
+      if (k0 + (i64)L * b < nc) p.template load<VEC>(u[b], row, e0 + stride * (k0 + (i64)L * b));
+#pragma unroll
+    for (int b = 0; b < B; ++b)
+      if (k0 + (i64)L * b < nc) kz_push<P, VEC, T>(s, u[b], (int)(k0 / L) + b);
+  }
+}
+
+// The outputs of units 0 .. nc-1 (the row read again).
+template <typename T, class P, bool VEC>
+KZ_DEV void kz_units_out(const P& p, i64 row, i64 e0, i64 stride, i64 nc, const typename P::Prm& q) {
+  constexpr int B = VEC ? 4 : 1;
+#pragma unroll 1
+  for (i64 k0 = 0; k0 < nc; k0 += B) {
+    Un<T, VEC> u[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b)
+      if (k0 + b < nc) p.template reload<VEC>(u[b], row, e0 + stride * (k0 + b));
+#pragma unroll
+    for (int b = 0; b < B; ++b)
+      if (k0 + b < nc) p.template store<VEC>(u[b], row, e0 + stride * (k0 + b), q);
+  }
+}
+
 // NU > 0: up to NU units per thread, all loaded before any is used, kept for the outputs.
-// NU == 0: streamed in chunks of CH units (a multiple of L, so c % L is known at compile
-// time), statistics first, then a second read for the outputs.
+// NU == 0: streamed, one lane at a time (statistics first, then a second read for the outputs).
 template <typename T, class P, bool VEC, int G, int L, int NU>
 __device__ __noinline__ void kz_rows(const P p, i64 rows, int gs) {
   typedef typename P::S S;
   constexpr int N = VEC ? 4 : 1;
-  constexpr int CH = L > 8 ? L : 8;
   __shared__ S sh[G * L / 32];
   const int g = threadIdx.x;
   const i64 nun = VEC ? p.cols / 4 : p.cols;
@@ -519,29 +557,20 @@ __device__ __noinline__ void kz_rows(const P p, i64 rows, int gs) {
         if (c < nc) p.template store<VEC>(u[c], row, (g + (i64)gs * c) * N, q);
       if (g < tail) p.template store<false>(tu, row, te, q);
     } else {
-      for (i64 c0 = 0; c0 < nc; c0 += CH) {
-        Un<T, VEC> u[CH];
-#pragma unroll
-        for (int c = 0; c < CH; ++c)
-          if (c0 + c < nc) p.template load<VEC>(u[c], row, (g + (i64)gs * (c0 + c)) * N);
-#pragma unroll
-        for (int c = 0; c < CH; ++c)
-          if (c0 + c < nc) kz_push<P, VEC, T>(st[c % L], u[c], (int)((c0 + c) / L));
+      // Lane by lane: one pass over the thread's units per lane, the lane's state in registers
+      // (kz_lane_push; a lane's units in increasing order, as above).
+#pragma unroll 1
+      for (int j = 0; j < L; ++j) {
+        S s = P::ident();
+        kz_lane_push<T, P, VEC>(p, s, row, (i64)g * N, (i64)gs * N, j, L, nc);
+        st[j] = s;
       }
       if (g < tail) {
         p.template load<false>(tu, row, te);
         P::template push<false>(st[0], tu.f(0), 0);
       }
       const typename P::Prm q = p.template prm<VEC>(kz_reduce<P, VEC, G, L>(st, sh));
-      for (i64 c0 = 0; c0 < nc; c0 += CH) {
-        Un<T, VEC> u[CH];
-#pragma unroll
-        for (int c = 0; c < CH; ++c)
-          if (c0 + c < nc) p.template reload<VEC>(u[c], row, (g + (i64)gs * (c0 + c)) * N);
-#pragma unroll
-        for (int c = 0; c < CH; ++c)
-          if (c0 + c < nc) p.template store<VEC>(u[c], row, (g + (i64)gs * (c0 + c)) * N, q);
-      }
+      kz_units_out<T, P, VEC>(p, row, (i64)g * N, (i64)gs * N, nc, q);
       if (g < tail) p.template store<false>(tu, row, te, q);
     }
   }
@@ -659,17 +688,8 @@ struct KzRow {
 template <typename T, class P, bool VEC, int G>
 __device__ __noinline__ void kz_mean_out(const P p, const KzRow r, const typename P::Prm q) {
   constexpr int N = VEC ? 4 : 1;
-  constexpr int SB = 8;
   const int g = threadIdx.x;
-  for (i64 c0 = 0; c0 < r.nc; c0 += SB) {
-    Un<T, VEC> u[SB];
-#pragma unroll
-    for (int i = 0; i < SB; ++i)
-      if (c0 + i < r.nc) p.template reload<VEC>(u[i], r.row, r.head + (g + (i64)G * (c0 + i)) * N);
-#pragma unroll
-    for (int i = 0; i < SB; ++i)
-      if (c0 + i < r.nc) p.template store<VEC>(u[i], r.row, r.head + (g + (i64)G * (c0 + i)) * N, q);
-  }
+  kz_units_out<T, P, VEC>(p, r.row, r.head + (i64)g * N, (i64)G * N, r.nc, q);
   if constexpr (VEC) {
     Un<T, false> e;
     if (r.s > 0 && g >= r.s && g < 4) {
@@ -690,15 +710,13 @@ __device__ __noinline__ void kz_mean_out(const P p, const KzRow r, const typenam
 //   G = 256: one block per row, c.lanes = 512, L = 2: lane g + 256*j; the folded lane sums meet
 //            in shared memory and warp 0 runs the trees (16 lanes per thread).
 // Thread g's units are g + G*k (k < nc), unit k in lane k % L as its (k / L)-th unit. Its lanes
-// are summed LG at a time (one pass over the row per LG lanes, so that at most 8 lanes of 4
-// accumulators are live), SB units loaded before any is used; the outputs re-read the row
-// (kz_mean_out).
+// are summed one at a time (one pass over the thread's units per lane, so that the code holds
+// one load and one push: these rows are rare, and every unrolled copy costs NVRTC time, issue
+// 29); the outputs re-read the row (kz_mean_out).
 template <typename T, class P, bool VEC, int G, int L>
 __device__ __noinline__ void kz_mean_rows(const P p0, i64 rows, const KzCfg c, bool bal) {
   typedef typename P::S S;
   constexpr int N = VEC ? 4 : 1;
-  constexpr int LG = L < 8 ? L : 8;  // lanes per pass
-  constexpr int SB = 8;              // units loaded together: SB / LG units of each lane
   const int g = threadIdx.x;
   const int nwb = c.bw / 32;
   for (i64 row = (i64)blockIdx.x * blockDim.y + threadIdx.y; row < rows; row += (i64)gridDim.x * blockDim.y) {
@@ -715,39 +733,21 @@ __device__ __noinline__ void kz_mean_rows(const P p0, i64 rows, const KzCfg c, b
     const i64 nun = VEC ? m / 4 : m;
     r.tail = VEC ? (int)(m & 3) : 0;
     r.nc = g < nun ? (nun - 1 - g) / G + 1 : 0;
-    float a[L];  // the folded lane sums, filled from the end: each pass shifts them down by LG
+    float a[L];  // the folded lane sums
 #pragma unroll 1
-    for (int pass = 0; pass < L / LG; ++pass) {
-      S st[LG];
-#pragma unroll
-      for (int i = 0; i < LG; ++i) st[i] = P::ident();
+    for (int j = 0; j < L; ++j) {
+      S st = P::ident();
       Un<T, false> e;
-      if (pass == 0 && r.s > 0 && g >= r.s && g < 4) {  // the head: lanes s .. 3, first
+      if (j == 0 && r.s > 0 && g >= r.s && g < 4) {  // the head: lanes s .. 3, first
         p.template load<false>(e, row, g - r.s);
-        P::template push<false>(st[0], e.f(0), 0);
+        P::template push<false>(st, e.f(0), 0);
       }
-      // units k = pass*LG + i + L*(m0 + b / LG), i = b % LG
-      for (i64 m0 = 0; pass * LG + L * m0 < r.nc; m0 += SB / LG) {
-        Un<T, VEC> u[SB];
-#pragma unroll
-        for (int b = 0; b < SB; ++b) {
-          const i64 k = pass * LG + b % LG + (i64)L * (m0 + b / LG);
-          if (k < r.nc) p.template load<VEC>(u[b], row, r.head + (g + (i64)G * k) * N);
-        }
-#pragma unroll
-        for (int b = 0; b < SB; ++b) {
-          const i64 k = pass * LG + b % LG + (i64)L * (m0 + b / LG);
-          if (k < r.nc) kz_push<P, VEC, T>(st[b % LG], u[b], (int)(m0 + b / LG));
-        }
-      }
-      if (pass == 0 && g < r.tail) {  // the tail: lanes 0 .., last
+      kz_lane_push<T, P, VEC>(p, st, row, r.head + (i64)g * N, (i64)G * N, j, L, r.nc);
+      if (j == 0 && g < r.tail) {  // the tail: lanes 0 .., last
         p.template load<false>(e, row, p.cols - r.tail + g);
-        P::template push<false>(st[0], e.f(0), 0);
+        P::template push<false>(st, e.f(0), 0);
       }
-#pragma unroll
-      for (int i = 0; i + LG < L; ++i) a[i] = a[i + LG];
-#pragma unroll
-      for (int i = 0; i < LG; ++i) a[L - LG + i] = P::fold(st[i]).a0;
+      a[j] = P::fold(st).a0;
     }
     float sum;
     if constexpr (G == 32) {
@@ -1261,9 +1261,6 @@ KZ_DEV void kz_mean_norm(T* out, T* res, const T* x, const T* w, i64 rows, i64 c
   }
   const bool bal = kz_al<T>(x) && kz_al<T>(out) && (!RESID || kz_al<T>(res));
   const P p{out, res, x, w, cols, eps, cols % 4 == 0 && bal, kz_al<T>(w), kz_mean_factor(rows, cols)};
-  // units kept in registers: 16 x 8 bytes (2-byte T) or 8 x 16 bytes (f32) per thread
-  constexpr int NB = sizeof(T) == 2 ? 16 : 8;
-  const i64 nv = cols / 4;
   const KzCfg c = kz_mean_cfg(rows, cols);
   if (cols > 128 && (cols * (i64)sizeof(T)) % 16 == 0 && kz_al16(x) && kz_al16(out) && kz_al16(w) &&
       (!RESID || kz_al16(res))) {
@@ -1281,9 +1278,7 @@ KZ_DEV void kz_mean_norm(T* out, T* res, const T* x, const T* w, i64 rows, i64 c
   } else if (cols <= 8160) {  // one warp per row
     if (blockDim.x != 32) __trap();
     if (c.lanes == 32 && cols % 4 == 0) {
-      if (nv <= 4 * 32) kz_rows<T, P, true, 32, 1, 4>(p, rows, 32);
-      else if (nv <= NB * 32) kz_rows<T, P, true, 32, 1, NB>(p, rows, 32);
-      else kz_rows<T, P, true, 32, 1, 0>(p, rows, 32);
+      kz_rows<T, P, true, 32, 1, 0>(p, rows, 32);
     } else if (c.lanes == 32) {  // rows that start off a 16-byte boundary (cols % 4 != 0)
       kz_mean_rows<T, P, true, 32, 1>(p, rows, c, bal);
     } else if (c.lanes == 64) {  // 1-15 rows
@@ -1298,11 +1293,28 @@ KZ_DEV void kz_mean_norm(T* out, T* res, const T* x, const T* w, i64 rows, i64 c
   } else {  // 512 lanes: one 256-thread block per row, 2 lanes per thread (g and g + 256)
     if (blockDim.x != 256 || blockDim.y != 1 || c.lanes != 512) __trap();
     if (c.bh == 16 && cols % 4 == 0) {
-      if (nv <= NB * 256) kz_rows<T, P, true, 256, 2, NB>(p, rows, 256);
-      else kz_rows<T, P, true, 256, 2, 0>(p, rows, 256);
+      kz_rows<T, P, true, 256, 2, 0>(p, rows, 256);
     } else {
       kz_mean_rows<T, P, true, 256, 2>(p, rows, c, bal);
     }
+  }
+}
+
+// The layer-norm order's rows that neither the decode nor the staged engine takes (cols <= 128,
+// rows that are not whole 16-byte chunks, tensors off a 16-byte boundary): streamed by kz_rows,
+// one warp per row up to 2048 columns (128 or 512 lanes: 4 or 16 a thread), one 128-thread block
+// above (1 or 4 lanes a thread). Shared by kz_ln_order and ln_resid.cuh's kz_ln_resid_wide.
+template <typename T, class P>
+KZ_DEV void kz_ln_rows(const P& p, i64 rows, bool vec) {
+  if (blockDim.x == 32) {
+    if (p.cols > 2048) __trap();  // the launch rules send only cols <= 2048 here
+    if (vec) kz_rows<T, P, true, 32, 4, 0>(p, rows, 32);
+    else kz_rows<T, P, false, 32, 16, 0>(p, rows, 32);
+  } else if (blockDim.x == 128 && blockDim.y == 1) {
+    if (vec) kz_rows<T, P, true, 128, 1, 0>(p, rows, 128);
+    else kz_rows<T, P, false, 128, 4, 0>(p, rows, 128);
+  } else {
+    __trap();
   }
 }
 
@@ -1319,22 +1331,7 @@ KZ_DEV void kz_ln_order(T* out, const T* x, const T* w, const T* b, i64 rows, i6
     else kz_staged<T, P, false>(p, x, nullptr, rows, KzCfg{});
     return;
   }
-  if (blockDim.x == 32) {
-    // the launch rules send only cols <= 2048 here: the row always fits in registers
-    if (cols > 2048) __trap();
-    if (vec) kz_rows<T, P, true, 32, 4, 16>(p, rows, 32);
-    else kz_rows<T, P, false, 32, 16, 64>(p, rows, 32);
-  } else if (blockDim.x == 128 && blockDim.y == 1) {
-    if (vec) {
-      if (cols <= 16 * 512) kz_rows<T, P, true, 128, 1, 16>(p, rows, 128);
-      else kz_rows<T, P, true, 128, 1, 0>(p, rows, 128);
-    } else {
-      if (cols <= 64 * 128) kz_rows<T, P, false, 128, 4, 64>(p, rows, 128);
-      else kz_rows<T, P, false, 128, 4, 0>(p, rows, 128);
-    }
-  } else {
-    __trap();
-  }
+  kz_ln_rows<T, P>(p, rows, vec);
 }
 
 // ---- entry points -----------------------------------------------------------------

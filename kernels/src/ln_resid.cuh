@@ -143,28 +143,11 @@ __device__ __noinline__ void kz_ln_resid_wide(const LnResP<T> p, i64 rows, bool 
     else kz_staged<T, P, true>(p, p.x, p.res, rows, KzCfg{});
     return;
   }
-  if (blockDim.x == 32) {
-    // the launch rules send only cols <= 2048 here: the row always fits in registers
-    if (cols > 2048) __trap();
-    if (vec) kz_rows<T, P, true, 32, 4, 16>(p, rows, 32);
-    else kz_rows<T, P, false, 32, 16, 64>(p, rows, 32);
-  } else if (blockDim.x == 128 && blockDim.y == 1) {
-    if (vec) {
-      if (cols <= 16 * 512) kz_rows<T, P, true, 128, 1, 16>(p, rows, 128);
-      else kz_rows<T, P, true, 128, 1, 0>(p, rows, 128);
-    } else {
-      if (cols <= 64 * 128) kz_rows<T, P, false, 128, 4, 64>(p, rows, 128);
-      else kz_rows<T, P, false, 128, 4, 0>(p, rows, 128);
-    }
-  } else {
-    __trap();
-  }
+  kz_ln_rows<T, P>(p, rows, vec);
 }
 
-// The entry is kz_ln_order's (eager.cuh) with this P and the decode path first. They become one
-// template over P when eager.cuh next changes (which bumps every eager kernel's version and
-// certificate); until then this file is apart so that the released kernels' sources stay as
-// certified.
+// The entry is kz_ln_order's (eager.cuh) with this P and its own decode path first
+// (kz_ln_resid_direct); the rows neither engine takes go to the same kz_ln_rows.
 template <typename T>
 KZ_DEV void kz_ln_resid(T* out, T* res, const T* x, const T* w, const T* b, i64 rows, i64 cols, float eps) {
   const bool vec = cols % 4 == 0 && cols <= (1LL << 24);

@@ -203,9 +203,12 @@ def _raw_words(raw: bytes, dt: str) -> np.ndarray:
 # path: single elements (<= 128), 4-vectors with every alignment class (cols % 4), one warp per
 # row up to 8160 (32 .. 512 lanes, with and without a split) and 128 threads above.
 MEAN_ROWS = [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 33]
-MEAN_COLS = [7, 31, 64, 100, 128, 129, 131, 255, 256, 514, 1001, 1002, 1003, 2048, 4096, 4099,
-             8064, 8065, 8128, 8129, 8160, 8161, 8195, 12289]
-LN_SHAPES = [(1, 100), (3, 1001), (7, 2048), (16, 1003), (17, 4096), (2, 8192), (5, 8195)]
+# 1004 and 12292: whole 4-vectors but not whole 16-byte chunks in bf16 and f16 (the streamed
+# 4-vector paths, kz_rows and kz_mean_rows with VEC, below and above 8160 columns).
+MEAN_COLS = [7, 31, 64, 100, 128, 129, 131, 255, 256, 514, 1001, 1002, 1003, 1004, 2048, 4096, 4099,
+             8064, 8065, 8128, 8129, 8160, 8161, 8195, 12289, 12292]
+LN_SHAPES = [(1, 100), (3, 1001), (7, 2048), (16, 1003), (17, 4096), (2, 8192), (5, 8195), (3, 1004),
+             (17, 1004), (2, 4100), (20, 4100)]
 
 
 def _cases():
