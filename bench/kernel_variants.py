@@ -33,7 +33,9 @@ in PATCHES; applied there, then kernels/generate.py rewrites every kernel from t
               pushes' 1/n folded, every warp running the mean tree (session 23; the patch's
               header says what and why)
   rows_nu0    the generic row engines (kz_rows) streamed instead of held in registers, the same
-              bits: NVRTC time of the norms' modules (issue 29; the patch's header)
+              bits: NVRTC time of the norms' modules (issue 29; the patch's header). A record:
+              the norms 1.0.8 (session 38) stream those rows further (docs/verifier.md, "The
+              forward norms' generic rows, streamed")
 """
 from __future__ import annotations
 
