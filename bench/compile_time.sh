@@ -7,6 +7,7 @@
 #   bench/compile_time.sh OUT_DIR        (a short table is printed last)
 # KERNELS="silu_backward layer_norm" verifies only those (default: every kernels/*/); KERNELS_ROOT=DIR
 # takes them from DIR/<name>/ instead of kernels/ (e.g. a released version beside the tree's);
+# KERNELIZE_BIN=PATH verifies with another kernelize binary (default .gpu-stage/bin/kernelize);
 # PASSES=cold skips the warm pass; SKIP_NVCC=1 skips step 1. Each cold verification's trace is
 # summed per case phase by bench/trace_phases.py into OUT_DIR/phases.txt; KEEP_TRACES=1 also keeps
 # the whole traces (every case's phases, by case) in OUT_DIR/traces.tgz.
@@ -14,7 +15,7 @@ set -u
 out="${1:?usage: bench/compile_time.sh OUT_DIR}"
 mkdir -p "$out"
 root="$(pwd)"
-k="$root/.gpu-stage/bin/kernelize"
+k="${KERNELIZE_BIN:-$root/.gpu-stage/bin/kernelize}"
 tmp="$(mktemp -d)"
 sm="sm_$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)"
 now() { python3 -c 'import time; print(time.time())'; }
