@@ -30,27 +30,108 @@ const KEPT: usize = 2;
 type Pending = Vec<(CaseSpec, JoinHandle<Drawn>)>;
 static AHEAD: Mutex<Pending> = Mutex::new(Vec::new());
 
+/// A case named by [`prefetch_early`]: its thread draws it when its turn comes, unless the case
+/// was taken before that (then it is drawn on the spot, and the thread skips it).
+struct Early {
+    spec: CaseSpec,
+    /// [`WAITING`], [`DRAWING`] (its thread has it) or [`TAKEN`] (taken before its turn).
+    state: std::sync::Arc<std::sync::atomic::AtomicU8>,
+    handle: JoinHandle<Option<Drawn>>,
+}
+const WAITING: u8 = 0;
+const DRAWING: u8 = 1;
+const TAKEN: u8 = 2;
+
+/// The large cases named by [`prefetch_early`], kept until taken (no [`KEPT`] bound: the
+/// caller bounds them, `verify::early_cases`).
+static EARLY: Mutex<Vec<Early>> = Mutex::new(Vec::new());
+
+fn draw(s: &CaseSpec) -> Drawn {
+    let inputs = generate(s);
+    let truths = Some(oracle::truths(s, &inputs));
+    Drawn {
+        inputs,
+        truths,
+        ahead: true,
+    }
+}
+
 /// Start `spec`'s host work on a thread of its own, for the case that asks for it ([`take`]).
 /// At most [`KEPT`] cases ahead (an older one not taken is dropped: its thread finishes on its
-/// own); the large-index cases draw their data on the GPU.
+/// own); the large-index cases draw their data on the GPU. A case whose work started early
+/// ([`prefetch_early`]) is not started again.
 pub fn prefetch(spec: &CaseSpec) {
     if spec.large_index || !enabled(std::env::var_os("KERNELIZE_AHEAD").as_deref()) {
         return;
     }
+    if EARLY
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .any(|e| &e.spec == spec)
+    {
+        return;
+    }
     let s = spec.clone();
-    let handle = std::thread::spawn(move || {
-        let inputs = generate(&s);
-        let truths = Some(oracle::truths(&s, &inputs));
-        Drawn {
-            inputs,
-            truths,
-            ahead: true,
-        }
-    });
+    let handle = std::thread::spawn(move || draw(&s));
     let mut pending = AHEAD.lock().unwrap_or_else(|e| e.into_inner());
     pending.push((spec.clone(), handle));
     if pending.len() > KEPT {
         pending.remove(0);
+    }
+}
+
+/// Start the host work of `specs` (a verification's largest cases, whose inputs and f64 truths
+/// take the host tenths of a second each) at the start of a verification, while the modules
+/// compile: one case after another, on a thread pool of half the host's cores, so that NVRTC
+/// keeps the other half. Each is kept until its case takes it ([`take`]).
+pub fn prefetch_early(specs: &[CaseSpec]) {
+    let specs: Vec<CaseSpec> = specs.iter().filter(|s| !s.large_index).cloned().collect();
+    if specs.is_empty() || !enabled(std::env::var_os("KERNELIZE_AHEAD").as_deref()) {
+        return;
+    }
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()) / 2;
+    let pool = match rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .build()
+    {
+        Ok(p) => std::sync::Arc::new(p),
+        Err(_) => return,
+    };
+    // One thread per case (each handle taken on its own), drawing in turn: case i waits until
+    // cases 0..i are drawn or skipped, so that the suite's first large case is ready first; a
+    // case taken before its turn is drawn on the spot instead ([`take`]).
+    use std::sync::atomic::{AtomicU8, Ordering};
+    let turn = std::sync::Arc::new((Mutex::new(0usize), std::sync::Condvar::new()));
+    let mut early = EARLY.lock().unwrap_or_else(|e| e.into_inner());
+    for (i, s) in specs.into_iter().enumerate() {
+        let state = std::sync::Arc::new(AtomicU8::new(WAITING));
+        let (pool, turn, spec, st) = (pool.clone(), turn.clone(), s.clone(), state.clone());
+        let handle = std::thread::spawn(move || {
+            // the next case's turn comes when this one is done, skipped, or panicked
+            struct Advance<'a>(&'a (Mutex<usize>, std::sync::Condvar));
+            impl Drop for Advance<'_> {
+                fn drop(&mut self) {
+                    *self.0 .0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+                    self.0 .1.notify_all();
+                }
+            }
+            let (next, cv) = &*turn;
+            let mut n = next.lock().unwrap_or_else(|e| e.into_inner());
+            while *n != i {
+                n = cv.wait(n).unwrap_or_else(|e| e.into_inner());
+            }
+            drop(n);
+            let _advance = Advance(&turn);
+            st.compare_exchange(WAITING, DRAWING, Ordering::AcqRel, Ordering::Acquire)
+                .ok()
+                .map(|_| pool.install(|| draw(&spec)))
+        });
+        early.push(Early {
+            spec: s,
+            state,
+            handle,
+        });
     }
 }
 
@@ -63,6 +144,29 @@ fn enabled(setting: Option<&std::ffi::OsStr>) -> bool {
 /// now (`truths` then `None`: the verdict computes them). The same bytes either way
 /// ([`generate`] and the oracle are functions of the spec).
 pub fn take(spec: &CaseSpec) -> Drawn {
+    let early = {
+        let mut early = EARLY.lock().unwrap_or_else(|e| e.into_inner());
+        let at = early.iter().position(|e| &e.spec == spec);
+        at.map(|i| early.remove(i))
+    };
+    if let Some(e) = early {
+        use std::sync::atomic::Ordering;
+        // Not its turn yet: drawn here, now, and its thread skips it. Else its thread has it.
+        let mine = e
+            .state
+            .compare_exchange(WAITING, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if !mine {
+            if let Ok(Some(d)) = e.handle.join() {
+                return d;
+            }
+        }
+        return Drawn {
+            inputs: generate(spec),
+            truths: None,
+            ahead: false,
+        };
+    }
     let handle = {
         let mut pending = AHEAD.lock().unwrap_or_else(|e| e.into_inner());
         let at = pending.iter().position(|(s, _)| s == spec);
@@ -94,6 +198,45 @@ mod tests {
         assert!(enabled(None));
         assert!(enabled(Some(OsStr::new("1"))));
         assert!(!enabled(Some(OsStr::new("0"))));
+    }
+
+    /// Cases named early are drawn in turn and kept until taken, whatever order they are taken
+    /// in: a case taken before its turn is drawn on the spot (its thread then skips it), one
+    /// taken after is its thread's. Either way the same inputs; the truths when drawn ahead.
+    #[test]
+    fn cases_named_early_are_the_cases_drawn_on_the_spot_in_any_order() {
+        let specs = crate::cases::suite(
+            Op::RmsNormBackward,
+            Semantics::Llama,
+            &[DType::F16],
+            true,
+            23,
+            &[],
+        );
+        let early = &specs[2..6];
+        prefetch_early(early);
+        // a case named early is not started again by `prefetch`
+        prefetch(&early[0]);
+        assert!(!AHEAD
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|(s, _)| s == &early[0]));
+        for s in [&early[3], &early[0], &early[2], &early[1]] {
+            let d = take(s);
+            assert_eq!(d.inputs, generate(s), "{}", s.id);
+            if d.ahead {
+                assert_eq!(d.truths, Some(oracle::truths(s, &d.inputs)), "{}", s.id);
+            } else {
+                assert!(d.truths.is_none());
+            }
+        }
+        // all taken: none is kept
+        assert!(!EARLY
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|e| early.contains(&e.spec)));
     }
 
     #[test]

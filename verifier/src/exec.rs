@@ -85,6 +85,10 @@ pub trait Executor {
     /// meanwhile (`ahead::prefetch`, in the process that runs it). A hint: without it every
     /// case runs the same.
     fn prefetch(&mut self, _spec: &CaseSpec) {}
+    /// `specs`, a verification's largest cases, will run later: their inputs and truths may be
+    /// drawn from now on (`ahead::prefetch_early`, in the process that runs them). A hint, as
+    /// [`Executor::prefetch`].
+    fn prefetch_early(&mut self, _specs: &[CaseSpec]) {}
     /// Of `dtypes` (those with cases left to run, in the suite's order), the first whose
     /// compiled code is ready, waiting until one is: a verification runs the cases of the dtype
     /// that compiled first while the others still compile (issue 29). `None`: this executor

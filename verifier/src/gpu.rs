@@ -238,6 +238,10 @@ impl Executor for CudaExecutor {
         crate::ahead::prefetch(spec);
     }
 
+    fn prefetch_early(&mut self, specs: &[CaseSpec]) {
+        crate::ahead::prefetch_early(specs);
+    }
+
     /// Starts every module compiling (as the first case would) and polls them: the first of
     /// `dtypes` whose module has finished, in the suite's order among those ready at once.
     /// Gives up after `FIRST_READY_WAIT` (`None`: the suite's order), so that a module that

@@ -36,11 +36,14 @@ pub enum Request {
         manifest_toml: String,
         source: String,
     },
-    /// Of `dtypes`, the first whose module has compiled (`Executor::first_ready`).
+    /// Of `dtypes`, the first whose module has compiled (`Executor::first_ready`). `early`: the
+    /// cases named by `Executor::prefetch_early`, whose host work the child starts first.
     FirstReady {
         manifest_toml: String,
         source: String,
         dtypes: Vec<DType>,
+        #[serde(default)]
+        early: Vec<CaseSpec>,
     },
     /// The capability audit of each dtype's module (docs/spec.md section 3b).
     Audits {
@@ -193,7 +196,11 @@ pub fn serve() -> anyhow::Result<()> {
                 manifest_toml,
                 source,
                 dtypes,
+                early,
             } => answer(&manifest_toml, &source, |b| {
+                if !early.is_empty() {
+                    exec.prefetch_early(&early);
+                }
                 exec.first_ready(b, &dtypes).map(Response::FirstReady)
             }),
             Request::Audits {
@@ -292,6 +299,8 @@ pub struct SandboxExecutor {
     /// The case named by `Executor::prefetch` (expected after the next case run), sent with
     /// that case's request.
     next: Option<CaseSpec>,
+    /// The cases named by `Executor::prefetch_early`, sent with the next `FirstReady`.
+    early: Vec<CaseSpec>,
 }
 
 impl SandboxExecutor {
@@ -308,6 +317,7 @@ impl SandboxExecutor {
             case_limit: Duration::from_secs(180),
             children_started: 0,
             next: None,
+            early: Vec::new(),
         })
     }
 
@@ -450,6 +460,10 @@ impl Executor for SandboxExecutor {
         self.next = Some(spec.clone());
     }
 
+    fn prefetch_early(&mut self, specs: &[CaseSpec]) {
+        self.early = specs.to_vec();
+    }
+
     fn device_info(&mut self) -> Result<DeviceInfo, ExecError> {
         match self.call(&Request::Device, "device query")? {
             Response::Device(d) => Ok(d),
@@ -504,6 +518,7 @@ impl Executor for SandboxExecutor {
             manifest_toml: bundle.manifest_toml.clone(),
             source: bundle.source.clone(),
             dtypes: dtypes.to_vec(),
+            early: std::mem::take(&mut self.early),
         };
         match self.call(&req, "waiting for a compiled module")? {
             Response::FirstReady(d) => Ok(d),
@@ -588,14 +603,32 @@ mod tests {
 
     #[test]
     fn first_ready_crosses_the_pipe_and_is_asked_only_where_it_can_help() {
+        let specs = crate::cases::suite(
+            kernel_registry::Op::RmsNorm,
+            kernel_registry::Semantics::Llama,
+            &[DType::Bf16],
+            true,
+            5,
+            &[],
+        );
         let req = Request::FirstReady {
             manifest_toml: "m".into(),
             source: "s".into(),
             dtypes: vec![DType::Bf16, DType::F32],
+            early: specs[..2].to_vec(),
         };
         let line = serde_json::to_string(&req).unwrap();
         match serde_json::from_str::<Request>(&line).unwrap() {
-            Request::FirstReady { dtypes, .. } => assert_eq!(dtypes, [DType::Bf16, DType::F32]),
+            Request::FirstReady { dtypes, early, .. } => {
+                assert_eq!(dtypes, [DType::Bf16, DType::F32]);
+                assert_eq!(early, specs[..2]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // a request from an older parent, without `early`, still parses
+        let old = r#"{"first_ready":{"manifest_toml":"m","source":"s","dtypes":["bf16"]}}"#;
+        match serde_json::from_str::<Request>(old).unwrap() {
+            Request::FirstReady { early, .. } => assert!(early.is_empty()),
             other => panic!("{other:?}"),
         }
         for answer in [Some(DType::F32), None] {

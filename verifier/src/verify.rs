@@ -193,6 +193,36 @@ fn run_one(
     }
 }
 
+/// Cases of at least this many elements have their host work started early.
+const EARLY_MIN_ELEMENTS: u64 = 16 << 20;
+/// At most this many bytes of them are held at once: their inputs and truths, estimated at
+/// [`EARLY_BYTES_PER_ELEMENT`] (a backward f32 case's x and dy, its f64 dx and more).
+const EARLY_MAX_BYTES: u64 = 8 << 30;
+const EARLY_BYTES_PER_ELEMENT: u64 = 24;
+
+/// The cases whose host work starts with the verification (`Executor::prefetch_early`): the
+/// large ones, dtype by dtype in the order the cases will run when no module is ready sooner,
+/// until [`EARLY_MAX_BYTES`].
+fn early_cases(specs: &[CaseSpec], by_dtype: &[(DType, Vec<usize>)]) -> Vec<CaseSpec> {
+    let mut bytes = 0u64;
+    let mut out = Vec::new();
+    for (_, idx) in by_dtype {
+        for &i in idx {
+            let s = &specs[i];
+            let n = s.rows.saturating_mul(s.cols);
+            if s.large_index || n < EARLY_MIN_ELEMENTS {
+                continue;
+            }
+            bytes = bytes.saturating_add(n.saturating_mul(EARLY_BYTES_PER_ELEMENT));
+            if bytes > EARLY_MAX_BYTES {
+                return out;
+            }
+            out.push(s.clone());
+        }
+    }
+    out
+}
+
 /// Verify through any executor (tests use a fake one).
 pub fn verify_with(
     exec: &mut dyn Executor,
@@ -223,6 +253,18 @@ pub fn verify_with(
             Some((_, idx)) => idx.push(i),
             None => by_dtype.push((spec.dtype, vec![i])),
         }
+    }
+    // The largest cases' host work (inputs, f64 truths: tenths of a second each) starts now,
+    // on half the host's cores, while the modules compile (`ahead::prefetch_early`).
+    let early: Vec<CaseSpec> = early_cases(&specs, &by_dtype)
+        .into_iter()
+        .filter(|s| {
+            m.not_applicable(s.constraint_size(), Some(device.arch))
+                .is_none()
+        })
+        .collect();
+    if !early.is_empty() {
+        exec.prefetch_early(&early);
     }
     let mut slots: Vec<Option<CaseReport>> = (0..total).map(|_| None).collect();
     let mut state = Consecutive::default();
@@ -344,6 +386,50 @@ fn audit(exec: &mut dyn Executor, bundle: &KernelBundle) -> Option<CapabilityRep
 
 #[cfg(test)]
 mod tests {
+
+    /// The early cases are the large ones (not the large-index case), dtype by dtype in the
+    /// order the cases run, until the byte budget.
+    #[test]
+    fn early_cases_are_the_large_ones_in_run_order_within_the_budget() {
+        let specs = cases::suite(
+            kernel_registry::Op::RmsNormBackward,
+            kernel_registry::Semantics::Llama,
+            &[DType::Bf16, DType::F32],
+            false,
+            3,
+            &[],
+        );
+        let mut by_dtype: Vec<(DType, Vec<usize>)> = Vec::new();
+        for (i, s) in specs.iter().enumerate() {
+            match by_dtype.iter_mut().find(|(d, _)| *d == s.dtype) {
+                Some((_, idx)) => idx.push(i),
+                None => by_dtype.push((s.dtype, vec![i])),
+            }
+        }
+        by_dtype.reverse(); // f32 first, as when its module compiles first
+        let early = early_cases(&specs, &by_dtype);
+        assert!(!early.is_empty());
+        assert!(early
+            .iter()
+            .all(|s| !s.large_index && s.rows * s.cols >= EARLY_MIN_ELEMENTS));
+        assert_eq!(
+            early[0].dtype,
+            DType::F32,
+            "the dtype that runs first comes first"
+        );
+        let bytes: u64 = early
+            .iter()
+            .map(|s| s.rows * s.cols * EARLY_BYTES_PER_ELEMENT)
+            .sum();
+        assert!(bytes <= EARLY_MAX_BYTES);
+        // the budget stops the list: the next large case would pass it
+        let large = specs
+            .iter()
+            .filter(|s| !s.large_index && s.rows * s.cols >= EARLY_MIN_ELEMENTS)
+            .count();
+        assert!(early.len() < large, "{} of {large}", early.len());
+    }
+
     use super::*;
     use crate::cases::CaseSpec;
     use kernel_registry::report::{tests_support, DeviceInfo, ExactnessClass};
