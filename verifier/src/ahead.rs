@@ -6,7 +6,9 @@
 //! the work ([`prefetch`]) and the case takes it ([`take`]). A hint only: a case whose work was
 //! not started ahead does it on the spot, with the same result. `KERNELIZE_AHEAD=0` turns it
 //! off (a host short of memory: up to two more cases' inputs are held, about 1 GB each at the
-//! suite's largest f32 shapes).
+//! suite's largest f32 shapes). The largest cases' work also starts with the verification, while
+//! the modules compile ([`prefetch_early`], up to 8 GiB); `KERNELIZE_AHEAD_EARLY=0` turns that
+//! alone off.
 
 use crate::cases::{generate, CaseInputs, CaseSpec};
 use crate::oracle::{self, Truth};
@@ -87,7 +89,8 @@ pub fn prefetch(spec: &CaseSpec) {
 /// keeps the other half. Each is kept until its case takes it ([`take`]).
 pub fn prefetch_early(specs: &[CaseSpec]) {
     let specs: Vec<CaseSpec> = specs.iter().filter(|s| !s.large_index).cloned().collect();
-    if specs.is_empty() || !enabled(std::env::var_os("KERNELIZE_AHEAD").as_deref()) {
+    let on = |v: &str| enabled(std::env::var_os(v).as_deref());
+    if specs.is_empty() || !on("KERNELIZE_AHEAD") || !on("KERNELIZE_AHEAD_EARLY") {
         return;
     }
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get()) / 2;
