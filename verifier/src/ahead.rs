@@ -107,6 +107,11 @@ pub fn prefetch_early(specs: &[CaseSpec]) {
     use std::sync::atomic::{AtomicU8, Ordering};
     let turn = std::sync::Arc::new((Mutex::new(0usize), std::sync::Condvar::new()));
     let mut early = EARLY.lock().unwrap_or_else(|e| e.into_inner());
+    // What an earlier verification named and never took (it stopped early) is let go: a case
+    // not started is skipped, one being drawn is dropped when done.
+    for stale in early.drain(..) {
+        stale.state.store(TAKEN, Ordering::Release);
+    }
     for (i, s) in specs.into_iter().enumerate() {
         let state = std::sync::Arc::new(AtomicU8::new(WAITING));
         let (pool, turn, spec, st) = (pool.clone(), turn.clone(), s.clone(), state.clone());
@@ -206,8 +211,12 @@ mod tests {
     /// Cases named early are drawn in turn and kept until taken, whatever order they are taken
     /// in: a case taken before its turn is drawn on the spot (its thread then skips it), one
     /// taken after is its thread's. Either way the same inputs; the truths when drawn ahead.
+    /// The tests that name early cases, one at a time (a later call lets the earlier go).
+    static EARLY_TESTS: Mutex<()> = Mutex::new(());
+
     #[test]
     fn cases_named_early_are_the_cases_drawn_on_the_spot_in_any_order() {
+        let _one = EARLY_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let specs = crate::cases::suite(
             Op::RmsNormBackward,
             Semantics::Llama,
@@ -240,6 +249,41 @@ mod tests {
             .unwrap_or_else(|e| e.into_inner())
             .iter()
             .any(|e| early.contains(&e.spec)));
+    }
+
+    /// A verification's early cases replace what an earlier one named and never took (a
+    /// worker's child verifies one kernel after another): those are no longer held, and a case
+    /// of them asked for after all is drawn on the spot.
+    #[test]
+    fn early_cases_of_an_earlier_verification_are_let_go() {
+        let _one = EARLY_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let suite = |seed| {
+            crate::cases::suite(
+                Op::RmsNormBackward,
+                Semantics::Gemma,
+                &[DType::Bf16],
+                true,
+                seed,
+                &[],
+            )
+        };
+        let (first, second) = (suite(31), suite(37));
+        prefetch_early(&first[1..4]);
+        prefetch_early(&second[1..3]);
+        let held = |s: &CaseSpec| {
+            EARLY
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .any(|e| &e.spec == s)
+        };
+        assert!(first[1..4].iter().all(|s| !held(s)));
+        let d = take(&first[2]);
+        assert!(!d.ahead && d.truths.is_none());
+        assert_eq!(d.inputs, generate(&first[2]));
+        for s in &second[1..3] {
+            assert_eq!(take(s).inputs, generate(s));
+        }
     }
 
     #[test]
