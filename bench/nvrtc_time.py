@@ -17,7 +17,8 @@ once, one thread each, so its wall time is about the slowest module's (on enough
 variant tree, e.g. one made by applying a bench/variants patch in a copy). Prints a markdown
 table: per kernel, per dtype seconds of CPU time of the compiling thread (NVRTC is single
 threaded; CPU time is what another process on the machine disturbs least; wall time is in the
-`--json` output), median of `--reps`, CUBIN and PTX KiB, and the CUBIN's
+`--json` output; with `-Xptxas=--split-compile` ptxas may run on threads of its own, which
+`--all-threads` counts too), median of `--reps`, CUBIN and PTX KiB, and the CUBIN's
 SHA-256 prefix (to compare with the certificates' `compiled[].code_sha256`, which only match for
 the NVRTC version the certificate names).
 """
@@ -29,6 +30,7 @@ import hashlib
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -84,6 +86,9 @@ def main() -> int:
                         "-Xptxas=--split-compile=0 (ptxas on several threads: the table's seconds "
                         "are then wall seconds, the compiling thread's CPU time being no measure)")
     p.add_argument("--wall", action="store_true", help="the table in wall seconds (default: CPU)")
+    p.add_argument("--all-threads", action="store_true",
+                   help="CPU time of the whole process, NVRTC's other threads (ptxas's) included "
+                        "(getrusage; with --jobs 1 only)")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
     if a.option:
@@ -113,14 +118,23 @@ def main() -> int:
         jobs.append(("reference layers", "-", "reference layers.cu", src,
                      nvrtc.nvrtc_options(arch, inc, [])))
 
+    if a.all_threads and a.jobs != 1:
+        p.error("--all-threads measures the whole process: give it --jobs 1")
+
+    def cpu_now() -> float:
+        if a.all_threads:
+            r = resource.getrusage(resource.RUSAGE_SELF)
+            return r.ru_utime + r.ru_stime
+        return time.thread_time()
+
     def one(job):
         k, dt, name, src, opts = job
         times, cpu, code = [], [], None
         for _ in range(a.reps):
-            t, c = time.perf_counter(), time.thread_time()
+            t, c = time.perf_counter(), cpu_now()
             code = nvrtc.compile_program(src, name, opts, nv=nv)
             times.append(time.perf_counter() - t)
-            cpu.append(time.thread_time() - c)
+            cpu.append(cpu_now() - c)
         row = {"kernel": k, "dtype": dt, "s": statistics.median(times if a.wall else cpu), "all_cpu_s": cpu,
                "wall_s": statistics.median(times), "all_wall_s": times,
                "cubin_kib": len(code.code) / 1024, "code_kind": code.code_kind,
@@ -139,7 +153,7 @@ def main() -> int:
 
     head = (f"CPU: {cpu_model()} ({os.cpu_count()} cores), NVRTC {nv.version} ({os.path.basename(nv.path)}), "
             f"sm_{a.sm}, {a.jobs} module(s) at once, median of {a.reps}, "
-            f"{'wall seconds' if a.wall else 'seconds of the compiling thread' + chr(39) + 's CPU time'}, "
+            f"{'wall seconds' if a.wall else 'CPU seconds of all threads' if a.all_threads else 'seconds of the compiling thread' + chr(39) + 's CPU time'}, "
             f"extra options {a.option or 'none'}, "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, total {wall:.1f} s")
     print(head)

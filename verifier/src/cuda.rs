@@ -151,9 +151,7 @@ impl DevBuf {
         );
         self.lead = lead;
     }
-}
 
-impl DevBuf {
     /// The allocation's base address, its size and the payload's offset in it (bytes).
     pub fn layout(&self) -> (u64, usize, usize) {
         (self.base, self.total, self.lead)
@@ -421,7 +419,6 @@ fn nvrtc_image(source: &str, what: &str, opts: &[String]) -> Result<Compiled, St
     })?
 }
 
-/// The process's CUDA device: context, caches, scratch for L2 flushes.
 /// How many timed runs a measurement takes: `most`, or where `budget_ms` is set fewer (never
 /// under 3) once the runs so far took that much GPU time. The reference layers are timed so
 /// (`REFERENCE_TIMING_MS`): at the largest shapes a run of some takes 10 ms or more, and their
@@ -484,6 +481,7 @@ struct Pending {
     cached: Option<std::path::PathBuf>,
 }
 
+/// The process's CUDA device: context, caches, scratch for L2 flushes.
 pub struct Gpu {
     _ctx: Arc<CudaContext>,
     pub info: DeviceInfo,

@@ -253,8 +253,10 @@ impl<'a> CaseRun<'a> {
         let poisons = [p1, p1.inverted(), Poison::fresh()];
         let mut outs: Vec<Arc<Vec<u8>>> = Vec::new();
         let mut ress: Vec<Arc<Vec<u8>>> = Vec::new();
-        // launch 1's bits as launches 2 and 3 are checked against them: hashed on the host once,
-        // with one key drawn after launch 2 (as a backward case's calls, `backward::run`)
+        // launch 1's bits as launches 2 and 3 are checked against them: each output hashed on
+        // the host once, with a key of its own drawn after launch 2 (a backward case's calls
+        // share one key with the inputs, `backward::run_case`; the forward's integrity and
+        // address checks still draw their own)
         let mut held: [Option<Held>; 2] = [None, None];
         for (k, &p) in poisons.iter().enumerate() {
             if let (Some(r), Some(pr)) = (res, &self.bufs.residual) {

@@ -299,7 +299,9 @@ pub struct SandboxExecutor {
     /// The case named by `Executor::prefetch` (expected after the next case run), sent with
     /// that case's request.
     next: Option<CaseSpec>,
-    /// The cases named by `Executor::prefetch_early`, sent with the next `FirstReady`.
+    /// The cases named by `Executor::prefetch_early`, sent with the next `FirstReady` (asked
+    /// only of a CUDA kernel of two dtypes or more: a kernel of one dtype has none drawn early
+    /// in the sandbox, each case's inputs then drawn during the case before, as before).
     early: Vec<CaseSpec>,
 }
 

@@ -256,12 +256,13 @@ pub fn verify_with(
     }
     // The largest cases' host work (inputs, f64 truths: tenths of a second each) starts now,
     // on half the host's cores, while the modules compile (`ahead::prefetch_early`).
+    let applicable = |s: &CaseSpec| {
+        m.not_applicable(s.constraint_size(), Some(device.arch))
+            .is_none()
+    };
     let early: Vec<CaseSpec> = early_cases(&specs, &by_dtype)
         .into_iter()
-        .filter(|s| {
-            m.not_applicable(s.constraint_size(), Some(device.arch))
-                .is_none()
-        })
+        .filter(|s| applicable(s))
         .collect();
     if !early.is_empty() {
         exec.prefetch_early(&early);
@@ -287,9 +288,7 @@ pub fn verify_with(
             let spec = &specs[i];
             // the inputs of this dtype's next case drawn while this one runs (where it will run)
             if let Some(n) = idx.get(k + 1).map(|&n| &specs[n]) {
-                if m.not_applicable(n.constraint_size(), Some(device.arch))
-                    .is_none()
-                {
+                if applicable(n) {
                     exec.prefetch(n);
                 }
             }
